@@ -1,0 +1,36 @@
+"""Stable hashing and serialisation: the basis of fingerprints, seeds and receipts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+
+def canonical_json(obj: Any) -> str:
+    """JSON with sorted keys and no whitespace variation, so equal data hash equally."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def fingerprint(*parts: Any) -> str:
+    """A short stable hash of any JSON-able parts (configs, versions, input hashes)."""
+    return hashlib.sha256(canonical_json(list(parts)).encode()).hexdigest()[:32]
+
+
+def stable_uniform(seed: int, key: str) -> float:
+    """A deterministic pseudo-random number in [0, 1) for ``key``, independent of order.
+
+    Used for shuffles and sampling that must not depend on shard order or worker count.
+    """
+    digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+def stable_int(seed: int, key: str, modulo: int) -> int:
+    """A deterministic integer in [0, modulo) for ``key`` (hash partitioning)."""
+    digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % modulo

@@ -1,0 +1,195 @@
+"""One storage abstraction over fsspec so local folders and ``s3://`` share one code path.
+
+Every write is atomic: a reader either sees the complete final object or nothing.
+Locally that is a temp file in the same folder followed by ``os.replace``; on object
+stores it is a local temp file uploaded with one ``put`` (a multipart upload becomes
+visible only when it completes). Completion markers (``*.done.json``) are written
+last, after the objects they vouch for, so resume is a property of the layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import posixpath
+import tempfile
+from collections.abc import Iterator
+from typing import IO, Any
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from corpusforge.hashing import canonical_json
+
+# Fixed parquet writer settings: identical tables give byte-identical files.
+PARQUET_WRITE_OPTIONS: dict[str, Any] = {
+    "compression": "zstd",
+    "compression_level": 3,
+    "use_dictionary": True,
+    "write_statistics": True,
+    "row_group_size": 64 * 1024,
+    "store_schema": True,
+}
+
+
+def is_remote(uri: str) -> bool:
+    """True for URIs with a scheme other than ``file``."""
+    protocol = fsspec.utils.get_protocol(uri)
+    return protocol not in ("file", "local")
+
+
+def join_uri(base: str, *parts: str) -> str:
+    """Join path parts onto a local path or URI, with forward slashes."""
+    if is_remote(base):
+        return posixpath.join(base, *parts)
+    return os.path.join(base, *parts)
+
+
+class Store:
+    """A folder (local path or URI) with atomic writes and completion markers.
+
+    Paths given to methods are relative to the store's root and use ``/``.
+    """
+
+    def __init__(self, root: str, storage_options: dict[str, Any] | None = None):
+        self.root = root.rstrip("/") if is_remote(root) else os.path.abspath(root)
+        self.storage_options = dict(storage_options or {})
+        self.fs, _ = fsspec.core.url_to_fs(self.root, **self.storage_options)
+        self.remote = is_remote(self.root)
+
+    def __reduce__(self):  # picklable for Dask: rebuild the filesystem on the worker
+        return (Store, (self.root, self.storage_options))
+
+    def path(self, rel: str) -> str:
+        """Absolute path (or full URI) of ``rel`` under the root."""
+        return join_uri(self.root, *rel.split("/")) if rel else self.root
+
+    def _fs_path(self, rel: str) -> str:
+        return self.fs._strip_protocol(self.path(rel))
+
+    def sub(self, rel: str) -> Store:
+        """A store rooted at a sub-folder."""
+        return Store(self.path(rel), self.storage_options)
+
+    # ---- reads -------------------------------------------------------------
+    def exists(self, rel: str) -> bool:
+        return self.fs.exists(self._fs_path(rel))
+
+    def open(self, rel: str, mode: str = "rb") -> IO[bytes]:
+        if "w" in mode or "a" in mode:
+            raise ValueError("use atomic_write() for writes")
+        return self.fs.open(self._fs_path(rel), mode)
+
+    def read_bytes(self, rel: str) -> bytes:
+        with self.open(rel) as f:
+            return f.read()
+
+    def read_range(self, rel: str, offset: int, size: int) -> bytes:
+        """Read ``size`` bytes at ``offset`` (a ranged GET on object stores)."""
+        with self.open(rel) as f:
+            f.seek(offset)
+            data = f.read(size)
+        if len(data) != size:
+            raise OSError(f"short read of {rel}: wanted {size} bytes at {offset}, got {len(data)}")
+        return data
+
+    def read_json(self, rel: str) -> Any:
+        return json.loads(self.read_bytes(rel))
+
+    def read_parquet(self, rel: str, columns: list[str] | None = None) -> pa.Table:
+        with self.open(rel) as f:
+            return pq.read_table(f, columns=columns)
+
+    def listdir(self, rel: str = "") -> list[str]:
+        """Sorted names (not paths) directly under ``rel``; empty if it does not exist."""
+        base = self._fs_path(rel)
+        if not self.fs.exists(base):
+            return []
+        names = [posixpath.basename(p.rstrip("/")) for p in self.fs.ls(base, detail=False)]
+        return sorted(n for n in names if n)
+
+    def size(self, rel: str) -> int:
+        return int(self.fs.size(self._fs_path(rel)))
+
+    def sha256(self, rel: str, chunk: int = 1 << 20) -> str:
+        h = hashlib.sha256()
+        with self.open(rel) as f:
+            while block := f.read(chunk):
+                h.update(block)
+        return h.hexdigest()
+
+    # ---- writes ------------------------------------------------------------
+    @contextlib.contextmanager
+    def atomic_write(self, rel: str) -> Iterator[IO[bytes]]:
+        """Yield a binary file; on clean exit it appears at ``rel`` whole, else not at all."""
+        final = self.path(rel)
+        if self.remote:
+            fd, tmp = tempfile.mkstemp(prefix="corpusforge-", suffix=".part")
+        else:
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(final)}.", suffix=".part",
+                                       dir=os.path.dirname(final))
+        try:
+            with os.fdopen(fd, "wb") as f:
+                yield f
+                f.flush()
+                if not self.remote:
+                    os.fsync(f.fileno())
+            if self.remote:
+                self.fs.put_file(tmp, self._fs_path(rel))
+            else:
+                os.chmod(tmp, 0o644)
+                os.replace(tmp, final)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def write_bytes(self, rel: str, data: bytes) -> str:
+        """Write atomically; return the SHA-256 of ``data``."""
+        with self.atomic_write(rel) as f:
+            f.write(data)
+        return hashlib.sha256(data).hexdigest()
+
+    def write_json(self, rel: str, obj: Any) -> str:
+        return self.write_bytes(rel, canonical_json(obj).encode() + b"\n")
+
+    def write_parquet(self, rel: str, table: pa.Table) -> str:
+        """Write a table with fixed writer settings; return the file's SHA-256."""
+        with tempfile.SpooledTemporaryFile(max_size=64 << 20) as buf:
+            pq.write_table(table, buf, **PARQUET_WRITE_OPTIONS)
+            buf.seek(0)
+            data = buf.read()
+        return self.write_bytes(rel, data)
+
+    def remove(self, rel: str) -> None:
+        if self.exists(rel):
+            self.fs.rm(self._fs_path(rel), recursive=True)
+
+    # ---- completion markers -----------------------------------------------
+    @staticmethod
+    def marker_name(rel: str) -> str:
+        return f"{rel}.done.json"
+
+    def mark_done(self, rel: str, info: dict[str, Any]) -> None:
+        """Write the completion marker for ``rel``; call only after ``rel`` is complete."""
+        self.write_json(self.marker_name(rel), info)
+
+    def read_done(self, rel: str) -> dict[str, Any] | None:
+        """The marker's content if ``rel`` was completed, else ``None``."""
+        marker = self.marker_name(rel)
+        if not self.exists(marker):
+            return None
+        return self.read_json(marker)
+
+    def is_done(self, rel: str, fingerprint: str) -> bool:
+        """True when ``rel`` was completed by work with the same ``fingerprint``."""
+        info = self.read_done(rel)
+        return info is not None and info.get("fingerprint") == fingerprint
+
+
+def open_uri(uri: str, storage_options: dict[str, Any] | None = None) -> IO[bytes]:
+    """Open any local path or URI for binary reading."""
+    return fsspec.open(uri, "rb", **(storage_options or {})).open()

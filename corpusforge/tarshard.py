@@ -1,0 +1,154 @@
+"""Deterministic WebDataset tar shards: writing, indexing and safe reading.
+
+A sample is a key plus ``{extension: bytes}``; members are named ``{key}.{ext}``.
+Headers are fixed (mtime 0, uid/gid 0, empty owner names, mode 0444, USTAR), so the
+same samples in the same order always give byte-identical tars. The writer records
+where every member's data starts, so later stages can fetch one sample with a ranged
+read instead of scanning the shard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+import tarfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import IO
+
+import pyarrow as pa
+
+# WebDataset splits a member name at its first dot, so keys may not contain one.
+SAFE_KEY = re.compile(r"^[A-Za-z0-9_\-]{1,96}$")
+SAFE_EXT = re.compile(r"^[a-z0-9]{1,8}(\.[a-z0-9]{1,8})*$")
+
+INDEX_SCHEMA = pa.schema([
+    ("key", pa.string()),
+    ("ext", pa.string()),
+    ("offset", pa.int64()),
+    ("size", pa.int64()),
+])
+
+
+def is_safe_key(key: str) -> bool:
+    return bool(SAFE_KEY.match(key))
+
+
+@dataclass
+class Sample:
+    key: str
+    members: dict[str, bytes] = field(default_factory=dict)  # ext -> bytes, written in this order
+
+
+@dataclass
+class ShardWriteResult:
+    sha256: str
+    bytes: int
+    count: int
+    index: pa.Table  # one row per member: key, ext, offset, size
+
+
+class _HashingWriter(io.RawIOBase):
+    """Counts and hashes everything tarfile writes, on its way to the real file."""
+
+    def __init__(self, target: IO[bytes]):
+        self.target, self.h, self.n = target, hashlib.sha256(), 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        b = bytes(b)
+        self.h.update(b)
+        self.n += len(b)
+        self.target.write(b)
+        return len(b)
+
+
+def write_tar(target: IO[bytes], samples: Iterable[Sample]) -> ShardWriteResult:
+    """Stream ``samples`` into ``target`` as a deterministic tar; return its hash and index."""
+    sink = _HashingWriter(target)
+    keys, exts, offsets, sizes = [], [], [], []
+    count = 0
+    with tarfile.open(fileobj=sink, mode="w|", format=tarfile.USTAR_FORMAT) as tar:
+        for sample in samples:
+            if not is_safe_key(sample.key):
+                raise ValueError(f"unsafe sample key {sample.key!r}")
+            for ext, data in sample.members.items():
+                if not SAFE_EXT.match(ext):
+                    raise ValueError(f"unsafe extension {ext!r} for key {sample.key!r}")
+                info = tarfile.TarInfo(f"{sample.key}.{ext}")
+                info.size, info.mtime, info.mode = len(data), 0, 0o444
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                header_len = len(info.tobuf(tarfile.USTAR_FORMAT, tarfile.ENCODING, "surrogateescape"))
+                offset = sink.n + header_len
+                tar.addfile(info, io.BytesIO(data))
+                keys.append(sample.key)
+                exts.append(ext)
+                offsets.append(offset)
+                sizes.append(len(data))
+            count += 1
+    index = pa.table({"key": keys, "ext": exts, "offset": offsets, "size": sizes}, schema=INDEX_SCHEMA)
+    return ShardWriteResult(sha256=sink.h.hexdigest(), bytes=sink.n, count=count, index=index)
+
+
+@dataclass
+class TarMemberError:
+    """A member that could not be used, with the reason; never silently skipped."""
+    name: str
+    reason: str
+
+
+def split_member_name(name: str) -> tuple[str, str] | None:
+    """``dir/key.ext`` -> (``dir/key``, ``ext``) as WebDataset groups them; None if unsafe.
+
+    Unsafe: absolute paths, ``..`` components, backslashes, NUL, empty key or extension.
+    """
+    if not name or name.startswith("/") or "\\" in name or "\x00" in name:
+        return None
+    parts = name.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return None
+    base = parts[-1]
+    if "." not in base or base.startswith("."):
+        return None
+    stem, ext = base.split(".", 1)
+    prefix = "/".join(parts[:-1] + [stem])
+    return prefix, ext.lower()
+
+
+def iter_tar_samples(fileobj: IO[bytes]) -> Iterator[tuple[str, dict[str, bytes] | None, TarMemberError | None]]:
+    """Yield ``(key, members, error)`` for consecutive members sharing a key.
+
+    Reads the tar as a stream (sequential, works on S3). Non-file members (links,
+    devices, folders) and unsafe names come back as errors with ``members=None``.
+    A truncated or corrupt tar ends with one error for the rest of the stream.
+    """
+    current_key: str | None = None
+    current: dict[str, bytes] = {}
+    try:
+        with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
+            for info in tar:
+                if info.isdir():
+                    continue
+                parsed = split_member_name(info.name)
+                if not info.isreg() or parsed is None:
+                    why = "unsafe member name" if parsed is None else "not a regular file"
+                    yield info.name, None, TarMemberError(info.name, why)
+                    continue
+                key, ext = parsed
+                if key != current_key and current_key is not None:
+                    yield current_key, current, None
+                    current = {}
+                current_key = key
+                f = tar.extractfile(info)
+                current[ext] = f.read() if f is not None else b""
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        if current_key is not None:
+            current = {}
+        yield current_key or "<tar>", None, TarMemberError(current_key or "<tar>", f"corrupt or truncated tar: {exc}")
+        return
+    if current_key is not None:
+        yield current_key, current, None

@@ -1,0 +1,1 @@
+"""Pipeline stages: plain functions over records and shards, with thin Prefect task wrappers."""
