@@ -1,0 +1,73 @@
+"""Where the work runs: the Dask cluster behind Prefect's task runner, and the Prefect API.
+
+By default a flow gets an embedded ``LocalCluster``; set ``dask.address`` to use an
+existing scheduler (a bigger machine, GPU workers, Kubernetes). Prefect task runs on
+Dask worker processes must report to one Prefect API: when none is configured,
+:func:`prefect_api` starts one temporary local server for the run, so users need no
+Prefect server for the embedded defaults.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class DaskConfig(BaseModel):
+    """Which Dask cluster runs the tasks."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: str | None = Field(None, title="Scheduler address",
+                                description="tcp://host:8786 of an existing scheduler; empty for an embedded LocalCluster.")
+    n_workers: int = Field(2, ge=1, title="Local workers", description="Worker processes of the embedded LocalCluster.")
+    threads_per_worker: int = Field(1, ge=1, title="Threads per worker")
+    processes: bool = Field(True, description="Separate worker processes (True) or threads in this process.")
+    memory_limit: str = Field("auto", description="Per-worker memory limit of the embedded LocalCluster.")
+
+
+def task_runner(cfg: DaskConfig):
+    """A ``DaskTaskRunner`` for ``cfg``: an existing scheduler, or an embedded LocalCluster."""
+    from prefect_dask import DaskTaskRunner
+
+    if cfg.address:
+        return DaskTaskRunner(address=cfg.address)
+    kwargs: dict[str, Any] = {
+        "n_workers": cfg.n_workers,
+        "threads_per_worker": cfg.threads_per_worker,
+        "processes": cfg.processes,
+        "memory_limit": cfg.memory_limit,
+        "dashboard_address": None,
+    }
+    return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs=kwargs)
+
+
+@contextlib.contextmanager
+def prefect_api() -> Iterator[str]:
+    """Make sure one Prefect API serves this process and the Dask workers it spawns.
+
+    With ``PREFECT_API_URL`` already set (a real server, a deployment's worker), this does
+    nothing. Otherwise it starts Prefect's local server in a subprocess and exports its
+    URL, so worker processes started afterwards report to it instead of each starting a
+    temporary server of their own on one SQLite file (slow, and it locks).
+    """
+    url = os.environ.get("PREFECT_API_URL")
+    if url:
+        yield url
+        return
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()
+    server.start(timeout=120)
+    os.environ["PREFECT_API_URL"] = server.api_url
+    try:
+        yield server.api_url
+    finally:
+        os.environ.pop("PREFECT_API_URL", None)
+        server.stop()
