@@ -71,6 +71,7 @@ def write_tar(target: IO[bytes], samples: Iterable[Sample]) -> ShardWriteResult:
     sink = _HashingWriter(target)
     keys, exts, offsets, sizes = [], [], [], []
     count = 0
+    position = 0  # tarfile buffers stream writes, so member positions are computed, not observed
     with tarfile.open(fileobj=sink, mode="w|", format=tarfile.USTAR_FORMAT) as tar:
         for sample in samples:
             if not is_safe_key(sample.key):
@@ -83,7 +84,8 @@ def write_tar(target: IO[bytes], samples: Iterable[Sample]) -> ShardWriteResult:
                 info.uid = info.gid = 0
                 info.uname = info.gname = ""
                 header_len = len(info.tobuf(tarfile.USTAR_FORMAT, tarfile.ENCODING, "surrogateescape"))
-                offset = sink.n + header_len
+                offset = position + header_len
+                position = offset + -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
                 tar.addfile(info, io.BytesIO(data))
                 keys.append(sample.key)
                 exts.append(ext)
@@ -119,15 +121,24 @@ def split_member_name(name: str) -> tuple[str, str] | None:
     return prefix, ext.lower()
 
 
-def iter_tar_samples(fileobj: IO[bytes]) -> Iterator[tuple[str, dict[str, bytes] | None, TarMemberError | None]]:
-    """Yield ``(key, members, error)`` for consecutive members sharing a key.
+@dataclass
+class TarSample:
+    """One sample read from a tar: members by extension, where each member's data starts,
+    or an error (then ``members`` is empty) for unusable members and truncated streams."""
+    key: str
+    members: dict[str, bytes] = field(default_factory=dict)
+    offsets: dict[str, int] = field(default_factory=dict)
+    error: TarMemberError | None = None
+
+
+def iter_tar_samples(fileobj: IO[bytes]) -> Iterator[TarSample]:
+    """Yield consecutive members sharing a key as one :class:`TarSample`.
 
     Reads the tar as a stream (sequential, works on S3). Non-file members (links,
-    devices, folders) and unsafe names come back as errors with ``members=None``.
-    A truncated or corrupt tar ends with one error for the rest of the stream.
+    devices) and unsafe names come back as errors. A truncated or corrupt tar ends
+    with one error sample; the incomplete sample in progress is reported inside it.
     """
-    current_key: str | None = None
-    current: dict[str, bytes] = {}
+    current = TarSample(key="")
     try:
         with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
             for info in tar:
@@ -136,19 +147,19 @@ def iter_tar_samples(fileobj: IO[bytes]) -> Iterator[tuple[str, dict[str, bytes]
                 parsed = split_member_name(info.name)
                 if not info.isreg() or parsed is None:
                     why = "unsafe member name" if parsed is None else "not a regular file"
-                    yield info.name, None, TarMemberError(info.name, why)
+                    yield TarSample(info.name, error=TarMemberError(info.name, why))
                     continue
                 key, ext = parsed
-                if key != current_key and current_key is not None:
-                    yield current_key, current, None
-                    current = {}
-                current_key = key
+                if key != current.key and current.members:
+                    yield current
+                    current = TarSample(key=key)
+                current.key = key
                 f = tar.extractfile(info)
-                current[ext] = f.read() if f is not None else b""
+                current.members[ext] = f.read() if f is not None else b""
+                current.offsets[ext] = info.offset_data
     except (tarfile.TarError, EOFError, OSError) as exc:
-        if current_key is not None:
-            current = {}
-        yield current_key or "<tar>", None, TarMemberError(current_key or "<tar>", f"corrupt or truncated tar: {exc}")
+        name = current.key or "<tar>"
+        yield TarSample(name, error=TarMemberError(name, f"corrupt or truncated tar: {exc}"))
         return
-    if current_key is not None:
-        yield current_key, current, None
+    if current.members:
+        yield current
