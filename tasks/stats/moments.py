@@ -1,0 +1,85 @@
+"""Streaming, mergeable first and second moments of feature vectors.
+
+A partial is ``(n, mean, M2)`` with ``M2 = Σ (x − mean)(x − mean)ᵀ``, accumulated in
+float64. Partials merge with Chan, Golub & LeVeque's pairwise update, so shards are
+summarised independently and reduced in a tree. Keeping the scatter matrix about the
+partial's own mean (rather than raw ``Σxxᵀ``) avoids the catastrophic cancellation of
+``Σxxᵀ/n − µµᵀ`` when features have a large mean relative to their spread, which
+un-normalised DINOv2 features do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+# Rows per float64 block when summarising an array: bounds the temporary copy
+# (8192 × 1024 × 8 B = 64 MB) however large the input is.
+BLOCK_ROWS = 8192
+
+
+@dataclass(frozen=True)
+class Moments:
+    """Count, mean and scatter matrix of a set of ``dim``-dimensional vectors."""
+
+    n: int
+    mean: np.ndarray  # float64 [dim]
+    m2: np.ndarray  # float64 [dim, dim], Σ (x − mean)(x − mean)ᵀ
+
+    @property
+    def dim(self) -> int:
+        return int(self.mean.shape[0])
+
+    @classmethod
+    def empty(cls, dim: int) -> Moments:
+        return cls(0, np.zeros(dim, np.float64), np.zeros((dim, dim), np.float64))
+
+    @classmethod
+    def of(cls, x: np.ndarray, block_rows: int = BLOCK_ROWS) -> Moments:
+        """Summarise the rows of ``x`` (any float dtype), one float64 block at a time."""
+        if x.ndim != 2:
+            raise ValueError(f"expected a 2-d array of row vectors, got shape {x.shape}")
+        total = cls.empty(x.shape[1])
+        for start in range(0, x.shape[0], block_rows):
+            block = np.asarray(x[start:start + block_rows], dtype=np.float64)
+            mean = block.mean(axis=0)
+            centred = block - mean
+            total = total.merge(cls(block.shape[0], mean, centred.T @ centred))
+        return total
+
+    def merge(self, other: Moments) -> Moments:
+        """The moments of the union of both sets (Chan et al. 1979)."""
+        if self.dim != other.dim:
+            raise ValueError(f"cannot merge moments of dimension {self.dim} and {other.dim}")
+        if other.n == 0:
+            return self
+        if self.n == 0:
+            return other
+        n = self.n + other.n
+        delta = other.mean - self.mean
+        mean = self.mean + delta * (other.n / n)
+        m2 = self.m2 + other.m2 + np.outer(delta, delta) * (self.n * other.n / n)
+        return Moments(n, mean, m2)
+
+    def covariance(self) -> np.ndarray:
+        """Unbiased covariance (``np.cov`` with ``rowvar=False``)."""
+        if self.n < 2:
+            raise ValueError(f"a covariance needs at least 2 vectors, got {self.n}")
+        return self.m2 / (self.n - 1)
+
+
+def tree_merge(parts: Sequence[Moments]) -> Moments:
+    """Merge partials pairwise in a fixed balanced tree.
+
+    The tree depends only on the order of ``parts``, so the float64 result is the same
+    bit for bit however the partials were scheduled.
+    """
+    if not parts:
+        raise ValueError("nothing to merge")
+    level = list(parts)
+    while len(level) > 1:
+        level = [level[i].merge(level[i + 1]) if i + 1 < len(level) else level[i]
+                 for i in range(0, len(level), 2)]
+    return level[0]
