@@ -103,6 +103,12 @@ class Store:
         with self.open(rel) as f:
             return pq.read_table(f, columns=columns)
 
+    def dataset(self, rel: str):
+        """A ``pyarrow.dataset`` over the parquet files under ``rel`` (local or remote)."""
+        import pyarrow.dataset as ds
+
+        return ds.dataset(self._fs_path(rel), format="parquet", filesystem=self.fs)
+
     def listdir(self, rel: str = "") -> list[str]:
         """Sorted names (not paths) directly under ``rel``; empty if it does not exist."""
         base = self._fs_path(rel)

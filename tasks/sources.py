@@ -1,0 +1,237 @@
+"""Input discovery: turn any accepted source into numbered ingest partitions.
+
+Accepted sources (local paths or any fsspec URI such as ``s3://``):
+
+(a) a metadata table (parquet, JSONL or CSV; a file, or a folder holding
+    ``metadata.{parquet,jsonl,csv}``) whose rows point at image files;
+(b) WebDataset tars (a ``.tar`` file or a folder of them, e.g. img2dataset output:
+    ``{key}.jpg`` + ``{key}.txt`` + ``{key}.json``);
+(c) a bare folder of images (optional ``{stem}.txt`` caption and ``{stem}.json``
+    metadata sidecars are read, not counted as records).
+
+Tables and folders are streamed once into ``work/input/{part}.parquet`` chunks of a
+fixed number of rows in input order, with columns normalised to :data:`INPUT_COLUMNS`;
+tars are one partition each. Partitions are the unit of parallel ingest, and their
+order is the corpus's input order.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import fsspec
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field
+
+from corpusforge.storage import Store, is_remote
+
+METADATA_COLUMNS = ["key", "caption", "caption_type", "source", "license", "license_url",
+                    "attribution", "retrieved_at"]
+INPUT_COLUMNS = ["key", "path", *METADATA_COLUMNS[1:], "extra"]
+INPUT_SCHEMA = pa.schema([(c, pa.string()) for c in INPUT_COLUMNS])
+IMAGE_EXTS = {"jpg", "jpeg", "png", "webp"}
+TABLE_SUFFIXES = (".parquet", ".jsonl", ".csv")
+SIDECAR_EXTS = {"txt", "json"}
+
+
+class SourceConfig(BaseModel):
+    """How to read the input corpus."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["auto", "table", "tars", "folder"] = Field(
+        "auto", description="Input kind; 'auto' detects a metadata table, tars or a bare image folder.")
+    columns: dict[str, str] = Field(
+        default_factory=dict,
+        description="Map corpusforge column names (key, path, caption, …) to the table's own column names.")
+    partition_size: int = Field(500, ge=1, description="Records per ingest partition (table and folder inputs).")
+    storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for the source.")
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One unit of ingest work. ``uri`` is a tar (kind 'tar') or the normalised input chunk."""
+
+    index: int
+    kind: Literal["rows", "tar"]
+    uri: str
+    base: str  # folder that relative paths in the chunk are resolved against
+
+    @property
+    def name(self) -> str:
+        return f"{self.index:06d}"
+
+
+def _fs(uri: str, options: dict[str, Any]) -> tuple[fsspec.AbstractFileSystem, str]:
+    return fsspec.core.url_to_fs(uri, **options)
+
+
+def _full(fs: fsspec.AbstractFileSystem, path: str, like: str) -> str:
+    """A path returned by ``fs`` turned back into a URI of the same kind as ``like``."""
+    return fs.unstrip_protocol(path) if is_remote(like) else path
+
+
+def detect_kind(src: str, options: dict[str, Any]) -> tuple[str, str]:
+    """(kind, resolved uri): the table file for 'table', else ``src`` itself."""
+    fs, path = _fs(src, options)
+    if fs.isfile(path):
+        if path.endswith(TABLE_SUFFIXES):
+            return "table", src
+        if path.endswith(".tar"):
+            return "tars", src
+        raise ValueError(f"{src}: not a metadata table (.parquet/.jsonl/.csv) or a .tar")
+    if not fs.isdir(path):
+        raise FileNotFoundError(f"source {src} does not exist")
+    for suffix in TABLE_SUFFIXES:
+        candidate = posixpath.join(path, f"metadata{suffix}")
+        if fs.isfile(candidate):
+            return "table", _full(fs, candidate, src)
+    if fs.glob(posixpath.join(path, "*.tar")):
+        return "tars", src
+    return "folder", src
+
+
+def _table_batches(uri: str, options: dict[str, Any], chunk: int) -> Iterator[pa.Table]:
+    """Stream a metadata table in chunks without reading it whole."""
+    with fsspec.open(uri, "rb", **options) as f:
+        if uri.endswith(".parquet"):
+            for batch in pq.ParquetFile(f).iter_batches(batch_size=chunk):
+                yield pa.Table.from_batches([batch])
+        elif uri.endswith(".csv"):
+            convert = pacsv.ConvertOptions(strings_can_be_null=False, column_types=None)
+            reader = pacsv.open_csv(f, read_options=pacsv.ReadOptions(block_size=1 << 22),
+                                    convert_options=convert)
+            for batch in reader:
+                yield pa.Table.from_batches([batch])
+        else:  # JSONL, line by line so memory stays bounded
+            rows: list[dict[str, Any]] = []
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{uri}:{lineno}: invalid JSON ({exc})") from exc
+                if len(rows) == chunk:
+                    yield pa.Table.from_pylist(rows)
+                    rows = []
+            if rows:
+                yield pa.Table.from_pylist(rows)
+
+
+def _as_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, float) and value != value:  # NaN
+        return None
+    return value if isinstance(value, str) else str(value)
+
+
+def normalise_rows(table: pa.Table, mapping: dict[str, str]) -> list[dict[str, str | None]]:
+    """Rows with corpusforge column names; unmapped columns go to ``extra`` as JSON."""
+    reverse = {theirs: ours for ours, theirs in mapping.items()}
+    out = []
+    for row in table.to_pylist():
+        record: dict[str, str | None] = {c: None for c in INPUT_COLUMNS}
+        extra: dict[str, Any] = {}
+        for name, value in row.items():
+            ours = reverse.get(name, name)
+            if ours in record and ours != "extra":
+                record[ours] = _as_text(value)
+            else:
+                extra[name] = value
+        record["extra"] = json.dumps(extra, sort_keys=True, default=str) if extra else None
+        out.append(record)
+    return out
+
+
+def _write_chunks(store: Store, rows: Iterator[dict[str, Any]], size: int, base: str) -> list[Partition]:
+    parts: list[Partition] = []
+    buffer: list[dict[str, Any]] = []
+
+    def flush() -> None:
+        index = len(parts)
+        rel = f"work/input/{index:06d}.parquet"
+        store.write_parquet(rel, pa.Table.from_pylist(buffer, schema=INPUT_SCHEMA))
+        parts.append(Partition(index, "rows", store.path(rel), base))
+        buffer.clear()
+
+    for row in rows:
+        buffer.append(row)
+        if len(buffer) == size:
+            flush()
+    if buffer:
+        flush()
+    return parts
+
+
+def _table_rows(uri: str, cfg: SourceConfig) -> Iterator[dict[str, Any]]:
+    if "path" not in cfg.columns and "path" in cfg.columns.values():
+        raise ValueError("column mapping maps another name onto 'path'")
+    for table in _table_batches(uri, cfg.storage_options, cfg.partition_size):
+        source_path = cfg.columns.get("path", "path")
+        if source_path not in table.column_names:
+            raise ValueError(f"{uri}: no '{source_path}' column (the only required column)")
+        yield from normalise_rows(table, cfg.columns)
+
+
+def _folder_rows(src: str, cfg: SourceConfig) -> Iterator[dict[str, Any]]:
+    """Every file of a bare folder in sorted order; caption/metadata sidecars are attached."""
+    fs, root = _fs(src, cfg.storage_options)
+    files = sorted(fs.find(root))
+    stems_with_image = {f.rsplit(".", 1)[0] for f in files if f.rsplit(".", 1)[-1].lower() in IMAGE_EXTS}
+    present = set(files)
+    for path in files:
+        stem, _, ext = path.rpartition(".")
+        rel = posixpath.relpath(path, root)
+        if ext.lower() in SIDECAR_EXTS and stem in stems_with_image:
+            continue  # read below as part of its image's record
+        record: dict[str, Any] = {c: None for c in INPUT_COLUMNS}
+        record["path"] = rel
+        if ext.lower() in IMAGE_EXTS:
+            if f"{stem}.txt" in present:
+                record["caption"] = fs.cat_file(f"{stem}.txt").decode("utf-8", "replace").strip()
+            if f"{stem}.json" in present:
+                meta = json.loads(fs.cat_file(f"{stem}.json"))
+                for name in METADATA_COLUMNS:
+                    if name in meta and record.get(name) is None:
+                        record[name] = _as_text(meta[name])
+        yield record
+
+
+def plan_partitions(src: str, store: Store, cfg: SourceConfig) -> tuple[str, list[Partition]]:
+    """Detect the source kind and return it with the ingest partitions in input order."""
+    kind, uri = detect_kind(src, cfg.storage_options) if cfg.kind == "auto" else (cfg.kind, src)
+    if kind == "tars":
+        fs, path = _fs(uri, cfg.storage_options)
+        tars = [path] if fs.isfile(path) else sorted(fs.glob(posixpath.join(path, "*.tar")))
+        return kind, [Partition(i, "tar", _full(fs, t, uri), "") for i, t in enumerate(tars)]
+    if kind == "table":
+        fs, path = _fs(uri, cfg.storage_options)
+        base = _full(fs, posixpath.dirname(path), uri)
+        return kind, _write_chunks(store, _table_rows(uri, cfg), cfg.partition_size, base)
+    return kind, _write_chunks(store, _folder_rows(uri, cfg), cfg.partition_size, uri.rstrip("/"))
+
+
+def resolve_path(base: str, path: str) -> str | None:
+    """The location of ``path`` from a metadata row, or None when it is unsafe.
+
+    Relative paths must stay inside ``base`` (no ``..`` escape, no absolute paths, no
+    backslashes or NUL). A URI with a scheme other than file:// is taken as given.
+    """
+    if not path or "\x00" in path or "\\" in path:
+        return None
+    if "://" in path:
+        return None if path.startswith("file://") else path
+    if path.startswith("/"):
+        return None
+    normal = posixpath.normpath(path)
+    if normal == ".." or normal.startswith("../") or normal == ".":
+        return None
+    return posixpath.join(base, normal)
