@@ -1,0 +1,285 @@
+"""The feature stage: every requested model's features for one staging shard.
+
+One call of :func:`extract_shard` handles one staging shard (``staging/{shard}.tar`` and
+its ``staging/{shard}.index.parquet``): it streams the tar once, decodes each image once
+(:func:`tasks.features.decode.decode_rgb`, shrunk during JPEG decoding to what the largest
+model needs), runs every model's ``preprocess`` on a pool of prefetch threads ahead of the
+batch being embedded, embeds batches of ``runtime.batch_size`` and writes per model::
+
+    features/{model_id}/{shard}.npy            [n_ok, dim] in cfg.dtype (float16 by default), shard order
+    features/{model_id}/{shard}.keys.parquet   key, ok, error for every image of the shard, shard order
+    features/{model_id}/{shard}.npy.done.json  marker, written last (see tasks/features/layout.py)
+
+The marker's ``fingerprint`` hashes the model's own fingerprint (id, architecture,
+weights SHA-256 or "random-init", preprocessing, dim, model code version), the stored
+dtype, the decode size and the pipeline ``code_version``. A rerun skips a (model, shard)
+whose marker carries the same fingerprint and recomputes it otherwise, so new weights, a
+new preprocessing or dtype invalidate exactly that model's files. The decode size is the
+largest model input times :data:`DRAFT_MARGIN` over *all* configured models, so adding a
+model with a larger input also recomputes the others: their pixels would differ.
+
+A record whose image cannot be decoded (or preprocessed) is an error row (ok=False with
+the reason) for the affected models; the shard still completes. Images are the tar
+members whose extension is jpg, png or webp; the index fixes the key order.
+
+:func:`extract_features` fans shards out as one Prefect task per shard (one Dask task
+on a ``DaskTaskRunner``); :func:`extract_features_on_client` is the same fan-out on a
+plain ``distributed.Client``.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from PIL import Image
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from corpusforge.hashing import fingerprint
+from corpusforge.storage import Store
+from corpusforge.tarshard import iter_tar_samples
+from tasks.features.base import FeatureModel
+from tasks.features.config import FeaturesConfig
+from tasks.features.decode import decode_rgb
+from tasks.features.layout import feature_path, write_shard_features
+
+IMAGE_EXTS = ("jpg", "png", "webp")
+# Decode at least this many times the model input: the final resize then still
+# downsamples, which keeps features within float16 noise of a full-size decode.
+DRAFT_MARGIN = 2
+
+
+def staging_tar(shard: str) -> str:
+    return f"staging/{shard}.tar"
+
+
+def staging_index(shard: str) -> str:
+    return f"staging/{shard}.index.parquet"
+
+
+def completed_staging_shards(store: Store) -> list[str]:
+    """Staging shards whose completion marker exists, sorted (``000000``, ...)."""
+    suffix = ".tar.done.json"
+    return sorted(n[: -len(suffix)] for n in store.listdir("staging") if n.endswith(suffix))
+
+
+def shard_image_keys(store: Store, shard: str) -> list[tuple[str, str]]:
+    """``(key, ext)`` of the shard's image members, in shard order, from its index."""
+    index = store.read_parquet(staging_index(shard), columns=["key", "ext"])
+    return [(k, e) for k, e in zip(index["key"].to_pylist(), index["ext"].to_pylist(), strict=True)
+            if e in IMAGE_EXTS]
+
+
+@functools.cache
+def _input_size(model: FeatureModel) -> int:
+    """The model's square input side, read off what its ``preprocess`` returns."""
+    probe = model.preprocess(Image.new("RGB", (64, 64), (128, 128, 128)))
+    return int(max(probe.shape[-2:]))
+
+
+def decode_size(models: Sequence[FeatureModel]) -> int:
+    """The JPEG draft size that serves every model: largest input times the margin."""
+    return max(_input_size(m) for m in models) * DRAFT_MARGIN
+
+
+def marker_fingerprint(model: FeatureModel, dtype: str, draft: int, code_version: str) -> str:
+    """Everything the stored values of one model's features depend on."""
+    return fingerprint(model.fingerprint(), dtype, draft, code_version)
+
+
+def load_models(cfg: FeaturesConfig) -> list[FeatureModel]:
+    """The configured models, loaded once per process by the registry's cache."""
+    from tasks.features.registry import load_model
+
+    return [load_model(spec, cfg.runtime, cfg.torchscript_allowlist) for spec in cfg.models]
+
+
+@dataclass
+class _ModelRun:
+    """Per-model accumulation for one shard: ok flags, errors, embedded rows."""
+    model: FeatureModel
+    ok: list[bool] = field(default_factory=list)
+    errors: list[str | None] = field(default_factory=list)
+    pending: list[np.ndarray] = field(default_factory=list)
+    rows: list[np.ndarray] = field(default_factory=list)
+
+    def add(self, array: np.ndarray | None, error: str | None, batch_size: int) -> None:
+        self.ok.append(error is None)
+        self.errors.append(error)
+        if error is None:
+            self.pending.append(array)
+            if len(self.pending) >= batch_size:
+                self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            out = self.model.embed(np.stack(self.pending))
+            if out.shape != (len(self.pending), self.model.dim):
+                raise ValueError(f"{self.model.model_id}: embed returned {out.shape} for "
+                                 f"{len(self.pending)} inputs of dim {self.model.dim}")
+            self.rows.append(np.asarray(out, dtype=np.float32))
+            self.pending = []
+
+    def features(self) -> np.ndarray:
+        self.flush()
+        if not self.rows:
+            return np.zeros((0, self.model.dim), dtype=np.float32)
+        return np.concatenate(self.rows)
+
+
+def _prepare(item: tuple[str, bytes | None, str | None], models: Sequence[FeatureModel],
+             draft: int) -> tuple[str, list[tuple[np.ndarray | None, str | None]]]:
+    """Decode one image once and preprocess it for each model; errors become strings."""
+    key, data, error = item
+    if error is not None:
+        return key, [(None, error)] * len(models)
+    try:
+        image = decode_rgb(data, draft_size=draft)
+    except Exception as exc:  # noqa: BLE001 - any decoder failure is this record's error
+        return key, [(None, f"decode: {exc}")] * len(models)
+    out: list[tuple[np.ndarray | None, str | None]] = []
+    for model in models:
+        try:
+            out.append((np.asarray(model.preprocess(image), dtype=np.float32), None))
+        except Exception as exc:  # noqa: BLE001 - one bad image must not fail the shard
+            out.append((None, f"preprocess: {type(exc).__name__}: {exc}"))
+    return key, out
+
+
+def _prefetched(items: Iterable[Any], work: Callable[[Any], Any], threads: int, window: int) -> Iterator[Any]:
+    """``map(work, items)`` in order, with up to ``window`` items in flight on ``threads`` threads.
+
+    The consumer embeds a batch while the pool decodes the next ones; the window bounds
+    memory to a few batches whatever the shard size.
+    """
+    if threads <= 0:
+        yield from map(work, items)
+        return
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="decode") as pool:
+        pending: collections.deque = collections.deque()
+        for item in items:
+            pending.append(pool.submit(work, item))
+            if len(pending) >= window:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def _shard_images(store: Store, shard: str,
+                  expected: list[tuple[str, str]]) -> Iterator[tuple[str, bytes | None, str | None]]:
+    """Stream ``(key, image bytes, error)`` in index order; keys the tar lacks are errors."""
+    wanted = dict(expected)
+    position = 0
+    with store.open(staging_tar(shard)) as f:
+        for sample in iter_tar_samples(f):
+            if sample.error is not None:
+                if sample.error.reason.startswith("corrupt or truncated tar"):
+                    break
+                continue
+            ext = wanted.get(sample.key)
+            if ext is None or ext not in sample.members:
+                continue
+            if position >= len(expected) or expected[position][0] != sample.key:
+                raise ValueError(f"staging/{shard}.tar: member {sample.key!r} out of index order")
+            yield sample.key, sample.members[ext], None
+            position += 1
+    for key, _ in expected[position:]:
+        yield key, None, "missing from staging tar (truncated shard?)"
+
+
+def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, code_version: str) -> dict[str, Any]:
+    """Compute (or skip, when already done) every configured model's features for ``shard``.
+
+    Returns ``{"shard", "images", "models": {model_id: {"action", "ok", "errors",
+    "random_init", "dim"}}}`` where action is ``computed``, ``recomputed`` (an older
+    marker with another fingerprint existed) or ``skipped``.
+    """
+    models = load_models(cfg)
+    draft = decode_size(models)
+    expected = shard_image_keys(store, shard)
+    summary: dict[str, Any] = {"shard": shard, "images": len(expected), "models": {}}
+    todo: list[FeatureModel] = []
+    prints: dict[str, str] = {}
+    for model in models:
+        prints[model.model_id] = fp = marker_fingerprint(model, cfg.dtype, draft, code_version)
+        marker = store.read_done(feature_path(model.model_id, shard))
+        if marker is not None and marker.get("fingerprint") == fp:
+            summary["models"][model.model_id] = {
+                "action": "skipped", "ok": int(marker["count"]), "errors": len(expected) - int(marker["count"]),
+                "random_init": bool(model.random_init), "dim": model.dim}
+        else:
+            todo.append(model)
+            summary["models"][model.model_id] = {"action": "recomputed" if marker is not None else "computed"}
+    if not todo:
+        return summary
+
+    runs = [_ModelRun(m) for m in todo]
+    rt = cfg.runtime
+    keys: list[str] = []
+    work = functools.partial(_prepare, models=todo, draft=draft)
+    window = max(2 * rt.batch_size, 4 * max(rt.prefetch_threads, 1))
+    for key, prepared in _prefetched(_shard_images(store, shard, expected), work, rt.prefetch_threads, window):
+        keys.append(key)
+        for run, (array, error) in zip(runs, prepared, strict=True):
+            run.add(array, error, rt.batch_size)
+
+    for run in runs:
+        model = run.model
+        feats = run.features().astype(cfg.dtype)
+        marker = {"fingerprint": prints[model.model_id], "model": model.fingerprint(), "dtype": cfg.dtype,
+                  "decode_size": draft, "code_version": code_version, "random_init": bool(model.random_init)}
+        write_shard_features(store, model.model_id, shard, keys, run.ok, run.errors, feats, marker)
+        n_ok = int(sum(run.ok))
+        summary["models"][model.model_id].update(
+            ok=n_ok, errors=len(keys) - n_ok, random_init=bool(model.random_init), dim=model.dim)
+    return summary
+
+
+@task(name="extract-shard-features", retries=1, cache_policy=NO_CACHE, persist_result=False)
+def extract_shard_task(store: Store, shard: str, cfg: FeaturesConfig, code_version: str) -> dict[str, Any]:
+    """Prefect wrapper: one task (one Dask task on a DaskTaskRunner) per staging shard."""
+    return extract_shard(store, shard, cfg, code_version)
+
+
+def extract_features(store: Store, shards: list[str], cfg: FeaturesConfig, code_version: str) -> list[dict[str, Any]]:
+    """The feature stage inside a flow: one task per shard on the flow's task runner."""
+    from prefect import unmapped
+
+    futures = extract_shard_task.map(unmapped(store), shards, unmapped(cfg), unmapped(code_version))
+    return [f.result() for f in futures]
+
+
+def extract_features_on_client(client: Any, store: Store, shards: list[str], cfg: FeaturesConfig,
+                               code_version: str) -> list[dict[str, Any]]:
+    """The feature stage on a plain ``distributed.Client``: one Dask task per shard."""
+    futures = client.map(extract_shard, [store] * len(shards), shards, [cfg] * len(shards),
+                         [code_version] * len(shards), pure=False)
+    return client.gather(futures)
+
+
+def summarize(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Totals per model over shard results, with random-init models flagged loudly."""
+    per_model: dict[str, dict[str, Any]] = {}
+    for result in results:
+        for model_id, r in result["models"].items():
+            t = per_model.setdefault(model_id, {"shards": 0, "computed": 0, "recomputed": 0, "skipped": 0,
+                                                "ok": 0, "errors": 0, "random_init": False, "dim": r.get("dim")})
+            t["shards"] += 1
+            t[r["action"]] += 1
+            t["ok"] += r.get("ok", 0)
+            t["errors"] += r.get("errors", 0)
+            t["random_init"] = t["random_init"] or bool(r.get("random_init"))
+    random_init = sorted(m for m, t in per_model.items() if t["random_init"])
+    summary: dict[str, Any] = {"shards": len(results), "images": sum(r["images"] for r in results),
+                               "models": per_model, "random_init_models": random_init}
+    if random_init:
+        summary["warning"] = ("RANDOM-INIT FEATURES: " + ", ".join(random_init) + " ran without trained "
+                              "weights; their features carry no meaning and must not be used for "
+                              "deduplication or reference statistics.")
+    return summary

@@ -1,0 +1,252 @@
+"""The feature stage on real staging shards: decode, extract, resume, invalidation, Dask.
+
+Staging shards are written here with the ground floor's ``write_tar`` and index, from
+tiny generated images; features are read back only through ``tasks.features.layout``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from corpusforge.storage import Store
+from corpusforge.tarshard import Sample, write_tar
+from tasks.features.config import FeaturesConfig, ModelSpec, RuntimeConfig
+from tasks.features.decode import DecodeError, decode_rgb
+from tasks.features.extract import (completed_staging_shards, decode_size, extract_features_on_client,
+                                    extract_shard, load_models, summarize)
+from tasks.features.layout import feature_path, keys_path, read_shard_errors, read_shard_features
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+pytestmark = pytest.mark.timeout(180)
+
+CODE = "test-1"
+
+
+def _picture(seed: int, size: tuple[int, int] = (72, 56)) -> Image.Image:
+    """A smooth random picture (low-frequency structure, like a photo at thumbnail size)."""
+    rng = np.random.default_rng(seed)
+    coarse = rng.integers(0, 256, size=(5, 6, 3), dtype=np.uint8)
+    return Image.fromarray(coarse).resize(size, Image.Resampling.BICUBIC)
+
+
+def _encode(image: Image.Image, fmt: str) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, fmt, **({"quality": 90} if fmt in ("JPEG", "WEBP") else {}))
+    return buf.getvalue()
+
+
+FORMATS = (("JPEG", "jpg"), ("PNG", "png"), ("WEBP", "webp"))
+
+
+def _write_staging(store: Store, shard: str, seeds: list[int], corrupt: set[int] = frozenset()) -> list[str]:
+    samples, keys = [], []
+    for i, seed in enumerate(seeds):
+        fmt, ext = FORMATS[seed % 3]
+        data = _encode(_picture(seed), fmt)
+        if seed in corrupt:
+            data = data[: len(data) // 3]
+        key = f"k{seed:05d}"
+        keys.append(key)
+        samples.append(Sample(key, {ext: data, "txt": f"caption {i}".encode(), "json": b"{}"}))
+    with store.atomic_write(f"staging/{shard}.tar") as f:
+        result = write_tar(f, samples)
+    store.write_parquet(f"staging/{shard}.index.parquet", result.index)
+    store.mark_done(f"staging/{shard}.tar", {"count": result.count, "sha256": result.sha256})
+    return keys
+
+
+@pytest.fixture()
+def corpus(tmp_path) -> Store:
+    store = Store(str(tmp_path / "corpus"))
+    _write_staging(store, "000000", list(range(0, 11)), corrupt={4})
+    _write_staging(store, "000001", list(range(11, 20)))
+    return store
+
+
+def _cfg(**runtime) -> FeaturesConfig:
+    return FeaturesConfig(models=[ModelSpec(name="wfd")], runtime=RuntimeConfig(**{"batch_size": 4, **runtime}))
+
+
+def _files(store: Store, model_id: str, shard: str) -> tuple[bytes, bytes]:
+    return store.read_bytes(feature_path(model_id, shard)), store.read_bytes(keys_path(model_id, shard))
+
+
+# ---- decode ----------------------------------------------------------------------------
+
+def test_decode_formats_modes_and_orientation():
+    picture = _picture(1, (40, 30))
+    for fmt, _ in FORMATS:
+        out = decode_rgb(_encode(picture, fmt))
+        assert out.mode == "RGB" and out.size == (40, 30)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise on display
+    buf = io.BytesIO()
+    picture.save(buf, "JPEG", exif=exif)
+    assert decode_rgb(buf.getvalue()).size == (30, 40)
+    cmyk = decode_rgb(_encode(picture.convert("CMYK"), "JPEG"))
+    assert cmyk.mode == "RGB" and np.abs(np.asarray(cmyk, int) - np.asarray(picture, int)).mean() < 12
+    grey16 = Image.fromarray((np.arange(40 * 30, dtype=np.uint16).reshape(30, 40) * 50))
+    assert decode_rgb(_encode(grey16, "PNG")).mode == "RGB"
+
+
+def test_decode_composites_transparency_over_white():
+    rgba = Image.new("RGBA", (8, 8), (255, 0, 0, 0))
+    rgba.putpixel((0, 0), (0, 0, 255, 255))
+    out = np.asarray(decode_rgb(_encode(rgba, "PNG")))
+    assert tuple(out[0, 0]) == (0, 0, 255) and tuple(out[4, 4]) == (255, 255, 255)
+    palette = rgba.convert("P")
+    palette.info["transparency"] = palette.getpixel((4, 4))
+    assert tuple(np.asarray(decode_rgb(_encode(palette, "PNG")))[4, 4]) == (255, 255, 255)
+
+
+def test_decode_errors_are_clear():
+    jpeg = _encode(_picture(2), "JPEG")
+    with pytest.raises(DecodeError, match="corrupt or truncated"):
+        decode_rgb(jpeg[: len(jpeg) // 2])
+    with pytest.raises(DecodeError, match="not a JPEG, PNG or WEBP"):
+        decode_rgb(_encode(_picture(2), "GIF"))
+    with pytest.raises(DecodeError, match="not a JPEG, PNG or WEBP"):
+        decode_rgb(b"definitely not an image")
+    with pytest.raises(DecodeError, match="empty"):
+        decode_rgb(b"")
+    with pytest.raises(DecodeError, match="decompression bomb guard"):
+        decode_rgb(jpeg, max_pixels=100)
+
+
+def test_decode_bomb_is_refused_from_the_header():
+    """A PNG declaring 30,000 x 30,000 pixels is refused without inflating its data."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+    header = struct.pack(">IIBBBBB", 30_000, 30_000, 8, 0, 0, 0, 0)
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    with pytest.raises(DecodeError, match="decompression bomb guard"):
+        decode_rgb(png)
+
+
+def test_decode_draft_shrinks_jpeg_but_not_below_the_request():
+    jpeg = _encode(_picture(3, (512, 384)), "JPEG")
+    assert decode_rgb(jpeg).size == (512, 384)
+    small = decode_rgb(jpeg, draft_size=64)
+    assert small.size == (128, 96)  # JPEG scale 1/4: the largest that keeps both sides >= 64
+    assert decode_rgb(jpeg, draft_size=300).size == (512, 384)
+
+
+# ---- extraction --------------------------------------------------------------------------
+
+def test_extract_shard_matches_direct_computation(corpus):
+    cfg = _cfg()
+    result = extract_shard(corpus, "000001", cfg, CODE)
+    assert result["models"]["wfd"] == {"action": "computed", "ok": 9, "errors": 0, "random_init": False,
+                                       "dim": 1024}
+    keys, feats = read_shard_features(corpus, "wfd", "000001")
+    assert keys == [f"k{s:05d}" for s in range(11, 20)] and feats.dtype == np.float16
+    (model,) = load_models(cfg)
+    draft = decode_size([model])
+    index = corpus.read_parquet("staging/000001.index.parquet").to_pylist()
+    images = [decode_rgb(corpus.read_range("staging/000001.tar", r["offset"], r["size"]), draft)
+              for r in index if r["ext"] in ("jpg", "png", "webp")]
+    direct = model.embed(np.stack([model.preprocess(im) for im in images])).astype(np.float16)
+    assert feats.tobytes() == direct.tobytes()
+    marker = corpus.read_done(feature_path("wfd", "000001"))
+    assert marker["code_version"] == CODE and marker["dtype"] == "float16" and marker["count"] == 9
+    assert marker["model"]["preprocessing"] == model.preprocessing and marker["random_init"] is False
+
+
+def test_corrupt_image_is_a_record_error_and_the_shard_completes(corpus):
+    result = extract_shard(corpus, "000000", _cfg(), CODE)
+    assert result["models"]["wfd"]["ok"] == 10 and result["models"]["wfd"]["errors"] == 1
+    keys, feats = read_shard_features(corpus, "wfd", "000000")
+    assert "k00004" not in keys and len(keys) == feats.shape[0] == 10
+    errors = read_shard_errors(corpus, "wfd", "000000")
+    assert list(errors) == ["k00004"] and errors["k00004"].startswith("decode: corrupt or truncated image")
+    table = pq.read_table(corpus.path(keys_path("wfd", "000000")))
+    assert table["key"].to_pylist() == [f"k{s:05d}" for s in range(11)]
+
+
+def test_prefetch_threads_do_not_change_a_bit(corpus, tmp_path):
+    extract_shard(corpus, "000000", _cfg(prefetch_threads=0), CODE)
+    inline = _files(corpus, "wfd", "000000")
+    other = Store(str(tmp_path / "other"))
+    _write_staging(other, "000000", list(range(0, 11)), corrupt={4})
+    extract_shard(other, "000000", _cfg(prefetch_threads=3, batch_size=3), CODE)
+    assert _files(other, "wfd", "000000") == inline
+
+
+def test_resume_skips_done_shards_and_redoes_a_deleted_one(corpus):
+    cfg = _cfg()
+    shards = completed_staging_shards(corpus)
+    assert shards == ["000000", "000001"]
+    first = [extract_shard(corpus, s, cfg, CODE) for s in shards]
+    assert {r["models"]["wfd"]["action"] for r in first} == {"computed"}
+    before = {s: _files(corpus, "wfd", s) for s in shards}
+    mtime = os.path.getmtime(corpus.path(feature_path("wfd", "000000")))
+    corpus.remove(feature_path("wfd", "000001") + ".done.json")
+    corpus.remove(feature_path("wfd", "000001"))
+    second = [extract_shard(corpus, s, cfg, CODE) for s in shards]
+    assert [r["models"]["wfd"]["action"] for r in second] == ["skipped", "computed"]
+    assert second[0]["models"]["wfd"]["ok"] == 10 and second[0]["models"]["wfd"]["errors"] == 1
+    assert os.path.getmtime(corpus.path(feature_path("wfd", "000000"))) == mtime
+    assert {s: _files(corpus, "wfd", s) for s in shards} == before
+
+
+def test_changed_dtype_code_or_model_invalidates_only_that_model(corpus, monkeypatch):
+    two = FeaturesConfig(models=[ModelSpec(name="wfd"), ModelSpec(name="wfd", image_size=16)],
+                         runtime=RuntimeConfig(batch_size=4))
+    assert set(extract_shard(corpus, "000001", two, CODE)["models"]) == {"wfd", "wfd_s16"}
+    actions = lambda r: {m: v["action"] for m, v in r["models"].items()}  # noqa: E731
+    assert actions(extract_shard(corpus, "000001", two, CODE)) == {"wfd": "skipped", "wfd_s16": "skipped"}
+
+    as32 = two.model_copy(update={"dtype": "float32"})
+    assert actions(extract_shard(corpus, "000001", as32, CODE)) == {"wfd": "recomputed", "wfd_s16": "recomputed"}
+    assert read_shard_features(corpus, "wfd", "000001")[1].dtype == np.float32
+    assert actions(extract_shard(corpus, "000001", as32, "test-2")) == {"wfd": "recomputed", "wfd_s16": "recomputed"}
+
+    # a changed descriptor (new frequency weighting) changes only the models whose fingerprint moves
+    (model_16,) = [m for m in load_models(two) if m.model_id == "wfd_s16"]
+    real = type(model_16).fingerprint
+    monkeypatch.setattr(type(model_16), "fingerprint",
+                        lambda self: {**real(self), "alpha": 0.75} if self.model_id == "wfd_s16" else real(self))
+    assert actions(extract_shard(corpus, "000001", as32, "test-2")) == {"wfd": "skipped", "wfd_s16": "recomputed"}
+
+
+def test_two_dask_worker_processes_equal_one_process(corpus, tmp_path):
+    from distributed import Client, LocalCluster
+
+    cfg = _cfg()
+    local = [extract_shard(corpus, s, cfg, CODE) for s in completed_staging_shards(corpus)]
+    other = Store(str(tmp_path / "dask"))
+    _write_staging(other, "000000", list(range(0, 11)), corrupt={4})
+    _write_staging(other, "000001", list(range(11, 20)))
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        remote = extract_features_on_client(client, other, completed_staging_shards(other), cfg, CODE)
+        workers = {w["name"] for w in client.scheduler_info()["workers"].values()}
+    assert len(workers) == 2
+    assert remote == local
+    for shard in ("000000", "000001"):
+        assert _files(other, "wfd", shard) == _files(corpus, "wfd", shard)
+        assert other.read_done(feature_path("wfd", shard)) == corpus.read_done(feature_path("wfd", shard))
+    assert summarize(remote)["models"]["wfd"]["ok"] == 19
+
+
+def test_truncated_tar_marks_the_missing_keys(tmp_path):
+    store = Store(str(tmp_path / "trunc"))
+    keys = _write_staging(store, "000000", list(range(6)))
+    data = store.read_bytes("staging/000000.tar")
+    index = store.read_parquet("staging/000000.index.parquet").to_pylist()
+    cut = [r for r in index if r["key"] == keys[3]][0]["offset"] - 512
+    store.write_bytes("staging/000000.tar", data[:cut])
+    result = extract_shard(store, "000000", _cfg(), CODE)
+    assert result["models"]["wfd"]["ok"] == 3
+    errors = read_shard_errors(store, "wfd", "000000")
+    assert sorted(errors) == keys[3:] and all("missing from staging tar" in e for e in errors.values())
