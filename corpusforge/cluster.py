@@ -69,5 +69,8 @@ def prefect_api() -> Iterator[str]:
     try:
         yield server.api_url
     finally:
+        from prefect.logging.handlers import APILogHandler
+
+        APILogHandler().flush()  # send queued run logs while the server still listens
         os.environ.pop("PREFECT_API_URL", None)
         server.stop()

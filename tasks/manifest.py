@@ -39,4 +39,10 @@ def write_manifest_part(store: Store, part: int) -> dict[str, Any]:
     sha = store.write_parquet(manifest_path(part), pa.Table.from_pylist(rows, schema=MANIFEST_SCHEMA))
     return {"part": part, "sha256": sha, "rows": len(rows),
             "by_status": dict(Counter(r["status"] for r in rows)),
-            "by_reason": dict(Counter(f"{r['status']}/{(r['reason'] or '').split(':', 1)[0]}" for r in rows))}
+            "by_reason": dict(Counter(_outcome(r) for r in rows))}
+
+
+def _outcome(row: dict[str, Any]) -> str:
+    """``status/reason-code``, or just the status when there is no reason (kept)."""
+    code = (row["reason"] or "").split(":", 1)[0]
+    return f"{row['status']}/{code}" if code else row["status"]

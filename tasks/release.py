@@ -17,7 +17,7 @@ one process: about 100 bytes per record, ~10 GB at 100M images.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 import pyarrow as pa
@@ -69,7 +69,7 @@ def staged_records(store: Store, shards: list[str]) -> list[dict[str, Any]]:
 
 
 def plan_release_files(store: Store, shards: list[str], cfg: SplitConfig) -> dict[str, Any]:
-    """Plan splits/shards/tiers and write the plan files; return shard names per split."""
+    """Plan splits/shards/tiers and write the plan files; return each release shard's size and caption mix."""
     records = staged_records(store, shards)
     kept = [r for r in records if r["status"] == Status.KEPT.value]
     placements = plan_release(kept, cfg)
@@ -91,7 +91,12 @@ def plan_release_files(store: Store, shards: list[str], cfg: SplitConfig) -> dic
     for part, rows in sorted(late.items()):
         rows.sort(key=lambda r: r["row"])
         store.write_parquet(f"work/late/{part:06d}.parquet", pa.Table.from_pylist(rows, schema=LATE_SCHEMA))
-    return {split: sorted(s for (sp, s) in per_shard if sp == split) for split in ("train", "val", "test")}
+    return {
+        "shards": {release_shard_name(sp, s): {"split": sp, "index": s, "count": len(m),
+                                               "caption_type": dict(sorted(Counter(r["caption_type"] for r in m).items()))}
+                   for (sp, s), m in sorted(per_shard.items())},
+        "removed_near_duplicates": len(records) - len(kept),
+    }
 
 
 def write_release_shard(store: Store, split: str, shard: int, cfg: SplitConfig, code_version: str) -> dict[str, Any]:

@@ -38,7 +38,12 @@ class StagingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     shard_size: int = Field(1000, ge=1, description="Samples per staging shard (the unit of parallel work).")
-    dedup_buckets: int = Field(16, ge=1, description="Hash buckets for the exact-dedup and key-uniqueness group-bys.")
+    dedup_buckets: int | None = Field(
+        None, ge=1, description="Hash buckets of the exact-dedup and key-uniqueness group-bys; "
+                                "empty for one per 4 ingest partitions (1 to 256).")
+
+    def buckets_for(self, n_parts: int) -> int:
+        return self.dedup_buckets or max(1, min(256, n_parts // 4))
 
 
 @dataclass(frozen=True)

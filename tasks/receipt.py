@@ -1,0 +1,99 @@
+"""The run receipt and the human-readable report.
+
+``receipt.json`` makes a build reproducible and auditable: the config (secrets
+redacted), seeds and thresholds, a hash of the input snapshot, the code version, counts
+per status and reason, what each model was run with (weights hash or random init), and
+the SHA-256 of every output file. No wall-clock time enters it, so a rerun of a finished
+build writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from typing import Any
+
+from corpusforge.storage import Store
+
+_SECRET_WORDS = ("secret", "password", "token", "key_id", "access_key", "credential")
+_SKIP_PREFIXES = ("work/",)
+_SKIP_FILES = ("receipt.json", "report.md")
+
+
+def redact(obj: Any) -> Any:
+    """Replace values of secret-looking keys (credentials in storage options) by '***'."""
+    if isinstance(obj, dict):
+        return {k: "***" if any(w in str(k).lower() for w in _SECRET_WORDS) else redact(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [redact(v) for v in obj]
+    return obj
+
+
+def input_snapshot_hash(store: Store, n_parts: int) -> str:
+    """Hash of the ingest tables (key, source path, SHA-256, size of every input record)."""
+    h = hashlib.sha256()
+    for part in range(n_parts):
+        h.update(store.read_done(f"work/ingest/{part:06d}.parquet")["sha256"].encode())
+    return h.hexdigest()
+
+
+def output_hashes(store: Store) -> dict[str, str]:
+    """SHA-256 of every output file; tars use the hash their writer recorded in the marker."""
+    hashes: dict[str, str] = {}
+    prefix = store.fs._strip_protocol(store.root).rstrip("/") + "/"
+    for path in sorted(store.fs.find(store.fs._strip_protocol(store.root))):
+        rel = path[len(prefix):] if path.startswith(prefix) else path
+        if rel.startswith(_SKIP_PREFIXES) or rel in _SKIP_FILES or "/." in f"/{rel}":
+            continue
+        if rel.endswith(".tar") and (done := store.read_done(rel)) and "sha256" in done:
+            hashes[rel] = done["sha256"]
+        else:
+            hashes[rel] = store.sha256(rel)
+    return hashes
+
+
+def count_outcomes(manifest_parts: list[dict[str, Any]]) -> dict[str, Any]:
+    by_status: Counter[str] = Counter()
+    by_reason: Counter[str] = Counter()
+    for part in manifest_parts:
+        by_status.update(part["by_status"])
+        by_reason.update(part["by_reason"])
+    return {"records": sum(p["rows"] for p in manifest_parts),
+            "by_status": dict(sorted(by_status.items())), "by_reason": dict(sorted(by_reason.items()))}
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def render_report(receipt: dict[str, Any]) -> str:
+    """A short Markdown report: outcomes, splits, per-shard counts and caption mix."""
+    out = ["# corpusforge build report", ""]
+    for warning in receipt.get("warnings", []):
+        out.append(f"> **WARNING:** {warning}")
+    counts = receipt["counts"]
+    out += ["", f"Input records: **{counts['records']}** (source `{receipt['source']}`, kind {receipt['source_kind']}).",
+            "", "## Outcomes", "", _table(["status", "records"], [[s, n] for s, n in counts["by_status"].items()]),
+            "", "### By reason", "",
+            _table(["status/reason", "records"], [[r, n] for r, n in counts["by_reason"].items()])]
+    release = receipt["release"]
+    types = sorted({t for s in release["shards"].values() for t in s["caption_type"]})
+    out += ["", "## Splits", "", _table(["split", "samples", "shards"],
+                                          [[s, v["samples"], v["shards"]] for s, v in release["splits"].items()])]
+    if release.get("tiers"):
+        out += ["", "Tiers (prefixes of the train shards): " +
+                ", ".join(f"{t} = {n} shards" for t, n in release["tiers"])]
+    rows = []
+    for name, shard in release["shards"].items():
+        mix = [f"{100 * shard['caption_type'].get(t, 0) / max(1, shard['count']):.1f}%" for t in types]
+        rows.append([name, shard["count"], *mix])
+    out += ["", "## Release shards", "", _table(["shard", "samples", *types], rows)]
+    for section in ("features", "near_duplicates", "stats"):
+        if receipt.get(section):
+            out += ["", f"## {section.replace('_', ' ').title()}", "", "```json",
+                    json.dumps(receipt[section], indent=2, sort_keys=True, default=str)[:4000], "```"]
+    out += ["", f"Code version `{receipt['code_version']}`; input snapshot `{receipt['input_snapshot_sha256'][:16]}…`.", ""]
+    return "\n".join(out)
