@@ -1,0 +1,131 @@
+"""Typed configuration of the near-duplicate stage (GPIC §2.3, Fig. 5, Fig. 6, App. D).
+
+Thresholds follow GPIC: a candidate graph of pairs with SSCD cosine > 0.90, pairs
+> 0.9625 lose their lower-resolution image, components of >= 5 images keep only their
+highest-resolution image. All comparisons are strict (``>``) as in the paper's main
+text; App. D's caption writes ">= 0.9625", the main text "above 0.9625" — we follow
+the main text and make the threshold configurable.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+GPIC_SOURCE_POOL = 110_569_761  # images in GPIC's source pool (Fig. 6 extrapolation target)
+
+CALIBRATION_BINS: list[tuple[float, float]] = [
+    (0.75, 0.85), (0.85, 0.90), (0.90, 0.95), (0.95, 0.9625), (0.9625, 0.999), (0.999, 1.0)]
+
+
+class IndexConfig(BaseModel):
+    """How the FAISS similarity index is built and searched."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["auto", "flat", "ivf"] = Field(
+        "auto", title="Index kind",
+        description="flat = exact IndexFlatIP; ivf = inverted file (approximate); auto = flat up to "
+                    "flat_max_vectors, ivf above.")
+    flat_max_vectors: int = Field(200_000, ge=1, title="Largest corpus for exact search",
+                                  description="auto picks the exact index up to this many vectors.")
+    search: Literal["knn", "range"] = Field(
+        "knn", title="Search mode",
+        description="knn: the k nearest neighbours of every vector, kept when >= the graph threshold; "
+                    "range: every neighbour >= the graph threshold (no cap per node).")
+    k: int = Field(32, ge=2, title="Neighbours per query (knn)", description="Includes the query itself.")
+    nlist: int | None = Field(None, ge=1, title="IVF lists",
+                              description="Empty: 4*sqrt(N) rounded to a power of two, within [16, 65536].")
+    nprobe: int = Field(16, ge=1, title="IVF lists probed per query")
+    storage: Literal["flat", "sqfp16", "pq"] = Field(
+        "sqfp16", title="IVF vector storage",
+        description="flat: float32 (4 B/dim); sqfp16: float16 (2 B/dim, exact for float16 features); "
+                    "pq: product quantisation (pq_m bytes/vector, approximate scores, rescored exactly).")
+    pq_m: int = Field(64, ge=1, title="PQ sub-quantisers", description="Bytes per vector with 8-bit codes.")
+    pq_rescore_margin: float = Field(
+        0.05, ge=0, le=1, title="PQ search margin",
+        description="PQ candidates are searched at threshold - margin and rescored with exact vectors.")
+    train_per_list: int = Field(64, ge=39, title="Training vectors per IVF list")
+    max_train: int = Field(2_000_000, ge=1000, title="Most training vectors",
+                           description="Cap on the deterministic training sample.")
+    use_gpu: bool = Field(True, title="Use GPUs when FAISS sees them",
+                          description="Needs faiss-gpu; range search falls back to the CPU.")
+    faiss_threads: int | None = Field(None, ge=1, title="FAISS OpenMP threads",
+                                      description="Empty: FAISS's default (all cores).")
+
+
+class CollisionConfig(BaseModel):
+    """Fig. 6 collision models: removals on nested subsets, fitted as D(N) = A * N^beta."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    fractions: list[float] = Field(
+        [0.01, 0.0197, 0.0388, 0.0764, 0.15, 0.30], min_length=2, title="Subset fractions",
+        description="Nested random subsets as fractions of the corpus (GPIC: 108K to 3.4M of 110M).")
+    thresholds: list[float] = Field([0.75, 0.80, 0.85, 0.90, 0.95], min_length=1,
+                                    title="Similarity thresholds", description="Pairs > theta are connected.")
+    target_size: int = Field(GPIC_SOURCE_POOL, ge=1, title="Extrapolation target size")
+    max_subset_vectors: int = Field(2_000_000, ge=2, title="Largest subset held in memory",
+                                    description="Guards one process; fractions are clipped to it.")
+
+    @model_validator(mode="after")
+    def _sorted(self) -> CollisionConfig:
+        if sorted(set(self.fractions)) != self.fractions or not all(0 < f <= 1 for f in self.fractions):
+            raise ValueError("fractions must be strictly increasing, in (0, 1]")
+        if sorted(set(self.thresholds)) != self.thresholds:
+            raise ValueError("thresholds must be strictly increasing")
+        return self
+
+
+class CalibrationConfig(BaseModel):
+    """Fig. 5 calibration sheets: sampled pairs per similarity bin, side by side."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    pairs_per_bin: int = Field(8, ge=0, title="Pairs per bin")
+    bins: list[tuple[float, float]] = Field(CALIBRATION_BINS, title="Similarity bins",
+                                            description="[lo, hi) each; the last bin includes hi.")
+    thumb_px: int = Field(160, ge=16, le=1024, title="Thumbnail size (px)")
+
+
+class NearDedupConfig(BaseModel):
+    """The near-duplicate stage: similarity graph, GPIC's two-tier rule, reports."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_id: str = Field("wfd", title="Feature model id",
+                          description='features/{model_id}/; production: "sscd_disc_mixup".')
+    graph_threshold: float = Field(0.90, gt=-1, le=1, title="Graph threshold",
+                                   description="Edges with similarity >= this are stored.")
+    candidate_threshold: float = Field(0.90, title="Candidate threshold (strict >)",
+                                       description="GPIC's candidate graph: pairs with similarity > 0.90.")
+    pair_threshold: float = Field(0.9625, title="Pair threshold (strict >)",
+                                  description="Pairs above it lose their lower-resolution image.")
+    min_component_size: int = Field(5, ge=2, title="Component size rule",
+                                    description="Components with at least this many images keep one.")
+    chain_min_hop1_fraction: float = Field(
+        0.5, ge=0, le=1, title="Chaining: least share within one hop",
+        description="Flag a big component when fewer of its members are direct neighbours of the kept image.")
+    chain_max_hops: int = Field(3, ge=1, title="Chaining: most hops from the kept image")
+    report_top: int = Field(20, ge=1, title="Components listed in the report")
+    recall_queries: int = Field(500, ge=0, title="Recall sample size",
+                                description="Query vectors checked against exhaustive search each run.")
+    recall_tolerance: float = Field(1e-4, ge=0, title="Recall margin",
+                                    description="Exact pairs within this of the threshold are not counted.")
+    merge_max_edges: int = Field(50_000_000, ge=1, title="Edges per merge task",
+                                 description="Bounds the memory of one edge-symmetrisation task.")
+    seed: int = Field(0, title="Seed for every sample (training, recall, subsets, calibration)")
+    index: IndexConfig = Field(default_factory=IndexConfig)
+    collision: CollisionConfig = Field(default_factory=CollisionConfig)
+    calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> NearDedupConfig:
+        if self.candidate_threshold < self.graph_threshold:
+            raise ValueError("candidate_threshold below graph_threshold: candidate edges would be missing")
+        if self.pair_threshold <= self.candidate_threshold:
+            raise ValueError("pair_threshold must exceed candidate_threshold")
+        return self

@@ -1,0 +1,216 @@
+"""FAISS similarity index for the near-duplicate graph: plan, build, search, save.
+
+Cosine similarity is the inner product of unit float32 rows (``METRIC_INNER_PRODUCT``).
+Two kinds of index:
+
+* ``flat`` — ``IndexIDMap2(IndexFlatIP)``: exact, 4·d bytes per vector; used up to
+  ``flat_max_vectors`` (200k by default).
+* ``ivf`` — ``IVF{nlist},{Flat|SQfp16|PQm}``: k-means coarse quantiser trained on a
+  deterministic sample (selected by a seeded hash of the key, sorted by that hash, so
+  it does not depend on shard order), vectors added shard by shard with their global
+  node ids, ``nprobe`` lists scanned per query. Approximate: the stage measures recall
+  against exhaustive search on a sample of queries in every run.
+
+Searches are k-NN (``k`` includes the query itself) or range searches; both keep pairs
+with similarity >= the graph threshold, excluding self-pairs by id (not by score: exact
+duplicates score 1.0 too).
+
+Scale: 100M × 512-d (8,000 staging shards of 12.5k images)
+------------------------------------------------------------
+* Exact search is out of reach: 100M² × 512 × 2 ≈ 10^19 flop, and the flat index alone
+  takes 100M × 512 × 4 B = 205 GB.
+* ``IVF65536,SQfp16`` (nlist auto = next power of two >= 4·√N = 65,536): 1,024 B codes
+  + 8 B id per vector = 103 GB of inverted lists + 134 MB of centroids. Fits one
+  large-memory host (shared by the worker's threads) or two 80 GB GPUs as an
+  ``IndexShards``. Scores are within ~2e-4 of exact (float16 rounding).
+* ``IVF65536,PQ64``: 64 B codes + 8 B id = 7.2 GB (+134 MB centroids, 0.5 MB codebooks),
+  so every worker process can hold its own copy. PQ scores are off by several 1e-2, so
+  candidates are searched at ``threshold - pq_rescore_margin`` and rescored with exact
+  vectors from the feature files (see ``edges.py``).
+* Training: 64 vectors per list → 4.2M × 512 × 4 B = 8.6 GB in the one build task;
+  k-means cost 25 iterations × 4.2M × 65,536 × 1,024 flop ≈ 7·10^15 flop (GPU minutes,
+  CPU hours — use ``faiss-gpu`` for the build at this size).
+* Search: ``nprobe=16`` scans 16/65,536 of the corpus, ~24k codes per query; 100M
+  queries read ~2.5 PB of SQfp16 codes (memory bound: ~7 h on one 100 GB/s host, ~15 min
+  on one H100 at 3 TB/s) or ~160 TB of PQ64 codes. Queries fan out one task per staging
+  shard (12.5k queries each, batched), so hosts add linearly; each worker process loads
+  the index once and keeps it (``load_index`` caches by fingerprint).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import IO
+
+import faiss
+import numpy as np
+
+from tasks.graph.config import IndexConfig
+
+SEARCH_BATCH = 4096  # queries per FAISS call: bounds the k-NN and range result buffers
+
+
+@dataclass(frozen=True)
+class IndexPlan:
+    """Everything that determines the index's content, fixed before it is built."""
+
+    kind: str          # "flat" | "ivf"
+    dim: int
+    n_vectors: int
+    nlist: int = 0
+    storage: str = "flat"
+    pq_m: int = 0
+    nprobe: int = 0
+    n_train: int = 0
+
+    @property
+    def factory(self) -> str:
+        if self.kind == "flat":
+            return "IDMap2,Flat"
+        codes = {"flat": "Flat", "sqfp16": "SQfp16", "pq": f"PQ{self.pq_m}"}[self.storage]
+        return f"IVF{self.nlist},{codes}"
+
+    @property
+    def exact_scores(self) -> bool:
+        """True when stored similarities need no rescoring (all but PQ)."""
+        return self.kind == "flat" or self.storage != "pq"
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "factory": self.factory}
+
+
+def auto_nlist(n_vectors: int) -> int:
+    """Next power of two >= 4·√N, within [16, 65536], and <= N/39 (k-means needs 39 per list)."""
+    target = 1 << max(4, math.ceil(math.log2(max(4 * math.sqrt(max(n_vectors, 1)), 1))))
+    nlist = min(target, 65536)
+    while nlist > 16 and nlist * 39 > n_vectors:
+        nlist //= 2
+    return nlist
+
+
+def plan_index(cfg: IndexConfig, n_vectors: int, dim: int) -> IndexPlan:
+    """Pick flat or IVF (``auto`` by size) and fix the IVF parameters."""
+    kind = cfg.kind if cfg.kind != "auto" else ("flat" if n_vectors <= cfg.flat_max_vectors else "ivf")
+    if kind == "flat":
+        return IndexPlan("flat", dim, n_vectors)
+    nlist = cfg.nlist or auto_nlist(n_vectors)
+    if cfg.storage == "pq" and dim % cfg.pq_m:
+        raise ValueError(f"pq_m={cfg.pq_m} must divide the feature dimension {dim}")
+    n_train = min(n_vectors, cfg.max_train, nlist * cfg.train_per_list)
+    return IndexPlan("ivf", dim, n_vectors, nlist, cfg.storage, cfg.pq_m if cfg.storage == "pq" else 0,
+                     min(cfg.nprobe, nlist), n_train)
+
+
+def new_index(plan: IndexPlan, seed: int) -> faiss.Index:
+    """An empty index for ``plan``; k-means and PQ training seeded with ``seed``."""
+    index = faiss.index_factory(plan.dim, plan.factory, faiss.METRIC_INNER_PRODUCT)
+    if plan.kind == "ivf":
+        ivf = faiss.extract_index_ivf(index)
+        ivf.cp.seed = seed
+        ivf.nprobe = plan.nprobe
+        if plan.storage == "pq":
+            faiss.downcast_index(index).pq.cp.seed = seed
+    return index
+
+
+def train_index(index: faiss.Index, sample: np.ndarray) -> None:
+    """Train an IVF index on its sample (flat indexes need none)."""
+    if not index.is_trained:
+        index.train(np.ascontiguousarray(sample, dtype=np.float32))
+
+
+def set_threads(n: int | None) -> None:
+    if n:
+        faiss.omp_set_num_threads(n)
+
+
+def maybe_gpu(index: faiss.Index, use_gpu: bool) -> tuple[faiss.Index, bool]:
+    """The index cloned onto all GPUs when FAISS has any and ``use_gpu``; else unchanged."""
+    if not use_gpu or not hasattr(faiss, "index_cpu_to_all_gpus") or faiss.get_num_gpus() == 0:
+        return index, False
+    return faiss.index_cpu_to_all_gpus(index), True
+
+
+def write_index(index: faiss.Index, f: IO[bytes]) -> None:
+    """Serialise through a Python file object (so it can go through ``Store.atomic_write``)."""
+    faiss.write_index(index, faiss.PyCallbackIOWriter(f.write))
+
+
+def read_index(f: IO[bytes], nprobe: int = 0) -> faiss.Index:
+    index = faiss.read_index(faiss.PyCallbackIOReader(f.read))
+    if nprobe:
+        faiss.extract_index_ivf(index).nprobe = nprobe
+    return index
+
+
+def _batches(n: int, size: int = SEARCH_BATCH) -> Iterator[slice]:
+    for start in range(0, n, size):
+        yield slice(start, min(n, start + size))
+
+
+def search_pairs(index: faiss.Index, ids: np.ndarray, x: np.ndarray, threshold: float,
+                 mode: str, k: int, range_ok: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Directed pairs (query id, neighbour id, similarity) with similarity >= ``threshold``.
+
+    ``mode`` is "knn" (k results per query, the query among them) or "range" (all
+    results); GPU indexes have no range search, so ``range_ok=False`` turns it into knn.
+    """
+    ids = np.asarray(ids, dtype=np.int64)
+    srcs, dsts, sims = [], [], []
+    # FAISS's IP range search keeps scores > radius; step one float32 below to keep >=.
+    radius = float(np.nextafter(np.float32(threshold), np.float32(-np.inf)))
+    for sl in _batches(len(ids)):
+        q = np.ascontiguousarray(x[sl], dtype=np.float32)
+        if mode == "range" and range_ok:
+            lims, d, nbr = index.range_search(q, radius)
+            src = np.repeat(ids[sl], np.diff(lims))
+        else:
+            d, nbr = index.search(q, min(k, max(index.ntotal, 1)))
+            src = np.repeat(ids[sl], d.shape[1])
+            d, nbr = d.ravel(), nbr.ravel()
+        keep = (nbr >= 0) & (nbr != src) & (d >= np.float32(threshold))
+        srcs.append(src[keep])
+        dsts.append(nbr[keep].astype(np.int64))
+        sims.append(d[keep].astype(np.float32))
+    return _concat(srcs, np.int64), _concat(dsts, np.int64), _concat(sims, np.float32)
+
+
+def _concat(parts: list[np.ndarray], dtype) -> np.ndarray:
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+
+
+def canonical_pairs(src: np.ndarray, dst: np.ndarray, sim: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Unordered pairs once each as (min id, max id), sorted, with the max similarity.
+
+    Either side of a pair may find it (or only one, with approximate search); taking
+    the max makes the result independent of which side did.
+    """
+    a, b = np.minimum(src, dst), np.maximum(src, dst)
+    keep = a != b
+    a, b, s = a[keep], b[keep], np.asarray(sim, dtype=np.float32)[keep]
+    order = np.lexsort((-s, b, a))
+    a, b, s = a[order], b[order], s[order]
+    first = np.ones(len(a), dtype=bool)
+    first[1:] = (a[1:] != a[:-1]) | (b[1:] != b[:-1])
+    return a[first], b[first], s[first]
+
+
+def exhaustive_pairs(q_ids: np.ndarray, q: np.ndarray, ids: np.ndarray, x: np.ndarray,
+                     threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All (query id, id, similarity) with similarity >= threshold by a numpy matrix product.
+
+    The recall reference: no FAISS involved. Self-pairs excluded.
+    """
+    srcs, dsts, sims = [], [], []
+    for sl in _batches(len(ids), 16384):
+        s = q @ x[sl].T
+        qi, xi = np.nonzero(s >= np.float32(threshold))
+        srcs.append(q_ids[qi])
+        dsts.append(ids[sl][xi])
+        sims.append(s[qi, xi])
+    src, dst, sim = _concat(srcs, np.int64), _concat(dsts, np.int64), _concat(sims, np.float32)
+    keep = src != dst
+    return src[keep], dst[keep], sim[keep]

@@ -1,0 +1,81 @@
+"""Global node ids for the similarity graph and the reads that attach vectors to them.
+
+A node is one image of a staging shard. Its id is ``offset(shard) + row``, where ``row``
+is the image's position in ``staging/{shard}.records.parquet`` and the offsets are the
+cumulative row counts of the shards in sorted order: ids are int64, dense, and do not
+depend on the order in which shards were listed. Images whose features failed have a
+node (and end up kept, without edges) but no vector.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from corpusforge.storage import Store
+from tasks.features.layout import read_shard_features
+
+
+def records_path(shard: str) -> str:
+    return f"staging/{shard}.records.parquet"
+
+
+@dataclass(frozen=True)
+class NodeTable:
+    """Shards in id order with their first node id; ``offsets[-1]`` is the node count."""
+
+    shards: tuple[str, ...]
+    offsets: np.ndarray  # int64 [len(shards) + 1]
+
+    @property
+    def n_nodes(self) -> int:
+        return int(self.offsets[-1])
+
+    def shard_of(self, ids: np.ndarray) -> np.ndarray:
+        """Index into ``shards`` of each node id."""
+        return np.searchsorted(self.offsets, np.asarray(ids, dtype=np.int64), side="right") - 1
+
+    def span(self, shard: str) -> tuple[int, int]:
+        i = self.shards.index(shard)
+        return int(self.offsets[i]), int(self.offsets[i + 1])
+
+    def to_json(self) -> dict:
+        return {"shards": list(self.shards), "offsets": [int(o) for o in self.offsets]}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> NodeTable:
+        return cls(tuple(obj["shards"]), np.asarray(obj["offsets"], dtype=np.int64))
+
+
+def plan_nodes(store: Store, shards: list[str]) -> NodeTable:
+    """Offsets from the records files' row counts (parquet footers only, no data read)."""
+    ordered = tuple(sorted(set(shards)))
+    counts = []
+    for shard in ordered:
+        with store.open(records_path(shard)) as f:
+            counts.append(pq.ParquetFile(f).metadata.num_rows)
+    offsets = np.zeros(len(ordered) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return NodeTable(ordered, offsets)
+
+
+def normalize_rows(x: np.ndarray) -> np.ndarray:
+    """float32 rows of unit L2 norm: float16 storage leaves norms off by ~1e-3."""
+    x = np.asarray(x, dtype=np.float32)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return np.ascontiguousarray(x / np.maximum(norms, 1e-12))
+
+
+def load_shard_vectors(store: Store, model_id: str, shard: str, offset: int
+                       ) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Node ids, keys and unit float32 vectors of one shard's embedded images, in shard order."""
+    record_keys = store.read_parquet(records_path(shard), columns=["key"])["key"].to_pylist()
+    row_of = {k: i for i, k in enumerate(record_keys)}
+    keys, feats = read_shard_features(store, model_id, shard)
+    missing = [k for k in keys if k not in row_of]
+    if missing:
+        raise ValueError(f"features/{model_id}/{shard}: keys not in {records_path(shard)}: {missing[:3]}")
+    ids = offset + np.fromiter((row_of[k] for k in keys), dtype=np.int64, count=len(keys))
+    return ids, keys, normalize_rows(feats) if len(keys) else np.zeros((0, feats.shape[-1]), np.float32)

@@ -1,0 +1,157 @@
+"""GPIC's two-tier near-duplicate rule (§2.3), on node-id arrays.
+
+The candidate graph holds pairs with similarity > ``candidate_threshold`` (0.90).
+
+* Tier 1 (pairs): for every pair > ``pair_threshold`` (0.9625), the lower-resolution
+  image is removed.
+* Tier 2 (components): in every connected component of the candidate graph with at
+  least ``min_component_size`` (5) images, only the highest-resolution image is kept.
+
+"Better" is a total order, so every decision is deterministic: higher resolution
+(width × height) wins; at equal resolution the smaller key (string compare) wins, i.e.
+**equal resolution ⇒ the image with the larger key is removed**. :func:`priority_rank`
+turns this order into one integer per node (0 = best).
+
+How the tiers interact
+----------------------
+* Components are computed over *all* nodes, including those tier 1 removes: removal
+  does not split a component (GPIC applies both rules "within this graph").
+* Tier 1 is pairwise, so in a chain a > b > c (by rank) with both pairs > 0.9625, b and
+  c are removed even though b itself is removed. The best node of every tier-1
+  connected set is never removed, so tier 1 always keeps at least one image per set.
+* A tier-1 loser points at its most similar winning partner (ties: the better
+  partner). Partners are strictly better in rank, so following pointers ends at an
+  image tier 1 keeps; that image is ``duplicate_of``.
+* In a big component the best node beats every member, so tier 1 never removes it,
+  and tier 2 keeps exactly that one image. Every other member is removed; its
+  ``duplicate_of`` is the component's kept image (a tier-1 target inside a big
+  component may itself fall to tier 2), and its reason is tier 1's if tier 1 already
+  removed it, else the component rule's.
+* Small components (< 5) lose only their tier-1 losers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tasks.graph.components import UnionFind, component_sizes
+
+KEPT, TIER1, COMPONENT = 0, 1, 2
+
+
+def reason_texts(pair_threshold: float, min_component_size: int) -> dict[int, str | None]:
+    """Reason strings by decision code, naming the thresholds that applied."""
+    return {KEPT: None, TIER1: f"tier1_pair>{pair_threshold:g}",
+            COMPONENT: f"component>={min_component_size}"}
+
+
+def keys_as_bytes(keys: Sequence[str]) -> np.ndarray:
+    """Keys as a fixed-width bytes array: compact, and sorts like the strings (ASCII keys)."""
+    return np.array([k.encode("ascii") for k in keys], dtype="S") if len(keys) else np.zeros(0, "S1")
+
+
+def priority_rank(resolution: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """0 for the best node: highest width × height first, then the smallest key."""
+    order = np.lexsort((keys, -np.asarray(resolution, dtype=np.int64)))
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order), dtype=np.int64)
+    return rank
+
+
+class TierOnePartners:
+    """Streams pairs > ``pair_threshold`` and keeps, per loser, its best winning partner."""
+
+    def __init__(self, n_nodes: int, pair_threshold: float):
+        self.pair_threshold = np.float32(pair_threshold)
+        self.partner = np.full(n_nodes, -1, dtype=np.int64)
+        self.partner_sim = np.full(n_nodes, -np.inf, dtype=np.float32)
+
+    def add(self, src: np.ndarray, dst: np.ndarray, sim: np.ndarray, rank: np.ndarray) -> None:
+        hit = sim > self.pair_threshold
+        if not hit.any():
+            return
+        src, dst, sim = src[hit], dst[hit], sim[hit]
+        src_loses = rank[src] > rank[dst]
+        loser = np.where(src_loses, src, dst)
+        winner = np.where(src_loses, dst, src)
+        seen = np.unique(loser)
+        seen = seen[self.partner[seen] >= 0]
+        loser = np.concatenate([loser, seen])
+        winner = np.concatenate([winner, self.partner[seen]])
+        sim = np.concatenate([sim, self.partner_sim[seen]])
+        order = np.lexsort((rank[winner], -sim, loser))
+        loser, winner, sim = loser[order], winner[order], sim[order]
+        first = np.ones(len(loser), dtype=bool)
+        first[1:] = loser[1:] != loser[:-1]
+        self.partner[loser[first]] = winner[first]
+        self.partner_sim[loser[first]] = sim[first]
+
+
+@dataclass
+class Decisions:
+    """Per-node outcome: ``code`` (KEPT/TIER1/COMPONENT) and ``duplicate_of`` (-1 if kept)."""
+
+    code: np.ndarray          # int8
+    duplicate_of: np.ndarray  # int64
+    kept_of_root: np.ndarray  # int64, per node id: the kept image of a big component rooted there, else -1
+
+
+def decide(roots: np.ndarray, sizes: np.ndarray, rank: np.ndarray, partner: np.ndarray,
+           min_component_size: int) -> Decisions:
+    """Apply both tiers given components, ranks and tier-1 partners (see module docstring)."""
+    n = len(roots)
+    nodes = np.arange(n, dtype=np.int64)
+    tier1 = partner >= 0
+    target = np.where(tier1, partner, nodes)
+    while True:  # pointer jumping: each step moves to a strictly better-ranked node
+        nxt = target[target]
+        if np.array_equal(nxt, target):
+            break
+        target = nxt
+    big = sizes >= min_component_size
+    best_rank = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(best_rank, roots[big], rank[big])
+    is_best = big & (rank == best_rank[roots])
+    if tier1[is_best].any():
+        raise AssertionError("tier 1 removed the best image of a component")
+    kept_of_root = np.full(n, -1, dtype=np.int64)
+    kept_of_root[roots[is_best]] = nodes[is_best]
+    code = np.where(tier1, TIER1, KEPT).astype(np.int8)
+    dup = np.where(tier1, target, -1)
+    fall = big & ~is_best
+    code[fall & ~tier1] = COMPONENT
+    dup[fall] = kept_of_root[roots[fall]]
+    return Decisions(code, dup, kept_of_root)
+
+
+@dataclass
+class TwoTierResult:
+    code: np.ndarray
+    duplicate_of: np.ndarray
+    component_id: np.ndarray
+    component_size: np.ndarray
+    max_similarity: np.ndarray
+
+
+def two_tier_dedup(n_nodes: int, src: np.ndarray, dst: np.ndarray, sim: np.ndarray,
+                   resolution: np.ndarray, keys: Sequence[str], candidate_threshold: float = 0.90,
+                   pair_threshold: float = 0.9625, min_component_size: int = 5) -> TwoTierResult:
+    """The whole rule on an in-memory graph (the stage streams the same steps per edge file)."""
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    sim = np.asarray(sim, dtype=np.float32)
+    max_sim = np.zeros(n_nodes, dtype=np.float32)
+    np.maximum.at(max_sim, src, sim)
+    np.maximum.at(max_sim, dst, sim)
+    cand = sim > np.float32(candidate_threshold)
+    uf = UnionFind(n_nodes)
+    uf.union(src[cand], dst[cand])
+    roots = uf.roots()
+    rank = priority_rank(resolution, keys_as_bytes(keys))
+    t1 = TierOnePartners(n_nodes, pair_threshold)
+    t1.add(src[cand], dst[cand], sim[cand], rank)
+    d = decide(roots, component_sizes(roots), rank, t1.partner, min_component_size)
+    return TwoTierResult(d.code, d.duplicate_of, roots, component_sizes(roots), max_sim)
