@@ -1,0 +1,62 @@
+"""Shared fixtures: hermetic Prefect settings, one Prefect server, a loopback S3 server."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Hermetic settings before anything imports prefect or a model hub client.
+_PREFECT_HOME = tempfile.mkdtemp(prefix="corpusforge-prefect-")
+os.environ.setdefault("PREFECT_HOME", _PREFECT_HOME)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests are skipped where CUDA is absent."""
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def prefect_server() -> Iterator[str]:
+    """One real Prefect server for the session; flows and Dask workers report to it."""
+    from corpusforge.cluster import prefect_api
+
+    with prefect_api() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory) -> Iterator[dict]:
+    """A real S3-compatible server (SeaweedFS) on loopback; yields fsspec storage options."""
+    from tests.s3server import seaweedfs
+
+    with seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as options:
+        yield options
+
+
+@pytest.fixture(scope="session")
+def sample_corpus(tmp_path_factory) -> Path:
+    """A small deterministic sample corpus with planted duplicates and bad records."""
+    from tasks.sample import write_sample_corpus
+
+    out = tmp_path_factory.mktemp("sample")
+    write_sample_corpus(str(out), n=160, seed=0)
+    return out
