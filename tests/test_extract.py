@@ -250,3 +250,48 @@ def test_truncated_tar_marks_the_missing_keys(tmp_path):
     assert result["models"]["wfd"]["ok"] == 3
     errors = read_shard_errors(store, "wfd", "000000")
     assert sorted(errors) == keys[3:] and all("missing from staging tar" in e for e in errors.values())
+
+
+def test_tiny_random_init_learned_model_beside_wfd(corpus):
+    dino = ModelSpec(name="dinov2", arch="vit_small_patch14_dinov2", preprocessing="dinov2_eval",
+                     image_size=28, random_init=True)
+    cfg = FeaturesConfig(models=[ModelSpec(name="wfd"), dino], runtime=RuntimeConfig(batch_size=4))
+    result = extract_shard(corpus, "000001", cfg, CODE)
+    assert result["models"][dino.model_id]["random_init"] is True
+    assert result["models"]["wfd"]["random_init"] is False
+    models = load_models(cfg)
+    draft = decode_size(models)
+    assert draft == max(32, 28) * 2
+    index = corpus.read_parquet("staging/000001.index.parquet").to_pylist()
+    images = [decode_rgb(corpus.read_range("staging/000001.tar", r["offset"], r["size"]), draft)
+              for r in index if r["ext"] in ("jpg", "png", "webp")]
+    for model in models:
+        keys, feats = read_shard_features(corpus, model.model_id, "000001")
+        direct = model.embed(np.stack([model.preprocess(im) for im in images]))
+        np.testing.assert_allclose(feats.astype(np.float32), direct, atol=2e-3)
+        assert len(keys) == 9 and feats.shape == (9, model.dim)
+    marker = corpus.read_done(feature_path(dino.model_id, "000001"))
+    assert marker["random_init"] is True and "random-init" in str(marker["model"])
+    summary = summarize([result])
+    assert summary["random_init_models"] == [dino.model_id] and "RANDOM-INIT" in summary["warning"]
+
+
+def test_flow_runs_on_every_completed_staging_shard(corpus, tmp_path, monkeypatch):
+    from flows.extract_features import ExtractFeaturesConfig, extract_features_flow
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+    monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    monkeypatch.setenv("DO_NOT_TRACK", "1")
+    corpus.remove("staging/000001.tar.done.json")  # an unfinished staging shard is not touched
+    yaml_file = tmp_path / "extract.yaml"
+    yaml_file.write_text("features:\n  dtype: float32\n  runtime: {batch_size: 4}\n"
+                         "dask: {processes: false, n_workers: 1, threads_per_worker: 2}\n")
+    config = ExtractFeaturesConfig.from_yaml(yaml_file, corpus=corpus.root)
+    with pytest.raises(ValueError):
+        ExtractFeaturesConfig.model_validate({"corpus": corpus.root, "unknown": 1})
+    summary = extract_features_flow(config)
+    assert summary["shards"] == 1 and summary["random_init_models"] == [] and "warning" not in summary
+    assert summary["models"]["wfd"] == {"shards": 1, "computed": 1, "recomputed": 0, "skipped": 0, "ok": 10,
+                                        "errors": 1, "random_init": False, "dim": 1024}
+    assert read_shard_features(corpus, "wfd", "000000")[1].dtype == np.float32
+    assert not corpus.exists(feature_path("wfd", "000001"))
