@@ -147,6 +147,9 @@ def iter_tar_samples(fileobj: IO[bytes]) -> Iterator[TarSample]:
                 parsed = split_member_name(info.name)
                 if not info.isreg() or parsed is None:
                     why = "unsafe member name" if parsed is None else "not a regular file"
+                    if current.members:  # keep input order: finish the sample in progress first
+                        yield current
+                        current = TarSample(key="")
                     yield TarSample(info.name, error=TarMemberError(info.name, why))
                     continue
                 key, ext = parsed

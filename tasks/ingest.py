@@ -106,6 +106,7 @@ def _tar_records(part: Partition, src: SourceConfig, val: ValidationConfig) -> I
                 record["caption"] = sample.members["txt"].decode("utf-8", "replace").strip()
             image_exts = sorted(e for e in sample.members if e in IMAGE_EXTS)
             if sample.error is not None:
+                record["key"] = derived_key(record["source_path"])  # the name itself is not usable
                 record["reason"] = f"unsafe_name: {sample.error.reason}" if "unsafe" in sample.error.reason \
                     else f"read_error: {sample.error.reason}"
             elif not is_safe_key(key):

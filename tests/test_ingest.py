@@ -1,0 +1,151 @@
+"""Input kinds, per-record errors, key rules and exact deduplication, run in-process."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from corpusforge.storage import Store
+from tasks.exact_dedup import find_duplicate_keys, find_exact_duplicates, resolve_partition
+from tasks.ingest import ingest_partition
+from tasks.sources import SourceConfig, plan_partitions, resolve_path
+from tasks.validate import ValidationConfig
+
+
+def jpeg(w: int, h: int, seed: int, quality: int = 85) -> bytes:
+    arr = (np.random.default_rng(seed).random((h, w, 3)) * 255).astype("uint8")
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, "JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def ingest_all(src: str, out, cfg: SourceConfig | None = None) -> list[dict]:
+    """Run ingest → key check → exact dedup → resolve in-process; return resolved rows."""
+    store = Store(str(out))
+    cfg = cfg or SourceConfig(partition_size=3)
+    _, parts = plan_partitions(src, store, cfg)
+    for p in parts:
+        ingest_partition(store, p, cfg, ValidationConfig(), n_buckets=2, code_version="t")
+    for b in range(2):
+        find_duplicate_keys(store, b)
+    for b in range(2):
+        find_exact_duplicates(store, b)
+    rows = []
+    for p in parts:
+        resolve_partition(store, p.index)
+        rows += store.read_parquet(f"work/resolved/{p.index:06d}.parquet").to_pylist()
+    return rows
+
+
+def write_images(folder, images: dict[str, bytes]) -> None:
+    for name, data in images.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl", "csv"])
+def test_metadata_table_formats_and_column_mapping(tmp_path, fmt):
+    src = tmp_path / "src"
+    write_images(src, {"img/a.jpg": jpeg(400, 300, 1), "img/b.jpg": jpeg(300, 400, 2)})
+    rows = [{"id": "a", "file": "img/a.jpg", "text": "cap a", "quality": 0.9},
+            {"id": "b", "file": "img/b.jpg", "text": "cap b", "quality": 0.1}]
+    table = pa.Table.from_pylist(rows)
+    if fmt == "parquet":
+        pq.write_table(table, src / "metadata.parquet")
+    elif fmt == "csv":
+        pacsv.write_csv(table, src / "metadata.csv")
+    else:
+        (src / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = SourceConfig(columns={"key": "id", "path": "file", "caption": "text"}, partition_size=1)
+    got = ingest_all(str(src), tmp_path / "out", cfg)
+    assert [(r["key"], r["caption"], r["status"], r["width"]) for r in got] == [
+        ("a", "cap a", "kept", 400), ("b", "cap b", "kept", 300)]
+
+
+def test_missing_keys_are_derived_deterministically(tmp_path):
+    src = tmp_path / "src"
+    write_images(src, {"a.jpg": jpeg(400, 300, 1)})
+    pq.write_table(pa.table({"path": ["a.jpg"]}), src / "metadata.parquet")
+    one = ingest_all(str(src), tmp_path / "o1")
+    two = ingest_all(str(src), tmp_path / "o2")
+    assert one[0]["key"] == two[0]["key"] and one[0]["key"].startswith("k")
+
+
+def test_unsafe_paths_missing_files_and_duplicate_keys(tmp_path):
+    src = tmp_path / "src"
+    write_images(src, {"a.jpg": jpeg(400, 300, 1), "b.jpg": jpeg(400, 300, 2)})
+    (tmp_path / "outside.jpg").write_bytes(jpeg(400, 300, 3))
+    pq.write_table(pa.table({"key": ["a", "esc", "abs", "gone", "a", "bad.key"],
+                             "path": ["a.jpg", "../outside.jpg", str(tmp_path / "outside.jpg"), "nope.jpg", "b.jpg",
+                                      "b.jpg"]}), src / "metadata.parquet")
+    got = {(r["key"], r["row"], r["part"]): r for r in ingest_all(str(src), tmp_path / "out")}
+    codes = [(k[0], r["status"], r["reason"].split(":")[0]) for k, r in sorted(got.items(), key=lambda i: (i[0][2], i[0][1]))]
+    assert codes == [("a", "kept", ""), ("esc", "error", "unsafe_path"), ("abs", "error", "unsafe_path"),
+                     ("gone", "error", "missing_file"), ("a", "error", "duplicate_key"), ("bad.key", "error", "unsafe_key")]
+    assert not (tmp_path / "out" / ".." / "outside.jpg.done.json").exists()
+
+
+def test_exact_duplicates_keep_highest_resolution_then_smallest_key(tmp_path):
+    src = tmp_path / "src"
+    base = jpeg(400, 300, 5)
+    write_images(src, {"x.jpg": base, "y.jpg": base, "z.jpg": base, "other.jpg": jpeg(500, 300, 6)})
+    pq.write_table(pa.table({"key": ["zz", "mm", "aa", "o"], "path": ["x.jpg", "y.jpg", "z.jpg", "other.jpg"]}),
+                   src / "metadata.parquet")
+    got = {r["key"]: r for r in ingest_all(str(src), tmp_path / "out")}
+    assert got["aa"]["status"] == "kept"
+    assert [(got[k]["status"], got[k]["duplicate_of"]) for k in ("zz", "mm")] == [("exact_duplicate", "aa")] * 2
+    assert got["o"]["status"] == "kept"
+
+
+def _tar_bytes(members: list[tuple[str, bytes]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_webdataset_tars_like_img2dataset(tmp_path):
+    src = tmp_path / "tars"
+    src.mkdir()
+    meta = json.dumps({"key": "000000001", "caption": "from json", "url": "http://example.invalid/x.jpg"}).encode()
+    (src / "00000.tar").write_bytes(_tar_bytes([
+        ("000000001.jpg", jpeg(400, 300, 1)), ("000000001.txt", b"a caption"), ("000000001.json", meta),
+        ("../../evil.jpg", jpeg(400, 300, 2)), ("000000002.txt", b"no image")]))
+    (src / "00001.tar").write_bytes(_tar_bytes([("000000003.jpg", jpeg(400, 300, 3))])[:900])  # truncated
+    got = ingest_all(str(src), tmp_path / "out")
+    summary = [(r["key"], r["status"], r["reason"].split(":")[0]) for r in got]
+    assert summary[0] == ("000000001", "kept", "") and got[0]["caption"] == "a caption"
+    evil = next(r for r in got if r["source_path"].endswith("#../../evil.jpg"))
+    assert (evil["status"], evil["reason"].split(":")[0], evil["key"][0]) == ("error", "unsafe_name", "k")
+    assert ("000000002", "error", "no_image_member") in summary
+    assert summary[-1][1:] == ("error", "read_error")
+    assert not (tmp_path / "evil.jpg").exists()
+
+
+def test_bare_folder_with_sidecars(tmp_path):
+    src = tmp_path / "imgs"
+    write_images(src, {"a.jpg": jpeg(400, 300, 1), "a.txt": b"caption of a", "sub/b.png": b"", "notes.md": b"hi"})
+    got = {r["source_path"].rsplit("/", 1)[-1]: r for r in ingest_all(str(src), tmp_path / "out")}
+    assert set(got) == {"a.jpg", "b.png", "notes.md"}
+    assert got["a.jpg"]["caption"] == "caption of a" and got["a.jpg"]["status"] == "kept"
+    assert got["b.png"]["reason"].startswith("empty_file")
+    assert got["notes.md"]["status"] == "error"
+
+
+@pytest.mark.parametrize("path,ok", [("a/b.jpg", True), ("../a.jpg", False), ("/etc/passwd", False),
+                                     ("a/../../b", False), ("file:///etc/passwd", False), ("s3://b/k.jpg", True),
+                                     ("a\\b.jpg", False), ("", False)])
+def test_resolve_path_safety(path, ok):
+    assert (resolve_path("/base", path) is not None) == ok
