@@ -1,0 +1,292 @@
+"""Evaluate generated images against reference statistics (GPIC §3, App. B).
+
+Generated images come from folders of image files or WebDataset tars (local or any
+fsspec URI). They are listed in a fixed order and cut into chunks (a slice of files, or
+one tar) so the flow can embed chunks in parallel; each image is decoded at full
+resolution (no JPEG draft: the protocol resizes from the original pixels), preprocessed
+by the model ("gpic_eval" by default) and embedded. An image that cannot be decoded is
+counted with its reason and left out; it never stops the run.
+
+Reference files are ``stats/{group}-{model_id}.npz`` with their ``.json`` provenance and
+``.features.npy`` subsample (see :mod:`tasks.stats.reference`), or GPIC's released
+``test_stats.npz`` (``dino_mu``, ``dino_sigma``, optional ``dino_embeddings``), which has
+no provenance: its model is then assumed to be the protocol's and that is recorded.
+Before anything is embedded, the configured model is checked against the reference's
+model; after embedding, the loaded model's full fingerprint is. A mismatch stops the
+evaluation unless ``allow_mismatch`` is set, and is then written as a deviation.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import posixpath
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import fsspec
+import numpy as np
+
+from corpusforge.storage import open_uri
+from corpusforge.tarshard import iter_tar_samples
+from tasks.features.base import FeatureModel
+from tasks.features.config import ModelSpec, RuntimeConfig
+from tasks.features.decode import decode_rgb
+from tasks.stats.compare import compare
+from tasks.stats.config import MetricsConfig, protocol_model
+from tasks.stats.moments import Moments
+from tasks.stats.provenance import identity_mismatches, model_deviations
+
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+FORMAT = "corpusforge-evaluation/1"
+
+
+class ProtocolMismatch(ValueError):
+    """The generated images would be embedded differently from the reference."""
+
+
+# ---- the reference --------------------------------------------------------------
+
+@dataclass
+class Reference:
+    path: str
+    mu: np.ndarray
+    sigma: np.ndarray
+    n: int
+    features: np.ndarray | None
+    provenance: dict[str, Any] | None  # None for a GPIC release file
+
+
+def _read(uri: str, storage_options: dict[str, Any]) -> bytes:
+    with open_uri(uri, storage_options) as f:
+        return f.read()
+
+
+def _exists(uri: str, storage_options: dict[str, Any]) -> bool:
+    fs, path = fsspec.core.url_to_fs(uri, **storage_options)
+    return fs.exists(path)
+
+
+def load_reference(npz_uri: str, storage_options: dict[str, Any] | None = None) -> Reference:
+    """Load reference statistics, their feature subsample and provenance."""
+    so = dict(storage_options or {})
+    with np.load(io.BytesIO(_read(npz_uri, so)), allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    if "dino_mu" in arrays:  # GPIC's release format
+        feats = arrays.get("dino_embeddings")
+        return Reference(npz_uri, arrays["dino_mu"].astype(np.float64), arrays["dino_sigma"].astype(np.float64),
+                         int(feats.shape[0]) if feats is not None else 0,
+                         None if feats is None else feats.astype(np.float32), None)
+    stem = npz_uri.removesuffix(".npz")
+    provenance = None
+    if _exists(f"{stem}.json", so):
+        provenance = json.loads(_read(f"{stem}.json", so))
+    feats = None
+    if _exists(f"{stem}.features.npy", so):
+        feats = np.load(io.BytesIO(_read(f"{stem}.features.npy", so)), allow_pickle=False)
+    if provenance is None:
+        raise FileNotFoundError(f"{stem}.json: reference statistics without their provenance sidecar")
+    return Reference(npz_uri, arrays["mu"], arrays["sigma"], int(arrays["n"]), feats, provenance)
+
+
+def reference_identity(reference: Reference) -> dict[str, Any] | None:
+    return None if reference.provenance is None else reference.provenance["model"]
+
+
+def expected_identity(spec: ModelSpec) -> dict[str, Any]:
+    """The identity fields a spec fixes before its model is loaded."""
+    return {"model_id": spec.model_id, "arch": spec.resolved_arch, "preprocessing": spec.resolved_preprocessing,
+            "weights": spec.weights.sha256 if spec.weights else "random-init"}
+
+
+def check_model(reference: Reference, identity: dict[str, Any], allow_mismatch: bool) -> list[str]:
+    """Mismatches between the reference's model and ``identity`` (every field ``identity`` has).
+
+    Raises :class:`ProtocolMismatch` when there are any and ``allow_mismatch`` is False.
+    A GPIC release file is assumed to use the protocol model.
+    """
+    ref = reference_identity(reference)
+    if ref is None:
+        ref = expected_identity(protocol_model())
+        ref = {k: v for k, v in ref.items() if k != "weights"}  # the release does not say which file
+    mismatches = identity_mismatches({k: ref.get(k) for k in identity if k in ref},
+                                     {k: identity[k] for k in identity if k in ref})
+    if mismatches and not allow_mismatch:
+        raise ProtocolMismatch("generated images would be embedded differently from the reference "
+                               f"{reference.path}: " + "; ".join(mismatches)
+                               + " (set allow_mismatch to evaluate anyway, recorded as a deviation)")
+    return mismatches
+
+
+# ---- the generated images --------------------------------------------------------
+
+@dataclass(frozen=True)
+class GeneratedChunk:
+    """A unit of embedding work: a slice of image files, or one tar."""
+
+    kind: Literal["files", "tar"]
+    uris: tuple[str, ...]
+
+
+def _ext(path: str) -> str:
+    base = posixpath.basename(path)
+    return base.rsplit(".", 1)[-1].lower() if "." in base else ""
+
+
+def plan_generated(sources: Sequence[str], storage_options: dict[str, Any] | None = None,
+                   chunk_size: int = 1000) -> list[GeneratedChunk]:
+    """Chunks over every image file and tar under ``sources`` (folders or files), sorted."""
+    so = dict(storage_options or {})
+    files: list[str] = []
+    tars: list[str] = []
+    for source in sources:
+        fs, root = fsspec.core.url_to_fs(source, **so)
+        found = sorted(fs.find(root)) if fs.isdir(root) else [root]
+        protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
+        unstrip = (lambda p: p) if protocol in ("file", "local") else (lambda p, pr=protocol: f"{pr}://{p}")
+        for path in found:
+            ext = _ext(path)
+            if ext in IMAGE_EXTS:
+                files.append(unstrip(path))
+            elif ext == "tar":
+                tars.append(unstrip(path))
+    chunks = [GeneratedChunk("files", tuple(files[i:i + chunk_size])) for i in range(0, len(files), chunk_size)]
+    return chunks + [GeneratedChunk("tar", (t,)) for t in tars]
+
+
+def iter_chunk_images(chunk: GeneratedChunk, storage_options: dict[str, Any] | None = None
+                      ) -> Iterator[tuple[str, bytes | None, str | None]]:
+    """``(name, image bytes, error)`` for every image of a chunk, in order."""
+    so = dict(storage_options or {})
+    if chunk.kind == "files":
+        for uri in chunk.uris:
+            try:
+                yield uri, _read(uri, so), None
+            except OSError as exc:
+                yield uri, None, f"read: {exc}"
+        return
+    (uri,) = chunk.uris
+    with open_uri(uri, so) as f:
+        for sample in iter_tar_samples(f):
+            name = f"{uri}#{sample.key}"
+            if sample.error is not None:
+                yield name, None, f"tar: {sample.error.reason}"
+                continue
+            exts = [e for e in sample.members if e in IMAGE_EXTS]
+            if exts:
+                yield f"{name}.{exts[0]}", sample.members[exts[0]], None
+
+
+@dataclass
+class ChunkFeatures:
+    names: list[str]
+    features: np.ndarray  # float32 [len(names), dim]
+    errors: dict[str, str] = field(default_factory=dict)  # name -> reason
+    identity: dict[str, Any] = field(default_factory=dict)
+
+
+def embed_images(items: Iterator[tuple[str, bytes | None, str | None]], model: FeatureModel,
+                 batch_size: int = 32) -> ChunkFeatures:
+    """Decode, preprocess and embed; per-image failures become errors, not exceptions."""
+    names: list[str] = []
+    errors: dict[str, str] = {}
+    pending: list[np.ndarray] = []
+    rows: list[np.ndarray] = []
+
+    def flush() -> None:
+        if pending:
+            rows.append(np.asarray(model.embed(np.stack(pending)), dtype=np.float32))
+            pending.clear()
+
+    for name, data, error in items:
+        if error is None:
+            try:
+                pending.append(np.asarray(model.preprocess(decode_rgb(data)), dtype=np.float32))
+                names.append(name)
+            except Exception as exc:  # noqa: BLE001 - one bad image must not stop the evaluation
+                error = f"decode: {type(exc).__name__}: {exc}"
+        if error is not None:
+            errors[name] = error
+        if len(pending) >= batch_size:
+            flush()
+    flush()
+    feats = np.concatenate(rows) if rows else np.zeros((0, model.dim), np.float32)
+    return ChunkFeatures(names, feats, errors, model.fingerprint())
+
+
+def embed_chunk(chunk: GeneratedChunk, spec: ModelSpec, runtime: RuntimeConfig,
+                torchscript_allowlist: Sequence[str] = (), storage_options: dict[str, Any] | None = None
+                ) -> ChunkFeatures:
+    """Embed one chunk with the (per-process cached) model of ``spec``."""
+    from tasks.features.registry import load_model
+
+    model = load_model(spec, runtime, list(torchscript_allowlist))
+    return embed_images(iter_chunk_images(chunk, storage_options), model, runtime.batch_size)
+
+
+# ---- metrics -----------------------------------------------------------------------
+
+def evaluate_features(chunks: Sequence[ChunkFeatures], reference: Reference, cfg: MetricsConfig,
+                      allow_mismatch: bool = False) -> dict[str, Any]:
+    """The ``metrics.json`` content for embedded generated images against ``reference``."""
+    identities = {repr(sorted(c.identity.items())): c.identity for c in chunks if c.identity}
+    if len(identities) > 1:
+        raise ProtocolMismatch(f"generated chunks were embedded by different models: {list(identities.values())}")
+    identity = next(iter(identities.values()), {})
+    mismatches = check_model(reference, identity, allow_mismatch)
+    feats = np.concatenate([c.features for c in chunks]) if chunks else np.zeros((0, reference.mu.size), np.float32)
+    if feats.shape[1] != reference.mu.size:
+        raise ProtocolMismatch(f"generated features have {feats.shape[1]} dimensions, reference {reference.mu.size}")
+    if feats.shape[0] < 2:
+        raise ValueError(f"{feats.shape[0]} generated images embedded: need at least 2")
+    errors = {k: v for c in chunks for k, v in c.errors.items()}
+    moments = Moments.of(feats)
+    metrics = compare(moments.mean, moments.covariance(), feats, reference.mu, reference.sigma,
+                      reference.features, cfg)
+
+    deviations = [f"MODEL MISMATCH with the reference, evaluated anyway: {m}" for m in mismatches]
+    deviations += model_deviations(identity)
+    if reference.provenance is None:
+        deviations.append("reference file has no provenance (GPIC release format): its model is assumed to be "
+                          "DINOv2 ViT-L/14 with gpic_eval preprocessing")
+    else:
+        deviations += [f"reference: {d}" for d in reference.provenance.get("protocol_deviations", [])]
+    if feats.shape[0] < cfg.min_generated:
+        deviations.append(f"only {feats.shape[0]} generated images (the protocol uses {cfg.min_generated}); "
+                          "FD is biased upwards for small sets")
+    if errors:
+        deviations.append(f"{len(errors)} generated images could not be embedded and are excluded")
+    deviations += cfg.deviations()
+    return {
+        "format": FORMAT,
+        "metrics": metrics,
+        "generated": {"embedded": int(feats.shape[0]), "errors": len(errors),
+                      "errors_by_reason": dict(sorted(Counter(v.split(":", 1)[0] for v in errors.values()).items())),
+                      "error_examples": dict(sorted(errors.items())[:20])},
+        "reference": {"path": reference.path, "n": reference.n,
+                      "feature_rows": 0 if reference.features is None else int(reference.features.shape[0]),
+                      "provenance": reference.provenance},
+        "model": identity,
+        "settings": cfg.model_dump(mode="json"),
+        "protocol": {"default": not deviations, "deviations": deviations},
+    }
+
+
+def render_report(result: dict[str, Any]) -> str:
+    """A short human-readable ``report.md``."""
+    m = result["metrics"]
+    lines = ["# Evaluation", "",
+             f"{result['generated']['embedded']} generated images against `{result['reference']['path']}` "
+             f"({result['reference']['n']} reference images), model `{result['model'].get('model_id')}`.", "",
+             "| metric | value |", "|---|---|"]
+    for name in ("fd", "fd_mu", "fd_sigma", "precision", "recall", "density", "coverage", "mmd2"):
+        if name in m:
+            lines.append(f"| {name} | {m[name]:.6g} |")
+    lines += ["", "FD uses un-normalised features; FDµ + FDΣ = FD. Density can exceed 1.", ""]
+    devs = result["protocol"]["deviations"]
+    lines += ["## Protocol", "", "GPIC's default protocol." if not devs else "Deviations from GPIC's protocol:"]
+    lines += [f"- {d}" for d in devs]
+    lines += [f"- note: {n}" for n in m.get("notes", [])]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,153 @@
+"""Reference statistics of a built corpus from stored features: groups, shards, files.
+
+The corpus here is the file contract alone (staging records, manifest parts, feature
+files written through tasks.features.layout), with synthetic features, so numbers are
+checked against np.mean / np.cov of exactly the rows each group should hold.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from corpusforge.hashing import stable_uniform
+from corpusforge.records import MANIFEST_SCHEMA
+from corpusforge.storage import Store
+from tasks.features.layout import write_shard_features
+from tasks.manifest import manifest_path
+from tasks.stats.config import SampleConfig
+from tasks.stats.moments import Moments
+from tasks.stats.reference import (GroupPlan, ReferencePlan, merge_partials, oracle_groups, scan_manifest,
+                                   shard_partials, stats_path, write_group_stats)
+
+MODEL_ID = "dinov2_vits14_gpic_eval_s28"
+IDENTITY = {"model_id": MODEL_ID, "arch": "vit_small_patch14_dinov2", "weights": "random-init",
+            "random_init": True, "preprocessing": "gpic_eval", "dim": 6, "normalized": False, "code_version": "1"}
+DIM = 6
+
+
+def _plan_rows() -> list[dict]:
+    """60 input records in 2 ingest parts; kept ones go to 3 staging shards of 16."""
+    rows, kept = [], 0
+    rng = np.random.default_rng(5)
+    for i in range(60):
+        part, row = (0, i) if i < 35 else (1, i - 35)
+        r = {"key": f"r{i:03d}", "part": part, "row": row, "status": "kept", "reason": None}
+        if i % 7 == 3:
+            r.update(status="filtered", reason="too_small")
+        else:
+            r["staging_shard"] = f"{kept // 16:06d}"
+            kept += 1
+            split = ("train", "train", "train", "val", "test", "test")[int(rng.integers(0, 6))]
+            r["split"] = split
+            if split == "train":
+                r["tier"] = ("nano", "lite", "full")[i % 3]
+        rows.append(r)
+    return rows
+
+
+BROKEN = next(r["key"] for r in _plan_rows() if r.get("split") == "test")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> tuple[Store, list[dict], dict[str, np.ndarray]]:
+    store = Store(str(tmp_path_factory.mktemp("corpus")))
+    rows = _plan_rows()
+    for part in (0, 1):
+        table = pa.Table.from_pylist([r for r in rows if r["part"] == part], schema=MANIFEST_SCHEMA)
+        store.write_parquet(manifest_path(part), table)
+    rng = np.random.default_rng(0)
+    feats = {}
+    for shard in sorted({r["staging_shard"] for r in rows if r.get("staging_shard")}):
+        members = [r for r in rows if r.get("staging_shard") == shard]
+        store.write_parquet(f"staging/{shard}.records.parquet", pa.table({
+            "key": [r["key"] for r in members], "part": pa.array([r["part"] for r in members], pa.int32()),
+            "row": pa.array([r["row"] for r in members], pa.int32())}))
+        ok = [r["key"] != BROKEN for r in members]  # one undecodable test image
+        x = (rng.standard_normal((sum(ok), DIM)) * 2.0 + 100.0).astype(np.float32)
+        ok_keys = [r["key"] for r, o in zip(members, ok, strict=True) if o]
+        feats.update({k: x[i] for i, k in enumerate(ok_keys)})
+        write_shard_features(store, MODEL_ID, shard, [r["key"] for r in members], ok,
+                             [None if o else "decode: truncated" for o in ok], x,
+                             {"fingerprint": "fp-1", "model": IDENTITY, "dtype": "float32", "decode_size": None,
+                              "code_version": "test", "random_init": True})
+    return store, rows, feats
+
+
+def _expected_members(rows, group, plan: GroupPlan) -> list[str]:
+    return [r["key"] for r in rows if r["status"] == "kept" and group in plan.groups_of(r["key"], r["split"], r.get("tier"))]
+
+
+GROUPS = ("test", "val", "train", *oracle_groups(("nano", "lite", "full"))[1:])
+
+
+def test_scan_counts_shards_and_test_subset(corpus):
+    store, rows, _ = corpus
+    plan = scan_manifest(store, GROUPS, subset_size=4, subset_seed=3)
+    kept = [r for r in rows if r["status"] == "kept"]
+    assert plan.shards == ["000000", "000001", "000002", "000003"]  # 52 kept records, 16 per shard
+    assert plan.counts["test"] == sum(r["split"] == "test" for r in kept)
+    assert plan.counts["train_lite"] == sum(r["split"] == "train" and r["tier"] in ("nano", "lite") for r in kept)
+    assert plan.counts["train_full"] == plan.counts["train"]
+    test_keys = sorted((r["key"] for r in kept if r["split"] == "test"), key=lambda k: stable_uniform(3, k))
+    assert _expected_members(rows, "test_subset", plan.plan) == sorted(test_keys[:4])
+    assert plan.counts["test_subset"] == 4
+    assert len(plan.manifest_sha256) == 64
+
+
+def test_partials_equal_numpy_for_every_group_and_merge_order(corpus):
+    store, rows, feats = corpus
+    plan = scan_manifest(store, GROUPS, subset_size=4, subset_seed=3)
+    sample = SampleConfig(max_rows=5, seed=9)
+    parts = [shard_partials(store, MODEL_ID, s, plan.plan, sample) for s in plan.shards]
+    forward = merge_partials(merge_partials(merge_partials(parts[0], parts[1]), parts[2]), parts[3])
+    backward = merge_partials(parts[3], merge_partials(parts[2], merge_partials(parts[1], parts[0])))
+    for group in GROUPS:
+        keys = [k for k in _expected_members(rows, group, plan.plan) if k in feats]
+        x = np.stack([feats[k] for k in keys]).astype(np.float64)
+        for total in (forward, backward):
+            m = total.groups[group].moments
+            assert m.n == len(keys)
+            np.testing.assert_allclose(m.mean, x.mean(0), rtol=1e-12)
+            np.testing.assert_allclose(m.covariance(), np.cov(x, rowvar=False), rtol=1e-9, atol=1e-12)
+        expected_sample = sorted(keys, key=lambda k: (stable_uniform(9, k), k))[:5]
+        assert forward.groups[group].sample.keys == backward.groups[group].sample.keys == tuple(expected_sample)
+    assert forward.groups["test"].missing == {"decode": 1}
+    assert list(forward.markers) == ["fp-1"]
+
+
+def test_written_files_carry_provenance_and_are_deterministic(corpus, tmp_path):
+    store, _, _ = corpus
+    plan: ReferencePlan = scan_manifest(store, ("test",))
+    sample = SampleConfig(max_rows=8, seed=0)
+    parts = [shard_partials(store, MODEL_ID, s, plan.plan, sample) for s in plan.shards]
+    total = merge_partials(merge_partials(parts[0], parts[1]), merge_partials(parts[2], parts[3]))
+    marker = next(iter(total.markers.values()))
+    side = write_group_stats(store, "test", MODEL_ID, total.groups["test"], marker, plan, sample, "cv-1")
+    stem = stats_path("test", MODEL_ID)
+    first = {ext: store.read_bytes(stem + ext) for ext in (".npz", ".json", ".features.npy")}
+    write_group_stats(store, "test", MODEL_ID, total.groups["test"], marker, plan, sample, "cv-1")
+    assert first == {ext: store.read_bytes(stem + ext) for ext in first}
+    with np.load(io.BytesIO(first[".npz"])) as npz:
+        m: Moments = total.groups["test"].moments
+        np.testing.assert_array_equal(npz["mu"], m.mean)
+        np.testing.assert_array_equal(npz["sigma"], m.covariance())
+        assert int(npz["n"]) == m.n == side["n"]
+    feats = np.load(io.BytesIO(first[".features.npy"]))
+    assert feats.dtype == np.float32 and feats.shape == (8, DIM)
+    assert side["model"] == IDENTITY and side["random_init"] is True
+    assert side["manifest_sha256"] == plan.manifest_sha256 and side["code_version"] == "cv-1"
+    assert side["missing_features"] == {"decode": 1}
+    devs = " | ".join(side["protocol_deviations"])
+    assert "RANDOM-INIT" in devs and "vit_small_patch14_dinov2" in devs and "no features" in devs
+    assert side["files"]["npz"]["sha256"] == Store.sha256(store, f"{stem}.npz")
+
+
+def test_missing_features_are_reported_not_guessed(corpus, tmp_path):
+    store, _, _ = corpus
+    plan = scan_manifest(store, ("test",))
+    with pytest.raises(FileNotFoundError, match="extract features first"):
+        shard_partials(store, "other_model", plan.shards[0], plan.plan, SampleConfig())
