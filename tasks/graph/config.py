@@ -68,7 +68,7 @@ class CollisionConfig(BaseModel):
                                     title="Similarity thresholds", description="Pairs > theta are connected.")
     target_size: int = Field(GPIC_SOURCE_POOL, ge=1, title="Extrapolation target size")
     max_subset_vectors: int = Field(2_000_000, ge=2, title="Largest subset held in memory",
-                                    description="Guards one process; fractions are clipped to it.")
+                                    description="Guards one process: above it all fractions are scaled down together.")
 
     @model_validator(mode="after")
     def _sorted(self) -> CollisionConfig:

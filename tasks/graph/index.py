@@ -165,7 +165,7 @@ def search_pairs(index: faiss.Index, ids: np.ndarray, x: np.ndarray, threshold: 
         q = np.ascontiguousarray(x[sl], dtype=np.float32)
         if mode == "range" and range_ok:
             lims, d, nbr = index.range_search(q, radius)
-            src = np.repeat(ids[sl], np.diff(lims))
+            src = np.repeat(ids[sl], np.diff(lims).astype(np.int64))
         else:
             d, nbr = index.search(q, min(k, max(index.ntotal, 1)))
             src = np.repeat(ids[sl], d.shape[1])

@@ -78,4 +78,8 @@ def load_shard_vectors(store: Store, model_id: str, shard: str, offset: int
     if missing:
         raise ValueError(f"features/{model_id}/{shard}: keys not in {records_path(shard)}: {missing[:3]}")
     ids = offset + np.fromiter((row_of[k] for k in keys), dtype=np.int64, count=len(keys))
-    return ids, keys, normalize_rows(feats) if len(keys) else np.zeros((0, feats.shape[-1]), np.float32)
+    x = normalize_rows(feats) if len(keys) else np.zeros((0, feats.shape[-1]), np.float32)
+    if np.any(np.diff(ids) <= 0):  # lookups by id need them ascending
+        order = np.argsort(ids, kind="stable")
+        ids, keys, x = ids[order], [keys[i] for i in order], x[order]
+    return ids, keys, x

@@ -1,0 +1,172 @@
+"""Image collision models (GPIC Fig. 6): predict removals at full scale from subsets.
+
+On nested random subsets (key hash < fraction, seeded: each subset contains the smaller
+ones) and for every threshold θ, count the images that "keep only the highest-resolution
+image of each connected component of the pairs > θ" would remove — for a component of
+size s that is s − 1, whatever the resolutions — then fit D(N) = A·N^β per θ by least
+squares in log–log space and extrapolate to the corpus size and to a target size
+(GPIC's 110,569,761-image source pool).
+
+One search serves all subsets and thresholds: an exhaustive range search (or IVF range
+search above ``flat_max_vectors``) at the lowest θ over the largest subset. Pairs of a
+smaller subset are exactly the largest subset's pairs with both ends inside it, because
+a range search has no per-node cap (a k-NN search would give different neighbours in
+different subsets). GPIC's subsets were 108K–3.4M of 110M; if the largest fraction
+would exceed ``max_subset_vectors`` all fractions are scaled down together (recorded).
+The pairs are saved for the calibration sheets' low-similarity bins.
+
+Output: ``graph/collision/table.parquet`` (threshold, fraction, subset_size, removed),
+``table.json`` (the same rows, the fits, the extrapolations), ``plot.png``, ``pairs.parquet``.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from corpusforge.hashing import stable_uniform
+from corpusforge.storage import Store
+from tasks.graph import index as fx
+from tasks.graph.components import UnionFind
+from tasks.graph.config import NearDedupConfig
+from tasks.graph.edges import edge_table
+from tasks.graph.nodes import NodeTable, load_shard_vectors
+
+TABLE_PATH = "graph/collision/table.parquet"
+JSON_PATH = "graph/collision/table.json"
+PLOT_PATH = "graph/collision/plot.png"
+PAIRS_PATH = "graph/collision/pairs.parquet"
+
+TABLE_SCHEMA = pa.schema([("threshold", pa.float64()), ("fraction", pa.float64()),
+                          ("subset_size", pa.int64()), ("removed", pa.int64())])
+
+
+def fit_power_law(sizes: np.ndarray, removed: np.ndarray) -> dict[str, Any]:
+    """Least-squares fit of log D = log A + β log N over the points with D > 0.
+
+    ``r2`` is the coefficient of determination in log space (1.0 for an exact fit;
+    None when the log counts do not vary). Fewer than two positive points: no fit.
+    """
+    sizes = np.asarray(sizes, dtype=np.float64)
+    removed = np.asarray(removed, dtype=np.float64)
+    pos = removed > 0
+    if pos.sum() < 2 or len(np.unique(sizes[pos])) < 2:
+        return {"fitted": False, "reason": f"{int(pos.sum())} subset(s) with removals; a fit needs 2",
+                "points": int(pos.sum())}
+    x, y = np.log(sizes[pos]), np.log(removed[pos])
+    design = np.stack([np.ones_like(x), x], axis=1)
+    (log_a, beta), *_ = np.linalg.lstsq(design, y, rcond=None)
+    resid = y - (log_a + beta * x)
+    ss_tot = float(np.sum((y - y.mean()) ** 2))
+    r2 = 1.0 - float(np.sum(resid**2)) / ss_tot if ss_tot > 0 else None
+    return {"fitted": True, "A": float(math.exp(log_a)), "beta": float(beta), "r2": r2,
+            "points": int(pos.sum())}
+
+
+def predict(fit: dict[str, Any], n: float) -> float | None:
+    return fit["A"] * n ** fit["beta"] if fit["fitted"] else None
+
+
+def removals(n: int, a: np.ndarray, b: np.ndarray) -> int:
+    """Images removed by one-per-component over ``n`` nodes and pairs (a, b): n − #components."""
+    uf = UnionFind(n)
+    uf.union(a, b)
+    return int(n - np.count_nonzero(uf.roots() == np.arange(n)))
+
+
+def _gather_subset(source: Store, cfg: NearDedupConfig, nodes: NodeTable, fraction: float
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Ids, vectors and key hashes of the vectors with hash < ``fraction``, sorted by hash."""
+    ids, xs, us, total = [], [], [], 0
+    for shard, offset in zip(nodes.shards, nodes.offsets[:-1], strict=False):
+        sid, keys, x = load_shard_vectors(source, cfg.model_id, shard, int(offset))
+        total += len(sid)
+        u = np.fromiter((stable_uniform(cfg.seed, f"subset:{k}") for k in keys), np.float64, len(keys))
+        pick = np.flatnonzero(u < fraction)
+        ids.append(sid[pick])
+        xs.append(x[pick])
+        us.append(u[pick])
+    u = np.concatenate(us)
+    order = np.lexsort((np.concatenate(ids), u))
+    return np.concatenate(ids)[order], np.concatenate(xs)[order], u[order], total
+
+
+def collision_models(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable,
+                     n_vectors: int, fp: str) -> dict[str, Any]:
+    """Run the subsets, fit per threshold, write table, JSON, plot and pairs; return the JSON.
+
+    Skipped (the stored JSON returned) when done before with the same fingerprint ``fp``.
+    """
+    if out.is_done(JSON_PATH, fp):
+        return out.read_json(JSON_PATH)
+    cc = cfg.collision
+    scale = min(1.0, cc.max_subset_vectors / max(cc.fractions[-1] * n_vectors, 1))
+    fractions = [f * scale for f in cc.fractions]
+    ids, x, u, total = _gather_subset(source, cfg, nodes, fractions[-1])
+    theta_min = cc.thresholds[0]
+    n_max = len(ids)
+    plan = fx.plan_index(cfg.index, n_max, x.shape[1] if x.ndim == 2 and n_max else 1)
+    local = np.arange(n_max, dtype=np.int64)
+    a = b = np.zeros(0, np.int64)
+    s = np.zeros(0, np.float32)
+    if n_max > 1:
+        index = fx.new_index(plan, cfg.seed)
+        fx.train_index(index, x[: plan.n_train] if plan.kind == "ivf" else x)
+        index.add_with_ids(x, local)
+        a, b, s = fx.canonical_pairs(*fx.search_pairs(index, local, x, theta_min, "range", 0))
+    out.write_parquet(PAIRS_PATH, edge_table(ids[a], ids[b], s))
+    rows = []
+    for f in fractions:
+        n_sub = int(np.searchsorted(u, f, side="left"))
+        inside = b < n_sub
+        for theta in cc.thresholds:
+            sel = inside & (s > np.float32(theta))
+            rows.append({"threshold": theta, "fraction": f, "subset_size": n_sub,
+                         "removed": removals(n_sub, a[sel], b[sel])})
+    out.write_parquet(TABLE_PATH, pa.Table.from_pylist(rows, schema=TABLE_SCHEMA))
+    fits = {}
+    for theta in cc.thresholds:
+        pts = [r for r in rows if r["threshold"] == theta]
+        fit = fit_power_law(np.array([r["subset_size"] for r in pts]), np.array([r["removed"] for r in pts]))
+        fit["predicted_full"] = predict(fit, total)
+        fit["predicted_target"] = predict(fit, cc.target_size)
+        fits[f"{theta:g}"] = fit
+    result = {"rows": rows, "fits": fits, "full_size": total, "target_size": cc.target_size,
+              "fraction_scale": scale, "search": plan.to_json(), "pairs": int(len(a)),
+              "lowest_threshold": theta_min}
+    out.write_json(JSON_PATH, result)
+    out.write_bytes(PLOT_PATH, collision_plot(rows, fits, total, cc.target_size))
+    out.mark_done(JSON_PATH, {"fingerprint": fp})
+    return result
+
+
+def collision_plot(rows: list[dict], fits: dict[str, dict], full: int, target: int) -> bytes:
+    """Log–log plot of removals against subset size, with fitted power laws to ``target``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4.5), dpi=100)
+    for name, fit in fits.items():
+        pts = [(r["subset_size"], r["removed"]) for r in rows if f"{r['threshold']:g}" == name and r["removed"] > 0]
+        line = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", label=f"θ = {name}")[0]
+        if fit["fitted"] and pts:
+            n = np.geomspace(min(p[0] for p in pts), max(target, full), 50)
+            ax.plot(n, fit["A"] * n ** fit["beta"], "-", color=line.get_color(), alpha=0.6)
+    ax.axvline(full, color="grey", ls=":", lw=1)
+    ax.axvline(target, color="grey", ls="--", lw=1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("Sample size (images)")
+    ax.set_ylabel("Images removed")
+    ax.set_title("Image collision models: D(N) = A·N^β")
+    ax.legend(fontsize=8)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    plt.close(fig)
+    return buf.getvalue()

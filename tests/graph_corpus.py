@@ -1,0 +1,96 @@
+"""A tiny corpus for the near-duplicate graph tests: staging files and planted features.
+
+Every image is a real (tiny, distinct) PNG in a real staging tar, so calibration
+thumbnails and SHA-256 checks run on actual bytes. Features are unit vectors in
+clusters: each cluster has a base image and variants at chosen similarities, which
+plants pairs above 0.9625, between 0.90 and 0.9625, and chains.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+
+import numpy as np
+import pyarrow as pa
+from PIL import Image
+
+from corpusforge.storage import Store
+from corpusforge.tarshard import Sample, write_tar
+from tasks.features.layout import write_shard_features
+
+
+def png(seed: int, size: tuple[int, int]) -> bytes:
+    rng = np.random.default_rng(seed)
+    im = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+    buf = io.BytesIO()
+    im.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def unit(v: np.ndarray) -> np.ndarray:
+    return v / np.linalg.norm(v, axis=-1, keepdims=True)
+
+
+def at_similarity(base: np.ndarray, sim: float, rng: np.random.Generator) -> np.ndarray:
+    """A unit vector with cosine ``sim`` to the unit vector ``base``."""
+    r = rng.standard_normal(base.shape)
+    r -= (r @ base) * base
+    return unit(sim * base + np.sqrt(1 - sim**2) * unit(r))
+
+
+def planted_vectors(n: int, dim: int, seed: int) -> np.ndarray:
+    """Clusters of 1–7 images around random bases, variants at mixed similarities."""
+    rng = np.random.default_rng(seed)
+    out = []
+    sims = [0.99, 0.97, 0.95, 0.93, 0.91, 0.975, 0.88]
+    while len(out) < n:
+        base = unit(rng.standard_normal(dim))
+        out.append(base)
+        for j in range(int(rng.integers(0, 7))):
+            anchor = out[-1] if j % 3 == 2 else base  # some variants chain off the previous one
+            out.append(at_similarity(anchor, sims[int(rng.integers(0, len(sims)))], rng))
+    return np.stack(out[:n]).astype(np.float32)
+
+
+def write_corpus(root: str, n_shards: int = 3, per_shard: int = 40, dim: int = 32, seed: int = 0,
+                 model_id: str = "wfd", vectors: np.ndarray | None = None, failed: set[str] = frozenset(),
+                 sha_override: dict[str, str] | None = None) -> tuple[Store, list[str], dict[str, np.ndarray]]:
+    """Write staging records/index/tars and features; return the store, shards and key → vector."""
+    store = Store(root)
+    n = n_shards * per_shard
+    x = planted_vectors(n, dim, seed) if vectors is None else vectors
+    rng = np.random.default_rng(seed + 1)
+    order = rng.permutation(n)  # spread clusters over shards
+    sizes = [(8, 8), (12, 8), (8, 12), (16, 16)]
+    shards, by_key = [], {}
+    for s in range(n_shards):
+        shard = f"{s:06d}"
+        shards.append(shard)
+        recs, samples, keys, ok, errs, feats = [], [], [], [], [], []
+        for i in range(per_shard):
+            g = int(order[s * per_shard + i])
+            key = f"img_{g:05d}"
+            w, h = sizes[int(rng.integers(0, len(sizes)))]
+            data = png(seed * 100003 + g, (w, h))
+            sha = (sha_override or {}).get(key, hashlib.sha256(data).hexdigest())
+            recs.append({"key": key, "part": 0, "row": g, "sha256": sha, "width": w, "height": h,
+                         "source": "test", "caption_type": "short"})
+            samples.append(Sample(key, {"png": data, "txt": b"a caption", "json": b"{}"}))
+            keys.append(key)
+            if key in failed:
+                ok.append(False)
+                errs.append("decode error")
+            else:
+                ok.append(True)
+                errs.append(None)
+                feats.append(x[g])
+                by_key[key] = x[g]
+        store.write_parquet(f"staging/{shard}.records.parquet", pa.Table.from_pylist(recs))
+        with store.atomic_write(f"staging/{shard}.tar") as f:
+            result = write_tar(f, samples)
+        store.write_parquet(f"staging/{shard}.index.parquet", result.index)
+        arr = np.stack(feats).astype(np.float16) if feats else np.zeros((0, x.shape[1]), np.float16)
+        write_shard_features(store, model_id, shard, keys, ok, errs, arr,
+                             {"fingerprint": f"test-{seed}", "model": {"id": model_id}})
+    return store, shards, by_key
