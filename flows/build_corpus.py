@@ -25,6 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from corpusforge.cluster import DaskConfig, prefect_api, task_runner
 from corpusforge.storage import Store
 from corpusforge.version import code_version
+from tasks.features.config import FeaturesConfig
+from tasks.features.extract import extract_features, summarize
+from tasks.features.layout import feature_path
 from tasks.exact_dedup import find_duplicate_keys, find_exact_duplicates, resolve_partition
 from tasks.ingest import ingest_partition
 from tasks.manifest import write_manifest_part
@@ -48,6 +51,8 @@ class BuildConfig(BaseModel):
     input: SourceConfig = Field(default_factory=SourceConfig, title="Input")
     validation: ValidationConfig = Field(default_factory=ValidationConfig, title="Validation and filters")
     staging: StagingConfig = Field(default_factory=StagingConfig, title="Staging shards")
+    features: FeaturesConfig = Field(default_factory=FeaturesConfig, title="Feature extraction",
+                                     description="Models run on every staging shard; empty list to skip.")
     splits: SplitConfig = Field(default_factory=SplitConfig, title="Splits, release shards, tiers")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
@@ -106,15 +111,21 @@ def build_on_dask(config: BuildConfig) -> dict[str, Any]:
     _run(staging_task, [dict(store=store, shard=s, storage_options=config.input.storage_options,
                              code_version=version) for s in staging])
     log.info("%d records staged in %d staging shards", sum(survivors), len(staging))
+    staged = [s.name for s in staging]
 
-    release = release_plan_task.submit(store, [s.name for s in staging], config.splits).result()
+    features = {}
+    if config.features.models and staged:
+        features = summarize(extract_features(store, staged, config.features, version))
+        features["fingerprints"] = {m: store.read_done(feature_path(m, staged[0]))["model"] for m in features["models"]}
+
+    release = release_plan_task.submit(store, staged, config.splits).result()
     for split in ("train", "val", "test"):
         _prune(store, f"shards/{split}", {n for n, s in release["shards"].items() if s["split"] == split})
     _run(release_task, [dict(store=store, split=s["split"], shard=s["index"], cfg=config.splits,
                              code_version=version) for s in release["shards"].values()])
     manifest = _run(manifest_task, [dict(store=store, part=p.index) for p in parts])
 
-    receipt = _receipt(config, store, kind, len(parts), release, manifest, version)
+    receipt = _receipt(config, store, kind, len(parts), release, manifest, version, features)
     store.write_json("receipt.json", receipt)
     store.write_bytes("report.md", render_report(receipt).encode())
     log.info("corpus written to %s: %s", config.out, receipt["counts"]["by_status"])
@@ -122,7 +133,7 @@ def build_on_dask(config: BuildConfig) -> dict[str, Any]:
 
 
 def _receipt(config: BuildConfig, store: Store, kind: str, n_parts: int, release: dict[str, Any],
-             manifest: list[dict[str, Any]], version: str) -> dict[str, Any]:
+             manifest: list[dict[str, Any]], version: str, features: dict[str, Any]) -> dict[str, Any]:
     shards = release["shards"]
     n_train = sum(1 for s in shards.values() if s["split"] == "train")
     splits = {sp: {"samples": sum(s["count"] for s in shards.values() if s["split"] == sp),
@@ -138,9 +149,20 @@ def _receipt(config: BuildConfig, store: Store, kind: str, n_parts: int, release
         "input_snapshot_sha256": input_snapshot_hash(store, n_parts),
         "counts": count_outcomes(manifest),
         "release": {"splits": splits, "tiers": tier_counts(n_train, config.splits.tiers), "shards": shards},
-        "warnings": [],
+        "features": _stable_features(features),
+        "warnings": [features["warning"]] if features.get("warning") else [],
         "outputs": output_hashes(store),
     }
+
+
+def _stable_features(summary: dict[str, Any]) -> dict[str, Any]:
+    """What the receipt keeps of the feature stage: facts, not how much work this run redid."""
+    if not summary:
+        return {}
+    keep = ("shards", "ok", "errors", "random_init", "dim")
+    return {"images": summary["images"], "random_init_models": summary["random_init_models"],
+            "models": {m: {**{k: t[k] for k in keep}, "fingerprint": summary["fingerprints"][m]}
+                       for m, t in summary["models"].items()}}
 
 
 @flow(name="build-corpus")
