@@ -17,6 +17,7 @@ from typing import Any
 from corpusforge.storage import Store
 
 _SECRET_WORDS = ("secret", "password", "token", "key_id", "access_key", "credential")
+_SECRET_NAMES = {"key"}  # s3fs's name for the access key id
 _SKIP_PREFIXES = ("work/",)
 _SKIP_FILES = ("receipt.json", "report.md")
 
@@ -24,7 +25,8 @@ _SKIP_FILES = ("receipt.json", "report.md")
 def redact(obj: Any) -> Any:
     """Replace values of secret-looking keys (credentials in storage options) by '***'."""
     if isinstance(obj, dict):
-        return {k: "***" if any(w in str(k).lower() for w in _SECRET_WORDS) else redact(v) for k, v in obj.items()}
+        return {k: "***" if str(k).lower() in _SECRET_NAMES or any(w in str(k).lower() for w in _SECRET_WORDS)
+                else redact(v) for k, v in obj.items()}
     if isinstance(obj, list):
         return [redact(v) for v in obj]
     return obj

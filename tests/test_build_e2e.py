@@ -137,3 +137,26 @@ def test_same_bytes_with_another_worker_count(built, sample_corpus, tmp_path):
     for r in (ra, rb):
         r["config"].pop("out"), r["config"].pop("dask")
     assert ra == rb
+
+
+@pytest.mark.s3
+def test_s3_in_and_out_gives_the_same_shards(built, sample_corpus, s3):
+    """Read the source from and write the corpus to a real S3 server on loopback."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3)
+    fs.mkdir("corpusforge-e2e")
+    fs.put(str(sample_corpus), "corpusforge-e2e/sample", recursive=True)
+    cfg = config("s3://corpusforge-e2e/sample", "s3://corpusforge-e2e/corpus", storage_options=s3,
+                 input={"partition_size": 40, "storage_options": s3})
+    run_build(cfg)
+    out, _ = built
+    local_tars = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*.tar")}
+    remote_tars = {p.split("corpusforge-e2e/corpus/", 1)[1]: fs.cat_file(p)
+                   for p in fs.find("corpusforge-e2e/corpus") if p.endswith(".tar")}
+    assert remote_tars.keys() == local_tars.keys() and remote_tars == local_tars
+    receipt = json.loads(fs.cat_file("corpusforge-e2e/corpus/receipt.json"))
+    assert receipt["config"]["storage_options"]["secret"] == receipt["config"]["storage_options"]["key"] == "***"
+    assert not [p for p in fs.find("corpusforge-e2e/corpus") if p.endswith(".part")]
+    rows = ds.dataset("corpusforge-e2e/corpus/manifest", format="parquet", filesystem=fs).to_table()
+    assert rows.num_rows == len(manifest(out))
