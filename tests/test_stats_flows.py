@@ -1,0 +1,171 @@
+"""The two flows end to end on a tiny corpus, with a real (random-init, tiny) DINOv2.
+
+Reference statistics are checked against np.cov of the features the feature stage
+stored, evaluation against an independent embedding + scipy FD; reruns on another
+worker count must give byte-identical statistics files.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import scipy.linalg
+from PIL import Image
+
+from corpusforge.cluster import DaskConfig
+from corpusforge.records import MANIFEST_SCHEMA
+from corpusforge.storage import Store
+from corpusforge.tarshard import Sample, write_tar
+from flows.evaluate import EvaluateConfig, evaluate_flow
+from flows.reference_stats import ReferenceStatsConfig, reference_stats_flow
+from tasks.features.config import ModelSpec, RuntimeConfig
+from tasks.features.decode import decode_rgb
+from tasks.features.layout import read_shard_features
+from tasks.features.registry import load_model
+from tasks.manifest import manifest_path
+from tasks.stats.config import MetricsConfig, SampleConfig
+from tasks.stats.evaluate import ProtocolMismatch
+from tasks.stats.reference import stats_path
+
+pytestmark = pytest.mark.timeout(300)
+
+SPEC = ModelSpec(name="dinov2", arch="vit_small_patch14_dinov2", random_init=True, image_size=28)
+MODEL_ID = SPEC.model_id
+METRICS = MetricsConfig(k=2, mmd_subsets=3, mmd_subset_size=5, prdc_max_samples=None)
+
+
+def picture(seed: int, size=(48, 36)) -> bytes:
+    rng = np.random.default_rng(seed)
+    img = Image.fromarray(rng.integers(0, 256, (4, 5, 3), dtype=np.uint8)).resize(size, Image.Resampling.BICUBIC)
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def build_corpus(root) -> Store:
+    """3 staging shards of 10 images in one manifest part: test, val and tiered train records."""
+    store = Store(str(root))
+    splits = ["test", "test", "val", "train", "train", "test", "train", "val", "test", "train"]
+    manifest = []
+    for s in range(3):
+        shard = f"{s:06d}"
+        samples, recs = [], []
+        for j in range(10):
+            i = s * 10 + j
+            key = f"img{i:04d}"
+            samples.append(Sample(key, {"png": picture(i), "txt": b"a caption", "json": b"{}"}))
+            recs.append({"key": key, "part": 0, "row": i})
+            split = splits[(i * 7) % 10]
+            manifest.append({"key": key, "part": 0, "row": i, "status": "kept", "staging_shard": shard,
+                             "split": split, "tier": ("nano", "lite", "full")[i % 3] if split == "train" else None})
+        with store.atomic_write(f"staging/{shard}.tar") as f:
+            result = write_tar(f, samples)
+        store.write_parquet(f"staging/{shard}.index.parquet", result.index)
+        store.write_parquet(f"staging/{shard}.records.parquet", pa.Table.from_pylist(recs))
+        store.mark_done(f"staging/{shard}.tar", {"count": result.count, "sha256": result.sha256})
+    store.write_parquet(manifest_path(0), pa.Table.from_pylist(manifest, schema=MANIFEST_SCHEMA))
+    return store
+
+
+def ref_config(store: Store, dask: DaskConfig) -> ReferenceStatsConfig:
+    return ReferenceStatsConfig(corpus=store.root, splits=["test"], oracle=True, test_subset=5, model=SPEC,
+                                runtime=RuntimeConfig(batch_size=8), sample=SampleConfig(max_rows=50),
+                                metrics=METRICS, dask=dask)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, prefect_server) -> tuple[Store, dict]:
+    store = build_corpus(tmp_path_factory.mktemp("corpus"))
+    result = reference_stats_flow(ref_config(store, DaskConfig(n_workers=2, processes=True)))
+    return store, result
+
+
+def test_reference_stats_equal_numpy_on_the_stored_features(built):
+    store, result = built
+    rows = {}
+    for shard in ("000000", "000001", "000002"):
+        keys, feats = read_shard_features(store, MODEL_ID, shard)
+        rows.update(zip(keys, feats.astype(np.float64), strict=True))
+    manifest = store.read_parquet(manifest_path(0)).to_pylist()
+    test = np.stack([rows[r["key"]] for r in manifest if r["split"] == "test"])
+    with np.load(io.BytesIO(store.read_bytes(stats_path("test", MODEL_ID) + ".npz"))) as npz:
+        np.testing.assert_allclose(npz["mu"], test.mean(0), rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(npz["sigma"], np.cov(test, rowvar=False), rtol=1e-8, atol=1e-10)
+        assert int(npz["n"]) == len(test) == result["n"]["test"]
+    side = store.read_json(stats_path("test", MODEL_ID) + ".json")
+    assert side["model"]["arch"] == "vit_small_patch14_dinov2" and side["random_init"] is True
+    assert side["feature_dtype"] == "float32" and side["preprocessing"] == "gpic_eval"
+    assert any("RANDOM-INIT" in d for d in side["protocol_deviations"])
+    oracle = store.read_json("stats/oracle.json")
+    assert set(oracle["pairs"]) == {"val", "train_nano", "train_lite", "train_full", "test_subset"}
+    assert oracle["pairs"]["test_subset"]["n"] == 5
+    for pair in oracle["pairs"].values():
+        assert pair["fd"] == pytest.approx(pair["fd_mu"] + pair["fd_sigma"])
+
+
+def test_rerun_on_one_threaded_worker_gives_identical_files(built):
+    store, _ = built
+    names = [stats_path(g, MODEL_ID) + ext for g in ("test", "val", "train_nano", "test_subset")
+             for ext in (".npz", ".features.npy", ".json")] + ["stats/oracle.json"]
+    before = {n: store.read_bytes(n) for n in names}
+    result = reference_stats_flow(ref_config(store, DaskConfig(n_workers=1, processes=False)))
+    assert result["extraction"]["models"][MODEL_ID]["skipped"] == 3
+    assert before == {n: store.read_bytes(n) for n in names}
+
+
+def write_generated(folder) -> list[bytes]:
+    """8 PNG files, and a tar with 4 more plus one broken image."""
+    folder.mkdir()
+    images = [picture(1000 + i, size=(32, 32)) for i in range(12)]
+    for i, data in enumerate(images[:8]):
+        (folder / f"g{i:02d}.png").write_bytes(data)
+    with tarfile.open(folder / "more.tar", "w") as tar:
+        for i, data in enumerate([*images[8:], b"not an image"]):
+            info = tarfile.TarInfo(f"s{i}.png")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return images
+
+
+def test_evaluate_against_an_independent_computation(built, tmp_path):
+    store, _ = built
+    images = write_generated(tmp_path / "gen")
+    cfg = EvaluateConfig(generated=[str(tmp_path / "gen")], reference=store.path(stats_path("test", MODEL_ID) + ".npz"),
+                         out=str(tmp_path / "eval"), model=SPEC, runtime=RuntimeConfig(batch_size=8),
+                         metrics=METRICS, chunk_size=3,
+                         dask=DaskConfig(n_workers=1, threads_per_worker=2, processes=False))
+    result = evaluate_flow(cfg)
+    model = load_model(SPEC, RuntimeConfig())
+    gen = model.embed(np.stack([model.preprocess(decode_rgb(b)) for b in images])).astype(np.float64)
+    with np.load(io.BytesIO(store.read_bytes(stats_path("test", MODEL_ID) + ".npz"))) as npz:
+        mu, sigma = npz["mu"], npz["sigma"]
+    s_gen = np.cov(gen, rowvar=False)
+    covmean = scipy.linalg.sqrtm(s_gen @ sigma).real
+    diff = gen.mean(0) - mu
+    fd = diff @ diff + np.trace(s_gen) + np.trace(sigma) - 2 * np.trace(covmean)
+    saved = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert saved["metrics"]["fd"] == pytest.approx(fd, rel=1e-6) == result["metrics"]["fd"]
+    assert saved["generated"]["embedded"] == 12 and saved["generated"]["errors"] == 1
+    devs = " | ".join(saved["protocol"]["deviations"])
+    assert "only 12 generated images" in devs and "could not be embedded" in devs and "RANDOM-INIT" in devs
+    assert {"precision", "recall", "density", "coverage", "mmd2"} <= set(saved["metrics"])
+    assert "| fd |" in (tmp_path / "eval" / "report.md").read_text()
+
+
+def test_evaluate_refuses_another_preprocessing_unless_allowed(built, tmp_path):
+    store, _ = built
+    write_generated(tmp_path / "gen")
+    other = SPEC.model_copy(update={"preprocessing": "dinov2_eval"})
+    cfg = EvaluateConfig(generated=[str(tmp_path / "gen")], reference=store.path(stats_path("test", MODEL_ID) + ".npz"),
+                         out=str(tmp_path / "eval"), model=other, metrics=METRICS,
+                         dask=DaskConfig(n_workers=1, processes=False))
+    with pytest.raises(ProtocolMismatch, match="preprocessing"):
+        evaluate_flow(cfg)
+    assert not (tmp_path / "eval" / "metrics.json").exists()
+    result = evaluate_flow(cfg.model_copy(update={"allow_mismatch": True}))
+    assert any(d.startswith("MODEL MISMATCH") and "preprocessing" in d for d in result["protocol"]["deviations"])
