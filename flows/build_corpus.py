@@ -4,7 +4,7 @@ Read top to bottom, :func:`build_on_dask` is the pipeline's table of contents:
 
     plan inputs → ingest (per partition) → duplicate keys, exact duplicates (per hash bucket)
     → resolve (per partition) → staging shards (per shard) → features (per staging shard)
-    → near-duplicate graph and two-tier removal → release plan → release shards (per shard)
+    → near-duplicate graph and two-tier removal (per staging shard) → release plan → release shards (per shard)
     → manifest (per partition) → reference statistics → receipt and report
 
 Each "per X" step is one Prefect task per X on the Dask cluster from ``config.dask``.
@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from corpusforge.cluster import DaskConfig, prefect_api, task_runner
 from corpusforge.storage import Store
@@ -29,6 +29,8 @@ from tasks.features.config import FeaturesConfig
 from tasks.features.extract import extract_features, summarize
 from tasks.features.layout import feature_path
 from tasks.exact_dedup import find_duplicate_keys, find_exact_duplicates, resolve_partition
+from tasks.graph.config import NearDedupConfig
+from tasks.graph.stage import near_duplicate_stage
 from tasks.ingest import ingest_partition
 from tasks.manifest import write_manifest_part
 from tasks.receipt import count_outcomes, input_snapshot_hash, output_hashes, redact, render_report
@@ -53,8 +55,19 @@ class BuildConfig(BaseModel):
     staging: StagingConfig = Field(default_factory=StagingConfig, title="Staging shards")
     features: FeaturesConfig = Field(default_factory=FeaturesConfig, title="Feature extraction",
                                      description="Models run on every staging shard; empty list to skip.")
+    near_dedup: NearDedupConfig | None = Field(
+        default_factory=NearDedupConfig, title="Near-duplicate removal",
+        description="FAISS graph over one extracted model's features and GPIC's two-tier rule; null to skip.")
     splits: SplitConfig = Field(default_factory=SplitConfig, title="Splits, release shards, tiers")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
+
+    @model_validator(mode="after")
+    def _graph_model_is_extracted(self) -> BuildConfig:
+        extracted = {m.model_id for m in self.features.models}
+        if self.near_dedup is not None and self.near_dedup.model_id not in extracted:
+            raise ValueError(f"near_dedup.model_id {self.near_dedup.model_id!r} is not among the extracted "
+                             f"feature models {sorted(extracted)}")
+        return self
 
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: Any) -> BuildConfig:
@@ -118,6 +131,8 @@ def build_on_dask(config: BuildConfig) -> dict[str, Any]:
         features = summarize(extract_features(store, staged, config.features, version))
         features["fingerprints"] = {m: store.read_done(feature_path(m, staged[0]))["model"] for m in features["models"]}
 
+    near = near_duplicate_stage(store, config.near_dedup, staged) if config.near_dedup and staged else {}
+
     release = release_plan_task.submit(store, staged, config.splits).result()
     for split in ("train", "val", "test"):
         _prune(store, f"shards/{split}", {n for n, s in release["shards"].items() if s["split"] == split})
@@ -125,7 +140,7 @@ def build_on_dask(config: BuildConfig) -> dict[str, Any]:
                              code_version=version) for s in release["shards"].values()])
     manifest = _run(manifest_task, [dict(store=store, part=p.index) for p in parts])
 
-    receipt = _receipt(config, store, kind, len(parts), release, manifest, version, features)
+    receipt = _receipt(config, store, kind, len(parts), release, manifest, version, features, near)
     store.write_json("receipt.json", receipt)
     store.write_bytes("report.md", render_report(receipt).encode())
     log.info("corpus written to %s: %s", config.out, receipt["counts"]["by_status"])
@@ -133,7 +148,8 @@ def build_on_dask(config: BuildConfig) -> dict[str, Any]:
 
 
 def _receipt(config: BuildConfig, store: Store, kind: str, n_parts: int, release: dict[str, Any],
-             manifest: list[dict[str, Any]], version: str, features: dict[str, Any]) -> dict[str, Any]:
+             manifest: list[dict[str, Any]], version: str, features: dict[str, Any],
+             near: dict[str, Any]) -> dict[str, Any]:
     shards = release["shards"]
     n_train = sum(1 for s in shards.values() if s["split"] == "train")
     splits = {sp: {"samples": sum(s["count"] for s in shards.values() if s["split"] == sp),
@@ -144,12 +160,14 @@ def _receipt(config: BuildConfig, store: Store, kind: str, n_parts: int, release
         "source": config.source,
         "source_kind": kind,
         "config": redact(config.model_dump(mode="json")),
-        "seeds": {"splits": config.splits.seed},
-        "thresholds": {"validation": config.validation.model_dump(mode="json")},
+        "seeds": {"splits": config.splits.seed, "near_dedup": config.near_dedup.seed if config.near_dedup else None},
+        "thresholds": {"validation": config.validation.model_dump(mode="json"),
+                       "near_dedup": config.near_dedup.model_dump(mode="json") if config.near_dedup else None},
         "input_snapshot_sha256": input_snapshot_hash(store, n_parts),
         "counts": count_outcomes(manifest),
         "release": {"splits": splits, "tiers": tier_counts(n_train, config.splits.tiers), "shards": shards},
         "features": _stable_features(features),
+        "near_duplicates": near,
         "warnings": [features["warning"]] if features.get("warning") else [],
         "outputs": output_hashes(store),
     }
