@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -35,6 +36,29 @@ def _sample(args: argparse.Namespace) -> int:
     return 0
 
 
+# Flows that run on an existing corpus: subcommand -> (module, config class, runner, help).
+FLOW_COMMANDS = {
+    "extract-features": ("flows.extract_features", "ExtractFeaturesConfig", "run_extract_features",
+                         "extract features of a built corpus's staging shards (resumable)"),
+    "near-dedup": ("flows.near_dedup", "NearDedupFlowConfig", "run_near_dedup",
+                   "near-duplicate pass over a built corpus, written as a new corpus version"),
+    "reference-stats": ("flows.reference_stats", "ReferenceStatsConfig", "run_reference_stats",
+                        "reference statistics (FD-DINOv2 mean/covariance) of a built corpus's splits"),
+    "evaluate": ("flows.evaluate", "EvaluateConfig", "run_evaluate",
+                 "metrics of generated images against reference statistics"),
+}
+
+
+def _flow_command(module: str, config_class: str, runner: str) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        mod = importlib.import_module(module)
+        config = getattr(mod, config_class).from_yaml(args.config)
+        result = getattr(mod, runner)(config)
+        print(json.dumps(result, indent=2, sort_keys=True, default=str))
+        return 0
+    return handler
+
+
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Namespace], int]]]:
     parser = argparse.ArgumentParser(prog="corpusforge", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -53,6 +77,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
     sample.add_argument("--n", type=int, default=2000, help="number of metadata rows (default 2000)")
     sample.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     handlers["sample"] = _sample
+
+    for name, (module, config_class, runner, text) in FLOW_COMMANDS.items():
+        cmd = sub.add_parser(name, help=text, description=f"{text[0].upper()}{text[1:]}. "
+                             f"Config: {module.replace('.', '/')}.py:{config_class} as YAML.")
+        cmd.add_argument("--config", required=True, help=f"YAML file for {config_class} (unknown keys are rejected)")
+        handlers[name] = _flow_command(module, config_class, runner)
     return parser, handlers
 
 
