@@ -54,14 +54,17 @@ class Store:
     Paths given to methods are relative to the store's root and use ``/``.
     """
 
-    def __init__(self, root: str, storage_options: dict[str, Any] | None = None):
+    def __init__(self, root: str, storage_options: dict[str, Any] | None = None, fsync: bool = True):
+        """``fsync=False`` skips flushing each local file to disk before its rename: for
+        bulk writes of throwaway data (the sample corpus), never for a corpus build."""
         self.root = root.rstrip("/") if is_remote(root) else os.path.abspath(root)
         self.storage_options = dict(storage_options or {})
+        self.fsync = fsync
         self.fs, _ = fsspec.core.url_to_fs(self.root, **self.storage_options)
         self.remote = is_remote(self.root)
 
     def __reduce__(self):  # picklable for Dask: rebuild the filesystem on the worker
-        return (Store, (self.root, self.storage_options))
+        return (Store, (self.root, self.storage_options, self.fsync))
 
     def path(self, rel: str) -> str:
         """Absolute path (or full URI) of ``rel`` under the root."""
@@ -142,7 +145,7 @@ class Store:
             with os.fdopen(fd, "wb") as f:
                 yield f
                 f.flush()
-                if not self.remote:
+                if not self.remote and self.fsync:
                     os.fsync(f.fileno())
             if self.remote:
                 self.fs.put_file(tmp, self._fs_path(rel))

@@ -53,7 +53,7 @@ def write_sample_corpus(out_dir: str, n: int = 2000, seed: int = 0) -> dict:
     Same (n, seed) gives byte-identical files. ``out_dir`` must be empty or absent: a file
     left from another run could sit where a planted "missing file" is supposed to be.
     """
-    store = Store(out_dir)
+    store = Store(out_dir, fsync=False)  # throwaway test data: no per-file disk flush
     if store.listdir(""):
         raise FileExistsError(f"{out_dir} is not empty")
     plan = plan_sample_corpus(n, seed)
