@@ -94,3 +94,21 @@ def write_corpus(root: str, n_shards: int = 3, per_shard: int = 40, dim: int = 3
         write_shard_features(store, model_id, shard, keys, ok, errs, arr,
                              {"fingerprint": f"test-{seed}", "model": {"id": model_id}})
     return store, shards, by_key
+
+
+def brute_force_edges(store, shards, by_key, threshold):
+    """All pairs >= threshold among every vector, by one numpy product, keyed by node id."""
+    ids, vecs, offset = [], [], 0
+    for shard in sorted(shards):  # node id = rows of the shards before + row in its shard
+        keys = store.read_parquet(f"staging/{shard}.records.parquet")["key"].to_pylist()
+        for r, k in enumerate(keys):
+            if k in by_key:
+                ids.append(offset + r)
+                vecs.append(by_key[k])
+        offset += len(keys)
+    x = np.asarray(vecs, dtype=np.float16).astype(np.float64)  # what the feature files hold
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    s = x @ x.T
+    i, j = np.nonzero(np.triu(s >= threshold, k=1))
+    ids = np.asarray(ids)
+    return {(min(ids[a], ids[b]), max(ids[a], ids[b])): s[a, b] for a, b in zip(i, j, strict=True)}

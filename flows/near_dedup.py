@@ -1,0 +1,102 @@
+"""Near-duplicate removal on an already built corpus, written as a NEW corpus version.
+
+Reads ``staging/`` and ``features/{model_id}/`` of ``config.source`` (features must be
+extracted already) and writes, under ``config.out`` only: ``graph/…`` (index, edges,
+decisions, components report, collision models, calibration sheet, summary) and
+``lineage.json`` (which corpus, which shards, its receipt's hash, this config). The
+source corpus is never written to; an output root equal to, inside, or around the
+source is refused. Release shards and the manifest of the new version are written by
+the release step from these decisions (``graph/decisions/{shard}.parquet``) and the
+source's staging shards.
+
+From Python: ``run_near_dedup(config)`` (starts a Prefect API for the Dask workers when
+none is configured) or the flow ``near_dedup_flow(config)`` itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prefect import flow, get_run_logger
+from pydantic import BaseModel, ConfigDict, Field
+
+from corpusforge.cluster import DaskConfig, prefect_api, task_runner
+from corpusforge.hashing import fingerprint
+from corpusforge.storage import Store
+from tasks.features.layout import list_feature_shards
+from tasks.graph.config import NearDedupConfig
+from tasks.graph.stage import near_duplicate_stage
+
+LINEAGE_PATH = "lineage.json"
+
+
+class NearDedupFlowConfig(BaseModel):
+    """Which corpus, where the new version goes, the stage's settings, the cluster."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field(..., title="Built corpus root",
+                        description="Root with staging/ and features/; read only. Local or s3://.")
+    out: str = Field(..., title="New version root", description="Where graph/ and lineage.json are written.")
+    storage_options: dict[str, Any] = Field(default_factory=dict, title="Source storage options",
+                                            description="fsspec options for the source root.")
+    out_storage_options: dict[str, Any] | None = Field(
+        None, title="Output storage options", description="fsspec options for the output root; empty: as the source.")
+    shards: list[str] | None = Field(None, title="Staging shards",
+                                     description="Empty: every shard with completed features of the model.")
+    near_dedup: NearDedupConfig = Field(default_factory=NearDedupConfig, title="Near-duplicate removal")
+    dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> NearDedupFlowConfig:
+        """Load a YAML config; keyword overrides (e.g. source, out) win over the file."""
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.model_validate(data)
+
+
+def check_separate(source: Store, out: Store) -> None:
+    """Refuse an output root that is the source, inside it, or contains it."""
+    a, b = source.root.rstrip("/") + "/", out.root.rstrip("/") + "/"
+    if source.remote == out.remote and (a.startswith(b) or b.startswith(a)):
+        raise ValueError(f"output root {out.root} overlaps the source corpus {source.root}: "
+                         "a new version must not write into the old one")
+
+
+def lineage(source: Store, shards: list[str], cfg: NearDedupConfig) -> dict[str, Any]:
+    """What this version was derived from."""
+    receipt = source.sha256("receipt.json") if source.exists("receipt.json") else None
+    return {"derived_from": source.root, "source_receipt_sha256": receipt, "staging_shards": sorted(shards),
+            "stage": "near_dedup", "near_dedup": cfg.model_dump(mode="json"),
+            "near_dedup_fingerprint": fingerprint(cfg.model_dump(mode="json"))}
+
+
+@flow(name="near-dedup-on-dask")
+def near_dedup_on_dask(config: NearDedupFlowConfig) -> dict[str, Any]:
+    log = get_run_logger()
+    source = Store(config.source, config.storage_options)
+    out_options = config.storage_options if config.out_storage_options is None else config.out_storage_options
+    out = Store(config.out, out_options)
+    check_separate(source, out)
+    shards = config.shards or list_feature_shards(source, config.near_dedup.model_id)
+    log.info("%d staging shards of %s; writing the new version to %s", len(shards), config.source, config.out)
+    out.write_json(LINEAGE_PATH, lineage(source, shards, config.near_dedup))
+    summary = near_duplicate_stage(out, config.near_dedup, shards, source=source)
+    d = summary["decisions"]
+    log.info("%d images: %d kept, %d removed %s; recall %s", d["images"], d["kept"], d["removed"],
+             d["removed_by_rule"], summary["recall"]["recall"])
+    return summary
+
+
+@flow(name="near-dedup")
+def near_dedup_flow(config: NearDedupFlowConfig) -> dict[str, Any]:
+    """Near-duplicate removal as a new version; the work runs on ``config.dask``."""
+    return near_dedup_on_dask.with_options(task_runner=task_runner(config.dask))(config)
+
+
+def run_near_dedup(config: NearDedupFlowConfig) -> dict[str, Any]:
+    """Run the flow from Python or the CLI, with a Prefect API available to Dask workers."""
+    with prefect_api():
+        return near_dedup_flow(config)

@@ -1,0 +1,124 @@
+"""Similarity graph: exact edges equal brute force; IVF recall on planted near-duplicates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tasks.graph import index as fx
+from tasks.graph.config import IndexConfig, NearDedupConfig
+from tasks.graph.edges import build_index, graph_recall, iter_edges, merge_edges, merge_groups, query_shard
+from tasks.graph.nodes import plan_nodes
+from tests.graph_corpus import at_similarity, brute_force_edges, unit, write_corpus
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def run_graph(store, shards, cfg):
+    nodes = plan_nodes(store, shards)
+    info = build_index(store, store, cfg, nodes)
+    found = [query_shard(store, store, cfg, nodes, s, info) for s in nodes.shards]
+    for g in merge_groups(nodes, [m["pairs"] for m in found], cfg.merge_max_edges):
+        merge_edges(store, nodes, g, "fp")
+    got = {}
+    for a, b, s in iter_edges(store, nodes):
+        assert np.all(a < b)
+        for x, y, z in zip(a.tolist(), b.tolist(), s.tolist(), strict=True):
+            assert (x, y) not in got, "an unordered pair is stored twice"
+            got[(x, y)] = z
+    return nodes, info, got
+
+
+def compare(got, want, threshold, tol=1e-5, sim_tol=1e-5):
+    """Equal edge sets away from the threshold (within ``tol``), with equal similarities."""
+    must = {p for p, s in want.items() if s >= threshold + tol}
+    allowed = set(want)
+    assert must <= set(got), f"missing {sorted(must - set(got))[:5]}"
+    assert set(got) <= allowed | {p for p, s in got.items() if s < threshold + tol}
+    for p in got:
+        if p in want:
+            assert got[p] == pytest.approx(want[p], abs=sim_tol)
+
+
+@pytest.mark.parametrize("search", ["range", "knn"])
+def test_exact_edges_equal_brute_force(tmp_path, search):
+    store, shards, by_key = write_corpus(str(tmp_path), n_shards=3, per_shard=50, dim=24, seed=3)
+    cfg = NearDedupConfig(index=IndexConfig(kind="flat", search=search, k=160))
+    _, info, got = run_graph(store, shards, cfg)
+    want = brute_force_edges(store, shards, by_key, 0.90)
+    assert info["plan"]["kind"] == "flat" and len(want) > 50
+    compare(got, want, 0.90)
+
+
+def test_knn_cap_limits_edges_and_recall_reports_it(tmp_path):
+    # one tight cluster of 12: with k=4 every node finds only 3 neighbours
+    rng = np.random.default_rng(0)
+    base = unit(rng.standard_normal(16))
+    x = np.stack([base] + [at_similarity(base, 0.99, rng) for _ in range(11)]
+                 + [unit(rng.standard_normal(16)) for _ in range(12)]).astype(np.float32)
+    store, shards, by_key = write_corpus(str(tmp_path), n_shards=2, per_shard=12, dim=16, vectors=x)
+    cfg = NearDedupConfig(index=IndexConfig(kind="flat", search="knn", k=4), recall_queries=1000)
+    nodes, _, got = run_graph(store, shards, cfg)
+    want = brute_force_edges(store, shards, by_key, 0.90)
+    assert set(got) < set(want)
+    rec = graph_recall(store, nodes, cfg)
+    assert rec["queries"] == 24 and rec["reference_pairs"] == len(want)
+    assert rec["recall"] == pytest.approx(len(got) / len(want))
+
+
+@pytest.mark.parametrize("storage", ["flat", "sqfp16", "pq"])
+def test_ivf_recall_on_planted_near_duplicates(tmp_path, storage):
+    store, shards, by_key = write_corpus(str(tmp_path), n_shards=4, per_shard=500, dim=32, seed=5)
+    cfg = NearDedupConfig(index=IndexConfig(kind="ivf", nlist=32, nprobe=8, storage=storage, pq_m=8,
+                                            pq_rescore_margin=0.15, k=16), recall_queries=400,
+                          recall_tolerance=1e-3)
+    nodes, info, got = run_graph(store, shards, cfg)
+    assert info["plan"]["factory"].startswith("IVF32,")
+    want = brute_force_edges(store, shards, by_key, 0.90)
+    must = {p for p, s in want.items() if s >= 0.901}
+    recall = len(must & set(got)) / len(must)
+    assert recall >= 0.95, recall  # stated target on clustered data with nprobe = nlist/4
+    measured = graph_recall(store, nodes, cfg)
+    assert measured["queries"] > 200 and measured["recall"] >= 0.9
+    tol = 1e-5 if storage in ("flat", "pq") else 1e-3  # pq is rescored exactly; fp16 codes are not
+    for p, s in got.items():
+        assert p in want or s < 0.90 + tol
+        if p in want:
+            assert s == pytest.approx(want[p], abs=tol)
+
+
+def test_canonical_pairs_keep_max_of_both_directions():
+    src = np.array([5, 2, 2, 7, 3], dtype=np.int64)
+    dst = np.array([2, 5, 5, 7, 9], dtype=np.int64)
+    sim = np.array([0.91, 0.93, 0.92, 1.0, 0.95], dtype=np.float32)
+    a, b, s = fx.canonical_pairs(src, dst, sim)
+    assert a.tolist() == [2, 3] and b.tolist() == [5, 9]
+    assert s.tolist() == pytest.approx([0.93, 0.95])
+    a2, b2, s2 = fx.canonical_pairs(src[::-1], dst[::-1], sim[::-1])
+    assert (a2.tolist(), b2.tolist(), s2.tolist()) == (a.tolist(), b.tolist(), s.tolist())
+
+
+def test_index_plan_auto_and_override():
+    cfg = IndexConfig(flat_max_vectors=1000)
+    assert fx.plan_index(cfg, 1000, 64).kind == "flat"
+    p = fx.plan_index(cfg, 100_000, 64)
+    assert p.kind == "ivf" and p.nlist == 2048 and p.factory == "IVF2048,SQfp16"
+    assert p.n_train == 100_000  # capped by N
+    assert fx.plan_index(cfg, 1_000_000, 64).n_train == 4096 * 64
+    assert fx.plan_index(IndexConfig(kind="ivf"), 500, 64).nlist == 16
+    assert fx.plan_index(IndexConfig(kind="flat"), 10**9, 64).kind == "flat"
+    assert fx.auto_nlist(100_000_000) == 65536
+    with pytest.raises(ValueError):
+        fx.plan_index(IndexConfig(kind="ivf", storage="pq", pq_m=7), 10_000, 64)
+
+
+def test_ivf_training_sample_does_not_depend_on_shard_listing(tmp_path):
+    store, shards, _ = write_corpus(str(tmp_path / "a"), n_shards=3, per_shard=300, dim=16, seed=2)
+    cfg = NearDedupConfig(index=IndexConfig(kind="ivf", nlist=16, nprobe=4))
+    nodes = plan_nodes(store, shards[::-1])
+    assert nodes.shards == tuple(shards)
+    build_index(store, store, cfg, nodes)
+    first = store.read_bytes("graph/index/index.faiss")
+    store.remove("graph/index")
+    build_index(store, store, cfg, plan_nodes(store, list(reversed(shards))))
+    assert store.read_bytes("graph/index/index.faiss") == first

@@ -1,0 +1,164 @@
+"""The near-duplicate stage end to end on a tiny real corpus (in-process task runs)."""
+
+from __future__ import annotations
+
+import hashlib
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tasks.graph.config import CalibrationConfig, CollisionConfig, IndexConfig, NearDedupConfig
+from tasks.graph.decisions import DuplicateContentError, read_decisions
+from tasks.graph.stage import near_duplicate_stage
+from tests.graph_corpus import at_similarity, brute_force_edges, unit, write_corpus
+from tests.test_graph_two_tier import reference
+
+pytestmark = pytest.mark.timeout(180)
+
+FAST = dict(collision=CollisionConfig(fractions=[0.25, 0.5, 0.75, 1.0]),
+            calibration=CalibrationConfig(pairs_per_bin=2))
+
+
+def exact_cfg(**kw) -> NearDedupConfig:
+    return NearDedupConfig(index=IndexConfig(kind="flat", search="range"), **{**FAST, **kw})
+
+
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_decisions_equal_reference_rule_on_brute_force_graph(tmp_path):
+    store, shards, by_key = write_corpus(str(tmp_path), n_shards=3, per_shard=40, dim=24, seed=7,
+                                         failed={"img_00004"})
+    summary = near_duplicate_stage(store, exact_cfg(), shards)
+    table = read_decisions(store, shards)
+    keys = table["key"].to_pylist()
+    records = {}
+    for shard in shards:
+        for r in store.read_parquet(f"staging/{shard}.records.parquet").to_pylist():
+            records[r["key"]] = r
+    assert keys == [k for s in sorted(shards)
+                    for k in store.read_parquet(f"staging/{s}.records.parquet")["key"].to_pylist()]
+    edges = brute_force_edges(store, shards, by_key, 0.90)
+    res = [records[k]["width"] * records[k]["height"] for k in keys]
+    code, dup, comp, size, mx = reference(len(keys), [(a, b, s) for (a, b), s in edges.items()], res, keys)
+    status = ["kept" if c == 0 else "near_duplicate" for c in code]
+    reason = [None, "tier1_pair>0.9625", "component>=5"]
+    assert table["status"].to_pylist() == status
+    assert table["reason"].to_pylist() == [reason[c] for c in code]
+    assert table["duplicate_of"].to_pylist() == [keys[d] if d >= 0 else None for d in dup]
+    assert table["component_id"].to_pylist() == comp
+    assert table["component_size"].to_pylist() == size
+    assert table["max_similarity"].to_pylist() == pytest.approx(mx, abs=1e-5)
+    # every duplicate_of is a kept image; the failed image is a kept singleton
+    kept = {k for k, s in zip(keys, status, strict=True) if s == "kept"}
+    assert all(d in kept for d in table["duplicate_of"].to_pylist() if d)
+    i = keys.index("img_00004")
+    assert (status[i], comp[i], size[i], mx[i]) == ("kept", i, 1, 0.0)
+    d = summary["decisions"]
+    assert d["removed"] == sum(c != 0 for c in code) > 10
+    assert d["removed_by_rule"] == {"tier1_pair>0.9625": code.count(1), "component>=5": code.count(2)}
+    assert summary["recall"]["recall"] == 1.0 and summary["recall"]["queries"] == 119
+    assert summary["index"]["plan"]["kind"] == "flat"
+    report = store.read_json("graph/components_report.json")
+    assert report["big_components"] == len({c for c, s in zip(comp, size, strict=True) if s >= 5})
+    assert report["largest"][0]["size"] == max(size)
+
+
+def test_shard_order_and_reruns_give_identical_bytes(tmp_path):
+    a, shards, _ = write_corpus(str(tmp_path / "a"), seed=1)
+    b, _, _ = write_corpus(str(tmp_path / "b"), seed=1)
+    near_duplicate_stage(a, exact_cfg(), shards)
+    near_duplicate_stage(b, exact_cfg(), list(reversed(shards)))
+    first = tree_bytes(tmp_path / "a" / "graph")
+    assert first == tree_bytes(tmp_path / "b" / "graph")
+    mtimes = {p: p.stat().st_mtime_ns for p in (tmp_path / "a" / "graph" / "edges").iterdir()}
+    near_duplicate_stage(a, exact_cfg(), shards)  # resume: all steps skipped, nothing rewritten
+    assert tree_bytes(tmp_path / "a" / "graph") == first
+    assert mtimes == {p: p.stat().st_mtime_ns for p in (tmp_path / "a" / "graph" / "edges").iterdir()}
+
+
+def test_ivf_stage_matches_exact_stage_on_planted_data(tmp_path):
+    ex, shards, _ = write_corpus(str(tmp_path / "ex"), n_shards=2, per_shard=400, dim=32, seed=4)
+    iv, _, _ = write_corpus(str(tmp_path / "iv"), n_shards=2, per_shard=400, dim=32, seed=4)
+    exact = near_duplicate_stage(ex, exact_cfg(collision=CollisionConfig(enabled=False),
+                                               calibration=CalibrationConfig(enabled=False)), shards)
+    approx = near_duplicate_stage(iv, NearDedupConfig(
+        index=IndexConfig(kind="ivf", nlist=16, nprobe=8, storage="flat"), recall_queries=300,
+        collision=CollisionConfig(enabled=False), calibration=CalibrationConfig(enabled=False)), shards)
+    assert approx["index"]["plan"]["factory"] == "IVF16,Flat"
+    assert approx["recall"]["recall"] >= 0.95
+    same = np.mean(np.array(read_decisions(ex, shards)["status"].to_pylist())
+                   == np.array(read_decisions(iv, shards)["status"].to_pylist()))
+    assert same >= 0.98 and exact["decisions"]["removed"] > 50
+
+
+def _sha_case(tmp_path, clash_with: str):
+    rng = np.random.default_rng(0)
+    base = unit(rng.standard_normal(16))
+    x = np.stack([base, at_similarity(base, 0.99, rng)]
+                 + [unit(rng.standard_normal(16)) for _ in range(6)]).astype(np.float32)
+    # img_00000/img_00001 are a tier-1 pair; whichever is removed depends on resolution
+    store, shards, _ = write_corpus(str(tmp_path), n_shards=2, per_shard=4, dim=16, vectors=x)
+    recs = {r["key"]: r for s in shards for r in store.read_parquet(f"staging/{s}.records.parquet").to_pylist()}
+    a, b = recs["img_00000"], recs["img_00001"]
+    a_wins = (a["width"] * a["height"], "img_00001") >= (b["width"] * b["height"], "img_00000")
+    loser = "img_00001" if a_wins else "img_00000"
+    winner = "img_00000" if a_wins else "img_00001"
+    target = {"kept": winner, "removed": loser}[clash_with]
+    sha = hashlib.sha256(b"same bytes").hexdigest()
+    store, shards, _ = write_corpus(str(tmp_path), n_shards=2, per_shard=4, dim=16, vectors=x,
+                                    sha_override={"img_00005": sha, target: sha})
+    return store, shards
+
+
+def test_sha256_guard_raises_when_two_kept_images_share_a_hash(tmp_path):
+    store, shards = _sha_case(tmp_path, "kept")
+    with pytest.raises(DuplicateContentError, match="img_00005"):
+        near_duplicate_stage(store, exact_cfg(), shards)
+
+
+def test_sha256_guard_passes_when_the_twin_is_removed(tmp_path):
+    store, shards = _sha_case(tmp_path, "removed")
+    summary = near_duplicate_stage(store, exact_cfg(), shards)
+    assert summary["decisions"]["removed"] == 1
+
+
+class _Sheet(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.rows, self.hist, self.in_row = [], 0, False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "tr" and a.get("class") == "pair":
+            self.rows.append([])
+            self.in_row = True
+        elif tag == "img" and a.get("class") == "hist" and a["src"].startswith("data:image/png;base64,"):
+            self.hist += 1
+        elif tag == "img" and self.in_row:
+            self.rows[-1].append(a["src"])
+
+    def handle_endtag(self, tag):
+        if tag == "tr":
+            self.in_row = False
+
+
+def test_calibration_sheet_embeds_every_image(tmp_path):
+    store, shards, _ = write_corpus(str(tmp_path), n_shards=3, per_shard=40, dim=24, seed=7)
+    cfg = exact_cfg(calibration=CalibrationConfig(pairs_per_bin=3),
+                    collision=CollisionConfig(fractions=[0.5, 1.0], thresholds=[0.75, 0.9]))
+    summary = near_duplicate_stage(store, cfg, shards)
+    page = (tmp_path / "graph" / "calibration" / "index.html").read_text()
+    sheet = _Sheet()
+    sheet.feed(page)
+    bins = summary["calibration"]["bins"]
+    assert sheet.hist == 1 and summary["calibration"]["missing_images"] == 0
+    assert len(sheet.rows) == sum(b["shown"] for b in bins) >= 12
+    assert [b["shown"] for b in bins] == [min(3, b["available"]) for b in bins]
+    assert [b["source"] for b in bins][:2] == ["collision subset pairs"] * 2
+    for row in sheet.rows:
+        assert len(row) == 2 and all(src.startswith("data:image/jpeg;base64,") for src in row)
+    assert "http" not in page  # self-contained
