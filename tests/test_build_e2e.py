@@ -126,10 +126,14 @@ def test_rerun_changes_no_byte_and_redoes_no_shard(built, sample_corpus):
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*.tar")} == tars
 
 
-def test_same_bytes_with_another_worker_count(built, sample_corpus, tmp_path):
+def test_same_bytes_on_an_existing_scheduler_with_another_worker_count(built, sample_corpus, tmp_path):
+    """A second build on an external scheduler (one worker process) writes the same bytes."""
+    from distributed import LocalCluster
+
     out, _ = built
     other = tmp_path / "again"
-    run_build(config(sample_corpus, other, dask={"n_workers": 1, "processes": False}))
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None) as cluster:
+        run_build(config(sample_corpus, other, dask={"address": cluster.scheduler_address}))
     a, b = file_hashes(out), file_hashes(other)
     a.pop("receipt.json"), b.pop("receipt.json")
     assert a == b
