@@ -147,7 +147,7 @@ def test_extract_shard_matches_direct_computation(corpus):
     cfg = _cfg()
     result = extract_shard(corpus, "000001", cfg, CODE)
     assert result["models"]["wfd"] == {"action": "computed", "ok": 9, "errors": 0, "random_init": False,
-                                       "dim": 1024}
+                                       "dim": 1072}
     keys, feats = read_shard_features(corpus, "wfd", "000001")
     assert keys == [f"k{s:05d}" for s in range(11, 20)] and feats.dtype == np.float16
     (model,) = load_models(cfg)
@@ -292,6 +292,6 @@ def test_flow_runs_on_every_completed_staging_shard(corpus, tmp_path, monkeypatc
     summary = extract_features_flow(config)
     assert summary["shards"] == 1 and summary["random_init_models"] == [] and "warning" not in summary
     assert summary["models"]["wfd"] == {"shards": 1, "computed": 1, "recomputed": 0, "skipped": 0, "ok": 10,
-                                        "errors": 1, "random_init": False, "dim": 1024}
+                                        "errors": 1, "random_init": False, "dim": 1072}
     assert read_shard_features(corpus, "wfd", "000000")[1].dtype == np.float32
     assert not corpus.exists(feature_path("wfd", "000001"))
