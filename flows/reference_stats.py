@@ -4,13 +4,14 @@ Table of contents of :func:`reference_stats_on_dask`:
 
     scan the manifest (groups, their staging shards, Test-50K threshold, manifest hash)
     → features of those shards (the feature stage; finished shards are skipped)
-    → one partial per staging shard (n, mean, scatter matrix, bottom-k sample per group)
+    → partials (n, mean, scatter matrix, sampled rows per group) over contiguous runs of
+      staging shards, at most ``max_partials`` tasks
     → pairwise tree merge of the partials → stats/{group}-{model_id}.{npz,features.npy,json}
     → with ``oracle``: real-vs-real metrics against test → stats/oracle.json
 
-Every shard partial and every merge is a Prefect task on the Dask cluster from
-``config.dask``; the merge tree depends only on the shard list, so results are the same
-bit for bit on any number of workers. From Python: ``run_reference_stats(config)``.
+Every partial and every merge is a Prefect task on the Dask cluster from ``config.dask``;
+the runs and the merge tree depend only on the shard list and ``max_partials``, so
+results are the same bit for bit on any number of workers. From Python: ``run_reference_stats(config)``.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from tasks.features.config import FeaturesConfig, ModelSpec, RuntimeConfig
 from tasks.features.extract import extract_features, summarize
 from tasks.stats.config import MetricsConfig, SampleConfig, protocol_model
 from tasks.stats.provenance import model_deviations
-from tasks.stats.reference import (merge_partials, oracle_groups, oracle_metrics, scan_manifest, shard_partials,
-                                   write_group_stats)
+from tasks.stats.reference import (batch_partials, merge_partials, oracle_groups, oracle_metrics, plan_batches,
+                                   scan_manifest, write_group_stats)
 
 
 class ReferenceStatsConfig(BaseModel):
@@ -62,6 +63,9 @@ class ReferenceStatsConfig(BaseModel):
     extract: bool = Field(True, title="Extract missing features",
                           description="Run the feature stage on the shards first (finished ones are skipped).")
     sample: SampleConfig = Field(default_factory=SampleConfig, title="Stored feature subsample")
+    max_partials: int = Field(256, ge=1, title="Partial tasks",
+                              description="At most this many partial tasks, each over a contiguous run of staging "
+                                          "shards: bounds the 8 MB (d = 1024) scatter matrices per group in flight.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, title="Oracle metrics")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
@@ -87,18 +91,22 @@ class ReferenceStatsConfig(BaseModel):
                               torchscript_allowlist=self.torchscript_allowlist)
 
 
-shard_partials_task = task(shard_partials, name="stats-shard-partials", cache_policy=NO_CACHE,
-                           persist_result=False, retries=1)
+partials_task = task(batch_partials, name="stats-partials", cache_policy=NO_CACHE, persist_result=False, retries=1)
 merge_task = task(merge_partials, name="stats-merge", cache_policy=NO_CACHE, persist_result=False)
 
 
 def tree_reduce(futures: list) -> Any:
-    """Merge futures pairwise, level by level, in a fixed tree; return the root's result."""
-    level = list(futures)
+    """Merge futures pairwise, level by level, in a fixed tree; return the root's result.
+
+    The list is emptied as it is consumed, so merged partials can be released.
+    """
+    level = futures
     while len(level) > 1:
-        level = [merge_task.submit(level[i], level[i + 1]) if i + 1 < len(level) else level[i]
-                 for i in range(0, len(level), 2)]
-    return level[0].result()
+        nxt = [merge_task.submit(level[i], level[i + 1]) if i + 1 < len(level) else level[i]
+               for i in range(0, len(level), 2)]
+        level.clear()
+        level = nxt
+    return level.pop().result()
 
 
 @flow(name="reference-stats-on-dask")
@@ -106,7 +114,8 @@ def reference_stats_on_dask(config: ReferenceStatsConfig) -> dict[str, Any]:
     log = get_run_logger()
     store = Store(config.corpus, config.storage_options)
     model_id = config.model.model_id
-    plan = scan_manifest(store, config.groups(), config.tiers, config.test_subset, config.test_subset_seed)
+    plan = scan_manifest(store, config.groups(), config.sample, config.tiers, config.test_subset,
+                         config.test_subset_seed)
     log.info("groups %s over %d staging shards; model %s", plan.counts, len(plan.shards), model_id)
     empty = [g for g in config.splits if plan.counts[g] < 2]
     if empty:
@@ -116,8 +125,8 @@ def reference_stats_on_dask(config: ReferenceStatsConfig) -> dict[str, Any]:
         extraction = summarize(extract_features(store, plan.shards, config.features(), FEATURES_CODE_VERSION))
         if "warning" in extraction:
             log.warning(extraction["warning"])
-    futures = [shard_partials_task.submit(store, model_id, shard, plan.plan, config.sample) for shard in plan.shards]
-    total = tree_reduce(futures)
+    total = tree_reduce([partials_task.submit(store, model_id, run, plan.plan)
+                         for run in plan_batches(plan.shards, config.max_partials)])
     if len(total.markers) != 1:
         raise ValueError(f"features/{model_id} mixes {len(total.markers)} feature fingerprints: re-extract")
     marker = next(iter(total.markers.values()))
@@ -127,8 +136,7 @@ def reference_stats_on_dask(config: ReferenceStatsConfig) -> dict[str, Any]:
         log.warning("group %s has fewer than 2 images with features: no statistics written", g)
     if missing := [g for g in config.splits if g not in groups]:
         raise ValueError(f"splits with fewer than 2 images with features: {missing}")
-    written = {g: write_group_stats(store, g, model_id, total.groups[g], marker, plan, config.sample, version)
-               for g in groups}
+    written = {g: write_group_stats(store, g, model_id, total.groups[g], marker, plan, version) for g in groups}
     for d in model_deviations(marker["model"]):
         log.warning("protocol deviation: %s", d)
     result: dict[str, Any] = {"model_id": model_id, "counts": plan.counts,

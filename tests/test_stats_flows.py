@@ -100,6 +100,7 @@ def test_reference_stats_equal_numpy_on_the_stored_features(built):
     side = store.read_json(stats_path("test", MODEL_ID) + ".json")
     assert side["model"]["arch"] == "vit_small_patch14_dinov2" and side["random_init"] is True
     assert side["feature_dtype"] == "float32" and side["preprocessing"] == "gpic_eval"
+    assert side["n"] == len(test) and side["subsample"]["rows"] == len(test)
     assert any("RANDOM-INIT" in d for d in side["protocol_deviations"])
     oracle = store.read_json("stats/oracle.json")
     assert set(oracle["pairs"]) == {"val", "train_nano", "train_lite", "train_full", "test_subset"}

@@ -51,8 +51,8 @@ def test_prdc_matches_brute_force(sets):
 
 def test_chunked_path_equals_unchunked(sets):
     real, fake = sets
-    whole = prdc(real, fake, k=3, block=10**6)
-    chunked = prdc(real, fake, k=3, block=97)
+    whole = prdc(real, fake, k=3, block=10**6, threads=1)
+    chunked = prdc(real, fake, k=3, block=97, threads=3)
     assert whole == chunked
     np.testing.assert_array_equal(knn_radii(real, 3, query_chunk=10**6), knn_radii(real, 3, query_chunk=61))
 

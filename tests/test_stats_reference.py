@@ -20,8 +20,8 @@ from tasks.features.layout import write_shard_features
 from tasks.manifest import manifest_path
 from tasks.stats.config import SampleConfig
 from tasks.stats.moments import Moments
-from tasks.stats.reference import (GroupPlan, ReferencePlan, merge_partials, oracle_groups, scan_manifest,
-                                   shard_partials, stats_path, write_group_stats)
+from tasks.stats.reference import (GroupPlan, ReferencePlan, batch_partials, merge_partials, oracle_groups,
+                                   plan_batches, scan_manifest, shard_partials, stats_path, write_group_stats)
 
 MODEL_ID = "dinov2_vits14_gpic_eval_s28"
 IDENTITY = {"model_id": MODEL_ID, "arch": "vit_small_patch14_dinov2", "weights": "random-init",
@@ -86,7 +86,7 @@ GROUPS = ("test", "val", "train", *oracle_groups(("nano", "lite", "full"))[1:])
 
 def test_scan_counts_shards_and_test_subset(corpus):
     store, rows, _ = corpus
-    plan = scan_manifest(store, GROUPS, subset_size=4, subset_seed=3)
+    plan = scan_manifest(store, GROUPS, SampleConfig(max_rows=3, seed=2), subset_size=4, subset_seed=3)
     kept = [r for r in rows if r["status"] == "kept"]
     assert plan.shards == ["000000", "000001", "000002", "000003"]  # 52 kept records, 16 per shard
     assert plan.counts["test"] == sum(r["split"] == "test" for r in kept)
@@ -95,41 +95,48 @@ def test_scan_counts_shards_and_test_subset(corpus):
     test_keys = sorted((r["key"] for r in kept if r["split"] == "test"), key=lambda k: stable_uniform(3, k))
     assert _expected_members(rows, "test_subset", plan.plan) == sorted(test_keys[:4])
     assert plan.counts["test_subset"] == 4
+    for group in GROUPS:  # exactly the 3 smallest sample priorities of each group pass its threshold
+        members = _expected_members(rows, group, plan.plan)
+        passing = [k for k in members if stable_uniform(2, k) <= plan.plan.sample_thresholds[group]]
+        assert sorted(passing) == sorted(sorted(members, key=lambda k: stable_uniform(2, k))[:3])
     assert len(plan.manifest_sha256) == 64
 
 
 def test_partials_equal_numpy_for_every_group_and_merge_order(corpus):
     store, rows, feats = corpus
-    plan = scan_manifest(store, GROUPS, subset_size=4, subset_seed=3)
-    sample = SampleConfig(max_rows=5, seed=9)
-    parts = [shard_partials(store, MODEL_ID, s, plan.plan, sample) for s in plan.shards]
+    plan = scan_manifest(store, GROUPS, SampleConfig(max_rows=5, seed=9), subset_size=4, subset_seed=3)
+    parts = [shard_partials(store, MODEL_ID, s, plan.plan) for s in plan.shards]
     forward = merge_partials(merge_partials(merge_partials(parts[0], parts[1]), parts[2]), parts[3])
     backward = merge_partials(parts[3], merge_partials(parts[2], merge_partials(parts[1], parts[0])))
     for group in GROUPS:
-        keys = [k for k in _expected_members(rows, group, plan.plan) if k in feats]
+        members = _expected_members(rows, group, plan.plan)
+        keys = [k for k in members if k in feats]
         x = np.stack([feats[k] for k in keys]).astype(np.float64)
         for total in (forward, backward):
             m = total.groups[group].moments
             assert m.n == len(keys)
             np.testing.assert_allclose(m.mean, x.mean(0), rtol=1e-12)
             np.testing.assert_allclose(m.covariance(), np.cov(x, rowvar=False), rtol=1e-9, atol=1e-12)
-        expected_sample = sorted(keys, key=lambda k: (stable_uniform(9, k), k))[:5]
-        assert forward.groups[group].sample.keys == backward.groups[group].sample.keys == tuple(expected_sample)
+        # the group's 5 smallest priorities, less any record without features
+        chosen = sorted(members, key=lambda k: (stable_uniform(9, k), k))[:5]
+        expected_sample = tuple(k for k in chosen if k in feats)
+        assert forward.groups[group].sample.keys == backward.groups[group].sample.keys == expected_sample
+        np.testing.assert_array_equal(forward.groups[group].sample.features, np.stack([feats[k] for k in expected_sample]))
     assert forward.groups["test"].missing == {"decode": 1}
     assert list(forward.markers) == ["fp-1"]
 
 
 def test_written_files_carry_provenance_and_are_deterministic(corpus, tmp_path):
     store, _, _ = corpus
-    plan: ReferencePlan = scan_manifest(store, ("test",))
-    sample = SampleConfig(max_rows=8, seed=0)
-    parts = [shard_partials(store, MODEL_ID, s, plan.plan, sample) for s in plan.shards]
-    total = merge_partials(merge_partials(parts[0], parts[1]), merge_partials(parts[2], parts[3]))
+    plan: ReferencePlan = scan_manifest(store, ("test",), SampleConfig(max_rows=8, seed=0))
+    runs = plan_batches(plan.shards, 2)
+    assert runs == [["000000", "000001"], ["000002", "000003"]]
+    total = merge_partials(*[batch_partials(store, MODEL_ID, run, plan.plan) for run in runs])
     marker = next(iter(total.markers.values()))
-    side = write_group_stats(store, "test", MODEL_ID, total.groups["test"], marker, plan, sample, "cv-1")
+    side = write_group_stats(store, "test", MODEL_ID, total.groups["test"], marker, plan, "cv-1")
     stem = stats_path("test", MODEL_ID)
     first = {ext: store.read_bytes(stem + ext) for ext in (".npz", ".json", ".features.npy")}
-    write_group_stats(store, "test", MODEL_ID, total.groups["test"], marker, plan, sample, "cv-1")
+    write_group_stats(store, "test", MODEL_ID, total.groups["test"], marker, plan, "cv-1")
     assert first == {ext: store.read_bytes(stem + ext) for ext in first}
     with np.load(io.BytesIO(first[".npz"])) as npz:
         m: Moments = total.groups["test"].moments
@@ -137,7 +144,8 @@ def test_written_files_carry_provenance_and_are_deterministic(corpus, tmp_path):
         np.testing.assert_array_equal(npz["sigma"], m.covariance())
         assert int(npz["n"]) == m.n == side["n"]
     feats = np.load(io.BytesIO(first[".features.npy"]))
-    assert feats.dtype == np.float32 and feats.shape == (8, DIM)
+    assert feats.dtype == np.float32 and feats.shape[1] == DIM and 7 <= feats.shape[0] <= 8
+    assert side["subsample"]["rows"] == feats.shape[0] and side["subsample"]["max_rows"] == 8
     assert side["model"] == IDENTITY and side["random_init"] is True
     assert side["manifest_sha256"] == plan.manifest_sha256 and side["code_version"] == "cv-1"
     assert side["missing_features"] == {"decode": 1}
@@ -146,8 +154,15 @@ def test_written_files_carry_provenance_and_are_deterministic(corpus, tmp_path):
     assert side["files"]["npz"]["sha256"] == Store.sha256(store, f"{stem}.npz")
 
 
+def test_plan_batches_are_contiguous_and_balanced():
+    shards = [f"{i:06d}" for i in range(10)]
+    runs = plan_batches(shards, 4)
+    assert [len(r) for r in runs] == [2, 3, 2, 3] and sum(runs, []) == shards
+    assert plan_batches(shards, 50) == [[s] for s in shards]
+
+
 def test_missing_features_are_reported_not_guessed(corpus, tmp_path):
     store, _, _ = corpus
     plan = scan_manifest(store, ("test",))
     with pytest.raises(FileNotFoundError, match="extract features first"):
-        shard_partials(store, "other_model", plan.shards[0], plan.plan, SampleConfig())
+        shard_partials(store, "other_model", plan.shards[0], plan.plan)

@@ -1,7 +1,11 @@
-"""Reference statistics and evaluation metrics (GPIC §3, App. B).
+"""Reference statistics and evaluation metrics (GPIC §3, Table 2, App. B).
 
-``moments`` (streaming mean/covariance partials and their merge), ``subsample``
-(order-independent feature samples), ``fd``, ``prdc`` and ``mmd`` (the metrics),
-``provenance`` (what a statistics file was computed with), ``reference`` (statistics
-of a built corpus's splits) and ``evaluate`` (metrics of generated images).
+Numerics (no I/O): ``moments`` (streaming, mergeable n / mean / scatter partials),
+``subsample`` (order-independent bottom-k feature samples), ``fd`` (Fréchet distance,
+FDµ + FDΣ), ``prdc`` (precision, recall, density, coverage; chunked, FAISS radii) and
+``mmd`` (kernel MMD over random subsets). Protocol: ``config`` (defaults = GPIC's port),
+``provenance`` (model identity, deviations, mismatch checks). Stages: ``reference``
+(statistics of a built corpus's splits, tiers and Test-50K, per staging shard),
+``compare`` (all metrics of one set against another) and ``evaluate`` (generated images
+against reference files). Tests: ``tests/test_stats_*.py``; benchmark: ``bench/stats.py``.
 """

@@ -7,16 +7,20 @@ with the smallest ``blake2b(seed:key)``). Work per staging shard, so no process 
 holds more than one shard's features plus the partials:
 
 1. :func:`scan_manifest` streams the manifest once: records per group, the staging shards
-   that hold them, the Test-50K hash threshold and the manifest's hash.
+   that hold them, the Test-50K threshold, each group's subsample threshold and the
+   manifest's hash.
 2. :func:`shard_partials` reads one staging shard's features and, through
    ``staging/{shard}.records.parquet`` (key, part, row), only the manifest row groups of
-   that shard's records; it returns per group the shard's :class:`Moments`, its
-   :class:`KeyedSample` and the group's records that have no features (undecodable).
-3. Partials merge pairwise in a tree (:func:`merge_partials`), identically on any worker
-   count, and :func:`write_group_stats` writes per group::
+   that shard's records; it returns per group the shard's :class:`Moments` (8 MB at
+   d = 1024), its sampled rows (:class:`KeyedSample`; all partials together hold at most
+   ``max_rows`` per group) and the group's records that have no features (undecodable).
+   :func:`batch_partials` folds a contiguous run of shards into one partial, so the
+   number of partials in flight is bounded however many shards there are.
+3. Partials merge pairwise in a fixed tree (:func:`merge_partials`), identically on any
+   worker count, and :func:`write_group_stats` writes per group::
 
     stats/{group}-{model_id}.npz           mu (d,), sigma (d, d) float64, n
-    stats/{group}-{model_id}.features.npy  float32 [≤ sample.max_rows, d]: the deterministic subsample
+    stats/{group}-{model_id}.features.npy  float32 [≤ max_rows, d]: the deterministic subsample
     stats/{group}-{model_id}.json          provenance sidecar, written last
 """
 
@@ -59,12 +63,16 @@ def stats_path(group: str, model_id: str) -> str:
 
 @dataclass(frozen=True)
 class GroupPlan:
-    """Which groups to summarise and how a manifest row maps to them."""
+    """Which groups to summarise, how a manifest row maps to them, which rows are sampled."""
 
     groups: tuple[str, ...]
     tiers: tuple[str, ...] = ("nano", "lite", "full")  # smallest first; the last is all of train
     subset_seed: int = 1
     subset_threshold: float | None = None  # test_subset: test rows with priority ≤ threshold
+    sample_rows: int = 10_000
+    sample_seed: int = 0
+    # per group: rows with blake2b(sample_seed:key) ≤ threshold form the stored subsample
+    sample_thresholds: dict[str, float] = field(default_factory=dict)
 
     def groups_of(self, key: str, split: str | None, tier: str | None) -> list[str]:
         out = [split] if split in self.groups else []
@@ -96,6 +104,26 @@ class ReferencePlan:
     manifest_sha256: str
 
 
+class _Smallest:
+    """The ``k`` smallest priorities seen (with an item each), in O(k) memory."""
+
+    def __init__(self, k: int):
+        self.k, self.heap = k, []  # max-heap through negation
+
+    def push(self, priority: float, item: str = "") -> None:
+        if len(self.heap) < self.k:
+            heapq.heappush(self.heap, (-priority, item))
+        elif self.k and -priority > self.heap[0][0]:
+            heapq.heapreplace(self.heap, (-priority, item))
+
+    def threshold(self) -> float:
+        """Largest kept priority (−1 when nothing is kept: no priority is that small)."""
+        return -self.heap[0][0] if self.heap else -1.0
+
+    def items(self) -> list[str]:
+        return [item for _, item in self.heap]
+
+
 def manifest_files(store: Store) -> list[str]:
     return [f"manifest/{n}" for n in store.listdir("manifest") if n.endswith(".parquet")]
 
@@ -108,10 +136,18 @@ def manifest_sha256(store: Store) -> str:
     return h.hexdigest()
 
 
-def scan_manifest(store: Store, groups: Sequence[str], tiers: Sequence[str] = ("nano", "lite", "full"),
-                  subset_size: int = 50_000, subset_seed: int = 1) -> ReferencePlan:
-    """Stream the manifest once (batches, a few columns): counts, shards, Test-50K threshold."""
-    base = GroupPlan(tuple(groups), tuple(tiers), subset_seed)
+def scan_manifest(store: Store, groups: Sequence[str], sample: SampleConfig = SampleConfig(),
+                  tiers: Sequence[str] = ("nano", "lite", "full"), subset_size: int = 50_000,
+                  subset_seed: int = 1) -> ReferencePlan:
+    """Stream the manifest once (batches, a few columns) and fix everything row-dependent.
+
+    Counts per group, the staging shards to read, the Test-50K threshold and, per group,
+    the priority threshold of its ``sample.max_rows`` stored rows. Knowing the sample
+    thresholds up front keeps shard partials small: together they hold at most
+    ``max_rows`` sampled rows per group, however many shards there are. Memory is
+    O(shards + groups × max_rows + subset_size); time is one Python pass over the rows.
+    """
+    base = GroupPlan(tuple(groups), tuple(tiers), subset_seed, None, sample.max_rows, sample.seed)
     files = manifest_files(store)
     if not files:
         raise FileNotFoundError(f"no manifest parquet files under {store.path('manifest')}")
@@ -121,24 +157,37 @@ def scan_manifest(store: Store, groups: Sequence[str], tiers: Sequence[str] = ("
     wanted &= ds.field("split").isin(sorted(base.splits()))
     shards: set[str] = set()
     counts: Counter[str] = Counter()
-    heap: list[float] = []  # negated priorities of the subset_size smallest test keys
-    subset = TEST_SUBSET in base.groups
+    samples = {g: _Smallest(sample.max_rows) for g in base.groups}
+    subset = _Smallest(subset_size) if TEST_SUBSET in base.groups else None
     for batch in dataset.to_batches(columns=MANIFEST_COLUMNS, filter=wanted):
         cols = batch.to_pydict()
         shards.update(s for s in cols["staging_shard"] if s is not None)
         for key, split, tier in zip(cols["key"], cols["split"], cols["tier"], strict=True):
-            counts.update(base.groups_of(key, split, tier))
-            if subset and split == "test":
-                p = -stable_uniform(subset_seed, key)
-                if len(heap) < subset_size:
-                    heapq.heappush(heap, p)
-                elif p > heap[0]:
-                    heapq.heapreplace(heap, p)
-    threshold = -heap[0] if subset and heap else None
-    if subset:
-        counts[TEST_SUBSET] = len(heap)
-    plan = GroupPlan(base.groups, base.tiers, subset_seed, threshold)
+            in_groups = base.groups_of(key, split, tier)
+            counts.update(in_groups)
+            if in_groups:
+                priority = stable_uniform(sample.seed, key)
+                for g in in_groups:
+                    samples[g].push(priority)
+            if subset is not None and split == "test":
+                subset.push(stable_uniform(subset_seed, key), key)
+    threshold = None
+    if subset is not None:
+        threshold = subset.threshold()
+        counts[TEST_SUBSET] = len(subset.heap)
+        for key in subset.items():
+            samples[TEST_SUBSET].push(stable_uniform(sample.seed, key))
+    plan = GroupPlan(base.groups, base.tiers, subset_seed, threshold, sample.max_rows, sample.seed,
+                     {g: h.threshold() for g, h in samples.items()})
     return ReferencePlan(plan, sorted(shards), {g: counts.get(g, 0) for g in plan.groups}, manifest_sha256(store))
+
+
+def plan_batches(shards: Sequence[str], max_tasks: int) -> list[list[str]]:
+    """Contiguous runs of shards, at most ``max_tasks`` of them, sizes differing by ≤ 1."""
+    n = len(shards)
+    tasks = max(1, min(max_tasks, n))
+    bounds = [n * i // tasks for i in range(tasks + 1)]
+    return [list(shards[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def shard_membership(store: Store, shard: str) -> list[tuple[str, str | None, str | None]]:
@@ -187,7 +236,7 @@ def _marker_facts(marker: dict[str, Any]) -> dict[str, Any]:
     return {k: marker.get(k) for k in ("fingerprint", "model", "dtype", "decode_size", "code_version", "random_init")}
 
 
-def shard_partials(store: Store, model_id: str, shard: str, plan: GroupPlan, sample: SampleConfig) -> ShardPartial:
+def shard_partials(store: Store, model_id: str, shard: str, plan: GroupPlan) -> ShardPartial:
     """Summarise one staging shard's features for every group of ``plan``."""
     members = [(k, plan.groups_of(k, s, t)) for k, s, t in shard_membership(store, shard)]
     members = [(k, g) for k, g in members if g]
@@ -197,6 +246,7 @@ def shard_partials(store: Store, model_id: str, shard: str, plan: GroupPlan, sam
     keys, feats = read_shard_features(store, model_id, shard)
     row_of = {k: i for i, k in enumerate(keys)}
     errors = read_shard_errors(store, model_id, shard)
+    priority = {k: stable_uniform(plan.sample_seed, k) for k, _ in members}
     dim = feats.shape[1]
     out: dict[str, GroupPartial] = {}
     for group in plan.groups:
@@ -204,13 +254,24 @@ def shard_partials(store: Store, model_id: str, shard: str, plan: GroupPlan, sam
         present = [k for k in in_group if k in row_of]
         missing = Counter(errors.get(k, "no feature row").split(":", 1)[0] for k in in_group if k not in row_of)
         rows = feats[[row_of[k] for k in present]] if present else np.zeros((0, dim), feats.dtype)
-        out[group] = GroupPartial(Moments.of(rows) if present else Moments.empty(dim),
-                                  KeyedSample.of(present, rows, sample.max_rows, sample.seed), missing)
+        limit = plan.sample_thresholds.get(group, -1.0)
+        sampled = [i for i, k in enumerate(present) if priority[k] <= limit]
+        out[group] = GroupPartial(Moments.of(rows),
+                                  KeyedSample.of([present[i] for i in sampled], rows[sampled], plan.sample_rows,
+                                                 plan.sample_seed), missing)
     return ShardPartial(out, {marker["fingerprint"]: _marker_facts(marker)})
 
 
+def batch_partials(store: Store, model_id: str, shards: Sequence[str], plan: GroupPlan) -> ShardPartial:
+    """One task's work: a contiguous run of shards, summarised and merged in order."""
+    total = shard_partials(store, model_id, shards[0], plan)
+    for shard in shards[1:]:
+        total = merge_partials(total, shard_partials(store, model_id, shard, plan))
+    return total
+
+
 def merge_partials(a: ShardPartial, b: ShardPartial) -> ShardPartial:
-    """Union of two shard partials (associative; merge in a fixed tree for bitwise stability)."""
+    """Union of two partials (associative; merge in a fixed tree for bitwise stability)."""
     return ShardPartial({g: a.groups[g].merge(b.groups[g]) for g in a.groups}, {**a.markers, **b.markers})
 
 
@@ -226,7 +287,7 @@ def _npy_bytes(array: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def reference_deviations(marker: dict[str, Any], sample: SampleConfig, missing: int) -> list[str]:
+def reference_deviations(marker: dict[str, Any], plan: GroupPlan, missing: int) -> list[str]:
     """How a reference departs from GPIC's protocol, beyond the model itself."""
     out = model_deviations(marker["model"])
     if marker.get("dtype") != "float32":
@@ -234,16 +295,15 @@ def reference_deviations(marker: dict[str, Any], sample: SampleConfig, missing: 
     if marker.get("decode_size"):
         out.append(f"JPEGs decoded with draft scaling to ≥ {marker['decode_size']} px before the gpic_eval "
                    "resize (GPIC resizes from full resolution)")
-    if sample.max_rows != 10_000:
-        out.append(f"{sample.max_rows} stored reference rows for PRDC/MMD instead of 10,000")
+    if plan.sample_rows != 10_000:
+        out.append(f"{plan.sample_rows} stored reference rows for PRDC/MMD instead of 10,000")
     if missing:
         out.append(f"{missing} records of the group have no features (undecodable) and are excluded")
     return out
 
 
 def write_group_stats(store: Store, group: str, model_id: str, partial: GroupPartial,
-                      marker: dict[str, Any], plan: ReferencePlan, sample: SampleConfig,
-                      code_version: str) -> dict[str, Any]:
+                      marker: dict[str, Any], plan: ReferencePlan, code_version: str) -> dict[str, Any]:
     """Write a group's npz and feature sample, then its provenance sidecar (last)."""
     m = partial.moments
     if m.n < 2:
@@ -263,18 +323,20 @@ def write_group_stats(store: Store, group: str, model_id: str, partial: GroupPar
         "feature_dtype": marker.get("dtype"),
         "decode_size": marker.get("decode_size"),
         "feature_code_version": marker.get("code_version"),
-        "n": m.n,
+        "n": int(m.n),
         "dim": m.dim,
         "manifest_records": plan.counts.get(group, 0),
         "missing_features": dict(sorted(partial.missing.items())),
         "manifest_sha256": plan.manifest_sha256,
         "code_version": code_version,
-        "subsample": {"rows": len(partial.sample.keys), "max_rows": sample.max_rows, "seed": sample.seed,
-                      "method": "rows with the smallest blake2b(seed:key) priority, sorted by priority"},
+        "subsample": {"rows": len(partial.sample.keys), "max_rows": plan.plan.sample_rows,
+                      "seed": plan.plan.sample_seed,
+                      "method": "the max_rows records of the group with the smallest blake2b(seed:key) priority "
+                                "(those without features left out), sorted by priority"},
         "selection": _selection(group, plan.plan),
         "files": {"npz": {"path": f"{stem}.npz", "sha256": npz_sha},
                   "features": {"path": f"{stem}.features.npy", "sha256": feats_sha}},
-        "protocol_deviations": reference_deviations(marker, sample, missing),
+        "protocol_deviations": reference_deviations(marker, plan.plan, missing),
     }
     store.write_json(f"{stem}.json", sidecar)
     return sidecar
