@@ -52,9 +52,8 @@ def _plan_rows() -> list[dict]:
 BROKEN = next(r["key"] for r in _plan_rows() if r.get("split") == "test")
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> tuple[Store, list[dict], dict[str, np.ndarray]]:
-    store = Store(str(tmp_path_factory.mktemp("corpus")))
+def write_corpus(store: Store) -> tuple[list[dict], dict[str, np.ndarray]]:
+    """Manifest parts, staging records and feature files of the plan above; key -> feature row."""
     rows = _plan_rows()
     for part in (0, 1):
         table = pa.Table.from_pylist([r for r in rows if r["part"] == part], schema=MANIFEST_SCHEMA)
@@ -74,6 +73,13 @@ def corpus(tmp_path_factory) -> tuple[Store, list[dict], dict[str, np.ndarray]]:
                              [None if o else "decode: truncated" for o in ok], x,
                              {"fingerprint": "fp-1", "model": IDENTITY, "dtype": "float32", "decode_size": None,
                               "code_version": "test", "random_init": True})
+    return rows, feats
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> tuple[Store, list[dict], dict[str, np.ndarray]]:
+    store = Store(str(tmp_path_factory.mktemp("corpus")))
+    rows, feats = write_corpus(store)
     return store, rows, feats
 
 
