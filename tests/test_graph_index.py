@@ -122,3 +122,16 @@ def test_ivf_training_sample_does_not_depend_on_shard_listing(tmp_path):
     store.remove("graph/index")
     build_index(store, store, cfg, plan_nodes(store, list(reversed(shards))))
     assert store.read_bytes("graph/index/index.faiss") == first
+
+
+@pytest.mark.gpu
+def test_gpu_search_gives_the_cpu_graph(tmp_path):
+    import faiss
+
+    if not hasattr(faiss, "index_cpu_to_all_gpus") or faiss.get_num_gpus() == 0:
+        pytest.skip("faiss without GPU support")
+    store, shards, by_key = write_corpus(str(tmp_path), n_shards=2, per_shard=200, dim=32, seed=6)
+    cfg = NearDedupConfig(index=IndexConfig(kind="ivf", nlist=16, nprobe=16, storage="flat", use_gpu=True))
+    nodes, info, got = run_graph(store, shards, cfg)
+    assert all(store.read_done(f"graph/found/{s}.parquet")["gpu_search"] for s in shards)
+    compare(got, brute_force_edges(store, shards, by_key, 0.90), 0.90, tol=1e-4, sim_tol=1e-4)

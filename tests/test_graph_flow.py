@@ -1,0 +1,60 @@
+"""near_dedup_flow: a new corpus version on a 2-process Dask cluster equals the in-process stage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from corpusforge.cluster import DaskConfig
+from corpusforge.storage import Store
+from flows.near_dedup import NearDedupFlowConfig, near_dedup_flow
+from tasks.graph.config import CalibrationConfig, CollisionConfig, IndexConfig, NearDedupConfig
+from tasks.graph.stage import near_duplicate_stage
+from tests.graph_corpus import write_corpus
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_flow_on_two_dask_workers_writes_new_version_equal_to_in_process(tmp_path, prefect_server):
+    src, shards, _ = write_corpus(str(tmp_path / "v1"), n_shards=4, per_shard=30, dim=24, seed=9)
+    before = tree(tmp_path / "v1")
+    cfg = NearDedupConfig(index=IndexConfig(kind="flat", k=40), merge_max_edges=40,
+                          collision=CollisionConfig(fractions=[0.5, 1.0]),
+                          calibration=CalibrationConfig(pairs_per_bin=2))
+    config = NearDedupFlowConfig(source=str(tmp_path / "v1"), out=str(tmp_path / "v2"), near_dedup=cfg,
+                                 dask=DaskConfig(n_workers=2, threads_per_worker=1, processes=True))
+    summary = near_dedup_flow(config)
+    assert tree(tmp_path / "v1") == before  # the old version is untouched
+    assert summary["graph"]["merge_tasks"] > 1
+    local = Store(str(tmp_path / "local"))
+    near_duplicate_stage(local, cfg, list(reversed(shards)), source=src)
+    assert tree(tmp_path / "v2" / "graph") == tree(tmp_path / "local" / "graph")
+    lineage = Store(str(tmp_path / "v2")).read_json("lineage.json")
+    assert lineage["derived_from"] == str(tmp_path / "v1") and lineage["staging_shards"] == shards
+
+
+@pytest.mark.parametrize("out", ["v1", "v1/next", "."])
+def test_flow_refuses_to_write_into_the_source(tmp_path, out, prefect_server):
+    write_corpus(str(tmp_path / "v1"), n_shards=1, per_shard=5, dim=8)
+    config = NearDedupFlowConfig(source=str(tmp_path / "v1"), out=str(tmp_path / out),
+                                 dask=DaskConfig(processes=False, n_workers=1))
+    with pytest.raises(ValueError, match="overlaps the source"):
+        near_dedup_flow(config)
+    assert not (tmp_path / "v1" / "graph").exists()
+
+
+def test_config_loads_from_yaml_and_rejects_unknown_keys(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("source: a\nout: b\nnear_dedup:\n  pair_threshold: 0.97\n  index: {kind: ivf, nprobe: 32}\n")
+    config = NearDedupFlowConfig.from_yaml(path)
+    assert config.near_dedup.pair_threshold == 0.97 and config.near_dedup.index.nprobe == 32
+    path.write_text("source: a\nout: b\nnear_dedup:\n  pair_treshold: 0.97\n")
+    with pytest.raises(ValueError, match="pair_treshold"):
+        NearDedupFlowConfig.from_yaml(path)
+    with pytest.raises(ValueError, match="pair_threshold must exceed"):
+        NearDedupConfig(pair_threshold=0.9)
