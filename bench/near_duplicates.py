@@ -195,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     upper = np.triu_indices(len(keys), 1)
     unrelated = sims[upper][g[upper[0]] != g[upper[1]]]
     print(f"\nwfd unrelated pairs ({unrelated.size}): median {np.median(unrelated):.3f}, p99 "
-          f"{np.percentile(unrelated, 99):.3f}, p99.99 {np.percentile(unrelated, 99.99):.3f}, max {unrelated.max():.3f}")
+          f"{np.percentile(unrelated, 99):.3f}, p99.99 {np.percentile(unrelated, 99.99):.3f}, "
+          f"max {unrelated.max():.3f}")
     print("wfd planted pairs: edit, median (min) similarity, recall@1 against all unrelated images")
     unrelated_rows = np.where(g[:, None] == g[None, :], -np.inf, sims)
     for e in edits:

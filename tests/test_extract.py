@@ -128,7 +128,8 @@ def test_decode_bomb_is_refused_from_the_header():
         return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
 
     header = struct.pack(">IIBBBBB", 30_000, 30_000, 8, 0, 0, 0, 0)
-    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+           + chunk(b"IEND", b""))
     with pytest.raises(DecodeError, match="decompression bomb guard"):
         decode_rgb(png)
 
