@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from corpusforge.cluster import DaskConfig, prefect_api, task_runner
 from corpusforge.storage import Store
 from corpusforge.version import code_version
+from tasks.features.base import CODE_VERSION as FEATURES_CODE_VERSION
 from tasks.features.config import FeaturesConfig
 from tasks.features.extract import extract_features, summarize
 from tasks.features.layout import feature_path
@@ -128,7 +129,7 @@ def build_on_dask(config: BuildConfig) -> dict[str, Any]:
 
     features = {}
     if config.features.models and staged:
-        features = summarize(extract_features(store, staged, config.features, version))
+        features = summarize(extract_features(store, staged, config.features, FEATURES_CODE_VERSION))
         features["fingerprints"] = {m: store.read_done(feature_path(m, staged[0]))["model"] for m in features["models"]}
 
     near = near_duplicate_stage(store, config.near_dedup, staged) if config.near_dedup and staged else {}

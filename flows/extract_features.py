@@ -23,7 +23,8 @@ from corpusforge.cluster import DaskConfig, prefect_api, task_runner
 from corpusforge.storage import Store
 from tasks.features.base import CODE_VERSION
 from tasks.features.config import FeaturesConfig
-from tasks.features.extract import completed_staging_shards, extract_features, summarize
+from tasks.features.extract import extract_features, summarize
+from tasks.staging import completed_staging_shards
 
 
 class ExtractFeaturesConfig(BaseModel):

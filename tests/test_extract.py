@@ -18,9 +18,10 @@ from corpusforge.storage import Store
 from corpusforge.tarshard import Sample, write_tar
 from tasks.features.config import FeaturesConfig, ModelSpec, RuntimeConfig
 from tasks.features.decode import DecodeError, decode_rgb
-from tasks.features.extract import (completed_staging_shards, decode_size, extract_features_on_client,
+from tasks.features.extract import (decode_size, extract_features_on_client,
                                     extract_shard, load_models, summarize)
 from tasks.features.layout import feature_path, keys_path, read_shard_errors, read_shard_features
+from tasks.staging import completed_staging_shards
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytestmark = pytest.mark.timeout(180)
@@ -296,3 +297,28 @@ def test_flow_runs_on_every_completed_staging_shard(corpus, tmp_path, monkeypatc
                                         "errors": 1, "random_init": False, "dim": 1072}
     assert read_shard_features(corpus, "wfd", "000000")[1].dtype == np.float32
     assert not corpus.exists(feature_path("wfd", "000001"))
+
+
+def test_variable_size_inputs_are_embedded_one_by_one(tmp_path):
+    """sscd_short288 keeps the aspect ratio, so its inputs cannot be stacked into batches."""
+    store = Store(str(tmp_path / "corpus"))
+    sizes = [(80, 60), (60, 90), (120, 50), (70, 70)]
+    samples = [Sample(f"v{i}", {"png": _encode(_picture(i, size), "PNG")}) for i, size in enumerate(sizes)]
+    with store.atomic_write("staging/000000.tar") as f:
+        store.write_parquet("staging/000000.index.parquet", write_tar(f, samples).index)
+    spec = ModelSpec(name="sscd_disc_mixup", preprocessing="sscd_short288", random_init=True)
+    cfg = FeaturesConfig(models=[spec], runtime=RuntimeConfig(batch_size=4))
+    assert load_models(cfg)[0].fixed_input is False
+    result = extract_shard(store, "000000", cfg, CODE)
+    keys, feats = read_shard_features(store, spec.model_id, "000000")
+    assert result["models"][spec.model_id]["ok"] == len(keys) == feats.shape[0] == len(sizes)
+    np.testing.assert_allclose(np.linalg.norm(feats.astype(np.float32), axis=1), 1.0, atol=2e-3)
+
+
+def test_the_gpic_protocol_decodes_at_full_resolution():
+    """Reduced JPEG decoding would change the pixels the evaluation protocol is defined on."""
+    dino = ModelSpec(name="dinov2", arch="vit_small_patch14_dinov2", preprocessing="gpic_eval",
+                     image_size=28, random_init=True)
+    wfd = ModelSpec(name="wfd")
+    assert decode_size(load_models(FeaturesConfig(models=[wfd, dino]))) is None
+    assert decode_size(load_models(FeaturesConfig(models=[wfd]))) is not None

@@ -63,12 +63,6 @@ def staging_index(shard: str) -> str:
     return f"staging/{shard}.index.parquet"
 
 
-def completed_staging_shards(store: Store) -> list[str]:
-    """Staging shards whose completion marker exists, sorted (``000000``, ...)."""
-    suffix = ".tar.done.json"
-    return sorted(n[: -len(suffix)] for n in store.listdir("staging") if n.endswith(suffix))
-
-
 def shard_image_keys(store: Store, shard: str) -> list[tuple[str, str]]:
     """``(key, ext)`` of the shard's image members, in shard order, from its index."""
     index = store.read_parquet(staging_index(shard), columns=["key", "ext"])
@@ -83,12 +77,20 @@ def _input_size(model: FeatureModel) -> int:
     return int(max(probe.shape[-2:]))
 
 
-def decode_size(models: Sequence[FeatureModel]) -> int:
-    """The JPEG draft size that serves every model: largest input times the margin."""
+# Preprocessings defined on the full-resolution decode (GPIC's evaluation protocol):
+# reduced JPEG decoding would change their pixels, so no draft when one is requested.
+FULL_DECODE_PREPROCESSING = {"gpic_eval"}
+
+
+def decode_size(models: Sequence[FeatureModel]) -> int | None:
+    """The JPEG draft size that serves every model (largest input times the margin), or
+    None for a full decode when a model's protocol is defined on full-size pixels."""
+    if any(m.preprocessing in FULL_DECODE_PREPROCESSING for m in models):
+        return None
     return max(_input_size(m) for m in models) * DRAFT_MARGIN
 
 
-def marker_fingerprint(model: FeatureModel, dtype: str, draft: int, code_version: str) -> str:
+def marker_fingerprint(model: FeatureModel, dtype: str, draft: int | None, code_version: str) -> str:
     """Everything the stored values of one model's features depend on."""
     return fingerprint(model.fingerprint(), dtype, draft, code_version)
 
@@ -114,7 +116,8 @@ class _ModelRun:
         self.errors.append(error)
         if error is None:
             self.pending.append(array)
-            if len(self.pending) >= batch_size:
+            # inputs of varying size (e.g. sscd_short288) cannot be stacked: embed one by one
+            if len(self.pending) >= (batch_size if self.model.fixed_input else 1):
                 self.flush()
 
     def flush(self) -> None:
@@ -134,7 +137,7 @@ class _ModelRun:
 
 
 def _prepare(item: tuple[str, bytes | None, str | None], models: Sequence[FeatureModel],
-             draft: int) -> tuple[str, list[tuple[np.ndarray | None, str | None]]]:
+             draft: int | None) -> tuple[str, list[tuple[np.ndarray | None, str | None]]]:
     """Decode one image once and preprocess it for each model; errors become strings."""
     key, data, error = item
     if error is not None:
