@@ -26,7 +26,7 @@ from corpusforge.cluster import DaskConfig, prefect_api, task_runner
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.features.base import CODE_VERSION as FEATURES_CODE_VERSION
-from tasks.features.config import FeaturesConfig
+from tasks.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
 from tasks.features.extract import extract_features, summarize
 from tasks.features.layout import feature_path
 from tasks.exact_dedup import find_duplicate_keys, find_exact_duplicates, resolve_partition
@@ -64,10 +64,16 @@ class BuildConfig(BaseModel):
 
     @model_validator(mode="after")
     def _graph_model_is_extracted(self) -> BuildConfig:
-        extracted = {m.model_id for m in self.features.models}
-        if self.near_dedup is not None and self.near_dedup.model_id not in extracted:
+        extracted = {m.model_id: m for m in self.features.models}
+        if self.near_dedup is None:
+            return self
+        spec = extracted.get(self.near_dedup.model_id)
+        if spec is None:
             raise ValueError(f"near_dedup.model_id {self.near_dedup.model_id!r} is not among the extracted "
                              f"feature models {sorted(extracted)}")
+        if spec.resolved_preprocessing in STATISTICS_PREPROCESSING:
+            raise ValueError(f"{spec.model_id} gives raw (un-normalised) statistics features; "
+                             "the similarity graph needs a dedup model (sscd, clip, dinov2_eval, wfd)")
         return self
 
     @classmethod

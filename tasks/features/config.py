@@ -24,6 +24,11 @@ FAMILIES: dict[str, dict[str, Any]] = {
 }
 
 
+# Preprocessings of the evaluation protocol (GPIC App. B.1): defined on full-resolution
+# decodes, and their models return raw (un-normalised) features for the statistics.
+STATISTICS_PREPROCESSING = frozenset({"gpic_eval"})
+
+
 class WeightsSpec(BaseModel):
     """A pinned weights file: where it is and which bytes it must be."""
 

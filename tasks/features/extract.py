@@ -45,7 +45,7 @@ from corpusforge.hashing import fingerprint
 from corpusforge.storage import Store
 from corpusforge.tarshard import iter_tar_samples
 from tasks.features.base import FeatureModel
-from tasks.features.config import FeaturesConfig
+from tasks.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
 from tasks.features.decode import decode_rgb
 from tasks.features.layout import feature_path, write_shard_features
 
@@ -77,15 +77,10 @@ def _input_size(model: FeatureModel) -> int:
     return int(max(probe.shape[-2:]))
 
 
-# Preprocessings defined on the full-resolution decode (GPIC's evaluation protocol):
-# reduced JPEG decoding would change their pixels, so no draft when one is requested.
-FULL_DECODE_PREPROCESSING = {"gpic_eval"}
-
-
 def decode_size(models: Sequence[FeatureModel]) -> int | None:
     """The JPEG draft size that serves every model (largest input times the margin), or
     None for a full decode when a model's protocol is defined on full-size pixels."""
-    if any(m.preprocessing in FULL_DECODE_PREPROCESSING for m in models):
+    if any(m.preprocessing in STATISTICS_PREPROCESSING for m in models):
         return None
     return max(_input_size(m) for m in models) * DRAFT_MARGIN
 
