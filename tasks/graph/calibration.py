@@ -40,7 +40,8 @@ HIST_BINS = np.linspace(0.70, 1.0, 61)
 def pair_hash(a: np.ndarray, b: np.ndarray, seed: int) -> np.ndarray:
     """splitmix64 of (a, b, seed): a well-mixed uint64 per pair, vectorised."""
     with np.errstate(over="ignore"):
-        z = (a.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ (b.astype(np.uint64) + np.uint64(seed & (2**64 - 1)))
+        salt = np.uint64(seed & (2**64 - 1))
+        z = (a.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ (b.astype(np.uint64) + salt)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         return z ^ (z >> np.uint64(31))

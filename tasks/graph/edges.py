@@ -24,6 +24,7 @@ two unit vectors, read from the feature files of the shards the candidates live 
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from typing import Any
 
@@ -63,16 +64,12 @@ def edge_table(src: np.ndarray, dst: np.ndarray, sim: np.ndarray) -> pa.Table:
 
 
 def _npy_bytes(a: np.ndarray) -> bytes:
-    import io
-
     buf = io.BytesIO()
     np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
     return buf.getvalue()
 
 
 def _load_npy(store: Store, rel: str) -> np.ndarray:
-    import io
-
     return np.load(io.BytesIO(store.read_bytes(rel)), allow_pickle=False)
 
 
