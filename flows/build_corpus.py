@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from prefect import flow, get_run_logger, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow, get_run_logger
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from corpusforge.cluster import DaskConfig, prefect_api, task_runner
 from corpusforge.storage import Store
 from corpusforge.version import code_version
+from flows.publish import as_task, prune, publish, release_section, run_tasks, write_receipt
 from tasks.features.base import CODE_VERSION as FEATURES_CODE_VERSION
 from tasks.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
 from tasks.features.extract import extract_features, summarize
@@ -33,11 +33,9 @@ from tasks.exact_dedup import find_duplicate_keys, find_exact_duplicates, resolv
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.stage import near_duplicate_stage
 from tasks.ingest import ingest_partition
-from tasks.manifest import write_manifest_part
-from tasks.receipt import count_outcomes, input_snapshot_hash, output_hashes, redact, render_report
-from tasks.release import plan_release_files, write_release_shard
+from tasks.receipt import count_outcomes, input_snapshot_hash, output_hashes, redact
 from tasks.sources import SourceConfig, plan_partitions
-from tasks.splits import SplitConfig, tier_counts
+from tasks.splits import SplitConfig
 from tasks.staging import StagingConfig, plan_staging, write_staging_shard
 from tasks.validate import ValidationConfig
 
@@ -84,32 +82,12 @@ class BuildConfig(BaseModel):
         return cls.model_validate(data)
 
 
-def _run(t, calls: list[dict[str, Any]]) -> list[Any]:
-    """Submit one task run per call (fanned out by the task runner) and wait for all."""
-    futures = [t.submit(**kwargs) for kwargs in calls]
-    return [f.result() for f in futures]
-
-
-def _task(fn, name: str):
-    return task(fn, name=name, cache_policy=NO_CACHE, persist_result=False)
-
-
-plan_inputs_task = _task(plan_partitions, "plan-inputs")
-ingest_task = _task(ingest_partition, "ingest-partition")
-duplicate_keys_task = _task(find_duplicate_keys, "duplicate-keys")
-exact_duplicates_task = _task(find_exact_duplicates, "exact-duplicates")
-resolve_task = _task(resolve_partition, "resolve-partition")
-staging_task = _task(write_staging_shard, "write-staging-shard")
-release_plan_task = _task(plan_release_files, "plan-release")
-release_task = _task(write_release_shard, "write-release-shard")
-manifest_task = _task(write_manifest_part, "write-manifest-part")
-
-
-def _prune(store: Store, folder: str, keep: set[str]) -> None:
-    """Remove files of an earlier build that the current plan no longer contains."""
-    for name in store.listdir(folder):
-        if name.split(".", 1)[0] not in keep:
-            store.remove(f"{folder}/{name}")
+plan_inputs_task = as_task(plan_partitions, "plan-inputs")
+ingest_task = as_task(ingest_partition, "ingest-partition")
+duplicate_keys_task = as_task(find_duplicate_keys, "duplicate-keys")
+exact_duplicates_task = as_task(find_exact_duplicates, "exact-duplicates")
+resolve_task = as_task(resolve_partition, "resolve-partition")
+staging_task = as_task(write_staging_shard, "write-staging-shard")
 
 
 @flow(name="build-corpus-on-dask")
@@ -120,16 +98,16 @@ def build_on_dask(config: BuildConfig) -> dict[str, Any]:
     kind, parts = plan_inputs_task.submit(config.source, store, config.input).result()
     buckets = range(config.staging.buckets_for(len(parts)))
     log.info("source %s: %s, %d ingest partitions", config.source, kind, len(parts))
-    _run(ingest_task, [dict(store=store, part=p, src=config.input, val=config.validation,
-                            n_buckets=len(buckets), code_version=version) for p in parts])
-    _run(duplicate_keys_task, [dict(store=store, bucket=b) for b in buckets])
-    _run(exact_duplicates_task, [dict(store=store, bucket=b) for b in buckets])
-    survivors = [r["survivors"] for r in _run(resolve_task, [dict(store=store, part=p.index) for p in parts])]
+    run_tasks(ingest_task, [dict(store=store, part=p, src=config.input, val=config.validation,
+                                 n_buckets=len(buckets), code_version=version) for p in parts])
+    run_tasks(duplicate_keys_task, [dict(store=store, bucket=b) for b in buckets])
+    run_tasks(exact_duplicates_task, [dict(store=store, bucket=b) for b in buckets])
+    survivors = [r["survivors"] for r in run_tasks(resolve_task, [dict(store=store, part=p.index) for p in parts])]
 
     staging = plan_staging(survivors, config.staging.shard_size)
-    _prune(store, "staging", {s.name for s in staging})
-    _run(staging_task, [dict(store=store, shard=s, storage_options=config.input.storage_options,
-                             code_version=version) for s in staging])
+    prune(store, "staging", {s.name for s in staging})
+    run_tasks(staging_task, [dict(store=store, shard=s, storage_options=config.input.storage_options,
+                                  code_version=version) for s in staging])
     log.info("%d records staged in %d staging shards", sum(survivors), len(staging))
     staged = [s.name for s in staging]
 
@@ -140,16 +118,9 @@ def build_on_dask(config: BuildConfig) -> dict[str, Any]:
 
     near = near_duplicate_stage(store, config.near_dedup, staged) if config.near_dedup and staged else {}
 
-    release = release_plan_task.submit(store, staged, config.splits).result()
-    for split in ("train", "val", "test"):
-        _prune(store, f"shards/{split}", {n for n, s in release["shards"].items() if s["split"] == split})
-    _run(release_task, [dict(store=store, split=s["split"], shard=s["index"], cfg=config.splits,
-                             code_version=version) for s in release["shards"].values()])
-    manifest = _run(manifest_task, [dict(store=store, part=p.index) for p in parts])
-
+    release, manifest = publish(store, staged, len(parts), config.splits, version)
     receipt = _receipt(config, store, kind, len(parts), release, manifest, version, features, near)
-    store.write_json("receipt.json", receipt)
-    store.write_bytes("report.md", render_report(receipt).encode())
+    write_receipt(store, receipt)
     log.info("corpus written to %s: %s", config.out, receipt["counts"]["by_status"])
     return {"out": config.out, "counts": receipt["counts"], "release": receipt["release"]["splits"]}
 
@@ -157,10 +128,6 @@ def build_on_dask(config: BuildConfig) -> dict[str, Any]:
 def _receipt(config: BuildConfig, store: Store, kind: str, n_parts: int, release: dict[str, Any],
              manifest: list[dict[str, Any]], version: str, features: dict[str, Any],
              near: dict[str, Any]) -> dict[str, Any]:
-    shards = release["shards"]
-    n_train = sum(1 for s in shards.values() if s["split"] == "train")
-    splits = {sp: {"samples": sum(s["count"] for s in shards.values() if s["split"] == sp),
-                   "shards": sum(1 for s in shards.values() if s["split"] == sp)} for sp in ("train", "val", "test")}
     return {
         "corpusforge": "build_corpus",
         "code_version": version,
@@ -172,7 +139,7 @@ def _receipt(config: BuildConfig, store: Store, kind: str, n_parts: int, release
                        "near_dedup": config.near_dedup.model_dump(mode="json") if config.near_dedup else None},
         "input_snapshot_sha256": input_snapshot_hash(store, n_parts),
         "counts": count_outcomes(manifest),
-        "release": {"splits": splits, "tiers": tier_counts(n_train, config.splits.tiers), "shards": shards},
+        "release": release_section(release, config.splits),
         "features": _stable_features(features),
         "near_duplicates": near,
         "warnings": [features["warning"]] if features.get("warning") else [],

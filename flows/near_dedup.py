@@ -3,11 +3,11 @@
 Reads ``staging/`` and ``features/{model_id}/`` of ``config.source`` (features must be
 extracted already) and writes, under ``config.out`` only: ``graph/…`` (index, edges,
 decisions, components report, collision models, calibration sheet, summary) and
-``lineage.json`` (which corpus, which shards, its receipt's hash, this config). The
-source corpus is never written to; an output root equal to, inside, or around the
-source is refused. Release shards and the manifest of the new version are written by
-the release step from these decisions (``graph/decisions/{shard}.parquet``) and the
-source's staging shards.
+``lineage.json`` (which corpus, which shards, its receipt's hash, this config), then
+the new version's release shards, manifest, receipt and report from these decisions
+and the source's staging shards and ingest rows (``flows/publish.py``). The source
+corpus is never written to; an output root equal to, inside, or around the source is
+refused.
 
 From Python: ``run_near_dedup(config)`` (starts a Prefect API for the Dask workers when
 none is configured) or the flow ``near_dedup_flow(config)`` itself.
@@ -25,9 +25,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from corpusforge.cluster import DaskConfig, prefect_api, task_runner
 from corpusforge.hashing import fingerprint
 from corpusforge.storage import Store
+from corpusforge.version import code_version
+from flows.publish import publish, release_section, write_receipt
 from tasks.features.layout import list_feature_shards
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.stage import near_duplicate_stage
+from tasks.receipt import count_outcomes, output_hashes, redact
+from tasks.splits import SplitConfig
 
 LINEAGE_PATH = "lineage.json"
 
@@ -47,6 +51,8 @@ class NearDedupFlowConfig(BaseModel):
     shards: list[str] | None = Field(None, title="Staging shards",
                                      description="Empty: every shard with completed features of the model.")
     near_dedup: NearDedupConfig = Field(default_factory=NearDedupConfig, title="Near-duplicate removal")
+    splits: SplitConfig | None = Field(None, title="Splits, release shards, tiers",
+                                       description="Empty: the source build's settings (from its receipt).")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
     @classmethod
@@ -87,6 +93,31 @@ def near_dedup_on_dask(config: NearDedupFlowConfig) -> dict[str, Any]:
     d = summary["decisions"]
     log.info("%d images: %d kept, %d removed %s; recall %s", d["images"], d["kept"], d["removed"],
              d["removed_by_rule"], summary["recall"]["recall"])
+
+    if not source.exists("receipt.json"):
+        log.warning("%s has no receipt.json (not a finished build): graph outputs only, no release", config.source)
+        return summary
+    source_receipt = source.read_json("receipt.json")
+    splits = config.splits or SplitConfig.model_validate(source_receipt["config"]["splits"])
+    n_parts = sum(1 for n in source.listdir("work/resolved") if n.endswith(".parquet"))
+    version = code_version()
+    release, manifest = publish(out, sorted(shards), n_parts, splits, version, source=source)
+    write_receipt(out, {
+        "corpusforge": "near_dedup",
+        "code_version": version,
+        "source": config.source,
+        "source_kind": f"corpus version derived from {config.source}",
+        "lineage": out.read_json(LINEAGE_PATH),
+        "config": redact(config.model_dump(mode="json")),
+        "seeds": {"splits": splits.seed, "near_dedup": config.near_dedup.seed},
+        "thresholds": {"near_dedup": config.near_dedup.model_dump(mode="json")},
+        "input_snapshot_sha256": source_receipt["input_snapshot_sha256"],
+        "counts": count_outcomes(manifest),
+        "release": release_section(release, splits),
+        "near_duplicates": summary,
+        "warnings": [],
+        "outputs": output_hashes(out),
+    })
     return summary
 
 

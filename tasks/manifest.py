@@ -24,9 +24,12 @@ def manifest_path(part: int) -> str:
     return f"manifest/part-{part:06d}.parquet"
 
 
-def write_manifest_part(store: Store, part: int) -> dict[str, Any]:
-    """Write one manifest part; return its counts by status and by reason code."""
-    rows = store.read_parquet(f"work/resolved/{part:06d}.parquet").to_pylist()
+def write_manifest_part(store: Store, part: int, source: Store | None = None) -> dict[str, Any]:
+    """Write one manifest part; return its counts by status and by reason code.
+
+    The partition's resolved ingest rows come from ``source`` (default ``store``; the
+    earlier version's root when a near-dedup pass writes a new version)."""
+    rows = (source or store).read_parquet(f"work/resolved/{part:06d}.parquet").to_pylist()
     late_rel = f"work/late/{part:06d}.parquet"
     late = {r["row"]: r for r in store.read_parquet(late_rel).to_pylist()} if store.exists(late_rel) else {}
     for r in rows:

@@ -53,12 +53,12 @@ def _decisions(store: Store, shard: str) -> dict[str, dict[str, Any]]:
     return {d["key"]: d for d in store.read_parquet(rel).to_pylist()}
 
 
-def staged_records(store: Store, shards: list[str]) -> list[dict[str, Any]]:
-    """Every staged record with its near-duplicate decision (if the graph stage ran)."""
+def staged_records(store: Store, shards: list[str], source: Store) -> list[dict[str, Any]]:
+    """Every staged record (from ``source``) with its near-duplicate decision (from ``store``)."""
     records = []
     for shard in shards:
         decisions = _decisions(store, shard)
-        for r in store.read_parquet(f"staging/{shard}.records.parquet").to_pylist():
+        for r in source.read_parquet(f"staging/{shard}.records.parquet").to_pylist():
             d = decisions.get(r["key"], {})
             r.update(staging_shard=shard, status=d.get("status", Status.KEPT.value), reason=d.get("reason") or "",
                      duplicate_of=d.get("duplicate_of"), component_id=d.get("component_id"),
@@ -68,9 +68,13 @@ def staged_records(store: Store, shards: list[str]) -> list[dict[str, Any]]:
     return records
 
 
-def plan_release_files(store: Store, shards: list[str], cfg: SplitConfig) -> dict[str, Any]:
-    """Plan splits/shards/tiers and write the plan files; return each release shard's size and caption mix."""
-    records = staged_records(store, shards)
+def plan_release_files(store: Store, shards: list[str], cfg: SplitConfig, source: Store | None = None
+                       ) -> dict[str, Any]:
+    """Plan splits/shards/tiers and write the plan files; return each release shard's size and caption mix.
+
+    ``source`` holds the staging shards (default ``store``; another corpus version's root
+    when a near-dedup pass writes a new version)."""
+    records = staged_records(store, shards, source or store)
     kept = [r for r in records if r["status"] == Status.KEPT.value]
     placements = plan_release(kept, cfg)
     per_shard: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
@@ -99,8 +103,11 @@ def plan_release_files(store: Store, shards: list[str], cfg: SplitConfig) -> dic
     }
 
 
-def write_release_shard(store: Store, split: str, shard: int, cfg: SplitConfig, code_version: str) -> dict[str, Any]:
-    """Write one release shard from staging with ranged reads; skipped when complete."""
+def write_release_shard(store: Store, split: str, shard: int, cfg: SplitConfig, code_version: str,
+                        source: Store | None = None) -> dict[str, Any]:
+    """Write one release shard from staging (in ``source``, default ``store``) with ranged reads;
+    skipped when complete."""
+    source = source or store
     name = release_shard_name(split, shard)
     plan = store.read_parquet(f"work/release/{name}.parquet").to_pylist()
     fp = fingerprint("release", plan, cfg.model_dump(), code_version)
@@ -121,13 +128,13 @@ def write_release_shard(store: Store, split: str, shard: int, cfg: SplitConfig, 
             staging = entry["staging_shard"]
             if staging not in index_cache:
                 members: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
-                for m in store.read_parquet(f"staging/{staging}.index.parquet").to_pylist():
+                for m in source.read_parquet(f"staging/{staging}.index.parquet").to_pylist():
                     members[m["key"]][m["ext"]] = (m["offset"], m["size"])
                 index_cache[staging] = members
             members = index_cache[staging][entry["key"]]
             start = min(o for o, _ in members.values())
             end = max(o + s for o, s in members.values())
-            blob = store.read_range(f"staging/{staging}.tar", start, end - start)
+            blob = source.read_range(f"staging/{staging}.tar", start, end - start)
             data = {ext: blob[o - start:o - start + s] for ext, (o, s) in members.items()}
             image_ext = next(e for e in data if e not in ("txt", "json"))
             meta = json.loads(data["json"])

@@ -207,3 +207,25 @@ def test_planted_near_duplicates_are_removed_or_explained(built, sample_corpus):
           f"precision {precision:.3f}, recall {found / max(1, total):.3f}, false removals {false_removals}")
     assert unexplained == 0
     assert false_removals == []
+
+
+def test_near_dedup_pass_writes_a_new_version_and_never_touches_the_old(built, tmp_path):
+    from flows.near_dedup import NearDedupFlowConfig, run_near_dedup
+
+    out, _ = built
+    before = file_hashes(out)
+    v2 = tmp_path / "v2"
+    config = NearDedupFlowConfig.model_validate({
+        "source": str(out), "out": str(v2), "dask": {"n_workers": 2},
+        "near_dedup": {"pair_threshold": 0.93, "min_component_size": 3}})
+    run_near_dedup(config)
+    assert file_hashes(out) == before
+    old_rows, new_rows = manifest(out), manifest(v2)
+    assert sorted(r["key"] for r in new_rows) == sorted(r["key"] for r in old_rows)
+    removed = {r["key"] for r in new_rows if r["status"] == "near_duplicate"}
+    assert len(removed) >= sum(r["status"] == "near_duplicate" for r in old_rows)
+    released = {s["__key__"] for tar in (v2 / "shards").rglob("*.tar") for s in wds.WebDataset(str(tar), shardshuffle=False)}
+    assert released == {r["key"] for r in new_rows if r["status"] == "kept"} and not released & removed
+    receipt = json.loads((v2 / "receipt.json").read_text())
+    assert receipt["lineage"]["derived_from"] == str(out) and receipt["counts"]["records"] == len(new_rows)
+    assert not (v2 / "staging").exists()
