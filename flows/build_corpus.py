@@ -29,6 +29,7 @@ from tasks.features.base import CODE_VERSION as FEATURES_CODE_VERSION
 from tasks.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
 from tasks.features.extract import extract_features, summarize
 from tasks.features.layout import feature_path
+from flows.reference_stats import ReferenceStatsConfig, ReferenceStatsSettings, reference_stats_stage
 from tasks.exact_dedup import find_duplicate_keys, find_exact_duplicates, resolve_partition
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.stage import near_duplicate_stage
@@ -58,6 +59,9 @@ class BuildConfig(BaseModel):
         default_factory=NearDedupConfig, title="Near-duplicate removal",
         description="FAISS graph over one extracted model's features and GPIC's two-tier rule; null to skip.")
     splits: SplitConfig = Field(default_factory=SplitConfig, title="Splits, release shards, tiers")
+    reference_stats: ReferenceStatsSettings | None = Field(
+        None, title="Reference statistics",
+        description="FD-DINOv2 statistics of the held-out splits after release (GPIC §3); null to skip.")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
     @model_validator(mode="after")
@@ -119,7 +123,14 @@ def build_on_dask(config: BuildConfig) -> dict[str, Any]:
     near = near_duplicate_stage(store, config.near_dedup, staged) if config.near_dedup and staged else {}
 
     release, manifest = publish(store, staged, len(parts), config.splits, version)
-    receipt = _receipt(config, store, kind, len(parts), release, manifest, version, features, near)
+
+    stats = {}
+    if config.reference_stats is not None:
+        stats_config = ReferenceStatsConfig(**config.reference_stats.model_dump(), corpus=config.out,
+                                            storage_options=config.storage_options, dask=config.dask)
+        stats = _stable_stats(reference_stats_stage(stats_config))
+
+    receipt = _receipt(config, store, kind, len(parts), release, manifest, version, features, near, stats)
     write_receipt(store, receipt)
     log.info("corpus written to %s: %s", config.out, receipt["counts"]["by_status"])
     return {"out": config.out, "counts": receipt["counts"], "release": receipt["release"]["splits"]}
@@ -127,7 +138,7 @@ def build_on_dask(config: BuildConfig) -> dict[str, Any]:
 
 def _receipt(config: BuildConfig, store: Store, kind: str, n_parts: int, release: dict[str, Any],
              manifest: list[dict[str, Any]], version: str, features: dict[str, Any],
-             near: dict[str, Any]) -> dict[str, Any]:
+             near: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
     return {
         "corpusforge": "build_corpus",
         "code_version": version,
@@ -142,7 +153,8 @@ def _receipt(config: BuildConfig, store: Store, kind: str, n_parts: int, release
         "release": release_section(release, config.splits),
         "features": _stable_features(features),
         "near_duplicates": near,
-        "warnings": [features["warning"]] if features.get("warning") else [],
+        "stats": stats,
+        "warnings": [w for w in (features.get("warning"), stats.get("warning")) if w],
         "outputs": output_hashes(store),
     }
 
@@ -155,6 +167,15 @@ def _stable_features(summary: dict[str, Any]) -> dict[str, Any]:
     return {"images": summary["images"], "random_init_models": summary["random_init_models"],
             "models": {m: {**{k: t[k] for k in keep}, "fingerprint": summary["fingerprints"][m]}
                        for m, t in summary["models"].items()}}
+
+
+def _stable_stats(result: dict[str, Any]) -> dict[str, Any]:
+    """What the receipt keeps of the statistics stage (not how much extraction this run redid)."""
+    kept = {k: result[k] for k in ("model_id", "counts", "n", "files", "oracle") if k in result}
+    extraction = result.get("extraction") or {}
+    if extraction.get("warning"):
+        kept["warning"] = "REFERENCE STATISTICS FROM " + extraction["warning"]
+    return kept
 
 
 @flow(name="build-corpus")

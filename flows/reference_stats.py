@@ -36,14 +36,14 @@ from tasks.stats.reference import (batch_partials, merge_partials, oracle_groups
                                    scan_manifest, write_group_stats)
 
 
-class ReferenceStatsConfig(BaseModel):
-    """Which corpus and splits, which feature model, which cluster."""
+class ReferenceStatsSettings(BaseModel):
+    """What to summarise and how: splits, oracles, feature model, subsample, metrics.
+
+    The build flow takes these as its ``reference_stats`` section; the standalone flow
+    adds the corpus root and the cluster (:class:`ReferenceStatsConfig`)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    corpus: str = Field(..., title="Corpus root", description="Root of a built corpus; local or s3://.")
-    storage_options: dict[str, Any] = Field(default_factory=dict, title="Storage options",
-                                            description="fsspec options for the corpus root (endpoint, keys).")
     splits: list[Literal["train", "val", "test"]] = Field(["test"], min_length=1, title="Splits",
                                                           description="Splits to summarise (GPIC: test).")
     oracle: bool = Field(False, title="Oracle references",
@@ -67,20 +67,12 @@ class ReferenceStatsConfig(BaseModel):
                               description="At most this many partial tasks, each over a contiguous run of staging "
                                           "shards: bounds the 8 MB (d = 1024) scatter matrices per group in flight.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, title="Oracle metrics")
-    dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
     @model_validator(mode="after")
-    def _oracle_needs_test(self) -> ReferenceStatsConfig:
+    def _oracle_needs_test(self) -> ReferenceStatsSettings:
         if self.oracle and "test" not in self.splits:
             raise ValueError("oracle references are measured against test: add 'test' to splits")
         return self
-
-    @classmethod
-    def from_yaml(cls, path: str | Path, **overrides: Any) -> ReferenceStatsConfig:
-        """Load a YAML config; keyword overrides (e.g. corpus) win over the file."""
-        data = yaml.safe_load(Path(path).read_text()) or {}
-        data.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.model_validate(data)
 
     def groups(self) -> tuple[str, ...]:
         extra = oracle_groups(self.tiers) if self.oracle else ()
@@ -89,6 +81,22 @@ class ReferenceStatsConfig(BaseModel):
     def features(self) -> FeaturesConfig:
         return FeaturesConfig(models=[self.model], dtype=self.feature_dtype, runtime=self.runtime,
                               torchscript_allowlist=self.torchscript_allowlist)
+
+
+class ReferenceStatsConfig(ReferenceStatsSettings):
+    """Which corpus and splits, which feature model, which cluster."""
+
+    corpus: str = Field(..., title="Corpus root", description="Root of a built corpus; local or s3://.")
+    storage_options: dict[str, Any] = Field(default_factory=dict, title="Storage options",
+                                            description="fsspec options for the corpus root (endpoint, keys).")
+    dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> ReferenceStatsConfig:
+        """Load a YAML config; keyword overrides (e.g. corpus) win over the file."""
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.model_validate(data)
 
 
 partials_task = task(batch_partials, name="stats-partials", cache_policy=NO_CACHE, persist_result=False, retries=1)
@@ -111,6 +119,11 @@ def tree_reduce(futures: list) -> Any:
 
 @flow(name="reference-stats-on-dask")
 def reference_stats_on_dask(config: ReferenceStatsConfig) -> dict[str, Any]:
+    return reference_stats_stage(config)
+
+
+def reference_stats_stage(config: ReferenceStatsConfig) -> dict[str, Any]:
+    """The stage itself; call inside a flow run (its tasks go to that run's task runner)."""
     log = get_run_logger()
     store = Store(config.corpus, config.storage_options)
     model_id = config.model.model_id

@@ -28,6 +28,8 @@ def config(source: Path | str, out: Path | str, **overrides) -> BuildConfig:
         "staging": {"shard_size": 40},
         "splits": {"shard_size": 20, "val": 0.1, "test": 0.15},
         "dask": {"n_workers": 2, "processes": True},
+        "reference_stats": {"splits": ["test", "val"], "model": {
+            "name": "dinov2", "arch": "vit_small_patch14_dinov2", "image_size": 28, "random_init": True}},
     }
     data.update(overrides)
     return BuildConfig.model_validate(data)
@@ -114,7 +116,13 @@ def test_receipt_and_report(built):
     assert receipt["counts"]["records"] == len(manifest(out))
     for rel, digest in receipt["outputs"].items():
         assert __import__("hashlib").sha256((out / rel).read_bytes()).hexdigest() == digest, rel
-    assert "## Release shards" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "## Release shards" in report and "RANDOM-INIT" in report
+    model_id = receipt["stats"]["model_id"]
+    for split in ("test", "val"):
+        sidecar = json.loads((out / "stats" / f"{split}-{model_id}.json").read_text())
+        assert sidecar["n"] == receipt["release"]["splits"][split]["samples"]
+        assert "random" in json.dumps(sidecar).lower()
 
 
 def test_rerun_changes_no_byte_and_redoes_no_shard(built, sample_corpus):
