@@ -14,13 +14,12 @@ no byte differently.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-import yaml
 from prefect import flow, get_run_logger
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from corpusforge.config import FlowConfig
 from corpusforge.cluster import DaskConfig, prefect_api, task_runner
 from corpusforge.storage import Store
 from corpusforge.version import code_version
@@ -41,10 +40,9 @@ from tasks.staging import StagingConfig, plan_staging, write_staging_shard
 from tasks.validate import ValidationConfig
 
 
-class BuildConfig(BaseModel):
+class BuildConfig(FlowConfig):
     """Everything a corpus build depends on; the receipt records all of it."""
 
-    model_config = ConfigDict(extra="forbid")
 
     source: str = Field(..., title="Source", description="Metadata table, folder of tars or of images; local or s3://.")
     out: str = Field(..., title="Output root", description="Where the corpus is written; local or s3://.")
@@ -77,13 +75,6 @@ class BuildConfig(BaseModel):
             raise ValueError(f"{spec.model_id} gives raw (un-normalised) statistics features; "
                              "the similarity graph needs a dedup model (sscd, clip, dinov2_eval, wfd)")
         return self
-
-    @classmethod
-    def from_yaml(cls, path: str | Path, **overrides: Any) -> BuildConfig:
-        """Load a YAML config; keyword overrides (e.g. source, out) win over the file."""
-        data = yaml.safe_load(Path(path).read_text()) or {}
-        data.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.model_validate(data)
 
 
 plan_inputs_task = as_task(plan_partitions, "plan-inputs")

@@ -13,14 +13,13 @@ From Python: ``run_evaluate(config)``.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-import yaml
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from corpusforge.config import FlowConfig
 from corpusforge.cluster import DaskConfig, prefect_api, task_runner
 from corpusforge.storage import Store
 from corpusforge.version import code_version
@@ -31,10 +30,9 @@ from tasks.stats.evaluate import (check_model, embed_chunk, evaluate_features, e
 from tasks.stats.provenance import public_spec
 
 
-class EvaluateConfig(BaseModel):
+class EvaluateConfig(FlowConfig):
     """Generated images, the reference to compare them with, the model, the cluster."""
 
-    model_config = ConfigDict(extra="forbid")
 
     generated: list[str] = Field(..., min_length=1, title="Generated images",
                                  description="Folders of images (jpg, png, webp) and/or WebDataset .tar files or "
@@ -56,13 +54,6 @@ class EvaluateConfig(BaseModel):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, title="Metrics")
     chunk_size: int = Field(1000, ge=1, title="Images per task", description="Image files embedded per task.")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
-
-    @classmethod
-    def from_yaml(cls, path: str | Path, **overrides: Any) -> EvaluateConfig:
-        """Load a YAML config; keyword overrides win over the file."""
-        data = yaml.safe_load(Path(path).read_text()) or {}
-        data.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.model_validate(data)
 
 
 embed_task = task(embed_chunk, name="embed-generated-chunk", cache_policy=NO_CACHE, persist_result=False, retries=1)

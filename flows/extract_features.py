@@ -12,13 +12,12 @@ when none is configured) or the flow ``extract_features_flow(config)`` itself.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-import yaml
 from prefect import flow, get_run_logger
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from corpusforge.config import FlowConfig
 from corpusforge.cluster import DaskConfig, prefect_api, task_runner
 from corpusforge.storage import Store
 from tasks.features.base import CODE_VERSION
@@ -27,10 +26,9 @@ from tasks.features.extract import extract_features, summarize
 from tasks.staging import completed_staging_shards
 
 
-class ExtractFeaturesConfig(BaseModel):
+class ExtractFeaturesConfig(FlowConfig):
     """Which corpus, which models, which cluster."""
 
-    model_config = ConfigDict(extra="forbid")
 
     corpus: str = Field(..., title="Corpus root",
                         description="Root of a built corpus (with staging/ shards); local or s3://.")
@@ -39,13 +37,6 @@ class ExtractFeaturesConfig(BaseModel):
     features: FeaturesConfig = Field(default_factory=FeaturesConfig, title="Features",
                                      description="Models, stored dtype, runtime, TorchScript allow-list.")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
-
-    @classmethod
-    def from_yaml(cls, path: str | Path, **overrides: Any) -> ExtractFeaturesConfig:
-        """Load a YAML config; keyword overrides (e.g. corpus) win over the file."""
-        data = yaml.safe_load(Path(path).read_text()) or {}
-        data.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.model_validate(data)
 
 
 @flow(name="extract-features-on-dask")

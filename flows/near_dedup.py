@@ -15,13 +15,12 @@ none is configured) or the flow ``near_dedup_flow(config)`` itself.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-import yaml
 from prefect import flow, get_run_logger
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from corpusforge.config import FlowConfig
 from corpusforge.cluster import DaskConfig, prefect_api, task_runner
 from corpusforge.hashing import fingerprint
 from corpusforge.storage import Store
@@ -36,10 +35,9 @@ from tasks.splits import SplitConfig
 LINEAGE_PATH = "lineage.json"
 
 
-class NearDedupFlowConfig(BaseModel):
+class NearDedupFlowConfig(FlowConfig):
     """Which corpus, where the new version goes, the stage's settings, the cluster."""
 
-    model_config = ConfigDict(extra="forbid")
 
     source: str = Field(..., title="Built corpus root",
                         description="Root with staging/ and features/; read only. Local or s3://.")
@@ -54,13 +52,6 @@ class NearDedupFlowConfig(BaseModel):
     splits: SplitConfig | None = Field(None, title="Splits, release shards, tiers",
                                        description="Empty: the source build's settings (from its receipt).")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
-
-    @classmethod
-    def from_yaml(cls, path: str | Path, **overrides: Any) -> NearDedupFlowConfig:
-        """Load a YAML config; keyword overrides (e.g. source, out) win over the file."""
-        data = yaml.safe_load(Path(path).read_text()) or {}
-        data.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.model_validate(data)
 
 
 def check_separate(source: Store, out: Store) -> None:

@@ -16,14 +16,13 @@ results are the same bit for bit on any number of workers. From Python: ``run_re
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from corpusforge.config import FlowConfig
 from corpusforge.cluster import DaskConfig, prefect_api, task_runner
 from corpusforge.storage import Store
 from corpusforge.version import code_version
@@ -36,13 +35,12 @@ from tasks.stats.reference import (batch_partials, merge_partials, oracle_groups
                                    scan_manifest, write_group_stats)
 
 
-class ReferenceStatsSettings(BaseModel):
+class ReferenceStatsSettings(FlowConfig):
     """What to summarise and how: splits, oracles, feature model, subsample, metrics.
 
     The build flow takes these as its ``reference_stats`` section; the standalone flow
     adds the corpus root and the cluster (:class:`ReferenceStatsConfig`)."""
 
-    model_config = ConfigDict(extra="forbid")
 
     splits: list[Literal["train", "val", "test"]] = Field(["test"], min_length=1, title="Splits",
                                                           description="Splits to summarise (GPIC: test).")
@@ -90,13 +88,6 @@ class ReferenceStatsConfig(ReferenceStatsSettings):
     storage_options: dict[str, Any] = Field(default_factory=dict, title="Storage options",
                                             description="fsspec options for the corpus root (endpoint, keys).")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
-
-    @classmethod
-    def from_yaml(cls, path: str | Path, **overrides: Any) -> ReferenceStatsConfig:
-        """Load a YAML config; keyword overrides (e.g. corpus) win over the file."""
-        data = yaml.safe_load(Path(path).read_text()) or {}
-        data.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.model_validate(data)
 
 
 partials_task = task(batch_partials, name="stats-partials", cache_policy=NO_CACHE, persist_result=False, retries=1)
