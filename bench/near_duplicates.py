@@ -39,25 +39,9 @@ from tasks.features.decode import DecodeError, decode_rgb  # noqa: E402
 from tasks.features.extract import decode_size  # noqa: E402
 from tasks.features.wfd import WeightFreeDescriptor  # noqa: E402
 from tasks.sample import write_sample_corpus  # noqa: E402
+from tasks.sample.truth import related_groups  # noqa: E402
 
 GPIC_THRESHOLDS = (0.90, 0.9625)
-
-
-def related_groups(keys: list[str], truth: dict) -> dict[str, str]:
-    """Group id per key: exact copies, planted near-duplicates and burst shots join their original."""
-    parent = {k: k for k in keys}
-
-    def find(k: str) -> str:
-        while parent[k] != k:
-            k = parent[k]
-        return k
-
-    links = [(e["key"], e["copy_of"]) for e in truth["exact_duplicates"] + truth["near_duplicates"]]
-    links += [(c["keys"][0], k) for c in truth["clusters"] for k in c["keys"][1:]]
-    for a, b in links:
-        if a in parent and b in parent:
-            parent[find(a)] = find(b)
-    return {k: find(k) for k in keys}
 
 
 def planted_pairs(truth: dict) -> list[tuple[str, str, str]]:

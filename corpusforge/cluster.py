@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -44,6 +44,30 @@ def task_runner(cfg: DaskConfig):
         "dashboard_address": None,
     }
     return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs=kwargs)
+
+
+def as_task(fn: Callable[..., Any], name: str, **options: Any):
+    """A thin Prefect task around a plain stage function (results stay in memory)."""
+    from prefect import task
+    from prefect.cache_policies import NO_CACHE
+
+    return task(fn, name=name, cache_policy=NO_CACHE, persist_result=False, **options)
+
+
+def run_tasks(t, calls: list[dict[str, Any]]) -> list[Any]:
+    """One task run per call, fanned out by the flow run's task runner; outside a flow
+    run, the plain functions run here one after the other."""
+    from prefect.context import FlowRunContext
+
+    if FlowRunContext.get() is None:
+        return [t.fn(**kwargs) for kwargs in calls]
+    futures = [t.submit(**kwargs) for kwargs in calls]
+    return [f.result() for f in futures]
+
+
+def on_cluster(inner_flow, config: Any) -> Any:
+    """Run ``inner_flow(config)`` with its tasks on the Dask cluster of ``config.dask``."""
+    return inner_flow.with_options(task_runner=task_runner(config.dask))(config)
 
 
 @contextlib.contextmanager

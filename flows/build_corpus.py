@@ -20,10 +20,10 @@ from prefect import flow, get_run_logger
 from pydantic import Field, model_validator
 
 from corpusforge.config import FlowConfig
-from corpusforge.cluster import DaskConfig, prefect_api, task_runner
+from corpusforge.cluster import DaskConfig, as_task, on_cluster, prefect_api, run_tasks
 from corpusforge.storage import Store
 from corpusforge.version import code_version
-from flows.publish import as_task, prune, publish, release_section, run_tasks, write_receipt
+from flows.publish import prune, publish, release_section, write_receipt
 from tasks.features.base import CODE_VERSION as FEATURES_CODE_VERSION
 from tasks.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
 from tasks.features.extract import extract_features, summarize
@@ -172,7 +172,7 @@ def _stable_stats(result: dict[str, Any]) -> dict[str, Any]:
 @flow(name="build-corpus")
 def build_corpus(config: BuildConfig) -> dict[str, Any]:
     """Build a corpus; the work runs on the Dask cluster named in ``config.dask``."""
-    return build_on_dask.with_options(task_runner=task_runner(config.dask))(config)
+    return on_cluster(build_on_dask, config)
 
 
 def run_build(config: BuildConfig) -> dict[str, Any]:

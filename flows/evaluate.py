@@ -20,7 +20,7 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import Field
 
 from corpusforge.config import FlowConfig
-from corpusforge.cluster import DaskConfig, prefect_api, task_runner
+from corpusforge.cluster import DaskConfig, on_cluster, prefect_api
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.features.config import ModelSpec, RuntimeConfig
@@ -85,7 +85,7 @@ def evaluate_on_dask(config: EvaluateConfig) -> dict[str, Any]:
 @flow(name="evaluate")
 def evaluate_flow(config: EvaluateConfig) -> dict[str, Any]:
     """Metrics of generated images against a reference; the embedding runs on ``config.dask``."""
-    return evaluate_on_dask.with_options(task_runner=task_runner(config.dask))(config)
+    return on_cluster(evaluate_on_dask, config)
 
 
 def run_evaluate(config: EvaluateConfig) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from prefect import flow, get_run_logger
 from pydantic import Field
 
 from corpusforge.config import FlowConfig
-from corpusforge.cluster import DaskConfig, prefect_api, task_runner
+from corpusforge.cluster import DaskConfig, on_cluster, prefect_api
 from corpusforge.storage import Store
 from tasks.features.base import CODE_VERSION
 from tasks.features.config import FeaturesConfig
@@ -58,7 +58,7 @@ def extract_features_on_dask(config: ExtractFeaturesConfig) -> dict[str, Any]:
 @flow(name="extract-features")
 def extract_features_flow(config: ExtractFeaturesConfig) -> dict[str, Any]:
     """Features for every completed staging shard; the work runs on ``config.dask``."""
-    return extract_features_on_dask.with_options(task_runner=task_runner(config.dask))(config)
+    return on_cluster(extract_features_on_dask, config)
 
 
 def run_extract_features(config: ExtractFeaturesConfig) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from prefect import flow, get_run_logger
 from pydantic import Field
 
 from corpusforge.config import FlowConfig
-from corpusforge.cluster import DaskConfig, prefect_api, task_runner
+from corpusforge.cluster import DaskConfig, on_cluster, prefect_api
 from corpusforge.hashing import fingerprint
 from corpusforge.storage import Store
 from corpusforge.version import code_version
@@ -115,7 +115,7 @@ def near_dedup_on_dask(config: NearDedupFlowConfig) -> dict[str, Any]:
 @flow(name="near-dedup")
 def near_dedup_flow(config: NearDedupFlowConfig) -> dict[str, Any]:
     """Near-duplicate removal as a new version; the work runs on ``config.dask``."""
-    return near_dedup_on_dask.with_options(task_runner=task_runner(config.dask))(config)
+    return on_cluster(near_dedup_on_dask, config)
 
 
 def run_near_dedup(config: NearDedupFlowConfig) -> dict[str, Any]:

@@ -8,25 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
+from corpusforge.cluster import as_task, run_tasks
 from corpusforge.storage import Store
 from tasks.manifest import write_manifest_part
 from tasks.receipt import render_report
 from tasks.release import plan_release_files, write_release_shard
 from tasks.splits import SPLITS, SplitConfig, tier_counts
-
-
-def run_tasks(t, calls: list[dict[str, Any]]) -> list[Any]:
-    """Submit one task run per call (fanned out by the flow's task runner) and wait for all."""
-    futures = [t.submit(**kwargs) for kwargs in calls]
-    return [f.result() for f in futures]
-
-
-def as_task(fn, name: str):
-    """A thin Prefect task around a plain stage function (results stay in memory)."""
-    return task(fn, name=name, cache_policy=NO_CACHE, persist_result=False)
 
 
 release_plan_task = as_task(plan_release_files, "plan-release")

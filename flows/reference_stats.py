@@ -23,7 +23,7 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import Field, model_validator
 
 from corpusforge.config import FlowConfig
-from corpusforge.cluster import DaskConfig, prefect_api, task_runner
+from corpusforge.cluster import DaskConfig, on_cluster, prefect_api
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.features.base import CODE_VERSION as FEATURES_CODE_VERSION
@@ -160,7 +160,7 @@ def reference_stats_stage(config: ReferenceStatsConfig) -> dict[str, Any]:
 @flow(name="reference-stats")
 def reference_stats_flow(config: ReferenceStatsConfig) -> dict[str, Any]:
     """Reference statistics of ``config.splits``; the work runs on ``config.dask``."""
-    return reference_stats_on_dask.with_options(task_runner=task_runner(config.dask))(config)
+    return on_cluster(reference_stats_on_dask, config)
 
 
 def run_reference_stats(config: ReferenceStatsConfig) -> dict[str, Any]:

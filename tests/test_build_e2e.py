@@ -17,6 +17,7 @@ import pytest
 import webdataset as wds
 
 from flows.build_corpus import BuildConfig, run_build
+from tasks.sample.truth import related_groups
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -184,22 +185,14 @@ def test_planted_near_duplicates_are_removed_or_explained(built, sample_corpus):
     out, _ = built
     rows = {r["key"]: r for r in manifest(out)}
     truth = ground_truth(sample_corpus)
-    group_of: dict[str, str] = {}
-    for d in truth["near_duplicates"]:
-        group_of[d["key"]] = group_of[d["copy_of"]] = d["copy_of"]
-    for c in truth["clusters"]:
-        for k in c["keys"]:
-            group_of[k] = c["keys"][0]
-    for d in truth["exact_duplicates"]:
-        group_of.setdefault(d["key"], d["copy_of"])
-        group_of.setdefault(d["copy_of"], d["copy_of"])
+    group_of = related_groups(list(rows), truth)
     removed = [r for r in rows.values() if r["status"] == "near_duplicate"]
-    false_removals = [r["key"] for r in removed
-                      if r["key"] not in group_of or group_of.get(r["duplicate_of"]) != group_of[r["key"]]]
+    false_removals = [r["key"] for r in removed if group_of[r["duplicate_of"]] != group_of[r["key"]]]
     planted_groups: dict[str, list[str]] = {}
     for k, g in group_of.items():
         if rows[k]["status"] in ("kept", "near_duplicate"):
             planted_groups.setdefault(g, []).append(k)
+    planted_groups = {g: ks for g, ks in planted_groups.items() if len(ks) > 1}
     found = unexplained = 0
     total = sum(len(v) - 1 for v in planted_groups.values())
     for members in planted_groups.values():

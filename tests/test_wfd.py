@@ -17,6 +17,7 @@ from PIL import Image, ImageDraw, ImageEnhance, ImageFilter, ImageOps
 from scipy.fft import dctn
 
 from tasks.features.config import ModelSpec
+from tasks.sample.truth import related_groups
 from tasks.features.wfd import (ALPHA, COLOUR_WEIGHT, HUE_BINS, K, PREPROCESSING, REGIONS, SAT_BINS,
                                WeightFreeDescriptor, _hue_histogram, build)
 
@@ -214,26 +215,15 @@ def test_build_from_spec():
 
 # ---- the sample corpus ---------------------------------------------------------------------
 
+
+def _groups(keys: list[str], truth: dict) -> np.ndarray:
+    groups = related_groups(keys, truth)
+    return np.array([groups[k] for k in keys])
+
+
 # Edits that move content geometrically (or hide a strip of it): a global weight-free
 # descriptor does not always rank their original first; see the wfd module docstring.
 GEOMETRIC_EDITS = {"heavy_crop", "rotate", "caption_bar"}
-
-
-def _related_groups(keys: list[str], truth: dict) -> np.ndarray:
-    """Group id per key: planted copies, exact copies and burst shots share their original's."""
-    parent = {k: k for k in keys}
-
-    def find(k: str) -> str:
-        while parent[k] != k:
-            k = parent[k]
-        return k
-
-    links = [(e["key"], e["copy_of"]) for e in truth["exact_duplicates"] + truth["near_duplicates"]]
-    links += [(c["keys"][0], k) for c in truth["clusters"] for k in c["keys"][1:]]
-    for a, b in links:
-        if a in parent and b in parent:
-            parent[find(a)] = find(b)
-    return np.array([find(k) for k in keys])
 
 
 @pytest.mark.timeout(240)
@@ -258,7 +248,7 @@ def test_sample_corpus_recall_at_1(tmp_path, wfd):
         rows.append(wfd.preprocess(image))
     feats = np.concatenate([wfd.embed(np.stack(rows[i:i + 64])) for i in range(0, len(rows), 64)])
     sims = feats @ feats.T
-    groups = _related_groups(keys, truth)
+    groups = _groups(keys, truth)
     unrelated = np.where(groups[:, None] == groups[None, :], -np.inf, sims)
     index = {k: i for i, k in enumerate(keys)}
     planted = [(e["key"], e["copy_of"], e["edit"]) for e in truth["near_duplicates"]]

@@ -19,13 +19,11 @@ written beside an old one without touching it (``flows/near_dedup.py``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
 
+from corpusforge.cluster import as_task, run_tasks
 from corpusforge.hashing import fingerprint
 from corpusforge.storage import Store
 from tasks.graph.calibration import calibration_sheet
@@ -41,25 +39,13 @@ NODES_PATH = "graph/nodes.json"
 __all__ = ["near_duplicate_stage", "read_decisions", "SUMMARY_PATH"]
 
 
-def _task(fn: Callable, name: str):
-    return task(fn, name=name, cache_policy=NO_CACHE, persist_result=False)
-
-
-build_index_task = _task(build_index, "graph-build-index")
-query_shard_task = _task(query_shard, "graph-query-shard")
-merge_edges_task = _task(merge_edges, "graph-merge-edges")
-recall_task = _task(graph_recall, "graph-recall")
-decide_task = _task(decide_near_duplicates, "graph-decisions")
-collision_task = _task(collision_models, "graph-collision-models")
-calibration_task = _task(calibration_sheet, "graph-calibration-sheet")
-
-
-def _submit(t, calls: list[dict[str, Any]]) -> list[Any]:
-    """One task run per call: fanned out in a flow run, else run here in order."""
-    if FlowRunContext.get() is None:
-        return [t.fn(**kw) for kw in calls]
-    futures = [t.submit(**kw) for kw in calls]
-    return [f.result() for f in futures]
+build_index_task = as_task(build_index, "graph-build-index")
+query_shard_task = as_task(query_shard, "graph-query-shard")
+merge_edges_task = as_task(merge_edges, "graph-merge-edges")
+recall_task = as_task(graph_recall, "graph-recall")
+decide_task = as_task(decide_near_duplicates, "graph-decisions")
+collision_task = as_task(collision_models, "graph-collision-models")
+calibration_task = as_task(calibration_sheet, "graph-calibration-sheet")
 
 
 def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], *,
@@ -76,12 +62,12 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
     nodes = plan_nodes(source, shards)
     store.write_json(NODES_PATH, nodes.to_json())
     common = dict(source=source, out=store, cfg=cfg, nodes=nodes)
-    info = _submit(build_index_task, [common])[0]
-    queried = _submit(query_shard_task, [dict(common, shard=s, info=info) for s in nodes.shards])
+    info = run_tasks(build_index_task, [common])[0]
+    queried = run_tasks(query_shard_task, [dict(common, shard=s, info=info) for s in nodes.shards])
     mfp = merge_fingerprint([m["fingerprint"] for m in queried])
     groups = merge_groups(nodes, [m["pairs"] for m in queried], cfg.merge_max_edges)
-    merged = _submit(merge_edges_task, [dict(out=store, nodes=nodes, group=g, mfp=mfp) for g in groups])
-    recall = _submit(recall_task, [dict(out=store, nodes=nodes, cfg=cfg)])[0]
+    merged = run_tasks(merge_edges_task, [dict(out=store, nodes=nodes, group=g, mfp=mfp) for g in groups])
+    recall = run_tasks(recall_task, [dict(out=store, nodes=nodes, cfg=cfg)])[0]
 
     later = [(decide_task, dict(common, edges_fp=mfp))]
     cfp = fingerprint("graph-collision", info["fingerprint"], cfg.model_id, cfg.seed,
@@ -99,7 +85,7 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
         kfp = fingerprint("graph-calibration", mfp, cfp if collision else None,
                           cfg.calibration.model_dump(mode="json"), cfg.graph_threshold,
                           cfg.candidate_threshold, cfg.pair_threshold, cfg.min_component_size, cfg.seed)
-        calibration = _submit(calibration_task, [dict(common, fp=kfp)])[0]
+        calibration = run_tasks(calibration_task, [dict(common, fp=kfp)])[0]
 
     summary = {
         "model_id": cfg.model_id,
