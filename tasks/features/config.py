@@ -21,12 +21,15 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "sscd_disc_large": {"arch": "resnext101_32x4d", "preprocessing": ("sscd_square320", "sscd_short288")},
     "clip": {"arch": "ViT-L-14", "preprocessing": ("clip_eval",)},
     "dinov2": {"arch": "vit_large_patch14_dinov2", "preprocessing": ("gpic_eval", "dinov2_eval")},
+    # optional statistics model (raw 2048-d pool features); only with supplied weights
+    "inception": {"arch": "inception_v3", "preprocessing": ("inception_299",)},
 }
 
 
-# Preprocessings of the evaluation protocol (GPIC App. B.1): defined on full-resolution
-# decodes, and their models return raw (un-normalised) features for the statistics.
-STATISTICS_PREPROCESSING = frozenset({"gpic_eval"})
+# Preprocessings of the evaluation protocol (GPIC App. B.1) and of the optional Inception
+# statistics model: defined on full-resolution decodes, and their models return raw
+# (un-normalised) features for the statistics.
+STATISTICS_PREPROCESSING = frozenset({"gpic_eval", "inception_299"})
 
 
 class WeightsSpec(BaseModel):
@@ -62,17 +65,19 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(..., title="Model family",
-                      description="Registry name: wfd, sscd_disc_mixup, sscd_disc_large, clip or dinov2.")
+                      description="Registry name: wfd, sscd_disc_mixup, sscd_disc_large, clip, dinov2 "
+                                  "or inception.")
     arch: str | None = Field(None, title="Architecture",
                              description="open_clip model name for clip (ViT-L-14), timm name for dinov2 "
-                                         "(vit_large_patch14_dinov2); empty for the family default.")
+                                         "(vit_large_patch14_dinov2), inception_v3 for inception; "
+                                         "empty for the family default.")
     weights: WeightsSpec | None = Field(None, title="Weights", description="Pinned weights file.")
     random_init: bool = Field(False, title="Random initialisation",
                               description="Run a learned model without weights (tests, benchmarks); "
                                           "every output is flagged random_init.")
     preprocessing: str | None = Field(None, title="Preprocessing",
                                       description="Named preprocessing; empty for the family default "
-                                                  "(sscd_square320, clip_eval, gpic_eval).")
+                                                  "(sscd_square320, clip_eval, gpic_eval, inception_299).")
     image_size: int | None = Field(None, ge=8, title="Input size override",
                                    description="Square model input size (tests use tiny sizes); changes the model id.")
 
@@ -90,6 +95,8 @@ class ModelSpec(BaseModel):
             raise ValueError(f"{self.name}: preprocessing {self.preprocessing!r} not in {list(allowed)}")
         if self.name.startswith("sscd_") and self.arch not in (None, FAMILIES[self.name]["arch"]):
             raise ValueError(f"{self.name} has a fixed trunk ({FAMILIES[self.name]['arch']})")
+        if self.name == "inception" and self.arch not in (None, FAMILIES["inception"]["arch"]):
+            raise ValueError("inception has a fixed architecture (inception_v3)")
         if self.name == "wfd" and (self.arch or self.weights or self.random_init):
             raise ValueError("wfd takes no architecture or weights")
         return self
@@ -109,13 +116,16 @@ class ModelSpec(BaseModel):
 
         Family and architecture always; the preprocessing when it is not the family's only
         choice or changes the features' meaning (dinov2: gpic_eval vs dinov2_eval; sscd:
-        only the non-default short288); ``_s{size}`` for an input-size override.
+        only the non-default short288; inception: its one preprocessing is implied, so
+        ``inception_v3``); ``_s{size}`` for an input-size override.
         """
         name, arch, prep = self.name, self.resolved_arch, self.resolved_preprocessing
         if name == "clip":
             base = "clip_" + _slug(arch)
         elif name == "dinov2":
             base = f"dinov2_{_dinov2_short(arch)}_{prep}"
+        elif name == "inception":
+            base = _slug(arch)
         elif name.startswith("sscd_"):
             base = name if prep == "sscd_square320" else f"{name}_{prep.removeprefix('sscd_')}"
         else:

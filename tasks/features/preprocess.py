@@ -15,6 +15,10 @@ uint8 images, as torchvision does for PIL inputs, and the float conversion follo
   to a square, Pillow bicubic to 256x256, then ``Resize((224, 224))`` bicubic and
   ImageNet normalisation (on released GPIC images, already 256x256, only the last step
   changes pixels).
+* ``inception_299``: the optional Inception-v3 statistics model's input: the whole image
+  (aspect not kept, no crop) to 299x299 with Pillow bicubic, as clean-fid resizes for
+  FID, then ImageNet normalisation (torchvision's Inception3 ``transform_input`` maps that
+  back to the [-1, 1] range its Google-ported weights expect; see ``inception.py``).
 """
 
 from __future__ import annotations
@@ -85,4 +89,11 @@ def gpic_256(image: Image.Image) -> Image.Image:
 
 def gpic_eval(image: Image.Image, size: int = 224) -> np.ndarray:
     resized = gpic_256(image).resize((size, size), Image.BICUBIC)
+    return to_chw_float(resized, IMAGENET_MEAN, IMAGENET_STD)
+
+
+def inception_299(image: Image.Image, size: int = 299) -> np.ndarray:
+    """Whole image to ``size`` x ``size`` (Pillow bicubic on uint8), ImageNet mean/std."""
+    rgb = image if image.mode == "RGB" else image.convert("RGB")
+    resized = rgb if rgb.size == (size, size) else rgb.resize((size, size), Image.BICUBIC)
     return to_chw_float(resized, IMAGENET_MEAN, IMAGENET_STD)

@@ -31,6 +31,7 @@ _FAMILIES = {
     "sscd_disc_large": "tasks.features.sscd",
     "clip": "tasks.features.clip",
     "dinov2": "tasks.features.dinov2",
+    "inception": "tasks.features.inception",
 }
 _cache: dict[str, FeatureModel] = {}
 _lock = threading.Lock()
