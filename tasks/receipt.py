@@ -93,9 +93,58 @@ def render_report(receipt: dict[str, Any]) -> str:
         mix = [f"{100 * shard['caption_type'].get(t, 0) / max(1, shard['count']):.1f}%" for t in types]
         rows.append([name, shard["count"], *mix])
     out += ["", "## Release shards", "", _table(["shard", "samples", *types], rows)]
-    for section in ("features", "near_duplicates", "stats"):
-        if receipt.get(section):
-            out += ["", f"## {section.replace('_', ' ').title()}", "", "```json",
-                    json.dumps(receipt[section], indent=2, sort_keys=True, default=str)[:4000], "```"]
+    out += _features_section(receipt.get("features") or {})
+    out += _near_duplicates_section(receipt.get("near_duplicates") or {})
+    out += _stats_section(receipt.get("stats") or {})
     out += ["", f"Code version `{receipt['code_version']}`; input snapshot `{receipt['input_snapshot_sha256'][:16]}…`.", ""]
     return "\n".join(out)
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
+
+
+def _features_section(features: dict[str, Any]) -> list[str]:
+    if not features:
+        return []
+    rows = [[m, t["dim"], t["ok"], t["errors"], "**RANDOM INIT**" if t["random_init"] else
+             t["fingerprint"].get("weights", t["fingerprint"].get("weights_sha256", ""))]
+            for m, t in features["models"].items()]
+    return ["", "## Features", "", _table(["model", "dim", "images", "errors", "weights"], rows)]
+
+
+def _near_duplicates_section(near: dict[str, Any]) -> list[str]:
+    if not near:
+        return []
+    d, plan = near["decisions"], near["index"]["plan"]
+    out = ["", "## Near-duplicates", "",
+           f"Model `{near['model_id']}`, index {plan['factory']} over {near['index']['vectors']} vectors, "
+           f"{near['graph']['edges']} edges ≥ {near['graph']['threshold']}, graph recall vs exact search "
+           f"{_fmt(near['recall'].get('recall'))}. Removed {d['removed']} of {d['images']}: "
+           + ", ".join(f"{n} by `{rule}`" for rule, n in d["removed_by_rule"].items()) + ".",
+           f"{d['flagged_components']} component(s) flagged by the chaining guard.", ""]
+    if d.get("largest_components"):
+        out += [_table(["component", "size", "weakest edge", "kept", "chained"],
+                       [[c["component_id"], c["size"], _fmt(c["weakest_edge"]), c["kept_key"],
+                         "yes" if c["flagged"] else "no"] for c in d["largest_components"][:10]]), ""]
+    if near.get("collision"):
+        c = near["collision"]
+        out += [f"Collision models (D(N) = A·N^β on nested subsets; full corpus {c['full_size']}, "
+                f"target {c['target_size']}):", "",
+                _table(["θ", "A", "β", "R²", "predicted full", "predicted target"],
+                       [[t, _fmt(f["A"]), _fmt(f["beta"]), _fmt(f["r2"]), _fmt(f["predicted_full"]),
+                         _fmt(f["predicted_target"])] if f["fitted"] else [t, "no fit", "", "", "", ""]
+                        for t, f in c["fits"].items()]), ""]
+    if near.get("calibration"):
+        out += ["Calibration sheet: `graph/calibration/index.html`."]
+    return out
+
+
+def _stats_section(stats: dict[str, Any]) -> list[str]:
+    if not stats:
+        return []
+    return ["", "## Reference statistics", "", f"Model `{stats['model_id']}`.", "",
+            _table(["split", "images"], [[g, n] for g, n in stats.get("n", {}).items()])]
+
