@@ -10,7 +10,6 @@ build writes the same bytes.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections import Counter
 from typing import Any
 
