@@ -50,6 +50,7 @@ def release_section(release: dict[str, Any], splits: SplitConfig) -> dict[str, A
 
 
 def write_receipt(store: Store, receipt: dict[str, Any]) -> None:
-    """receipt.json, then report.md rendered from it."""
+    """receipt.json, then report.md rendered from exactly what was written (sorted keys),
+    so the report does not depend on the order in which this run filled the dicts."""
     store.write_json("receipt.json", receipt)
-    store.write_bytes("report.md", render_report(receipt).encode())
+    store.write_bytes("report.md", render_report(store.read_json("receipt.json")).encode())
