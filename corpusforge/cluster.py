@@ -10,11 +10,15 @@ Prefect server for the embedded defaults.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import logging
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+log = logging.getLogger(__name__)
 
 
 class DaskConfig(BaseModel):
@@ -28,14 +32,46 @@ class DaskConfig(BaseModel):
     threads_per_worker: int = Field(1, ge=1, title="Threads per worker")
     processes: bool = Field(True, description="Separate worker processes (True) or threads in this process.")
     memory_limit: str = Field("auto", description="Per-worker memory limit of the embedded LocalCluster.")
+    gpu: Literal["auto", "on", "off"] = Field(
+        "auto", title="One worker per GPU",
+        description="auto: when CUDA devices are visible, the embedded cluster is dask-cuda's LocalCUDACluster "
+                    "(one worker process pinned to each GPU; install the 'gpu' extra); off: always a CPU LocalCluster.")
+
+
+def visible_gpus() -> int:
+    """CUDA devices this process can see (0 without torch or CUDA)."""
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - no usable CUDA runtime means no GPU workers
+        return 0
 
 
 def task_runner(cfg: DaskConfig):
-    """A ``DaskTaskRunner`` for ``cfg``: an existing scheduler, or an embedded LocalCluster."""
+    """A ``DaskTaskRunner`` for ``cfg``: an existing scheduler, one worker per GPU, or a LocalCluster."""
     from prefect_dask import DaskTaskRunner
 
     if cfg.address:
         return DaskTaskRunner(address=cfg.address)
+    if cfg.gpu == "on" or (cfg.gpu == "auto" and visible_gpus() > 0):
+        if importlib.util.find_spec("dask_cuda") is None:
+            if cfg.gpu == "on":
+                raise RuntimeError("dask.gpu=on needs dask-cuda: pip install 'corpusforge[gpu]'")
+            log.warning("GPUs visible but dask-cuda is not installed: a CPU LocalCluster runs, and its "
+                        "workers share the first GPU (pip install 'corpusforge[gpu]' for one worker per GPU)")
+            return _local_cluster(cfg)
+        # Each worker owns one GPU (CUDA_VISIBLE_DEVICES set per worker by dask-cuda),
+        # so a model loaded once per worker lives on its own device.
+        kwargs = {"threads_per_worker": cfg.threads_per_worker, "memory_limit": cfg.memory_limit,
+                  "dashboard_address": None}
+        return DaskTaskRunner(cluster_class="dask_cuda.LocalCUDACluster", cluster_kwargs=kwargs)
+    return _local_cluster(cfg)
+
+
+def _local_cluster(cfg: DaskConfig):
+    from prefect_dask import DaskTaskRunner
+
     kwargs: dict[str, Any] = {
         "n_workers": cfg.n_workers,
         "threads_per_worker": cfg.threads_per_worker,
