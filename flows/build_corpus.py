@@ -4,8 +4,8 @@ Read top to bottom, :func:`build_on_dask` is the pipeline's table of contents:
 
     plan inputs → ingest (per partition) → duplicate keys, exact duplicates (per hash bucket)
     → resolve (per partition) → staging shards (per shard) → features (per staging shard)
-    → near-duplicate graph and two-tier removal (per staging shard) → release plan → release shards (per shard)
-    → manifest (per partition) → reference statistics → receipt and report
+    → near-duplicate graph and two-tier removal (queries per staging shard) → release plan
+    → release shards (per shard) → manifest (per partition) → reference statistics → receipt and report
 
 Each "per X" step is one Prefect task per X on the Dask cluster from ``config.dask``.
 Every step is resumable: a rerun of a finished build skips finished shards and rewrites
@@ -19,16 +19,16 @@ from typing import Any
 from prefect import flow, get_run_logger
 from pydantic import Field, model_validator
 
-from corpusforge.config import FlowConfig
 from corpusforge.cluster import DaskConfig, as_task, on_cluster, prefect_api, run_tasks
+from corpusforge.config import FlowConfig
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from flows.publish import prune, publish, release_section, write_receipt
+from flows.reference_stats import ReferenceStatsConfig, ReferenceStatsSettings, reference_stats_stage
 from tasks.features.base import CODE_VERSION as FEATURES_CODE_VERSION
 from tasks.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
 from tasks.features.extract import extract_features, summarize
 from tasks.features.layout import feature_path
-from flows.reference_stats import ReferenceStatsConfig, ReferenceStatsSettings, reference_stats_stage
 from tasks.exact_dedup import find_duplicate_keys, find_exact_duplicates, resolve_partition
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.stage import near_duplicate_stage
@@ -42,7 +42,6 @@ from tasks.validate import ValidationConfig
 
 class BuildConfig(FlowConfig):
     """Everything a corpus build depends on; the receipt records all of it."""
-
 
     source: str = Field(..., title="Source", description="Metadata table, folder of tars or of images; local or s3://.")
     out: str = Field(..., title="Output root", description="Where the corpus is written; local or s3://.")

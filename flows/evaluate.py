@@ -19,8 +19,8 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from pydantic import Field
 
-from corpusforge.config import FlowConfig
 from corpusforge.cluster import DaskConfig, on_cluster, prefect_api
+from corpusforge.config import FlowConfig
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.features.config import ModelSpec, RuntimeConfig
@@ -32,7 +32,6 @@ from tasks.stats.provenance import public_spec
 
 class EvaluateConfig(FlowConfig):
     """Generated images, the reference to compare them with, the model, the cluster."""
-
 
     generated: list[str] = Field(..., min_length=1, title="Generated images",
                                  description="Folders of images (jpg, png, webp) and/or WebDataset .tar files or "

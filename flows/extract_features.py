@@ -17,8 +17,8 @@ from typing import Any
 from prefect import flow, get_run_logger
 from pydantic import Field
 
-from corpusforge.config import FlowConfig
 from corpusforge.cluster import DaskConfig, on_cluster, prefect_api
+from corpusforge.config import FlowConfig
 from corpusforge.storage import Store
 from tasks.features.base import CODE_VERSION
 from tasks.features.config import FeaturesConfig
@@ -28,7 +28,6 @@ from tasks.staging import completed_staging_shards
 
 class ExtractFeaturesConfig(FlowConfig):
     """Which corpus, which models, which cluster."""
-
 
     corpus: str = Field(..., title="Corpus root",
                         description="Root of a built corpus (with staging/ shards); local or s3://.")

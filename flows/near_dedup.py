@@ -20,8 +20,8 @@ from typing import Any
 from prefect import flow, get_run_logger
 from pydantic import Field
 
-from corpusforge.config import FlowConfig
 from corpusforge.cluster import DaskConfig, on_cluster, prefect_api
+from corpusforge.config import FlowConfig
 from corpusforge.hashing import fingerprint
 from corpusforge.storage import Store
 from corpusforge.version import code_version
@@ -37,7 +37,6 @@ LINEAGE_PATH = "lineage.json"
 
 class NearDedupFlowConfig(FlowConfig):
     """Which corpus, where the new version goes, the stage's settings, the cluster."""
-
 
     source: str = Field(..., title="Built corpus root",
                         description="Root with staging/ and features/; read only. Local or s3://.")

@@ -22,8 +22,8 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from pydantic import Field, model_validator
 
-from corpusforge.config import FlowConfig
 from corpusforge.cluster import DaskConfig, on_cluster, prefect_api
+from corpusforge.config import FlowConfig
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.features.base import CODE_VERSION as FEATURES_CODE_VERSION
@@ -40,7 +40,6 @@ class ReferenceStatsSettings(FlowConfig):
 
     The build flow takes these as its ``reference_stats`` section; the standalone flow
     adds the corpus root and the cluster (:class:`ReferenceStatsConfig`)."""
-
 
     splits: list[Literal["train", "val", "test"]] = Field(["test"], min_length=1, title="Splits",
                                                           description="Splits to summarise (GPIC: test).")
