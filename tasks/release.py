@@ -5,7 +5,7 @@ near-duplicate by the graph stage when it ran), plans splits/shards/tiers for th
 ones and writes two kinds of small plan files:
 
 * ``work/release/{split}-{shard}.parquet`` — the samples of one release shard in order,
-  with where each lies in staging (one task per release shard reads it);
+  with where each lies in staging and the shard's tier (one task per release shard reads it);
 * ``work/late/{part}.parquet`` — per ingest partition, the facts decided after staging
   (staging shard, near-duplicate decision, component, split, shard, tier), joined into
   the manifest by row.
@@ -34,8 +34,7 @@ LATE_SCHEMA = pa.schema([
     ("duplicate_of", pa.string()), ("component_id", pa.int64()), ("component_size", pa.int32()),
     ("max_similarity", pa.float32()), ("split", pa.string()), ("shard", pa.string()), ("tier", pa.string()),
 ])
-PLAN_SCHEMA = pa.schema([("key", pa.string()), ("staging_shard", pa.string()), ("part", pa.int32()),
-                         ("row", pa.int32())])
+PLAN_SCHEMA = pa.schema([("key", pa.string()), ("staging_shard", pa.string()), ("tier", pa.string())])
 
 
 def release_shard_name(split: str, shard: int) -> str:
@@ -82,7 +81,7 @@ def plan_release_files(store: Store, shards: list[str], cfg: SplitConfig, source
     for r in records:
         p = placements.get(r["key"])
         if p is not None:
-            per_shard[(p.split, p.shard)].append({**r, "position": p.position})
+            per_shard[(p.split, p.shard)].append({**r, "position": p.position, "tier": p.tier})
         late[r["part"]].append({
             **r, "split": p.split if p else None, "tier": p.tier if p else None,
             "shard": release_shard_name(p.split, p.shard) if p else None})
@@ -114,14 +113,7 @@ def write_release_shard(store: Store, split: str, shard: int, cfg: SplitConfig, 
     rel = release_tar_path(split, shard)
     if (done := store.read_done(rel)) and done.get("fingerprint") == fp:
         return done
-    late_cache: dict[int, dict[int, dict[str, Any]]] = {}
     index_cache: dict[str, dict[str, dict[str, tuple[int, int]]]] = {}
-
-    def tier_of(entry: dict[str, Any]) -> str | None:
-        if entry["part"] not in late_cache:
-            rows = store.read_parquet(f"work/late/{entry['part']:06d}.parquet").to_pylist()
-            late_cache[entry["part"]] = {r["row"]: r for r in rows}
-        return late_cache[entry["part"]][entry["row"]]["tier"]
 
     def samples():
         for entry in plan:
@@ -138,7 +130,7 @@ def write_release_shard(store: Store, split: str, shard: int, cfg: SplitConfig, 
             data = {ext: blob[o - start:o - start + s] for ext, (o, s) in members.items()}
             image_ext = next(e for e in data if e not in ("txt", "json"))
             meta = json.loads(data["json"])
-            extra = {"split": split, "tiers": tiers_of(tier_of(entry), cfg)}
+            extra = {"split": split, "tiers": tiers_of(entry["tier"], cfg)}
             yield Sample(entry["key"], {image_ext: data[image_ext], "txt": data["txt"],
                                         "json": sample_json(meta, extra)})
 
