@@ -193,6 +193,11 @@ class Store:
             return None
         return self.read_json(marker)
 
+    def completed(self, folder: str, ext: str) -> list[str]:
+        """Sorted stems of the ``{stem}.{ext}`` files in ``folder`` that have a completion marker."""
+        suffix = self.marker_name(f".{ext}")
+        return sorted(n[: -len(suffix)] for n in self.listdir(folder) if n.endswith(suffix))
+
     def is_done(self, rel: str, fingerprint: str) -> bool:
         """True when ``rel`` was completed by work with the same ``fingerprint``."""
         info = self.read_done(rel)

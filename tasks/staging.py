@@ -132,5 +132,4 @@ def write_staging_shard(store: Store, shard: StagingShard, storage_options: dict
 
 def completed_staging_shards(store: Store) -> list[str]:
     """Names of the staging shards with a completion marker, sorted."""
-    suffix = ".tar.done.json"
-    return sorted(n[: -len(suffix)] for n in store.listdir("staging") if n.endswith(suffix))
+    return store.completed("staging", "tar")

@@ -73,5 +73,4 @@ def read_shard_errors(store: Store, model_id: str, shard: str) -> dict[str, str]
 
 def list_feature_shards(store: Store, model_id: str) -> list[str]:
     """Completed shards of a model, sorted."""
-    suffix = ".npy.done.json"
-    return sorted(n[: -len(suffix)] for n in store.listdir(f"features/{model_id}") if n.endswith(suffix))
+    return store.completed(f"features/{model_id}", "npy")
