@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(BIN)/pip install --quiet -e '.[test]' torch==2.14.1 torchvision==0.29.1
+	$(BIN)/pip install --quiet -e '.[test,sample]' torch==2.14.1 torchvision==0.29.1
 	touch $@
 
 install: $(VENV)/.installed

@@ -40,10 +40,10 @@ import numpy as np  # noqa: E402
 
 from corpusforge.storage import Store  # noqa: E402
 from corpusforge.tarshard import Sample, write_tar  # noqa: E402
+from sample_corpus.scenes import draw_scene, render_scene  # noqa: E402
 from tasks.features.config import FeaturesConfig, ModelSpec, RuntimeConfig  # noqa: E402
 from tasks.features.decode import decode_rgb  # noqa: E402
 from tasks.features.extract import decode_size, extract_shard, load_models  # noqa: E402
-from tasks.sample.scenes import draw_scene, render_scene  # noqa: E402
 
 # Small random-init variants of every learned family, sized for a 2-core CPU.
 CPU_MODELS = {

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 from corpusforge.storage import Store
+from sample_corpus import write_sample_corpus
 from tasks.exact_dedup import find_duplicate_keys, find_exact_duplicates, resolve_partition
 from tasks.ingest import ingest_partition
-from tasks.sample import write_sample_corpus
 from tasks.sources import SourceConfig, plan_partitions
 from tasks.staging import plan_staging, shard_records, write_staging_shard
 from tasks.validate import ValidationConfig

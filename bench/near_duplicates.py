@@ -35,11 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
+from sample_corpus import write_sample_corpus  # noqa: E402
+from sample_corpus.truth import related_groups  # noqa: E402
 from tasks.features.decode import DecodeError, decode_rgb  # noqa: E402
 from tasks.features.extract import decode_size  # noqa: E402
 from tasks.features.wfd import WeightFreeDescriptor  # noqa: E402
-from tasks.sample import write_sample_corpus  # noqa: E402
-from tasks.sample.truth import related_groups  # noqa: E402
 
 GPIC_THRESHOLDS = (0.90, 0.9625)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -28,7 +29,10 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _sample(args: argparse.Namespace) -> int:
-    from tasks.sample import write_sample_corpus
+    if importlib.util.find_spec("skimage") is None:
+        print("corpusforge sample needs scikit-image: pip install 'corpusforge[sample]'", file=sys.stderr)
+        return 2
+    from sample_corpus import write_sample_corpus
 
     summary = write_sample_corpus(args.out, n=args.n, seed=args.seed)
     print(json.dumps(summary, indent=2, sort_keys=True))

@@ -55,7 +55,7 @@ def s3(tmp_path_factory) -> Iterator[dict]:
 @pytest.fixture(scope="session")
 def sample_corpus(tmp_path_factory) -> Path:
     """A small deterministic sample corpus with planted duplicates and bad records."""
-    from tasks.sample import write_sample_corpus
+    from sample_corpus import write_sample_corpus
 
     out = tmp_path_factory.mktemp("sample")
     write_sample_corpus(str(out), n=160, seed=0)

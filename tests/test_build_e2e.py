@@ -17,7 +17,7 @@ import pytest
 import webdataset as wds
 
 from flows.build_corpus import BuildConfig, run_build
-from tasks.sample.truth import related_groups
+from sample_corpus.truth import related_groups
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -21,14 +21,14 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from tasks.sample import plan_sample_corpus, write_sample_corpus
-from tasks.sample.bad_records import BAD_KINDS, SPECIAL_KINDS, bomb_png
-from tasks.sample.captions import CaptionView, write_caption
-from tasks.sample.edits import Edit, apply_edit
-from tasks.sample.encoding import Encoding
-from tasks.sample.metadata import LICENSE_URLS, METADATA_COLUMNS
-from tasks.sample.photos import PHOTOS, PhotoCrop, load_photo
-from tasks.sample.scenes import NAMED_COLOURS, Background, Colour, Scene, Shape
+from sample_corpus import plan_sample_corpus, write_sample_corpus
+from sample_corpus.bad_records import BAD_KINDS, SPECIAL_KINDS, bomb_png
+from sample_corpus.captions import CaptionView, write_caption
+from sample_corpus.edits import Edit, apply_edit
+from sample_corpus.encoding import Encoding
+from sample_corpus.metadata import LICENSE_URLS, METADATA_COLUMNS
+from sample_corpus.photos import PHOTOS, PhotoCrop, load_photo
+from sample_corpus.scenes import NAMED_COLOURS, Background, Colour, Scene, Shape
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -275,7 +275,7 @@ def test_valid_special_records_decode_as_declared(corpus, table, truth):
 
 def test_exif_rotated_record_shows_the_upright_picture(corpus, table, truth):
     """Turning the stored pixels as EXIF says must give back what the caption describes."""
-    from tasks.sample.scenes import render_scene
+    from sample_corpus.scenes import render_scene
     plan = plan_sample_corpus(N, seed=0)
     rows = {r.key: r for r in plan.rows}
     special = next(s for s in truth["valid_special"] if s["kind"] == "exif_rotated")
@@ -409,7 +409,7 @@ def test_too_small_n_is_refused():
 
 def test_plan_is_the_same_in_another_process():
     """No dependence on ``hash()`` randomisation, call order or process state."""
-    script = ("import hashlib, sys; from tasks.sample import plan_sample_corpus; "
+    script = ("import hashlib, sys; from sample_corpus import plan_sample_corpus; "
               f"p = plan_sample_corpus({N}, seed=3); "
               "sys.stdout.write(hashlib.sha256(repr((p.metadata_table().to_pylist(), "
               "p.ground_truth())).encode()).hexdigest())")

@@ -16,8 +16,8 @@ import skimage.data
 from PIL import Image, ImageDraw, ImageEnhance, ImageFilter, ImageOps
 from scipy.fft import dctn
 
+from sample_corpus.truth import related_groups
 from tasks.features.config import ModelSpec
-from tasks.sample.truth import related_groups
 from tasks.features.wfd import (ALPHA, COLOUR_WEIGHT, HUE_BINS, K, PREPROCESSING, REGIONS, SAT_BINS,
                                WeightFreeDescriptor, _hue_histogram, build)
 
@@ -233,7 +233,7 @@ def test_sample_corpus_recall_at_1(tmp_path, wfd):
     import pyarrow.parquet as pq
 
     from tasks.features.decode import DecodeError, decode_rgb
-    from tasks.sample import write_sample_corpus
+    from sample_corpus import write_sample_corpus
 
     root = tmp_path / "sample"
     write_sample_corpus(str(root), n=400, seed=0)

@@ -11,12 +11,12 @@ import numpy as np
 from PIL import Image
 
 from corpusforge.storage import Store
-from tasks.sample.bad_records import bomb_png, cmyk_jpeg, exif_rotated_jpeg, not_an_image, truncated
-from tasks.sample.edits import apply_edit
-from tasks.sample.encoding import encode
-from tasks.sample.photos import PhotoCrop, render_photo
-from tasks.sample.plan import Group, Member, plan_sample_corpus
-from tasks.sample.scenes import render_scene
+from sample_corpus.bad_records import bomb_png, cmyk_jpeg, exif_rotated_jpeg, not_an_image, truncated
+from sample_corpus.edits import apply_edit
+from sample_corpus.encoding import encode
+from sample_corpus.photos import PhotoCrop, render_photo
+from sample_corpus.plan import Group, Member, plan_sample_corpus
+from sample_corpus.scenes import render_scene
 
 
 def render_group(group: Group) -> list[bytes | None]:

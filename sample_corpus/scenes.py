@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from PIL import Image, ImageChops, ImageDraw
 
-from tasks.sample.lettering import draw_words, fitted_font
+from sample_corpus.lettering import draw_words, fitted_font
 
 NAMED_COLOURS: tuple[tuple[str, tuple[int, int, int]], ...] = (
     ("red", (210, 40, 40)), ("crimson", (165, 20, 50)), ("orange", (240, 140, 30)),

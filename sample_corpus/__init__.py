@@ -5,7 +5,7 @@ files, and ``ground_truth.json`` saying what a correct pipeline must find. See
 ``plan.py`` for how the corpus is decided and ``corpus.py`` for how it is written.
 """
 
-from tasks.sample.corpus import render_group, write_sample_corpus
-from tasks.sample.plan import SamplePlan, plan_sample_corpus
+from sample_corpus.corpus import render_group, write_sample_corpus
+from sample_corpus.plan import SamplePlan, plan_sample_corpus
 
 __all__ = ["SamplePlan", "plan_sample_corpus", "render_group", "write_sample_corpus"]

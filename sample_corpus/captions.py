@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks.sample.photos import PhotoCrop
-from tasks.sample.scenes import Background, Lettering, Lines, Scene, Shape, greyscale, mirrored
+from sample_corpus.photos import PhotoCrop
+from sample_corpus.scenes import Background, Lettering, Lines, Scene, Shape, greyscale, mirrored
 
 CAPTION_TYPES = ("tag", "short", "medium", "long")
 NUMBERS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",

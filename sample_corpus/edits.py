@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageEnhance, ImageFilter, ImageOps
 
-from tasks.sample.captions import CaptionView
-from tasks.sample.encoding import Encoding
-from tasks.sample.lettering import draw_words, fitted_font
+from sample_corpus.captions import CaptionView
+from sample_corpus.encoding import Encoding
+from sample_corpus.lettering import draw_words, fitted_font
 
 EASY_EDITS = ("downscale", "jpeg_quality", "light_crop", "brightness", "format_change")
 HARD_EDITS = ("hflip", "heavy_crop", "greyscale", "overlay", "blur", "rotate")

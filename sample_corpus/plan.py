@@ -16,17 +16,17 @@ import numpy as np
 import pyarrow as pa
 
 from corpusforge.hashing import stable_int
-from tasks.sample.bad_records import (
+from sample_corpus.bad_records import (
     BAD_KINDS, BOMB_SIZES, EXIF_ROTATED_STORED, SPECIAL_KINDS, UNSAFE_PATHS, extreme_aspect_size,
     small_size)
-from tasks.sample.captions import PLAIN, write_caption
-from tasks.sample.edits import (
+from sample_corpus.captions import PLAIN, write_caption
+from sample_corpus.edits import (
     EASY_EDITS, HARD_EDITS, MIN_SOURCE_SIDE, Edit, draw_burst_variant, draw_edit)
-from tasks.sample.encoding import Encoding
-from tasks.sample.metadata import (
+from sample_corpus.encoding import Encoding
+from sample_corpus.metadata import (
     METADATA_COLUMNS, METADATA_SCHEMA, RecordMetadata, crawl_start, draw_metadata)
-from tasks.sample.photos import PHOTOS, PhotoCrop, draw_photo_crop
-from tasks.sample.scenes import Scene, draw_scene
+from sample_corpus.photos import PHOTOS, PhotoCrop, draw_photo_crop
+from sample_corpus.scenes import Scene, draw_scene
 
 FORMAT_MIX = {"JPEG": 0.8, "PNG": 0.1, "WEBP": 0.1}
 ASPECTS = ((1.0, 0.15), (4 / 3, 0.35), (3 / 2, 0.3), (16 / 9, 0.15), (2.0, 0.05))

@@ -16,7 +16,7 @@ import zlib
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from tasks.sample.encoding import Encoding, encode
+from sample_corpus.encoding import Encoding, encode
 
 # kind -> (expected status, expected reason code)
 BAD_KINDS: dict[str, tuple[str, str]] = {
