@@ -10,6 +10,7 @@ Prefect server for the embedded defaults.
 from __future__ import annotations
 
 import contextlib
+import typing
 import importlib.util
 import logging
 import os
@@ -101,9 +102,32 @@ def run_tasks(t, calls: list[dict[str, Any]]) -> list[Any]:
     return [f.result() for f in futures]
 
 
-def on_cluster(inner_flow, config: Any) -> Any:
-    """Run ``inner_flow(config)`` with its tasks on the Dask cluster of ``config.dask``."""
-    return inner_flow.with_options(task_runner=task_runner(config.dask))(config)
+def cluster_flow(fn: Callable[[Any], Any], name: str) -> tuple[Any, Callable[[Any], Any]]:
+    """A Prefect flow ``name`` running ``fn(config)`` on the Dask cluster of ``config.dask``,
+    and a function that runs it from Python or the CLI with a Prefect API for the workers.
+
+    The task runner comes from the config, so it is chosen per run: the flow itself runs
+    ``fn`` as a subflow (``{name}-on-dask``) whose task runner is that cluster.
+    """
+    from prefect import flow
+
+    inner = flow(name=f"{name}-on-dask")(fn)
+
+    def outer(config: Any) -> Any:
+        return inner.with_options(task_runner=task_runner(config.dask))(config)
+
+    # the flow's parameter schema (the deployment form) is the config model of ``fn``
+    outer.__name__, outer.__qualname__, outer.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+    outer.__module__ = fn.__module__
+    outer.__annotations__ = typing.get_type_hints(fn)
+    outer_flow = flow(name=name)(outer)
+
+    def run(config: Any) -> Any:
+        with prefect_api():
+            return outer_flow(config)
+
+    run.__doc__ = f"Run the {name} flow from Python or the CLI, with a Prefect API available to Dask workers."
+    return outer_flow, run
 
 
 @contextlib.contextmanager

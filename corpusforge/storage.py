@@ -1,10 +1,10 @@
 """One storage abstraction over fsspec so local folders and ``s3://`` share one code path.
 
 Every write is atomic: a reader either sees the complete final object or nothing.
-Locally that is a temp file in the same folder followed by ``os.replace``; on object
-stores it is a local temp file uploaded with one ``put`` (a multipart upload becomes
-visible only when it completes). Completion markers (``*.done.json``) are written
-last, after the objects they vouch for, so resume is a property of the layout.
+Locally that is a temp file (``.name.*.part``, hidden from dataset readers) in the same
+folder followed by ``os.replace``; on object stores it is a local temp file uploaded with
+one ``put`` (a multipart upload becomes visible only when it completes). Completion
+markers are the stage contract's business (:mod:`corpusforge.contract`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def join_uri(base: str, *parts: str) -> str:
 
 
 class Store:
-    """A folder (local path or URI) with atomic writes and completion markers.
+    """A folder (local path or URI) with atomic writes.
 
     Paths given to methods are relative to the store's root and use ``/``.
     """
@@ -176,32 +176,6 @@ class Store:
     def remove(self, rel: str) -> None:
         if self.exists(rel):
             self.fs.rm(self._fs_path(rel), recursive=True)
-
-    # ---- completion markers -----------------------------------------------
-    @staticmethod
-    def marker_name(rel: str) -> str:
-        return f"{rel}.done.json"
-
-    def mark_done(self, rel: str, info: dict[str, Any]) -> None:
-        """Write the completion marker for ``rel``; call only after ``rel`` is complete."""
-        self.write_json(self.marker_name(rel), info)
-
-    def read_done(self, rel: str) -> dict[str, Any] | None:
-        """The marker's content if ``rel`` was completed, else ``None``."""
-        marker = self.marker_name(rel)
-        if not self.exists(marker):
-            return None
-        return self.read_json(marker)
-
-    def completed(self, folder: str, ext: str) -> list[str]:
-        """Sorted stems of the ``{stem}.{ext}`` files in ``folder`` that have a completion marker."""
-        suffix = self.marker_name(f".{ext}")
-        return sorted(n[: -len(suffix)] for n in self.listdir(folder) if n.endswith(suffix))
-
-    def is_done(self, rel: str, fingerprint: str) -> bool:
-        """True when ``rel`` was completed by work with the same ``fingerprint``."""
-        info = self.read_done(rel)
-        return info is not None and info.get("fingerprint") == fingerprint
 
 
 def open_uri(uri: str, storage_options: dict[str, Any] | None = None) -> IO[bytes]:

@@ -49,8 +49,8 @@ class ShardWriteResult:
     index: pa.Table  # one row per member: key, ext, offset, size
 
 
-class _HashingWriter(io.RawIOBase):
-    """Counts and hashes everything tarfile writes, on its way to the real file."""
+class HashingWriter(io.RawIOBase):
+    """Counts and hashes everything written through it, on its way to the real file."""
 
     def __init__(self, target: IO[bytes]):
         self.target, self.h, self.n = target, hashlib.sha256(), 0
@@ -65,10 +65,14 @@ class _HashingWriter(io.RawIOBase):
         self.target.write(b)
         return len(b)
 
+    @property
+    def sha256(self) -> str:
+        return self.h.hexdigest()
+
 
 def write_tar(target: IO[bytes], samples: Iterable[Sample]) -> ShardWriteResult:
     """Stream ``samples`` into ``target`` as a deterministic tar; return its hash and index."""
-    sink = _HashingWriter(target)
+    sink = HashingWriter(target)
     keys, exts, offsets, sizes = [], [], [], []
     count = 0
     position = 0  # tarfile buffers stream writes, so member positions are computed, not observed

@@ -1,42 +1,48 @@
 """The main job: build a benchmark-grade corpus from a raw image–caption collection.
 
-Read top to bottom, :func:`build_on_dask` is the pipeline's table of contents:
+Read top to bottom, :func:`build` is the pipeline's table of contents:
 
     plan inputs → ingest (per partition) → duplicate keys, exact duplicates (per hash bucket)
-    → resolve (per partition) → staging shards (per shard) → features (per staging shard)
-    → near-duplicate graph and two-tier removal (queries per staging shard) → release plan
-    → release shards (per shard) → manifest (per partition) → reference statistics → receipt and report
+    → resolve (per partition) → staging shards (per content-defined shard) → features (per
+    staging shard) → near-duplicate graph and two-tier removal (queries per staging shard)
+    → release plan → release shards (per shard) → manifest (per partition) → reference
+    statistics → receipt and report
 
 Each "per X" step is one Prefect task per X on the Dask cluster from ``config.dask``.
-Every step is resumable: a rerun of a finished build skips finished shards and rewrites
-no byte differently.
+Every unit follows the stage contract (:mod:`corpusforge.contract`): a rerun into the
+same output — after rows were appended, edited or deleted, image bytes replaced, a
+setting or the code changed, or a run was killed — writes exactly the bytes a fresh
+build would, and recomputes only the units whose inputs changed. Each folder is pruned
+to the current plan before anything reads it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 from pydantic import Field, model_validator
 
-from corpusforge.cluster import DaskConfig, as_task, on_cluster, prefect_api, run_tasks
+from corpusforge.cluster import DaskConfig, as_task, cluster_flow, run_tasks
 from corpusforge.config import FlowConfig
+from corpusforge.contract import count_actions, prune, remove_tree
+from corpusforge.layout import (EXACT_DIR, FEATURES_DIR, GRAPH_DIR, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR,
+                                RESOLVED_DIR, STAGING_INDEX, STAGING_RECORDS, STAGING_TARS, STATS_DIR, bucket_name,
+                                features_dir, hashes_path, keys_table_path, part_name)
 from corpusforge.storage import Store
 from corpusforge.version import code_version
-from flows.publish import prune, publish, release_section, write_receipt
-from flows.reference_stats import ReferenceStatsConfig, ReferenceStatsSettings, reference_stats_stage
-from tasks.features.base import CODE_VERSION as FEATURES_CODE_VERSION
+from tasks.exact_dedup import find_duplicate_keys, find_exact_duplicates, resolve_partition
 from tasks.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
 from tasks.features.extract import extract_features, summarize
-from tasks.features.layout import feature_path
-from tasks.exact_dedup import find_duplicate_keys, find_exact_duplicates, resolve_partition
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.stage import near_duplicate_stage
 from tasks.ingest import ingest_partition
+from tasks.publish import publish, release_section, write_receipt
 from tasks.receipt import count_outcomes, input_snapshot_hash, output_hashes, redact
 from tasks.sources import SourceConfig, plan_partitions
 from tasks.splits import SplitConfig
 from tasks.staging import StagingConfig, plan_staging, write_staging_shard
+from tasks.stats.stage import ReferenceStatsSettings, reference_stats_stage
 from tasks.validate import ValidationConfig
 
 
@@ -84,54 +90,94 @@ resolve_task = as_task(resolve_partition, "resolve-partition")
 staging_task = as_task(write_staging_shard, "write-staging-shard")
 
 
-@flow(name="build-corpus-on-dask")
-def build_on_dask(config: BuildConfig) -> dict[str, Any]:
+def build(config: BuildConfig) -> dict[str, Any]:
+    """Build (or bring up to date) the corpus at ``config.out``; return counts and the work done."""
     log = get_run_logger()
-    version = code_version()
     store = Store(config.out, config.storage_options)
-    kind, parts = plan_inputs_task.submit(config.source, store, config.input).result()
-    buckets = range(config.staging.buckets_for(len(parts)))
+    work: dict[str, Any] = {}
+    kind, parts = run_tasks(plan_inputs_task, [dict(src=config.source, store=store, cfg=config.input)])[0]
+    names = {part_name(p.index) for p in parts}
+    for folder in (INGEST_DIR, HASHES_DIR, KEYS_DIR, RESOLVED_DIR):
+        prune(store, folder, names)
+    n_buckets = config.staging.buckets_for(len(parts))
+    buckets = range(n_buckets)
+    for folder in (KEYDUP_DIR, EXACT_DIR):
+        prune(store, folder, {bucket_name(b) for b in buckets})
     log.info("source %s: %s, %d ingest partitions", config.source, kind, len(parts))
-    run_tasks(ingest_task, [dict(store=store, part=p, src=config.input, val=config.validation,
-                                 n_buckets=len(buckets), code_version=version) for p in parts])
-    run_tasks(duplicate_keys_task, [dict(store=store, bucket=b) for b in buckets])
-    run_tasks(exact_duplicates_task, [dict(store=store, bucket=b) for b in buckets])
-    survivors = [r["survivors"] for r in run_tasks(resolve_task, [dict(store=store, part=p.index) for p in parts])]
 
-    staging = plan_staging(survivors, config.staging.shard_size)
-    prune(store, "staging", {s.name for s in staging})
-    run_tasks(staging_task, [dict(store=store, shard=s, storage_options=config.input.storage_options,
-                                  code_version=version) for s in staging])
-    log.info("%d records staged in %d staging shards", sum(survivors), len(staging))
-    staged = [s.name for s in staging]
+    ingested = run_tasks(ingest_task, [dict(store=store, part=p, src=config.input, val=config.validation,
+                                            n_buckets=n_buckets) for p in parts])
+    work["ingest"] = count_actions(ingested)
+    keys = [m["outputs"][keys_table_path(p.index)] for p, m in zip(parts, ingested, strict=True)]
+    hashes = [m["outputs"][hashes_path(p.index)] for p, m in zip(parts, ingested, strict=True)]
+    keydup = run_tasks(duplicate_keys_task, [dict(store=store, bucket=b, keys_digests=keys) for b in buckets])
+    exact = run_tasks(exact_duplicates_task, [dict(store=store, bucket=b, hashes_digests=hashes,
+                                                   keydup_digests=[m["digest"] for m in keydup]) for b in buckets])
+    work["exact_dedup"] = count_actions(keydup + exact)
+    decisions = [m["digest"] for m in keydup + exact]
+    resolved = run_tasks(resolve_task, [dict(store=store, part=p.index, ingest_digest=m["digest"],
+                                             decision_digests=decisions, shard_size=config.staging.shard_size)
+                                        for p, m in zip(parts, ingested, strict=True)])
+    work["resolve"] = count_actions(resolved)
 
-    features = {}
-    if config.features.models and staged:
-        features = summarize(extract_features(store, staged, config.features, FEATURES_CODE_VERSION))
-        features["fingerprints"] = {m: store.read_done(feature_path(m, staged[0]))["model"] for m in features["models"]}
+    staging = plan_staging([m["info"] for m in resolved], config.staging.shard_size)
+    staged = sorted(s.name for s in staging)
+    for folder in (STAGING_TARS, STAGING_INDEX, STAGING_RECORDS):
+        prune(store, folder, staged)
+    written = run_tasks(staging_task, [dict(store=store, shard=s, storage_options=config.input.storage_options)
+                                       for s in staging])
+    work["staging"] = count_actions(written)
+    log.info("%d records staged in %d staging shards", sum(m["info"]["count"] for m in written), len(staging))
 
-    near = near_duplicate_stage(store, config.near_dedup, staged) if config.near_dedup and staged else {}
+    features = _features(store, config, staged, work)
+    near: dict[str, Any] = {}
+    if config.near_dedup and staged:
+        near, work["graph"] = near_duplicate_stage(store, config.near_dedup, staged)
+    else:
+        remove_tree(store, GRAPH_DIR)
 
-    release, manifest = publish(store, staged, len(parts), config.splits, version)
-
+    release, manifest, work["publish"] = publish(store, staged, len(parts), config.splits,
+                                                 near_dedup=bool(config.near_dedup and staged))
     stats = {}
     if config.reference_stats is not None:
-        stats_config = ReferenceStatsConfig(**config.reference_stats.model_dump(), corpus=config.out,
-                                            storage_options=config.storage_options, dask=config.dask)
-        stats = _stable_stats(reference_stats_stage(stats_config))
+        stats = _stable_stats(reference_stats_stage(store, config.reference_stats))
+    else:
+        remove_tree(store, STATS_DIR)
 
-    receipt = _receipt(config, store, kind, len(parts), release, manifest, version, features, near, stats)
+    receipt = _receipt(config, store, kind, len(parts), release, manifest, features, near, stats)
     write_receipt(store, receipt)
-    log.info("corpus written to %s: %s", config.out, receipt["counts"]["by_status"])
-    return {"out": config.out, "counts": receipt["counts"], "release": receipt["release"]["splits"]}
+    log.info("corpus written to %s: %s; work done %s", config.out, receipt["counts"]["by_status"], work)
+    return {"out": config.out, "counts": receipt["counts"], "release": receipt["release"]["splits"], "work": work}
+
+
+def _features(store: Store, config: BuildConfig, staged: list[str], work: dict[str, Any]) -> dict[str, Any]:
+    """The feature stage over every staging shard; feature folders of models no longer
+    configured (by the build or its statistics) are removed."""
+    models = {m.model_id for m in config.features.models}
+    if config.reference_stats is not None:
+        models.add(config.reference_stats.model.model_id)
+    for name in store.listdir(FEATURES_DIR):
+        if name not in models:
+            remove_tree(store, features_dir(name))
+    for model in models:
+        for sub in ("vectors", "keys"):
+            prune(store, f"{features_dir(model)}/{sub}", staged)
+    if not (config.features.models and staged):
+        return {}
+    results = extract_features(store, staged, config.features)
+    work["features"] = {m: count_actions(r["models"][m] for r in results) for m in sorted(results[0]["models"])}
+    work["images_embedded"] = sum(r["images"] for r in results
+                                  if any(v["action"] == "computed" for v in r["models"].values()))
+    return summarize(results)
 
 
 def _receipt(config: BuildConfig, store: Store, kind: str, n_parts: int, release: dict[str, Any],
-             manifest: list[dict[str, Any]], version: str, features: dict[str, Any],
+             manifest: list[dict[str, Any]], features: dict[str, Any],
              near: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
     return {
         "corpusforge": "build_corpus",
-        "code_version": version,
+        "code_version": code_version("tasks.ingest", "tasks.exact_dedup", "tasks.staging", "tasks.features.extract",
+                                     "tasks.graph.stage", "tasks.publish", "tasks.stats.stage"),
         "source": config.source,
         "source_kind": kind,
         "config": redact(config.model_dump(mode="json")),
@@ -153,10 +199,9 @@ def _stable_features(summary: dict[str, Any]) -> dict[str, Any]:
     """What the receipt keeps of the feature stage: facts, not how much work this run redid."""
     if not summary:
         return {}
-    keep = ("shards", "ok", "errors", "random_init", "dim")
+    keep = ("shards", "ok", "errors", "random_init", "dim", "fingerprint")
     return {"images": summary["images"], "random_init_models": summary["random_init_models"],
-            "models": {m: {**{k: t[k] for k in keep}, "fingerprint": summary["fingerprints"][m]}
-                       for m, t in summary["models"].items()}}
+            "models": {m: {k: t[k] for k in keep} for m, t in summary["models"].items()}}
 
 
 def _stable_stats(result: dict[str, Any]) -> dict[str, Any]:
@@ -168,13 +213,4 @@ def _stable_stats(result: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
-@flow(name="build-corpus")
-def build_corpus(config: BuildConfig) -> dict[str, Any]:
-    """Build a corpus; the work runs on the Dask cluster named in ``config.dask``."""
-    return on_cluster(build_on_dask, config)
-
-
-def run_build(config: BuildConfig) -> dict[str, Any]:
-    """Run the build from Python or the CLI, with a Prefect API available to Dask workers."""
-    with prefect_api():
-        return build_corpus(config)
+build_corpus, run_build = cluster_flow(build, "build-corpus")

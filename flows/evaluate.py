@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from pydantic import Field
 
-from corpusforge.cluster import DaskConfig, on_cluster, prefect_api
+from corpusforge.cluster import DaskConfig, cluster_flow
 from corpusforge.config import FlowConfig
 from corpusforge.storage import Store
 from corpusforge.version import code_version
@@ -58,8 +58,8 @@ class EvaluateConfig(FlowConfig):
 embed_task = task(embed_chunk, name="embed-generated-chunk", cache_policy=NO_CACHE, persist_result=False, retries=1)
 
 
-@flow(name="evaluate-on-dask")
-def evaluate_on_dask(config: EvaluateConfig) -> dict[str, Any]:
+def evaluate(config: EvaluateConfig) -> dict[str, Any]:
+    """Metrics of generated images against a reference; the embedding runs on ``config.dask``."""
     log = get_run_logger()
     reference = load_reference(config.reference, config.reference_storage_options)
     check_model(reference, expected_identity(config.model), config.allow_mismatch)
@@ -72,7 +72,7 @@ def evaluate_on_dask(config: EvaluateConfig) -> dict[str, Any]:
     result = evaluate_features([f.result() for f in futures], reference, config.metrics, config.allow_mismatch)
     result["generated"]["sources"] = list(config.generated)
     result["model_spec"] = public_spec(config.model)
-    result["code_version"] = code_version()
+    result["code_version"] = code_version("tasks.stats.evaluate")
     for d in result["protocol"]["deviations"]:
         log.warning("protocol deviation: %s", d)
     out = Store(config.out, config.out_storage_options)
@@ -81,13 +81,4 @@ def evaluate_on_dask(config: EvaluateConfig) -> dict[str, Any]:
     return result
 
 
-@flow(name="evaluate")
-def evaluate_flow(config: EvaluateConfig) -> dict[str, Any]:
-    """Metrics of generated images against a reference; the embedding runs on ``config.dask``."""
-    return on_cluster(evaluate_on_dask, config)
-
-
-def run_evaluate(config: EvaluateConfig) -> dict[str, Any]:
-    """Run the flow from Python or the CLI, with a Prefect API available to Dask workers."""
-    with prefect_api():
-        return evaluate_flow(config)
+evaluate_flow, run_evaluate = cluster_flow(evaluate, "evaluate")

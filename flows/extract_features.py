@@ -1,7 +1,7 @@
 """Compute features for an already built corpus: the feature stage on its own.
 
 Runs :func:`tasks.features.extract.extract_features` over every completed staging shard
-(``staging/{shard}.tar.done.json``) of ``config.corpus``, one task per shard on the Dask
+of ``config.corpus``, one task per shard on the Dask
 cluster from ``config.dask``. Finished (model, shard) pairs with a matching fingerprint
 are skipped, so a rerun only does missing or invalidated work. Output layout: see
 :mod:`tasks.features.extract`.
@@ -14,16 +14,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 from pydantic import Field
 
-from corpusforge.cluster import DaskConfig, on_cluster, prefect_api
+from corpusforge.cluster import DaskConfig, cluster_flow
 from corpusforge.config import FlowConfig
+from corpusforge.contract import completed_units
+from corpusforge.layout import STAGING_TARS
 from corpusforge.storage import Store
-from tasks.features.base import CODE_VERSION
 from tasks.features.config import FeaturesConfig
 from tasks.features.extract import extract_features, summarize
-from tasks.staging import completed_staging_shards
 
 
 class ExtractFeaturesConfig(FlowConfig):
@@ -38,29 +38,20 @@ class ExtractFeaturesConfig(FlowConfig):
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
 
-@flow(name="extract-features-on-dask")
-def extract_features_on_dask(config: ExtractFeaturesConfig) -> dict[str, Any]:
+def extract(config: ExtractFeaturesConfig) -> dict[str, Any]:
+    """Features for every completed staging shard of ``config.corpus``."""
     log = get_run_logger()
     store = Store(config.corpus, config.storage_options)
-    shards = completed_staging_shards(store)
+    shards = completed_units(store, STAGING_TARS, ".tar")
     log.info("%d completed staging shards in %s; models %s", len(shards), config.corpus,
              [m.model_id for m in config.features.models])
-    summary = summarize(extract_features(store, shards, config.features, CODE_VERSION))
+    summary = summarize(extract_features(store, shards, config.features))
     if "warning" in summary:
         log.warning(summary["warning"])
     for model_id, totals in summary["models"].items():
-        log.info("%s: %d ok, %d errors; shards computed %d, recomputed %d, skipped %d", model_id,
-                 totals["ok"], totals["errors"], totals["computed"], totals["recomputed"], totals["skipped"])
+        log.info("%s: %d ok, %d errors; shards computed %d, skipped %d", model_id,
+                 totals["ok"], totals["errors"], totals["computed"], totals["skipped"])
     return summary
 
 
-@flow(name="extract-features")
-def extract_features_flow(config: ExtractFeaturesConfig) -> dict[str, Any]:
-    """Features for every completed staging shard; the work runs on ``config.dask``."""
-    return on_cluster(extract_features_on_dask, config)
-
-
-def run_extract_features(config: ExtractFeaturesConfig) -> dict[str, Any]:
-    """Run the flow from Python or the CLI, with a Prefect API available to Dask workers."""
-    with prefect_api():
-        return extract_features_flow(config)
+extract_features_flow, run_extract_features = cluster_flow(extract, "extract-features")

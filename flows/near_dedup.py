@@ -17,22 +17,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 from pydantic import Field
 
-from corpusforge.cluster import DaskConfig, on_cluster, prefect_api
+from corpusforge.cluster import DaskConfig, cluster_flow
 from corpusforge.config import FlowConfig
+from corpusforge.contract import completed_units
+from corpusforge.feature_files import feature_marker
 from corpusforge.hashing import fingerprint
+from corpusforge.layout import LINEAGE, RECEIPT, RESOLVED_DIR, STAGING_TARS
 from corpusforge.storage import Store
 from corpusforge.version import code_version
-from flows.publish import publish, release_section, write_receipt
-from tasks.features.layout import list_feature_shards
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.stage import near_duplicate_stage
+from tasks.publish import publish, release_section, write_receipt
 from tasks.receipt import count_outcomes, output_hashes, redact
 from tasks.splits import SplitConfig
-
-LINEAGE_PATH = "lineage.json"
 
 
 class NearDedupFlowConfig(FlowConfig):
@@ -45,8 +45,6 @@ class NearDedupFlowConfig(FlowConfig):
                                             description="fsspec options for the source root.")
     out_storage_options: dict[str, Any] | None = Field(
         None, title="Output storage options", description="fsspec options for the output root; empty: as the source.")
-    shards: list[str] | None = Field(None, title="Staging shards",
-                                     description="Empty: every shard with completed features of the model.")
     near_dedup: NearDedupConfig = Field(default_factory=NearDedupConfig, title="Near-duplicate removal")
     splits: SplitConfig | None = Field(None, title="Splits, release shards, tiers",
                                        description="Empty: the source build's settings (from its receipt).")
@@ -61,43 +59,55 @@ def check_separate(source: Store, out: Store) -> None:
                          "a new version must not write into the old one")
 
 
+def staged_with_features(source: Store, model_id: str) -> list[str]:
+    """Every staging shard of the source; a clear error naming those without features."""
+    shards = completed_units(source, STAGING_TARS, ".tar")
+    if not shards:
+        raise ValueError(f"{source.root} has no completed staging shards: not a built corpus")
+    missing = [s for s in shards if feature_marker(source, model_id, s) is None]
+    if missing:
+        raise ValueError(f"{len(missing)} staging shards of {source.root} have no {model_id} features "
+                         f"({', '.join(missing[:5])}{', …' if len(missing) > 5 else ''}): run "
+                         f"`corpusforge extract-features` with that model first")
+    return shards
+
+
 def lineage(source: Store, shards: list[str], cfg: NearDedupConfig) -> dict[str, Any]:
     """What this version was derived from."""
-    receipt = source.sha256("receipt.json") if source.exists("receipt.json") else None
+    receipt = source.sha256(RECEIPT) if source.exists(RECEIPT) else None
     return {"derived_from": source.root, "source_receipt_sha256": receipt, "staging_shards": sorted(shards),
             "stage": "near_dedup", "near_dedup": cfg.model_dump(mode="json"),
             "near_dedup_fingerprint": fingerprint(cfg.model_dump(mode="json"))}
 
 
-@flow(name="near-dedup-on-dask")
-def near_dedup_on_dask(config: NearDedupFlowConfig) -> dict[str, Any]:
+def near_dedup(config: NearDedupFlowConfig) -> dict[str, Any]:
+    """Near-duplicate removal on a built corpus, written as a new version under ``config.out``."""
     log = get_run_logger()
     source = Store(config.source, config.storage_options)
     out_options = config.storage_options if config.out_storage_options is None else config.out_storage_options
     out = Store(config.out, out_options)
     check_separate(source, out)
-    shards = config.shards or list_feature_shards(source, config.near_dedup.model_id)
+    shards = staged_with_features(source, config.near_dedup.model_id)
     log.info("%d staging shards of %s; writing the new version to %s", len(shards), config.source, config.out)
-    out.write_json(LINEAGE_PATH, lineage(source, shards, config.near_dedup))
-    summary = near_duplicate_stage(out, config.near_dedup, shards, source=source)
+    out.write_json(LINEAGE, lineage(source, shards, config.near_dedup))
+    summary, _ = near_duplicate_stage(out, config.near_dedup, shards, source=source)
     d = summary["decisions"]
     log.info("%d images: %d kept, %d removed %s; recall %s", d["images"], d["kept"], d["removed"],
              d["removed_by_rule"], summary["recall"]["recall"])
 
-    if not source.exists("receipt.json"):
+    if not source.exists(RECEIPT):
         log.warning("%s has no receipt.json (not a finished build): graph outputs only, no release", config.source)
         return summary
-    source_receipt = source.read_json("receipt.json")
+    source_receipt = source.read_json(RECEIPT)
     splits = config.splits or SplitConfig.model_validate(source_receipt["config"]["splits"])
-    n_parts = sum(1 for n in source.listdir("work/resolved") if n.endswith(".parquet"))
-    version = code_version()
-    release, manifest = publish(out, sorted(shards), n_parts, splits, version, source=source)
+    n_parts = sum(1 for n in source.listdir(RESOLVED_DIR) if n.endswith(".parquet"))
+    release, manifest, _ = publish(out, shards, n_parts, splits, near_dedup=True, source=source)
     write_receipt(out, {
         "corpusforge": "near_dedup",
-        "code_version": version,
+        "code_version": code_version("tasks.graph.stage", "tasks.publish"),
         "source": config.source,
         "source_kind": f"corpus version derived from {config.source}",
-        "lineage": out.read_json(LINEAGE_PATH),
+        "lineage": out.read_json(LINEAGE),
         "config": redact(config.model_dump(mode="json")),
         "seeds": {"splits": splits.seed, "near_dedup": config.near_dedup.seed},
         "thresholds": {"near_dedup": config.near_dedup.model_dump(mode="json")},
@@ -111,13 +121,4 @@ def near_dedup_on_dask(config: NearDedupFlowConfig) -> dict[str, Any]:
     return summary
 
 
-@flow(name="near-dedup")
-def near_dedup_flow(config: NearDedupFlowConfig) -> dict[str, Any]:
-    """Near-duplicate removal as a new version; the work runs on ``config.dask``."""
-    return on_cluster(near_dedup_on_dask, config)
-
-
-def run_near_dedup(config: NearDedupFlowConfig) -> dict[str, Any]:
-    """Run the flow from Python or the CLI, with a Prefect API available to Dask workers."""
-    with prefect_api():
-        return near_dedup_flow(config)
+near_dedup_flow, run_near_dedup = cluster_flow(near_dedup, "near-dedup")

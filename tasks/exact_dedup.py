@@ -19,35 +19,44 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from corpusforge.records import INGEST_SCHEMA, Status
+from corpusforge.chunking import cut_name
+from corpusforge.contract import run_unit, unit_fingerprint
+from corpusforge.layout import (DUPLICATE_SCHEMA, EXACT_DIR, HASHES_DIR, KEYDUP_DIR, KEYS_DIR, RESOLVED_SCHEMA,
+                                exact_path, ingest_path, keydup_path, resolved_path)
+from corpusforge.records import Status
 from corpusforge.storage import Store
-from tasks.ingest import ingest_path
+from corpusforge.version import code_version
 
-DECISION_SCHEMA = pa.schema([("part", pa.int32()), ("row", pa.int32()), ("duplicate_of", pa.string())])
-RESOLVED_SCHEMA = INGEST_SCHEMA.append(pa.field("duplicate_of", pa.string()))
+
+def _code() -> str:
+    return code_version("tasks.exact_dedup")
 
 
 def _bucket_rows(store: Store, folder: str, bucket: int) -> pa.Table:
     return store.dataset(folder).to_table(filter=pc.field("bucket") == bucket)
 
 
-def _write_decisions(store: Store, rel: str, rows: list[dict[str, Any]]) -> int:
+def _write_decisions(store: Store, rel: str, rows: list[dict[str, Any]]) -> dict[str, str]:
     rows.sort(key=lambda r: (r["part"], r["row"]))
-    store.write_parquet(rel, pa.Table.from_pylist(rows, schema=DECISION_SCHEMA))
-    return len(rows)
+    return {rel: store.write_parquet(rel, pa.Table.from_pylist(rows, schema=DUPLICATE_SCHEMA))}
 
 
-def find_duplicate_keys(store: Store, bucket: int) -> int:
-    """Records reusing a key seen earlier in input order; returns how many."""
-    table = _bucket_rows(store, "work/keys", bucket).to_pylist()
-    table.sort(key=lambda r: (r["key"], r["part"], r["row"]))
-    decisions, previous = [], None
-    for r in table:
-        if previous is not None and previous["key"] == r["key"]:
-            decisions.append({"part": r["part"], "row": r["row"], "duplicate_of": r["key"]})
-        else:
-            previous = r
-    return _write_decisions(store, f"work/keydup/{bucket:04d}.parquet", decisions)
+def find_duplicate_keys(store: Store, bucket: int, keys_digests: list[str]) -> dict[str, Any]:
+    """Records reusing a key seen earlier in input order (``keys_digests``: every partition's
+    ``work/keys`` digest, the inputs this bucket reads)."""
+    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+        table = _bucket_rows(store, KEYS_DIR, bucket).to_pylist()
+        table.sort(key=lambda r: (r["key"], r["part"], r["row"]))
+        decisions, previous = [], None
+        for r in table:
+            if previous is not None and previous["key"] == r["key"]:
+                decisions.append({"part": r["part"], "row": r["row"], "duplicate_of": r["key"]})
+            else:
+                previous = r
+        return _write_decisions(store, keydup_path(bucket), decisions), {"duplicates": len(decisions)}
+
+    fp = unit_fingerprint("duplicate-keys", _code(), bucket, keys_digests)
+    return run_unit(store, keydup_path(bucket), fp, compute)
 
 
 def _rows_in(store: Store, folder: str) -> set[tuple[int, int]]:
@@ -57,22 +66,27 @@ def _rows_in(store: Store, folder: str) -> set[tuple[int, int]]:
     return set(zip(t["part"].to_pylist(), t["row"].to_pylist(), strict=True))
 
 
-def find_exact_duplicates(store: Store, bucket: int) -> int:
-    """Byte-identical images in one hash bucket; returns how many are removed."""
-    bad_keys = _rows_in(store, "work/keydup")
-    rows = [r for r in _bucket_rows(store, "work/hashes", bucket).to_pylist()
-            if (r["part"], r["row"]) not in bad_keys]
-    by_hash: dict[str, list[dict[str, Any]]] = {}
-    for r in rows:
-        by_hash.setdefault(r["sha256"], []).append(r)
-    decisions = []
-    for group in by_hash.values():
-        if len(group) < 2:
-            continue
-        winner = min(group, key=lambda r: (-r["pixels"], r["key"]))
-        decisions += [{"part": r["part"], "row": r["row"], "duplicate_of": winner["key"]}
-                      for r in group if r is not winner]
-    return _write_decisions(store, f"work/exact/{bucket:04d}.parquet", decisions)
+def find_exact_duplicates(store: Store, bucket: int, hashes_digests: list[str],
+                          keydup_digests: list[str]) -> dict[str, Any]:
+    """Byte-identical images in one hash bucket (records with a reused key take no part)."""
+    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+        bad_keys = _rows_in(store, KEYDUP_DIR)
+        rows = [r for r in _bucket_rows(store, HASHES_DIR, bucket).to_pylist()
+                if (r["part"], r["row"]) not in bad_keys]
+        by_hash: dict[str, list[dict[str, Any]]] = {}
+        for r in rows:
+            by_hash.setdefault(r["sha256"], []).append(r)
+        decisions = []
+        for group in by_hash.values():
+            if len(group) < 2:
+                continue
+            winner = min(group, key=lambda r: (-r["pixels"], r["key"]))
+            decisions += [{"part": r["part"], "row": r["row"], "duplicate_of": winner["key"]}
+                          for r in group if r is not winner]
+        return _write_decisions(store, exact_path(bucket), decisions), {"duplicates": len(decisions)}
+
+    fp = unit_fingerprint("exact-duplicates", _code(), bucket, [hashes_digests, keydup_digests])
+    return run_unit(store, exact_path(bucket), fp, compute)
 
 
 def _decisions_for(store: Store, folder: str, part: int) -> dict[int, str]:
@@ -82,23 +96,34 @@ def _decisions_for(store: Store, folder: str, part: int) -> dict[int, str]:
     return dict(zip(t["row"].to_pylist(), t["duplicate_of"].to_pylist(), strict=True))
 
 
-def resolve_partition(store: Store, part: int) -> dict[str, Any]:
+def resolve_partition(store: Store, part: int, ingest_digest: str, decision_digests: list[str],
+                      shard_size: int) -> dict[str, Any]:
     """Fold key and exact-duplicate decisions into a partition's rows.
 
-    Returns the number of surviving records (valid, unique key, not a duplicate) so the
-    staging plan can number them in input order.
+    The marker's info gives the staging planner what it needs without reading rows: the
+    number of surviving records (valid, unique key, not a duplicate) and the staging cut
+    candidates among them (:mod:`corpusforge.chunking`), as (position, name).
     """
-    rows = store.read_parquet(ingest_path(part)).to_pylist()
-    dup_keys = _decisions_for(store, "work/keydup", part)
-    dup_bytes = _decisions_for(store, "work/exact", part)
-    survivors = 0
-    for r in rows:
-        r["duplicate_of"] = None
-        if r["row"] in dup_keys:
-            r["status"], r["reason"] = Status.ERROR.value, f"duplicate_key: {r['key']} appeared earlier in the input"
-        elif r["row"] in dup_bytes:
-            r["status"], r["reason"] = Status.EXACT_DUPLICATE.value, "sha256_match"
-            r["duplicate_of"] = dup_bytes[r["row"]]
-        survivors += r["status"] == Status.KEPT.value
-    store.write_parquet(f"work/resolved/{part:06d}.parquet", pa.Table.from_pylist(rows, schema=RESOLVED_SCHEMA))
-    return {"part": part, "survivors": survivors}
+    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+        rows = store.read_parquet(ingest_path(part)).to_pylist()
+        dup_keys = _decisions_for(store, KEYDUP_DIR, part)
+        dup_bytes = _decisions_for(store, EXACT_DIR, part)
+        survivors = 0
+        candidates = []
+        for r in rows:
+            r["duplicate_of"] = None
+            if r["row"] in dup_keys:
+                r["status"], r["reason"] = Status.ERROR.value, f"duplicate_key: {r['key']} appeared earlier in the input"
+            elif r["row"] in dup_bytes:
+                r["status"], r["reason"] = Status.EXACT_DUPLICATE.value, "sha256_match"
+                r["duplicate_of"] = dup_bytes[r["row"]]
+            if r["status"] == Status.KEPT.value:
+                if (name := cut_name(r["key"], shard_size)) is not None:
+                    candidates.append([survivors, name])
+                survivors += 1
+        rel = resolved_path(part)
+        sha = store.write_parquet(rel, pa.Table.from_pylist(rows, schema=RESOLVED_SCHEMA))
+        return {rel: sha}, {"part": part, "survivors": survivors, "candidates": candidates}
+
+    fp = unit_fingerprint("resolve", _code(), shard_size, [ingest_digest, decision_digests])
+    return run_unit(store, resolved_path(part), fp, compute)

@@ -7,6 +7,10 @@ Output per partition (written atomically, marker last):
   or ``error`` with a reason;
 * ``work/hashes/{part}.parquet`` and ``work/keys/{part}.parquet`` — the small
   bucketed tables that exact deduplication and the key-uniqueness check read.
+
+Fingerprint: the partition's digest (its chunk's bytes, or the tar's stamp), the stamp
+of every image file the chunk names (so bytes replaced at the same path are re-read),
+the validation settings, the bucket count and this stage's code version.
 """
 
 from __future__ import annotations
@@ -20,21 +24,15 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from corpusforge.hashing import fingerprint, stable_int
-from corpusforge.records import INGEST_SCHEMA, Status
+from corpusforge.contract import run_unit, unit_fingerprint
+from corpusforge.hashing import stable_int
+from corpusforge.layout import HASH_SCHEMA, INGEST_SCHEMA, KEY_SCHEMA, hashes_path, ingest_path, keys_table_path
+from corpusforge.records import Status
 from corpusforge.storage import Store
 from corpusforge.tarshard import is_safe_key, iter_tar_samples
-from tasks.sources import IMAGE_EXTS, METADATA_COLUMNS, Partition, SourceConfig, resolve_path
+from corpusforge.version import code_version
+from tasks.sources import IMAGE_EXTS, METADATA_COLUMNS, Partition, SourceConfig, file_stamp, resolve_path
 from tasks.validate import ValidationConfig, validate_image
-
-HASH_SCHEMA = pa.schema([("bucket", pa.int32()), ("sha256", pa.string()), ("key", pa.string()),
-                         ("part", pa.int32()), ("row", pa.int32()), ("pixels", pa.int64())])
-KEY_SCHEMA = pa.schema([("bucket", pa.int32()), ("key", pa.string()),
-                        ("part", pa.int32()), ("row", pa.int32())])
-
-
-def ingest_path(part: int) -> str:
-    return f"work/ingest/{part:06d}.parquet"
 
 
 def derived_key(locator: str) -> str:
@@ -58,9 +56,31 @@ def _judge(record: dict[str, Any], data: bytes, cfg: ValidationConfig, scores: d
                   width=verdict.width, height=verdict.height)
 
 
-def _row_records(part: Partition, src: SourceConfig, val: ValidationConfig) -> Iterator[dict[str, Any]]:
+def _chunk_rows(part: Partition, src: SourceConfig) -> list[dict[str, Any]]:
     with fsspec.open(part.uri, "rb", **src.storage_options) as f:
-        rows = pq.read_table(f).to_pylist()
+        return pq.read_table(f).to_pylist()
+
+
+def image_stamps(part: Partition, src: SourceConfig) -> list[str | None]:
+    """The stamp of every image file a rows partition names (None: unsafe or missing path)."""
+    if part.kind == "tar":
+        return []
+    stamps: list[str | None] = []
+    for meta in _chunk_rows(part, src):
+        location = resolve_path(part.base, meta.get("path") or "")
+        if location is None:
+            stamps.append(None)
+            continue
+        try:
+            fs, path = fsspec.core.url_to_fs(location, **src.storage_options)
+            stamps.append(file_stamp(fs, path))
+        except (OSError, ValueError) as exc:
+            stamps.append(f"unreadable: {type(exc).__name__}")
+    return stamps
+
+
+def _row_records(part: Partition, src: SourceConfig, val: ValidationConfig) -> Iterator[dict[str, Any]]:
+    rows = _chunk_rows(part, src)
     for i, meta in enumerate(rows):
         record = _blank(part.index, i)
         record.update({c: meta.get(c) for c in METADATA_COLUMNS})
@@ -122,28 +142,32 @@ def _tar_records(part: Partition, src: SourceConfig, val: ValidationConfig) -> I
 
 
 def ingest_partition(store: Store, part: Partition, src: SourceConfig, val: ValidationConfig,
-                     n_buckets: int, code_version: str) -> dict[str, Any]:
-    """Ingest one partition (resumable); return its counts by status."""
-    rel = ingest_path(part.index)
-    fp = fingerprint("ingest", part.uri, part.base, src.model_dump(), val.model_dump(), n_buckets, code_version)
-    if (done := store.read_done(rel)) and done.get("fingerprint") == fp:
-        return done["summary"]
-    reader = _tar_records if part.kind == "tar" else _row_records
-    records = list(reader(part, src, val))
-    table = pa.Table.from_pylist(records, schema=INGEST_SCHEMA)
-    valid = [r for r in records if r["status"] == Status.KEPT.value]
-    hashes = sorted(
-        ({"bucket": stable_int(0, r["sha256"], n_buckets), "sha256": r["sha256"], "key": r["key"],
-          "part": r["part"], "row": r["row"], "pixels": int(r["width"]) * int(r["height"])} for r in valid),
-        key=lambda r: (r["bucket"], r["sha256"], r["row"]))
-    keys = sorted(
-        ({"bucket": stable_int(0, r["key"], n_buckets), "key": r["key"], "part": r["part"], "row": r["row"]}
-         for r in records if r["key"] and is_safe_key(r["key"])),
-        key=lambda r: (r["bucket"], r["key"], r["row"]))
-    store.write_parquet(f"work/hashes/{part.name}.parquet", pa.Table.from_pylist(hashes, schema=HASH_SCHEMA))
-    store.write_parquet(f"work/keys/{part.name}.parquet", pa.Table.from_pylist(keys, schema=KEY_SCHEMA))
-    sha = store.write_parquet(rel, table)
-    summary = {"part": part.index, "records": len(records),
-               "by_status": {s: sum(r["status"] == s for r in records) for s in sorted({r["status"] for r in records})}}
-    store.mark_done(rel, {"fingerprint": fp, "sha256": sha, "summary": summary})
-    return summary
+                     n_buckets: int) -> dict[str, Any]:
+    """Ingest one partition (skipped when its fingerprint is unchanged); return its marker."""
+    fp = unit_fingerprint("ingest", code_version("tasks.ingest"), [val.model_dump(mode="json"), n_buckets],
+                          [part.kind, part.base, part.digest, image_stamps(part, src)])
+
+    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+        reader = _tar_records if part.kind == "tar" else _row_records
+        records = list(reader(part, src, val))
+        valid = [r for r in records if r["status"] == Status.KEPT.value]
+        hashes = sorted(
+            ({"bucket": stable_int(0, r["sha256"], n_buckets), "sha256": r["sha256"], "key": r["key"],
+              "part": r["part"], "row": r["row"], "pixels": int(r["width"]) * int(r["height"])} for r in valid),
+            key=lambda r: (r["bucket"], r["sha256"], r["row"]))
+        keys = sorted(
+            ({"bucket": stable_int(0, r["key"], n_buckets), "key": r["key"], "part": r["part"], "row": r["row"]}
+             for r in records if r["key"] and is_safe_key(r["key"])),
+            key=lambda r: (r["bucket"], r["key"], r["row"]))
+        outputs = {
+            hashes_path(part.index): store.write_parquet(hashes_path(part.index),
+                                                         pa.Table.from_pylist(hashes, schema=HASH_SCHEMA)),
+            keys_table_path(part.index): store.write_parquet(keys_table_path(part.index),
+                                                             pa.Table.from_pylist(keys, schema=KEY_SCHEMA)),
+            ingest_path(part.index): store.write_parquet(ingest_path(part.index),
+                                                         pa.Table.from_pylist(records, schema=INGEST_SCHEMA)),
+        }
+        by_status = {s: sum(r["status"] == s for r in records) for s in sorted({r["status"] for r in records})}
+        return outputs, {"part": part.index, "records": len(records), "by_status": by_status}
+
+    return run_unit(store, ingest_path(part.index), fp, compute)

@@ -1,9 +1,10 @@
 """The manifest: one row per input record with its fate and the reason.
 
 ``manifest/part-{part}.parquet`` per ingest partition, rows in input order, schema
-:data:`corpusforge.records.MANIFEST_SCHEMA`; read the whole with
+:data:`corpusforge.layout.MANIFEST_SCHEMA`; read the whole with
 ``pyarrow.dataset.dataset("OUT/manifest")``. Each part joins the partition's resolved
-ingest rows with the facts decided after staging (``work/late``).
+ingest rows with the facts decided after staging (``work/late``). Every ``kept`` row
+must have a split and a release shard: a part that would say otherwise is an error.
 """
 
 from __future__ import annotations
@@ -13,36 +14,42 @@ from typing import Any
 
 import pyarrow as pa
 
-from corpusforge.records import MANIFEST_SCHEMA
+from corpusforge.contract import run_unit, unit_fingerprint
+from corpusforge.layout import MANIFEST_SCHEMA, late_path, manifest_path, resolved_path
+from corpusforge.records import Status
 from corpusforge.storage import Store
+from corpusforge.version import code_version
 
 LATE_FIELDS = ("staging_shard", "duplicate_of", "component_id", "component_size", "max_similarity",
                "split", "shard", "tier")
 
 
-def manifest_path(part: int) -> str:
-    return f"manifest/part-{part:06d}.parquet"
-
-
-def write_manifest_part(store: Store, part: int, source: Store | None = None) -> dict[str, Any]:
-    """Write one manifest part; return its counts by status and by reason code.
+def write_manifest_part(store: Store, part: int, resolved_digest: str, late_digest: str | None,
+                        source: Store | None = None) -> dict[str, Any]:
+    """Write one manifest part; the marker's info has its counts by status and by reason code.
 
     The partition's resolved ingest rows come from ``source`` (default ``store``; the
     earlier version's root when a near-dedup pass writes a new version)."""
-    rows = (source or store).read_parquet(f"work/resolved/{part:06d}.parquet").to_pylist()
-    late_rel = f"work/late/{part:06d}.parquet"
-    late = {r["row"]: r for r in store.read_parquet(late_rel).to_pylist()} if store.exists(late_rel) else {}
-    for r in rows:
-        facts = late.get(r["row"])
-        if facts is None:
-            continue
-        r.update({f: facts[f] for f in LATE_FIELDS if facts[f] is not None})
-        if facts["status"] != r["status"]:
-            r["status"], r["reason"] = facts["status"], facts["reason"]
-    sha = store.write_parquet(manifest_path(part), pa.Table.from_pylist(rows, schema=MANIFEST_SCHEMA))
-    return {"part": part, "sha256": sha, "rows": len(rows),
-            "by_status": dict(Counter(r["status"] for r in rows)),
-            "by_reason": dict(Counter(_outcome(r) for r in rows))}
+    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+        rows = (source or store).read_parquet(resolved_path(part)).to_pylist()
+        late = {r["row"]: r for r in store.read_parquet(late_path(part)).to_pylist()} if late_digest else {}
+        for r in rows:
+            facts = late.get(r["row"])
+            if facts is not None:
+                r.update({f: facts[f] for f in LATE_FIELDS if facts[f] is not None})
+                if facts["status"] != r["status"]:
+                    r["status"], r["reason"] = facts["status"], facts["reason"]
+            if r["status"] == Status.KEPT.value and not (r.get("split") and r.get("shard")):
+                raise ValueError(f"manifest part {part}: kept record {r['key']} has no split or release shard "
+                                 "(staged without a release decision)")
+        sha = store.write_parquet(manifest_path(part), pa.Table.from_pylist(rows, schema=MANIFEST_SCHEMA))
+        return {manifest_path(part): sha}, {"part": part, "rows": len(rows),
+                                            "by_status": dict(Counter(r["status"] for r in rows)),
+                                            "by_reason": dict(Counter(_outcome(r) for r in rows))}
+
+    fp = unit_fingerprint("manifest", code_version(__name__), None, [resolved_digest, late_digest])
+    marker = run_unit(store, manifest_path(part), fp, compute)
+    return {**marker["info"], "sha256": marker["outputs"][manifest_path(part)], "action": marker["action"]}
 
 
 def _outcome(row: dict[str, Any]) -> str:

@@ -13,12 +13,14 @@ import hashlib
 from collections import Counter
 from typing import Any
 
+from corpusforge.contract import read_marker, require_marker
+from corpusforge.layout import MARKERS, RECEIPT, REPORT, ingest_path
 from corpusforge.storage import Store
 
 _SECRET_WORDS = ("secret", "password", "token", "key_id", "access_key", "credential")
 _SECRET_NAMES = {"key"}  # s3fs's name for the access key id
-_SKIP_PREFIXES = ("work/",)
-_SKIP_FILES = ("receipt.json", "report.md")
+_SKIP_PREFIXES = ("work/", f"{MARKERS}/")
+_SKIP_FILES = (RECEIPT, REPORT)
 
 
 def redact(obj: Any) -> Any:
@@ -35,7 +37,7 @@ def input_snapshot_hash(store: Store, n_parts: int) -> str:
     """Hash of the ingest tables (key, source path, SHA-256, size of every input record)."""
     h = hashlib.sha256()
     for part in range(n_parts):
-        h.update(store.read_done(f"work/ingest/{part:06d}.parquet")["sha256"].encode())
+        h.update(require_marker(store, ingest_path(part), "ingest")["outputs"][ingest_path(part)].encode())
     return h.hexdigest()
 
 
@@ -47,8 +49,8 @@ def output_hashes(store: Store) -> dict[str, str]:
         rel = path[len(prefix):] if path.startswith(prefix) else path
         if rel.startswith(_SKIP_PREFIXES) or rel in _SKIP_FILES or "/." in f"/{rel}":
             continue
-        if rel.endswith(".tar") and (done := store.read_done(rel)) and "sha256" in done:
-            hashes[rel] = done["sha256"]
+        if rel.endswith(".tar") and (marker := read_marker(store, rel)) and rel in marker["outputs"]:
+            hashes[rel] = marker["outputs"][rel]
         else:
             hashes[rel] = store.sha256(rel)
     return hashes

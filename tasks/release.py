@@ -10,6 +10,9 @@ ones and writes two kinds of small plan files:
   (staging shard, near-duplicate decision, component, split, shard, tier), joined into
   the manifest by row.
 
+A release shard's fingerprint holds its plan file's bytes and the digests of the staging
+tars it copies from, so a caption edited in staging reaches the release tar.
+
 This planning step holds the kept records' small metadata (key, strata, component) in
 one process: about 100 bytes per record, ~10 GB at 100M images.
 """
@@ -22,42 +25,31 @@ from typing import Any
 
 import pyarrow as pa
 
-from corpusforge.hashing import fingerprint
+from corpusforge.contract import prune, require_marker, run_unit, unit_fingerprint
+from corpusforge.layout import (LATE_DIR, LATE_SCHEMA, RELEASE_DIR, RELEASE_PLAN_DIR, RELEASE_PLAN_SCHEMA,
+                                decisions_path, late_path, part_name, release_plan_path, release_shard_name,
+                                release_tar, staging_index, staging_records, staging_tar)
 from corpusforge.records import Status
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample, write_tar
-from tasks.splits import SplitConfig, plan_release, tiers_of
+from corpusforge.version import code_version
+from tasks.splits import SPLITS, SplitConfig, plan_release, tiers_of
 from tasks.staging import sample_json
-
-LATE_SCHEMA = pa.schema([
-    ("row", pa.int32()), ("staging_shard", pa.string()), ("status", pa.string()), ("reason", pa.string()),
-    ("duplicate_of", pa.string()), ("component_id", pa.int64()), ("component_size", pa.int32()),
-    ("max_similarity", pa.float32()), ("split", pa.string()), ("shard", pa.string()), ("tier", pa.string()),
-])
-PLAN_SCHEMA = pa.schema([("key", pa.string()), ("staging_shard", pa.string()), ("tier", pa.string())])
-
-
-def release_shard_name(split: str, shard: int) -> str:
-    return f"{split}-{shard:06d}"
-
-
-def release_tar_path(split: str, shard: int) -> str:
-    return f"shards/{split}/{release_shard_name(split, shard)}.tar"
 
 
 def _decisions(store: Store, shard: str) -> dict[str, dict[str, Any]]:
-    rel = f"graph/decisions/{shard}.parquet"
-    if not store.exists(rel):
-        return {}
-    return {d["key"]: d for d in store.read_parquet(rel).to_pylist()}
+    return {d["key"]: d for d in store.read_parquet(decisions_path(shard)).to_pylist()}
 
 
-def staged_records(store: Store, shards: list[str], source: Store) -> list[dict[str, Any]]:
-    """Every staged record (from ``source``) with its near-duplicate decision (from ``store``)."""
+def staged_records(store: Store, shards: list[str], source: Store, near_dedup: bool) -> list[dict[str, Any]]:
+    """Every staged record (from ``source``) with its near-duplicate decision (from ``store``,
+    when the near-duplicate stage ran: then every record must have one)."""
     records = []
     for shard in shards:
-        decisions = _decisions(store, shard)
-        for r in source.read_parquet(f"staging/{shard}.records.parquet").to_pylist():
+        decisions = _decisions(store, shard) if near_dedup else {}
+        for r in source.read_parquet(staging_records(shard)).to_pylist():
+            if near_dedup and r["key"] not in decisions:
+                raise ValueError(f"no near-duplicate decision for {r['key']} of staging shard {shard}")
             d = decisions.get(r["key"], {})
             r.update(staging_shard=shard, status=d.get("status", Status.KEPT.value), reason=d.get("reason") or "",
                      duplicate_of=d.get("duplicate_of"), component_id=d.get("component_id"),
@@ -67,13 +59,14 @@ def staged_records(store: Store, shards: list[str], source: Store) -> list[dict[
     return records
 
 
-def plan_release_files(store: Store, shards: list[str], cfg: SplitConfig, source: Store | None = None
-                       ) -> dict[str, Any]:
-    """Plan splits/shards/tiers and write the plan files; return each release shard's size and caption mix.
+def plan_release_files(store: Store, shards: list[str], cfg: SplitConfig, near_dedup: bool,
+                       source: Store | None = None) -> dict[str, Any]:
+    """Plan splits/shards/tiers and write the plan files; return each release shard's size,
+    caption mix, plan digest and staging shards, and each partition's late-facts digest.
 
     ``source`` holds the staging shards (default ``store``; another corpus version's root
     when a near-dedup pass writes a new version)."""
-    records = staged_records(store, shards, source or store)
+    records = staged_records(store, shards, source or store, near_dedup)
     kept = [r for r in records if r["status"] == Status.KEPT.value]
     placements = plan_release(kept, cfg)
     per_shard: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
@@ -85,57 +78,71 @@ def plan_release_files(store: Store, shards: list[str], cfg: SplitConfig, source
         late[r["part"]].append({
             **r, "split": p.split if p else None, "tier": p.tier if p else None,
             "shard": release_shard_name(p.split, p.shard) if p else None})
-    store.remove("work/release")
+    plans = {}
     for (split, shard), members in sorted(per_shard.items()):
         members.sort(key=lambda m: m["position"])
-        store.write_parquet(f"work/release/{release_shard_name(split, shard)}.parquet",
-                            pa.Table.from_pylist(members, schema=PLAN_SCHEMA))
-    store.remove("work/late")
+        name = release_shard_name(split, shard)
+        plans[name] = store.write_parquet(release_plan_path(name),
+                                          pa.Table.from_pylist(members, schema=RELEASE_PLAN_SCHEMA))
+    prune(store, RELEASE_PLAN_DIR, plans)
+    late_digests = {}
     for part, rows in sorted(late.items()):
         rows.sort(key=lambda r: r["row"])
-        store.write_parquet(f"work/late/{part:06d}.parquet", pa.Table.from_pylist(rows, schema=LATE_SCHEMA))
+        late_digests[part] = store.write_parquet(late_path(part), pa.Table.from_pylist(rows, schema=LATE_SCHEMA))
+    prune(store, LATE_DIR, {part_name(p) for p in late_digests})
+    for split in SPLITS:
+        prune(store, f"{RELEASE_DIR}/{split}", {n for (sp, s) in per_shard for n in [release_shard_name(sp, s)]
+                                                 if sp == split})
     return {
         "shards": {release_shard_name(sp, s): {"split": sp, "index": s, "count": len(m),
                                                "caption_type": dict(sorted(Counter(r["caption_type"] for r in m).items()))}
                    for (sp, s), m in sorted(per_shard.items())},
+        "plans": {release_shard_name(sp, s): {"sha256": plans[release_shard_name(sp, s)],
+                                              "staging": sorted({r["staging_shard"] for r in m})}
+                  for (sp, s), m in sorted(per_shard.items())},
+        "late": late_digests,
         "removed_near_duplicates": len(records) - len(kept),
     }
 
 
-def write_release_shard(store: Store, split: str, shard: int, cfg: SplitConfig, code_version: str,
+def write_release_shard(store: Store, split: str, shard: int, cfg: SplitConfig, plan: dict[str, Any],
                         source: Store | None = None) -> dict[str, Any]:
-    """Write one release shard from staging (in ``source``, default ``store``) with ranged reads;
-    skipped when complete."""
+    """Write one release shard from staging (in ``source``, default ``store``) with ranged reads.
+
+    ``plan``: the shard's plan digest and staging shards (from :func:`plan_release_files`).
+    Skipped when the plan, the staging tars it copies from and the settings are unchanged."""
     source = source or store
     name = release_shard_name(split, shard)
-    plan = store.read_parquet(f"work/release/{name}.parquet").to_pylist()
-    fp = fingerprint("release", plan, cfg.model_dump(), code_version)
-    rel = release_tar_path(split, shard)
-    if (done := store.read_done(rel)) and done.get("fingerprint") == fp:
-        return done
-    index_cache: dict[str, dict[str, dict[str, tuple[int, int]]]] = {}
+    staging = {s: require_marker(source, staging_tar(s), "staging shard")["outputs"][staging_tar(s)]
+               for s in plan["staging"]}
+    fp = unit_fingerprint("release", code_version(__name__), cfg.tiers, [plan["sha256"], staging])
 
-    def samples():
-        for entry in plan:
-            staging = entry["staging_shard"]
-            if staging not in index_cache:
-                members: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
-                for m in source.read_parquet(f"staging/{staging}.index.parquet").to_pylist():
-                    members[m["key"]][m["ext"]] = (m["offset"], m["size"])
-                index_cache[staging] = members
-            members = index_cache[staging][entry["key"]]
-            start = min(o for o, _ in members.values())
-            end = max(o + s for o, s in members.values())
-            blob = source.read_range(f"staging/{staging}.tar", start, end - start)
-            data = {ext: blob[o - start:o - start + s] for ext, (o, s) in members.items()}
-            image_ext = next(e for e in data if e not in ("txt", "json"))
-            meta = json.loads(data["json"])
-            extra = {"split": split, "tiers": tiers_of(entry["tier"], cfg)}
-            yield Sample(entry["key"], {image_ext: data[image_ext], "txt": data["txt"],
-                                        "json": sample_json(meta, extra)})
+    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+        entries = store.read_parquet(release_plan_path(name)).to_pylist()
+        index_cache: dict[str, dict[str, dict[str, tuple[int, int]]]] = {}
 
-    with store.atomic_write(rel) as f:
-        result = write_tar(f, samples())
-    info = {"fingerprint": fp, "shard": name, "count": result.count, "sha256": result.sha256, "bytes": result.bytes}
-    store.mark_done(rel, info)
-    return info
+        def samples():
+            for entry in entries:
+                staged = entry["staging_shard"]
+                if staged not in index_cache:
+                    members: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
+                    for m in source.read_parquet(staging_index(staged)).to_pylist():
+                        members[m["key"]][m["ext"]] = (m["offset"], m["size"])
+                    index_cache[staged] = members
+                members = index_cache[staged][entry["key"]]
+                start = min(o for o, _ in members.values())
+                end = max(o + s for o, s in members.values())
+                blob = source.read_range(staging_tar(staged), start, end - start)
+                data = {ext: blob[o - start:o - start + s] for ext, (o, s) in members.items()}
+                image_ext = next(e for e in data if e not in ("txt", "json"))
+                meta = json.loads(data["json"])
+                extra = {"split": split, "tiers": tiers_of(entry["tier"], cfg)}
+                yield Sample(entry["key"], {image_ext: data[image_ext], "txt": data["txt"],
+                                            "json": sample_json(meta, extra)})
+
+        with store.atomic_write(release_tar(split, shard)) as f:
+            result = write_tar(f, samples())
+        return {release_tar(split, shard): result.sha256}, {"shard": name, "count": result.count,
+                                                             "bytes": result.bytes}
+
+    return run_unit(store, release_tar(split, shard), fp, compute)

@@ -13,6 +13,12 @@ Tables and folders are streamed once into ``work/input/{part}.parquet`` chunks o
 fixed number of rows in input order, with columns normalised to :data:`INPUT_COLUMNS`;
 tars are one partition each. Partitions are the unit of parallel ingest, and their
 order is the corpus's input order.
+
+Each partition carries a content digest for the stage contract: the SHA-256 of its
+chunk file (rows and their metadata), or for a tar its stamp. A stamp
+(:func:`file_stamp`: size and modification time, or the object store's ETag) is how
+a changed file is noticed without reading it again, as make and rsync do; ingest
+stamps every image file a chunk names, so bytes replaced at the same path are re-read.
 """
 
 from __future__ import annotations
@@ -29,12 +35,13 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
+from corpusforge.contract import prune
+from corpusforge.layout import INPUT_DIR, INPUT_SCHEMA, input_path, part_name
 from corpusforge.storage import Store, is_remote
 
 METADATA_COLUMNS = ["key", "caption", "caption_type", "source", "license", "license_url",
                     "attribution", "retrieved_at"]
-INPUT_COLUMNS = ["key", "path", *METADATA_COLUMNS[1:], "extra"]
-INPUT_SCHEMA = pa.schema([(c, pa.string()) for c in INPUT_COLUMNS])
+INPUT_COLUMNS = INPUT_SCHEMA.names
 IMAGE_EXTS = {"jpg", "jpeg", "png", "webp"}
 TABLE_SUFFIXES = (".parquet", ".jsonl", ".csv")
 SIDECAR_EXTS = {"txt", "json"}
@@ -61,7 +68,8 @@ class Partition:
     index: int
     kind: Literal["rows", "tar"]
     uri: str
-    base: str  # folder that relative paths in the chunk are resolved against
+    base: str    # folder that relative paths in the chunk are resolved against
+    digest: str  # SHA-256 of the chunk file, or the tar's stamp
 
     @property
     def name(self) -> str:
@@ -70,6 +78,13 @@ class Partition:
 
 def _fs(uri: str, options: dict[str, Any]) -> tuple[fsspec.AbstractFileSystem, str]:
     return fsspec.core.url_to_fs(uri, **options)
+
+
+def file_stamp(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    """Size and modification time (or ETag) of a file: changes when its bytes are replaced."""
+    info = fs.info(path)
+    version = info.get("ETag") or info.get("mtime") or info.get("LastModified") or info.get("created")
+    return f"{info.get('size')}:{version}"
 
 
 def _full(fs: fsspec.AbstractFileSystem, path: str, like: str) -> str:
@@ -157,9 +172,9 @@ def _write_chunks(store: Store, rows: Iterator[dict[str, Any]], size: int, base:
 
     def flush() -> None:
         index = len(parts)
-        rel = f"work/input/{index:06d}.parquet"
-        store.write_parquet(rel, pa.Table.from_pylist(buffer, schema=INPUT_SCHEMA))
-        parts.append(Partition(index, "rows", store.path(rel), base))
+        rel = input_path(index)
+        sha = store.write_parquet(rel, pa.Table.from_pylist(buffer, schema=INPUT_SCHEMA))
+        parts.append(Partition(index, "rows", store.path(rel), base, sha))
         buffer.clear()
 
     for row in rows:
@@ -206,17 +221,22 @@ def _folder_rows(src: str, cfg: SourceConfig) -> Iterator[dict[str, Any]]:
 
 
 def plan_partitions(src: str, store: Store, cfg: SourceConfig) -> tuple[str, list[Partition]]:
-    """Detect the source kind and return it with the ingest partitions in input order."""
+    """Detect the source kind and return it with the ingest partitions in input order.
+
+    Chunks of an earlier plan beyond this plan's last partition are removed."""
     kind, uri = detect_kind(src, cfg.storage_options) if cfg.kind == "auto" else (cfg.kind, src)
     if kind == "tars":
         fs, path = _fs(uri, cfg.storage_options)
         tars = [path] if fs.isfile(path) else sorted(fs.glob(posixpath.join(path, "*.tar")))
-        return kind, [Partition(i, "tar", _full(fs, t, uri), "") for i, t in enumerate(tars)]
-    if kind == "table":
+        parts = [Partition(i, "tar", _full(fs, t, uri), "", file_stamp(fs, t)) for i, t in enumerate(tars)]
+    elif kind == "table":
         fs, path = _fs(uri, cfg.storage_options)
         base = _full(fs, posixpath.dirname(path), uri)
-        return kind, _write_chunks(store, _table_rows(uri, cfg), cfg.partition_size, base)
-    return kind, _write_chunks(store, _folder_rows(uri, cfg), cfg.partition_size, uri.rstrip("/"))
+        parts = _write_chunks(store, _table_rows(uri, cfg), cfg.partition_size, base)
+    else:
+        parts = _write_chunks(store, _folder_rows(uri, cfg), cfg.partition_size, uri.rstrip("/"))
+    prune(store, INPUT_DIR, {part_name(p.index) for p in parts if p.kind == "rows"})
+    return kind, parts
 
 
 def resolve_path(base: str, path: str) -> str | None:

@@ -1,13 +1,19 @@
-"""Staging shards: the valid, exact-deduplicated records in input order, in fixed-size tars.
+"""Staging shards: the valid, exact-deduplicated records in input order, in tars.
 
 They are the unit of parallel work for every later stage (one task per staging shard for
-features and graph queries) and give those stages sequential reads. Per shard::
+features and graph queries) and give those stages sequential reads. Their cuts are
+content-defined (:mod:`corpusforge.chunking`), so a shard keeps its name and content
+while its records are unchanged, whatever happens elsewhere in the source. Per shard::
 
-    staging/{shard}.tar               {key}.{jpg|png|webp} (original bytes), {key}.txt, {key}.json
-    staging/{shard}.index.parquet     key, ext, offset, size of every member (ranged reads)
-    staging/{shard}.records.parquet   key, part, row, sha256, width, height, source, caption_type,
+    staging/tars/{shard}.tar          {key}.{jpg|png|webp} (original bytes), {key}.txt, {key}.json
+    staging/index/{shard}.parquet     key, ext, offset, size of every member (ranged reads)
+    staging/records/{shard}.parquet   key, part, row, sha256, width, height, source, caption_type,
                                       ext, bytes — one row per sample, in shard order
-    staging/{shard}.tar.done.json     completion marker, written last
+    _markers/staging/tars/{shard}.tar.json   outputs' digests; ``info.images`` is the digest
+                                      of the ordered (key, sha256, ext) list: what features read
+
+Fingerprint: the content of the records it holds (every field written to the tar and
+the records file) and the stage's code version.
 """
 
 from __future__ import annotations
@@ -20,14 +26,16 @@ import fsspec
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
+from corpusforge.chunking import plan_cuts
+from corpusforge.contract import run_unit, unit_fingerprint
 from corpusforge.hashing import canonical_json, fingerprint
+from corpusforge.layout import (STAGING_RECORDS_SCHEMA, resolved_path, staging_index, staging_records,
+                                staging_tar)
 from corpusforge.records import Status
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample, write_tar
-from tasks.exact_dedup import RESOLVED_SCHEMA
+from corpusforge.version import code_version
 
-RECORDS_SCHEMA = pa.schema([RESOLVED_SCHEMA.field(c) for c in (
-    "key", "part", "row", "sha256", "width", "height", "source", "caption_type", "ext", "bytes")])
 SAMPLE_JSON_FIELDS = ["key", "width", "height", "license", "license_url", "attribution", "source",
                       "caption_type", "retrieved_at", "sha256"]
 
@@ -37,7 +45,8 @@ class StagingConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    shard_size: int = Field(1000, ge=1, description="Samples per staging shard (the unit of parallel work).")
+    shard_size: int = Field(1000, ge=1, description="Average samples per staging shard (the unit of parallel "
+                                                    "work); content-defined cuts give shards of 1/2 to 2x this.")
     dedup_buckets: int | None = Field(
         None, ge=1, description="Hash buckets of the exact-dedup and key-uniqueness group-bys; "
                                 "empty for one per 4 ingest partitions (1 to 256).")
@@ -50,31 +59,33 @@ class StagingConfig(BaseModel):
 class StagingShard:
     """Survivors ``[skip, skip+take)`` of each listed partition, in input order."""
 
-    index: int
+    name: str
     slices: tuple[tuple[int, int, int], ...]  # (part, skip, take)
 
-    @property
-    def name(self) -> str:
-        return f"{self.index:06d}"
 
-
-def plan_staging(survivors_per_part: list[int], shard_size: int) -> list[StagingShard]:
-    """Cut the survivors, numbered in input order, into shards of ``shard_size``."""
-    shards: list[StagingShard] = []
-    current: list[tuple[int, int, int]] = []
-    room = shard_size
-    for part, count in enumerate(survivors_per_part):
-        skip = 0
-        while skip < count:
-            take = min(room, count - skip)
-            current.append((part, skip, take))
-            skip += take
-            room -= take
-            if room == 0:
-                shards.append(StagingShard(len(shards), tuple(current)))
-                current, room = [], shard_size
-    if current:
-        shards.append(StagingShard(len(shards), tuple(current)))
+def plan_staging(resolved: list[dict[str, Any]], shard_size: int) -> list[StagingShard]:
+    """Staging shards from each partition's survivor count and cut candidates (resolve's info)."""
+    firsts, candidates, total = [], [], 0
+    for info in resolved:
+        firsts.append(total)
+        candidates += [(total + position, name) for position, name in info["candidates"]]
+        total += info["survivors"]
+    shards = []
+    part = 0
+    for cut in plan_cuts(total, candidates, shard_size):
+        slices = []
+        position, end = cut.start, cut.start + cut.count
+        while position < end:
+            while part + 1 < len(firsts) and firsts[part + 1] <= position:
+                part += 1
+            available = (firsts[part] + resolved[part]["survivors"]) - position
+            take = min(available, end - position)
+            if take > 0:
+                slices.append((resolved[part]["part"], position - firsts[part], take))
+                position += take
+            else:
+                part += 1
+        shards.append(StagingShard(cut.name, tuple(slices)))
     return shards
 
 
@@ -104,32 +115,35 @@ def to_sample(record: dict[str, Any], image: bytes, extra: dict[str, Any] | None
 def shard_records(store: Store, shard: StagingShard) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     for part, skip, take in shard.slices:
-        rows = store.read_parquet(f"work/resolved/{part:06d}.parquet").to_pylist()
+        rows = store.read_parquet(resolved_path(part)).to_pylist()
         survivors = [r for r in rows if r["status"] == Status.KEPT.value]
         records += survivors[skip:skip + take]
     return records
 
 
-def write_staging_shard(store: Store, shard: StagingShard, storage_options: dict[str, Any],
-                        code_version: str) -> dict[str, Any]:
-    """Write one staging shard (skipped when already complete with the same content)."""
-    rel = f"staging/{shard.name}.tar"
+def images_digest(records: list[dict[str, Any]]) -> str:
+    """What the feature stage reads of a shard: its images' keys, bytes (by hash) and order."""
+    return fingerprint([(r["key"], r["sha256"], r["ext"]) for r in records])
+
+
+def write_staging_shard(store: Store, shard: StagingShard, storage_options: dict[str, Any]) -> dict[str, Any]:
+    """Write one staging shard (skipped when its records' content is unchanged)."""
     records = shard_records(store, shard)
-    fp = fingerprint("staging", [(r["key"], r["sha256"], r.get("caption")) for r in records], code_version)
-    if (done := store.read_done(rel)) and done.get("fingerprint") == fp:
-        return done
-    samples = (to_sample(r, read_source_bytes(r, storage_options)) for r in records)
-    with store.atomic_write(rel) as f:
-        result = write_tar(f, samples)
-    store.write_parquet(f"staging/{shard.name}.index.parquet", result.index)
-    store.write_parquet(f"staging/{shard.name}.records.parquet",
-                        pa.Table.from_pylist(records, schema=RECORDS_SCHEMA))
-    info = {"fingerprint": fp, "shard": shard.name, "count": result.count, "sha256": result.sha256,
-            "bytes": result.bytes}
-    store.mark_done(rel, info)
-    return info
+    content = [[r.get(c) for c in (*SAMPLE_JSON_FIELDS, "caption", "ext", "bytes", "part", "row", "source_path",
+                                    "source_offset")] for r in records]
+    fp = unit_fingerprint("staging", code_version("tasks.staging"), None, content)
 
+    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+        samples = (to_sample(r, read_source_bytes(r, storage_options)) for r in records)
+        with store.atomic_write(staging_tar(shard.name)) as f:
+            result = write_tar(f, samples)
+        outputs = {
+            staging_tar(shard.name): result.sha256,
+            staging_index(shard.name): store.write_parquet(staging_index(shard.name), result.index),
+            staging_records(shard.name): store.write_parquet(
+                staging_records(shard.name), pa.Table.from_pylist(records, schema=STAGING_RECORDS_SCHEMA)),
+        }
+        return outputs, {"shard": shard.name, "count": result.count, "bytes": result.bytes,
+                         "images": images_digest(records)}
 
-def completed_staging_shards(store: Store) -> list[str]:
-    """Names of the staging shards with a completion marker, sorted."""
-    return store.completed("staging", "tar")
+    return run_unit(store, staging_tar(shard.name), fp, compute)

@@ -25,10 +25,6 @@ from PIL import Image
 
 from tasks.features.config import RuntimeConfig
 
-# Bump when a change in this package changes feature values for the same weights.
-CODE_VERSION = "1"
-
-
 class FeatureModel(ABC):
     """A loaded feature model; instances are cached per process by the registry."""
 
@@ -129,5 +125,4 @@ class TorchFeatureModel(FeatureModel):
             "model_id": self.model_id, "arch": self.arch,
             "weights": self.weights_sha256 or "random-init", "random_init": self.random_init,
             "preprocessing": self.preprocessing, "dim": self.dim, "normalized": self.normalized,
-            "code_version": CODE_VERSION,
         }

@@ -1,22 +1,23 @@
 """The feature stage: every requested model's features for one staging shard.
 
-One call of :func:`extract_shard` handles one staging shard (``staging/{shard}.tar`` and
-its ``staging/{shard}.index.parquet``): it streams the tar once, decodes each image once
+One call of :func:`extract_shard` handles one staging shard (``staging/tars/{shard}.tar``
+and its records file): it streams the tar once, decodes each image once
 (:func:`tasks.features.decode.decode_rgb`, shrunk during JPEG decoding to what the largest
 model needs), runs every model's ``preprocess`` on a pool of prefetch threads ahead of the
 batch being embedded, embeds batches of ``runtime.batch_size`` and writes per model::
 
-    features/{model_id}/{shard}.npy            [n_ok, dim] in cfg.dtype (float16 by default), shard order
-    features/{model_id}/{shard}.keys.parquet   key, ok, error for every image of the shard, shard order
-    features/{model_id}/{shard}.npy.done.json  marker, written last (see tasks/features/layout.py)
+    features/{model_id}/vectors/{shard}.npy    [n_ok, dim] in cfg.dtype (float16 by default), shard order
+    features/{model_id}/keys/{shard}.parquet   key, sha256, ok, error for every image, shard order
+    (marker last; see corpusforge/feature_files.py)
 
-The marker's ``fingerprint`` hashes the model's own fingerprint (id, architecture,
-weights SHA-256 or "random-init", preprocessing, dim, model code version), the stored
-dtype, the decode size and the pipeline ``code_version``. A rerun skips a (model, shard)
-whose marker carries the same fingerprint and recomputes it otherwise, so new weights, a
-new preprocessing or dtype invalidate exactly that model's files. The decode size is the
-largest model input times :data:`DRAFT_MARGIN` over *all* configured models, so adding a
-model with a larger input also recomputes the others: their pixels would differ.
+A (model, shard) unit's fingerprint (the stage contract, :mod:`corpusforge.contract`)
+hashes the model's own fingerprint (id, architecture, weights SHA-256 or "random-init",
+preprocessing, dim), the stored dtype, the decode size, the code version of this module
+and the model's module, and the staging shard's *images* digest (keys, image SHA-256s,
+order) — not its captions or metadata, so a caption edit recomputes no feature. New
+weights, preprocessing or dtype invalidate exactly that model's files. The decode size
+is the largest model input times :data:`DRAFT_MARGIN` over *all* configured models, so
+adding a model with a larger input also recomputes the others: their pixels would differ.
 
 A record whose image cannot be decoded (or preprocessed) is an error row (ok=False with
 the reason) for the affected models; the shard still completes. Images are the tar
@@ -41,13 +42,15 @@ from PIL import Image
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from corpusforge.hashing import fingerprint
+from corpusforge.contract import COMPUTED, SKIPPED, current_marker, require_marker, unit_fingerprint
+from corpusforge.feature_files import write_shard_features
+from corpusforge.layout import feature_vectors, staging_records, staging_tar
 from corpusforge.storage import Store
 from corpusforge.tarshard import iter_tar_samples
+from corpusforge.version import code_version
 from tasks.features.base import FeatureModel
 from tasks.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
 from tasks.features.decode import decode_rgb
-from tasks.features.layout import feature_path, write_shard_features
 
 IMAGE_EXTS = ("jpg", "png", "webp")
 # Decode at least this many times the model input: the final resize then still
@@ -55,19 +58,10 @@ IMAGE_EXTS = ("jpg", "png", "webp")
 DRAFT_MARGIN = 2
 
 
-def staging_tar(shard: str) -> str:
-    return f"staging/{shard}.tar"
-
-
-def staging_index(shard: str) -> str:
-    return f"staging/{shard}.index.parquet"
-
-
-def shard_image_keys(store: Store, shard: str) -> list[tuple[str, str]]:
-    """``(key, ext)`` of the shard's image members, in shard order, from its index."""
-    index = store.read_parquet(staging_index(shard), columns=["key", "ext"])
-    return [(k, e) for k, e in zip(index["key"].to_pylist(), index["ext"].to_pylist(), strict=True)
-            if e in IMAGE_EXTS]
+def shard_images(store: Store, shard: str) -> list[tuple[str, str, str]]:
+    """``(key, ext, sha256)`` of the shard's images, in shard order, from its records file."""
+    t = store.read_parquet(staging_records(shard), columns=["key", "ext", "sha256"])
+    return list(zip(t["key"].to_pylist(), t["ext"].to_pylist(), t["sha256"].to_pylist(), strict=True))
 
 
 @functools.cache
@@ -85,9 +79,10 @@ def decode_size(models: Sequence[FeatureModel]) -> int | None:
     return max(_input_size(m) for m in models) * DRAFT_MARGIN
 
 
-def marker_fingerprint(model: FeatureModel, dtype: str, draft: int | None, code_version: str) -> str:
-    """Everything the stored values of one model's features depend on."""
-    return fingerprint(model.fingerprint(), dtype, draft, code_version)
+def feature_fingerprint(model: FeatureModel, dtype: str, draft: int | None, images: str) -> str:
+    """Everything the stored values of one model's features of one shard depend on."""
+    code = code_version(__name__, type(model).__module__, exclude=("tasks.features.registry",))
+    return unit_fingerprint("features", code, [model.fingerprint(), dtype, draft], images)
 
 
 def load_models(cfg: FeaturesConfig) -> list[FeatureModel]:
@@ -171,7 +166,7 @@ def _prefetched(items: Iterable[Any], work: Callable[[Any], Any], threads: int, 
 
 def _shard_images(store: Store, shard: str,
                   expected: list[tuple[str, str]]) -> Iterator[tuple[str, bytes | None, str | None]]:
-    """Stream ``(key, image bytes, error)`` in index order; keys the tar lacks are errors."""
+    """Stream ``(key, image bytes, error)`` in shard order; keys the tar lacks are errors."""
     wanted = dict(expected)
     position = 0
     with store.open(staging_tar(shard)) as f:
@@ -184,36 +179,33 @@ def _shard_images(store: Store, shard: str,
             if ext is None or ext not in sample.members:
                 continue
             if position >= len(expected) or expected[position][0] != sample.key:
-                raise ValueError(f"staging/{shard}.tar: member {sample.key!r} out of index order")
+                raise ValueError(f"{staging_tar(shard)}: member {sample.key!r} out of shard order")
             yield sample.key, sample.members[ext], None
             position += 1
     for key, _ in expected[position:]:
         yield key, None, "missing from staging tar (truncated shard?)"
 
 
-def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, code_version: str) -> dict[str, Any]:
+def extract_shard(store: Store, shard: str, cfg: FeaturesConfig) -> dict[str, Any]:
     """Compute (or skip, when already done) every configured model's features for ``shard``.
 
     Returns ``{"shard", "images", "models": {model_id: {"action", "ok", "errors",
-    "random_init", "dim"}}}`` where action is ``computed``, ``recomputed`` (an older
-    marker with another fingerprint existed) or ``skipped``.
+    "random_init", "dim", "fingerprint"}}}`` where action is ``computed`` or ``skipped``.
     """
     models = load_models(cfg)
     draft = decode_size(models)
-    expected = shard_image_keys(store, shard)
+    images = require_marker(store, staging_tar(shard), "staging shard")["info"]["images"]
+    expected = shard_images(store, shard)
     summary: dict[str, Any] = {"shard": shard, "images": len(expected), "models": {}}
     todo: list[FeatureModel] = []
     prints: dict[str, str] = {}
     for model in models:
-        prints[model.model_id] = fp = marker_fingerprint(model, cfg.dtype, draft, code_version)
-        marker = store.read_done(feature_path(model.model_id, shard))
-        if marker is not None and marker.get("fingerprint") == fp:
-            summary["models"][model.model_id] = {
-                "action": "skipped", "ok": int(marker["count"]), "errors": len(expected) - int(marker["count"]),
-                "random_init": bool(model.random_init), "dim": model.dim}
+        prints[model.model_id] = fp = feature_fingerprint(model, cfg.dtype, draft, images)
+        marker = current_marker(store, feature_vectors(model.model_id, shard), fp)
+        if marker is not None:
+            summary["models"][model.model_id] = _model_summary(SKIPPED, marker, model, len(expected))
         else:
             todo.append(model)
-            summary["models"][model.model_id] = {"action": "recomputed" if marker is not None else "computed"}
     if not todo:
         return summary
 
@@ -222,42 +214,52 @@ def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, code_version: s
     keys: list[str] = []
     work = functools.partial(_prepare, models=todo, draft=draft)
     window = max(2 * rt.batch_size, 4 * max(rt.prefetch_threads, 1))
-    for key, prepared in _prefetched(_shard_images(store, shard, expected), work, rt.prefetch_threads, window):
+    pairs = [(k, e) for k, e, _ in expected]
+    for key, prepared in _prefetched(_shard_images(store, shard, pairs), work, rt.prefetch_threads, window):
         keys.append(key)
         for run, (array, error) in zip(runs, prepared, strict=True):
             run.add(array, error, rt.batch_size)
 
+    shas = [sha for _, _, sha in expected]
     for run in runs:
         model = run.model
         feats = run.features().astype(cfg.dtype)
-        marker = {"fingerprint": prints[model.model_id], "model": model.fingerprint(), "dtype": cfg.dtype,
-                  "decode_size": draft, "code_version": code_version, "random_init": bool(model.random_init)}
-        write_shard_features(store, model.model_id, shard, keys, run.ok, run.errors, feats, marker)
-        n_ok = int(sum(run.ok))
-        summary["models"][model.model_id].update(
-            ok=n_ok, errors=len(keys) - n_ok, random_init=bool(model.random_init), dim=model.dim)
+        info = {"model": model.fingerprint(), "dtype": cfg.dtype, "decode_size": draft,
+                "random_init": bool(model.random_init)}
+        marker = write_shard_features(store, model.model_id, shard, keys, shas, run.ok, run.errors, feats,
+                                      prints[model.model_id], info)
+        summary["models"][model.model_id] = _model_summary(COMPUTED, marker, model, len(expected))
     return summary
 
 
+def _model_summary(action: str, marker: dict[str, Any], model: FeatureModel, images: int) -> dict[str, Any]:
+    count = int(marker["info"]["count"])
+    return {"action": action, "ok": count, "errors": images - count, "random_init": bool(model.random_init),
+            "dim": model.dim, "fingerprint": marker["info"]["model"]}
+
+
 @task(name="extract-shard-features", retries=1, cache_policy=NO_CACHE, persist_result=False)
-def extract_shard_task(store: Store, shard: str, cfg: FeaturesConfig, code_version: str) -> dict[str, Any]:
+def extract_shard_task(store: Store, shard: str, cfg: FeaturesConfig) -> dict[str, Any]:
     """Prefect wrapper: one task (one Dask task on a DaskTaskRunner) per staging shard."""
-    return extract_shard(store, shard, cfg, code_version)
+    return extract_shard(store, shard, cfg)
 
 
-def extract_features(store: Store, shards: list[str], cfg: FeaturesConfig, code_version: str) -> list[dict[str, Any]]:
-    """The feature stage inside a flow: one task per shard on the flow's task runner."""
+def extract_features(store: Store, shards: list[str], cfg: FeaturesConfig) -> list[dict[str, Any]]:
+    """The feature stage inside a flow: one task per shard on the flow's task runner
+    (outside a flow run, the shards run here one after the other)."""
     from prefect import unmapped
+    from prefect.context import FlowRunContext
 
-    futures = extract_shard_task.map(unmapped(store), shards, unmapped(cfg), unmapped(code_version))
+    if FlowRunContext.get() is None:
+        return [extract_shard(store, s, cfg) for s in shards]
+    futures = extract_shard_task.map(unmapped(store), shards, unmapped(cfg))
     return [f.result() for f in futures]
 
 
-def extract_features_on_client(client: Any, store: Store, shards: list[str], cfg: FeaturesConfig,
-                               code_version: str) -> list[dict[str, Any]]:
+def extract_features_on_client(client: Any, store: Store, shards: list[str], cfg: FeaturesConfig
+                               ) -> list[dict[str, Any]]:
     """The feature stage on a plain ``distributed.Client``: one Dask task per shard."""
-    futures = client.map(extract_shard, [store] * len(shards), shards, [cfg] * len(shards),
-                         [code_version] * len(shards), pure=False)
+    futures = client.map(extract_shard, [store] * len(shards), shards, [cfg] * len(shards), pure=False)
     return client.gather(futures)
 
 
@@ -266,8 +268,9 @@ def summarize(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     per_model: dict[str, dict[str, Any]] = {}
     for result in results:
         for model_id, r in result["models"].items():
-            t = per_model.setdefault(model_id, {"shards": 0, "computed": 0, "recomputed": 0, "skipped": 0,
-                                                "ok": 0, "errors": 0, "random_init": False, "dim": r.get("dim")})
+            t = per_model.setdefault(model_id, {"shards": 0, "computed": 0, "skipped": 0, "ok": 0, "errors": 0,
+                                                "random_init": False, "dim": r.get("dim"),
+                                                "fingerprint": r.get("fingerprint")})
             t["shards"] += 1
             t[r["action"]] += 1
             t["ok"] += r.get("ok", 0)

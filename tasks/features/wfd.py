@@ -59,7 +59,7 @@ import numpy as np
 from PIL import Image
 from scipy.fft import dct
 
-from tasks.features.base import CODE_VERSION, FeatureModel
+from tasks.features.base import FeatureModel
 from tasks.features.config import ModelSpec
 
 PREPROCESSING = "wfd_luma_regions_hue"
@@ -160,8 +160,7 @@ class WeightFreeDescriptor(FeatureModel):
         return {"model_id": self.model_id, "arch": "wfd", "weights": "none (weight-free)",
                 "preprocessing": self.preprocessing, "thumb": self.thumb, "k": K, "alpha": ALPHA,
                 "regions": [list(r) for r in REGIONS], "hue_bins": HUE_BINS, "sat_bins": SAT_BINS,
-                "colour_weight": COLOUR_WEIGHT, "dim": self.dim, "normalized": True,
-                "code_version": CODE_VERSION}
+                "colour_weight": COLOUR_WEIGHT, "dim": self.dim, "normalized": True}
 
 
 def _unit(x: np.ndarray) -> np.ndarray:

@@ -27,6 +27,8 @@ import numpy as np
 import pyarrow.parquet as pq
 from PIL import Image, ImageOps
 
+from corpusforge.contract import run_unit
+from corpusforge.layout import staging_index, staging_tar
 from corpusforge.storage import Store
 from tasks.graph.collision import PAIRS_PATH
 from tasks.graph.config import NearDedupConfig
@@ -88,14 +90,14 @@ def _image_facts(source: Store, nodes: NodeTable, ids: np.ndarray, px: int) -> d
     for s in np.unique(owner):
         shard = nodes.shards[s]
         rec = source.read_parquet(records_path(shard), columns=["key", "width", "height"]).to_pylist()
-        idx = {r["key"]: r for r in source.read_parquet(f"staging/{shard}.index.parquet").to_pylist()
+        idx = {r["key"]: r for r in source.read_parquet(staging_index(shard)).to_pylist()
                if r["ext"] not in ("txt", "json")}
         for node in ids[owner == s].tolist():
             r = rec[node - int(nodes.offsets[s])]
             fact = {"key": r["key"], "width": r["width"], "height": r["height"], "thumb": None, "error": None}
             try:
                 m = idx[r["key"]]
-                fact["thumb"] = _thumb(source.read_range(f"staging/{shard}.tar", m["offset"], m["size"]), px)
+                fact["thumb"] = _thumb(source.read_range(staging_tar(shard), m["offset"], m["size"]), px)
             except (KeyError, OSError, ValueError) as e:  # one bad image must not sink the sheet
                 fact["error"] = f"{type(e).__name__}: {e}"
             facts[node] = fact
@@ -136,8 +138,12 @@ def calibration_sheet(source: Store, out: Store, cfg: NearDedupConfig, nodes: No
 
     Skipped (the stored counts returned) when done before with the same fingerprint ``fp``.
     """
-    if (done := out.read_done(PAGE_PATH)) and done.get("fingerprint") == fp:
-        return done["summary"]
+    marker = run_unit(out, PAGE_PATH, fp, lambda: _calibration_sheet(source, out, cfg, nodes))
+    return {**marker["info"], "action": marker["action"]}
+
+
+def _calibration_sheet(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable
+                       ) -> tuple[dict[str, str], dict[str, Any]]:
     cal = cfg.calibration
     bins = [tuple(b) for b in cal.bins]
     sampler = BinSampler(bins, cal.pairs_per_bin, cfg.seed)
@@ -172,11 +178,10 @@ def calibration_sheet(source: Store, out: Store, cfg: NearDedupConfig, nodes: No
     hist = _histogram_png(graph_counts, pair_counts, cfg.graph_threshold)
     page = _PAGE.format(model=html.escape(cfg.model_id), hist=hist, sections="\n".join(sections),
                         ct=cfg.candidate_threshold, pt=cfg.pair_threshold, m=cfg.min_component_size)
-    out.write_bytes(PAGE_PATH, page.encode("utf-8"))
+    sha = out.write_bytes(PAGE_PATH, page.encode("utf-8"))
     summary = {"bins": counts, "images": int(len(chosen)),
                "missing_images": sum(1 for f in facts.values() if f["thumb"] is None)}
-    out.mark_done(PAGE_PATH, {"fingerprint": fp, "summary": summary})
-    return summary
+    return {PAGE_PATH: sha}, summary
 
 
 def _cell(f: dict[str, Any]) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from corpusforge.contract import run_unit
 from corpusforge.hashing import stable_uniform
 from corpusforge.storage import Store
 from tasks.graph import index as fx
@@ -101,8 +102,12 @@ def collision_models(source: Store, out: Store, cfg: NearDedupConfig, nodes: Nod
 
     Skipped (the stored JSON returned) when done before with the same fingerprint ``fp``.
     """
-    if out.is_done(JSON_PATH, fp):
-        return out.read_json(JSON_PATH)
+    marker = run_unit(out, JSON_PATH, fp, lambda: _collision_models(source, out, cfg, nodes, n_vectors))
+    return {**out.read_json(JSON_PATH), "action": marker["action"]}
+
+
+def _collision_models(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable,
+                      n_vectors: int) -> tuple[dict[str, str], dict[str, Any]]:
     cc = cfg.collision
     scale = min(1.0, cc.max_subset_vectors / max(cc.fractions[-1] * n_vectors, 1))
     fractions = [f * scale for f in cc.fractions]
@@ -118,7 +123,7 @@ def collision_models(source: Store, out: Store, cfg: NearDedupConfig, nodes: Nod
         fx.train_index(index, x[: plan.n_train] if plan.kind == "ivf" else x)
         index.add_with_ids(x, local)
         a, b, s = fx.canonical_pairs(*fx.search_pairs(index, local, x, theta_min, "range", 0))
-    out.write_parquet(PAIRS_PATH, edge_table(ids[a], ids[b], s))
+    outputs = {PAIRS_PATH: out.write_parquet(PAIRS_PATH, edge_table(ids[a], ids[b], s))}
     rows = []
     for f in fractions:
         n_sub = int(np.searchsorted(u, f, side="left"))
@@ -127,7 +132,7 @@ def collision_models(source: Store, out: Store, cfg: NearDedupConfig, nodes: Nod
             sel = inside & (s > np.float32(theta))
             rows.append({"threshold": theta, "fraction": f, "subset_size": n_sub,
                          "removed": removals(n_sub, a[sel], b[sel])})
-    out.write_parquet(TABLE_PATH, pa.Table.from_pylist(rows, schema=TABLE_SCHEMA))
+    outputs[TABLE_PATH] = out.write_parquet(TABLE_PATH, pa.Table.from_pylist(rows, schema=TABLE_SCHEMA))
     fits = {}
     for theta in cc.thresholds:
         pts = [r for r in rows if r["threshold"] == theta]
@@ -138,10 +143,9 @@ def collision_models(source: Store, out: Store, cfg: NearDedupConfig, nodes: Nod
     result = {"rows": rows, "fits": fits, "full_size": total, "target_size": cc.target_size,
               "fraction_scale": scale, "search": plan.to_json(), "pairs": int(len(a)),
               "lowest_threshold": theta_min}
-    out.write_json(JSON_PATH, result)
-    out.write_bytes(PLOT_PATH, collision_plot(rows, fits, total, cc.target_size))
-    out.mark_done(JSON_PATH, {"fingerprint": fp})
-    return result
+    outputs[JSON_PATH] = out.write_json(JSON_PATH, result)
+    outputs[PLOT_PATH] = out.write_bytes(PLOT_PATH, collision_plot(rows, fits, total, cc.target_size))
+    return outputs, {}
 
 
 def collision_plot(rows: list[dict], fits: dict[str, dict], full: int, target: int) -> bytes:

@@ -1,6 +1,6 @@
 """Per-shard near-duplicate decisions from the edge files: one global pass, bounded memory.
 
-Reads ``graph/edges/*`` (twice, streamed), ``staging/{shard}.records.parquet`` (twice:
+Reads ``graph/edges/*`` (twice, streamed), ``staging/records/{shard}.parquet`` (twice:
 sizes and hashes, then keys), writes ``graph/decisions/{shard}.parquet`` — one row per
 image of the shard, in shard order — and ``graph/components_report.json``.
 
@@ -23,9 +23,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from corpusforge.hashing import fingerprint
+from corpusforge.contract import read_marker, run_unit, unit_fingerprint
+from corpusforge.layout import GRAPH_COMPONENTS_REPORT, GRAPH_DECISIONS, NEAR_DECISION_SCHEMA, decisions_path
 from corpusforge.records import Status
 from corpusforge.storage import Store
+from corpusforge.version import code_version
 from tasks.graph.chaining import component_metrics, components_report
 from tasks.graph.components import UnionFind, component_sizes
 from tasks.graph.config import NearDedupConfig
@@ -33,25 +35,11 @@ from tasks.graph.edges import iter_edges
 from tasks.graph.nodes import NodeTable, records_path
 from tasks.graph.two_tier import COMPONENT, TIER1, TierOnePartners, decide, keys_as_bytes, priority_rank, reason_texts
 
-DECISION_SCHEMA = pa.schema([
-    ("key", pa.string()),
-    ("status", pa.string()),
-    ("reason", pa.string()),
-    ("duplicate_of", pa.string()),
-    ("component_id", pa.int64()),
-    ("component_size", pa.int32()),
-    ("max_similarity", pa.float32()),
-])
-DECISIONS_DONE = "graph/decisions"
-REPORT_PATH = "graph/components_report.json"
+DECISION_SCHEMA = NEAR_DECISION_SCHEMA
 
 
 class DuplicateContentError(RuntimeError):
     """Two kept images have the same SHA-256: exact dedup upstream did not hold."""
-
-
-def decisions_path(shard: str) -> str:
-    return f"graph/decisions/{shard}.parquet"
 
 
 def _sha_prefix(hexes: list[str | None]) -> np.ndarray:
@@ -90,19 +78,18 @@ def check_unique_sha(source: Store, nodes: NodeTable, kept: np.ndarray, prefix: 
             f"(exact dedup must run first): {sample}")
 
 
-def decide_fingerprint(cfg: NearDedupConfig, edges_fp: str, nodes: NodeTable) -> str:
-    return fingerprint("graph-decisions", edges_fp, nodes.to_json(), cfg.candidate_threshold,
-                       cfg.pair_threshold, cfg.min_component_size, cfg.chain_min_hop1_fraction,
-                       cfg.chain_max_hops, cfg.report_top)
-
-
 def decide_near_duplicates(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable,
-                           edges_fp: str) -> dict[str, Any]:
-    """Two-tier decisions for every image; returns the counts for the stage summary."""
-    dfp = decide_fingerprint(cfg, edges_fp, nodes)
-    done = out.read_done(DECISIONS_DONE)
-    if done is not None and done.get("fingerprint") == dfp:
-        return done["summary"]
+                           edges_digests: list[str], records_digests: list[str]) -> dict[str, Any]:
+    """Two-tier decisions for every image (one unit: the rule is global); returns the marker."""
+    fp = unit_fingerprint("graph-decisions", code_version(__name__),
+                          [cfg.candidate_threshold, cfg.pair_threshold, cfg.min_component_size,
+                           cfg.chain_min_hop1_fraction, cfg.chain_max_hops, cfg.report_top],
+                          [nodes.to_json(), edges_digests, records_digests])
+    return run_unit(out, GRAPH_DECISIONS, fp, lambda: _decide(source, out, cfg, nodes))
+
+
+def _decide(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable
+            ) -> tuple[dict[str, str], dict[str, Any]]:
     n = nodes.n_nodes
     ct = cfg.candidate_threshold
     uf = UnionFind(n)
@@ -162,6 +149,7 @@ def decide_near_duplicates(source: Store, out: Store, cfg: NearDedupConfig, node
     check_unique_sha(source, nodes, d.code == 0, sha_prefix)
 
     reasons = reason_texts(cfg.pair_threshold, cfg.min_component_size)
+    outputs = {}
     for i, shard in enumerate(nodes.shards):
         lo, hi = int(nodes.offsets[i]), int(nodes.offsets[i + 1])
         keys = source.read_parquet(records_path(shard), columns=["key"])["key"].to_pylist()
@@ -180,8 +168,8 @@ def decide_near_duplicates(source: Store, out: Store, cfg: NearDedupConfig, node
             "component_size": sizes[lo:hi],
             "max_similarity": max_sim[lo:hi],
         }, schema=DECISION_SCHEMA)
-        out.write_parquet(decisions_path(shard), table)
-    out.write_json(REPORT_PATH, report)
+        outputs[decisions_path(shard)] = out.write_parquet(decisions_path(shard), table)
+    outputs[GRAPH_COMPONENTS_REPORT] = out.write_json(GRAPH_COMPONENTS_REPORT, report)
     summary = {
         "images": n, "edges": n_edges, "candidate_edges": n_candidate,
         "images_with_candidate_edges": int(involved.sum()),
@@ -193,12 +181,21 @@ def decide_near_duplicates(source: Store, out: Store, cfg: NearDedupConfig, node
         "images_in_flagged_components": report["images_in_flagged_components"],
         "largest_components": report["largest"][:5], "flagged": report["flagged"][:5],
     }
-    out.mark_done(DECISIONS_DONE, {"fingerprint": dfp, "summary": summary})
-    return summary
+    return outputs, summary
 
 
 def read_decisions(store: Store, shards: list[str]) -> pa.Table:
-    """All decisions of ``shards`` (sorted), with a ``staging_shard`` column: per-key lookups."""
+    """All decisions of ``shards`` (sorted), with a ``staging_shard`` column: per-key lookups.
+
+    A shard without a decisions file of the current decision run is an error, never
+    "no decisions"."""
+    marker = read_marker(store, GRAPH_DECISIONS)
+    if marker is None:
+        raise FileNotFoundError(f"{store.path(GRAPH_DECISIONS)}: near-duplicate decisions were never completed")
+    missing = [s for s in shards if decisions_path(s) not in marker["outputs"]]
+    if missing:
+        raise FileNotFoundError(f"near-duplicate decisions are missing for staging shards {missing[:5]} "
+                                f"({len(missing)} in all): run the near-duplicate stage over them")
     parts = []
     for shard in sorted(shards):
         t = store.read_parquet(decisions_path(shard))

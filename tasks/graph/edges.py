@@ -2,20 +2,34 @@
 
 Files under the output root (inputs — features, records — come from the source root):
 
-    graph/index/index.faiss (+ .done.json)   the index with global node ids
+    graph/index/index.faiss                  the index with global node ids (marker: plan, counts)
     graph/index/recall_ids.npy, recall_vectors.npy   the recall sample (seeded by key hash)
-    graph/found/{shard}.parquet              pairs found by that shard's queries (src < dst)
+    graph/found/{shard}.parquet              pairs found by that shard's queries, addressed as
+                                             (src_row, dst_shard, dst_row) with the digest of the
+                                             dst shard's features they were found in
     graph/recall/{shard}.parquet             exhaustive pairs of the recall sample vs the shard
-    graph/edges/{shard}.parquet              the graph: each unordered pair once, owned by the
-                                             shard of its smaller id, max similarity of both sides
+    graph/edges/{shard}.parquet              the graph: each unordered pair once (global node ids),
+                                             owned by the shard of its smaller id
 
-Why two edge layers: a pair can be found from either side (or, approximately, from
-one side only) by tasks of different shards. ``found`` files hold what each query task
-saw; ``merge_edges`` tasks then gather, for a contiguous group of owner shards, the
-pairs whose smaller id falls in the group (a filtered read of every ``found`` file,
-pushed down to parquet row groups since files are sorted by ``src``) and keep each pair
-once with the max similarity. Groups are sized by ``merge_max_edges``, so memory per
-task is bounded however large the corpus.
+Incremental queries (the stage contract). A shard's ``found`` file is addressed by shard
+and row, not by global id, so it stays valid while the shards it points at keep their
+feature digests; at merge time a pair is used only if its ``dst_digest`` is the dst
+shard's current one. With the exact (flat) index a query's result depends only on the
+query and on the vectors it finds, so a rerun queries only shards whose features changed
+— new and changed shards find their pairs with unchanged ones from their own side — and
+the union is exactly a fresh build's graph, because every similarity is the canonical
+score (float64 dot product of the two unit vectors, rounded to float32: the same from
+either side) and queries search a hair below the threshold. k-NN search caps each
+query at k-1 neighbours: when any query hits the cap, or an image of a reused shard now
+has k-1 or more neighbours, every shard is queried again (the cap makes results depend
+on the whole index). With an IVF index the trained quantiser depends on every vector,
+so any change of features queries every shard again.
+
+Merge: ``merge_edges`` tasks gather, for a contiguous group of owner shards, the pairs
+whose smaller id falls in the group — the group's own ``found`` files and, from every
+other ``found`` file, the rows whose ``dst_shard`` lies in the group (pushed down to
+parquet row groups: files are sorted by dst_shard) — and keep each pair once with the
+max similarity. Groups are sized by ``merge_max_edges``, so memory per task is bounded.
 
 PQ codes give approximate scores: the shard's queries then search at ``threshold -
 pq_rescore_margin`` and every candidate is rescored as the exact dot product of the
@@ -33,30 +47,25 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from corpusforge.hashing import fingerprint, stable_uniform
+from corpusforge.contract import COMPUTED, SKIPPED, current_marker, finish_unit, run_unit, unit_fingerprint
+from corpusforge.feature_files import require_features
+from corpusforge.hashing import stable_uniform
+from corpusforge.layout import (EDGE_SCHEMA, FOUND_SCHEMA, GRAPH_INDEX, GRAPH_RECALL_IDS, GRAPH_RECALL_VECTORS,
+                                edges_path, found_path, recall_path)
 from corpusforge.storage import Store
-from tasks.features.layout import feature_path
+from corpusforge.tarshard import HashingWriter
+from corpusforge.version import code_version
 from tasks.graph import index as fx
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.nodes import NodeTable, load_shard_vectors
 
-INDEX_PATH = "graph/index/index.faiss"
-RECALL_IDS = "graph/index/recall_ids.npy"
-RECALL_VECTORS = "graph/index/recall_vectors.npy"
-
-EDGE_SCHEMA = pa.schema([("src", pa.int64()), ("dst", pa.int64()), ("similarity", pa.float32())])
+# Exact queries search this far below the threshold and keep canonical scores >= it, so
+# both sides of a pair find it whatever the summation order of FAISS's own score.
+EXACT_SEARCH_MARGIN = 1e-3
 
 
-def found_path(shard: str) -> str:
-    return f"graph/found/{shard}.parquet"
-
-
-def recall_path(shard: str) -> str:
-    return f"graph/recall/{shard}.parquet"
-
-
-def edges_path(shard: str) -> str:
-    return f"graph/edges/{shard}.parquet"
+def _code() -> str:
+    return code_version(__name__)
 
 
 def edge_table(src: np.ndarray, dst: np.ndarray, sim: np.ndarray) -> pa.Table:
@@ -73,14 +82,9 @@ def _load_npy(store: Store, rel: str) -> np.ndarray:
     return np.load(io.BytesIO(store.read_bytes(rel)), allow_pickle=False)
 
 
-def _feature_markers(source: Store, cfg: NearDedupConfig, nodes: NodeTable) -> list[dict]:
-    markers = []
-    for shard in nodes.shards:
-        info = source.read_done(feature_path(cfg.model_id, shard))
-        if info is None:
-            raise FileNotFoundError(f"features/{cfg.model_id}/{shard} is not complete")
-        markers.append(info)
-    return markers
+def feature_digests(source: Store, cfg: NearDedupConfig, nodes: NodeTable) -> dict[str, str]:
+    """The current feature digest of every shard; a clear error naming a shard without features."""
+    return {shard: require_features(source, cfg.model_id, shard)["digest"] for shard in nodes.shards}
 
 
 def _sample(seed: int, salt: str, keys: list[str], rate: float) -> tuple[np.ndarray, np.ndarray]:
@@ -90,80 +94,91 @@ def _sample(seed: int, salt: str, keys: list[str], rate: float) -> tuple[np.ndar
     return pick, u[pick]
 
 
-def build_index(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable) -> dict[str, Any]:
-    """Build and save the index (skipped if already built with the same fingerprint).
+def build_index(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable,
+                digests: dict[str, str]) -> dict[str, Any]:
+    """Build and save the index (skipped if already built from the same features and settings).
 
-    Returns the index info: plan, fingerprint, vector count, recall sample size.
-    """
-    markers = _feature_markers(source, cfg, nodes)
+    Returns the index marker's info: plan, vector count, dim, recall sample size, and the
+    marker's ``fingerprint``."""
+    markers = [require_features(source, cfg.model_id, shard)["info"] for shard in nodes.shards]
     n_vectors = sum(int(m["count"]) for m in markers)
     dims = {int(m["dim"]) for m in markers if int(m["count"])}
     if len(dims) > 1:
         raise ValueError(f"features/{cfg.model_id}: shards disagree on the dimension: {sorted(dims)}")
     dim = dims.pop() if dims else 1
     plan = fx.plan_index(cfg.index, n_vectors, dim)
-    fp = fingerprint("graph-index", plan.to_json(), cfg.seed, cfg.recall_queries, nodes.to_json(),
-                     [m.get("fingerprint") for m in markers], [int(m["count"]) for m in markers])
-    done = out.read_done(INDEX_PATH)
-    if done is not None and done.get("fingerprint") == fp:
-        return done
-    fx.set_threads(cfg.index.faiss_threads)
-    index = fx.new_index(plan, cfg.seed)
-    gpu = False
-    if plan.kind == "ivf":
-        sample, order = [], []
-        rate = plan.n_train / max(n_vectors, 1)
+    fp = unit_fingerprint("graph-index", _code(), [plan.to_json(), cfg.seed, cfg.recall_queries],
+                          [nodes.to_json(), [digests[s] for s in nodes.shards]])
+
+    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+        fx.set_threads(cfg.index.faiss_threads)
+        index = fx.new_index(plan, cfg.seed)
+        gpu = False
+        if plan.kind == "ivf":
+            sample, order = [], []
+            rate = plan.n_train / max(n_vectors, 1)
+            for shard, offset in zip(nodes.shards, nodes.offsets[:-1], strict=False):
+                _, keys, x = load_shard_vectors(source, cfg.model_id, shard, int(offset))
+                pick, u = _sample(cfg.seed, "train", keys, rate)
+                sample.append(x[pick])
+                order.append(u)
+            train = np.concatenate(sample)[np.argsort(np.concatenate(order), kind="stable")]
+            index, gpu = fx.maybe_gpu(index, cfg.index.use_gpu)
+            fx.train_index(index, train)
+            del train, sample
+        recall_ids, recall_vecs = [], []
+        rate = cfg.recall_queries / max(n_vectors, 1)
         for shard, offset in zip(nodes.shards, nodes.offsets[:-1], strict=False):
-            _, keys, x = load_shard_vectors(source, cfg.model_id, shard, int(offset))
-            pick, u = _sample(cfg.seed, "train", keys, rate)
-            sample.append(x[pick])
-            order.append(u)
-        train = np.concatenate(sample)[np.argsort(np.concatenate(order), kind="stable")]
-        index, gpu = fx.maybe_gpu(index, cfg.index.use_gpu)
-        fx.train_index(index, train)
-        del train, sample
-    recall_ids, recall_vecs, recall_u = [], [], []
-    rate = cfg.recall_queries / max(n_vectors, 1)
-    for shard, offset in zip(nodes.shards, nodes.offsets[:-1], strict=False):
-        ids, keys, x = load_shard_vectors(source, cfg.model_id, shard, int(offset))
-        if len(ids):
-            index.add_with_ids(x, ids)
-        pick, u = _sample(cfg.seed, "recall", keys, rate)
-        recall_ids.append(ids[pick])
-        recall_vecs.append(x[pick])
-        recall_u.append(u)
-    if gpu:
-        index = faiss.index_gpu_to_cpu(index)
-    q_ids = np.concatenate(recall_ids) if recall_ids else np.zeros(0, np.int64)
-    q = np.concatenate(recall_vecs) if recall_vecs else np.zeros((0, dim), np.float32)
-    order = np.argsort(q_ids)
-    out.write_bytes(RECALL_IDS, _npy_bytes(q_ids[order]))
-    out.write_bytes(RECALL_VECTORS, _npy_bytes(q[order]))
-    with out.atomic_write(INDEX_PATH) as f:
-        fx.write_index(index, f)
-    info = {"fingerprint": fp, "plan": plan.to_json(), "n_vectors": n_vectors, "dim": dim,
-            "recall_queries": int(len(q_ids)), "gpu_build": gpu}
-    out.mark_done(INDEX_PATH, info)
-    return info
+            ids, keys, x = load_shard_vectors(source, cfg.model_id, shard, int(offset))
+            if len(ids):
+                index.add_with_ids(x, ids)
+            pick, _ = _sample(cfg.seed, "recall", keys, rate)
+            recall_ids.append(ids[pick])
+            recall_vecs.append(x[pick])
+        if gpu:
+            index = faiss.index_gpu_to_cpu(index)
+        q_ids = np.concatenate(recall_ids) if recall_ids else np.zeros(0, np.int64)
+        q = np.concatenate(recall_vecs) if recall_vecs else np.zeros((0, dim), np.float32)
+        order = np.argsort(q_ids)
+        outputs = {GRAPH_RECALL_IDS: out.write_bytes(GRAPH_RECALL_IDS, _npy_bytes(q_ids[order])),
+                   GRAPH_RECALL_VECTORS: out.write_bytes(GRAPH_RECALL_VECTORS, _npy_bytes(q[order]))}
+        with out.atomic_write(GRAPH_INDEX) as f:
+            sink = HashingWriter(f)
+            fx.write_index(index, sink)
+        outputs[GRAPH_INDEX] = sink.sha256
+        return outputs, {"plan": plan.to_json(), "n_vectors": n_vectors, "dim": dim,
+                         "recall_queries": int(len(q_ids)), "gpu_build": gpu}
+
+    marker = run_unit(out, GRAPH_INDEX, fp, compute)
+    return {**marker["info"], "fingerprint": marker["fingerprint"], "action": marker["action"]}
 
 
 _INDEX_CACHE: dict[tuple[str, str], Any] = {}
 
 
-def load_index(out: Store, info: dict[str, Any], use_gpu: bool) -> tuple[Any, bool]:
-    """The saved index, loaded once per process (the last one only) and kept for later tasks."""
+def load_index(out: Store, info: dict[str, Any], use_gpu: bool) -> tuple[Any, Any, bool]:
+    """The saved index (CPU copy, search copy, on GPU?), loaded once per process and kept."""
     key = (out.root, info["fingerprint"])
     if key not in _INDEX_CACHE:
         _INDEX_CACHE.clear()
-        with out.open(INDEX_PATH) as f:
-            index = fx.read_index(f, nprobe=info["plan"]["nprobe"])
-        _INDEX_CACHE[key] = fx.maybe_gpu(index, use_gpu)
+        with out.open(GRAPH_INDEX) as f:
+            cpu = fx.read_index(f, nprobe=info["plan"]["nprobe"])
+        search, on_gpu = fx.maybe_gpu(cpu, use_gpu)
+        _INDEX_CACHE[key] = (cpu, search, on_gpu)
     return _INDEX_CACHE[key]
 
 
-def query_fingerprint(cfg: NearDedupConfig, info: dict[str, Any]) -> str:
-    return fingerprint("graph-query", info["fingerprint"], cfg.graph_threshold, cfg.index.search,
-                       cfg.index.k, cfg.index.pq_rescore_margin)
+def exact_reuse(info: dict[str, Any]) -> bool:
+    """True when a shard's query results depend only on its own and the found vectors."""
+    return info["plan"]["kind"] == "flat"
+
+
+def query_fingerprint(cfg: NearDedupConfig, info: dict[str, Any], digest: str) -> str:
+    """A shard's query unit: its features' digest; with an approximate index, the index too."""
+    index = None if exact_reuse(info) else info["fingerprint"]
+    return unit_fingerprint("graph-query", _code(),
+                            [cfg.graph_threshold, cfg.index.search, cfg.index.k, cfg.index.pq_rescore_margin,
+                             info["plan"]], [digest, index])
 
 
 class VectorLookup:
@@ -193,38 +208,86 @@ class VectorLookup:
         return out if out is not None else np.zeros((0, 1), np.float32)
 
 
+def flat_vectors(cpu_index: Any, ids: np.ndarray) -> np.ndarray:
+    """Rows of an ``IDMap2,Flat`` index by id, straight from its storage (no copy of the index)."""
+    flat = faiss.downcast_index(cpu_index.index)
+    stored = faiss.rev_swig_ptr(flat.get_xb(), flat.ntotal * flat.d).reshape(flat.ntotal, flat.d)
+    id_map = faiss.vector_to_array(cpu_index.id_map)
+    return stored[np.searchsorted(id_map, ids)]
+
+
+def canonical_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Dot products row by row in float64, rounded to float32: equal for (a, b) and (b, a)."""
+    return np.einsum("ij,ij->i", a.astype(np.float64), b.astype(np.float64)).astype(np.float32)
+
+
 def query_shard(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable, shard: str,
-                info: dict[str, Any]) -> dict[str, Any]:
-    """Search one shard's vectors against the index; write its found pairs and recall pairs."""
-    qfp = query_fingerprint(cfg, info)
-    done = out.read_done(found_path(shard))
-    if done is not None and done.get("fingerprint") == qfp:
-        return done
+                info: dict[str, Any], digests: dict[str, str], force: bool = False) -> dict[str, Any]:
+    """Search one shard's vectors against the index; write the pairs it found.
+
+    Skipped while the shard's features (and, for approximate indexes, the index) are
+    unchanged, unless ``force``. Info: queries, pairs, ``capped`` (k-NN queries whose
+    k-1 neighbours all reached the threshold)."""
+    fp = query_fingerprint(cfg, info, digests[shard])
+    if not force and (marker := current_marker(out, found_path(shard), fp)) is not None:
+        return {**marker["info"], "action": SKIPPED}
     fx.set_threads(cfg.index.faiss_threads)
-    index, on_gpu = load_index(out, info, cfg.index.use_gpu)
+    cpu, index, on_gpu = load_index(out, info, cfg.index.use_gpu)
     lo, _ = nodes.span(shard)
     ids, _, x = load_shard_vectors(source, cfg.model_id, shard, lo)
     plan = fx.IndexPlan(**{k: v for k, v in info["plan"].items() if k != "factory"})
-    threshold = cfg.graph_threshold - (0.0 if plan.exact_scores else cfg.index.pq_rescore_margin)
-    src, dst, sim = fx.search_pairs(index, ids, x, threshold, cfg.index.search, cfg.index.k,
+    margin = EXACT_SEARCH_MARGIN if plan.kind == "flat" else (0.0 if plan.exact_scores
+                                                               else cfg.index.pq_rescore_margin)
+    src, dst, sim = fx.search_pairs(index, ids, x, cfg.graph_threshold - margin, cfg.index.search, cfg.index.k,
                                     range_ok=not on_gpu)
     candidates = len(src)
-    if not plan.exact_scores and len(src):
-        lookup = VectorLookup(source, cfg.model_id, nodes)
-        lookup.add(nodes.shards.index(shard), ids, x)
-        sim = np.einsum("ij,ij->i", x[np.searchsorted(ids, src)], lookup.vectors(dst)).astype(np.float32)
+    capped = 0
+    if cfg.index.search == "knn" or on_gpu:
+        per_query = np.bincount(np.searchsorted(ids, src), minlength=len(ids)) if len(ids) else np.zeros(0)
+        capped = int((per_query >= cfg.index.k - 1).sum())
+    if len(src) and (plan.kind == "flat" or not plan.exact_scores):
+        mine = x[np.searchsorted(ids, src)]
+        if plan.kind == "flat":
+            theirs = flat_vectors(cpu, dst)
+        else:
+            lookup = VectorLookup(source, cfg.model_id, nodes)
+            lookup.add(nodes.shards.index(shard), ids, x)
+            theirs = lookup.vectors(dst)
+        sim = canonical_similarity(mine, theirs)
         keep = sim >= np.float32(cfg.graph_threshold)
         src, dst, sim = src[keep], dst[keep], sim[keep]
-    a, b, s = fx.canonical_pairs(src, dst, sim)
-    out.write_parquet(found_path(shard), edge_table(a, b, s))
-    q_ids = _load_npy(out, RECALL_IDS)
-    q = _load_npy(out, RECALL_VECTORS)
-    rq, rd, rs = fx.exhaustive_pairs(q_ids, q, ids, x, cfg.graph_threshold)
-    out.write_parquet(recall_path(shard), edge_table(rq, rd, rs))
-    marker = {"fingerprint": qfp, "shard": shard, "queries": int(len(ids)), "candidates": int(candidates),
-              "pairs": int(len(a)), "recall_pairs": int(len(rq)), "gpu_search": bool(on_gpu)}
-    out.mark_done(found_path(shard), marker)
-    return marker
+    owner = nodes.shard_of(dst)
+    dst_shard = np.array(nodes.shards, dtype=object)[owner] if len(dst) else np.zeros(0, dtype=object)
+    table = pa.table({
+        "src_row": (src - lo).astype(np.int32),
+        "dst_shard": pa.array(dst_shard.tolist(), pa.string()),
+        "dst_row": (dst - nodes.offsets[owner]).astype(np.int32),
+        "dst_digest": pa.array([digests[t] for t in dst_shard.tolist()], pa.string()),
+        "similarity": sim.astype(np.float32),
+    }, schema=FOUND_SCHEMA)
+    table = table.sort_by([("dst_shard", "ascending"), ("dst_row", "ascending"), ("src_row", "ascending")])
+    sha = out.write_parquet(found_path(shard), table)
+    marker = finish_unit(out, found_path(shard), fp, {found_path(shard): sha},
+                         {"shard": shard, "queries": int(len(ids)), "candidates": int(candidates),
+                          "pairs": int(len(src)), "capped": capped, "gpu_search": bool(on_gpu)})
+    return {**marker["info"], "action": COMPUTED}
+
+
+def recall_shard(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable, shard: str,
+                 info: dict[str, Any], digests: dict[str, str]) -> dict[str, Any]:
+    """Exhaustive pairs of the recall sample against one shard (the recall reference)."""
+    fp = unit_fingerprint("graph-recall", _code(), cfg.graph_threshold, [info["fingerprint"], digests[shard]])
+
+    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+        lo, _ = nodes.span(shard)
+        ids, _, x = load_shard_vectors(source, cfg.model_id, shard, lo)
+        q_ids = _load_npy(out, GRAPH_RECALL_IDS)
+        q = _load_npy(out, GRAPH_RECALL_VECTORS)
+        rq, rd, rs = fx.exhaustive_pairs(q_ids, q, ids, x, cfg.graph_threshold)
+        return {recall_path(shard): out.write_parquet(recall_path(shard), edge_table(rq, rd, rs))}, \
+            {"recall_pairs": int(len(rq))}
+
+    return run_unit(out, recall_path(shard), fp, compute)
 
 
 def merge_groups(nodes: NodeTable, found_pairs: list[int], max_edges: int) -> list[list[str]]:
@@ -234,32 +297,50 @@ def merge_groups(nodes: NodeTable, found_pairs: list[int], max_edges: int) -> li
     return [list(g) for g in np.array_split(np.array(nodes.shards, dtype=object), n_groups) if len(g)]
 
 
-def merge_fingerprint(query_fps: list[str]) -> str:
-    return fingerprint("graph-edges", query_fps)
+def _valid_pairs(table: pa.Table, shard: str, nodes: NodeTable, digests: dict[str, str]
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Global (src, dst, similarity) of a found table's rows still pointing at current vectors."""
+    dst_shard = table["dst_shard"].to_pylist()
+    valid = np.array([digests.get(t) == d for t, d in zip(dst_shard, table["dst_digest"].to_pylist(), strict=True)],
+                     dtype=bool)
+    index_of = {s: i for i, s in enumerate(nodes.shards)}
+    owner = np.array([index_of.get(t, 0) for t in dst_shard], dtype=np.int64)
+    src = nodes.offsets[index_of[shard]] + table["src_row"].to_numpy().astype(np.int64)
+    dst = nodes.offsets[owner] + table["dst_row"].to_numpy().astype(np.int64)
+    return src[valid], dst[valid], table["similarity"].to_numpy()[valid]
 
 
-def merge_edges(out: Store, nodes: NodeTable, group: list[str], mfp: str) -> dict[str, int]:
+def merge_edges(out: Store, nodes: NodeTable, group: list[str], digests: dict[str, str],
+                found_digests: list[str]) -> dict[str, Any]:
     """Write ``graph/edges/{shard}.parquet`` for a group of owner shards; return edge counts."""
-    if all(out.is_done(edges_path(s), mfp) for s in group):
-        return {s: int(out.read_done(edges_path(s))["edges"]) for s in group}
+    fp = unit_fingerprint("graph-edges", _code(), group, [nodes.to_json(), found_digests,
+                                                          [digests[s] for s in nodes.shards]])
+    markers = [current_marker(out, edges_path(s), fp) for s in group]
+    if all(m is not None for m in markers):
+        return {"action": SKIPPED, "edges": {s: m["info"]["edges"] for s, m in zip(group, markers, strict=True)}}
     lo, _ = nodes.span(group[0])
     _, hi = nodes.span(group[-1])
+    members = set(group)
     parts = []
     for shard in nodes.shards:
         with out.open(found_path(shard)) as f:
-            parts.append(pq.read_table(f, filters=[("src", ">=", lo), ("src", "<", hi)]))
-    table = pa.concat_tables(parts)
-    a, b, s = fx.canonical_pairs(table["src"].to_numpy(), table["dst"].to_numpy(),
-                                 table["similarity"].to_numpy())
+            if shard in members:
+                table = pq.read_table(f)
+            else:
+                table = pq.read_table(f, filters=[("dst_shard", ">=", group[0]), ("dst_shard", "<=", group[-1])])
+        parts.append(_valid_pairs(table, shard, nodes, digests))
+    src, dst, sim = (np.concatenate([p[i] for p in parts]) for i in range(3))
+    a, b, s = fx.canonical_pairs(src, dst, sim)
+    inside = (a >= lo) & (a < hi)
+    a, b, s = a[inside], b[inside], s[inside]
     owner = nodes.shard_of(a)
     counts = {}
     for shard in group:
-        i = nodes.shards.index(shard)
-        sel = owner == i
-        out.write_parquet(edges_path(shard), edge_table(a[sel], b[sel], s[sel]))
-        out.mark_done(edges_path(shard), {"fingerprint": mfp, "edges": int(sel.sum())})
+        sel = owner == nodes.shards.index(shard)
+        sha = out.write_parquet(edges_path(shard), edge_table(a[sel], b[sel], s[sel]))
+        finish_unit(out, edges_path(shard), fp, {edges_path(shard): sha}, {"edges": int(sel.sum())})
         counts[shard] = int(sel.sum())
-    return counts
+    return {"action": COMPUTED, "edges": counts}
 
 
 def iter_edges(out: Store, nodes: NodeTable, min_similarity: float | None = None
@@ -274,6 +355,14 @@ def iter_edges(out: Store, nodes: NodeTable, min_similarity: float | None = None
         yield src, dst, sim
 
 
+def node_degrees(out: Store, nodes: NodeTable) -> np.ndarray:
+    """Edges per node in the merged graph (the k-NN cap check)."""
+    degree = np.zeros(nodes.n_nodes, dtype=np.int64)
+    for src, dst, _ in iter_edges(out, nodes):
+        degree += np.bincount(src, minlength=nodes.n_nodes) + np.bincount(dst, minlength=nodes.n_nodes)
+    return degree
+
+
 def graph_recall(out: Store, nodes: NodeTable, cfg: NearDedupConfig) -> dict[str, Any]:
     """Share of exhaustive-search pairs of the recall sample that the graph holds.
 
@@ -283,7 +372,7 @@ def graph_recall(out: Store, nodes: NodeTable, cfg: NearDedupConfig) -> dict[str
     node's pairs beyond its k-1 nearest count as misses too: this is the recall of the
     graph, not of the index.
     """
-    q_ids = _load_npy(out, RECALL_IDS)
+    q_ids = _load_npy(out, GRAPH_RECALL_IDS)
     ref = pa.concat_tables([out.read_parquet(recall_path(s)) for s in nodes.shards])
     rs = ref["similarity"].to_numpy()
     must = rs >= np.float32(cfg.graph_threshold + cfg.recall_tolerance)

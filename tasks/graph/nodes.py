@@ -1,7 +1,7 @@
 """Global node ids for the similarity graph and the reads that attach vectors to them.
 
 A node is one image of a staging shard. Its id is ``offset(shard) + row``, where ``row``
-is the image's position in ``staging/{shard}.records.parquet`` and the offsets are the
+is the image's position in ``staging/records/{shard}.parquet`` and the offsets are the
 cumulative row counts of the shards in sorted order: ids are int64, dense, and do not
 depend on the order in which shards were listed. Images whose features failed have a
 node (and end up kept, without edges) but no vector.
@@ -14,12 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow.parquet as pq
 
+from corpusforge.feature_files import read_shard_features
+from corpusforge.layout import staging_records as records_path
 from corpusforge.storage import Store
-from tasks.features.layout import read_shard_features
-
-
-def records_path(shard: str) -> str:
-    return f"staging/{shard}.records.parquet"
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,18 @@
 """The near-duplicate stage: one entry point, built from thin Prefect tasks.
 
-    plan node ids → build index (1 task) → query (1 task per staging shard)
-    → merge edges (1 task per owner-shard group) → recall (1 task)
-    → decisions (1 task) ∥ collision models (1 task) → calibration sheet (1 task)
-    → graph/summary.json
+    plan node ids → build index (1 task) → query (1 task per staging shard whose
+    features changed) → recall reference (1 task per shard) → merge edges (1 task per
+    owner-shard group) → [k-NN cap check] → recall (1 task) → decisions (1 task)
+    ∥ collision models (1 task) → calibration sheet (1 task) → graph/summary.json
 
 Inside a flow run the tasks go to the flow's task runner (a ``DaskTaskRunner``: one
 query task per shard spreads over the workers); called outside a flow, the same
 functions run in this process, one after the other. Shards are sorted first and every
 task's output depends only on its inputs, so results are identical for any shard
-order or worker count. Every step writes a completion marker with a fingerprint and
-is skipped on a rerun with the same inputs and settings.
+order or worker count. Every unit follows the stage contract (``corpusforge.contract``):
+a rerun after new or changed staging shards queries only those (see
+``tasks/graph/edges.py`` for when that is exact and when everything is queried again),
+and the merge, decisions and reports are recomputed from the edges (cheap).
 
 Inputs are read from ``source`` (default: the output store itself); everything is
 written under ``graph/`` of the output store — a new corpus version can therefore be
@@ -21,26 +23,29 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from prefect.context import FlowRunContext
 
 from corpusforge.cluster import as_task, run_tasks
-from corpusforge.hashing import fingerprint
+from corpusforge.contract import COMPUTED, SKIPPED, count_actions, prune, require_marker, unit_fingerprint
+from corpusforge.layout import (GRAPH_DECISIONS, GRAPH_EDGES, GRAPH_FOUND, GRAPH_NODES, GRAPH_RECALL, GRAPH_SUMMARY, edges_path,
+                                found_path, staging_records, staging_tar)
 from corpusforge.storage import Store
+from corpusforge.version import code_version
 from tasks.graph.calibration import calibration_sheet
 from tasks.graph.collision import collision_models
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.decisions import decide_near_duplicates, read_decisions
-from tasks.graph.edges import build_index, graph_recall, merge_edges, merge_fingerprint, merge_groups, query_shard
+from tasks.graph.edges import (build_index, feature_digests, graph_recall, merge_edges, merge_groups, node_degrees,
+                               query_shard, recall_shard)
 from tasks.graph.nodes import plan_nodes
 
-SUMMARY_PATH = "graph/summary.json"
-NODES_PATH = "graph/nodes.json"
-
-__all__ = ["near_duplicate_stage", "read_decisions", "SUMMARY_PATH"]
+__all__ = ["near_duplicate_stage", "read_decisions"]
 
 
 build_index_task = as_task(build_index, "graph-build-index")
 query_shard_task = as_task(query_shard, "graph-query-shard")
+recall_shard_task = as_task(recall_shard, "graph-recall-reference")
 merge_edges_task = as_task(merge_edges, "graph-merge-edges")
 recall_task = as_task(graph_recall, "graph-recall")
 decide_task = as_task(decide_near_duplicates, "graph-decisions")
@@ -49,60 +54,119 @@ calibration_task = as_task(calibration_sheet, "graph-calibration-sheet")
 
 
 def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], *,
-                         source: Store | None = None) -> dict[str, Any]:
-    """Build the graph, decide every image, write reports; return the stage summary.
+                         source: Store | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Build the graph, decide every image, write reports.
 
-    ``store``: output root (``graph/…`` is written there). ``source``: where
-    ``staging/`` and ``features/`` are read (default ``store``). ``shards``: staging
-    shard names, any order. Per-key decisions: :func:`read_decisions`.
+    Returns ``(summary, work)``: the stage summary (also ``graph/summary.json``) and how
+    many units each step computed or skipped in this run. ``store``: output root
+    (``graph/…`` is written there). ``source``: where ``staging/`` and ``features/`` are
+    read (default ``store``). ``shards``: staging shard names, any order; each must have
+    completed features of ``cfg.model_id`` (else a clear error naming it). Per-key
+    decisions: :func:`read_decisions`.
     """
     if not shards:
         raise ValueError("near-duplicate stage needs at least one staging shard")
     source = source or store
     nodes = plan_nodes(source, shards)
-    store.write_json(NODES_PATH, nodes.to_json())
+    digests = feature_digests(source, cfg, nodes)
+    store.write_json(GRAPH_NODES, nodes.to_json())
+    for folder in (GRAPH_FOUND, GRAPH_RECALL, GRAPH_EDGES, GRAPH_DECISIONS):
+        prune(store, folder, nodes.shards)
     common = dict(source=source, out=store, cfg=cfg, nodes=nodes)
-    info = run_tasks(build_index_task, [common])[0]
-    queried = run_tasks(query_shard_task, [dict(common, shard=s, info=info) for s in nodes.shards])
-    mfp = merge_fingerprint([m["fingerprint"] for m in queried])
-    groups = merge_groups(nodes, [m["pairs"] for m in queried], cfg.merge_max_edges)
-    merged = run_tasks(merge_edges_task, [dict(out=store, nodes=nodes, group=g, mfp=mfp) for g in groups])
+    info = run_tasks(build_index_task, [dict(common, digests=digests)])[0]
+    calls = [dict(common, shard=s, info=info, digests=digests) for s in nodes.shards]
+    queried = run_tasks(query_shard_task, calls)
+    work: dict[str, Any] = {"index": info["action"], "queries": count_actions(queried)}
+    references = run_tasks(recall_shard_task, calls)
+    merged = _merge(store, nodes, digests, cfg)
+    if _knn_cap_reached(store, cfg, nodes, queried):
+        reused = [c for c, q in zip(calls, queried, strict=True) if q["action"] == SKIPPED]
+        forced = run_tasks(query_shard_task, [dict(c, force=True) for c in reused])
+        work["queries"][COMPUTED] += len(forced)
+        work["queries"][SKIPPED] -= len(forced)
+        work["queries"]["requeried_for_knn_cap"] = len(forced)
+        by_shard = {q["shard"]: q for q in forced}
+        queried = [by_shard.get(q["shard"], q) for q in queried]
+        merged = _merge(store, nodes, digests, cfg)
+    work["recall_references"] = count_actions(references)
+    work["merges"] = count_actions(merged)
     recall = run_tasks(recall_task, [dict(out=store, nodes=nodes, cfg=cfg)])[0]
 
-    later = [(decide_task, dict(common, edges_fp=mfp))]
-    cfp = fingerprint("graph-collision", info["fingerprint"], cfg.model_id, cfg.seed,
-                      cfg.collision.model_dump(mode="json"), cfg.index.model_dump(mode="json"))
+    edges_digests = [d for m in merged for d in m["digests"]]
+    records_digests = [require_marker(source, staging_tar(s), "staging shard")["outputs"][staging_records(s)]
+                       for s in nodes.shards]
+    later = [(decide_task, dict(common, edges_digests=edges_digests, records_digests=records_digests))]
+    code = code_version("tasks.graph.collision", "tasks.graph.calibration")
+    cfp = unit_fingerprint("graph-collision", code, [cfg.model_id, cfg.seed, cfg.collision.model_dump(mode="json"),
+                                                     cfg.index.model_dump(mode="json")],
+                           [nodes.to_json(), [digests[s] for s in nodes.shards]])
     if cfg.collision.enabled:
         later.append((collision_task, dict(common, n_vectors=info["n_vectors"], fp=cfp)))
     if FlowRunContext.get() is None:
         results = [t.fn(**kw) for t, kw in later]
     else:
         results = [f.result() for f in [t.submit(**kw) for t, kw in later]]
-    decisions = results[0]
+    decided = results[0]
+    decisions = decided["info"]
     collision = results[1] if cfg.collision.enabled else None
+    work["decisions"] = decided["action"]
     calibration = None
     if cfg.calibration.enabled:
-        kfp = fingerprint("graph-calibration", mfp, cfp if collision else None,
-                          cfg.calibration.model_dump(mode="json"), cfg.graph_threshold,
-                          cfg.candidate_threshold, cfg.pair_threshold, cfg.min_component_size, cfg.seed)
+        kfp = unit_fingerprint("graph-calibration", code,
+                               [cfg.calibration.model_dump(mode="json"), cfg.graph_threshold, cfg.candidate_threshold,
+                                cfg.pair_threshold, cfg.min_component_size, cfg.seed],
+                               [edges_digests, records_digests, cfp if collision else None])
         calibration = run_tasks(calibration_task, [dict(common, fp=kfp)])[0]
+        work["calibration"] = calibration.pop("action")
+    if collision is not None:
+        work["collision"] = collision.pop("action")
 
     summary = {
         "model_id": cfg.model_id,
-        "config_fingerprint": fingerprint(cfg.model_dump(mode="json")),
         "shards": len(nodes.shards),
         "index": {"plan": info["plan"], "vectors": info["n_vectors"], "dim": info["dim"],
-                  "gpu_build": info["gpu_build"], "gpu_search": any(m["gpu_search"] for m in queried),
+                  "gpu_build": info["gpu_build"], "gpu_search": any(q["gpu_search"] for q in queried),
                   "search": cfg.index.search, "k": cfg.index.k},
-        "graph": {"threshold": cfg.graph_threshold, "found_pairs": sum(m["pairs"] for m in queried),
-                  "edges": sum(sum(c.values()) for c in merged), "merge_tasks": len(groups)},
+        "graph": {"threshold": cfg.graph_threshold, "found_pairs": sum(q["pairs"] for q in queried),
+                  "edges": sum(sum(m["edges"].values()) for m in merged), "merge_tasks": len(merged),
+                  "capped_queries": sum(q["capped"] for q in queried)},
         "recall": recall,
         "decisions": decisions,
         "collision": _collision_brief(collision),
         "calibration": calibration,
     }
-    store.write_json(SUMMARY_PATH, summary)
-    return summary
+    store.write_json(GRAPH_SUMMARY, summary)
+    return summary, work
+
+
+def _merge(store: Store, nodes, digests: dict[str, str], cfg: NearDedupConfig) -> list[dict[str, Any]]:
+    """Symmetric edge files from the current found files; each group reports its edge digests."""
+    found = [require_marker(store, found_path(s), "graph query") for s in nodes.shards]
+    found_digests = [m["digest"] for m in found]
+    groups = merge_groups(nodes, [m["info"]["pairs"] for m in found], cfg.merge_max_edges)
+    merged = run_tasks(merge_edges_task, [dict(out=store, nodes=nodes, group=g, digests=digests,
+                                                found_digests=found_digests) for g in groups])
+    for group, m in zip(groups, merged, strict=True):
+        m["digests"] = [require_marker(store, edges_path(s), "graph edges")["digest"] for s in group]
+    return merged
+
+
+def _knn_cap_reached(store: Store, cfg: NearDedupConfig, nodes, queried: list[dict[str, Any]]) -> bool:
+    """True when reused k-NN results may differ from a fresh build's (see tasks/graph/edges.py)."""
+    actions = {q["action"] for q in queried}
+    if actions != {COMPUTED, SKIPPED}:
+        return False
+    if any(q["capped"] for q in queried):
+        return True
+    if cfg.index.search != "knn":
+        return False
+    degree = node_degrees(store, nodes)
+    reused = np.zeros(nodes.n_nodes, dtype=bool)
+    for q in queried:
+        if q["action"] == SKIPPED:
+            lo, hi = nodes.span(q["shard"])
+            reused[lo:hi] = True
+    return bool((degree[reused] >= cfg.index.k - 1).any())
 
 
 def _collision_brief(result: dict[str, Any] | None) -> dict[str, Any] | None:

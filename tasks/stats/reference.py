@@ -10,7 +10,7 @@ holds more than one shard's features plus the partials:
    that hold them, the Test-50K threshold, each group's subsample threshold and the
    manifest's hash.
 2. :func:`shard_partials` reads one staging shard's features and, through
-   ``staging/{shard}.records.parquet`` (key, part, row), only the manifest row groups of
+   ``staging/records/{shard}.parquet`` (key, part, row), only the manifest row groups of
    that shard's records; it returns per group the shard's :class:`Moments` (8 MB at
    d = 1024), its sampled rows (:class:`KeyedSample`; all partials together hold at most
    ``max_rows`` per group) and the group's records that have no features (undecodable).
@@ -39,11 +39,11 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from corpusforge.hashing import stable_uniform
+from corpusforge.feature_files import read_shard_errors, read_shard_features, require_features
+from corpusforge.hashing import fingerprint, stable_uniform
+from corpusforge.layout import MANIFEST_DIR, manifest_path, staging_records
 from corpusforge.records import Status
 from corpusforge.storage import Store
-from tasks.features.layout import feature_path, read_shard_errors, read_shard_features
-from tasks.manifest import manifest_path
 from tasks.stats.compare import compare
 from tasks.stats.config import MetricsConfig, SampleConfig
 from tasks.stats.moments import Moments
@@ -125,7 +125,7 @@ class _Smallest:
 
 
 def manifest_files(store: Store) -> list[str]:
-    return [f"manifest/{n}" for n in store.listdir("manifest") if n.endswith(".parquet")]
+    return [f"{MANIFEST_DIR}/{n}" for n in store.listdir(MANIFEST_DIR) if n.endswith(".parquet")]
 
 
 def manifest_sha256(store: Store) -> str:
@@ -196,7 +196,7 @@ def shard_membership(store: Store, shard: str) -> list[tuple[str, str | None, st
     Only the manifest parts named in the shard's records file are opened, and in each
     only the row groups whose ``row`` range overlaps the shard's rows.
     """
-    records = store.read_parquet(f"staging/{shard}.records.parquet", columns=["key", "part", "row"])
+    records = store.read_parquet(staging_records(shard), columns=["key", "part", "row"])
     out: list[tuple[str, str | None, str | None]] = []
     for part in sorted(set(records["part"].to_pylist())):
         rows = pc.filter(records["row"], pc.equal(records["part"], part))
@@ -233,16 +233,16 @@ class ShardPartial:
 
 
 def _marker_facts(marker: dict[str, Any]) -> dict[str, Any]:
-    return {k: marker.get(k) for k in ("fingerprint", "model", "dtype", "decode_size", "code_version", "random_init")}
+    """What the statistics depend on of a shard's features: the same for every shard of one run."""
+    facts = {k: marker["info"].get(k) for k in ("model", "dtype", "decode_size", "random_init")}
+    return {"fingerprint": fingerprint(facts), **facts}
 
 
 def shard_partials(store: Store, model_id: str, shard: str, plan: GroupPlan) -> ShardPartial:
     """Summarise one staging shard's features for every group of ``plan``."""
     members = [(k, plan.groups_of(k, s, t)) for k, s, t in shard_membership(store, shard)]
     members = [(k, g) for k, g in members if g]
-    marker = store.read_done(feature_path(model_id, shard))
-    if marker is None:
-        raise FileNotFoundError(f"features/{model_id}/{shard} is not complete: extract features first")
+    marker = require_features(store, model_id, shard)
     keys, feats = read_shard_features(store, model_id, shard)
     row_of = {k: i for i, k in enumerate(keys)}
     errors = read_shard_errors(store, model_id, shard)
@@ -259,7 +259,8 @@ def shard_partials(store: Store, model_id: str, shard: str, plan: GroupPlan) -> 
         out[group] = GroupPartial(Moments.of(rows),
                                   KeyedSample.of([present[i] for i in sampled], rows[sampled], plan.sample_rows,
                                                  plan.sample_seed), missing)
-    return ShardPartial(out, {marker["fingerprint"]: _marker_facts(marker)})
+    facts = _marker_facts(marker)
+    return ShardPartial(out, {facts["fingerprint"]: facts})
 
 
 def batch_partials(store: Store, model_id: str, shards: Sequence[str], plan: GroupPlan) -> ShardPartial:
@@ -322,7 +323,6 @@ def write_group_stats(store: Store, group: str, model_id: str, partial: GroupPar
         "feature_fingerprint": marker["fingerprint"],
         "feature_dtype": marker.get("dtype"),
         "decode_size": marker.get("decode_size"),
-        "feature_code_version": marker.get("code_version"),
         "n": int(m.n),
         "dim": m.dim,
         "manifest_records": plan.counts.get(group, 0),

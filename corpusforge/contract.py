@@ -1,0 +1,127 @@
+"""The stage contract every unit of work follows (a partition, a bucket, a shard, a merge).
+
+* A unit's **fingerprint** hashes its stage's code version (:func:`corpusforge.version.code_version`),
+  the config fields it reads, and the **content digests** of exactly the inputs it reads —
+  for inputs this pipeline wrote, the ``digest`` recorded in their markers; never paths
+  or planned keys.
+* A unit writes its outputs atomically, then its **marker** ``_markers/{output}.json``:
+  the fingerprint, the SHA-256 of each output file and their combined ``digest``, plus
+  whatever facts the unit reports (``info``). Downstream fingerprints use that digest,
+  so a unit that reruns and writes the same bytes invalidates nothing after it.
+* A unit is **skipped** only when its marker holds an identical fingerprint; otherwise it
+  recomputes and overwrites.
+* After planning, every per-unit folder is **pruned** to the current plan (:func:`prune`)
+  before any reader lists it, together with the markers of what was removed.
+
+:func:`run_unit` is the whole protocol in one call; every stage uses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from corpusforge.hashing import canonical_json, fingerprint, sha256_bytes
+from corpusforge.layout import MARKERS
+from corpusforge.storage import Store
+
+COMPUTED = "computed"
+SKIPPED = "skipped"
+
+
+def marker_path(rel: str) -> str:
+    return f"{MARKERS}/{rel}.json"
+
+
+def read_marker(store: Store, rel: str) -> dict[str, Any] | None:
+    """The marker of the unit whose main output is ``rel``, or None if it never completed."""
+    path = marker_path(rel)
+    return store.read_json(path) if store.exists(path) else None
+
+
+def require_marker(store: Store, rel: str, what: str) -> dict[str, Any]:
+    """The marker of ``rel``; a clear error when the unit is missing (never read as empty)."""
+    marker = read_marker(store, rel)
+    if marker is None:
+        raise FileNotFoundError(f"{store.path(rel)} is not complete ({what}); run the stage that writes it")
+    return marker
+
+
+def digest_of(outputs: dict[str, str]) -> str:
+    """One digest for a unit's output files (path → SHA-256)."""
+    return sha256_bytes(canonical_json(sorted(outputs.items())).encode())
+
+
+def run_unit(store: Store, rel: str, fp: str, compute: Callable[[], tuple[dict[str, str], dict[str, Any]]]
+             ) -> dict[str, Any]:
+    """Skip ``rel`` when its marker has fingerprint ``fp``; else run ``compute`` and mark it done.
+
+    ``compute`` writes the unit's files and returns ``(outputs, info)``: the SHA-256 of each
+    file it wrote (what ``Store.write_*`` return) and facts to keep in the marker. Returns
+    the marker with ``action`` = computed or skipped (not stored: a rerun's marker is the
+    same bytes as a fresh build's).
+    """
+    if (marker := current_marker(store, rel, fp)) is not None:
+        return {**marker, "action": SKIPPED}
+    outputs, info = compute()
+    return {**finish_unit(store, rel, fp, outputs, info), "action": COMPUTED}
+
+
+def current_marker(store: Store, rel: str, fp: str) -> dict[str, Any] | None:
+    """The marker of ``rel`` if it was completed with fingerprint ``fp``, else None."""
+    marker = read_marker(store, rel)
+    return marker if marker is not None and marker.get("fingerprint") == fp else None
+
+
+def finish_unit(store: Store, rel: str, fp: str, outputs: dict[str, str], info: dict[str, Any]) -> dict[str, Any]:
+    """Write the marker of a unit whose files are all written (for units that share work,
+    like one decode feeding several models; others use :func:`run_unit`)."""
+    marker = {"fingerprint": fp, "outputs": dict(sorted(outputs.items())), "digest": digest_of(outputs),
+              "info": info}
+    store.write_json(marker_path(rel), marker)
+    return marker
+
+
+def unit_fingerprint(stage: str, code: str, config: Any, inputs: Any) -> str:
+    """The fingerprint of one unit: stage, code version, config it reads, input digests."""
+    return fingerprint(stage, code, config, inputs)
+
+
+def prune(store: Store, folder: str, keep: Iterable[str]) -> list[str]:
+    """Remove files (and their markers) in ``folder`` whose stem is not in ``keep``.
+
+    The stem is the name up to the first dot, so ``000003.parquet`` and ``000003.tar``
+    are both unit ``000003``; leftover temporary files (``.name.part``) of a killed
+    writer go too. Returns the removed names.
+    """
+    keep = set(keep)
+    removed = []
+    for name in store.listdir(folder):
+        if name.startswith(".") or name.split(".", 1)[0] not in keep:
+            store.remove(f"{folder}/{name}")
+            store.remove(marker_path(f"{folder}/{name}"))
+            removed.append(name)
+    for name in store.listdir(f"{MARKERS}/{folder}"):
+        if name.endswith(".json") and name.split(".", 1)[0] not in keep:
+            store.remove(f"{MARKERS}/{folder}/{name}")
+    return removed
+
+
+def remove_tree(store: Store, folder: str) -> None:
+    """Remove a whole output folder and its markers (a stage switched off)."""
+    store.remove(folder)
+    store.remove(f"{MARKERS}/{folder}")
+
+
+def completed_units(store: Store, folder: str, suffix: str) -> list[str]:
+    """Sorted stems of ``{folder}/{stem}{suffix}`` files that have a marker."""
+    end = f"{suffix}.json"
+    return sorted(n[: -len(end)] for n in store.listdir(f"{MARKERS}/{folder}") if n.endswith(end))
+
+
+def count_actions(results: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """``{"computed": n, "skipped": m}`` over unit results (for the run's work log)."""
+    counts = {COMPUTED: 0, SKIPPED: 0}
+    for r in results:
+        counts[r["action"]] += 1
+    return counts

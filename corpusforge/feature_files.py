@@ -1,0 +1,76 @@
+"""Per-shard feature files: how the feature stage writes them and every later stage reads them.
+
+One set of files per (model, staging shard), paths from :mod:`corpusforge.layout`::
+
+    features/{model_id}/vectors/{shard}.npy    float16 (default) array [n_ok, dim], rows in shard order
+    features/{model_id}/keys/{shard}.parquet   key, sha256, ok, error for every image of the shard,
+                                               in shard order; the npy rows are the ok rows
+    _markers/features/{model_id}/vectors/{shard}.npy.json   the unit's marker (stage contract);
+                                               ``info``: model fingerprint, count, dim, dtype, random_init
+
+Later stages (near-duplicate graph, contamination, reference statistics) read only
+through these functions, so the feature stage's internals stay its own.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from corpusforge.contract import completed_units, finish_unit, read_marker, require_marker
+from corpusforge.layout import FEATURE_KEYS_SCHEMA, feature_keys, feature_vectors, features_dir
+from corpusforge.storage import Store
+
+
+def write_shard_features(store: Store, model_id: str, shard: str, keys: Sequence[str], shas: Sequence[str | None],
+                         ok: Sequence[bool], errors: Sequence[str | None], features: np.ndarray,
+                         fp: str, info: dict[str, Any]) -> dict[str, Any]:
+    """Write one shard's features and keys atomically, then the unit's marker; return it."""
+    if features.shape[0] != int(np.sum(ok)):
+        raise ValueError(f"{features.shape[0]} feature rows for {int(np.sum(ok))} ok records")
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(features), allow_pickle=False)
+    table = pa.table({"key": list(keys), "sha256": list(shas), "ok": list(ok), "error": list(errors)},
+                     schema=FEATURE_KEYS_SCHEMA)
+    outputs = {feature_vectors(model_id, shard): store.write_bytes(feature_vectors(model_id, shard), buf.getvalue()),
+               feature_keys(model_id, shard): store.write_parquet(feature_keys(model_id, shard), table)}
+    info = {**info, "count": int(features.shape[0]), "dim": int(features.shape[1]) if features.ndim == 2 else 0,
+            "dtype": str(features.dtype)}
+    return finish_unit(store, feature_vectors(model_id, shard), fp, outputs, info)
+
+
+def feature_marker(store: Store, model_id: str, shard: str) -> dict[str, Any] | None:
+    """The marker of a (model, shard) unit, or None when it never completed."""
+    return read_marker(store, feature_vectors(model_id, shard))
+
+
+def require_features(store: Store, model_id: str, shard: str) -> dict[str, Any]:
+    """The marker of a (model, shard) unit; a clear error when it is missing."""
+    return require_marker(store, feature_vectors(model_id, shard), f"features of {model_id}")
+
+
+def read_shard_features(store: Store, model_id: str, shard: str) -> tuple[list[str], np.ndarray]:
+    """Keys of the ok records and their features (as stored, usually float16)."""
+    table = store.read_parquet(feature_keys(model_id, shard))
+    keys = [k for k, ok in zip(table["key"].to_pylist(), table["ok"].to_pylist(), strict=True) if ok]
+    with store.open(feature_vectors(model_id, shard)) as f:
+        feats = np.load(io.BytesIO(f.read()), allow_pickle=False)
+    if feats.shape[0] != len(keys):
+        raise ValueError(f"features/{model_id}/{shard}: {feats.shape[0]} rows for {len(keys)} keys")
+    return keys, feats
+
+
+def read_shard_errors(store: Store, model_id: str, shard: str) -> dict[str, str]:
+    """Keys whose image could not be embedded, with the reason."""
+    table = store.read_parquet(feature_keys(model_id, shard))
+    return {k: e for k, ok, e in zip(table["key"].to_pylist(), table["ok"].to_pylist(),
+                                      table["error"].to_pylist(), strict=True) if not ok}
+
+
+def list_feature_shards(store: Store, model_id: str) -> list[str]:
+    """Completed shards of a model, sorted."""
+    return completed_units(store, f"{features_dir(model_id)}/vectors", ".npy")

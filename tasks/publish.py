@@ -1,0 +1,58 @@
+"""The tail every corpus-writing flow shares: release plan → release shards → manifest → receipt.
+
+A build runs it on its own staging shards; a near-dedup pass runs it for a new corpus
+version whose staging shards and ingest rows stay in the earlier version (``source``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from corpusforge.cluster import as_task, run_tasks
+from corpusforge.contract import count_actions, prune, require_marker
+from corpusforge.layout import MANIFEST_DIR, RECEIPT, REPORT, manifest_path, resolved_path
+from corpusforge.storage import Store
+from tasks.manifest import write_manifest_part
+from tasks.receipt import render_report
+from tasks.release import plan_release_files, write_release_shard
+from tasks.splits import SPLITS, SplitConfig, tier_counts
+
+release_plan_task = as_task(plan_release_files, "plan-release")
+release_task = as_task(write_release_shard, "write-release-shard")
+manifest_task = as_task(write_manifest_part, "write-manifest-part")
+
+
+def publish(store: Store, staged: list[str], n_parts: int, splits: SplitConfig, near_dedup: bool,
+            source: Store | None = None) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    """Write release shards and manifest.
+
+    Returns the release plan summary, the manifest part summaries and the work done
+    (units computed and skipped per step)."""
+    release = run_tasks(release_plan_task, [dict(store=store, shards=staged, cfg=splits, near_dedup=near_dedup,
+                                                 source=source)])[0]
+    shards = run_tasks(release_task, [dict(store=store, split=s["split"], shard=s["index"], cfg=splits,
+                                           plan=release["plans"][name], source=source)
+                                      for name, s in release["shards"].items()])
+    resolved = [require_marker(source or store, resolved_path(p), "resolved partition")["digest"]
+                for p in range(n_parts)]
+    prune(store, MANIFEST_DIR, {manifest_path(p).rsplit("/", 1)[1].split(".", 1)[0] for p in range(n_parts)})
+    manifest = run_tasks(manifest_task, [dict(store=store, part=p, resolved_digest=resolved[p],
+                                              late_digest=release["late"].get(p), source=source)
+                                         for p in range(n_parts)])
+    return release, manifest, {"release_shards": count_actions(shards), "manifest_parts": count_actions(manifest)}
+
+
+def release_section(release: dict[str, Any], splits: SplitConfig) -> dict[str, Any]:
+    """The receipt's release section: split sizes, tiers and every shard's size and caption mix."""
+    shards = release["shards"]
+    n_train = sum(1 for s in shards.values() if s["split"] == "train")
+    sizes = {sp: {"samples": sum(s["count"] for s in shards.values() if s["split"] == sp),
+                  "shards": sum(1 for s in shards.values() if s["split"] == sp)} for sp in SPLITS}
+    return {"splits": sizes, "tiers": tier_counts(n_train, splits.tiers), "shards": shards}
+
+
+def write_receipt(store: Store, receipt: dict[str, Any]) -> None:
+    """receipt.json, then report.md rendered from exactly what was written (sorted keys),
+    so the report does not depend on the order in which this run filled the dicts."""
+    store.write_json(RECEIPT, receipt)
+    store.write_bytes(REPORT, render_report(store.read_json(RECEIPT)).encode())

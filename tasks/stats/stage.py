@@ -1,0 +1,146 @@
+"""The reference-statistics stage (GPIC §3): µ, Σ and a feature subsample per split.
+
+Table of contents of :func:`reference_stats_stage`:
+
+    scan the manifest (groups, their staging shards, Test-50K threshold, manifest hash)
+    → features of those shards (the feature stage; finished shards are skipped)
+    → partials (n, mean, scatter matrix, sampled rows per group) over contiguous runs of
+      staging shards, at most ``max_partials`` tasks
+    → pairwise tree merge of the partials → stats/{group}-{model_id}.{npz,features.npy,json}
+    → with ``oracle``: real-vs-real metrics against test → stats/oracle.json
+
+Every partial and every merge is a Prefect task on the flow run's Dask cluster; the runs
+and the merge tree depend only on the shard list and ``max_partials``, so results are the
+same bit for bit on any number of workers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from pydantic import Field, model_validator
+
+from corpusforge.config import FlowConfig
+from corpusforge.contract import prune
+from corpusforge.layout import STATS_DIR
+from corpusforge.storage import Store
+from corpusforge.version import code_version
+from tasks.features.config import FeaturesConfig, ModelSpec, RuntimeConfig
+from tasks.features.extract import extract_features, summarize
+from tasks.stats.config import MetricsConfig, SampleConfig, protocol_model
+from tasks.stats.provenance import model_deviations
+from tasks.stats.reference import (batch_partials, merge_partials, oracle_groups, oracle_metrics, plan_batches,
+                                   scan_manifest, write_group_stats)
+
+ORACLE_PATH = f"{STATS_DIR}/oracle.json"
+
+
+class ReferenceStatsSettings(FlowConfig):
+    """What to summarise and how: splits, oracles, feature model, subsample, metrics.
+
+    The build flow takes these as its ``reference_stats`` section; the standalone flow
+    adds the corpus root and the cluster (:class:`ReferenceStatsConfig`)."""
+
+    splits: list[Literal["train", "val", "test"]] = Field(["test"], min_length=1, title="Splits",
+                                                          description="Splits to summarise (GPIC: test).")
+    oracle: bool = Field(False, title="Oracle references",
+                         description="Also summarise val, every train tier and a test subset, and write their "
+                                     "real-vs-real metrics against test to stats/oracle.json (GPIC Table 2).")
+    tiers: list[str] = Field(["nano", "lite", "full"], min_length=1, title="Train tiers",
+                             description="Tier names, smallest first, as in the manifest's tier column.")
+    test_subset: int = Field(50_000, ge=2, title="Test subset size",
+                             description="Size of the oracle's Test-50K (test records with the smallest hash).")
+    test_subset_seed: int = Field(1, title="Test subset seed")
+    model: ModelSpec = Field(default_factory=protocol_model, title="Feature model",
+                             description="Default: DINOv2 ViT-L/14 without registers, gpic_eval preprocessing.")
+    feature_dtype: Literal["float32", "float16"] = Field(
+        "float32", title="Stored feature dtype", description="float16 rounds features before the statistics.")
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, title="Model runtime")
+    torchscript_allowlist: list[str] = Field(default_factory=list, title="TorchScript allow-list")
+    extract: bool = Field(True, title="Extract missing features",
+                          description="Run the feature stage on the shards first (finished ones are skipped).")
+    sample: SampleConfig = Field(default_factory=SampleConfig, title="Stored feature subsample")
+    max_partials: int = Field(256, ge=1, title="Partial tasks",
+                              description="At most this many partial tasks, each over a contiguous run of staging "
+                                          "shards: bounds the 8 MB (d = 1024) scatter matrices per group in flight.")
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig, title="Oracle metrics")
+
+    @model_validator(mode="after")
+    def _oracle_needs_test(self) -> ReferenceStatsSettings:
+        if self.oracle and "test" not in self.splits:
+            raise ValueError("oracle references are measured against test: add 'test' to splits")
+        return self
+
+    def groups(self) -> tuple[str, ...]:
+        extra = oracle_groups(self.tiers) if self.oracle else ()
+        return tuple(dict.fromkeys([*self.splits, *extra]))
+
+    def features(self) -> FeaturesConfig:
+        return FeaturesConfig(models=[self.model], dtype=self.feature_dtype, runtime=self.runtime,
+                              torchscript_allowlist=self.torchscript_allowlist)
+
+
+partials_task = task(batch_partials, name="stats-partials", cache_policy=NO_CACHE, persist_result=False, retries=1)
+merge_task = task(merge_partials, name="stats-merge", cache_policy=NO_CACHE, persist_result=False)
+
+
+def tree_reduce(futures: list) -> Any:
+    """Merge futures pairwise, level by level, in a fixed tree; return the root's result.
+
+    The list is emptied as it is consumed, so merged partials can be released.
+    """
+    level = futures
+    while len(level) > 1:
+        nxt = [merge_task.submit(level[i], level[i + 1]) if i + 1 < len(level) else level[i]
+               for i in range(0, len(level), 2)]
+        level.clear()
+        level = nxt
+    return level.pop().result()
+
+
+def reference_stats_stage(store: Store, config: ReferenceStatsSettings) -> dict[str, Any]:
+    """The stage itself, on the corpus in ``store``; inside a flow run its tasks go to that
+    run's task runner. Statistics files of groups this run does not write are removed."""
+    log = get_run_logger()
+    model_id = config.model.model_id
+    plan = scan_manifest(store, config.groups(), config.sample, config.tiers, config.test_subset,
+                         config.test_subset_seed)
+    log.info("groups %s over %d staging shards; model %s", plan.counts, len(plan.shards), model_id)
+    empty = [g for g in config.splits if plan.counts[g] < 2]
+    if empty:
+        raise ValueError(f"splits with fewer than 2 kept records in the manifest: {empty}")
+    extraction = None
+    if config.extract:
+        extraction = summarize(extract_features(store, plan.shards, config.features()))
+        if "warning" in extraction:
+            log.warning(extraction["warning"])
+    total = tree_reduce([partials_task.submit(store, model_id, run, plan.plan)
+                         for run in plan_batches(plan.shards, config.max_partials)])
+    if len(total.markers) != 1:
+        raise ValueError(f"features/{model_id} mixes {len(total.markers)} feature fingerprints: re-extract")
+    marker = next(iter(total.markers.values()))
+    version = code_version("tasks.stats.reference")
+    groups = [g for g in plan.plan.groups if total.groups[g].moments.n >= 2]
+    for g in sorted(set(plan.plan.groups) - set(groups)):
+        log.warning("group %s has fewer than 2 images with features: no statistics written", g)
+    if missing := [g for g in config.splits if g not in groups]:
+        raise ValueError(f"splits with fewer than 2 images with features: {missing}")
+    written = {g: write_group_stats(store, g, model_id, total.groups[g], marker, plan, version) for g in groups}
+    for d in model_deviations(marker["model"]):
+        log.warning("protocol deviation: %s", d)
+    result: dict[str, Any] = {"model_id": model_id, "counts": plan.counts,
+                              "n": {g: s["n"] for g, s in written.items()},
+                              "files": {g: s["files"] for g, s in written.items()}, "extraction": extraction}
+    if config.oracle:
+        oracle = {"reference": "test", "model_id": model_id, "model": marker["model"],
+                  "manifest_sha256": plan.manifest_sha256, "code_version": version,
+                  "settings": config.metrics.model_dump(mode="json"),
+                  "protocol_deviations": written["test"]["protocol_deviations"] + config.metrics.deviations(),
+                  "pairs": oracle_metrics({g: total.groups[g] for g in groups}, "test", config.metrics)}
+        store.write_json(ORACLE_PATH, oracle)
+        result["oracle"] = oracle["pairs"]
+    keep = {f"{g}-{model_id}" for g in groups} | ({"oracle"} if config.oracle else set())
+    prune(store, STATS_DIR, keep)
+    return result
