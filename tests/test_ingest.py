@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from corpusforge.layout import hashes_path, keys_table_path, resolved_path
 from corpusforge.storage import Store
 from tasks.exact_dedup import find_duplicate_keys, find_exact_duplicates, resolve_partition
 from tasks.ingest import ingest_partition
@@ -32,16 +33,16 @@ def ingest_all(src: str, out, cfg: SourceConfig | None = None) -> list[dict]:
     store = Store(str(out))
     cfg = cfg or SourceConfig(partition_size=3)
     _, parts = plan_partitions(src, store, cfg)
-    for p in parts:
-        ingest_partition(store, p, cfg, ValidationConfig(), n_buckets=2, code_version="t")
-    for b in range(2):
-        find_duplicate_keys(store, b)
-    for b in range(2):
-        find_exact_duplicates(store, b)
+    ingested = [ingest_partition(store, p, cfg, ValidationConfig(), n_buckets=2) for p in parts]
+    keys = [m["outputs"][keys_table_path(p.index)] for p, m in zip(parts, ingested, strict=True)]
+    hashes = [m["outputs"][hashes_path(p.index)] for p, m in zip(parts, ingested, strict=True)]
+    keydup = [find_duplicate_keys(store, b, keys) for b in range(2)]
+    exact = [find_exact_duplicates(store, b, hashes, [m["digest"] for m in keydup]) for b in range(2)]
+    decisions = [m["digest"] for m in keydup + exact]
     rows = []
-    for p in parts:
-        resolve_partition(store, p.index)
-        rows += store.read_parquet(f"work/resolved/{p.index:06d}.parquet").to_pylist()
+    for p, m in zip(parts, ingested, strict=True):
+        resolve_partition(store, p.index, m["digest"], decisions, shard_size=1000)
+        rows += store.read_parquet(resolved_path(p.index)).to_pylist()
     return rows
 
 
@@ -91,7 +92,7 @@ def test_unsafe_paths_missing_files_and_duplicate_keys(tmp_path):
     codes = [(k[0], r["status"], r["reason"].split(":")[0]) for k, r in sorted(got.items(), key=lambda i: (i[0][2], i[0][1]))]
     assert codes == [("a", "kept", ""), ("esc", "error", "unsafe_path"), ("abs", "error", "unsafe_path"),
                      ("gone", "error", "missing_file"), ("a", "error", "duplicate_key"), ("bad.key", "error", "unsafe_key")]
-    assert not (tmp_path / "out" / ".." / "outside.jpg.done.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "outside.jpg", "src"]  # nothing written outside
 
 
 def test_exact_duplicates_keep_highest_resolution_then_smallest_key(tmp_path):

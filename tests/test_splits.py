@@ -93,5 +93,11 @@ def test_tiers_are_nested_prefixes_scaled_for_small_corpora():
 
 
 def test_staging_plan_numbers_survivors_in_input_order():
-    shards = plan_staging([3, 0, 5, 2], shard_size=4)
+    # survivors per partition 3, 0, 5, 2; cut candidates (position in partition, name) from resolve
+    resolved = [{"part": 0, "survivors": 3, "candidates": [[0, "early"]]},  # too soon after the start: no cut
+                {"part": 1, "survivors": 0, "candidates": []},
+                {"part": 2, "survivors": 5, "candidates": [[0, "aaaa"], [4, "bbbb"]]},
+                {"part": 3, "survivors": 2, "candidates": []}]
+    shards = plan_staging(resolved, shard_size=4)
+    assert [s.name for s in shards] == ["aaaa", "bbbb", "tail"]
     assert [s.slices for s in shards] == [((0, 0, 3), (2, 0, 1)), ((2, 1, 4),), ((3, 0, 2),)]

@@ -1,4 +1,4 @@
-"""Ground floor: atomic writes, completion markers, deterministic tars and safe tar reading."""
+"""Ground floor: atomic writes, completion markers (the stage contract), deterministic tars and safe tar reading."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import tarfile
 import pytest
 import webdataset as wds
 
+from corpusforge.contract import COMPUTED, SKIPPED, current_marker, read_marker, run_unit
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample, iter_tar_samples, split_member_name, write_tar
 
@@ -24,10 +25,24 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path):
 
 def test_markers_and_fingerprints(tmp_path):
     store = Store(str(tmp_path))
-    store.write_bytes("x.tar", b"data")
-    assert not store.is_done("x.tar", "fp1")
-    store.mark_done("x.tar", {"fingerprint": "fp1"})
-    assert store.is_done("x.tar", "fp1") and not store.is_done("x.tar", "fp2")
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"x.tar": store.write_bytes("x.tar", b"data")}, {"n": len(calls)}
+
+    assert read_marker(store, "x.tar") is None and current_marker(store, "x.tar", "fp1") is None
+    first = run_unit(store, "x.tar", "fp1", compute)
+    assert first["action"] == COMPUTED and calls == [1]
+    marker = read_marker(store, "x.tar")
+    assert store.exists("_markers/x.tar.json") and store.listdir("") == ["_markers", "x.tar"]
+    assert set(marker) == {"fingerprint", "outputs", "digest", "info"}
+    assert marker["fingerprint"] == "fp1" and marker["outputs"] == {"x.tar": store.sha256("x.tar")}
+    assert marker["info"] == {"n": 1}
+    assert current_marker(store, "x.tar", "fp1") is not None and current_marker(store, "x.tar", "fp2") is None
+    assert run_unit(store, "x.tar", "fp1", compute)["action"] == SKIPPED and calls == [1]
+    assert run_unit(store, "x.tar", "fp2", compute)["action"] == COMPUTED and calls == [1, 1]
+    assert read_marker(store, "x.tar")["fingerprint"] == "fp2"
 
 
 def _samples():
