@@ -15,9 +15,13 @@ import numpy as np
 import pyarrow as pa
 from PIL import Image
 
+from corpusforge.chunking import cut_name
+from corpusforge.contract import finish_unit
+from corpusforge.feature_files import write_shard_features
+from corpusforge.layout import STAGING_RECORDS_SCHEMA, staging_index, staging_records, staging_tar
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample, write_tar
-from tasks.features.layout import write_shard_features
+from tasks.staging import images_digest
 
 
 def png(seed: int, size: tuple[int, int]) -> bytes:
@@ -56,7 +60,12 @@ def planted_vectors(n: int, dim: int, seed: int) -> np.ndarray:
 def write_corpus(root: str, n_shards: int = 3, per_shard: int = 40, dim: int = 32, seed: int = 0,
                  model_id: str = "wfd", vectors: np.ndarray | None = None, failed: set[str] = frozenset(),
                  sha_override: dict[str, str] | None = None) -> tuple[Store, list[str], dict[str, np.ndarray]]:
-    """Write staging records/index/tars and features; return the store, shards and key → vector."""
+    """Write staging records/index/tars with their marker, and features; return the store,
+    the shards (in write order) and key → vector.
+
+    Shards are named as the staging stage names them: by the key hash of their last record
+    (:func:`corpusforge.chunking.cut_name`), so sorted order differs from write order.
+    """
     store = Store(root)
     n = n_shards * per_shard
     x = planted_vectors(n, dim, seed) if vectors is None else vectors
@@ -65,9 +74,7 @@ def write_corpus(root: str, n_shards: int = 3, per_shard: int = 40, dim: int = 3
     sizes = [(8, 8), (12, 8), (8, 12), (16, 16)]
     shards, by_key = [], {}
     for s in range(n_shards):
-        shard = f"{s:06d}"
-        shards.append(shard)
-        recs, samples, keys, ok, errs, feats = [], [], [], [], [], []
+        recs, samples, keys, shas, ok, errs, feats = [], [], [], [], [], [], []
         for i in range(per_shard):
             g = int(order[s * per_shard + i])
             key = f"img_{g:05d}"
@@ -75,9 +82,10 @@ def write_corpus(root: str, n_shards: int = 3, per_shard: int = 40, dim: int = 3
             data = png(seed * 100003 + g, (w, h))
             sha = (sha_override or {}).get(key, hashlib.sha256(data).hexdigest())
             recs.append({"key": key, "part": 0, "row": g, "sha256": sha, "width": w, "height": h,
-                         "source": "test", "caption_type": "short"})
+                         "source": "test", "caption_type": "short", "ext": "png", "bytes": len(data)})
             samples.append(Sample(key, {"png": data, "txt": b"a caption", "json": b"{}"}))
             keys.append(key)
+            shas.append(sha)
             if key in failed:
                 ok.append(False)
                 errs.append("decode error")
@@ -86,13 +94,19 @@ def write_corpus(root: str, n_shards: int = 3, per_shard: int = 40, dim: int = 3
                 errs.append(None)
                 feats.append(x[g])
                 by_key[key] = x[g]
-        store.write_parquet(f"staging/{shard}.records.parquet", pa.Table.from_pylist(recs))
-        with store.atomic_write(f"staging/{shard}.tar") as f:
+        shard = cut_name(keys[-1], 1)
+        shards.append(shard)
+        outputs = {staging_records(shard): store.write_parquet(
+            staging_records(shard), pa.Table.from_pylist(recs, schema=STAGING_RECORDS_SCHEMA))}
+        with store.atomic_write(staging_tar(shard)) as f:
             result = write_tar(f, samples)
-        store.write_parquet(f"staging/{shard}.index.parquet", result.index)
+        outputs[staging_tar(shard)] = result.sha256
+        outputs[staging_index(shard)] = store.write_parquet(staging_index(shard), result.index)
+        finish_unit(store, staging_tar(shard), f"test-staging-{seed}-{shard}", outputs,
+                    {"shard": shard, "count": result.count, "bytes": result.bytes, "images": images_digest(recs)})
         arr = np.stack(feats).astype(np.float16) if feats else np.zeros((0, x.shape[1]), np.float16)
-        write_shard_features(store, model_id, shard, keys, ok, errs, arr,
-                             {"fingerprint": f"test-{seed}", "model": {"id": model_id}})
+        write_shard_features(store, model_id, shard, keys, shas, ok, errs, arr, f"test-{seed}-{shard}",
+                             {"model": {"id": model_id}, "random_init": False})
     return store, shards, by_key
 
 
@@ -100,7 +114,7 @@ def brute_force_edges(store, shards, by_key, threshold):
     """All pairs >= threshold among every vector, by one numpy product, keyed by node id."""
     ids, vecs, offset = [], [], 0
     for shard in sorted(shards):  # node id = rows of the shards before + row in its shard
-        keys = store.read_parquet(f"staging/{shard}.records.parquet")["key"].to_pylist()
+        keys = store.read_parquet(staging_records(shard))["key"].to_pylist()
         for r, k in enumerate(keys):
             if k in by_key:
                 ids.append(offset + r)

@@ -5,9 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from corpusforge.contract import read_marker
+from corpusforge.layout import GRAPH_INDEX, found_path
 from tasks.graph import index as fx
 from tasks.graph.config import IndexConfig, NearDedupConfig
-from tasks.graph.edges import build_index, graph_recall, iter_edges, merge_edges, merge_groups, query_shard
+from tasks.graph.edges import (build_index, feature_digests, graph_recall, iter_edges, merge_edges, merge_groups,
+                               query_shard, recall_shard)
 from tasks.graph.nodes import plan_nodes
 from tests.graph_corpus import at_similarity, brute_force_edges, unit, write_corpus
 
@@ -16,10 +19,14 @@ pytestmark = pytest.mark.timeout(120)
 
 def run_graph(store, shards, cfg):
     nodes = plan_nodes(store, shards)
-    info = build_index(store, store, cfg, nodes)
-    found = [query_shard(store, store, cfg, nodes, s, info) for s in nodes.shards]
+    digests = feature_digests(store, cfg, nodes)
+    info = build_index(store, store, cfg, nodes, digests)
+    found = [query_shard(store, store, cfg, nodes, s, info, digests) for s in nodes.shards]
+    for s in nodes.shards:
+        recall_shard(store, store, cfg, nodes, s, info, digests)
+    found_digests = [read_marker(store, found_path(s))["digest"] for s in nodes.shards]
     for g in merge_groups(nodes, [m["pairs"] for m in found], cfg.merge_max_edges):
-        merge_edges(store, nodes, g, "fp")
+        merge_edges(store, nodes, g, digests, found_digests)
     got = {}
     for a, b, s in iter_edges(store, nodes):
         assert np.all(a < b)
@@ -116,12 +123,14 @@ def test_ivf_training_sample_does_not_depend_on_shard_listing(tmp_path):
     store, shards, _ = write_corpus(str(tmp_path / "a"), n_shards=3, per_shard=300, dim=16, seed=2)
     cfg = NearDedupConfig(index=IndexConfig(kind="ivf", nlist=16, nprobe=4))
     nodes = plan_nodes(store, shards[::-1])
-    assert nodes.shards == tuple(shards)
-    build_index(store, store, cfg, nodes)
-    first = store.read_bytes("graph/index/index.faiss")
+    assert nodes.shards == tuple(sorted(shards))
+    build_index(store, store, cfg, nodes, feature_digests(store, cfg, nodes))
+    first = store.read_bytes(GRAPH_INDEX)
     store.remove("graph/index")
-    build_index(store, store, cfg, plan_nodes(store, list(reversed(shards))))
-    assert store.read_bytes("graph/index/index.faiss") == first
+    store.remove("_markers/graph/index")
+    again = plan_nodes(store, list(reversed(shards)))
+    assert build_index(store, store, cfg, again, feature_digests(store, cfg, again))["action"] == "computed"
+    assert store.read_bytes(GRAPH_INDEX) == first
 
 
 @pytest.mark.gpu
@@ -133,5 +142,5 @@ def test_gpu_search_gives_the_cpu_graph(tmp_path):
     store, shards, by_key = write_corpus(str(tmp_path), n_shards=2, per_shard=200, dim=32, seed=6)
     cfg = NearDedupConfig(index=IndexConfig(kind="ivf", nlist=16, nprobe=16, storage="flat", use_gpu=True))
     nodes, info, got = run_graph(store, shards, cfg)
-    assert all(store.read_done(f"graph/found/{s}.parquet")["gpu_search"] for s in shards)
+    assert all(read_marker(store, found_path(s))["info"]["gpu_search"] for s in shards)
     compare(got, brute_force_edges(store, shards, by_key, 0.90), 0.90, tol=1e-4, sim_tol=1e-4)

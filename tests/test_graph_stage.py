@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from corpusforge.layout import staging_records
+
 from tasks.graph.config import CalibrationConfig, CollisionConfig, IndexConfig, NearDedupConfig
 from tasks.graph.decisions import DuplicateContentError, read_decisions
 from tasks.graph.stage import near_duplicate_stage
@@ -32,15 +34,15 @@ def tree_bytes(root: Path) -> dict[str, bytes]:
 def test_decisions_equal_reference_rule_on_brute_force_graph(tmp_path):
     store, shards, by_key = write_corpus(str(tmp_path), n_shards=3, per_shard=40, dim=24, seed=7,
                                          failed={"img_00004"})
-    summary = near_duplicate_stage(store, exact_cfg(), shards)
+    summary, _ = near_duplicate_stage(store, exact_cfg(), shards)
     table = read_decisions(store, shards)
     keys = table["key"].to_pylist()
     records = {}
     for shard in shards:
-        for r in store.read_parquet(f"staging/{shard}.records.parquet").to_pylist():
+        for r in store.read_parquet(staging_records(shard)).to_pylist():
             records[r["key"]] = r
     assert keys == [k for s in sorted(shards)
-                    for k in store.read_parquet(f"staging/{s}.records.parquet")["key"].to_pylist()]
+                    for k in store.read_parquet(staging_records(s))["key"].to_pylist()]
     edges = brute_force_edges(store, shards, by_key, 0.90)
     res = [records[k]["width"] * records[k]["height"] for k in keys]
     code, dup, comp, size, mx = reference(len(keys), [(a, b, s) for (a, b), s in edges.items()], res, keys)
@@ -75,7 +77,10 @@ def test_shard_order_and_reruns_give_identical_bytes(tmp_path):
     first = tree_bytes(tmp_path / "a" / "graph")
     assert first == tree_bytes(tmp_path / "b" / "graph")
     mtimes = {p: p.stat().st_mtime_ns for p in (tmp_path / "a" / "graph" / "edges").iterdir()}
-    near_duplicate_stage(a, exact_cfg(), shards)  # resume: all steps skipped, nothing rewritten
+    _, work = near_duplicate_stage(a, exact_cfg(), shards)  # resume: all steps skipped, nothing rewritten
+    assert work["index"] == work["decisions"] == work["calibration"] == work["collision"] == "skipped"
+    assert work["queries"] == work["recall_references"] == {"computed": 0, "skipped": len(shards)}
+    assert work["merges"]["computed"] == 0
     assert tree_bytes(tmp_path / "a" / "graph") == first
     assert mtimes == {p: p.stat().st_mtime_ns for p in (tmp_path / "a" / "graph" / "edges").iterdir()}
 
@@ -83,9 +88,9 @@ def test_shard_order_and_reruns_give_identical_bytes(tmp_path):
 def test_ivf_stage_matches_exact_stage_on_planted_data(tmp_path):
     ex, shards, _ = write_corpus(str(tmp_path / "ex"), n_shards=2, per_shard=400, dim=32, seed=4)
     iv, _, _ = write_corpus(str(tmp_path / "iv"), n_shards=2, per_shard=400, dim=32, seed=4)
-    exact = near_duplicate_stage(ex, exact_cfg(collision=CollisionConfig(enabled=False),
+    exact, _ = near_duplicate_stage(ex, exact_cfg(collision=CollisionConfig(enabled=False),
                                                calibration=CalibrationConfig(enabled=False)), shards)
-    approx = near_duplicate_stage(iv, NearDedupConfig(
+    approx, _ = near_duplicate_stage(iv, NearDedupConfig(
         index=IndexConfig(kind="ivf", nlist=16, nprobe=8, storage="flat"), recall_queries=300,
         collision=CollisionConfig(enabled=False), calibration=CalibrationConfig(enabled=False)), shards)
     assert approx["index"]["plan"]["factory"] == "IVF16,Flat"
@@ -102,7 +107,7 @@ def _sha_case(tmp_path, clash_with: str):
                  + [unit(rng.standard_normal(16)) for _ in range(6)]).astype(np.float32)
     # img_00000/img_00001 are a tier-1 pair; whichever is removed depends on resolution
     store, shards, _ = write_corpus(str(tmp_path), n_shards=2, per_shard=4, dim=16, vectors=x)
-    recs = {r["key"]: r for s in shards for r in store.read_parquet(f"staging/{s}.records.parquet").to_pylist()}
+    recs = {r["key"]: r for s in shards for r in store.read_parquet(staging_records(s)).to_pylist()}
     a, b = recs["img_00000"], recs["img_00001"]
     a_wins = (a["width"] * a["height"], "img_00001") >= (b["width"] * b["height"], "img_00000")
     loser = "img_00001" if a_wins else "img_00000"
@@ -122,7 +127,7 @@ def test_sha256_guard_raises_when_two_kept_images_share_a_hash(tmp_path):
 
 def test_sha256_guard_passes_when_the_twin_is_removed(tmp_path):
     store, shards = _sha_case(tmp_path, "removed")
-    summary = near_duplicate_stage(store, exact_cfg(), shards)
+    summary, _ = near_duplicate_stage(store, exact_cfg(), shards)
     assert summary["decisions"]["removed"] == 1
 
 
@@ -150,7 +155,7 @@ def test_calibration_sheet_embeds_every_image(tmp_path):
     store, shards, _ = write_corpus(str(tmp_path), n_shards=3, per_shard=40, dim=24, seed=7)
     cfg = exact_cfg(calibration=CalibrationConfig(pairs_per_bin=3),
                     collision=CollisionConfig(fractions=[0.5, 1.0], thresholds=[0.75, 0.9]))
-    summary = near_duplicate_stage(store, cfg, shards)
+    summary, _ = near_duplicate_stage(store, cfg, shards)
     page = (tmp_path / "graph" / "calibration" / "index.html").read_text()
     sheet = _Sheet()
     sheet.feed(page)
