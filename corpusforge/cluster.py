@@ -91,6 +91,17 @@ def as_task(fn: Callable[..., Any], name: str, **options: Any):
     return task(fn, name=name, cache_policy=NO_CACHE, persist_result=False, **options)
 
 
+def run_logger() -> logging.Logger | logging.LoggerAdapter:
+    """The Prefect run logger inside a flow or task run, else this module's logger
+    (stages also run as plain functions: tests, benchmarks, notebooks)."""
+    from prefect import get_run_logger
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    if FlowRunContext.get() is None and TaskRunContext.get() is None:
+        return logging.getLogger("corpusforge")
+    return get_run_logger()
+
+
 def run_tasks(t, calls: list[dict[str, Any]]) -> list[Any]:
     """One task run per call, fanned out by the flow run's task runner; outside a flow
     run, the plain functions run here one after the other."""

@@ -18,12 +18,13 @@ every folder as it is.
     work/resolved/{part}.parquet       ingest rows with key/exact-dedup decisions folded in
     work/release/{split}-{n}.parquet   the samples of one release shard, in order
     work/late/{part}.parquet           facts decided after staging, joined into the manifest
+    work/graph/found/{shard}.parquet   pairs one staging shard's graph queries found (reused by reruns)
     staging/tars/{shard}.tar           staged samples (image, txt, json) in input order
     staging/index/{shard}.parquet      member offsets of the tar (ranged reads)
     staging/records/{shard}.parquet    one row per staged sample, in shard order
     features/{model}/vectors/{shard}.npy       [n_ok, dim] rows in shard order
     features/{model}/keys/{shard}.parquet      key, sha256, ok, error per image of the shard
-    graph/index/…, graph/found/{shard}, graph/recall/{shard}, graph/edges/{shard},
+    graph/index/…, graph/recall/{shard}, graph/edges/{shard},
     graph/decisions/{shard}, graph/nodes.json, graph/summary.json, graph/collision/, graph/calibration/
     shards/{split}/{split}-{n}.tar     release shards
     manifest/part-{part}.parquet       one row per input record: its fate and the reason
@@ -53,7 +54,7 @@ STAGING_INDEX = "staging/index"
 STAGING_RECORDS = "staging/records"
 FEATURES_DIR = "features"
 GRAPH_DIR = "graph"
-GRAPH_FOUND = "graph/found"
+GRAPH_FOUND = "work/graph/found"  # query results: a cache of the rerun, not an output
 GRAPH_RECALL = "graph/recall"
 GRAPH_EDGES = "graph/edges"
 GRAPH_DECISIONS = "graph/decisions"
@@ -130,6 +131,7 @@ def feature_keys(model_id: str, shard: str) -> str:
     return f"{FEATURES_DIR}/{model_id}/keys/{shard}.parquet"
 
 
+GRAPH_INDEX_DIR = "graph/index"
 GRAPH_INDEX = "graph/index/index.faiss"
 GRAPH_RECALL_IDS = "graph/index/recall_ids.npy"
 GRAPH_RECALL_VECTORS = "graph/index/recall_vectors.npy"

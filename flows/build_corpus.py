@@ -18,12 +18,12 @@ to the current plan before anything reads it.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from prefect import get_run_logger
 from pydantic import Field, model_validator
 
-from corpusforge.cluster import DaskConfig, as_task, cluster_flow, run_tasks
+from corpusforge.cluster import DaskConfig, as_task, cluster_flow, run_logger, run_tasks
 from corpusforge.config import FlowConfig
 from corpusforge.contract import count_actions, prune, remove_tree
 from corpusforge.layout import (EXACT_DIR, FEATURES_DIR, GRAPH_DIR, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR,
@@ -92,7 +92,7 @@ staging_task = as_task(write_staging_shard, "write-staging-shard")
 
 def build(config: BuildConfig) -> dict[str, Any]:
     """Build (or bring up to date) the corpus at ``config.out``; return counts and the work done."""
-    log = get_run_logger()
+    log = run_logger()
     store = Store(config.out, config.storage_options)
     work: dict[str, Any] = {}
     kind, parts = run_tasks(plan_inputs_task, [dict(src=config.source, store=store, cfg=config.input)])[0]
@@ -129,10 +129,13 @@ def build(config: BuildConfig) -> dict[str, Any]:
     work["staging"] = count_actions(written)
     log.info("%d records staged in %d staging shards", sum(m["info"]["count"] for m in written), len(staging))
 
+    started = time.perf_counter()
     features = _features(store, config, staged, work)
+    work["seconds"] = {"features": round(time.perf_counter() - started, 3)}
     near: dict[str, Any] = {}
     if config.near_dedup and staged:
         near, work["graph"] = near_duplicate_stage(store, config.near_dedup, staged)
+        work["seconds"]["graph_queries"] = work["graph"].pop("query_seconds")
     else:
         remove_tree(store, GRAPH_DIR)
 

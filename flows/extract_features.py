@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import get_run_logger
 from pydantic import Field
 
-from corpusforge.cluster import DaskConfig, cluster_flow
+from corpusforge.cluster import DaskConfig, cluster_flow, run_logger
 from corpusforge.config import FlowConfig
 from corpusforge.contract import completed_units
 from corpusforge.layout import STAGING_TARS
@@ -40,7 +39,7 @@ class ExtractFeaturesConfig(FlowConfig):
 
 def extract(config: ExtractFeaturesConfig) -> dict[str, Any]:
     """Features for every completed staging shard of ``config.corpus``."""
-    log = get_run_logger()
+    log = run_logger()
     store = Store(config.corpus, config.storage_options)
     shards = completed_units(store, STAGING_TARS, ".tar")
     log.info("%d completed staging shards in %s; models %s", len(shards), config.corpus,

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import get_run_logger
 from pydantic import Field
 
-from corpusforge.cluster import DaskConfig, cluster_flow
+from corpusforge.cluster import DaskConfig, cluster_flow, run_logger
 from corpusforge.config import FlowConfig
 from corpusforge.contract import completed_units
 from corpusforge.feature_files import feature_marker
@@ -82,7 +81,7 @@ def lineage(source: Store, shards: list[str], cfg: NearDedupConfig) -> dict[str,
 
 def near_dedup(config: NearDedupFlowConfig) -> dict[str, Any]:
     """Near-duplicate removal on a built corpus, written as a new version under ``config.out``."""
-    log = get_run_logger()
+    log = run_logger()
     source = Store(config.source, config.storage_options)
     out_options = config.storage_options if config.out_storage_options is None else config.out_storage_options
     out = Store(config.out, out_options)

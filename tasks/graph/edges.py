@@ -4,7 +4,7 @@ Files under the output root (inputs — features, records — come from the sour
 
     graph/index/index.faiss                  the index with global node ids (marker: plan, counts)
     graph/index/recall_ids.npy, recall_vectors.npy   the recall sample (seeded by key hash)
-    graph/found/{shard}.parquet              pairs found by that shard's queries, addressed as
+    work/graph/found/{shard}.parquet         pairs found by that shard's queries, addressed as
                                              (src_row, dst_shard, dst_row) with the digest of the
                                              dst shard's features they were found in
     graph/recall/{shard}.parquet             exhaustive pairs of the recall sample vs the shard
@@ -175,10 +175,12 @@ def exact_reuse(info: dict[str, Any]) -> bool:
 
 def query_fingerprint(cfg: NearDedupConfig, info: dict[str, Any], digest: str) -> str:
     """A shard's query unit: its features' digest; with an approximate index, the index too."""
-    index = None if exact_reuse(info) else info["fingerprint"]
+    exact = exact_reuse(info)
+    plan = {k: v for k, v in info["plan"].items() if not (exact and k == "n_vectors")}
+    index = None if exact else info["fingerprint"]
     return unit_fingerprint("graph-query", _code(),
                             [cfg.graph_threshold, cfg.index.search, cfg.index.k, cfg.index.pq_rescore_margin,
-                             info["plan"]], [digest, index])
+                             plan], [digest, index])
 
 
 class VectorLookup:

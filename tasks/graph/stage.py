@@ -21,6 +21,7 @@ written beside an old one without touching it (``flows/near_dedup.py``).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,7 @@ from prefect.context import FlowRunContext
 
 from corpusforge.cluster import as_task, run_tasks
 from corpusforge.contract import COMPUTED, SKIPPED, count_actions, prune, require_marker, unit_fingerprint
-from corpusforge.layout import (GRAPH_DECISIONS, GRAPH_EDGES, GRAPH_FOUND, GRAPH_NODES, GRAPH_RECALL, GRAPH_SUMMARY, edges_path,
+from corpusforge.layout import (GRAPH_DECISIONS, GRAPH_EDGES, GRAPH_INDEX_DIR, GRAPH_FOUND, GRAPH_NODES, GRAPH_RECALL, GRAPH_SUMMARY, edges_path,
                                 found_path, staging_records, staging_tar)
 from corpusforge.storage import Store
 from corpusforge.version import code_version
@@ -72,22 +73,28 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
     store.write_json(GRAPH_NODES, nodes.to_json())
     for folder in (GRAPH_FOUND, GRAPH_RECALL, GRAPH_EDGES, GRAPH_DECISIONS):
         prune(store, folder, nodes.shards)
+    prune(store, GRAPH_INDEX_DIR, {"index", "recall_ids", "recall_vectors"})  # a killed writer's temp files
     common = dict(source=source, out=store, cfg=cfg, nodes=nodes)
     info = run_tasks(build_index_task, [dict(common, digests=digests)])[0]
     calls = [dict(common, shard=s, info=info, digests=digests) for s in nodes.shards]
+    started = time.perf_counter()
     queried = run_tasks(query_shard_task, calls)
     work: dict[str, Any] = {"index": info["action"], "queries": count_actions(queried)}
+    work["query_seconds"] = round(time.perf_counter() - started, 3)
     references = run_tasks(recall_shard_task, calls)
     merged = _merge(store, nodes, digests, cfg)
     if _knn_cap_reached(store, cfg, nodes, queried):
         reused = [c for c, q in zip(calls, queried, strict=True) if q["action"] == SKIPPED]
+        started = time.perf_counter()
         forced = run_tasks(query_shard_task, [dict(c, force=True) for c in reused])
+        work["query_seconds"] += round(time.perf_counter() - started, 3)
         work["queries"][COMPUTED] += len(forced)
         work["queries"][SKIPPED] -= len(forced)
         work["queries"]["requeried_for_knn_cap"] = len(forced)
         by_shard = {q["shard"]: q for q in forced}
         queried = [by_shard.get(q["shard"], q) for q in queried]
         merged = _merge(store, nodes, digests, cfg)
+    work["capped_queries"] = sum(q["capped"] for q in queried)
     work["recall_references"] = count_actions(references)
     work["merges"] = count_actions(merged)
     recall = run_tasks(recall_task, [dict(out=store, nodes=nodes, cfg=cfg)])[0]
@@ -127,9 +134,8 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
         "index": {"plan": info["plan"], "vectors": info["n_vectors"], "dim": info["dim"],
                   "gpu_build": info["gpu_build"], "gpu_search": any(q["gpu_search"] for q in queried),
                   "search": cfg.index.search, "k": cfg.index.k},
-        "graph": {"threshold": cfg.graph_threshold, "found_pairs": sum(q["pairs"] for q in queried),
-                  "edges": sum(sum(m["edges"].values()) for m in merged), "merge_tasks": len(merged),
-                  "capped_queries": sum(q["capped"] for q in queried)},
+        "graph": {"threshold": cfg.graph_threshold, "edges": sum(sum(m["edges"].values()) for m in merged),
+                  "merge_tasks": len(merged)},
         "recall": recall,
         "decisions": decisions,
         "collision": _collision_brief(collision),

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from prefect import get_run_logger, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.context import FlowRunContext
 from pydantic import Field, model_validator
 
+from corpusforge.cluster import run_logger
 from corpusforge.config import FlowConfig
 from corpusforge.contract import prune
 from corpusforge.layout import STATS_DIR
@@ -89,21 +91,25 @@ merge_task = task(merge_partials, name="stats-merge", cache_policy=NO_CACHE, per
 def tree_reduce(futures: list) -> Any:
     """Merge futures pairwise, level by level, in a fixed tree; return the root's result.
 
-    The list is emptied as it is consumed, so merged partials can be released.
+    The list is emptied as it is consumed, so merged partials can be released. Outside a
+    flow run the items are plain results and the same tree is merged here.
     """
+    in_flow = FlowRunContext.get() is not None
     level = futures
     while len(level) > 1:
-        nxt = [merge_task.submit(level[i], level[i + 1]) if i + 1 < len(level) else level[i]
+        merge = merge_task.submit if in_flow else merge_partials
+        nxt = [merge(level[i], level[i + 1]) if i + 1 < len(level) else level[i]
                for i in range(0, len(level), 2)]
         level.clear()
         level = nxt
-    return level.pop().result()
+    root = level.pop()
+    return root.result() if in_flow else root
 
 
 def reference_stats_stage(store: Store, config: ReferenceStatsSettings) -> dict[str, Any]:
     """The stage itself, on the corpus in ``store``; inside a flow run its tasks go to that
     run's task runner. Statistics files of groups this run does not write are removed."""
-    log = get_run_logger()
+    log = run_logger()
     model_id = config.model.model_id
     plan = scan_manifest(store, config.groups(), config.sample, config.tiers, config.test_subset,
                          config.test_subset_seed)
@@ -116,7 +122,8 @@ def reference_stats_stage(store: Store, config: ReferenceStatsSettings) -> dict[
         extraction = summarize(extract_features(store, plan.shards, config.features()))
         if "warning" in extraction:
             log.warning(extraction["warning"])
-    total = tree_reduce([partials_task.submit(store, model_id, run, plan.plan)
+    partial = partials_task.submit if FlowRunContext.get() is not None else batch_partials
+    total = tree_reduce([partial(store, model_id, run, plan.plan)
                          for run in plan_batches(plan.shards, config.max_partials)])
     if len(total.markers) != 1:
         raise ValueError(f"features/{model_id} mixes {len(total.markers)} feature fingerprints: re-extract")

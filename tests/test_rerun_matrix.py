@@ -1,0 +1,286 @@
+"""Rebuilds that are always right: a rerun into an existing output equals a fresh build.
+
+One output folder lives through a scheduled build's history — rows appended, a caption
+edited, an image's bytes replaced, rows deleted, settings and code changed, near-dedup
+switched off. After each change the rerun's output must be byte for byte what a fresh
+build of the same input and config writes into a new folder, and each stage must have
+recomputed only the units the change affects (counted from the run's work log).
+
+The builds run in-process (the stages' plain functions, no Dask): the same code a flow
+runs, minus the scheduling, which ``test_build_e2e.py`` and the kill test below cover.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+import corpusforge.version as version
+from corpusforge.layout import MARKERS
+from flows.build_corpus import BuildConfig, build
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+
+N_SOURCE = 240     # records written by the generator
+N_START = 216      # rows in the table at the first build; the rest are "appended" later
+COMPARED = ("staging", "features", "graph", "shards", "manifest", "stats")
+
+
+def base_config(source: Path, out: Path, **changes) -> dict:
+    data = {
+        "source": str(source), "out": str(out),
+        "input": {"partition_size": 40},
+        "staging": {"shard_size": 24},
+        "splits": {"shard_size": 20, "val": 0.1, "test": 0.15},
+        "near_dedup": {"collision": {"fractions": [0.25, 0.5, 1.0]}},
+        "reference_stats": {"splits": ["test"], "model": {
+            "name": "dinov2", "arch": "vit_small_patch14_dinov2", "image_size": 28, "random_init": True}},
+    }
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return data
+
+
+def tree(root: Path) -> dict[str, str]:
+    """SHA-256 of every output file (markers and work tables excluded; receipt without its out path)."""
+    hashes = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if not path.is_file() or rel.startswith(("work/", f"{MARKERS}/")):
+            continue
+        data = path.read_bytes()
+        if rel == "receipt.json":
+            receipt = json.loads(data)
+            receipt["config"].pop("out")
+            data = json.dumps(receipt, sort_keys=True).encode()
+        hashes[rel] = hashlib.sha256(data).hexdigest()
+    return hashes
+
+
+class History:
+    """The source table, one output folder rerun after every change, fresh builds beside it."""
+
+    def __init__(self, root: Path, corpus: Path):
+        self.root = root
+        self.source = root / "source"
+        shutil.copytree(corpus, self.source)
+        self.rows = pq.read_table(corpus / "metadata.parquet").to_pylist()
+        self.out = root / "out"
+        self.fresh_count = 0
+        self.write_rows(self.rows[:N_START])
+
+    def write_rows(self, rows: list[dict]) -> None:
+        import pyarrow as pa
+
+        pq.write_table(pa.Table.from_pylist(rows), self.source / "metadata.parquet")
+        self.current = rows
+
+    def staging_images(self) -> dict[str, str]:
+        folder = self.out / MARKERS / "staging" / "tars"
+        return {p.name.split(".")[0]: json.loads(p.read_text())["info"]["images"] for p in folder.glob("*.json")}
+
+    def rerun(self, **changes) -> dict:
+        """Rerun into the lived-in folder, build fresh elsewhere, assert equal bytes; return the work log."""
+        self.changes = changes
+        work = build(BuildConfig.model_validate(base_config(self.source, self.out, **changes)))["work"]
+        self.fresh_count += 1
+        fresh = self.root / f"fresh-{self.fresh_count}"
+        fresh_work = build(BuildConfig.model_validate(base_config(self.source, fresh, **changes)))["work"]
+        got, want = tree(self.out), tree(fresh)
+        assert got.keys() == want.keys(), sorted(set(got) ^ set(want))
+        assert [k for k in got if got[k] != want[k]] == []
+        assert any(k.startswith("stats/") for k in got) or changes.get("reference_stats", 1) is None
+        shutil.rmtree(fresh)
+        return {"rerun": work, "fresh": fresh_work}
+
+
+def computed(work: dict, *path: str) -> int:
+    for p in path:
+        work = work[p]
+    return work["computed"] if isinstance(work, dict) else int(work == "computed")
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory, prefect_server) -> History:
+    from sample_corpus import write_sample_corpus
+
+    corpus = tmp_path_factory.mktemp("matrix-corpus")
+    write_sample_corpus(str(corpus), n=N_SOURCE, seed=3)
+    h = History(tmp_path_factory.mktemp("matrix"), corpus)
+    work = build(BuildConfig.model_validate(base_config(h.source, h.out)))["work"]
+    assert computed(work, "features", "wfd") >= 6, work  # enough shards for the counts below to mean something
+    return h
+
+
+# The cases run in order on one history: each starts from the previous one's output.
+
+def test_unchanged_rerun_recomputes_nothing(history):
+    work = history.rerun()["rerun"]
+    for stage in ("ingest", "exact_dedup", "resolve", "staging"):
+        assert computed(work, stage) == 0, (stage, work)
+    assert computed(work, "features", "wfd") == 0 and computed(work, "graph", "queries") == 0
+    assert computed(work, "publish", "release_shards") == 0 and computed(work, "publish", "manifest_parts") == 0
+
+
+def test_append_ten_percent_of_rows_embeds_and_queries_only_the_new_shards(history):
+    before = history.staging_images()
+    history.write_rows(history.rows)
+    result = history.rerun()
+    work, fresh = result["rerun"], result["fresh"]
+    after = history.staging_images()
+    changed = {s for s, d in after.items() if before.get(s) != d}
+    assert 1 <= len(changed) <= 3 < len(after), (changed, len(after))
+    assert computed(work, "features", "wfd") == len(changed)
+    assert computed(work, "graph", "queries") == len(changed)
+    assert work["images_embedded"] < 0.4 * fresh["images_embedded"], (work, fresh)
+
+
+def test_edit_one_caption_recomputes_no_feature(history):
+    rows = [dict(r) for r in history.current]
+    target = next(r for r in rows[50:] if r.get("caption"))
+    target["caption"] = target["caption"] + " (edited)"
+    history.write_rows(rows)
+    work = history.rerun()["rerun"]
+    assert computed(work, "ingest") == 1 and computed(work, "staging") == 1
+    assert computed(work, "features", "wfd") == 0 and computed(work, "graph", "queries") == 0
+    assert computed(work, "publish", "release_shards") == 1
+    released = [json.loads(p.read_text()) for p in (history.out / MARKERS / "shards").rglob("*.json")]
+    assert released  # the caption reached a release tar (byte equality with the fresh build checks which)
+
+
+def test_replace_one_images_bytes_at_the_same_path(history):
+    rows = history.current
+    victim = next(r for r in rows[60:] if (history.source / r["path"]).suffix in (".jpg", ".png")
+                  and (history.source / r["path"]).stat().st_size > 1000)
+    donor = next(r for r in rows[100:] if r["path"] != victim["path"] and (history.source / r["path"]).suffix
+                 == (history.source / victim["path"]).suffix)
+    path = history.source / victim["path"]
+    shutil.copyfile(history.source / donor["path"], path)
+    os.utime(path, ns=(time.time_ns(), time.time_ns()))
+    work = history.rerun()["rerun"]
+    assert computed(work, "ingest") == 1
+    assert 1 <= computed(work, "features", "wfd") <= 2
+    manifest = {r["key"]: r for r in pq.read_table(history.out / "manifest").to_pylist()}
+    assert manifest[victim["key"]]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_delete_rows_changes_only_the_shards_they_were_in(history):
+    rows = [r for i, r in enumerate(history.current) if i not in (70, 71, 150)]
+    history.write_rows(rows)
+    work = history.rerun()["rerun"]
+    assert 1 <= computed(work, "features", "wfd") <= 4
+
+
+def test_change_partition_size_recomputes_no_feature(history):
+    work = history.rerun(input={"partition_size": 100})["rerun"]
+    assert computed(work, "features", "wfd") == 0 and computed(work, "graph", "queries") == 0
+    assert not (history.out / "manifest" / "part-000003.parquet").exists()
+
+
+def test_change_a_validation_threshold(history):
+    history.rerun(input={"partition_size": 100}, validation={"min_side": 300})
+
+
+def test_add_a_feature_model_computes_only_that_model(history):
+    extra = {"name": "dinov2", "arch": "vit_small_patch14_dinov2", "image_size": 28, "random_init": True,
+             "preprocessing": "dinov2_eval"}
+    changes = dict(input={"partition_size": 100}, validation={"min_side": 300},
+                   features={"models": [{"name": "wfd"}, extra]})
+    work = history.rerun(**changes)["rerun"]
+    assert computed(work, "features", "wfd") == 0 and computed(work, "graph", "queries") == 0
+    assert computed(work, "features", "dinov2_vits14_dinov2_eval") > 0 or any(
+        computed(work, "features", m) > 0 for m in work["features"] if m != "wfd")
+    history.base_changes = changes
+
+
+def test_change_the_near_duplicate_pair_threshold_reruns_only_decisions(history):
+    changes = {**history.base_changes, "near_dedup": {"pair_threshold": 0.95,
+                                                      "collision": {"fractions": [0.25, 0.5, 1.0]}}}
+    work = history.rerun(**changes)["rerun"]
+    assert computed(work, "graph", "queries") == 0 and computed(work, "graph", "index") == 0
+    assert computed(work, "graph", "decisions") == 1
+
+
+def test_change_the_split_seed_reshuffles_release_only(history):
+    changes = {**history.base_changes, "splits": {"seed": 7}}
+    work = history.rerun(**changes)["rerun"]
+    assert computed(work, "features", "wfd") == 0 and computed(work, "graph", "queries") == 0
+    assert computed(work, "publish", "release_shards") > 0
+
+
+def test_edit_a_comment_in_one_stage_module_reruns_only_that_stage(history, monkeypatch, tmp_path):
+    original = version._module_file
+
+    def with_comment(module: str):
+        path = original(module)
+        if module != "tasks.release":
+            return path
+        edited = tmp_path / "release.py"
+        edited.write_bytes(path.read_bytes() + b"\n# a comment\n")
+        return edited
+
+    monkeypatch.setattr(version, "_module_file", with_comment)
+    version.code_version.cache_clear()
+    try:
+        work = history.rerun(**history.base_changes)["rerun"]
+    finally:
+        version.code_version.cache_clear()
+    assert computed(work, "publish", "release_shards") > 0
+    for stage in ("ingest", "exact_dedup", "resolve", "staging"):
+        assert computed(work, stage) == 0, (stage, work)
+    assert all(computed(work, "features", m) == 0 for m in work["features"])
+    assert computed(work, "graph", "queries") == 0 and computed(work, "graph", "decisions") == 0
+    assert computed(work, "publish", "manifest_parts") == 0
+
+
+def test_change_the_staging_shard_size(history):
+    history.rerun(**{**history.base_changes, "staging": {"shard_size": 50}})
+
+
+def test_switch_near_dedup_off(history):
+    history.rerun(**{**history.base_changes, "near_dedup": None})
+    assert not (history.out / "graph").exists()
+    manifest = pq.read_table(history.out / "manifest").to_pylist()
+    assert not any(r["status"] == "near_duplicate" for r in manifest)
+
+
+@pytest.mark.parametrize("stage_marker", ["staging/tars", "features/wfd/vectors", "shards/train"])
+def test_build_killed_at_a_stage_then_rerun_equals_a_fresh_build(stage_marker, sample_corpus, tmp_path,
+                                                                  prefect_server):
+    """SIGKILL to the CLI's whole process group once a stage has finished its first unit."""
+    out = tmp_path / "killed"
+    config = tmp_path / "config.yaml"
+    data = base_config(sample_corpus, out, dask={"n_workers": 2, "processes": True})
+    data.pop("source"), data.pop("out"), data.pop("reference_stats")
+    config.write_text(json.dumps(data))
+    cli = [sys.executable, "-m", "flows.cli", "build", "--source", str(sample_corpus), "--out", str(out),
+           "--config", str(config)]
+    proc = subprocess.Popen(cli, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "PREFECT_API_URL": prefect_server})
+    marker_dir = out / MARKERS / stage_marker
+    deadline = time.time() + 400
+    while time.time() < deadline and proc.poll() is None and not any(marker_dir.glob("*.json")):
+        time.sleep(0.2)
+    assert proc.poll() is None, f"the build ended before {stage_marker} started: cannot kill it there"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (out / "receipt.json").exists()
+    cfg = {**data, "source": str(sample_corpus), "out": str(out), "dask": {"n_workers": 1, "processes": False}}
+    build(BuildConfig.model_validate(cfg))
+    fresh = tmp_path / "fresh"
+    build(BuildConfig.model_validate({**cfg, "out": str(fresh)}))
+    assert tree(out) == tree(fresh)
+    assert not [p for p in out.rglob("*.part")], "a killed writer's temp file stayed in the finished build"
