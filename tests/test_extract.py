@@ -1,33 +1,37 @@
 """The feature stage on real staging shards: decode, extract, resume, invalidation, Dask.
 
 Staging shards are written here with the ground floor's ``write_tar`` and index, from
-tiny generated images; features are read back only through ``tasks.features.layout``.
+tiny generated images, with their records file and staging marker (the stage contract);
+features are read back only through ``corpusforge.feature_files``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+import tasks.features.extract as extract_module
+from corpusforge.contract import completed_units, finish_unit, marker_path, read_marker
+from corpusforge.feature_files import read_shard_errors, read_shard_features
+from corpusforge.layout import (STAGING_RECORDS_SCHEMA, STAGING_TARS, feature_keys, feature_vectors, staging_index,
+                                staging_records, staging_tar)
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample, write_tar
 from tasks.features.config import FeaturesConfig, ModelSpec, RuntimeConfig
 from tasks.features.decode import DecodeError, decode_rgb
-from tasks.features.extract import (decode_size, extract_features_on_client,
-                                    extract_shard, load_models, summarize)
-from tasks.features.layout import feature_path, keys_path, read_shard_errors, read_shard_features
-from tasks.staging import completed_staging_shards
+from tasks.features.extract import (decode_size, extract_features_on_client, extract_shard, feature_fingerprint,
+                                    load_models, summarize)
+from tasks.staging import images_digest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytestmark = pytest.mark.timeout(180)
-
-CODE = "test-1"
-
 
 def _picture(seed: int, size: tuple[int, int] = (72, 56)) -> Image.Image:
     """A smooth random picture (low-frequency structure, like a photo at thumbnail size)."""
@@ -45,21 +49,35 @@ def _encode(image: Image.Image, fmt: str) -> bytes:
 FORMATS = (("JPEG", "jpg"), ("PNG", "png"), ("WEBP", "webp"))
 
 
+def _stage(store: Store, shard: str, images: list[tuple[str, str, bytes, tuple[int, int]]]) -> list[str]:
+    """Write one staging shard as the staging stage does: tar, index, records file, then
+    its marker (``info.images`` is what the feature stage's fingerprint reads)."""
+    samples, records = [], []
+    for i, (key, ext, data, (w, h)) in enumerate(images):
+        samples.append(Sample(key, {ext: data, "txt": f"caption {i}".encode(), "json": b"{}"}))
+        records.append({"key": key, "part": 0, "row": i, "sha256": hashlib.sha256(data).hexdigest(), "width": w,
+                        "height": h, "source": "test", "caption_type": "short", "ext": ext, "bytes": len(data)})
+    with store.atomic_write(staging_tar(shard)) as f:
+        result = write_tar(f, samples)
+    outputs = {staging_tar(shard): result.sha256,
+               staging_index(shard): store.write_parquet(staging_index(shard), result.index),
+               staging_records(shard): store.write_parquet(
+                   staging_records(shard), pa.Table.from_pylist(records, schema=STAGING_RECORDS_SCHEMA))}
+    finish_unit(store, staging_tar(shard), f"test-staging-{shard}", outputs,
+                {"shard": shard, "count": result.count, "bytes": result.bytes, "images": images_digest(records)})
+    return [key for key, *_ in images]
+
+
 def _write_staging(store: Store, shard: str, seeds: list[int], corrupt: set[int] = frozenset()) -> list[str]:
-    samples, keys = [], []
-    for i, seed in enumerate(seeds):
+    images = []
+    for seed in seeds:
         fmt, ext = FORMATS[seed % 3]
-        data = _encode(_picture(seed), fmt)
+        picture = _picture(seed)
+        data = _encode(picture, fmt)
         if seed in corrupt:
             data = data[: len(data) // 3]
-        key = f"k{seed:05d}"
-        keys.append(key)
-        samples.append(Sample(key, {ext: data, "txt": f"caption {i}".encode(), "json": b"{}"}))
-    with store.atomic_write(f"staging/{shard}.tar") as f:
-        result = write_tar(f, samples)
-    store.write_parquet(f"staging/{shard}.index.parquet", result.index)
-    store.mark_done(f"staging/{shard}.tar", {"count": result.count, "sha256": result.sha256})
-    return keys
+        images.append((f"k{seed:05d}", ext, data, picture.size))
+    return _stage(store, shard, images)
 
 
 @pytest.fixture()
@@ -75,7 +93,7 @@ def _cfg(**runtime) -> FeaturesConfig:
 
 
 def _files(store: Store, model_id: str, shard: str) -> tuple[bytes, bytes]:
-    return store.read_bytes(feature_path(model_id, shard)), store.read_bytes(keys_path(model_id, shard))
+    return store.read_bytes(feature_vectors(model_id, shard)), store.read_bytes(feature_keys(model_id, shard))
 
 
 # ---- decode ----------------------------------------------------------------------------
@@ -147,108 +165,119 @@ def test_decode_draft_shrinks_jpeg_but_not_below_the_request():
 
 def test_extract_shard_matches_direct_computation(corpus):
     cfg = _cfg()
-    result = extract_shard(corpus, "000001", cfg, CODE)
+    result = extract_shard(corpus, "000001", cfg)
+    (model,) = load_models(cfg)
     assert result["models"]["wfd"] == {"action": "computed", "ok": 9, "errors": 0, "random_init": False,
-                                       "dim": 1072}
+                                       "dim": 1072, "fingerprint": model.fingerprint()}
     keys, feats = read_shard_features(corpus, "wfd", "000001")
     assert keys == [f"k{s:05d}" for s in range(11, 20)] and feats.dtype == np.float16
-    (model,) = load_models(cfg)
     draft = decode_size([model])
-    index = corpus.read_parquet("staging/000001.index.parquet").to_pylist()
-    images = [decode_rgb(corpus.read_range("staging/000001.tar", r["offset"], r["size"]), draft)
+    index = corpus.read_parquet(staging_index("000001")).to_pylist()
+    images = [decode_rgb(corpus.read_range(staging_tar("000001"), r["offset"], r["size"]), draft)
               for r in index if r["ext"] in ("jpg", "png", "webp")]
     direct = model.embed(np.stack([model.preprocess(im) for im in images])).astype(np.float16)
     assert feats.tobytes() == direct.tobytes()
-    marker = corpus.read_done(feature_path("wfd", "000001"))
-    assert marker["code_version"] == CODE and marker["dtype"] == "float16" and marker["count"] == 9
-    assert marker["model"]["preprocessing"] == model.preprocessing and marker["random_init"] is False
+    marker = read_marker(corpus, feature_vectors("wfd", "000001"))
+    staged = read_marker(corpus, staging_tar("000001"))
+    assert marker["fingerprint"] == feature_fingerprint(model, "float16", draft, staged["info"]["images"])
+    assert marker["outputs"] == {p: corpus.sha256(p) for p in (feature_vectors("wfd", "000001"),
+                                                              feature_keys("wfd", "000001"))}
+    info = marker["info"]
+    assert info["dtype"] == "float16" and info["count"] == 9 and info["dim"] == 1072
+    assert info["model"]["preprocessing"] == model.preprocessing and info["random_init"] is False
+    keys_table = corpus.read_parquet(feature_keys("wfd", "000001"))
+    assert keys_table["sha256"].to_pylist() == corpus.read_parquet(staging_records("000001"))["sha256"].to_pylist()
 
 
 def test_corrupt_image_is_a_record_error_and_the_shard_completes(corpus):
-    result = extract_shard(corpus, "000000", _cfg(), CODE)
+    result = extract_shard(corpus, "000000", _cfg())
     assert result["models"]["wfd"]["ok"] == 10 and result["models"]["wfd"]["errors"] == 1
     keys, feats = read_shard_features(corpus, "wfd", "000000")
     assert "k00004" not in keys and len(keys) == feats.shape[0] == 10
     errors = read_shard_errors(corpus, "wfd", "000000")
     assert list(errors) == ["k00004"] and errors["k00004"].startswith("decode: corrupt or truncated image")
-    table = pq.read_table(corpus.path(keys_path("wfd", "000000")))
+    table = pq.read_table(corpus.path(feature_keys("wfd", "000000")))
     assert table["key"].to_pylist() == [f"k{s:05d}" for s in range(11)]
 
 
 def test_prefetch_threads_do_not_change_a_bit(corpus, tmp_path):
-    extract_shard(corpus, "000000", _cfg(prefetch_threads=0), CODE)
+    extract_shard(corpus, "000000", _cfg(prefetch_threads=0))
     inline = _files(corpus, "wfd", "000000")
     other = Store(str(tmp_path / "other"))
     _write_staging(other, "000000", list(range(0, 11)), corrupt={4})
-    extract_shard(other, "000000", _cfg(prefetch_threads=3, batch_size=3), CODE)
+    extract_shard(other, "000000", _cfg(prefetch_threads=3, batch_size=3))
     assert _files(other, "wfd", "000000") == inline
 
 
 def test_resume_skips_done_shards_and_redoes_a_deleted_one(corpus):
     cfg = _cfg()
-    shards = completed_staging_shards(corpus)
+    shards = completed_units(corpus, STAGING_TARS, ".tar")
     assert shards == ["000000", "000001"]
-    first = [extract_shard(corpus, s, cfg, CODE) for s in shards]
+    first = [extract_shard(corpus, s, cfg) for s in shards]
     assert {r["models"]["wfd"]["action"] for r in first} == {"computed"}
     before = {s: _files(corpus, "wfd", s) for s in shards}
-    mtime = os.path.getmtime(corpus.path(feature_path("wfd", "000000")))
-    corpus.remove(feature_path("wfd", "000001") + ".done.json")
-    corpus.remove(feature_path("wfd", "000001"))
-    second = [extract_shard(corpus, s, cfg, CODE) for s in shards]
+    mtime = os.path.getmtime(corpus.path(feature_vectors("wfd", "000000")))
+    corpus.remove(marker_path(feature_vectors("wfd", "000001")))
+    corpus.remove(feature_vectors("wfd", "000001"))
+    second = [extract_shard(corpus, s, cfg) for s in shards]
     assert [r["models"]["wfd"]["action"] for r in second] == ["skipped", "computed"]
     assert second[0]["models"]["wfd"]["ok"] == 10 and second[0]["models"]["wfd"]["errors"] == 1
-    assert os.path.getmtime(corpus.path(feature_path("wfd", "000000"))) == mtime
+    assert os.path.getmtime(corpus.path(feature_vectors("wfd", "000000"))) == mtime
     assert {s: _files(corpus, "wfd", s) for s in shards} == before
 
 
 def test_changed_dtype_code_or_model_invalidates_only_that_model(corpus, monkeypatch):
     two = FeaturesConfig(models=[ModelSpec(name="wfd"), ModelSpec(name="wfd", image_size=16)],
                          runtime=RuntimeConfig(batch_size=4))
-    assert set(extract_shard(corpus, "000001", two, CODE)["models"]) == {"wfd", "wfd_s16"}
+    assert set(extract_shard(corpus, "000001", two)["models"]) == {"wfd", "wfd_s16"}
     actions = lambda r: {m: v["action"] for m, v in r["models"].items()}  # noqa: E731
-    assert actions(extract_shard(corpus, "000001", two, CODE)) == {"wfd": "skipped", "wfd_s16": "skipped"}
+    assert actions(extract_shard(corpus, "000001", two)) == {"wfd": "skipped", "wfd_s16": "skipped"}
 
     as32 = two.model_copy(update={"dtype": "float32"})
-    assert actions(extract_shard(corpus, "000001", as32, CODE)) == {"wfd": "recomputed", "wfd_s16": "recomputed"}
+    assert actions(extract_shard(corpus, "000001", as32)) == {"wfd": "computed", "wfd_s16": "computed"}
     assert read_shard_features(corpus, "wfd", "000001")[1].dtype == np.float32
-    assert actions(extract_shard(corpus, "000001", as32, "test-2")) == {"wfd": "recomputed", "wfd_s16": "recomputed"}
+    assert actions(extract_shard(corpus, "000001", as32)) == {"wfd": "skipped", "wfd_s16": "skipped"}
+    # a code change (another hash of the stage's import closure) recomputes both models
+    real_code = extract_module.code_version
+    monkeypatch.setattr(extract_module, "code_version", lambda *m, **kw: real_code(*m, **kw) + "-edited")
+    assert actions(extract_shard(corpus, "000001", as32)) == {"wfd": "computed", "wfd_s16": "computed"}
 
     # a changed descriptor (new frequency weighting) changes only the models whose fingerprint moves
     (model_16,) = [m for m in load_models(two) if m.model_id == "wfd_s16"]
     real = type(model_16).fingerprint
     monkeypatch.setattr(type(model_16), "fingerprint",
                         lambda self: {**real(self), "alpha": 0.75} if self.model_id == "wfd_s16" else real(self))
-    assert actions(extract_shard(corpus, "000001", as32, "test-2")) == {"wfd": "skipped", "wfd_s16": "recomputed"}
+    assert actions(extract_shard(corpus, "000001", as32)) == {"wfd": "skipped", "wfd_s16": "computed"}
 
 
 def test_two_dask_worker_processes_equal_one_process(corpus, tmp_path):
     from distributed import Client, LocalCluster
 
     cfg = _cfg()
-    local = [extract_shard(corpus, s, cfg, CODE) for s in completed_staging_shards(corpus)]
+    local = [extract_shard(corpus, s, cfg) for s in completed_units(corpus, STAGING_TARS, ".tar")]
     other = Store(str(tmp_path / "dask"))
     _write_staging(other, "000000", list(range(0, 11)), corrupt={4})
     _write_staging(other, "000001", list(range(11, 20)))
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             Client(cluster) as client:
-        remote = extract_features_on_client(client, other, completed_staging_shards(other), cfg, CODE)
+        remote = extract_features_on_client(client, other, completed_units(other, STAGING_TARS, ".tar"), cfg)
         workers = {w["name"] for w in client.scheduler_info()["workers"].values()}
     assert len(workers) == 2
     assert remote == local
     for shard in ("000000", "000001"):
         assert _files(other, "wfd", shard) == _files(corpus, "wfd", shard)
-        assert other.read_done(feature_path("wfd", shard)) == corpus.read_done(feature_path("wfd", shard))
+        assert read_marker(other, feature_vectors("wfd", shard)) == read_marker(corpus, feature_vectors("wfd", shard))
     assert summarize(remote)["models"]["wfd"]["ok"] == 19
 
 
 def test_truncated_tar_marks_the_missing_keys(tmp_path):
     store = Store(str(tmp_path / "trunc"))
     keys = _write_staging(store, "000000", list(range(6)))
-    data = store.read_bytes("staging/000000.tar")
-    index = store.read_parquet("staging/000000.index.parquet").to_pylist()
+    data = store.read_bytes(staging_tar("000000"))
+    index = store.read_parquet(staging_index("000000")).to_pylist()
     cut = [r for r in index if r["key"] == keys[3]][0]["offset"] - 512
-    store.write_bytes("staging/000000.tar", data[:cut])
-    result = extract_shard(store, "000000", _cfg(), CODE)
+    store.write_bytes(staging_tar("000000"), data[:cut])
+    result = extract_shard(store, "000000", _cfg())
     assert result["models"]["wfd"]["ok"] == 3
     errors = read_shard_errors(store, "wfd", "000000")
     assert sorted(errors) == keys[3:] and all("missing from staging tar" in e for e in errors.values())
@@ -258,22 +287,22 @@ def test_tiny_random_init_learned_model_beside_wfd(corpus):
     dino = ModelSpec(name="dinov2", arch="vit_small_patch14_dinov2", preprocessing="dinov2_eval",
                      image_size=28, random_init=True)
     cfg = FeaturesConfig(models=[ModelSpec(name="wfd"), dino], runtime=RuntimeConfig(batch_size=4))
-    result = extract_shard(corpus, "000001", cfg, CODE)
+    result = extract_shard(corpus, "000001", cfg)
     assert result["models"][dino.model_id]["random_init"] is True
     assert result["models"]["wfd"]["random_init"] is False
     models = load_models(cfg)
     draft = decode_size(models)
     assert draft == max(32, 28) * 2
-    index = corpus.read_parquet("staging/000001.index.parquet").to_pylist()
-    images = [decode_rgb(corpus.read_range("staging/000001.tar", r["offset"], r["size"]), draft)
+    index = corpus.read_parquet(staging_index("000001")).to_pylist()
+    images = [decode_rgb(corpus.read_range(staging_tar("000001"), r["offset"], r["size"]), draft)
               for r in index if r["ext"] in ("jpg", "png", "webp")]
     for model in models:
         keys, feats = read_shard_features(corpus, model.model_id, "000001")
         direct = model.embed(np.stack([model.preprocess(im) for im in images]))
         np.testing.assert_allclose(feats.astype(np.float32), direct, atol=2e-3)
         assert len(keys) == 9 and feats.shape == (9, model.dim)
-    marker = corpus.read_done(feature_path(dino.model_id, "000001"))
-    assert marker["random_init"] is True and "random-init" in str(marker["model"])
+    info = read_marker(corpus, feature_vectors(dino.model_id, "000001"))["info"]
+    assert info["random_init"] is True and "random-init" in str(info["model"])
     summary = summarize([result])
     assert summary["random_init_models"] == [dino.model_id] and "RANDOM-INIT" in summary["warning"]
 
@@ -284,7 +313,7 @@ def test_flow_runs_on_every_completed_staging_shard(corpus, tmp_path, monkeypatc
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
     monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     monkeypatch.setenv("DO_NOT_TRACK", "1")
-    corpus.remove("staging/000001.tar.done.json")  # an unfinished staging shard is not touched
+    corpus.remove(marker_path(staging_tar("000001")))  # an unfinished staging shard is not touched
     yaml_file = tmp_path / "extract.yaml"
     yaml_file.write_text("features:\n  dtype: float32\n  runtime: {batch_size: 4}\n"
                          "dask: {processes: false, n_workers: 1, threads_per_worker: 2}\n")
@@ -293,23 +322,22 @@ def test_flow_runs_on_every_completed_staging_shard(corpus, tmp_path, monkeypatc
         ExtractFeaturesConfig.model_validate({"corpus": corpus.root, "unknown": 1})
     summary = extract_features_flow(config)
     assert summary["shards"] == 1 and summary["random_init_models"] == [] and "warning" not in summary
-    assert summary["models"]["wfd"] == {"shards": 1, "computed": 1, "recomputed": 0, "skipped": 0, "ok": 10,
-                                        "errors": 1, "random_init": False, "dim": 1072}
+    fingerprint = load_models(config.features)[0].fingerprint()
+    assert summary["models"]["wfd"] == {"shards": 1, "computed": 1, "skipped": 0, "ok": 10, "errors": 1,
+                                        "random_init": False, "dim": 1072, "fingerprint": fingerprint}
     assert read_shard_features(corpus, "wfd", "000000")[1].dtype == np.float32
-    assert not corpus.exists(feature_path("wfd", "000001"))
+    assert not corpus.exists(feature_vectors("wfd", "000001"))
 
 
 def test_variable_size_inputs_are_embedded_one_by_one(tmp_path):
     """sscd_short288 keeps the aspect ratio, so its inputs cannot be stacked into batches."""
     store = Store(str(tmp_path / "corpus"))
     sizes = [(80, 60), (60, 90), (120, 50), (70, 70)]
-    samples = [Sample(f"v{i}", {"png": _encode(_picture(i, size), "PNG")}) for i, size in enumerate(sizes)]
-    with store.atomic_write("staging/000000.tar") as f:
-        store.write_parquet("staging/000000.index.parquet", write_tar(f, samples).index)
+    _stage(store, "000000", [(f"v{i}", "png", _encode(_picture(i, size), "PNG"), size) for i, size in enumerate(sizes)])
     spec = ModelSpec(name="sscd_disc_mixup", preprocessing="sscd_short288", random_init=True)
     cfg = FeaturesConfig(models=[spec], runtime=RuntimeConfig(batch_size=4))
     assert load_models(cfg)[0].fixed_input is False
-    result = extract_shard(store, "000000", cfg, CODE)
+    result = extract_shard(store, "000000", cfg)
     keys, feats = read_shard_features(store, spec.model_id, "000000")
     assert result["models"][spec.model_id]["ok"] == len(keys) == feats.shape[0] == len(sizes)
     np.testing.assert_allclose(np.linalg.norm(feats.astype(np.float32), axis=1), 1.0, atol=2e-3)
