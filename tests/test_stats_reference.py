@@ -1,7 +1,7 @@
 """Reference statistics of a built corpus from stored features: groups, shards, files.
 
 The corpus here is the file contract alone (staging records, manifest parts, feature
-files written through tasks.features.layout), with synthetic features, so numbers are
+files written through corpusforge.feature_files), with synthetic features, so numbers are
 checked against np.mean / np.cov of exactly the rows each group should hold.
 """
 
@@ -13,11 +13,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from corpusforge.feature_files import write_shard_features
 from corpusforge.hashing import stable_uniform
-from corpusforge.records import MANIFEST_SCHEMA
+from corpusforge.layout import MANIFEST_SCHEMA, STAGING_RECORDS_SCHEMA, manifest_path, staging_records
 from corpusforge.storage import Store
-from tasks.features.layout import write_shard_features
-from tasks.manifest import manifest_path
 from tasks.stats.config import SampleConfig
 from tasks.stats.moments import Moments
 from tasks.stats.reference import (GroupPlan, ReferencePlan, batch_partials, merge_partials, oracle_groups,
@@ -25,7 +24,8 @@ from tasks.stats.reference import (GroupPlan, ReferencePlan, batch_partials, mer
 
 MODEL_ID = "dinov2_vits14_gpic_eval_s28"
 IDENTITY = {"model_id": MODEL_ID, "arch": "vit_small_patch14_dinov2", "weights": "random-init",
-            "random_init": True, "preprocessing": "gpic_eval", "dim": 6, "normalized": False, "code_version": "1"}
+            "random_init": True, "preprocessing": "gpic_eval", "dim": 6, "normalized": False}
+FEATURE_INFO = {"model": IDENTITY, "dtype": "float32", "decode_size": None, "random_init": True}
 DIM = 6
 
 
@@ -62,17 +62,16 @@ def write_corpus(store: Store) -> tuple[list[dict], dict[str, np.ndarray]]:
     feats = {}
     for shard in sorted({r["staging_shard"] for r in rows if r.get("staging_shard")}):
         members = [r for r in rows if r.get("staging_shard") == shard]
-        store.write_parquet(f"staging/{shard}.records.parquet", pa.table({
-            "key": [r["key"] for r in members], "part": pa.array([r["part"] for r in members], pa.int32()),
-            "row": pa.array([r["row"] for r in members], pa.int32())}))
+        store.write_parquet(staging_records(shard), pa.Table.from_pylist(
+            [{"key": r["key"], "part": r["part"], "row": r["row"], "sha256": f"sha-{r['key']}"} for r in members],
+            schema=STAGING_RECORDS_SCHEMA))
         ok = [r["key"] != BROKEN for r in members]  # one undecodable test image
         x = (rng.standard_normal((sum(ok), DIM)) * 2.0 + 100.0).astype(np.float32)
         ok_keys = [r["key"] for r, o in zip(members, ok, strict=True) if o]
         feats.update({k: x[i] for i, k in enumerate(ok_keys)})
-        write_shard_features(store, MODEL_ID, shard, [r["key"] for r in members], ok,
-                             [None if o else "decode: truncated" for o in ok], x,
-                             {"fingerprint": "fp-1", "model": IDENTITY, "dtype": "float32", "decode_size": None,
-                              "code_version": "test", "random_init": True})
+        write_shard_features(store, MODEL_ID, shard, [r["key"] for r in members],
+                             [f"sha-{r['key']}" for r in members], ok,
+                             [None if o else "decode: truncated" for o in ok], x, f"fp-{shard}", FEATURE_INFO)
     return rows, feats
 
 
@@ -129,7 +128,9 @@ def test_partials_equal_numpy_for_every_group_and_merge_order(corpus):
         assert forward.groups[group].sample.keys == backward.groups[group].sample.keys == expected_sample
         np.testing.assert_array_equal(forward.groups[group].sample.features, np.stack([feats[k] for k in expected_sample]))
     assert forward.groups["test"].missing == {"decode": 1}
-    assert list(forward.markers) == ["fp-1"]
+    (facts,) = forward.markers.values()  # every shard's features have the same facts
+    assert list(forward.markers) == [facts["fingerprint"]]
+    assert {k: v for k, v in facts.items() if k != "fingerprint"} == FEATURE_INFO
 
 
 def test_written_files_carry_provenance_and_are_deterministic(corpus, tmp_path):
@@ -170,5 +171,5 @@ def test_plan_batches_are_contiguous_and_balanced():
 def test_missing_features_are_reported_not_guessed(corpus, tmp_path):
     store, _, _ = corpus
     plan = scan_manifest(store, ("test",))
-    with pytest.raises(FileNotFoundError, match="extract features first"):
+    with pytest.raises(FileNotFoundError, match="other_model.*is not complete"):
         shard_partials(store, "other_model", plan.shards[0], plan.plan)
