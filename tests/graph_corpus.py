@@ -12,16 +12,14 @@ import hashlib
 import io
 
 import numpy as np
-import pyarrow as pa
 from PIL import Image
 
 from corpusforge.chunking import cut_name
-from corpusforge.contract import finish_unit
 from corpusforge.feature_files import write_shard_features
-from corpusforge.layout import STAGING_RECORDS_SCHEMA, staging_index, staging_records, staging_tar
+from corpusforge.layout import staging_records
 from corpusforge.storage import Store
-from corpusforge.tarshard import Sample, write_tar
-from tasks.staging import images_digest
+from corpusforge.tarshard import Sample
+from tests.staging_files import write_staging_shard
 
 
 def png(seed: int, size: tuple[int, int]) -> bytes:
@@ -96,14 +94,7 @@ def write_corpus(root: str, n_shards: int = 3, per_shard: int = 40, dim: int = 3
                 by_key[key] = x[g]
         shard = cut_name(keys[-1], 1)
         shards.append(shard)
-        outputs = {staging_records(shard): store.write_parquet(
-            staging_records(shard), pa.Table.from_pylist(recs, schema=STAGING_RECORDS_SCHEMA))}
-        with store.atomic_write(staging_tar(shard)) as f:
-            result = write_tar(f, samples)
-        outputs[staging_tar(shard)] = result.sha256
-        outputs[staging_index(shard)] = store.write_parquet(staging_index(shard), result.index)
-        finish_unit(store, staging_tar(shard), f"test-staging-{seed}-{shard}", outputs,
-                    {"shard": shard, "count": result.count, "bytes": result.bytes, "images": images_digest(recs)})
+        write_staging_shard(store, shard, recs, samples)
         arr = np.stack(feats).astype(np.float16) if feats else np.zeros((0, x.shape[1]), np.float16)
         write_shard_features(store, model_id, shard, keys, shas, ok, errs, arr, f"test-{seed}-{shard}",
                              {"model": {"id": model_id}, "random_init": False})

@@ -12,23 +12,21 @@ import io
 import os
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
 import tasks.features.extract as extract_module
-from corpusforge.contract import completed_units, finish_unit, marker_path, read_marker
+from corpusforge.contract import completed_units, marker_path, read_marker
 from corpusforge.feature_files import read_shard_errors, read_shard_features
-from corpusforge.layout import (STAGING_RECORDS_SCHEMA, STAGING_TARS, feature_keys, feature_vectors, staging_index,
-                                staging_records, staging_tar)
+from corpusforge.layout import STAGING_TARS, feature_keys, feature_vectors, staging_index, staging_records, staging_tar
 from corpusforge.storage import Store
-from corpusforge.tarshard import Sample, write_tar
+from corpusforge.tarshard import Sample
 from tasks.features.config import FeaturesConfig, ModelSpec, RuntimeConfig
 from tasks.features.decode import DecodeError, decode_rgb
 from tasks.features.extract import (decode_size, extract_features_on_client, extract_shard, feature_fingerprint,
                                     load_models, summarize)
-from tasks.staging import images_digest
+from tests.staging_files import write_staging_shard
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytestmark = pytest.mark.timeout(180)
@@ -57,14 +55,7 @@ def _stage(store: Store, shard: str, images: list[tuple[str, str, bytes, tuple[i
         samples.append(Sample(key, {ext: data, "txt": f"caption {i}".encode(), "json": b"{}"}))
         records.append({"key": key, "part": 0, "row": i, "sha256": hashlib.sha256(data).hexdigest(), "width": w,
                         "height": h, "source": "test", "caption_type": "short", "ext": ext, "bytes": len(data)})
-    with store.atomic_write(staging_tar(shard)) as f:
-        result = write_tar(f, samples)
-    outputs = {staging_tar(shard): result.sha256,
-               staging_index(shard): store.write_parquet(staging_index(shard), result.index),
-               staging_records(shard): store.write_parquet(
-                   staging_records(shard), pa.Table.from_pylist(records, schema=STAGING_RECORDS_SCHEMA))}
-    finish_unit(store, staging_tar(shard), f"test-staging-{shard}", outputs,
-                {"shard": shard, "count": result.count, "bytes": result.bytes, "images": images_digest(records)})
+    write_staging_shard(store, shard, records, samples)
     return [key for key, *_ in images]
 
 

@@ -1,0 +1,37 @@
+"""Staging shards written for tests the way the staging stage writes them.
+
+``staging/tars/{shard}.tar``, ``staging/index/{shard}.parquet``,
+``staging/records/{shard}.parquet`` and last the unit's marker
+``_markers/staging/tars/{shard}.tar.json`` (stage contract), whose ``info.images`` is
+what the feature stage's fingerprint reads (:func:`tasks.staging.images_digest`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from corpusforge.contract import finish_unit
+from corpusforge.layout import STAGING_RECORDS_SCHEMA, staging_index, staging_records, staging_tar
+from corpusforge.storage import Store
+from corpusforge.tarshard import Sample, write_tar
+from tasks.staging import images_digest
+
+
+def write_staging_shard(store: Store, shard: str, records: list[dict[str, Any]], samples: list[Sample]
+                        ) -> dict[str, Any]:
+    """Write one staging shard: ``records`` are rows of the records file (fields of
+    ``STAGING_RECORDS_SCHEMA``, missing ones null; ``key``, ``sha256`` and ``ext`` at least),
+    ``samples`` the tar's samples in the same order. Returns the marker."""
+    if [r["key"] for r in records] != [s.key for s in samples]:
+        raise ValueError("records and samples must list the same keys in the same order")
+    with store.atomic_write(staging_tar(shard)) as f:
+        result = write_tar(f, samples)
+    outputs = {staging_tar(shard): result.sha256,
+               staging_index(shard): store.write_parquet(staging_index(shard), result.index),
+               staging_records(shard): store.write_parquet(
+                   staging_records(shard), pa.Table.from_pylist(records, schema=STAGING_RECORDS_SCHEMA))}
+    return finish_unit(store, staging_tar(shard), f"test-staging-{shard}", outputs,
+                       {"shard": shard, "count": result.count, "bytes": result.bytes,
+                        "images": images_digest(records)})
