@@ -7,6 +7,7 @@ worker count must give byte-identical statistics files.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import tarfile
@@ -18,19 +19,19 @@ import scipy.linalg
 from PIL import Image
 
 from corpusforge.cluster import DaskConfig
-from corpusforge.records import MANIFEST_SCHEMA
+from corpusforge.feature_files import read_shard_features
+from corpusforge.layout import MANIFEST_SCHEMA, manifest_path
 from corpusforge.storage import Store
-from corpusforge.tarshard import Sample, write_tar
+from corpusforge.tarshard import Sample
 from flows.evaluate import EvaluateConfig, evaluate_flow
 from flows.reference_stats import ReferenceStatsConfig, reference_stats_flow
 from tasks.features.config import ModelSpec, RuntimeConfig
 from tasks.features.decode import decode_rgb
-from tasks.features.layout import read_shard_features
 from tasks.features.registry import load_model
-from tasks.manifest import manifest_path
 from tasks.stats.config import MetricsConfig, SampleConfig
 from tasks.stats.evaluate import ProtocolMismatch
 from tasks.stats.reference import stats_path
+from tests.staging_files import write_staging_shard
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -58,16 +59,14 @@ def build_corpus(root) -> Store:
         for j in range(10):
             i = s * 10 + j
             key = f"img{i:04d}"
-            samples.append(Sample(key, {"png": picture(i), "txt": b"a caption", "json": b"{}"}))
-            recs.append({"key": key, "part": 0, "row": i})
+            data = picture(i)
+            samples.append(Sample(key, {"png": data, "txt": b"a caption", "json": b"{}"}))
+            recs.append({"key": key, "part": 0, "row": i, "sha256": hashlib.sha256(data).hexdigest(), "width": 48,
+                         "height": 36, "ext": "png", "bytes": len(data)})
             split = splits[(i * 7) % 10]
             manifest.append({"key": key, "part": 0, "row": i, "status": "kept", "staging_shard": shard,
                              "split": split, "tier": ("nano", "lite", "full")[i % 3] if split == "train" else None})
-        with store.atomic_write(f"staging/{shard}.tar") as f:
-            result = write_tar(f, samples)
-        store.write_parquet(f"staging/{shard}.index.parquet", result.index)
-        store.write_parquet(f"staging/{shard}.records.parquet", pa.Table.from_pylist(recs))
-        store.mark_done(f"staging/{shard}.tar", {"count": result.count, "sha256": result.sha256})
+        write_staging_shard(store, shard, recs, samples)
     store.write_parquet(manifest_path(0), pa.Table.from_pylist(manifest, schema=MANIFEST_SCHEMA))
     return store
 
