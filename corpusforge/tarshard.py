@@ -28,6 +28,7 @@ INDEX_SCHEMA = pa.schema([
     ("ext", pa.string()),
     ("offset", pa.int64()),
     ("size", pa.int64()),
+    ("sha256", pa.string()),  # of the member's bytes: what a copy of it depends on
 ])
 
 
@@ -73,7 +74,7 @@ class HashingWriter(io.RawIOBase):
 def write_tar(target: IO[bytes], samples: Iterable[Sample]) -> ShardWriteResult:
     """Stream ``samples`` into ``target`` as a deterministic tar; return its hash and index."""
     sink = HashingWriter(target)
-    keys, exts, offsets, sizes = [], [], [], []
+    keys, exts, offsets, sizes, shas = [], [], [], [], []
     count = 0
     position = 0  # tarfile buffers stream writes, so member positions are computed, not observed
     with tarfile.open(fileobj=sink, mode="w|", format=tarfile.USTAR_FORMAT) as tar:
@@ -95,8 +96,10 @@ def write_tar(target: IO[bytes], samples: Iterable[Sample]) -> ShardWriteResult:
                 exts.append(ext)
                 offsets.append(offset)
                 sizes.append(len(data))
+                shas.append(hashlib.sha256(data).hexdigest())
             count += 1
-    index = pa.table({"key": keys, "ext": exts, "offset": offsets, "size": sizes}, schema=INDEX_SCHEMA)
+    index = pa.table({"key": keys, "ext": exts, "offset": offsets, "size": sizes, "sha256": shas},
+                     schema=INDEX_SCHEMA)
     return ShardWriteResult(sha256=sink.h.hexdigest(), bytes=sink.n, count=count, index=index)
 
 

@@ -10,8 +10,8 @@ ones and writes two kinds of small plan files:
   (staging shard, near-duplicate decision, component, split, shard, tier), joined into
   the manifest by row.
 
-A release shard's fingerprint holds its plan file's bytes and the digests of the staging
-tars it copies from, so a caption edited in staging reaches the release tar.
+A release shard's fingerprint holds its plan file's bytes and the SHA-256 of each staging
+member it copies, so a caption edited in staging reaches exactly the release tar holding it.
 
 This planning step holds the kept records' small metadata (key, strata, component) in
 one process: about 100 bytes per record, ~10 GB at 100M images.
@@ -25,7 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from corpusforge.contract import prune, require_marker, run_unit, unit_fingerprint
+from corpusforge.contract import prune, run_unit, unit_fingerprint
 from corpusforge.layout import (LATE_DIR, LATE_SCHEMA, RELEASE_DIR, RELEASE_PLAN_DIR, RELEASE_PLAN_SCHEMA,
                                 decisions_path, late_path, part_name, release_plan_path, release_shard_name,
                                 release_tar, staging_index, staging_records, staging_tar)
@@ -110,30 +110,30 @@ def write_release_shard(store: Store, split: str, shard: int, cfg: SplitConfig, 
     """Write one release shard from staging (in ``source``, default ``store``) with ranged reads.
 
     ``plan``: the shard's plan digest and staging shards (from :func:`plan_release_files`).
-    Skipped when the plan, the staging tars it copies from and the settings are unchanged."""
+    The fingerprint holds the plan and the SHA-256 of every staging member it copies (from
+    the staging indexes), so it is skipped unless one of its own samples changed."""
     source = source or store
     name = release_shard_name(split, shard)
-    staging = {s: require_marker(source, staging_tar(s), "staging shard")["outputs"][staging_tar(s)]
-               for s in plan["staging"]}
-    fp = unit_fingerprint("release", code_version(__name__), cfg.tiers, [plan["sha256"], staging])
+    entries = store.read_parquet(release_plan_path(name)).to_pylist()
+    members: dict[str, dict[str, dict[str, tuple[int, int, str]]]] = {}
+    for staged in plan["staging"]:
+        found: dict[str, dict[str, tuple[int, int, str]]] = defaultdict(dict)
+        for m in source.read_parquet(staging_index(staged)).to_pylist():
+            found[m["key"]][m["ext"]] = (m["offset"], m["size"], m["sha256"])
+        members[staged] = found
+    copied = [[e["key"], sorted((ext, sha) for ext, (_, _, sha) in members[e["staging_shard"]][e["key"]].items())]
+              for e in entries]
+    fp = unit_fingerprint("release", code_version(__name__), cfg.tiers, [plan["sha256"], copied])
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
-        entries = store.read_parquet(release_plan_path(name)).to_pylist()
-        index_cache: dict[str, dict[str, dict[str, tuple[int, int]]]] = {}
-
         def samples():
             for entry in entries:
                 staged = entry["staging_shard"]
-                if staged not in index_cache:
-                    members: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
-                    for m in source.read_parquet(staging_index(staged)).to_pylist():
-                        members[m["key"]][m["ext"]] = (m["offset"], m["size"])
-                    index_cache[staged] = members
-                members = index_cache[staged][entry["key"]]
-                start = min(o for o, _ in members.values())
-                end = max(o + s for o, s in members.values())
+                spans = members[staged][entry["key"]]
+                start = min(o for o, _, _ in spans.values())
+                end = max(o + s for o, s, _ in spans.values())
                 blob = source.read_range(staging_tar(staged), start, end - start)
-                data = {ext: blob[o - start:o - start + s] for ext, (o, s) in members.items()}
+                data = {ext: blob[o - start:o - start + s] for ext, (o, s, _) in spans.items()}
                 image_ext = next(e for e in data if e not in ("txt", "json"))
                 meta = json.loads(data["json"])
                 extra = {"split": split, "tiers": tiers_of(entry["tier"], cfg)}

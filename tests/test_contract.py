@@ -1,0 +1,130 @@
+"""The stage contract's parts on their own: markers, skipping, pruning, code versions, cuts."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import corpusforge.version as version
+from corpusforge.chunking import cut_name, plan_cuts
+from corpusforge.contract import (COMPUTED, SKIPPED, completed_units, marker_path, prune, read_marker,
+                                  require_marker, run_unit)
+from corpusforge.storage import Store
+
+
+def test_run_unit_skips_only_an_identical_fingerprint(tmp_path):
+    store = Store(str(tmp_path))
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"a/x.bin": store.write_bytes("a/x.bin", b"payload")}, {"n": 1}
+
+    first = run_unit(store, "a/x.bin", "fp1", compute)
+    again = run_unit(store, "a/x.bin", "fp1", compute)
+    other = run_unit(store, "a/x.bin", "fp2", compute)
+    assert [first["action"], again["action"], other["action"]] == [COMPUTED, SKIPPED, COMPUTED]
+    assert len(calls) == 2
+    assert first["digest"] == other["digest"]  # same bytes, same digest: downstream stays valid
+    assert (tmp_path / marker_path("a/x.bin")).exists() and store.listdir("a") == ["x.bin"]
+    assert completed_units(store, "a", ".bin") == ["x"]
+
+
+def test_a_unit_that_fails_leaves_no_marker(tmp_path):
+    store = Store(str(tmp_path))
+
+    def compute():
+        store.write_bytes("a/x.bin", b"half")
+        raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError):
+        run_unit(store, "a/x.bin", "fp", compute)
+    assert read_marker(store, "a/x.bin") is None
+    with pytest.raises(FileNotFoundError, match="not complete"):
+        require_marker(store, "a/x.bin", "test unit")
+
+
+def test_prune_keeps_exactly_the_plan_with_markers_and_temp_files(tmp_path):
+    store = Store(str(tmp_path))
+    for name in ("000000", "000001", "000002"):
+        run_unit(store, f"d/{name}.parquet", "fp", lambda n=name: ({f"d/{n}.parquet": store.write_bytes(
+            f"d/{n}.parquet", n.encode())}, {}))
+    (tmp_path / "d" / ".000001.parquet.x.part").write_bytes(b"left by a killed writer")
+    removed = prune(store, "d", {"000000", "000001"})
+    assert sorted(removed) == [".000001.parquet.x.part", "000002.parquet"]
+    assert store.listdir("d") == ["000000.parquet", "000001.parquet"]
+    assert completed_units(store, "d", ".parquet") == ["000000", "000001"]
+
+
+def test_data_folders_hold_only_data(tmp_path):
+    """Markers live under _markers/, so dataset readers take a folder as it is."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    store = Store(str(tmp_path))
+    for i in range(3):
+        run_unit(store, f"edges/{i:06d}.parquet", "fp", lambda i=i: ({f"edges/{i:06d}.parquet": store.write_parquet(
+            f"edges/{i:06d}.parquet", pa.table({"x": [i]}))}, {}))
+    assert sorted(ds.dataset(tmp_path / "edges").to_table()["x"].to_pylist()) == [0, 1, 2]
+
+
+def test_code_version_follows_the_import_closure_only(monkeypatch, tmp_path):
+    closure = version.module_closure("tasks.release")
+    assert "tasks.release" in closure and "corpusforge.storage" in closure
+    assert "tasks.ingest" not in closure and not any(m.startswith("sample_corpus") for m in closure)
+    before = {m: version.code_version(m) for m in ("tasks.release", "tasks.ingest", "tasks.features.extract")}
+    original = version._module_file
+
+    def edited(module):
+        path = original(module)
+        if module == "tasks.release":
+            copy = tmp_path / "release.py"
+            copy.write_bytes(path.read_bytes() + b"# only a comment\n")
+            return copy
+        return path
+
+    monkeypatch.setattr(version, "_module_file", edited)
+    version.code_version.cache_clear()
+    try:
+        after = {m: version.code_version(m) for m in before}
+    finally:
+        version.code_version.cache_clear()
+    assert after["tasks.release"] != before["tasks.release"]
+    assert after["tasks.ingest"] == before["tasks.ingest"]
+    assert after["tasks.features.extract"] == before["tasks.features.extract"]
+
+
+def _cuts(keys: list[str], size: int) -> dict[str, tuple[str, ...]]:
+    candidates = [(i, n) for i, k in enumerate(keys) if (n := cut_name(k, size)) is not None]
+    return {c.name: tuple(keys[c.start:c.start + c.count]) for c in plan_cuts(len(keys), candidates, size)}
+
+
+def test_cuts_cover_every_record_once_within_bounds():
+    keys = [f"k{i:05d}" for i in range(5000)]
+    shards = _cuts(keys, 100)
+    flat = [k for members in shards.values() for k in members]
+    assert sorted(flat) == keys and len(set(shards)) == len(shards)
+    sizes = [len(m) for name, m in shards.items() if not name.startswith("tail")]
+    assert min(sizes) >= 50 and max(sizes) <= 200
+    assert 0.7 < len(keys) / len(shards) / 100 < 1.3
+
+
+@pytest.mark.parametrize("change", ["append", "insert", "delete"])
+def test_cuts_move_only_near_a_change(change):
+    """The property reruns rely on: a local change leaves every other shard as it was."""
+    rng = random.Random(5)
+    keys = [f"k{i:05d}" for i in range(5000)]
+    if change == "append":
+        after = keys + [f"new{i}" for i in range(500)]
+    elif change == "insert":
+        at = rng.randrange(len(keys))
+        after = keys[:at] + ["inserted"] + keys[at:]
+    else:
+        after = keys[:2500] + keys[2501:]
+    before, now = _cuts(keys, 100), _cuts(after, 100)
+    changed = {name for name, members in now.items() if before.get(name) != members}
+    limit = 11 if change == "append" else 2  # appended: the old tail and at most 500/50 new shards
+    assert len(changed) <= limit, (change, len(changed))
+    if change == "append":
+        assert all(name.startswith("tail") or name not in before for name in changed)
