@@ -26,8 +26,10 @@ CPU defaults (random-init learned models at reduced input sizes, 64 JPEGs of 640
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -37,13 +39,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
 
+from corpusforge.contract import finish_unit  # noqa: E402
+from corpusforge.layout import STAGING_RECORDS_SCHEMA, staging_index, staging_records, staging_tar  # noqa: E402
 from corpusforge.storage import Store  # noqa: E402
 from corpusforge.tarshard import Sample, write_tar  # noqa: E402
 from sample_corpus.scenes import draw_scene, render_scene  # noqa: E402
 from tasks.features.config import FeaturesConfig, ModelSpec, RuntimeConfig  # noqa: E402
 from tasks.features.decode import decode_rgb  # noqa: E402
 from tasks.features.extract import decode_size, extract_shard, load_models  # noqa: E402
+from tasks.staging import images_digest  # noqa: E402
+
+SHARD = "bench"
 
 # Small random-init variants of every learned family, sized for a 2-core CPU.
 CPU_MODELS = {
@@ -56,18 +64,26 @@ CPU_MODELS = {
 
 
 def write_staging_shard(store: Store, n: int, side: int) -> None:
-    """One staging shard of ``n`` rendered scenes, JPEG quality 90, longer side ``side``."""
+    """One staging shard of ``n`` rendered scenes, JPEG quality 90, longer side ``side``:
+    tar, index, records file and the unit's marker, as the staging stage writes them."""
     rng = np.random.default_rng(0)
-    samples = []
+    samples, records = [], []
     for i in range(n):
         image = render_scene(draw_scene(rng, side, int(side * rng.uniform(0.6, 0.8))))
         buf = io.BytesIO()
         image.save(buf, "JPEG", quality=90)
-        samples.append(Sample(f"img{i:06d}", {"jpg": buf.getvalue(), "txt": b"", "json": b"{}"}))
-    with store.atomic_write("staging/000000.tar") as f:
+        data = buf.getvalue()
+        samples.append(Sample(f"img{i:06d}", {"jpg": data, "txt": b"", "json": b"{}"}))
+        records.append({"key": f"img{i:06d}", "part": 0, "row": i, "sha256": hashlib.sha256(data).hexdigest(),
+                        "width": image.width, "height": image.height, "ext": "jpg", "bytes": len(data)})
+    with store.atomic_write(staging_tar(SHARD)) as f:
         result = write_tar(f, samples)
-    store.write_parquet("staging/000000.index.parquet", result.index)
-    store.mark_done("staging/000000.tar", {"count": result.count})
+    outputs = {staging_tar(SHARD): result.sha256,
+               staging_index(SHARD): store.write_parquet(staging_index(SHARD), result.index),
+               staging_records(SHARD): store.write_parquet(
+                   staging_records(SHARD), pa.Table.from_pylist(records, schema=STAGING_RECORDS_SCHEMA))}
+    finish_unit(store, staging_tar(SHARD), "bench", outputs,
+                {"shard": SHARD, "count": result.count, "bytes": result.bytes, "images": images_digest(records)})
 
 
 def model_only_seconds(cfg: FeaturesConfig, store: Store) -> tuple[float, float]:
@@ -75,8 +91,8 @@ def model_only_seconds(cfg: FeaturesConfig, store: Store) -> tuple[float, float]
     preprocessed beforehand."""
     models = load_models(cfg)
     draft = decode_size(models)
-    index = store.read_parquet("staging/000000.index.parquet").to_pylist()
-    images = [decode_rgb(store.read_range("staging/000000.tar", r["offset"], r["size"]), draft)
+    index = store.read_parquet(staging_index(SHARD)).to_pylist()
+    images = [decode_rgb(store.read_range(staging_tar(SHARD), r["offset"], r["size"]), draft)
               for r in index if r["ext"] == "jpg"]
     bs = cfg.runtime.batch_size
     wall = cpu = 0.0
@@ -94,10 +110,9 @@ def model_only_seconds(cfg: FeaturesConfig, store: Store) -> tuple[float, float]
 def stage_seconds(cfg: FeaturesConfig, staging: Store, tmp: Path, run: int) -> tuple[float, float]:
     """Wall and CPU seconds of extract_shard on a fresh output folder (models already loaded)."""
     out = Store(str(tmp / f"run{run}"))
-    for name in staging.listdir("staging"):
-        out.write_bytes(f"staging/{name}", staging.read_bytes(f"staging/{name}"))
+    shutil.copytree(staging.root, out.root)  # staging files and their markers
     start, start_cpu = time.perf_counter(), time.process_time()
-    extract_shard(out, "000000", cfg, "bench")
+    extract_shard(out, SHARD, cfg)
     return time.perf_counter() - start, time.process_time() - start_cpu
 
 

@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from corpusforge.layout import hashes_path, keys_table_path
 from corpusforge.storage import Store
 from sample_corpus import write_sample_corpus
 from tasks.exact_dedup import find_duplicate_keys, find_exact_duplicates, resolve_partition
@@ -40,18 +41,21 @@ def main() -> None:
 
         t0 = time.perf_counter()
         _, parts = plan_partitions(source, store, cfg)
-        records = sum(ingest_partition(store, p, cfg, val, 4, "bench")["records"] for p in parts)
+        ingested = [ingest_partition(store, p, cfg, val, 4) for p in parts]
+        records = sum(m["info"]["records"] for m in ingested)
         ingest_s = time.perf_counter() - t0
-        for b in range(4):
-            find_duplicate_keys(store, b)
-        for b in range(4):
-            find_exact_duplicates(store, b)
-        survivors = [resolve_partition(store, p.index)["survivors"] for p in parts]
-        shards = plan_staging(survivors, 250)
+        keys = [m["outputs"][keys_table_path(p.index)] for p, m in zip(parts, ingested, strict=True)]
+        hashes = [m["outputs"][hashes_path(p.index)] for p, m in zip(parts, ingested, strict=True)]
+        keydup = [find_duplicate_keys(store, b, keys) for b in range(4)]
+        exact = [find_exact_duplicates(store, b, hashes, [m["digest"] for m in keydup]) for b in range(4)]
+        decisions = [m["digest"] for m in keydup + exact]
+        resolved = [resolve_partition(store, p.index, m["digest"], decisions, 250)
+                    for p, m in zip(parts, ingested, strict=True)]
+        shards = plan_staging([m["info"] for m in resolved], 250)
 
         t0 = time.perf_counter()
         for s in shards:
-            write_staging_shard(store, s, {}, "bench")
+            write_staging_shard(store, s, {})
         shard_s = time.perf_counter() - t0
 
         staged = [r for s in shards for r in shard_records(store, s)]
