@@ -56,17 +56,19 @@ def _judge(record: dict[str, Any], data: bytes, cfg: ValidationConfig, scores: d
                   width=verdict.width, height=verdict.height)
 
 
-def _chunk_rows(part: Partition, src: SourceConfig) -> list[dict[str, Any]]:
-    with fsspec.open(part.uri, "rb", **src.storage_options) as f:
+def _chunk_rows(part: Partition, store: Store) -> list[dict[str, Any]]:
+    """The normalised rows of a rows partition: its chunk lies under the output root
+    (``work/input``), so it is opened with the output's storage options, not the source's."""
+    with fsspec.open(part.uri, "rb", **store.storage_options) as f:
         return pq.read_table(f).to_pylist()
 
 
-def image_stamps(part: Partition, src: SourceConfig) -> list[str | None]:
+def image_stamps(part: Partition, src: SourceConfig, store: Store) -> list[str | None]:
     """The stamp of every image file a rows partition names (None: unsafe or missing path)."""
     if part.kind == "tar":
         return []
     stamps: list[str | None] = []
-    for meta in _chunk_rows(part, src):
+    for meta in _chunk_rows(part, store):
         location = resolve_path(part.base, meta.get("path") or "")
         if location is None:
             stamps.append(None)
@@ -79,8 +81,9 @@ def image_stamps(part: Partition, src: SourceConfig) -> list[str | None]:
     return stamps
 
 
-def _row_records(part: Partition, src: SourceConfig, val: ValidationConfig) -> Iterator[dict[str, Any]]:
-    rows = _chunk_rows(part, src)
+def _row_records(part: Partition, src: SourceConfig, val: ValidationConfig,
+                 store: Store) -> Iterator[dict[str, Any]]:
+    rows = _chunk_rows(part, store)
     for i, meta in enumerate(rows):
         record = _blank(part.index, i)
         record.update({c: meta.get(c) for c in METADATA_COLUMNS})
@@ -107,7 +110,8 @@ def _row_records(part: Partition, src: SourceConfig, val: ValidationConfig) -> I
         yield record
 
 
-def _tar_records(part: Partition, src: SourceConfig, val: ValidationConfig) -> Iterator[dict[str, Any]]:
+def _tar_records(part: Partition, src: SourceConfig, val: ValidationConfig,
+                 store: Store) -> Iterator[dict[str, Any]]:
     with fsspec.open(part.uri, "rb", **src.storage_options) as f:
         for i, sample in enumerate(iter_tar_samples(f)):
             record = _blank(part.index, i)
@@ -145,11 +149,11 @@ def ingest_partition(store: Store, part: Partition, src: SourceConfig, val: Vali
                      n_buckets: int) -> dict[str, Any]:
     """Ingest one partition (skipped when its fingerprint is unchanged); return its marker."""
     fp = unit_fingerprint("ingest", code_version("tasks.ingest"), [val.model_dump(mode="json"), n_buckets],
-                          [part.kind, part.base, part.digest, image_stamps(part, src)])
+                          [part.kind, part.base, part.digest, image_stamps(part, src, store)])
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         reader = _tar_records if part.kind == "tar" else _row_records
-        records = list(reader(part, src, val))
+        records = list(reader(part, src, val, store))
         valid = [r for r in records if r["status"] == Status.KEPT.value]
         hashes = sorted(
             ({"bucket": stable_int(0, r["sha256"], n_buckets), "sha256": r["sha256"], "key": r["key"],
