@@ -58,3 +58,31 @@ def test_config_loads_from_yaml_and_rejects_unknown_keys(tmp_path):
         NearDedupFlowConfig.from_yaml(path)
     with pytest.raises(ValueError, match="pair_threshold must exceed"):
         NearDedupConfig(pair_threshold=0.9)
+
+
+def test_pass_over_a_corpus_missing_features_refuses_naming_the_shards(tmp_path, prefect_server):
+    """Every staged record must be covered: shards without features are named, nothing is written."""
+    from corpusforge.layout import feature_keys, feature_vectors
+
+    _, shards, _ = write_corpus(str(tmp_path / "v1"), n_shards=3, per_shard=5, dim=8)
+    for path in (feature_vectors("wfd", shards[1]), feature_keys("wfd", shards[1])):
+        (tmp_path / "v1" / path).unlink()
+    (tmp_path / "v1" / "_markers" / f"{feature_vectors('wfd', shards[1])}.json").unlink()
+    config = NearDedupFlowConfig(source=str(tmp_path / "v1"), out=str(tmp_path / "v2"),
+                                 near_dedup=NearDedupConfig(model_id="wfd"),
+                                 dask=DaskConfig(processes=False, n_workers=1))
+    with pytest.raises(ValueError, match=f"no wfd features.*{shards[1]}"):
+        near_dedup_flow(config)
+    assert not (tmp_path / "v2" / "graph").exists()
+
+
+def test_missing_decisions_are_an_error_never_no_decisions(tmp_path):
+    from tasks.graph.stage import read_decisions
+
+    src, shards, _ = write_corpus(str(tmp_path / "v1"), n_shards=2, per_shard=5, dim=8)
+    with pytest.raises(FileNotFoundError, match="never completed"):
+        read_decisions(src, shards)
+    cfg = NearDedupConfig(collision=CollisionConfig(enabled=False), calibration=CalibrationConfig(enabled=False))
+    near_duplicate_stage(src, cfg, shards[:1])
+    with pytest.raises(FileNotFoundError, match=f"missing for staging shards \\['{shards[1]}'\\]"):
+        read_decisions(src, shards)

@@ -135,6 +135,21 @@ def test_unchanged_rerun_recomputes_nothing(history):
     assert computed(work, "publish", "release_shards") == 0 and computed(work, "publish", "manifest_parts") == 0
 
 
+def test_every_output_folder_reads_as_it_is(history):
+    """Markers live outside the data folders: dataset readers and webdataset take them whole."""
+    import pyarrow.dataset as ds
+    import webdataset as wds
+
+    for folder in ("graph/edges", "graph/decisions", "graph/recall", "manifest", "staging/records",
+                   "staging/index", "features/wfd/keys"):
+        assert ds.dataset(history.out / folder, format="parquet").count_rows() > 0, folder
+    staged = sum(1 for tar in (history.out / "staging" / "tars").glob("*.tar")
+                 for _ in wds.WebDataset(str(tar), shardshuffle=False))
+    assert staged == ds.dataset(history.out / "staging" / "records").count_rows()
+    assert sum(1 for _ in wds.WebDataset(sorted(str(p) for p in (history.out / "shards").rglob("*.tar")),
+                                         shardshuffle=False)) > 0
+
+
 def test_append_ten_percent_of_rows_embeds_and_queries_only_the_new_shards(history):
     before = history.staging_images()
     history.write_rows(history.rows)
@@ -212,6 +227,7 @@ def test_change_the_near_duplicate_pair_threshold_reruns_only_decisions(history)
     work = history.rerun(**changes)["rerun"]
     assert computed(work, "graph", "queries") == 0 and computed(work, "graph", "index") == 0
     assert computed(work, "graph", "decisions") == 1
+    history.base_changes = changes
 
 
 def test_change_the_split_seed_reshuffles_release_only(history):
@@ -219,6 +235,7 @@ def test_change_the_split_seed_reshuffles_release_only(history):
     work = history.rerun(**changes)["rerun"]
     assert computed(work, "features", "wfd") == 0 and computed(work, "graph", "queries") == 0
     assert computed(work, "publish", "release_shards") > 0
+    history.base_changes = changes
 
 
 def test_edit_a_comment_in_one_stage_module_reruns_only_that_stage(history, monkeypatch, tmp_path):
