@@ -1,0 +1,323 @@
+"""The evaluation set, read once and staged in the corpus's own feature-stage layout.
+
+An evaluation set is a table (one row per item: id, image path, text fields), a folder
+of images (sidecar ``{stem}.txt`` = caption, ``{stem}.json`` = more fields) or WebDataset
+tars. It is only ever *read*. Each chunk of items becomes, under ``OUT/eval/``:
+
+    staging/tars/{chunk}.tar, staging/index/…, staging/records/…   the item images
+    eval/items/{chunk}.parquet (under OUT)                          ids, hashes, texts
+
+so the feature stage embeds them exactly as it embeds a corpus's staging shards — same
+decoder, same models, same fingerprint rules — and the scans can check that both sides
+carry the same model fingerprint. Items get staging keys ``e`` + 20 hex digits of the
+SHA-256 of their id; ids must be unique.
+
+Units (stage contract): one per chunk, fingerprinted by the chunk's rows and a stamp
+(size and modification time, or ETag) of every file it reads; per-item SHA-256s are of
+the bytes actually read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+
+from corpusforge.contract import current_marker, finish_unit, unit_fingerprint
+from corpusforge.hashing import canonical_json, fingerprint
+from corpusforge.layout import (EVAL_ITEM_SCHEMA, STAGING_RECORDS_SCHEMA, eval_items_path, staging_index,
+                                staging_records, staging_tar)
+from corpusforge.storage import Store, is_remote
+from corpusforge.tarshard import Sample, iter_tar_samples, write_tar
+from corpusforge.version import code_version
+from tasks.contamination.config import EvalSetConfig
+
+TABLE_SUFFIXES = (".parquet", ".jsonl", ".csv")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff")
+CAPTION_FIELD = "caption"
+_MAGIC = ((b"\xff\xd8\xff", "jpg"), (b"\x89PNG\r\n\x1a\n", "png"), (b"GIF8", "gif"), (b"BM", "bmp"),
+          (b"II*\x00", "tif"), (b"MM\x00*", "tif"))
+
+
+@dataclass(frozen=True)
+class EvalChunk:
+    """One unit of the evaluation set: rows of a table, files of a folder, or one tar."""
+
+    name: str
+    kind: str                                   # table | folder | tar
+    first_row: int                              # row of the first item (tables, folders; 0 in a tar)
+    rows: tuple[dict[str, Any], ...] = ()       # table: id, image uri, fields; folder: id, uri, sidecars
+    uri: str = ""                               # tar: the tar
+
+
+@dataclass
+class EvalPlan:
+    kind: str
+    name: str
+    chunks: list[EvalChunk] = field(default_factory=list)
+    input_files: list[str] = field(default_factory=list)   # every file read for the plan (table, tars)
+
+
+def item_key(item_id: str) -> str:
+    return "e" + hashlib.sha256(item_id.encode()).hexdigest()[:20]
+
+
+def sniff_ext(data: bytes) -> str:
+    for magic, ext in _MAGIC:
+        if data.startswith(magic):
+            return ext
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    return "bin"
+
+
+def _fs(uri: str, options: dict[str, Any]) -> tuple[fsspec.AbstractFileSystem, str]:
+    return fsspec.core.url_to_fs(uri, **options)
+
+
+def _full(fs: fsspec.AbstractFileSystem, path: str, like: str) -> str:
+    return fs.unstrip_protocol(path) if is_remote(like) else path
+
+
+def file_stamp(uri: str, options: dict[str, Any]) -> str:
+    """Size and modification time (or ETag): changes when the file's bytes are replaced."""
+    fs, path = _fs(uri, options)
+    info = fs.info(path)
+    version = info.get("ETag") or info.get("mtime") or info.get("LastModified") or info.get("created")
+    return f"{info.get('size')}:{version}"
+
+
+def resolve_image(base: str, path: str | None) -> tuple[str | None, str | None]:
+    """``(uri, error)`` for a table's image path: relative to the table's folder (never
+    escaping it) or a URI; absolute local paths are refused like the build refuses them."""
+    if not path:
+        return None, None
+    if "\x00" in path or "\\" in path:
+        return None, "unsafe_path"
+    if "://" in path:
+        return (None, "unsafe_path") if path.startswith("file://") else (path, None)
+    normal = posixpath.normpath(path)
+    if path.startswith("/") or normal in (".", "..") or normal.startswith("../"):
+        return None, "unsafe_path"
+    return posixpath.join(base, normal), None
+
+
+def _as_text(value: Any) -> str | None:
+    if value is None or (isinstance(value, float) and value != value):
+        return None
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str) \
+        if isinstance(value, (dict, list)) else str(value)
+
+
+def read_table(uri: str, options: dict[str, Any]) -> pa.Table:
+    """A benchmark table (parquet, JSONL or CSV), every column as given."""
+    with fsspec.open(uri, "rb", **options) as f:
+        if uri.endswith(".parquet"):
+            return pq.read_table(f)
+        if uri.endswith(".csv"):
+            return pacsv.read_csv(f, convert_options=pacsv.ConvertOptions(strings_can_be_null=True))
+        return pajson.read_json(f)
+
+
+def _wanted_fields(cfg: EvalSetConfig) -> list[str]:
+    names = list(cfg.text_fields)
+    for extra in (cfg.answer_field, cfg.category_field):
+        if extra and extra not in names:
+            names.append(extra)
+    return names
+
+
+def plan_eval_set(cfg: EvalSetConfig) -> EvalPlan:
+    """List the items in a fixed order and cut them into chunks of ``cfg.chunk_size``."""
+    so = cfg.storage_options
+    fs, path = _fs(cfg.source, so)
+    name = cfg.name or posixpath.basename(path.rstrip("/")).split(".")[0] or "benchmark"
+    size = cfg.chunk_size
+    if fs.isfile(path) and path.endswith(TABLE_SUFFIXES):
+        table = read_table(cfg.source, so)
+        base = posixpath.dirname(cfg.source.rstrip("/"))
+        columns = set(table.column_names)
+        rows = []
+        for i, row in enumerate(table.to_pylist()):
+            item_id = _as_text(row.get(cfg.id_column)) if cfg.id_column in columns else None
+            image = _as_text(row.get(cfg.image_column)) if cfg.image_column and cfg.image_column in columns else None
+            uri, error = resolve_image(base, image)
+            rows.append({"item_id": item_id or f"row-{i:06d}", "image_source": image, "uri": uri, "error": error,
+                         "fields": {f: _as_text(row.get(f)) for f in _wanted_fields(cfg) if f in columns}})
+        _check_unique([r["item_id"] for r in rows], cfg.source)
+        chunks = [EvalChunk(f"{c:06d}", "table", s, tuple(rows[s:s + size]))
+                  for c, s in enumerate(range(0, len(rows), size))]
+        return EvalPlan("table", name, chunks, [cfg.source])
+    if fs.isfile(path) and path.endswith(".tar"):
+        return EvalPlan("tars", name, [EvalChunk("000000", "tar", 0, uri=cfg.source)], [cfg.source])
+    if not fs.isdir(path):
+        raise FileNotFoundError(f"evaluation set {cfg.source} does not exist")
+    found = sorted(fs.find(path))
+    tars = [p for p in found if p.endswith(".tar")]
+    if tars:
+        return EvalPlan("tars", name, [EvalChunk(f"{i:06d}", "tar", 0, uri=_full(fs, t, cfg.source))
+                                       for i, t in enumerate(tars)], [_full(fs, t, cfg.source) for t in tars])
+    present = set(found)
+    rows = []
+    for p in found:
+        if not p.lower().endswith(IMAGE_SUFFIXES):
+            continue
+        stem = p.rsplit(".", 1)[0]
+        rel = posixpath.relpath(p, path.rstrip("/"))
+        rows.append({"item_id": rel, "image_source": rel, "uri": _full(fs, p, cfg.source), "error": None,
+                     "txt": _full(fs, stem + ".txt", cfg.source) if stem + ".txt" in present else None,
+                     "json": _full(fs, stem + ".json", cfg.source) if stem + ".json" in present else None})
+    chunks = [EvalChunk(f"{c:06d}", "folder", s, tuple(rows[s:s + size]))
+              for c, s in enumerate(range(0, len(rows), size))]
+    return EvalPlan("folder", name, chunks, [])
+
+
+def _check_unique(ids: list[str], where: str) -> None:
+    seen: set[str] = set()
+    dup = sorted({i for i in ids if i in seen or seen.add(i)})
+    if dup:
+        raise ValueError(f"{where}: item ids must be unique; repeated: {', '.join(dup[:5])}"
+                         f"{', …' if len(dup) > 5 else ''}")
+
+
+def _read(uri: str, options: dict[str, Any]) -> bytes:
+    with fsspec.open(uri, "rb", **options) as f:
+        return f.read()
+
+
+def _chunk_items(chunk: EvalChunk, cfg: EvalSetConfig) -> Iterator[tuple[dict[str, Any], bytes | None]]:
+    """``(item, image bytes or None)`` in chunk order; read failures become the item's error."""
+    so = cfg.storage_options
+    wanted = _wanted_fields(cfg)
+    if chunk.kind == "tar":
+        base = posixpath.basename(chunk.uri).rsplit(".", 1)[0]
+        with fsspec.open(chunk.uri, "rb", **so) as f:
+            for sample in iter_tar_samples(f):
+                item_id = f"{base}/{sample.key}"
+                if sample.error is not None:
+                    yield {"item_id": item_id, "image_source": item_id, "error": f"tar: {sample.error.reason}",
+                           "fields": {}}, None
+                    continue
+                fields: dict[str, Any] = {}
+                if "json" in sample.members:
+                    fields.update(_json_fields(sample.members["json"], wanted))
+                if "txt" in sample.members:
+                    fields[CAPTION_FIELD] = sample.members["txt"].decode("utf-8", "replace")
+                exts = [e for e in sample.members if "." + e in IMAGE_SUFFIXES]
+                data = sample.members[exts[0]] if exts else None
+                yield {"item_id": item_id, "image_source": f"{chunk.uri}#{sample.key}",
+                       "error": None if exts else "no_image_member", "fields": fields}, data
+        return
+    for row in chunk.rows:
+        item = {k: row[k] for k in ("item_id", "image_source", "error")}
+        item["fields"] = dict(row.get("fields") or {})
+        if row.get("json"):
+            item["fields"].update(_json_fields(_read(row["json"], so), wanted))
+        if row.get("txt"):
+            item["fields"][CAPTION_FIELD] = _read(row["txt"], so).decode("utf-8", "replace")
+        data = None
+        if row.get("uri") and not row.get("error"):
+            try:
+                data = _read(row["uri"], so)
+                item["error"] = None if data else "empty_file"
+            except FileNotFoundError:
+                item["error"] = "missing_file"
+            except OSError as exc:
+                item["error"] = f"read_error: {exc}"
+        yield item, data or None
+
+
+def _json_fields(data: bytes, wanted: list[str]) -> dict[str, Any]:
+    try:
+        obj = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return {k: _as_text(v) for k, v in obj.items() if k in wanted} if isinstance(obj, dict) else {}
+
+
+def chunk_inputs(chunk: EvalChunk, cfg: EvalSetConfig) -> Any:
+    """What a chunk's content depends on: its rows and a stamp of every file it reads."""
+    so = cfg.storage_options
+    if chunk.kind == "tar":
+        return [chunk.uri, file_stamp(chunk.uri, so)]
+    stamps = []
+    for row in chunk.rows:
+        files = [row.get(k) for k in ("uri", "txt", "json") if row.get(k) and not row.get("error")]
+        stamps.append([f"{f}@{_stamp_or_missing(f, so)}" for f in files])
+    return [list(chunk.rows), stamps]
+
+
+def _stamp_or_missing(uri: str, options: dict[str, Any]) -> str:
+    try:
+        return file_stamp(uri, options)
+    except (FileNotFoundError, OSError):
+        return "missing"
+
+
+def item_sha256(item_id: str, texts: dict[str, Any], answer: str | None, category: str | None,
+                image_sha256: str | None) -> str:
+    """One item's content hash: what a later fixture edit or image swap changes."""
+    return hashlib.sha256(canonical_json({"id": item_id, "texts": texts, "answer": answer, "category": category,
+                                          "image_sha256": image_sha256}).encode()).hexdigest()
+
+
+def stage_chunk(out: Store, eval_store: Store, chunk: EvalChunk, cfg: EvalSetConfig) -> dict[str, Any]:
+    """Read one chunk's items, write their images as a staging shard and their rows as items.
+
+    Returns the items marker (``info``: items, staged, image errors, the staging marker's digest)."""
+    fields_cfg = [cfg.text_fields, cfg.answer_field, cfg.category_field, cfg.id_column, cfg.image_column]
+    fp = unit_fingerprint("contamination-eval-items", code_version(__name__), fields_cfg, chunk_inputs(chunk, cfg))
+    marker = current_marker(out, eval_items_path(chunk.name), fp)
+    if marker is not None and current_marker(eval_store, staging_tar(chunk.name), fp) is not None:
+        return {**marker, "action": "skipped"}
+
+    rows, records, samples = [], [], []
+    row_no = chunk.first_row
+    for item, data in _chunk_items(chunk, cfg):
+        key = item_key(item["item_id"])
+        sha = hashlib.sha256(data).hexdigest() if data else None
+        texts = {f: item["fields"].get(f) for f in cfg.text_fields}
+        answer = item["fields"].get(cfg.answer_field) if cfg.answer_field else None
+        category = item["fields"].get(cfg.category_field) if cfg.category_field else None
+        rows.append({"item_id": item["item_id"], "row": row_no, "key": key,
+                     "item_sha256": item_sha256(item["item_id"], texts, answer, category, sha),
+                     "image_source": item.get("image_source"), "image_sha256": sha,
+                     "image_bytes": len(data) if data else None, "image_error": item.get("error"),
+                     "category": category, "answer": answer, "texts": canonical_json(texts)})
+        if data:
+            ext = sniff_ext(data)
+            records.append({"key": key, "part": 0, "row": len(records), "sha256": sha, "ext": ext,
+                            "bytes": len(data)})
+            samples.append(Sample(key, {ext: data}))
+        row_no += 1
+    _check_unique([r["item_id"] for r in rows], chunk.uri or chunk.name)
+    if len({r["key"] for r in rows}) != len(rows):
+        raise ValueError(f"chunk {chunk.name}: two item ids share a staging key")
+    with eval_store.atomic_write(staging_tar(chunk.name)) as f:
+        result = write_tar(f, samples)
+    staged = {staging_tar(chunk.name): result.sha256,
+              staging_index(chunk.name): eval_store.write_parquet(staging_index(chunk.name), result.index),
+              staging_records(chunk.name): eval_store.write_parquet(
+                  staging_records(chunk.name), pa.Table.from_pylist(records, schema=STAGING_RECORDS_SCHEMA))}
+    images = fingerprint([(r["key"], r["sha256"], r["ext"]) for r in records])
+    staging_marker = finish_unit(eval_store, staging_tar(chunk.name), fp, staged,
+                                 {"shard": chunk.name, "count": result.count, "bytes": result.bytes,
+                                  "images": images})
+    table = pa.Table.from_pylist(rows, schema=EVAL_ITEM_SCHEMA)
+    outputs = {eval_items_path(chunk.name): out.write_parquet(eval_items_path(chunk.name), table)}
+    info = {"items": len(rows), "staged": len(records),
+            "image_errors": sum(1 for r in rows if r["image_error"]), "staging_digest": staging_marker["digest"]}
+    return {**finish_unit(out, eval_items_path(chunk.name), fp, outputs, info), "action": "computed"}
+
+
+def read_items(out: Store, chunk: str) -> list[dict[str, Any]]:
+    return out.read_parquet(eval_items_path(chunk)).to_pylist()

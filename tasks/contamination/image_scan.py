@@ -1,0 +1,324 @@
+"""Best training matches of query images: exact chunked scans or an IVF index, as units of work.
+
+A scan has a *query side* (the evaluation set's chunks, or a corpus's held-out images)
+and a *target side* (a corpus's training images), each a set of feature shards of one
+model, optionally narrowed to a split selection (:mod:`tasks.contamination.selection`).
+Per query shard it writes the top-k targets of every query:
+
+    work/contamination/found/{scan}/{shard}.parquet   query_key, rank, target_shard, target_key,
+                                                      target_sha256, similarity (MATCH_SCHEMA)
+
+* exact: one unit per query shard streams every target shard through
+  :func:`tasks.contamination.similarity.exact_topk` (never a full matrix); its
+  fingerprint holds the query shard's feature digest and the digest of the whole target
+  side, so a changed training shard rescans every query shard (exhaustive by nature).
+* ivf: one unit builds the index over the target side (``work/contamination/index/``),
+  one unit per query shard searches it; a recall unit rescans a seeded sample of
+  queries exactly and records how many flagged images the index found.
+
+Both sides must carry the same feature identity (model fingerprint: weights or
+random-init, preprocessing, dim; dtype; decode size), read from the feature markers;
+otherwise the scan is refused (:class:`FeatureMismatch`).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from typing import Any
+
+import faiss
+import numpy as np
+import pyarrow as pa
+
+from corpusforge.contract import run_unit, unit_fingerprint
+from corpusforge.feature_files import read_shard_features, require_features
+from corpusforge.hashing import canonical_json, fingerprint, stable_uniform
+from corpusforge.layout import (CONTAMINATION_FOUND, MATCH_SCHEMA, contamination_index, feature_keys,
+                                found_matches_path, select_path)
+from corpusforge.storage import Store
+from corpusforge.tarshard import HashingWriter
+from corpusforge.version import code_version
+from tasks.contamination import similarity as sim
+from tasks.contamination.config import IvfConfig
+from tasks.contamination.selection import read_selection
+
+
+class FeatureMismatch(ValueError):
+    """Query and target features were not made by the same model, weights, preprocessing and dtype."""
+
+
+@dataclass(frozen=True)
+class ScanSide:
+    """Feature shards of one model in one store, optionally narrowed to a split selection
+    (whose files live in ``selection_store``, the run's output)."""
+
+    store: Store
+    model_id: str
+    shards: tuple[str, ...]
+    selection: str | None = None
+    selection_store: Store | None = None
+    selection_digests: dict[str, str] = field(default_factory=dict)
+
+    def shard_digest(self, shard: str) -> list[str | None]:
+        return [require_features(self.store, self.model_id, shard)["digest"], self.selection_digests.get(shard)]
+
+    def digest(self) -> str:
+        """Content of the whole side: every shard's feature digest and selection digest."""
+        return fingerprint([self.model_id, self.selection, [[s, *self.shard_digest(s)] for s in self.shards]])
+
+
+@dataclass
+class ShardVectors:
+    keys: list[str]
+    shas: list[str]
+    x: np.ndarray              # unit float32 rows
+    splits: list[str | None]
+
+
+def _code() -> str:
+    return code_version(__name__)
+
+
+def feature_identity(side: ScanSide) -> dict[str, Any]:
+    """The one (model fingerprint, dtype, decode size) every shard of ``side`` was made with."""
+    seen: dict[str, dict[str, Any]] = {}
+    for shard in side.shards:
+        info = require_features(side.store, side.model_id, shard)["info"]
+        ident = {"model": info.get("model"), "dtype": info.get("dtype"), "decode_size": info.get("decode_size"),
+                 "random_init": bool(info.get("random_init"))}
+        seen.setdefault(canonical_json(ident), ident)
+    if len(seen) > 1:
+        raise FeatureMismatch(f"features/{side.model_id} of {side.store.root} were made with "
+                              f"{len(seen)} different settings; re-extract them")
+    return next(iter(seen.values())) if seen else {}
+
+
+def check_same_features(query: ScanSide, target: ScanSide) -> dict[str, Any]:
+    """Refuse a scan whose two sides differ in model, weights, preprocessing, dtype or decode size."""
+    a, b = feature_identity(query), feature_identity(target)
+    if a and b and a != b:
+        fields = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        if "model" in fields:
+            ma, mb = a["model"] or {}, b["model"] or {}
+            fields += [f"model.{k}" for k in sorted(set(ma) | set(mb)) if ma.get(k) != mb.get(k)]
+        raise FeatureMismatch(
+            f"evaluation features differ from the corpus's in {', '.join(fields)}: refused. Extract the "
+            f"evaluation set with the corpus's feature settings (model, weights, preprocessing, dtype and the "
+            f"same set of models, which fixes the decode size).")
+    return b
+
+
+def load_shard(side: ScanSide, shard: str) -> ShardVectors:
+    """One shard's embedded images, narrowed to the selection, as unit vectors."""
+    keys, feats = read_shard_features(side.store, side.model_id, shard)
+    t = side.store.read_parquet(feature_keys(side.model_id, shard), columns=["key", "sha256", "ok"])
+    sha_of = {k: s for k, s, ok in zip(t["key"].to_pylist(), t["sha256"].to_pylist(), t["ok"].to_pylist(),
+                                       strict=True) if ok}
+    splits: list[str | None] = [None] * len(keys)
+    if side.selection is not None:
+        chosen = read_selection(side.selection_store, side.selection, shard)
+        pick = [i for i, k in enumerate(keys) if k in chosen]
+        keys, feats = [keys[i] for i in pick], feats[pick]
+        splits = [chosen[k] for k in keys]
+    x = sim.unit_rows(feats) if len(keys) else np.zeros((0, feats.shape[-1] if feats.ndim == 2 else 1), np.float32)
+    return ShardVectors(keys, [sha_of[k] for k in keys], x, splits)
+
+
+def _resolve(side: ScanSide, offsets: np.ndarray, ids: np.ndarray) -> dict[int, tuple[str, str, str]]:
+    """Target id → (shard, key, sha256), reading only the shards the ids fall in."""
+    out: dict[int, tuple[str, str, str]] = {}
+    flat = np.unique(ids[ids >= 0])
+    owner = np.searchsorted(offsets, flat, side="right") - 1
+    for s in np.unique(owner):
+        shard = side.shards[int(s)]
+        v = load_shard(side, shard)
+        for i in flat[owner == s]:
+            row = int(i - offsets[s])
+            out[int(i)] = (shard, v.keys[row], v.shas[row])
+    return out
+
+
+def match_table(query_keys: list[str], sims: np.ndarray, ids: np.ndarray,
+                lookup: dict[int, tuple[str, str, str]]) -> pa.Table:
+    rows = {n: [] for n in MATCH_SCHEMA.names}
+    for qi, key in enumerate(query_keys):
+        for rank in range(ids.shape[1]):
+            i = int(ids[qi, rank])
+            if i < 0:
+                break
+            shard, tkey, tsha = lookup[i]
+            for n, v in zip(MATCH_SCHEMA.names, (key, rank, shard, tkey, tsha, float(sims[qi, rank])), strict=True):
+                rows[n].append(v)
+    return pa.table(rows, schema=MATCH_SCHEMA)
+
+
+def scan_exact_topk(q: np.ndarray, target: ScanSide, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Exact top-k of ``q`` over every target shard, streamed; also the target id offsets."""
+    sims, ids = sim.empty_topk(len(q), k)
+    offsets = [0]
+    for shard in target.shards:
+        v = load_shard(target, shard)
+        s, i = sim.exact_topk(q, v.x, k, offsets[-1])
+        sims, ids = sim.merge_topk(sims, ids, s, i, k)
+        offsets.append(offsets[-1] + len(v.keys))
+    return sims, ids, np.asarray(offsets, dtype=np.int64)
+
+
+def scan_shard_exact(out: Store, scan: str, query: ScanSide, shard: str, target: ScanSide, target_digest: str,
+                     k: int) -> dict[str, Any]:
+    """Exact top-k targets of one query shard (skipped when query and target content are unchanged)."""
+    fp = unit_fingerprint("contamination-scan", _code(), ["exact", k], [query.shard_digest(shard), target_digest])
+
+    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+        v = load_shard(query, shard)
+        sims, ids, offsets = scan_exact_topk(v.x, target, k)
+        table = match_table(v.keys, sims, ids, _resolve(target, offsets, ids))
+        rel = found_matches_path(scan, shard)
+        return {rel: out.write_parquet(rel, table)}, {"queries": len(v.keys), "search": "exact"}
+
+    return run_unit(out, found_matches_path(scan, shard), fp, compute)
+
+
+def _n_selected(side: ScanSide, shard: str) -> int:
+    if side.selection is None:
+        return int(require_features(side.store, side.model_id, shard)["info"]["count"])
+    return side.selection_store.read_parquet(select_path(side.selection, shard), columns=["key"]).num_rows
+
+
+def build_scan_index(out: Store, name: str, target: ScanSide, target_digest: str, cfg: IvfConfig) -> dict[str, Any]:
+    """An IVF index over every target vector (ids: position in target-shard order)."""
+    n_est = sum(_n_selected(target, s) for s in target.shards)
+    nlist = cfg.nlist or sim.auto_nlist(n_est)
+    n_train = min(n_est, cfg.max_train, nlist * cfg.train_per_list)
+    plan = {"nlist": nlist, "nprobe": min(cfg.nprobe, nlist), "storage": cfg.storage, "n_train": n_train,
+            "seed": cfg.seed}
+    fp = unit_fingerprint("contamination-index", _code(), plan, target_digest)
+    rel = contamination_index(name)
+
+    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+        if cfg.faiss_threads:
+            faiss.omp_set_num_threads(cfg.faiss_threads)
+        rate = n_train / max(n_est, 1)
+        sample, order, dim = [], [], None
+        for shard in target.shards:
+            v = load_shard(target, shard)
+            dim = v.x.shape[1] if len(v.keys) else dim
+            u = np.fromiter((stable_uniform(cfg.seed, k) for k in v.keys), dtype=np.float64, count=len(v.keys))
+            pick = np.flatnonzero(u < rate)
+            sample.append(v.x[pick])
+            order.append(u[pick])
+        if dim is None:
+            raise ValueError(f"scan {name}: the target side has no vectors")
+        train = np.concatenate(sample)[np.argsort(np.concatenate(order), kind="stable")]
+        if len(train) < plan["nlist"]:
+            raise ValueError(f"scan {name}: {len(train)} training vectors for {plan['nlist']} IVF lists")
+        index = sim.new_ivf(dim, plan["nlist"], cfg.storage, plan["nprobe"], cfg.seed)
+        index.train(train)
+        del train, sample
+        offsets = [0]
+        for shard in target.shards:
+            v = load_shard(target, shard)
+            if len(v.keys):
+                index.add(v.x)
+            offsets.append(offsets[-1] + len(v.keys))
+        with out.atomic_write(rel) as f:
+            sink = HashingWriter(f)
+            faiss.write_index(index, faiss.PyCallbackIOWriter(sink.write))
+        return {rel: sink.sha256}, {"plan": plan, "dim": int(dim), "n_vectors": int(offsets[-1]),
+                                    "offsets": offsets}
+
+    marker = run_unit(out, rel, fp, compute)
+    return {**marker["info"], "fingerprint": marker["fingerprint"], "action": marker["action"]}
+
+
+_INDEX_CACHE: dict[tuple[str, str], faiss.Index] = {}
+
+
+def load_scan_index(out: Store, name: str, info: dict[str, Any]) -> faiss.Index:
+    """The saved index, read once per process (keyed by its fingerprint)."""
+    key = (out.path(contamination_index(name)), info["fingerprint"])
+    if key not in _INDEX_CACHE:
+        _INDEX_CACHE.clear()
+        index = faiss.read_index(faiss.PyCallbackIOReader(io.BytesIO(out.read_bytes(contamination_index(name))).read))
+        faiss.extract_index_ivf(index).nprobe = info["plan"]["nprobe"]
+        _INDEX_CACHE[key] = index
+    return _INDEX_CACHE[key]
+
+
+def scan_shard_ivf(out: Store, scan: str, query: ScanSide, shard: str, target: ScanSide, index_name: str,
+                   index_info: dict[str, Any], k: int) -> dict[str, Any]:
+    """Top-k targets of one query shard from the IVF index."""
+    fp = unit_fingerprint("contamination-scan", _code(), ["ivf", k],
+                          [query.shard_digest(shard), index_info["fingerprint"]])
+
+    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+        v = load_shard(query, shard)
+        index = load_scan_index(out, index_name, index_info)
+        sims, ids = sim.ivf_search(index, v.x, k) if len(v.keys) else sim.empty_topk(0, k)
+        offsets = np.asarray(index_info["offsets"], dtype=np.int64)
+        table = match_table(v.keys, sims, ids, _resolve(target, offsets, ids))
+        rel = found_matches_path(scan, shard)
+        return {rel: out.write_parquet(rel, table)}, {"queries": len(v.keys), "search": "ivf"}
+
+    return run_unit(out, found_matches_path(scan, shard), fp, compute)
+
+
+def recall_path(scan: str) -> str:
+    return f"{CONTAMINATION_FOUND}/{scan}-recall.json"
+
+
+def scan_recall(out: Store, scan: str, query: ScanSide, target: ScanSide, target_digest: str, k: int,
+                threshold: float, n_sample: int, seed: int, found_digests: list[str]) -> dict[str, Any]:
+    """Recall of the index on a seeded sample of queries, against an exact scan of every target.
+
+    ``recall_flagged``: share of sampled queries flagged by the exact scan (best > threshold)
+    that the index also flagged; ``top1_agreement``: share whose best target is the same.
+    """
+    fp = unit_fingerprint("contamination-recall", _code(), [k, threshold, n_sample, seed],
+                          [[query.shard_digest(s) for s in query.shards], target_digest, found_digests])
+    rel = recall_path(scan)
+
+    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+        n_total = sum(_n_selected(query, s) for s in query.shards)
+        rate = n_sample / max(n_total, 1)
+        keys, xs = [], []
+        for shard in query.shards:
+            v = load_shard(query, shard)
+            pick = [i for i, key in enumerate(v.keys) if stable_uniform(seed, f"recall:{key}") < rate]
+            keys += [v.keys[i] for i in pick]
+            xs.append(v.x[pick])
+        q = np.concatenate(xs) if xs else np.zeros((0, 1), np.float32)
+        sims, ids, offsets = scan_exact_topk(q, target, k) if len(keys) else (*sim.empty_topk(0, k), None)
+        exact = {key: (float(sims[i, 0]), int(ids[i, 0])) for i, key in enumerate(keys)}
+        lookup = _resolve(target, offsets, ids[:, :1]) if len(keys) else {}
+        approx: dict[str, tuple[float, str]] = {}
+        for shard in query.shards:
+            t = out.read_parquet(found_matches_path(scan, shard))
+            for key, rank, tkey, s in zip(t["query_key"].to_pylist(), t["rank"].to_pylist(),
+                                          t["target_key"].to_pylist(), t["similarity"].to_pylist(), strict=True):
+                if rank == 0 and key in exact:
+                    approx[key] = (s, tkey)
+        flagged = [key for key, (s, _) in exact.items() if s > threshold]
+        found = [key for key in flagged if approx.get(key, (-np.inf, None))[0] > threshold]
+        same = sum(1 for key, (_, i) in exact.items() if i >= 0 and approx.get(key, (0, None))[1] == lookup[i][1])
+        result = {"sampled_queries": len(keys), "flagged_exact": len(flagged), "flagged_found": len(found),
+                  "recall_flagged": (len(found) / len(flagged)) if flagged else None,
+                  "top1_agreement": (same / len(keys)) if keys else None, "threshold": threshold}
+        return {rel: out.write_json(rel, result)}, result
+
+    return run_unit(out, rel, fp, compute)["info"]
+
+
+def plan_search(mode: str, n_queries: int, n_targets: int, exact_max_pairs: float) -> str:
+    """exact or ivf: ``auto`` is exact while queries × targets stays within ``exact_max_pairs``
+    (and whenever the targets are too few to train an index)."""
+    if mode != "auto":
+        return mode
+    if n_targets < 39 * 16 or n_queries * n_targets <= exact_max_pairs:
+        return "exact"
+    return "ivf"
+
+
+def read_matches(out: Store, scan: str, shard: str) -> pa.Table:
+    return out.read_parquet(found_matches_path(scan, shard))

@@ -1,0 +1,111 @@
+"""MinHash LSH banding over canary signatures: which (item, corpus text) pairs get compared.
+
+A band is a tuple of signature values; two texts are a candidate pair when they agree
+on every value of at least one band. Bands (see :class:`tasks.contamination.config.LshConfig`):
+
+* ``0`` raw SHA-256, ``1`` normalised SHA-256 — exact and normalised matches, always found;
+* every m-subset of the seed's signature positions, m = equal positions the signature
+  threshold needs: a pair at or above it agrees on some m positions, so it is *always*
+  a candidate (recall 1 by construction, whatever the hash values);
+* ``b`` bands of ``r`` rows over the independent LSH signature, for direct Jaccard:
+  P(candidate | J) = 1 − (1 − J^r)^b.
+
+Each band value becomes one 64-bit key (SplitMix64 chain over band id and values) and a
+join bucket ``key % buckets``; only texts that share a key are ever compared.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from tasks.contamination.canary import signature_bands_needed
+from tasks.contamination.signatures import TextBatch
+
+RAW_BAND, NORMALIZED_BAND = 0, 1
+_C1, _C2, _GOLD = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
+
+
+@dataclass(frozen=True)
+class BandPlan:
+    """The bands every text of one run is keyed on."""
+
+    signature_subsets: tuple[tuple[int, ...], ...]
+    rows_per_band: int
+    lsh_bands: int
+
+    @property
+    def n_bands(self) -> int:
+        return 2 + len(self.signature_subsets) + self.lsh_bands
+
+    def to_json(self) -> dict:
+        return {"exact_bands": ["raw_sha256", "normalized_sha256"],
+                "signature_subset_size": len(self.signature_subsets[0]) if self.signature_subsets else 0,
+                "signature_bands": len(self.signature_subsets), "lsh_rows_per_band": self.rows_per_band,
+                "lsh_bands": self.lsh_bands}
+
+    def jaccard_candidate_probability(self, j: float) -> float:
+        """Probability that a pair at Jaccard ``j`` shares an LSH band (signature bands aside)."""
+        return 1.0 - (1.0 - j ** self.rows_per_band) ** self.lsh_bands
+
+
+def band_plan(n_seeds: int, signature_threshold: float, num_perm: int, rows_per_band: int) -> BandPlan:
+    m = signature_bands_needed(signature_threshold, n_seeds)
+    subsets = tuple(itertools.combinations(range(n_seeds), m)) if m <= n_seeds else ()
+    return BandPlan(subsets, rows_per_band, num_perm // rows_per_band)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * _C1
+        x = (x ^ (x >> np.uint64(27))) * _C2
+        return x ^ (x >> np.uint64(31))
+
+
+def _chain(band: int, values: np.ndarray) -> np.ndarray:
+    """One 64-bit key per row of ``values`` [n, w] for band id ``band``."""
+    with np.errstate(over="ignore"):
+        key = np.full(values.shape[0], _mix(np.array([np.uint64(band + 1) * _GOLD], dtype=np.uint64))[0],
+                      dtype=np.uint64)
+    for col in range(values.shape[1]):
+        key = _mix(key ^ values[:, col].astype(np.uint64))
+    return key
+
+
+def _sha_prefix(hexes: list[str]) -> np.ndarray:
+    return np.fromiter((int(h[:16], 16) for h in hexes), dtype=np.uint64, count=len(hexes))
+
+
+def band_keys(batch: TextBatch, plan: BandPlan, empty: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(row, band, key)`` arrays: every band key of every text of ``batch``.
+
+    ``empty`` marks texts that are empty as given: they get no key at all. A text whose
+    normalised form is empty gets only its raw key; one without shingles no signature keys.
+    """
+    rows, bands, keys = [], [], []
+    idx = np.arange(len(batch), dtype=np.int32)
+    live = ~empty
+    rows.append(idx[live]); bands.append(np.full(int(live.sum()), RAW_BAND, np.int16))
+    keys.append(_sha_prefix([h for h, e in zip(batch.sha256, empty, strict=True) if not e]))
+    norm = live & ~batch.normalized_empty
+    rows.append(idx[norm]); bands.append(np.full(int(norm.sum()), NORMALIZED_BAND, np.int16))
+    keys.append(_sha_prefix([h for h, ok in zip(batch.normalized_sha256, norm, strict=True) if ok]))
+    has = live & batch.has_signature
+    sig, lsh, sub = batch.signature[has], batch.lsh[has], idx[has]
+    band = 2
+    for subset in plan.signature_subsets:
+        rows.append(sub); bands.append(np.full(len(sub), band, np.int16))
+        keys.append(_chain(band, sig[:, list(subset)]))
+        band += 1
+    r = plan.rows_per_band
+    for b in range(plan.lsh_bands):
+        rows.append(sub); bands.append(np.full(len(sub), band, np.int16))
+        keys.append(_chain(band, lsh[:, b * r:(b + 1) * r]))
+        band += 1
+    return np.concatenate(rows), np.concatenate(bands), np.concatenate(keys)
+
+
+def bucket_of(keys: np.ndarray, buckets: int) -> np.ndarray:
+    return (keys % np.uint64(buckets)).astype(np.int32)

@@ -1,0 +1,71 @@
+"""Synthetic texts for the contamination tests: template captions with planted copies and edits.
+
+Captions are drawn from a small grammar over shared vocabulary, so unrelated captions
+share many 3-shingles (a hard case for LSH: lots of low-Jaccard pairs), and planted
+queries are exact copies, case/punctuation variants, word substitutions at a known
+rate, tag lists, or fresh captions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SIZES = ["small", "large", "tiny", "huge", "narrow", "wide", "tall", "round"]
+COLOURS = ["red", "blue", "green", "yellow", "black", "white", "grey", "orange", "purple", "brown", "pink", "teal"]
+THINGS = ["car", "dog", "cat", "house", "tree", "boat", "lamp", "chair", "bird", "bicycle", "robot", "lantern",
+          "kettle", "window", "bridge", "tower", "horse", "train", "flower", "clock"]
+VERBS = ["stands", "sits", "rests", "waits", "leans", "hangs", "glows", "floats"]
+PLACES = ["in a quiet street", "on a sandy beach", "near a busy market", "under a cloudy sky", "beside a river",
+          "inside a bright kitchen", "in a snowy field", "at the edge of a forest", "on a wooden table"]
+EXTRAS = ["with soft light", "at dusk", "in the morning", "seen from above", "with a blurred background",
+          "in heavy rain", "next to a fence", "with long shadows", "on a windy day", "framed by leaves"]
+
+
+def caption(rng: np.random.Generator) -> str:
+    pick = lambda xs: xs[int(rng.integers(len(xs)))]  # noqa: E731
+    first = f"A {pick(SIZES)} {pick(COLOURS)} {pick(THINGS)} {pick(VERBS)} {pick(PLACES)}"
+    second = f"a {pick(COLOURS)} {pick(THINGS)} {pick(EXTRAS)}"
+    return f"{first}, beside {second}." if rng.random() < 0.7 else f"{first} {pick(EXTRAS)}."
+
+
+def captions(n: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [caption(rng) for _ in range(n)]
+
+
+def substitute(text: str, rate: float, rng: np.random.Generator) -> str:
+    """Replace about ``rate`` of the words with unrelated ones."""
+    words = text.split()
+    for i in range(len(words)):
+        if rng.random() < rate:
+            words[i] = f"zq{int(rng.integers(10**6))}"
+    return " ".join(words)
+
+
+def planted_queries(corpus: list[str], n_each: int, seed: int) -> tuple[list[str], list[str]]:
+    """Queries and their kind: exact copies, case/punctuation variants, light and heavy word
+    substitutions, tag lists of a corpus caption's words, formulaic negative controls (new
+    captions from the same grammar) and unrelated ones (other words altogether)."""
+    rng = np.random.default_rng(seed)
+    texts, kinds = [], []
+    for kind in ("exact", "variant", "light_edit", "heavy_edit", "tags", "formulaic", "unrelated"):
+        for _ in range(n_each):
+            src = corpus[int(rng.integers(len(corpus)))]
+            if kind == "exact":
+                t = src
+            elif kind == "variant":
+                t = src.upper().replace(",", " ;")
+            elif kind == "light_edit":
+                t = substitute(src, 0.08, rng)
+            elif kind == "heavy_edit":
+                t = substitute(src, 0.45, rng)
+            elif kind == "tags":
+                words = [w.strip(",.") for w in src.split()[1:6]]
+                t = ", ".join(words)
+            elif kind == "formulaic":
+                t = caption(np.random.default_rng(int(rng.integers(2**31)) + 10**9))
+            else:
+                t = " ".join(f"w{int(rng.integers(10**6))}" for _ in range(int(rng.integers(8, 20))))
+            texts.append(t)
+            kinds.append(kind)
+    return texts, kinds
