@@ -385,3 +385,31 @@ TEXT_ROW_SCHEMA = pa.schema([
     ("decision", pa.string()),        # quarantine | review | retain
     ("rule", pa.string()),            # the declared threshold that fired ("" for retain)
 ])
+# Per evaluation item (contamination/judge/): the image–text judge's verdict and which judge.
+JUDGE_SCHEMA = pa.schema([
+    ("item_id", pa.string()),
+    ("status", pa.string()),          # judged | no_answer | no_image
+    ("verdict", pa.string()),         # inferable | not_inferable | unresolved (null unless judged)
+    ("judge", pa.string()), ("judge_sha256", pa.string()),
+    ("captions", pa.string()),        # JSON [[training key, image similarity], …] shown to the judge
+    ("evidence", pa.string()), ("error", pa.string()), ("attempts", pa.int16()),
+])
+# Per evaluation item (contamination/items/): every finding and its fate in the new edition.
+ITEM_DECISION_SCHEMA = pa.schema([
+    ("item_id", pa.string()), ("row", pa.int64()), ("item_sha256", pa.string()), ("category", pa.string()),
+    ("text_decision", pa.string()),   # worst over the scanned fields: quarantine > review > retain
+    ("text_rules", pa.string()),      # JSON {field: rule that fired}
+    ("image_status", pa.string()), ("image_similarity", pa.float32()), ("image_match_key", pa.string()),
+    ("image_flagged", pa.bool_()), ("image_exact_copy", pa.bool_()),
+    ("image_text_verdict", pa.string()),
+    ("edition_status", pa.string()),  # retained | quarantined
+    ("reasons", pa.string()),         # JSON list: text:<rule>, image:>threshold, image_text:inferable
+])
+EDITION_ITEM_SCHEMA = pa.schema([
+    ("new_id", pa.string()), ("previous_id", pa.string()), ("item_sha256", pa.string()),
+    ("image_source", pa.string()), ("image_sha256", pa.string()), ("category", pa.string()),
+    ("answer", pa.string()), ("texts", pa.string()),
+])
+EDITION_MAPPING_SCHEMA = pa.schema([
+    ("previous_id", pa.string()), ("new_id", pa.string()), ("status", pa.string()), ("reasons", pa.string()),
+])

@@ -50,6 +50,8 @@ FLOW_COMMANDS = {
                         "reference statistics (FD-DINOv2 mean/covariance) of a built corpus's splits"),
     "evaluate": ("flows.evaluate", "EvaluateConfig", "run_evaluate",
                  "metrics of generated images against reference statistics"),
+    "contamination": ("flows.contamination", "ContaminationConfig", "run_contamination",
+                      "contamination rates of an evaluation set against a built corpus, and a new benchmark edition"),
 }
 
 

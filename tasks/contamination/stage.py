@@ -20,15 +20,20 @@ import math
 from typing import Any
 
 from corpusforge.cluster import as_task, run_tasks
-from corpusforge.contract import completed_units, prune, require_marker
+from corpusforge.contract import completed_units, prune, remove_tree, require_marker
 from corpusforge.feature_files import feature_marker, list_feature_shards
-from corpusforge.layout import (CONTAMINATION_FOUND, CONTAMINATION_IMAGES, CONTAMINATION_ITEMS, CONTAMINATION_LEAKAGE,
-                                CONTAMINATION_TEXT, CONTAMINATION_TEXT_WORK, STAGING_INDEX, STAGING_RECORDS,
-                                STAGING_TARS, eval_items_path, staging_tar, text_work_path)
+from corpusforge.layout import (CONTAMINATION_FOUND, CONTAMINATION_IMAGES, CONTAMINATION_ITEM_DECISIONS,
+                                CONTAMINATION_ITEMS, CONTAMINATION_JUDGE, CONTAMINATION_LEAKAGE, CONTAMINATION_TEXT,
+                                CONTAMINATION_TEXT_WORK, EDITION_DIR, STAGING_INDEX, STAGING_RECORDS, STAGING_TARS,
+                                eval_items_path, staging_tar, text_work_path)
 from corpusforge.storage import Store
 from tasks.contamination import image_scan as scan
 from tasks.contamination import text_scan as ts
-from tasks.contamination.config import (EvalSetConfig, ImageScanConfig, LeakageConfig, TextCanaryConfig)
+from tasks.contamination.config import (EditionConfig, EvalSetConfig, ImageScanConfig, JudgeConfig, LeakageConfig,
+                                        TextCanaryConfig)
+from tasks.contamination.editions import item_decisions, write_edition
+from tasks.contamination.image_text import judge_chunk, summarize_judge
+from tasks.contamination.judge import make_judge
 from tasks.contamination.eval_set import EvalPlan, stage_chunk
 from tasks.contamination.image_rates import image_rows, summarize_images
 from tasks.contamination.leakage import leakage_rows, summarize_leakage
@@ -50,6 +55,9 @@ verify_task = as_task(ts.verify_group, "contamination-text-verify")
 decide_task = as_task(ts.decide_chunk, "contamination-text-decide")
 sample_task = as_task(ts.sample_queries, "contamination-text-sample")
 brute_task = as_task(ts.brute_unit, "contamination-text-brute")
+judge_task = as_task(judge_chunk, "contamination-judge-chunk")
+items_task = as_task(item_decisions, "contamination-item-decisions")
+edition_task = as_task(write_edition, "contamination-edition")
 
 BAND_ROWS_PER_BUCKET = 4_000_000
 TEXTS_PER_VERIFY_GROUP = 500_000
@@ -270,3 +278,23 @@ def _groups(units: list[str], sizes: list[int]) -> dict[str, list[str]]:
     if current:
         groups[f"g{len(groups):05d}"] = current
     return groups
+
+
+def image_text_stage(out: Store, corpus: Store, chunks: list[str], embedded: set[str], cfg: JudgeConfig,
+                     question_fields: list[str]) -> dict[str, Any]:
+    """The judge's verdict for every item with an answer and an embedded image."""
+    prune(out, CONTAMINATION_JUDGE, chunks)
+    markers = run_tasks(judge_task, [dict(out=out, corpus=corpus, chunk=c, cfg=cfg, question_fields=question_fields,
+                                          has_matches=c in embedded) for c in chunks])
+    return summarize_judge(markers, make_judge(cfg).identity())
+
+
+def edition_stage(out: Store, chunks: list[str], cfg: EditionConfig, image_threshold: float | None,
+                  benchmark: dict[str, Any]) -> dict[str, Any] | None:
+    """Per-item decisions, then the new edition (or none, when switched off)."""
+    prune(out, CONTAMINATION_ITEM_DECISIONS, chunks)
+    run_tasks(items_task, [dict(out=out, chunk=c, cfg=cfg, image_threshold=image_threshold) for c in chunks])
+    if not cfg.enabled:
+        remove_tree(out, EDITION_DIR)
+        return None
+    return run_tasks(edition_task, [dict(out=out, chunks=chunks, benchmark=benchmark, cfg=cfg)])[0]["info"]

@@ -1,0 +1,102 @@
+"""Image–text contamination per evaluation chunk: retrieve training captions, ask the judge.
+
+For every item with an answer and an embedded image, the captions of its top image
+matches (the image scan's ``found`` rows, similarity above ``min_similarity``) are read
+from the corpus's staging tars by ranged reads (``staging/index`` offsets) and passed
+to the judge (:mod:`tasks.contamination.judge`). One unit per chunk writes
+``contamination/judge/{chunk}.parquet``; its fingerprint holds the judge's identity,
+so a changed judge, model or prompt re-asks, and an unchanged one keeps its verdicts
+(a chat model's answers are not re-drawn on a rerun).
+
+The rate is inferable / judged, reported with the unresolved count beside it: an
+unresolved item is "exposure unresolved", never counted as clean.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from corpusforge.contract import require_marker, run_unit, unit_fingerprint
+from corpusforge.layout import JUDGE_SCHEMA, eval_items_path, found_matches_path, judge_rows_path, staging_index, \
+    staging_tar
+from corpusforge.storage import Store
+from corpusforge.version import code_version
+from tasks.contamination.config import JudgeConfig
+from tasks.contamination.judge import UNRESOLVED, JudgeInput, identity_sha256, make_judge
+
+
+def read_captions(corpus: Store, wanted: dict[str, set[str]]) -> dict[str, str]:
+    """Captions (``.txt`` members) of ``wanted`` keys per staging shard, by ranged reads."""
+    out: dict[str, str] = {}
+    for shard, keys in sorted(wanted.items()):
+        index = corpus.read_parquet(staging_index(shard), columns=["key", "ext", "offset", "size"])
+        with corpus.open(staging_tar(shard)) as f:
+            for key, ext, offset, size in zip(*(index.column(c).to_pylist() for c in ("key", "ext", "offset", "size")),
+                                              strict=True):
+                if ext == "txt" and key in keys:
+                    f.seek(offset)
+                    out[key] = f.read(size).decode("utf-8", "replace")
+    return out
+
+
+def judge_chunk(out: Store, corpus: Store, chunk: str, cfg: JudgeConfig, question_fields: Sequence[str],
+                has_matches: bool) -> dict[str, Any]:
+    """Verdicts for one chunk's items (skipped when items, matches and judge are unchanged)."""
+    judge = make_judge(cfg)
+    found = found_matches_path("images", chunk)
+    inputs = [require_marker(out, eval_items_path(chunk), "evaluation items")["digest"],
+              require_marker(out, found, "image scan")["digest"] if has_matches else None]
+    fp = unit_fingerprint("contamination-judge", code_version(__name__),
+                          [judge.identity(), cfg.captions, cfg.min_similarity, list(question_fields)], inputs)
+    rel = judge_rows_path(chunk)
+
+    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+        items = out.read_parquet(eval_items_path(chunk)).to_pylist()
+        matches: dict[str, list[tuple[str, str, float]]] = {}
+        if has_matches:
+            t = out.read_parquet(found)
+            for q, shard, key, s in zip(t["query_key"].to_pylist(), t["target_shard"].to_pylist(),
+                                        t["target_key"].to_pylist(), t["similarity"].to_pylist(), strict=True):
+                if s > cfg.min_similarity and len(matches.setdefault(q, [])) < cfg.captions:
+                    matches[q].append((shard, key, s))
+        wanted: dict[str, set[str]] = {}
+        for rows in matches.values():
+            for shard, key, _ in rows:
+                wanted.setdefault(shard, set()).add(key)
+        captions = read_captions(corpus, wanted)
+        sha, name = identity_sha256(judge), judge.name
+        rows, counts = [], {"judged": 0, "inferable": 0, "not_inferable": 0, "unresolved": 0, "no_answer": 0,
+                            "no_image": 0}
+        for item in items:
+            row = {"item_id": item["item_id"], "judge": name, "judge_sha256": sha}
+            if not (item["answer"] or "").strip():
+                row["status"] = "no_answer"
+            elif item["image_sha256"] is None or not has_matches:
+                row["status"] = "no_image"
+            else:
+                texts = json.loads(item["texts"] or "{}")
+                shown = tuple((key, captions.get(key, ""), float(s)) for _, key, s in matches.get(item["key"], []))
+                question = "\n".join(str(texts[f]) for f in question_fields if texts.get(f))
+                v = judge.judge(JudgeInput(item["item_id"], question, item["answer"], shown))
+                row.update(status="judged", verdict=v.verdict, evidence=json.dumps(v.evidence, sort_keys=True),
+                           error=v.error, attempts=v.attempts,
+                           captions=json.dumps([[k, round(s, 6)] for k, _, s in shown]))
+                counts[v.verdict] += 1
+            counts[row["status"]] = counts.get(row["status"], 0) + 1
+            rows.append(row)
+        table = pa.Table.from_pylist(rows, schema=JUDGE_SCHEMA)
+        return {rel: out.write_parquet(rel, table)}, counts
+
+    return run_unit(out, rel, fp, compute)
+
+
+def summarize_judge(markers: Sequence[dict[str, Any]], identity: dict[str, Any]) -> dict[str, Any]:
+    keys = ("judged", "inferable", "not_inferable", "unresolved", "no_answer", "no_image")
+    c = {k: sum(m["info"].get(k, 0) for m in markers) for k in keys}
+    return {"judge": identity, **c, "rate": (c["inferable"] / c["judged"]) if c["judged"] else None,
+            "rate_definition": "inferable / judged (items with an answer and an embedded image)",
+            "unresolved_note": f"{c['unresolved']} item(s) exposure unresolved ({UNRESOLVED}): not counted as clean"}
