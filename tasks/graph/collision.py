@@ -122,7 +122,10 @@ def _collision_models(source: Store, out: Store, cfg: NearDedupConfig, nodes: No
         index = fx.new_index(plan, cfg.seed)
         fx.train_index(index, x[: plan.n_train] if plan.kind == "ivf" else x)
         index.add_with_ids(x, local)
-        a, b, s = fx.canonical_pairs(*fx.search_pairs(index, local, x, theta_min, "range", 0))
+        src, dst, _ = fx.search_pairs(index, local, x, theta_min - fx.EXACT_SEARCH_MARGIN, "range", 0)
+        sim = fx.canonical_similarity(x[src], x[dst])  # the same bytes in any process
+        keep = sim >= np.float32(theta_min)
+        a, b, s = fx.canonical_pairs(src[keep], dst[keep], sim[keep])
     outputs = {PAIRS_PATH: out.write_parquet(PAIRS_PATH, edge_table(ids[a], ids[b], s))}
     rows = []
     for f in fractions:
@@ -156,8 +159,10 @@ def collision_plot(rows: list[dict], fits: dict[str, dict], full: int, target: i
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4.5), dpi=100)
+    plotted = False
     for name, fit in fits.items():
         pts = [(r["subset_size"], r["removed"]) for r in rows if f"{r['threshold']:g}" == name and r["removed"] > 0]
+        plotted = plotted or bool(pts)
         line = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", label=f"θ = {name}")[0]
         if fit["fitted"] and pts:
             n = np.geomspace(min(p[0] for p in pts), max(target, full), 50)
@@ -165,7 +170,10 @@ def collision_plot(rows: list[dict], fits: dict[str, dict], full: int, target: i
     ax.axvline(full, color="grey", ls=":", lw=1)
     ax.axvline(target, color="grey", ls="--", lw=1)
     ax.set_xscale("log")
-    ax.set_yscale("log")
+    if plotted:  # a small corpus may have no removal in any subset: nothing to put on a log axis
+        ax.set_yscale("log")
+    else:
+        ax.text(0.5, 0.5, "no removals in any subset", transform=ax.transAxes, ha="center")
     ax.set_xlabel("Sample size (images)")
     ax.set_ylabel("Images removed")
     ax.set_title("Image collision models: D(N) = A·N^β")

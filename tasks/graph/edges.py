@@ -59,11 +59,6 @@ from tasks.graph import index as fx
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.nodes import NodeTable, load_shard_vectors
 
-# Exact queries search this far below the threshold and keep canonical scores >= it, so
-# both sides of a pair find it whatever the summation order of FAISS's own score.
-EXACT_SEARCH_MARGIN = 1e-3
-
-
 def _code() -> str:
     return code_version(__name__)
 
@@ -218,11 +213,6 @@ def flat_vectors(cpu_index: Any, ids: np.ndarray) -> np.ndarray:
     return stored[np.searchsorted(id_map, ids)]
 
 
-def canonical_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Dot products row by row in float64, rounded to float32: equal for (a, b) and (b, a)."""
-    return np.einsum("ij,ij->i", a.astype(np.float64), b.astype(np.float64)).astype(np.float32)
-
-
 def query_shard(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable, shard: str,
                 info: dict[str, Any], digests: dict[str, str], force: bool = False) -> dict[str, Any]:
     """Search one shard's vectors against the index; write the pairs it found.
@@ -238,7 +228,7 @@ def query_shard(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTabl
     lo, _ = nodes.span(shard)
     ids, _, x = load_shard_vectors(source, cfg.model_id, shard, lo)
     plan = fx.IndexPlan(**{k: v for k, v in info["plan"].items() if k != "factory"})
-    margin = EXACT_SEARCH_MARGIN if plan.kind == "flat" else (0.0 if plan.exact_scores
+    margin = fx.EXACT_SEARCH_MARGIN if plan.kind == "flat" else (0.0 if plan.exact_scores
                                                                else cfg.index.pq_rescore_margin)
     src, dst, sim = fx.search_pairs(index, ids, x, cfg.graph_threshold - margin, cfg.index.search, cfg.index.k,
                                     range_ok=not on_gpu)
@@ -255,7 +245,7 @@ def query_shard(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTabl
             lookup = VectorLookup(source, cfg.model_id, nodes)
             lookup.add(nodes.shards.index(shard), ids, x)
             theirs = lookup.vectors(dst)
-        sim = canonical_similarity(mine, theirs)
+        sim = fx.canonical_similarity(mine, theirs)
         keep = sim >= np.float32(cfg.graph_threshold)
         src, dst, sim = src[keep], dst[keep], sim[keep]
     owner = nodes.shard_of(dst)

@@ -50,6 +50,9 @@ import numpy as np
 from tasks.graph.config import IndexConfig
 
 SEARCH_BATCH = 4096  # queries per FAISS call: bounds the k-NN and range result buffers
+# Exact searches look this far below a threshold and keep canonical scores >= it, so a
+# pair is found whatever the summation order (BLAS blocking, thread count) of the search.
+EXACT_SEARCH_MARGIN = 1e-3
 
 
 @dataclass(frozen=True)
@@ -200,19 +203,27 @@ def canonical_pairs(src: np.ndarray, dst: np.ndarray, sim: np.ndarray
     return a[first], b[first], s[first]
 
 
+def canonical_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Dot products row by row in float64, rounded to float32: the same for (a, b) and (b, a)
+    and in any process, unlike a BLAS score whose last bits follow its blocking and threads."""
+    return np.einsum("ij,ij->i", a.astype(np.float64), b.astype(np.float64)).astype(np.float32)
+
+
 def exhaustive_pairs(q_ids: np.ndarray, q: np.ndarray, ids: np.ndarray, x: np.ndarray,
                      threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """All (query id, id, similarity) with similarity >= threshold by a numpy matrix product.
+    """All (query id, id, similarity) with canonical similarity >= threshold (numpy candidates).
 
     The recall reference: no FAISS involved. Self-pairs excluded.
     """
     srcs, dsts, sims = [], [], []
     for sl in _batches(len(ids), 16384):
         s = q @ x[sl].T
-        qi, xi = np.nonzero(s >= np.float32(threshold))
-        srcs.append(q_ids[qi])
-        dsts.append(ids[sl][xi])
-        sims.append(s[qi, xi])
+        qi, xi = np.nonzero(s >= np.float32(threshold - EXACT_SEARCH_MARGIN))
+        exact = canonical_similarity(q[qi], x[sl][xi])
+        keep = exact >= np.float32(threshold)
+        srcs.append(q_ids[qi[keep]])
+        dsts.append(ids[sl][xi[keep]])
+        sims.append(exact[keep])
     src, dst, sim = _concat(srcs, np.int64), _concat(dsts, np.int64), _concat(sims, np.float32)
     keep = src != dst
     return src[keep], dst[keep], sim[keep]
