@@ -69,3 +69,60 @@ def planted_queries(corpus: list[str], n_each: int, seed: int) -> tuple[list[str
             texts.append(t)
             kinds.append(kind)
     return texts, kinds
+
+
+def noise_png(rng: np.random.Generator, size: tuple[int, int] = (300, 240)) -> bytes:
+    """A smooth random picture unlike any sample-corpus scene."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (4, 5, 3), dtype=np.uint8)).resize(size, Image.Resampling.BICUBIC).save(
+        buf, "PNG")
+    return buf.getvalue()
+
+
+def write_eval_set(root, corpus_root, captions: dict[str, str], n_copies: int, n_edits: int, n_other: int,
+                   seed: int = 0, held_out_copies: int = 0) -> dict:
+    """An evaluation table with image files: byte-identical copies and edited copies (80 %
+    resize, JPEG q80) of training images, copies of held-out (test split) images, and
+    unrelated pictures. Copies carry their training caption; returns planted id → training key."""
+    import shutil
+    from pathlib import Path
+
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    root = Path(root)
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    manifest = ds.dataset(Path(corpus_root) / "manifest").to_table().to_pylist()
+    kept = sorted((r for r in manifest if r["status"] == "kept"), key=lambda r: r["key"])
+    train = [r for r in kept if r["split"] == "train"]
+    test = [r for r in kept if r["split"] == "test"]
+    rng = np.random.default_rng(seed)
+    rows, planted = [], {}
+    for i, r in enumerate(train[:n_copies]):
+        shutil.copyfile(r["source_path"], root / "images" / f"copy{i}.img")
+        cap = captions.get(r["key"]) or f"copy {i}"
+        rows.append({"id": f"copy{i}", "path": f"images/copy{i}.img", "question": "What does the picture show?",
+                     "answer": cap, "category": "copies"})
+        planted[f"copy{i}"] = r["key"]
+    for i, r in enumerate(train[n_copies:n_copies + n_edits]):
+        im = Image.open(r["source_path"]).convert("RGB")
+        im.resize((int(im.width * 0.8), int(im.height * 0.8))).save(root / "images" / f"edit{i}.jpg", quality=80)
+        rows.append({"id": f"edit{i}", "path": f"images/edit{i}.jpg", "question": "Which colour dominates?",
+                     "answer": "blue", "category": "edits"})
+        planted[f"edit{i}"] = r["key"]
+    for i, r in enumerate(test[:held_out_copies]):
+        shutil.copyfile(r["source_path"], root / "images" / f"held{i}.img")
+        rows.append({"id": f"held{i}", "path": f"images/held{i}.img", "question": "q", "answer": "n/a",
+                     "category": "held_out"})
+    for i in range(n_other):
+        (root / "images" / f"other{i}.png").write_bytes(noise_png(rng))
+        rows.append({"id": f"other{i}", "path": f"images/other{i}.png", "question": f"Is item {i} a fractal?",
+                     "answer": "a purple banana balancing on a windy roof", "category": "clean"})
+    pq.write_table(pa.Table.from_pylist(rows), root / "bench.parquet")
+    return planted

@@ -25,7 +25,7 @@ from tasks.contamination.eval_set import plan_eval_set
 from tasks.contamination.lsh import band_plan
 from tasks.contamination.signatures import text_batch
 from tasks.contamination.stage import stage_eval_set, text_canary_stage
-from tests.contamination_data import captions, planted_queries
+from tests.contamination_data import captions, planted_queries, write_eval_set
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -178,3 +178,184 @@ def test_lsh_finds_every_rule_pair_that_brute_force_finds(tmp_path):
     # the same run, exhaustively: identical decisions
     out2, _ = _text_run(tmp_path / "x", queries, corpus, "exhaustive", exhaustive_max_pairs=10**9)
     assert {r["item_id"]: r["decision"] for r in _rows(out2)} == {k: r["decision"] for k, r in by_id.items()}
+
+
+# ---- image-only rate, leakage, editions, receipts: on a real built corpus ----------------
+def _tree_hashes(root) -> dict[str, str]:
+    from pathlib import Path
+
+    root = Path(root)
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def built(sample_corpus, tmp_path_factory):
+    """The sample corpus built in-process (wfd features, GPIC thresholds), and its captions."""
+    from flows.build_corpus import BuildConfig, build
+
+    out = tmp_path_factory.mktemp("built") / "corpus"
+    build(BuildConfig.model_validate({
+        "source": str(sample_corpus), "out": str(out), "input": {"partition_size": 40},
+        "staging": {"shard_size": 40}, "splits": {"shard_size": 20, "val": 0.1, "test": 0.15}}))
+    captions = {r["key"]: r["caption"] for r in pq.read_table(sample_corpus / "metadata.parquet").to_pylist()}
+    return out, captions
+
+
+def _config(corpus, bench, out, **over):
+    from flows.contamination import ContaminationConfig
+
+    data = {"corpus": str(corpus), "out": str(out),
+            "eval_set": {"source": str(bench / "bench.parquet"), "text_fields": ["question", "answer"],
+                         "answer_field": "answer", "category_field": "category", "chunk_size": 8},
+            "judge": {}}
+    for k, v in over.items():
+        if v is None:
+            data[k] = None
+        elif isinstance(v, dict) and isinstance(data.get(k), dict):
+            data[k] = {**data[k], **v}
+        else:
+            data[k] = v
+    return ContaminationConfig.model_validate(data)
+
+
+@pytest.fixture(scope="module")
+def scanned(built, tmp_path_factory):
+    """One full run: 6 byte-identical and 6 edited training images, 2 held-out copies, 10 unrelated."""
+    from flows.contamination import contamination
+
+    corpus, captions = built
+    root = tmp_path_factory.mktemp("scan")
+    planted = write_eval_set(root / "bench", corpus, captions, 6, 6, 10, held_out_copies=2)
+    before = {"bench": _tree_hashes(root / "bench"), "corpus": _tree_hashes(corpus)}
+    result = contamination(_config(corpus, root / "bench", root / "out"))
+    return root, planted, before, result
+
+
+def test_image_rate_equals_the_planted_fraction(scanned):
+    root, planted, _, result = scanned
+    images = result["results"]["images"]
+    assert (images["flagged"], images["embedded"]) == (12, 24) and images["rate"] == pytest.approx(12 / 24)
+    rows = pa.concat_tables([pq.read_table(p) for p in sorted((root / "out/contamination/images").glob("*.parquet"))])
+    by_id = {r["item_id"]: r for r in rows.to_pylist()}
+    assert {i for i, r in by_id.items() if r["flagged"]} == set(planted)
+    assert all(by_id[i]["match_key"] == k for i, k in planted.items())
+    assert {i for i, r in by_id.items() if r["exact_copy"]} == {f"copy{i}" for i in range(6)}
+    assert all(by_id[f"held{i}"]["max_similarity"] < 0.9 for i in range(2))  # test split is not training data
+    assert images["scan"]["search"] == "exact"
+    curve = {c["threshold"]: c["flagged"] for c in images["curve"]}
+    assert sorted(curve) == [round(0.8 + 0.01 * i, 2) for i in range(20)] and curve[0.99] <= curve[0.8]
+
+
+def test_text_canaries_and_judge_find_copied_captions(scanned):
+    root, planted, _, result = scanned
+    text = result["results"]["text"]
+    assert text["source"]["kind"] == "corpus_captions" and text["decisions"]["quarantine"] >= 6
+    judge = result["results"]["image_text"]
+    assert judge["judge"]["judge"] == "canary_overlap" and judge["inferable"] >= 6
+    assert judge["judged"] == 24 and judge["rate"] == pytest.approx(judge["inferable"] / 24)
+
+
+def test_leakage_is_zero_at_the_build_threshold(scanned):
+    leak = scanned[3]["results"]["leakage"]
+    assert leak["build_thresholds"] == [0.9, 0.9625]
+    at = {r["threshold"]: r for r in leak["rates"]}
+    assert at[0.9]["leaking"] == 0 and at[0.9]["held_out"] > 0 and at[0.9625]["leaking"] == 0
+
+
+def test_edition_is_new_files_and_inputs_are_untouched(built, scanned):
+    root, planted, before, result = scanned
+    assert _tree_hashes(root / "bench") == before["bench"]
+    assert _tree_hashes(built[0]) == before["corpus"]
+    edition = result["edition"]
+    assert edition["denominators"] == {"original": 24, "revised": 12, "quarantined": 12}
+    lost = {c["category"]: c["lost"] for c in edition["coverage"]}
+    assert lost == {"clean": 0, "copies": 6, "edits": 6, "held_out": 0}
+    mapping = pq.read_table(root / "out/edition/mapping.parquet").to_pylist()
+    assert {m["previous_id"] for m in mapping if m["status"] == "quarantined"} == set(planted)
+    new = pq.read_table(root / "out/edition/items.parquet").to_pylist()
+    assert [n["new_id"] for n in new] == [f"{edition['edition']}-{i:06d}" for i in range(12)]
+    assert not {n["new_id"] for n in new} & {m["previous_id"] for m in mapping}
+    receipt = json.loads((root / "out/contamination/receipt.json").read_text())
+    bench = receipt["benchmark"]
+    assert bench["input_files_sha256"] == {str(root / "bench/bench.parquet"): before["bench"]["bench.parquet"]}
+    assert len(bench["item_sha256"]) == 24 and receipt["corpus"]["receipt_sha256"] == before["corpus"]["receipt.json"]
+    report = (root / "out/contamination/report.md").read_text()
+    assert "Overlap found for **12 of 24**" in report and "slice quarantined" in report
+    assert "contaminated model" not in report.lower() and "contaminated" not in report.lower()
+    assert (root / "out/contamination/report.html").read_text().count("data:image/jpeg;base64") >= 24
+
+
+def test_rerun_reuses_every_unit_and_writes_the_same_receipt(built, scanned):
+    from flows.contamination import contamination
+
+    root = scanned[0]
+    receipt = (root / "out/contamination/receipt.json").read_bytes()
+    again = contamination(_config(built[0], root / "bench", root / "out"))
+    assert again["results"]["images"]["scan"]["search"] == "exact"
+    assert (root / "out/contamination/receipt.json").read_bytes() == receipt
+
+
+def test_ivf_search_finds_the_same_overlap_and_reports_recall(built, scanned, tmp_path):
+    from flows.contamination import contamination
+
+    root = scanned[0]
+    result = contamination(_config(built[0], root / "bench", tmp_path / "ivf", judge=None, text=None, leakage=None,
+                                   image={"search": "ivf", "ivf": {"nlist": 2, "nprobe": 1}}))
+    images = result["results"]["images"]
+    assert images["scan"]["search"] == "ivf" and images["scan"]["index"]["plan"]["nlist"] == 2
+    assert (images["flagged"], images["embedded"]) == (12, 24)
+    assert images["scan"]["recall"]["recall_flagged"] == 1.0
+
+
+def test_random_init_clip_flags_byte_identical_copies(built, tmp_path):
+    """Random weights mean nothing, except that identical bytes give identical features."""
+    import shutil
+
+    from flows.contamination import contamination
+    from tasks.features.config import FeaturesConfig
+    from tasks.features.extract import extract_features
+    from corpusforge.contract import completed_units
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(built[0], corpus)
+    features = {"models": [{"name": "clip", "arch": "ViT-S-32", "random_init": True, "image_size": 32}],
+                "runtime": {"batch_size": 64}}
+    store = Store(str(corpus))
+    extract_features(store, completed_units(store, "staging/tars", ".tar"), FeaturesConfig.model_validate(features))
+    planted = write_eval_set(tmp_path / "bench", corpus, built[1], 5, 0, 5, seed=3)
+    result = contamination(_config(corpus, tmp_path / "bench", tmp_path / "out", judge=None, text=None, leakage=None,
+                                   features=features, image={"model_id": "clip_vit_s_32_s32"}))
+    images = result["results"]["images"]
+    assert (images["flagged"], images["embedded"]) == (len(planted), 10) and images["exact_copies"] == 5
+    assert images["feature_identity"]["random_init"] and any("RANDOM-INIT" in w for w in result["warnings"])
+
+
+def test_evaluation_features_with_other_settings_are_refused(built, scanned, tmp_path):
+    from flows.contamination import contamination
+    from tasks.contamination.image_scan import FeatureMismatch
+
+    with pytest.raises(FeatureMismatch, match="dtype"):
+        contamination(_config(built[0], scanned[0] / "bench", tmp_path / "o", judge=None, text=None, leakage=None,
+                              features={"models": [{"name": "wfd"}], "dtype": "float32"}))
+
+
+def test_leakage_between_two_corpora(built, tmp_path):
+    """A second 'corpus' whose training split holds the first one's test images."""
+    import shutil
+
+    from flows.contamination import contamination
+
+    other = tmp_path / "other"
+    shutil.copytree(built[0], other)
+    for p in sorted((other / "manifest").glob("*.parquet")):
+        t = pq.read_table(p).to_pylist()
+        for r in t:
+            r["split"] = {"test": "train", "train": "test"}.get(r["split"], r["split"])
+        pq.write_table(pa.Table.from_pylist(t, schema=pq.read_schema(p)), p)
+    result = contamination(_config(built[0], tmp_path, tmp_path / "out", eval_set=None, judge=None, text=None,
+                                   image=None, leakage={"against": str(other), "held_out": ["test"]}))
+    at = {r["threshold"]: r for r in result["results"]["leakage"]["rates"]}
+    assert at[0.9]["leaking"] == at[0.9]["held_out"] > 0  # every test image is in the other corpus's train split
+    pairs = pa.concat_tables([pq.read_table(p) for p in (tmp_path / "out/contamination/leakage").glob("*.parquet")])
+    assert min(pairs.filter(pa.compute.equal(pairs["rank"], 0))["similarity"].to_pylist()) > 0.999

@@ -134,8 +134,8 @@ def _edition_md(e: dict[str, Any]) -> list[str]:
 
 
 # ---- HTML ---------------------------------------------------------------------------------
-def _thumb(store: Store, shard: str, key: str, size: int = 160) -> str | None:
-    """A PNG data URI of one staged image, or None when it cannot be read."""
+def _thumb(store: Store, shard: str, key: str, size: int = 128) -> str | None:
+    """A JPEG data URI of one staged image, or None when it cannot be read."""
     try:
         index = store.read_parquet(staging_index(shard), columns=["key", "ext", "offset", "size"]).to_pylist()
         member = next(r for r in index if r["key"] == key and r["ext"] in IMAGE_EXTS)
@@ -143,8 +143,8 @@ def _thumb(store: Store, shard: str, key: str, size: int = 160) -> str | None:
         img = Image.open(io.BytesIO(data))
         img.thumbnail((size, size))
         buf = io.BytesIO()
-        img.convert("RGB").save(buf, "PNG", optimize=False)
-        return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+        img.convert("RGB").save(buf, "JPEG", quality=80)
+        return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
     except Exception:  # noqa: BLE001 - a missing thumbnail must not fail the report
         return None
 

@@ -108,13 +108,23 @@ def run_scan(out: Store, name: str, query: scan.ScanSide, target: scan.ScanSide,
     return result
 
 
+def corpus_feature_shards(corpus: Store, model_id: str) -> list[str]:
+    """Every staging shard of the corpus, each with completed ``model_id`` features (else a
+    clear error: a scan over part of a corpus would under-report overlap)."""
+    staged = completed_units(corpus, STAGING_TARS, ".tar")
+    have = set(list_feature_shards(corpus, model_id))
+    missing = [s for s in staged if s not in have]
+    if not staged or missing:
+        raise ValueError(f"{corpus.root}: {len(missing) if staged else 'all'} staging shards have no "
+                         f"features/{model_id} ({', '.join(missing[:3])}{', …' if len(missing) > 3 else ''}): "
+                         f"run `corpusforge extract-features` with that model first")
+    return staged
+
+
 def image_stage(out: Store, corpus: Store, eval_store: Store, chunks: list[str], cfg: ImageScanConfig,
                 identity_check: bool = True) -> dict[str, Any]:
     """Image-only contamination of the embedded evaluation chunks against the corpus."""
-    corpus_shards = list_feature_shards(corpus, cfg.model_id)
-    if not corpus_shards:
-        raise ValueError(f"{corpus.root} has no features/{cfg.model_id}: run `corpusforge extract-features` "
-                         f"with that model first")
+    corpus_shards = corpus_feature_shards(corpus, cfg.model_id)
     embedded = [c for c in chunks if feature_marker(eval_store, cfg.model_id, c) is not None]
     sel, digests, counts = _selection(corpus, out, "corpus", cfg.corpus_splits, corpus_shards)
     target = scan.ScanSide(corpus, cfg.model_id, tuple(corpus_shards), sel, out, digests)
@@ -134,10 +144,8 @@ def leakage_stage(out: Store, corpus: Store, cfg: LeakageConfig, model_id: str, 
                   build_thresholds: list[float]) -> dict[str, Any]:
     """Held-out images of ``corpus`` against the training split of ``against`` (default: itself)."""
     train_corpus = against or corpus
-    held_shards = list_feature_shards(corpus, model_id)
-    train_shards = list_feature_shards(train_corpus, model_id)
-    if not held_shards or not train_shards:
-        raise ValueError(f"leakage needs features/{model_id} in both corpora")
+    held_shards = corpus_feature_shards(corpus, model_id)
+    train_shards = corpus_feature_shards(train_corpus, model_id)
     held_sel, held_digests, held_counts = _selection(corpus, out, "held-out", cfg.held_out, held_shards)
     label = "train" if against is None else "against-train"
     train_sel, train_digests, train_counts = _selection(train_corpus, out, label, cfg.train, train_shards)
