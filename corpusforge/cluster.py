@@ -10,16 +10,21 @@ Prefect server for the embedded defaults.
 from __future__ import annotations
 
 import contextlib
-import typing
+import contextvars
 import importlib.util
+import typing
 import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 log = logging.getLogger(__name__)
+
+# Prefect tasks that run a model: they ask for ``DaskConfig.model_task_resources``
+# (e.g. GPU=1) while every other task asks for ``other_task_resources``.
+MODEL_TASKS = frozenset({"extract-shard-features", "embed-generated-chunk"})
 
 
 class DaskConfig(BaseModel):
@@ -37,6 +42,42 @@ class DaskConfig(BaseModel):
         "auto", title="One worker per GPU",
         description="auto: when CUDA devices are visible, the embedded cluster is dask-cuda's LocalCUDACluster "
                     "(one worker process pinned to each GPU; install the 'gpu' extra); off: always a CPU LocalCluster.")
+    adapt_minimum: int | None = Field(
+        None, ge=0, title="Adaptive: fewest workers",
+        description="With adapt_maximum, the embedded cluster scales between these bounds with the load. An "
+                    "existing scheduler scales with its own cluster manager (Kubernetes: the DaskAutoscaler).")
+    adapt_maximum: int | None = Field(None, ge=1, title="Adaptive: most workers")
+    model_task_resources: dict[str, float] = Field(
+        default_factory=dict, title="Resources of model tasks",
+        description="Dask worker resources every feature-extraction or embedding task needs, e.g. {GPU: 1}: those "
+                    "tasks then run only on workers started with --resources GPU=1. Empty: any worker.")
+    other_task_resources: dict[str, float] = Field(
+        default_factory=dict, title="Resources of other tasks",
+        description="Dask worker resources every other task needs, e.g. {CPU: 1} to keep ingest, staging and "
+                    "release on workers started with --resources CPU=N. Empty: any worker.")
+
+    @model_validator(mode="after")
+    def _adaptive_bounds(self) -> DaskConfig:
+        bounds = (self.adapt_minimum, self.adapt_maximum)
+        if bounds != (None, None):
+            if None in bounds:
+                raise ValueError("dask.adapt_minimum and dask.adapt_maximum go together")
+            if self.adapt_minimum > self.adapt_maximum:
+                raise ValueError("dask.adapt_minimum is larger than dask.adapt_maximum")
+            if self.address:
+                raise ValueError("adaptive bounds apply to a cluster corpusforge starts; an existing scheduler "
+                                 "(dask.address) scales with its own cluster manager (infra/dask/: DaskAutoscaler)")
+        return self
+
+    def worker_resources(self) -> dict[str, float]:
+        """What the workers of an embedded cluster declare: everything the tasks ask for."""
+        merged = dict(self.other_task_resources)
+        for name, amount in self.model_task_resources.items():
+            merged[name] = max(amount, merged.get(name, 0))
+        return merged
+
+    def task_resources(self, task_name: str) -> dict[str, float]:
+        return self.model_task_resources if task_name in MODEL_TASKS else self.other_task_resources
 
 
 def visible_gpus() -> int:
@@ -66,8 +107,17 @@ def task_runner(cfg: DaskConfig):
         # so a model loaded once per worker lives on its own device.
         kwargs = {"threads_per_worker": cfg.threads_per_worker, "memory_limit": cfg.memory_limit,
                   "dashboard_address": None}
-        return DaskTaskRunner(cluster_class="dask_cuda.LocalCUDACluster", cluster_kwargs=kwargs)
+        if cfg.worker_resources():
+            kwargs["resources"] = cfg.worker_resources()
+        return DaskTaskRunner(cluster_class="dask_cuda.LocalCUDACluster", cluster_kwargs=kwargs,
+                              adapt_kwargs=_adapt(cfg))
     return _local_cluster(cfg)
+
+
+def _adapt(cfg: DaskConfig) -> dict[str, int] | None:
+    if cfg.adapt_minimum is None:
+        return None
+    return {"minimum": cfg.adapt_minimum, "maximum": cfg.adapt_maximum}
 
 
 def _local_cluster(cfg: DaskConfig):
@@ -80,15 +130,59 @@ def _local_cluster(cfg: DaskConfig):
         "memory_limit": cfg.memory_limit,
         "dashboard_address": None,
     }
-    return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs=kwargs)
+    if cfg.worker_resources():
+        kwargs["resources"] = cfg.worker_resources()
+    return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs=kwargs, adapt_kwargs=_adapt(cfg))
+
+
+# Exceptions worth a retry: the network, an object store or a worker hiccuped. Anything
+# else (a corrupt input, a bad config, refused weights, a bug) fails at once: retrying
+# would only repeat it.
+_TRANSIENT_ERRNOS = {4, 11, 32, 103, 104, 110, 111, 112, 113}  # EINTR EAGAIN EPIPE ECONNABORTED ECONNRESET ETIMEDOUT ECONNREFUSED EHOSTDOWN EHOSTUNREACH
+_TRANSIENT_NAMES = {"EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
+                    "ServerDisconnectedError", "ClientConnectionError", "ClientOSError", "ClientPayloadError",
+                    "CommClosedError", "StreamClosedError", "SlowDown", "ServiceUnavailable", "RequestTimeout",
+                    "ThrottlingException", "InternalError"}
+
+
+def is_transient(exc: BaseException | None) -> bool:
+    """True when ``exc`` (or what caused it) is a network or service hiccup."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            return True
+        if type(exc).__name__ in _TRANSIENT_NAMES:
+            return True
+        if isinstance(exc, OSError) and not isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError,
+                                                             NotADirectoryError)) \
+                and exc.errno in _TRANSIENT_ERRNOS:
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
+
+
+def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect ``retry_condition_fn``: retry a failed task run only for a transient error."""
+    try:
+        exc = state.result(raise_on_failure=False)
+    except Exception as error:  # noqa: BLE001 - the result itself could not be read
+        exc = error
+    return isinstance(exc, BaseException) and is_transient(exc)
 
 
 def as_task(fn: Callable[..., Any], name: str, **options: Any):
-    """A thin Prefect task around a plain stage function (results stay in memory)."""
+    """A thin Prefect task around a plain stage function (results stay in memory).
+
+    Transient errors (:func:`is_transient`) are retried twice with exponential backoff;
+    no other failure is retried (every unit is idempotent under the stage contract)."""
     from prefect import task
     from prefect.cache_policies import NO_CACHE
+    from prefect.tasks import exponential_backoff
 
-    return task(fn, name=name, cache_policy=NO_CACHE, persist_result=False, **options)
+    defaults: dict[str, Any] = {"retries": 2, "retry_delay_seconds": exponential_backoff(backoff_factor=2),
+                                "retry_jitter_factor": 0.5, "retry_condition_fn": retry_transient}
+    return task(fn, name=name, cache_policy=NO_CACHE, persist_result=False, **{**defaults, **options})
 
 
 def run_logger() -> logging.Logger | logging.LoggerAdapter:
@@ -102,15 +196,69 @@ def run_logger() -> logging.Logger | logging.LoggerAdapter:
     return get_run_logger()
 
 
+_RESOURCES: contextvars.ContextVar[DaskConfig | None] = contextvars.ContextVar("corpusforge_dask", default=None)
+
+
+@contextlib.contextmanager
+def annotated(task_name: str) -> Iterator[None]:
+    """Dask annotations (worker resources) for tasks named ``task_name`` submitted here,
+    from the ``dask`` config of the flow run in this context."""
+    cfg = _RESOURCES.get()
+    resources = cfg.task_resources(task_name) if cfg is not None else {}
+    if not resources:
+        yield
+        return
+    import dask
+
+    with dask.annotate(resources=dict(resources)):
+        yield
+
+
+@contextlib.contextmanager
+def dask_config(cfg: DaskConfig) -> Iterator[None]:
+    """The ``dask`` config of the flow run in this context (read by :func:`annotated`)."""
+    token = _RESOURCES.set(cfg)
+    try:
+        yield
+    finally:
+        _RESOURCES.reset(token)
+
+
 def run_tasks(t, calls: list[dict[str, Any]]) -> list[Any]:
     """One task run per call, fanned out by the flow run's task runner; outside a flow
-    run, the plain functions run here one after the other."""
+    run, the plain functions run here one after the other. Finished units are reported
+    to the run's progress (:mod:`corpusforge.progress`) as they complete."""
+    from prefect.context import FlowRunContext
+    from prefect.futures import as_completed
+
+    from corpusforge.progress import task_progress
+
+    progress = task_progress()
+    if progress is not None:
+        progress.add(t.name, len(calls))
+    if FlowRunContext.get() is None:
+        results = []
+        for kwargs in calls:
+            results.append(t.fn(**kwargs))
+            if progress is not None:
+                progress.advance(t.name)
+        return results
+    with annotated(t.name):
+        futures = [t.submit(**kwargs) for kwargs in calls]
+    if progress is not None and futures:
+        for _ in as_completed(futures):
+            progress.advance(t.name)
+    return [f.result() for f in futures]
+
+
+def subflow_run_name() -> str:
+    """The work subflow's run is named after the run it belongs to (the flow run of this
+    context): ``{run} on dask``, so the UI shows one build as one run and its part."""
     from prefect.context import FlowRunContext
 
-    if FlowRunContext.get() is None:
-        return [t.fn(**kwargs) for kwargs in calls]
-    futures = [t.submit(**kwargs) for kwargs in calls]
-    return [f.result() for f in futures]
+    ctx = FlowRunContext.get()
+    parent = ctx.flow_run.name if ctx is not None and ctx.flow_run is not None else None
+    return f"{parent} on dask" if parent else "on dask"
 
 
 def cluster_flow(fn: Callable[[Any], Any], name: str) -> tuple[Any, Callable[[Any], Any]]:
@@ -122,10 +270,23 @@ def cluster_flow(fn: Callable[[Any], Any], name: str) -> tuple[Any, Callable[[An
     """
     from prefect import flow
 
-    inner = flow(name=f"{name}-on-dask")(fn)
+    from corpusforge.secrets import held_secrets, refuse_inline_secrets, split_secrets, with_secrets
+
+    def on_dask(config: Any) -> Any:
+        # (module-level helpers only: Prefect pickles this function with the run context)
+        with dask_config(config.dask):
+            return fn(with_secrets(config))  # credentials in memory only, never a parameter
+
+    on_dask.__name__, on_dask.__qualname__, on_dask.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+    on_dask.__module__ = fn.__module__
+    on_dask.__annotations__ = typing.get_type_hints(fn)
+    inner = flow(name=f"{name}-on-dask",
+                 description=f"The {name} work itself, as a subflow of {name} with the Dask cluster of its "
+                             "config as task runner.")(on_dask)
 
     def outer(config: Any) -> Any:
-        return inner.with_options(task_runner=task_runner(config.dask))(config)
+        refuse_inline_secrets(config)
+        return inner.with_options(task_runner=task_runner(config.dask), flow_run_name=subflow_run_name())(config)
 
     # the flow's parameter schema (the deployment form) is the config model of ``fn``
     outer.__name__, outer.__qualname__, outer.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
@@ -134,8 +295,9 @@ def cluster_flow(fn: Callable[[Any], Any], name: str) -> tuple[Any, Callable[[An
     outer_flow = flow(name=name)(outer)
 
     def run(config: Any) -> Any:
-        with prefect_api():
-            return outer_flow(config)
+        public, secrets = split_secrets(config)
+        with prefect_api(), held_secrets(secrets):
+            return outer_flow(public)
 
     run.__doc__ = f"Run the {name} flow from Python or the CLI, with a Prefect API available to Dask workers."
     return outer_flow, run

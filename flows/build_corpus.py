@@ -18,6 +18,7 @@ to the current plan before anything reads it.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -26,6 +27,7 @@ from pydantic import Field, model_validator
 from corpusforge.cluster import DaskConfig, as_task, cluster_flow, run_logger, run_tasks
 from corpusforge.config import FlowConfig
 from corpusforge.contract import count_actions, prune, remove_tree
+from corpusforge.progress import RunProgress, run_progress
 from corpusforge.layout import (EXACT_DIR, FEATURES_DIR, GRAPH_DIR, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR,
                                 RESOLVED_DIR, STAGING_INDEX, STAGING_RECORDS, STAGING_TARS, STATS_DIR, bucket_name,
                                 features_dir, hashes_path, keys_table_path, part_name)
@@ -52,7 +54,10 @@ class BuildConfig(FlowConfig):
     source: str = Field(..., title="Source", description="Metadata table, folder of tars or of images; local or s3://.")
     out: str = Field(..., title="Output root", description="Where the corpus is written; local or s3://.")
     storage_options: dict[str, Any] = Field(default_factory=dict, title="Output storage options",
-                                            description="fsspec options for the output root (endpoint, keys).")
+                                            description="fsspec options for everything under the output root "
+                                                        "(client_kwargs, secret_block: NAME); credentials come from the "
+                                                        "environment or that Prefect Secret block, never from flow "
+                                                        "parameters.")
     input: SourceConfig = Field(default_factory=SourceConfig, title="Input")
     validation: ValidationConfig = Field(default_factory=ValidationConfig, title="Validation and filters")
     staging: StagingConfig = Field(default_factory=StagingConfig, title="Staging shards")
@@ -90,8 +95,28 @@ resolve_task = as_task(resolve_partition, "resolve-partition")
 staging_task = as_task(write_staging_shard, "write-staging-shard")
 
 
+# The long stages whose progress people watch (corpusforge.progress): (stage, the Prefect
+# task whose finished runs are its units, unit name).
+PROGRESS_STAGES = [("ingest", "ingest-partition", "partitions"),
+                   ("staging", "write-staging-shard", "staging shards"),
+                   ("features", "extract-shard-features", "staging shards"),
+                   ("graph queries", "graph-query-shard", "staging shards"),
+                   ("release", "write-release-shard", "release shards"),
+                   ("manifest", "write-manifest-part", "partitions")]
+
+
 def build(config: BuildConfig) -> dict[str, Any]:
     """Build (or bring up to date) the corpus at ``config.out``; return counts and the work done."""
+    stages = [s for s in PROGRESS_STAGES if (s[0] != "features" or config.features.models)
+              and (s[0] != "graph queries" or config.near_dedup)]
+    with run_progress("build-corpus", [s[0] for s in stages]) as progress:
+        return _build(config, progress, {name: (task, unit) for name, task, unit in stages})
+
+
+def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[str, str]]) -> dict[str, Any]:
+    def stage(name: str) -> Any:
+        return progress.stage(name, *stages[name]) if name in stages else contextlib.nullcontext()
+
     log = run_logger()
     store = Store(config.out, config.storage_options)
     work: dict[str, Any] = {}
@@ -105,8 +130,9 @@ def build(config: BuildConfig) -> dict[str, Any]:
         prune(store, folder, {bucket_name(b) for b in buckets})
     log.info("source %s: %s, %d ingest partitions", config.source, kind, len(parts))
 
-    ingested = run_tasks(ingest_task, [dict(store=store, part=p, src=config.input, val=config.validation,
-                                            n_buckets=n_buckets) for p in parts])
+    with stage("ingest"):
+        ingested = run_tasks(ingest_task, [dict(store=store, part=p, src=config.input, val=config.validation,
+                                                n_buckets=n_buckets) for p in parts])
     work["ingest"] = count_actions(ingested)
     keys = [m["outputs"][keys_table_path(p.index)] for p, m in zip(parts, ingested, strict=True)]
     hashes = [m["outputs"][hashes_path(p.index)] for p, m in zip(parts, ingested, strict=True)]
@@ -124,23 +150,27 @@ def build(config: BuildConfig) -> dict[str, Any]:
     staged = sorted(s.name for s in staging)
     for folder in (STAGING_TARS, STAGING_INDEX, STAGING_RECORDS):
         prune(store, folder, staged)
-    written = run_tasks(staging_task, [dict(store=store, shard=s, storage_options=config.input.storage_options)
-                                       for s in staging])
+    with stage("staging"):
+        written = run_tasks(staging_task, [dict(store=store, shard=s, storage_options=config.input.storage_options)
+                                           for s in staging])
     work["staging"] = count_actions(written)
     log.info("%d records staged in %d staging shards", sum(m["info"]["count"] for m in written), len(staging))
 
     started = time.perf_counter()
-    features = _features(store, config, staged, work)
+    with stage("features"):
+        features = _features(store, config, staged, work)
     work["seconds"] = {"features": round(time.perf_counter() - started, 3)}
     near: dict[str, Any] = {}
     if config.near_dedup and staged:
-        near, work["graph"] = near_duplicate_stage(store, config.near_dedup, staged)
+        with stage("graph queries"):
+            near, work["graph"] = near_duplicate_stage(store, config.near_dedup, staged)
         work["seconds"]["graph_queries"] = work["graph"].pop("query_seconds")
     else:
         remove_tree(store, GRAPH_DIR)
 
-    release, manifest, work["publish"] = publish(store, staged, len(parts), config.splits,
-                                                 near_dedup=bool(config.near_dedup and staged))
+    with stage("release"), stage("manifest"):
+        release, manifest, work["publish"] = publish(store, staged, len(parts), config.splits,
+                                                     near_dedup=bool(config.near_dedup and staged))
     stats = {}
     if config.reference_stats is not None:
         stats = _stable_stats(reference_stats_stage(store, config.reference_stats))

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
+from prefect import get_run_logger
 from pydantic import Field
 
-from corpusforge.cluster import DaskConfig, cluster_flow
+from corpusforge.cluster import DaskConfig, as_task, cluster_flow, run_tasks
 from corpusforge.config import FlowConfig
 from corpusforge.storage import Store
 from corpusforge.version import code_version
@@ -55,7 +54,7 @@ class EvaluateConfig(FlowConfig):
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
 
-embed_task = task(embed_chunk, name="embed-generated-chunk", cache_policy=NO_CACHE, persist_result=False, retries=1)
+embed_task = as_task(embed_chunk, "embed-generated-chunk")
 
 
 def evaluate(config: EvaluateConfig) -> dict[str, Any]:
@@ -67,9 +66,10 @@ def evaluate(config: EvaluateConfig) -> dict[str, Any]:
     if not chunks:
         raise FileNotFoundError(f"no images or tars under {config.generated}")
     log.info("%d chunks of generated images; reference %s (%d images)", len(chunks), config.reference, reference.n)
-    futures = [embed_task.submit(c, config.model, config.runtime, config.torchscript_allowlist,
-                                 config.generated_storage_options) for c in chunks]
-    result = evaluate_features([f.result() for f in futures], reference, config.metrics, config.allow_mismatch)
+    embedded = run_tasks(embed_task, [dict(chunk=c, spec=config.model, runtime=config.runtime,
+                                           torchscript_allowlist=config.torchscript_allowlist,
+                                           storage_options=config.generated_storage_options) for c in chunks])
+    result = evaluate_features(embedded, reference, config.metrics, config.allow_mismatch)
     result["generated"]["sources"] = list(config.generated)
     result["model_spec"] = public_spec(config.model)
     result["code_version"] = code_version("tasks.stats.evaluate")

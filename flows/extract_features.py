@@ -31,7 +31,8 @@ class ExtractFeaturesConfig(FlowConfig):
     corpus: str = Field(..., title="Corpus root",
                         description="Root of a built corpus (with staging/ shards); local or s3://.")
     storage_options: dict[str, Any] = Field(default_factory=dict, title="Storage options",
-                                            description="fsspec options for the corpus root (endpoint, keys).")
+                                            description="fsspec options for the corpus root (endpoint, secret_block: a "
+                                                        "Prefect Secret block holding the keys).")
     features: FeaturesConfig = Field(default_factory=FeaturesConfig, title="Features",
                                      description="Models, stored dtype, runtime, TorchScript allow-list.")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")

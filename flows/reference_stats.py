@@ -20,7 +20,8 @@ class ReferenceStatsConfig(ReferenceStatsSettings):
 
     corpus: str = Field(..., title="Corpus root", description="Root of a built corpus; local or s3://.")
     storage_options: dict[str, Any] = Field(default_factory=dict, title="Storage options",
-                                            description="fsspec options for the corpus root (endpoint, keys).")
+                                            description="fsspec options for the corpus root (endpoint, secret_block: a "
+                                                        "Prefect Secret block holding the keys).")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
 

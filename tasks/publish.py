@@ -10,11 +10,13 @@ from typing import Any
 
 from corpusforge.cluster import as_task, run_tasks
 from corpusforge.contract import count_actions, prune, require_marker
-from corpusforge.layout import MANIFEST_DIR, RECEIPT, REPORT, manifest_path, resolved_path
+from corpusforge.artifacts import publish_run_artifacts
+from corpusforge.layout import MANIFEST_DIR, RECEIPT, REPORT, REPORT_HTML, manifest_path, resolved_path
 from corpusforge.storage import Store
 from tasks.manifest import write_manifest_part
 from tasks.receipt import render_report
 from tasks.release import plan_release_files, write_release_shard
+from tasks.report_html import render_html_report
 from tasks.splits import SPLITS, SplitConfig, tier_counts
 
 release_plan_task = as_task(plan_release_files, "plan-release")
@@ -52,7 +54,13 @@ def release_section(release: dict[str, Any], splits: SplitConfig) -> dict[str, A
 
 
 def write_receipt(store: Store, receipt: dict[str, Any]) -> None:
-    """receipt.json, then report.md rendered from exactly what was written (sorted keys),
-    so the report does not depend on the order in which this run filled the dicts."""
+    """receipt.json, then report.md and report.html rendered from exactly what was written
+    (sorted keys), so the reports do not depend on the order in which this run filled the
+    dicts; in a flow run, the summary also becomes the run's artifacts."""
     store.write_json(RECEIPT, receipt)
-    store.write_bytes(REPORT, render_report(store.read_json(RECEIPT)).encode())
+    written = store.read_json(RECEIPT)
+    report = render_report(written)
+    store.write_bytes(REPORT, report.encode())
+    store.write_bytes(REPORT_HTML, render_html_report(written, store).encode())
+    flow = str(written.get("corpusforge", "run")).replace("_", "-")
+    publish_run_artifacts(flow, report, written["counts"], store.root)

@@ -14,13 +14,13 @@ from collections import Counter
 from typing import Any
 
 from corpusforge.contract import read_marker, require_marker
-from corpusforge.layout import MARKERS, RECEIPT, REPORT, ingest_path
+from corpusforge.layout import MARKERS, RECEIPT, REPORT, REPORT_HTML, ingest_path
 from corpusforge.storage import Store
 
 _SECRET_WORDS = ("secret", "password", "token", "key_id", "access_key", "credential")
 _SECRET_NAMES = {"key"}  # s3fs's name for the access key id
 _SKIP_PREFIXES = ("work/", f"{MARKERS}/")
-_SKIP_FILES = (RECEIPT, REPORT)
+_SKIP_FILES = (RECEIPT, REPORT, REPORT_HTML)
 
 
 def redact(obj: Any) -> Any:

@@ -39,9 +39,7 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
+from corpusforge.cluster import as_task, run_tasks
 from corpusforge.contract import COMPUTED, SKIPPED, current_marker, require_marker, unit_fingerprint
 from corpusforge.feature_files import write_shard_features
 from corpusforge.layout import feature_vectors, staging_records, staging_tar
@@ -238,22 +236,15 @@ def _model_summary(action: str, marker: dict[str, Any], model: FeatureModel, ima
             "dim": model.dim, "fingerprint": marker["info"]["model"]}
 
 
-@task(name="extract-shard-features", retries=1, cache_policy=NO_CACHE, persist_result=False)
-def extract_shard_task(store: Store, shard: str, cfg: FeaturesConfig) -> dict[str, Any]:
-    """Prefect wrapper: one task (one Dask task on a DaskTaskRunner) per staging shard."""
-    return extract_shard(store, shard, cfg)
+# Prefect wrapper: one task (one Dask task on a DaskTaskRunner) per staging shard; it asks
+# for the flow's ``dask.model_task_resources`` (e.g. GPU=1), see corpusforge.cluster.
+extract_shard_task = as_task(extract_shard, "extract-shard-features")
 
 
 def extract_features(store: Store, shards: list[str], cfg: FeaturesConfig) -> list[dict[str, Any]]:
     """The feature stage inside a flow: one task per shard on the flow's task runner
     (outside a flow run, the shards run here one after the other)."""
-    from prefect import unmapped
-    from prefect.context import FlowRunContext
-
-    if FlowRunContext.get() is None:
-        return [extract_shard(store, s, cfg) for s in shards]
-    futures = extract_shard_task.map(unmapped(store), shards, unmapped(cfg))
-    return [f.result() for f in futures]
+    return run_tasks(extract_shard_task, [dict(store=store, shard=s, cfg=cfg) for s in shards])
 
 
 def extract_features_on_client(client: Any, store: Store, shards: list[str], cfg: FeaturesConfig

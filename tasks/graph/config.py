@@ -9,9 +9,9 @@ the main text and make the threshold configurable.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
 GPIC_SOURCE_POOL = 110_569_761  # images in GPIC's source pool (Fig. 6 extrapolation target)
 
@@ -86,7 +86,10 @@ class CalibrationConfig(BaseModel):
 
     enabled: bool = True
     pairs_per_bin: int = Field(8, ge=0, title="Pairs per bin")
-    bins: list[tuple[float, float]] = Field(CALIBRATION_BINS, title="Similarity bins",
+    # A plain array schema per bin: the Prefect UI's form shows a 2-tuple's prefixItems as a
+    # list with an error under every pair; pydantic still checks the pairs.
+    bins: list[Annotated[tuple[float, float], WithJsonSchema({"type": "array", "items": {"type": "number"}})]] = Field(
+                                            CALIBRATION_BINS, title="Similarity bins",
                                             description="[lo, hi) each; the last bin includes hi.")
     thumb_px: int = Field(160, ge=16, le=1024, title="Thumbnail size (px)")
 

@@ -1,0 +1,167 @@
+"""Credentials never travel as flow parameters.
+
+The Prefect server stores every flow run's parameters in plain text, so a config that
+reaches a flow holds no credential. They come, in this order of preference, from:
+
+* **the environment** of the process that opens the storage (``AWS_ACCESS_KEY_ID``,
+  ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, … read by s3fs/botocore itself): a
+  machine's profile, a Kubernetes secret mounted as env, or a deployment's
+  ``job_variables.env``;
+* **Prefect Secret blocks named in the config**: any ``storage_options`` mapping may hold
+  ``secret_block: NAME``; the block's value (a JSON object such as ``{"key": …,
+  "secret": …}``) is merged into those options inside the flow run, never into its
+  parameters;
+* from Python or the CLI, credentials written in the config itself: :func:`split_secrets`
+  takes them out before the flow is called and the flow run puts them back in memory
+  (:func:`held_secrets`), so they reach the Dask workers but not the server.
+
+A flow run whose parameters still carry a credential (typed into the UI's form, say)
+refuses to start (:func:`refuse_inline_secrets`): it is already stored, and the message
+says where credentials belong.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+SECRET_BLOCK = "secret_block"
+_SECRET_WORDS = ("secret", "password", "token", "key_id", "access_key", "credential", "session_key")
+_SECRET_NAMES = {"key", "aws_access_key_id", "aws_secret_access_key", "aws_session_token"}
+
+M = TypeVar("M", bound=BaseModel)
+Path = tuple[Any, ...]
+
+_HELD: contextvars.ContextVar[dict[Path, Any] | None] = contextvars.ContextVar("corpusforge_secrets", default=None)
+
+
+def is_secret_name(name: Any) -> bool:
+    """True for option names that hold credentials (s3fs's ``key``/``secret``, tokens, …)."""
+    lowered = str(name).lower()
+    if lowered == SECRET_BLOCK:
+        return False
+    return lowered in _SECRET_NAMES or any(w in lowered for w in _SECRET_WORDS)
+
+
+def find_secrets(obj: Any, path: Path = ()) -> dict[Path, Any]:
+    """Every non-empty value under a secret-looking name, by its path in ``obj``."""
+    found: dict[Path, Any] = {}
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if is_secret_name(k) and v not in (None, "", {}, []):
+                found[(*path, k)] = v
+            else:
+                found.update(find_secrets(v, (*path, k)))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            found.update(find_secrets(v, (*path, i)))
+    return found
+
+
+def _dump(config: BaseModel) -> dict[str, Any]:
+    return config.model_dump(mode="json", exclude_unset=False)
+
+
+def _set(data: Any, path: Path, value: Any) -> None:
+    for k in path[:-1]:
+        data = data[k]
+    data[path[-1]] = value
+
+
+def _delete(data: Any, path: Path) -> None:
+    for k in path[:-1]:
+        data = data[k]
+    del data[path[-1]]
+
+
+def split_secrets(config: M) -> tuple[M, dict[Path, Any]]:
+    """``config`` without its inline credentials, and the credentials by path."""
+    data = _dump(config)
+    found = find_secrets(data)
+    if not found:
+        return config, {}
+    for path in found:
+        _delete(data, path)
+    return type(config).model_validate(data), found
+
+
+def describe(paths: Any) -> str:
+    return ", ".join(".".join(str(p) for p in path) for path in paths)
+
+
+def refuse_inline_secrets(config: BaseModel) -> None:
+    """Raise when flow parameters carry credentials (they are stored by the server)."""
+    found = find_secrets(_dump(config))
+    if found:
+        raise ValueError(
+            f"credentials in the flow's parameters ({describe(found)}): the Prefect server stores parameters "
+            "in plain text. Put them in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, or the "
+            "deployment's job_variables.env), or in a Prefect Secret block named by `secret_block:` in the "
+            "storage options")
+
+
+@contextlib.contextmanager
+def held_secrets(secrets: dict[Path, Any]) -> Iterator[None]:
+    """Hold credentials taken out of a config for the flow run started in this context."""
+    token = _HELD.set(dict(secrets) or None)
+    try:
+        yield
+    finally:
+        _HELD.reset(token)
+
+
+def _load_block(name: str) -> dict[str, Any]:
+    from prefect.blocks.system import Secret
+
+    try:
+        value = Secret.load(name).get()
+    except ValueError as exc:
+        raise ValueError(f"Prefect Secret block {name!r} (named by {SECRET_BLOCK}) not found: create it with "
+                         f"Secret(value={{...}}).save({name!r}) or in the UI's Blocks page") from exc
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"Prefect Secret block {name!r} must hold a JSON object of storage options") from exc
+    if not isinstance(value, dict):
+        raise ValueError(f"Prefect Secret block {name!r} must hold a JSON object of storage options")
+    return value
+
+
+def _resolve_blocks(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        out = {k: _resolve_blocks(v) for k, v in obj.items() if k != SECRET_BLOCK}
+        if obj.get(SECRET_BLOCK):
+            for k, v in _load_block(str(obj[SECRET_BLOCK])).items():
+                if isinstance(v, dict) and isinstance(out.get(k), dict):
+                    out[k] = {**out[k], **v}
+                else:
+                    out[k] = v
+        return out
+    if isinstance(obj, list):
+        return [_resolve_blocks(v) for v in obj]
+    return obj
+
+
+def has_secret_blocks(obj: Any) -> bool:
+    if isinstance(obj, dict):
+        return bool(obj.get(SECRET_BLOCK)) or any(has_secret_blocks(v) for v in obj.values())
+    if isinstance(obj, list):
+        return any(has_secret_blocks(v) for v in obj)
+    return False
+
+
+def with_secrets(config: M) -> M:
+    """``config`` with held credentials put back and Secret blocks resolved (in memory only)."""
+    held = _HELD.get()
+    data = _dump(config)
+    if not held and not has_secret_blocks(data):
+        return config
+    for path, value in (held or {}).items():
+        _set(data, path, value)
+    return type(config).model_validate(_resolve_blocks(data))
