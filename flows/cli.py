@@ -9,15 +9,15 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 
 def _build(args: argparse.Namespace) -> int:
     from flows.build_corpus import BuildConfig, run_build
+    from flows.preflight import check_build, load_config
 
-    if args.config:
-        config = BuildConfig.from_yaml(args.config, source=args.source, out=args.out)
-    else:
-        config = BuildConfig(source=args.source, out=args.out)
+    config = load_config(BuildConfig, args.config, source=args.source, out=args.out)
+    check_build(config)  # before any server or cluster starts; reads only
     result = run_build(config)
     print(json.dumps(result["counts"], indent=2))
     print(f"\nCorpus written to {config.out}:\n"
@@ -57,17 +57,27 @@ FLOW_COMMANDS = {
 
 def _flow_command(module: str, config_class: str, runner: str) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
+        from flows.preflight import check_flow, load_config
+
         mod = importlib.import_module(module)
-        config = getattr(mod, config_class).from_yaml(args.config)
+        config = load_config(getattr(mod, config_class), args.config)
+        check_flow(args.command, config)  # before any server or cluster starts; reads only
         result = getattr(mod, runner)(config)
         print(json.dumps(result, indent=2, sort_keys=True, default=str))
         return 0
     return handler
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one line too (exit code 2), pointing at --help."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Namespace], int]]]:
-    parser = argparse.ArgumentParser(prog="corpusforge", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="corpusforge", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {}
 
     build = sub.add_parser("build", help="build a corpus (ingest → dedup → shards → manifest → receipt)",
@@ -89,16 +99,38 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
                              f"Config: {module.replace('.', '/')}.py:{config_class} as YAML.")
         cmd.add_argument("--config", required=True, help=f"YAML file for {config_class} (unknown keys are rejected)")
         handlers[name] = _flow_command(module, config_class, runner)
+
+    doctor = sub.add_parser("doctor", help="what this machine has: Python, torch and CUDA, FAISS, weights, "
+                                           "Prefect API, Dask scheduler",
+                            description="Print what this machine offers corpusforge, and whether the Prefect API "
+                                        "and the Dask scheduler in use answer. Changes nothing.")
+    doctor.add_argument("--config", help="a flow's YAML config: check its weights and its dask.address")
+    doctor.add_argument("--scheduler", help="a Dask scheduler address to check (tcp://host:8786)")
+    handlers["doctor"] = _doctor
     return parser, handlers
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from flows.doctor import doctor
+
+    for name, value in doctor(args.config, args.scheduler):
+        print(f"{name:<18} {value}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("DO_NOT_TRACK", "1")
+    from flows.preflight import UserError
+
     parser, handlers = _parser()
     args = parser.parse_args(argv)
-    return handlers[args.command](args)
+    try:
+        return handlers[args.command](args)
+    except UserError as exc:
+        print(f"corpusforge {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

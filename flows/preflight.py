@@ -1,0 +1,272 @@
+"""Checks the CLI makes before any server or cluster starts, so that a user's mistake is
+one clear line (and exit code 2) instead of a Prefect run's traceback.
+
+Each check raises :class:`UserError` with what is wrong and what to do. They only read:
+nothing is created or written, locally or on object storage, before they all pass.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import posixpath
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from corpusforge.secrets import has_secret_blocks
+from corpusforge.storage import is_remote
+
+PROBE_SECONDS = 20.0  # longest a storage probe may take before the storage counts as unreachable
+
+
+class UserError(Exception):
+    """A mistake in what the user asked for; ``str()`` is the one line to print."""
+
+
+# ---- the config file ---------------------------------------------------------------------
+
+def _where(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+def _field_names(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The field names allowed next to ``loc`` (for 'unknown key' hints)."""
+    current: Any = model
+    for part in loc[:-1]:
+        fields = getattr(current, "model_fields", None)
+        if not fields or part not in fields:
+            return []
+        annotation = fields[part].annotation
+        for candidate in (annotation, *getattr(annotation, "__args__", ())):
+            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+                current = candidate
+                break
+        else:
+            return []
+    return sorted(getattr(current, "model_fields", {}))
+
+
+def describe_validation(error: ValidationError, model: type[BaseModel]) -> str:
+    """All of a pydantic error's problems on one line, with the allowed keys for an unknown one."""
+    parts = []
+    for e in error.errors():
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        if e["type"] == "extra_forbidden":
+            allowed = _field_names(model, loc)
+            hint = f" (allowed here: {', '.join(allowed)})" if allowed else ""
+            parts.append(f"unknown key {_where(loc)}{hint}")
+        elif e["type"] == "missing":
+            parts.append(f"{_where(loc)} is required")
+        else:
+            given = e.get("input")
+            shown = f" (got {given!r})" if isinstance(given, (str, int, float, bool)) or given is None else ""
+            parts.append(f"{_where(loc)}: {e['msg']}{shown}")
+    return "; ".join(parts)
+
+
+def load_config(cls: type[BaseModel], path: str | None, **overrides: Any) -> Any:
+    """The config of a flow from a YAML file (and CLI overrides), or a one-line UserError."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        file = Path(path)
+        if not file.is_file():
+            raise UserError(f"config file {path} not found")
+        try:
+            loaded = yaml.safe_load(file.read_text())
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise UserError(f"config {path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"config {path}: cannot read it ({exc})") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise UserError(f"config {path}: expected a mapping of settings, got {type(loaded).__name__}")
+        data = loaded or {}
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        raise UserError(f"config {path or '(command line)'}: {describe_validation(exc, cls)}") from None
+    except ValueError as exc:  # a model validator's own message
+        raise UserError(f"config {path or '(command line)'}: {exc}") from None
+
+
+# ---- storage ----------------------------------------------------------------------------
+
+def _probe_options(uri: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Options for a quick probe: an S3 endpoint that does not answer fails in seconds."""
+    if not uri.startswith(("s3://", "s3a://")):
+        return dict(options)
+    probe = {"retries": 1, **options}
+    config = dict(probe.get("config_kwargs") or {})
+    config.setdefault("connect_timeout", 5)
+    config.setdefault("read_timeout", 10)
+    config.setdefault("retries", {"max_attempts": 1})
+    probe["config_kwargs"] = config
+    probe["skip_instance_cache"] = True
+    return probe
+
+
+def _probe(uri: str, options: dict[str, Any]) -> str:
+    """'file', 'dir' or 'missing' for ``uri``; raises OSError-like errors when unreachable."""
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(uri, **_probe_options(uri, options))
+    if fs.isfile(path):
+        return "file"
+    if fs.isdir(path):
+        return "dir"
+    return "missing"
+
+
+def probe(uri: str, options: dict[str, Any], what: str) -> str:
+    """Whether ``uri`` is a file, a folder or missing; UserError when the storage cannot be reached."""
+    if has_secret_blocks(options):
+        return "unknown"  # credentials come from the server's Secret block: checked in the run
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(_probe, uri, options)
+        try:
+            return future.result(timeout=PROBE_SECONDS)
+        except concurrent.futures.TimeoutError:
+            raise UserError(f"cannot reach the storage of {what} {uri} within {PROBE_SECONDS:.0f} s: check its "
+                            "endpoint (storage_options.client_kwargs.endpoint_url) and the network") from None
+        except (FileNotFoundError, NotADirectoryError):
+            return "missing"
+        except PermissionError as exc:
+            raise UserError(f"{what} {uri}: access denied ({exc}): check the credentials (AWS_* in the "
+                            "environment, or a secret_block in storage_options)") from None
+        except ImportError as exc:
+            raise UserError(f"{what} {uri}: no filesystem for this URI ({exc})") from None
+        except Exception as exc:  # noqa: BLE001 - anything else means: this storage is not reachable
+            raise UserError(f"cannot reach the storage of {what} {uri}: {type(exc).__name__}: {exc} — check the "
+                            "endpoint and credentials in its storage_options") from None
+
+
+def require_exists(uri: str, options: dict[str, Any], what: str, hint: str) -> None:
+    if probe(uri, options, what) == "missing":
+        raise UserError(f"{what} {uri} does not exist: {hint}")
+
+
+def require_writable_root(uri: str, options: dict[str, Any], what: str) -> None:
+    """The output root can be created: locally, its nearest existing folder is writable;
+    remotely, the bucket answers. Nothing is created here."""
+    if is_remote(uri):
+        bucket = uri.split("://", 1)[0] + "://" + uri.split("://", 1)[1].split("/", 1)[0]
+        if probe(bucket, options, what) == "missing":
+            raise UserError(f"{what} {uri}: bucket {bucket} does not exist (create it first)")
+        return
+    import os
+
+    path = Path(uri).absolute()
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{what} {uri} is a file, not a folder")
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{what} {uri}: {existing} is not a writable folder")
+
+
+def overlapping(a: str, b: str) -> bool:
+    def norm(u: str) -> str:
+        return (u if is_remote(u) else posixpath.abspath(u)).rstrip("/") + "/"
+    x, y = norm(a), norm(b)
+    return x.startswith(y) or y.startswith(x)
+
+
+# ---- models and weights -------------------------------------------------------------------
+
+def model_specs(obj: Any) -> list[Any]:
+    """Every feature ModelSpec anywhere in a config."""
+    from tasks.features.config import ModelSpec
+
+    found: list[Any] = []
+    if isinstance(obj, ModelSpec):
+        return [obj]
+    if isinstance(obj, BaseModel):
+        for name in type(obj).model_fields:
+            found += model_specs(getattr(obj, name))
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            found += model_specs(item)
+    return found
+
+
+def allowlists(obj: Any) -> set[str]:
+    found: set[str] = set()
+    if isinstance(obj, BaseModel):
+        for name in type(obj).model_fields:
+            value = getattr(obj, name)
+            if name == "torchscript_allowlist":
+                found |= {str(v).lower() for v in value}
+            else:
+                found |= allowlists(value)
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            found |= allowlists(item)
+    return found
+
+
+def check_models(config: BaseModel) -> None:
+    """Every learned model has weights (or says random_init), local weights exist and have
+    the pinned SHA-256, TorchScript only when allow-listed."""
+    from tasks.features.weights import WeightsError, fetch_weights
+
+    allowed = allowlists(config)
+    for spec in model_specs(config):
+        if spec.name == "wfd":
+            continue
+        if spec.weights is None:
+            if not spec.random_init:
+                raise UserError(f"model {spec.model_id} has no weights: set weights {{uri, sha256}} to a pinned file "
+                                "(see `corpusforge doctor`), or random_init: true for an untrained run")
+            continue
+        w = spec.weights
+        if w.format == "torchscript" and w.sha256.lower() not in allowed:
+            raise UserError(f"weights {w.uri} of {spec.model_id} refused: TorchScript is executable code; add its "
+                            "sha256 to torchscript_allowlist if you trust it")
+        if is_remote(w.uri):
+            require_exists(w.uri, w.storage_options, f"weights of {spec.model_id}", "check weights.uri")
+            continue
+        try:
+            fetch_weights(w)
+        except WeightsError as exc:
+            raise UserError(f"weights of {spec.model_id} refused: {exc}") from None
+        except OSError as exc:
+            raise UserError(f"weights of {spec.model_id}: cannot read {w.uri} ({exc})") from None
+
+
+# ---- per command -------------------------------------------------------------------------
+
+def check_build(config: Any) -> None:
+    require_exists(config.source, config.input.storage_options, "source",
+                   "give a metadata table (.parquet/.jsonl/.csv), a folder of tars or a folder of images")
+    if is_remote(config.source) == is_remote(config.out) and overlapping(config.source, config.out):
+        raise UserError(f"output root {config.out} overlaps the source {config.source}: choose an --out outside it")
+    require_writable_root(config.out, config.storage_options, "output root")
+    check_models(config)
+
+
+def check_corpus(uri: str, options: dict[str, Any], what: str = "corpus") -> None:
+    require_exists(uri, options, what, "give the output root of a finished `corpusforge build`")
+
+
+def check_flow(command: str, config: Any) -> None:
+    """Preflight of the subcommands that run on an existing corpus."""
+    if command in ("extract-features", "reference-stats"):
+        check_corpus(config.corpus, config.storage_options)
+    elif command == "near-dedup":
+        check_corpus(config.source, config.storage_options, "source corpus")
+    elif command == "evaluate":
+        for g in config.generated:
+            require_exists(g, config.generated_storage_options, "generated images", "a folder of images or tars")
+        require_exists(config.reference, config.reference_storage_options, "reference statistics",
+                       "the .npz written by `corpusforge reference-stats` (stats/{split}-{model}.npz)")
+    elif command == "contamination":
+        check_corpus(config.corpus, config.corpus_storage_options)
+        if config.eval_set is not None:
+            require_exists(config.eval_set.source, config.eval_set.storage_options, "evaluation set",
+                           "a table, a folder of images or tars")
+    check_models(config)

@@ -1,0 +1,186 @@
+"""Every user error of the CLI is one clear line on stderr and exit code 2, printed before
+any Prefect server or Dask cluster starts, with nothing written; and `corpusforge doctor`."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flows.cli import main
+
+
+@pytest.fixture
+def no_server_or_cluster(monkeypatch):
+    """Starting a Prefect server or a Dask cluster fails the test."""
+    import corpusforge.cluster as cluster
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("a server or cluster was started before the user error was reported")
+
+    monkeypatch.setattr(cluster, "prefect_api", refuse)
+    monkeypatch.setattr(cluster, "task_runner", refuse)
+
+
+@pytest.fixture
+def source(tmp_path) -> Path:
+    """A tiny valid source: one image in a folder."""
+    from PIL import Image
+
+    folder = tmp_path / "source"
+    folder.mkdir()
+    Image.new("RGB", (300, 300), (10, 20, 30)).save(folder / "a.jpg")
+    return folder
+
+
+def run_cli(capsys, args: list[str], out: Path | None = None) -> str:
+    """Run the CLI in-process; assert the user-error contract; return the line."""
+    before = sorted(out.parent.rglob("*")) if out is not None else None
+    code = main(args)
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert len(lines) == 1, captured.err
+    assert code == 2 and captured.out == ""
+    assert lines[0].startswith(f"corpusforge {args[0]}: error: ")
+    if out is not None:
+        assert not out.exists(), "nothing is written"
+        assert sorted(out.parent.rglob("*")) == before
+    return lines[0]
+
+
+def write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def test_missing_argument_is_one_line(capsys, no_server_or_cluster):
+    with pytest.raises(SystemExit) as info:
+        main(["build", "--out", "x"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["corpusforge build: error: the following arguments are required: --source "
+                   "(see corpusforge build --help)"]
+
+
+def test_missing_config_file(capsys, no_server_or_cluster, source, tmp_path):
+    line = run_cli(capsys, ["build", "--source", str(source), "--out", str(tmp_path / "o"),
+                            "--config", str(tmp_path / "nope.yaml")], tmp_path / "o")
+    assert "nope.yaml not found" in line
+
+
+def test_bad_yaml(capsys, no_server_or_cluster, source, tmp_path):
+    cfg = write(tmp_path / "c.yaml", "splits: {val: 0.1\n  test: [\n")
+    line = run_cli(capsys, ["build", "--source", str(source), "--out", str(tmp_path / "o"), "--config", cfg],
+                   tmp_path / "o")
+    assert "not valid YAML at line" in line
+
+
+def test_unknown_key(capsys, no_server_or_cluster, source, tmp_path):
+    cfg = write(tmp_path / "c.yaml", "splits: {shard_sise: 10}\n")
+    line = run_cli(capsys, ["build", "--source", str(source), "--out", str(tmp_path / "o"), "--config", cfg],
+                   tmp_path / "o")
+    assert "unknown key splits.shard_sise" in line and "shard_size" in line
+
+
+def test_wrong_type(capsys, no_server_or_cluster, source, tmp_path):
+    cfg = write(tmp_path / "c.yaml", "staging: {shard_size: ten}\n")
+    line = run_cli(capsys, ["build", "--source", str(source), "--out", str(tmp_path / "o"), "--config", cfg],
+                   tmp_path / "o")
+    assert "staging.shard_size" in line and "'ten'" in line
+
+
+def test_missing_source(capsys, no_server_or_cluster, tmp_path):
+    line = run_cli(capsys, ["build", "--source", str(tmp_path / "missing"), "--out", str(tmp_path / "o")],
+                   tmp_path / "o")
+    assert "does not exist" in line and "metadata table" in line
+
+
+def test_output_inside_source(capsys, no_server_or_cluster, source):
+    line = run_cli(capsys, ["build", "--source", str(source), "--out", str(source / "corpus")], source / "corpus")
+    assert "overlaps the source" in line
+
+
+def test_unreachable_storage(capsys, no_server_or_cluster, source, tmp_path):
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = write(tmp_path / "c.yaml", "storage_options: {client_kwargs: {endpoint_url: 'http://127.0.0.1:%d'}}\n" % port)
+    started = time.monotonic()
+    line = run_cli(capsys, ["build", "--source", str(source), "--out", "s3://bucket/corpus", "--config", cfg])
+    assert "cannot reach the storage of output root" in line
+    assert time.monotonic() - started < 60
+
+
+def _learned_model_config(tmp_path: Path, weights: str) -> str:
+    return write(tmp_path / "c.yaml", "features:\n  models:\n    - {name: wfd}\n"
+                 f"    - {{name: sscd_disc_mixup{weights}}}\n")
+
+
+def test_missing_weights_file(capsys, no_server_or_cluster, source, tmp_path):
+    cfg = _learned_model_config(tmp_path, f", weights: {{uri: '{tmp_path / 'sscd.pt'}', sha256: '{'0' * 64}'}}")
+    line = run_cli(capsys, ["build", "--source", str(source), "--out", str(tmp_path / "o"), "--config", cfg],
+                   tmp_path / "o")
+    assert "weights of sscd_disc_mixup refused" in line and "not found" in line
+
+
+def test_refused_weights_hash(capsys, no_server_or_cluster, source, tmp_path):
+    (tmp_path / "sscd.pt").write_bytes(b"not the pinned bytes")
+    cfg = _learned_model_config(tmp_path, f", weights: {{uri: '{tmp_path / 'sscd.pt'}', sha256: '{'0' * 64}'}}")
+    line = run_cli(capsys, ["build", "--source", str(source), "--out", str(tmp_path / "o"), "--config", cfg],
+                   tmp_path / "o")
+    assert "refused" in line and "does not match" in line
+
+
+def test_torchscript_not_allow_listed(capsys, no_server_or_cluster, source, tmp_path):
+    data = b"pretend torchscript"
+    (tmp_path / "sscd.pt").write_bytes(data)
+    sha = hashlib.sha256(data).hexdigest()
+    cfg = _learned_model_config(tmp_path, f", weights: {{uri: '{tmp_path / 'sscd.pt'}', sha256: '{sha}', "
+                                          "format: torchscript}")
+    line = run_cli(capsys, ["build", "--source", str(source), "--out", str(tmp_path / "o"), "--config", cfg],
+                   tmp_path / "o")
+    assert "TorchScript is executable" in line and "torchscript_allowlist" in line
+
+
+def test_learned_model_without_weights(capsys, no_server_or_cluster, source, tmp_path):
+    cfg = _learned_model_config(tmp_path, "")
+    line = run_cli(capsys, ["build", "--source", str(source), "--out", str(tmp_path / "o"), "--config", cfg],
+                   tmp_path / "o")
+    assert "has no weights" in line and "random_init" in line
+
+
+def test_flow_command_on_a_missing_corpus(capsys, no_server_or_cluster, tmp_path):
+    cfg = write(tmp_path / "c.yaml", f"corpus: {tmp_path / 'nothing'}\n")
+    line = run_cli(capsys, ["extract-features", "--config", cfg])
+    assert line.startswith("corpusforge extract-features: error: corpus") and "does not exist" in line
+
+
+def test_the_issues_example_as_a_user_types_it(tmp_path):
+    """`corpusforge build --source /missing --out o`: one line, exit 2, no `o`, in seconds."""
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "build", "--source", "/missing", "--out", "o"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "corpusforge build: error: source /missing does not exist: give a metadata table (.parquet/.jsonl/.csv), "
+        "a folder of tars or a folder of images"]
+    assert proc.stdout == "" and not (tmp_path / "o").exists()
+    assert time.monotonic() - started < 60
+
+
+def test_doctor_reports_this_machine(capsys, tmp_path):
+    cfg = write(tmp_path / "c.yaml", "features:\n  models:\n    - {name: wfd}\n"
+                "    - {name: dinov2, arch: vit_small_patch14_dinov2, random_init: true}\n"
+                "dask: {address: 'tcp://127.0.0.1:1'}\n")
+    assert main(["doctor", "--config", cfg]) == 0
+    out = capsys.readouterr().out
+    for name in ("Python", "torch", "CUDA devices", "FAISS", "prefect", "Prefect API", "Dask scheduler"):
+        assert any(line.startswith(name) for line in out.splitlines()), (name, out)
+    assert "CPU build" in out or "GPU build" in out
+    assert "RANDOM INIT" in out and "weight-free" in out
+    assert "tcp://127.0.0.1:1: NOT REACHABLE" in out
