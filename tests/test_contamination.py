@@ -25,7 +25,7 @@ from tasks.contamination.eval_set import plan_eval_set
 from tasks.contamination.lsh import band_plan
 from tasks.contamination.signatures import text_batch
 from tasks.contamination.stage import stage_eval_set, text_canary_stage
-from tests.contamination_data import captions, planted_queries, write_eval_set
+from tests.contamination_data import captions, noise_png, planted_queries, write_eval_set
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -359,3 +359,223 @@ def test_leakage_between_two_corpora(built, tmp_path):
     assert at[0.9]["leaking"] == at[0.9]["held_out"] > 0  # every test image is in the other corpus's train split
     pairs = pa.concat_tables([pq.read_table(p) for p in (tmp_path / "out/contamination/leakage").glob("*.parquet")])
     assert min(pairs.filter(pa.compute.equal(pairs["rank"], 0))["similarity"].to_pylist()) > 0.999
+
+
+# ---- the image–text judges ----------------------------------------------------------------
+def _judge_input(answer="a red car", captions=(("k1", "A red car parks by the river.", 0.95),)):
+    from tasks.contamination.judge import JudgeInput
+
+    return JudgeInput("item", "What is in the picture?", answer, tuple(captions))
+
+
+def test_canary_overlap_judge():
+    from tasks.contamination.config import JudgeConfig
+    from tasks.contamination.judge import CanaryOverlapJudge
+
+    judge = CanaryOverlapJudge(JudgeConfig())
+    assert judge.judge(_judge_input()).verdict == "inferable"
+    assert judge.judge(_judge_input("a blue boat")).verdict == "not_inferable"
+    assert judge.judge(_judge_input("yes")).verdict == "unresolved"  # too short for overlap to tell
+    assert judge.judge(_judge_input(captions=())).verdict == "not_inferable"
+
+
+@pytest.mark.parametrize("script, retries, verdict, attempts, error", [
+    (["true"], 2, "inferable", 1, None),
+    (["fenced"], 0, "inferable", 1, None),
+    (["slow", "false"], 2, "not_inferable", 2, None),
+    (["500", "429", "true"], 2, "inferable", 3, None),
+    (["500", "500", "500"], 2, "unresolved", 3, "gave up after 3 attempts: HTTP 500"),
+    (["slow", "slow"], 1, "unresolved", 2, "timeout"),
+    (["garbage"], 2, "unresolved", 1, "malformed response"),
+    (["nochoices"], 2, "unresolved", 1, "malformed response"),
+    (["prose"], 2, "unresolved", 1, "no boolean 'inferable'"),
+    (["400"], 2, "unresolved", 1, "HTTP 400"),
+])
+def test_chat_judge_survives_slow_failing_and_malformed_endpoints(monkeypatch, script, retries, verdict, attempts,
+                                                                   error):
+    from tasks.contamination.config import ChatJudgeConfig
+    from tasks.contamination.judge import ChatJudge
+    from tests.chat_stub import chat_stub
+
+    monkeypatch.setenv("STUB_KEY", "sk-test-secret")
+    with chat_stub(script=script, slow_s=1.0) as stub:
+        cfg = ChatJudgeConfig(base_url=stub.base_url, model="stub-1", api_key_env="STUB_KEY", timeout_s=0.3,
+                              retries=retries, backoff_s=0)
+        judge = ChatJudge(cfg)
+        v = judge.judge(_judge_input())
+    assert (v.verdict, v.attempts) == (verdict, attempts)
+    assert (v.error is None) if error is None else (error in v.error)
+    sent = stub.requests[0]
+    assert sent["path"] == "/v1/chat/completions" and sent["body"]["model"] == "stub-1"
+    assert sent["body"]["temperature"] == 0 and "A red car parks" in sent["body"]["messages"][1]["content"]
+    assert sent["headers"]["Authorization"] == "Bearer sk-test-secret"
+    assert "sk-test-secret" not in json.dumps(judge.identity())
+
+
+def test_chat_judge_without_a_server_is_unresolved():
+    from tasks.contamination.config import ChatJudgeConfig
+    from tasks.contamination.judge import ChatJudge
+    from tests.chat_stub import chat_stub
+
+    with chat_stub() as stub:
+        url = stub.base_url
+    v = ChatJudge(ChatJudgeConfig(base_url=url, model="m", timeout_s=0.5, retries=1, backoff_s=0)).judge(_judge_input())
+    assert v.verdict == "unresolved" and "connection error" in v.error and v.attempts == 2
+
+
+def test_flow_with_the_chat_judge_names_it_and_counts_unresolved(built, scanned, tmp_path):
+    from flows.contamination import contamination
+    from tests.chat_stub import chat_stub
+
+    def reply(body: dict) -> str:  # copies are inferable; every item asking about fractals gets prose
+        user = body["messages"][1]["content"]
+        return "prose" if "fractal" in user else ("true" if "What does the picture show?" in user else "false")
+
+    with chat_stub(default=reply) as stub:
+        result = contamination(_config(built[0], scanned[0] / "bench", tmp_path / "out", text=None, leakage=None,
+                                       judge={"kind": "chat", "chat": {"base_url": stub.base_url, "model": "stub-1",
+                                                                       "timeout_s": 2, "backoff_s": 0}}))
+    j = result["results"]["image_text"]
+    assert j["judge"]["judge"] == "chat" and j["judge"]["model"] == "stub-1"
+    assert (j["judged"], j["inferable"], j["unresolved"]) == (24, 6, 10)
+    assert j["not_inferable"] == 8 and len(stub.requests) == 24
+    report = (tmp_path / "out/contamination/report.md").read_text()
+    assert "Judge: `chat`" in report and "exposure unresolved: **10**" in report
+
+
+# ---- receipts, inputs, the CLI and the Dask flow ----------------------------------------
+def _text_only(built, tmp_path, out="out", **text):
+    bench, corpus = tmp_path / "bench.parquet", tmp_path / "corpus.txt"
+    if not bench.exists():
+        pq.write_table(pa.table({"id": ["b1", "b2", "b3"], "prompt": BENCHMARK}), bench)
+        corpus.write_text("\n".join(CORPUS) + "\n")
+    return _config(built[0], tmp_path, tmp_path / out, judge=None, image=None, leakage=None,
+                   eval_set={"source": str(bench), "text_fields": ["prompt"], "answer_field": None,
+                             "category_field": None, "image_column": None},
+                   text={"corpus": {"kind": "table", "path": str(corpus)}, **text})
+
+
+def test_receipt_changes_with_any_input_byte_seed_or_threshold_and_not_otherwise(built, tmp_path):
+    from flows.contamination import contamination
+
+    def receipt(config) -> bytes:
+        contamination(config)
+        return (tmp_path / "out/contamination/receipt.json").read_bytes()
+
+    base = receipt(_text_only(built, tmp_path))
+    assert receipt(_text_only(built, tmp_path)) == base
+    assert receipt(_text_only(built, tmp_path).model_copy(update={"dask": {"n_workers": 7}})) == base
+    seeds = list(canary.SEED_SIGNATURE_SEEDS[:-1]) + [212]
+    assert receipt(_text_only(built, tmp_path, seeds=seeds)) != base
+    assert receipt(_text_only(built, tmp_path, direct_jaccard=0.5)) != base
+    assert receipt(_text_only(built, tmp_path, lsh={"seed": 1})) != base
+    assert receipt(_text_only(built, tmp_path)) == base
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(corpus.read_text().replace("orchard", "Orchard"))
+    changed = receipt(_text_only(built, tmp_path))
+    assert changed != base
+    bench = tmp_path / "bench.parquet"
+    pq.write_table(pa.table({"id": ["b1", "b2", "b3"], "prompt": [BENCHMARK[0], BENCHMARK[1], BENCHMARK[2] + "."]}),
+                   bench)
+    assert receipt(_text_only(built, tmp_path)) not in (base, changed)
+    data = json.loads(base)
+    assert data["seeds"]["signature"] == list(canary.SEED_SIGNATURE_SEEDS)
+    assert data["thresholds"]["text"]["signature"] == 0.375 and data["normalization_profile"]["unicode"] == "NFKC"
+    assert data["benchmark"]["item_sha256"]["b1"] and data["scanner_version"].startswith("0.")
+
+
+def test_evaluation_folders_and_tars_with_sidecars_and_bad_items(tmp_path):
+    import io
+    import tarfile
+
+    from tasks.contamination.eval_set import stage_chunk
+
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "folder"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub/a.png").write_bytes(noise_png(rng))
+    (folder / "sub/a.txt").write_text("a caption for a")
+    (folder / "sub/a.json").write_text(json.dumps({"answer": "forty two", "ignored": 1}))
+    (folder / "b.png").write_bytes(b"")
+    cfg = EvalSetConfig(source=str(folder), text_fields=["caption"], answer_field="answer")
+    plan = plan_eval_set(cfg)
+    out = Store(str(tmp_path / "out"))
+    stage_chunk(out, out.sub("eval"), plan.chunks[0], cfg)
+    rows = {r["item_id"]: r for r in out.read_parquet("eval/items/000000.parquet").to_pylist()}
+    assert rows["sub/a.png"]["answer"] == "forty two" and json.loads(rows["sub/a.png"]["texts"]) == {
+        "caption": "a caption for a"}
+    assert rows["b.png"]["image_error"] == "empty_file" and rows["sub/a.png"]["image_sha256"]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in [("x1.png", noise_png(rng)), ("x1.txt", b"tar caption"), ("x2.txt", b"no image")]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    (tmp_path / "set.tar").write_bytes(buf.getvalue())
+    cfg = EvalSetConfig(source=str(tmp_path / "set.tar"), text_fields=["caption"])
+    stage_chunk(out, out.sub("eval"), plan_eval_set(cfg).chunks[0], cfg)
+    rows = {r["item_id"]: r for r in out.read_parquet("eval/items/000000.parquet").to_pylist()}
+    assert set(rows) == {"set/x1", "set/x2"} and rows["set/x2"]["image_error"] == "no_image_member"
+    table = tmp_path / "t.jsonl"
+    table.write_text("\n".join(json.dumps(r) for r in [{"id": "p", "path": "../escape.png"},
+                                                      {"id": "q", "path": "missing.png"}]))
+    cfg = EvalSetConfig(source=str(table))
+    stage_chunk(out, out.sub("eval"), plan_eval_set(cfg).chunks[0], cfg)
+    rows = {r["item_id"]: r for r in out.read_parquet("eval/items/000000.parquet").to_pylist()}
+    assert rows["p"]["image_error"] == "unsafe_path" and rows["q"]["image_error"] == "missing_file"
+    table.write_text("\n".join(json.dumps({"id": "same", "path": None}) for _ in range(2)))
+    with pytest.raises(ValueError, match="unique"):
+        plan_eval_set(EvalSetConfig(source=str(table)))
+
+
+@pytest.mark.parametrize("where", ["corpus", "corpus/inside", "bench", "."])
+def test_output_overlapping_anything_read_is_refused(built, tmp_path, where):
+    from flows.contamination import contamination
+
+    targets = {"corpus": built[0], "corpus/inside": built[0] / "inside", "bench": tmp_path, ".": tmp_path.parent}
+    config = _text_only(built, tmp_path).model_copy(update={"out": str(targets[where])})
+    with pytest.raises(ValueError, match="overlaps"):
+        contamination(config)
+    assert not (built[0] / "contamination").exists()
+
+
+def test_cli_subcommand(built, tmp_path, capsys, monkeypatch):
+    """The subcommand's wiring (YAML → config → runner → JSON); the runner runs in-process here
+    (the Dask flow itself is the next test)."""
+    import yaml
+
+    import flows.contamination as module
+    from flows.cli import main
+
+    monkeypatch.setattr(module, "run_contamination", module.contamination)
+    config = _text_only(built, tmp_path)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_defaults=True)))
+    assert main(["contamination", "--config", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out)["results"]["text"]["decisions"]["quarantine"] == 2
+    assert (tmp_path / "out/contamination/report.md").exists()
+
+
+def test_flow_on_two_dask_workers_equals_the_in_process_run(built, tmp_path, prefect_server):
+    from corpusforge.cluster import DaskConfig
+    from flows.contamination import contamination, contamination_flow
+
+    corpus = captions(400, 5)
+    queries, _ = planted_queries(corpus, 4, 6)
+    pq.write_table(pa.table({"id": [f"q{i}" for i in range(len(queries))], "prompt": queries}), tmp_path / "b.parquet")
+    (tmp_path / "c.txt").write_text("\n".join(corpus) + "\n")
+
+    def config(out: str, dask: DaskConfig):
+        return _config(built[0], tmp_path, tmp_path / out, judge=None, image=None, leakage=None, dask=dask,
+                       eval_set={"source": str(tmp_path / "b.parquet"), "text_fields": ["prompt"],
+                                 "answer_field": None, "category_field": None, "image_column": None,
+                                 "chunk_size": 10},
+                       text={"corpus": {"kind": "table", "path": str(tmp_path / "c.txt"), "part_size": 150},
+                             "lsh": {"mode": "lsh", "buckets": 2}})
+
+    contamination_flow(config("dask", DaskConfig(n_workers=2, threads_per_worker=1, processes=True)))
+    contamination(config("local", DaskConfig()))
+    for folder in ("contamination/text", "contamination/items", "edition"):
+        assert _tree_hashes(tmp_path / "dask" / folder) == _tree_hashes(tmp_path / "local" / folder), folder
+    assert (tmp_path / "dask/contamination/summary.json").read_bytes() == \
+        (tmp_path / "local/contamination/summary.json").read_bytes()

@@ -206,8 +206,9 @@ class JudgeConfig(_Strict):
                                                                 "are retrieved.")
     containment: float = Field(1.0, gt=0, le=1, description="canary_overlap: share of the answer's 3-shingles "
                                                             "(or of its tokens, below 3) found in one caption.")
-    min_answer_chars: int = Field(3, ge=1, description="canary_overlap: shorter normalised answers (yes, no, "
-                                                       "A, 4) cannot be judged: 'exposure unresolved'.")
+    min_answer_chars: int = Field(4, ge=1, description="canary_overlap: shorter normalised answers (yes, no, "
+                                                       "A, 4, red) cannot be judged by overlap: 'exposure "
+                                                       "unresolved'.")
     chat: ChatJudgeConfig | None = None
 
     @model_validator(mode="after")

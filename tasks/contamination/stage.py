@@ -26,6 +26,7 @@ from corpusforge.layout import (CONTAMINATION_FOUND, CONTAMINATION_IMAGES, CONTA
                                 CONTAMINATION_ITEMS, CONTAMINATION_JUDGE, CONTAMINATION_LEAKAGE, CONTAMINATION_TEXT,
                                 CONTAMINATION_TEXT_WORK, EDITION_DIR, STAGING_INDEX, STAGING_RECORDS, STAGING_TARS,
                                 eval_items_path, staging_tar, text_work_path)
+from corpusforge.hashing import fingerprint
 from corpusforge.storage import Store
 from tasks.contamination import image_scan as scan
 from tasks.contamination import text_scan as ts
@@ -37,6 +38,7 @@ from tasks.contamination.judge import make_judge
 from tasks.contamination.eval_set import EvalPlan, stage_chunk
 from tasks.contamination.image_rates import image_rows, summarize_images
 from tasks.contamination.leakage import leakage_rows, summarize_leakage
+from tasks.contamination.receipts import file_sha256
 from tasks.contamination.selection import select_splits, selection_name
 from tasks.contamination.text_sources import caption_texts, item_texts, plan_table_parts, table_texts
 
@@ -89,7 +91,8 @@ def run_scan(out: Store, name: str, query: scan.ScanSide, target: scan.ScanSide,
     n_t = sum(scan._n_selected(target, s) for s in target.shards)
     mode = scan.plan_search(search, n_q, n_t, exact_max_pairs)
     target_digest = target.digest()
-    result: dict[str, Any] = {"search": mode, "queries": n_q, "targets": n_t, "k": k}
+    result: dict[str, Any] = {"search": mode, "queries": n_q, "targets": n_t, "k": k,
+                              "targets_digest": target_digest}
     if mode == "exact":
         markers = run_tasks(scan_exact_task, [dict(out=out, scan=name, query=query, shard=s, target=target,
                                                    target_digest=target_digest, k=k) for s in query.shards])
@@ -177,7 +180,8 @@ def _doc_units(out: Store, corpus: Store | None, cfg: TextCanaryConfig) -> tuple
         marker = run_tasks(text_plan_task, [dict(out=out, cfg=c)])[0]
         calls = [dict(out=out, kind=ts.DOCS, unit=p, read=_TableReader(out, p), cfg=cfg,
                       inputs=marker["outputs"][text_work_path("source", p)]) for p in marker["info"]["parts"]]
-        return calls, {"kind": "table", "path": c.path, "texts": marker["info"]["texts"]}
+        return calls, {"kind": "table", "path": c.path, "texts": marker["info"]["texts"],
+                       "sha256": file_sha256(c.path, c.storage_options)}
     if corpus is None:
         raise ValueError("text corpus kind corpus_captions needs a built corpus")
     shards = completed_units(corpus, STAGING_TARS, ".tar")
@@ -237,6 +241,7 @@ def text_canary_stage(out: Store, corpus: Store | None, chunks: list[str], field
     lsh = cfg.lsh
     mode = lsh.mode if lsh.mode != "auto" else ("exhaustive" if n_docs * n_q <= lsh.exhaustive_max_pairs else "lsh")
     d_bands = ts.digest_of_units(out, ts.DOCS, doc_units)
+    source["texts_digest"] = fingerprint(sorted(d_bands.items()))
     q_digests = ts.digest_of_units(out, ts.QUERIES, chunks)
     candidates: dict[str, str] | None = None
     join_info: dict[str, Any] = {}
