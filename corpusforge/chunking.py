@@ -7,13 +7,15 @@ Cutting the survivors into fixed-size runs would shift every later shard when on
 record is inserted or removed; instead, as in rsync and restic, a record is a
 *cut candidate* when a hash of its key hits 1 in ``shard_size // 2``, and a shard ends
 at the first candidate at least ``shard_size // 2`` records after its start (at the
-latest after ``2 * shard_size`` records). An edit then changes the shard it falls in
-(rarely also the next one) and the cuts re-align after it; appended records only touch
-the last shard. Shards hold about ``shard_size`` records on average.
+latest after ``2 * shard_size`` records: a longer run between two cuts is split into
+pieces of that size from its start). An edit then changes the shard it falls in (rarely
+also the next one) and the cuts re-align after it; appended records only touch the last
+shard. Shards hold about ``shard_size`` records on average.
 
-A shard is named by the key hash of the candidate it ends at (``{hash}``, or
-``{hash}-{k}`` for the k-th piece before it when a run longer than the maximum was
-split); records after the last accepted cut form ``tail`` pieces.
+A shard is named after the cut it starts at: the key hash of the record that ended the
+previous shard (``{hash}``; ``head`` for the first), and ``{hash}-{k}`` for the k-th
+further piece of an over-long run. Names therefore survive appends: the last shard keeps
+its name and grows, later shards are new.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def cut_sizes(shard_size: int) -> tuple[int, int]:
 
 
 def cut_name(key: str, shard_size: int) -> str | None:
-    """The shard name a record would end, when it is a cut candidate, else None."""
+    """The name of the shard that would start after this record, when it is a cut candidate."""
     period = cut_sizes(shard_size)[0]
     if period > 1 and stable_int(SEED, key, period) != 0:
         return None
@@ -53,18 +55,14 @@ def plan_cuts(total: int, candidates: list[tuple[int, str]], shard_size: int) ->
     cuts: list[Cut] = []
 
     def close(start: int, end: int, name: str) -> None:
-        n_pieces = -(-(end - start) // largest)
-        for k in range(n_pieces):
-            lo = start + k * largest
-            hi = min(end, lo + largest)
-            suffix = n_pieces - 1 - k
-            cuts.append(Cut(f"{name}-{suffix}" if suffix else name, lo, hi - lo))
+        for k, lo in enumerate(range(start, end, largest)):
+            cuts.append(Cut(f"{name}-{k}" if k else name, lo, min(end, lo + largest) - lo))
 
-    start = 0
+    start, start_name = 0, "head"
     for position, name in sorted(candidates):
         if position + 1 - start >= smallest:
-            close(start, position + 1, name)
-            start = position + 1
+            close(start, position + 1, start_name)
+            start, start_name = position + 1, name
     if start < total:
-        close(start, total, "tail")
+        close(start, total, start_name)
     return cuts
