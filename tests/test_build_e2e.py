@@ -126,13 +126,29 @@ def test_receipt_and_report(built):
         assert "random" in json.dumps(sidecar).lower()
 
 
+def computed_units(work: dict, path: str = "") -> dict[str, int | str]:
+    """Every step of a build's work log that computed something (units computed, or an
+    action ``computed``), by its path in the log."""
+    found: dict[str, int | str] = {}
+    for name, value in work.items():
+        where = f"{path}/{name}"
+        if isinstance(value, dict):
+            found.update(computed_units(value, where))
+        elif (name == "computed" and value) or value == "computed":
+            found[where] = value
+    return found
+
+
 def test_rerun_changes_no_byte_and_redoes_no_shard(built, sample_corpus):
-    out, _ = built
+    out, first = built
+    assert {"/ingest/computed", "/staging/computed", "/features/wfd/computed", "/graph/queries/computed",
+            "/publish/release_shards/computed"} <= set(computed_units(first["work"]))
     before = file_hashes(out)
     tars = {p: p.stat().st_mtime_ns for p in out.rglob("*.tar")}
-    run_build(config(sample_corpus, out))
+    again = run_build(config(sample_corpus, out))
     assert file_hashes(out) == before
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*.tar")} == tars
+    assert computed_units(again["work"]) == {} and again["work"]["images_embedded"] == 0
 
 
 def test_same_bytes_on_an_existing_scheduler_with_another_worker_count(built, sample_corpus, tmp_path):
