@@ -67,21 +67,21 @@ def test_build_to_s3_keeps_keys_out_of_the_server(prefect_server, s3, tmp_path):
 
     write_sample_corpus(str(tmp_path / "source"), n=24, seed=1)
     fs = s3fs.S3FileSystem(**s3)
-    if not fs.exists("corpusforge-secrets"):
-        fs.mkdir("corpusforge-secrets")
+    if not fs.exists("cf-keys-check"):
+        fs.mkdir("cf-keys-check")
     config = BuildConfig.model_validate({
-        "source": str(tmp_path / "source"), "out": "s3://corpusforge-secrets/corpus", "storage_options": s3,
+        "source": str(tmp_path / "source"), "out": "s3://cf-keys-check/corpus", "storage_options": s3,
         "input": {"partition_size": 12}, "staging": {"shard_size": 12},
         "splits": {"shard_size": 10, "val": 0.1, "test": 0.15}, "dask": {"n_workers": 1, "processes": False}})
     result = run_build(config)
     assert result["counts"]["records"] == 24
-    assert fs.exists("corpusforge-secrets/corpus/work/input/000000.parquet")
-    assert fs.exists("corpusforge-secrets/corpus/report.html")
+    assert fs.exists("cf-keys-check/corpus/work/input/000000.parquet")
+    assert fs.exists("cf-keys-check/corpus/report.html")
     runs = httpx.post(f"{prefect_server}/flow_runs/filter", json={"limit": 200}).json()
-    mine = [r for r in runs if "corpusforge-secrets" in json.dumps(r["parameters"])]
+    mine = [r for r in runs if "cf-keys-check" in json.dumps(r["parameters"])]
     assert len(mine) == 2, "the build and its subflow"
     task_runs = httpx.post(f"{prefect_server}/task_runs/filter", json={
         "flow_runs": {"id": {"any_": [r["id"] for r in mine]}}, "limit": 200}).json()
     stored = json.dumps(mine) + json.dumps(task_runs)
-    assert s3["key"] not in stored and s3["secret"] not in stored
+    assert json.dumps(s3["key"]) not in stored and json.dumps(s3["secret"]) not in stored
     assert os.environ.get("PREFECT_API_URL") == prefect_server
