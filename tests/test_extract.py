@@ -298,12 +298,11 @@ def test_tiny_random_init_learned_model_beside_wfd(corpus):
     assert summary["random_init_models"] == [dino.model_id] and "RANDOM-INIT" in summary["warning"]
 
 
-def test_flow_runs_on_every_completed_staging_shard(corpus, tmp_path, monkeypatch):
+def test_flow_runs_on_every_completed_staging_shard(corpus, tmp_path, prefect_server):
+    """The flow reports to the session's Prefect server (a fresh temporary server per test
+    would migrate a new database and can time out on a busy machine)."""
     from flows.extract_features import ExtractFeaturesConfig, extract_features_flow
 
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
-    monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    monkeypatch.setenv("DO_NOT_TRACK", "1")
     corpus.remove(marker_path(staging_tar("000001")))  # an unfinished staging shard is not touched
     yaml_file = tmp_path / "extract.yaml"
     yaml_file.write_text("features:\n  dtype: float32\n  runtime: {batch_size: 4}\n"
