@@ -50,7 +50,8 @@ def feature_marker(store: Store, model_id: str, shard: str) -> dict[str, Any] | 
 
 def require_features(store: Store, model_id: str, shard: str) -> dict[str, Any]:
     """The marker of a (model, shard) unit; a clear error when it is missing."""
-    return require_marker(store, feature_vectors(model_id, shard), f"features of {model_id}")
+    return require_marker(store, feature_vectors(model_id, shard),
+                          f"features of {model_id}: extract features first (corpusforge extract-features)")
 
 
 def read_shard_features(store: Store, model_id: str, shard: str) -> tuple[list[str], np.ndarray]:

@@ -13,12 +13,16 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import threading
 from pathlib import Path
 
 from corpusforge import __version__
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT_PACKAGES = ("corpusforge", "tasks")
+# ast.parse is not safe in several threads at once on CPython 3.11 (python/cpython#106905),
+# and a Dask worker runs tasks on several threads: one closure is computed at a time.
+_LOCK = threading.Lock()
 
 
 def _module_file(module: str) -> Path | None:
@@ -64,7 +68,9 @@ def module_closure(*modules: str, exclude: tuple[str, ...] = ()) -> list[str]:
 def code_version(*modules: str, exclude: tuple[str, ...] = ()) -> str:
     """Package version plus a hash of the source of ``modules`` and their import closure."""
     h = hashlib.sha256()
-    for module in module_closure(*modules, exclude=exclude):
+    with _LOCK:
+        closure = module_closure(*modules, exclude=exclude)
+    for module in closure:
         h.update(module.encode() + b"\0")
         h.update(_module_file(module).read_bytes())  # type: ignore[union-attr]
     return f"{__version__}+{h.hexdigest()[:12]}"
