@@ -138,16 +138,56 @@ class TarSample:
     error: TarMemberError | None = None
 
 
+class _TailReader(io.RawIOBase):
+    """A read-only stream that remembers the bytes it read most recently, with their
+    position, so the end of a tar can be checked after :mod:`tarfile` has stopped reading."""
+
+    KEEP = 1 << 16
+
+    def __init__(self, source: IO[bytes]):
+        self.source, self.tail, self.tail_start = source, b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.source.read(size)
+        self.tail += data
+        if len(self.tail) > 2 * self.KEEP:
+            cut = len(self.tail) - self.KEEP
+            self.tail, self.tail_start = self.tail[cut:], self.tail_start + cut
+        return data
+
+    def block_at(self, offset: int) -> bytes | None:
+        """The 512 bytes at ``offset`` if they were read and are still remembered."""
+        start = offset - self.tail_start
+        if start < 0:
+            return None
+        return self.tail[start:start + tarfile.BLOCKSIZE]
+
+
 def iter_tar_samples(fileobj: IO[bytes]) -> Iterator[TarSample]:
     """Yield consecutive members sharing a key as one :class:`TarSample`.
 
     Reads the tar as a stream (sequential, works on S3). Non-file members (links,
     devices) and unsafe names come back as errors. A truncated or corrupt tar ends
-    with one error sample; the incomplete sample in progress is reported inside it.
+    with one error sample naming how many samples were read before it; the sample in
+    progress at the cut is not yielded but reported inside that error (it may miss
+    members). Python's ``tarfile`` takes a header cut short, or a stream ending right
+    after a member, as the end of the archive; here an uncompressed tar counts as whole
+    only if a complete end-of-archive block (512 zero bytes) follows its last member.
     """
     current = TarSample(key="")
+    reader = _TailReader(fileobj)
+    done = 0
+
+    def cut(why: str) -> TarSample:
+        name = current.key or "<tar>"
+        return TarSample(name, error=TarMemberError(
+            name, f"corrupt or truncated tar after {done} complete samples: {why}"))
+
     try:
-        with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
+        with tarfile.open(fileobj=reader, mode="r|*") as tar:
             for info in tar:
                 if info.isdir():
                     continue
@@ -156,20 +196,26 @@ def iter_tar_samples(fileobj: IO[bytes]) -> Iterator[TarSample]:
                     why = "unsafe member name" if parsed is None else "not a regular file"
                     if current.members:  # keep input order: finish the sample in progress first
                         yield current
+                        done += 1
                         current = TarSample(key="")
                     yield TarSample(info.name, error=TarMemberError(info.name, why))
+                    done += 1
                     continue
                 key, ext = parsed
                 if key != current.key and current.members:
                     yield current
+                    done += 1
                     current = TarSample(key=key)
                 current.key = key
                 f = tar.extractfile(info)
                 current.members[ext] = f.read() if f is not None else b""
                 current.offsets[ext] = info.offset_data
+            end = reader.block_at(tar.offset) if tar.fileobj.comptype == "tar" else b"\0" * tarfile.BLOCKSIZE
     except (tarfile.TarError, EOFError, OSError) as exc:
-        name = current.key or "<tar>"
-        yield TarSample(name, error=TarMemberError(name, f"corrupt or truncated tar: {exc}"))
+        yield cut(str(exc))
+        return
+    if end is None or len(end) < tarfile.BLOCKSIZE or end.count(0) != tarfile.BLOCKSIZE:
+        yield cut("no end-of-archive block after the last member (header cut short or stream ended)")
         return
     if current.members:
         yield current

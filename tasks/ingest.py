@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,10 +30,11 @@ from corpusforge.contract import run_unit, unit_fingerprint
 from corpusforge.hashing import stable_int
 from corpusforge.layout import HASH_SCHEMA, INGEST_SCHEMA, KEY_SCHEMA, hashes_path, ingest_path, keys_table_path
 from corpusforge.records import Status
-from corpusforge.storage import Store
+from corpusforge.storage import Store, is_remote
 from corpusforge.tarshard import is_safe_key, iter_tar_samples
 from corpusforge.version import code_version
-from tasks.sources import IMAGE_EXTS, METADATA_COLUMNS, Partition, SourceConfig, file_stamp, resolve_path
+from tasks.sources import (IMAGE_EXTS, METADATA_COLUMNS, Partition, SourceConfig, allowed_roots, file_stamp,
+                           local_file_refusal, locate)
 from tasks.validate import ValidationConfig, validate_image
 
 
@@ -68,9 +71,10 @@ def image_stamps(part: Partition, src: SourceConfig, store: Store) -> list[str |
     if part.kind == "tar":
         return []
     stamps: list[str | None] = []
+    roots = allowed_roots(part.base, src.allow_roots)
     for meta in _chunk_rows(part, store):
-        location = resolve_path(part.base, meta.get("path") or "")
-        if location is None:
+        location, _ = locate(part.base, meta.get("path") or "", roots)
+        if location is None or local_file_refusal(location, roots) is not None:
             stamps.append(None)
             continue
         try:
@@ -81,9 +85,20 @@ def image_stamps(part: Partition, src: SourceConfig, store: Store) -> list[str |
     return stamps
 
 
+def _read_local(location: str, limit: int) -> bytes:
+    """Read a local file that :func:`local_file_refusal` passed, without ever blocking: it is
+    opened non-blocking and not following a final symlink, and re-checked to be a regular file."""
+    fd = os.open(location, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{location}: not a regular file")
+        return f.read(limit)
+
+
 def _row_records(part: Partition, src: SourceConfig, val: ValidationConfig,
                  store: Store) -> Iterator[dict[str, Any]]:
     rows = _chunk_rows(part, store)
+    roots = allowed_roots(part.base, src.allow_roots)
     for i, meta in enumerate(rows):
         record = _blank(part.index, i)
         record.update({c: meta.get(c) for c in METADATA_COLUMNS})
@@ -91,16 +106,21 @@ def _row_records(part: Partition, src: SourceConfig, val: ValidationConfig,
         record["source_path"] = raw_path
         record["key"] = meta.get("key") or derived_key(raw_path)
         extra = json.loads(meta["extra"]) if meta.get("extra") else {}
-        location = resolve_path(part.base, raw_path)
+        location, why = locate(part.base, raw_path, roots)
+        if location is not None:
+            why = local_file_refusal(location, roots) or ""
         if not is_safe_key(record["key"]):
             record["reason"] = f"unsafe_key: {record['key']!r}"
-        elif location is None:
-            record["reason"] = f"unsafe_path: {raw_path!r}"
+        elif location is None or why:
+            record["reason"] = f"unsafe_path: {raw_path!r}: {why}"
         else:
             record["source_path"] = location
             try:
-                with fsspec.open(location, "rb", **src.storage_options) as f:
-                    data = f.read(val.max_bytes + 1)
+                if is_remote(location):
+                    with fsspec.open(location, "rb", **src.storage_options) as f:
+                        data = f.read(val.max_bytes + 1)
+                else:
+                    data = _read_local(os.path.realpath(location), val.max_bytes + 1)
             except FileNotFoundError:
                 record["reason"] = f"missing_file: {raw_path}"
             except (OSError, ValueError) as exc:
@@ -148,7 +168,8 @@ def _tar_records(part: Partition, src: SourceConfig, val: ValidationConfig,
 def ingest_partition(store: Store, part: Partition, src: SourceConfig, val: ValidationConfig,
                      n_buckets: int) -> dict[str, Any]:
     """Ingest one partition (skipped when its fingerprint is unchanged); return its marker."""
-    fp = unit_fingerprint("ingest", code_version("tasks.ingest"), [val.model_dump(mode="json"), n_buckets],
+    fp = unit_fingerprint("ingest", code_version("tasks.ingest"),
+                          [val.model_dump(mode="json"), n_buckets, sorted(src.allow_roots)],
                           [part.kind, part.base, part.digest, image_stamps(part, src, store)])
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:

@@ -24,8 +24,11 @@ stamps every image file a chunk names, so bytes replaced at the same path are re
 from __future__ import annotations
 
 import json
+import os
 import posixpath
-from collections.abc import Iterator
+import re
+import stat
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -45,6 +48,7 @@ INPUT_COLUMNS = INPUT_SCHEMA.names
 IMAGE_EXTS = {"jpg", "jpeg", "png", "webp"}
 TABLE_SUFFIXES = (".parquet", ".jsonl", ".csv")
 SIDECAR_EXTS = {"txt", "json"}
+SCHEME_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")  # file:/x, local:/x, c:/x
 
 
 class SourceConfig(BaseModel):
@@ -59,6 +63,11 @@ class SourceConfig(BaseModel):
         description="Map corpusforge column names (key, path, caption, …) to the table's own column names.")
     partition_size: int = Field(500, ge=1, description="Records per ingest partition (table and folder inputs).")
     storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for the source.")
+    allow_roots: list[str] = Field(
+        default_factory=list,
+        description="Further folders or URI prefixes (e.g. 's3://bucket/images/') that metadata paths may "
+                    "point into. By default only the source's own folder (and, for a source on an object "
+                    "store, that store's protocol) is readable.")
 
 
 @dataclass(frozen=True)
@@ -196,23 +205,43 @@ def _table_rows(uri: str, cfg: SourceConfig) -> Iterator[dict[str, Any]]:
         yield from normalise_rows(table, cfg.columns)
 
 
+def _local_files(root: str) -> list[str]:
+    """Every entry under a local folder, symlinks not followed: a symlink to a folder and
+    any special file (FIFO, device, socket) is listed too, so ingest reports it as an error."""
+    out: list[str] = []
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        for name in dirs:
+            if os.path.islink(os.path.join(folder, name)):
+                out.append(os.path.join(folder, name))
+        out += [os.path.join(folder, name) for name in files]
+    return sorted(out)
+
+
 def _folder_rows(src: str, cfg: SourceConfig) -> Iterator[dict[str, Any]]:
-    """Every file of a bare folder in sorted order; caption/metadata sidecars are attached."""
+    """Every file of a bare folder in sorted order; caption/metadata sidecars are attached.
+
+    Nothing is skipped silently: links and special files become rows (and error records
+    at ingest); a sidecar is read only when it is a regular file inside the folder."""
     fs, root = _fs(src, cfg.storage_options)
-    files = sorted(fs.find(root))
+    if is_remote(src):
+        files = sorted(fs.find(root))
+        readable = set(files)
+    else:
+        root = root.rstrip("/") or "/"
+        files = _local_files(root)
+        readable = {f for f in files if local_file_refusal(f, [root]) is None}
     stems_with_image = {f.rsplit(".", 1)[0] for f in files if f.rsplit(".", 1)[-1].lower() in IMAGE_EXTS}
-    present = set(files)
     for path in files:
         stem, _, ext = path.rpartition(".")
         rel = posixpath.relpath(path, root)
-        if ext.lower() in SIDECAR_EXTS and stem in stems_with_image:
+        if ext.lower() in SIDECAR_EXTS and stem in stems_with_image and path in readable:
             continue  # read below as part of its image's record
         record: dict[str, Any] = {c: None for c in INPUT_COLUMNS}
         record["path"] = rel
         if ext.lower() in IMAGE_EXTS:
-            if f"{stem}.txt" in present:
+            if f"{stem}.txt" in readable:
                 record["caption"] = fs.cat_file(f"{stem}.txt").decode("utf-8", "replace").strip()
-            if f"{stem}.json" in present:
+            if f"{stem}.json" in readable:
                 meta = json.loads(fs.cat_file(f"{stem}.json"))
                 for name in METADATA_COLUMNS:
                     if name in meta and record.get(name) is None:
@@ -239,19 +268,77 @@ def plan_partitions(src: str, store: Store, cfg: SourceConfig) -> tuple[str, lis
     return kind, parts
 
 
-def resolve_path(base: str, path: str) -> str | None:
-    """The location of ``path`` from a metadata row, or None when it is unsafe.
+def _under(location: str, root: str) -> bool:
+    if root.endswith("://"):
+        return location.startswith(root)
+    root = root.rstrip("/")
+    return location == root or location.startswith(root + "/")
 
-    Relative paths must stay inside ``base`` (no ``..`` escape, no absolute paths, no
-    backslashes or NUL). A URI with a scheme other than file:// is taken as given.
+
+def allowed_roots(base: str, extra: Sequence[str] = ()) -> list[str]:
+    """Where metadata paths may point: the source's folder, for a source on an object store
+    that store's whole protocol (``s3://``), and any roots the config allow-lists."""
+    roots = [base]
+    if is_remote(base):
+        roots.append(f"{fsspec.utils.get_protocol(base)}://")
+    return roots + [r for r in extra if r]
+
+
+def locate(base: str, path: str, roots: Sequence[str] = ()) -> tuple[str | None, str]:
+    """(location, "") for a metadata path that may be read, else (None, why it is refused).
+
+    Decided from the string alone, before any byte is read: empty paths, control
+    characters, backslashes and chained URLs (``simplecache::…``) are refused; a relative
+    path must stay inside ``base`` (no ``..`` escape); an absolute path or a URI of any
+    protocol (``file://``, ``local://``, ``http(s)://``, ``memory://``, ``zip://``, ``s3://``…)
+    must lie under one of ``roots`` (default: :func:`allowed_roots` of ``base``).
+    Local files are checked once more at read time (:func:`local_file_refusal`).
     """
-    if not path or "\x00" in path or "\\" in path:
-        return None
-    if "://" in path:
-        return None if path.startswith("file://") else path
-    if path.startswith("/"):
-        return None
+    roots = list(roots) or allowed_roots(base)
+    if not path:
+        return None, "empty path"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path) or "\\" in path:
+        return None, "control character or backslash in path"
+    if "::" in path:
+        return None, "chained URL not allowed"
+    if "://" in path or path.startswith("/"):
+        protocol, rest = fsspec.core.split_protocol(path)
+        if any(p in ("..", ".") for p in rest.split("/")):
+            return None, "'..' or '.' component in path"
+        normal = path if protocol else posixpath.normpath(path)
+        if not any(_under(normal, r if "://" in r else os.path.abspath(r)) for r in roots):
+            kind = f"{protocol}:// URL" if protocol else "absolute path"
+            return None, f"{kind} outside the allowed roots (input.allow_roots)"
+        return normal, ""
+    if SCHEME_LIKE.match(path):
+        return None, "URL-like path without '//' (write ./name for a file whose name has a colon)"
     normal = posixpath.normpath(path)
     if normal == ".." or normal.startswith("../") or normal == ".":
+        return None, "path escapes the source folder"
+    return posixpath.join(base, normal), ""
+
+
+def resolve_path(base: str, path: str, roots: Sequence[str] = ()) -> str | None:
+    """The location of ``path`` from a metadata row, or None when it is refused (:func:`locate`)."""
+    return locate(base, path, roots)[0]
+
+
+def local_file_refusal(location: str, roots: Sequence[str]) -> str | None:
+    """Why a local file may not be read (None: it may): its real path, symlinks resolved,
+    must lie inside a local root and it must be a regular file (a FIFO or device is never
+    opened). Only metadata is looked at; remote locations are not checked here."""
+    if is_remote(location):
         return None
-    return posixpath.join(base, normal)
+    real = os.path.realpath(location)
+    local_roots = [os.path.realpath(r) for r in roots if not is_remote(r)]
+    if not any(_under(real, r) for r in local_roots):
+        return "symlink to a location outside the source"
+    try:
+        mode = os.stat(real).st_mode
+    except FileNotFoundError:
+        return None  # reported as missing_file by the reader
+    except OSError as exc:
+        return f"cannot stat: {exc.strerror}"
+    if not stat.S_ISREG(mode):
+        return "not a regular file (folder, FIFO, device or socket)"
+    return None

@@ -146,7 +146,7 @@ def test_bare_folder_with_sidecars(tmp_path):
 
 
 @pytest.mark.parametrize("path,ok", [("a/b.jpg", True), ("../a.jpg", False), ("/etc/passwd", False),
-                                     ("a/../../b", False), ("file:///etc/passwd", False), ("s3://b/k.jpg", True),
+                                     ("a/../../b", False), ("file:///etc/passwd", False), ("s3://b/k.jpg", False),
                                      ("a\\b.jpg", False), ("", False)])
 def test_resolve_path_safety(path, ok):
     assert (resolve_path("/base", path) is not None) == ok
