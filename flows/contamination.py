@@ -133,7 +133,7 @@ def contamination(config: ContaminationConfig) -> dict[str, Any]:
     check_separate(out, reads)
     results: dict[str, Any] = {}
     warnings: list[str] = []
-    benchmark, chunks, embedded = None, [], set()
+    benchmark, chunks, embedded, with_images = None, [], set(), []
 
     if config.eval_set:
         es = config.eval_set
@@ -158,12 +158,14 @@ def contamination(config: ContaminationConfig) -> dict[str, Any]:
         benchmark = benchmark_identity(out, plan.name, es.source, plan.kind, chunks, plan.input_files,
                                        es.storage_options)
 
-    if config.image is not None and config.eval_set:
+    if config.image is not None and with_images:
         results["images"] = image_stage(out, corpus, eval_store, chunks, config.image)
         embedded = {c for c in chunks if feature_marker(eval_store, config.image.model_id, c) is not None}
         if results["images"]["feature_identity"].get("random_init"):
             warnings.append(f"RANDOM-INIT FEATURES ({config.image.model_id}): image similarities carry no meaning")
     else:
+        if config.image is not None and config.eval_set:
+            warnings.append("the evaluation set has no readable images: no image-only rate")
         for folder in (CONTAMINATION_IMAGES, f"{CONTAMINATION_FOUND}/images"):
             remove_tree(out, folder)
 

@@ -95,6 +95,15 @@ def test_short_texts_neither_vanish_nor_all_match():
     assert empty.signature is None and canary.compare(empty, canary.TextFacts.of("...")).normalized is False
 
 
+def test_review_band_sits_below_quarantine():
+    t = canary.CanaryThresholds(review_direct_jaccard=0.2, review_signature=0.25)
+    assert canary.decide(canary.PairScores(False, False, 0.25, 0.0, 1, 4), t) == ("review", "direct_jaccard>=0.2")
+    assert canary.decide(canary.PairScores(False, False, 0.1, 0.25, 1, 10), t) == ("review", "signature>=0.25")
+    assert canary.decide(canary.PairScores(False, False, 0.4, 0.25, 4, 10), t) == ("quarantine", "direct_jaccard>=0.4")
+    with pytest.raises(ValueError, match="below its quarantine"):
+        TextCanaryConfig(review_signature=0.5)
+
+
 def test_vectorised_facts_equal_the_reference():
     texts = captions(300, 3) + ["", "two words", "Ünïcödé ＦＵＬＬＷＩＤＴＨ text", "!!!", "a b c d e f g h i j"]
     batch = text_batch(texts)

@@ -68,6 +68,8 @@ def shingles(normalized: str, width: int = SHINGLE_WIDTH) -> list[str]:
         return []
     if len(tokens) < width:
         return [" ".join(tokens)]
+    if width == 3:  # the default, without slicing
+        return list(dict.fromkeys(map(" ".join, zip(tokens, tokens[1:], tokens[2:]))))
     return list(dict.fromkeys(" ".join(tokens[i:i + width]) for i in range(len(tokens) - width + 1)))
 
 

@@ -57,6 +57,7 @@ class EvalChunk:
     first_row: int                              # row of the first item (tables, folders; 0 in a tar)
     rows: tuple[dict[str, Any], ...] = ()       # table: id, image uri, fields; folder: id, uri, sidecars
     uri: str = ""                               # tar: the tar
+    prefix: str = ""                            # tar: item ids are {prefix}/{key}
 
 
 @dataclass
@@ -158,14 +159,16 @@ def plan_eval_set(cfg: EvalSetConfig) -> EvalPlan:
                   for c, s in enumerate(range(0, len(rows), size))]
         return EvalPlan("table", name, chunks, [cfg.source])
     if fs.isfile(path) and path.endswith(".tar"):
-        return EvalPlan("tars", name, [EvalChunk("000000", "tar", 0, uri=cfg.source)], [cfg.source])
+        prefix = posixpath.basename(path)[:-4]
+        return EvalPlan("tars", name, [EvalChunk("000000", "tar", 0, uri=cfg.source, prefix=prefix)], [cfg.source])
     if not fs.isdir(path):
         raise FileNotFoundError(f"evaluation set {cfg.source} does not exist")
     found = sorted(fs.find(path))
     tars = [p for p in found if p.endswith(".tar")]
     if tars:
-        return EvalPlan("tars", name, [EvalChunk(f"{i:06d}", "tar", 0, uri=_full(fs, t, cfg.source))
-                                       for i, t in enumerate(tars)], [_full(fs, t, cfg.source) for t in tars])
+        chunks = [EvalChunk(f"{i:06d}", "tar", 0, uri=_full(fs, t, cfg.source),
+                            prefix=posixpath.relpath(t, path.rstrip("/"))[:-4]) for i, t in enumerate(tars)]
+        return EvalPlan("tars", name, chunks, [c.uri for c in chunks])
     present = set(found)
     rows = []
     for p in found:
@@ -199,7 +202,7 @@ def _chunk_items(chunk: EvalChunk, cfg: EvalSetConfig) -> Iterator[tuple[dict[st
     so = cfg.storage_options
     wanted = _wanted_fields(cfg)
     if chunk.kind == "tar":
-        base = posixpath.basename(chunk.uri).rsplit(".", 1)[0]
+        base = chunk.prefix or posixpath.basename(chunk.uri)[:-4]
         with fsspec.open(chunk.uri, "rb", **so) as f:
             for sample in iter_tar_samples(f):
                 item_id = f"{base}/{sample.key}"
@@ -248,7 +251,7 @@ def chunk_inputs(chunk: EvalChunk, cfg: EvalSetConfig) -> Any:
     """What a chunk's content depends on: its rows and a stamp of every file it reads."""
     so = cfg.storage_options
     if chunk.kind == "tar":
-        return [chunk.uri, file_stamp(chunk.uri, so)]
+        return [chunk.uri, chunk.prefix, file_stamp(chunk.uri, so)]
     stamps = []
     for row in chunk.rows:
         files = [row.get(k) for k in ("uri", "txt", "json") if row.get(k) and not row.get("error")]
@@ -317,7 +320,3 @@ def stage_chunk(out: Store, eval_store: Store, chunk: EvalChunk, cfg: EvalSetCon
     info = {"items": len(rows), "staged": len(records),
             "image_errors": sum(1 for r in rows if r["image_error"]), "staging_digest": staging_marker["digest"]}
     return {**finish_unit(out, eval_items_path(chunk.name), fp, outputs, info), "action": "computed"}
-
-
-def read_items(out: Store, chunk: str) -> list[dict[str, Any]]:
-    return out.read_parquet(eval_items_path(chunk)).to_pylist()

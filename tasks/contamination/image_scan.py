@@ -180,7 +180,7 @@ def scan_shard_exact(out: Store, scan: str, query: ScanSide, shard: str, target:
     return run_unit(out, found_matches_path(scan, shard), fp, compute)
 
 
-def _n_selected(side: ScanSide, shard: str) -> int:
+def n_selected(side: ScanSide, shard: str) -> int:
     if side.selection is None:
         return int(require_features(side.store, side.model_id, shard)["info"]["count"])
     return side.selection_store.read_parquet(select_path(side.selection, shard), columns=["key"]).num_rows
@@ -188,7 +188,7 @@ def _n_selected(side: ScanSide, shard: str) -> int:
 
 def build_scan_index(out: Store, name: str, target: ScanSide, target_digest: str, cfg: IvfConfig) -> dict[str, Any]:
     """An IVF index over every target vector (ids: position in target-shard order)."""
-    n_est = sum(_n_selected(target, s) for s in target.shards)
+    n_est = sum(n_selected(target, s) for s in target.shards)
     nlist = cfg.nlist or sim.auto_nlist(n_est)
     n_train = min(n_est, cfg.max_train, nlist * cfg.train_per_list)
     plan = {"nlist": nlist, "nprobe": min(cfg.nprobe, nlist), "storage": cfg.storage, "n_train": n_train,
@@ -255,7 +255,7 @@ def scan_shard_ivf(out: Store, scan: str, query: ScanSide, shard: str, target: S
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         v = load_shard(query, shard)
         index = load_scan_index(out, index_name, index_info)
-        sims, ids = sim.ivf_search(index, v.x, k) if len(v.keys) else sim.empty_topk(0, k)
+        sims, ids = sim.ivf_search_by_list(index, v.x, k) if len(v.keys) else sim.empty_topk(0, k)
         offsets = np.asarray(index_info["offsets"], dtype=np.int64)
         table = match_table(v.keys, sims, ids, _resolve(target, offsets, ids))
         rel = found_matches_path(scan, shard)
@@ -280,7 +280,7 @@ def scan_recall(out: Store, scan: str, query: ScanSide, target: ScanSide, target
     rel = recall_path(scan)
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
-        n_total = sum(_n_selected(query, s) for s in query.shards)
+        n_total = sum(n_selected(query, s) for s in query.shards)
         rate = n_sample / max(n_total, 1)
         keys, xs = [], []
         for shard in query.shards:
@@ -318,7 +318,3 @@ def plan_search(mode: str, n_queries: int, n_targets: int, exact_max_pairs: floa
     if n_targets < 39 * 16 or n_queries * n_targets <= exact_max_pairs:
         return "exact"
     return "ivf"
-
-
-def read_matches(out: Store, scan: str, shard: str) -> pa.Table:
-    return out.read_parquet(found_matches_path(scan, shard))

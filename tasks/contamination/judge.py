@@ -27,7 +27,6 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -193,7 +192,3 @@ def make_judge(cfg: JudgeConfig) -> Judge:
 
 def identity_sha256(judge: Judge) -> str:
     return hashlib.sha256(canonical_json(judge.identity()).encode()).hexdigest()
-
-
-def judge_all(judge: Judge, inputs: Sequence[JudgeInput]) -> list[Verdict]:
-    return [judge.judge(x) for x in inputs]

@@ -21,7 +21,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from corpusforge.contract import prune, read_marker, run_unit, unit_fingerprint
-from corpusforge.hashing import fingerprint
 from corpusforge.layout import CONTAMINATION_SELECT, MANIFEST_DIR, SELECT_SCHEMA, select_path
 from corpusforge.records import Status
 from corpusforge.storage import Store
@@ -85,7 +84,3 @@ def read_selection(out: Store, name: str, shard: str) -> dict[str, str]:
     """Selected keys of one shard → their split."""
     t = out.read_parquet(select_path(name, shard))
     return dict(zip(t["key"].to_pylist(), t["split"].to_pylist(), strict=True))
-
-
-def selection_digest(marker: dict[str, Any] | None) -> str | None:
-    return None if marker is None else fingerprint(marker["info"]["digests"])

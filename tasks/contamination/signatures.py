@@ -110,8 +110,10 @@ def text_batch(texts: Sequence[str], seeds: Sequence[int] = SEED_SIGNATURE_SEEDS
     norms = [normalize(t) for t in texts]
     vocab: dict[str, int] = {}
     per_text: list[list[int]] = []
+    add = vocab.setdefault
     for norm in norms:
-        per_text.append([vocab.setdefault(g, len(vocab)) for g in shingles(norm)])
+        grams = shingles(norm)
+        per_text.append([add(g, len(vocab)) for g in grams])
     n_grams = np.array([len(g) for g in per_text], dtype=np.int32)
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(n_grams, out=offsets[1:])
@@ -138,19 +140,7 @@ def text_batch(texts: Sequence[str], seeds: Sequence[int] = SEED_SIGNATURE_SEEDS
             perm = fmix32(folded[None, :] ^ salts[lo:lo + 16, None])
             lsh[has, lo:lo + 16] = np.minimum.reduceat(perm[:, flat], starts_t, axis=1).T
     gram_ids = ident[flat] if flat.size else np.zeros(0, dtype=np.uint64)
-    for i in np.flatnonzero(has):
-        a, b = offsets[i], offsets[i + 1]
-        gram_ids[a:b].sort()
+    owner = np.repeat(np.arange(n), n_grams)
+    gram_ids = gram_ids[np.lexsort((gram_ids, owner))]      # each text's identities, sorted
     return TextBatch([sha256_text(t) for t in texts], [sha256_text(m) for m in norms],
                      np.array([not m for m in norms], dtype=bool), n_grams, sig, lsh, offsets, gram_ids)
-
-
-def intersect_count(a: np.ndarray, b: np.ndarray) -> int:
-    """Size of the intersection of two sorted arrays of distinct identities."""
-    if not len(a) or not len(b):
-        return 0
-    if len(a) > len(b):
-        a, b = b, a
-    pos = np.searchsorted(b, a)
-    pos[pos == len(b)] = 0
-    return int(np.count_nonzero(b[pos] == a))

@@ -8,6 +8,8 @@
     text_canary_stage  corpus text parts + evaluation chunks → texts (1 task per unit) →
                        LSH join (1 per bucket) or exhaustive → verify (1 per group of parts)
                        → decide (1 per chunk) → recall sample vs every corpus text
+    image_text_stage   captions of each item's top image matches → judge (1 task per chunk)
+    edition_stage      per-item decisions (1 task per chunk) → the new edition (1 task)
 
 Inside a flow run the tasks go to the flow's task runner (Dask); outside one the same
 functions run here in order. Every folder is pruned to the current plan before it is
@@ -87,8 +89,8 @@ def run_scan(out: Store, name: str, query: scan.ScanSide, target: scan.ScanSide,
              exact_max_pairs: float, ivf_cfg: Any, recall_queries: int, threshold: float) -> dict[str, Any]:
     """Top-k matches of every query shard (exact or IVF); returns what was done and its recall."""
     prune(out, f"{CONTAMINATION_FOUND}/{name}", query.shards)
-    n_q = sum(scan._n_selected(query, s) for s in query.shards)
-    n_t = sum(scan._n_selected(target, s) for s in target.shards)
+    n_q = sum(scan.n_selected(query, s) for s in query.shards)
+    n_t = sum(scan.n_selected(target, s) for s in target.shards)
     mode = scan.plan_search(search, n_q, n_t, exact_max_pairs)
     target_digest = target.digest()
     result: dict[str, Any] = {"search": mode, "queries": n_q, "targets": n_t, "k": k,
@@ -154,7 +156,7 @@ def leakage_stage(out: Store, corpus: Store, cfg: LeakageConfig, model_id: str, 
     train_sel, train_digests, train_counts = _selection(train_corpus, out, label, cfg.train, train_shards)
     if against is not None and train_sel == held_sel:
         raise ValueError("held-out and training selections must differ")
-    with_held = [s for s in held_shards if scan._n_selected(
+    with_held = [s for s in held_shards if scan.n_selected(
         scan.ScanSide(corpus, model_id, (s,), held_sel, out, held_digests), s)]
     query = scan.ScanSide(corpus, model_id, tuple(with_held), held_sel, out, held_digests)
     target = scan.ScanSide(train_corpus, model_id, tuple(train_shards), train_sel, out, train_digests)

@@ -24,7 +24,6 @@ than ``max_docs_per_key`` corpus texts keep the first ones (counted; recall show
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +35,7 @@ import pyarrow.parquet as pq
 import scipy.sparse as sp
 
 from corpusforge.contract import require_marker, run_unit, unit_fingerprint
-from corpusforge.hashing import fingerprint, stable_uniform
+from corpusforge.hashing import stable_uniform
 from corpusforge.layout import TEXT_ROW_SCHEMA, text_rows_path, text_work_path
 from corpusforge.storage import Store
 from corpusforge.version import code_version
@@ -204,6 +203,11 @@ def join_bucket(out: Store, bucket: int, buckets: int, doc_units: dict[str, str]
         d_names, q_names = sorted(doc_units), sorted(query_units)
         dk, db, dr, du = _band_rows(out, DOC_BANDS, d_names, lo, hi)
         qk, qb, qr, qu = _band_rows(out, QUERY_BANDS, q_names, lo, hi)
+        band_rows = int(len(dk) + len(qk))
+        # only corpus rows whose key some query has can pair (whole key groups survive, so the cap below
+        # sees every corpus text of each surviving band value)
+        live = np.isin(dk, qk)
+        dk, db, dr, du = dk[live], db[live], dr[live], du[live]
         # cap the corpus texts per band value: the first ones in (unit, row) order
         order = np.lexsort((dr, du, dk, db))
         dk, db, dr, du = dk[order], db[order], dr[order], du[order]
@@ -226,7 +230,7 @@ def join_bucket(out: Store, bucket: int, buckets: int, doc_units: dict[str, str]
         table = pa.table({"d_unit": names_d[pairs["d_unit"].to_numpy()].tolist() if pairs.num_rows else [],
                           "d_row": pairs["d_row"], "q_unit": names_q[pairs["q_unit"].to_numpy()].tolist()
                           if pairs.num_rows else [], "q_row": pairs["q_row"]}, schema=PAIR_SCHEMA)
-        return {rel: out.write_parquet(rel, table)}, {"pairs": table.num_rows, "band_rows": int(len(dk) + len(qk)),
+        return {rel: out.write_parquet(rel, table)}, {"pairs": table.num_rows, "band_rows": band_rows,
                                                       "truncated_keys": truncated}
 
     return run_unit(out, rel, fp, compute)
@@ -541,7 +545,3 @@ def canary_receipt_fields(cfg: TextCanaryConfig) -> dict[str, Any]:
             "lsh": cfg.lsh.model_dump(mode="json"),
             "jaccard_candidate_probability": {str(j): round(plan.jaccard_candidate_probability(j), 6)
                                               for j in (0.2, 0.3, cfg.direct_jaccard, 0.5, 0.7)}}
-
-
-def fingerprint_of(obj: Any) -> str:
-    return fingerprint(json.loads(json.dumps(obj, default=str)))

@@ -24,7 +24,7 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from corpusforge.contract import prune, run_unit, unit_fingerprint
-from corpusforge.layout import eval_items_path, staging_index, text_work_path
+from corpusforge.layout import eval_items_path, staging_index, staging_tar, text_work_path
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.contamination.config import TextCorpusConfig
@@ -40,7 +40,7 @@ def caption_texts(corpus: Store, shard: str, out: Store, selection: str | None) 
     index = corpus.read_parquet(staging_index(shard), columns=["key", "ext", "offset", "size"])
     chosen = read_selection(out, selection, shard) if selection else None
     ids, texts = [], []
-    with corpus.open(f"staging/tars/{shard}.tar") as f:
+    with corpus.open(staging_tar(shard)) as f:
         for key, ext, offset, size in zip(*(index.column(c).to_pylist() for c in ("key", "ext", "offset", "size")),
                                           strict=True):
             if ext != "txt" or (chosen is not None and key not in chosen):
