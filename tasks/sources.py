@@ -122,7 +122,15 @@ def detect_kind(src: str, options: dict[str, Any]) -> tuple[str, str]:
 
 
 def _table_batches(uri: str, options: dict[str, Any], chunk: int) -> Iterator[pa.Table]:
-    """Stream a metadata table in chunks without reading it whole."""
+    """Stream a metadata table in chunks without reading it whole; an unreadable table is
+    one error naming the file."""
+    try:
+        yield from _read_table_batches(uri, options, chunk)
+    except pa.ArrowInvalid as exc:
+        raise ValueError(f"{uri}: not a readable table ({exc})") from exc
+
+
+def _read_table_batches(uri: str, options: dict[str, Any], chunk: int) -> Iterator[pa.Table]:
     with fsspec.open(uri, "rb", **options) as f:
         if uri.endswith(".parquet"):
             for batch in pq.ParquetFile(f).iter_batches(batch_size=chunk):
@@ -264,6 +272,8 @@ def plan_partitions(src: str, store: Store, cfg: SourceConfig) -> tuple[str, lis
         parts = _write_chunks(store, _table_rows(uri, cfg), cfg.partition_size, base)
     else:
         parts = _write_chunks(store, _folder_rows(uri, cfg), cfg.partition_size, uri.rstrip("/"))
+    if not parts:
+        raise ValueError(f"source {src}: no input records (empty {kind}); nothing to build")
     prune(store, INPUT_DIR, {part_name(p.index) for p in parts if p.kind == "rows"})
     return kind, parts
 
