@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from corpusforge.contract import completed_units, finish_unit, read_marker, require_marker
-from corpusforge.layout import FEATURE_KEYS_SCHEMA, feature_keys, feature_vectors, features_dir
+from corpusforge.contract import completed_units, finish_unit, prune, read_marker, remove_tree, require_marker
+from corpusforge.layout import FEATURE_KEYS_SCHEMA, FEATURES_DIR, feature_keys, feature_vectors, features_dir
 from corpusforge.storage import Store
 
 
@@ -75,3 +75,14 @@ def read_shard_errors(store: Store, model_id: str, shard: str) -> dict[str, str]
 def list_feature_shards(store: Store, model_id: str) -> list[str]:
     """Completed shards of a model, sorted."""
     return completed_units(store, f"{features_dir(model_id)}/vectors", ".npy")
+
+
+def prune_features(store: Store, models: set[str], shards: list[str]) -> None:
+    """Keep exactly the features of ``models`` × ``shards``: folders of other models and files
+    of other shards (with their markers) are removed before anything lists them."""
+    for name in store.listdir(FEATURES_DIR):
+        if name not in models:
+            remove_tree(store, features_dir(name))
+    for model in models:
+        for sub in ("vectors", "keys"):
+            prune(store, f"{features_dir(model)}/{sub}", shards)

@@ -27,10 +27,11 @@ from pydantic import Field, model_validator
 from corpusforge.cluster import DaskConfig, as_task, cluster_flow, run_logger, run_tasks
 from corpusforge.config import FlowConfig
 from corpusforge.contract import count_actions, prune, remove_tree
-from corpusforge.progress import RunProgress, run_progress
-from corpusforge.layout import (EXACT_DIR, FEATURES_DIR, GRAPH_DIR, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR,
+from corpusforge.feature_files import prune_features
+from corpusforge.layout import (EXACT_DIR, GRAPH_DIR, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR,
                                 RESOLVED_DIR, STAGING_INDEX, STAGING_RECORDS, STAGING_TARS, STATS_DIR, bucket_name,
-                                features_dir, hashes_path, keys_table_path, part_name)
+                                hashes_path, keys_table_path, part_name)
+from corpusforge.progress import RunProgress, run_progress
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.exact_dedup import find_duplicate_keys, find_exact_duplicates, resolve_partition
@@ -189,12 +190,7 @@ def _features(store: Store, config: BuildConfig, staged: list[str], work: dict[s
     models = {m.model_id for m in config.features.models}
     if config.reference_stats is not None:
         models.add(config.reference_stats.model.model_id)
-    for name in store.listdir(FEATURES_DIR):
-        if name not in models:
-            remove_tree(store, features_dir(name))
-    for model in models:
-        for sub in ("vectors", "keys"):
-            prune(store, f"{features_dir(model)}/{sub}", staged)
+    prune_features(store, models, staged)
     if not (config.features.models and staged):
         return {}
     results = extract_features(store, staged, config.features)
