@@ -176,7 +176,7 @@ def manifest_path(part: int) -> str:
 
 # ---- shared schemas ------------------------------------------------------------------
 _INPUT_COLUMNS = ["key", "path", "caption", "caption_type", "source", "license", "license_url",
-                  "attribution", "retrieved_at", "extra"]
+                  "attribution", "retrieved_at", "extra", "warning"]  # warning: a sidecar that was not usable
 INPUT_SCHEMA = pa.schema([(c, pa.string()) for c in _INPUT_COLUMNS])
 
 # Facts known after ingest: one row per input record, no image bytes.
@@ -201,6 +201,7 @@ INGEST_SCHEMA = pa.schema([
     ("retrieved_at", pa.string()),
     ("status", pa.string()),          # kept (so far), filtered or error
     ("reason", pa.string()),
+    ("warning", pa.string()),         # e.g. bad_sidecar: its metadata was not used, and why
 ])
 
 HASH_SCHEMA = pa.schema([("bucket", pa.int32()), ("sha256", pa.string()), ("key", pa.string()),
@@ -240,7 +241,7 @@ LATE_SCHEMA = pa.schema([
 MANIFEST_SCHEMA = pa.schema([
     *[INGEST_SCHEMA.field(n) for n in (
         "key", "source_path", "sha256", "bytes", "format", "width", "height",
-        "caption_type", "source", "license", "status", "reason")],
+        "caption_type", "source", "license", "status", "reason", "warning")],
     ("duplicate_of", pa.string()),
     ("split", pa.string()),
     ("shard", pa.string()),

@@ -34,7 +34,7 @@ from corpusforge.storage import Store, is_remote
 from corpusforge.tarshard import is_safe_key, iter_tar_samples
 from corpusforge.version import code_version
 from tasks.sources import (IMAGE_EXTS, METADATA_COLUMNS, Partition, SourceConfig, allowed_roots, file_stamp,
-                           local_file_refusal, locate)
+                           local_file_refusal, locate, parse_sidecar)
 from tasks.validate import ValidationConfig, validate_image
 
 
@@ -102,6 +102,7 @@ def _row_records(part: Partition, src: SourceConfig, val: ValidationConfig,
     for i, meta in enumerate(rows):
         record = _blank(part.index, i)
         record.update({c: meta.get(c) for c in METADATA_COLUMNS})
+        record["warning"] = meta.get("warning")
         raw_path = meta.get("path") or ""
         record["source_path"] = raw_path
         record["key"] = meta.get("key") or derived_key(raw_path)
@@ -138,11 +139,7 @@ def _tar_records(part: Partition, src: SourceConfig, val: ValidationConfig,
             record["source_path"] = f"{part.uri}#{sample.key}"
             meta: dict[str, Any] = {}
             if "json" in sample.members:
-                try:
-                    loaded = json.loads(sample.members["json"])
-                    meta = loaded if isinstance(loaded, dict) else {}
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    meta = {}
+                meta, record["warning"] = parse_sidecar(sample.members["json"])
             key = meta.get("key") if isinstance(meta.get("key"), str) else sample.key.rsplit("/", 1)[-1]
             record["key"] = key
             record.update({c: str(meta[c]) for c in METADATA_COLUMNS[1:] if meta.get(c) is not None})

@@ -174,7 +174,7 @@ def normalise_rows(table: pa.Table, mapping: dict[str, str]) -> list[dict[str, s
         extra: dict[str, Any] = {}
         for name, value in row.items():
             ours = reverse.get(name, name)
-            if ours in record and ours != "extra":
+            if ours in record and ours not in ("extra", "warning"):
                 record[ours] = _as_text(value)
             else:
                 extra[name] = value
@@ -211,6 +211,18 @@ def _table_rows(uri: str, cfg: SourceConfig) -> Iterator[dict[str, Any]]:
         if source_path not in table.column_names:
             raise ValueError(f"{uri}: no '{source_path}' column (the only required column)")
         yield from normalise_rows(table, cfg.columns)
+
+
+def parse_sidecar(data: bytes) -> tuple[dict[str, Any], str | None]:
+    """A JSON metadata sidecar as a dict, and a warning when it could not be used: malformed
+    JSON or not an object is never silently taken as ``{}``."""
+    try:
+        loaded = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return {}, f"bad_sidecar: invalid JSON ({exc}); its metadata (licence, attribution…) was not used"
+    if not isinstance(loaded, dict):
+        return {}, f"bad_sidecar: JSON {type(loaded).__name__}, not an object; its metadata was not used"
+    return loaded, None
 
 
 def _local_files(root: str) -> list[str]:
@@ -250,7 +262,7 @@ def _folder_rows(src: str, cfg: SourceConfig) -> Iterator[dict[str, Any]]:
             if f"{stem}.txt" in readable:
                 record["caption"] = fs.cat_file(f"{stem}.txt").decode("utf-8", "replace").strip()
             if f"{stem}.json" in readable:
-                meta = json.loads(fs.cat_file(f"{stem}.json"))
+                meta, record["warning"] = parse_sidecar(fs.cat_file(f"{stem}.json"))
                 for name in METADATA_COLUMNS:
                     if name in meta and record.get(name) is None:
                         record[name] = _as_text(meta[name])

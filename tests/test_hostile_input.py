@@ -312,3 +312,27 @@ def test_fuzz_tar_reader(edits, cut):
             assert is_safe_key(sample.key.rsplit("/", 1)[-1]) or sample.key.rsplit("/", 1)[-1]
             assert ".." not in sample.key.split("/") and not sample.key.startswith("/")
     assert sum(s.error is not None and "truncated" in s.error.reason for s in got) <= 1
+
+
+# ---- malformed sidecars -------------------------------------------------------------------------
+
+def test_malformed_json_sidecar_is_a_warning_with_a_reason(tmp_path):
+    tars, folder = tmp_path / "tars", tmp_path / "imgs"
+    tars.mkdir()
+    folder.mkdir()
+    sidecars = {"good": b'{"license": "cc-by"}', "broken": b'{"license": "cc-by"', "list": b"[1, 2]",
+                "binary": b"\xff\xfe"}
+    buf = io.BytesIO()
+    write_tar(buf, [Sample(k, {"jpg": jpeg(300, 300, i), "json": j}) for i, (k, j) in enumerate(sidecars.items())])
+    (tars / "000.tar").write_bytes(buf.getvalue())
+    for i, (k, j) in enumerate(sidecars.items()):
+        (folder / f"{k}.jpg").write_bytes(jpeg(300, 300, i))
+        (folder / f"{k}.json").write_bytes(j)
+    for src in (tars, folder):
+        got = {r["key"].removeprefix("k") if src == tars else r["source_path"].rsplit("/", 1)[-1][:-4]: r
+               for r in ingest_records(str(src), tmp_path / f"out-{src.name}")}
+        assert {k: r["status"] for k, r in got.items()} == dict.fromkeys(sidecars, "kept")  # the image is fine
+        assert got["good"]["warning"] is None and got["good"]["license"] == "cc-by"
+        for k in ("broken", "list", "binary"):
+            assert got[k]["warning"].startswith("bad_sidecar: "), (src.name, k, got[k]["warning"])
+            assert got[k]["license"] is None
