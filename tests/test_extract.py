@@ -268,10 +268,12 @@ def test_truncated_tar_marks_the_missing_keys(tmp_path):
     index = store.read_parquet(staging_index("000000")).to_pylist()
     cut = [r for r in index if r["key"] == keys[3]][0]["offset"] - 512
     store.write_bytes(staging_tar("000000"), data[:cut])
-    result = extract_shard(store, "000000", _cfg())
-    assert result["models"]["wfd"]["ok"] == 3
+    cfg = _cfg().model_copy(update={"max_error_share": 1.0})  # past the error-rate guard
+    result = extract_shard(store, "000000", cfg)
+    # the sample in progress at a cut may miss members, so it is not embedded either
+    assert result["models"]["wfd"]["ok"] == 2
     errors = read_shard_errors(store, "wfd", "000000")
-    assert sorted(errors) == keys[3:] and all("missing from staging tar" in e for e in errors.values())
+    assert sorted(errors) == keys[2:] and all("missing from staging tar" in e for e in errors.values())
 
 
 def test_tiny_random_init_learned_model_beside_wfd(corpus):

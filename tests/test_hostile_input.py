@@ -336,3 +336,24 @@ def test_malformed_json_sidecar_is_a_warning_with_a_reason(tmp_path):
         for k in ("broken", "list", "binary"):
             assert got[k]["warning"].startswith("bad_sidecar: "), (src.name, k, got[k]["warning"])
             assert got[k]["license"] is None
+
+
+# ---- error-rate guard -----------------------------------------------------------------------------
+
+def test_feature_shard_past_the_error_rate_guard_fails_and_is_not_marked_done(tmp_path):
+    from corpusforge.layout import feature_vectors
+    from tasks.features.config import FeaturesConfig, ModelSpec, RuntimeConfig
+    from tasks.features.extract import extract_shard
+    from tests.test_extract import _write_staging
+
+    store = Store(str(tmp_path / "corpus"))
+    _write_staging(store, "000000", list(range(4)), corrupt={0, 1, 2})
+    cfg = FeaturesConfig(models=[ModelSpec(name="wfd")], runtime=RuntimeConfig(batch_size=4))
+    with pytest.raises(RuntimeError, match=r"3 of 4 images failed .*max_error_share=0.5.*not marked done"):
+        extract_shard(store, "000000", cfg)
+    assert not store.exists(feature_vectors("wfd", "000000"))
+    assert not any(str(p).endswith(".json") for p in (tmp_path / "corpus").rglob("_markers/features/**/*"))
+    with pytest.raises(RuntimeError):  # a rerun is not skipped: it fails again
+        extract_shard(store, "000000", cfg)
+    done = extract_shard(store, "000000", cfg.model_copy(update={"max_error_share": 0.75}))
+    assert done["models"]["wfd"]["errors"] == 3

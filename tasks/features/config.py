@@ -176,3 +176,7 @@ class FeaturesConfig(BaseModel):
     torchscript_allowlist: list[str] = Field(default_factory=list, title="TorchScript allow-list",
                                              description="SHA-256s of TorchScript files allowed to load "
                                                          "(TorchScript is executable code).")
+    max_error_share: float = Field(
+        0.5, ge=0.0, le=1.0, title="Largest share of failed images per shard",
+        description="A shard where more than this share of images fail to embed fails loudly and is "
+                    "not marked done (images reaching this stage were decoded at ingest already).")

@@ -219,6 +219,13 @@ def extract_shard(store: Store, shard: str, cfg: FeaturesConfig) -> dict[str, An
             run.add(array, error, rt.batch_size)
 
     shas = [sha for _, _, sha in expected]
+    for run in runs:  # error-rate guard: checked before anything of the shard is marked done
+        failed = run.ok.count(False)
+        if expected and failed / len(expected) > cfg.max_error_share:
+            first = next(e for e in run.errors if e is not None)
+            raise RuntimeError(f"features {run.model.model_id}, shard {shard}: {failed} of {len(expected)} "
+                               f"images failed (more than features.max_error_share={cfg.max_error_share}); "
+                               f"first error: {first}; the shard is not marked done")
     for run in runs:
         model = run.model
         feats = run.features().astype(cfg.dtype)
