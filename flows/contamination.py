@@ -111,6 +111,20 @@ def eval_features_config(config: ContaminationConfig, corpus: Store) -> Features
     return fcfg
 
 
+def embed_eval_set(eval_store: Store, chunks: list[str], fcfg: FeaturesConfig) -> list[str]:
+    """The feature stage over the staged evaluation chunks (folders of other models removed);
+    returns its warnings (random-init models)."""
+    keep = {m.model_id for m in fcfg.models}
+    for name in eval_store.listdir(FEATURES_DIR):
+        if name not in keep:
+            remove_tree(eval_store, features_dir(name))
+    for model in keep:
+        for sub in ("vectors", "keys"):
+            prune(eval_store, f"{features_dir(model)}/{sub}", chunks)
+    extracted = summarize(extract_features(eval_store, chunks, fcfg))
+    return [extracted["warning"]] if extracted.get("warning") else []
+
+
 def _build_thresholds(corpus: Store) -> list[float]:
     """The build's graph and pair thresholds (from its receipt), else GPIC's."""
     near = (corpus.read_json(RECEIPT).get("thresholds", {}).get("near_dedup") if corpus.exists(RECEIPT) else None)
@@ -144,19 +158,11 @@ def contamination(config: ContaminationConfig) -> dict[str, Any]:
                  len(chunks))
         with_images = [c for c, m in zip(chunks, staged, strict=True) if m["info"]["staged"]]
         if config.image is not None and with_images:
-            fcfg = eval_features_config(config, corpus)
-            keep = {m.model_id for m in fcfg.models}
-            for name in eval_store.listdir(FEATURES_DIR):
-                if name not in keep:
-                    remove_tree(eval_store, features_dir(name))
-            for model in keep:
-                for sub in ("vectors", "keys"):
-                    prune(eval_store, f"{features_dir(model)}/{sub}", with_images)
-            extracted = summarize(extract_features(eval_store, with_images, fcfg))
-            if extracted.get("warning"):
-                warnings.append(extracted["warning"])
+            warnings += embed_eval_set(eval_store, with_images, eval_features_config(config, corpus))
         benchmark = benchmark_identity(out, plan.name, es.source, plan.kind, chunks, plan.input_files,
                                        es.storage_options)
+    else:
+        remove_tree(out, CONTAMINATION_EVAL)
 
     if config.image is not None and with_images:
         results["images"] = image_stage(out, corpus, eval_store, chunks, config.image)

@@ -141,7 +141,7 @@ def text_unit(out: Store, kind: str, unit: str, read: Callable[[], tuple[list[st
         batch = text_batch(texts, cfg.seeds, cfg.lsh.num_perm, cfg.lsh.seed)
         empty = np.array([not t for t in texts], dtype=bool)
         rows, bands, keys = band_keys(batch, plan, empty)
-        order = np.lexsort((rows, bands, keys))
+        order = np.argsort(keys, kind="stable")  # ties keep (band, row) order: deterministic
         band_table = pa.table({"key": keys[order], "band": bands[order], "row": rows[order]}, schema=BAND_SCHEMA)
         p_rel, b_rel = text_work_path(kind, unit), text_work_path(bands_kind, unit)
         outputs = {p_rel: out.write_parquet(p_rel, _payload_table(ids, fields, texts, batch)),
@@ -260,8 +260,23 @@ def _round3_all(x: np.ndarray) -> np.ndarray:
     return np.array([_round3(float(v)) for v in values], dtype=np.float64)[inverse] if len(x) else x
 
 
+def _take(p: Payload, rows: np.ndarray) -> Payload:
+    """The payload of ``rows`` only (so per-pair work scales with the pairs, not the unit)."""
+    lengths = p.gram_offsets[rows + 1] - p.gram_offsets[rows]
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    starts = np.repeat(p.gram_offsets[rows] - offsets[:-1], lengths)
+    grams = p.gram_ids[starts + np.arange(offsets[-1])] if offsets[-1] else np.zeros(0, np.uint64)
+    return Payload([p.ids[i] for i in rows], [p.fields[i] for i in rows], [p.texts[i] for i in rows],
+                   [p.sha256[i] for i in rows], [p.normalized_sha256[i] for i in rows], p.normalized_empty[rows],
+                   p.n_grams[rows], p.signature[rows], offsets, grams)
+
+
 def score_pairs(q: Payload, qi: np.ndarray, d: Payload, di: np.ndarray) -> dict[str, np.ndarray]:
-    """Every canary score of the pairs (q[qi[n]], d[di[n]]), vectorised."""
+    """Every canary score of the pairs (q[qi[n]], d[di[n]]), vectorised over the rows involved."""
+    uq, qi = np.unique(qi, return_inverse=True)
+    ud, di = np.unique(di, return_inverse=True)
+    q, d = _take(q, uq), _take(d, ud)
     q_sha, d_sha = _codes(q.sha256, d.sha256)
     q_nsha, d_nsha = _codes(q.normalized_sha256, d.normalized_sha256)
     exact = q_sha[qi] == d_sha[di]
@@ -373,7 +388,10 @@ def decide_chunk(out: Store, chunk: str, groups: dict[str, str], cfg: TextCanary
         q = read_payload(out, QUERIES, chunk)
         found = [read_range(out, text_work_path(SCORES, g), "q_unit", chunk, chunk) for g in sorted(groups)]
         best = _best_per_query(pa.concat_tables(found).to_pylist() if found else [])
-        docs: dict[str, Payload] = {}
+        wanted: dict[str, list[int]] = {}
+        for r in best:
+            wanted.setdefault(r["d_unit"], []).append(r["d_row"])
+        docs = {u: _doc_rows(out, u, sorted(set(js))) for u, js in wanted.items()}
         rows, counts = [], {"quarantine": 0, "review": 0, "retain": 0, "empty": 0}
         by_row = {r["q_row"]: r for r in best}
         for i in range(len(q)):
@@ -388,11 +406,10 @@ def decide_chunk(out: Store, chunk: str, groups: dict[str, str], cfg: TextCanary
                    "signature": q.signature[i].tolist() if q.n_grams[i] else None,
                    "decision": "retain" if empty else decision, "rule": rule, "compared": 0}
             if r is not None:
-                d = docs.get(r["d_unit"]) or docs.setdefault(r["d_unit"], read_payload(out, DOCS, r["d_unit"]))
-                j = r["d_row"]
-                row.update(match_doc_id=d.ids[j], match_unit=r["d_unit"], match_text=d.texts[j],
-                           match_sha256=d.sha256[j], match_normalized_sha256=d.normalized_sha256[j],
-                           match_signature=d.signature[j].tolist() if d.n_grams[j] else None,
+                d = docs[r["d_unit"]][r["d_row"]]
+                row.update(match_doc_id=d["doc_id"], match_unit=r["d_unit"], match_text=d["text"],
+                           match_sha256=d["sha256"], match_normalized_sha256=d["normalized_sha256"],
+                           match_signature=d["signature"] if d["n_grams"] else None,
                            exact=r["exact"], normalized=r["normalized"], direct_jaccard=r["direct"],
                            signature_estimate=r["signature"], intersection=r["intersection"], union=r["union"],
                            compared=r["compared"])
@@ -401,6 +418,13 @@ def decide_chunk(out: Store, chunk: str, groups: dict[str, str], cfg: TextCanary
         return {rel: out.write_parquet(rel, table)}, counts
 
     return run_unit(out, rel, fp, compute)
+
+
+def _doc_rows(out: Store, unit: str, rows: list[int]) -> dict[int, dict[str, Any]]:
+    """A few rows of a corpus unit's payload (without the shingle identities)."""
+    t = out.read_parquet(text_work_path(DOCS, unit), columns=["doc_id", "text", "sha256", "normalized_sha256",
+                                                              "n_grams", "signature"])
+    return dict(zip(rows, t.take(pa.array(rows, pa.int64())).to_pylist(), strict=True))
 
 
 # ---- recall of the LSH join against comparing every pair -------------------------------
