@@ -372,10 +372,12 @@ def text_part(a: argparse.Namespace) -> None:
     n_small, n_all = r["brute_items_measured"]
     print(f"  brute force (every item against every caption, vectorised): measured on {n_small} and {n_all} items "
           f"({bw['measured']:.1f} s wall / {bc['measured']:.1f} s CPU for {n_all}); fit: {bc['fixed']:.1f} s CPU fixed "
-          f"+ {bc['per_item']:.3f} s CPU per item → {bw['all_items']:.0f} s wall / {bc['all_items']:.0f} s CPU for all "
+          f"+ {bc['per_item']:.3f} s CPU per item → {bw['all_items']:.0f} s wall / {bc['all_items']:.0f} s CPU "
+          f"for all "
           f"{a.items:,} (extrapolated)")
     print(f"  per evaluation set (caption facts kept from an earlier run on both sides): "
-          f"{bw['all_items'] / r['lsh_per_eval_seconds']:.0f}x wall, {bc['all_items'] / r['lsh_per_eval_cpu']:.0f}x CPU; "
+          f"{bw['all_items'] / r['lsh_per_eval_seconds']:.0f}x wall, "
+          f"{bc['all_items'] / r['lsh_per_eval_cpu']:.0f}x CPU; "
           f"end to end (caption facts computed on both sides): "
           f"{(bw['all_items'] + s['corpus_facts']) / r['lsh_seconds']:.0f}x wall, "
           f"{(bc['all_items'] + c['corpus_facts']) / r['lsh_cpu']:.0f}x CPU")

@@ -29,11 +29,11 @@ from corpusforge.cluster import DaskConfig, cluster_flow, run_logger
 from corpusforge.config import FlowConfig
 from corpusforge.contract import prune, remove_tree
 from corpusforge.feature_files import feature_marker
-from corpusforge.layout import (CONTAMINATION_EVAL, CONTAMINATION_FOUND, CONTAMINATION_IMAGES, CONTAMINATION_ITEM_DECISIONS,
-                                CONTAMINATION_JUDGE, CONTAMINATION_LEAKAGE, CONTAMINATION_REPORT,
-                                CONTAMINATION_REPORT_HTML, CONTAMINATION_SELECT, CONTAMINATION_SUMMARY,
-                                CONTAMINATION_TEXT, CONTAMINATION_TEXT_WORK, EDITION_DIR, FEATURES_DIR, RECEIPT,
-                                features_dir)
+from corpusforge.layout import (CONTAMINATION_EVAL, CONTAMINATION_FOUND, CONTAMINATION_IMAGES,
+                                CONTAMINATION_ITEM_DECISIONS, CONTAMINATION_JUDGE, CONTAMINATION_LEAKAGE,
+                                CONTAMINATION_REPORT, CONTAMINATION_REPORT_HTML, CONTAMINATION_SELECT,
+                                CONTAMINATION_SUMMARY, CONTAMINATION_TEXT, CONTAMINATION_TEXT_WORK, EDITION_DIR,
+                                FEATURES_DIR, RECEIPT, features_dir)
 from corpusforge.storage import Store, is_remote
 from corpusforge.version import code_version
 from tasks.contamination.canary import NORMALIZATION_PROFILE

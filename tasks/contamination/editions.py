@@ -133,15 +133,16 @@ def write_edition(out: Store, chunks: Sequence[str], benchmark: dict[str, Any], 
                             "reasons": d["reasons"]})
         before = Counter(d["category"] for d in decided)
         after = Counter(d["category"] for d in decided if d["edition_status"] == "retained")
-        meta = {"edition": name, "previous": {"name": benchmark["name"], "manifest_sha256": benchmark["manifest_sha256"],
-                                              "source": benchmark["source"]},
+        previous = {k: benchmark[k] for k in ("name", "manifest_sha256", "source")}
+        meta = {"edition": name, "previous": previous,
                 "quarantine_on": sorted(cfg.quarantine_on),
                 "denominators": {"original": len(decided), "revised": len(kept), "quarantined": len(quarantined)},
                 "coverage": _coverage(before, after),
                 "review": sum(1 for d in decided if d["text_decision"] == "review"),
                 "note": "a new edition: the input benchmark is unchanged; quarantined items keep their evidence in "
                         "contamination/items and their mapping row"}
-        outputs = {EDITION_ITEMS: out.write_parquet(EDITION_ITEMS, pa.Table.from_pylist(kept, schema=EDITION_ITEM_SCHEMA)),
+        outputs = {EDITION_ITEMS: out.write_parquet(EDITION_ITEMS, pa.Table.from_pylist(
+                       kept, schema=EDITION_ITEM_SCHEMA)),
                    EDITION_MAPPING: out.write_parquet(EDITION_MAPPING, pa.Table.from_pylist(
                        mapping, schema=EDITION_MAPPING_SCHEMA))}
         outputs[EDITION_META] = out.write_json(EDITION_META, meta)

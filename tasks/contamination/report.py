@@ -104,7 +104,8 @@ def _judge_md(s: dict[str, Any]) -> list[str]:
             f"Judge: `{j['judge']}` ({', '.join(f'{k}={v}' for k, v in sorted(j.items()) if k != 'judge')}).",
             f"Answer inferable from retrieved training captions: **{s['inferable']} of {s['judged']}** judged items "
             f"(rate {_pct(s['rate'])}); not inferable: {s['not_inferable']}; exposure unresolved: "
-            f"**{s['unresolved']}** (not counted as clean); no answer: {s['no_answer']}; no image: {s['no_image']}.", ""]
+            f"**{s['unresolved']}** (not counted as clean); no answer: {s['no_answer']}; no image: "
+            f"{s['no_image']}.", ""]
 
 
 def _leakage_md(s: dict[str, Any]) -> list[str]:
@@ -129,7 +130,8 @@ def _edition_md(e: dict[str, Any]) -> list[str]:
            f"(on {', '.join(e['quarantine_on'])}); review: {e['review']}. The input benchmark is unchanged; "
            f"edition/mapping.parquet maps every previous id to its new id.", "", "### Coverage lost per category", ""]
     out += _table(["category", "original", "revised", "lost", "share lost"],
-                  [[c["category"], c["original"], c["revised"], c["lost"], _pct(c["lost_share"])] for c in e["coverage"]])
+                  [[c["category"], c["original"], c["revised"], c["lost"], _pct(c["lost_share"])]
+                   for c in e["coverage"]])
     return out + [""]
 
 
