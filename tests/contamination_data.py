@@ -84,10 +84,11 @@ def noise_png(rng: np.random.Generator, size: tuple[int, int] = (300, 240)) -> b
 
 
 def write_eval_set(root, corpus_root, captions: dict[str, str], n_copies: int, n_edits: int, n_other: int,
-                   seed: int = 0, held_out_copies: int = 0) -> dict:
+                   seed: int = 0, held_out_copies: int = 0, n_corrupt: int = 0) -> dict:
     """An evaluation table with image files: byte-identical copies and edited copies (80 %
     resize, JPEG q80) of training images, copies of held-out (test split) images, and
-    unrelated pictures. Copies carry their training caption; returns planted id → training key."""
+    unrelated pictures, and truncated PNGs (undecodable). Copies carry their training caption;
+    returns planted id → training key."""
     import shutil
     from pathlib import Path
 
@@ -124,5 +125,9 @@ def write_eval_set(root, corpus_root, captions: dict[str, str], n_copies: int, n
         (root / "images" / f"other{i}.png").write_bytes(noise_png(rng))
         rows.append({"id": f"other{i}", "path": f"images/other{i}.png", "question": f"Is item {i} a fractal?",
                      "answer": "a purple banana balancing on a windy roof", "category": "clean"})
+    for i in range(n_corrupt):
+        (root / "images" / f"broken{i}.png").write_bytes(noise_png(rng)[:200])
+        rows.append({"id": f"broken{i}", "path": f"images/broken{i}.png", "question": "q", "answer": "n/a",
+                     "category": "broken"})
     pq.write_table(pa.Table.from_pylist(rows), root / "bench.parquet")
     return planted

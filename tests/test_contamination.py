@@ -230,12 +230,13 @@ def _config(corpus, bench, out, **over):
 
 @pytest.fixture(scope="module")
 def scanned(built, tmp_path_factory):
-    """One full run: 6 byte-identical and 6 edited training images, 2 held-out copies, 10 unrelated."""
+    """One full run: 6 byte-identical and 6 edited training images, 2 held-out copies, 10 unrelated,
+    1 undecodable."""
     from flows.contamination import contamination
 
     corpus, captions = built
     root = tmp_path_factory.mktemp("scan")
-    planted = write_eval_set(root / "bench", corpus, captions, 6, 6, 10, held_out_copies=2)
+    planted = write_eval_set(root / "bench", corpus, captions, 6, 6, 10, held_out_copies=2, n_corrupt=1)
     before = {"bench": _tree_hashes(root / "bench"), "corpus": _tree_hashes(corpus)}
     result = contamination(_config(corpus, root / "bench", root / "out"))
     return root, planted, before, result
@@ -245,6 +246,7 @@ def test_image_rate_equals_the_planted_fraction(scanned):
     root, planted, _, result = scanned
     images = result["results"]["images"]
     assert (images["flagged"], images["embedded"]) == (12, 24) and images["rate"] == pytest.approx(12 / 24)
+    assert images["image_errors"] == 1 and images["items"] == 25  # not in the denominator
     rows = pa.concat_tables([pq.read_table(p) for p in sorted((root / "out/contamination/images").glob("*.parquet"))])
     by_id = {r["item_id"]: r for r in rows.to_pylist()}
     assert {i for i, r in by_id.items() if r["flagged"]} == set(planted)
@@ -263,6 +265,7 @@ def test_text_canaries_and_judge_find_copied_captions(scanned):
     judge = result["results"]["image_text"]
     assert judge["judge"]["judge"] == "canary_overlap" and judge["inferable"] >= 6
     assert judge["judged"] == 24 and judge["rate"] == pytest.approx(judge["inferable"] / 24)
+    assert judge["no_image"] == 1  # the undecodable image: nothing retrieved, not judged
 
 
 def test_leakage_is_zero_at_the_build_threshold(scanned):
@@ -277,18 +280,18 @@ def test_edition_is_new_files_and_inputs_are_untouched(built, scanned):
     assert _tree_hashes(root / "bench") == before["bench"]
     assert _tree_hashes(built[0]) == before["corpus"]
     edition = result["edition"]
-    assert edition["denominators"] == {"original": 24, "revised": 12, "quarantined": 12}
+    assert edition["denominators"] == {"original": 25, "revised": 13, "quarantined": 12}
     lost = {c["category"]: c["lost"] for c in edition["coverage"]}
-    assert lost == {"clean": 0, "copies": 6, "edits": 6, "held_out": 0}
+    assert lost == {"broken": 0, "clean": 0, "copies": 6, "edits": 6, "held_out": 0}
     mapping = pq.read_table(root / "out/edition/mapping.parquet").to_pylist()
     assert {m["previous_id"] for m in mapping if m["status"] == "quarantined"} == set(planted)
     new = pq.read_table(root / "out/edition/items.parquet").to_pylist()
-    assert [n["new_id"] for n in new] == [f"{edition['edition']}-{i:06d}" for i in range(12)]
+    assert [n["new_id"] for n in new] == [f"{edition['edition']}-{i:06d}" for i in range(13)]
     assert not {n["new_id"] for n in new} & {m["previous_id"] for m in mapping}
     receipt = json.loads((root / "out/contamination/receipt.json").read_text())
     bench = receipt["benchmark"]
     assert bench["input_files_sha256"] == {str(root / "bench/bench.parquet"): before["bench"]["bench.parquet"]}
-    assert len(bench["item_sha256"]) == 24 and receipt["corpus"]["receipt_sha256"] == before["corpus"]["receipt.json"]
+    assert len(bench["item_sha256"]) == 25 and receipt["corpus"]["receipt_sha256"] == before["corpus"]["receipt.json"]
     report = (root / "out/contamination/report.md").read_text()
     assert "Overlap found for **12 of 24**" in report and "slice quarantined" in report
     assert "contaminated model" not in report.lower() and "contaminated" not in report.lower()

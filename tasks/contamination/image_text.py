@@ -75,8 +75,8 @@ def judge_chunk(out: Store, corpus: Store, chunk: str, cfg: JudgeConfig, questio
             row = {"item_id": item["item_id"], "judge": name, "judge_sha256": sha}
             if not (item["answer"] or "").strip():
                 row["status"] = "no_answer"
-            elif item["image_sha256"] is None or not has_matches:
-                row["status"] = "no_image"
+            elif item["image_sha256"] is None or not matches.get(item["key"]):
+                row["status"] = "no_image"  # no image, not embedded, or nothing retrieved for it
             else:
                 texts = json.loads(item["texts"] or "{}")
                 shown = tuple((key, captions.get(key, ""), float(s)) for _, key, s in matches.get(item["key"], []))
