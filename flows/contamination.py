@@ -27,13 +27,13 @@ from pydantic import Field, model_validator
 
 from corpusforge.cluster import DaskConfig, cluster_flow, run_logger
 from corpusforge.config import FlowConfig
-from corpusforge.contract import prune, remove_tree
-from corpusforge.feature_files import feature_marker
+from corpusforge.contract import remove_tree
+from corpusforge.feature_files import feature_marker, prune_features
 from corpusforge.layout import (CONTAMINATION_EVAL, CONTAMINATION_FOUND, CONTAMINATION_IMAGES,
                                 CONTAMINATION_ITEM_DECISIONS, CONTAMINATION_JUDGE, CONTAMINATION_LEAKAGE,
                                 CONTAMINATION_REPORT, CONTAMINATION_REPORT_HTML, CONTAMINATION_SELECT,
                                 CONTAMINATION_SUMMARY, CONTAMINATION_TEXT, CONTAMINATION_TEXT_WORK, EDITION_DIR,
-                                FEATURES_DIR, RECEIPT, features_dir)
+                                RECEIPT)
 from corpusforge.storage import Store, is_remote
 from corpusforge.version import code_version
 from tasks.contamination.canary import NORMALIZATION_PROFILE
@@ -116,13 +116,7 @@ def embed_eval_set(eval_store: Store, chunks: list[str], fcfg: FeaturesConfig) -
     returns its warnings (random-init models). Evaluation images were never validated, so
     any share of them may fail: each failure is that item's error, never a failed chunk."""
     fcfg = fcfg.model_copy(update={"max_error_share": 1.0})
-    keep = {m.model_id for m in fcfg.models}
-    for name in eval_store.listdir(FEATURES_DIR):
-        if name not in keep:
-            remove_tree(eval_store, features_dir(name))
-    for model in keep:
-        for sub in ("vectors", "keys"):
-            prune(eval_store, f"{features_dir(model)}/{sub}", chunks)
+    prune_features(eval_store, {m.model_id for m in fcfg.models}, chunks)
     extracted = summarize(extract_features(eval_store, chunks, fcfg))
     return [extracted["warning"]] if extracted.get("warning") else []
 
