@@ -5,7 +5,6 @@ record appears in the manifest exactly once. Tiny inputs, one in-process Dask wo
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
 import numpy as np

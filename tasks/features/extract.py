@@ -20,8 +20,8 @@ is the largest model input times :data:`DRAFT_MARGIN` over *all* configured mode
 adding a model with a larger input also recomputes the others: their pixels would differ.
 
 A record whose image cannot be decoded (or preprocessed) is an error row (ok=False with
-the reason) for the affected models; the shard still completes. Images are the tar
-members whose extension is jpg, png or webp; the index fixes the key order.
+the reason) for the affected models; the shard still completes. The staging records
+file names each image's key and extension and fixes their order.
 
 :func:`extract_features` fans shards out as one Prefect task per shard (one Dask task
 on a ``DaskTaskRunner``); :func:`extract_features_on_client` is the same fan-out on a
@@ -50,7 +50,6 @@ from tasks.features.base import FeatureModel
 from tasks.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
 from tasks.features.decode import decode_rgb
 
-IMAGE_EXTS = ("jpg", "png", "webp")
 # Decode at least this many times the model input: the final resize then still
 # downsamples, which keeps features within float16 noise of a full-size decode.
 DRAFT_MARGIN = 2
