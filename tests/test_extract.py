@@ -170,7 +170,7 @@ def test_extract_shard_matches_direct_computation(corpus):
     assert feats.tobytes() == direct.tobytes()
     marker = read_marker(corpus, feature_vectors("wfd", "000001"))
     staged = read_marker(corpus, staging_tar("000001"))
-    assert marker["fingerprint"] == feature_fingerprint(model, "float16", draft, staged["info"]["images"])
+    assert marker["fingerprint"] == feature_fingerprint(model, "float16", draft, "fp32", staged["info"]["images"])
     assert marker["outputs"] == {p: corpus.sha256(p) for p in (feature_vectors("wfd", "000001"),
                                                               feature_keys("wfd", "000001"))}
     info = marker["info"]
@@ -228,6 +228,10 @@ def test_changed_dtype_code_or_model_invalidates_only_that_model(corpus, monkeyp
     assert actions(extract_shard(corpus, "000001", as32)) == {"wfd": "computed", "wfd_s16": "computed"}
     assert read_shard_features(corpus, "wfd", "000001")[1].dtype == np.float32
     assert actions(extract_shard(corpus, "000001", as32)) == {"wfd": "skipped", "wfd_s16": "skipped"}
+    # another compute precision gives other values: both models recompute, then skip again
+    bf16 = as32.model_copy(update={"runtime": RuntimeConfig(batch_size=4, precision="bf16")})
+    assert actions(extract_shard(corpus, "000001", bf16)) == {"wfd": "computed", "wfd_s16": "computed"}
+    assert actions(extract_shard(corpus, "000001", as32)) == {"wfd": "computed", "wfd_s16": "computed"}
     # a code change (another hash of the stage's import closure) recomputes both models
     real_code = extract_module.code_version
     monkeypatch.setattr(extract_module, "code_version", lambda *m, **kw: real_code(*m, **kw) + "-edited")

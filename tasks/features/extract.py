@@ -12,7 +12,7 @@ batch being embedded, embeds batches of ``runtime.batch_size`` and writes per mo
 
 A (model, shard) unit's fingerprint (the stage contract, :mod:`corpusforge.contract`)
 hashes the model's own fingerprint (id, architecture, weights SHA-256 or "random-init",
-preprocessing, dim), the stored dtype, the decode size, the code version of this module
+preprocessing, dim), the stored dtype, the decode size, the compute precision, the code version of this module
 and the model's module, and the staging shard's *images* digest (keys, image SHA-256s,
 order) — not its captions or metadata, so a caption edit recomputes no feature. New
 weights, preprocessing or dtype invalidate exactly that model's files. The decode size
@@ -76,10 +76,11 @@ def decode_size(models: Sequence[FeatureModel]) -> int | None:
     return max(_input_size(m) for m in models) * DRAFT_MARGIN
 
 
-def feature_fingerprint(model: FeatureModel, dtype: str, draft: int | None, images: str) -> str:
-    """Everything the stored values of one model's features of one shard depend on."""
+def feature_fingerprint(model: FeatureModel, dtype: str, draft: int | None, precision: str, images: str) -> str:
+    """Everything the stored values of one model's features of one shard depend on (the
+    compute precision changes them; device, batch size and threads only in the last bits)."""
     code = code_version(__name__, type(model).__module__, exclude=("tasks.features.registry",))
-    return unit_fingerprint("features", code, [model.fingerprint(), dtype, draft], images)
+    return unit_fingerprint("features", code, [model.fingerprint(), dtype, draft, precision], images)
 
 
 def load_models(cfg: FeaturesConfig) -> list[FeatureModel]:
@@ -197,7 +198,7 @@ def extract_shard(store: Store, shard: str, cfg: FeaturesConfig) -> dict[str, An
     todo: list[FeatureModel] = []
     prints: dict[str, str] = {}
     for model in models:
-        prints[model.model_id] = fp = feature_fingerprint(model, cfg.dtype, draft, images)
+        prints[model.model_id] = fp = feature_fingerprint(model, cfg.dtype, draft, cfg.runtime.precision, images)
         marker = current_marker(store, feature_vectors(model.model_id, shard), fp)
         if marker is not None:
             summary["models"][model.model_id] = _model_summary(SKIPPED, marker, model, len(expected))
