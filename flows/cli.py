@@ -52,6 +52,9 @@ FLOW_COMMANDS = {
                  "metrics of generated images against reference statistics"),
     "contamination": ("flows.contamination", "ContaminationConfig", "run_contamination",
                       "contamination rates of an evaluation set against a built corpus, and a new benchmark edition"),
+    "qualify-prompts": ("flows.prompt_qualification", "PromptQualificationConfig", "run_qualify_prompts",
+                        "qualify a generation benchmark's prompts (density, output variance, cohort divergence), "
+                        "quarantine ledger and rotation plan"),
 }
 
 

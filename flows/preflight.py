@@ -269,4 +269,8 @@ def check_flow(command: str, config: Any) -> None:
         if config.eval_set is not None:
             require_exists(config.eval_set.source, config.eval_set.storage_options, "evaluation set",
                            "a table, a folder of images or tars")
+    elif command == "qualify-prompts":
+        from flows.prompt_qualification import preflight
+
+        preflight(config)
     check_models(config)

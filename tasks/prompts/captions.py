@@ -1,0 +1,167 @@
+"""The corpus side of the density signal: a seeded sample of a built corpus's kept captions,
+embedded shard by shard under the stage contract.
+
+* **Sample** (one unit): every manifest part is read (key, status, split, staging shard
+  only); each kept record draws ``stable_uniform(seed, key)`` and the ``sample_size``
+  smallest draws win — a bottom-k sample that does not depend on part order or count and
+  holds at most 2·k candidates at a time. Fingerprint: the manifest's digest (its parts'
+  marker digests), the sample settings and this module's code.
+* **Embeddings** (one unit per staging shard with sampled keys): the ``.txt`` members of
+  the sampled keys, read by ranged reads at ``staging/index`` offsets (no image bytes),
+  embedded by the text model. Fingerprint: the shard's staging-tar digest, its sampled
+  keys, the text model's identity (weights SHA-256). A rerun with the same corpus, model
+  and sample reuses every shard's embeddings.
+
+The corpus is only read; everything is written under the qualification output root.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from corpusforge.contract import digest_of, prune, read_marker, run_unit, unit_fingerprint
+from corpusforge.hashing import canonical_json, sha256_bytes, stable_uniform
+from corpusforge.layout import (MANIFEST_DIR, PROMPTS_CAPTION_SAMPLE, PROMPTS_CAPTIONS, caption_embeddings_path,
+                                caption_keys_path, staging_index, staging_tar, text_embeddings_path)
+from corpusforge.storage import Store
+from corpusforge.version import code_version
+from tasks.prompts.text_model import embed_texts
+
+SAMPLE_SCHEMA = pa.schema([("key", pa.string()), ("staging_shard", pa.string()), ("draw", pa.float64())])
+KEYS_SCHEMA = pa.schema([("key", pa.string())])
+
+
+def manifest_digest(corpus: Store) -> tuple[str, list[str]]:
+    """One digest over the manifest parts (their markers' digests, else their bytes) and the part names."""
+    parts = sorted(n for n in corpus.listdir(MANIFEST_DIR) if n.endswith(".parquet") and not n.startswith("."))
+    if not parts:
+        raise FileNotFoundError(f"{corpus.path(MANIFEST_DIR)} has no parts: not a finished corpusforge build")
+    digests = {}
+    for name in parts:
+        rel = f"{MANIFEST_DIR}/{name}"
+        marker = read_marker(corpus, rel)
+        digests[rel] = marker["digest"] if marker else corpus.sha256(rel)
+    return digest_of(digests), parts
+
+
+def _bottom_k(keys: list[str], shards: list[str], draws: np.ndarray, k: int) -> tuple[list[str], list[str], np.ndarray]:
+    if len(keys) <= k:
+        return keys, shards, draws
+    order = sorted(range(len(keys)), key=lambda i: (draws[i], keys[i]))[:k]
+    return [keys[i] for i in order], [shards[i] for i in order], draws[order]
+
+
+def sample_captions(corpus: Store, out: Store, size: int, seed: int, splits: list[str] | None) -> dict[str, Any]:
+    """The caption sample unit (see the module docstring); returns its marker."""
+    digest, parts = manifest_digest(corpus)
+    fp = unit_fingerprint("prompt-caption-sample", code_version(__name__), [size, seed, splits], digest)
+
+    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+        keys: list[str] = []
+        shards: list[str] = []
+        draws = np.zeros(0)
+        kept = 0
+        for name in parts:
+            t = corpus.read_parquet(f"{MANIFEST_DIR}/{name}", columns=["key", "status", "split", "staging_shard"])
+            status, split = t["status"].to_pylist(), t["split"].to_pylist()
+            chosen = [i for i in range(t.num_rows) if status[i] == "kept" and (splits is None or split[i] in splits)]
+            kept += len(chosen)
+            all_keys, all_shards = t["key"].to_pylist(), t["staging_shard"].to_pylist()
+            k_part = [all_keys[i] for i in chosen]
+            s_part = [all_shards[i] for i in chosen]
+            d_part = np.array([stable_uniform(seed, k) for k in k_part], dtype=np.float64)
+            keys, shards, draws = _bottom_k(keys + k_part, shards + s_part, np.concatenate([draws, d_part]), size)
+        order = sorted(range(len(keys)), key=lambda i: (shards[i], keys[i]))
+        table = pa.table({"key": [keys[i] for i in order], "staging_shard": [shards[i] for i in order],
+                          "draw": [float(draws[i]) for i in order]}, schema=SAMPLE_SCHEMA)
+        sha = out.write_parquet(PROMPTS_CAPTION_SAMPLE, table)
+        return {PROMPTS_CAPTION_SAMPLE: sha}, {"kept": kept, "sampled": len(keys), "manifest_digest": digest}
+
+    return run_unit(out, PROMPTS_CAPTION_SAMPLE, fp, compute)
+
+
+def sampled_keys_by_shard(out: Store) -> dict[str, list[str]]:
+    t = out.read_parquet(PROMPTS_CAPTION_SAMPLE, columns=["key", "staging_shard"])
+    by_shard: dict[str, list[str]] = {}
+    for key, shard in zip(t["key"].to_pylist(), t["staging_shard"].to_pylist(), strict=True):
+        by_shard.setdefault(shard, []).append(key)
+    return by_shard
+
+
+def shard_captions(corpus: Store, shard: str, keys: list[str]) -> tuple[list[str], list[str]]:
+    """``(keys, captions)`` of the sampled keys of one staging shard that have a caption, in shard order."""
+    wanted = set(keys)
+    index = corpus.read_parquet(staging_index(shard), columns=["key", "ext", "offset", "size"])
+    found_keys, texts = [], []
+    with corpus.open(staging_tar(shard)) as f:
+        for key, ext, offset, size in zip(*(index.column(c).to_pylist() for c in ("key", "ext", "offset", "size")),
+                                          strict=True):
+            if ext == "txt" and key in wanted:
+                f.seek(offset)
+                text = f.read(size).decode("utf-8", "replace").strip()
+                if text:
+                    found_keys.append(key)
+                    texts.append(text)
+    return found_keys, texts
+
+
+def embed_shard_captions(corpus: Store, out: Store, shard: str, keys: list[str], text_model: Any,
+                         identity: dict[str, Any]) -> dict[str, Any]:
+    """One embedding unit: the sampled captions of ``shard`` (see the module docstring)."""
+    marker = read_marker(corpus, staging_tar(shard))
+    source = marker["digest"] if marker else corpus.sha256(staging_tar(shard))
+    fp = unit_fingerprint("prompt-caption-embeddings", code_version(__name__),
+                          [identity, text_model.chunk_size], [source, sorted(keys)])
+
+    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+        found, texts = shard_captions(corpus, shard, keys)
+        vectors = embed_texts(texts, text_model.name, text_model.batch_size, text_model.chunk_size)
+        outputs = {caption_keys_path(shard): out.write_parquet(caption_keys_path(shard),
+                                                               pa.table({"key": found}, schema=KEYS_SCHEMA))}
+        outputs[caption_embeddings_path(shard)] = _write_npy(out, caption_embeddings_path(shard), vectors)
+        return outputs, {"sampled": len(keys), "captions": len(found), "without_caption": len(keys) - len(found)}
+
+    return run_unit(out, caption_embeddings_path(shard), fp, compute)
+
+
+def _write_npy(out: Store, rel: str, array: np.ndarray) -> str:
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
+    return out.write_bytes(rel, buf.getvalue())
+
+
+def read_npy(out: Store, rel: str) -> np.ndarray:
+    import io
+
+    return np.load(io.BytesIO(out.read_bytes(rel)), allow_pickle=False)
+
+
+def prune_caption_embeddings(out: Store, shards: list[str]) -> None:
+    prune(out, PROMPTS_CAPTIONS, shards)
+
+
+def load_caption_embeddings(out: Store, shards: list[str]) -> np.ndarray:
+    """Every sampled caption's embedding, shards in order (the sample is at most ``sample_size`` rows)."""
+    arrays = [read_npy(out, caption_embeddings_path(s)) for s in shards]
+    return np.concatenate(arrays) if arrays else np.zeros((0, 384), np.float32)
+
+
+def embed_text_list(out: Store, name: str, texts: list[str], text_model: Any, identity: dict[str, Any]
+                    ) -> np.ndarray:
+    """Embeddings of a short list (the prompt set, the pool, the taxonomy) as one unit,
+    reused while the texts and the model are unchanged."""
+    rel = text_embeddings_path(name)
+    fp = unit_fingerprint("prompt-text-embeddings", code_version(__name__), [identity, text_model.chunk_size],
+                          sha256_bytes(canonical_json(texts).encode()))
+
+    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+        vectors = embed_texts(texts, text_model.name, text_model.batch_size, text_model.chunk_size)
+        return {rel: _write_npy(out, rel, vectors)}, {"texts": len(texts)}
+
+    run_unit(out, rel, fp, compute)
+    return read_npy(out, rel)

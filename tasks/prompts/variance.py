@@ -1,0 +1,151 @@
+"""Signal 2, output variance: do a model's N images for one prompt cluster unusually tightly?
+
+Generated images are laid out ``{generated}/{model}/{prompt_id}/*.{png,jpg,jpeg,webp}``
+(N per prompt per model; the seed uses 20). Each (prompt, model) gets the trace of the
+covariance (ddof 1) of its images' embeddings under one configured feature model — the
+total variance in feature space. A prompt is flagged for a model when its variance is
+below that model's mean over all its prompts minus ``sd_threshold`` sample standard
+deviations (ddof 1); flagged for ``strong_min_models`` models or more, it is the strong
+case (the seed: "consistent across multiple models").
+
+Work: one unit per (model, chunk of ``prompts_per_unit`` prompts); its fingerprint holds
+the feature model's identity and each file's name and stamp (size + mtime/ETag), and its
+output records every image's SHA-256 (what the receipt lists). A bad image is that
+image's error; a prompt with fewer than ``min_images`` embedded images has no variance
+and says so. Low variance can also mean a prompt that models render consistently well:
+a reason to review, never proof of memorisation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+from typing import Any
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+
+from corpusforge.contract import prune, run_unit, unit_fingerprint
+from corpusforge.layout import GENERATED_VARIANCE_SCHEMA, MARKERS, PROMPTS_GENERATED, generated_variance_path
+from corpusforge.version import code_version
+from tasks.prompts.tables import SAFE_ID
+
+IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp")
+
+
+def trace_covariance(x: np.ndarray) -> float:
+    """Total variance: the trace of the sample covariance (ddof 1) of the rows of ``x``."""
+    x = np.asarray(x, dtype=np.float64)
+    return float(((x - x.mean(axis=0)) ** 2).sum() / (len(x) - 1))
+
+
+def variance_flags(variances: np.ndarray, sd_threshold: float) -> dict[str, Any]:
+    """One model's flags: variance < mean − sd_threshold · sd (ddof 1) over its prompts (NaN = no variance)."""
+    ok = ~np.isnan(variances)
+    values = variances[ok]
+    if len(values) < 3:
+        return {"mean": None, "sd": None, "cut": None, "flags": np.zeros(len(variances), bool), "n": len(values)}
+    mean, sd = float(values.mean()), float(values.std(ddof=1))
+    cut = mean - sd_threshold * sd
+    return {"mean": mean, "sd": sd, "cut": cut, "flags": ok & (np.nan_to_num(variances, nan=np.inf) < cut),
+            "n": len(values)}
+
+
+# ---- the generated images ------------------------------------------------------------
+
+def _fs(uri: str, options: dict[str, Any]) -> tuple[Any, str]:
+    return fsspec.core.url_to_fs(uri, **options)
+
+
+def list_generated(generated: str, options: dict[str, Any]) -> dict[str, dict[str, list[tuple[str, str]]]]:
+    """``{model: {prompt_id: [(file name, stamp), …]}}`` under ``generated`` (names sorted).
+
+    Model and prompt folder names must be safe ids; anything else is reported by
+    :func:`unusable_entries` and never read."""
+    fs, root = _fs(generated, options)
+    root = root.rstrip("/")
+    found: dict[str, dict[str, list[tuple[str, str]]]] = {}
+    for path, info in sorted(fs.find(root, detail=True).items()):
+        rel = path[len(root) + 1:]
+        parts = rel.split("/")
+        if len(parts) != 3 or not rel.lower().endswith(IMAGE_EXTS) or info.get("type") != "file":
+            continue
+        model, prompt, name = parts
+        if not (SAFE_ID.fullmatch(model) and SAFE_ID.fullmatch(prompt)):
+            continue
+        stamp = f"{info.get('size')}:{info.get('ETag') or info.get('mtime') or info.get('LastModified')}"
+        found.setdefault(model, {}).setdefault(prompt, []).append((name, stamp))
+    return found
+
+
+def unusable_entries(generated: str, options: dict[str, Any]) -> list[str]:
+    """Files under ``generated`` that are not ``{model}/{prompt_id}/{image}`` with safe names (reported, unread)."""
+    fs, root = _fs(generated, options)
+    root = root.rstrip("/")
+    bad = []
+    for path in sorted(fs.find(root)):
+        rel = path[len(root) + 1:]
+        parts = rel.split("/")
+        if (len(parts) != 3 or not rel.lower().endswith(IMAGE_EXTS)
+                or not (SAFE_ID.fullmatch(parts[0]) and SAFE_ID.fullmatch(parts[1]))):
+            bad.append(rel)
+    return bad
+
+
+def chunk_name(n: int) -> str:
+    return f"{n:06d}"
+
+
+def variance_unit(out: Any, generated: str, options: dict[str, Any], model: str, chunk: str,
+                  prompts: list[tuple[str, list[tuple[str, str]]]], cfg: Any) -> dict[str, Any]:
+    """One unit: the variance of every prompt of ``chunk`` for generating ``model``.
+    ``cfg`` is a :class:`~tasks.prompts.config.VarianceConfig`."""
+    rel = generated_variance_path(model, chunk)
+    spec = cfg.model.model_dump(mode="json")
+    fp = unit_fingerprint("prompt-output-variance", code_version(__name__), [spec, cfg.min_images],
+                          [generated.rstrip("/"), model, prompts])
+
+    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+        from tasks.features.decode import decode_rgb
+        from tasks.features.registry import load_model
+
+        batch = cfg.runtime.batch_size
+        feature_model = load_model(cfg.model, cfg.runtime)
+        fs, root = _fs(generated, options)
+        rows = []
+        for prompt_id, files in prompts:
+            images, pixels = [], []
+            for name, _ in files:
+                path = posixpath.join(root.rstrip("/"), model, prompt_id, name)
+                sha, error = None, None
+                try:
+                    data = fs.cat_file(path)
+                    sha = hashlib.sha256(data).hexdigest()
+                    pixels.append(np.asarray(feature_model.preprocess(decode_rgb(data)), dtype=np.float32))
+                except Exception as exc:  # noqa: BLE001 - one bad image is that image's error
+                    error = f"{type(exc).__name__}: {exc}"[:300]
+                images.append([name, sha, error])
+            variance = None
+            if len(pixels) >= cfg.min_images:
+                vectors = np.concatenate([np.asarray(feature_model.embed(np.stack(pixels[i:i + batch])))
+                                          for i in range(0, len(pixels), batch)])
+                variance = trace_covariance(vectors)
+            rows.append({"prompt_id": prompt_id, "model": model, "n_images": len(files), "n_embedded": len(pixels),
+                         "images": json.dumps(images), "variance": variance})
+        table = pa.Table.from_pylist(rows, schema=GENERATED_VARIANCE_SCHEMA)
+        return {rel: out.write_parquet(rel, table)}, {"identity": feature_model.fingerprint(),
+                                                       "prompts": len(rows)}
+
+    return run_unit(out, rel, fp, compute)
+
+
+def prune_generated(out: Any, plan: dict[str, list[str]]) -> None:
+    """Keep only the current plan's units (``{model: [chunk, …]}``) and models."""
+    for model in out.listdir(PROMPTS_GENERATED):
+        if model not in plan:
+            out.remove(f"{PROMPTS_GENERATED}/{model}")
+            out.remove(f"{MARKERS}/{PROMPTS_GENERATED}/{model}")
+    for model, chunks in plan.items():
+        prune(out, f"{PROMPTS_GENERATED}/{model}", chunks)
