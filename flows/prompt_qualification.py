@@ -417,7 +417,7 @@ def _seeds(config: PromptQualificationConfig) -> dict[str, Any]:
     return s
 
 
-prompt_qualification_flow, run_qualify_prompts = cluster_flow(qualify_prompts, "prompt-qualification")
+prompt_qualification_flow, run_qualify_prompts = cluster_flow(qualify_prompts, "qualify-prompts")
 
 
 def preflight(config: PromptQualificationConfig) -> None:

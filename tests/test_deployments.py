@@ -28,6 +28,8 @@ FLOWS = {"build-corpus": "flows.build_corpus.build_corpus",
          "evaluate": "flows.evaluate.evaluate_flow"}
 if (ROOT / "flows" / "contamination.py").exists():
     FLOWS["contamination"] = "flows.contamination.contamination_flow"
+if (ROOT / "flows" / "prompt_qualification.py").exists():
+    FLOWS["qualify-prompts"] = "flows.prompt_qualification.prompt_qualification_flow"
 POOL = "corpusforge-process"
 PROGRESS_STAGES = ("ingest", "staging", "features", "graph queries", "release")
 

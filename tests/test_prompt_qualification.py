@@ -451,7 +451,7 @@ def test_taxonomy_mode_reuses_the_caption_embeddings(qualified):
     shutil.copytree(qualified.out / "_markers", out / "_markers")
     result = qualify_prompts(_config(qualified.corpus, qualified.inputs, out,
                                      density={"mode": "taxonomy", "taxonomy": str(qualified.inputs["taxonomy"]),
-                                              "category_quantile": 0.75}))
+                                              "category_quantile": 0.9}))
     assert result["work"]["caption_shards"]["computed"] == 0 and result["work"]["caption_shards"]["skipped"] > 0
     categories = {r["name"]: r for r in pq.read_table(out / "qualification/categories.parquet").to_pylist()}
     assert categories["geometric graphics"]["dense"] and categories["geometric graphics"]["corpus_share"] > 0.5
