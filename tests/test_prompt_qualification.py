@@ -530,3 +530,21 @@ def test_user_errors_are_one_line_and_exit_2(qualified, tmp_path, capsys, case, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and err.startswith("corpusforge qualify-prompts: error:")
     assert not (tmp_path / "out").exists() and not (qualified.corpus / "qualification").exists()
+
+
+@pytest.mark.slow
+def test_flow_on_two_dask_workers_equals_the_in_process_run(qualified, tmp_path, prefect_server):
+    """The Prefect flow on a LocalCluster with two worker processes writes the same bytes."""
+    from corpusforge.cluster import DaskConfig
+    from flows.prompt_qualification import prompt_qualification_flow
+
+    prompt_qualification_flow(_config(qualified.corpus, qualified.inputs, tmp_path / "dask",
+                                      dask=DaskConfig(n_workers=2, threads_per_worker=1, processes=True)))
+    for rel in ("qualification/prompts.parquet", "qualification/variance.parquet", "qualification/cohorts.parquet",
+                "qualification/quarantine.parquet", "prompt_edition/mapping.parquet", "work/prompts/texts/prompts.npy"):
+        assert (tmp_path / "dask" / rel).read_bytes() == (qualified.out / rel).read_bytes(), rel
+    receipts = [json.loads((root / "qualification/receipt.json").read_bytes()) for root in (tmp_path / "dask",
+                                                                                              qualified.out)]
+    for r in receipts:
+        r["config"].pop("out")  # the one setting that differs
+    assert receipts[0] == receipts[1]

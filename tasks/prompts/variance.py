@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
+import re
 from typing import Any
 
 import fsspec
@@ -33,6 +34,7 @@ from corpusforge.version import code_version
 from tasks.prompts.tables import SAFE_ID
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp")
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # object addresses in error messages differ between runs
 
 
 def trace_covariance(x: np.ndarray) -> float:
@@ -42,7 +44,8 @@ def trace_covariance(x: np.ndarray) -> float:
 
 
 def variance_flags(variances: np.ndarray, sd_threshold: float) -> dict[str, Any]:
-    """One model's flags: variance < mean − sd_threshold · sd (ddof 1) over its prompts (NaN = no variance)."""
+    """One model's flags: variance < mean − sd_threshold · sd (ddof 1) over its prompts (NaN = no
+    variance). Fewer than three prompts with a variance give no usable sd, hence no flags."""
     ok = ~np.isnan(variances)
     values = variances[ok]
     if len(values) < 3:
@@ -125,7 +128,7 @@ def variance_unit(out: Any, generated: str, options: dict[str, Any], model: str,
                     sha = hashlib.sha256(data).hexdigest()
                     pixels.append(np.asarray(feature_model.preprocess(decode_rgb(data)), dtype=np.float32))
                 except Exception as exc:  # noqa: BLE001 - one bad image is that image's error
-                    error = f"{type(exc).__name__}: {exc}"[:300]
+                    error = _ADDRESS.sub("", f"{type(exc).__name__}: {exc}")[:300]
                 images.append([name, sha, error])
             variance = None
             if len(pixels) >= cfg.min_images:
