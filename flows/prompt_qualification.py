@@ -118,7 +118,8 @@ EDITION_SCHEMA = pa.schema([
     ("prompt_id", pa.string()), ("text", pa.string()), ("cohort", pa.string()), ("category", pa.string()),
     ("difficulty", pa.string()), ("anchor", pa.bool_()), ("origin", pa.string()),
 ])
-MAPPING_SCHEMA = pa.schema([("previous_id", pa.string()), ("row", pa.int64()), ("new_id", pa.string()), ("status", pa.string()),
+MAPPING_SCHEMA = pa.schema([("previous_id", pa.string()), ("row", pa.int64()), ("new_id", pa.string()),
+                            ("status", pa.string()),
                             ("reason", pa.string())])
 COHORT_SCHEMA = pa.schema([
     ("model", pa.string()), ("n_old", pa.int64()), ("n_new", pa.int64()), ("mean_old", pa.float64()),
@@ -179,7 +180,8 @@ def density_signal(config: PromptQualificationConfig, out: Store, prompts: list[
                               "threshold": d["threshold"], "flagged": bool(d["dense"][c]),
                               "similarity": None if given else float(similarity[i]),
                               "rule": f"density:category[{names[c]}]_share>={d['threshold']:.4f}"}
-        category_rows = [{"name": n, "corpus_captions": int(d["corpus_counts"][c]), "corpus_share": float(d["shares"][c]),
+        category_rows = [{"name": n, "corpus_captions": int(d["corpus_counts"][c]),
+                          "corpus_share": float(d["shares"][c]),
                           "prompts": int(d["prompt_counts"][c]), "dense": bool(d["dense"][c])}
                          for c, n in enumerate(names)]
         summary.update(threshold=d["threshold"], category_quantile=cfg.category_quantile, categories=category_rows,
@@ -263,7 +265,8 @@ def qualify_prompts(config: PromptQualificationConfig) -> dict[str, Any]:
         p["category_source"] = "given" if p["category"] else None
     valid = [p for p in prompts if p["status"] == "valid"]
     log.info("prompt set %s: %d rows, %d valid", prompt_file.uri, len(prompts), len(valid))
-    results: dict[str, Any] = {"prompts": {"rows": len(prompts), "valid": len(valid), "errors": len(prompts) - len(valid),
+    results: dict[str, Any] = {"prompts": {"rows": len(prompts), "valid": len(valid),
+                                           "errors": len(prompts) - len(valid),
                                            "error_reasons": _count(p["reason"] for p in prompts if p["reason"])}}
     warnings: list[str] = []
     work: dict[str, Any] = {}  # units computed and reused: returned, never in the receipt

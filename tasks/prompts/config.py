@@ -120,7 +120,8 @@ class RotationConfig(_Strict):
     """The rotation plan: which prompts leave, which pool prompts replace them."""
 
     fraction: float = Field(0.08, ge=0.0, le=1.0, title="Share rotated per cycle",
-                            description="Of the valid prompts (anchors count, but never rotate); the seed rotates ~8 %.")
+                            description="Of the valid prompts (anchors count, but never rotate); the seed "
+                                        "rotates ~8 %.")
     pool: str | None = Field(None, title="Qualification pool",
                              description="A prompt table like the prompt set's (same columns); its prompts are "
                                          "density-checked before they may replace anything.")

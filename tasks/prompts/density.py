@@ -86,7 +86,8 @@ def flat_divergence(counts: np.ndarray) -> dict[str, float]:
     p = counts / total
     k = len(counts)
     nz = p > 0
-    return {"kl_nats": float(np.sum(p[nz] * np.log(p[nz] * k))), "total_variation": float(0.5 * np.abs(p - 1 / k).sum())}
+    return {"kl_nats": float(np.sum(p[nz] * np.log(p[nz] * k))),
+            "total_variation": float(0.5 * np.abs(p - 1 / k).sum())}
 
 
 def taxonomy_density(prompt_categories: np.ndarray, caption_categories: np.ndarray, n_categories: int,

@@ -39,7 +39,8 @@ def _density_md(d: dict[str, Any] | None) -> list[str]:
            f"({d['captions_embedded']} with a caption), text model `{d['text_model']['name']}` "
            f"(weights SHA-256 `{d['text_model']['weights_sha256'][:16]}…`).", ""]
     if d["mode"] == "direct":
-        out += [f"Direct mode: score = cosine similarity to the k-th nearest sampled caption (k = {d['k']}); flagged when "
+        out += [f"Direct mode: score = cosine similarity to the k-th nearest sampled caption (k = {d['k']}); "
+                f"flagged when "
                 f"above {d['threshold']:.4f}, the {d['reference_quantile']} quantile of the same score among the "
                 f"captions themselves ({d['reference_n']} captions). **{d['flagged']} of {d['scored']}** prompts "
                 "are in a region denser than that.", ""]

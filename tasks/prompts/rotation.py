@@ -62,7 +62,8 @@ def plan_rotation(prompts: list[dict[str, Any]], pool: list[dict[str, Any]], cfg
     budget = round(cfg.fraction * len(active))
     candidates = [p for p in active if p["decision"] == QUARANTINED and p["strong"] and not p["anchor"]]
     candidates.sort(key=lambda p: (-p["n_variance_flags"], -int(bool((p.get("density") or {}).get("flagged"))),
-                                   -((p.get("density") or {}).get("score") or 0.0), _tiebreak(cfg.seed, p["prompt_id"])))
+                                   -((p.get("density") or {}).get("score") or 0.0),
+                                   _tiebreak(cfg.seed, p["prompt_id"])))
     leaving = [(p, "contamination") for p in candidates[:budget]]
     deferred = {p["prompt_id"]: "over_budget" for p in candidates[budget:]}
     if cfg.diversity_cycling and len(leaving) < budget:
