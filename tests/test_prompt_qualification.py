@@ -510,8 +510,15 @@ def test_receipt_changes_with_any_input_byte_or_threshold_and_not_otherwise(qual
     ("unknown_key", "unknown key"),
     ("missing_column", "needs columns"),
 ])
-def test_user_errors_are_one_line_and_exit_2(qualified, tmp_path, capsys, case, message):
+def test_user_errors_are_one_line_and_exit_2(qualified, tmp_path, capsys, monkeypatch, case, message):
+    import corpusforge.cluster as cluster
     from flows.cli import main
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("a server or cluster was started before the user error was reported")
+
+    monkeypatch.setattr(cluster, "prefect_api", refuse)
+    monkeypatch.setattr(cluster, "task_runner", refuse)
 
     inputs = dict(qualified.inputs)
     data = _config_data(qualified.corpus, inputs, tmp_path / "out")
