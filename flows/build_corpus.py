@@ -152,7 +152,8 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     for folder in (STAGING_TARS, STAGING_INDEX, STAGING_RECORDS):
         prune(store, folder, staged)
     with stage("staging"):
-        written = run_tasks(staging_task, [dict(store=store, shard=s, storage_options=config.input.storage_options)
+        written = run_tasks(staging_task, [dict(store=store, shard=s, storage_options=config.input.storage_options,
+                                                max_error_share=config.staging.max_error_share)
                                            for s in staging])
     work["staging"] = count_actions(written)
     log.info("%d records staged in %d staging shards", sum(m["info"]["count"] for m in written), len(staging))
