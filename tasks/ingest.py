@@ -90,9 +90,10 @@ def _read_local(location: str, limit: int) -> bytes:
     opened non-blocking and not following a final symlink, and re-checked to be a regular file."""
     fd = os.open(location, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_NOFOLLOW", 0))
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             raise OSError(f"{location}: not a regular file")
-        return f.read(limit)
+        return f.read(min(limit, info.st_size + 1))  # read(n) allocates n bytes up front
 
 
 def _row_records(part: Partition, src: SourceConfig, val: ValidationConfig,
