@@ -26,7 +26,7 @@ from pydantic import Field, model_validator
 
 from corpusforge.cluster import DaskConfig, as_task, cluster_flow, run_logger, run_tasks
 from corpusforge.config import FlowConfig
-from corpusforge.contract import count_actions, prune, remove_tree
+from corpusforge.contract import count_actions, prune, remove_tree, sweep_temp_files
 from corpusforge.feature_files import prune_features
 from corpusforge.layout import (EXACT_DIR, GRAPH_DIR, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR,
                                 RESOLVED_DIR, STAGING_INDEX, STAGING_RECORDS, STAGING_TARS, STATS_DIR, bucket_name,
@@ -179,6 +179,8 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     else:
         remove_tree(store, STATS_DIR)
 
+    if leftovers := sweep_temp_files(store):
+        log.warning("removed %d temporary files of killed writers: %s", len(leftovers), leftovers[:5])
     receipt = _receipt(config, store, kind, len(parts), release, manifest, features, near, stats)
     write_receipt(store, receipt)
     log.info("corpus written to %s: %s; work done %s", config.out, receipt["counts"]["by_status"], work)

@@ -26,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 
 from corpusforge.contract import prune, require_marker, run_unit, unit_fingerprint
+from corpusforge.faults import fault_point
 from corpusforge.layout import (LATE_DIR, LATE_SCHEMA, RELEASE_DIR, RELEASE_PLAN_DIR, RELEASE_PLAN_SCHEMA,
                                 decisions_path, late_path, part_name, release_plan_path, release_shard_name,
                                 release_tar, staging_index, staging_records, staging_tar)
@@ -140,7 +141,9 @@ def write_release_shard(store: Store, split: str, shard: int, cfg: SplitConfig, 
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         def samples():
-            for entry in entries:
+            for i, entry in enumerate(entries):
+                if i == 1:
+                    fault_point("release.write", name)  # tests only: off unless CORPUSFORGE_FAULT
                 staged = entry["staging_shard"]
                 spans = members[staged][entry["key"]]
                 start = min(o for o, _, _ in spans.values())

@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from corpusforge.chunking import plan_cuts
 from corpusforge.contract import run_unit, unit_fingerprint
+from corpusforge.faults import fault_point
 from corpusforge.hashing import canonical_json, fingerprint
 from corpusforge.layout import (STAGING_RECORDS_SCHEMA, resolved_path, staging_index, staging_records,
                                 staging_tar)
@@ -166,7 +167,9 @@ def write_staging_shard(store: Store, shard: StagingShard, storage_options: dict
         errors: list[dict[str, Any]] = []
 
         def samples():
-            for r in records:
+            for i, r in enumerate(records):
+                if i == 1:
+                    fault_point("staging.write", shard.name)  # tests only: off unless CORPUSFORGE_FAULT
                 try:
                     data = read_source_bytes(r, storage_options)
                 except (OSError, ValueError) as exc:
