@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -105,6 +106,25 @@ def prune(store: Store, folder: str, keep: Iterable[str]) -> list[str]:
         if name.endswith(".json") and name.split(".", 1)[0] not in keep:
             store.remove(f"{MARKERS}/{folder}/{name}")
     return removed
+
+
+def sweep_temp_files(store: Store) -> list[str]:
+    """Remove every temporary file (``.name.*.part``) a killed writer left under the output.
+
+    Call it when all units of the run have finished, so no writer of this run is alive:
+    a worker killed mid-write leaves its temp file behind while the rescheduled unit
+    writes another, and the pruning after planning would only catch it on the next run.
+    On an object store nothing partial is ever listed (temp files stay on the writing
+    machine). Returns the removed paths, relative to the root."""
+    if store.remote:
+        return []
+    removed = []
+    for folder, _, names in os.walk(store.root):
+        for name in names:
+            if name.startswith(".") and name.endswith(".part"):
+                os.unlink(os.path.join(folder, name))
+                removed.append(os.path.relpath(os.path.join(folder, name), store.root))
+    return sorted(removed)
 
 
 def remove_tree(store: Store, folder: str) -> None:

@@ -166,11 +166,24 @@ class _TailReader(io.RawIOBase):
         return self.tail[start:start + tarfile.BLOCKSIZE]
 
 
+def _member_kind(info: tarfile.TarInfo) -> str:
+    """What a non-regular member is, for its error (a link names its target)."""
+    if info.issym():
+        return f"symbolic link to {info.linkname!r}"
+    if info.islnk():
+        return f"hard link to {info.linkname!r}"
+    kinds = {tarfile.CHRTYPE: "character device", tarfile.BLKTYPE: "block device", tarfile.FIFOTYPE: "FIFO",
+             tarfile.CONTTYPE: "contiguous file"}
+    return kinds.get(info.type, f"member type {info.type!r}")
+
+
 def iter_tar_samples(fileobj: IO[bytes]) -> Iterator[TarSample]:
     """Yield consecutive members sharing a key as one :class:`TarSample`.
 
     Reads the tar as a stream (sequential, works on S3). Non-file members (links,
-    devices) and unsafe names come back as errors. A truncated or corrupt tar ends
+    devices, FIFOs) and unsafe names come back as errors. A member repeating an extension
+    the sample in progress already has starts a new sample with the same key (the key
+    check then flags it as a duplicate), so two samples are never merged. A truncated or corrupt tar ends
     with one error sample naming how many samples were read before it; the sample in
     progress at the cut is not yielded but reported inside that error (it may miss
     members). Python's ``tarfile`` takes a header cut short, or a stream ending right
@@ -193,7 +206,7 @@ def iter_tar_samples(fileobj: IO[bytes]) -> Iterator[TarSample]:
                     continue
                 parsed = split_member_name(info.name)
                 if not info.isreg() or parsed is None:
-                    why = "unsafe member name" if parsed is None else "not a regular file"
+                    why = "unsafe member name" if parsed is None else f"not a regular file: {_member_kind(info)}"
                     if current.members:  # keep input order: finish the sample in progress first
                         yield current
                         done += 1
@@ -202,7 +215,9 @@ def iter_tar_samples(fileobj: IO[bytes]) -> Iterator[TarSample]:
                     done += 1
                     continue
                 key, ext = parsed
-                if key != current.key and current.members:
+                # a new key, or a member repeating one the sample already has (a duplicate
+                # key): the sample in progress ends, so nothing is merged or overwritten
+                if current.members and (key != current.key or ext in current.members):
                     yield current
                     done += 1
                     current = TarSample(key=key)

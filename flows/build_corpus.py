@@ -26,7 +26,7 @@ from pydantic import Field, model_validator
 
 from corpusforge.cluster import DaskConfig, as_task, cluster_flow, run_logger, run_tasks
 from corpusforge.config import FlowConfig
-from corpusforge.contract import count_actions, prune, remove_tree
+from corpusforge.contract import count_actions, prune, remove_tree, sweep_temp_files
 from corpusforge.feature_files import prune_features
 from corpusforge.layout import (EXACT_DIR, GRAPH_DIR, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR,
                                 RESOLVED_DIR, STAGING_INDEX, STAGING_RECORDS, STAGING_TARS, STATS_DIR, bucket_name,
@@ -152,7 +152,8 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     for folder in (STAGING_TARS, STAGING_INDEX, STAGING_RECORDS):
         prune(store, folder, staged)
     with stage("staging"):
-        written = run_tasks(staging_task, [dict(store=store, shard=s, storage_options=config.input.storage_options)
+        written = run_tasks(staging_task, [dict(store=store, shard=s, storage_options=config.input.storage_options,
+                                                max_error_share=config.staging.max_error_share)
                                            for s in staging])
     work["staging"] = count_actions(written)
     log.info("%d records staged in %d staging shards", sum(m["info"]["count"] for m in written), len(staging))
@@ -178,6 +179,8 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     else:
         remove_tree(store, STATS_DIR)
 
+    if leftovers := sweep_temp_files(store):
+        log.warning("removed %d temporary files of killed writers: %s", len(leftovers), leftovers[:5])
     receipt = _receipt(config, store, kind, len(parts), release, manifest, features, near, stats)
     write_receipt(store, receipt)
     log.info("corpus written to %s: %s; work done %s", config.out, receipt["counts"]["by_status"], work)

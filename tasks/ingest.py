@@ -90,9 +90,10 @@ def _read_local(location: str, limit: int) -> bytes:
     opened non-blocking and not following a final symlink, and re-checked to be a regular file."""
     fd = os.open(location, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_NOFOLLOW", 0))
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             raise OSError(f"{location}: not a regular file")
-        return f.read(limit)
+        return f.read(min(limit, info.st_size + 1))  # read(n) allocates n bytes up front
 
 
 def _row_records(part: Partition, src: SourceConfig, val: ValidationConfig,
@@ -131,6 +132,15 @@ def _row_records(part: Partition, src: SourceConfig, val: ValidationConfig,
         yield record
 
 
+def _tar_error_reason(why: str) -> str:
+    """The record's reason for an unusable tar member (see ``iter_tar_samples``)."""
+    if why.startswith("unsafe member name"):
+        return f"unsafe_name: {why}"
+    if why.startswith("not a regular file"):
+        return f"unsafe_member: {why}"
+    return f"read_error: {why}"
+
+
 def _tar_records(part: Partition, src: SourceConfig, val: ValidationConfig,
                  store: Store) -> Iterator[dict[str, Any]]:
     with fsspec.open(part.uri, "rb", **src.storage_options) as f:
@@ -148,8 +158,7 @@ def _tar_records(part: Partition, src: SourceConfig, val: ValidationConfig,
             image_exts = sorted(e for e in sample.members if e in IMAGE_EXTS)
             if sample.error is not None:
                 record["key"] = derived_key(record["source_path"])  # the name itself is not usable
-                record["reason"] = f"unsafe_name: {sample.error.reason}" if "unsafe" in sample.error.reason \
-                    else f"read_error: {sample.error.reason}"
+                record["reason"] = _tar_error_reason(sample.error.reason)
             elif not is_safe_key(key):
                 record["reason"] = f"unsafe_key: {key!r}"
             elif not image_exts:

@@ -2,8 +2,9 @@
 
 Order matters and is cheapest-first: size of the byte string, format sniffing from the
 header, decompression-bomb check from the *declared* size (before any pixel is
-decoded), EXIF orientation, the resolution/aspect filters, and only then a full decode
-check. Every outcome is a :class:`Verdict` with a status and a reason code; callers
+decoded), animation (an animated WEBP or PNG is ``unsupported_format``: the corpus holds
+still images, and decoders disagree on which frame an animated file "is"), the full
+decode check, then EXIF orientation and the resolution/aspect filters. Every outcome is a :class:`Verdict` with a status and a reason code; callers
 never see an exception for bad input.
 
 Reason codes (the part before ``:``) are stable and listed in the README:
@@ -88,9 +89,10 @@ def _sniff(data: bytes, formats: list[str]) -> tuple[Image.Image | None, Verdict
             return None, _error("not_an_image: no known image header")
 
 
-def oriented_size(img: Image.Image) -> tuple[int, int]:
-    """Width and height as displayed, i.e. after applying the EXIF orientation."""
-    width, height = img.size
+def oriented_size(img: Image.Image, width: int, height: int) -> tuple[int, int]:
+    """Width and height as displayed, i.e. ``width`` x ``height`` (the header's size) after
+    applying the EXIF orientation. Called after the decode check: for PNG, reading EXIF
+    decodes the image, and a failure there must not hide a corrupt file from that check."""
     try:
         orientation = img.getexif().get(0x0112)
     except Exception:  # noqa: BLE001 - a broken EXIF block does not make the image invalid
@@ -138,10 +140,13 @@ def validate_image(data: bytes, cfg: ValidationConfig, scores: dict[str, Any] | 
         if raw_w * raw_h > cfg.max_pixels:
             return _error(f"decompression_bomb: declares {raw_w}x{raw_h} = {raw_w * raw_h} pixels "
                           f"> {cfg.max_pixels}", format=fmt, width=raw_w, height=raw_h)
-        width, height = oriented_size(img)
-        facts = {"format": fmt, "ext": FORMAT_EXT[fmt], "width": width, "height": height}
+        facts = {"format": fmt, "ext": FORMAT_EXT[fmt], "width": raw_w, "height": raw_h}
+        if getattr(img, "is_animated", False):
+            return _error(f"unsupported_format: animated {fmt} ({img.n_frames} frames)", **facts)
         if cfg.full_decode and (reason := _decode_check(img)):
             return _error(reason, **facts)
+        width, height = oriented_size(img, raw_w, raw_h)
+        facts.update(width=width, height=height)
     long_side, short_side = max(width, height), min(width, height)
     measured = long_side if cfg.min_side_rule == "longest" else short_side
     if measured < cfg.min_side:

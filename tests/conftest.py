@@ -60,3 +60,37 @@ def sample_corpus(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("sample")
     write_sample_corpus(str(out), n=160, seed=0)
     return out
+
+
+# ---- the fault and hostile-input matrix (issue 14): a summary table at the end of the run ----------
+
+_MATRIX: dict[str, tuple[list[str], str]] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Remember the outcome of every test marked ``@pytest.mark.scenario(n)``."""
+    outcome = yield
+    report = outcome.get_result()
+    scenarios = [str(m.args[0]) for m in item.iter_markers("scenario")]
+    if scenarios and (report.when == "call" or report.outcome != "passed"):
+        if report.when != "teardown" or item.nodeid not in _MATRIX:
+            _MATRIX[item.nodeid] = (sorted(set(scenarios), key=_scenario_order), report.outcome)
+
+
+def _scenario_order(label: str) -> tuple[int, str]:
+    return (int(label), "") if label.isdigit() else (1000, label)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Print scenario → test → outcome for the matrix tests that ran (see README, "Faults and hostile input")."""
+    if not _MATRIX:
+        return
+    rows = sorted(((s, nodeid, outcome) for nodeid, (scenarios, outcome) in _MATRIX.items() for s in scenarios),
+                  key=lambda r: (_scenario_order(r[0]), r[1]))
+    terminalreporter.section("fault and hostile-input matrix (issue 14)")
+    for scenario, nodeid, outcome in rows:
+        terminalreporter.write_line(f"{scenario:>8}  {outcome:<8}  {nodeid}")
+    counts = {o: sum(1 for r in rows if r[2] == o) for o in sorted({r[2] for r in rows})}
+    terminalreporter.write_line(f"scenarios covered: {len({r[0] for r in rows})}; " +
+                                ", ".join(f"{n} {o}" for o, n in counts.items()))

@@ -191,12 +191,21 @@ def test_s3_in_and_out_gives_the_same_shards(built, sample_corpus, s3):
     assert rows.num_rows == len(manifest(out))
 
 
+# Recall of the default (weight-free) descriptor on the sample corpus's planted
+# near-duplicate copies: measured 14 of 18 = 0.778 on 2026-11-30 (the 4 kept copies were
+# linked below the pair threshold in small components, as GPIC's rule keeps them). Raise it
+# when the descriptor improves; never lower it to make a change pass.
+RECALL_FLOOR = 0.75
+
+
+@pytest.mark.scenario("e2e")
 def test_planted_near_duplicates_are_removed_or_explained(built, sample_corpus):
     """Precision and recall of near-duplicate removal against the planted ground truth.
 
     A planted copy that stays is "explained" when GPIC's rule says it should stay: its best
-    similarity inside its planted group is at most the pair threshold and its component
-    is smaller than the component rule's size.
+    similarity inside its planted group was measured, is at most the pair threshold, and its
+    component is smaller than the component rule's size. A copy with no similarity at all
+    (the graph never linked it) is a miss, not an explanation.
     """
     out, _ = built
     rows = {r["key"]: r for r in manifest(out)}
@@ -217,13 +226,16 @@ def test_planted_near_duplicates_are_removed_or_explained(built, sample_corpus):
         for k in members:
             r = rows[k]
             if r["status"] == "kept" and statuses.count("kept") > 1:
-                explained = (r["max_similarity"] or 0) <= 0.9625 and (r["component_size"] or 1) < 5
+                explained = r["max_similarity"] is not None and r["max_similarity"] <= 0.9625 \
+                    and (r["component_size"] or 1) < 5
                 unexplained += not explained
     precision = 1 - len(false_removals) / max(1, len(removed))
-    print(f"near-duplicates: removed {len(removed)}, planted {total}, found {found}, "
-          f"precision {precision:.3f}, recall {found / max(1, total):.3f}, false removals {false_removals}")
-    assert unexplained == 0
+    recall = found / max(1, total)
+    print(f"near-duplicates: removed {len(removed)}, planted {total}, found {found}, unexplained {unexplained}, "
+          f"precision {precision:.3f}, recall {recall:.3f}, false removals {false_removals}")
     assert false_removals == []
+    assert unexplained == 0
+    assert recall >= RECALL_FLOOR, f"recall {recall:.3f} on the planted pairs is below the floor {RECALL_FLOOR}"
 
 
 def test_near_dedup_pass_writes_a_new_version_and_never_touches_the_old(built, tmp_path):

@@ -58,6 +58,7 @@ def write(path: Path, text: str) -> str:
     return str(path)
 
 
+@pytest.mark.scenario(14)
 def test_missing_argument_is_one_line(capsys, no_server_or_cluster):
     with pytest.raises(SystemExit) as info:
         main(["build", "--out", "x"])
@@ -67,12 +68,14 @@ def test_missing_argument_is_one_line(capsys, no_server_or_cluster):
                    "(see corpusforge build --help)"]
 
 
+@pytest.mark.scenario(14)
 def test_missing_config_file(capsys, no_server_or_cluster, source, tmp_path):
     line = run_cli(capsys, ["build", "--source", str(source), "--out", str(tmp_path / "o"),
                             "--config", str(tmp_path / "nope.yaml")], tmp_path / "o")
     assert "nope.yaml not found" in line
 
 
+@pytest.mark.scenario(14)
 def test_bad_yaml(capsys, no_server_or_cluster, source, tmp_path):
     cfg = write(tmp_path / "c.yaml", "splits: {val: 0.1\n  test: [\n")
     line = run_cli(capsys, ["build", "--source", str(source), "--out", str(tmp_path / "o"), "--config", cfg],
@@ -80,6 +83,7 @@ def test_bad_yaml(capsys, no_server_or_cluster, source, tmp_path):
     assert "not valid YAML at line" in line
 
 
+@pytest.mark.scenario(14)
 def test_unknown_key(capsys, no_server_or_cluster, source, tmp_path):
     cfg = write(tmp_path / "c.yaml", "splits: {shard_sise: 10}\n")
     line = run_cli(capsys, ["build", "--source", str(source), "--out", str(tmp_path / "o"), "--config", cfg],
@@ -87,6 +91,7 @@ def test_unknown_key(capsys, no_server_or_cluster, source, tmp_path):
     assert "unknown key splits.shard_sise" in line and "shard_size" in line
 
 
+@pytest.mark.scenario(14)
 def test_wrong_type(capsys, no_server_or_cluster, source, tmp_path):
     cfg = write(tmp_path / "c.yaml", "staging: {shard_size: ten}\n")
     line = run_cli(capsys, ["build", "--source", str(source), "--out", str(tmp_path / "o"), "--config", cfg],
@@ -94,17 +99,20 @@ def test_wrong_type(capsys, no_server_or_cluster, source, tmp_path):
     assert "staging.shard_size" in line and "'ten'" in line
 
 
+@pytest.mark.scenario(14)
 def test_missing_source(capsys, no_server_or_cluster, tmp_path):
     line = run_cli(capsys, ["build", "--source", str(tmp_path / "missing"), "--out", str(tmp_path / "o")],
                    tmp_path / "o")
     assert "does not exist" in line and "metadata table" in line
 
 
+@pytest.mark.scenario(14)
 def test_output_inside_source(capsys, no_server_or_cluster, source):
     line = run_cli(capsys, ["build", "--source", str(source), "--out", str(source / "corpus")], source / "corpus")
     assert "overlaps the source" in line
 
 
+@pytest.mark.scenario(14)
 def test_unreachable_storage(capsys, no_server_or_cluster, source, tmp_path):
     with socket.socket() as s:  # a loopback port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -121,6 +129,7 @@ def _learned_model_config(tmp_path: Path, weights: str) -> str:
                  f"    - {{name: sscd_disc_mixup{weights}}}\n")
 
 
+@pytest.mark.scenario(14)
 def test_missing_weights_file(capsys, no_server_or_cluster, source, tmp_path):
     cfg = _learned_model_config(tmp_path, f", weights: {{uri: '{tmp_path / 'sscd.pt'}', sha256: '{'0' * 64}'}}")
     line = run_cli(capsys, ["build", "--source", str(source), "--out", str(tmp_path / "o"), "--config", cfg],
@@ -128,6 +137,7 @@ def test_missing_weights_file(capsys, no_server_or_cluster, source, tmp_path):
     assert "weights of sscd_disc_mixup refused" in line and "not found" in line
 
 
+@pytest.mark.scenario(14)
 def test_refused_weights_hash(capsys, no_server_or_cluster, source, tmp_path):
     (tmp_path / "sscd.pt").write_bytes(b"not the pinned bytes")
     cfg = _learned_model_config(tmp_path, f", weights: {{uri: '{tmp_path / 'sscd.pt'}', sha256: '{'0' * 64}'}}")
@@ -136,6 +146,7 @@ def test_refused_weights_hash(capsys, no_server_or_cluster, source, tmp_path):
     assert "refused" in line and "does not match" in line
 
 
+@pytest.mark.scenario(14)
 def test_torchscript_not_allow_listed(capsys, no_server_or_cluster, source, tmp_path):
     data = b"pretend torchscript"
     (tmp_path / "sscd.pt").write_bytes(data)
@@ -147,6 +158,7 @@ def test_torchscript_not_allow_listed(capsys, no_server_or_cluster, source, tmp_
     assert "TorchScript is executable" in line and "torchscript_allowlist" in line
 
 
+@pytest.mark.scenario(14)
 def test_learned_model_without_weights(capsys, no_server_or_cluster, source, tmp_path):
     cfg = _learned_model_config(tmp_path, "")
     line = run_cli(capsys, ["build", "--source", str(source), "--out", str(tmp_path / "o"), "--config", cfg],
@@ -154,12 +166,14 @@ def test_learned_model_without_weights(capsys, no_server_or_cluster, source, tmp
     assert "has no weights" in line and "random_init" in line
 
 
+@pytest.mark.scenario(14)
 def test_flow_command_on_a_missing_corpus(capsys, no_server_or_cluster, tmp_path):
     cfg = write(tmp_path / "c.yaml", f"corpus: {tmp_path / 'nothing'}\n")
     line = run_cli(capsys, ["extract-features", "--config", cfg])
     assert line.startswith("corpusforge extract-features: error: corpus") and "does not exist" in line
 
 
+@pytest.mark.scenario(14)
 def test_the_issues_example_as_a_user_types_it(tmp_path):
     """`corpusforge build --source /missing --out o`: one line, exit 2, no `o`, in seconds."""
     started = time.monotonic()

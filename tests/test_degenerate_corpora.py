@@ -16,7 +16,7 @@ from PIL import Image
 
 from flows.build_corpus import BuildConfig, run_build
 
-pytestmark = [pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.scenario(10), pytest.mark.timeout(600)]
 
 
 def png(seed: int, side: int = 300) -> bytes:

@@ -88,6 +88,7 @@ def outside(tmp_path) -> Path:
     return folder
 
 
+@pytest.mark.scenario(8)
 def test_hostile_metadata_paths_are_refused_before_any_byte_is_read(tmp_path, outside, http_secret):
     src = tmp_path / "src"
     src.mkdir()
@@ -128,6 +129,7 @@ def test_hostile_metadata_paths_are_refused_before_any_byte_is_read(tmp_path, ou
     assert "chained URL" in reasons[f"h{hostile.index(f'simplecache::file://{secret}')}"]
 
 
+@pytest.mark.scenario(8)
 def test_allow_roots_opens_a_root_and_nothing_else(tmp_path, outside):
     src = tmp_path / "src"
     src.mkdir()
@@ -151,10 +153,12 @@ def test_allow_roots_opens_a_root_and_nothing_else(tmp_path, outside):
     ("s3://bkt/src", "s3://bkt/src/../../x", False),
     ("/data/src", "s3://bkt/k.jpg", False),           # a local source may not, unless allow-listed
 ])
+@pytest.mark.scenario(8)
 def test_default_roots_follow_the_source_protocol(base, path, ok):
     assert (locate(base, path)[0] is not None) == ok
 
 
+@pytest.mark.scenario(8)
 def test_links_and_special_files_in_a_source_folder_become_error_records(tmp_path, outside):
     src = tmp_path / "imgs"
     (src / "sub").mkdir(parents=True)
@@ -189,6 +193,7 @@ def _samples(sizes: list[list[int]]) -> list[Sample]:
             for i, member_sizes in enumerate(sizes)]
 
 
+@pytest.mark.scenario(4)
 @settings(max_examples=400, deadline=None)
 @given(sizes=st.lists(st.lists(st.integers(0, 1300), min_size=1, max_size=3), min_size=1, max_size=4),
        data=st.data())
@@ -220,6 +225,7 @@ def test_truncated_tar_keeps_the_prefix_and_reports_the_cut(sizes, data):
     assert finished <= len(kept) <= sum(1 for s in samples if ends[s.key] <= cut)
 
 
+@pytest.mark.scenario(4)
 @pytest.mark.parametrize("where", ["mid_header", "mid_member", "between_members", "between_samples"])
 def test_truncated_tar_at_ingest_keeps_records_before_the_cut(tmp_path, where):
     images = [jpeg(300, 300, i) for i in range(3)]
@@ -248,6 +254,7 @@ def test_truncated_tar_at_ingest_keeps_records_before_the_cut(tmp_path, where):
 scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=20))
 
 
+@pytest.mark.scenario('fuzz')
 @settings(max_examples=300, deadline=None)
 @given(rows=st.lists(st.dictionaries(st.sampled_from(["key", "caption", "license", "extra", "q", "x y"]),
                                      scalars, max_size=5), min_size=1, max_size=4),
@@ -267,6 +274,7 @@ path_parts = st.sampled_from(["a", "b.jpg", "..", ".", "", "/", "//", "::", "://
                               "http:", "memory:", "zip:", "simplecache::", "~", "\\", "\x00", "\n", "%2e%2e", "é"])
 
 
+@pytest.mark.scenario('fuzz')
 @FUZZ
 @given(path=st.one_of(st.text(max_size=40), st.lists(path_parts, max_size=8).map("".join)),
        remote=st.booleans())
@@ -299,6 +307,7 @@ def _tar_bytes() -> bytes:
 TAR = _tar_bytes()
 
 
+@pytest.mark.scenario('fuzz')
 @FUZZ
 @given(edits=st.lists(st.tuples(st.integers(0, len(TAR) - 1), st.integers(0, 255)), max_size=6),
        cut=st.integers(0, len(TAR)))
@@ -316,6 +325,7 @@ def test_fuzz_tar_reader(edits, cut):
 
 # ---- malformed sidecars -------------------------------------------------------------------------
 
+@pytest.mark.scenario(13)
 def test_malformed_json_sidecar_is_a_warning_with_a_reason(tmp_path):
     tars, folder = tmp_path / "tars", tmp_path / "imgs"
     tars.mkdir()
@@ -340,6 +350,7 @@ def test_malformed_json_sidecar_is_a_warning_with_a_reason(tmp_path):
 
 # ---- error-rate guard -----------------------------------------------------------------------------
 
+@pytest.mark.scenario(13)
 def test_feature_shard_past_the_error_rate_guard_fails_and_is_not_marked_done(tmp_path):
     from corpusforge.layout import feature_vectors
     from tasks.features.config import FeaturesConfig, ModelSpec, RuntimeConfig

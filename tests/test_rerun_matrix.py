@@ -274,6 +274,7 @@ def test_switch_near_dedup_off(history):
     assert not any(r["status"] == "near_duplicate" for r in manifest)
 
 
+@pytest.mark.scenario(1)
 @pytest.mark.parametrize("stage_marker", ["staging/tars", "features/wfd/vectors", "shards/train"])
 def test_build_killed_at_a_stage_then_rerun_equals_a_fresh_build(stage_marker, sample_corpus, tmp_path,
                                                                   prefect_server):

@@ -16,7 +16,7 @@ import s3fs
 from corpusforge.storage import Store
 from tests.s3server import seaweedfs
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.scenario(9), pytest.mark.timeout(300)]
 
 
 def _fs(options: dict) -> s3fs.S3FileSystem:

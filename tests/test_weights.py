@@ -62,6 +62,7 @@ def test_local_file_with_the_right_pin_loads(tmp_path):
         assert loaded.keys() == sd.keys() and all(torch.equal(loaded[k], sd[k]) for k in sd)
 
 
+@pytest.mark.scenario(12)
 def test_wrong_pin_is_refused_naming_both_hashes(tmp_path):
     _, digest = saved_state_dict(tmp_path / "w.pt")
     wrong = "0" * 64
@@ -82,6 +83,7 @@ def test_missing_file_is_a_clear_error(tmp_path):
         fetch_weights(WeightsSpec(uri=str(tmp_path / "nope.pt"), sha256="0" * 64))
 
 
+@pytest.mark.scenario(12)
 @pytest.mark.parametrize("container", ["pickle", "torch_zip"])
 def test_crafted_pickle_is_refused_without_running_it(tmp_path, container):
     control = tmp_path / "control-marker"
@@ -102,6 +104,7 @@ def test_crafted_pickle_is_refused_without_running_it(tmp_path, container):
     assert not marker.exists()
 
 
+@pytest.mark.scenario(12)
 def test_non_tensor_entries_are_refused(tmp_path):
     torch.save({"w": torch.zeros(1), "note": "hello"}, tmp_path / "w.pt")
     with pytest.raises(WeightsError, match="non-tensor"):
@@ -127,6 +130,7 @@ class Doubler(torch.nn.Module):
         return x * 2
 
 
+@pytest.mark.scenario(12)
 def test_torchscript_needs_the_allowlist(tmp_path):
     path = tmp_path / "model.torchscript.pt"
     torch.jit.script(Doubler()).save(str(path))

@@ -72,8 +72,11 @@ def _to_rgb(image: Image.Image) -> Image.Image:
         return image
     if mode in ("I", "I;16", "I;16B", "I;16L", "I;16N", "F"):
         array = np.asarray(image, dtype=np.float64)
-        top = 65535.0 if mode != "F" and array.max(initial=0) > 255 else 255.0
-        if mode == "F":
+        if mode.startswith("I;16"):  # 16-bit by declaration: a dark image stays dark
+            top = 65535.0
+        elif mode == "I":  # 32-bit container of unknown depth: 16-bit when values say so
+            top = 65535.0 if array.max(initial=0) > 255 else 255.0
+        else:
             top = max(float(array.max(initial=0)), 1.0)
         grey = np.clip(np.round(array * (255.0 / top)), 0, 255).astype(np.uint8)
         return Image.fromarray(grey).convert("RGB")

@@ -41,6 +41,7 @@ import numpy as np
 from PIL import Image
 from corpusforge.cluster import as_task, run_tasks
 from corpusforge.contract import COMPUTED, SKIPPED, current_marker, require_marker, unit_fingerprint
+from corpusforge.faults import fault_point
 from corpusforge.feature_files import write_shard_features
 from corpusforge.layout import feature_vectors, staging_records, staging_tar
 from corpusforge.storage import Store
@@ -207,6 +208,7 @@ def extract_shard(store: Store, shard: str, cfg: FeaturesConfig) -> dict[str, An
     if not todo:
         return summary
 
+    fault_point("features.start", shard)  # tests only: off unless CORPUSFORGE_FAULT
     runs = [_ModelRun(m) for m in todo]
     rt = cfg.runtime
     keys: list[str] = []
@@ -234,6 +236,7 @@ def extract_shard(store: Store, shard: str, cfg: FeaturesConfig) -> dict[str, An
         marker = write_shard_features(store, model.model_id, shard, keys, shas, run.ok, run.errors, feats,
                                       prints[model.model_id], info)
         summary["models"][model.model_id] = _model_summary(COMPUTED, marker, model, len(expected))
+    fault_point("features.done", shard)
     return summary
 
 

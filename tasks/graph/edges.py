@@ -48,6 +48,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from corpusforge.contract import COMPUTED, SKIPPED, current_marker, finish_unit, run_unit, unit_fingerprint
+from corpusforge.faults import fault_point
 from corpusforge.feature_files import require_features
 from corpusforge.hashing import stable_uniform
 from corpusforge.layout import (EDGE_SCHEMA, FOUND_SCHEMA, GRAPH_INDEX, GRAPH_RECALL_IDS, GRAPH_RECALL_VECTORS,
@@ -223,6 +224,7 @@ def query_shard(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTabl
     fp = query_fingerprint(cfg, info, digests[shard])
     if not force and (marker := current_marker(out, found_path(shard), fp)) is not None:
         return {**marker["info"], "action": SKIPPED}
+    fault_point("graph.query", shard)  # tests only: off unless CORPUSFORGE_FAULT
     fx.set_threads(cfg.index.faiss_threads)
     cpu, index, on_gpu = load_index(out, info, cfg.index.use_gpu)
     lo, _ = nodes.span(shard)
