@@ -68,7 +68,17 @@ class CollisionConfig(BaseModel):
                                     title="Similarity thresholds", description="Pairs > theta are connected.")
     target_size: int = Field(GPIC_SOURCE_POOL, ge=1, title="Extrapolation target size")
     max_subset_vectors: int = Field(2_000_000, ge=2, title="Largest subset held in memory",
-                                    description="Guards one process: above it all fractions are scaled down together.")
+                                    description="Guards one process: above it all fractions are scaled down "
+                                                "together. A corpus up to this size is also counted whole, "
+                                                "to show the actual removals beside the fit's prediction.")
+    min_fit_points: int = Field(3, ge=3, title="Fewest subset sizes in a fit",
+                                description="Subset sizes with removals > 0 needed to fit (two always fit exactly).")
+    min_fit_decades: float = Field(1.0, ge=0, title="Least span of a fit (decades)",
+                                   description="log10(largest / smallest) of the fitted subset sizes (GPIC: 1.5).")
+    max_extrapolation: float = Field(
+        100.0, ge=1, title="Furthest prediction (x largest fitted subset)",
+        description="No prediction beyond this multiple of the largest fitted subset size "
+                    "(GPIC: 110.6M / 3.4M = 33x).")
 
     @model_validator(mode="after")
     def _sorted(self) -> CollisionConfig:

@@ -180,5 +180,8 @@ def _collision_brief(result: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     return {"full_size": result["full_size"], "target_size": result["target_size"],
             "fraction_scale": result["fraction_scale"],
-            "fits": {t: {k: f.get(k) for k in ("fitted", "A", "beta", "r2", "predicted_full", "predicted_target")}
+            "counted_whole": result.get("counted_whole", False),
+            "fits": {t: {k: f.get(k) for k in ("fitted", "reason", "points", "fit_sizes", "A", "beta", "r2",
+                                               "actual_full", "predicted_full", "predicted_full_note",
+                                               "predicted_target", "predicted_target_note")}
                      for t, f in result["fits"].items()}}
