@@ -113,7 +113,12 @@ def _features_section(features: dict[str, Any]) -> list[str]:
     rows = [[m, t["dim"], t["ok"], t["errors"], "**RANDOM INIT**" if t["random_init"] else
              t["fingerprint"].get("weights", t["fingerprint"].get("weights_sha256", ""))]
             for m, t in features["models"].items()]
-    return ["", "## Features", "", _table(["model", "dim", "images", "errors", "weights"], rows)]
+    out = ["", "## Features", "", _table(["model", "dim", "images", "errors", "weights"], rows)]
+    deviations = [(m, t["fingerprint"]["protocol_deviation"]) for m, t in features["models"].items()
+                  if t["fingerprint"].get("protocol_deviation")]
+    if deviations:
+        out += ["", *(f"**Protocol deviation** (`{m}`): {d}." for m, d in deviations)]
+    return out
 
 
 def _collision_lines(c: dict[str, Any]) -> list[str]:
@@ -141,8 +146,9 @@ def _collision_lines(c: dict[str, Any]) -> list[str]:
             rows.append([t, cell(None, f"no fit: {f.get('reason', 'too few subsets with removals')}"), "", "", "",
                          _fmt(f.get("actual_full")), "", ""])
     whole = "counted whole" if c.get("counted_whole") else "too big to count whole here"
-    out = [f"Collision models (D(N) = A·N^β on nested subsets; full corpus {c['full_size']} images, {whole}; "
-           f"target {c['target_size']}):", "",
+    head = (f"Collision models (D(N) = A·N^β on nested subsets; full corpus {c['full_size']} images, {whole}; "
+            f"target {c['target_size']}):")
+    out = [head, "",
            _table(["θ", "fitted on", "A", "β", "R²", "removed at full size", "predicted full", "predicted target"],
                   rows), ""]
     out += [f"({i}) {n}" for i, n in enumerate(notes, 1)]

@@ -62,8 +62,8 @@ def test_predictions_stay_within_the_fit_and_the_images():
     steep = fit_power_law(n, 1e-6 * n**2.5)  # fast growth: soon more removals than images
     value, why = predict(steep, 10**6, 100.0)
     assert value is None and "more than the 1000000 images" in why
-    assert predict(fit_power_law(n[:2], n[:2]), 10**4, 100.0) == (None, "no fit: 2 subset size(s) with "
-                                                                       "removals; a fit needs 3")
+    refused = "no fit: 2 subset size(s) with removals; a fit needs 3"
+    assert predict(fit_power_law(n[:2], n[:2]), 10**4, 100.0) == (None, refused)
 
 
 def test_removals_is_nodes_minus_components():

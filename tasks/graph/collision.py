@@ -74,11 +74,11 @@ def fit_power_law(sizes: np.ndarray, removed: np.ndarray, min_points: int = 3,
     pos = removed > 0
     distinct = np.unique(sizes[pos])
     if len(distinct) < min_points:
-        return {"fitted": False, "points": int(len(distinct)),
+        return {"fitted": False, "points": len(distinct),
                 "reason": f"{len(distinct)} subset size(s) with removals; a fit needs {min_points}"}
     decades = float(np.log10(distinct[-1] / distinct[0]))
     if decades < min_decades:
-        return {"fitted": False, "points": int(len(distinct)),
+        return {"fitted": False, "points": len(distinct),
                 "reason": f"subsets with removals span {decades:.2f} decade(s) ({int(distinct[0])} to "
                           f"{int(distinct[-1])} images); a fit needs {min_decades:g}"}
     x, y = np.log(sizes[pos]), np.log(removed[pos])
@@ -88,7 +88,7 @@ def fit_power_law(sizes: np.ndarray, removed: np.ndarray, min_points: int = 3,
     ss_tot = float(np.sum((y - y.mean()) ** 2))
     r2 = 1.0 - float(np.sum(resid**2)) / ss_tot if ss_tot > 0 else None
     return {"fitted": True, "A": float(math.exp(log_a)), "beta": float(beta), "r2": r2,
-            "points": int(len(distinct)), "fit_sizes": [int(distinct[0]), int(distinct[-1])]}
+            "points": len(distinct), "fit_sizes": [int(distinct[0]), int(distinct[-1])]}
 
 
 def predict(fit: dict[str, Any], n: int, max_extrapolation: float) -> tuple[float | None, str | None]:
@@ -182,7 +182,7 @@ def _collision_models(source: Store, out: Store, cfg: NearDedupConfig, nodes: No
         fit["predicted_target"], fit["predicted_target_note"] = predict(fit, cc.target_size, cc.max_extrapolation)
         fits[f"{theta:g}"] = fit
     result = {"rows": rows, "fits": fits, "full_size": total, "target_size": cc.target_size,
-              "fraction_scale": scale, "search": plan.to_json(), "pairs": int(len(a)),
+              "fraction_scale": scale, "search": plan.to_json(), "pairs": len(a),
               "lowest_threshold": theta_min, "counted_whole": whole,
               "rules": {"min_fit_points": cc.min_fit_points, "min_fit_decades": cc.min_fit_decades,
                         "max_extrapolation": cc.max_extrapolation}}
