@@ -30,8 +30,8 @@ from prefect.context import FlowRunContext
 
 from corpusforge.cluster import as_task, run_tasks
 from corpusforge.contract import COMPUTED, SKIPPED, count_actions, prune, require_marker, unit_fingerprint
-from corpusforge.layout import (GRAPH_DECISIONS, GRAPH_EDGES, GRAPH_INDEX_DIR, GRAPH_FOUND, GRAPH_NODES, GRAPH_RECALL, GRAPH_SUMMARY, GRAPH_VERIFIED, edges_path,
-                                found_path, staging_records, staging_tar)
+from corpusforge.layout import (GRAPH_DECISIONS, GRAPH_EDGES, GRAPH_FOUND, GRAPH_INDEX_DIR, GRAPH_NODES, GRAPH_RECALL,
+                                GRAPH_SUMMARY, GRAPH_VERIFIED, edges_path, found_path, staging_records, staging_tar)
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.graph.calibration import calibration_sheet
@@ -154,7 +154,8 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
         "graph": {"threshold": cfg.graph_threshold, "search_threshold": cfg.search_threshold,
                   "edges": sum(sum(m["edges"].values()) for m in merged), "merge_tasks": len(merged)},
         "rule": "gpic_verified" if cfg.verifying else "gpic_exact",
-        "verification": ({**cfg.verification.model_dump(mode="json"), "pairs": sum(m["info"]["pairs"] for m in verified),
+        "verification": ({**cfg.verification.model_dump(mode="json"),
+                          "pairs": sum(m["info"]["pairs"] for m in verified),
                           "verified": sum(m["info"]["verified"] for m in verified)} if cfg.verifying else None),
         "recall": recall,
         "decisions": decisions,
