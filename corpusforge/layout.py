@@ -58,6 +58,7 @@ GRAPH_FOUND = "work/graph/found"  # query results: a cache of the rerun, not an 
 GRAPH_RECALL = "graph/recall"
 GRAPH_EDGES = "graph/edges"
 GRAPH_DECISIONS = "graph/decisions"
+GRAPH_VERIFIED = "graph/verified"  # geometric verification of review-band pairs (tasks/graph/verify.py)
 RELEASE_DIR = "shards"
 MANIFEST_DIR = "manifest"
 STATS_DIR = "stats"
@@ -154,6 +155,10 @@ def edges_path(shard: str) -> str:
     return f"{GRAPH_EDGES}/{shard}.parquet"
 
 
+def verified_path(shard: str) -> str:
+    return f"{GRAPH_VERIFIED}/{shard}.parquet"
+
+
 def decisions_path(shard: str) -> str:
     return f"{GRAPH_DECISIONS}/{shard}.parquet"
 
@@ -217,6 +222,12 @@ FEATURE_KEYS_SCHEMA = pa.schema([("key", pa.string()), ("sha256", pa.string()), 
                                  ("error", pa.string())])
 
 EDGE_SCHEMA = pa.schema([("src", pa.int64()), ("dst", pa.int64()), ("similarity", pa.float32())])
+# Review-band pairs of one owner shard's edge file and their geometric verification.
+VERIFIED_SCHEMA = pa.schema([
+    ("src", pa.int64()), ("dst", pa.int64()), ("key_a", pa.string()), ("key_b", pa.string()),
+    ("sha_a", pa.string()), ("sha_b", pa.string()), ("similarity", pa.float32()), ("keypoints", pa.int32()),
+    ("matches", pa.int32()), ("inliers", pa.int32()), ("score", pa.float32()), ("verified", pa.bool_()),
+])
 # Pairs one shard's queries found, addressed by (shard, row) so they stay valid while the
 # shards they point at are unchanged (dst_digest: the vectors' digest they were found in).
 FOUND_SCHEMA = pa.schema([("src_row", pa.int32()), ("dst_shard", pa.string()), ("dst_row", pa.int32()),

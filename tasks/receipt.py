@@ -113,7 +113,46 @@ def _features_section(features: dict[str, Any]) -> list[str]:
     rows = [[m, t["dim"], t["ok"], t["errors"], "**RANDOM INIT**" if t["random_init"] else
              t["fingerprint"].get("weights", t["fingerprint"].get("weights_sha256", ""))]
             for m, t in features["models"].items()]
-    return ["", "## Features", "", _table(["model", "dim", "images", "errors", "weights"], rows)]
+    out = ["", "## Features", "", _table(["model", "dim", "images", "errors", "weights"], rows)]
+    deviations = [(m, t["fingerprint"]["protocol_deviation"]) for m, t in features["models"].items()
+                  if t["fingerprint"].get("protocol_deviation")]
+    if deviations:
+        out += ["", *(f"**Protocol deviation** (`{m}`): {d}." for m, d in deviations)]
+    return out
+
+
+def _collision_lines(c: dict[str, Any]) -> list[str]:
+    """The fits with the subsets they rest on, actual removals at full size beside the
+    prediction, and the reason wherever a fit or a prediction is refused."""
+    notes: list[str] = []
+
+    def cell(value: Any, note: str | None) -> str:
+        if value is not None:
+            return f"{value:.3g}"
+        if note is None:
+            return "–"
+        if note not in notes:
+            notes.append(note)
+        return f"not given ({notes.index(note) + 1})"
+
+    rows = []
+    for t, f in c["fits"].items():
+        if f["fitted"]:
+            lo, hi = f["fit_sizes"]
+            rows.append([t, f"{f['points']} sizes, {lo}–{hi}", _fmt(f["A"]), _fmt(f["beta"]), _fmt(f["r2"]),
+                         _fmt(f.get("actual_full")), cell(f["predicted_full"], f.get("predicted_full_note")),
+                         cell(f["predicted_target"], f.get("predicted_target_note"))])
+        else:
+            rows.append([t, cell(None, f"no fit: {f.get('reason', 'too few subsets with removals')}"), "", "", "",
+                         _fmt(f.get("actual_full")), "", ""])
+    whole = "counted whole" if c.get("counted_whole") else "too big to count whole here"
+    head = (f"Collision models (D(N) = A·N^β on nested subsets; full corpus {c['full_size']} images, {whole}; "
+            f"target {c['target_size']}):")
+    out = [head, "",
+           _table(["θ", "fitted on", "A", "β", "R²", "removed at full size", "predicted full", "predicted target"],
+                  rows), ""]
+    out += [f"({i}) {n}" for i, n in enumerate(notes, 1)]
+    return out + ([""] if notes else [])
 
 
 def _near_duplicates_section(near: dict[str, Any]) -> list[str]:
@@ -131,13 +170,7 @@ def _near_duplicates_section(near: dict[str, Any]) -> list[str]:
                        [[c["component_id"], c["size"], _fmt(c["weakest_edge"]), c["kept_key"],
                          "yes" if c["flagged"] else "no"] for c in d["largest_components"][:10]]), ""]
     if near.get("collision"):
-        c = near["collision"]
-        out += [f"Collision models (D(N) = A·N^β on nested subsets; full corpus {c['full_size']}, "
-                f"target {c['target_size']}):", "",
-                _table(["θ", "A", "β", "R²", "predicted full", "predicted target"],
-                       [[t, _fmt(f["A"]), _fmt(f["beta"]), _fmt(f["r2"]), _fmt(f["predicted_full"]),
-                         _fmt(f["predicted_target"])] if f["fitted"] else [t, "no fit", "", "", "", ""]
-                        for t, f in c["fits"].items()]), ""]
+        out += _collision_lines(near["collision"])
     if near.get("calibration"):
         out += ["Calibration sheet: `graph/calibration/index.html`."]
     return out

@@ -35,3 +35,19 @@ def write_staging_shard(store: Store, shard: str, records: list[dict[str, Any]],
     return finish_unit(store, staging_tar(shard), f"test-staging-{shard}", outputs,
                        {"shard": shard, "count": result.count, "bytes": result.bytes,
                         "images": images_digest(records)})
+
+
+def stage_images(store: Store, shard: str, images: list[tuple[str, bytes, str]]) -> dict[str, Any]:
+    """One staging shard from ``(key, image bytes, ext)`` triples, records filled from the bytes."""
+    import hashlib
+    import io
+
+    from PIL import Image
+
+    samples, rows = [], []
+    for i, (key, data, ext) in enumerate(images):
+        w, h = Image.open(io.BytesIO(data)).size
+        samples.append(Sample(key, {ext: data, "txt": b"c", "json": b"{}"}))
+        rows.append({"key": key, "part": 0, "row": i, "sha256": hashlib.sha256(data).hexdigest(), "width": w,
+                     "height": h, "source": "test", "caption_type": "short", "ext": ext, "bytes": len(data)})
+    return write_staging_shard(store, shard, rows, samples)

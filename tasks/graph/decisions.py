@@ -33,7 +33,9 @@ from tasks.graph.components import UnionFind, component_sizes
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.edges import iter_edges
 from tasks.graph.nodes import NodeTable, records_path
-from tasks.graph.two_tier import COMPONENT, TIER1, TierOnePartners, decide, keys_as_bytes, priority_rank, reason_texts
+from tasks.graph.two_tier import (COMPONENT, TIER1, VERIFIED, TierOnePartners, decide, keys_as_bytes,
+                                  priority_rank, reason_texts)
+from tasks.graph.verify import iter_verified
 
 DECISION_SCHEMA = NEAR_DECISION_SCHEMA
 
@@ -79,12 +81,17 @@ def check_unique_sha(source: Store, nodes: NodeTable, kept: np.ndarray, prefix: 
 
 
 def decide_near_duplicates(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable,
-                           edges_digests: list[str], records_digests: list[str]) -> dict[str, Any]:
-    """Two-tier decisions for every image (one unit: the rule is global); returns the marker."""
-    fp = unit_fingerprint("graph-decisions", code_version(__name__),
+                           edges_digests: list[str], records_digests: list[str],
+                           verified_digests: list[str] | None = None) -> dict[str, Any]:
+    """Two-tier decisions for every image (one unit: the rule is global); returns the marker.
+
+    With ``cfg.verifying`` (mode gpic_verified) the verified review-band pairs
+    (``graph/verified/``) join the candidate graph and act as tier-1 pairs."""
+    fp = unit_fingerprint("graph-decisions", code_version(__name__, "tasks.graph.two_tier"),
                           [cfg.candidate_threshold, cfg.pair_threshold, cfg.min_component_size,
-                           cfg.chain_min_hop1_fraction, cfg.chain_max_hops, cfg.report_top],
-                          [nodes.to_json(), edges_digests, records_digests])
+                           cfg.chain_min_hop1_fraction, cfg.chain_max_hops, cfg.report_top, cfg.verifying,
+                           cfg.verification.min_inliers if cfg.verifying else None],
+                          [nodes.to_json(), edges_digests, records_digests, verified_digests])
     return run_unit(out, GRAPH_DECISIONS, fp, lambda: _decide(source, out, cfg, nodes))
 
 
@@ -97,6 +104,10 @@ def _decide(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable
     involved = np.zeros(n, dtype=bool)
     n_edges = n_candidate = 0
     for src, dst, sim in iter_edges(out, nodes):
+        # the graph proper: edges >= graph_threshold (the files also hold review-band pairs
+        # below it when verifying; those count only through graph/verified/)
+        graph = sim >= np.float32(cfg.graph_threshold)
+        src, dst, sim = src[graph], dst[graph], sim[graph]
         n_edges += len(src)
         np.maximum.at(max_sim, src, sim)
         np.maximum.at(max_sim, dst, sim)
@@ -104,6 +115,10 @@ def _decide(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable
         n_candidate += int(cand.sum())
         involved[src[cand]] = involved[dst[cand]] = True
         uf.union(src[cand], dst[cand])
+    if cfg.verifying:
+        for src, dst in iter_verified(out, nodes):
+            involved[src] = involved[dst] = True
+            uf.union(src, dst)
     roots = uf.roots()
     del uf
     sizes = component_sizes(roots)
@@ -131,8 +146,14 @@ def _decide(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable
         tier1.add(src, dst, sim, rank)
         big = sizes[src] >= cfg.min_component_size
         big_edges.append((src[big], dst[big], sim[big]))
-    d = decide(roots, sizes, rank, tier1.partner, cfg.min_component_size)
-    del tier1
+    verified = None
+    if cfg.verifying:  # verified pairs: tier-1 partners of their own (any score passes)
+        verified = TierOnePartners(n, -np.inf)
+        for src, dst in iter_verified(out, nodes):
+            verified.add(src, dst, np.ones(len(src), np.float32), rank)
+    d = decide(roots, sizes, rank, tier1.partner, cfg.min_component_size,
+               None if verified is None else verified.partner)
+    del tier1, verified
 
     def key_of(ids: np.ndarray) -> list[str]:
         return [k.decode("ascii") for k in inv_key_bytes[np.searchsorted(inv_ids, ids)]]
@@ -148,7 +169,8 @@ def _decide(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable
                                                 "chain_max_hops": cfg.chain_max_hops})
     check_unique_sha(source, nodes, d.code == 0, sha_prefix)
 
-    reasons = reason_texts(cfg.pair_threshold, cfg.min_component_size)
+    reasons = reason_texts(cfg.pair_threshold, cfg.min_component_size,
+                           cfg.verification.min_inliers if cfg.verifying else None)
     outputs = {}
     for i, shard in enumerate(nodes.shards):
         lo, hi = int(nodes.offsets[i]), int(nodes.offsets[i + 1])
@@ -174,8 +196,8 @@ def _decide(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable
         "images": n, "edges": n_edges, "candidate_edges": n_candidate,
         "images_with_candidate_edges": int(involved.sum()),
         "kept": int((d.code == 0).sum()), "removed": int((d.code != 0).sum()),
-        "removed_by_rule": {reasons[TIER1]: int((d.code == TIER1).sum()),
-                            reasons[COMPONENT]: int((d.code == COMPONENT).sum())},
+        "removed_by_rule": {reasons[c]: int((d.code == c).sum()) for c in (TIER1, COMPONENT, VERIFIED)
+                            if c in reasons},
         "components_with_edges": int(((roots == np.arange(n)) & (sizes > 1)).sum()),
         "big_components": report["big_components"], "flagged_components": report["flagged_components"],
         "images_in_flagged_components": report["images_in_flagged_components"],

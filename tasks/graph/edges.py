@@ -9,7 +9,9 @@ Files under the output root (inputs — features, records — come from the sour
                                              dst shard's features they were found in
     graph/recall/{shard}.parquet             exhaustive pairs of the recall sample vs the shard
     graph/edges/{shard}.parquet              the graph: each unordered pair once (global node ids),
-                                             owned by the shard of its smaller id
+                                             owned by the shard of its smaller id; pairs from
+                                             ``cfg.search_threshold`` up (the graph threshold, or
+                                             the review band's floor when verifying)
 
 Incremental queries (the stage contract). A shard's ``found`` file is addressed by shard
 and row, not by global id, so it stays valid while the shards it points at keep their
@@ -175,7 +177,7 @@ def query_fingerprint(cfg: NearDedupConfig, info: dict[str, Any], digest: str) -
     plan = {k: v for k, v in info["plan"].items() if not (exact and k == "n_vectors")}
     index = None if exact else info["fingerprint"]
     return unit_fingerprint("graph-query", _code(),
-                            [cfg.graph_threshold, cfg.index.search, cfg.index.k, cfg.index.pq_rescore_margin,
+                            [cfg.search_threshold, cfg.index.search, cfg.index.k, cfg.index.pq_rescore_margin,
                              plan], [digest, index])
 
 
@@ -232,7 +234,7 @@ def query_shard(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTabl
     plan = fx.IndexPlan(**{k: v for k, v in info["plan"].items() if k != "factory"})
     margin = fx.EXACT_SEARCH_MARGIN if plan.kind == "flat" else (0.0 if plan.exact_scores
                                                                else cfg.index.pq_rescore_margin)
-    src, dst, sim = fx.search_pairs(index, ids, x, cfg.graph_threshold - margin, cfg.index.search, cfg.index.k,
+    src, dst, sim = fx.search_pairs(index, ids, x, cfg.search_threshold - margin, cfg.index.search, cfg.index.k,
                                     range_ok=not on_gpu)
     candidates = len(src)
     capped = 0
@@ -248,7 +250,7 @@ def query_shard(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTabl
             lookup.add(nodes.shards.index(shard), ids, x)
             theirs = lookup.vectors(dst)
         sim = fx.canonical_similarity(mine, theirs)
-        keep = sim >= np.float32(cfg.graph_threshold)
+        keep = sim >= np.float32(cfg.search_threshold)
         src, dst, sim = src[keep], dst[keep], sim[keep]
     owner = nodes.shard_of(dst)
     dst_shard = np.array(nodes.shards, dtype=object)[owner] if len(dst) else np.zeros(0, dtype=object)

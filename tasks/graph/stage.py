@@ -2,7 +2,8 @@
 
     plan node ids → build index (1 task) → query (1 task per staging shard whose
     features changed) → recall reference (1 task per shard) → merge edges (1 task per
-    owner-shard group) → [k-NN cap check] → recall (1 task) → decisions (1 task)
+    owner-shard group) → [k-NN cap check] → recall (1 task) → [verification of
+    review-band pairs (1 task per owner shard), mode gpic_verified] → decisions (1 task)
     ∥ collision models (1 task) → calibration sheet (1 task) → graph/summary.json
 
 Inside a flow run the tasks go to the flow's task runner (a ``DaskTaskRunner``: one
@@ -29,8 +30,8 @@ from prefect.context import FlowRunContext
 
 from corpusforge.cluster import as_task, run_tasks
 from corpusforge.contract import COMPUTED, SKIPPED, count_actions, prune, require_marker, unit_fingerprint
-from corpusforge.layout import (GRAPH_DECISIONS, GRAPH_EDGES, GRAPH_INDEX_DIR, GRAPH_FOUND, GRAPH_NODES, GRAPH_RECALL, GRAPH_SUMMARY, edges_path,
-                                found_path, staging_records, staging_tar)
+from corpusforge.layout import (GRAPH_DECISIONS, GRAPH_EDGES, GRAPH_FOUND, GRAPH_INDEX_DIR, GRAPH_NODES, GRAPH_RECALL,
+                                GRAPH_SUMMARY, GRAPH_VERIFIED, edges_path, found_path, staging_records, staging_tar)
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.graph.calibration import calibration_sheet
@@ -40,6 +41,7 @@ from tasks.graph.decisions import decide_near_duplicates, read_decisions
 from tasks.graph.edges import (build_index, feature_digests, graph_recall, merge_edges, merge_groups, node_degrees,
                                query_shard, recall_shard)
 from tasks.graph.nodes import plan_nodes
+from tasks.graph.verify import verify_shard
 
 __all__ = ["near_duplicate_stage", "read_decisions"]
 
@@ -52,6 +54,13 @@ recall_task = as_task(graph_recall, "graph-recall")
 decide_task = as_task(decide_near_duplicates, "graph-decisions")
 collision_task = as_task(collision_models, "graph-collision-models")
 calibration_task = as_task(calibration_sheet, "graph-calibration-sheet")
+verify_task = as_task(verify_shard, "graph-verify-pairs")
+
+
+def _records_of(source: Store, nodes) -> dict[str, str]:
+    """Digest of every staging shard's records file (a verified pair reads images of any shard)."""
+    return {s: require_marker(source, staging_tar(s), "staging shard")["outputs"][staging_records(s)]
+            for s in nodes.shards}
 
 
 def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], *,
@@ -71,7 +80,7 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
     nodes = plan_nodes(source, shards)
     digests = feature_digests(source, cfg, nodes)
     store.write_json(GRAPH_NODES, nodes.to_json())
-    for folder in (GRAPH_FOUND, GRAPH_RECALL, GRAPH_EDGES, GRAPH_DECISIONS):
+    for folder in (GRAPH_FOUND, GRAPH_RECALL, GRAPH_EDGES, GRAPH_DECISIONS, GRAPH_VERIFIED):
         prune(store, folder, nodes.shards)
     prune(store, GRAPH_INDEX_DIR, {"index", "recall_ids", "recall_vectors"})  # a killed writer's temp files
     common = dict(source=source, out=store, cfg=cfg, nodes=nodes)
@@ -102,7 +111,15 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
     edges_digests = [d for m in merged for d in m["digests"]]
     records_digests = [require_marker(source, staging_tar(s), "staging shard")["outputs"][staging_records(s)]
                        for s in nodes.shards]
-    later = [(decide_task, dict(common, edges_digests=edges_digests, records_digests=records_digests))]
+    verified_digests = None
+    if cfg.verifying:
+        verified = run_tasks(verify_task, [dict(common, shard=s, edges_digest=d,
+                                                records_digests=_records_of(source, nodes))
+                                           for s, d in zip(nodes.shards, edges_digests, strict=True)])
+        work["verification"] = count_actions(verified)
+        verified_digests = [m["digest"] for m in verified]
+    later = [(decide_task, dict(common, edges_digests=edges_digests, records_digests=records_digests,
+                                verified_digests=verified_digests))]
     code = code_version("tasks.graph.collision", "tasks.graph.calibration")
     cfp = unit_fingerprint("graph-collision", code, [cfg.model_id, cfg.seed, cfg.collision.model_dump(mode="json"),
                                                      cfg.index.model_dump(mode="json")],
@@ -134,8 +151,12 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
         "index": {"plan": info["plan"], "vectors": info["n_vectors"], "dim": info["dim"],
                   "gpu_build": info["gpu_build"], "gpu_search": any(q["gpu_search"] for q in queried),
                   "search": cfg.index.search, "k": cfg.index.k},
-        "graph": {"threshold": cfg.graph_threshold, "edges": sum(sum(m["edges"].values()) for m in merged),
-                  "merge_tasks": len(merged)},
+        "graph": {"threshold": cfg.graph_threshold, "search_threshold": cfg.search_threshold,
+                  "edges": sum(sum(m["edges"].values()) for m in merged), "merge_tasks": len(merged)},
+        "rule": "gpic_verified" if cfg.verifying else "gpic_exact",
+        "verification": ({**cfg.verification.model_dump(mode="json"),
+                          "pairs": sum(m["info"]["pairs"] for m in verified),
+                          "verified": sum(m["info"]["verified"] for m in verified)} if cfg.verifying else None),
         "recall": recall,
         "decisions": decisions,
         "collision": _collision_brief(collision),
@@ -180,5 +201,8 @@ def _collision_brief(result: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     return {"full_size": result["full_size"], "target_size": result["target_size"],
             "fraction_scale": result["fraction_scale"],
-            "fits": {t: {k: f.get(k) for k in ("fitted", "A", "beta", "r2", "predicted_full", "predicted_target")}
+            "counted_whole": result.get("counted_whole", False),
+            "fits": {t: {k: f.get(k) for k in ("fitted", "reason", "points", "fit_sizes", "A", "beta", "r2",
+                                               "actual_full", "predicted_full", "predicted_full_note",
+                                               "predicted_target", "predicted_target_note")}
                      for t, f in result["fits"].items()}}

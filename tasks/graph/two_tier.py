@@ -39,13 +39,16 @@ import numpy as np
 
 from tasks.graph.components import UnionFind, component_sizes
 
-KEPT, TIER1, COMPONENT = 0, 1, 2
+KEPT, TIER1, COMPONENT, VERIFIED = 0, 1, 2, 3
 
 
-def reason_texts(pair_threshold: float, min_component_size: int) -> dict[int, str | None]:
+def reason_texts(pair_threshold: float, min_component_size: int, min_inliers: int | None = None
+                 ) -> dict[int, str | None]:
     """Reason strings by decision code, naming the thresholds that applied."""
-    return {KEPT: None, TIER1: f"tier1_pair>{pair_threshold:g}",
-            COMPONENT: f"component>={min_component_size}"}
+    reasons = {KEPT: None, TIER1: f"tier1_pair>{pair_threshold:g}", COMPONENT: f"component>={min_component_size}"}
+    if min_inliers is not None:  # mode gpic_verified (tasks/graph/verify.py)
+        reasons[VERIFIED] = f"verified_pair:inliers>={min_inliers}"
+    return reasons
 
 
 def keys_as_bytes(keys: Sequence[str]) -> np.ndarray:
@@ -100,10 +103,19 @@ class Decisions:
 
 
 def decide(roots: np.ndarray, sizes: np.ndarray, rank: np.ndarray, partner: np.ndarray,
-           min_component_size: int) -> Decisions:
-    """Apply both tiers given components, ranks and tier-1 partners (see module docstring)."""
+           min_component_size: int, verified_partner: np.ndarray | None = None) -> Decisions:
+    """Apply both tiers given components, ranks and tier-1 partners (see module docstring).
+
+    ``verified_partner`` (mode gpic_verified): per node, its best winning partner among
+    geometrically verified review-band pairs, or -1. Such a pair acts as a tier-1 pair;
+    a node removed only through one gets the code VERIFIED.
+    """
     n = len(roots)
     nodes = np.arange(n, dtype=np.int64)
+    by_verification = np.zeros(n, dtype=bool)
+    if verified_partner is not None:
+        by_verification = (partner < 0) & (verified_partner >= 0)
+        partner = np.where(by_verification, verified_partner, partner)
     tier1 = partner >= 0
     target = np.where(tier1, partner, nodes)
     while True:  # pointer jumping: each step moves to a strictly better-ranked node
@@ -119,7 +131,7 @@ def decide(roots: np.ndarray, sizes: np.ndarray, rank: np.ndarray, partner: np.n
         raise AssertionError("tier 1 removed the best image of a component")
     kept_of_root = np.full(n, -1, dtype=np.int64)
     kept_of_root[roots[is_best]] = nodes[is_best]
-    code = np.where(tier1, TIER1, KEPT).astype(np.int8)
+    code = np.where(tier1, np.where(by_verification, VERIFIED, TIER1), KEPT).astype(np.int8)
     dup = np.where(tier1, target, -1)
     fall = big & ~is_best
     code[fall & ~tier1] = COMPONENT

@@ -1,0 +1,192 @@
+"""Geometric verification of candidate pairs in the review band (weight-free).
+
+A global descriptor scores greyscale copies, rotations, caption bars and heavy crops
+below the graph threshold although the two images share most of their pixels up to a
+simple transform. Local features see that: ORB keypoints of both images (greyscale, longer
+side scaled to ``max_side``), Hamming matches kept by Lowe's ratio test, then a RANSAC
+fit of a similarity transform (rotation, uniform scale, translation:
+``cv2.estimateAffinePartial2D``). A pair is *verified* when at least ``min_inliers``
+matches agree with one transform and they are at least ``min_inlier_share`` of the
+matches; its score is inliers / the fewer keypoints of the two images.
+
+Deterministic: ORB has no randomness; RANSAC draws from OpenCV's global RNG, which is
+reseeded (``cv2.setRNGSeed(seed)``) before every pair, with OpenCV on one thread, so a
+pair's result never depends on which pairs ran before it, on the worker or on the run.
+
+The stage unit (one per owner shard of the edge files) verifies the pairs of its edge
+file with similarity in ``[review_low, candidate_threshold]`` and writes
+``graph/verified/{shard}.parquet`` (see :data:`corpusforge.layout.VERIFIED_SCHEMA`): both
+keys and SHA-256s, the similarity, keypoints, matches, inliers, score and the verdict.
+Results are reused per pair across reruns: a row whose two SHA-256s and verification
+settings are unchanged is copied from the previous file instead of recomputed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from PIL import Image
+
+from corpusforge.contract import read_marker, run_unit, unit_fingerprint
+from corpusforge.layout import VERIFIED_SCHEMA, edges_path, staging_index, staging_tar, verified_path
+from corpusforge.storage import Store
+from corpusforge.version import code_version
+from tasks.features.decode import DecodeError, decode_rgb
+from tasks.graph.config import NearDedupConfig, VerificationConfig
+from tasks.graph.nodes import NodeTable, records_path
+
+
+def _cv2():
+    import cv2
+
+    cv2.setNumThreads(1)
+    return cv2
+
+
+def local_features(image: Image.Image, cfg: VerificationConfig) -> tuple[np.ndarray, np.ndarray | None]:
+    """ORB keypoint coordinates [n, 2] (float32) and descriptors [n, 32] of one image."""
+    cv2 = _cv2()
+    grey = image.convert("L")
+    scale = cfg.max_side / max(grey.size)
+    if scale < 1:
+        grey = grey.resize((max(1, round(grey.width * scale)), max(1, round(grey.height * scale))),
+                           Image.Resampling.BILINEAR)
+    orb = cv2.ORB_create(nfeatures=cfg.n_features)
+    points, desc = orb.detectAndCompute(np.asarray(grey, dtype=np.uint8), None)
+    xy = np.array([p.pt for p in points], dtype=np.float32).reshape(-1, 2)
+    return xy, desc
+
+
+def verify_pair(a: tuple[np.ndarray, np.ndarray | None], b: tuple[np.ndarray, np.ndarray | None],
+                cfg: VerificationConfig) -> dict[str, Any]:
+    """Matches, RANSAC inliers, score and verdict for two images' local features."""
+    cv2 = _cv2()
+    (xa, da), (xb, db) = a, b
+    out = {"keypoints": int(min(len(xa), len(xb))), "matches": 0, "inliers": 0, "score": 0.0, "verified": False}
+    if da is None or db is None or len(xa) < 2 or len(xb) < 2:
+        return out
+    matcher = cv2.BFMatcher(cv2.NORM_HAMMING)
+    back = {m[0].queryIdx: m[0].trainIdx for m in matcher.knnMatch(db, da, k=1) if m}
+    # ratio test, then mutual best matches only: one keypoint never supports many matches
+    good = [m[0] for m in matcher.knnMatch(da, db, k=2)
+            if len(m) == 2 and m[0].distance < cfg.ratio * m[1].distance and back.get(m[0].trainIdx) == m[0].queryIdx]
+    out["matches"] = len(good)
+    if len(good) < max(3, cfg.min_inliers):
+        return out
+    src = xa[[m.queryIdx for m in good]]
+    dst = xb[[m.trainIdx for m in good]]
+    cv2.setRNGSeed(cfg.seed)
+    transform, mask = cv2.estimateAffinePartial2D(src, dst, method=cv2.RANSAC, ransacReprojThreshold=cfg.ransac_px,
+                                          maxIters=cfg.ransac_iters, confidence=0.999, refineIters=10)
+    inliers = int(mask.sum()) if mask is not None else 0
+    if transform is not None:  # similarity transform [[s cos, -s sin, tx], [s sin, s cos, ty]]
+        out["angle"] = float(np.degrees(np.arctan2(transform[1, 0], transform[0, 0])))
+        out["scale"] = float(np.hypot(transform[0, 0], transform[1, 0]))
+    out["inliers"] = inliers
+    out["score"] = float(np.float32(inliers / max(1, out["keypoints"])))
+    out["verified"] = inliers >= cfg.min_inliers and inliers >= cfg.min_inlier_share * len(good)
+    return out
+
+
+def settings_fingerprint(cfg: VerificationConfig) -> str:
+    """What a pair's verdict depends on besides the two images' bytes."""
+    fields = cfg.model_dump(mode="json", exclude={"mode", "review_low"})
+    return unit_fingerprint("verify-pair", code_version(__name__), [fields], [])
+
+
+class _Images:
+    """Ranged reads of staged images by key, decoded once per unit."""
+
+    def __init__(self, source: Store, nodes: NodeTable, cfg: VerificationConfig):
+        self.source, self.nodes, self.cfg = source, nodes, cfg
+        self._index: dict[str, dict[int, dict[str, Any]]] = {}
+        self._feats: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+
+    def row(self, node: int) -> tuple[str, int]:
+        s = int(self.nodes.shard_of(np.array([node]))[0])
+        return self.nodes.shards[s], node - int(self.nodes.offsets[s])
+
+    def features(self, node: int) -> tuple[np.ndarray, np.ndarray | None]:
+        if node not in self._feats:
+            shard, row = self.row(node)
+            if shard not in self._index:
+                keys = self.source.read_parquet(records_path(shard), columns=["key"])["key"].to_pylist()
+                index = self.source.read_parquet(staging_index(shard)).to_pylist()
+                by_key = {r["key"]: r for r in index if r["ext"] not in ("txt", "json")}
+                self._index[shard] = {i: by_key[k] for i, k in enumerate(keys)}
+            entry = self._index[shard][row]
+            data = self.source.read_range(staging_tar(shard), entry["offset"], entry["size"])
+            try:
+                image = decode_rgb(data, draft_size=self.cfg.max_side)
+            except DecodeError:
+                image = Image.new("RGB", (1, 1))
+            self._feats[node] = local_features(image, self.cfg)
+        return self._feats[node]
+
+
+def verify_shard(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable, shard: str,
+                 edges_digest: str, records_digests: dict[str, str]) -> dict[str, Any]:
+    """Verify the review-band pairs owned by ``shard`` (one unit); returns the marker."""
+    vc = cfg.verification
+    fp = unit_fingerprint("graph-verify", code_version(__name__),
+                          [vc.model_dump(mode="json"), cfg.candidate_threshold],
+                          [edges_digest, sorted(records_digests.items())])
+    return run_unit(out, verified_path(shard), fp, lambda: _verify(source, out, cfg, nodes, shard))
+
+
+def _previous(out: Store, shard: str, settings: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """Rows of the last verification of this shard made with the same settings, by SHA pair."""
+    path = verified_path(shard)
+    marker = read_marker(out, path)
+    if (not marker or marker.get("info", {}).get("settings") != settings or not out.exists(path)
+            or out.sha256(path) != marker["outputs"].get(path)):
+        return {}
+    rows = out.read_parquet(verified_path(shard)).to_pylist()
+    return {(r["sha_a"], r["sha_b"]): r for r in rows}
+
+
+def _verify(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable, shard: str
+            ) -> tuple[dict[str, str], dict[str, Any]]:
+    vc = cfg.verification
+    settings = settings_fingerprint(vc)
+    previous = _previous(out, shard, settings)
+    edges = out.read_parquet(edges_path(shard)).to_pydict()
+    sim = np.asarray(edges["similarity"], dtype=np.float32)
+    band = (sim >= np.float32(vc.review_low)) & ~(sim > np.float32(cfg.candidate_threshold))
+    src = np.asarray(edges["src"], dtype=np.int64)[band]
+    dst = np.asarray(edges["dst"], dtype=np.int64)[band]
+    sim = sim[band]
+    images = _Images(source, nodes, vc)
+    meta: dict[str, tuple[list[str], list[str]]] = {}
+
+    def key_sha(node: int) -> tuple[str, str]:
+        s, row = images.row(node)
+        if s not in meta:
+            t = source.read_parquet(records_path(s), columns=["key", "sha256"])
+            meta[s] = (t["key"].to_pylist(), t["sha256"].to_pylist())
+        return meta[s][0][row], meta[s][1][row]
+
+    rows = []
+    for a, b, s in zip(src.tolist(), dst.tolist(), sim.tolist(), strict=True):
+        (ka, ha), (kb, hb) = key_sha(a), key_sha(b)
+        old = previous.get((ha, hb))
+        if old is not None:
+            result = {k: old[k] for k in ("keypoints", "matches", "inliers", "score", "verified")}
+        else:
+            result = verify_pair(images.features(a), images.features(b), vc)
+        rows.append({"src": a, "dst": b, "key_a": ka, "key_b": kb, "sha_a": ha, "sha_b": hb, "similarity": s,
+                     **result})
+    table = pa.Table.from_pylist(rows, schema=VERIFIED_SCHEMA)
+    outputs = {verified_path(shard): out.write_parquet(verified_path(shard), table)}
+    return outputs, {"settings": settings, "pairs": len(rows), "verified": int(sum(r["verified"] for r in rows))}
+
+
+def iter_verified(out: Store, nodes: NodeTable):
+    """(src, dst) global ids of verified pairs, one owner shard at a time."""
+    for shard in nodes.shards:
+        t = out.read_parquet(verified_path(shard), columns=["src", "dst", "verified"])
+        ok = t["verified"].to_numpy(zero_copy_only=False)
+        yield (t["src"].to_numpy()[ok].astype(np.int64), t["dst"].to_numpy()[ok].astype(np.int64))
+

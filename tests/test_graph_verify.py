@@ -1,0 +1,166 @@
+"""Geometric verification of review-band pairs (mode gpic_verified) against GPIC's exact rule.
+
+Copies made here from the sample corpus's photographs with the edits the weight-free
+descriptor scores below its graph threshold (greyscale, rotation, caption bar, crop), and
+unrelated images of the same corpus.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image, ImageDraw
+
+from corpusforge.storage import Store
+from tasks.features.config import FeaturesConfig, RuntimeConfig
+from tasks.features.decode import decode_rgb
+from tasks.features.extract import extract_features
+from tasks.graph import verify as verify_module
+from tasks.graph.config import CalibrationConfig, CollisionConfig, IndexConfig, NearDedupConfig, VerificationConfig
+from tasks.graph.decisions import read_decisions
+from tasks.graph.stage import near_duplicate_stage
+from tasks.graph.verify import local_features, verify_pair
+from tests.staging_files import stage_images
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _jpeg(image: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    image.convert("RGB").save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def edits(image: Image.Image) -> dict[str, Image.Image]:
+    w, h = image.size
+    bar = image.copy()
+    draw = ImageDraw.Draw(bar)
+    draw.rectangle((0, int(h * 0.82), w, h), fill=(0, 0, 0))
+    draw.text((10, int(h * 0.86)), "SALE  -  caption bar over the picture", fill=(255, 255, 255))
+    return {"greyscale": image.convert("L").convert("RGB"),
+            "rotate": image.rotate(8, resample=Image.Resampling.BICUBIC, expand=False),
+            "caption_bar": bar,
+            "crop25": image.crop((int(w * 0.125), int(h * 0.125), int(w * 0.875), int(h * 0.875)))}
+
+
+@pytest.fixture(scope="module")
+def photos(sample_corpus: Path) -> list[Image.Image]:
+    """Decodable sample images that are no planted copy of anything."""
+    truth = json.loads((sample_corpus / "ground_truth.json").read_text())
+    related = {k for c in truth["clusters"] for k in c["keys"]}
+    for group in ("near_duplicates", "exact_duplicates"):
+        related |= {e["key"] for e in truth[group]} | {e["copy_of"] for e in truth[group]}
+    related |= {b["key"] for b in truth["bad_records"]}
+    rows = pq.read_table(sample_corpus / "metadata.parquet", columns=["key", "path"]).to_pylist()
+    out = []
+    for r in rows:
+        if r["key"] not in related and len(out) < 14:
+            out.append(decode_rgb((sample_corpus / r["path"]).read_bytes()))
+    return out
+
+
+def test_edited_copies_verify_and_unrelated_pairs_do_not(photos):
+    cfg = VerificationConfig()
+    feats = [local_features(p, cfg) for p in photos]
+    for original, f in zip(photos[:4], feats[:4], strict=True):
+        for kind, copy in edits(original).items():
+            r = verify_pair(local_features(copy, cfg), f, cfg)
+            assert r["verified"], (kind, r)
+            if kind == "rotate":
+                assert r["angle"] == pytest.approx(8, abs=1.5)  # the transform RANSAC found
+    for i in range(len(photos)):
+        for j in range(i + 1, len(photos)):
+            r = verify_pair(feats[i], feats[j], cfg)
+            assert not r["verified"] and r["inliers"] < cfg.min_inliers, (i, j, r)
+
+
+def test_a_pair_gives_the_same_result_whatever_ran_before(photos):
+    cfg = VerificationConfig()
+    a, b = local_features(edits(photos[0])["rotate"], cfg), local_features(photos[0], cfg)
+    first = verify_pair(a, b, cfg)
+    for p in photos[1:6]:  # other pairs draw from OpenCV's RNG in between
+        verify_pair(local_features(p, cfg), b, cfg)
+    assert verify_pair(a, b, cfg) == first
+
+
+def _build(root: Path, photos: list[Image.Image], mode: str = "auto", extra: bool = False,
+           **verification) -> tuple[Store, list[str]]:
+    """Staged: an original, its four edited copies and nine unrelated photos (and, with
+    ``extra``, a second shard of another photo's copies); wfd features; the graph stage.
+    The review band starts at 0.4 here: these edits are harsher than the sample's (the
+    copies score 0.47-0.87 with wfd), and more unrelated pairs then reach verification."""
+    store = Store(str(root))
+    images = [("orig", _jpeg(photos[1]), "jpg")]
+    images += [(f"c_{kind}", _jpeg(copy), "jpg") for kind, copy in edits(photos[1]).items()]
+    images += [(f"p{i:02d}", _jpeg(p), "jpg") for i, p in enumerate([photos[0], *photos[3:11]])]
+    stage_images(store, "000000", images)
+    shards = ["000000"]
+    if extra:  # a later shard: copies of another photo
+        stage_images(store, "000001", [(f"d_{k}", _jpeg(c), "jpg") for k, c in edits(photos[2]).items()])
+        shards.append("000001")
+    extract_features(store, shards, FeaturesConfig(runtime=RuntimeConfig(batch_size=8)))
+    cfg = NearDedupConfig(index=IndexConfig(kind="flat", search="range"), collision=CollisionConfig(enabled=False),
+                          calibration=CalibrationConfig(enabled=False),
+                          verification=VerificationConfig(mode=mode, **{"review_low": 0.4, **verification}))
+    near_duplicate_stage(store, cfg, shards)
+    return store, shards
+
+
+def _tree(root: Path, folder: str) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted((root / folder).rglob("*")) if p.is_file()}
+
+
+def test_verified_pairs_are_removed_only_in_gpic_verified_mode(photos, tmp_path):
+    store, shards = _build(tmp_path / "v", photos)
+    decisions = {d["key"]: d for d in read_decisions(store, shards).to_pylist()}
+    evidence = store.read_parquet("graph/verified/000000.parquet").to_pylist()
+    assert all(0.4 <= e["similarity"] <= 0.90 for e in evidence)
+    assert len(evidence) >= 4
+    verified = {(e["key_a"], e["key_b"]) for e in evidence if e["verified"]}
+    copies = {"orig", *(f"c_{k}" for k in edits(photos[1]))}
+    assert all({a, b} <= copies for a, b in verified)  # no false pair
+    by_verification = {k for k, d in decisions.items() if d["reason"] == "verified_pair:inliers>=15"}
+    assert by_verification, "no copy came through verification"
+    gone = {k for k, d in decisions.items() if d["status"] == "near_duplicate"}
+    assert by_verification <= gone <= copies and all(decisions[k]["duplicate_of"] in copies for k in gone)
+    # the copies connect through verified pairs: one is kept, the highest resolution (ties: smallest key)
+    assert copies - gone == {"c_caption_bar"}
+    assert all(d["status"] == "kept" for k, d in decisions.items() if k.startswith("p"))
+    summary = store.read_json("graph/summary.json")
+    assert summary["rule"] == "gpic_verified" and summary["verification"]["verified"] == len(verified)
+
+    exact, _ = _build(tmp_path / "e", photos, mode="gpic_exact")
+    exact_decisions = {d["key"]: d for d in read_decisions(exact, shards).to_pylist()}
+    assert not exact.exists("graph/verified/000000.parquet")
+    assert exact.read_json("graph/summary.json")["rule"] == "gpic_exact"
+    for key, d in exact_decisions.items():  # the paper's rule: the copies (all <= 0.87 with wfd) stay
+        assert d == decisions[key] if key not in copies else d["status"] == "kept"
+
+
+def test_verification_is_byte_identical_and_incremental(photos, tmp_path, monkeypatch):
+    a, shards = _build(tmp_path / "a", photos)
+    b, _ = _build(tmp_path / "b", photos)
+    for folder in ("graph/verified", "graph/decisions"):
+        assert _tree(tmp_path / "a", folder) == _tree(tmp_path / "b", folder)
+    calls = []
+    real = verify_module.verify_pair
+    monkeypatch.setattr(verify_module, "verify_pair", lambda *x: calls.append(1) or real(*x))
+    _build(tmp_path / "a", photos)  # rerun: nothing changed, the unit is skipped
+    assert calls == []
+    before = a.read_parquet("graph/verified/000000.parquet").num_rows
+    _build(tmp_path / "a", photos, extra=True)  # a new shard: only pairs with a new image are verified
+    rows = [r for s in ("000000", "000001") for r in a.read_parquet(f"graph/verified/{s}.parquet").to_pylist()]
+    new = [r for r in rows if r["key_a"].startswith("d_") or r["key_b"].startswith("d_")]
+    assert len(calls) == len(new) and len(rows) == before + len(new)
+    fresh, _ = _build(tmp_path / "c", photos, extra=True)
+    assert _tree(tmp_path / "a", "graph/verified") == _tree(tmp_path / "c", "graph/verified")
+    calls.clear()
+    _build(tmp_path / "a", photos, extra=True, min_inliers=16)  # a verification setting: every pair again
+    assert len(calls) == len(rows)
+    assert np.all([r["inliers"] >= 16 for r in a.read_parquet("graph/verified/000000.parquet").to_pylist()
+                   if r["verified"]])
