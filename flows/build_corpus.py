@@ -40,7 +40,8 @@ from tasks.features.extract import extract_features, summarize
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.stage import near_duplicate_stage
 from tasks.ingest import ingest_partition
-from tasks.publish import publish, release_section, write_receipt
+from tasks.licenses import LicenseConfig
+from tasks.publish import license_section, publish, release_section, write_receipt
 from tasks.receipt import count_outcomes, input_snapshot_hash, output_hashes, redact
 from tasks.sources import SourceConfig, plan_partitions
 from tasks.splits import SplitConfig
@@ -61,6 +62,10 @@ class BuildConfig(FlowConfig):
                                                         "parameters.")
     input: SourceConfig = Field(default_factory=SourceConfig, title="Input")
     validation: ValidationConfig = Field(default_factory=ValidationConfig, title="Validation and filters")
+    licenses: LicenseConfig | None = Field(
+        default_factory=LicenseConfig, title="Licence allow-list",
+        description="Only these licences enter the corpus (GPIC §2.1: CC BY, CC0, Public Domain, No known "
+                    "restrictions); missing or other licences are filtered. null to accept every record.")
     staging: StagingConfig = Field(default_factory=StagingConfig, title="Staging shards")
     features: FeaturesConfig = Field(default_factory=FeaturesConfig, title="Feature extraction",
                                      description="Models run on every staging shard; empty list to skip.")
@@ -133,7 +138,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
 
     with stage("ingest"):
         ingested = run_tasks(ingest_task, [dict(store=store, part=p, src=config.input, val=config.validation,
-                                                n_buckets=n_buckets) for p in parts])
+                                                n_buckets=n_buckets, lic=config.licenses) for p in parts])
     work["ingest"] = count_actions(ingested)
     keys = [m["outputs"][keys_table_path(p.index)] for p, m in zip(parts, ingested, strict=True)]
     hashes = [m["outputs"][hashes_path(p.index)] for p, m in zip(parts, ingested, strict=True)]
@@ -178,7 +183,8 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     else:
         remove_tree(store, STATS_DIR)
 
-    receipt = _receipt(config, store, kind, len(parts), release, manifest, features, near, stats)
+    licenses = license_section(config.licenses, [m["info"] for m in ingested])
+    receipt = _receipt(config, store, kind, len(parts), release, manifest, features, near, stats, licenses)
     write_receipt(store, receipt)
     log.info("corpus written to %s: %s; work done %s", config.out, receipt["counts"]["by_status"], work)
     return {"out": config.out, "counts": receipt["counts"], "release": receipt["release"]["splits"], "work": work}
@@ -202,7 +208,7 @@ def _features(store: Store, config: BuildConfig, staged: list[str], work: dict[s
 
 def _receipt(config: BuildConfig, store: Store, kind: str, n_parts: int, release: dict[str, Any],
              manifest: list[dict[str, Any]], features: dict[str, Any],
-             near: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
+             near: dict[str, Any], stats: dict[str, Any], licenses: dict[str, Any]) -> dict[str, Any]:
     return {
         "corpusforge": "build_corpus",
         "code_version": code_version("tasks.ingest", "tasks.exact_dedup", "tasks.staging", "tasks.features.extract",
@@ -215,6 +221,7 @@ def _receipt(config: BuildConfig, store: Store, kind: str, n_parts: int, release
                        "near_dedup": config.near_dedup.model_dump(mode="json") if config.near_dedup else None},
         "input_snapshot_sha256": input_snapshot_hash(store, n_parts),
         "counts": count_outcomes(manifest),
+        "licenses": licenses,
         "release": release_section(release, config.splits),
         "features": _stable_features(features),
         "near_duplicates": near,

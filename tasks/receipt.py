@@ -82,6 +82,7 @@ def render_report(receipt: dict[str, Any]) -> str:
             "", "## Outcomes", "", _table(["status", "records"], [[s, n] for s, n in counts["by_status"].items()]),
             "", "### By reason", "",
             _table(["status/reason", "records"], [[r, n] for r, n in counts["by_reason"].items()])]
+    out += _licenses_section(receipt.get("licenses") or {}, counts["by_reason"])
     release = receipt["release"]
     types = sorted({t for s in release["shards"].values() for t in s["caption_type"]})
     out += ["", "## Splits", "", _table(["split", "samples", "shards"],
@@ -105,6 +106,19 @@ def _fmt(value: Any, digits: int = 4) -> str:
     if value is None:
         return "–"
     return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
+
+
+def _licenses_section(licenses: dict[str, Any], by_reason: dict[str, int]) -> list[str]:
+    if not licenses:
+        return []
+    allow = ", ".join(licenses["allow"]) if licenses.get("allow") else "off (every licence accepted)"
+    filtered = {r: n for r, n in by_reason.items() if r.startswith("filtered/license_")}
+    out = ["", "## Licences", "", f"Allow-list: {allow}. Filtered: "
+           + (", ".join(f"{n} `{r.split('/', 1)[1]}`" for r, n in filtered.items()) or "none") + ".", ""]
+    families = licenses.get("input_by_family") or {}
+    if families:
+        out.append(_table(["licence family (input records)", "records"], [[f, n] for f, n in families.items()]))
+    return out
 
 
 def _features_section(features: dict[str, Any]) -> list[str]:

@@ -196,6 +196,15 @@ def _stats(stats: dict[str, Any], store: Store) -> str:
     return "\n".join(out)
 
 
+def _licenses(licenses: dict[str, Any]) -> str:
+    if not licenses:
+        return ""
+    allow = ", ".join(licenses["allow"]) if licenses.get("allow") else "off (every licence accepted)"
+    return (f"<h3>Licences</h3><p>Allow-list: {_esc(allow)}.</p>"
+            + _table(["licence family (input records)", "records"],
+                     [[f, n] for f, n in (licenses.get("input_by_family") or {}).items()]))
+
+
 def render_html_report(receipt: dict[str, Any], store: Store) -> str:
     """The page for ``receipt`` (as written), reading charts' data from ``store``."""
     counts, release = receipt["counts"], receipt["release"]
@@ -216,7 +225,7 @@ def render_html_report(receipt: dict[str, Any], store: Store) -> str:
                  + _table(["status", "records"], [[s, n] for s, n in counts["by_status"].items()])
                  + "<h3>By reason</h3>"
                  + _table(["status/reason", "records"], [[r, n] for r, n in counts["by_reason"].items()])
-                 + "</section>")
+                 + _licenses(receipt.get("licenses") or {}) + "</section>")
     tiers = release.get("tiers") or []
     parts.append('<section id="splits"><h2>Splits</h2>'
                  + _table(["split", "samples", "shards"],
