@@ -28,12 +28,14 @@ from corpusforge.cluster import DaskConfig, as_task, cluster_flow, run_logger, r
 from corpusforge.config import FlowConfig
 from corpusforge.contract import count_actions, prune, remove_tree
 from corpusforge.feature_files import prune_features
-from corpusforge.layout import (EXACT_DIR, GRAPH_DIR, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR,
+from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_DIR, EXACT_DIR, GRAPH_DIR, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR,
                                 RESOLVED_DIR, STAGING_INDEX, STAGING_RECORDS, STAGING_TARS, STATS_DIR, bucket_name,
                                 hashes_path, keys_table_path, part_name)
 from corpusforge.progress import RunProgress, run_progress
 from corpusforge.storage import Store
 from corpusforge.version import code_version
+from tasks.captions.config import CaptioningConfig
+from tasks.captions.stage import captioning_stage
 from tasks.exact_dedup import find_duplicate_keys, find_exact_duplicates, resolve_partition
 from tasks.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
 from tasks.features.extract import extract_features, summarize
@@ -73,6 +75,10 @@ class BuildConfig(FlowConfig):
         default_factory=NearDedupConfig, title="Near-duplicate removal",
         description="FAISS graph over one extracted model's features and GPIC's two-tier rule; null to skip.")
     splits: SplitConfig = Field(default_factory=SplitConfig, title="Splits, release shards, tiers")
+    captioning: CaptioningConfig | None = Field(
+        None, title="Captioning and VLM filters",
+        description="Captions in GPIC's four formats and yes/no quality and safety filters from a vision-language "
+                    "model behind an OpenAI-compatible chat endpoint (GPIC §2.2, §2.4); null to skip.")
     reference_stats: ReferenceStatsSettings | None = Field(
         None, title="Reference statistics",
         description="FD-DINOv2 statistics of the held-out splits after release (GPIC §3); null to skip.")
@@ -107,6 +113,7 @@ PROGRESS_STAGES = [("ingest", "ingest-partition", "partitions"),
                    ("staging", "write-staging-shard", "staging shards"),
                    ("features", "extract-shard-features", "staging shards"),
                    ("graph queries", "graph-query-shard", "staging shards"),
+                   ("captioning", "caption-shard", "staging shards"),
                    ("release", "write-release-shard", "release shards"),
                    ("manifest", "write-manifest-part", "partitions")]
 
@@ -114,7 +121,7 @@ PROGRESS_STAGES = [("ingest", "ingest-partition", "partitions"),
 def build(config: BuildConfig) -> dict[str, Any]:
     """Build (or bring up to date) the corpus at ``config.out``; return counts and the work done."""
     stages = [s for s in PROGRESS_STAGES if (s[0] != "features" or config.features.models)
-              and (s[0] != "graph queries" or config.near_dedup)]
+              and (s[0] != "graph queries" or config.near_dedup) and (s[0] != "captioning" or config.captioning)]
     with run_progress("build-corpus", [s[0] for s in stages]) as progress:
         return _build(config, progress, {name: (task, unit) for name, task, unit in stages})
 
@@ -174,9 +181,19 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     else:
         remove_tree(store, GRAPH_DIR)
 
+    captions: dict[str, Any] = {}
+    if config.captioning is not None and staged:
+        with stage("captioning"):
+            captions, work["captioning"] = captioning_stage(store, config.captioning, staged,
+                                                            near_dedup=bool(config.near_dedup))
+    else:
+        for folder in (CAPTIONS_DIR, CAPTION_PLAN_DIR, CAPTION_JOURNAL_DIR):
+            remove_tree(store, folder)
+
     with stage("release"), stage("manifest"):
         release, manifest, work["publish"] = publish(store, staged, len(parts), config.splits,
-                                                     near_dedup=bool(config.near_dedup and staged))
+                                                     near_dedup=bool(config.near_dedup and staged),
+                                                     captions=bool(captions))
     stats = {}
     if config.reference_stats is not None:
         stats = _stable_stats(reference_stats_stage(store, config.reference_stats))
@@ -185,6 +202,8 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
 
     licenses = license_section(config.licenses, [m["info"] for m in ingested])
     receipt = _receipt(config, store, kind, len(parts), release, manifest, features, near, stats, licenses)
+    if captions:
+        receipt["captioning"] = captions
     write_receipt(store, receipt)
     log.info("corpus written to %s: %s; work done %s", config.out, receipt["counts"]["by_status"], work)
     return {"out": config.out, "counts": receipt["counts"], "release": receipt["release"]["splits"], "work": work}
@@ -212,7 +231,8 @@ def _receipt(config: BuildConfig, store: Store, kind: str, n_parts: int, release
     return {
         "corpusforge": "build_corpus",
         "code_version": code_version("tasks.ingest", "tasks.exact_dedup", "tasks.staging", "tasks.features.extract",
-                                     "tasks.graph.stage", "tasks.publish", "tasks.stats.stage"),
+                                     "tasks.graph.stage", "tasks.captions.stage", "tasks.publish",
+                                     "tasks.stats.stage"),
         "source": config.source,
         "source_kind": kind,
         "config": redact(config.model_dump(mode="json")),

@@ -27,13 +27,14 @@ manifest_task = as_task(write_manifest_part, "write-manifest-part")
 
 
 def publish(store: Store, staged: list[str], n_parts: int, splits: SplitConfig, near_dedup: bool,
-            source: Store | None = None) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+            source: Store | None = None, captions: bool = False
+            ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
     """Write release shards and manifest.
 
     Returns the release plan summary, the manifest part summaries and the work done
     (units computed and skipped per step)."""
     release = run_tasks(release_plan_task, [dict(store=store, shards=staged, cfg=splits, near_dedup=near_dedup,
-                                                 source=source)])[0]
+                                                 source=source, captions=captions)])[0]
     shards = run_tasks(release_task, [dict(store=store, split=s["split"], shard=s["index"], cfg=splits,
                                            plan=release["plans"][name], source=source)
                                       for name, s in release["shards"].items()])

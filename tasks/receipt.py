@@ -18,7 +18,7 @@ from corpusforge.layout import MARKERS, RECEIPT, REPORT, REPORT_HTML, ingest_pat
 from corpusforge.storage import Store
 
 _SECRET_WORDS = ("secret", "password", "token", "key_id", "access_key", "credential")
-_SECRET_NAMES = {"key"}  # s3fs's name for the access key id
+_SECRET_NAMES = {"key", "api_key"}  # s3fs's name for the access key id; a chat endpoint's key
 _SKIP_PREFIXES = ("work/", f"{MARKERS}/")
 _SKIP_FILES = (RECEIPT, REPORT, REPORT_HTML)
 
