@@ -28,13 +28,14 @@ from corpusforge.cluster import DaskConfig, as_task, cluster_flow, run_logger, r
 from corpusforge.config import FlowConfig
 from corpusforge.contract import count_actions, prune, remove_tree
 from corpusforge.feature_files import prune_features
-from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_DIR, EXACT_DIR, GRAPH_DIR, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR,
+from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_DIR, EVAL_CAPTIONS, EXACT_DIR, GRAPH_DIR, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR,
                                 RESOLVED_DIR, STAGING_INDEX, STAGING_RECORDS, STAGING_TARS, STATS_DIR, bucket_name,
                                 hashes_path, keys_table_path, part_name)
 from corpusforge.progress import RunProgress, run_progress
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.captions.config import CaptioningConfig
+from tasks.captions.eval_set import EvalCaptionsConfig, write_eval_captions
 from tasks.captions.stage import captioning_stage
 from tasks.exact_dedup import find_duplicate_keys, find_exact_duplicates, resolve_partition
 from tasks.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
@@ -79,6 +80,10 @@ class BuildConfig(FlowConfig):
         None, title="Captioning and VLM filters",
         description="Captions in GPIC's four formats and yes/no quality and safety filters from a vision-language "
                     "model behind an OpenAI-compatible chat endpoint (GPIC §2.2, §2.4); null to skip.")
+    eval_captions: EvalCaptionsConfig | None = Field(
+        default_factory=EvalCaptionsConfig, title="Evaluation caption set",
+        description="A seeded sample of test-split captions users generate images from (GPIC §3: 50,000); "
+                    "null to skip.")
     reference_stats: ReferenceStatsSettings | None = Field(
         None, title="Reference statistics",
         description="FD-DINOv2 statistics of the held-out splits after release (GPIC §3); null to skip.")
@@ -194,9 +199,14 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
         release, manifest, work["publish"] = publish(store, staged, len(parts), config.splits,
                                                      near_dedup=bool(config.near_dedup and staged),
                                                      captions=bool(captions))
+    caption_set = None
+    if config.eval_captions is not None:
+        caption_set = write_eval_captions(store, release, config.eval_captions)
+    else:
+        store.remove(EVAL_CAPTIONS)
     stats = {}
     if config.reference_stats is not None:
-        stats = _stable_stats(reference_stats_stage(store, config.reference_stats))
+        stats = _stable_stats(reference_stats_stage(store, config.reference_stats, caption_set))
     else:
         remove_tree(store, STATS_DIR)
 
@@ -204,6 +214,8 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     receipt = _receipt(config, store, kind, len(parts), release, manifest, features, near, stats, licenses)
     if captions:
         receipt["captioning"] = captions
+    if caption_set:
+        receipt["eval_captions"] = caption_set
     write_receipt(store, receipt)
     log.info("corpus written to %s: %s; work done %s", config.out, receipt["counts"]["by_status"], work)
     return {"out": config.out, "counts": receipt["counts"], "release": receipt["release"]["splits"], "work": work}

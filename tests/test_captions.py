@@ -279,3 +279,89 @@ def test_a_killed_run_loses_only_requests_in_flight(tmp_path):
         caption_shard(fresh, "s1", cfg2, plan_captions(fresh, ["s1"], cfg2, near_dedup=False)["s1"])
     assert (tmp_path / "out" / captions_path("s1")).read_bytes() == (tmp_path / "fresh" / captions_path("s1")
                                                                       ).read_bytes()
+
+
+# ---- in a build ---------------------------------------------------------------------------------
+def caption_reply(body):
+    system = system_prompt(body)
+    if system.startswith("You check images"):
+        return ("text", "no")
+    digest = image_digest(body)
+    kind = next(t for t in ("tag", "short", "medium", "long") if f"{t}" in system.split("\n", 2)[1].lower()
+                or t == "long")
+    return ("text", f"{kind} caption of {digest[:10]}, a scene.")
+
+
+def build_config(source, out, stub, **endpoint) -> dict:
+    return {"source": str(source), "out": str(out), "input": {"partition_size": 20},
+            "staging": {"shard_size": 20}, "splits": {"shard_size": 6, "val": 0.1, "test": 0.3},
+            "eval_captions": {"size": 5},
+            "captioning": {"endpoint": {"base_url": stub.base_url, "model": "stub-vl", "concurrency": 4,
+                                        **endpoint},
+                           "recaption": True, "mix": {"tag": 0.1, "short": 0.4, "medium": 0.4, "long": 0.1}}}
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    skip = ("work/", "receipt.json", "report.")
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and not str(p.relative_to(root)).startswith(skip)}
+
+
+@pytest.mark.slow
+def test_build_captions_identically_on_any_cluster_and_never_writes_the_key(tmp_path, prefect_server, monkeypatch):
+    import pyarrow.dataset as ds
+    import webdataset as wds
+
+    from flows.build_corpus import BuildConfig, build, run_build
+    from sample_corpus import write_sample_corpus
+    from tasks.captions.eval_set import sample_keys
+
+    write_sample_corpus(str(tmp_path / "source"), n=40, seed=0)
+    secret = "sk-never-write-me-1234567890"
+    monkeypatch.setenv("STUB_VL_KEY", secret)
+    with chat_stub(default=caption_reply) as stub:
+        run_build(BuildConfig.model_validate({**build_config(tmp_path / "source", tmp_path / "a", stub,
+                                                             api_key=secret),
+                                              "dask": {"n_workers": 2, "processes": True}}))
+        asked = len(stub.requests)
+        build(BuildConfig.model_validate({**build_config(tmp_path / "source", tmp_path / "b", stub,
+                                                         api_key_env="STUB_VL_KEY"),
+                                          "dask": {"n_workers": 1, "processes": False}}))
+        assert all(r["headers"].get("Authorization") == f"Bearer {secret}" for r in stub.requests)
+        assert stub.max_in_flight <= 4 * 2  # per task; at most two tasks at once
+        # a rerun asks nothing
+        run_build(BuildConfig.model_validate({**build_config(tmp_path / "source", tmp_path / "a", stub,
+                                                             api_key=secret),
+                                              "dask": {"n_workers": 2, "processes": True}}))
+        assert len(stub.requests) == 2 * asked
+    a, b = tree(tmp_path / "a"), tree(tmp_path / "b")
+    assert a == b, sorted(k for k in a if a.get(k) != b.get(k))
+    for root in (tmp_path / "a", tmp_path / "b"):
+        for p in root.rglob("*"):
+            assert not p.is_file() or secret.encode() not in p.read_bytes(), p
+    rows = ds.dataset(tmp_path / "a" / "manifest", format="parquet").to_table().to_pylist()
+    kept = {r["key"]: r for r in rows if r["status"] == "kept"}
+    assert kept and all(r["caption_origin"].startswith("model:stub-vl@") for r in kept.values())
+    assert all(json.loads(r["vlm_answers"])["unsafe"]["answer"] == "no" for r in kept.values())
+    # the mix over the captioned images, within rounding; each split keeps it per stratum
+    counts = Counter(r["caption_type"] for r in kept.values())
+    receipt = json.loads((tmp_path / "a" / "receipt.json").read_text())
+    planned = receipt["captioning"]["records"]
+    assert planned == len(kept)
+    for t, share in {"tag": 0.1, "short": 0.4, "medium": 0.4, "long": 0.1}.items():
+        assert abs(counts[t] - share * planned) < 1
+    # release shards carry the model's caption and its origin
+    for tar in sorted((tmp_path / "a" / "shards").rglob("*.tar")):
+        for sample in wds.WebDataset(str(tar), shardshuffle=False):
+            meta = json.loads(sample["json"])
+            assert sample["txt"].decode().startswith(f"{meta['caption_type']} caption of ")
+            assert meta["caption_origin"] == kept[sample["__key__"]]["caption_origin"]
+    # the evaluation caption set: test only, deterministic, named in the receipt and the stats
+    test_keys = [k for k, r in kept.items() if r["split"] == "test"]
+    import pyarrow.parquet as pq
+    evals = pq.read_table(tmp_path / "a" / "eval_captions.parquet").to_pylist()
+    assert {e["key"] for e in evals} == sample_keys(test_keys, 5, 1) and len(evals) == min(5, len(test_keys))
+    assert all(kept[e["key"]]["split"] == "test" and e["caption"].startswith(e["caption_type"]) for e in evals)
+    assert receipt["eval_captions"]["sha256"] == hashlib.sha256(
+        (tmp_path / "a" / "eval_captions.parquet").read_bytes()).hexdigest()
+    assert "Caption" in (tmp_path / "a" / "report.md").read_text()

@@ -73,7 +73,7 @@ def request_body(model: str, prompt: Prompt, image_url: str, sampling: SamplingC
         "messages": [{"role": "system", "content": prompt.system},
                      {"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_url}},
                                                   {"type": "text", "text": prompt.user}]}],
-        "temperature": sampling.temperature, "top_p": sampling.top_p, "max_tokens": sampling.max_tokens}
+        "temperature": sampling.temperature, "top_p": sampling.top_p, "max_tokens": sampling.max_length}
     if sampling.seed is not None:
         body["seed"] = sampling.seed
     return body

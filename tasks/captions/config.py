@@ -55,7 +55,7 @@ class SamplingConfig(_Strict):
 
     temperature: float = Field(0.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int = Field(1024, ge=1)
+    max_length: int = Field(1024, ge=1, description="Sent as max_tokens (the name avoids the secret-word rule).")
     seed: int | None = Field(0, description="Sent as the request's seed (servers that support it); null to omit.")
 
 
