@@ -127,6 +127,10 @@ class _Handler(BaseHTTPRequestHandler):
             pass
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # the listen backlog: 5 by default, which refuses bursts of connections
+
+
 class ChatStub:
     def __init__(self, script: list[Any] | None = None, default: Any = "true",
                  slow_s: float = 2.0, latency_s: float = 0.0):
@@ -145,7 +149,7 @@ class ChatStub:
 @contextmanager
 def chat_stub(**kwargs: Any) -> Iterator[ChatStub]:
     stub = ChatStub(**kwargs)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    server = _Server(("127.0.0.1", 0), _Handler)
     server.daemon_threads = True
     server.stub = stub
     stub.base_url = f"http://127.0.0.1:{server.server_address[1]}/v1"

@@ -86,6 +86,27 @@ def test_gpic_prompts_are_files_and_replaceable(tmp_path):
         CaptioningConfig(endpoint=cfg.endpoint, mix={"tag": 1, "poem": 1})
 
 
+def test_images_are_sent_small_enough_and_upright():
+    def encoded(data: bytes) -> tuple[str, Image.Image, bytes]:
+        url = encode_image(data, 768, 90)
+        raw = base64.b64decode(url.split(",", 1)[1])
+        return url.split(";", 1)[0], Image.open(io.BytesIO(raw)), raw
+
+    def make(size, fmt, exif=None) -> bytes:
+        buf = io.BytesIO()
+        Image.new("RGB", size, (10, 120, 30)).save(buf, fmt, **({"exif": exif} if exif else {}))
+        return buf.getvalue()
+
+    small = make((300, 200), "PNG")
+    assert encoded(small)[0] == "data:image/png" and encoded(small)[2] == small  # as stored
+    mime, img, _ = encoded(make((2000, 1000), "JPEG"))
+    assert mime == "data:image/jpeg" and img.size == (768, 384)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotated 90°: displayed 200×300
+    mime, img, _ = encoded(make((300, 200), "JPEG", exif.tobytes()))
+    assert mime == "data:image/jpeg" and img.size == (200, 300)
+
+
 # ---- a staging shard to caption ------------------------------------------------------------
 def image(seed: int, size=(320, 240)) -> bytes:
     arr = (np.random.default_rng(seed).random((size[1], size[0], 3)) * 255).astype("uint8")
@@ -253,7 +274,7 @@ caption_shard(Store(sys.argv[1]), "s1", cfg, sys.argv[3])
 def test_a_killed_run_loses_only_requests_in_flight(tmp_path):
     store = Store(str(tmp_path / "out"))
     staged(store, "s1", list(range(24)))
-    with chat_stub(default=Script(), latency_s=0.1) as stub:
+    with chat_stub(default=Script(), latency_s=0.3) as stub:  # 24 requests, 3 at a time: ≥ 2.4 s
         cfg = config(stub, questions=[], recaption=True)
         digest = plan_captions(store, ["s1"], cfg, near_dedup=False)["s1"]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -261,7 +282,7 @@ def test_a_killed_run_loses_only_requests_in_flight(tmp_path):
                                  digest], env=env, start_new_session=True)
         deadline = time.monotonic() + 60
         while len(stub.requests) < 10 and time.monotonic() < deadline:
-            time.sleep(0.02)
+            time.sleep(0.01)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         asked_before = len(stub.requests)

@@ -11,8 +11,8 @@ asks for longer. Other 4xx and malformed bodies are final answers for that reque
 per-record error), not retried. A request still failing after its attempts is an
 outcome with ``transient=True``: the stage does not journal it, so a later run asks again.
 
-The image is sent as a base64 JPEG data URL, resized so its longer side is at most
-``max_side``; each image is decoded and encoded once for all of its requests, on a
+The image is sent as a base64 data URL: as stored when it is upright and its longer side
+is at most ``max_side``, else oriented, resized and re-encoded as JPEG; each image is decoded and encoded once for all of its requests, on a
 thread (Pillow releases the GIL), and only while some request of it is in flight or next.
 The API key goes into the ``Authorization`` header only; no error message carries headers.
 """
@@ -55,9 +55,22 @@ class Outcome:
     attempts: int
 
 
+_MIME = {"JPEG": "image/jpeg", "PNG": "image/png", "WEBP": "image/webp"}
+
+
 def encode_image(data: bytes, max_side: int, quality: int) -> str:
-    """A ``data:image/jpeg;base64,…`` URL of the image, longer side ≤ ``max_side``."""
+    """A base64 data URL of the image, longer side ≤ ``max_side``.
+
+    An image already small enough and stored upright (no EXIF rotation) is sent as its
+    original bytes — no decode, no second lossy encode (GPIC's mean image, 587×479, fits
+    the default 768); anything else is oriented, resized and sent as JPEG."""
     with Image.open(io.BytesIO(data)) as img:
+        try:
+            orientation = img.getexif().get(0x0112, 1)
+        except Exception:  # noqa: BLE001 - a broken EXIF block: re-encode without trusting it
+            orientation = None
+        if img.format in _MIME and max(img.size) <= max_side and orientation == 1:
+            return f"data:{_MIME[img.format]};base64," + base64.b64encode(data).decode("ascii")
         if img.format == "JPEG":
             img.draft("RGB", (max_side, max_side))  # DCT scaling: decode at ≥ the target size
         img = ImageOps.exif_transpose(img).convert("RGB")

@@ -28,7 +28,6 @@ with an *incomplete* fingerprint, so the next run recomputes it — asking only 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 from collections import Counter, defaultdict
