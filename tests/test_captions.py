@@ -408,3 +408,19 @@ def test_word_statistics_match_numpy():
         assert stats[t]["mean"] == round(float(v.mean()), 2)
         for q, name in ((0.1, "p10"), (0.5, "median"), (0.9, "p90")):
             assert stats[t][name] == np.quantile(v, q, method="lower")
+
+
+def test_evaluate_records_the_caption_set_and_flags_another(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from flows.evaluate import caption_set_claim
+
+    path = tmp_path / "eval_captions.parquet"
+    pq.write_table(pa.table({"key": ["a", "b"], "caption": ["x", "y"]}), path)
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert caption_set_claim(None, {}, {"sha256": sha}) is None
+    same = caption_set_claim(str(path), {}, {"sha256": sha})
+    assert same == {"path": str(path), "sha256": sha, "captions": 2, "reference_names": sha}
+    other = caption_set_claim(str(path), {}, {"sha256": "0" * 64})
+    assert other["deviation"].startswith("generated from caption set") and other["reference_names"] == "0" * 64
