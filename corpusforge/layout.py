@@ -28,6 +28,10 @@ every folder as it is.
     graph/decisions/{shard}, graph/nodes.json, graph/summary.json, graph/collision/, graph/calibration/
     shards/{split}/{split}-{n}.tar     release shards
     manifest/part-{part}.parquet       one row per input record: its fate and the reason
+    work/captions/plan/{shard}.parquet     per staging shard: who the model captions, and in which format
+    work/captions/journal/{shard}/{n}.parquet  completed chat requests (the resume state; never asked twice)
+    captions/{shard}.parquet           per staged record: caption, origin, filter answers, status
+    eval_captions.parquet              the fixed evaluation caption set (test split)
     stats/{group}-{model}.{npz,features.npy,json}, stats/oracle.json
     receipt.json, report.md
     _markers/{path}.json               completion marker of the unit whose main output is {path}
@@ -62,6 +66,10 @@ GRAPH_VERIFIED = "graph/verified"  # geometric verification of review-band pairs
 RELEASE_DIR = "shards"
 MANIFEST_DIR = "manifest"
 STATS_DIR = "stats"
+CAPTION_PLAN_DIR = "work/captions/plan"
+CAPTION_JOURNAL_DIR = "work/captions/journal"
+CAPTIONS_DIR = "captions"
+EVAL_CAPTIONS = "eval_captions.parquet"
 
 RECEIPT = "receipt.json"
 REPORT = "report.md"
@@ -163,6 +171,18 @@ def decisions_path(shard: str) -> str:
     return f"{GRAPH_DECISIONS}/{shard}.parquet"
 
 
+def caption_plan_path(shard: str) -> str:
+    return f"{CAPTION_PLAN_DIR}/{shard}.parquet"
+
+
+def caption_journal_dir(shard: str) -> str:
+    return f"{CAPTION_JOURNAL_DIR}/{shard}"
+
+
+def captions_path(shard: str) -> str:
+    return f"{CAPTIONS_DIR}/{shard}.parquet"
+
+
 def release_shard_name(split: str, shard: int) -> str:
     return f"{split}-{shard:06d}"
 
@@ -242,11 +262,39 @@ NEAR_DECISION_SCHEMA = pa.schema([
     ("max_similarity", pa.float32()),
 ])
 
-RELEASE_PLAN_SCHEMA = pa.schema([("key", pa.string()), ("staging_shard", pa.string()), ("tier", pa.string())])
+# Captioning (tasks/captions/): who is captioned in which format, the completed requests, the results.
+CAPTION_PLAN_SCHEMA = pa.schema([
+    ("key", pa.string()), ("sha256", pa.string()),
+    ("caption_type", pa.string()),    # assigned (model captions) or the input's
+    ("model_caption", pa.bool_()),    # false: the input caption is kept
+])
+CAPTION_JOURNAL_SCHEMA = pa.schema([
+    ("request", pa.string()),         # SHA-256 of (image SHA-256, prompt SHA-256, model, sampling, image size)
+    ("content", pa.string()), ("finish_reason", pa.string()), ("error", pa.string()), ("attempts", pa.int16()),
+])
+CAPTIONS_SCHEMA = pa.schema([
+    ("key", pa.string()), ("sha256", pa.string()),
+    ("status", pa.string()),          # kept | filtered | error
+    ("reason", pa.string()),          # not_visible, a question's name, caption_error: …, question_error: …
+    ("caption_type", pa.string()),
+    ("caption", pa.string()),         # the model's caption (null: the input caption is kept)
+    ("caption_origin", pa.string()),  # input | model:{model}@{prompt SHA-256[:12]}
+    ("words", pa.int32()),
+    ("vlm_model", pa.string()),       # the model that answered the questions (null: none asked)
+    ("vlm_answers", pa.string()),     # JSON {question: {"answer": yes|no|null, "prompt_sha256": …}}
+])
+EVAL_CAPTIONS_SCHEMA = pa.schema([("key", pa.string()), ("caption_type", pa.string()), ("caption", pa.string()),
+                                  ("shard", pa.string())])
+
+RELEASE_PLAN_SCHEMA = pa.schema([("key", pa.string()), ("staging_shard", pa.string()), ("tier", pa.string()),
+                                 ("caption", pa.string()), ("caption_type", pa.string()),
+                                 ("caption_origin", pa.string())])
 LATE_SCHEMA = pa.schema([
     ("row", pa.int32()), ("staging_shard", pa.string()), ("status", pa.string()), ("reason", pa.string()),
     ("duplicate_of", pa.string()), ("component_id", pa.int64()), ("component_size", pa.int32()),
     ("max_similarity", pa.float32()), ("split", pa.string()), ("shard", pa.string()), ("tier", pa.string()),
+    ("caption_type", pa.string()), ("caption_origin", pa.string()), ("vlm_model", pa.string()),
+    ("vlm_answers", pa.string()),
 ])
 
 MANIFEST_SCHEMA = pa.schema([
@@ -263,6 +311,9 @@ MANIFEST_SCHEMA = pa.schema([
     ("max_similarity", pa.float32()),
     ("part", pa.int32()),
     ("row", pa.int32()),
+    ("caption_origin", pa.string()),  # input | model:{model}@{prompt hash} (null: not captioned)
+    ("vlm_model", pa.string()),
+    ("vlm_answers", pa.string()),
 ])
 
 

@@ -32,7 +32,7 @@ from pydantic import BaseModel
 
 SECRET_BLOCK = "secret_block"
 _SECRET_WORDS = ("secret", "password", "token", "key_id", "access_key", "credential", "session_key")
-_SECRET_NAMES = {"key", "aws_access_key_id", "aws_secret_access_key", "aws_session_token"}
+_SECRET_NAMES = {"key", "api_key", "aws_access_key_id", "aws_secret_access_key", "aws_session_token"}
 
 M = TypeVar("M", bound=BaseModel)
 Path = tuple[Any, ...]

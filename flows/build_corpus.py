@@ -28,19 +28,23 @@ from corpusforge.cluster import DaskConfig, as_task, cluster_flow, run_logger, r
 from corpusforge.config import FlowConfig
 from corpusforge.contract import count_actions, prune, remove_tree, sweep_temp_files
 from corpusforge.feature_files import prune_features
-from corpusforge.layout import (EXACT_DIR, GRAPH_DIR, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR,
+from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_DIR, EVAL_CAPTIONS, EXACT_DIR, GRAPH_DIR, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR,
                                 RESOLVED_DIR, STAGING_INDEX, STAGING_RECORDS, STAGING_TARS, STATS_DIR, bucket_name,
                                 hashes_path, keys_table_path, part_name)
 from corpusforge.progress import RunProgress, run_progress
 from corpusforge.storage import Store
 from corpusforge.version import code_version
+from tasks.captions.config import CaptioningConfig
+from tasks.captions.eval_set import EvalCaptionsConfig, write_eval_captions
+from tasks.captions.stage import captioning_stage
 from tasks.exact_dedup import find_duplicate_keys, find_exact_duplicates, resolve_partition
 from tasks.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
 from tasks.features.extract import extract_features, summarize
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.stage import near_duplicate_stage
 from tasks.ingest import ingest_partition
-from tasks.publish import publish, release_section, write_receipt
+from tasks.licenses import LicenseConfig
+from tasks.publish import license_section, publish, release_section, write_receipt
 from tasks.receipt import count_outcomes, input_snapshot_hash, output_hashes, redact
 from tasks.sources import SourceConfig, plan_partitions
 from tasks.splits import SplitConfig
@@ -61,6 +65,10 @@ class BuildConfig(FlowConfig):
                                                         "parameters.")
     input: SourceConfig = Field(default_factory=SourceConfig, title="Input")
     validation: ValidationConfig = Field(default_factory=ValidationConfig, title="Validation and filters")
+    licenses: LicenseConfig | None = Field(
+        default_factory=LicenseConfig, title="Licence allow-list",
+        description="Only these licences enter the corpus (GPIC §2.1: CC BY, CC0, Public Domain, No known "
+                    "restrictions); missing or other licences are filtered. null to accept every record.")
     staging: StagingConfig = Field(default_factory=StagingConfig, title="Staging shards")
     features: FeaturesConfig = Field(default_factory=FeaturesConfig, title="Feature extraction",
                                      description="Models run on every staging shard; empty list to skip.")
@@ -68,6 +76,14 @@ class BuildConfig(FlowConfig):
         default_factory=NearDedupConfig, title="Near-duplicate removal",
         description="FAISS graph over one extracted model's features and GPIC's two-tier rule; null to skip.")
     splits: SplitConfig = Field(default_factory=SplitConfig, title="Splits, release shards, tiers")
+    captioning: CaptioningConfig | None = Field(
+        None, title="Captioning and VLM filters",
+        description="Captions in GPIC's four formats and yes/no quality and safety filters from a vision-language "
+                    "model behind an OpenAI-compatible chat endpoint (GPIC §2.2, §2.4); null to skip.")
+    eval_captions: EvalCaptionsConfig | None = Field(
+        default_factory=EvalCaptionsConfig, title="Evaluation caption set",
+        description="A seeded sample of test-split captions users generate images from (GPIC §3: 50,000); "
+                    "null to skip.")
     reference_stats: ReferenceStatsSettings | None = Field(
         None, title="Reference statistics",
         description="FD-DINOv2 statistics of the held-out splits after release (GPIC §3); null to skip.")
@@ -102,6 +118,7 @@ PROGRESS_STAGES = [("ingest", "ingest-partition", "partitions"),
                    ("staging", "write-staging-shard", "staging shards"),
                    ("features", "extract-shard-features", "staging shards"),
                    ("graph queries", "graph-query-shard", "staging shards"),
+                   ("captioning", "caption-shard", "staging shards"),
                    ("release", "write-release-shard", "release shards"),
                    ("manifest", "write-manifest-part", "partitions")]
 
@@ -109,7 +126,7 @@ PROGRESS_STAGES = [("ingest", "ingest-partition", "partitions"),
 def build(config: BuildConfig) -> dict[str, Any]:
     """Build (or bring up to date) the corpus at ``config.out``; return counts and the work done."""
     stages = [s for s in PROGRESS_STAGES if (s[0] != "features" or config.features.models)
-              and (s[0] != "graph queries" or config.near_dedup)]
+              and (s[0] != "graph queries" or config.near_dedup) and (s[0] != "captioning" or config.captioning)]
     with run_progress("build-corpus", [s[0] for s in stages]) as progress:
         return _build(config, progress, {name: (task, unit) for name, task, unit in stages})
 
@@ -133,7 +150,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
 
     with stage("ingest"):
         ingested = run_tasks(ingest_task, [dict(store=store, part=p, src=config.input, val=config.validation,
-                                                n_buckets=n_buckets) for p in parts])
+                                                n_buckets=n_buckets, lic=config.licenses) for p in parts])
     work["ingest"] = count_actions(ingested)
     keys = [m["outputs"][keys_table_path(p.index)] for p, m in zip(parts, ingested, strict=True)]
     hashes = [m["outputs"][hashes_path(p.index)] for p, m in zip(parts, ingested, strict=True)]
@@ -170,18 +187,39 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     else:
         remove_tree(store, GRAPH_DIR)
 
+    captions: dict[str, Any] = {}
+    if config.captioning is not None and staged:
+        with stage("captioning"):
+            captions, work["captioning"] = captioning_stage(store, config.captioning, staged,
+                                                            near_dedup=bool(config.near_dedup))
+    else:
+        for folder in (CAPTIONS_DIR, CAPTION_PLAN_DIR, CAPTION_JOURNAL_DIR):
+            remove_tree(store, folder)
+
     with stage("release"), stage("manifest"):
         release, manifest, work["publish"] = publish(store, staged, len(parts), config.splits,
-                                                     near_dedup=bool(config.near_dedup and staged))
+                                                     near_dedup=bool(config.near_dedup and staged),
+                                                     captions=bool(captions))
+    caption_set = None
+    if config.eval_captions is not None:
+        caption_set = write_eval_captions(store, release, config.eval_captions)
+    else:
+        store.remove(EVAL_CAPTIONS)
     stats = {}
     if config.reference_stats is not None:
-        stats = _stable_stats(reference_stats_stage(store, config.reference_stats))
+        stats = _stable_stats(reference_stats_stage(store, config.reference_stats, caption_set))
     else:
         remove_tree(store, STATS_DIR)
 
     if leftovers := sweep_temp_files(store):
         log.warning("removed %d temporary files of killed writers: %s", len(leftovers), leftovers[:5])
     receipt = _receipt(config, store, kind, len(parts), release, manifest, features, near, stats)
+    licenses = license_section(config.licenses, [m["info"] for m in ingested])
+    receipt = _receipt(config, store, kind, len(parts), release, manifest, features, near, stats, licenses)
+    if captions:
+        receipt["captioning"] = captions
+    if caption_set:
+        receipt["eval_captions"] = caption_set
     write_receipt(store, receipt)
     log.info("corpus written to %s: %s; work done %s", config.out, receipt["counts"]["by_status"], work)
     return {"out": config.out, "counts": receipt["counts"], "release": receipt["release"]["splits"], "work": work}
@@ -205,11 +243,12 @@ def _features(store: Store, config: BuildConfig, staged: list[str], work: dict[s
 
 def _receipt(config: BuildConfig, store: Store, kind: str, n_parts: int, release: dict[str, Any],
              manifest: list[dict[str, Any]], features: dict[str, Any],
-             near: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
+             near: dict[str, Any], stats: dict[str, Any], licenses: dict[str, Any]) -> dict[str, Any]:
     return {
         "corpusforge": "build_corpus",
         "code_version": code_version("tasks.ingest", "tasks.exact_dedup", "tasks.staging", "tasks.features.extract",
-                                     "tasks.graph.stage", "tasks.publish", "tasks.stats.stage"),
+                                     "tasks.graph.stage", "tasks.captions.stage", "tasks.publish",
+                                     "tasks.stats.stage"),
         "source": config.source,
         "source_kind": kind,
         "config": redact(config.model_dump(mode="json")),
@@ -218,6 +257,7 @@ def _receipt(config: BuildConfig, store: Store, kind: str, n_parts: int, release
                        "near_dedup": config.near_dedup.model_dump(mode="json") if config.near_dedup else None},
         "input_snapshot_sha256": input_snapshot_hash(store, n_parts),
         "counts": count_outcomes(manifest),
+        "licenses": licenses,
         "release": release_section(release, config.splits),
         "features": _stable_features(features),
         "near_duplicates": near,

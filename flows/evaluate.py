@@ -13,8 +13,12 @@ From Python: ``run_evaluate(config)``.
 
 from __future__ import annotations
 
+import hashlib
+import io
 from typing import Any
 
+import fsspec
+import pyarrow.parquet as pq
 from prefect import get_run_logger
 from pydantic import Field
 
@@ -51,10 +55,32 @@ class EvaluateConfig(FlowConfig):
                                              "reference's; recorded as a deviation.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, title="Metrics")
     chunk_size: int = Field(1000, ge=1, title="Images per task", description="Image files embedded per task.")
+    caption_set: str | None = Field(
+        None, title="Caption set",
+        description="The evaluation caption set the generated images were made from (a corpus's "
+                    "eval_captions.parquet, local or s3://); its SHA-256 is recorded and checked against the one "
+                    "the reference names.")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
 
 embed_task = as_task(embed_chunk, "embed-generated-chunk")
+
+
+def caption_set_claim(path: str | None, storage_options: dict[str, Any],
+                      named: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Which caption set the generated images claim to come from, and whether it is the one
+    the reference's provenance names (a different set is a protocol deviation)."""
+    if path is None:
+        return None
+    with fsspec.open(path, "rb", **storage_options) as f:
+        data = f.read()
+    claim: dict[str, Any] = {"path": path, "sha256": hashlib.sha256(data).hexdigest(),
+                             "captions": pq.read_metadata(io.BytesIO(data)).num_rows,
+                             "reference_names": named.get("sha256") if named else None}
+    if named and named.get("sha256") != claim["sha256"]:
+        claim["deviation"] = (f"generated from caption set {claim['sha256'][:16]}…, not the reference's evaluation "
+                              f"caption set {str(named.get('sha256'))[:16]}…")
+    return claim
 
 
 def evaluate(config: EvaluateConfig) -> dict[str, Any]:
@@ -73,6 +99,10 @@ def evaluate(config: EvaluateConfig) -> dict[str, Any]:
     result["generated"]["sources"] = list(config.generated)
     result["model_spec"] = public_spec(config.model)
     result["code_version"] = code_version("tasks.stats.evaluate")
+    result["caption_set"] = caption_set_claim(config.caption_set, config.generated_storage_options,
+                                              (reference.provenance or {}).get("eval_captions"))
+    if result["caption_set"] and result["caption_set"].get("deviation"):
+        result["protocol"]["deviations"].append(result["caption_set"]["deviation"])
     for d in result["protocol"]["deviations"]:
         log.warning("protocol deviation: %s", d)
     out = Store(config.out, config.out_storage_options)

@@ -10,7 +10,14 @@ Output per partition (written atomically, marker last):
 
 Fingerprint: the partition's digest (its chunk's bytes, or the tar's stamp), the stamp
 of every image file the chunk names (so bytes replaced at the same path are re-read),
-the validation settings, the bucket count and this stage's code version.
+the validation settings, the bucket count and this stage's code version. The licence
+allow-list (:mod:`tasks.licenses`) enters as each row's licence verdict for a table or
+folder partition (read from its chunk without touching an image), so changing the list
+reruns only the partitions where some record's verdict changes; a tar partition's
+licences sit inside the tar, so there the normalised allow-list itself enters.
+
+A record whose licence is missing or not allowed is ``filtered`` before its image is
+read: it has no hash and never reaches exact deduplication.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import hashlib
 import json
 import os
 import stat
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,6 +41,7 @@ from corpusforge.records import Status
 from corpusforge.storage import Store, is_remote
 from corpusforge.tarshard import is_safe_key, iter_tar_samples
 from corpusforge.version import code_version
+from tasks.licenses import LicenseConfig, license_family, license_reason
 from tasks.sources import (IMAGE_EXTS, METADATA_COLUMNS, Partition, SourceConfig, allowed_roots, file_stamp,
                            local_file_refusal, locate, parse_sidecar)
 from tasks.validate import ValidationConfig, validate_image
@@ -96,8 +105,19 @@ def _read_local(location: str, limit: int) -> bytes:
         return f.read(min(limit, info.st_size + 1))  # read(n) allocates n bytes up front
 
 
+def license_verdicts(part: Partition, store: Store, lic: LicenseConfig | None) -> list[str] | str | None:
+    """What of the licence settings a partition's output depends on: each row's verdict
+    for rows partitions, the normalised allow-list for a tar (its metadata is inside)."""
+    if lic is None:
+        return None
+    if part.kind == "tar":
+        return json.dumps([[str(a) for a in lic.allowed()], lic.use_url])
+    verdicts = [license_reason(m.get("license"), m.get("license_url"), lic) for m in _chunk_rows(part, store)]
+    return verdicts if any(verdicts) else None  # all pass: the same output as with no list
+
+
 def _row_records(part: Partition, src: SourceConfig, val: ValidationConfig,
-                 store: Store) -> Iterator[dict[str, Any]]:
+                 store: Store, lic: LicenseConfig | None) -> Iterator[dict[str, Any]]:
     rows = _chunk_rows(part, store)
     roots = allowed_roots(part.base, src.allow_roots)
     for i, meta in enumerate(rows):
@@ -115,6 +135,8 @@ def _row_records(part: Partition, src: SourceConfig, val: ValidationConfig,
             record["reason"] = f"unsafe_key: {record['key']!r}"
         elif location is None or why:
             record["reason"] = f"unsafe_path: {raw_path!r}: {why}"
+        elif reason := license_reason(record["license"], record["license_url"], lic):
+            record.update(status=Status.FILTERED.value, reason=reason, source_path=location)
         else:
             record["source_path"] = location
             try:
@@ -142,7 +164,7 @@ def _tar_error_reason(why: str) -> str:
 
 
 def _tar_records(part: Partition, src: SourceConfig, val: ValidationConfig,
-                 store: Store) -> Iterator[dict[str, Any]]:
+                 store: Store, lic: LicenseConfig | None) -> Iterator[dict[str, Any]]:
     with fsspec.open(part.uri, "rb", **src.storage_options) as f:
         for i, sample in enumerate(iter_tar_samples(f)):
             record = _blank(part.index, i)
@@ -163,6 +185,8 @@ def _tar_records(part: Partition, src: SourceConfig, val: ValidationConfig,
                 record["reason"] = f"unsafe_key: {key!r}"
             elif not image_exts:
                 record["reason"] = f"no_image_member: members {sorted(sample.members)}"
+            elif reason := license_reason(record["license"], record["license_url"], lic):
+                record.update(status=Status.FILTERED.value, reason=reason)
             else:
                 ext = image_exts[0]
                 record["source_path"] = f"{part.uri}#{sample.key}.{ext}"
@@ -172,15 +196,18 @@ def _tar_records(part: Partition, src: SourceConfig, val: ValidationConfig,
 
 
 def ingest_partition(store: Store, part: Partition, src: SourceConfig, val: ValidationConfig,
-                     n_buckets: int) -> dict[str, Any]:
-    """Ingest one partition (skipped when its fingerprint is unchanged); return its marker."""
+                     n_buckets: int, lic: LicenseConfig | None = None) -> dict[str, Any]:
+    """Ingest one partition (skipped when its fingerprint is unchanged); return its marker.
+
+    ``lic``: the licence allow-list (None: every licence passes, as before the check existed)."""
     fp = unit_fingerprint("ingest", code_version("tasks.ingest"),
                           [val.model_dump(mode="json"), n_buckets, sorted(src.allow_roots)],
-                          [part.kind, part.base, part.digest, image_stamps(part, src, store)])
+                          [part.kind, part.base, part.digest, image_stamps(part, src, store),
+                           license_verdicts(part, store, lic)])
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         reader = _tar_records if part.kind == "tar" else _row_records
-        records = list(reader(part, src, val, store))
+        records = list(reader(part, src, val, store, lic))
         valid = [r for r in records if r["status"] == Status.KEPT.value]
         hashes = sorted(
             ({"bucket": stable_int(0, r["sha256"], n_buckets), "sha256": r["sha256"], "key": r["key"],
@@ -199,6 +226,8 @@ def ingest_partition(store: Store, part: Partition, src: SourceConfig, val: Vali
                                                          pa.Table.from_pylist(records, schema=INGEST_SCHEMA)),
         }
         by_status = {s: sum(r["status"] == s for r in records) for s in sorted({r["status"] for r in records})}
-        return outputs, {"part": part.index, "records": len(records), "by_status": by_status}
+        licenses = Counter(license_family(r["license"], r["license_url"]) for r in records)
+        return outputs, {"part": part.index, "records": len(records), "by_status": by_status,
+                         "licenses": dict(sorted(licenses.items()))}
 
     return run_unit(store, ingest_path(part.index), fp, compute)

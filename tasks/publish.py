@@ -6,6 +6,7 @@ version whose staging shards and ingest rows stay in the earlier version (``sour
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from corpusforge.cluster import as_task, run_tasks
@@ -13,6 +14,7 @@ from corpusforge.contract import count_actions, prune, require_marker
 from corpusforge.artifacts import publish_run_artifacts
 from corpusforge.layout import MANIFEST_DIR, RECEIPT, REPORT, REPORT_HTML, manifest_path, resolved_path
 from corpusforge.storage import Store
+from tasks.licenses import LicenseConfig
 from tasks.manifest import write_manifest_part
 from tasks.receipt import render_report
 from tasks.release import plan_release_files, write_release_shard
@@ -25,13 +27,14 @@ manifest_task = as_task(write_manifest_part, "write-manifest-part")
 
 
 def publish(store: Store, staged: list[str], n_parts: int, splits: SplitConfig, near_dedup: bool,
-            source: Store | None = None) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+            source: Store | None = None, captions: bool = False
+            ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
     """Write release shards and manifest.
 
     Returns the release plan summary, the manifest part summaries and the work done
     (units computed and skipped per step)."""
     release = run_tasks(release_plan_task, [dict(store=store, shards=staged, cfg=splits, near_dedup=near_dedup,
-                                                 source=source)])[0]
+                                                 source=source, captions=captions)])[0]
     shards = run_tasks(release_task, [dict(store=store, split=s["split"], shard=s["index"], cfg=splits,
                                            plan=release["plans"][name], source=source)
                                       for name, s in release["shards"].items()])
@@ -51,6 +54,16 @@ def release_section(release: dict[str, Any], splits: SplitConfig) -> dict[str, A
     sizes = {sp: {"samples": sum(s["count"] for s in shards.values() if s["split"] == sp),
                   "shards": sum(1 for s in shards.values() if s["split"] == sp)} for sp in SPLITS}
     return {"splits": sizes, "tiers": tier_counts(n_train, splits.tiers), "shards": shards}
+
+
+def license_section(lic: LicenseConfig | None, ingest_infos: list[dict[str, Any]]) -> dict[str, Any]:
+    """The receipt's licence section: the allow-list as normalised and the input records per
+    licence family (what was filtered, and why, is in the counts by reason)."""
+    families: Counter[str] = Counter()
+    for info in ingest_infos:
+        families.update(info.get("licenses", {}))
+    return {"allow": [str(a) for a in lic.allowed()] if lic else None, "use_url": lic.use_url if lic else None,
+            "input_by_family": dict(sorted(families.items()))}
 
 
 def write_receipt(store: Store, receipt: dict[str, Any]) -> None:

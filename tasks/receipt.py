@@ -16,9 +16,10 @@ from typing import Any
 from corpusforge.contract import read_marker, require_marker
 from corpusforge.layout import MARKERS, RECEIPT, REPORT, REPORT_HTML, ingest_path
 from corpusforge.storage import Store
+from tasks.captions.summary import mix_by_split, share_table, word_stats
 
 _SECRET_WORDS = ("secret", "password", "token", "key_id", "access_key", "credential")
-_SECRET_NAMES = {"key"}  # s3fs's name for the access key id
+_SECRET_NAMES = {"key", "api_key"}  # s3fs's name for the access key id; a chat endpoint's key
 _SKIP_PREFIXES = ("work/", f"{MARKERS}/")
 _SKIP_FILES = (RECEIPT, REPORT, REPORT_HTML)
 
@@ -82,6 +83,7 @@ def render_report(receipt: dict[str, Any]) -> str:
             "", "## Outcomes", "", _table(["status", "records"], [[s, n] for s, n in counts["by_status"].items()]),
             "", "### By reason", "",
             _table(["status/reason", "records"], [[r, n] for r, n in counts["by_reason"].items()])]
+    out += _licenses_section(receipt.get("licenses") or {}, counts["by_reason"])
     release = receipt["release"]
     types = sorted({t for s in release["shards"].values() for t in s["caption_type"]})
     out += ["", "## Splits", "", _table(["split", "samples", "shards"],
@@ -94,6 +96,7 @@ def render_report(receipt: dict[str, Any]) -> str:
         mix = [f"{100 * shard['caption_type'].get(t, 0) / max(1, shard['count']):.1f}%" for t in types]
         rows.append([name, shard["count"], *mix])
     out += ["", "## Release shards", "", _table(["shard", "samples", *types], rows)]
+    out += _captions_section(receipt, types)
     out += _features_section(receipt.get("features") or {})
     out += _near_duplicates_section(receipt.get("near_duplicates") or {})
     out += _stats_section(receipt.get("stats") or {})
@@ -105,6 +108,47 @@ def _fmt(value: Any, digits: int = 4) -> str:
     if value is None:
         return "–"
     return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
+
+
+def _licenses_section(licenses: dict[str, Any], by_reason: dict[str, int]) -> list[str]:
+    if not licenses:
+        return []
+    allow = ", ".join(licenses["allow"]) if licenses.get("allow") else "off (every licence accepted)"
+    filtered = {r: n for r, n in by_reason.items() if r.startswith("filtered/license_")}
+    out = ["", "## Licences", "", f"Allow-list: {allow}. Filtered: "
+           + (", ".join(f"{n} `{r.split('/', 1)[1]}`" for r, n in filtered.items()) or "none") + ".", ""]
+    families = licenses.get("input_by_family") or {}
+    if families:
+        out.append(_table(["licence family (input records)", "records"], [[f, n] for f, n in families.items()]))
+    return out
+
+
+def _captions_section(receipt: dict[str, Any], types: list[str]) -> list[str]:
+    """Captioning outcomes, word counts per type, the realised mix per split; the eval caption set."""
+    out: list[str] = []
+    cap = receipt.get("captioning")
+    if cap:
+        out += ["", "## Captions", "",
+                f"Model `{cap['model']}` (prompts: " + ", ".join(f"{t} `{h[:12]}`" for t, h in cap["prompts"].items())
+                + f"; questions: {', '.join(q['name'] for q in cap['questions']) or 'none'}). "
+                f"{cap['records']} records: " + ", ".join(f"{n} {s}" for s, n in cap["by_status"].items())
+                + (" (" + ", ".join(f"{n} `{r}`" for r, n in cap["by_reason"].items()) + ")" if cap["by_reason"]
+                   else "") + "." + (f" **{cap['unfinished_requests']} requests gave up on transient errors: "
+                                     "rerun to ask them again.**" if cap["unfinished_requests"] else ""), ""]
+        stats = word_stats(cap["words"])
+        if stats:
+            out += [_table(["caption type", "captions", "mean words", "p10", "median", "p90", "max"],
+                           [[t, s["captions"], s["mean"], s["p10"], s["median"], s["p90"], s["max"]]
+                            for t, s in stats.items()]), ""]
+    mix = mix_by_split(receipt["release"]["shards"])
+    if cap and mix:
+        out += ["Caption-type mix per split (per release shard: the table below):", "",
+                _table(["split", "samples", *types], share_table(mix, types))]
+    ev = receipt.get("eval_captions")
+    if ev:
+        out += ["", f"Evaluation caption set `{ev['path']}`: {ev['captions']} test captions (size {ev['size']}, "
+                    f"seed {ev['seed']}), SHA-256 `{ev['sha256']}`."]
+    return out
 
 
 def _features_section(features: dict[str, Any]) -> list[str]:

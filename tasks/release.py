@@ -28,7 +28,7 @@ import pyarrow as pa
 from corpusforge.contract import prune, require_marker, run_unit, unit_fingerprint
 from corpusforge.faults import fault_point
 from corpusforge.layout import (LATE_DIR, LATE_SCHEMA, RELEASE_DIR, RELEASE_PLAN_DIR, RELEASE_PLAN_SCHEMA,
-                                decisions_path, late_path, part_name, release_plan_path, release_shard_name,
+                                captions_path, decisions_path, late_path, part_name, release_plan_path, release_shard_name,
                                 release_tar, staging_index, staging_records, staging_tar)
 from corpusforge.records import Status
 from corpusforge.storage import Store
@@ -42,12 +42,15 @@ def _decisions(store: Store, shard: str) -> dict[str, dict[str, Any]]:
     return {d["key"]: d for d in store.read_parquet(decisions_path(shard)).to_pylist()}
 
 
-def staged_records(store: Store, shards: list[str], source: Store, near_dedup: bool) -> list[dict[str, Any]]:
+def staged_records(store: Store, shards: list[str], source: Store, near_dedup: bool,
+                   captions: bool = False) -> list[dict[str, Any]]:
     """Every staged record (from ``source``) with its near-duplicate decision (from ``store``,
-    when the near-duplicate stage ran: then every record must have one)."""
+    when the near-duplicate stage ran: then every record must have one) and, when the
+    captioning stage ran, its caption row (every surviving record must have one)."""
     records = []
     for shard in shards:
         decisions = _decisions(store, shard) if near_dedup else {}
+        captioned = {c["key"]: c for c in store.read_parquet(captions_path(shard)).to_pylist()} if captions else {}
         for r in source.read_parquet(staging_records(shard)).to_pylist():
             if near_dedup and r["key"] not in decisions:
                 raise ValueError(f"no near-duplicate decision for {r['key']} of staging shard {shard}")
@@ -55,6 +58,14 @@ def staged_records(store: Store, shards: list[str], source: Store, near_dedup: b
             r.update(staging_shard=shard, status=d.get("status", Status.KEPT.value), reason=d.get("reason") or "",
                      duplicate_of=d.get("duplicate_of"), component_id=d.get("component_id"),
                      component_size=d.get("component_size"), max_similarity=d.get("max_similarity"))
+            if captions and r["status"] == Status.KEPT.value:
+                c = captioned.get(r["key"])
+                if c is None:
+                    raise ValueError(f"no caption row for {r['key']} of staging shard {shard}")
+                r.update({f: c[f] for f in ("caption", "caption_type", "caption_origin", "vlm_model",
+                                            "vlm_answers")})
+                if c["status"] != Status.KEPT.value:
+                    r.update(status=c["status"], reason=c["reason"])
             r["group"] = r["component_id"] if r["component_id"] is not None else f"{r['part']}:{r['row']}"
             records.append(r)
     return records
@@ -72,13 +83,13 @@ def staging_errors(source: Store, shards: list[str]) -> list[dict[str, Any]]:
 
 
 def plan_release_files(store: Store, shards: list[str], cfg: SplitConfig, near_dedup: bool,
-                       source: Store | None = None) -> dict[str, Any]:
+                       source: Store | None = None, captions: bool = False) -> dict[str, Any]:
     """Plan splits/shards/tiers and write the plan files; return each release shard's size,
     caption mix, plan digest and staging shards, and each partition's late-facts digest.
 
     ``source`` holds the staging shards (default ``store``; another corpus version's root
     when a near-dedup pass writes a new version)."""
-    records = staged_records(store, shards, source or store, near_dedup)
+    records = staged_records(store, shards, source or store, near_dedup, captions)
     kept = [r for r in records if r["status"] == Status.KEPT.value]
     placements = plan_release(kept, cfg)
     per_shard: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
@@ -115,7 +126,7 @@ def plan_release_files(store: Store, shards: list[str], cfg: SplitConfig, near_d
                                               "staging": sorted({r["staging_shard"] for r in m})}
                   for (sp, s), m in sorted(per_shard.items())},
         "late": late_digests,
-        "removed_near_duplicates": len(records) - len(kept),
+        "removed_near_duplicates": len(records) - len(kept),  # (and, with captioning, its filters)
     }
 
 
@@ -153,7 +164,10 @@ def write_release_shard(store: Store, split: str, shard: int, cfg: SplitConfig, 
                 image_ext = next(e for e in data if e not in ("txt", "json"))
                 meta = json.loads(data["json"])
                 extra = {"split": split, "tiers": tiers_of(entry["tier"], cfg)}
-                yield Sample(entry["key"], {image_ext: data[image_ext], "txt": data["txt"],
+                if entry.get("caption_origin"):  # the captioning stage ran: its type and origin
+                    extra.update(caption_type=entry["caption_type"], caption_origin=entry["caption_origin"])
+                text = data["txt"] if entry.get("caption") is None else entry["caption"].encode()
+                yield Sample(entry["key"], {image_ext: data[image_ext], "txt": text,
                                             "json": sample_json(meta, extra)})
 
         with store.atomic_write(release_tar(split, shard)) as f:

@@ -21,8 +21,9 @@ import numpy as np
 
 from corpusforge.layout import GRAPH_EDGES, RECEIPT
 from corpusforge.storage import Store
+from tasks.captions.summary import mix_by_split, share_table, word_chart_png, word_stats
 
-SECTIONS = ["summary", "outcomes", "splits", "shards", "features", "near-duplicates", "contamination",
+SECTIONS = ["summary", "outcomes", "splits", "shards", "captions", "features", "near-duplicates", "contamination",
             "reference-statistics", "provenance"]
 CALIBRATION_PAGE = "graph/calibration/index.html"
 COLLISION_PLOT = "graph/collision/plot.png"
@@ -196,6 +197,43 @@ def _stats(stats: dict[str, Any], store: Store) -> str:
     return "\n".join(out)
 
 
+def _licenses(licenses: dict[str, Any]) -> str:
+    if not licenses:
+        return ""
+    allow = ", ".join(licenses["allow"]) if licenses.get("allow") else "off (every licence accepted)"
+    return (f"<h3>Licences</h3><p>Allow-list: {_esc(allow)}.</p>"
+            + _table(["licence family (input records)", "records"],
+                     [[f, n] for f, n in (licenses.get("input_by_family") or {}).items()]))
+
+
+def _captions(receipt: dict[str, Any], types: list[str]) -> str:
+    """Word counts per caption type (GPIC Fig. 2), the realised mix per split, the eval caption set."""
+    cap, out = receipt.get("captioning"), []
+    if not cap:
+        out.append("<p>Captions come from the input (captioning off).</p>")
+    else:
+        out.append(f"<p>Model <code>{_esc(cap['model'])}</code>; {_esc(cap['records'])} records: "
+                   + _esc(", ".join(f"{n} {s}" for s, n in cap["by_status"].items())) + ".</p>")
+        if cap["unfinished_requests"]:
+            out.append(f'<p class="warn">{_esc(cap["unfinished_requests"])} requests gave up on transient errors: '
+                       "rerun to ask them again.</p>")
+        stats = word_stats(cap["words"])
+        if stats:
+            out.append(_img(_png(word_chart_png(cap["words"])), "words per caption by caption type", "words"))
+            out.append(_table(["caption type", "captions", "mean words", "p10", "median", "p90", "max"],
+                              [[t, s["captions"], s["mean"], s["p10"], s["median"], s["p90"], s["max"]]
+                               for t, s in stats.items()]))
+        mix = mix_by_split(receipt["release"]["shards"])
+        if mix:
+            out.append("<h3>Caption-type mix per split</h3>" + _table(["split", "samples", *types],
+                                                                      share_table(mix, types)))
+    ev = receipt.get("eval_captions")
+    if ev:
+        out.append(f"<p>Evaluation caption set <code>{_esc(ev['path'])}</code>: {_esc(ev['captions'])} test "
+                   f"captions, SHA-256 <code>{_esc(ev['sha256'])}</code>.</p>")
+    return "".join(out)
+
+
 def render_html_report(receipt: dict[str, Any], store: Store) -> str:
     """The page for ``receipt`` (as written), reading charts' data from ``store``."""
     counts, release = receipt["counts"], receipt["release"]
@@ -216,7 +254,7 @@ def render_html_report(receipt: dict[str, Any], store: Store) -> str:
                  + _table(["status", "records"], [[s, n] for s, n in counts["by_status"].items()])
                  + "<h3>By reason</h3>"
                  + _table(["status/reason", "records"], [[r, n] for r, n in counts["by_reason"].items()])
-                 + "</section>")
+                 + _licenses(receipt.get("licenses") or {}) + "</section>")
     tiers = release.get("tiers") or []
     parts.append('<section id="splits"><h2>Splits</h2>'
                  + _table(["split", "samples", "shards"],
@@ -229,6 +267,7 @@ def render_html_report(receipt: dict[str, Any], store: Store) -> str:
                  + (_img(_shards_chart(release["shards"], types), "samples per release shard by caption type", "shards")
                     if release["shards"] else "<p>No release shards.</p>")
                  + _table(["shard", "samples", *types], rows) + "</section>")
+    parts.append(f'<section id="captions"><h2>Captions</h2>{_captions(receipt, types)}</section>')
     parts.append(f'<section id="features"><h2>Features</h2>{_features(receipt.get("features") or {})}</section>')
     parts.append('<section id="near-duplicates"><h2>Near-duplicates</h2>'
                  f'{_near(receipt.get("near_duplicates") or {}, store, receipt)}</section>')

@@ -304,8 +304,10 @@ def reference_deviations(marker: dict[str, Any], plan: GroupPlan, missing: int) 
 
 
 def write_group_stats(store: Store, group: str, model_id: str, partial: GroupPartial,
-                      marker: dict[str, Any], plan: ReferencePlan, code_version: str) -> dict[str, Any]:
-    """Write a group's npz and feature sample, then its provenance sidecar (last)."""
+                      marker: dict[str, Any], plan: ReferencePlan, code_version: str,
+                      caption_set: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write a group's npz and feature sample, then its provenance sidecar (last); the
+    corpus's evaluation caption set, when given, is named in it (what generation should use)."""
     m = partial.moments
     if m.n < 2:
         raise ValueError(f"group {group}: {m.n} feature rows, need at least 2 for a covariance")
@@ -338,6 +340,8 @@ def write_group_stats(store: Store, group: str, model_id: str, partial: GroupPar
                   "features": {"path": f"{stem}.features.npy", "sha256": feats_sha}},
         "protocol_deviations": reference_deviations(marker, plan.plan, missing),
     }
+    if caption_set is not None:
+        sidecar["eval_captions"] = caption_set
     store.write_json(f"{stem}.json", sidecar)
     return sidecar
 

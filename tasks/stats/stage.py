@@ -106,9 +106,11 @@ def tree_reduce(futures: list) -> Any:
     return root.result() if in_flow else root
 
 
-def reference_stats_stage(store: Store, config: ReferenceStatsSettings) -> dict[str, Any]:
+def reference_stats_stage(store: Store, config: ReferenceStatsSettings,
+                          caption_set: dict[str, Any] | None = None) -> dict[str, Any]:
     """The stage itself, on the corpus in ``store``; inside a flow run its tasks go to that
-    run's task runner. Statistics files of groups this run does not write are removed."""
+    run's task runner. Statistics files of groups this run does not write are removed.
+    ``caption_set``: the corpus's evaluation caption set (path, SHA-256, …) for the provenance."""
     log = run_logger()
     model_id = config.model.model_id
     plan = scan_manifest(store, config.groups(), config.sample, config.tiers, config.test_subset,
@@ -134,7 +136,8 @@ def reference_stats_stage(store: Store, config: ReferenceStatsSettings) -> dict[
         log.warning("group %s has fewer than 2 images with features: no statistics written", g)
     if missing := [g for g in config.splits if g not in groups]:
         raise ValueError(f"splits with fewer than 2 images with features: {missing}")
-    written = {g: write_group_stats(store, g, model_id, total.groups[g], marker, plan, version) for g in groups}
+    written = {g: write_group_stats(store, g, model_id, total.groups[g], marker, plan, version, caption_set)
+               for g in groups}
     for d in model_deviations(marker["model"]):
         log.warning("protocol deviation: %s", d)
     result: dict[str, Any] = {"model_id": model_id, "counts": plan.counts,

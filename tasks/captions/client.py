@@ -1,0 +1,203 @@
+"""An async client for OpenAI-compatible ``/chat/completions`` with one image per request.
+
+:func:`ask_all` runs a list of :class:`Request` s with at most ``concurrency`` in flight
+(a fixed pool of worker coroutines, so the bound holds by construction), and calls
+``on_done`` with each :class:`Outcome` as it arrives (the stage journals it at once).
+
+Failure policy: timeouts, dropped or refused connections, HTTP 429 and 5xx are
+*transient*: retried up to ``max_attempts`` with exponential backoff and full jitter
+(uniform(0, backoff_s·2^(n-1)), capped), and a 429's ``Retry-After`` is honoured when it
+asks for longer. Other 4xx and malformed bodies are final answers for that request (a
+per-record error), not retried. A request still failing after its attempts is an
+outcome with ``transient=True``: the stage does not journal it, so a later run asks again.
+
+The image is sent as a base64 data URL: as stored when it is upright and its longer side
+is at most ``max_side``, else oriented, resized and re-encoded as JPEG; each image is decoded and encoded once for all of its requests, on a
+thread (Pillow releases the GIL), and only while some request of it is in flight or next.
+The API key goes into the ``Authorization`` header only; no error message carries headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import email.utils
+import io
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from PIL import Image, ImageOps
+
+from tasks.captions.config import EndpointConfig, SamplingConfig
+from tasks.captions.prompts import Prompt
+
+
+@dataclass(frozen=True)
+class Request:
+    key: str                      # the completion key (image, prompt, model, sampling): see tasks.captions.stage
+    image_sha256: str
+    prompt: Prompt
+    load: Callable[[], bytes]     # the image's original bytes (read on a worker thread when needed)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    key: str
+    content: str | None           # the answer's text (None: no usable answer)
+    finish_reason: str | None
+    error: str | None             # why there is no usable answer
+    transient: bool               # gave up on transient errors: ask again in a later run
+    attempts: int
+
+
+_MIME = {"JPEG": "image/jpeg", "PNG": "image/png", "WEBP": "image/webp"}
+
+
+def encode_image(data: bytes, max_side: int, quality: int) -> str:
+    """A base64 data URL of the image, longer side ≤ ``max_side``.
+
+    An image already small enough and stored upright (no EXIF rotation) is sent as its
+    original bytes — no decode, no second lossy encode (GPIC's mean image, 587×479, fits
+    the default 768); anything else is oriented, resized and sent as JPEG."""
+    with Image.open(io.BytesIO(data)) as img:
+        try:
+            orientation = img.getexif().get(0x0112, 1)
+        except Exception:  # noqa: BLE001 - a broken EXIF block: re-encode without trusting it
+            orientation = None
+        if img.format in _MIME and max(img.size) <= max_side and orientation == 1:
+            return f"data:{_MIME[img.format]};base64," + base64.b64encode(data).decode("ascii")
+        if img.format == "JPEG":
+            img.draft("RGB", (max_side, max_side))  # DCT scaling: decode at ≥ the target size
+        img = ImageOps.exif_transpose(img).convert("RGB")
+        img.thumbnail((max_side, max_side), Image.Resampling.BICUBIC)
+        buf = io.BytesIO()
+        img.save(buf, "JPEG", quality=quality)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def request_body(model: str, prompt: Prompt, image_url: str, sampling: SamplingConfig) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "system", "content": prompt.system},
+                     {"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_url}},
+                                                  {"type": "text", "text": prompt.user}]}],
+        "temperature": sampling.temperature, "top_p": sampling.top_p, "max_tokens": sampling.max_length}
+    if sampling.seed is not None:
+        body["seed"] = sampling.seed
+    return body
+
+
+def retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date), or None."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def parse_completion(payload: bytes) -> tuple[str | None, str | None, str | None]:
+    """(content, finish_reason, error) of a 200 response body."""
+    try:
+        choice = json.loads(payload)["choices"][0]
+        content = choice["message"]["content"]
+    except (json.JSONDecodeError, KeyError, IndexError, TypeError, UnicodeDecodeError) as exc:
+        return None, None, f"malformed response ({type(exc).__name__}): {payload[:120]!r}"
+    if not isinstance(content, str):
+        return None, None, f"malformed response: content is {type(content).__name__}"
+    finish = choice.get("finish_reason")
+    return content, finish if isinstance(finish, str) else None, None
+
+
+class ChatClient:
+    """One endpoint; :meth:`ask` is one request with its retries."""
+
+    def __init__(self, endpoint: EndpointConfig, sampling: SamplingConfig, api_key: str | None,
+                 client: httpx.AsyncClient):
+        self.endpoint, self.sampling, self.client = endpoint, sampling, client
+        self.url = endpoint.base_url.rstrip("/") + "/chat/completions"
+        self.headers = {"Content-Type": "application/json"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+
+    def _backoff(self, key: str, attempt: int, server_wait: float | None) -> float:
+        e = self.endpoint
+        jittered = random.Random(f"{key}:{attempt}").uniform(0, min(e.backoff_max_s, e.backoff_s * 2 ** (attempt - 1)))
+        return max(jittered, min(server_wait, e.backoff_max_s)) if server_wait is not None else jittered
+
+    async def ask(self, request: Request, image_url: str) -> Outcome:
+        body = json.dumps(request_body(self.endpoint.model, request.prompt, image_url, self.sampling)).encode()
+        error = ""
+        for attempt in range(1, self.endpoint.max_attempts + 1):
+            server_wait = None
+            try:
+                resp = await self.client.post(self.url, content=body, headers=self.headers)
+            except httpx.TimeoutException as exc:
+                error = f"timeout after {self.endpoint.timeout_s:g}s ({type(exc).__name__})"
+            except httpx.TransportError as exc:  # refused, reset, dropped mid-response
+                error = f"connection error ({type(exc).__name__}: {exc})"
+            else:
+                if resp.status_code == 200:
+                    content, finish, bad = parse_completion(resp.content)
+                    return Outcome(request.key, content, finish, bad, False, attempt)
+                if resp.status_code != 429 and resp.status_code < 500:
+                    return Outcome(request.key, None, None, f"HTTP {resp.status_code}: {resp.content[:120]!r}",
+                                   False, attempt)
+                error = f"HTTP {resp.status_code}"
+                server_wait = retry_after(resp.headers.get("retry-after")) if resp.status_code == 429 else None
+            if attempt < self.endpoint.max_attempts:
+                await asyncio.sleep(self._backoff(request.key, attempt, server_wait))
+        return Outcome(request.key, None, None, f"gave up after {self.endpoint.max_attempts} attempts: {error}",
+                       True, self.endpoint.max_attempts)
+
+
+async def ask_all(requests: list[Request], endpoint: EndpointConfig, sampling: SamplingConfig,
+                  api_key: str | None, max_side: int, jpeg_quality: int,
+                  on_done: Callable[[Outcome], None]) -> None:
+    """Ask every request, ``endpoint.concurrency`` at a time; ``on_done`` gets each outcome.
+
+    Requests of one image should be adjacent in ``requests``: its encoded image is kept
+    only until its last request has been sent."""
+    remaining: dict[str, int] = {}
+    for r in requests:
+        remaining[r.image_sha256] = remaining.get(r.image_sha256, 0) + 1
+    encoded: dict[str, asyncio.Future[str]] = {}
+    queue = iter(requests)
+    timeout = httpx.Timeout(endpoint.timeout_s)
+    limits = httpx.Limits(max_connections=endpoint.concurrency, max_keepalive_connections=endpoint.concurrency)
+
+    async def image_url(r: Request) -> str:
+        if r.image_sha256 not in encoded:
+            encoded[r.image_sha256] = asyncio.ensure_future(
+                asyncio.to_thread(lambda: encode_image(r.load(), max_side, jpeg_quality)))
+        future = encoded[r.image_sha256]
+        remaining[r.image_sha256] -= 1
+        if remaining[r.image_sha256] == 0:
+            del encoded[r.image_sha256]
+        return await future
+
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
+        client = ChatClient(endpoint, sampling, api_key, http)
+
+        async def worker() -> None:
+            for r in queue:  # a shared iterator: each request is taken by exactly one worker
+                try:
+                    url = await image_url(r)
+                except Exception as exc:  # noqa: BLE001 - an unreadable image is that request's error
+                    on_done(Outcome(r.key, None, None, f"image not encodable: {type(exc).__name__}: {exc}",
+                                    False, 0))
+                    continue
+                on_done(await client.ask(r, url))
+
+        await asyncio.gather(*(worker() for _ in range(min(endpoint.concurrency, len(requests)) or 1)))
