@@ -213,7 +213,6 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
 
     if leftovers := sweep_temp_files(store):
         log.warning("removed %d temporary files of killed writers: %s", len(leftovers), leftovers[:5])
-    receipt = _receipt(config, store, kind, len(parts), release, manifest, features, near, stats)
     licenses = license_section(config.licenses, [m["info"] for m in ingested])
     receipt = _receipt(config, store, kind, len(parts), release, manifest, features, near, stats, licenses)
     if captions:
