@@ -19,11 +19,15 @@ every folder as it is.
     work/release/{split}-{n}.parquet   the samples of one release shard, in order
     work/late/{part}.parquet           facts decided after staging, joined into the manifest
     work/graph/found/{shard}.parquet   pairs one staging shard's graph queries found (reused by reruns)
+    work/run/stage_times.{json,md}     the latest run's wall-clock seconds per stage and work done: not
+                                       deterministic, so under work/ (outside every output hash)
     staging/tars/{shard}.tar           staged samples (image, txt, json) in input order
     staging/index/{shard}.parquet      member offsets of the tar (ranged reads)
     staging/records/{shard}.parquet    one row per staged sample, in shard order
     features/{model}/vectors/{shard}.npy       [n_ok, dim] rows in shard order
     features/{model}/keys/{shard}.parquet      key, sha256, ok, error per image of the shard
+    features/{model}/subsets/{subset}/{vectors,keys}/{shard}.…   the same for only the records one
+                                       consumer selected (e.g. ``stats``: the held-out splits)
     graph/index/…, graph/recall/{shard}, graph/edges/{shard},
     graph/decisions/{shard}, graph/nodes.json, graph/summary.json, graph/collision/, graph/calibration/
     shards/{split}/{split}-{n}.tar     release shards
@@ -64,6 +68,8 @@ STATS_DIR = "stats"
 
 RECEIPT = "receipt.json"
 REPORT = "report.md"
+RUN_LOG = "work/run/stage_times.json"  # the latest run's stage seconds (tasks/run_log.py)
+RUN_LOG_MD = "work/run/stage_times.md"
 REPORT_HTML = "report.html"  # the same report, self-contained, with charts (tasks/report_html.py)
 LINEAGE = "lineage.json"
 
@@ -124,12 +130,17 @@ def features_dir(model_id: str) -> str:
     return f"{FEATURES_DIR}/{model_id}"
 
 
-def feature_vectors(model_id: str, shard: str) -> str:
-    return f"{FEATURES_DIR}/{model_id}/vectors/{shard}.npy"
+def feature_subset_dir(model_id: str, subset: str | None) -> str:
+    """Where a model's features of every image live (``subset`` None) or of one consumer's selection."""
+    return f"{FEATURES_DIR}/{model_id}" if subset is None else f"{FEATURES_DIR}/{model_id}/subsets/{subset}"
 
 
-def feature_keys(model_id: str, shard: str) -> str:
-    return f"{FEATURES_DIR}/{model_id}/keys/{shard}.parquet"
+def feature_vectors(model_id: str, shard: str, subset: str | None = None) -> str:
+    return f"{feature_subset_dir(model_id, subset)}/vectors/{shard}.npy"
+
+
+def feature_keys(model_id: str, shard: str, subset: str | None = None) -> str:
+    return f"{feature_subset_dir(model_id, subset)}/keys/{shard}.parquet"
 
 
 GRAPH_INDEX_DIR = "graph/index"
