@@ -19,7 +19,6 @@ to the current plan before anything reads it.
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -42,6 +41,7 @@ from tasks.graph.stage import near_duplicate_stage
 from tasks.ingest import ingest_partition
 from tasks.publish import publish, release_section, write_receipt
 from tasks.receipt import count_outcomes, input_snapshot_hash, output_hashes, redact
+from tasks.run_log import StageClock, write_run_log
 from tasks.sources import SourceConfig, plan_partitions
 from tasks.splits import SplitConfig
 from tasks.staging import StagingConfig, plan_staging, write_staging_shard
@@ -131,12 +131,14 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
         prune(store, folder, {bucket_name(b) for b in buckets})
     log.info("source %s: %s, %d ingest partitions", config.source, kind, len(parts))
 
-    with stage("ingest"):
+    clock = StageClock()
+    with stage("ingest"), clock("ingest"):
         ingested = run_tasks(ingest_task, [dict(store=store, part=p, src=config.input, val=config.validation,
                                                 n_buckets=n_buckets) for p in parts])
     work["ingest"] = count_actions(ingested)
     keys = [m["outputs"][keys_table_path(p.index)] for p, m in zip(parts, ingested, strict=True)]
     hashes = [m["outputs"][hashes_path(p.index)] for p, m in zip(parts, ingested, strict=True)]
+    clock.start("exact_dedup")
     keydup = run_tasks(duplicate_keys_task, [dict(store=store, bucket=b, keys_digests=keys) for b in buckets])
     exact = run_tasks(exact_duplicates_task, [dict(store=store, bucket=b, hashes_digests=hashes,
                                                    keydup_digests=[m["digest"] for m in keydup]) for b in buckets])
@@ -146,40 +148,46 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
                                              decision_digests=decisions, shard_size=config.staging.shard_size)
                                         for p, m in zip(parts, ingested, strict=True)])
     work["resolve"] = count_actions(resolved)
+    clock.stop()
 
     staging = plan_staging([m["info"] for m in resolved], config.staging.shard_size)
     staged = sorted(s.name for s in staging)
     for folder in (STAGING_TARS, STAGING_INDEX, STAGING_RECORDS):
         prune(store, folder, staged)
-    with stage("staging"):
+    with stage("staging"), clock("staging"):
         written = run_tasks(staging_task, [dict(store=store, shard=s, storage_options=config.input.storage_options)
                                            for s in staging])
     work["staging"] = count_actions(written)
     log.info("%d records staged in %d staging shards", sum(m["info"]["count"] for m in written), len(staging))
 
-    started = time.perf_counter()
-    with stage("features"):
+    with stage("features"), clock("features"):
         features = _features(store, config, staged, work)
-    work["seconds"] = {"features": round(time.perf_counter() - started, 3)}
     near: dict[str, Any] = {}
-    if config.near_dedup and staged:
-        with stage("graph queries"):
-            near, work["graph"] = near_duplicate_stage(store, config.near_dedup, staged)
-        work["seconds"]["graph_queries"] = work["graph"].pop("query_seconds")
-    else:
-        remove_tree(store, GRAPH_DIR)
+    with clock("graph"):
+        if config.near_dedup and staged:
+            with stage("graph queries"):
+                near, work["graph"] = near_duplicate_stage(store, config.near_dedup, staged)
+            query_seconds = work["graph"].pop("query_seconds")
+        else:
+            remove_tree(store, GRAPH_DIR)
 
-    with stage("release"), stage("manifest"):
+    with stage("release"), stage("manifest"), clock("release"):
         release, manifest, work["publish"] = publish(store, staged, len(parts), config.splits,
                                                      near_dedup=bool(config.near_dedup and staged))
     stats = {}
-    if config.reference_stats is not None:
-        stats = _stable_stats(reference_stats_stage(store, config.reference_stats))
-    else:
-        remove_tree(store, STATS_DIR)
+    with clock("statistics"):
+        if config.reference_stats is not None:
+            stats = _stable_stats(reference_stats_stage(store, config.reference_stats))
+        else:
+            remove_tree(store, STATS_DIR)
 
-    receipt = _receipt(config, store, kind, len(parts), release, manifest, features, near, stats)
-    write_receipt(store, receipt)
+    with clock("receipt"):
+        receipt = _receipt(config, store, kind, len(parts), release, manifest, features, near, stats)
+        write_receipt(store, receipt)
+    work["seconds"] = clock.seconds()
+    if config.near_dedup and staged:
+        work["seconds"]["graph_queries"] = query_seconds
+    write_run_log(store, "build-corpus", work)
     log.info("corpus written to %s: %s; work done %s", config.out, receipt["counts"]["by_status"], work)
     return {"out": config.out, "counts": receipt["counts"], "release": receipt["release"]["splits"], "work": work}
 
