@@ -11,6 +11,8 @@ every folder as it is.
 
     work/input/{part}.parquet          normalised input rows (table/folder sources)
     work/ingest/{part}.parquet         one row per input record, facts from its bytes
+    work/spill/{part}.bin              the valid records' image bytes as ingest read them, concatenated
+                                       (staging copies from here: the source is read once)
     work/hashes/{part}.parquet         (bucket, sha256, key, part, row, pixels) of valid records
     work/keys/{part}.parquet           (bucket, key, part, row) of every record with a safe key
     work/keydup/{bucket}.parquet       records reusing an earlier key
@@ -46,6 +48,7 @@ MARKERS = "_markers"
 # ---- folders that hold exactly the current plan's units ------------------------------
 INPUT_DIR = "work/input"
 INGEST_DIR = "work/ingest"
+SPILL_DIR = "work/spill"
 HASHES_DIR = "work/hashes"
 KEYS_DIR = "work/keys"
 KEYDUP_DIR = "work/keydup"
@@ -88,6 +91,10 @@ def input_path(part: int) -> str:
 
 def ingest_path(part: int) -> str:
     return f"{INGEST_DIR}/{part_name(part)}.parquet"
+
+
+def spill_path(part: int) -> str:
+    return f"{SPILL_DIR}/{part_name(part)}.bin"
 
 
 def hashes_path(part: int) -> str:
@@ -213,6 +220,7 @@ INGEST_SCHEMA = pa.schema([
     ("status", pa.string()),          # kept (so far), filtered or error
     ("reason", pa.string()),
     ("warning", pa.string()),         # e.g. bad_sidecar: its metadata was not used, and why
+    ("spill_offset", pa.int64()),     # where a kept record's bytes start in work/spill/{part}.bin, else -1
 ])
 
 HASH_SCHEMA = pa.schema([("bucket", pa.int32()), ("sha256", pa.string()), ("key", pa.string()),

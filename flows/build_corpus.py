@@ -28,8 +28,8 @@ from corpusforge.config import FlowConfig
 from corpusforge.contract import count_actions, prune, remove_tree
 from corpusforge.feature_files import prune_features
 from corpusforge.layout import (EXACT_DIR, GRAPH_DIR, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR,
-                                RESOLVED_DIR, STAGING_INDEX, STAGING_RECORDS, STAGING_TARS, STATS_DIR, bucket_name,
-                                hashes_path, keys_table_path, part_name)
+                                RESOLVED_DIR, SPILL_DIR, STAGING_INDEX, STAGING_RECORDS, STAGING_TARS, STATS_DIR,
+                                bucket_name, hashes_path, keys_table_path, part_name)
 from corpusforge.progress import RunProgress, run_progress
 from corpusforge.storage import Store
 from corpusforge.version import code_version
@@ -123,7 +123,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     work: dict[str, Any] = {}
     kind, parts = run_tasks(plan_inputs_task, [dict(src=config.source, store=store, cfg=config.input)])[0]
     names = {part_name(p.index) for p in parts}
-    for folder in (INGEST_DIR, HASHES_DIR, KEYS_DIR, RESOLVED_DIR):
+    for folder in (INGEST_DIR, SPILL_DIR, HASHES_DIR, KEYS_DIR, RESOLVED_DIR):
         prune(store, folder, names)
     n_buckets = config.staging.buckets_for(len(parts))
     buckets = range(n_buckets)
@@ -155,8 +155,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     for folder in (STAGING_TARS, STAGING_INDEX, STAGING_RECORDS):
         prune(store, folder, staged)
     with stage("staging"), clock("staging"):
-        written = run_tasks(staging_task, [dict(store=store, shard=s, storage_options=config.input.storage_options)
-                                           for s in staging])
+        written = run_tasks(staging_task, [dict(store=store, shard=s) for s in staging])
     work["staging"] = count_actions(written)
     log.info("%d records staged in %d staging shards", sum(m["info"]["count"] for m in written), len(staging))
 

@@ -12,24 +12,28 @@ while its records are unchanged, whatever happens elsewhere in the source. Per s
     _markers/staging/tars/{shard}.tar.json   outputs' digests; ``info.images`` is the digest
                                       of the ordered (key, sha256, ext) list: what features read
 
+The image bytes come from the ingest spills (``work/spill/{part}.bin``, see
+:mod:`tasks.ingest`), not from the source: one forward pass per partition slice, one open
+file per partition. Nothing is hashed twice: the tar writer hashes every member for the
+index anyway, and those hashes must equal the ingest hashes before the shard is marked done.
+
 Fingerprint: the content of the records it holds (every field written to the tar and
 the records file) and the stage's code version.
 """
 
 from __future__ import annotations
 
-import hashlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from corpusforge.chunking import plan_cuts
 from corpusforge.contract import run_unit, unit_fingerprint
 from corpusforge.hashing import canonical_json, fingerprint
-from corpusforge.layout import (STAGING_RECORDS_SCHEMA, resolved_path, staging_index, staging_records,
+from corpusforge.layout import (STAGING_RECORDS_SCHEMA, resolved_path, spill_path, staging_index, staging_records,
                                 staging_tar)
 from corpusforge.records import Status
 from corpusforge.storage import Store
@@ -89,16 +93,25 @@ def plan_staging(resolved: list[dict[str, Any]], shard_size: int) -> list[Stagin
     return shards
 
 
-def read_source_bytes(record: dict[str, Any], storage_options: dict[str, Any]) -> bytes:
-    """Read a record's image bytes again from its source and check they did not change."""
-    location = record["source_path"]
-    with fsspec.open(location.split("#", 1)[0], "rb", **storage_options) as f:
-        if record["source_offset"] >= 0:  # a member inside a source tar
-            f.seek(record["source_offset"])
-        data = f.read(record["bytes"] + (0 if record["source_offset"] >= 0 else 1))
-    if hashlib.sha256(data).hexdigest() != record["sha256"]:
-        raise RuntimeError(f"source changed since ingest: {location} (key {record['key']})")
-    return data
+def spilled_bytes(store: Store, records: Iterable[dict[str, Any]]) -> Iterator[bytes]:
+    """Each record's image bytes from its partition's ingest spill, in order: one open file
+    per partition, read forward (records of a partition are in input order)."""
+    part, f = None, None
+    try:
+        for r in records:
+            if r["part"] != part:
+                if f is not None:
+                    f.close()
+                part, f = r["part"], store.open(spill_path(r["part"]))
+            f.seek(r["spill_offset"])
+            data = f.read(r["bytes"])
+            if r["spill_offset"] < 0 or len(data) != r["bytes"]:
+                raise RuntimeError(f"{spill_path(part)}: no {r['bytes']} bytes at {r['spill_offset']} for key "
+                                   f"{r['key']} (spill incomplete; rerun ingest by removing its marker)")
+            yield data
+    finally:
+        if f is not None:
+            f.close()
 
 
 def sample_json(record: dict[str, Any], extra: dict[str, Any] | None = None) -> bytes:
@@ -126,7 +139,16 @@ def images_digest(records: list[dict[str, Any]]) -> str:
     return fingerprint([(r["key"], r["sha256"], r["ext"]) for r in records])
 
 
-def write_staging_shard(store: Store, shard: StagingShard, storage_options: dict[str, Any]) -> dict[str, Any]:
+def _check_images(index: pa.Table, records: list[dict[str, Any]]) -> None:
+    """The tar's image members hash as ingest hashed them (the writer hashed them for the index)."""
+    written = {(k, e): sha for k, e, sha in zip(*(index[c].to_pylist() for c in ("key", "ext", "sha256")),
+                                               strict=True)}
+    for r in records:
+        if written.get((r["key"], r["ext"])) != r["sha256"]:
+            raise RuntimeError(f"spill of part {r['part']} does not hold the bytes ingest hashed for key {r['key']}")
+
+
+def write_staging_shard(store: Store, shard: StagingShard) -> dict[str, Any]:
     """Write one staging shard (skipped when its records' content is unchanged)."""
     records = shard_records(store, shard)
     content = [[r.get(c) for c in (*SAMPLE_JSON_FIELDS, "caption", "ext", "bytes", "part", "row", "source_path",
@@ -134,9 +156,10 @@ def write_staging_shard(store: Store, shard: StagingShard, storage_options: dict
     fp = unit_fingerprint("staging", code_version("tasks.staging"), None, content)
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
-        samples = (to_sample(r, read_source_bytes(r, storage_options)) for r in records)
+        samples = (to_sample(r, data) for r, data in zip(records, spilled_bytes(store, records), strict=True))
         with store.atomic_write(staging_tar(shard.name)) as f:
             result = write_tar(f, samples)
+        _check_images(result.index, records)  # before anything of the shard is marked done
         outputs = {
             staging_tar(shard.name): result.sha256,
             staging_index(shard.name): store.write_parquet(staging_index(shard.name), result.index),
