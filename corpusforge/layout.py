@@ -11,6 +11,8 @@ every folder as it is.
 
     work/input/{part}.parquet          normalised input rows (table/folder sources)
     work/ingest/{part}.parquet         one row per input record, facts from its bytes
+    work/spill/{part}.bin              the valid records' image bytes as ingest read them, concatenated
+                                       (staging copies from here: the source is read once)
     work/hashes/{part}.parquet         (bucket, sha256, key, part, row, pixels) of valid records
     work/keys/{part}.parquet           (bucket, key, part, row) of every record with a safe key
     work/keydup/{bucket}.parquet       records reusing an earlier key
@@ -19,11 +21,15 @@ every folder as it is.
     work/release/{split}-{n}.parquet   the samples of one release shard, in order
     work/late/{part}.parquet           facts decided after staging, joined into the manifest
     work/graph/found/{shard}.parquet   pairs one staging shard's graph queries found (reused by reruns)
+    work/run/stage_times.{json,md}     the latest run's wall-clock seconds per stage and work done: not
+                                       deterministic, so under work/ (outside every output hash)
     staging/tars/{shard}.tar           staged samples (image, txt, json) in input order
     staging/index/{shard}.parquet      member offsets of the tar (ranged reads)
     staging/records/{shard}.parquet    one row per staged sample, in shard order
     features/{model}/vectors/{shard}.npy       [n_ok, dim] rows in shard order
     features/{model}/keys/{shard}.parquet      key, sha256, ok, error per image of the shard
+    features/{model}/subsets/{subset}/{vectors,keys}/{shard}.…   the same for only the records one
+                                       consumer selected (e.g. ``stats``: the held-out splits)
     graph/index/…, graph/recall/{shard}, graph/edges/{shard},
     graph/decisions/{shard}, graph/nodes.json, graph/summary.json, graph/collision/, graph/calibration/
     shards/{split}/{split}-{n}.tar     release shards
@@ -46,6 +52,7 @@ MARKERS = "_markers"
 # ---- folders that hold exactly the current plan's units ------------------------------
 INPUT_DIR = "work/input"
 INGEST_DIR = "work/ingest"
+SPILL_DIR = "work/spill"
 HASHES_DIR = "work/hashes"
 KEYS_DIR = "work/keys"
 KEYDUP_DIR = "work/keydup"
@@ -73,6 +80,8 @@ EVAL_CAPTIONS = "eval_captions.parquet"
 
 RECEIPT = "receipt.json"
 REPORT = "report.md"
+RUN_LOG = "work/run/stage_times.json"  # the latest run's stage seconds (tasks/run_log.py)
+RUN_LOG_MD = "work/run/stage_times.md"
 REPORT_HTML = "report.html"  # the same report, self-contained, with charts (tasks/report_html.py)
 LINEAGE = "lineage.json"
 
@@ -91,6 +100,10 @@ def input_path(part: int) -> str:
 
 def ingest_path(part: int) -> str:
     return f"{INGEST_DIR}/{part_name(part)}.parquet"
+
+
+def spill_path(part: int) -> str:
+    return f"{SPILL_DIR}/{part_name(part)}.bin"
 
 
 def hashes_path(part: int) -> str:
@@ -133,12 +146,17 @@ def features_dir(model_id: str) -> str:
     return f"{FEATURES_DIR}/{model_id}"
 
 
-def feature_vectors(model_id: str, shard: str) -> str:
-    return f"{FEATURES_DIR}/{model_id}/vectors/{shard}.npy"
+def feature_subset_dir(model_id: str, subset: str | None) -> str:
+    """Where a model's features of every image live (``subset`` None) or of one consumer's selection."""
+    return f"{FEATURES_DIR}/{model_id}" if subset is None else f"{FEATURES_DIR}/{model_id}/subsets/{subset}"
 
 
-def feature_keys(model_id: str, shard: str) -> str:
-    return f"{FEATURES_DIR}/{model_id}/keys/{shard}.parquet"
+def feature_vectors(model_id: str, shard: str, subset: str | None = None) -> str:
+    return f"{feature_subset_dir(model_id, subset)}/vectors/{shard}.npy"
+
+
+def feature_keys(model_id: str, shard: str, subset: str | None = None) -> str:
+    return f"{feature_subset_dir(model_id, subset)}/keys/{shard}.parquet"
 
 
 GRAPH_INDEX_DIR = "graph/index"
@@ -227,6 +245,7 @@ INGEST_SCHEMA = pa.schema([
     ("status", pa.string()),          # kept (so far), filtered or error
     ("reason", pa.string()),
     ("warning", pa.string()),         # e.g. bad_sidecar: its metadata was not used, and why
+    ("spill_offset", pa.int64()),     # where a kept record's bytes start in work/spill/{part}.bin, else -1
 ])
 
 HASH_SCHEMA = pa.schema([("bucket", pa.int32()), ("sha256", pa.string()), ("key", pa.string()),

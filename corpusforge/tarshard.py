@@ -71,33 +71,56 @@ class HashingWriter(io.RawIOBase):
         return self.h.hexdigest()
 
 
+# The fixed fields of every header this module writes (mode 0444, uid/gid 0, mtime 0, a
+# regular file, empty owner names), laid out as tarfile's USTAR encoder lays them out.
+_MODE_IDS = b"0000444\x00" + b"0000000\x00" * 2
+_AFTER_MTIME = b"0" + b"\x00" * 100 + b"ustar\x0000" + b"\x00" * (64 + 16 + 155)  # type … prefix
+
+
+def ustar_header(name: str, size: int) -> bytes:
+    """The 512-byte USTAR header :mod:`tarfile` writes for a regular file ``name`` of ``size``
+    bytes with this module's fixed fields (names over 100 bytes go through tarfile itself)."""
+    raw = name.encode("ascii", "surrogateescape") if name.isascii() else b""
+    if not raw or len(raw) > 100 or size >= 8 ** 11:
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = size, 0, 0o444, 0, 0, "", ""
+        return info.tobuf(tarfile.USTAR_FORMAT, tarfile.ENCODING, "surrogateescape")
+    head = raw.ljust(100, b"\x00") + _MODE_IDS + b"%011o\x00" % size + b"00000000000\x00"
+    tail = _AFTER_MTIME
+    chksum = 256 + sum(head) + sum(tail)  # the 8 checksum bytes count as spaces (8 × 32)
+    return (head + b"%06o\x00 " % chksum + tail).ljust(tarfile.BLOCKSIZE, b"\x00")
+
+
 def write_tar(target: IO[bytes], samples: Iterable[Sample]) -> ShardWriteResult:
-    """Stream ``samples`` into ``target`` as a deterministic tar; return its hash and index."""
+    """Stream ``samples`` into ``target`` as a deterministic tar; return its hash and index.
+
+    The bytes are exactly what :mod:`tarfile` writes in ``"w|"`` mode with these headers
+    (USTAR header, data padded to 512 bytes, two zero blocks, zeros up to a 10,240-byte
+    record), written directly: tarfile's per-member overhead (a second header encoding,
+    a copy through a buffer) made staging several times slower than a raw copy.
+    """
     sink = HashingWriter(target)
     keys, exts, offsets, sizes, shas = [], [], [], [], []
     count = 0
-    position = 0  # tarfile buffers stream writes, so member positions are computed, not observed
-    with tarfile.open(fileobj=sink, mode="w|", format=tarfile.USTAR_FORMAT) as tar:
-        for sample in samples:
-            if not is_safe_key(sample.key):
-                raise ValueError(f"unsafe sample key {sample.key!r}")
-            for ext, data in sample.members.items():
-                if not SAFE_EXT.match(ext):
-                    raise ValueError(f"unsafe extension {ext!r} for key {sample.key!r}")
-                info = tarfile.TarInfo(f"{sample.key}.{ext}")
-                info.size, info.mtime, info.mode = len(data), 0, 0o444
-                info.uid = info.gid = 0
-                info.uname = info.gname = ""
-                header_len = len(info.tobuf(tarfile.USTAR_FORMAT, tarfile.ENCODING, "surrogateescape"))
-                offset = position + header_len
-                position = offset + -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
-                tar.addfile(info, io.BytesIO(data))
-                keys.append(sample.key)
-                exts.append(ext)
-                offsets.append(offset)
-                sizes.append(len(data))
-                shas.append(hashlib.sha256(data).hexdigest())
-            count += 1
+    for sample in samples:
+        if not is_safe_key(sample.key):
+            raise ValueError(f"unsafe sample key {sample.key!r}")
+        for ext, data in sample.members.items():
+            if not SAFE_EXT.match(ext):
+                raise ValueError(f"unsafe extension {ext!r} for key {sample.key!r}")
+            sink.write(ustar_header(f"{sample.key}.{ext}", len(data)))
+            offsets.append(sink.n)
+            sink.write(data)
+            if pad := -len(data) % tarfile.BLOCKSIZE:
+                sink.write(tarfile.NUL * pad)
+            keys.append(sample.key)
+            exts.append(ext)
+            sizes.append(len(data))
+            shas.append(hashlib.sha256(data).hexdigest())
+        count += 1
+    sink.write(tarfile.NUL * (2 * tarfile.BLOCKSIZE))
+    if rest := -sink.n % tarfile.RECORDSIZE:
+        sink.write(tarfile.NUL * rest)
     index = pa.table({"key": keys, "ext": exts, "offset": offsets, "size": sizes, "sha256": shas},
                      schema=INDEX_SCHEMA)
     return ShardWriteResult(sha256=sink.h.hexdigest(), bytes=sink.n, count=count, index=index)

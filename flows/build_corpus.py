@@ -19,7 +19,6 @@ to the current plan before anything reads it.
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -28,9 +27,10 @@ from corpusforge.cluster import DaskConfig, as_task, cluster_flow, run_logger, r
 from corpusforge.config import FlowConfig
 from corpusforge.contract import count_actions, prune, remove_tree, sweep_temp_files
 from corpusforge.feature_files import prune_features
-from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_DIR, EVAL_CAPTIONS, EXACT_DIR, GRAPH_DIR, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR,
-                                RESOLVED_DIR, STAGING_INDEX, STAGING_RECORDS, STAGING_TARS, STATS_DIR, bucket_name,
-                                hashes_path, keys_table_path, part_name)
+from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_DIR, EVAL_CAPTIONS, EXACT_DIR, GRAPH_DIR,
+                                HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR, RESOLVED_DIR, SPILL_DIR, STAGING_INDEX,
+                                STAGING_RECORDS, STAGING_TARS, STATS_DIR, bucket_name, hashes_path, keys_table_path,
+                                part_name)
 from corpusforge.progress import RunProgress, run_progress
 from corpusforge.storage import Store
 from corpusforge.version import code_version
@@ -46,6 +46,7 @@ from tasks.ingest import ingest_partition
 from tasks.licenses import LicenseConfig
 from tasks.publish import license_section, publish, release_section, write_receipt
 from tasks.receipt import count_outcomes, input_snapshot_hash, output_hashes, redact
+from tasks.run_log import StageClock, write_run_log
 from tasks.sources import SourceConfig, plan_partitions
 from tasks.splits import SplitConfig
 from tasks.staging import StagingConfig, plan_staging, write_staging_shard
@@ -140,7 +141,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     work: dict[str, Any] = {}
     kind, parts = run_tasks(plan_inputs_task, [dict(src=config.source, store=store, cfg=config.input)])[0]
     names = {part_name(p.index) for p in parts}
-    for folder in (INGEST_DIR, HASHES_DIR, KEYS_DIR, RESOLVED_DIR):
+    for folder in (INGEST_DIR, SPILL_DIR, HASHES_DIR, KEYS_DIR, RESOLVED_DIR):
         prune(store, folder, names)
     n_buckets = config.staging.buckets_for(len(parts))
     buckets = range(n_buckets)
@@ -148,12 +149,14 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
         prune(store, folder, {bucket_name(b) for b in buckets})
     log.info("source %s: %s, %d ingest partitions", config.source, kind, len(parts))
 
-    with stage("ingest"):
+    clock = StageClock()
+    with stage("ingest"), clock("ingest"):
         ingested = run_tasks(ingest_task, [dict(store=store, part=p, src=config.input, val=config.validation,
                                                 n_buckets=n_buckets, lic=config.licenses) for p in parts])
     work["ingest"] = count_actions(ingested)
     keys = [m["outputs"][keys_table_path(p.index)] for p, m in zip(parts, ingested, strict=True)]
     hashes = [m["outputs"][hashes_path(p.index)] for p, m in zip(parts, ingested, strict=True)]
+    clock.start("exact_dedup")
     keydup = run_tasks(duplicate_keys_task, [dict(store=store, bucket=b, keys_digests=keys) for b in buckets])
     exact = run_tasks(exact_duplicates_task, [dict(store=store, bucket=b, hashes_digests=hashes,
                                                    keydup_digests=[m["digest"] for m in keydup]) for b in buckets])
@@ -163,40 +166,38 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
                                              decision_digests=decisions, shard_size=config.staging.shard_size)
                                         for p, m in zip(parts, ingested, strict=True)])
     work["resolve"] = count_actions(resolved)
+    clock.stop()
 
     staging = plan_staging([m["info"] for m in resolved], config.staging.shard_size)
     staged = sorted(s.name for s in staging)
     for folder in (STAGING_TARS, STAGING_INDEX, STAGING_RECORDS):
         prune(store, folder, staged)
-    with stage("staging"):
-        written = run_tasks(staging_task, [dict(store=store, shard=s, storage_options=config.input.storage_options,
-                                                max_error_share=config.staging.max_error_share)
-                                           for s in staging])
+    with stage("staging"), clock("staging"):
+        written = run_tasks(staging_task, [dict(store=store, shard=s) for s in staging])
     work["staging"] = count_actions(written)
     log.info("%d records staged in %d staging shards", sum(m["info"]["count"] for m in written), len(staging))
 
-    started = time.perf_counter()
-    with stage("features"):
+    with stage("features"), clock("features"):
         features = _features(store, config, staged, work)
-    work["seconds"] = {"features": round(time.perf_counter() - started, 3)}
     near: dict[str, Any] = {}
-    if config.near_dedup and staged:
-        with stage("graph queries"):
-            near, work["graph"] = near_duplicate_stage(store, config.near_dedup, staged)
-        work["seconds"]["graph_queries"] = work["graph"].pop("query_seconds")
-    else:
-        remove_tree(store, GRAPH_DIR)
+    with clock("graph"):
+        if config.near_dedup and staged:
+            with stage("graph queries"):
+                near, work["graph"] = near_duplicate_stage(store, config.near_dedup, staged)
+            query_seconds = work["graph"].pop("query_seconds")
+        else:
+            remove_tree(store, GRAPH_DIR)
 
     captions: dict[str, Any] = {}
     if config.captioning is not None and staged:
-        with stage("captioning"):
+        with stage("captioning"), clock("captioning"):
             captions, work["captioning"] = captioning_stage(store, config.captioning, staged,
                                                             near_dedup=bool(config.near_dedup))
     else:
         for folder in (CAPTIONS_DIR, CAPTION_PLAN_DIR, CAPTION_JOURNAL_DIR):
             remove_tree(store, folder)
 
-    with stage("release"), stage("manifest"):
+    with stage("release"), stage("manifest"), clock("release"):
         release, manifest, work["publish"] = publish(store, staged, len(parts), config.splits,
                                                      near_dedup=bool(config.near_dedup and staged),
                                                      captions=bool(captions))
@@ -206,20 +207,26 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     else:
         store.remove(EVAL_CAPTIONS)
     stats = {}
-    if config.reference_stats is not None:
-        stats = _stable_stats(reference_stats_stage(store, config.reference_stats, caption_set))
-    else:
-        remove_tree(store, STATS_DIR)
+    with clock("statistics"):
+        if config.reference_stats is not None:
+            stats = _stable_stats(reference_stats_stage(store, config.reference_stats, caption_set))
+        else:
+            remove_tree(store, STATS_DIR)
 
     if leftovers := sweep_temp_files(store):
         log.warning("removed %d temporary files of killed writers: %s", len(leftovers), leftovers[:5])
-    licenses = license_section(config.licenses, [m["info"] for m in ingested])
-    receipt = _receipt(config, store, kind, len(parts), release, manifest, features, near, stats, licenses)
-    if captions:
-        receipt["captioning"] = captions
-    if caption_set:
-        receipt["eval_captions"] = caption_set
-    write_receipt(store, receipt)
+    with clock("receipt"):
+        licenses = license_section(config.licenses, [m["info"] for m in ingested])
+        receipt = _receipt(config, store, kind, len(parts), release, manifest, features, near, stats, licenses)
+        if captions:
+            receipt["captioning"] = captions
+        if caption_set:
+            receipt["eval_captions"] = caption_set
+        write_receipt(store, receipt)
+    work["seconds"] = clock.seconds()
+    if config.near_dedup and staged:
+        work["seconds"]["graph_queries"] = query_seconds
+    write_run_log(store, "build-corpus", work)
     log.info("corpus written to %s: %s; work done %s", config.out, receipt["counts"]["by_status"], work)
     return {"out": config.out, "counts": receipt["counts"], "release": receipt["release"]["splits"], "work": work}
 

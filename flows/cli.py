@@ -15,6 +15,7 @@ from typing import NoReturn
 def _build(args: argparse.Namespace) -> int:
     from flows.build_corpus import BuildConfig, run_build
     from flows.preflight import check_build, load_config
+    from tasks.run_log import render_stage_times
 
     config = load_config(BuildConfig, args.config, source=args.source, out=args.out)
     check_build(config)  # before any server or cluster starts; reads only
@@ -25,6 +26,7 @@ def _build(args: argparse.Namespace) -> int:
           f"  manifest        {config.out}/manifest/   (pyarrow.dataset.dataset(...))\n"
           f"  receipt         {config.out}/receipt.json\n"
           f"  report          {config.out}/report.md")
+    print("\n" + render_stage_times("build-corpus", result["work"].get("seconds", {})))
     return 0
 
 

@@ -1,6 +1,11 @@
-"""Ingest one partition: read each record's bytes once, hash, validate, keep no bytes.
+"""Ingest one partition: read each record's bytes once, hash, validate, spill the valid ones.
 
 Output per partition (written atomically, marker last):
+
+* ``work/spill/{part}.bin`` — the image bytes of every valid record, concatenated in
+  input order as they were read and validated here (``spill_offset`` in the ingest row).
+  Staging copies its shards from these spills, so the source is read once in a build;
+  exact duplicates found later are simply never copied;
 
 * ``work/ingest/{part}.parquet`` — one row per input record in input order
   (:data:`corpusforge.records.INGEST_SCHEMA`), status ``kept`` (so far), ``filtered``
@@ -36,10 +41,11 @@ import pyarrow.parquet as pq
 
 from corpusforge.contract import run_unit, unit_fingerprint
 from corpusforge.hashing import stable_int
-from corpusforge.layout import HASH_SCHEMA, INGEST_SCHEMA, KEY_SCHEMA, hashes_path, ingest_path, keys_table_path
+from corpusforge.layout import (HASH_SCHEMA, INGEST_SCHEMA, KEY_SCHEMA, hashes_path, ingest_path, keys_table_path,
+                                spill_path)
 from corpusforge.records import Status
 from corpusforge.storage import Store, is_remote
-from corpusforge.tarshard import is_safe_key, iter_tar_samples
+from corpusforge.tarshard import HashingWriter, is_safe_key, iter_tar_samples
 from corpusforge.version import code_version
 from tasks.licenses import LicenseConfig, license_family, license_reason
 from tasks.sources import (IMAGE_EXTS, METADATA_COLUMNS, Partition, SourceConfig, allowed_roots, file_stamp,
@@ -54,8 +60,11 @@ def derived_key(locator: str) -> str:
 
 def _blank(part: int, row: int) -> dict[str, Any]:
     record = {name: None for name in INGEST_SCHEMA.names}
-    record.update(part=part, row=row, source_offset=-1, status=Status.ERROR.value, reason="")
+    record.update(part=part, row=row, source_offset=-1, spill_offset=-1, status=Status.ERROR.value, reason="")
     return record
+
+
+_VALID_BYTES = "_valid_bytes"  # a kept record's bytes, carried from the reader to the spill, never stored
 
 
 def _judge(record: dict[str, Any], data: bytes, cfg: ValidationConfig, scores: dict[str, Any]) -> None:
@@ -66,6 +75,8 @@ def _judge(record: dict[str, Any], data: bytes, cfg: ValidationConfig, scores: d
                   bytes=len(data) if whole else None, status=verdict.status.value,
                   reason=verdict.reason, format=verdict.format, ext=verdict.ext,
                   width=verdict.width, height=verdict.height)
+    if record["status"] == Status.KEPT.value and whole:
+        record[_VALID_BYTES] = data
 
 
 def _chunk_rows(part: Partition, store: Store) -> list[dict[str, Any]]:
@@ -207,7 +218,15 @@ def ingest_partition(store: Store, part: Partition, src: SourceConfig, val: Vali
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         reader = _tar_records if part.kind == "tar" else _row_records
-        records = list(reader(part, src, val, store, lic))
+        records = []
+        with store.atomic_write(spill_path(part.index)) as f:
+            spill = HashingWriter(f)
+            for record in reader(part, src, val, store, lic):
+                data = record.pop(_VALID_BYTES, None)
+                if data is not None:  # streamed on: one record's bytes in memory at a time
+                    record["spill_offset"] = spill.n
+                    spill.write(data)
+                records.append(record)
         valid = [r for r in records if r["status"] == Status.KEPT.value]
         hashes = sorted(
             ({"bucket": stable_int(0, r["sha256"], n_buckets), "sha256": r["sha256"], "key": r["key"],
@@ -218,6 +237,7 @@ def ingest_partition(store: Store, part: Partition, src: SourceConfig, val: Vali
              for r in records if r["key"] and is_safe_key(r["key"])),
             key=lambda r: (r["bucket"], r["key"], r["row"]))
         outputs = {
+            spill_path(part.index): spill.sha256,
             hashes_path(part.index): store.write_parquet(hashes_path(part.index),
                                                          pa.Table.from_pylist(hashes, schema=HASH_SCHEMA)),
             keys_table_path(part.index): store.write_parquet(keys_table_path(part.index),

@@ -15,6 +15,7 @@ from typing import Any
 
 from corpusforge.contract import read_marker, require_marker
 from corpusforge.layout import MARKERS, RECEIPT, REPORT, REPORT_HTML, ingest_path
+from tasks.run_log import POINTER
 from corpusforge.storage import Store
 from tasks.captions.summary import mix_by_split, share_table, word_stats
 
@@ -100,7 +101,10 @@ def render_report(receipt: dict[str, Any]) -> str:
     out += _features_section(receipt.get("features") or {})
     out += _near_duplicates_section(receipt.get("near_duplicates") or {})
     out += _stats_section(receipt.get("stats") or {})
-    out += ["", f"Code version `{receipt['code_version']}`; input snapshot `{receipt['input_snapshot_sha256'][:16]}…`.", ""]
+    out += ["", f"Code version `{receipt['code_version']}`; input snapshot `{receipt['input_snapshot_sha256'][:16]}…`."]
+    if receipt.get("corpusforge") == "build_corpus":
+        out += ["", POINTER]
+    out += [""]
     return "\n".join(out)
 
 

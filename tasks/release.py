@@ -7,8 +7,8 @@ ones and writes two kinds of small plan files:
 * ``work/release/{split}-{shard}.parquet`` — the samples of one release shard in order,
   with where each lies in staging and the shard's tier (one task per release shard reads it);
 * ``work/late/{part}.parquet`` — per ingest partition, the facts decided after staging
-  (staging shard, near-duplicate decision, component, split, shard, tier, or the error
-  of a record staging could not read back), joined into the manifest by row.
+  (staging shard, near-duplicate decision, component, split, shard, tier), joined into
+  the manifest by row.
 
 A release shard's fingerprint holds its plan file's bytes and the SHA-256 of each staging
 member it copies, so a caption edited in staging reaches exactly the release tar holding it.
@@ -25,7 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from corpusforge.contract import prune, require_marker, run_unit, unit_fingerprint
+from corpusforge.contract import prune, run_unit, unit_fingerprint
 from corpusforge.faults import fault_point
 from corpusforge.layout import (LATE_DIR, LATE_SCHEMA, RELEASE_DIR, RELEASE_PLAN_DIR, RELEASE_PLAN_SCHEMA,
                                 captions_path, decisions_path, late_path, part_name, release_plan_path, release_shard_name,
@@ -71,17 +71,6 @@ def staged_records(store: Store, shards: list[str], source: Store, near_dedup: b
     return records
 
 
-def staging_errors(source: Store, shards: list[str]) -> list[dict[str, Any]]:
-    """Records staging could not read back from the source (its markers' ``info.errors``),
-    as late facts: each becomes that record's error in the manifest."""
-    errors = []
-    for shard in shards:
-        for e in require_marker(source, staging_tar(shard), "staging shard")["info"].get("errors", []):
-            errors.append({"part": e["part"], "row": e["row"], "staging_shard": shard,
-                           "status": Status.ERROR.value, "reason": e["reason"]})
-    return errors
-
-
 def plan_release_files(store: Store, shards: list[str], cfg: SplitConfig, near_dedup: bool,
                        source: Store | None = None, captions: bool = False) -> dict[str, Any]:
     """Plan splits/shards/tiers and write the plan files; return each release shard's size,
@@ -101,8 +90,6 @@ def plan_release_files(store: Store, shards: list[str], cfg: SplitConfig, near_d
         late[r["part"]].append({
             **r, "split": p.split if p else None, "tier": p.tier if p else None,
             "shard": release_shard_name(p.split, p.shard) if p else None})
-    for e in staging_errors(source or store, shards):
-        late[e["part"]].append(e)
     plans = {}
     for (split, shard), members in sorted(per_shard.items()):
         members.sort(key=lambda m: m["position"])

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from corpusforge.layout import GRAPH_EDGES, RECEIPT
+from corpusforge.layout import GRAPH_EDGES, RECEIPT, RUN_LOG_MD
 from corpusforge.storage import Store
 from tasks.captions.summary import mix_by_split, share_table, word_chart_png, word_stats
 
@@ -276,6 +276,9 @@ def render_html_report(receipt: dict[str, Any], store: Store) -> str:
                  f'{_stats(receipt.get("stats") or {}, store)}</section>')
     parts.append(f'<section id="provenance"><h2>Provenance</h2><p>Code version <code>{_esc(receipt["code_version"])}'
                  f'</code>; input snapshot <code>{_esc(receipt["input_snapshot_sha256"])}</code>; full record in '
-                 f'<a href="{RECEIPT}">{RECEIPT}</a> (every output file\'s SHA-256).</p></section>')
+                 f'<a href="{RECEIPT}">{RECEIPT}</a> (every output file\'s SHA-256).</p>'
+                 + (f'<p>Stage times of the latest run: <a href="{RUN_LOG_MD}">{RUN_LOG_MD}</a> (wall-clock seconds '
+                    'differ from run to run, so they are kept out of this page, which a rerun reproduces byte for '
+                    'byte).</p>' if receipt.get("corpusforge") == "build_corpus" else "") + '</section>')
     parts.append("</body></html>\n")
     return "\n".join(parts)

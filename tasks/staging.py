@@ -10,15 +10,12 @@ while its records are unchanged, whatever happens elsewhere in the source. Per s
     staging/records/{shard}.parquet   key, part, row, sha256, width, height, source, caption_type,
                                       ext, bytes — one row per sample, in shard order
     _markers/staging/tars/{shard}.tar.json   outputs' digests; ``info.images`` is the digest
-                                      of the ordered (key, sha256, ext) list: what features read;
-                                      ``info.errors`` the records that could not be staged
+                                      of the ordered (key, sha256, ext) list: what features read
 
-Staging re-reads each record's bytes from the source and checks their SHA-256 against
-ingest's. A record whose file vanished, changed or cannot be read since ingest is that
-record's error (``missing_file``, ``source_changed``, ``read_error``; the release plan
-puts it in the manifest) and the rest of the shard proceeds — unless more than
-``staging.max_error_share`` of the shard failed: then the source is broken, not one
-record, and the shard raises without being written or marked done.
+The image bytes come from the ingest spills (``work/spill/{part}.bin``, see
+:mod:`tasks.ingest`), not from the source: one forward pass per partition slice, one open
+file per partition. Nothing is hashed twice: the tar writer hashes every member for the
+index anyway, and those hashes must equal the ingest hashes before the shard is marked done.
 
 Fingerprint: the content of the records it holds (every field written to the tar and
 the records file) and the stage's code version.
@@ -26,11 +23,10 @@ the records file) and the stage's code version.
 
 from __future__ import annotations
 
-import hashlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -38,7 +34,7 @@ from corpusforge.chunking import plan_cuts
 from corpusforge.contract import run_unit, unit_fingerprint
 from corpusforge.faults import fault_point
 from corpusforge.hashing import canonical_json, fingerprint
-from corpusforge.layout import (STAGING_RECORDS_SCHEMA, resolved_path, staging_index, staging_records,
+from corpusforge.layout import (STAGING_RECORDS_SCHEMA, resolved_path, spill_path, staging_index, staging_records,
                                 staging_tar)
 from corpusforge.records import Status
 from corpusforge.storage import Store
@@ -56,10 +52,6 @@ class StagingConfig(BaseModel):
 
     shard_size: int = Field(1000, ge=1, description="Average samples per staging shard (the unit of parallel "
                                                     "work); content-defined cuts give shards of 1/2 to 2x this.")
-    max_error_share: float = Field(
-        0.1, ge=0, le=1, description="Largest share of a staging shard's records whose source bytes may fail to "
-                                     "be re-read (vanished, changed since ingest, unreadable) before the shard "
-                                     "fails loudly instead of completing without them.")
     dedup_buckets: int | None = Field(
         None, ge=1, description="Hash buckets of the exact-dedup and key-uniqueness group-bys; "
                                 "empty for one per 4 ingest partitions (1 to 256).")
@@ -102,20 +94,25 @@ def plan_staging(resolved: list[dict[str, Any]], shard_size: int) -> list[Stagin
     return shards
 
 
-class SourceChanged(ValueError):
-    """A record's source bytes differ from what ingest hashed."""
-
-
-def read_source_bytes(record: dict[str, Any], storage_options: dict[str, Any]) -> bytes:
-    """Read a record's image bytes again from its source and check they did not change."""
-    location = record["source_path"]
-    with fsspec.open(location.split("#", 1)[0], "rb", **storage_options) as f:
-        if record["source_offset"] >= 0:  # a member inside a source tar
-            f.seek(record["source_offset"])
-        data = f.read(record["bytes"] + (0 if record["source_offset"] >= 0 else 1))
-    if hashlib.sha256(data).hexdigest() != record["sha256"]:
-        raise SourceChanged(f"source changed since ingest: {location} (key {record['key']})")
-    return data
+def spilled_bytes(store: Store, records: Iterable[dict[str, Any]]) -> Iterator[bytes]:
+    """Each record's image bytes from its partition's ingest spill, in order: one open file
+    per partition, read forward (records of a partition are in input order)."""
+    part, f = None, None
+    try:
+        for r in records:
+            if r["part"] != part:
+                if f is not None:
+                    f.close()
+                part, f = r["part"], store.open(spill_path(r["part"]))
+            f.seek(r["spill_offset"])
+            data = f.read(r["bytes"])
+            if r["spill_offset"] < 0 or len(data) != r["bytes"]:
+                raise RuntimeError(f"{spill_path(part)}: no {r['bytes']} bytes at {r['spill_offset']} for key "
+                                   f"{r['key']} (spill incomplete; rerun ingest by removing its marker)")
+            yield data
+    finally:
+        if f is not None:
+            f.close()
 
 
 def sample_json(record: dict[str, Any], extra: dict[str, Any] | None = None) -> bytes:
@@ -143,19 +140,16 @@ def images_digest(records: list[dict[str, Any]]) -> str:
     return fingerprint([(r["key"], r["sha256"], r["ext"]) for r in records])
 
 
-def _staging_error(record: dict[str, Any], exc: Exception) -> dict[str, Any]:
-    """The per-record error of a record whose source bytes could not be read back."""
-    if isinstance(exc, FileNotFoundError):
-        reason = f"missing_file: vanished since ingest: {record['source_path']}"
-    elif isinstance(exc, SourceChanged):
-        reason = f"source_changed: {exc}"
-    else:
-        reason = f"read_error: {type(exc).__name__}: {exc}"
-    return {"key": record["key"], "part": record["part"], "row": record["row"], "reason": reason}
+def _check_images(index: pa.Table, records: list[dict[str, Any]]) -> None:
+    """The tar's image members hash as ingest hashed them (the writer hashed them for the index)."""
+    written = {(k, e): sha for k, e, sha in zip(*(index[c].to_pylist() for c in ("key", "ext", "sha256")),
+                                               strict=True)}
+    for r in records:
+        if written.get((r["key"], r["ext"])) != r["sha256"]:
+            raise RuntimeError(f"spill of part {r['part']} does not hold the bytes ingest hashed for key {r['key']}")
 
 
-def write_staging_shard(store: Store, shard: StagingShard, storage_options: dict[str, Any],
-                        max_error_share: float = 0.1) -> dict[str, Any]:
+def write_staging_shard(store: Store, shard: StagingShard) -> dict[str, Any]:
     """Write one staging shard (skipped when its records' content is unchanged)."""
     records = shard_records(store, shard)
     content = [[r.get(c) for c in (*SAMPLE_JSON_FIELDS, "caption", "ext", "bytes", "part", "row", "source_path",
@@ -163,36 +157,22 @@ def write_staging_shard(store: Store, shard: StagingShard, storage_options: dict
     fp = unit_fingerprint("staging", code_version("tasks.staging"), None, content)
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
-        staged: list[dict[str, Any]] = []
-        errors: list[dict[str, Any]] = []
-
-        def samples():
-            for i, r in enumerate(records):
+        def samples() -> Iterator[Sample]:
+            for i, (r, data) in enumerate(zip(records, spilled_bytes(store, records), strict=True)):
                 if i == 1:
                     fault_point("staging.write", shard.name)  # tests only: off unless CORPUSFORGE_FAULT
-                try:
-                    data = read_source_bytes(r, storage_options)
-                except (OSError, ValueError) as exc:
-                    errors.append(_staging_error(r, exc))
-                    continue
-                staged.append(r)
                 yield to_sample(r, data)
 
         with store.atomic_write(staging_tar(shard.name)) as f:
             result = write_tar(f, samples())
-            # error-rate guard: raised inside the write, so the tar is never committed
-            if records and len(errors) / len(records) > max_error_share:
-                raise RuntimeError(f"staging shard {shard.name}: {len(errors)} of {len(records)} records could "
-                                   f"not be read back from the source (more than staging.max_error_share="
-                                   f"{max_error_share}); first error: {errors[0]['reason']}; the shard is not "
-                                   "marked done")
+        _check_images(result.index, records)  # before anything of the shard is marked done
         outputs = {
             staging_tar(shard.name): result.sha256,
             staging_index(shard.name): store.write_parquet(staging_index(shard.name), result.index),
             staging_records(shard.name): store.write_parquet(
-                staging_records(shard.name), pa.Table.from_pylist(staged, schema=STAGING_RECORDS_SCHEMA)),
+                staging_records(shard.name), pa.Table.from_pylist(records, schema=STAGING_RECORDS_SCHEMA)),
         }
         return outputs, {"shard": shard.name, "count": result.count, "bytes": result.bytes,
-                         "images": images_digest(staged), "errors": errors}
+                         "images": images_digest(records)}
 
     return run_unit(store, staging_tar(shard.name), fp, compute)

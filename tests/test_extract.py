@@ -159,7 +159,7 @@ def test_extract_shard_matches_direct_computation(corpus):
     result = extract_shard(corpus, "000001", cfg)
     (model,) = load_models(cfg)
     assert result["models"]["wfd"] == {"action": "computed", "ok": 9, "errors": 0, "random_init": False,
-                                       "dim": 1072, "fingerprint": model.fingerprint()}
+                                       "dim": 1072, "fingerprint": model.fingerprint(), "subset": None}
     keys, feats = read_shard_features(corpus, "wfd", "000001")
     assert keys == [f"k{s:05d}" for s in range(11, 20)] and feats.dtype == np.float16
     draft = decode_size([model])

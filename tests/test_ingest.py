@@ -150,3 +150,44 @@ def test_bare_folder_with_sidecars(tmp_path):
                                      ("a\\b.jpg", False), ("", False)])
 def test_resolve_path_safety(path, ok):
     assert (resolve_path("/base", path) is not None) == ok
+
+
+def test_staging_copies_the_ingest_spill_and_never_rereads_the_source(tmp_path):
+    """Ingest spills the bytes it validated; staging copies them from there, so the source
+    may be gone by then. A duplicate is spilled (it is found later) but never staged, and a
+    spill that no longer holds the ingested bytes fails the shard instead of staging them."""
+    import shutil
+
+    from corpusforge.contract import marker_path, read_marker
+    from corpusforge.layout import spill_path, staging_tar
+    from corpusforge.tarshard import iter_tar_samples
+    from tasks.staging import plan_staging, write_staging_shard
+
+    src = tmp_path / "src"
+    a, b = jpeg(300, 200, 1), jpeg(320, 200, 2)
+    images = {"a.jpg": a, "dup.jpg": a, "b.jpg": b, "bad.jpg": b"not an image"}
+    write_images(src, images)
+    pq.write_table(pa.table({"key": ["ka", "kd", "kb", "kx"], "path": list(images)}), src / "metadata.parquet")
+    rows = ingest_all(str(src), tmp_path / "out")
+    store = Store(str(tmp_path / "out"))
+    by_key = {r["key"]: r for r in rows}
+    assert by_key["kd"]["status"] == "exact_duplicate" and by_key["kx"]["spill_offset"] == -1
+    for key, name in (("ka", "a.jpg"), ("kd", "dup.jpg"), ("kb", "b.jpg")):
+        r = by_key[key]
+        assert store.read_range(spill_path(r["part"]), r["spill_offset"], r["bytes"]) == images[name]
+    assert store.size(spill_path(0)) == 2 * len(a) + len(b) and store.size(spill_path(1)) == 0
+
+    shutil.rmtree(src)
+    parts = sorted({r["part"] for r in rows})
+    (shard,) = plan_staging([read_marker(store, resolved_path(p))["info"] for p in parts], 1000)
+    write_staging_shard(store, shard)
+    with store.open(staging_tar(shard.name)) as f:
+        staged = {s.key: s.members["jpg"] for s in iter_tar_samples(f)}
+    assert staged == {"ka": a, "kb": b}
+
+    spill = bytearray(store.read_bytes(spill_path(0)))
+    spill[by_key["kb"]["spill_offset"] + 100] ^= 0xFF
+    store.write_bytes(spill_path(0), bytes(spill))
+    store.remove(marker_path(staging_tar(shard.name)))
+    with pytest.raises(RuntimeError, match="does not hold the bytes ingest hashed for key kb"):
+        write_staging_shard(store, shard)

@@ -1,9 +1,9 @@
-"""Staging's error-rate guard (issue 14, scenario 13): source files that vanish, change or
-cannot be read between ingest and staging, caused for real on disk.
+"""Staging under source faults (issue 14, scenarios 5 and 13), caused for real on disk.
 
-A few such records are per-record errors that reach the manifest with their reason while
-the rest of the shard is staged; past ``staging.max_error_share`` the shard fails loudly,
-writes nothing and is not marked done. Runs the stages' plain functions in-process.
+Staging copies the bytes ingest validated from the ingest spills and never re-reads the
+source: a source file that vanishes, changes or turns unreadable after ingest cannot
+reach the corpus half-changed, and a spill that does not hold what ingest hashed fails
+its shard loudly without marking it done. Runs the stages' plain functions in-process.
 """
 
 from __future__ import annotations
@@ -12,18 +12,15 @@ import os
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
 from corpusforge.contract import read_marker
-from corpusforge.layout import hashes_path, keys_table_path, staging_records, staging_tar
+from corpusforge.layout import hashes_path, keys_table_path, spill_path, staging_index, staging_records, staging_tar
 from corpusforge.storage import Store
 from tasks.exact_dedup import find_duplicate_keys, find_exact_duplicates, resolve_partition
 from tasks.ingest import ingest_partition
-from tasks.publish import publish
 from tasks.sources import SourceConfig, plan_partitions
-from tasks.splits import SplitConfig
 from tasks.staging import plan_staging, write_staging_shard
 from tasks.validate import ValidationConfig
 from tests.test_ingest import jpeg
@@ -65,36 +62,31 @@ def break_sources(src: Path, vanish: list[int], change: list[int], unreadable: l
         os.mkdir(src / f"{i}.jpg")
 
 
-def test_past_the_limit_the_shard_fails_loudly_and_is_not_marked_done(tmp_path):
+def test_source_files_broken_after_ingest_cannot_reach_staging(tmp_path):
     store, src, shards, _ = ingested(tmp_path)
-    break_sources(src, vanish=[1], change=[4], unreadable=[])   # 2 of 10 = 0.2 > 0.1 (default)
-    with pytest.raises(RuntimeError, match=r"2 of 10 records could not be read back .*max_error_share=0.1.*"
-                                           r"first error: missing_file.*not marked done"):
-        write_staging_shard(store, shards[0], {})
+    validated = {r["key"]: r["sha256"] for p in range(2) for r in store.read_parquet(hashes_path(p)).to_pylist()}
+    break_sources(src, vanish=[1], change=[4], unreadable=[7])
+    marker = write_staging_shard(store, shards[0])
     name = shards[0].name
+    assert marker["info"]["count"] == N
+    index = store.read_parquet(staging_index(name)).to_pylist()
+    exts = {r["key"]: r["ext"] for r in store.read_parquet(staging_records(name)).to_pylist()}
+    images = {r["key"]: r["sha256"] for r in index if r["ext"] == exts[r["key"]]}
+    assert images == validated  # the bytes ingest validated, not what the source holds now
+    assert [r["key"] for r in store.read_parquet(staging_records(name)).to_pylist()] == [f"r{i}" for i in range(N)]
+
+
+def test_a_spill_that_lost_its_bytes_fails_the_shard_loudly_and_is_not_marked_done(tmp_path):
+    store, _, shards, _ = ingested(tmp_path)
+    spill = tmp_path / "out" / spill_path(0)
+    data = bytearray(spill.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte inside some image
+    spill.write_bytes(bytes(data))
+    name = shards[0].name
+    with pytest.raises(RuntimeError, match=r"does not hold the bytes ingest hashed"):
+        write_staging_shard(store, shards[0])
     assert read_marker(store, staging_tar(name)) is None
-    assert not store.exists(staging_tar(name)) and not store.exists(staging_records(name))
+    assert not store.exists(staging_records(name))
     assert not [p for p in (tmp_path / "out").rglob("*.part")]
     with pytest.raises(RuntimeError):  # a rerun is not skipped: it fails again
-        write_staging_shard(store, shards[0], {})
-
-
-def test_under_the_limit_each_failure_is_that_records_error_in_the_manifest(tmp_path):
-    store, src, shards, n_parts = ingested(tmp_path)
-    break_sources(src, vanish=[1], change=[4], unreadable=[7])  # 3 of 10 = 0.3 <= 0.5
-    marker = write_staging_shard(store, shards[0], {}, max_error_share=0.5)
-    name = shards[0].name
-    assert marker["info"]["count"] == 7
-    assert [r["key"] for r in store.read_parquet(staging_records(name)).to_pylist()] == \
-        [f"r{i}" for i in range(N) if i not in (1, 4, 7)]
-    publish(store, [name], n_parts, SplitConfig(val=0, test=0, shard_size=100), near_dedup=False)
-    rows = {r["key"]: r for r in ds.dataset(tmp_path / "out" / "manifest", format="parquet").to_table().to_pylist()}
-    assert len(rows) == N
-    got = {k: (r["status"], r["reason"].split(":", 1)[0]) for k, r in rows.items() if r["status"] != "kept"}
-    assert got == {"r1": ("error", "missing_file"), "r4": ("error", "source_changed"),
-                   "r7": ("error", "read_error")}
-    assert all(r["shard"] is None and r["staging_shard"] == name for k, r in rows.items() if k in got)
-    assert sum(r["status"] == "kept" and r["shard"] is not None for r in rows.values()) == 7
-    # an unchanged rerun skips the shard and the errors still come from its marker
-    again = write_staging_shard(store, shards[0], {}, max_error_share=0.5)
-    assert again["action"] == "skipped" and len(again["info"]["errors"]) == 3
+        write_staging_shard(store, shards[0])

@@ -31,6 +31,7 @@ from tasks.features.registry import load_model
 from tasks.stats.config import MetricsConfig, SampleConfig
 from tasks.stats.evaluate import ProtocolMismatch
 from tasks.stats.reference import stats_path
+from tasks.stats.stage import STATS_SUBSET, reference_stats_stage
 from tests.staging_files import write_staging_shard
 
 pytestmark = pytest.mark.timeout(300)
@@ -87,8 +88,8 @@ def built(tmp_path_factory, prefect_server) -> tuple[Store, dict]:
 def test_reference_stats_equal_numpy_on_the_stored_features(built):
     store, result = built
     rows = {}
-    for shard in ("000000", "000001", "000002"):
-        keys, feats = read_shard_features(store, MODEL_ID, shard)
+    for shard in ("000000", "000001", "000002"):  # the groups' records only (the oracle's: all of them)
+        keys, feats = read_shard_features(store, MODEL_ID, shard, STATS_SUBSET)
         rows.update(zip(keys, feats.astype(np.float64), strict=True))
     manifest = store.read_parquet(manifest_path(0)).to_pylist()
     test = np.stack([rows[r["key"]] for r in manifest if r["split"] == "test"])
@@ -116,6 +117,37 @@ def test_rerun_on_one_threaded_worker_gives_identical_files(built):
     result = reference_stats_flow(ref_config(store, DaskConfig(n_workers=1, processes=False)))
     assert result["extraction"]["models"][MODEL_ID]["skipped"] == 3
     assert before == {n: store.read_bytes(n) for n in names}
+
+
+def test_statistics_of_one_split_embed_only_its_records_and_reuse_full_features(tmp_path):
+    """Test-split statistics embed the test records alone (ranged reads into the stats
+    subset); with features of every image already there (same fingerprint) they embed
+    nothing, and both ways give the same statistics."""
+    store = build_corpus(tmp_path / "subset")
+    manifest = store.read_parquet(manifest_path(0)).to_pylist()
+    test_keys = {r["key"] for r in manifest if r["split"] == "test"}
+    config = ref_config(store, DaskConfig()).model_copy(update={"oracle": False})
+    result = reference_stats_stage(store, config)
+    assert result["extraction"]["images"] == len(test_keys) < len(manifest)
+    assert result["extraction"]["models"][MODEL_ID]["computed"] == 3
+    embedded = {k for s in ("000000", "000001", "000002")
+                for k in read_shard_features(store, MODEL_ID, s, STATS_SUBSET)[0]}
+    assert embedded == test_keys
+    assert not store.exists(f"features/{MODEL_ID}/vectors/000000.npy")
+    again = reference_stats_stage(store, config)
+    assert again["extraction"]["models"][MODEL_ID]["skipped"] == 3
+    subset_npz = store.read_bytes(stats_path("test", MODEL_ID) + ".npz")
+
+    from tasks.features.extract import extract_features
+    extract_features(store, ["000000", "000001", "000002"], config.features())  # every image, same settings
+    reused = reference_stats_stage(store, config)
+    assert reused["extraction"]["models"][MODEL_ID]["skipped"] == 3 and reused["extraction"]["images"] == len(test_keys)
+    assert not store.exists(f"features/{MODEL_ID}/subsets/{STATS_SUBSET}/vectors/000000.npy")  # pruned: unused
+    with np.load(io.BytesIO(subset_npz)) as a, np.load(io.BytesIO(store.read_bytes(stats_path("test", MODEL_ID)
+                                                                                    + ".npz"))) as b:
+        assert int(a["n"]) == int(b["n"]) == len(test_keys)
+        np.testing.assert_allclose(a["mu"], b["mu"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(a["sigma"], b["sigma"], rtol=1e-4, atol=1e-6)
 
 
 def write_generated(folder) -> list[bytes]:

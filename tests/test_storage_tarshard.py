@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import random
 import tarfile
 
 import pytest
@@ -61,6 +62,30 @@ def test_tar_is_deterministic_and_index_points_at_member_data():
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         for info in tar.getmembers():
             assert (info.mtime, info.uid, info.gid, info.uname, info.gname) == (0, 0, 0, "", "")
+
+
+def _tarfile_bytes(samples) -> bytes:
+    """The same samples through Python's tarfile in stream mode: the writer's reference."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w|", format=tarfile.USTAR_FORMAT) as tar:
+        for sample in samples:
+            for ext, data in sample.members.items():
+                info = tarfile.TarInfo(f"{sample.key}.{ext}")
+                info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = \
+                    len(data), 0, 0o444, 0, 0, "", ""
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 40])
+def test_tar_bytes_equal_what_tarfile_writes(n):
+    rng = random.Random(n)
+    samples = [Sample(("k" * 90 + str(i))[-rng.randint(2, 96):], {
+        "jpg": rng.randbytes(rng.randint(0, 3000)), "txt": b"c" * rng.randint(0, 700), "json": b"{}"})
+        for i in range(n)]
+    out = io.BytesIO()
+    write_tar(out, samples)
+    assert out.getvalue() == _tarfile_bytes(samples)
 
 
 def test_webdataset_reads_our_tars(tmp_path):

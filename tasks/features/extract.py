@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import hashlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -43,7 +44,8 @@ from corpusforge.cluster import as_task, run_tasks
 from corpusforge.contract import COMPUTED, SKIPPED, current_marker, require_marker, unit_fingerprint
 from corpusforge.faults import fault_point
 from corpusforge.feature_files import write_shard_features
-from corpusforge.layout import feature_vectors, staging_records, staging_tar
+from corpusforge.hashing import fingerprint
+from corpusforge.layout import feature_keys, feature_vectors, staging_index, staging_records, staging_tar
 from corpusforge.storage import Store
 from corpusforge.tarshard import iter_tar_samples
 from corpusforge.version import code_version
@@ -54,6 +56,10 @@ from tasks.features.decode import decode_rgb
 # Decode at least this many times the model input: the final resize then still
 # downsamples, which keeps features within float16 noise of a full-size decode.
 DRAFT_MARGIN = 2
+# A selection of at least this share of a shard's bytes is read in one sequential pass
+# (cheaper than that many ranged requests); smaller ones by ranged reads of their members.
+SEQUENTIAL_SHARE = 0.5
+RANGED_BATCH = 64  # ranged reads in flight per batch: bounds memory to ~64 images
 
 
 def shard_images(store: Store, shard: str) -> list[tuple[str, str, str]]:
@@ -185,24 +191,82 @@ def _shard_images(store: Store, shard: str,
         yield key, None, "missing from staging tar (truncated shard?)"
 
 
-def extract_shard(store: Store, shard: str, cfg: FeaturesConfig) -> dict[str, Any]:
+def _ranged_images(store: Store, shard: str,
+                   chosen: list[tuple[str, str, str]]) -> Iterator[tuple[str, bytes | None, str | None]]:
+    """``(key, image bytes, error)`` of only the ``chosen`` images, by ranged reads at the
+    offsets of the staging index (batched: one request per member, concurrent on object
+    stores); a member whose bytes no longer match the records file is that image's error."""
+    index = store.read_parquet(staging_index(shard), columns=["key", "ext", "offset", "size"])
+    where = {(k, e): (o, n) for k, e, o, n in zip(*(index[c].to_pylist() for c in index.column_names), strict=True)}
+    path = store.fs._strip_protocol(store.path(staging_tar(shard)))
+    for lo in range(0, len(chosen), RANGED_BATCH):
+        batch = chosen[lo:lo + RANGED_BATCH]
+        spans = [where.get((key, ext)) for key, ext, _ in batch]
+        found = [s for s in spans if s is not None]
+        blobs = iter(store.fs.cat_ranges([path] * len(found), [o for o, _ in found], [o + n for o, n in found]))
+        for (key, _, sha), span in zip(batch, spans, strict=True):
+            if span is None:
+                yield key, None, "missing from staging index (truncated shard?)"
+                continue
+            data = next(blobs)
+            if hashlib.sha256(data).hexdigest() != sha:
+                yield key, None, "staging member does not match its records file (changed after staging?)"
+            else:
+                yield key, data, None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The records of a staging shard one consumer needs features of (e.g. the held-out
+    splits for reference statistics). ``name`` is the consumer's folder under
+    ``features/{model}/subsets/``; subclasses say which keys (picklable, for Dask)."""
+
+    name: str
+
+    def keys(self, store: Store, shard: str) -> set[str]:
+        raise NotImplementedError
+
+
+def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, selection: Selection | None = None
+                  ) -> dict[str, Any]:
     """Compute (or skip, when already done) every configured model's features for ``shard``.
 
+    With a ``selection``, only the selected images are embedded, read by ranged reads
+    (or by one sequential pass when they are most of the shard), into that selection's
+    subset folder; the unit's fingerprint then hashes the selected images (keys, hashes,
+    order) instead of the whole shard, so a rerun redoes a shard only when its selection
+    changed. Features of every image with the same model fingerprint, when present, are
+    used instead (``subset`` None in the summary).
+
     Returns ``{"shard", "images", "models": {model_id: {"action", "ok", "errors",
-    "random_init", "dim", "fingerprint"}}}`` where action is ``computed`` or ``skipped``.
+    "random_init", "dim", "fingerprint", "subset"}}}`` where action is ``computed`` or ``skipped``.
     """
     models = load_models(cfg)
     draft = decode_size(models)
     images = require_marker(store, staging_tar(shard), "staging shard")["info"]["images"]
     expected = shard_images(store, shard)
-    summary: dict[str, Any] = {"shard": shard, "images": len(expected), "models": {}}
+    subset = None if selection is None else selection.name
+    if selection is not None:
+        wanted = selection.keys(store, shard)
+        chosen = [(k, e, sha) for k, e, sha in expected if k in wanted]
+        chosen_print = fingerprint([(k, sha, e) for k, e, sha in chosen])  # staging's images_digest, restricted
+    else:
+        chosen, chosen_print = expected, images
+    summary: dict[str, Any] = {"shard": shard, "images": len(chosen), "models": {}}
     todo: list[FeatureModel] = []
     prints: dict[str, str] = {}
     for model in models:
-        prints[model.model_id] = fp = feature_fingerprint(model, cfg.dtype, draft, cfg.runtime.precision, images)
-        marker = current_marker(store, feature_vectors(model.model_id, shard), fp)
-        if marker is not None:
-            summary["models"][model.model_id] = _model_summary(SKIPPED, marker, model, len(expected))
+        prints[model.model_id] = fp = feature_fingerprint(model, cfg.dtype, draft, cfg.runtime.precision, chosen_print)
+        full = None
+        if subset is not None:  # every image already embedded with the same settings: reuse that
+            full_fp = feature_fingerprint(model, cfg.dtype, draft, cfg.runtime.precision, images)
+            full = current_marker(store, feature_vectors(model.model_id, shard), full_fp)
+        marker = full or current_marker(store, feature_vectors(model.model_id, shard, subset), fp)
+        if full is not None:
+            ok = _ok_among(store, model.model_id, shard, {k for k, _, _ in chosen})
+            summary["models"][model.model_id] = _model_summary(SKIPPED, full, model, len(chosen), None, ok)
+        elif marker is not None:
+            summary["models"][model.model_id] = _model_summary(SKIPPED, marker, model, len(chosen), subset)
         else:
             todo.append(model)
     if not todo:
@@ -214,18 +278,21 @@ def extract_shard(store: Store, shard: str, cfg: FeaturesConfig) -> dict[str, An
     keys: list[str] = []
     work = functools.partial(_prepare, models=todo, draft=draft)
     window = max(2 * rt.batch_size, 4 * max(rt.prefetch_threads, 1))
-    pairs = [(k, e) for k, e, _ in expected]
-    for key, prepared in _prefetched(_shard_images(store, shard, pairs), work, rt.prefetch_threads, window):
+    if subset is not None and _selected_bytes(store, shard, chosen) < store.size(staging_tar(shard)) * SEQUENTIAL_SHARE:
+        source = _ranged_images(store, shard, chosen)
+    else:
+        source = _shard_images(store, shard, [(k, e) for k, e, _ in chosen])
+    for key, prepared in _prefetched(source, work, rt.prefetch_threads, window):
         keys.append(key)
         for run, (array, error) in zip(runs, prepared, strict=True):
             run.add(array, error, rt.batch_size)
 
-    shas = [sha for _, _, sha in expected]
+    shas = [sha for _, _, sha in chosen]
     for run in runs:  # error-rate guard: checked before anything of the shard is marked done
         failed = run.ok.count(False)
-        if expected and failed / len(expected) > cfg.max_error_share:
+        if chosen and failed / len(chosen) > cfg.max_error_share:
             first = next(e for e in run.errors if e is not None)
-            raise RuntimeError(f"features {run.model.model_id}, shard {shard}: {failed} of {len(expected)} "
+            raise RuntimeError(f"features {run.model.model_id}, shard {shard}: {failed} of {len(chosen)} "
                                f"images failed (more than features.max_error_share={cfg.max_error_share}); "
                                f"first error: {first}; the shard is not marked done")
     for run in runs:
@@ -234,16 +301,30 @@ def extract_shard(store: Store, shard: str, cfg: FeaturesConfig) -> dict[str, An
         info = {"model": model.fingerprint(), "dtype": cfg.dtype, "decode_size": draft,
                 "random_init": bool(model.random_init)}
         marker = write_shard_features(store, model.model_id, shard, keys, shas, run.ok, run.errors, feats,
-                                      prints[model.model_id], info)
-        summary["models"][model.model_id] = _model_summary(COMPUTED, marker, model, len(expected))
+                                      prints[model.model_id], info, subset)
+        summary["models"][model.model_id] = _model_summary(COMPUTED, marker, model, len(chosen), subset)
     fault_point("features.done", shard)
     return summary
 
 
-def _model_summary(action: str, marker: dict[str, Any], model: FeatureModel, images: int) -> dict[str, Any]:
-    count = int(marker["info"]["count"])
+def _selected_bytes(store: Store, shard: str, chosen: list[tuple[str, str, str]]) -> int:
+    """Image bytes of the chosen records, from the staging records file."""
+    t = store.read_parquet(staging_records(shard), columns=["key", "bytes"])
+    size = dict(zip(t["key"].to_pylist(), t["bytes"].to_pylist(), strict=True))
+    return sum(int(size.get(k) or 0) for k, _, _ in chosen)
+
+
+def _ok_among(store: Store, model_id: str, shard: str, keys: set[str]) -> int:
+    """How many of ``keys`` have a feature row in the model's features of every image."""
+    t = store.read_parquet(feature_keys(model_id, shard), columns=["key", "ok"])
+    return sum(1 for k, ok in zip(t["key"].to_pylist(), t["ok"].to_pylist(), strict=True) if ok and k in keys)
+
+
+def _model_summary(action: str, marker: dict[str, Any], model: FeatureModel, images: int,
+                   subset: str | None = None, ok: int | None = None) -> dict[str, Any]:
+    count = int(marker["info"]["count"]) if ok is None else ok
     return {"action": action, "ok": count, "errors": images - count, "random_init": bool(model.random_init),
-            "dim": model.dim, "fingerprint": marker["info"]["model"]}
+            "dim": model.dim, "fingerprint": marker["info"]["model"], "subset": subset}
 
 
 # Prefect wrapper: one task (one Dask task on a DaskTaskRunner) per staging shard; it asks
@@ -251,10 +332,12 @@ def _model_summary(action: str, marker: dict[str, Any], model: FeatureModel, ima
 extract_shard_task = as_task(extract_shard, "extract-shard-features")
 
 
-def extract_features(store: Store, shards: list[str], cfg: FeaturesConfig) -> list[dict[str, Any]]:
+def extract_features(store: Store, shards: list[str], cfg: FeaturesConfig, selection: Selection | None = None
+                     ) -> list[dict[str, Any]]:
     """The feature stage inside a flow: one task per shard on the flow's task runner
-    (outside a flow run, the shards run here one after the other)."""
-    return run_tasks(extract_shard_task, [dict(store=store, shard=s, cfg=cfg) for s in shards])
+    (outside a flow run, the shards run here one after the other); with a ``selection``,
+    only its records (see :func:`extract_shard`)."""
+    return run_tasks(extract_shard_task, [dict(store=store, shard=s, cfg=cfg, selection=selection) for s in shards])
 
 
 def extract_features_on_client(client: Any, store: Store, shards: list[str], cfg: FeaturesConfig

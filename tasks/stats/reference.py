@@ -44,6 +44,7 @@ from corpusforge.hashing import fingerprint, stable_uniform
 from corpusforge.layout import MANIFEST_DIR, manifest_path, staging_records
 from corpusforge.records import Status
 from corpusforge.storage import Store
+from tasks.features.extract import Selection
 from tasks.stats.compare import compare
 from tasks.stats.config import MetricsConfig, SampleConfig
 from tasks.stats.moments import Moments
@@ -238,14 +239,25 @@ def _marker_facts(marker: dict[str, Any]) -> dict[str, Any]:
     return {"fingerprint": fingerprint(facts), **facts}
 
 
-def shard_partials(store: Store, model_id: str, shard: str, plan: GroupPlan) -> ShardPartial:
-    """Summarise one staging shard's features for every group of ``plan``."""
+@dataclass(frozen=True)
+class GroupSelection(Selection):
+    """The records of a shard in some group of ``plan``: what the statistics embed."""
+
+    plan: GroupPlan = field(default_factory=lambda: GroupPlan(()))
+
+    def keys(self, store: Store, shard: str) -> set[str]:
+        return {k for k, s, t in shard_membership(store, shard) if self.plan.groups_of(k, s, t)}
+
+
+def shard_partials(store: Store, model_id: str, shard: str, plan: GroupPlan, subset: str | None = None
+                   ) -> ShardPartial:
+    """Summarise one staging shard's features (of every image, or of ``subset``) for every group of ``plan``."""
     members = [(k, plan.groups_of(k, s, t)) for k, s, t in shard_membership(store, shard)]
     members = [(k, g) for k, g in members if g]
-    marker = require_features(store, model_id, shard)
-    keys, feats = read_shard_features(store, model_id, shard)
+    marker = require_features(store, model_id, shard, subset)
+    keys, feats = read_shard_features(store, model_id, shard, subset)
     row_of = {k: i for i, k in enumerate(keys)}
-    errors = read_shard_errors(store, model_id, shard)
+    errors = read_shard_errors(store, model_id, shard, subset)
     priority = {k: stable_uniform(plan.sample_seed, k) for k, _ in members}
     dim = feats.shape[1]
     out: dict[str, GroupPartial] = {}
@@ -263,11 +275,14 @@ def shard_partials(store: Store, model_id: str, shard: str, plan: GroupPlan) -> 
     return ShardPartial(out, {facts["fingerprint"]: facts})
 
 
-def batch_partials(store: Store, model_id: str, shards: Sequence[str], plan: GroupPlan) -> ShardPartial:
-    """One task's work: a contiguous run of shards, summarised and merged in order."""
-    total = shard_partials(store, model_id, shards[0], plan)
+def batch_partials(store: Store, model_id: str, shards: Sequence[str], plan: GroupPlan,
+                   subsets: dict[str, str | None] | None = None) -> ShardPartial:
+    """One task's work: a contiguous run of shards, summarised and merged in order
+    (``subsets``: where each shard's features are, see :func:`shard_partials`)."""
+    where = subsets or {}
+    total = shard_partials(store, model_id, shards[0], plan, where.get(shards[0]))
     for shard in shards[1:]:
-        total = merge_partials(total, shard_partials(store, model_id, shard, plan))
+        total = merge_partials(total, shard_partials(store, model_id, shard, plan, where.get(shard)))
     return total
 
 

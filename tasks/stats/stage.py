@@ -3,7 +3,9 @@
 Table of contents of :func:`reference_stats_stage`:
 
     scan the manifest (groups, their staging shards, Test-50K threshold, manifest hash)
-    → features of those shards (the feature stage; finished shards are skipped)
+    → features of only the groups' records in those shards (the feature stage with a
+      selection: ranged reads, one task per shard, finished shards skipped; features of
+      every image with the same fingerprint are reused where present)
     → partials (n, mean, scatter matrix, sampled rows per group) over contiguous runs of
       staging shards, at most ``max_partials`` tasks
     → pairwise tree merge of the partials → stats/{group}-{model_id}.{npz,features.npy,json}
@@ -26,6 +28,7 @@ from pydantic import Field, model_validator
 from corpusforge.cluster import run_logger
 from corpusforge.config import FlowConfig
 from corpusforge.contract import prune
+from corpusforge.feature_files import prune_subset
 from corpusforge.layout import STATS_DIR
 from corpusforge.storage import Store
 from corpusforge.version import code_version
@@ -33,10 +36,11 @@ from tasks.features.config import FeaturesConfig, ModelSpec, RuntimeConfig
 from tasks.features.extract import extract_features, summarize
 from tasks.stats.config import MetricsConfig, SampleConfig, protocol_model
 from tasks.stats.provenance import model_deviations
-from tasks.stats.reference import (batch_partials, merge_partials, oracle_groups, oracle_metrics, plan_batches,
-                                   scan_manifest, write_group_stats)
+from tasks.stats.reference import (GroupSelection, batch_partials, merge_partials, oracle_groups, oracle_metrics,
+                                   plan_batches, scan_manifest, write_group_stats)
 
 ORACLE_PATH = f"{STATS_DIR}/oracle.json"
+STATS_SUBSET = "stats"  # features/{model}/subsets/stats/: features of only the summarised groups' records
 
 
 class ReferenceStatsSettings(FlowConfig):
@@ -62,7 +66,8 @@ class ReferenceStatsSettings(FlowConfig):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, title="Model runtime")
     torchscript_allowlist: list[str] = Field(default_factory=list, title="TorchScript allow-list")
     extract: bool = Field(True, title="Extract missing features",
-                          description="Run the feature stage on the shards first (finished ones are skipped).")
+                          description="Run the feature stage on the groups' records first (finished shards are "
+                                      "skipped); off: read existing features of every image.")
     sample: SampleConfig = Field(default_factory=SampleConfig, title="Stored feature subsample")
     max_partials: int = Field(256, ge=1, title="Partial tasks",
                               description="At most this many partial tasks, each over a contiguous run of staging "
@@ -120,12 +125,16 @@ def reference_stats_stage(store: Store, config: ReferenceStatsSettings,
     if empty:
         raise ValueError(f"splits with fewer than 2 kept records in the manifest: {empty}")
     extraction = None
+    subsets: dict[str, str | None] = {}
     if config.extract:
-        extraction = summarize(extract_features(store, plan.shards, config.features()))
+        results = extract_features(store, plan.shards, config.features(), GroupSelection(STATS_SUBSET, plan.plan))
+        subsets = {r["shard"]: r["models"][model_id]["subset"] for r in results}
+        extraction = summarize(results)
         if "warning" in extraction:
             log.warning(extraction["warning"])
+        prune_subset(store, model_id, STATS_SUBSET, [s for s, sub in subsets.items() if sub == STATS_SUBSET])
     partial = partials_task.submit if FlowRunContext.get() is not None else batch_partials
-    total = tree_reduce([partial(store, model_id, run, plan.plan)
+    total = tree_reduce([partial(store, model_id, run, plan.plan, {s: subsets.get(s) for s in run})
                          for run in plan_batches(plan.shards, config.max_partials)])
     if len(total.markers) != 1:
         raise ValueError(f"features/{model_id} mixes {len(total.markers)} feature fingerprints: re-extract")
