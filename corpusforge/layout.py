@@ -26,9 +26,13 @@ every folder as it is.
     features/{model}/keys/{shard}.parquet      key, sha256, ok, error per image of the shard
     graph/index/…, graph/recall/{shard}, graph/edges/{shard},
     graph/decisions/{shard}, graph/nodes.json, graph/summary.json, graph/collision/, graph/calibration/
-    shards/{split}/{split}-{n}.tar     release shards
+    shards/{split}/{split}-{n}.tar     release shards (splits.layout: default)
+    shards/{split}/gpic_{split}_{n}.tar   release shards in GPIC's layout (splits.layout: gpic);
+                                       shards/ is then a GPIC release root
+    shards/README.md                   Hugging Face dataset card: splits and features (tasks/release_card.py)
     manifest/part-{part}.parquet       one row per input record: its fate and the reason
     stats/{group}-{model}.{npz,features.npy,json}, stats/oracle.json
+    stats/test_stats.npz               gpic-eval's dino_mu, dino_sigma, dino_embeddings (DINOv2 models)
     receipt.json, report.md
     _markers/{path}.json               completion marker of the unit whose main output is {path}
 """
@@ -59,8 +63,10 @@ GRAPH_RECALL = "graph/recall"
 GRAPH_EDGES = "graph/edges"
 GRAPH_DECISIONS = "graph/decisions"
 RELEASE_DIR = "shards"
+RELEASE_CARD = "shards/README.md"
 MANIFEST_DIR = "manifest"
 STATS_DIR = "stats"
+GPIC_TEST_STATS = "stats/test_stats.npz"  # gpic-eval's reference file (tasks/stats/gpic_stats.py)
 
 RECEIPT = "receipt.json"
 REPORT = "report.md"
@@ -158,7 +164,13 @@ def decisions_path(shard: str) -> str:
     return f"{GRAPH_DECISIONS}/{shard}.parquet"
 
 
-def release_shard_name(split: str, shard: int) -> str:
+RELEASE_LAYOUTS = ("default", "gpic")
+
+
+def release_shard_name(split: str, shard: int, layout: str = "default") -> str:
+    """A release shard's name: ``train-000000`` (default) or GPIC's ``gpic_train_00000``."""
+    if layout == "gpic":
+        return f"gpic_{split}_{shard:05d}"
     return f"{split}-{shard:06d}"
 
 
@@ -166,8 +178,8 @@ def release_plan_path(name: str) -> str:
     return f"{RELEASE_PLAN_DIR}/{name}.parquet"
 
 
-def release_tar(split: str, shard: int) -> str:
-    return f"{RELEASE_DIR}/{split}/{release_shard_name(split, shard)}.tar"
+def release_tar(split: str, shard: int, layout: str = "default") -> str:
+    return f"{RELEASE_DIR}/{split}/{release_shard_name(split, shard, layout)}.tar"
 
 
 def manifest_path(part: int) -> str:
@@ -202,6 +214,8 @@ INGEST_SCHEMA = pa.schema([
     ("status", pa.string()),          # kept (so far), filtered or error
     ("reason", pa.string()),
     ("warning", pa.string()),         # e.g. bad_sidecar: its metadata was not used, and why
+    ("source_split", pa.string()),    # train/val/test of a GPIC-layout source tar (its folder), else null
+    ("source_tiers", pa.string()),    # a GPIC source sample's JSON `split` (its tiers), comma-joined, else null
 ])
 
 HASH_SCHEMA = pa.schema([("bucket", pa.int32()), ("sha256", pa.string()), ("key", pa.string()),
@@ -231,11 +245,18 @@ NEAR_DECISION_SCHEMA = pa.schema([
     ("max_similarity", pa.float32()),
 ])
 
-RELEASE_PLAN_SCHEMA = pa.schema([("key", pa.string()), ("staging_shard", pa.string()), ("tier", pa.string())])
+# GPIC_FORMAT.md: a release sample's JSON in the gpic layout, these fields in this order
+# (strings, except img_width/img_height: int and split: the list of tiers holding the sample).
+GPIC_JSON_FIELDS = ("retrieved_at", "license", "license_url", "attribution", "key", "img_width", "img_height",
+                    "split", "caption_type", "caption")
+
+RELEASE_PLAN_SCHEMA = pa.schema([("key", pa.string()), ("staging_shard", pa.string()), ("tier", pa.string()),
+                                 ("release_ext", pa.string()), ("image_encoding", pa.string())])
 LATE_SCHEMA = pa.schema([
     ("row", pa.int32()), ("staging_shard", pa.string()), ("status", pa.string()), ("reason", pa.string()),
     ("duplicate_of", pa.string()), ("component_id", pa.int64()), ("component_size", pa.int32()),
     ("max_similarity", pa.float32()), ("split", pa.string()), ("shard", pa.string()), ("tier", pa.string()),
+    ("release_ext", pa.string()), ("image_encoding", pa.string()),
 ])
 
 MANIFEST_SCHEMA = pa.schema([
@@ -252,6 +273,10 @@ MANIFEST_SCHEMA = pa.schema([
     ("max_similarity", pa.float32()),
     ("part", pa.int32()),
     ("row", pa.int32()),
+    INGEST_SCHEMA.field("source_split"),
+    INGEST_SCHEMA.field("source_tiers"),
+    ("release_ext", pa.string()),     # the image member's extension in the release tar (jpg, png, webp)
+    ("image_encoding", pa.string()),  # copied (bytes as staged) | png_lossless | jpeg_q{N} (tasks/release_image.py)
 ])
 
 
