@@ -22,8 +22,8 @@ from corpusforge.cluster import DaskConfig, as_task, cluster_flow, run_tasks
 from corpusforge.config import FlowConfig
 from corpusforge.storage import Store
 from corpusforge.version import code_version
-from tasks.features.config import ModelSpec, RuntimeConfig
-from tasks.stats.config import PROTOCOL_MODES, STATISTICS_PREPROCESSING, MetricsConfig, protocol_model
+from tasks.features.config import STATISTICS_PREPROCESSING, ModelSpec, RuntimeConfig
+from tasks.stats.config import PROTOCOL_MODES, MetricsConfig, protocol_model
 from tasks.stats.evaluate import (check_model, embed_chunk, evaluate_features, expected_identity, load_reference,
                                   plan_generated, render_report)
 from tasks.stats.provenance import public_spec

@@ -173,3 +173,16 @@ def test_gpic_stats_written_here_load_with_gpic_keys_and_are_verified(tmp_path):
     reference = load_reference(str(tmp_path / "test_stats.npz"))
     assert reference.provenance == sidecar and reference.n == 60
     assert isinstance(reference, Reference) and reference.features.shape == (40, 8)
+
+
+def test_evaluate_config_mode_picks_the_preprocessing():
+    from pydantic import ValidationError
+
+    from flows.evaluate import EvaluateConfig
+
+    base = {"generated": ["gen/"], "reference": "test_stats.npz", "out": "o"}
+    assert EvaluateConfig(**base).model.resolved_preprocessing == "gpic_eval"
+    port = EvaluateConfig(**base, protocol="gpic_eval_port")
+    assert port.model.resolved_preprocessing == "gpic_eval_port" and port.model.model_id.endswith("gpic_eval_port")
+    with pytest.raises(ValidationError, match="uses preprocessing 'gpic_eval_port'"):
+        EvaluateConfig(**base, protocol="gpic_eval_port", model={"name": "dinov2", "preprocessing": "gpic_eval"})

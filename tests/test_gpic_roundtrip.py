@@ -119,3 +119,36 @@ def test_gpic_preset_numbers():
     assert held_out_sizes(1000, SplitConfig())[2].startswith("default:")
     with pytest.raises(ValidationError, match="preset 'gpic' fixes val and test"):
         SplitConfig(preset="gpic", val=0.1)
+
+
+@pytest.mark.s3
+def test_gpic_release_read_from_s3_streaming(tmp_path, s3):
+    """A GPIC release root on an object store: detected, split folders in GPIC's order,
+    every sample streamed with its tiers, caption and caption type."""
+    import s3fs
+
+    from corpusforge.storage import Store
+    from tasks.ingest import ingest_partition
+    from tasks.sources import SourceConfig, plan_partitions
+    from tasks.validate import ValidationConfig
+
+    local = gpic_release(tmp_path / "gpic", train_shards=2, per_shard=3)
+    fs = s3fs.S3FileSystem(**s3)
+    fs.mkdir("gpic-input")
+    fs.put(str(local), "gpic-input/release", recursive=True)
+    cfg = SourceConfig(storage_options=s3)
+    kind, parts = plan_partitions("s3://gpic-input/release", Store(str(tmp_path / "out")), cfg)
+    assert kind == "tars"
+    assert [p.uri.split("release/", 1)[1] for p in parts] == [
+        "train/gpic_train_00000.tar", "train/gpic_train_00001.tar", "val/gpic_val_00000.tar",
+        "test/gpic_test_00000.tar"]
+    store = Store(str(tmp_path / "out"))
+    rows = []
+    for p in parts:
+        ingest_partition(store, p, cfg, ValidationConfig(min_side=16), n_buckets=1)
+        rows += store.read_parquet(f"work/ingest/{p.index:06d}.parquet").to_pylist()
+    assert len(rows) == 12 and all(r["status"] == "kept" for r in rows)
+    by_key = {r["key"]: r for r in rows}
+    assert by_key["g00000"]["source_tiers"] == "nano,lite,full" and by_key["g00003"]["source_tiers"] == "lite,full"
+    assert by_key["g00006"]["source_split"] == "val" and by_key["g00006"]["source_tiers"] == ""
+    assert by_key["g00001"]["caption"] == "gpic caption 1" and by_key["g00001"]["caption_type"] == "short"
