@@ -32,13 +32,17 @@ every folder as it is.
                                        consumer selected (e.g. ``stats``: the held-out splits)
     graph/index/…, graph/recall/{shard}, graph/edges/{shard},
     graph/decisions/{shard}, graph/nodes.json, graph/summary.json, graph/collision/, graph/calibration/
-    shards/{split}/{split}-{n}.tar     release shards
+    shards/{split}/{split}-{n}.tar     release shards (splits.layout: default)
+    shards/{split}/gpic_{split}_{n}.tar   release shards in GPIC's layout (splits.layout: gpic);
+                                       shards/ is then a GPIC release root
+    shards/README.md                   Hugging Face dataset card: splits and features (tasks/release_card.py)
     manifest/part-{part}.parquet       one row per input record: its fate and the reason
     work/captions/plan/{shard}.parquet     per staging shard: who the model captions, and in which format
     work/captions/journal/{shard}/{n}.parquet  completed chat requests (the resume state; never asked twice)
     captions/{shard}.parquet           per staged record: caption, origin, filter answers, status
     eval_captions.parquet              the fixed evaluation caption set (test split)
     stats/{group}-{model}.{npz,features.npy,json}, stats/oracle.json
+    stats/test_stats.npz               gpic-eval's dino_mu, dino_sigma, dino_embeddings (DINOv2 models)
     receipt.json, report.md
     _markers/{path}.json               completion marker of the unit whose main output is {path}
 """
@@ -71,12 +75,14 @@ GRAPH_EDGES = "graph/edges"
 GRAPH_DECISIONS = "graph/decisions"
 GRAPH_VERIFIED = "graph/verified"  # geometric verification of review-band pairs (tasks/graph/verify.py)
 RELEASE_DIR = "shards"
+RELEASE_CARD = "shards/README.md"
 MANIFEST_DIR = "manifest"
 STATS_DIR = "stats"
 CAPTION_PLAN_DIR = "work/captions/plan"
 CAPTION_JOURNAL_DIR = "work/captions/journal"
 CAPTIONS_DIR = "captions"
 EVAL_CAPTIONS = "eval_captions.parquet"
+GPIC_TEST_STATS = "stats/test_stats.npz"  # gpic-eval's reference file (tasks/stats/gpic_stats.py)
 
 RECEIPT = "receipt.json"
 REPORT = "report.md"
@@ -201,7 +207,13 @@ def captions_path(shard: str) -> str:
     return f"{CAPTIONS_DIR}/{shard}.parquet"
 
 
-def release_shard_name(split: str, shard: int) -> str:
+RELEASE_LAYOUTS = ("default", "gpic")
+
+
+def release_shard_name(split: str, shard: int, layout: str = "default") -> str:
+    """A release shard's name: ``train-000000`` (default) or GPIC's ``gpic_train_00000``."""
+    if layout == "gpic":
+        return f"gpic_{split}_{shard:05d}"
     return f"{split}-{shard:06d}"
 
 
@@ -209,8 +221,8 @@ def release_plan_path(name: str) -> str:
     return f"{RELEASE_PLAN_DIR}/{name}.parquet"
 
 
-def release_tar(split: str, shard: int) -> str:
-    return f"{RELEASE_DIR}/{split}/{release_shard_name(split, shard)}.tar"
+def release_tar(split: str, shard: int, layout: str = "default") -> str:
+    return f"{RELEASE_DIR}/{split}/{release_shard_name(split, shard, layout)}.tar"
 
 
 def manifest_path(part: int) -> str:
@@ -246,6 +258,8 @@ INGEST_SCHEMA = pa.schema([
     ("reason", pa.string()),
     ("warning", pa.string()),         # e.g. bad_sidecar: its metadata was not used, and why
     ("spill_offset", pa.int64()),     # where a kept record's bytes start in work/spill/{part}.bin, else -1
+    ("source_split", pa.string()),    # train/val/test of a GPIC-layout source tar (its folder), else null
+    ("source_tiers", pa.string()),    # a GPIC source sample's JSON `split` (its tiers), comma-joined, else null
 ])
 
 HASH_SCHEMA = pa.schema([("bucket", pa.int32()), ("sha256", pa.string()), ("key", pa.string()),
@@ -305,15 +319,22 @@ CAPTIONS_SCHEMA = pa.schema([
 EVAL_CAPTIONS_SCHEMA = pa.schema([("key", pa.string()), ("caption_type", pa.string()), ("caption", pa.string()),
                                   ("shard", pa.string())])
 
+# GPIC_FORMAT.md: a release sample's JSON in the gpic layout, these fields in this order
+# (strings, except img_width/img_height: int and split: the list of tiers holding the sample).
+GPIC_JSON_FIELDS = ("retrieved_at", "license", "license_url", "attribution", "key", "img_width", "img_height",
+                    "split", "caption_type", "caption")
+
 RELEASE_PLAN_SCHEMA = pa.schema([("key", pa.string()), ("staging_shard", pa.string()), ("tier", pa.string()),
                                  ("caption", pa.string()), ("caption_type", pa.string()),
-                                 ("caption_origin", pa.string())])
+                                 ("caption_origin", pa.string()), ("release_ext", pa.string()),
+                                 ("image_encoding", pa.string())])
 LATE_SCHEMA = pa.schema([
     ("row", pa.int32()), ("staging_shard", pa.string()), ("status", pa.string()), ("reason", pa.string()),
     ("duplicate_of", pa.string()), ("component_id", pa.int64()), ("component_size", pa.int32()),
     ("max_similarity", pa.float32()), ("split", pa.string()), ("shard", pa.string()), ("tier", pa.string()),
     ("caption_type", pa.string()), ("caption_origin", pa.string()), ("vlm_model", pa.string()),
     ("vlm_answers", pa.string()),
+    ("release_ext", pa.string()), ("image_encoding", pa.string()),
 ])
 
 MANIFEST_SCHEMA = pa.schema([
@@ -333,6 +354,10 @@ MANIFEST_SCHEMA = pa.schema([
     ("caption_origin", pa.string()),  # input | model:{model}@{prompt hash} (null: not captioned)
     ("vlm_model", pa.string()),
     ("vlm_answers", pa.string()),
+    INGEST_SCHEMA.field("source_split"),
+    INGEST_SCHEMA.field("source_tiers"),
+    ("release_ext", pa.string()),     # the image member's extension in the release tar (jpg, png, webp)
+    ("image_encoding", pa.string()),  # copied (bytes as staged) | png_lossless | jpeg_q{N} (tasks/release_image.py)
 ])
 
 

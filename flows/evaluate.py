@@ -15,19 +15,19 @@ from __future__ import annotations
 
 import hashlib
 import io
-from typing import Any
+from typing import Any, Literal
 
 import fsspec
 import pyarrow.parquet as pq
 from prefect import get_run_logger
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from corpusforge.cluster import DaskConfig, as_task, cluster_flow, run_tasks
 from corpusforge.config import FlowConfig
 from corpusforge.storage import Store
 from corpusforge.version import code_version
-from tasks.features.config import ModelSpec, RuntimeConfig
-from tasks.stats.config import MetricsConfig, protocol_model
+from tasks.features.config import STATISTICS_PREPROCESSING, ModelSpec, RuntimeConfig
+from tasks.stats.config import PROTOCOL_MODES, MetricsConfig, protocol_model
 from tasks.stats.evaluate import (check_model, embed_chunk, evaluate_features, expected_identity, load_reference,
                                   plan_generated, render_report)
 from tasks.stats.provenance import public_spec
@@ -46,8 +46,13 @@ class EvaluateConfig(FlowConfig):
     reference_storage_options: dict[str, Any] = Field(default_factory=dict, title="Reference storage options")
     out: str = Field(..., title="Output folder", description="Where metrics.json and report.md are written.")
     out_storage_options: dict[str, Any] = Field(default_factory=dict, title="Output storage options")
+    protocol: Literal["paper", "gpic_eval_port"] = Field(
+        "paper", title="Evaluation mode",
+        description="paper: App. B.1 preprocessing (square centre crop, bicubic 256, then 224); gpic_eval_port: "
+                    "the port of GPIC's toolkit (Resize((224, 224)) bicubic squash, no crop). Named in every output.")
     model: ModelSpec = Field(default_factory=protocol_model, title="Feature model",
-                             description="Must be the reference's model (default: DINOv2 ViT-L/14, gpic_eval).")
+                             description="Must be the reference's model (default: DINOv2 ViT-L/14 with the "
+                                         "mode's preprocessing).")
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, title="Model runtime")
     torchscript_allowlist: list[str] = Field(default_factory=list, title="TorchScript allow-list")
     allow_mismatch: bool = Field(False, title="Allow a model mismatch",
@@ -61,6 +66,18 @@ class EvaluateConfig(FlowConfig):
                     "eval_captions.parquet, local or s3://); its SHA-256 is recorded and checked against the one "
                     "the reference names.")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
+
+
+    @model_validator(mode="after")
+    def _model_follows_mode(self) -> EvaluateConfig:
+        if "model" not in self.model_fields_set:
+            self.model = protocol_model(self.protocol)
+        elif (self.model.resolved_preprocessing in STATISTICS_PREPROCESSING
+              and self.model.resolved_preprocessing != PROTOCOL_MODES[self.protocol]
+              and self.model.resolved_preprocessing in PROTOCOL_MODES.values()):
+            raise ValueError(f"protocol {self.protocol!r} uses preprocessing {PROTOCOL_MODES[self.protocol]!r}, "
+                             f"model.preprocessing is {self.model.resolved_preprocessing!r}")
+        return self
 
 
 embed_task = as_task(embed_chunk, "embed-generated-chunk")
@@ -87,7 +104,7 @@ def evaluate(config: EvaluateConfig) -> dict[str, Any]:
     """Metrics of generated images against a reference; the embedding runs on ``config.dask``."""
     log = get_run_logger()
     reference = load_reference(config.reference, config.reference_storage_options)
-    check_model(reference, expected_identity(config.model), config.allow_mismatch)
+    check_model(reference, expected_identity(config.model), config.allow_mismatch, config.protocol)
     chunks = plan_generated(config.generated, config.generated_storage_options, config.chunk_size)
     if not chunks:
         raise FileNotFoundError(f"no images or tars under {config.generated}")
@@ -95,7 +112,7 @@ def evaluate(config: EvaluateConfig) -> dict[str, Any]:
     embedded = run_tasks(embed_task, [dict(chunk=c, spec=config.model, runtime=config.runtime,
                                            torchscript_allowlist=config.torchscript_allowlist,
                                            storage_options=config.generated_storage_options) for c in chunks])
-    result = evaluate_features(embedded, reference, config.metrics, config.allow_mismatch)
+    result = evaluate_features(embedded, reference, config.metrics, config.allow_mismatch, config.protocol)
     result["generated"]["sources"] = list(config.generated)
     result["model_spec"] = public_spec(config.model)
     result["code_version"] = code_version("tasks.stats.evaluate")

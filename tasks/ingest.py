@@ -49,7 +49,7 @@ from corpusforge.tarshard import HashingWriter, is_safe_key, iter_tar_samples
 from corpusforge.version import code_version
 from tasks.licenses import LicenseConfig, license_family, license_reason
 from tasks.sources import (IMAGE_EXTS, METADATA_COLUMNS, Partition, SourceConfig, allowed_roots, file_stamp,
-                           local_file_refusal, locate, parse_sidecar)
+                           local_file_refusal, locate, parse_sidecar, source_split_of)
 from tasks.validate import ValidationConfig, validate_image
 
 
@@ -188,6 +188,9 @@ def _tar_records(part: Partition, src: SourceConfig, val: ValidationConfig,
             record.update({c: str(meta[c]) for c in METADATA_COLUMNS[1:] if meta.get(c) is not None})
             if "txt" in sample.members:
                 record["caption"] = sample.members["txt"].decode("utf-8", "replace").strip()
+            record["source_split"] = source_split_of(part.uri)
+            if isinstance(meta.get("split"), list):  # GPIC: the tiers holding the sample
+                record["source_tiers"] = ",".join(str(t) for t in meta["split"])
             image_exts = sorted(e for e in sample.members if e in IMAGE_EXTS)
             if sample.error is not None:
                 record["key"] = derived_key(record["source_path"])  # the name itself is not usable

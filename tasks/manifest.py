@@ -21,7 +21,8 @@ from corpusforge.storage import Store
 from corpusforge.version import code_version
 
 LATE_FIELDS = ("staging_shard", "duplicate_of", "component_id", "component_size", "max_similarity",
-               "split", "shard", "tier", "caption_type", "caption_origin", "vlm_model", "vlm_answers")
+               "split", "shard", "tier", "caption_type", "caption_origin", "vlm_model", "vlm_answers",
+               "release_ext", "image_encoding")
 
 
 def write_manifest_part(store: Store, part: int, resolved_digest: str, late_digest: str | None,

@@ -12,12 +12,13 @@ from typing import Any
 from corpusforge.cluster import as_task, run_tasks
 from corpusforge.contract import count_actions, prune, require_marker
 from corpusforge.artifacts import publish_run_artifacts
-from corpusforge.layout import MANIFEST_DIR, RECEIPT, REPORT, REPORT_HTML, manifest_path, resolved_path
+from corpusforge.layout import MANIFEST_DIR, RECEIPT, RELEASE_CARD, REPORT, REPORT_HTML, manifest_path, resolved_path
 from corpusforge.storage import Store
 from tasks.licenses import LicenseConfig
 from tasks.manifest import write_manifest_part
 from tasks.receipt import render_report
 from tasks.release import plan_release_files, write_release_shard
+from tasks.release_card import dataset_card
 from tasks.report_html import render_html_report
 from tasks.splits import SPLITS, SplitConfig, tier_counts
 
@@ -38,6 +39,9 @@ def publish(store: Store, staged: list[str], n_parts: int, splits: SplitConfig, 
     shards = run_tasks(release_task, [dict(store=store, split=s["split"], shard=s["index"], cfg=splits,
                                            plan=release["plans"][name], source=source)
                                       for name, s in release["shards"].items()])
+    present = [sp for sp in SPLITS if any(s["split"] == sp for s in release["shards"].values())]
+    store.write_bytes(RELEASE_CARD, dataset_card(splits.layout, present, sorted(
+        {e for s in release["shards"].values() for e in s["image_ext"]})))
     resolved = [require_marker(source or store, resolved_path(p), "resolved partition")["digest"]
                 for p in range(n_parts)]
     prune(store, MANIFEST_DIR, {manifest_path(p).rsplit("/", 1)[1].split(".", 1)[0] for p in range(n_parts)})
@@ -53,7 +57,19 @@ def release_section(release: dict[str, Any], splits: SplitConfig) -> dict[str, A
     n_train = sum(1 for s in shards.values() if s["split"] == "train")
     sizes = {sp: {"samples": sum(s["count"] for s in shards.values() if s["split"] == sp),
                   "shards": sum(1 for s in shards.values() if s["split"] == sp)} for sp in SPLITS}
-    return {"splits": sizes, "tiers": tier_counts(n_train, splits.tiers), "shards": shards}
+    return {"splits": sizes, "tiers": tier_counts(n_train, splits.tiers, splits.preset == "gpic"), "shards": shards,
+            "split_rule": release["split_rule"],
+            "layout": splits.layout, "images": release["images"], "loaders": loader_note(release["images"], shards)}
+
+
+def loader_note(images: dict[str, Any], shards: dict[str, Any]) -> str:
+    """Whether Hugging Face's webdataset builder can read the release as it is: it needs one
+    image member extension across the shards it loads (tasks/release_image.py)."""
+    exts = sorted({e for s in shards.values() for e in s.get("image_ext", {})})
+    if len(exts) <= 1:
+        return f"one image member extension ({', '.join(exts) or 'none'}): loadable by datasets and webdataset"
+    return (f"image members mix {', '.join(exts)}: Hugging Face's webdataset builder refuses mixed shards; "
+            "set splits.image_format: auto (or png) for one extension")
 
 
 def license_section(lic: LicenseConfig | None, ingest_infos: list[dict[str, Any]]) -> dict[str, Any]:

@@ -92,6 +92,12 @@ def render_report(receipt: dict[str, Any]) -> str:
     if release.get("tiers"):
         out += ["", "Tiers (prefixes of the train shards): " +
                 ", ".join(f"{t} = {n} shards" for t, n in release["tiers"])]
+    if release.get("split_rule"):
+        out += ["", f"Split rule: {release['split_rule']}."]
+    if images := release.get("images"):
+        out += ["", f"Layout `{release.get('layout', 'default')}`; image members: rule `{images['rule']}` "
+                f"(splits.image_format `{images['image_format']}`), encodings " +
+                ", ".join(f"{e} = {n}" for e, n in images["encodings"].items()) + f". {release.get('loaders', '')}"]
     rows = []
     for name, shard in release["shards"].items():
         mix = [f"{100 * shard['caption_type'].get(t, 0) / max(1, shard['count']):.1f}%" for t in types]

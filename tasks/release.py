@@ -27,15 +27,51 @@ import pyarrow as pa
 
 from corpusforge.contract import prune, run_unit, unit_fingerprint
 from corpusforge.faults import fault_point
-from corpusforge.layout import (LATE_DIR, LATE_SCHEMA, RELEASE_DIR, RELEASE_PLAN_DIR, RELEASE_PLAN_SCHEMA,
-                                captions_path, decisions_path, late_path, part_name, release_plan_path, release_shard_name,
+from corpusforge.layout import (GPIC_JSON_FIELDS, LATE_DIR, LATE_SCHEMA, RELEASE_DIR, RELEASE_PLAN_DIR,
+                                RELEASE_PLAN_SCHEMA, captions_path, decisions_path, late_path, part_name,
+                                release_plan_path, release_shard_name,
                                 release_tar, staging_index, staging_records, staging_tar)
 from corpusforge.records import Status
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample, write_tar
 from corpusforge.version import code_version
-from tasks.splits import SPLITS, SplitConfig, plan_release, tiers_of
+from tasks.release_image import COPIED, FORMAT_OF_EXT, member_for, pillow_version, reencode, resolve_rule
+from tasks.splits import SPLITS, SplitConfig, held_out_sizes, plan_release, tiers_of
 from tasks.staging import sample_json
+
+
+def gpic_json(meta: dict[str, Any], caption: str, tiers: list[str]) -> bytes:
+    """A sample's JSON in GPIC's release format: exactly its field names and types (strings
+    never null: a missing value is ""; ``split`` is the list of tiers holding the sample)."""
+    text = {f: str(meta.get(f) or "") for f in ("retrieved_at", "license", "license_url", "attribution",
+                                                "key", "caption_type")}
+    values = {**text, "img_width": int(meta["width"]), "img_height": int(meta["height"]),
+              "split": list(tiers), "caption": caption}
+    return json.dumps({f: values[f] for f in GPIC_JSON_FIELDS}, ensure_ascii=False,
+                      separators=(",", ":")).encode()
+
+
+def release_sample(key: str, data: dict[str, bytes], split: str, tiers: list[str], release_ext: str,
+                   encoding: str, layout: str, captioned: dict[str, Any] | None = None) -> Sample:
+    """One release sample from its staged members. Default layout: image, .txt, .json (the
+    staged JSON plus split, tiers and the image member's true format); gpic: .json first,
+    then the image, caption inside the JSON. ``captioned`` (a release-plan row): when the
+    captioning stage ran, its caption replaces the staged one and its type and origin go
+    into the JSON."""
+    staged_ext = next(e for e in data if e not in ("txt", "json"))
+    image = reencode(data[staged_ext], encoding)
+    meta = json.loads(data["json"])
+    text = data["txt"]
+    extra: dict[str, Any] = {}
+    if captioned and captioned.get("caption_origin"):
+        extra = {"caption_type": captioned["caption_type"], "caption_origin": captioned["caption_origin"]}
+        if captioned.get("caption") is not None:
+            text = captioned["caption"].encode("utf-8")
+    if layout == "gpic":
+        meta.update(caption_type=extra.get("caption_type", meta.get("caption_type")))
+        return Sample(key, {"json": gpic_json(meta, text.decode("utf-8"), tiers), release_ext: image})
+    extra.update(split=split, tiers=tiers, format=FORMAT_OF_EXT[release_ext])
+    return Sample(key, {release_ext: image, "txt": text, "json": sample_json(meta, extra)})
 
 
 def _decisions(store: Store, shard: str) -> dict[str, dict[str, Any]]:
@@ -81,19 +117,23 @@ def plan_release_files(store: Store, shards: list[str], cfg: SplitConfig, near_d
     records = staged_records(store, shards, source or store, near_dedup, captions)
     kept = [r for r in records if r["status"] == Status.KEPT.value]
     placements = plan_release(kept, cfg)
+    rule = resolve_rule((r["ext"] for r in kept), cfg.layout, cfg.image_format)
     per_shard: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     late: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         p = placements.get(r["key"])
+        image: dict[str, Any] = {"release_ext": None, "image_encoding": None}
         if p is not None:
-            per_shard[(p.split, p.shard)].append({**r, "position": p.position, "tier": p.tier})
+            image = dict(zip(("release_ext", "image_encoding"), member_for(r["ext"], cfg.layout, rule,
+                                                                         cfg.jpeg_quality)))
+            per_shard[(p.split, p.shard)].append({**r, **image, "position": p.position, "tier": p.tier})
         late[r["part"]].append({
-            **r, "split": p.split if p else None, "tier": p.tier if p else None,
-            "shard": release_shard_name(p.split, p.shard) if p else None})
+            **r, **image, "split": p.split if p else None, "tier": p.tier if p else None,
+            "shard": release_shard_name(p.split, p.shard, cfg.layout) if p else None})
     plans = {}
     for (split, shard), members in sorted(per_shard.items()):
         members.sort(key=lambda m: m["position"])
-        name = release_shard_name(split, shard)
+        name = release_shard_name(split, shard, cfg.layout)
         plans[name] = store.write_parquet(release_plan_path(name),
                                           pa.Table.from_pylist(members, schema=RELEASE_PLAN_SCHEMA))
     prune(store, RELEASE_PLAN_DIR, plans)
@@ -103,17 +143,23 @@ def plan_release_files(store: Store, shards: list[str], cfg: SplitConfig, near_d
         late_digests[part] = store.write_parquet(late_path(part), pa.Table.from_pylist(rows, schema=LATE_SCHEMA))
     prune(store, LATE_DIR, {part_name(p) for p in late_digests})
     for split in SPLITS:
-        prune(store, f"{RELEASE_DIR}/{split}", {n for (sp, s) in per_shard for n in [release_shard_name(sp, s)]
+        prune(store, f"{RELEASE_DIR}/{split}", {release_shard_name(sp, s, cfg.layout) for (sp, s) in per_shard
                                                  if sp == split})
+    name_of = {key: release_shard_name(*key, cfg.layout) for key in per_shard}
     return {
-        "shards": {release_shard_name(sp, s): {"split": sp, "index": s, "count": len(m),
-                                               "caption_type": dict(sorted(Counter(r["caption_type"] for r in m).items()))}
+        "shards": {name_of[(sp, s)]: {"split": sp, "index": s, "count": len(m),
+                                      "caption_type": dict(sorted(Counter(r["caption_type"] for r in m).items())),
+                                      "image_ext": dict(sorted(Counter(r["release_ext"] for r in m).items()))}
                    for (sp, s), m in sorted(per_shard.items())},
-        "plans": {release_shard_name(sp, s): {"sha256": plans[release_shard_name(sp, s)],
-                                              "staging": sorted({r["staging_shard"] for r in m})}
+        "plans": {name_of[(sp, s)]: {"sha256": plans[name_of[(sp, s)]],
+                                     "staging": sorted({r["staging_shard"] for r in m})}
                   for (sp, s), m in sorted(per_shard.items())},
         "late": late_digests,
         "removed_near_duplicates": len(records) - len(kept),  # (and, with captioning, its filters)
+        "split_rule": held_out_sizes(len(kept), cfg)[2],
+        "images": {"layout": cfg.layout, "image_format": cfg.image_format, "rule": rule,
+                   "encodings": dict(sorted(Counter(m["image_encoding"] for ms in per_shard.values()
+                                                    for m in ms).items()))},
     }
 
 
@@ -125,7 +171,7 @@ def write_release_shard(store: Store, split: str, shard: int, cfg: SplitConfig, 
     The fingerprint holds the plan and the SHA-256 of every staging member it copies (from
     the staging indexes), so it is skipped unless one of its own samples changed."""
     source = source or store
-    name = release_shard_name(split, shard)
+    name = release_shard_name(split, shard, cfg.layout)
     entries = store.read_parquet(release_plan_path(name)).to_pylist()
     members: dict[str, dict[str, dict[str, tuple[int, int, str]]]] = {}
     for staged in plan["staging"]:
@@ -135,7 +181,10 @@ def write_release_shard(store: Store, split: str, shard: int, cfg: SplitConfig, 
         members[staged] = found
     copied = [[e["key"], sorted((ext, sha) for ext, (_, _, sha) in members[e["staging_shard"]][e["key"]].items())]
               for e in entries]
-    fp = unit_fingerprint("release", code_version(__name__), cfg.tiers, [plan["sha256"], copied])
+    reencodes = any(e["image_encoding"] != COPIED for e in entries)
+    fp = unit_fingerprint("release", code_version(__name__),
+                          [cfg.tiers, cfg.layout, pillow_version() if reencodes else None], [plan["sha256"], copied])
+    tar = release_tar(split, shard, cfg.layout)
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         def samples():
@@ -148,18 +197,11 @@ def write_release_shard(store: Store, split: str, shard: int, cfg: SplitConfig, 
                 end = max(o + s for o, s, _ in spans.values())
                 blob = source.read_range(staging_tar(staged), start, end - start)
                 data = {ext: blob[o - start:o - start + s] for ext, (o, s, _) in spans.items()}
-                image_ext = next(e for e in data if e not in ("txt", "json"))
-                meta = json.loads(data["json"])
-                extra = {"split": split, "tiers": tiers_of(entry["tier"], cfg)}
-                if entry.get("caption_origin"):  # the captioning stage ran: its type and origin
-                    extra.update(caption_type=entry["caption_type"], caption_origin=entry["caption_origin"])
-                text = data["txt"] if entry.get("caption") is None else entry["caption"].encode()
-                yield Sample(entry["key"], {image_ext: data[image_ext], "txt": text,
-                                            "json": sample_json(meta, extra)})
+                yield release_sample(entry["key"], data, split, tiers_of(entry["tier"], cfg), entry["release_ext"],
+                                     entry["image_encoding"], cfg.layout, captioned=entry)
 
-        with store.atomic_write(release_tar(split, shard)) as f:
+        with store.atomic_write(tar) as f:
             result = write_tar(f, samples())
-        return {release_tar(split, shard): result.sha256}, {"shard": name, "count": result.count,
-                                                             "bytes": result.bytes}
+        return {tar: result.sha256}, {"shard": name, "count": result.count, "bytes": result.bytes}
 
-    return run_unit(store, release_tar(split, shard), fp, compute)
+    return run_unit(store, tar, fp, compute)

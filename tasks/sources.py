@@ -5,7 +5,8 @@ Accepted sources (local paths or any fsspec URI such as ``s3://``):
 (a) a metadata table (parquet, JSONL or CSV; a file, or a folder holding
     ``metadata.{parquet,jsonl,csv}``) whose rows point at image files;
 (b) WebDataset tars (a ``.tar`` file or a folder of them, e.g. img2dataset output:
-    ``{key}.jpg`` + ``{key}.txt`` + ``{key}.json``);
+    ``{key}.jpg`` + ``{key}.txt`` + ``{key}.json``), or a GPIC release root
+    (``train|val|test/gpic_*.tar``: ``{key}.json`` with the caption, then ``{key}.jpg|png``);
 (c) a bare folder of images (optional ``{stem}.txt`` caption and ``{stem}.json``
     metadata sidecars are read, not counted as records).
 
@@ -48,6 +49,7 @@ INPUT_COLUMNS = INPUT_SCHEMA.names
 IMAGE_EXTS = {"jpg", "jpeg", "png", "webp"}
 TABLE_SUFFIXES = (".parquet", ".jsonl", ".csv")
 SIDECAR_EXTS = {"txt", "json"}
+GPIC_SPLITS = ("train", "val", "test")
 SCHEME_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")  # file:/x, local:/x, c:/x
 
 
@@ -116,9 +118,28 @@ def detect_kind(src: str, options: dict[str, Any]) -> tuple[str, str]:
         candidate = posixpath.join(path, f"metadata{suffix}")
         if fs.isfile(candidate):
             return "table", _full(fs, candidate, src)
-    if fs.glob(posixpath.join(path, "*.tar")):
+    if fs.glob(posixpath.join(path, "*.tar")) or gpic_tars(fs, path):
         return "tars", src
     return "folder", src
+
+
+def gpic_tars(fs: fsspec.AbstractFileSystem, path: str) -> list[str]:
+    """The tars of a GPIC-layout release root (``train/``, ``val/``, ``test/`` folders of
+    ``gpic_{split}_NNNNN.tar``), split by split in GPIC's order, shards in index order."""
+    return [t for split in GPIC_SPLITS for t in sorted(fs.glob(posixpath.join(path, split, "*.tar")))]
+
+
+def tar_list(fs: fsspec.AbstractFileSystem, path: str) -> list[str]:
+    """A tar source's tars: the file itself, the folder's ``*.tar``, or a GPIC release root's."""
+    if fs.isfile(path):
+        return [path]
+    return sorted(fs.glob(posixpath.join(path, "*.tar"))) + gpic_tars(fs, path)
+
+
+def source_split_of(tar_uri: str) -> str | None:
+    """train/val/test when a source tar lies in a GPIC release root's split folder."""
+    parts = tar_uri.rstrip("/").split("/")
+    return parts[-2] if len(parts) >= 2 and parts[-2] in GPIC_SPLITS else None
 
 
 def _table_batches(uri: str, options: dict[str, Any], chunk: int) -> Iterator[pa.Table]:
@@ -276,7 +297,7 @@ def plan_partitions(src: str, store: Store, cfg: SourceConfig) -> tuple[str, lis
     kind, uri = detect_kind(src, cfg.storage_options) if cfg.kind == "auto" else (cfg.kind, src)
     if kind == "tars":
         fs, path = _fs(uri, cfg.storage_options)
-        tars = [path] if fs.isfile(path) else sorted(fs.glob(posixpath.join(path, "*.tar")))
+        tars = tar_list(fs, path)
         parts = [Partition(i, "tar", _full(fs, t, uri), "", file_stamp(fs, t)) for i, t in enumerate(tars)]
     elif kind == "table":
         fs, path = _fs(uri, cfg.storage_options)

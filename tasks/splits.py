@@ -13,7 +13,8 @@ components plus a seed, so the plan does not depend on shard order or worker cou
   follows the split's caption mix as closely as integer counts allow.
 * **Tiers.** Nested prefixes of the train shards (GPIC: nano/lite/full = first
   80/800/8000), scaled proportionally when the corpus has fewer train shards; the largest
-  tier is always every train shard.
+  tier is always every train shard. ``preset: gpic`` keeps GPIC's fixed numbers instead
+  (:func:`held_out_sizes`, fixed tier shard counts).
 """
 
 from __future__ import annotations
@@ -21,13 +22,18 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from corpusforge.hashing import stable_uniform
 
 SPLITS = ("train", "val", "test")
+
+# GPIC's fixed numbers (paper §2.5, GPIC_FORMAT.md): 200K val, 1M test, 8,000 train shards of
+# 12,500 = 100M; the corpus size at which the gpic preset's counts apply unscaled.
+GPIC_VAL, GPIC_TEST = 200_000, 1_000_000
+GPIC_TOTAL = 8000 * 12_500 + GPIC_VAL + GPIC_TEST
 
 
 class SplitConfig(BaseModel):
@@ -43,6 +49,26 @@ class SplitConfig(BaseModel):
     tiers: dict[str, int] = Field(
         {"nano": 80, "lite": 800, "full": 8000},
         description="Nested tiers as train-shard counts at full scale; scaled down for small corpora.")
+    layout: Literal["default", "gpic"] = Field(
+        "default", description="Release shard layout: 'default' (shards/{split}/{split}-NNNNNN.tar: image, "
+                               ".txt, .json) or 'gpic' (GPIC's names, JSON first with GPIC's fields, jpg/png only).")
+    image_format: Literal["source", "auto", "png", "jpg"] = Field(
+        "source", description="Image members: 'source' keeps each image's bytes and extension (gpic: WebP → "
+                              "PNG); 'auto' is 'source' when that gives one extension, else 'png'; 'png' "
+                              "converts losslessly; 'jpg' re-encodes non-JPEG at jpeg_quality (lossy). "
+                              "One extension per release is what Hugging Face's webdataset loader needs.")
+    jpeg_quality: int = Field(95, ge=1, le=100, description="JPEG quality when image_format 'jpg' re-encodes.")
+    preset: Literal["default", "gpic"] = Field(
+        "default", description="'gpic': GPIC's fixed numbers — val/test 200K/1M (scaled by n/101.2M below "
+                               "GPIC's size), tiers as fixed train-shard counts (nano/lite = first 80/800, "
+                               "full = all) instead of proportions. Do not set val/test with it.")
+
+    @model_validator(mode="after")
+    def _preset_owns_sizes(self) -> SplitConfig:
+        if self.preset == "gpic" and {"val", "test"} & self.model_fields_set:
+            raise ValueError("splits.preset 'gpic' fixes val and test (200K / 1M, scaled for small corpora); "
+                             "remove splits.val / splits.test or use preset 'default'")
+        return self
 
 
 @dataclass(frozen=True)
@@ -55,6 +81,27 @@ class Placement:
 
 def _quota(size: float, total: int) -> int:
     return min(total, int(round(size * total)) if size < 1 else int(size))
+
+
+def held_out_sizes(n: int, cfg: SplitConfig) -> tuple[int, int, str]:
+    """(val, test, the rule in words) for ``n`` kept records.
+
+    ``gpic``: 200,000 / 1,000,000 when the corpus has at least GPIC's 101.2M records;
+    below, both scale by n / 101.2M (GPIC's held-out proportions, 0.198 % / 0.988 %),
+    each at least 1 when n ≥ 3 so a small corpus still has val and test."""
+    if cfg.preset != "gpic":
+        return _quota(cfg.val, n), _quota(cfg.test, n), (
+            f"default: val {cfg.val:g}, test {cfg.test:g} ({'fractions' if max(cfg.val, cfg.test) < 1 else 'counts'} "
+            f"of {n}); tiers {cfg.tiers} scaled by train shards / {max(cfg.tiers.values(), default=0)}")
+    if n >= GPIC_TOTAL:
+        val, test, how = GPIC_VAL, GPIC_TEST, "GPIC's counts (corpus at least GPIC's 101.2M)"
+    else:
+        floor = 1 if n >= 3 else 0
+        val, test = (max(floor, round(c * n / GPIC_TOTAL)) for c in (GPIC_VAL, GPIC_TEST))
+        how = f"scaled by n / {GPIC_TOTAL:,} = {n / GPIC_TOTAL:.3g} (corpus smaller than GPIC's)"
+    return val, test, (f"gpic: val {val}, test {test} of {n} — 200,000 / 1,000,000 {how}; "
+                       f"tiers as fixed train-shard counts {dict(tier_counts(10**9, cfg.tiers, fixed=True)[:-1])}, "
+                       "the largest = all")
 
 
 def _apportion(quota: int, sizes: dict[Any, int]) -> dict[Any, int]:
@@ -83,9 +130,9 @@ def assign_splits(records: list[dict[str, Any]], cfg: SplitConfig) -> dict[str, 
         members.sort(key=lambda r: r["key"])
         by_stratum[stratum_of(members[0], cfg.stratify_by)].append(members)
     sizes = {s: sum(len(g) for g in gs) for s, gs in by_stratum.items()}
-    n = len(records)
-    test_q = _apportion(_quota(cfg.test, n), sizes)
-    val_q = _apportion(_quota(cfg.val, n), sizes)
+    val_n, test_n, _ = held_out_sizes(len(records), cfg)
+    test_q = _apportion(test_n, sizes)
+    val_q = _apportion(val_n, sizes)
     split_of: dict[str, str] = {}
     for stratum, stratum_groups in by_stratum.items():
         stratum_groups.sort(key=lambda g: (stable_uniform(cfg.seed, g[0]["key"]), g[0]["key"]))
@@ -104,13 +151,15 @@ def assign_splits(records: list[dict[str, Any]], cfg: SplitConfig) -> dict[str, 
     return split_of
 
 
-def tier_counts(n_train_shards: int, tiers: dict[str, int]) -> list[tuple[str, int]]:
-    """(tier, shard count) from the smallest to the largest tier."""
+def tier_counts(n_train_shards: int, tiers: dict[str, int], fixed: bool = False) -> list[tuple[str, int]]:
+    """(tier, shard count) from the smallest to the largest tier; the largest is always every
+    train shard. ``fixed`` (gpic preset): the others are their stated shard counts, capped
+    at the train shards; else scaled by n_train_shards / the largest's stated count."""
     if not tiers or n_train_shards == 0:
         return []
     ordered = sorted(tiers.items(), key=lambda t: (t[1], t[0]))
     largest = ordered[-1][1]
-    counts = [(name, max(1, min(n_train_shards, round(count * n_train_shards / largest))))
+    counts = [(name, max(1, min(n_train_shards, count if fixed else round(count * n_train_shards / largest))))
               for name, count in ordered[:-1]]
     return counts + [(ordered[-1][0], n_train_shards)]
 
@@ -129,7 +178,7 @@ def plan_release(records: list[dict[str, Any]], cfg: SplitConfig) -> dict[str, P
         shard_members: list[list[str]] = [[] for _ in range(n_shards)]
         for i, r in enumerate(order):
             shard_members[i % n_shards].append(r["key"])
-        tiers = tier_counts(n_shards, cfg.tiers) if split == "train" else []
+        tiers = tier_counts(n_shards, cfg.tiers, cfg.preset == "gpic") if split == "train" else []
         for shard, keys in enumerate(shard_members):
             tier = next((name for name, count in tiers if shard < count), None)
             keys.sort(key=lambda k: (stable_uniform(cfg.seed + 2, k), k))

@@ -173,3 +173,27 @@ def test_missing_features_are_reported_not_guessed(corpus, tmp_path):
     plan = scan_manifest(store, ("test",))
     with pytest.raises(FileNotFoundError, match="other_model.*is not complete"):
         shard_partials(store, "other_model", plan.shards[0], plan.plan)
+
+
+def test_gpic_eval_file_beside_the_sidecar(corpus):
+    """Issue 13: stats/test_stats.npz with gpic-eval's keys, the same µ, Σ and subsample,
+    named by SHA-256 in the sidecar, so evaluate finds its provenance again."""
+    from tasks.stats.evaluate import load_reference
+
+    store, _, _ = corpus
+    plan: ReferencePlan = scan_manifest(store, ("test",), SampleConfig(max_rows=6, seed=1))
+    total = merge_partials(*[batch_partials(store, MODEL_ID, run, plan.plan) for run in plan_batches(plan.shards, 2)])
+    marker = next(iter(total.markers.values()))
+    side = write_group_stats(store, "test", MODEL_ID, total.groups["test"], marker, plan, "cv-1")
+    stem = stats_path("test", MODEL_ID)
+    data = store.read_bytes("stats/test_stats.npz")
+    with np.load(io.BytesIO(data), allow_pickle=False) as gpic, np.load(io.BytesIO(store.read_bytes(stem + ".npz"))) as own:
+        assert sorted(gpic.files) == ["dino_embeddings", "dino_mu", "dino_sigma"]
+        np.testing.assert_array_equal(gpic["dino_mu"], own["mu"])
+        np.testing.assert_array_equal(gpic["dino_sigma"], own["sigma"])
+        np.testing.assert_array_equal(gpic["dino_embeddings"], np.load(io.BytesIO(store.read_bytes(stem + ".features.npy"))))
+    assert side["files"]["gpic_npz"]["sha256"] == Store.sha256(store, "stats/test_stats.npz")
+    assert side["files"]["gpic_npz"]["embeddings"] == side["subsample"]["rows"]
+    reference = load_reference(store.path("stats/test_stats.npz"))
+    assert reference.provenance == side and reference.n == side["n"]
+    assert any("SHA-256" in c for c in reference.checks["checked"])

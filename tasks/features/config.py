@@ -20,7 +20,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "sscd_disc_mixup": {"arch": "resnet50", "preprocessing": ("sscd_square320", "sscd_short288")},
     "sscd_disc_large": {"arch": "resnext101_32x4d", "preprocessing": ("sscd_square320", "sscd_short288")},
     "clip": {"arch": "ViT-L-14", "preprocessing": ("clip_eval",)},
-    "dinov2": {"arch": "vit_large_patch14_dinov2", "preprocessing": ("gpic_eval", "dinov2_eval")},
+    "dinov2": {"arch": "vit_large_patch14_dinov2", "preprocessing": ("gpic_eval", "dinov2_eval", "gpic_eval_port")},
     # optional statistics model (raw 2048-d pool features); only with supplied weights
     "inception": {"arch": "inception_v3", "preprocessing": ("inception_299",)},
     # SSCD sscd_disc_mixup quantised to int8, run with onnxruntime (tasks/features/sscd_onnx.py)
@@ -31,7 +31,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
 # Preprocessings of the evaluation protocol (GPIC App. B.1) and of the optional Inception
 # statistics model: defined on full-resolution decodes, and their models return raw
 # (un-normalised) features for the statistics.
-STATISTICS_PREPROCESSING = frozenset({"gpic_eval", "inception_299"})
+STATISTICS_PREPROCESSING = frozenset({"gpic_eval", "gpic_eval_port", "inception_299"})
 
 
 class WeightsSpec(BaseModel):

@@ -102,8 +102,9 @@ def load(spec: ModelSpec, runtime: RuntimeConfig, torchscript_allowlist: Sequenc
         if spec.weights.format != "state_dict":
             raise WeightsError("dinov2 takes state dicts only")
         net.load_state_dict(to_timm_keys(load_state_dict(spec.weights), net), strict=True)
-    fn = partial(pp.gpic_eval if prep == "gpic_eval" else pp.dinov2_eval, size=size)
+    fn = partial({"gpic_eval": pp.gpic_eval, "gpic_eval_port": pp.gpic_eval_port}.get(prep, pp.dinov2_eval),
+                 size=size)
     return DINOv2Model(net, model_id=spec.model_id, arch=arch, dim=int(net.num_features), preprocessing=prep,
                        preprocess_fn=fn, runtime=runtime, random_init=spec.weights is None,
                        weights_sha256=spec.weights.sha256 if spec.weights else None,
-                       normalized=prep != "gpic_eval")
+                       normalized=prep not in ("gpic_eval", "gpic_eval_port"))

@@ -15,6 +15,11 @@ uint8 images, as torchvision does for PIL inputs, and the float conversion follo
   to a square, Pillow bicubic to 256x256, then ``Resize((224, 224))`` bicubic and
   ImageNet normalisation (on released GPIC images, already 256x256, only the last step
   changes pixels).
+* ``gpic_eval_port``: GPIC's evaluation port exactly (GPIC_FORMAT.md): the whole image
+  squashed to 224x224 by torchvision ``Resize((224, 224))`` bicubic (no crop, aspect not
+  kept), ImageNet normalisation. Equal to ``gpic_eval`` on square images of 256x256
+  (GPIC's own), different on any other: on a 500x300 image the inputs differ by ~0.7 in
+  normalised units on average (the crop drops 40 % of the picture).
 * ``inception_299``: the optional Inception-v3 statistics model's input: the whole image
   (aspect not kept, no crop) to 299x299 with Pillow bicubic, as clean-fid resizes for
   FID, then ImageNet normalisation (torchvision's Inception3 ``transform_input`` maps that
@@ -89,6 +94,14 @@ def gpic_256(image: Image.Image) -> Image.Image:
 
 def gpic_eval(image: Image.Image, size: int = 224) -> np.ndarray:
     resized = gpic_256(image).resize((size, size), Image.BICUBIC)
+    return to_chw_float(resized, IMAGENET_MEAN, IMAGENET_STD)
+
+
+def gpic_eval_port(image: Image.Image, size: int = 224) -> np.ndarray:
+    """torchvision ``Resize((size, size), BICUBIC)`` on a PIL image is Pillow's bicubic
+    ``resize`` of the whole image; then ``ToTensor`` + ``Normalize``."""
+    rgb = image if image.mode == "RGB" else image.convert("RGB")
+    resized = rgb if rgb.size == (size, size) else rgb.resize((size, size), Image.BICUBIC)
     return to_chw_float(resized, IMAGENET_MEAN, IMAGENET_STD)
 
 

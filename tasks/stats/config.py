@@ -20,11 +20,15 @@ from tasks.features.config import ModelSpec
 PROTOCOL_ARCH = "vit_large_patch14_dinov2"
 PROTOCOL_PREPROCESSING = "gpic_eval"
 RECOMMENDED_GENERATED = 50_000
+# Evaluation modes and their preprocessing: "paper" follows App. B.1 (square centre crop,
+# bicubic to 256, then 224); "gpic_eval_port" follows the public port of GPIC's toolkit
+# (Resize((224, 224)) bicubic squash of the whole image). Metrics are the same in both.
+PROTOCOL_MODES = {"paper": "gpic_eval", "gpic_eval_port": "gpic_eval_port"}
 
 
-def protocol_model() -> ModelSpec:
-    """The default feature model of GPIC's evaluation protocol."""
-    return ModelSpec(name="dinov2", arch=PROTOCOL_ARCH, preprocessing=PROTOCOL_PREPROCESSING)
+def protocol_model(mode: str = "paper") -> ModelSpec:
+    """The feature model of GPIC's evaluation protocol in ``mode``."""
+    return ModelSpec(name="dinov2", arch=PROTOCOL_ARCH, preprocessing=PROTOCOL_MODES[mode])
 
 
 class YamlConfig(BaseModel):

@@ -8,9 +8,11 @@ by the model ("gpic_eval" by default) and embedded. An image that cannot be deco
 counted with its reason and left out; it never stops the run.
 
 Reference files are ``stats/{group}-{model_id}.npz`` with their ``.json`` provenance and
-``.features.npy`` subsample (see :mod:`tasks.stats.reference`), or GPIC's released
-``test_stats.npz`` (``dino_mu``, ``dino_sigma``, optional ``dino_embeddings``), which has
-no provenance: its model is then assumed to be the protocol's and that is recorded.
+``.features.npy`` subsample (see :mod:`tasks.stats.reference`), or a gpic-eval
+``test_stats.npz`` (``dino_mu``, ``dino_sigma``, optional ``dino_embeddings``): one written
+here is verified against its sidecar by SHA-256; GPIC's published one has no provenance,
+so its model is assumed to be the protocol's in the mode in use, and the result lists
+what could and could not be checked (:mod:`tasks.stats.gpic_stats`).
 Before anything is embedded, the configured model is checked against the reference's
 model; after embedding, the loaded model's full fingerprint is. A mismatch stops the
 evaluation unless ``allow_mismatch`` is set, and is then written as a deviation.
@@ -35,7 +37,8 @@ from tasks.features.base import FeatureModel
 from tasks.features.config import ModelSpec, RuntimeConfig
 from tasks.features.decode import decode_rgb
 from tasks.stats.compare import compare
-from tasks.stats.config import MetricsConfig, protocol_model
+from tasks.stats.config import PROTOCOL_MODES, MetricsConfig, protocol_model
+from tasks.stats.gpic_stats import provenance_of, reference_checks, small_reference_warning, validate_arrays
 from tasks.stats.moments import Moments
 from tasks.stats.provenance import identity_mismatches, model_deviations
 
@@ -57,6 +60,7 @@ class Reference:
     n: int
     features: np.ndarray | None
     provenance: dict[str, Any] | None  # None for a GPIC release file
+    checks: dict[str, list[str]] | None = None  # a gpic-eval file: what could and could not be checked
 
 
 def _read(uri: str, storage_options: dict[str, Any]) -> bytes:
@@ -72,13 +76,17 @@ def _exists(uri: str, storage_options: dict[str, Any]) -> bool:
 def load_reference(npz_uri: str, storage_options: dict[str, Any] | None = None) -> Reference:
     """Load reference statistics, their feature subsample and provenance."""
     so = dict(storage_options or {})
-    with np.load(io.BytesIO(_read(npz_uri, so)), allow_pickle=False) as npz:
+    data = _read(npz_uri, so)
+    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
         arrays = {k: npz[k] for k in npz.files}
-    if "dino_mu" in arrays:  # GPIC's release format
+    if "dino_mu" in arrays:  # gpic-eval's format
+        validate_arrays(arrays, npz_uri)
         feats = arrays.get("dino_embeddings")
+        provenance = provenance_of(npz_uri, data, so)
+        n = int(provenance["n"]) if provenance else int(feats.shape[0]) if feats is not None else 0
         return Reference(npz_uri, arrays["dino_mu"].astype(np.float64), arrays["dino_sigma"].astype(np.float64),
-                         int(feats.shape[0]) if feats is not None else 0,
-                         None if feats is None else feats.astype(np.float32), None)
+                         n, None if feats is None else feats.astype(np.float32), provenance,
+                         reference_checks(arrays, provenance))
     stem = npz_uri.removesuffix(".npz")
     provenance = None
     if _exists(f"{stem}.json", so):
@@ -101,15 +109,17 @@ def expected_identity(spec: ModelSpec) -> dict[str, Any]:
             "weights": spec.weights.sha256 if spec.weights else "random-init"}
 
 
-def check_model(reference: Reference, identity: dict[str, Any], allow_mismatch: bool) -> list[str]:
+def check_model(reference: Reference, identity: dict[str, Any], allow_mismatch: bool,
+                mode: str = "paper") -> list[str]:
     """Mismatches between the reference's model and ``identity`` (every field ``identity`` has).
 
     Raises :class:`ProtocolMismatch` when there are any and ``allow_mismatch`` is False.
-    A GPIC release file is assumed to use the protocol model.
+    A GPIC release file is assumed to use the protocol model of ``mode`` (on GPIC's own
+    256x256 images both modes give the same input).
     """
     ref = reference_identity(reference)
     if ref is None:
-        ref = expected_identity(protocol_model())
+        ref = expected_identity(protocol_model(mode))
         ref = {k: v for k, v in ref.items() if k != "weights"}  # the release does not say which file
     mismatches = identity_mismatches({k: ref.get(k) for k in identity if k in ref},
                                      {k: identity[k] for k in identity if k in ref})
@@ -229,13 +239,14 @@ def embed_chunk(chunk: GeneratedChunk, spec: ModelSpec, runtime: RuntimeConfig,
 # ---- metrics -----------------------------------------------------------------------
 
 def evaluate_features(chunks: Sequence[ChunkFeatures], reference: Reference, cfg: MetricsConfig,
-                      allow_mismatch: bool = False) -> dict[str, Any]:
-    """The ``metrics.json`` content for embedded generated images against ``reference``."""
+                      allow_mismatch: bool = False, mode: str = "paper") -> dict[str, Any]:
+    """The ``metrics.json`` content for embedded generated images against ``reference``;
+    ``mode`` (paper or gpic_eval_port) is named in it."""
     identities = {repr(sorted(c.identity.items())): c.identity for c in chunks if c.identity}
     if len(identities) > 1:
         raise ProtocolMismatch(f"generated chunks were embedded by different models: {list(identities.values())}")
     identity = next(iter(identities.values()), {})
-    mismatches = check_model(reference, identity, allow_mismatch)
+    mismatches = check_model(reference, identity, allow_mismatch, mode)
     feats = np.concatenate([c.features for c in chunks]) if chunks else np.zeros((0, reference.mu.size), np.float32)
     if feats.shape[1] != reference.mu.size:
         raise ProtocolMismatch(f"generated features have {feats.shape[1]} dimensions, reference {reference.mu.size}")
@@ -250,9 +261,11 @@ def evaluate_features(chunks: Sequence[ChunkFeatures], reference: Reference, cfg
     deviations += model_deviations(identity)
     if reference.provenance is None:
         deviations.append("reference file has no provenance (GPIC release format): its model is assumed to be "
-                          "DINOv2 ViT-L/14 with gpic_eval preprocessing")
+                          f"DINOv2 ViT-L/14 with {PROTOCOL_MODES[mode]} preprocessing")
     else:
         deviations += [f"reference: {d}" for d in reference.provenance.get("protocol_deviations", [])]
+    if (small := small_reference_warning(reference.n)) is not None:
+        deviations.append(small)
     if feats.shape[0] < cfg.min_generated:
         deviations.append(f"only {feats.shape[0]} generated images (the protocol uses {cfg.min_generated}); "
                           "FD is biased upwards for small sets")
@@ -267,17 +280,20 @@ def evaluate_features(chunks: Sequence[ChunkFeatures], reference: Reference, cfg
                       "error_examples": dict(sorted(errors.items())[:20])},
         "reference": {"path": reference.path, "n": reference.n,
                       "feature_rows": 0 if reference.features is None else int(reference.features.shape[0]),
-                      "provenance": reference.provenance},
+                      "provenance": reference.provenance, "checks": reference.checks},
         "model": identity,
         "settings": cfg.model_dump(mode="json"),
-        "protocol": {"default": not deviations, "deviations": deviations},
+        "protocol": {"mode": mode, "preprocessing": PROTOCOL_MODES[mode], "default": not deviations,
+                     "deviations": deviations, "seeds": {"prdc_subsample": cfg.seed, "mmd_subsets": cfg.seed}},
     }
 
 
 def render_report(result: dict[str, Any]) -> str:
     """A short human-readable ``report.md``."""
     m = result["metrics"]
-    lines = ["# Evaluation", "",
+    protocol = result["protocol"]
+    lines = ["# Evaluation", "", f"Mode **{protocol.get('mode', 'paper')}** (preprocessing "
+             f"`{protocol.get('preprocessing', 'gpic_eval')}`; seeds {protocol.get('seeds')}).", "",
              f"{result['generated']['embedded']} generated images against `{result['reference']['path']}` "
              f"({result['reference']['n']} reference images), model `{result['model'].get('model_id')}`.", "",
              "| metric | value |", "|---|---|"]
@@ -289,4 +305,7 @@ def render_report(result: dict[str, Any]) -> str:
     lines += ["## Protocol", "", "GPIC's default protocol." if not devs else "Deviations from GPIC's protocol:"]
     lines += [f"- {d}" for d in devs]
     lines += [f"- note: {n}" for n in m.get("notes", [])]
+    if checks := result["reference"].get("checks"):
+        lines += ["", "## Reference file", ""] + [f"- checked: {c}" for c in checks["checked"]]
+        lines += [f"- {c}" for c in checks["cannot_check"]]
     return "\n".join(lines) + "\n"

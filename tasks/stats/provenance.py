@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.features.config import ModelSpec
-from tasks.stats.config import PROTOCOL_ARCH, PROTOCOL_PREPROCESSING, protocol_model
+from tasks.stats.config import PROTOCOL_ARCH, PROTOCOL_MODES, protocol_model
 
 RANDOM_INIT_WARNING = ("RANDOM-INIT MODEL: features come from untrained weights; these numbers carry no "
                        "meaning and must not be compared with published values")
@@ -28,9 +28,11 @@ def model_deviations(identity: dict[str, Any]) -> list[str]:
     if identity.get("arch") != PROTOCOL_ARCH:
         out.append(f"feature model {identity.get('arch')} instead of DINOv2 ViT-L/14 without registers "
                    f"({PROTOCOL_ARCH})")
-    if identity.get("preprocessing") != PROTOCOL_PREPROCESSING:
-        out.append(f"preprocessing {identity.get('preprocessing')!r} instead of {PROTOCOL_PREPROCESSING!r}")
-    expected_id = protocol_model().model_id
+    modes = {prep: mode for mode, prep in PROTOCOL_MODES.items()}
+    if identity.get("preprocessing") not in modes:
+        out.append(f"preprocessing {identity.get('preprocessing')!r} instead of one of the protocol's "
+                   f"{sorted(modes)}")
+    expected_id = protocol_model(modes.get(identity.get("preprocessing"), "paper")).model_id
     if not out and identity.get("model_id") != expected_id:
         out.append(f"model id {identity.get('model_id')} instead of {expected_id} (input size override)")
     if identity.get("normalized"):

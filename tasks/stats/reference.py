@@ -22,6 +22,9 @@ holds more than one shard's features plus the partials:
     stats/{group}-{model_id}.npz           mu (d,), sigma (d, d) float64, n
     stats/{group}-{model_id}.features.npy  float32 [≤ max_rows, d]: the deterministic subsample
     stats/{group}-{model_id}.json          provenance sidecar, written last
+    stats/test_stats.npz                   for the test split of a DINOv2 model: the same µ, Σ and
+                                           subsample under gpic-eval's key names (dino_mu, dino_sigma,
+                                           dino_embeddings), named with its SHA-256 in the sidecar
 """
 
 from __future__ import annotations
@@ -41,12 +44,13 @@ import pyarrow.parquet as pq
 
 from corpusforge.feature_files import read_shard_errors, read_shard_features, require_features
 from corpusforge.hashing import fingerprint, stable_uniform
-from corpusforge.layout import MANIFEST_DIR, manifest_path, staging_records
+from corpusforge.layout import GPIC_TEST_STATS, MANIFEST_DIR, manifest_path, staging_records
 from corpusforge.records import Status
 from corpusforge.storage import Store
 from tasks.features.extract import Selection
 from tasks.stats.compare import compare
 from tasks.stats.config import MetricsConfig, SampleConfig
+from tasks.stats.gpic_stats import gpic_stats_bytes
 from tasks.stats.moments import Moments
 from tasks.stats.provenance import model_deviations
 from tasks.stats.subsample import KeyedSample
@@ -357,6 +361,13 @@ def write_group_stats(store: Store, group: str, model_id: str, partial: GroupPar
     }
     if caption_set is not None:
         sidecar["eval_captions"] = caption_set
+    if group == "test" and "dinov2" in str(marker["model"].get("arch")):
+        sidecar["files"]["gpic_npz"] = {
+            "path": GPIC_TEST_STATS, "embeddings": len(partial.sample.keys),
+            "sha256": store.write_bytes(GPIC_TEST_STATS, gpic_stats_bytes(
+                m.mean, m.covariance(), partial.sample.features.astype(np.float32))),
+            "note": "gpic-eval's key names for this sidecar's µ, Σ and subsample (dino_embeddings = the "
+                    "subsample above, sample.max_rows rows, seeded)"}
     store.write_json(f"{stem}.json", sidecar)
     return sidecar
 
