@@ -11,7 +11,8 @@
    client with pre-encoded bodies, and the image preparation alone.
 
 Images are 640×480 JPEGs (GPIC's mean is 587×479): at max_side 768 they are sent as
-stored; ``--max-side 512`` makes the stage resize and re-encode every one. Run: ``PYTHONPATH=. python bench/captioning.py [--latency 0.05]``.
+stored; ``--max-side 512`` makes the stage resize and re-encode every one.
+Run: ``PYTHONPATH=. python bench/captioning.py [--latency 0.05]``.
 """
 
 from __future__ import annotations

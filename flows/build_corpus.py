@@ -27,10 +27,10 @@ from corpusforge.cluster import DaskConfig, as_task, cluster_flow, run_logger, r
 from corpusforge.config import FlowConfig
 from corpusforge.contract import count_actions, prune, remove_tree, sweep_temp_files
 from corpusforge.feature_files import prune_features
-from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_DIR, EVAL_CAPTIONS, EXACT_DIR, GRAPH_DIR,
-                                HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR, RESOLVED_DIR, SPILL_DIR, STAGING_INDEX,
-                                STAGING_RECORDS, STAGING_TARS, STATS_DIR, bucket_name, hashes_path, keys_table_path,
-                                part_name)
+from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_DIR, EVAL_CAPTIONS, EXACT_DIR,
+                                GRAPH_DIR, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR, RESOLVED_DIR, SPILL_DIR,
+                                STAGING_INDEX, STAGING_RECORDS, STAGING_TARS, STATS_DIR, bucket_name, hashes_path,
+                                keys_table_path, part_name)
 from corpusforge.progress import RunProgress, run_progress
 from corpusforge.storage import Store
 from corpusforge.version import code_version

@@ -12,8 +12,9 @@ per-record error), not retried. A request still failing after its attempts is an
 outcome with ``transient=True``: the stage does not journal it, so a later run asks again.
 
 The image is sent as a base64 data URL: as stored when it is upright and its longer side
-is at most ``max_side``, else oriented, resized and re-encoded as JPEG; each image is decoded and encoded once for all of its requests, on a
-thread (Pillow releases the GIL), and only while some request of it is in flight or next.
+is at most ``max_side``, else oriented, resized and re-encoded as JPEG; each image is
+decoded and encoded once for all of its requests, on a thread (Pillow releases the GIL),
+and only while some request of it is in flight or next.
 The API key goes into the ``Authorization`` header only; no error message carries headers.
 """
 

@@ -272,7 +272,8 @@ def caption_shard(store: Store, shard: str, cfg: CaptioningConfig, plan_digest: 
     for row in rows:
         if row["words"] is not None:
             words[row["caption_type"]][row["words"]] += 1
-    info = {"shard": shard, "planned": len(plan), "gave_up": len(gave_up), "by_status": dict(sorted(Counter(r["status"] for r in rows).items())),
+    info = {"shard": shard, "planned": len(plan), "gave_up": len(gave_up),
+            "by_status": dict(sorted(Counter(r["status"] for r in rows).items())),
             "by_reason": dict(sorted(Counter(r["reason"].split(":", 1)[0] for r in rows if r["reason"]).items())),
             "words": {t: {str(n): c for n, c in sorted(w.items())} for t, w in sorted(words.items())}}
     # a unit with given-up requests is marked incomplete: the next run recomputes it and
