@@ -30,7 +30,7 @@ from corpusforge.contract import run_unit, unit_fingerprint
 from corpusforge.hashing import stable_int
 from corpusforge.layout import HASH_SCHEMA, INGEST_SCHEMA, KEY_SCHEMA, hashes_path, ingest_path, keys_table_path
 from corpusforge.records import Status
-from corpusforge.storage import Store, is_remote
+from corpusforge.storage import Store, is_remote, with_retry_defaults
 from corpusforge.tarshard import is_safe_key, iter_tar_samples
 from corpusforge.version import code_version
 from tasks.sources import (IMAGE_EXTS, METADATA_COLUMNS, Partition, SourceConfig, allowed_roots, file_stamp,
@@ -62,7 +62,7 @@ def _judge(record: dict[str, Any], data: bytes, cfg: ValidationConfig, scores: d
 def _chunk_rows(part: Partition, store: Store) -> list[dict[str, Any]]:
     """The normalised rows of a rows partition: its chunk lies under the output root
     (``work/input``), so it is opened with the output's storage options, not the source's."""
-    with fsspec.open(part.uri, "rb", **store.storage_options) as f:
+    with fsspec.open(part.uri, "rb", **with_retry_defaults(part.uri, store.storage_options)) as f:
         return pq.read_table(f).to_pylist()
 
 

@@ -41,7 +41,7 @@ from corpusforge.hashing import canonical_json, fingerprint
 from corpusforge.layout import (STAGING_RECORDS_SCHEMA, resolved_path, staging_index, staging_records,
                                 staging_tar)
 from corpusforge.records import Status
-from corpusforge.storage import Store
+from corpusforge.storage import Store, with_retry_defaults
 from corpusforge.tarshard import Sample, write_tar
 from corpusforge.version import code_version
 
@@ -109,7 +109,8 @@ class SourceChanged(ValueError):
 def read_source_bytes(record: dict[str, Any], storage_options: dict[str, Any]) -> bytes:
     """Read a record's image bytes again from its source and check they did not change."""
     location = record["source_path"]
-    with fsspec.open(location.split("#", 1)[0], "rb", **storage_options) as f:
+    uri = location.split("#", 1)[0]
+    with fsspec.open(uri, "rb", **with_retry_defaults(uri, storage_options)) as f:
         if record["source_offset"] >= 0:  # a member inside a source tar
             f.seek(record["source_offset"])
         data = f.read(record["bytes"] + (0 if record["source_offset"] >= 0 else 1))
