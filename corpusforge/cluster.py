@@ -227,7 +227,10 @@ def dask_config(cfg: DaskConfig) -> Iterator[None]:
 def run_tasks(t, calls: list[dict[str, Any]]) -> list[Any]:
     """One task run per call, fanned out by the flow run's task runner; outside a flow
     run, the plain functions run here one after the other. Finished units are reported
-    to the run's progress (:mod:`corpusforge.progress`) as they complete."""
+    to the run's progress (:mod:`corpusforge.progress`) as they complete. The first unit
+    that fails for good (its retries spent) fails the stage at once and cancels the units
+    not yet started: with an S3 server down, waiting for each of them to spend its own
+    retries would keep a doomed run going for minutes."""
     from prefect.context import FlowRunContext
     from prefect.futures import as_completed
 
@@ -245,9 +248,17 @@ def run_tasks(t, calls: list[dict[str, Any]]) -> list[Any]:
         return results
     with annotated(t.name):
         futures = [t.submit(**kwargs) for kwargs in calls]
-    if progress is not None and futures:
-        for _ in as_completed(futures):
-            progress.advance(t.name)
+    try:
+        for future in as_completed(futures):
+            future.result()  # a unit failed for good fails the stage now, not after every other unit
+            if progress is not None:
+                progress.advance(t.name)
+    except BaseException:
+        for other in futures:  # units not started yet never start (a running one ends by itself)
+            wrapped = getattr(other, "wrapped_future", None)
+            if wrapped is not None:
+                wrapped.cancel()
+        raise
     return [f.result() for f in futures]
 
 

@@ -35,6 +35,26 @@ PARQUET_WRITE_OPTIONS: dict[str, Any] = {
 }
 
 
+# Retries on S3, explicit rather than inherited: botocore's "standard" mode retries
+# throttling (503 SlowDown), 500/502/503/504 and dropped connections up to
+# S3_MAX_ATTEMPTS attempts in all, waiting a random share of 1, 2, 4, 8 s (full-jitter
+# exponential backoff); access denied and other 4xx errors are never retried. Users may
+# override it with ``storage_options: {config_kwargs: {retries: ...}}``. (s3fs adds its own
+# outer loop only for SlowDown and connection errors that outlast these attempts.)
+S3_MAX_ATTEMPTS = 5
+S3_RETRIES: dict[str, Any] = {"mode": "standard", "total_max_attempts": S3_MAX_ATTEMPTS}
+
+
+def with_retry_defaults(uri: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
+    """``storage_options`` for ``uri`` with the explicit S3 retry rule added unless set."""
+    options = dict(storage_options or {})
+    if fsspec.utils.get_protocol(uri) in ("s3", "s3a"):
+        config_kwargs = dict(options.get("config_kwargs") or {})
+        config_kwargs.setdefault("retries", dict(S3_RETRIES))
+        options["config_kwargs"] = config_kwargs
+    return options
+
+
 def is_remote(uri: str) -> bool:
     """True for URIs with a scheme other than ``file``."""
     protocol = fsspec.utils.get_protocol(uri)
@@ -60,8 +80,16 @@ class Store:
         self.root = root.rstrip("/") if is_remote(root) else os.path.abspath(root)
         self.storage_options = dict(storage_options or {})
         self.fsync = fsync
-        self.fs, _ = fsspec.core.url_to_fs(self.root, **self.storage_options)
+        self.fs, _ = fsspec.core.url_to_fs(self.root, **with_retry_defaults(self.root, self.storage_options))
         self.remote = is_remote(self.root)
+
+    @contextlib.contextmanager
+    def _naming(self, rel: str) -> Iterator[None]:
+        """Access denied names the object: s3fs's own message is only ``Forbidden``."""
+        try:
+            yield
+        except PermissionError as exc:
+            raise PermissionError(f"access denied to {self.path(rel)}: {exc}") from exc
 
     def __reduce__(self):  # picklable for Dask: rebuild the filesystem on the worker
         return (Store, (self.root, self.storage_options, self.fsync))
@@ -79,15 +107,17 @@ class Store:
 
     # ---- reads -------------------------------------------------------------
     def exists(self, rel: str) -> bool:
-        return self.fs.exists(self._fs_path(rel))
+        with self._naming(rel):
+            return self.fs.exists(self._fs_path(rel))
 
     def open(self, rel: str, mode: str = "rb") -> IO[bytes]:
         if "w" in mode or "a" in mode:
             raise ValueError("use atomic_write() for writes")
-        return self.fs.open(self._fs_path(rel), mode)
+        with self._naming(rel):
+            return self.fs.open(self._fs_path(rel), mode)
 
     def read_bytes(self, rel: str) -> bytes:
-        with self.open(rel) as f:
+        with self._naming(rel), self.open(rel) as f:
             return f.read()
 
     def read_range(self, rel: str, offset: int, size: int) -> bytes:
@@ -148,7 +178,8 @@ class Store:
                 if not self.remote and self.fsync:
                     os.fsync(f.fileno())
             if self.remote:
-                self.fs.put_file(tmp, self._fs_path(rel))
+                with self._naming(rel):
+                    self.fs.put_file(tmp, self._fs_path(rel))
             else:
                 os.chmod(tmp, 0o644)
                 os.replace(tmp, final)
@@ -180,4 +211,4 @@ class Store:
 
 def open_uri(uri: str, storage_options: dict[str, Any] | None = None) -> IO[bytes]:
     """Open any local path or URI for binary reading."""
-    return fsspec.open(uri, "rb", **(storage_options or {})).open()
+    return fsspec.open(uri, "rb", **with_retry_defaults(uri, storage_options)).open()

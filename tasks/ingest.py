@@ -44,7 +44,7 @@ from corpusforge.hashing import stable_int
 from corpusforge.layout import (HASH_SCHEMA, INGEST_SCHEMA, KEY_SCHEMA, hashes_path, ingest_path, keys_table_path,
                                 spill_path)
 from corpusforge.records import Status
-from corpusforge.storage import Store, is_remote
+from corpusforge.storage import Store, is_remote, with_retry_defaults
 from corpusforge.tarshard import HashingWriter, is_safe_key, iter_tar_samples
 from corpusforge.version import code_version
 from tasks.licenses import LicenseConfig, license_family, license_reason
@@ -82,7 +82,7 @@ def _judge(record: dict[str, Any], data: bytes, cfg: ValidationConfig, scores: d
 def _chunk_rows(part: Partition, store: Store) -> list[dict[str, Any]]:
     """The normalised rows of a rows partition: its chunk lies under the output root
     (``work/input``), so it is opened with the output's storage options, not the source's."""
-    with fsspec.open(part.uri, "rb", **store.storage_options) as f:
+    with fsspec.open(part.uri, "rb", **with_retry_defaults(part.uri, store.storage_options)) as f:
         return pq.read_table(f).to_pylist()
 
 
@@ -152,7 +152,7 @@ def _row_records(part: Partition, src: SourceConfig, val: ValidationConfig,
             record["source_path"] = location
             try:
                 if is_remote(location):
-                    with fsspec.open(location, "rb", **src.storage_options) as f:
+                    with fsspec.open(location, "rb", **with_retry_defaults(location, src.storage_options)) as f:
                         data = f.read(val.max_bytes + 1)
                 else:
                     data = _read_local(os.path.realpath(location), val.max_bytes + 1)
@@ -176,7 +176,7 @@ def _tar_error_reason(why: str) -> str:
 
 def _tar_records(part: Partition, src: SourceConfig, val: ValidationConfig,
                  store: Store, lic: LicenseConfig | None) -> Iterator[dict[str, Any]]:
-    with fsspec.open(part.uri, "rb", **src.storage_options) as f:
+    with fsspec.open(part.uri, "rb", **with_retry_defaults(part.uri, src.storage_options)) as f:
         for i, sample in enumerate(iter_tar_samples(f)):
             record = _blank(part.index, i)
             record["source_path"] = f"{part.uri}#{sample.key}"

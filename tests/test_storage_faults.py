@@ -16,7 +16,7 @@ import s3fs
 from corpusforge.storage import Store
 from tests.s3server import seaweedfs
 
-pytestmark = [pytest.mark.scenario(9), pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.scenario(9), pytest.mark.timeout(600)]
 
 
 def _fs(options: dict) -> s3fs.S3FileSystem:
@@ -71,3 +71,106 @@ def test_server_stopped_mid_run_then_restarted(tmp_path):
         store.write_parquet("a/001.parquet", table)  # the rerun completes the run
         for key in fs.find("cf-faults-restart"):
             assert store.read_parquet(key.split("/out/", 1)[1]).equals(table)
+
+
+def _pictures(folder) -> None:
+    """16 distinct smooth pictures."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    folder.mkdir()
+    for i in range(16):
+        coarse = np.random.default_rng(i).integers(0, 256, size=(4, 4, 3), dtype=np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(coarse).resize((300, 260), Image.Resampling.BICUBIC).save(buf, "PNG")
+        (folder / f"{i:02d}.png").write_bytes(buf.getvalue())
+
+
+def _outputs(fs: s3fs.S3FileSystem, root: str) -> dict[str, str]:
+    """SHA-256 of every output object (markers and work tables excluded; receipt without its out)."""
+    import hashlib
+    import json
+
+    hashes = {}
+    for key in sorted(fs.find(root)):
+        rel = key[len(root) + 1:]
+        if rel.startswith(("work/", "_markers/")):
+            continue
+        data = fs.cat_file(key)
+        if rel == "receipt.json":
+            receipt = json.loads(data)
+            receipt["config"].pop("out")
+            data = json.dumps(receipt, sort_keys=True).encode()
+        hashes[rel] = hashlib.sha256(data).hexdigest()
+    return hashes
+
+
+@pytest.mark.slow
+def test_whole_build_with_the_server_stopped_mid_run_then_rerun(tmp_path, prefect_server):
+    """The S3 server stops once the first staging shard is marked done: the build fails in
+    bounded time (no hang, Failed in Prefect); after a restart the rerun completes and equals
+    an uninterrupted build byte for byte, with only whole, readable objects."""
+    import time
+
+    import pyarrow.parquet as pq
+
+    from flows.build_corpus import BuildConfig, run_build
+    from tests.test_worker_kills import flow_runs
+
+    source = tmp_path / "src"
+    _pictures(source)
+    data = tmp_path / "weed"
+    data.mkdir()
+
+    def config(out: str, options: dict) -> BuildConfig:
+        return BuildConfig.model_validate({
+            "source": str(source), "out": out, "storage_options": options, "input": {"partition_size": 4},
+            "staging": {"shard_size": 2}, "splits": {"shard_size": 8, "val": 0.1, "test": 0.1},
+            "near_dedup": {"collision": {"enabled": False}, "calibration": {"enabled": False}},
+            "dask": {"n_workers": 1, "processes": False}})
+
+    failed: list[BaseException] = []
+    with seaweedfs(data) as options:
+        port = int(options["client_kwargs"]["endpoint_url"].rsplit(":", 1)[1])
+        fs = _fs(options)
+        fs.mkdir("cf-faults-build")
+
+        def build_in_thread() -> None:
+            try:
+                run_build(config("s3://cf-faults-build/out", options))
+            except Exception as exc:  # noqa: BLE001 - the test inspects it
+                failed.append(exc)
+
+        started = time.time()
+        runner = threading.Thread(target=build_in_thread, daemon=True)
+        runner.start()
+        deadline = time.monotonic() + 120
+        while runner.is_alive() and time.monotonic() < deadline \
+                and not fs.find("cf-faults-build/out/_markers/staging"):
+            time.sleep(0.2)
+            fs.invalidate_cache()
+        assert runner.is_alive(), "the build ended before the first staging shard: cannot stop the server there"
+    stopped = time.monotonic()  # the server is down from here
+    runner.join(180)
+    assert not runner.is_alive(), "the build hung with the S3 server down"
+    assert failed, "the build did not fail with the S3 server down"
+    print(f"failed {time.monotonic() - stopped:.1f} s after the server stopped: {failed[0]!r:.200}")
+    states = flow_runs(prefect_server, {"build-corpus"}, started - 1)
+    assert states and all(state in ("FAILED", "CRASHED") for _, state in states), states
+
+    with seaweedfs(data, s3_port=port) as options:
+        fs = _fs(options)
+        assert not fs.exists("cf-faults-build/out/receipt.json")
+        run_build(config("s3://cf-faults-build/out", options))  # the rerun completes
+        run_build(config("s3://cf-faults-build/fresh", options))  # an uninterrupted build
+        fs.invalidate_cache()
+        rerun, fresh = _outputs(fs, "cf-faults-build/out"), _outputs(fs, "cf-faults-build/fresh")
+        assert rerun == fresh
+        assert any(rel.endswith(".tar") for rel in rerun) and "receipt.json" in rerun
+        for key in fs.find("cf-faults-build/out"):
+            assert not key.endswith(".part")
+            if key.endswith(".parquet"):
+                with fs.open(key) as f:
+                    pq.read_table(f)  # every parquet file listed is readable
