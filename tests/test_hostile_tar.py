@@ -82,7 +82,8 @@ def test_hostile_tar_members_are_per_record_errors_and_nothing_escapes(tmp_path,
     build(BuildConfig.model_validate({
         "source": str(src), "out": str(out), "validation": {"min_side": 1},
         "staging": {"shard_size": 8}, "splits": {"shard_size": 8, "val": 0, "test": 0},
-        "near_dedup": None, "features": {"models": []}}))
+        "near_dedup": None, "features": {"models": []},
+        "licenses": None}))  # bare test tars carry no licence (the allow-list: test_licenses.py)
     assert snapshot(tmp_path, out) == before, "something was written outside the output root"
     assert not Path("/abs").exists() and not (tmp_path / "x.jpg").exists()
 

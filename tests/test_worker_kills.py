@@ -53,7 +53,8 @@ def config(src: Path, out: Path, processes: bool = True) -> BuildConfig:
         "source": str(src), "out": str(out), "input": {"partition_size": 8},
         "staging": {"shard_size": 8}, "splits": {"shard_size": 8, "val": 0.1, "test": 0.1},
         "near_dedup": {"collision": {"enabled": False}, "calibration": {"enabled": False}},
-        "dask": {"n_workers": 2, "processes": True} if processes else {"n_workers": 1, "processes": False}})
+        "dask": {"n_workers": 2, "processes": True} if processes else {"n_workers": 1, "processes": False},
+        "licenses": None})  # bare test images carry no licence (the allow-list: test_licenses.py)
 
 
 @pytest.fixture(scope="module")
