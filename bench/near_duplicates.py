@@ -59,7 +59,7 @@ def planted_pairs(truth: dict) -> list[tuple[str, str, str]]:
     return pairs + [(k, c["keys"][0], c["edit"]) for c in truth["clusters"] for k in c["keys"][1:]]
 
 
-def embed_all(root: Path, records: list[dict], model) -> tuple[list[str], np.ndarray, float]:
+def embed_all(root: Path, records: list[dict], model, batch: int = 32) -> tuple[list[str], np.ndarray, float]:
     """Keys and unit features of every decodable image, decoded as the extraction stage does."""
     draft = decode_size([model])
     start = time.perf_counter()
@@ -71,7 +71,7 @@ def embed_all(root: Path, records: list[dict], model) -> tuple[list[str], np.nda
             continue
         keys.append(record["key"])
         rows.append(model.preprocess(image))
-    feats = np.concatenate([model.embed(np.stack(rows[i:i + 32])) for i in range(0, len(rows), 32)])
+    feats = np.concatenate([model.embed(np.stack(rows[i:i + batch])) for i in range(0, len(rows), batch)])
     return keys, feats.astype(np.float64), time.perf_counter() - start
 
 
@@ -108,19 +108,8 @@ def wfd_pairs(root: Path, records: list[dict], threshold: float) -> tuple[dict[s
     """Linked keys at ``threshold``, the similarity matrix pieces we report, encode and search seconds."""
     import faiss
 
-    model = WeightFreeDescriptor()
-    draft = decode_size([model])
-    start = time.perf_counter()
-    keys, rows = [], []
-    for record in records:
-        try:
-            image = decode_rgb((root / record["path"]).read_bytes(), draft_size=draft)
-        except (DecodeError, FileNotFoundError):
-            continue
-        keys.append(record["key"])
-        rows.append(model.preprocess(image))
-    feats = np.concatenate([model.embed(np.stack(rows[i:i + 256])) for i in range(0, len(rows), 256)])
-    encode_s = time.perf_counter() - start
+    keys, feats64, encode_s = embed_all(root, records, WeightFreeDescriptor(), batch=256)
+    feats = feats64.astype(np.float32)  # the descriptor's own dtype (exact round trip); FAISS takes float32
     start = time.perf_counter()
     index = faiss.IndexFlatIP(feats.shape[1])
     index.add(feats)

@@ -28,6 +28,7 @@ import pytest
 import corpusforge.version as version
 from corpusforge.layout import MARKERS
 from flows.build_corpus import BuildConfig, build
+from tests.output_tree import tree
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -52,22 +53,6 @@ def base_config(source: Path, out: Path, **changes) -> dict:
         else:
             data[key] = value
     return data
-
-
-def tree(root: Path) -> dict[str, str]:
-    """SHA-256 of every output file (markers and work tables excluded; receipt without its out path)."""
-    hashes = {}
-    for path in sorted(root.rglob("*")):
-        rel = str(path.relative_to(root))
-        if not path.is_file() or rel.startswith(("work/", f"{MARKERS}/")):
-            continue
-        data = path.read_bytes()
-        if rel == "receipt.json":
-            receipt = json.loads(data)
-            receipt["config"].pop("out")
-            data = json.dumps(receipt, sort_keys=True).encode()
-        hashes[rel] = hashlib.sha256(data).hexdigest()
-    return hashes
 
 
 class History:

@@ -14,6 +14,7 @@ import pytest
 import s3fs
 
 from corpusforge.storage import Store
+from tests.output_tree import compared_hashes
 from tests.s3server import seaweedfs
 
 pytestmark = [pytest.mark.scenario(9), pytest.mark.timeout(600)]
@@ -88,23 +89,10 @@ def _pictures(folder) -> None:
         (folder / f"{i:02d}.png").write_bytes(buf.getvalue())
 
 
-def _outputs(fs: s3fs.S3FileSystem, root: str) -> dict[str, str]:
-    """SHA-256 of every output object (markers and work tables excluded; receipt without its out)."""
-    import hashlib
-    import json
 
-    hashes = {}
-    for key in sorted(fs.find(root)):
-        rel = key[len(root) + 1:]
-        if rel.startswith(("work/", "_markers/")):
-            continue
-        data = fs.cat_file(key)
-        if rel == "receipt.json":
-            receipt = json.loads(data)
-            receipt["config"].pop("out")
-            data = json.dumps(receipt, sort_keys=True).encode()
-        hashes[rel] = hashlib.sha256(data).hexdigest()
-    return hashes
+def _outputs(fs: s3fs.S3FileSystem, root: str) -> dict[str, str]:
+    """The compared hashes of an output root on S3."""
+    return compared_hashes([key[len(root) + 1:] for key in fs.find(root)], lambda rel: fs.cat_file(f"{root}/{rel}"))
 
 
 @pytest.mark.slow

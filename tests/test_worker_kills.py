@@ -13,9 +13,7 @@ Crashed within a bounded time, never hang or stay Running.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import io
-import json
 import time
 from pathlib import Path
 
@@ -25,27 +23,10 @@ import pytest
 from PIL import Image
 
 from corpusforge.faults import ENV, ONCE_ENV
-from corpusforge.layout import MARKERS
 from flows.build_corpus import BuildConfig, build, run_build
+from tests.output_tree import tree
 
 pytestmark = [pytest.mark.slow, pytest.mark.kill, pytest.mark.timeout(480)]
-
-
-def tree(root: Path) -> dict[str, str]:
-    """SHA-256 of every output file except markers and work tables; the receipt without
-    the settings that may differ between the runs compared (output path, Dask cluster)."""
-    hashes = {}
-    for path in sorted(root.rglob("*")):
-        rel = str(path.relative_to(root))
-        if not path.is_file() or rel.startswith(("work/", f"{MARKERS}/")):
-            continue
-        data = path.read_bytes()
-        if rel == "receipt.json":
-            receipt = json.loads(data)
-            receipt["config"].pop("out"), receipt["config"].pop("dask")
-            data = json.dumps(receipt, sort_keys=True).encode()
-        hashes[rel] = hashlib.sha256(data).hexdigest()
-    return hashes
 
 
 def config(src: Path, out: Path, processes: bool = True) -> BuildConfig:
@@ -74,7 +55,7 @@ def reference(source, tmp_path_factory, prefect_server) -> dict[str, str]:
     """The same build without any fault (in-process: the bytes do not depend on the workers)."""
     out = tmp_path_factory.mktemp("kill-reference") / "out"
     build(config(source, out, processes=False))
-    return tree(out)
+    return tree(out, drop=("out", "dask"))
 
 
 POINTS = ("staging.write", "features.start", "features.done", "release.write")
@@ -94,7 +75,7 @@ def test_workers_killed_mid_stage_and_after_a_shard_then_the_flow_completes_with
     out = tmp_path / "out"
     run_build(config(source, out))
     assert sorted(p.name for p in fired.iterdir()) == sorted(POINTS), "a fault was not injected"
-    assert tree(out) == reference
+    assert tree(out, drop=("out", "dask")) == reference
     assert not [p for p in out.rglob("*.part")], "a killed writer's temp file stayed in the finished build"
 
 
