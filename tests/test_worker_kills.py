@@ -80,16 +80,22 @@ def test_workers_killed_mid_stage_and_after_a_shard_then_the_flow_completes_with
 
 
 def flow_runs(api_url: str, names: set[str], since: float) -> list[tuple[str, str]]:
-    """(flow name, state type) of the flow runs started after ``since`` (epoch seconds)."""
+    """(flow name, state type) of the runs of flows ``names`` created after ``since`` (epoch
+    seconds). Filtered by flow name on the server and newest first: the session's Prefect
+    server holds the runs of every other test too, and a run that crashed before it started
+    has no start time."""
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
 
     async def read():
         async with get_client() as client:
-            runs = await client.read_flow_runs(limit=50)
-            flows = {f.id: f.name for f in await client.read_flows(limit=200)}
-            return [(flows.get(r.flow_id, "?"), r.state_type.value) for r in runs
-                    if r.start_time is not None and r.start_time.timestamp() >= since
-                    and flows.get(r.flow_id) in names]
+            runs = await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=sorted(names))),
+                                               sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=200)
+            flows = {f.id: f.name for f in await client.read_flows(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=sorted(names))))}
+            return [(flows[r.flow_id], r.state_type.value) for r in runs
+                    if r.created is not None and r.created.timestamp() >= since]
 
     return asyncio.run(read())
 
