@@ -201,3 +201,37 @@ def test_evaluate_refuses_another_preprocessing_unless_allowed(built, tmp_path):
     assert not (tmp_path / "eval" / "metrics.json").exists()
     result = evaluate_flow(cfg.model_copy(update={"allow_mismatch": True}))
     assert any(d.startswith("MODEL MISMATCH") and "preprocessing" in d for d in result["protocol"]["deviations"])
+
+
+def test_evaluating_the_same_images_again_embeds_nothing(built, tmp_path):
+    """Stage contract of the generated side: a rerun reads every chunk's features back and
+    writes the same metrics.json; another reference over a shared feature store embeds
+    nothing; a replaced file re-embeds only its chunk, and the result equals a fresh run."""
+    store, _ = built
+    write_generated(tmp_path / "gen")
+    test_ref = store.path(stats_path("test", MODEL_ID) + ".npz")
+    cfg = EvaluateConfig(generated=[str(tmp_path / "gen")], reference=test_ref, out=str(tmp_path / "eval"),
+                         model=SPEC, runtime=RuntimeConfig(batch_size=8), metrics=METRICS, chunk_size=3,
+                         dask=DaskConfig(n_workers=1, processes=False))
+    first = evaluate_flow(cfg)
+    assert first["work"] == {"chunks_embedded": 4, "chunks_reused": 0}  # 3 chunks of files, 1 tar
+    metrics = (tmp_path / "eval" / "metrics.json").read_bytes()
+    again = evaluate_flow(cfg)
+    assert again["work"] == {"chunks_embedded": 0, "chunks_reused": 4}
+    assert (tmp_path / "eval" / "metrics.json").read_bytes() == metrics
+
+    shared = {"feature_store": str(tmp_path / "features")}
+    evaluate_flow(cfg.model_copy(update={**shared, "out": str(tmp_path / "vs-test")}))
+    val = evaluate_flow(cfg.model_copy(update={**shared, "out": str(tmp_path / "vs-val"),
+                                               "reference": store.path(stats_path("val", MODEL_ID) + ".npz")}))
+    assert val["work"] == {"chunks_embedded": 0, "chunks_reused": 4}
+    assert val["reference"]["path"].endswith(stats_path("val", MODEL_ID) + ".npz")
+    assert (tmp_path / "vs-test" / "metrics.json").read_bytes() == metrics
+
+    (tmp_path / "gen" / "g04.png").write_bytes(picture(7, size=(40, 30)))  # chunk 2 of the files changes
+    changed = evaluate_flow(cfg)
+    assert changed["work"] == {"chunks_embedded": 1, "chunks_reused": 3}
+    assert changed["metrics"]["fd"] != first["metrics"]["fd"]
+    fresh = evaluate_flow(cfg.model_copy(update={"out": str(tmp_path / "fresh")}))
+    assert fresh["work"]["chunks_reused"] == 0
+    assert (tmp_path / "eval" / "metrics.json").read_bytes() == (tmp_path / "fresh" / "metrics.json").read_bytes()
