@@ -150,7 +150,7 @@ def _prepare(item: tuple[str, bytes | None, str | None], models: Sequence[Featur
     return key, out
 
 
-def _prefetched(items: Iterable[Any], work: Callable[[Any], Any], threads: int, window: int) -> Iterator[Any]:
+def prefetched(items: Iterable[Any], work: Callable[[Any], Any], threads: int, window: int) -> Iterator[Any]:
     """``map(work, items)`` in order, with up to ``window`` items in flight on ``threads`` threads.
 
     The consumer embeds a batch while the pool decodes the next ones; the window bounds
@@ -285,7 +285,7 @@ def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, selection: Sele
         source = _ranged_images(store, shard, chosen)
     else:
         source = _shard_images(store, shard, [(k, e) for k, e, _ in chosen])
-    for key, prepared in _prefetched(source, work, rt.prefetch_threads, window):
+    for key, prepared in prefetched(source, work, rt.prefetch_threads, window):
         keys.append(key)
         for run, (array, error) in zip(runs, prepared, strict=True):
             run.add(array, error, rt.batch_size)

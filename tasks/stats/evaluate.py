@@ -27,6 +27,7 @@ evaluation unless ``allow_mismatch`` is set, and is then written as a deviation.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -49,6 +50,7 @@ from corpusforge.version import code_version
 from tasks.features.base import FeatureModel
 from tasks.features.config import ModelSpec, RuntimeConfig
 from tasks.features.decode import decode_rgb
+from tasks.features.extract import prefetched
 from tasks.stats.compare import compare
 from tasks.stats.config import PROTOCOL_MODES, MetricsConfig, protocol_model
 from tasks.stats.gpic_stats import provenance_of, reference_checks, small_reference_warning, validate_arrays
@@ -228,9 +230,25 @@ class ChunkFeatures:
     action: str = "computed"  # or "skipped": read back from the feature store
 
 
+def _prepare(item: tuple[str, bytes | None, str | None], model: FeatureModel
+             ) -> tuple[str, str | None, np.ndarray | None, str | None]:
+    """``(name, SHA-256, model input, error)`` of one image: full-resolution decode (the
+    protocol resizes from the original pixels), then the model's preprocessing."""
+    name, data, error = item
+    sha = None if data is None else hashlib.sha256(data).hexdigest()
+    if error is not None:
+        return name, sha, None, error
+    try:
+        return name, sha, np.asarray(model.preprocess(decode_rgb(data)), dtype=np.float32), None
+    except Exception as exc:  # noqa: BLE001 - one bad image must not stop the evaluation
+        return name, sha, None, f"decode: {type(exc).__name__}: {exc}"
+
+
 def embed_images(items: Iterator[tuple[str, bytes | None, str | None]], model: FeatureModel,
-                 batch_size: int = 32) -> ChunkFeatures:
-    """Decode, preprocess and embed; per-image failures become errors, not exceptions."""
+                 batch_size: int = 32, prefetch_threads: int = 0) -> ChunkFeatures:
+    """Decode, preprocess and embed; per-image failures become errors, not exceptions.
+    With ``prefetch_threads``, images are decoded on that many threads ahead of the batch
+    being embedded, as in the feature stage (same order, same values)."""
     names: list[str] = []
     errors: dict[str, str] = {}
     pending: list[np.ndarray] = []
@@ -242,16 +260,15 @@ def embed_images(items: Iterator[tuple[str, bytes | None, str | None]], model: F
             rows.append(np.asarray(model.embed(np.stack(pending)), dtype=np.float32))
             pending.clear()
 
-    for name, data, error in items:
+    window = max(2 * batch_size, 4 * max(prefetch_threads, 1))
+    work = functools.partial(_prepare, model=model)
+    for name, sha, array, error in prefetched(items, work, prefetch_threads, window):
         if error is None:
-            try:
-                pending.append(np.asarray(model.preprocess(decode_rgb(data)), dtype=np.float32))
-                names.append(name)
-            except Exception as exc:  # noqa: BLE001 - one bad image must not stop the evaluation
-                error = f"decode: {type(exc).__name__}: {exc}"
-        if error is not None:
+            pending.append(array)
+            names.append(name)
+        else:
             errors[name] = error
-        seen.append((name, None if data is None else hashlib.sha256(data).hexdigest(), error))
+        seen.append((name, sha, error))
         if len(pending) >= batch_size:
             flush()
     flush()
@@ -266,7 +283,8 @@ def embed_chunk(chunk: GeneratedChunk, spec: ModelSpec, runtime: RuntimeConfig,
     from tasks.features.registry import load_model
 
     model = load_model(spec, runtime, list(torchscript_allowlist))
-    return embed_images(iter_chunk_images(chunk, storage_options), model, runtime.batch_size)
+    return embed_images(iter_chunk_images(chunk, storage_options), model, runtime.batch_size,
+                        runtime.prefetch_threads)
 
 
 def chunk_fingerprint(model: FeatureModel, precision: str, chunk: GeneratedChunk) -> str:
