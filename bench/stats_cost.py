@@ -66,7 +66,8 @@ def main() -> None:
     t = time.perf_counter()
     (model,) = load_models(fcfg)
     model_build = time.perf_counter() - t
-    (dedup,) = load_models(FeaturesConfig(models=build.features.models[:1], runtime=build.features.runtime))
+    one_thread = build.features.runtime.model_copy(update={"torch_threads": 1})  # onnxruntime too
+    (dedup,) = load_models(FeaturesConfig(models=build.features.models[:1], runtime=one_thread))
 
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp) / "corpus"
