@@ -12,7 +12,8 @@ kept as ``features/{model_id}/{vectors,keys}/{chunk}.*`` (the feature stage's la
 float32) under a feature store — the output folder by default — fingerprinted by the
 model's fingerprint, the precision, this module's code and the chunk's files (URI, size
 and modification time or ETag, from the listing). Evaluating the same images again, e.g.
-against another reference, embeds nothing; a changed or added file re-embeds its chunk.
+against another reference, embeds nothing; a replaced file re-embeds its chunk (an added
+or removed image file re-cuts the file chunks after it in sorted order; tars are their own chunks).
 
 Reference files are ``stats/{group}-{model_id}.npz`` with their ``.json`` provenance and
 ``.features.npy`` subsample (see :mod:`tasks.stats.reference`), or a gpic-eval
