@@ -231,3 +231,16 @@ def test_evaluating_the_same_images_again_embeds_nothing(built, tmp_path):
     fresh = evaluate_flow(cfg.model_copy(update={"out": str(tmp_path / "fresh"), "feature_store": None}))
     assert fresh["work"]["chunks_reused"] == 0 and (tmp_path / "fresh" / "features" / MODEL_ID).is_dir()
     assert (tmp_path / "eval" / "metrics.json").read_bytes() == (tmp_path / "fresh" / "metrics.json").read_bytes()
+
+
+def test_evaluate_preflight_refuses_a_feature_store_it_cannot_write(tmp_path):
+    from flows.preflight import UserError, check_flow
+
+    write_generated(tmp_path / "gen")
+    (tmp_path / "ref.npz").write_bytes(b"")
+    (tmp_path / "a-file").write_bytes(b"")
+    cfg = EvaluateConfig(generated=[str(tmp_path / "gen")], reference=str(tmp_path / "ref.npz"),
+                         out=str(tmp_path / "eval"), feature_store=str(tmp_path / "a-file" / "features"), model=SPEC)
+    with pytest.raises(UserError, match="feature store"):
+        check_flow("evaluate", cfg)
+    check_flow("evaluate", cfg.model_copy(update={"feature_store": str(tmp_path / "features")}))
