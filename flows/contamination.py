@@ -3,7 +3,8 @@
 Table of contents of :func:`contamination`:
 
     stage the evaluation set (1 task per chunk: eval/staging + eval/items)
-    → embed its images with the corpus's feature settings (the feature stage, 1 task per chunk)
+    → embed its images for the scan's model with the corpus's feature settings and decode
+      size (the feature stage, 1 task per chunk)
     → image-only rate: best training match per image (exact scan or IVF) → per-image rows
     → image–text: captions of the top matches → judge (canary overlap, or a chat endpoint)
     → text canaries: corpus texts and item texts → LSH join or exhaustive → verify → decide
@@ -21,14 +22,14 @@ From Python: ``run_contamination(config)``; the Prefect flow is ``contamination_
 from __future__ import annotations
 
 import posixpath
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from corpusforge.cluster import DaskConfig, cluster_flow, run_logger
 from corpusforge.config import FlowConfig
 from corpusforge.contract import remove_tree
-from corpusforge.feature_files import feature_marker, prune_features
+from corpusforge.feature_files import feature_marker, list_feature_shards, prune_features
 from corpusforge.layout import (CONTAMINATION_EVAL, CONTAMINATION_FOUND, CONTAMINATION_IMAGES,
                                 CONTAMINATION_ITEM_DECISIONS, CONTAMINATION_JUDGE, CONTAMINATION_LEAKAGE,
                                 CONTAMINATION_REPORT, CONTAMINATION_REPORT_HTML, CONTAMINATION_SELECT,
@@ -111,13 +112,25 @@ def eval_features_config(config: ContaminationConfig, corpus: Store) -> Features
     return fcfg
 
 
-def embed_eval_set(eval_store: Store, chunks: list[str], fcfg: FeaturesConfig) -> list[str]:
-    """The feature stage over the staged evaluation chunks (folders of other models removed);
-    returns its warnings (random-init models). Evaluation images were never validated, so
-    any share of them may fail: each failure is that item's error, never a failed chunk."""
-    fcfg = fcfg.model_copy(update={"max_error_share": 1.0})
-    prune_features(eval_store, {m.model_id for m in fcfg.models}, chunks)
-    extracted = summarize(extract_features(eval_store, chunks, fcfg))
+def corpus_decode_size(corpus: Store, model_id: str) -> int | None | Literal["auto"]:
+    """The decode size of the corpus's ``model_id`` features (read off one shard's marker;
+    the scan compares every shard's), or "auto" when it has none (the scan then says so)."""
+    shards = list_feature_shards(corpus, model_id)
+    return feature_marker(corpus, model_id, shards[0])["info"].get("decode_size") if shards else "auto"
+
+
+def embed_eval_set(eval_store: Store, chunks: list[str], fcfg: FeaturesConfig, model_id: str,
+                   corpus: Store) -> list[str]:
+    """The feature stage over the staged evaluation chunks, for the one model the image scan
+    reads (folders of other models removed), decoded at the size the corpus's features of
+    that model were: the corpus's other models would change only the decode size, and
+    running them would embed every item once per model for nothing. Returns the stage's
+    warnings (random-init models). Evaluation images were never validated, so any share
+    of them may fail: each failure is that item's error, never a failed chunk."""
+    fcfg = fcfg.model_copy(update={"max_error_share": 1.0,
+                                   "models": [m for m in fcfg.models if m.model_id == model_id]})
+    prune_features(eval_store, {model_id}, chunks)
+    extracted = summarize(extract_features(eval_store, chunks, fcfg, draft=corpus_decode_size(corpus, model_id)))
     return [extracted["warning"]] if extracted.get("warning") else []
 
 
@@ -154,7 +167,8 @@ def contamination(config: ContaminationConfig) -> dict[str, Any]:
                  len(chunks))
         with_images = [c for c, m in zip(chunks, staged, strict=True) if m["info"]["staged"]]
         if config.image is not None and with_images:
-            warnings += embed_eval_set(eval_store, with_images, eval_features_config(config, corpus))
+            warnings += embed_eval_set(eval_store, with_images, eval_features_config(config, corpus),
+                                       config.image.model_id, corpus)
         benchmark = benchmark_identity(out, plan.name, es.source, plan.kind, chunks, plan.input_files,
                                        es.storage_options)
     else:

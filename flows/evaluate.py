@@ -5,7 +5,9 @@ Table of contents of :func:`evaluate_on_dask`:
     load the reference (µ, Σ, feature subsample, provenance) → refuse a model or
     preprocessing other than the reference's (unless ``allow_mismatch``)
     → list generated images (folders, WebDataset tars) in a fixed order, in chunks
-    → embed each chunk (a Prefect task on Dask; the model loads once per worker)
+    → embed each chunk (a Prefect task on Dask; the model loads once per worker), or read
+      its features back from the feature store when the same files were embedded before
+      with the same model (stage contract)
     → metrics against the reference → metrics.json and report.md in ``out``
 
 From Python: ``run_evaluate(config)``.
@@ -24,12 +26,14 @@ from pydantic import Field, model_validator
 
 from corpusforge.cluster import DaskConfig, as_task, cluster_flow, run_tasks
 from corpusforge.config import FlowConfig
+from corpusforge.contract import SKIPPED
+from corpusforge.feature_files import prune_features
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.features.config import STATISTICS_PREPROCESSING, ModelSpec, RuntimeConfig
 from tasks.stats.config import PROTOCOL_MODES, MetricsConfig, protocol_model
-from tasks.stats.evaluate import (check_model, embed_chunk, evaluate_features, expected_identity, load_reference,
-                                  plan_generated, render_report)
+from tasks.stats.evaluate import (check_model, embed_chunk_unit, evaluate_features, expected_identity,
+                                  load_reference, plan_generated, render_report)
 from tasks.stats.provenance import public_spec
 
 
@@ -46,6 +50,11 @@ class EvaluateConfig(FlowConfig):
     reference_storage_options: dict[str, Any] = Field(default_factory=dict, title="Reference storage options")
     out: str = Field(..., title="Output folder", description="Where metrics.json and report.md are written.")
     out_storage_options: dict[str, Any] = Field(default_factory=dict, title="Output storage options")
+    feature_store: str | None = Field(
+        None, title="Feature store",
+        description="Where the generated images' features are kept (features/{model}/…), so evaluating the same "
+                    "images again, e.g. against another reference, embeds nothing. Empty: the output folder "
+                    "(pruned to this run's chunks). A shared store is never pruned; it uses out_storage_options.")
     protocol: Literal["paper", "gpic_eval_port"] = Field(
         "paper", title="Evaluation mode",
         description="paper: App. B.1 preprocessing (square centre crop, bicubic 256, then 224); gpic_eval_port: "
@@ -80,7 +89,7 @@ class EvaluateConfig(FlowConfig):
         return self
 
 
-embed_task = as_task(embed_chunk, "embed-generated-chunk")
+embed_task = as_task(embed_chunk_unit, "embed-generated-chunk")
 
 
 def caption_set_claim(path: str | None, storage_options: dict[str, Any],
@@ -109,9 +118,16 @@ def evaluate(config: EvaluateConfig) -> dict[str, Any]:
     if not chunks:
         raise FileNotFoundError(f"no images or tars under {config.generated}")
     log.info("%d chunks of generated images; reference %s (%d images)", len(chunks), config.reference, reference.n)
-    embedded = run_tasks(embed_task, [dict(chunk=c, spec=config.model, runtime=config.runtime,
+    out = Store(config.out, config.out_storage_options)
+    features = out if config.feature_store is None else Store(config.feature_store, config.out_storage_options)
+    if config.feature_store is None:
+        prune_features(out, {config.model.model_id}, [c.name for c in chunks])
+    embedded = run_tasks(embed_task, [dict(features=features, chunk=c, spec=config.model, runtime=config.runtime,
                                            torchscript_allowlist=config.torchscript_allowlist,
                                            storage_options=config.generated_storage_options) for c in chunks])
+    reused = sum(c.action == SKIPPED for c in embedded)
+    log.info("generated features: %d chunks embedded, %d read back from %s", len(chunks) - reused, reused,
+             features.root)
     result = evaluate_features(embedded, reference, config.metrics, config.allow_mismatch, config.protocol)
     result["generated"]["sources"] = list(config.generated)
     result["model_spec"] = public_spec(config.model)
@@ -122,10 +138,9 @@ def evaluate(config: EvaluateConfig) -> dict[str, Any]:
         result["protocol"]["deviations"].append(result["caption_set"]["deviation"])
     for d in result["protocol"]["deviations"]:
         log.warning("protocol deviation: %s", d)
-    out = Store(config.out, config.out_storage_options)
     out.write_json("metrics.json", result)
     out.write_bytes("report.md", render_report(result).encode())
-    return result
+    return {**result, "work": {"chunks_embedded": len(chunks) - reused, "chunks_reused": reused}}
 
 
 evaluate_flow, run_evaluate = cluster_flow(evaluate, "evaluate")

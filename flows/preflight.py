@@ -264,6 +264,8 @@ def check_flow(command: str, config: Any) -> None:
             require_exists(g, config.generated_storage_options, "generated images", "a folder of images or tars")
         require_exists(config.reference, config.reference_storage_options, "reference statistics",
                        "the .npz written by `corpusforge reference-stats` (stats/{split}-{model}.npz)")
+        if config.feature_store is not None:
+            require_writable_root(config.feature_store, config.out_storage_options, "feature store")
     elif command == "contamination":
         check_corpus(config.corpus, config.corpus_storage_options)
         if config.eval_set is not None:

@@ -343,6 +343,45 @@ def test_random_init_clip_flags_byte_identical_copies(built, tmp_path):
     assert images["feature_identity"]["random_init"] and any("RANDOM-INIT" in w for w in result["warnings"])
 
 
+def test_evaluation_set_is_embedded_only_for_the_scan_model_at_the_corpus_decode_size(built, tmp_path):
+    """The corpus's features were made by two models together (their decode size is the
+    larger input's); the evaluation set is embedded for the scan's model alone, decoded at
+    that same size, so the scan accepts it, and a rerun embeds nothing."""
+    import shutil
+
+    from flows.contamination import contamination
+    from corpusforge.contract import completed_units
+    from corpusforge.feature_files import feature_marker
+    from tasks.features.config import FeaturesConfig
+    from tasks.features.extract import decode_size, extract_features, load_models
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(built[0], corpus)
+    features = {"models": [{"name": "wfd"}, {"name": "clip", "arch": "ViT-S-32", "random_init": True,
+                                             "image_size": 64}], "runtime": {"batch_size": 64}}
+    fcfg = FeaturesConfig.model_validate(features)
+    both = decode_size(load_models(fcfg))
+    assert both != decode_size(load_models(fcfg.model_copy(update={"models": fcfg.models[:1]})))
+    store = Store(str(corpus))
+    extract_features(store, completed_units(store, "staging/tars", ".tar"), fcfg)
+    planted = write_eval_set(tmp_path / "bench", corpus, built[1], 4, 0, 4, seed=5)
+    config = _config(corpus, tmp_path / "bench", tmp_path / "out", judge=None, text=None, leakage=None,
+                     features=features, image={"model_id": "wfd"})
+    result = contamination(config)
+    images = result["results"]["images"]
+    assert (images["flagged"], images["embedded"]) == (len(planted), 8)
+    assert sorted(p.name for p in (tmp_path / "out/eval/features").iterdir()) == ["wfd"]
+    eval_store = Store(str(tmp_path / "out/eval"))
+    chunk = completed_units(eval_store, "staging/tars", ".tar")[0]
+    assert feature_marker(eval_store, "wfd", chunk)["info"]["decode_size"] == both
+    receipt = (tmp_path / "out/contamination/receipt.json").read_bytes()
+    vectors = tmp_path / "out/eval/features/wfd/vectors" / f"{chunk}.npy"
+    written = vectors.stat().st_mtime_ns
+    contamination(config)  # rerun: the chunk's features are skipped, the receipt is the same bytes
+    assert (tmp_path / "out/contamination/receipt.json").read_bytes() == receipt
+    assert vectors.stat().st_mtime_ns == written
+
+
 def test_evaluation_features_with_other_settings_are_refused(built, scanned, tmp_path):
     from flows.contamination import contamination
     from tasks.contamination.image_scan import FeatureMismatch

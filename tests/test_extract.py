@@ -121,8 +121,11 @@ def test_decode_errors_are_clear():
         decode_rgb(jpeg[: len(jpeg) // 2])
     with pytest.raises(DecodeError, match="not a JPEG, PNG or WEBP"):
         decode_rgb(_encode(_picture(2), "GIF"))
-    with pytest.raises(DecodeError, match="not a JPEG, PNG or WEBP"):
+    with pytest.raises(DecodeError, match="not a JPEG, PNG or WEBP") as first:
         decode_rgb(b"definitely not an image")
+    with pytest.raises(DecodeError) as second:  # the reason goes into outputs: the same every time
+        decode_rgb(b"definitely not an image")
+    assert str(first.value) == str(second.value) and " at 0x" not in str(first.value)
     with pytest.raises(DecodeError, match="empty"):
         decode_rgb(b"")
     with pytest.raises(DecodeError, match="decompression bomb guard"):

@@ -201,3 +201,46 @@ def test_evaluate_refuses_another_preprocessing_unless_allowed(built, tmp_path):
     assert not (tmp_path / "eval" / "metrics.json").exists()
     result = evaluate_flow(cfg.model_copy(update={"allow_mismatch": True}))
     assert any(d.startswith("MODEL MISMATCH") and "preprocessing" in d for d in result["protocol"]["deviations"])
+
+
+def test_evaluating_the_same_images_again_embeds_nothing(built, tmp_path):
+    """Stage contract of the generated side: a rerun reads every chunk's features back from
+    the feature store and writes the same metrics.json; another reference embeds nothing;
+    a replaced file re-embeds only its chunk, and the result equals a fresh run's."""
+    store, _ = built
+    write_generated(tmp_path / "gen")
+    cfg = EvaluateConfig(generated=[str(tmp_path / "gen")], reference=store.path(stats_path("test", MODEL_ID) + ".npz"),
+                         out=str(tmp_path / "eval"), feature_store=str(tmp_path / "features"), model=SPEC,
+                         runtime=RuntimeConfig(batch_size=8), metrics=METRICS, chunk_size=3,
+                         dask=DaskConfig(n_workers=1, processes=False))
+    first = evaluate_flow(cfg)
+    assert first["work"] == {"chunks_embedded": 4, "chunks_reused": 0}  # 3 chunks of files, 1 tar
+    metrics = (tmp_path / "eval" / "metrics.json").read_bytes()
+    again = evaluate_flow(cfg)
+    assert again["work"] == {"chunks_embedded": 0, "chunks_reused": 4}
+    assert (tmp_path / "eval" / "metrics.json").read_bytes() == metrics
+    val = evaluate_flow(cfg.model_copy(update={"out": str(tmp_path / "vs-val"),
+                                               "reference": store.path(stats_path("val", MODEL_ID) + ".npz")}))
+    assert val["work"] == {"chunks_embedded": 0, "chunks_reused": 4}
+    assert val["reference"]["path"].endswith(stats_path("val", MODEL_ID) + ".npz")
+
+    (tmp_path / "gen" / "g04.png").write_bytes(picture(7, size=(40, 30)))  # chunk 2 of the files changes
+    changed = evaluate_flow(cfg)
+    assert changed["work"] == {"chunks_embedded": 1, "chunks_reused": 3}
+    assert changed["metrics"]["fd"] != first["metrics"]["fd"]
+    fresh = evaluate_flow(cfg.model_copy(update={"out": str(tmp_path / "fresh"), "feature_store": None}))
+    assert fresh["work"]["chunks_reused"] == 0 and (tmp_path / "fresh" / "features" / MODEL_ID).is_dir()
+    assert (tmp_path / "eval" / "metrics.json").read_bytes() == (tmp_path / "fresh" / "metrics.json").read_bytes()
+
+
+def test_evaluate_preflight_refuses_a_feature_store_it_cannot_write(tmp_path):
+    from flows.preflight import UserError, check_flow
+
+    write_generated(tmp_path / "gen")
+    (tmp_path / "ref.npz").write_bytes(b"")
+    (tmp_path / "a-file").write_bytes(b"")
+    cfg = EvaluateConfig(generated=[str(tmp_path / "gen")], reference=str(tmp_path / "ref.npz"),
+                         out=str(tmp_path / "eval"), feature_store=str(tmp_path / "a-file" / "features"), model=SPEC)
+    with pytest.raises(UserError, match="feature store"):
+        check_flow("evaluate", cfg)
+    check_flow("evaluate", cfg.model_copy(update={"feature_store": str(tmp_path / "features")}))

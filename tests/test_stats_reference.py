@@ -166,6 +166,9 @@ def test_plan_batches_are_contiguous_and_balanced():
     runs = plan_batches(shards, 4)
     assert [len(r) for r in runs] == [2, 3, 2, 3] and sum(runs, []) == shards
     assert plan_batches(shards, 50) == [[s] for s in shards]
+    assert plan_batches(shards, 50, min_shards=4) == [shards[:5], shards[5:]]  # few shards: few tasks
+    assert plan_batches(shards, 50, min_shards=16) == [shards]
+    assert [len(r) for r in plan_batches(shards, 2, min_shards=3)] == [5, 5]  # max_tasks still bounds
 
 
 def test_missing_features_are_reported_not_guessed(corpus, tmp_path):

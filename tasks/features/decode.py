@@ -58,7 +58,9 @@ def decode_rgb(data: bytes, draft_size: int | None = None,
     except DecodeError:
         raise
     except Image.UnidentifiedImageError as exc:
-        raise DecodeError(f"not a JPEG, PNG or WEBP image: {exc}") from exc
+        # Pillow's message names the in-memory file object by its address: a reason that
+        # differed from run to run would make every output that records it differ too
+        raise DecodeError("not a JPEG, PNG or WEBP image (Pillow cannot identify it)") from exc
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise DecodeError(f"decompression bomb guard: {exc}") from exc
     except (OSError, SyntaxError, ValueError, EOFError, MemoryError) as exc:

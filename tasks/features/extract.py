@@ -36,7 +36,7 @@ import hashlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from PIL import Image
@@ -150,7 +150,7 @@ def _prepare(item: tuple[str, bytes | None, str | None], models: Sequence[Featur
     return key, out
 
 
-def _prefetched(items: Iterable[Any], work: Callable[[Any], Any], threads: int, window: int) -> Iterator[Any]:
+def prefetched(items: Iterable[Any], work: Callable[[Any], Any], threads: int, window: int) -> Iterator[Any]:
     """``map(work, items)`` in order, with up to ``window`` items in flight on ``threads`` threads.
 
     The consumer embeds a batch while the pool decodes the next ones; the window bounds
@@ -227,8 +227,8 @@ class Selection:
         raise NotImplementedError
 
 
-def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, selection: Selection | None = None
-                  ) -> dict[str, Any]:
+def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, selection: Selection | None = None,
+                  draft: int | None | Literal["auto"] = "auto") -> dict[str, Any]:
     """Compute (or skip, when already done) every configured model's features for ``shard``.
 
     With a ``selection``, only the selected images are embedded, read by ranged reads
@@ -236,13 +236,16 @@ def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, selection: Sele
     subset folder; the unit's fingerprint then hashes the selected images (keys, hashes,
     order) instead of the whole shard, so a rerun redoes a shard only when its selection
     changed. Features of every image with the same model fingerprint, when present, are
-    used instead (``subset`` None in the summary).
+    used instead (``subset`` None in the summary). ``draft``: the decode size, by default
+    :func:`decode_size` of the configured models; a consumer that runs fewer models than
+    the features it is compared with (contamination's evaluation set) passes theirs, so
+    its pixels, and hence its features, are the same.
 
     Returns ``{"shard", "images", "models": {model_id: {"action", "ok", "errors",
     "random_init", "dim", "fingerprint", "subset"}}}`` where action is ``computed`` or ``skipped``.
     """
     models = load_models(cfg)
-    draft = decode_size(models)
+    draft = decode_size(models) if draft == "auto" else draft
     images = require_marker(store, staging_tar(shard), "staging shard")["info"]["images"]
     expected = shard_images(store, shard)
     subset = None if selection is None else selection.name
@@ -282,7 +285,7 @@ def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, selection: Sele
         source = _ranged_images(store, shard, chosen)
     else:
         source = _shard_images(store, shard, [(k, e) for k, e, _ in chosen])
-    for key, prepared in _prefetched(source, work, rt.prefetch_threads, window):
+    for key, prepared in prefetched(source, work, rt.prefetch_threads, window):
         keys.append(key)
         for run, (array, error) in zip(runs, prepared, strict=True):
             run.add(array, error, rt.batch_size)
@@ -332,12 +335,13 @@ def _model_summary(action: str, marker: dict[str, Any], model: FeatureModel, ima
 extract_shard_task = as_task(extract_shard, "extract-shard-features")
 
 
-def extract_features(store: Store, shards: list[str], cfg: FeaturesConfig, selection: Selection | None = None
-                     ) -> list[dict[str, Any]]:
+def extract_features(store: Store, shards: list[str], cfg: FeaturesConfig, selection: Selection | None = None,
+                     draft: int | None | Literal["auto"] = "auto") -> list[dict[str, Any]]:
     """The feature stage inside a flow: one task per shard on the flow's task runner
     (outside a flow run, the shards run here one after the other); with a ``selection``,
     only its records (see :func:`extract_shard`)."""
-    return run_tasks(extract_shard_task, [dict(store=store, shard=s, cfg=cfg, selection=selection) for s in shards])
+    return run_tasks(extract_shard_task, [dict(store=store, shard=s, cfg=cfg, selection=selection, draft=draft)
+                                          for s in shards])
 
 
 def extract_features_on_client(client: Any, store: Store, shards: list[str], cfg: FeaturesConfig

@@ -7,6 +7,14 @@ resolution (no JPEG draft: the protocol resizes from the original pixels), prepr
 by the model ("gpic_eval" by default) and embedded. An image that cannot be decoded is
 counted with its reason and left out; it never stops the run.
 
+Each chunk is a unit of the stage contract (:func:`embed_chunk_unit`): its features are
+kept as ``features/{model_id}/{vectors,keys}/{chunk}.*`` (the feature stage's layout,
+float32) under a feature store — the output folder by default — fingerprinted by the
+model's fingerprint, the precision, this module's code and the chunk's files (URI, size
+and modification time or ETag, from the listing). Evaluating the same images again, e.g.
+against another reference, embeds nothing; a replaced file re-embeds its chunk (an added
+or removed image file re-cuts the file chunks after it in sorted order; tars are their own chunks).
+
 Reference files are ``stats/{group}-{model_id}.npz`` with their ``.json`` provenance and
 ``.features.npy`` subsample (see :mod:`tasks.stats.reference`), or a gpic-eval
 ``test_stats.npz`` (``dino_mu``, ``dino_sigma``, optional ``dino_embeddings``): one written
@@ -20,6 +28,8 @@ evaluation unless ``allow_mismatch`` is set, and is then written as a deviation.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import io
 import json
 import posixpath
@@ -31,11 +41,17 @@ from typing import Any, Literal
 import fsspec
 import numpy as np
 
-from corpusforge.storage import open_uri
+from corpusforge.contract import SKIPPED, current_marker, unit_fingerprint
+from corpusforge.feature_files import read_shard_errors, read_shard_features, write_shard_features
+from corpusforge.hashing import fingerprint
+from corpusforge.layout import feature_vectors
+from corpusforge.storage import Store, open_uri
 from corpusforge.tarshard import iter_tar_samples
+from corpusforge.version import code_version
 from tasks.features.base import FeatureModel
 from tasks.features.config import ModelSpec, RuntimeConfig
 from tasks.features.decode import decode_rgb
+from tasks.features.extract import prefetched
 from tasks.stats.compare import compare
 from tasks.stats.config import PROTOCOL_MODES, MetricsConfig, protocol_model
 from tasks.stats.gpic_stats import provenance_of, reference_checks, small_reference_warning, validate_arrays
@@ -134,10 +150,18 @@ def check_model(reference: Reference, identity: dict[str, Any], allow_mismatch: 
 
 @dataclass(frozen=True)
 class GeneratedChunk:
-    """A unit of embedding work: a slice of image files, or one tar."""
+    """A unit of embedding work: a slice of image files, or one tar; ``stamps``: each
+    file's size and modification time (or ETag) from the listing, what its content is
+    identified by (as the evaluation sets of :mod:`tasks.contamination.eval_set` are)."""
 
     kind: Literal["files", "tar"]
     uris: tuple[str, ...]
+    stamps: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """The unit's file name: fixed by its files, whatever else the listing holds."""
+        return "g" + fingerprint(self.kind, list(self.uris))[:20]
 
 
 def _ext(path: str) -> str:
@@ -149,21 +173,28 @@ def plan_generated(sources: Sequence[str], storage_options: dict[str, Any] | Non
                    chunk_size: int = 1000) -> list[GeneratedChunk]:
     """Chunks over every image file and tar under ``sources`` (folders or files), sorted."""
     so = dict(storage_options or {})
-    files: list[str] = []
-    tars: list[str] = []
+    files: list[tuple[str, str]] = []
+    tars: list[tuple[str, str]] = []
     for source in sources:
         fs, root = fsspec.core.url_to_fs(source, **so)
-        found = sorted(fs.find(root)) if fs.isdir(root) else [root]
+        found = fs.find(root, detail=True) if fs.isdir(root) else {root: fs.info(root)}
         protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
         unstrip = (lambda p: p) if protocol in ("file", "local") else (lambda p, pr=protocol: f"{pr}://{p}")
-        for path in found:
+        for path in sorted(found):
             ext = _ext(path)
             if ext in IMAGE_EXTS:
-                files.append(unstrip(path))
+                files.append((unstrip(path), _stamp(found[path])))
             elif ext == "tar":
-                tars.append(unstrip(path))
-    chunks = [GeneratedChunk("files", tuple(files[i:i + chunk_size])) for i in range(0, len(files), chunk_size)]
-    return chunks + [GeneratedChunk("tar", (t,)) for t in tars]
+                tars.append((unstrip(path), _stamp(found[path])))
+    chunks = [GeneratedChunk("files", *map(tuple, zip(*files[i:i + chunk_size], strict=True)))
+              for i in range(0, len(files), chunk_size)]
+    return chunks + [GeneratedChunk("tar", (t,), (stamp,)) for t, stamp in tars]
+
+
+def _stamp(info: dict[str, Any]) -> str:
+    """Size and modification time (or ETag) of a listed file: changes when its bytes are replaced."""
+    version = info.get("ETag") or info.get("mtime") or info.get("LastModified") or info.get("created")
+    return f"{info.get('size')}:{version}"
 
 
 def iter_chunk_images(chunk: GeneratedChunk, storage_options: dict[str, Any] | None = None
@@ -195,35 +226,55 @@ class ChunkFeatures:
     features: np.ndarray  # float32 [len(names), dim]
     errors: dict[str, str] = field(default_factory=dict)  # name -> reason
     identity: dict[str, Any] = field(default_factory=dict)
+    # every image in order: (name, SHA-256 of its bytes or None, error or None), what the unit stores
+    items: list[tuple[str, str | None, str | None]] = field(default_factory=list)
+    action: str = "computed"  # or "skipped": read back from the feature store
+
+
+def _prepare(item: tuple[str, bytes | None, str | None], model: FeatureModel
+             ) -> tuple[str, str | None, np.ndarray | None, str | None]:
+    """``(name, SHA-256, model input, error)`` of one image: full-resolution decode (the
+    protocol resizes from the original pixels), then the model's preprocessing."""
+    name, data, error = item
+    sha = None if data is None else hashlib.sha256(data).hexdigest()
+    if error is not None:
+        return name, sha, None, error
+    try:
+        return name, sha, np.asarray(model.preprocess(decode_rgb(data)), dtype=np.float32), None
+    except Exception as exc:  # noqa: BLE001 - one bad image must not stop the evaluation
+        return name, sha, None, f"decode: {type(exc).__name__}: {exc}"
 
 
 def embed_images(items: Iterator[tuple[str, bytes | None, str | None]], model: FeatureModel,
-                 batch_size: int = 32) -> ChunkFeatures:
-    """Decode, preprocess and embed; per-image failures become errors, not exceptions."""
+                 batch_size: int = 32, prefetch_threads: int = 0) -> ChunkFeatures:
+    """Decode, preprocess and embed; per-image failures become errors, not exceptions.
+    With ``prefetch_threads``, images are decoded on that many threads ahead of the batch
+    being embedded, as in the feature stage (same order, same values)."""
     names: list[str] = []
     errors: dict[str, str] = {}
     pending: list[np.ndarray] = []
     rows: list[np.ndarray] = []
+    seen: list[tuple[str, str | None, str | None]] = []
 
     def flush() -> None:
         if pending:
             rows.append(np.asarray(model.embed(np.stack(pending)), dtype=np.float32))
             pending.clear()
 
-    for name, data, error in items:
+    window = max(2 * batch_size, 4 * max(prefetch_threads, 1))
+    work = functools.partial(_prepare, model=model)
+    for name, sha, array, error in prefetched(items, work, prefetch_threads, window):
         if error is None:
-            try:
-                pending.append(np.asarray(model.preprocess(decode_rgb(data)), dtype=np.float32))
-                names.append(name)
-            except Exception as exc:  # noqa: BLE001 - one bad image must not stop the evaluation
-                error = f"decode: {type(exc).__name__}: {exc}"
-        if error is not None:
+            pending.append(array)
+            names.append(name)
+        else:
             errors[name] = error
+        seen.append((name, sha, error))
         if len(pending) >= batch_size:
             flush()
     flush()
     feats = np.concatenate(rows) if rows else np.zeros((0, model.dim), np.float32)
-    return ChunkFeatures(names, feats, errors, model.fingerprint())
+    return ChunkFeatures(names, feats, errors, model.fingerprint(), seen)
 
 
 def embed_chunk(chunk: GeneratedChunk, spec: ModelSpec, runtime: RuntimeConfig,
@@ -233,7 +284,39 @@ def embed_chunk(chunk: GeneratedChunk, spec: ModelSpec, runtime: RuntimeConfig,
     from tasks.features.registry import load_model
 
     model = load_model(spec, runtime, list(torchscript_allowlist))
-    return embed_images(iter_chunk_images(chunk, storage_options), model, runtime.batch_size)
+    return embed_images(iter_chunk_images(chunk, storage_options), model, runtime.batch_size,
+                        runtime.prefetch_threads)
+
+
+def chunk_fingerprint(model: FeatureModel, precision: str, chunk: GeneratedChunk) -> str:
+    """What a chunk's stored features depend on: model (weights, preprocessing, dim),
+    precision, code, and the chunk's files (URIs and stamps)."""
+    code = code_version(__name__, type(model).__module__, exclude=("tasks.features.registry",))
+    return unit_fingerprint("evaluate-features", code, [model.fingerprint(), precision],
+                            [chunk.kind, list(chunk.uris), list(chunk.stamps)])
+
+
+def embed_chunk_unit(features: Store, chunk: GeneratedChunk, spec: ModelSpec, runtime: RuntimeConfig,
+                     torchscript_allowlist: Sequence[str] = (), storage_options: dict[str, Any] | None = None
+                     ) -> ChunkFeatures:
+    """:func:`embed_chunk` as a unit of the stage contract in the ``features`` store: read
+    back when its fingerprint is unchanged, else embedded and stored (float32, so what a
+    rerun reads is exactly what a fresh run computed)."""
+    from tasks.features.registry import load_model
+
+    model = load_model(spec, runtime, list(torchscript_allowlist))
+    fp = chunk_fingerprint(model, runtime.precision, chunk)
+    marker = current_marker(features, feature_vectors(model.model_id, chunk.name), fp)
+    if marker is not None:
+        keys, feats = read_shard_features(features, model.model_id, chunk.name)
+        errors = read_shard_errors(features, model.model_id, chunk.name)
+        return ChunkFeatures(keys, feats.astype(np.float32), errors, marker["info"]["model"], action=SKIPPED)
+    result = embed_chunk(chunk, spec, runtime, torchscript_allowlist, storage_options)
+    names, shas, errors = zip(*result.items, strict=True) if result.items else ((), (), ())
+    write_shard_features(features, model.model_id, chunk.name, names, shas, [e is None for e in errors],
+                         list(errors), result.features.astype(np.float32), fp,
+                         {"model": result.identity, "chunk": {"kind": chunk.kind, "files": len(chunk.uris)}})
+    return result
 
 
 # ---- metrics -----------------------------------------------------------------------

@@ -187,10 +187,11 @@ def scan_manifest(store: Store, groups: Sequence[str], sample: SampleConfig = Sa
     return ReferencePlan(plan, sorted(shards), {g: counts.get(g, 0) for g in plan.groups}, manifest_sha256(store))
 
 
-def plan_batches(shards: Sequence[str], max_tasks: int) -> list[list[str]]:
-    """Contiguous runs of shards, at most ``max_tasks`` of them, sizes differing by ≤ 1."""
+def plan_batches(shards: Sequence[str], max_tasks: int, min_shards: int = 1) -> list[list[str]]:
+    """Contiguous runs of shards, at most ``max_tasks`` of them and of at least ``min_shards``
+    shards each where there are enough, sizes differing by ≤ 1."""
     n = len(shards)
-    tasks = max(1, min(max_tasks, n))
+    tasks = max(1, min(max_tasks, n // max(min_shards, 1)))
     bounds = [n * i // tasks for i in range(tasks + 1)]
     return [list(shards[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 

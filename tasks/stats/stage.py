@@ -72,6 +72,11 @@ class ReferenceStatsSettings(FlowConfig):
     max_partials: int = Field(256, ge=1, title="Partial tasks",
                               description="At most this many partial tasks, each over a contiguous run of staging "
                                           "shards: bounds the 8 MB (d = 1024) scatter matrices per group in flight.")
+    min_shards_per_partial: int = Field(
+        16, ge=1, title="Shards per partial task",
+        description="At least this many staging shards per partial task (where there are that many): a task "
+                    "costs a scheduling round trip (~0.2 s), one shard's partial a few milliseconds per "
+                    "hundred records, so a small corpus gets a few partials rather than one per shard.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, title="Oracle metrics")
 
     @model_validator(mode="after")
@@ -135,7 +140,7 @@ def reference_stats_stage(store: Store, config: ReferenceStatsSettings,
         prune_subset(store, model_id, STATS_SUBSET, [s for s, sub in subsets.items() if sub == STATS_SUBSET])
     partial = partials_task.submit if FlowRunContext.get() is not None else batch_partials
     total = tree_reduce([partial(store, model_id, run, plan.plan, {s: subsets.get(s) for s in run})
-                         for run in plan_batches(plan.shards, config.max_partials)])
+                         for run in plan_batches(plan.shards, config.max_partials, config.min_shards_per_partial)])
     if len(total.markers) != 1:
         raise ValueError(f"features/{model_id} mixes {len(total.markers)} feature fingerprints: re-extract")
     marker = next(iter(total.markers.values()))
