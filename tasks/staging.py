@@ -14,8 +14,11 @@ while its records are unchanged, whatever happens elsewhere in the source. Per s
 
 The image bytes come from the ingest spills (``work/spill/{part}.bin``, see
 :mod:`tasks.ingest`), not from the source: one forward pass per partition slice, one open
-file per partition. Nothing is hashed twice: the tar writer hashes every member for the
-index anyway, and those hashes must equal the ingest hashes before the shard is marked done.
+file per partition. No image is hashed twice: each record's bytes must match the XXH3-64
+checksum ingest recorded when it spilled them (eight times cheaper than SHA-256; a spill
+that lost or changed a byte fails the shard before anything of it is written), and the
+index takes ingest's SHA-256 for them. The tar's own SHA-256 (the marker's) is computed
+in a helper thread while the tar is written and fsynced (:class:`corpusforge.tarshard.ShardSink`).
 
 Fingerprint: the content of the records it holds (every field written to the tar and
 the records file) and the stage's code version.
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import xxhash
 from pydantic import BaseModel, ConfigDict, Field
 
 from corpusforge.chunking import plan_cuts
@@ -96,7 +100,8 @@ def plan_staging(resolved: list[dict[str, Any]], shard_size: int) -> list[Stagin
 
 def spilled_bytes(store: Store, records: Iterable[dict[str, Any]]) -> Iterator[bytes]:
     """Each record's image bytes from its partition's ingest spill, in order: one open file
-    per partition, read forward (records of a partition are in input order)."""
+    per partition, read forward (records of a partition are in input order). Bytes that do
+    not match the checksum ingest recorded for them raise: they are not what ingest hashed."""
     part, f = None, None
     try:
         for r in records:
@@ -109,6 +114,10 @@ def spilled_bytes(store: Store, records: Iterable[dict[str, Any]]) -> Iterator[b
             if r["spill_offset"] < 0 or len(data) != r["bytes"]:
                 raise RuntimeError(f"{spill_path(part)}: no {r['bytes']} bytes at {r['spill_offset']} for key "
                                    f"{r['key']} (spill incomplete; rerun ingest by removing its marker)")
+            if xxhash.xxh3_64_intdigest(data) != r["spill_xxh3"]:
+                raise RuntimeError(f"spill of part {part} does not hold the bytes ingest hashed for key {r['key']} "
+                                   f"({r['bytes']} bytes at {r['spill_offset']} fail their XXH3 checksum; "
+                                   "rerun ingest by removing its marker)")
             yield data
     finally:
         if f is not None:
@@ -122,8 +131,9 @@ def sample_json(record: dict[str, Any], extra: dict[str, Any] | None = None) -> 
 
 
 def to_sample(record: dict[str, Any], image: bytes, extra: dict[str, Any] | None = None) -> Sample:
+    """The staged sample; ``image`` must be the bytes ingest hashed (its SHA-256 goes to the index)."""
     return Sample(record["key"], {record["ext"]: image, "txt": (record.get("caption") or "").encode(),
-                                  "json": sample_json(record, extra)})
+                                  "json": sample_json(record, extra)}, digests={record["ext"]: record["sha256"]})
 
 
 def shard_records(store: Store, shard: StagingShard) -> list[dict[str, Any]]:
@@ -138,15 +148,6 @@ def shard_records(store: Store, shard: StagingShard) -> list[dict[str, Any]]:
 def images_digest(records: list[dict[str, Any]]) -> str:
     """What the feature stage reads of a shard: its images' keys, bytes (by hash) and order."""
     return fingerprint([(r["key"], r["sha256"], r["ext"]) for r in records])
-
-
-def _check_images(index: pa.Table, records: list[dict[str, Any]]) -> None:
-    """The tar's image members hash as ingest hashed them (the writer hashed them for the index)."""
-    written = {(k, e): sha for k, e, sha in zip(*(index[c].to_pylist() for c in ("key", "ext", "sha256")),
-                                               strict=True)}
-    for r in records:
-        if written.get((r["key"], r["ext"])) != r["sha256"]:
-            raise RuntimeError(f"spill of part {r['part']} does not hold the bytes ingest hashed for key {r['key']}")
 
 
 def write_staging_shard(store: Store, shard: StagingShard) -> dict[str, Any]:
@@ -164,8 +165,7 @@ def write_staging_shard(store: Store, shard: StagingShard) -> dict[str, Any]:
                 yield to_sample(r, data)
 
         with store.atomic_write(staging_tar(shard.name)) as f:
-            result = write_tar(f, samples())
-        _check_images(result.index, records)  # before anything of the shard is marked done
+            result = write_tar(f, samples())  # the spill check raises inside: then no tar, no marker
         outputs = {
             staging_tar(shard.name): result.sha256,
             staging_index(shard.name): store.write_parquet(staging_index(shard.name), result.index),
