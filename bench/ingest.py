@@ -12,7 +12,11 @@ Prints, in one run on one core:
   files and markers. ``--repeat`` alternates the two (staging outputs removed before each
   staging run) and prints every pair, then the median ratio and its range.
 
-    .venv/bin/python bench/ingest.py [--n 2000] [--source DIR] [--repeat 5]
+Staging shards have the pipeline's default size (``staging.shard_size``) unless
+``--shard-size`` says otherwise: a shard's fixed costs (its records, index and marker
+files) weigh more in small shards.
+
+    .venv/bin/python bench/ingest.py [--n 2000] [--source DIR] [--repeat 5] [--shard-size N]
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from sample_corpus import write_sample_corpus
 from tasks.exact_dedup import find_duplicate_keys, find_exact_duplicates, resolve_partition
 from tasks.ingest import ingest_partition
 from tasks.sources import SourceConfig, plan_partitions
-from tasks.staging import plan_staging, shard_records, write_staging_shard
+from tasks.staging import StagingConfig, plan_staging, shard_records, write_staging_shard
 from tasks.validate import ValidationConfig
 
 PROTOCOL = "counted"
@@ -118,6 +122,8 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=2000)
     parser.add_argument("--source", help="an existing source corpus (default: write the sample)")
     parser.add_argument("--repeat", type=int, default=3, help="staging / raw-copy pairs to time (alternating)")
+    parser.add_argument("--shard-size", type=int, default=StagingConfig().shard_size,
+                        help="average samples per staging shard (default: the pipeline's)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-ingest-"))
     try:
@@ -140,9 +146,9 @@ def main() -> None:
         keydup = [find_duplicate_keys(store, b, keys) for b in range(4)]
         exact = [find_exact_duplicates(store, b, hashes, [m["digest"] for m in keydup]) for b in range(4)]
         decisions = [m["digest"] for m in keydup + exact]
-        resolved = [resolve_partition(store, p.index, m["digest"], decisions, 250)
+        resolved = [resolve_partition(store, p.index, m["digest"], decisions, args.shard_size)
                     for p, m in zip(parts, ingested, strict=True)]
-        shards = plan_staging([m["info"] for m in resolved], 250)
+        shards = plan_staging([m["info"] for m in resolved], args.shard_size)
 
         code_version("tasks.staging")  # hashed once per worker process: not part of the throughput
         staged = [r for s in shards for r in shard_records(store, s)]

@@ -42,7 +42,9 @@ def is_safe_key(key: str) -> bool:
 @dataclass
 class Sample:
     key: str
-    members: dict[str, bytes] = field(default_factory=dict)  # ext -> bytes, written in this order
+    # ext -> bytes (or a read-only view that stays unchanged until the tar's digest is read),
+    # written in this order
+    members: dict[str, bytes | memoryview] = field(default_factory=dict)
     # ext -> SHA-256 (hex) of members whose digest the caller already knows and has checked
     # the bytes against (staging: ingest's hash, checked by the spill checksum); the index
     # takes it instead of hashing those bytes a second time
@@ -88,7 +90,7 @@ def _sha256_of_batches(batches: queue.Queue) -> str:
     h = hashlib.sha256()
     while (batch := batches.get()) is not None:
         for piece in batch:
-            h.update(piece)  # releases the GIL for pieces over 2 kB
+            h.update(piece)
     return h.hexdigest()
 
 
@@ -96,14 +98,14 @@ class ShardSink:
     """Writes a tar's pieces (headers, member bytes, padding) in large batches and hashes
     them in a helper thread.
 
-    A shard is written as a few hundred thousand small pieces; one ``writev`` per batch
-    of up to 1,024 pieces or 4 MB replaces a system call (and a copy through a buffer)
-    per piece. SHA-256 costs about as much CPU as the copy itself; in the helper thread
-    it overlaps the copy and the final fsync instead of adding to them. The queue between
+    A shard is written as tens of thousands of small pieces; one ``writev`` per batch of
+    up to 1,024 pieces or 4 MB replaces a system call (and a copy through a buffer) per
+    piece. SHA-256 costs about as much CPU as the copy itself; in the helper thread it
+    overlaps the copy and the final fsync instead of adding to them. The queue between
     the two is bounded, so at most ``MAX_QUEUED`` batches are held in memory.
     """
 
-    BATCH_BYTES, BATCH_PIECES, MAX_QUEUED = 4 << 20, 1024, 16
+    BATCH_BYTES, BATCH_PIECES, MAX_QUEUED = 4 << 20, 1024, 8
 
     def __init__(self, target: IO[bytes]):
         self.target, self.n = target, 0
@@ -118,10 +120,12 @@ class ShardSink:
         self.hasher = ThreadPoolExecutor(1, thread_name_prefix="tar-sha256")
         self.digest = self.hasher.submit(_sha256_of_batches, self.batches)
 
-    def write(self, piece: bytes | memoryview) -> None:
-        self.pieces.append(piece)
-        self.n += len(piece)
-        self.pending += len(piece)
+    def add(self, pieces: Iterable[bytes | memoryview], size: int) -> None:
+        """Append ``pieces``, ``size`` bytes in all; they must not change before the digest is
+        read (the helper thread hashes them later)."""
+        self.pieces += pieces
+        self.n += size
+        self.pending += size
         if self.pending >= self.BATCH_BYTES or len(self.pieces) >= self.BATCH_PIECES:
             self.flush()
 
@@ -133,14 +137,15 @@ class ShardSink:
         if self.fd is None:
             self.target.write(b"".join(pieces))
             return
-        while pieces:  # a regular file may take fewer bytes than asked: go on where it stopped
-            done, first = os.writev(self.fd, pieces), 0
-            while first < len(pieces) and done >= len(pieces[first]):
-                done -= len(pieces[first])
+        views: list[bytes | memoryview] = pieces
+        while views:  # a regular file may take fewer bytes than asked: go on where it stopped
+            done, first = os.writev(self.fd, views), 0
+            while first < len(views) and done >= len(views[first]):
+                done -= len(views[first])
                 first += 1
-            pieces = pieces[first:]
+            views = views[first:]
             if done:
-                pieces[0] = memoryview(pieces[0])[done:]
+                views[0] = memoryview(views[0])[done:]
 
     def close(self) -> Future[str]:
         """Write what is left and end the hash stream; return the digest's future."""
@@ -160,7 +165,7 @@ _MODE_IDS = b"0000444\x00" + b"0000000\x00" * 2
 _MTIME = b"00000000000\x00"
 _AFTER_MTIME = b"0" + b"\x00" * 100 + b"ustar\x0000" + b"\x00" * (64 + 16 + 155)  # type … prefix
 _FIXED_SUM = 256 + sum(_MODE_IDS) + sum(_MTIME) + sum(_AFTER_MTIME)  # 8 checksum bytes count as spaces
-_ZEROS = memoryview(bytes(tarfile.RECORDSIZE))
+_PADS = tuple(bytes(n) for n in range(tarfile.BLOCKSIZE))  # zeros after a member, by length
 
 
 def ustar_header(name: str, size: int) -> bytes:
@@ -190,26 +195,29 @@ def write_tar(target: IO[bytes], samples: Iterable[Sample]) -> ShardWriteResult:
     sink = ShardSink(target)
     keys, exts, offsets, sizes, shas = [], [], [], [], []
     count = 0
+    checked_exts: set[str] = set()
     try:
         for sample in samples:
-            if not is_safe_key(sample.key):
-                raise ValueError(f"unsafe sample key {sample.key!r}")
+            key = sample.key
+            if not is_safe_key(key):
+                raise ValueError(f"unsafe sample key {key!r}")
             for ext, data in sample.members.items():
-                if not SAFE_EXT.match(ext):
-                    raise ValueError(f"unsafe extension {ext!r} for key {sample.key!r}")
-                sink.write(ustar_header(f"{sample.key}.{ext}", len(data)))
-                offsets.append(sink.n)
-                sink.write(data)
-                if pad := -len(data) % tarfile.BLOCKSIZE:
-                    sink.write(_ZEROS[:pad])
-                keys.append(sample.key)
+                if ext not in checked_exts:
+                    if not SAFE_EXT.match(ext):
+                        raise ValueError(f"unsafe extension {ext!r} for key {key!r}")
+                    checked_exts.add(ext)
+                size = len(data)
+                pad = _PADS[-size % tarfile.BLOCKSIZE]
+                offsets.append(sink.n + tarfile.BLOCKSIZE)
+                sink.add((ustar_header(f"{key}.{ext}", size), data, pad), tarfile.BLOCKSIZE + size + len(pad))
+                keys.append(key)
                 exts.append(ext)
-                sizes.append(len(data))
+                sizes.append(size)
                 shas.append(sample.digests.get(ext) or hashlib.sha256(data).hexdigest())
             count += 1
-        sink.write(_ZEROS[:2 * tarfile.BLOCKSIZE])
-        if rest := -sink.n % tarfile.RECORDSIZE:
-            sink.write(_ZEROS[:rest])
+        end = 2 * tarfile.BLOCKSIZE
+        end += -(sink.n + end) % tarfile.RECORDSIZE
+        sink.add((bytes(end),), end)
         digest = sink.close()
     except BaseException:
         sink.abort()
