@@ -7,9 +7,13 @@ import json
 from typing import Any
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
 def canonical_json(obj: Any) -> str:
-    """JSON with sorted keys and no whitespace variation, so equal data hash equally."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    """JSON with sorted keys and no whitespace variation, so equal data hash equally
+    (``json.dumps`` with these settings, without building an encoder per call)."""
+    return _CANONICAL.encode(obj)
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -258,6 +258,8 @@ INGEST_SCHEMA = pa.schema([
     ("reason", pa.string()),
     ("warning", pa.string()),         # e.g. bad_sidecar: its metadata was not used, and why
     ("spill_offset", pa.int64()),     # where a kept record's bytes start in work/spill/{part}.bin, else -1
+    ("spill_xxh3", pa.uint64()),      # XXH3-64 of those bytes, else null: staging's check that the spill
+                                      # still holds what ingest hashed (SHA-256 costs 8x more to recompute)
     ("source_split", pa.string()),    # train/val/test of a GPIC-layout source tar (its folder), else null
     ("source_tiers", pa.string()),    # a GPIC source sample's JSON `split` (its tiers), comma-joined, else null
 ])

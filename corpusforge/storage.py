@@ -16,6 +16,7 @@ import os
 import posixpath
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
 import fsspec
@@ -164,28 +165,55 @@ class Store:
     @contextlib.contextmanager
     def atomic_write(self, rel: str) -> Iterator[IO[bytes]]:
         """Yield a binary file; on clean exit it appears at ``rel`` whole, else not at all."""
-        final = self.path(rel)
-        if self.remote:
-            fd, tmp = tempfile.mkstemp(prefix="corpusforge-", suffix=".part")
-        else:
-            os.makedirs(os.path.dirname(final), exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(final)}.", suffix=".part",
-                                       dir=os.path.dirname(final))
+        with self.atomic_writes(rel) as (f,):
+            yield f
+
+    @contextlib.contextmanager
+    def atomic_writes(self, *rels: str) -> Iterator[list[IO[bytes]]]:
+        """:meth:`atomic_write` for the files of one unit: yield one file per path; each
+        appears whole or not at all, and an exception inside leaves none of them.
+
+        Local files are fsynced together, from one thread each: a file system commits its
+        journal once for fsyncs that wait at the same time, so a unit's small files (an
+        index, a records table) cost little beside its big one instead of a commit each.
+        """
+        temps: list[str] = []
         try:
-            with os.fdopen(fd, "wb") as f:
-                yield f
-                f.flush()
+            with contextlib.ExitStack() as stack:
+                files = []
+                for rel in rels:
+                    fd, tmp = self._temp_file(rel)
+                    temps.append(tmp)
+                    files.append(stack.enter_context(os.fdopen(fd, "wb")))
+                yield files
+                for f in files:
+                    f.flush()
                 if not self.remote and self.fsync:
-                    os.fsync(f.fileno())
-            if self.remote:
-                with self._naming(rel):
-                    self.fs.put_file(tmp, self._fs_path(rel))
-            else:
-                os.chmod(tmp, 0o644)
-                os.replace(tmp, final)
+                    if len(files) == 1:
+                        os.fsync(files[0].fileno())
+                    else:
+                        with ThreadPoolExecutor(len(files), thread_name_prefix="fsync") as pool:
+                            list(pool.map(os.fsync, [f.fileno() for f in files]))
+            for rel, tmp in zip(rels, temps, strict=True):
+                if self.remote:
+                    with self._naming(rel):
+                        self.fs.put_file(tmp, self._fs_path(rel))
+                else:
+                    os.chmod(tmp, 0o644)
+                    os.replace(tmp, self.path(rel))
         finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            for tmp in temps:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+
+    def _temp_file(self, rel: str) -> tuple[int, str]:
+        """A new temporary file for ``rel``: beside it locally (``.name.*.part``, so the
+        rename is atomic), anywhere local for an upload."""
+        if self.remote:
+            return tempfile.mkstemp(prefix="corpusforge-", suffix=".part")
+        final = self.path(rel)
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        return tempfile.mkstemp(prefix=f".{os.path.basename(final)}.", suffix=".part", dir=os.path.dirname(final))
 
     def write_bytes(self, rel: str, data: bytes) -> str:
         """Write atomically; return the SHA-256 of ``data``."""
@@ -198,15 +226,19 @@ class Store:
 
     def write_parquet(self, rel: str, table: pa.Table) -> str:
         """Write a table with fixed writer settings; return the file's SHA-256."""
-        with tempfile.SpooledTemporaryFile(max_size=64 << 20) as buf:
-            pq.write_table(table, buf, **PARQUET_WRITE_OPTIONS)
-            buf.seek(0)
-            data = buf.read()
-        return self.write_bytes(rel, data)
+        return self.write_bytes(rel, parquet_bytes(table))
 
     def remove(self, rel: str) -> None:
         if self.exists(rel):
             self.fs.rm(self._fs_path(rel), recursive=True)
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    """A parquet file of ``table`` with the fixed writer settings (identical tables, identical bytes)."""
+    with tempfile.SpooledTemporaryFile(max_size=64 << 20) as buf:
+        pq.write_table(table, buf, **PARQUET_WRITE_OPTIONS)
+        buf.seek(0)
+        return buf.read()
 
 
 def open_uri(uri: str, storage_options: dict[str, Any] | None = None) -> IO[bytes]:

@@ -3,9 +3,11 @@
 Output per partition (written atomically, marker last):
 
 * ``work/spill/{part}.bin`` — the image bytes of every valid record, concatenated in
-  input order as they were read and validated here (``spill_offset`` in the ingest row).
-  Staging copies its shards from these spills, so the source is read once in a build;
-  exact duplicates found later are simply never copied;
+  input order as they were read and validated here (``spill_offset`` in the ingest row,
+  with ``spill_xxh3``, a fast checksum of those bytes). Staging copies its shards from
+  these spills, so the source is read once in a build; exact duplicates found later are
+  simply never copied. It checks each record's bytes against ``spill_xxh3`` and takes the
+  SHA-256 from here instead of hashing the bytes again;
 
 * ``work/ingest/{part}.parquet`` — one row per input record in input order
   (:data:`corpusforge.records.INGEST_SCHEMA`), status ``kept`` (so far), ``filtered``
@@ -38,6 +40,7 @@ from typing import Any
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
+import xxhash
 
 from corpusforge.contract import run_unit, unit_fingerprint
 from corpusforge.hashing import stable_int
@@ -228,6 +231,7 @@ def ingest_partition(store: Store, part: Partition, src: SourceConfig, val: Vali
                 data = record.pop(_VALID_BYTES, None)
                 if data is not None:  # streamed on: one record's bytes in memory at a time
                     record["spill_offset"] = spill.n
+                    record["spill_xxh3"] = xxhash.xxh3_64_intdigest(data)
                     spill.write(data)
                 records.append(record)
         valid = [r for r in records if r["status"] == Status.KEPT.value]

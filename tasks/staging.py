@@ -14,8 +14,11 @@ while its records are unchanged, whatever happens elsewhere in the source. Per s
 
 The image bytes come from the ingest spills (``work/spill/{part}.bin``, see
 :mod:`tasks.ingest`), not from the source: one forward pass per partition slice, one open
-file per partition. Nothing is hashed twice: the tar writer hashes every member for the
-index anyway, and those hashes must equal the ingest hashes before the shard is marked done.
+file per partition. No image is hashed twice: each record's bytes must match the XXH3-64
+checksum ingest recorded when it spilled them (eight times cheaper than SHA-256; a spill
+that lost or changed a byte fails the shard before anything of it is written), and the
+index takes ingest's SHA-256 for them. The tar's own SHA-256 (the marker's) is computed
+in a helper thread while the tar is written and fsynced (:class:`corpusforge.tarshard.ShardSink`).
 
 Fingerprint: the content of the records it holds (every field written to the tar and
 the records file) and the stage's code version.
@@ -23,21 +26,26 @@ the records file) and the stage's code version.
 
 from __future__ import annotations
 
+import mmap
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import xxhash
 from pydantic import BaseModel, ConfigDict, Field
 
 from corpusforge.chunking import plan_cuts
 from corpusforge.contract import run_unit, unit_fingerprint
 from corpusforge.faults import fault_point
-from corpusforge.hashing import canonical_json, fingerprint
-from corpusforge.layout import (STAGING_RECORDS_SCHEMA, resolved_path, spill_path, staging_index, staging_records,
-                                staging_tar)
+from corpusforge.hashing import canonical_json, fingerprint, sha256_bytes
+from corpusforge.layout import (RESOLVED_SCHEMA, STAGING_RECORDS_SCHEMA, resolved_path, spill_path, staging_index,
+                                staging_records, staging_tar)
 from corpusforge.records import Status
-from corpusforge.storage import Store
+from corpusforge.storage import Store, parquet_bytes
 from corpusforge.tarshard import Sample, write_tar
 from corpusforge.version import code_version
 
@@ -94,25 +102,57 @@ def plan_staging(resolved: list[dict[str, Any]], shard_size: int) -> list[Stagin
     return shards
 
 
-def spilled_bytes(store: Store, records: Iterable[dict[str, Any]]) -> Iterator[bytes]:
-    """Each record's image bytes from its partition's ingest spill, in order: one open file
-    per partition, read forward (records of a partition are in input order)."""
-    part, f = None, None
+class SpillReader:
+    """One partition's ingest spill, read at offsets. A local spill is mapped into memory:
+    its bytes go from the page cache into the tar (and its hash) without a copy through
+    Python objects. Spills are only ever replaced by a rename, never rewritten in place,
+    so a mapping stays valid. On an object store: ranged reads of one open file."""
+
+    def __init__(self, store: Store, part: int):
+        self.name, self.file, self.view = spill_path(part), None, memoryview(b"")
+        if store.remote:
+            self.file = store.open(self.name)
+            return
+        with open(store.path(self.name), "rb") as f:
+            if os.fstat(f.fileno()).st_size:  # an empty file cannot be mapped
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                mapped.madvise(mmap.MADV_SEQUENTIAL)
+                self.view = memoryview(mapped)  # the mapping lives while any slice of it does
+
+    def read(self, offset: int, size: int) -> bytes | memoryview:
+        if self.file is None:
+            return self.view[offset:offset + size]
+        self.file.seek(offset)
+        return self.file.read(size)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+def spilled_bytes(store: Store, records: Iterable[dict[str, Any]]) -> Iterator[bytes | memoryview]:
+    """Each record's image bytes from its partition's ingest spill, in order (records of a
+    partition are in input order, so each spill is read forward). Bytes that do not match
+    the checksum ingest recorded for them raise: they are not what ingest hashed."""
+    part, spill = None, None
     try:
         for r in records:
             if r["part"] != part:
-                if f is not None:
-                    f.close()
-                part, f = r["part"], store.open(spill_path(r["part"]))
-            f.seek(r["spill_offset"])
-            data = f.read(r["bytes"])
+                if spill is not None:
+                    spill.close()
+                part, spill = r["part"], SpillReader(store, r["part"])
+            data = spill.read(r["spill_offset"], r["bytes"]) if r["spill_offset"] >= 0 else b""
             if r["spill_offset"] < 0 or len(data) != r["bytes"]:
                 raise RuntimeError(f"{spill_path(part)}: no {r['bytes']} bytes at {r['spill_offset']} for key "
                                    f"{r['key']} (spill incomplete; rerun ingest by removing its marker)")
+            if xxhash.xxh3_64_intdigest(data) != r["spill_xxh3"]:
+                raise RuntimeError(f"spill of part {part} does not hold the bytes ingest hashed for key {r['key']} "
+                                   f"({r['bytes']} bytes at {r['spill_offset']} fail their XXH3 checksum; "
+                                   "rerun ingest by removing its marker)")
             yield data
     finally:
-        if f is not None:
-            f.close()
+        if spill is not None:
+            spill.close()
 
 
 def sample_json(record: dict[str, Any], extra: dict[str, Any] | None = None) -> bytes:
@@ -121,18 +161,33 @@ def sample_json(record: dict[str, Any], extra: dict[str, Any] | None = None) -> 
     return canonical_json(meta).encode()
 
 
-def to_sample(record: dict[str, Any], image: bytes, extra: dict[str, Any] | None = None) -> Sample:
+def to_sample(record: dict[str, Any], image: bytes | memoryview, extra: dict[str, Any] | None = None) -> Sample:
+    """The staged sample; ``image`` must be the bytes ingest hashed (its SHA-256 goes to the index)."""
     return Sample(record["key"], {record["ext"]: image, "txt": (record.get("caption") or "").encode(),
-                                  "json": sample_json(record, extra)})
+                                  "json": sample_json(record, extra)}, digests={record["ext"]: record["sha256"]})
+
+
+# What a staging shard's output depends on, per record: every field written to its tar or
+# records file, and where the bytes came from.
+CONTENT_FIELDS = (*SAMPLE_JSON_FIELDS, "caption", "ext", "bytes", "part", "row", "source_path", "source_offset")
+# The columns of the resolved rows staging reads: those, the records file's and where the spill holds the bytes.
+STAGING_COLUMNS = list(dict.fromkeys((*CONTENT_FIELDS, *STAGING_RECORDS_SCHEMA.names, "spill_offset", "spill_xxh3")))
+
+
+def shard_table(store: Store, shard: StagingShard) -> pa.Table:
+    """The shard's records: the kept rows of each partition slice, in order, with the
+    columns staging reads (:data:`STAGING_COLUMNS`)."""
+    tables = []
+    for part, skip, take in shard.slices:
+        with store.open(resolved_path(part)) as f:  # ParquetFile: a third of read_table's fixed cost
+            rows = pq.ParquetFile(f).read(columns=["status", *STAGING_COLUMNS], use_threads=False)
+        tables.append(rows.filter(pc.equal(rows["status"], Status.KEPT.value)).slice(skip, take).drop_columns("status"))
+    schema = pa.schema([RESOLVED_SCHEMA.field(c) for c in STAGING_COLUMNS])
+    return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
 def shard_records(store: Store, shard: StagingShard) -> list[dict[str, Any]]:
-    records: list[dict[str, Any]] = []
-    for part, skip, take in shard.slices:
-        rows = store.read_parquet(resolved_path(part)).to_pylist()
-        survivors = [r for r in rows if r["status"] == Status.KEPT.value]
-        records += survivors[skip:skip + take]
-    return records
+    return shard_table(store, shard).to_pylist()
 
 
 def images_digest(records: list[dict[str, Any]]) -> str:
@@ -140,38 +195,32 @@ def images_digest(records: list[dict[str, Any]]) -> str:
     return fingerprint([(r["key"], r["sha256"], r["ext"]) for r in records])
 
 
-def _check_images(index: pa.Table, records: list[dict[str, Any]]) -> None:
-    """The tar's image members hash as ingest hashed them (the writer hashed them for the index)."""
-    written = {(k, e): sha for k, e, sha in zip(*(index[c].to_pylist() for c in ("key", "ext", "sha256")),
-                                               strict=True)}
-    for r in records:
-        if written.get((r["key"], r["ext"])) != r["sha256"]:
-            raise RuntimeError(f"spill of part {r['part']} does not hold the bytes ingest hashed for key {r['key']}")
-
-
 def write_staging_shard(store: Store, shard: StagingShard) -> dict[str, Any]:
-    """Write one staging shard (skipped when its records' content is unchanged)."""
-    records = shard_records(store, shard)
-    content = [[r.get(c) for c in (*SAMPLE_JSON_FIELDS, "caption", "ext", "bytes", "part", "row", "source_path",
-                                    "source_offset")] for r in records]
+    """Write one staging shard (skipped when its records' content is unchanged).
+
+    The tar, index and records file are written as one group and fsynced together
+    (:meth:`corpusforge.storage.Store.atomic_writes`), then the marker."""
+    table = shard_table(store, shard)
+    content = list(zip(*(table[c].to_pylist() for c in CONTENT_FIELDS)))  # rows, as JSON arrays
     fp = unit_fingerprint("staging", code_version("tasks.staging"), None, content)
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
+        records = table.to_pylist()
+
         def samples() -> Iterator[Sample]:
             for i, (r, data) in enumerate(zip(records, spilled_bytes(store, records), strict=True)):
                 if i == 1:
                     fault_point("staging.write", shard.name)  # tests only: off unless CORPUSFORGE_FAULT
                 yield to_sample(r, data)
 
-        with store.atomic_write(staging_tar(shard.name)) as f:
-            result = write_tar(f, samples())
-        _check_images(result.index, records)  # before anything of the shard is marked done
-        outputs = {
-            staging_tar(shard.name): result.sha256,
-            staging_index(shard.name): store.write_parquet(staging_index(shard.name), result.index),
-            staging_records(shard.name): store.write_parquet(
-                staging_records(shard.name), pa.Table.from_pylist(records, schema=STAGING_RECORDS_SCHEMA)),
-        }
+        tar, index, listing = staging_tar(shard.name), staging_index(shard.name), staging_records(shard.name)
+        with store.atomic_writes(tar, index, listing) as (tar_file, index_file, listing_file):
+            result = write_tar(tar_file, samples())  # the spill check raises inside: then nothing is written
+            index_bytes = parquet_bytes(result.index)
+            listing_bytes = parquet_bytes(table.select(STAGING_RECORDS_SCHEMA.names).cast(STAGING_RECORDS_SCHEMA))
+            index_file.write(index_bytes)
+            listing_file.write(listing_bytes)
+        outputs = {tar: result.sha256, index: sha256_bytes(index_bytes), listing: sha256_bytes(listing_bytes)}
         return outputs, {"shard": shard.name, "count": result.count, "bytes": result.bytes,
                          "images": images_digest(records)}
 

@@ -86,7 +86,19 @@ def test_a_spill_that_lost_its_bytes_fails_the_shard_loudly_and_is_not_marked_do
     with pytest.raises(RuntimeError, match=r"does not hold the bytes ingest hashed"):
         write_staging_shard(store, shards[0])
     assert read_marker(store, staging_tar(name)) is None
-    assert not store.exists(staging_records(name))
+    assert not store.exists(staging_records(name)) and not store.exists(staging_tar(name))  # checked before written
     assert not [p for p in (tmp_path / "out").rglob("*.part")]
     with pytest.raises(RuntimeError):  # a rerun is not skipped: it fails again
         write_staging_shard(store, shards[0])
+
+
+def test_a_truncated_spill_fails_the_shard_and_writes_nothing(tmp_path):
+    store, _, shards, _ = ingested(tmp_path)
+    spill = tmp_path / "out" / spill_path(1)
+    spill.write_bytes(spill.read_bytes()[:-1000])  # the last image of partition 1 cut short
+    name = shards[0].name
+    with pytest.raises(RuntimeError, match=r"spill incomplete"):
+        write_staging_shard(store, shards[0])
+    assert read_marker(store, staging_tar(name)) is None
+    assert not store.exists(staging_tar(name)) and not store.exists(staging_index(name))
+    assert not [p for p in (tmp_path / "out").rglob("*.part")]

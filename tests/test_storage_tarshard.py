@@ -88,6 +88,64 @@ def test_tar_bytes_equal_what_tarfile_writes(n):
     assert out.getvalue() == _tarfile_bytes(samples)
 
 
+def test_tar_written_through_a_file_descriptor_in_batches_equals_tarfile_and_its_digest(tmp_path, monkeypatch):
+    """Members big and many enough to span several writev batches (and short writes the
+    writer must resume); the tar's digest comes from the helper thread."""
+    import hashlib
+    import os
+
+    from corpusforge import tarshard
+
+    real_writev, calls = os.writev, []
+
+    def short_writev(fd, pieces):  # take at most 700 kB per call, as a regular file may
+        calls.append(len(pieces))
+        taken, budget = [], 700_000
+        for p in pieces:
+            if budget <= 0:
+                break
+            taken.append(memoryview(p)[:budget])
+            budget -= len(taken[-1])
+        return real_writev(fd, taken)
+
+    monkeypatch.setattr(tarshard.os, "writev", short_writev)
+    rng = random.Random(7)
+    samples = [Sample(f"k{i}", {"jpg": rng.randbytes(rng.choice([0, 1, 511, 512, 513, 300_000])),
+                                "txt": b"c" * rng.randint(0, 700), "json": b"{}"}) for i in range(600)]
+    path = tmp_path / "s.tar"
+    with open(path, "wb") as f:
+        result = write_tar(f, samples)
+    data = path.read_bytes()
+    assert data == _tarfile_bytes(samples) and len(calls) > 2
+    assert result.sha256 == hashlib.sha256(data).hexdigest() and result.bytes == len(data)
+    shas = {(r["key"], r["ext"]): r["sha256"] for r in result.index.to_pylist()}
+    assert shas[("k3", "jpg")] == hashlib.sha256(samples[3].members["jpg"]).hexdigest()
+
+
+def test_known_member_digests_go_to_the_index_unhashed():
+    """A digest the caller vouches for (staging: ingest's SHA-256) is what the index lists."""
+    out = io.BytesIO()
+    result = write_tar(out, [Sample("a", {"jpg": b"x" * 10, "txt": b"t"}, digests={"jpg": "f" * 64})])
+    rows = {r["ext"]: r["sha256"] for r in result.index.to_pylist()}
+    assert rows["jpg"] == "f" * 64 and rows["txt"] == __import__("hashlib").sha256(b"t").hexdigest()
+
+
+def test_atomic_writes_publish_all_files_or_none(tmp_path):
+    store = Store(str(tmp_path))
+    with store.atomic_writes("a/x.bin", "b/y.bin", "z.bin") as (x, y, z):
+        x.write(b"x" * 100_000)
+        y.write(b"y")
+        z.write(b"")
+    assert [store.read_bytes(p) for p in ("a/x.bin", "b/y.bin", "z.bin")] == [b"x" * 100_000, b"y", b""]
+    with pytest.raises(RuntimeError):
+        with store.atomic_writes("a/x.bin", "c/new.bin") as (x, new):
+            x.write(b"changed")
+            new.write(b"new")
+            raise RuntimeError("killed mid-write")
+    assert store.read_bytes("a/x.bin") == b"x" * 100_000 and not store.exists("c/new.bin")
+    assert not [p for p in tmp_path.rglob("*.part")]
+
+
 def test_webdataset_reads_our_tars(tmp_path):
     path = tmp_path / "s.tar"
     with open(path, "wb") as f:
