@@ -120,9 +120,13 @@ def separation(checked: dict, groups: dict[str, str], cfg: NearDedupConfig) -> s
     un = [r for (a, b), r in checked.items() if groups[a] != groups[b]]
     rel = [r for (a, b), r in checked.items() if groups[a] == groups[b] and r["verified"]]
     strong = [r for r in un if r["inliers"] >= vc.min_inliers]
+    inside = [r for r in strong if r["overlap"] >= vc.min_overlap]
     return (f"{len(un)} unrelated pairs checked: max inliers {max((r['inliers'] for r in un), default=0)}; "
-            f"of the {len(strong)} with >= {vc.min_inliers} inliers max agreement "
-            f"{max((r['agreement'] for r in strong), default=0):.3f} (threshold {vc.min_agreement}); "
+            f"{len(strong)} with >= {vc.min_inliers} inliers: max overlap "
+            f"{max((r['overlap'] for r in strong), default=0):.2f}, max agreement "
+            f"{max((r['agreement'] for r in strong), default=0):.3f}; {len(inside)} of them with overlap >= "
+            f"{vc.min_overlap}: max agreement {max((r['agreement'] for r in inside), default=0):.3f} "
+            f"(threshold {vc.min_agreement}); "
             f"{len(rel)} related pairs verified: min inliers {min((r['inliers'] for r in rel), default=0)}, "
             f"min agreement {min((r['agreement'] for r in rel), default=0):.3f}, "
             f"min overlap {min((r['overlap'] for r in rel), default=0):.2f} (threshold {vc.min_overlap})")

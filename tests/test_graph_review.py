@@ -63,3 +63,37 @@ def test_band_reaches_the_pair_threshold_inclusive():
     assert in_band(sim, cfg).tolist() == [False, True, True, True, False, False]
     assert cfg.link_threshold == cfg.pair_threshold
     assert NearDedupConfig(model_id="sscd_disc_mixup").link_threshold == 0.90  # gpic_exact: GPIC's candidate graph
+
+
+def _tile_ncc_reference(a: np.ndarray, b: np.ndarray, tiles: int = 4, min_std: float = 2.0) -> float:
+    """Median NCC over the textured tiles of two same-size grey images aligned by the identity
+    (the frame's own edge is not an interpolation border: nothing is trimmed)."""
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    h, w = a.shape
+    scores = []
+    for ty in range(tiles):
+        for tx in range(tiles):
+            ys = slice(h * ty // tiles, h * (ty + 1) // tiles)
+            xs = slice(w * tx // tiles, w * (tx + 1) // tiles)
+            u, v = a[ys, xs].ravel(), b[ys, xs].ravel()
+            if u.std() < min_std or v.std() < min_std:
+                continue
+            scores.append(float(np.corrcoef(u, v)[0, 1]))
+    return float(np.median(scores)) if scores else 0.0
+
+
+def test_aligned_agreement_matches_a_direct_tile_correlation():
+    from tasks.graph.verify import aligned_agreement
+
+    rng = np.random.default_rng(3)
+    a = np.clip(rng.normal(128, 40, (96, 128)), 0, 255).astype(np.uint8)
+    b = np.clip(0.6 * a + 50 + rng.normal(0, 8, a.shape), 0, 255).astype(np.uint8)  # contrast, brightness, noise
+    b[80:] = 0  # a bar over the bottom: its tiles are flat in b and have no say
+    identity = np.float64([[1, 0, 0], [0, 1, 0]])
+    overlap, agreement = aligned_agreement(identity, a, b)
+    assert overlap == pytest.approx(1.0)
+    assert agreement == pytest.approx(_tile_ncc_reference(a, b), abs=1e-6)
+    assert agreement > 0.9
+    shifted = np.float64([[1, 0, 64], [0, 1, 0]])  # half of a lies outside b
+    assert aligned_agreement(shifted, a, b)[0] == pytest.approx(0.5)
+    assert abs(aligned_agreement(identity, a, rng.integers(0, 255, a.shape).astype(np.uint8))[1]) < 0.2

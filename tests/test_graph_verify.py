@@ -143,28 +143,29 @@ def test_verified_pairs_are_removed_only_in_gpic_verified_mode(photos, tmp_path)
 
 
 def test_verification_is_byte_identical_and_incremental(photos, tmp_path, monkeypatch):
-    a, shards = _build(tmp_path / "a", photos)
-    b, _ = _build(tmp_path / "b", photos)
+    """review_k=2: the new shard's copies displace an old pair from an old image's two best."""
+    a, shards = _build(tmp_path / "a", photos, review_k=2)
+    b, _ = _build(tmp_path / "b", photos, review_k=2)
     for folder in ("graph/review", "graph/verified", "graph/decisions"):
         assert _tree(tmp_path / "a", folder) == _tree(tmp_path / "b", folder)
     calls = []
     real = verify_module.verify_pair
     monkeypatch.setattr(verify_module, "verify_pair", lambda *x: calls.append(1) or real(*x))
-    _build(tmp_path / "a", photos)  # rerun: nothing changed, the unit is skipped
+    _build(tmp_path / "a", photos, review_k=2)  # rerun: nothing changed, the unit is skipped
     assert calls == []
     before = {(r["key_a"], r["key_b"]) for r in a.read_parquet("graph/verified/000000.parquet").to_pylist()}
-    _build(tmp_path / "a", photos, extra=True)  # a new shard: only pairs with a new image are verified
+    _build(tmp_path / "a", photos, extra=True, review_k=2)  # a new shard: only pairs with a new image are verified
     rows = [r for s in ("000000", "000001") for r in a.read_parquet(f"graph/verified/{s}.parquet").to_pylist()]
     new = [r for r in rows if r["key_a"].startswith("d_") or r["key_b"].startswith("d_")]
     old = {(r["key_a"], r["key_b"]) for r in rows} - {(r["key_a"], r["key_b"]) for r in new}
     assert len(calls) == len(new)
     # a new image became a closer band partner of an old one: an old pair left the review (never one joins)
     assert old < before
-    fresh, _ = _build(tmp_path / "c", photos, extra=True)
+    fresh, _ = _build(tmp_path / "c", photos, extra=True, review_k=2)
     for folder in ("graph/review", "graph/verified", "graph/decisions"):  # the review choice is global
         assert _tree(tmp_path / "a", folder) == _tree(tmp_path / "c", folder)
     calls.clear()
-    _build(tmp_path / "a", photos, extra=True, min_inliers=16)  # a verification setting: every pair again
+    _build(tmp_path / "a", photos, extra=True, review_k=2, min_inliers=16)  # a verification setting: every pair again
     assert len(calls) == len(rows)
     assert np.all([r["inliers"] >= 16 for r in a.read_parquet("graph/verified/000000.parquet").to_pylist()
                    if r["verified"]])
