@@ -140,6 +140,9 @@ def test_verified_pairs_are_removed_only_in_gpic_verified_mode(photos, tmp_path)
     assert exact.read_json("graph/summary.json")["rule"] == "gpic_exact"
     for key, d in exact_decisions.items():  # the paper's rule: the copies (all <= 0.87 with wfd) stay
         assert d == decisions[key] if key not in copies else d["status"] == "kept"
+    _build(tmp_path / "v", photos, mode="gpic_exact")  # switched back: the same files as a fresh exact build
+    for folder in ("graph", "_markers/graph"):
+        assert _tree(tmp_path / "v", folder) == _tree(tmp_path / "e", folder)
 
 
 def test_verification_is_byte_identical_and_incremental(photos, tmp_path, monkeypatch):
