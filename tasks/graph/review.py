@@ -16,7 +16,7 @@ rerun never chooses an old pair it did not choose before; the verification unit 
 checks only pairs with a new image (results are reused per pair, see verify.py).
 
 One unit (the choice is global): pass 1 streams the edge files into a float32 [N, k]
-array of each node's best band similarities (0.4 GB per k at 10^8 nodes); pass 2 writes
+array of each node's best band similarities (0.4 GB per k at 10^8 nodes, 2.8 GB at k = 7); pass 2 writes
 ``graph/review/{shard}.parquet`` (src, dst, similarity) per owner shard.
 """
 
