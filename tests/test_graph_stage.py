@@ -94,7 +94,8 @@ def test_ivf_stage_matches_exact_stage_on_planted_data(tmp_path):
                                                calibration=CalibrationConfig(enabled=False)), shards)
     approx, _ = near_duplicate_stage(iv, NearDedupConfig(
         index=IndexConfig(kind="ivf", nlist=16, nprobe=8, storage="flat"), recall_queries=300,
-        collision=CollisionConfig(enabled=False), calibration=CalibrationConfig(enabled=False)), shards)
+        collision=CollisionConfig(enabled=False), calibration=CalibrationConfig(enabled=False),
+        verification=VerificationConfig(mode="gpic_exact")), shards)  # the same rule as the exact stage
     assert approx["index"]["plan"]["factory"] == "IVF16,Flat"
     assert approx["recall"]["recall"] >= 0.95
     same = np.mean(np.array(read_decisions(ex, shards)["status"].to_pylist())

@@ -9,7 +9,8 @@ sizes, resolution and SHA-256 prefixes as int64 per node (~5.6 GB), max similari
 float32 (0.4 GB), plus the keys of nodes that have candidate edges (<= 96 B each) and
 the edges of big components for the chaining report. Edges are never all in memory.
 
-Pass 1 (edges > candidate threshold): union-find, max similarity, which nodes have
+Pass 1 (edges > candidate threshold; in mode gpic_verified > pair threshold, plus the
+verified pairs): union-find, max similarity, which nodes have
 edges. Then records: resolution for all nodes, keys for nodes with edges → the priority
 rank (resolution desc, key asc). Pass 2: tier-1 partners and the big components' edges.
 Then :func:`tasks.graph.two_tier.decide`, the chaining report, the SHA-256 guard, and
@@ -85,8 +86,9 @@ def decide_near_duplicates(source: Store, out: Store, cfg: NearDedupConfig, node
                            verified_digests: list[str] | None = None) -> dict[str, Any]:
     """Two-tier decisions for every image (one unit: the rule is global); returns the marker.
 
-    With ``cfg.verifying`` (mode gpic_verified) the verified review-band pairs
-    (``graph/verified/``) join the candidate graph and act as tier-1 pairs."""
+    With ``cfg.verifying`` (mode gpic_verified) the candidate graph is the pairs above the
+    pair threshold plus the verified review pairs (``graph/verified/``), which act as
+    tier-1 pairs: below the pair threshold a similarity alone links nothing."""
     fp = unit_fingerprint("graph-decisions", code_version(__name__, "tasks.graph.two_tier"),
                           [cfg.candidate_threshold, cfg.pair_threshold, cfg.min_component_size,
                            cfg.chain_min_hop1_fraction, cfg.chain_max_hops, cfg.report_top, cfg.verifying,
@@ -98,7 +100,7 @@ def decide_near_duplicates(source: Store, out: Store, cfg: NearDedupConfig, node
 def _decide(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable
             ) -> tuple[dict[str, str], dict[str, Any]]:
     n = nodes.n_nodes
-    ct = cfg.candidate_threshold
+    ct = cfg.link_threshold
     uf = UnionFind(n)
     max_sim = np.zeros(n, dtype=np.float32)
     involved = np.zeros(n, dtype=bool)

@@ -2,8 +2,8 @@
 
     plan node ids → build index (1 task) → query (1 task per staging shard whose
     features changed) → recall reference (1 task per shard) → merge edges (1 task per
-    owner-shard group) → [k-NN cap check] → recall (1 task) → [verification of
-    review-band pairs (1 task per owner shard), mode gpic_verified] → decisions (1 task)
+    owner-shard group) → [k-NN cap check] → recall (1 task) → [mode gpic_verified: review
+    pairs chosen (1 task), verified (1 task per owner shard)] → decisions (1 task)
     ∥ collision models (1 task) → calibration sheet (1 task) → graph/summary.json
 
 Inside a flow run the tasks go to the flow's task runner (a ``DaskTaskRunner``: one
@@ -29,9 +29,11 @@ import numpy as np
 from prefect.context import FlowRunContext
 
 from corpusforge.cluster import as_task, run_tasks
-from corpusforge.contract import COMPUTED, SKIPPED, count_actions, prune, require_marker, unit_fingerprint
+from corpusforge.contract import (COMPUTED, SKIPPED, count_actions, marker_path, prune, remove_tree, require_marker,
+                                  unit_fingerprint)
 from corpusforge.layout import (GRAPH_DECISIONS, GRAPH_EDGES, GRAPH_FOUND, GRAPH_INDEX_DIR, GRAPH_NODES, GRAPH_RECALL,
-                                GRAPH_SUMMARY, GRAPH_VERIFIED, edges_path, found_path, staging_records, staging_tar)
+                                GRAPH_REVIEW, GRAPH_SUMMARY, GRAPH_VERIFIED, edges_path, found_path, review_path,
+                                staging_records, staging_tar)
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.graph.calibration import calibration_sheet
@@ -41,6 +43,7 @@ from tasks.graph.decisions import decide_near_duplicates, read_decisions
 from tasks.graph.edges import (build_index, feature_digests, graph_recall, merge_edges, merge_groups, node_degrees,
                                query_shard, recall_shard)
 from tasks.graph.nodes import plan_nodes
+from tasks.graph.review import select_review_pairs
 from tasks.graph.verify import verify_shard
 
 __all__ = ["near_duplicate_stage", "read_decisions"]
@@ -54,6 +57,7 @@ recall_task = as_task(graph_recall, "graph-recall")
 decide_task = as_task(decide_near_duplicates, "graph-decisions")
 collision_task = as_task(collision_models, "graph-collision-models")
 calibration_task = as_task(calibration_sheet, "graph-calibration-sheet")
+review_task = as_task(select_review_pairs, "graph-review-pairs")
 verify_task = as_task(verify_shard, "graph-verify-pairs")
 
 
@@ -80,7 +84,7 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
     nodes = plan_nodes(source, shards)
     digests = feature_digests(source, cfg, nodes)
     store.write_json(GRAPH_NODES, nodes.to_json())
-    for folder in (GRAPH_FOUND, GRAPH_RECALL, GRAPH_EDGES, GRAPH_DECISIONS, GRAPH_VERIFIED):
+    for folder in (GRAPH_FOUND, GRAPH_RECALL, GRAPH_EDGES, GRAPH_DECISIONS, GRAPH_REVIEW, GRAPH_VERIFIED):
         prune(store, folder, nodes.shards)
     prune(store, GRAPH_INDEX_DIR, {"index", "recall_ids", "recall_vectors"})  # a killed writer's temp files
     common = dict(source=source, out=store, cfg=cfg, nodes=nodes)
@@ -111,13 +115,19 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
     edges_digests = [d for m in merged for d in m["digests"]]
     records_digests = [require_marker(source, staging_tar(s), "staging shard")["outputs"][staging_records(s)]
                        for s in nodes.shards]
-    verified_digests = None
+    verified_digests = review = None
     if cfg.verifying:
-        verified = run_tasks(verify_task, [dict(common, shard=s, edges_digest=d,
+        review = run_tasks(review_task, [dict(out=store, cfg=cfg, nodes=nodes, edges_digests=edges_digests)])[0]
+        work["review"] = review["action"]
+        verified = run_tasks(verify_task, [dict(common, shard=s, review_digest=review["outputs"][review_path(s)],
                                                 records_digests=_records_of(source, nodes))
-                                           for s, d in zip(nodes.shards, edges_digests, strict=True)])
+                                           for s in nodes.shards])
         work["verification"] = count_actions(verified)
         verified_digests = [m["digest"] for m in verified]
+    else:  # a rerun in gpic_exact leaves no review or verification files behind (equal to a fresh build)
+        for folder in (GRAPH_REVIEW, GRAPH_VERIFIED):
+            remove_tree(store, folder)
+        store.remove(marker_path(GRAPH_REVIEW))
     later = [(decide_task, dict(common, edges_digests=edges_digests, records_digests=records_digests,
                                 verified_digests=verified_digests))]
     code = code_version("tasks.graph.collision", "tasks.graph.calibration")
@@ -155,6 +165,7 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
                   "edges": sum(sum(m["edges"].values()) for m in merged), "merge_tasks": len(merged)},
         "rule": "gpic_verified" if cfg.verifying else "gpic_exact",
         "verification": ({**cfg.verification.model_dump(mode="json"),
+                          "band_pairs": review["info"]["band_pairs"],
                           "pairs": sum(m["info"]["pairs"] for m in verified),
                           "verified": sum(m["info"]["verified"] for m in verified)} if cfg.verifying else None),
         "recall": recall,
