@@ -22,6 +22,8 @@ from typing import IO
 
 import pyarrow as pa
 
+# writev takes at most this many buffers per call (EINVAL beyond; 1024 on Linux)
+IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 # WebDataset splits a member name at its first dot, so keys may not contain one.
 SAFE_KEY = re.compile(r"^[A-Za-z0-9_\-]{1,96}$")
 SAFE_EXT = re.compile(r"^[a-z0-9]{1,8}(\.[a-z0-9]{1,8})*$")
@@ -139,7 +141,7 @@ class ShardSink:
             return
         views: list[bytes | memoryview] = pieces
         while views:  # a regular file may take fewer bytes than asked: go on where it stopped
-            done, first = os.writev(self.fd, views), 0
+            done, first = os.writev(self.fd, views[:IOV_MAX]), 0
             while first < len(views) and done >= len(views[first]):
                 done -= len(views[first])
                 first += 1
