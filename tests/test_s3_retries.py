@@ -14,6 +14,7 @@ import time
 
 import pytest
 import s3fs
+from botocore.retries import standard
 
 from corpusforge.storage import S3_MAX_ATTEMPTS, S3_RETRIES, Store
 from tests.faultproxy import fault_proxy
@@ -43,17 +44,21 @@ def test_the_retry_rule_is_explicit():
     assert "config_kwargs" not in Store("local-folder").storage_options
 
 
-def test_transient_errors_are_retried_with_exponential_backoff(proxied):
+def test_transient_errors_are_retried_with_exponential_backoff(proxied, monkeypatch):
     options, proxy = proxied
-    store = Store(f"s3://{BUCKET}/out", options)
-    store.exists("warm-up")  # open the connection pool before timing anything
     seed = 1
     jitter = random.Random(seed)
     # botocore standard mode: before retry n (n = 1, 2, ...) it waits random() * 2**(n-1) s
     expected = [jitter.random() * 2**n for n in range(3)]
     assert expected == sorted(expected)  # the seed was picked so the delays grow
+    # The backoff draws from the process-wide random.random by default, which other threads
+    # of a full test session also draw from; give it its own seeded generator instead (its
+    # default argument, bound when botocore was imported) before the client is made.
+    backoff = standard.ExponentialBackoff.__init__
+    monkeypatch.setattr(backoff, "__defaults__", (20, random.Random(seed).random, None, None))
+    store = Store(f"s3://{BUCKET}/out", options)
+    store.exists("warm-up")  # open the connection pool before timing anything
     proxy.fail("/out/slow.parquet", ["503", "500", "503"])
-    random.seed(seed)
     store.write_bytes("slow.parquet", b"payload")
     puts = [(t, o) for t, m, o in proxy.seen("/out/slow.parquet") if m == "PUT"]
     assert [o for _, o in puts] == [503, 500, 503, 200]  # three retries, the last one through
