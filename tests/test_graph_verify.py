@@ -146,9 +146,12 @@ def test_verified_pairs_are_removed_only_in_gpic_verified_mode(photos, tmp_path)
 
 
 def test_verification_is_byte_identical_and_incremental(photos, tmp_path, monkeypatch):
-    """review_k=2: the new shard's copies displace an old pair from an old image's two best."""
+    """review_k=2: the new shard's copies displace an old pair from an old image's two best.
+    A unit that keeps one image's local features at a time writes the same bytes."""
     a, shards = _build(tmp_path / "a", photos, review_k=2)
-    b, _ = _build(tmp_path / "b", photos, review_k=2)
+    with monkeypatch.context() as m:  # b decodes an image again whenever another pair needs it
+        m.setattr(verify_module, "CACHED_IMAGES", 1)
+        b, _ = _build(tmp_path / "b", photos, review_k=2)
     for folder in ("graph/review", "graph/verified", "graph/decisions"):
         assert _tree(tmp_path / "a", folder) == _tree(tmp_path / "b", folder)
     calls = []

@@ -32,6 +32,7 @@ verification settings are unchanged is copied from the previous file instead of 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,7 @@ def _cv2():
 LocalFeatures = tuple[np.ndarray, "np.ndarray | None", np.ndarray]
 TILES = 4          # agreement: the overlap is cut into TILES x TILES tiles
 TILE_MIN_STD = 2.0  # grey levels: a tile flatter than this in either image has no say
+CACHED_IMAGES = 2048  # local features kept per unit: about 0.6 GB at max_side 512
 RESULT_FIELDS = ("keypoints", "matches", "inliers", "score", "overlap", "agreement", "verified")
 
 
@@ -151,19 +153,25 @@ def settings_fingerprint(cfg: VerificationConfig) -> str:
 
 
 class _Images:
-    """Ranged reads of staged images by key, decoded once per unit."""
+    """Ranged reads of staged images by key, their local features kept for the
+    ``CACHED_IMAGES`` most recently used: a unit's pairs reach images all over the corpus,
+    and each entry holds the grey picture (up to ``max_side``² bytes, 0.26 MB at 512), so
+    an unbounded cache would grow with the shard. An evicted image is decoded again when
+    a later pair needs it (same bytes, same features)."""
 
     def __init__(self, source: Store, nodes: NodeTable, cfg: VerificationConfig):
         self.source, self.nodes, self.cfg = source, nodes, cfg
         self._index: dict[str, dict[int, dict[str, Any]]] = {}
-        self._feats: dict[int, LocalFeatures] = {}
+        self._feats: OrderedDict[int, LocalFeatures] = OrderedDict()
 
     def row(self, node: int) -> tuple[str, int]:
         s = int(self.nodes.shard_of(np.array([node]))[0])
         return self.nodes.shards[s], node - int(self.nodes.offsets[s])
 
     def features(self, node: int) -> LocalFeatures:
-        if node not in self._feats:
+        if node in self._feats:
+            self._feats.move_to_end(node)
+        else:
             shard, row = self.row(node)
             if shard not in self._index:
                 keys = self.source.read_parquet(records_path(shard), columns=["key"])["key"].to_pylist()
@@ -177,6 +185,8 @@ class _Images:
             except DecodeError:
                 image = Image.new("RGB", (1, 1))
             self._feats[node] = local_features(image, self.cfg)
+            if len(self._feats) > CACHED_IMAGES:
+                self._feats.popitem(last=False)
         return self._feats[node]
 
 
