@@ -71,12 +71,17 @@ def _write_staging(store: Store, shard: str, seeds: list[int], corrupt: set[int]
     return _stage(store, shard, images)
 
 
-@pytest.fixture()
-def corpus(tmp_path) -> Store:
-    store = Store(str(tmp_path / "corpus"))
+def two_shard_corpus(root) -> Store:
+    """Two staging shards of 11 and 9 images under ``root/corpus``; image 4 is cut short."""
+    store = Store(str(root / "corpus"))
     _write_staging(store, "000000", list(range(0, 11)), corrupt={4})
     _write_staging(store, "000001", list(range(11, 20)))
     return store
+
+
+@pytest.fixture()
+def corpus(tmp_path) -> Store:
+    return two_shard_corpus(tmp_path)
 
 
 def _cfg(**runtime) -> FeaturesConfig:

@@ -17,7 +17,7 @@ from corpusforge.feature_files import prune_subset, read_shard_errors, read_shar
 from corpusforge.layout import feature_keys, feature_vectors
 from corpusforge.storage import Store
 from tasks.features.extract import Selection, extract_shard
-from tests.test_extract import _cfg, _write_staging
+from tests.test_extract import _cfg, _write_staging, two_shard_corpus
 
 pytestmark = pytest.mark.timeout(180)
 SUBSET = "picked"
@@ -44,10 +44,7 @@ def _subset_files(store: Store, shard: str) -> tuple[bytes, bytes]:
 
 @pytest.fixture()
 def corpus(tmp_path) -> Store:
-    store = Store(str(tmp_path / "corpus"))
-    _write_staging(store, "000000", list(range(0, 11)), corrupt={4})
-    _write_staging(store, "000001", list(range(11, 20)))
-    return store
+    return two_shard_corpus(tmp_path)
 
 
 def test_a_small_selection_is_read_by_ranged_reads_and_equals_the_full_rows(corpus, tmp_path, monkeypatch):
