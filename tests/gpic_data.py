@@ -55,6 +55,12 @@ def write_tar(path: Path, members: list[tuple[str, bytes]]) -> None:
             tar.addfile(info, io.BytesIO(data))
 
 
+def read_tar(path: Path) -> list[tuple[str, bytes]]:
+    """(member name, bytes) in the tar's order: what a layout test compares."""
+    with tarfile.open(path) as t:
+        return [(m.name, t.extractfile(m).read()) for m in t]
+
+
 def gpic_release(root: Path, train_shards: int = 3, per_shard: int = 4, nano: int = 1, lite: int = 2) -> Path:
     """A GPIC-format release: train/gpic_train_NNNNN.tar (tiers: shard prefixes of ``nano``
     and ``lite`` shards, full = all), val/ and test/ with one shard each."""

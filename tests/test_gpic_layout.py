@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import json
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ from PIL import Image
 
 from corpusforge.layout import GPIC_JSON_FIELDS
 from flows.build_corpus import BuildConfig, run_build
-from tests.gpic_data import mixed_folder
+from tests.gpic_data import mixed_folder, read_tar
 
 pytestmark = [pytest.mark.timeout(600)]
 
@@ -39,11 +38,6 @@ def manifest(out: Path) -> dict[str, dict]:
 
 def source_image(src: Path, key: str) -> Path:
     return next(p for p in src.glob(f"{key}.*") if p.suffix in (".jpg", ".png", ".webp"))
-
-
-def members(tar: Path) -> list[tuple[str, bytes]]:
-    with tarfile.open(tar) as t:
-        return [(m.name, t.extractfile(m).read()) for m in t]
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +70,7 @@ def test_gpic_layout_names_order_and_json(corpora):
     seen = set()
     for t in tars:
         split = t.split("/")[0]
-        names = members(out / "shards" / t)
+        names = read_tar(out / "shards" / t)
         assert len(names) % 2 == 0
         for (json_name, raw), (image_name, image) in zip(names[::2], names[1::2]):
             key, ext = image_name.split(".")
@@ -119,7 +113,7 @@ def test_tiers_in_gpic_json_are_shard_prefixes(corpora):
     counts = dict(receipt["release"]["tiers"])
     for tar in sorted((out / "shards" / "train").glob("*.tar")):
         index = int(tar.stem.rsplit("_", 1)[1])
-        for name, raw in members(tar)[::2]:
+        for name, raw in read_tar(tar)[::2]:
             tiers = json.loads(raw)["split"]
             assert tiers == [t for t, n in receipt["release"]["tiers"] if index < n], (tar.name, tiers)
     assert counts["full"] == receipt["release"]["splits"]["train"]["shards"]
@@ -195,7 +189,7 @@ def test_auto_gives_one_image_extension_losslessly(corpora):
         receipt = json.loads((out / "receipt.json").read_text())
         assert receipt["release"]["images"]["rule"] == "png" and "loadable" in receipt["release"]["loaders"]
         tar = min((out / "shards" / "test").glob("*.tar"))
-        for member, data in members(tar):
+        for member, data in read_tar(tar):
             if member.endswith(".png"):
                 original = source_image(src, member.split(".")[0])
                 assert np.array_equal(np.asarray(Image.open(io.BytesIO(data))),
@@ -208,7 +202,7 @@ def test_default_source_keeps_bytes_and_says_loaders_refuse(corpora):
     receipt = json.loads((out / "receipt.json").read_text())
     assert receipt["release"]["images"]["encodings"] == {"copied": N}
     assert "refuses" in receipt["release"]["loaders"]
-    names = [m for tar in (out / "shards").rglob("*.tar") for m, _ in members(tar)]
+    names = [m for tar in (out / "shards").rglob("*.tar") for m, _ in read_tar(tar)]
     assert names[0].endswith((".jpg", ".png", ".webp")) and names[2].endswith(".json")  # default order kept
 
 

@@ -8,8 +8,6 @@ prefixes of the stated sizes."""
 from __future__ import annotations
 
 import json
-import tarfile
-from pathlib import Path
 
 import pyarrow.dataset as ds
 import pytest
@@ -25,16 +23,11 @@ from tasks.splits import (
     held_out_sizes,
     tier_counts,
 )
-from tests.gpic_data import gpic_release
+from tests.gpic_data import gpic_release, read_tar
 
 pytestmark = [pytest.mark.timeout(600)]
 
 TIERS = {"nano": 1, "lite": 2, "full": 8000}
-
-
-def read_tar(path: Path) -> list[tuple[str, bytes]]:
-    with tarfile.open(path) as t:
-        return [(m.name, t.extractfile(m).read()) for m in t]
 
 
 @pytest.fixture(scope="module")
