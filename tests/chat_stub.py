@@ -29,6 +29,8 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tests.loopback import serving
+
 
 def _completion(content: str, finish_reason: str = "stop") -> bytes:
     return json.dumps({"id": "stub", "object": "chat.completion",
@@ -153,10 +155,5 @@ def chat_stub(**kwargs: Any) -> Iterator[ChatStub]:
     server.daemon_threads = True
     server.stub = stub
     stub.base_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(server):
         yield stub
-    finally:
-        server.shutdown()
-        server.server_close()

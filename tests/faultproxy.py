@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
+from tests.loopback import serving
+
 _ERRORS = {
     "503": (503, "SlowDown", "Please reduce your request rate."),
     "500": (500, "InternalError", "We encountered an internal error. Please try again."),
@@ -116,11 +118,5 @@ class _Handler(BaseHTTPRequestHandler):
 @contextmanager
 def fault_proxy(upstream: str) -> Iterator[FaultProxy]:
     """Run a :class:`FaultProxy` to ``upstream`` (an ``http://host:port`` URL) in a thread."""
-    proxy = FaultProxy(upstream)
-    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(FaultProxy(upstream)) as proxy:
         yield proxy
-    finally:
-        proxy.shutdown()
-        proxy.server_close()

@@ -28,6 +28,7 @@ from corpusforge.tarshard import Sample, is_safe_key, iter_tar_samples, write_ta
 from tasks.ingest import ingest_partition
 from tasks.sources import SourceConfig, locate, normalise_rows, plan_partitions
 from tasks.validate import ValidationConfig
+from tests.loopback import serving
 from tests.test_ingest import jpeg
 
 FUZZ = settings(max_examples=700, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -71,10 +72,8 @@ class CountingHandler(http.server.BaseHTTPRequestHandler):
 def http_secret():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), CountingHandler)
     CountingHandler.requests = []
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serving(server):
+        yield f"127.0.0.1:{server.server_address[1]}"
 
 
 @pytest.fixture
