@@ -85,6 +85,9 @@ COLOUR_WEIGHT = 0.25
 # Histogram norms below this (mean saturation-weighted mass) are not scaled up: a nearly
 # grey image keeps a weak colour block instead of amplified chroma noise.
 COLOUR_FLOOR = 0.05
+# The pair rule (tasks/graph/pair_score.py): an image whose colour histogram holds less
+# than this share of COLOUR_FLOOR counts as colourless, and its pairs score by layout alone.
+COLOURLESS_BELOW = 0.5
 
 
 def _dct_rows(n: int, k: int) -> np.ndarray:
@@ -163,7 +166,9 @@ class WeightFreeDescriptor(FeatureModel):
         return {"model_id": self.model_id, "arch": "wfd", "weights": "none (weight-free)",
                 "preprocessing": self.preprocessing, "thumb": self.thumb, "k": K, "alpha": ALPHA,
                 "regions": [list(r) for r in REGIONS], "hue_bins": HUE_BINS, "sat_bins": SAT_BINS,
-                "colour_weight": COLOUR_WEIGHT, "dim": self.dim, "normalized": True}
+                "colour_weight": COLOUR_WEIGHT, "dim": self.dim, "normalized": True,
+                "pair_rule": {"name": "layout_when_colourless", "colour_dims": HUE_BINS * SAT_BINS,
+                              "colour_weight": COLOUR_WEIGHT, "colourless_below": COLOURLESS_BELOW}}
 
 
 def _unit(x: np.ndarray) -> np.ndarray:

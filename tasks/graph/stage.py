@@ -132,7 +132,7 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
                                 verified_digests=verified_digests))]
     code = code_version("tasks.graph.collision", "tasks.graph.calibration")
     cfp = unit_fingerprint("graph-collision", code, [cfg.model_id, cfg.seed, cfg.collision.model_dump(mode="json"),
-                                                     cfg.index.model_dump(mode="json")],
+                                                     cfg.index.model_dump(mode="json"), info.get("pair_score")],
                            [nodes.to_json(), [digests[s] for s in nodes.shards]])
     if cfg.collision.enabled:
         later.append((collision_task, dict(common, n_vectors=info["n_vectors"], fp=cfp)))
