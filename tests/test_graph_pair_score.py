@@ -89,6 +89,19 @@ def test_a_greyscale_copy_scores_like_its_original_in_the_graph(tmp_path, search
     compare(got, want, 0.90)
 
 
+@pytest.mark.parametrize("storage", ["flat", "sqfp16"])
+def test_ivf_index_scores_by_the_rule_too(tmp_path, storage):
+    """IVF over the candidate forms, every list probed: the reference's edges, rescored exactly."""
+    x = planted(1200, seed=6)
+    store, shards, by_key = write_corpus(str(tmp_path), n_shards=4, per_shard=300, dim=LAYOUT + COLOUR,
+                                         vectors=x, model=MODEL)
+    cfg = GRAPH.model_copy(update={"index": IndexConfig(kind="ivf", nlist=16, nprobe=16, storage=storage)})
+    _, info, got = run_graph(store, shards, cfg)
+    want, _ = reference_edges(store, shards, by_key, 0.90)
+    assert info["plan"]["factory"].startswith("IVF16,") and sum(1 for s in want.values() if s > 0.93) >= 100
+    compare(got, want, 0.90)
+
+
 def test_rule_scores_match_the_forms_and_are_symmetric():
     rule = PairScore.from_model(MODEL)
     x = planted(200, seed=4)
