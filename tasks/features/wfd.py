@@ -66,8 +66,11 @@ is why, in that mode, a wfd similarity alone links only above 0.9625.
 Tried on the held-out seed-1 sample and not adopted, because each buys rotations with
 false pairs: ``ALPHA`` 0.5 (rotations 5 of 16 above 0.90 instead of 4,
 51 unrelated pairs above 0.90 instead of 8), ``K`` 6 (6 of 16, 13 false pairs), both (5,
-63); two extra full-width 84 %-high regions at the top and bottom edge leave caption bars
-at 3 of 6 (median 0.88) and add 2 false pairs.
+63); ``K`` 6 with ``ALPHA`` 2 (6 of 16 and caption bars 4 of 6, 3 false pairs above 0.90
+but one unrelated pair at 0.971, above GPIC's 0.9625 where mode ``gpic_verified`` links
+without verification); ``ALPHA`` 1.5 alone (3 false pairs, but rotations 3 of 16); two
+extra full-width 84 %-high regions at the top and bottom edge leave caption bars at 3 of 6
+(median 0.88) and add 2 false pairs.
 """
 
 from __future__ import annotations
