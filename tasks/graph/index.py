@@ -1,6 +1,9 @@
 """FAISS similarity index for the near-duplicate graph: plan, build, search, save.
 
-Cosine similarity is the inner product of unit float32 rows (``METRIC_INNER_PRODUCT``).
+Cosine similarity is the inner product of unit float32 rows (``METRIC_INNER_PRODUCT``);
+a model with a pair rule (wfd: layout alone when either image is colourless) is indexed
+by its candidate forms and queried by its query forms, whose inner product is that rule
+(:mod:`tasks.graph.pair_score`).
 Two kinds of index:
 
 * ``flat`` — ``IndexIDMap2(IndexFlatIP)``: exact, 4·d bytes per vector; used up to
