@@ -5,8 +5,9 @@ One run on the sample corpus (``write_sample_corpus(n, seed)``, written to a tem
 folder unless ``--corpus`` points at one):
 
 * ``wfd``: :mod:`tasks.features.wfd` (decoded as the extraction stage decodes), pairs by
-  cosine similarity, at the pipeline's graph threshold (> 0.90) and GPIC's pair threshold
-  (> 0.9625);
+  the graph's score (:mod:`tasks.graph.pair_score`: cosine, or the layout-only cosine when
+  either image is colourless), at the pipeline's graph threshold (> 0.90) and GPIC's pair
+  threshold (> 0.9625); ``wfd-cosine`` is the plain cosine at > 0.90, for comparison;
 * ``wfd+verify``: the pipeline's mode ``gpic_verified`` with default settings: pairs above
   GPIC's pair threshold (0.9625), plus band pairs (similarity in [review_low, 0.9625])
   chosen by :mod:`tasks.graph.review` (each image's ``review_k`` best) that pass
@@ -50,6 +51,7 @@ from tasks.features.decode import DecodeError, decode_rgb  # noqa: E402
 from tasks.features.extract import decode_size  # noqa: E402
 from tasks.features.wfd import WeightFreeDescriptor  # noqa: E402
 from tasks.graph.config import NearDedupConfig  # noqa: E402
+from tasks.graph.pair_score import PairScore  # noqa: E402
 from tasks.graph.review import chosen, in_band, update_top_k  # noqa: E402
 from tasks.graph.verify import local_features, verify_pair  # noqa: E402
 
@@ -136,19 +138,56 @@ def wfd_pairs(root: Path, records: list[dict], threshold: float) -> tuple[dict[s
     """Linked keys at ``threshold``, the similarity matrix pieces we report, encode and search seconds."""
     import faiss
 
-    keys, feats64, encode_s = embed_all(root, records, WeightFreeDescriptor(), batch=256)
+    model = WeightFreeDescriptor()
+    rule = PairScore.from_model(model.fingerprint())
+    keys, feats64, encode_s = embed_all(root, records, model, batch=256)
     feats = feats64.astype(np.float32)  # the descriptor's own dtype (exact round trip); FAISS takes float32
     start = time.perf_counter()
-    index = faiss.IndexFlatIP(feats.shape[1])
-    index.add(feats)
-    lims, sims, ids = index.range_search(feats, threshold - 1e-6)
+    index = faiss.IndexFlatIP(rule.form_dim(feats.shape[1]))
+    index.add(rule.candidate_forms(feats))  # as the graph stage searches: forms whose inner product is the rule
+    lims, sims, ids = index.range_search(rule.query_forms(feats), threshold - 1e-6 - rule.search_slack)
     search_s = time.perf_counter() - start
     linked: dict[str, set[str]] = {k: set() for k in keys}
     for i, key in enumerate(keys):
         for j in ids[lims[i]:lims[i + 1]]:
             if j != i:
                 linked[key].add(keys[j])
-    return linked, {"keys": keys, "feats": feats}, encode_s, search_s
+    return linked, {"keys": keys, "feats": feats, "rule": rule}, encode_s, search_s
+
+
+def rule_matrix(rule: PairScore, feats: np.ndarray) -> np.ndarray:
+    """Every pair's graph score at once (rule.scores row by row, as one matrix product)."""
+    layout = rule.unit_layout(feats).astype(np.float64)
+    grey = rule.colourless(feats)
+    return np.where(grey[:, None] | grey[None, :], layout @ layout.T, feats.astype(np.float64) @ feats.T)
+
+
+def search_cost(feats: np.ndarray, rule: PairScore, floor: float = 0.5, repeats: int = 5) -> str:
+    """Flat range search (one thread) over the stored vectors by plain cosine vs over the
+    rule's forms (forms built inside the timing), alternated; ms per image, median (range)."""
+    import faiss
+
+    faiss.omp_set_num_threads(1)
+
+    def plain() -> float:
+        index = faiss.IndexFlatIP(feats.shape[1])
+        index.add(feats)
+        start = time.perf_counter()
+        index.range_search(feats, floor)
+        return time.perf_counter() - start
+
+    def forms() -> float:
+        start = time.perf_counter()
+        index = faiss.IndexFlatIP(rule.form_dim(feats.shape[1]))
+        index.add(rule.candidate_forms(feats))
+        index.range_search(rule.query_forms(feats), floor - rule.search_slack)
+        return time.perf_counter() - start
+
+    times = np.array([(plain(), forms()) for _ in range(repeats)]) * 1000 / len(feats)
+    a, b = times[:, 0], times[:, 1]
+    return (f"wfd range search >= {floor} ({len(feats)} vectors, 1 thread, {repeats} alternated runs), ms per image: "
+            f"plain cosine {np.median(a):.3f} ({a.min():.3f}-{a.max():.3f}), pair-rule forms {np.median(b):.3f} "
+            f"({b.min():.3f}-{b.max():.3f}), ratio {np.median(b) / np.median(a):.2f}")
 
 
 def hash_pairs(root: Path, records: list[dict],
@@ -225,10 +264,12 @@ def main(argv: list[str] | None = None) -> int:
         index = {k: i for i, k in enumerate(keys)}
         results = {}
         per_image = 1000 * (wfd_enc + wfd_search) / n_img
+        sims = rule_matrix(wfd_data["rule"], feats)
+        cosine = feats.astype(np.float64) @ feats.T.astype(np.float64)
+        results["wfd-cosine>0.9"] = {**score(linked_at(keys, cosine, 0.90), groups, pairs), "ms_per_image": per_image}
         for threshold in GPIC_THRESHOLDS:
-            at = {k: {b for b in v if float(feats[index[k]] @ feats[index[b]]) > threshold} for k, v in linked.items()}
+            at = {k: {b for b in v if sims[index[k], index[b]] > threshold} for k, v in linked.items()}
             results[f"wfd>{threshold}"] = {**score(at, groups, pairs), "ms_per_image": per_image}
-        sims = feats.astype(np.float64) @ feats.T.astype(np.float64)
         zero_fp = {"wfd": found_without_false_pairs(lambda a, b: sims[index[a], index[b]], keys, sims, groups, pairs)}
         cfg = NearDedupConfig()  # the pipeline's defaults: mode auto = gpic_verified for wfd
         band, verification, verify_s = verified_band(root, records, keys, sims, cfg)
@@ -289,6 +330,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwfd unrelated pairs ({unrelated.size}): median {np.median(unrelated):.3f}, p99 "
           f"{np.percentile(unrelated, 99):.3f}, p99.99 {np.percentile(unrelated, 99.99):.3f}, "
           f"max {unrelated.max():.3f}")
+    grey = wfd_data["rule"].colourless(feats)
+    mixed = (grey[upper[0]] | grey[upper[1]])[g[upper[0]] != g[upper[1]]]
+    print(f"wfd unrelated pairs with a colourless image ({int(mixed.sum())}, {int(grey.sum())} colourless images): "
+          f"max {unrelated[mixed].max() if mixed.any() else float('nan'):.3f}")
+    print(search_cost(feats, wfd_data["rule"]))
     print("wfd planted pairs: edit, median (min) similarity, recall@1 against all unrelated images")
     unrelated_rows = np.where(g[:, None] == g[None, :], -np.inf, sims)
     for e in edits:

@@ -57,9 +57,11 @@ def planted_vectors(n: int, dim: int, seed: int) -> np.ndarray:
 
 def write_corpus(root: str, n_shards: int = 3, per_shard: int = 40, dim: int = 32, seed: int = 0,
                  model_id: str = "wfd", vectors: np.ndarray | None = None, failed: set[str] = frozenset(),
-                 sha_override: dict[str, str] | None = None) -> tuple[Store, list[str], dict[str, np.ndarray]]:
+                 sha_override: dict[str, str] | None = None, model: dict | None = None
+                 ) -> tuple[Store, list[str], dict[str, np.ndarray]]:
     """Write staging records/index/tars with their marker, and features; return the store,
-    the shards (in write order) and key → vector.
+    the shards (in write order) and key → vector. ``model``: the feature model's fingerprint
+    in the features' markers (default ``{"id": model_id}``).
 
     Shards are named as the staging stage names them: by the key hash of their last record
     (:func:`corpusforge.chunking.cut_name`), so sorted order differs from write order.
@@ -97,7 +99,7 @@ def write_corpus(root: str, n_shards: int = 3, per_shard: int = 40, dim: int = 3
         write_staging_shard(store, shard, recs, samples)
         arr = np.stack(feats).astype(np.float16) if feats else np.zeros((0, x.shape[1]), np.float16)
         write_shard_features(store, model_id, shard, keys, shas, ok, errs, arr, f"test-{seed}-{shard}",
-                             {"model": {"id": model_id}, "random_init": False})
+                             {"model": model or {"id": model_id}, "random_init": False})
     return store, shards, by_key
 
 

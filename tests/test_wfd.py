@@ -20,6 +20,7 @@ from sample_corpus.truth import related_groups
 from tasks.features.config import ModelSpec
 from tasks.features.wfd import (ALPHA, COLOUR_WEIGHT, HUE_BINS, K, PREPROCESSING, REGIONS, SAT_BINS,
                                WeightFreeDescriptor, _hue_histogram, build)
+from tasks.graph.pair_score import PairScore
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -205,6 +206,36 @@ def test_greyscale_copy_keeps_the_layout_and_loses_only_the_colour_block(wfd, ph
     assert np.all(sims > np.sqrt(1 - COLOUR_WEIGHT) - 1e-3)
 
 
+def _layout_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The rule's layout-only score, written out: cosine of the blocks before the colour block."""
+    la, lb = (x[:, : -HUE_BINS * SAT_BINS].astype(np.float64) for x in (a, b))
+    return np.sum(la * lb, axis=1) / np.linalg.norm(la, axis=1) / np.linalg.norm(lb, axis=1)
+
+
+def test_a_greyscale_copy_scores_like_its_original(wfd, photos):
+    rule = PairScore.from_model(wfd.fingerprint())
+    originals = _embed(wfd, list(photos.values()))
+    greys = _embed(wfd, [_jpeg(EDITS["greyscale"](im), 90) for im in photos.values()])
+    colourful = np.array([name in ("astronaut", "coffee", "chelsea", "rocket") for name in photos])
+    assert rule.colourless(greys).all() and not rule.colourless(originals)[colourful].any()
+    scores = rule.scores(originals, greys)
+    np.testing.assert_allclose(scores, _layout_cosines(originals, greys), atol=1e-6)
+    assert scores.min() > 0.98 > 0.90  # the graph threshold; by cosine they stay at sqrt(0.75) = 0.866
+
+
+def test_unrelated_grey_vs_colour_photos_are_not_linked(wfd, photos):
+    """Layout alone must still tell unrelated photographs apart: every greyscale copy
+    against every other (colour) photograph stays far below the graph threshold."""
+    rule = PairScore.from_model(wfd.fingerprint())
+    names = list(photos)
+    originals = _embed(wfd, [photos[n] for n in names])
+    greys = _embed(wfd, [EDITS["greyscale"](photos[n]) for n in names])
+    i, j = np.nonzero(~np.eye(len(names), dtype=bool))
+    scores = rule.scores(greys[i], originals[j])
+    np.testing.assert_allclose(scores, _layout_cosines(greys[i], originals[j]), atol=1e-6)
+    assert scores.max() < 0.80, (names[i[scores.argmax()]], names[j[scores.argmax()]], scores.max())
+
+
 def test_build_from_spec():
     model = build(ModelSpec(name="wfd", image_size=16))
     assert model.model_id == "wfd_s16" and model.thumb == 16
@@ -247,7 +278,10 @@ def test_sample_corpus_recall_at_1(tmp_path, wfd):
         keys.append(record["key"])
         rows.append(wfd.preprocess(image))
     feats = np.concatenate([wfd.embed(np.stack(rows[i:i + 64])) for i in range(0, len(rows), 64)])
-    sims = feats @ feats.T
+    rule = PairScore.from_model(wfd.fingerprint())  # the graph's score: layout alone when a side is colourless
+    layout = rule.unit_layout(feats).astype(np.float64)
+    grey = rule.colourless(feats)
+    sims = np.where(grey[:, None] | grey[None, :], layout @ layout.T, feats.astype(np.float64) @ feats.T)
     groups = _groups(keys, truth)
     unrelated = np.where(groups[:, None] == groups[None, :], -np.inf, sims)
     index = {k: i for i, k in enumerate(keys)}
@@ -275,3 +309,4 @@ def test_sample_corpus_recall_at_1(tmp_path, wfd):
     easy = [s for e, v in per_edit.items() if e in ("downscale", "jpeg_quality", "format_change", "hflip", "blur")
             for s, _ in v]
     assert min(easy) > 0.9625 > np.max(unrelated[np.isfinite(unrelated)])
+    assert min(s for s, _ in per_edit["greyscale"]) > 0.90  # by cosine: 0.866 at most

@@ -43,12 +43,13 @@ import numpy as np
 import pyarrow as pa
 
 from corpusforge.contract import run_unit
+from corpusforge.feature_files import require_features
 from corpusforge.hashing import stable_uniform
 from corpusforge.storage import Store
 from tasks.graph import index as fx
 from tasks.graph.components import UnionFind
 from tasks.graph.config import NearDedupConfig
-from tasks.graph.edges import edge_table
+from tasks.graph.edges import edge_table, pair_score_of
 from tasks.graph.nodes import NodeTable, load_shard_vectors
 
 TABLE_PATH = "graph/collision/table.parquet"
@@ -149,16 +150,19 @@ def _collision_models(source: Store, out: Store, cfg: NearDedupConfig, nodes: No
     ids, x, u, total = _gather_subset(source, cfg, nodes, 1.0 if whole else fractions[-1])
     theta_min = cc.thresholds[0]
     n_max = len(ids)
-    plan = fx.plan_index(cfg.index, n_max, x.shape[1] if x.ndim == 2 and n_max else 1)
+    rule = pair_score_of([require_features(source, cfg.model_id, shard)["info"] for shard in nodes.shards])
+    plan = fx.plan_index(cfg.index, n_max, rule.form_dim(x.shape[1]) if x.ndim == 2 and n_max else 1)
     local = np.arange(n_max, dtype=np.int64)
     a = b = np.zeros(0, np.int64)
     s = np.zeros(0, np.float32)
     if n_max > 1:
         index = fx.new_index(plan, cfg.seed)
-        fx.train_index(index, x[: plan.n_train] if plan.kind == "ivf" else x)
-        index.add_with_ids(x, local)
-        src, dst, _ = fx.search_pairs(index, local, x, theta_min - fx.EXACT_SEARCH_MARGIN, "range", 0)
-        sim = fx.canonical_similarity(x[src], x[dst])  # the same bytes in any process
+        forms = rule.candidate_forms(x)
+        fx.train_index(index, forms[: plan.n_train] if plan.kind == "ivf" else forms)
+        index.add_with_ids(forms, local)
+        floor = theta_min - fx.EXACT_SEARCH_MARGIN - rule.search_slack
+        src, dst, _ = fx.search_pairs(index, local, rule.query_forms(x), floor, "range", 0)
+        sim = rule.scores(x[src], x[dst])  # the same bytes in any process
         keep = sim >= np.float32(theta_min)
         a, b, s = fx.canonical_pairs(src[keep], dst[keep], sim[keep])
     outputs = {PAIRS_PATH: out.write_parquet(PAIRS_PATH, edge_table(ids[a], ids[b], s))}

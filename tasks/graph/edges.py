@@ -21,7 +21,9 @@ query and on the vectors it finds, so a rerun queries only shards whose features
 — new and changed shards find their pairs with unchanged ones from their own side — and
 the union is exactly a fresh build's graph, because every similarity is the canonical
 score (float64 dot product of the two unit vectors, rounded to float32: the same from
-either side) and queries search a hair below the threshold. k-NN search caps each
+either side; for wfd, the layout-only score when either image is colourless — see
+tasks/graph/pair_score.py, whose query and candidate forms the index searches with) and
+queries search a hair below the threshold. k-NN search caps each
 query at k-1 neighbours: when any query hits the cap, or an image of a reused shard now
 has k-1 or more neighbours, every shard is queried again (the cap makes results depend
 on the whole index). With an IVF index the trained quantiser depends on every vector,
@@ -61,6 +63,7 @@ from corpusforge.version import code_version
 from tasks.graph import index as fx
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.nodes import NodeTable, load_shard_vectors
+from tasks.graph.pair_score import PairScore
 
 def _code() -> str:
     return code_version(__name__)
@@ -85,6 +88,15 @@ def feature_digests(source: Store, cfg: NearDedupConfig, nodes: NodeTable) -> di
     return {shard: require_features(source, cfg.model_id, shard)["digest"] for shard in nodes.shards}
 
 
+def pair_score_of(markers: list[dict[str, Any]]) -> PairScore:
+    """The pair rule the feature model names (tasks/graph/pair_score.py); shards must agree."""
+    rules = {repr(PairScore.from_model(m.get("model")).to_json()) for m in markers if int(m.get("count", 0))}
+    if len(rules) > 1:
+        raise ValueError(f"feature shards disagree on their pair rule: {sorted(rules)}")
+    rule = PairScore.from_model(next((m.get("model") for m in markers if int(m.get("count", 0))), None))
+    return rule
+
+
 def _sample(seed: int, salt: str, keys: list[str], rate: float) -> tuple[np.ndarray, np.ndarray]:
     """Positions of ``keys`` chosen at ``rate`` by a seeded key hash, and their hash values."""
     u = np.fromiter((stable_uniform(seed, f"{salt}:{k}") for k in keys), dtype=np.float64, count=len(keys))
@@ -104,8 +116,9 @@ def build_index(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTabl
     if len(dims) > 1:
         raise ValueError(f"features/{cfg.model_id}: shards disagree on the dimension: {sorted(dims)}")
     dim = dims.pop() if dims else 1
-    plan = fx.plan_index(cfg.index, n_vectors, dim)
-    fp = unit_fingerprint("graph-index", _code(), [plan.to_json(), cfg.seed, cfg.recall_queries],
+    rule = pair_score_of(markers)
+    plan = fx.plan_index(cfg.index, n_vectors, rule.form_dim(dim))
+    fp = unit_fingerprint("graph-index", _code(), [plan.to_json(), cfg.seed, cfg.recall_queries, rule.to_json()],
                           [nodes.to_json(), [digests[s] for s in nodes.shards]])
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
@@ -118,7 +131,7 @@ def build_index(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTabl
             for shard, offset in zip(nodes.shards, nodes.offsets[:-1], strict=False):
                 _, keys, x = load_shard_vectors(source, cfg.model_id, shard, int(offset))
                 pick, u = _sample(cfg.seed, "train", keys, rate)
-                sample.append(x[pick])
+                sample.append(rule.candidate_forms(x[pick]))
                 order.append(u)
             train = np.concatenate(sample)[np.argsort(np.concatenate(order), kind="stable")]
             index, gpu = fx.maybe_gpu(index, cfg.index.use_gpu)
@@ -129,7 +142,7 @@ def build_index(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTabl
         for shard, offset in zip(nodes.shards, nodes.offsets[:-1], strict=False):
             ids, keys, x = load_shard_vectors(source, cfg.model_id, shard, int(offset))
             if len(ids):
-                index.add_with_ids(x, ids)
+                index.add_with_ids(rule.candidate_forms(x), ids)
             pick, _ = _sample(cfg.seed, "recall", keys, rate)
             recall_ids.append(ids[pick])
             recall_vecs.append(x[pick])
@@ -144,7 +157,7 @@ def build_index(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTabl
             sink = HashingWriter(f)
             fx.write_index(index, sink)
         outputs[GRAPH_INDEX] = sink.sha256
-        return outputs, {"plan": plan.to_json(), "n_vectors": n_vectors, "dim": dim,
+        return outputs, {"plan": plan.to_json(), "n_vectors": n_vectors, "dim": dim, "pair_score": rule.to_json(),
                          "recall_queries": int(len(q_ids)), "gpu_build": gpu}
 
     marker = run_unit(out, GRAPH_INDEX, fp, compute)
@@ -178,7 +191,7 @@ def query_fingerprint(cfg: NearDedupConfig, info: dict[str, Any], digest: str) -
     index = None if exact else info["fingerprint"]
     return unit_fingerprint("graph-query", _code(),
                             [cfg.search_threshold, cfg.index.search, cfg.index.k, cfg.index.pq_rescore_margin,
-                             plan], [digest, index])
+                             plan, info.get("pair_score")], [digest, index])
 
 
 class VectorLookup:
@@ -234,22 +247,22 @@ def query_shard(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTabl
     plan = fx.IndexPlan(**{k: v for k, v in info["plan"].items() if k != "factory"})
     margin = fx.EXACT_SEARCH_MARGIN if plan.kind == "flat" else (0.0 if plan.exact_scores
                                                                else cfg.index.pq_rescore_margin)
-    src, dst, sim = fx.search_pairs(index, ids, x, cfg.search_threshold - margin, cfg.index.search, cfg.index.k,
-                                    range_ok=not on_gpu)
+    rule = PairScore.from_json(info.get("pair_score"))
+    src, dst, sim = fx.search_pairs(index, ids, rule.query_forms(x), cfg.search_threshold - margin - rule.search_slack,
+                                    cfg.index.search, cfg.index.k, range_ok=not on_gpu)
     candidates = len(src)
     capped = 0
     if cfg.index.search == "knn" or on_gpu:
         per_query = np.bincount(np.searchsorted(ids, src), minlength=len(ids)) if len(ids) else np.zeros(0)
         capped = int((per_query >= cfg.index.k - 1).sum())
-    if len(src) and (plan.kind == "flat" or not plan.exact_scores):
+    if len(src) and (plan.kind == "flat" or not plan.exact_scores or rule.active):
         mine = x[np.searchsorted(ids, src)]
         if plan.kind == "flat":
-            theirs = flat_vectors(cpu, dst)
+            sim = rule.scores_vs_forms(mine, flat_vectors(cpu, dst))
         else:
             lookup = VectorLookup(source, cfg.model_id, nodes)
             lookup.add(nodes.shards.index(shard), ids, x)
-            theirs = lookup.vectors(dst)
-        sim = fx.canonical_similarity(mine, theirs)
+            sim = rule.scores(mine, lookup.vectors(dst))
         keep = sim >= np.float32(cfg.search_threshold)
         src, dst, sim = src[keep], dst[keep], sim[keep]
     owner = nodes.shard_of(dst)
@@ -279,7 +292,8 @@ def recall_shard(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTab
         ids, _, x = load_shard_vectors(source, cfg.model_id, shard, lo)
         q_ids = _load_npy(out, GRAPH_RECALL_IDS)
         q = _load_npy(out, GRAPH_RECALL_VECTORS)
-        rq, rd, rs = fx.exhaustive_pairs(q_ids, q, ids, x, cfg.graph_threshold)
+        rule = PairScore.from_json(info.get("pair_score"))
+        rq, rd, rs = fx.exhaustive_pairs(q_ids, q, ids, x, cfg.graph_threshold, rule)
         return {recall_path(shard): out.write_parquet(recall_path(shard), edge_table(rq, rd, rs))}, \
             {"recall_pairs": int(len(rq))}
 

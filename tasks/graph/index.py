@@ -1,6 +1,9 @@
 """FAISS similarity index for the near-duplicate graph: plan, build, search, save.
 
-Cosine similarity is the inner product of unit float32 rows (``METRIC_INNER_PRODUCT``).
+Cosine similarity is the inner product of unit float32 rows (``METRIC_INNER_PRODUCT``);
+a model with a pair rule (wfd: layout alone when either image is colourless) is indexed
+by its candidate forms and queried by its query forms, whose inner product is that rule
+(:mod:`tasks.graph.pair_score`).
 Two kinds of index:
 
 * ``flat`` — ``IndexIDMap2(IndexFlatIP)``: exact, 4·d bytes per vector; used up to
@@ -48,6 +51,7 @@ import faiss
 import numpy as np
 
 from tasks.graph.config import IndexConfig
+from tasks.graph.pair_score import PairScore
 
 SEARCH_BATCH = 4096  # queries per FAISS call: bounds the k-NN and range result buffers
 # Exact searches look this far below a threshold and keep canonical scores >= it, so a
@@ -203,23 +207,20 @@ def canonical_pairs(src: np.ndarray, dst: np.ndarray, sim: np.ndarray
     return a[first], b[first], s[first]
 
 
-def canonical_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Dot products row by row in float64, rounded to float32: the same for (a, b) and (b, a)
-    and in any process, unlike a BLAS score whose last bits follow its blocking and threads."""
-    return np.einsum("ij,ij->i", a.astype(np.float64), b.astype(np.float64)).astype(np.float32)
-
-
 def exhaustive_pairs(q_ids: np.ndarray, q: np.ndarray, ids: np.ndarray, x: np.ndarray,
-                     threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                     threshold: float, rule: PairScore | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """All (query id, id, similarity) with canonical similarity >= threshold (numpy candidates).
 
-    The recall reference: no FAISS involved. Self-pairs excluded.
+    The recall reference: no FAISS involved. Self-pairs excluded. ``rule``: the feature
+    model's pair rule (plain cosine when None).
     """
+    rule = rule or PairScore()
+    q_form = rule.query_forms(q)
     srcs, dsts, sims = [], [], []
     for sl in _batches(len(ids), 16384):
-        s = q @ x[sl].T
-        qi, xi = np.nonzero(s >= np.float32(threshold - EXACT_SEARCH_MARGIN))
-        exact = canonical_similarity(q[qi], x[sl][xi])
+        s = q_form @ rule.candidate_forms(x[sl]).T
+        qi, xi = np.nonzero(s >= np.float32(threshold - EXACT_SEARCH_MARGIN - rule.search_slack))
+        exact = rule.scores(q[qi], x[sl][xi])
         keep = exact >= np.float32(threshold)
         srcs.append(q_ids[qi[keep]])
         dsts.append(ids[sl][xi[keep]])

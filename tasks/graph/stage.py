@@ -132,7 +132,7 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
                                 verified_digests=verified_digests))]
     code = code_version("tasks.graph.collision", "tasks.graph.calibration")
     cfp = unit_fingerprint("graph-collision", code, [cfg.model_id, cfg.seed, cfg.collision.model_dump(mode="json"),
-                                                     cfg.index.model_dump(mode="json")],
+                                                     cfg.index.model_dump(mode="json"), info.get("pair_score")],
                            [nodes.to_json(), [digests[s] for s in nodes.shards]])
     if cfg.collision.enabled:
         later.append((collision_task, dict(common, n_vectors=info["n_vectors"], fp=cfp)))
@@ -162,7 +162,7 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
                   "gpu_build": info["gpu_build"], "gpu_search": any(q["gpu_search"] for q in queried),
                   "search": cfg.index.search, "k": cfg.index.k},
         "graph": {"threshold": cfg.graph_threshold, "search_threshold": cfg.search_threshold,
-                  "edges": sum(sum(m["edges"].values()) for m in merged), "merge_tasks": len(merged)},
+                  "pair_score": info.get("pair_score"), "edges": sum(sum(m["edges"].values()) for m in merged), "merge_tasks": len(merged)},
         "rule": "gpic_verified" if cfg.verifying else "gpic_exact",
         "verification": ({**cfg.verification.model_dump(mode="json"),
                           "band_pairs": review["info"]["band_pairs"],
