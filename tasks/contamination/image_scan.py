@@ -269,6 +269,16 @@ def load_scan_index(out: Store, name: str, info: dict[str, Any]) -> faiss.Index:
     return _INDEX_CACHE[key]
 
 
+def probe_parts(rule: PairScore, forms: np.ndarray, dim: int) -> tuple[np.ndarray, ...]:
+    """The query forms' part that scores coloured candidates (the first ``dim`` entries; the
+    rest zero) and the part that scores colourless ones; plain cosine: the vectors themselves."""
+    if not rule.active:
+        return (forms,)
+    head, tail = forms.copy(), forms.copy()
+    head[:, dim:], tail[:, :dim] = 0, 0
+    return head, tail
+
+
 def scan_shard_ivf(out: Store, scan: str, query: ScanSide, shard: str, target: ScanSide, index_name: str,
                    index_info: dict[str, Any], k: int, rule: PairScore) -> dict[str, Any]:
     """Top-k targets of one query shard from the IVF index, by their exact scores under ``rule``.
@@ -278,7 +288,15 @@ def scan_shard_ivf(out: Store, scan: str, query: ScanSide, shard: str, target: S
     the search asks for ``k + RESCORE_EXTRA`` candidates, every one is rescored exactly from
     its stored row (the same bytes as the exact scan) and the best ``k`` are kept: up to
     ``RESCORE_EXTRA`` over-estimated or rounding-shuffled candidates cannot push a found
-    target out of the top-k."""
+    target out of the top-k.
+
+    Which lists to probe: the query form's inner product with a centroid is the mean rule
+    score to the list's members, which mixes its coloured members (scored by the form's
+    first ``dim`` entries) and its colourless ones (by the rest), so lists of one kind
+    crowd out the other's: a coloured query lost its greyscale copies and a greyscale one
+    its coloured original (``bench/contamination_probes.py``). So each part of the query
+    form chooses its own ``nprobe`` lists (up to twice as many lists probed); every list
+    is scored with the whole query form."""
     fp = unit_fingerprint("contamination-scan", _code(), ["ivf", k, rule.to_json()],
                           [query.shard_digest(shard), index_info["fingerprint"]])
 
@@ -286,8 +304,9 @@ def scan_shard_ivf(out: Store, scan: str, query: ScanSide, shard: str, target: S
         v = load_shard(query, shard)
         index = load_scan_index(out, index_name, index_info)
         depth = k + sim.RESCORE_EXTRA
-        _, found = (sim.ivf_search_by_list(index, rule.query_forms(v.x), depth) if len(v.keys)
-                    else sim.empty_topk(0, depth))
+        forms = rule.query_forms(v.x)
+        _, found = (sim.ivf_search_by_list(index, forms, depth, probes=probe_parts(rule, forms, v.x.shape[1]))
+                    if len(v.keys) else sim.empty_topk(0, depth))
         offsets = np.asarray(index_info["offsets"], dtype=np.int64)
         lookup, vectors = _resolve(target, offsets, found)
         sims, ids = sim.rescore_topk(v.x, found, vectors, k, rule)

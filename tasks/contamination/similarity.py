@@ -150,13 +150,14 @@ def list_vectors(index: faiss.Index, list_no: int) -> tuple[np.ndarray, np.ndarr
     return ids.astype(np.int64, copy=False), raw.view(dtype).reshape(n, ivf.d).astype(np.float32, copy=False)
 
 
-def ivf_search_by_list(index: faiss.Index, q: np.ndarray, k: int, nprobe: int | None = None
-                       ) -> tuple[np.ndarray, np.ndarray]:
+def ivf_search_by_list(index: faiss.Index, q: np.ndarray, k: int, nprobe: int | None = None,
+                       probes: tuple[np.ndarray, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` like :func:`ivf_search`, but list by list: every query probing a list is
     scored against it in one matrix product instead of re-reading the list once per
     query. Same candidates as FAISS's own search with this ``nprobe`` and float32 scores
     of the same vectors; compute-bound instead of memory-bound, so a list probed by many
-    queries costs little more than one."""
+    queries costs little more than one. ``probes``: vectors per query each choosing its own
+    ``nprobe`` lists, all probed (each once) and scored with ``q`` (default: ``q`` itself)."""
     ivf = faiss.extract_index_ivf(index)
     nprobe = min(nprobe or ivf.nprobe, ivf.nlist)
     n = len(q)
@@ -164,8 +165,10 @@ def ivf_search_by_list(index: faiss.Index, q: np.ndarray, k: int, nprobe: int | 
     if not n:
         return sims, out
     q = np.ascontiguousarray(q, dtype=np.float32)
-    _, lists = ivf.quantizer.search(q, nprobe)
-    qi = np.repeat(np.arange(n), nprobe)
+    lists = np.sort(np.concatenate([ivf.quantizer.search(np.ascontiguousarray(p, dtype=np.float32), nprobe)[1]
+                                    for p in probes or (q,)], axis=1), axis=1)
+    lists[:, 1:][lists[:, 1:] == lists[:, :-1]] = -1
+    qi = np.repeat(np.arange(n), lists.shape[1])
     li = lists.ravel()
     keep = li >= 0
     order = np.argsort(li[keep], kind="stable")
