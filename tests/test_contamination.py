@@ -809,3 +809,32 @@ def test_grey_rerun_equals_the_first_run_byte_for_byte(built, grey_scanned):
     assert again["results"]["images"]["flagged"] == 4
     assert (root / "exact/contamination/receipt.json").read_bytes() == receipt
     assert _tree_hashes(root / "exact/contamination") == files
+
+
+def test_ivf_probes_lists_for_coloured_and_colourless_members_alike():
+    """wfd rows with a shared layout component, 10 % greyscale: choosing lists by the whole
+    query form (the mean rule score to a list) loses coloured queries' greyscale copies;
+    the scan's choice (each part of the form picks its own lists) finds copies of every kind."""
+    from tasks.contamination import similarity as sim
+    from tasks.contamination.image_scan import probe_parts
+    from tasks.graph.pair_score import PairScore
+
+    rule = PairScore.from_json(WFD_RULE)
+    rng = np.random.default_rng(11)
+    common, n, m = rng.standard_normal(LAYOUT), 3000, 60
+    layouts = common * 0.8 + rng.standard_normal((n, LAYOUT))
+    colours = [rng.standard_normal(COLOUR) + 1.0 for _ in range(n)]
+    t = np.stack([_wfd_like(layouts[j], colours[j], 1.0 if j < 0.9 * n else 0.0) for j in range(n)])
+    picks = np.concatenate([np.arange(m), n - 1 - np.arange(m)])   # coloured originals, greyscale ones
+    q = np.stack([_wfd_like(_near(layouts[j] / np.linalg.norm(layouts[j]), 0.97, rng), colours[j],
+                            0.0 if j < 0.9 * n else 1.0) for j in picks])  # the other kind of copy
+    t, q = sim.unit_rows(t.astype(np.float16)), sim.unit_rows(q.astype(np.float16))
+    assert (rule.scores(q, t[picks]) > 0.95).all()
+    index = sim.new_ivf(rule.form_dim(t.shape[1]), 32, "flat", 1, 0)
+    index.train(rule.candidate_forms(t))
+    index.add(rule.candidate_forms(t))
+    qf = rule.query_forms(q)
+    recall = {name: (sim.ivf_search_by_list(index, qf, 5, 4, probes)[1] == picks[:, None]).any(axis=1)
+              for name, probes in (("whole", (qf,)), ("parts", probe_parts(rule, qf, t.shape[1])))}
+    assert recall["parts"].mean() >= 0.95, recall["parts"].mean()
+    assert recall["whole"][m:].mean() < 0.5  # coloured queries, greyscale copies: lost by the whole form
