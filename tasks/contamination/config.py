@@ -1,8 +1,9 @@
 """Typed settings of the contamination stages; every field is frozen into the run's receipt.
 
 Defaults come from the sources: the image-only rate flags an evaluation image whose
-best similarity to any training image is *strictly greater* than 0.9 (seed 001, Yang et al.
-2024; the seed's cosine, or the feature model's pair rule such as wfd's); text canaries quarantine on an exact or normalised match, direct 3-shingle
+best similarity (the seed's cosine, or the feature model's pair rule such as wfd's) to
+any training image is *strictly greater* than 0.9 (seed 001, Yang et al. 2024); text
+canaries quarantine on an exact or normalised match, direct 3-shingle
 Jaccard >= 0.4 or seeded-signature agreement >= 0.375 with seeds 11…211 (seed 003's
 fixture — "teaching parameters", so all are settings, and a changed one is a new
 decision-policy edition with a new receipt).

@@ -33,7 +33,8 @@ from tasks.graph.pair_score import PairScore
 
 BLOCK_ENTRIES = 1 << 24
 RESCORE_EXTRA = 4
-RESCORE_ENTRIES = 1 << 23   # float64 values gathered for rescoring per block (64 MB)
+RESCORE_ENTRIES = 1 << 22   # values gathered for rescoring per block (32 MB as float64; rescoring them by
+                            # the wfd rule peaks at ~140 MB with its float64 copies, measured)
 
 
 def unit_rows(x: np.ndarray) -> np.ndarray:
