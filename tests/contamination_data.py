@@ -84,11 +84,11 @@ def noise_png(rng: np.random.Generator, size: tuple[int, int] = (300, 240)) -> b
 
 
 def write_eval_set(root, corpus_root, captions: dict[str, str], n_copies: int, n_edits: int, n_other: int,
-                   seed: int = 0, held_out_copies: int = 0, n_corrupt: int = 0) -> dict:
-    """An evaluation table with image files: byte-identical copies and edited copies (80 %
-    resize, JPEG q80) of training images, copies of held-out (test split) images, and
-    unrelated pictures, and truncated PNGs (undecodable). Copies carry their training caption;
-    returns planted id → training key."""
+                   seed: int = 0, held_out_copies: int = 0, n_corrupt: int = 0, n_grey: int = 0) -> dict:
+    """An evaluation table with image files: byte-identical copies, edited copies (80 %
+    resize, JPEG q80) and greyscale copies (PNG) of training images, copies of held-out
+    (test split) images, and unrelated pictures, and truncated PNGs (undecodable). Copies
+    carry their training caption; returns planted id → training key."""
     import shutil
     from pathlib import Path
 
@@ -117,6 +117,11 @@ def write_eval_set(root, corpus_root, captions: dict[str, str], n_copies: int, n
         rows.append({"id": f"edit{i}", "path": f"images/edit{i}.jpg", "question": "Which colour dominates?",
                      "answer": "blue", "category": "edits"})
         planted[f"edit{i}"] = r["key"]
+    for i, r in enumerate(train[n_copies + n_edits:n_copies + n_edits + n_grey]):
+        Image.open(r["source_path"]).convert("L").save(root / "images" / f"grey{i}.png")
+        rows.append({"id": f"grey{i}", "path": f"images/grey{i}.png", "question": "Is it in colour?",
+                     "answer": "no", "category": "greyscale"})
+        planted[f"grey{i}"] = r["key"]
     for i, r in enumerate(test[:held_out_copies]):
         shutil.copyfile(r["source_path"], root / "images" / f"held{i}.img")
         rows.append({"id": f"held{i}", "path": f"images/held{i}.img", "question": "q", "answer": "n/a",

@@ -630,3 +630,211 @@ def test_flow_on_two_dask_workers_equals_the_in_process_run(built, tmp_path, pre
         assert _tree_hashes(tmp_path / "dask" / folder) == _tree_hashes(tmp_path / "local" / folder), folder
     assert (tmp_path / "dask/contamination/summary.json").read_bytes() == \
         (tmp_path / "local/contamination/summary.json").read_bytes()
+
+
+# ---- the pair rule: wfd greyscale copies count as contamination --------------------------
+def _rule_reference(q: np.ndarray, t: np.ndarray, rule: dict | None) -> np.ndarray:
+    """Every query × target score by the pair rule, written out directly in float64: the
+    cosine, or the layout blocks' cosine when either image's colour presence is below the
+    rule's level (``rule`` None: plain cosine)."""
+    q = q.astype(np.float64) / np.linalg.norm(q.astype(np.float64), axis=1, keepdims=True)
+    t = t.astype(np.float64) / np.linalg.norm(t.astype(np.float64), axis=1, keepdims=True)
+    cosine = q @ t.T
+    if rule is None:
+        return cosine
+    n_layout, w = q.shape[1] - rule["colour_dims"], rule["colour_weight"]
+
+    def split(x):
+        layout, colour = x[:, :n_layout], x[:, n_layout:]
+        presence = np.linalg.norm(colour, axis=1) / np.linalg.norm(layout, axis=1) * np.sqrt((1 - w) / w)
+        return layout / np.linalg.norm(layout, axis=1, keepdims=True), presence < rule["colourless_below"]
+
+    (uq, grey_q), (ut, grey_t) = split(q), split(t)
+    return np.where(grey_q[:, None] | grey_t[None, :], uq @ ut.T, cosine)
+
+
+def _reference_topk(scores: np.ndarray, k: int) -> np.ndarray:
+    """Target ids by score, best first, ties to the smaller id."""
+    return np.argsort(-scores, axis=1, kind="stable")[:, :k]
+
+
+LAYOUT, COLOUR, WEIGHT = 24, 8, 0.25
+WFD_RULE = {"name": "layout_when_colourless", "colour_dims": COLOUR, "colour_weight": WEIGHT, "colourless_below": 0.5}
+
+
+def _wfd_like(layout: np.ndarray, colour: np.ndarray, presence: float) -> np.ndarray:
+    """A wfd-shaped unit row: layout block weighing 1 - w, colour block ``presence`` of a full one."""
+    u = layout / np.linalg.norm(layout)
+    c = np.abs(colour) / np.linalg.norm(colour) * np.sqrt(WEIGHT) * presence
+    row = np.concatenate([np.sqrt(1 - WEIGHT) * u, c])
+    return row / np.linalg.norm(row)
+
+
+def _near(u: np.ndarray, cosine: float, rng) -> np.ndarray:
+    """A direction at the given cosine from unit ``u``."""
+    v = rng.standard_normal(len(u))
+    v -= (v @ u) * u
+    return cosine * u + np.sqrt(1 - cosine**2) * v / np.linalg.norm(v)
+
+
+def test_plain_cosine_models_are_unchanged():
+    """A model without a pair rule (SSCD, CLIP, ...) scores by the plain cosine: the block
+    scores are ``q @ t.T`` exactly as before, and the top-k equals the float64 reference."""
+    from tasks.contamination import similarity as sim
+    from tasks.graph.pair_score import PairScore
+
+    rule = PairScore.from_model({"arch": "sscd", "dim": 32})
+    assert not rule.active and rule.to_json() == {"name": "cosine"}
+    rng = np.random.default_rng(5)
+    q, t = sim.unit_rows(rng.standard_normal((60, 32))), sim.unit_rows(rng.standard_normal((700, 32)))
+    assert np.array_equal(sim.rule_matrix(rule, q, t), q @ t.T)
+    ref = _rule_reference(q, t, None)
+    for r in (None, rule):
+        s, i = sim.exact_topk(q, t, 5, 100, r)
+        assert np.array_equal(i - 100, _reference_topk(ref, 5))
+        np.testing.assert_allclose(s, np.take_along_axis(ref, i - 100, axis=1), atol=1e-6)
+
+
+def test_a_greyscale_copy_is_ranked_by_the_rule_not_by_the_index_forms():
+    """Greyscale queries of coloured originals, among nearly grey coloured decoys (colour
+    presence 0.55, layout cosine 0.90 to the copy against the original's 0.95) whose index
+    forms over-estimate them by ~10 %: the exact top-k follows
+    the rule's exact scores, equal to the float64 reference, while a top-(k+4) by the forms
+    would lose the true best (so this test can fail)."""
+    from tasks.contamination import similarity as sim
+    from tasks.graph.pair_score import PairScore
+
+    rule = PairScore.from_json(WFD_RULE)
+    rng = np.random.default_rng(7)
+    targets, queries = [], []
+    for _ in range(12):
+        layout, colour = rng.standard_normal(LAYOUT), rng.standard_normal(COLOUR)
+        u = layout / np.linalg.norm(layout)
+        grey = _near(u, 0.95, rng)
+        targets.append(_wfd_like(u, colour, 1.0))                                        # the original
+        targets += [_wfd_like(_near(grey, 0.9, rng), colour, 0.55) for _ in range(6)]  # decoys
+        queries.append(_wfd_like(grey, colour, 0.0))                                     # its greyscale copy
+    targets += [_wfd_like(rng.standard_normal(LAYOUT), rng.standard_normal(COLOUR), 1.0) for _ in range(200)]
+    q = sim.unit_rows(np.asarray(queries, np.float16))
+    t = sim.unit_rows(np.asarray(targets, np.float16))
+    ref = _rule_reference(q, t, WFD_RULE)
+    s, i = sim.exact_topk(q, t, 1, 0, rule)
+    originals = np.arange(12) * 7
+    assert np.array_equal(i[:, 0], originals) and np.array_equal(_reference_topk(ref, 1)[:, 0], originals)
+    np.testing.assert_allclose(s[:, 0], ref[np.arange(12), originals], atol=1e-6)
+    assert (s[:, 0] > 0.93).all() and (_rule_reference(q, t, None)[np.arange(12), originals] < 0.87).all()
+    forms = rule.query_forms(q) @ rule.candidate_forms(t).T
+    by_forms = np.argsort(-forms, axis=1, kind="stable")[:, :1 + sim.RESCORE_EXTRA]
+    assert not (by_forms == originals[:, None]).any()
+
+
+def _grey_run(built, root, out, image):
+    from flows.contamination import contamination
+
+    return contamination(_config(built[0], root / "bench", out, judge=None, text=None, leakage=None, image=image))
+
+
+@pytest.fixture(scope="module")
+def grey_scanned(built, tmp_path_factory):
+    """An evaluation set of 4 greyscale copies of training images and 4 unrelated pictures."""
+    root = tmp_path_factory.mktemp("grey")
+    planted = write_eval_set(root / "bench", built[0], built[1], 0, 0, 4, seed=4, n_grey=4)
+    return root, planted, _grey_run(built, root, root / "exact", {"search": "exact"})
+
+
+def _scan_reference(corpus, out) -> dict[str, tuple[float, str, float]]:
+    """Evaluation key → (best rule score, its training key, that pair's plain cosine), from
+    the feature files, over the corpus's training split."""
+    import pyarrow.dataset as ds
+
+    from corpusforge.feature_files import list_feature_shards, read_shard_features, require_features
+    from corpusforge.layout import CONTAMINATION_EVAL
+
+    corpus, evals = Store(str(corpus)), Store(str(out)).sub(CONTAMINATION_EVAL)
+    train = {r["key"] for r in ds.dataset(f"{corpus.root}/manifest").to_table().to_pylist() if r["split"] == "train"}
+    tk, tx = [], []
+    for shard in list_feature_shards(corpus, "wfd"):
+        keys, x = read_shard_features(corpus, "wfd", shard)
+        tk += [k for k in keys if k in train]
+        tx.append(x[[j for j, k in enumerate(keys) if k in train]])
+        rule = require_features(corpus, "wfd", shard)["info"]["model"]["pair_rule"]
+    qk, qx = [], []
+    for chunk in list_feature_shards(evals, "wfd"):
+        keys, x = read_shard_features(evals, "wfd", chunk)
+        qk += keys
+        qx.append(x)
+    q, t = np.concatenate(qx), np.concatenate(tx)
+    scores, cosine = _rule_reference(q, t, rule), _rule_reference(q, t, None)
+    best = scores.argmax(axis=1)
+    return {key: (scores[j, best[j]], tk[best[j]], cosine[j, best[j]]) for j, key in enumerate(qk)}
+
+
+@pytest.mark.parametrize("search", ["exact", "ivf"])
+def test_a_greyscale_copy_of_an_evaluation_image_in_the_corpus_is_counted_as_contaminated(
+        built, grey_scanned, search, tmp_path):
+    """wfd: a greyscale copy scores the layout cosine against its original (by plain cosine it
+    stays below 0.866 and would go unflagged); the exact scan and the IVF index over the
+    rule's forms (rescored exactly) both flag it, with the reference's scores."""
+    root, planted, result = grey_scanned
+    out = root / "exact"
+    if search == "ivf":
+        out = tmp_path / "ivf"
+        result = _grey_run(built, root, out, {"search": "ivf", "ivf": {"nlist": 2, "nprobe": 2}})
+    images = result["results"]["images"]
+    assert images["scan"]["search"] == search
+    assert images["scan"]["pair_score"] == WFD_RULE | {"colour_dims": images["scan"]["pair_score"]["colour_dims"]}
+    assert (images["flagged"], images["embedded"]) == (4, 8)
+    rows = pa.concat_tables([pq.read_table(p) for p in sorted((out / "contamination/images").glob("*.parquet"))])
+    by_id = {r["item_id"]: r for r in rows.to_pylist()}
+    assert {i for i, r in by_id.items() if r["flagged"]} == set(planted)
+    reference = _scan_reference(built[0], out)
+    missed_by_cosine = 0
+    for item_id, row in by_id.items():
+        best, key, cosine = reference[row["key"]]
+        assert row["max_similarity"] == pytest.approx(best, abs=1e-5) and row["match_key"] == key
+        if item_id in planted:
+            assert key == planted[item_id] and best > 0.9
+            missed_by_cosine += cosine < 0.867  # sqrt(0.75) + float16: a coloured original
+    assert missed_by_cosine >= 3  # of 4 (0.8655-0.8661, now 0.9994-1.0); the 4th original is nearly grey
+    if search == "ivf":
+        assert images["scan"]["recall"]["recall_flagged"] == 1.0
+        assert images["scan"]["recall"]["pair_score"]["name"] == "layout_when_colourless"
+
+
+def test_grey_rerun_equals_the_first_run_byte_for_byte(built, grey_scanned):
+    root = grey_scanned[0]
+    receipt = (root / "exact/contamination/receipt.json").read_bytes()
+    files = _tree_hashes(root / "exact/contamination")
+    again = _grey_run(built, root, root / "exact", {"search": "exact"})
+    assert again["results"]["images"]["flagged"] == 4
+    assert (root / "exact/contamination/receipt.json").read_bytes() == receipt
+    assert _tree_hashes(root / "exact/contamination") == files
+
+
+def test_ivf_probes_lists_for_coloured_and_colourless_members_alike():
+    """wfd rows with a shared layout component, 10 % greyscale: choosing lists by the whole
+    query form (the mean rule score to a list) loses coloured queries' greyscale copies;
+    the scan's choice (each part of the form picks its own lists) finds copies of every kind."""
+    from tasks.contamination import similarity as sim
+    from tasks.contamination.image_scan import probe_parts
+    from tasks.graph.pair_score import PairScore
+
+    rule = PairScore.from_json(WFD_RULE)
+    rng = np.random.default_rng(11)
+    common, n, m = rng.standard_normal(LAYOUT), 3000, 60
+    layouts = common * 0.8 + rng.standard_normal((n, LAYOUT))
+    colours = [rng.standard_normal(COLOUR) + 1.0 for _ in range(n)]
+    t = np.stack([_wfd_like(layouts[j], colours[j], 1.0 if j < 0.9 * n else 0.0) for j in range(n)])
+    picks = np.concatenate([np.arange(m), n - 1 - np.arange(m)])   # coloured originals, greyscale ones
+    q = np.stack([_wfd_like(_near(layouts[j] / np.linalg.norm(layouts[j]), 0.97, rng), colours[j],
+                            0.0 if j < 0.9 * n else 1.0) for j in picks])  # the other kind of copy
+    t, q = sim.unit_rows(t.astype(np.float16)), sim.unit_rows(q.astype(np.float16))
+    assert (rule.scores(q, t[picks]) > 0.95).all()
+    index = sim.new_ivf(rule.form_dim(t.shape[1]), 32, "flat", 1, 0)
+    index.train(rule.candidate_forms(t))
+    index.add(rule.candidate_forms(t))
+    qf = rule.query_forms(q)
+    recall = {name: (sim.ivf_search_by_list(index, qf, 5, 4, probes)[1] == picks[:, None]).any(axis=1)
+              for name, probes in (("whole", (qf,)), ("parts", probe_parts(rule, qf, t.shape[1])))}
+    assert recall["parts"].mean() >= 0.95, recall["parts"].mean()
+    assert recall["whole"][m:].mean() < 0.5  # coloured queries, greyscale copies: lost by the whole form

@@ -1,8 +1,9 @@
 """Typed settings of the contamination stages; every field is frozen into the run's receipt.
 
 Defaults come from the sources: the image-only rate flags an evaluation image whose
-best cosine to any training image is *strictly greater* than 0.9 (seed 001, Yang et al.
-2024); text canaries quarantine on an exact or normalised match, direct 3-shingle
+best similarity (the seed's cosine, or the feature model's pair rule such as wfd's) to
+any training image is *strictly greater* than 0.9 (seed 001, Yang et al. 2024); text
+canaries quarantine on an exact or normalised match, direct 3-shingle
 Jaccard >= 0.4 or seeded-signature agreement >= 0.375 with seeds 11…211 (seed 003's
 fixture — "teaching parameters", so all are settings, and a changed one is a new
 decision-policy edition with a new receipt).
@@ -60,7 +61,9 @@ class IvfConfig(_Strict):
 
 
 class ImageScanConfig(_Strict):
-    """Image-only contamination: the best cosine of each evaluation image over the training images."""
+    """Image-only contamination: the best similarity of each evaluation image over the training
+    images (the feature model's pair rule: cosine, or for wfd the layout cosine when either
+    image is colourless)."""
 
     model_id: str = Field("wfd", title="Feature model",
                           description="Feature folder of the corpus (features/{model_id}); the evaluation images "

@@ -8,13 +8,20 @@ Per query shard it writes the top-k targets of every query:
     work/contamination/found/{scan}/{shard}.parquet   query_key, rank, target_shard, target_key,
                                                       target_sha256, similarity (MATCH_SCHEMA)
 
+Pairs score by the feature model's pair rule (:mod:`tasks.graph.pair_score`, named in
+its fingerprint, as in the near-duplicate graph): plain cosine for most models; for wfd
+the layout blocks' cosine when either image is colourless, so a greyscale repost of an
+evaluation image scores like its original (by plain cosine it could not pass 0.866).
+The rule is in every unit's fingerprint and marker and in the scan's receipt.
+
 * exact: one unit per query shard streams every target shard through
   :func:`tasks.contamination.similarity.exact_topk` (never a full matrix); its
   fingerprint holds the query shard's feature digest and the digest of the whole target
   side, so a changed training shard rescans every query shard (exhaustive by nature).
-* ivf: one unit builds the index over the target side (``work/contamination/index/``),
-  one unit per query shard searches it; a recall unit rescans a seeded sample of
-  queries exactly and records how many flagged images the index found.
+* ivf: one unit builds the index over the target side's candidate forms
+  (``work/contamination/index/``), one unit per query shard searches it with query
+  forms and rescores what it finds exactly by the rule; a recall unit rescans a seeded
+  sample of queries exactly and records how many flagged images the index found.
 
 Both sides must carry the same feature identity (model fingerprint: weights or
 random-init, preprocessing, dim; dtype; decode size), read from the feature markers;
@@ -42,6 +49,8 @@ from corpusforge.version import code_version
 from tasks.contamination import similarity as sim
 from tasks.contamination.config import IvfConfig
 from tasks.contamination.selection import read_selection
+from tasks.graph.edges import pair_score_of
+from tasks.graph.pair_score import PairScore
 
 
 class FeatureMismatch(ValueError):
@@ -109,6 +118,12 @@ def check_same_features(query: ScanSide, target: ScanSide) -> dict[str, Any]:
     return b
 
 
+def pair_rule(query: ScanSide, target: ScanSide) -> PairScore:
+    """The pair rule both sides' feature models name (they must agree; plain cosine when none)."""
+    return pair_score_of([require_features(side.store, side.model_id, shard)["info"]
+                          for side in (query, target) for shard in side.shards])
+
+
 def load_shard(side: ScanSide, shard: str) -> ShardVectors:
     """One shard's embedded images, narrowed to the selection, as unit vectors."""
     keys, feats = read_shard_features(side.store, side.model_id, shard)
@@ -125,9 +140,11 @@ def load_shard(side: ScanSide, shard: str) -> ShardVectors:
     return ShardVectors(keys, [sha_of[k] for k in keys], x, splits)
 
 
-def _resolve(side: ScanSide, offsets: np.ndarray, ids: np.ndarray) -> dict[int, tuple[str, str, str]]:
-    """Target id → (shard, key, sha256), reading only the shards the ids fall in."""
+def _resolve(side: ScanSide, offsets: np.ndarray, ids: np.ndarray
+             ) -> tuple[dict[int, tuple[str, str, str]], dict[int, np.ndarray]]:
+    """Target id → (shard, key, sha256) and id → unit row, reading only the shards the ids fall in."""
     out: dict[int, tuple[str, str, str]] = {}
+    vectors: dict[int, np.ndarray] = {}
     flat = np.unique(ids[ids >= 0])
     owner = np.searchsorted(offsets, flat, side="right") - 1
     for s in np.unique(owner):
@@ -136,7 +153,8 @@ def _resolve(side: ScanSide, offsets: np.ndarray, ids: np.ndarray) -> dict[int, 
         for i in flat[owner == s]:
             row = int(i - offsets[s])
             out[int(i)] = (shard, v.keys[row], v.shas[row])
-    return out
+            vectors[int(i)] = v.x[row]
+    return out, vectors
 
 
 def match_table(query_keys: list[str], sims: np.ndarray, ids: np.ndarray,
@@ -153,29 +171,32 @@ def match_table(query_keys: list[str], sims: np.ndarray, ids: np.ndarray,
     return pa.table(rows, schema=MATCH_SCHEMA)
 
 
-def scan_exact_topk(q: np.ndarray, target: ScanSide, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Exact top-k of ``q`` over every target shard, streamed; also the target id offsets."""
+def scan_exact_topk(q: np.ndarray, target: ScanSide, k: int, rule: PairScore
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Exact top-k of ``q`` by ``rule`` over every target shard, streamed; also the target id offsets."""
     sims, ids = sim.empty_topk(len(q), k)
     offsets = [0]
     for shard in target.shards:
         v = load_shard(target, shard)
-        s, i = sim.exact_topk(q, v.x, k, offsets[-1])
+        s, i = sim.exact_topk(q, v.x, k, offsets[-1], rule)
         sims, ids = sim.merge_topk(sims, ids, s, i, k)
         offsets.append(offsets[-1] + len(v.keys))
     return sims, ids, np.asarray(offsets, dtype=np.int64)
 
 
 def scan_shard_exact(out: Store, scan: str, query: ScanSide, shard: str, target: ScanSide, target_digest: str,
-                     k: int) -> dict[str, Any]:
+                     k: int, rule: PairScore) -> dict[str, Any]:
     """Exact top-k targets of one query shard (skipped when query and target content are unchanged)."""
-    fp = unit_fingerprint("contamination-scan", _code(), ["exact", k], [query.shard_digest(shard), target_digest])
+    fp = unit_fingerprint("contamination-scan", _code(), ["exact", k, rule.to_json()],
+                          [query.shard_digest(shard), target_digest])
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         v = load_shard(query, shard)
-        sims, ids, offsets = scan_exact_topk(v.x, target, k)
-        table = match_table(v.keys, sims, ids, _resolve(target, offsets, ids))
+        sims, ids, offsets = scan_exact_topk(v.x, target, k, rule)
+        table = match_table(v.keys, sims, ids, _resolve(target, offsets, ids)[0])
         rel = found_matches_path(scan, shard)
-        return {rel: out.write_parquet(rel, table)}, {"queries": len(v.keys), "search": "exact"}
+        return {rel: out.write_parquet(rel, table)}, {"queries": len(v.keys), "search": "exact",
+                                                      "pair_score": rule.to_json()}
 
     return run_unit(out, found_matches_path(scan, shard), fp, compute)
 
@@ -186,14 +207,16 @@ def n_selected(side: ScanSide, shard: str) -> int:
     return side.selection_store.read_parquet(select_path(side.selection, shard), columns=["key"]).num_rows
 
 
-def build_scan_index(out: Store, name: str, target: ScanSide, target_digest: str, cfg: IvfConfig) -> dict[str, Any]:
-    """An IVF index over every target vector (ids: position in target-shard order)."""
+def build_scan_index(out: Store, name: str, target: ScanSide, target_digest: str, cfg: IvfConfig,
+                     rule: PairScore) -> dict[str, Any]:
+    """An IVF index over every target vector's candidate form under ``rule`` (ids: position
+    in target-shard order)."""
     n_est = sum(n_selected(target, s) for s in target.shards)
     nlist = cfg.nlist or sim.auto_nlist(n_est)
     n_train = min(n_est, cfg.max_train, nlist * cfg.train_per_list)
     plan = {"nlist": nlist, "nprobe": min(cfg.nprobe, nlist), "storage": cfg.storage, "n_train": n_train,
             "seed": cfg.seed}
-    fp = unit_fingerprint("contamination-index", _code(), plan, target_digest)
+    fp = unit_fingerprint("contamination-index", _code(), [plan, rule.to_json()], target_digest)
     rel = contamination_index(name)
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
@@ -206,27 +229,27 @@ def build_scan_index(out: Store, name: str, target: ScanSide, target_digest: str
             dim = v.x.shape[1] if len(v.keys) else dim
             u = np.fromiter((stable_uniform(cfg.seed, k) for k in v.keys), dtype=np.float64, count=len(v.keys))
             pick = np.flatnonzero(u < rate)
-            sample.append(v.x[pick])
+            sample.append(rule.candidate_forms(v.x[pick]))
             order.append(u[pick])
         if dim is None:
             raise ValueError(f"scan {name}: the target side has no vectors")
         train = np.concatenate(sample)[np.argsort(np.concatenate(order), kind="stable")]
         if len(train) < plan["nlist"]:
             raise ValueError(f"scan {name}: {len(train)} training vectors for {plan['nlist']} IVF lists")
-        index = sim.new_ivf(dim, plan["nlist"], cfg.storage, plan["nprobe"], cfg.seed)
+        index = sim.new_ivf(rule.form_dim(dim), plan["nlist"], cfg.storage, plan["nprobe"], cfg.seed)
         index.train(train)
         del train, sample
         offsets = [0]
         for shard in target.shards:
             v = load_shard(target, shard)
             if len(v.keys):
-                index.add(v.x)
+                index.add(rule.candidate_forms(v.x))
             offsets.append(offsets[-1] + len(v.keys))
         with out.atomic_write(rel) as f:
             sink = HashingWriter(f)
             faiss.write_index(index, faiss.PyCallbackIOWriter(sink.write))
         return {rel: sink.sha256}, {"plan": plan, "dim": int(dim), "n_vectors": int(offsets[-1]),
-                                    "offsets": offsets}
+                                    "offsets": offsets, "pair_score": rule.to_json()}
 
     marker = run_unit(out, rel, fp, compute)
     return {**marker["info"], "fingerprint": marker["fingerprint"], "action": marker["action"]}
@@ -246,20 +269,51 @@ def load_scan_index(out: Store, name: str, info: dict[str, Any]) -> faiss.Index:
     return _INDEX_CACHE[key]
 
 
+def probe_parts(rule: PairScore, forms: np.ndarray, dim: int) -> tuple[np.ndarray, ...]:
+    """The query forms' part that scores coloured candidates (the first ``dim`` entries; the
+    rest zero) and the part that scores colourless ones; plain cosine: the vectors themselves."""
+    if not rule.active:
+        return (forms,)
+    head, tail = forms.copy(), forms.copy()
+    head[:, dim:], tail[:, :dim] = 0, 0
+    return head, tail
+
+
 def scan_shard_ivf(out: Store, scan: str, query: ScanSide, shard: str, target: ScanSide, index_name: str,
-                   index_info: dict[str, Any], k: int) -> dict[str, Any]:
-    """Top-k targets of one query shard from the IVF index."""
-    fp = unit_fingerprint("contamination-scan", _code(), ["ivf", k],
+                   index_info: dict[str, Any], k: int, rule: PairScore) -> dict[str, Any]:
+    """Top-k targets of one query shard from the IVF index, by their exact scores under ``rule``.
+
+    The index ranks by the forms' inner product: the rule up to float rounding, except that a
+    colourless query over-estimates a nearly grey coloured target (up to 1/sqrt(1-w)). So
+    the search asks for ``k + RESCORE_EXTRA`` candidates, every one is rescored exactly from
+    its stored row (the same bytes as the exact scan) and the best ``k`` are kept: up to
+    ``RESCORE_EXTRA`` over-estimated or rounding-shuffled candidates cannot push a found
+    target out of the top-k.
+
+    Which lists to probe: the query form's inner product with a centroid is the mean rule
+    score to the list's members, which mixes its coloured members (scored by the form's
+    first ``dim`` entries) and its colourless ones (by the rest), so lists of one kind
+    crowd out the other's: a coloured query lost its greyscale copies and a greyscale one
+    its coloured original (``bench/contamination_probes.py``). So each part of the query
+    form chooses its own ``nprobe`` lists (up to twice as many lists probed); every list
+    is scored with the whole query form."""
+    fp = unit_fingerprint("contamination-scan", _code(), ["ivf", k, rule.to_json()],
                           [query.shard_digest(shard), index_info["fingerprint"]])
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         v = load_shard(query, shard)
         index = load_scan_index(out, index_name, index_info)
-        sims, ids = sim.ivf_search_by_list(index, v.x, k) if len(v.keys) else sim.empty_topk(0, k)
+        depth = k + sim.RESCORE_EXTRA
+        forms = rule.query_forms(v.x)
+        _, found = (sim.ivf_search_by_list(index, forms, depth, probes=probe_parts(rule, forms, v.x.shape[1]))
+                    if len(v.keys) else sim.empty_topk(0, depth))
         offsets = np.asarray(index_info["offsets"], dtype=np.int64)
-        table = match_table(v.keys, sims, ids, _resolve(target, offsets, ids))
+        lookup, vectors = _resolve(target, offsets, found)
+        sims, ids = sim.rescore_topk(v.x, found, vectors, k, rule)
+        table = match_table(v.keys, sims, ids, lookup)
         rel = found_matches_path(scan, shard)
-        return {rel: out.write_parquet(rel, table)}, {"queries": len(v.keys), "search": "ivf"}
+        return {rel: out.write_parquet(rel, table)}, {"queries": len(v.keys), "search": "ivf",
+                                                      "pair_score": rule.to_json()}
 
     return run_unit(out, found_matches_path(scan, shard), fp, compute)
 
@@ -269,13 +323,15 @@ def recall_path(scan: str) -> str:
 
 
 def scan_recall(out: Store, scan: str, query: ScanSide, target: ScanSide, target_digest: str, k: int,
-                threshold: float, n_sample: int, seed: int, found_digests: list[str]) -> dict[str, Any]:
+                threshold: float, n_sample: int, seed: int, found_digests: list[str], rule: PairScore
+                ) -> dict[str, Any]:
     """Recall of the index on a seeded sample of queries, against an exact scan of every target.
 
     ``recall_flagged``: share of sampled queries flagged by the exact scan (best > threshold)
     that the index also flagged; ``top1_agreement``: share whose best target is the same.
+    Both score by ``rule``.
     """
-    fp = unit_fingerprint("contamination-recall", _code(), [k, threshold, n_sample, seed],
+    fp = unit_fingerprint("contamination-recall", _code(), [k, threshold, n_sample, seed, rule.to_json()],
                           [[query.shard_digest(s) for s in query.shards], target_digest, found_digests])
     rel = recall_path(scan)
 
@@ -289,9 +345,9 @@ def scan_recall(out: Store, scan: str, query: ScanSide, target: ScanSide, target
             keys += [v.keys[i] for i in pick]
             xs.append(v.x[pick])
         q = np.concatenate(xs) if xs else np.zeros((0, 1), np.float32)
-        sims, ids, offsets = scan_exact_topk(q, target, k) if len(keys) else (*sim.empty_topk(0, k), None)
+        sims, ids, offsets = scan_exact_topk(q, target, k, rule) if len(keys) else (*sim.empty_topk(0, k), None)
         exact = {key: (float(sims[i, 0]), int(ids[i, 0])) for i, key in enumerate(keys)}
-        lookup = _resolve(target, offsets, ids[:, :1]) if len(keys) else {}
+        lookup = _resolve(target, offsets, ids[:, :1])[0] if len(keys) else {}
         approx: dict[str, tuple[float, str]] = {}
         for shard in query.shards:
             t = out.read_parquet(found_matches_path(scan, shard))
@@ -304,7 +360,8 @@ def scan_recall(out: Store, scan: str, query: ScanSide, target: ScanSide, target
         same = sum(1 for key, (_, i) in exact.items() if i >= 0 and approx.get(key, (0, None))[1] == lookup[i][1])
         result = {"sampled_queries": len(keys), "flagged_exact": len(flagged), "flagged_found": len(found),
                   "recall_flagged": (len(found) / len(flagged)) if flagged else None,
-                  "top1_agreement": (same / len(keys)) if keys else None, "threshold": threshold}
+                  "top1_agreement": (same / len(keys)) if keys else None, "threshold": threshold,
+                  "pair_score": rule.to_json()}
         return {rel: out.write_json(rel, result)}, result
 
     return run_unit(out, rel, fp, compute)["info"]

@@ -55,12 +55,19 @@ def render_markdown(receipt: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+def _score_name(scan: dict[str, Any]) -> str:
+    """What the similarity is: the feature model's pair rule (tasks/graph/pair_score.py)."""
+    if (scan.get("pair_score") or {"name": "cosine"})["name"] == "cosine":
+        return "cosine"
+    return "similarity (cosine; of the layout alone when either image is colourless, so greyscale copies count)"
+
+
 def _images_md(s: dict[str, Any]) -> list[str]:
     scan = s.get("scan") or {}
     recall = (scan.get("recall") or {}).get("recall_flagged")
     out = ["## Image overlap (image-only rate)", "",
            f"Overlap found for **{s['flagged']} of {s['embedded']}** embedded evaluation images: "
-           f"rate **{_pct(s['rate'])}** (best cosine to any training image > {s['threshold']}, model "
+           f"rate **{_pct(s['rate'])}** (best {_score_name(scan)} to any training image > {s['threshold']}, model "
            f"`{s['model_id']}`{', RANDOM-INIT weights' if (s.get('feature_identity') or {}).get('random_init') else ''}"
            f"; training splits {s.get('corpus_splits') or 'all staged images'}).",
            f"{s['exact_copies']} of them are byte-identical copies of their match. "

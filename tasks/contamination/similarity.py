@@ -1,21 +1,25 @@
-"""Top-k cosine search without a full matrix: a chunked exact scan and a FAISS inverted file.
+"""Top-k search without a full matrix: a chunked exact scan and a FAISS inverted file.
 
-Similarity is the one the near-duplicate graph uses: rows made unit length in float32,
-then the float64 dot product of the two unit vectors, rounded to float32 — the same
-value from either side, so a pair scores identically here and in ``graph/edges``.
+Similarity is the one the near-duplicate graph uses: the feature model's pair rule
+(:mod:`tasks.graph.pair_score`: plain cosine for most models; for wfd, the layout blocks'
+cosine when either image is colourless) of rows made unit length in float32, computed in
+float64 and rounded to float32 — the same value from either side, so a pair scores
+identically here and in ``graph/edges``.
 
 * :func:`exact_topk` — exhaustive: queries × targets in blocks of at most
-  :data:`BLOCK_ENTRIES` float32 scores (64 MB), the best ``k + 4`` of each block row
-  rescored in float64, merged into a running top-k. Memory O(block + queries × k),
-  whatever the number of targets; a caller streams target shards through it.
+  :data:`BLOCK_ENTRIES` float32 scores (64 MB) of the rule (:func:`rule_matrix`), the
+  best ``k + 4`` of each block row rescored exactly (``PairScore.scores``), merged into
+  a running top-k. Memory O(block + queries × k), whatever the number of targets; a
+  caller streams target shards through it.
 * :func:`new_ivf` / :func:`ivf_search_by_list` — ``IVF{nlist},{Flat|SQfp16}`` over inner
-  product, k-means trained on a given (deterministic) sample. The search takes FAISS's
+  product, k-means trained on a given (deterministic) sample (callers index the rule's
+  candidate forms and query with its query forms). The search takes FAISS's
   coarse assignment and then scores each probed list against all queries probing it in
   one matrix product (compute-bound; FAISS's own per-query scan, :func:`ivf_search`,
   re-reads a list for every query and is memory-bound). Scores are float32 dot products
-  of the stored vectors (within ~1e-6 of the canonical value for Flat, ~2e-4 for
-  SQfp16). Approximate in *which* neighbours it finds: callers measure recall against
-  :func:`exact_topk` on a sample.
+  of the stored vectors, which only choose candidates: callers rescore them exactly
+  (:func:`rescore_topk`). Approximate in *which* neighbours it finds: callers measure
+  recall against :func:`exact_topk` on a sample.
 """
 
 from __future__ import annotations
@@ -25,9 +29,12 @@ import math
 import faiss
 import numpy as np
 
+from tasks.graph.pair_score import PairScore
+
 BLOCK_ENTRIES = 1 << 24
 RESCORE_EXTRA = 4
-RESCORE_ENTRIES = 1 << 23   # float64 values gathered for rescoring per block (64 MB)
+RESCORE_ENTRIES = 1 << 22   # values gathered for rescoring per block (32 MB as float64; rescoring them by
+                            # the wfd rule peaks at ~140 MB with its float64 copies, measured)
 
 
 def unit_rows(x: np.ndarray) -> np.ndarray:
@@ -37,11 +44,6 @@ def unit_rows(x: np.ndarray) -> np.ndarray:
         raise ValueError(f"expected a 2-d feature array, got shape {x.shape}")
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     return np.ascontiguousarray(x / np.maximum(norms, 1e-12))
-
-
-def canonical(q: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Row-wise float64 dot products of unit float32 vectors, rounded to float32."""
-    return np.einsum("ij,ij->i", q.astype(np.float64), t.astype(np.float64)).astype(np.float32)
 
 
 def empty_topk(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -58,9 +60,33 @@ def merge_topk(sims: np.ndarray, ids: np.ndarray, new_sims: np.ndarray, new_ids:
     return np.take_along_axis(s, order, axis=1), np.take_along_axis(i, order, axis=1)
 
 
-def exact_topk(q: np.ndarray, t: np.ndarray, k: int, id_offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-``k`` targets of every query: canonical similarities and target ids
-    (``id_offset`` + row), padded with -inf / -1 when there are fewer than ``k`` targets."""
+def rule_matrix(rule: PairScore, q: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """float32 scores of every query against every target by the pair rule.
+
+    The scan holds both sides' rows, so it scores the rule itself rather than the index
+    forms' inner product (which over-estimates a colourless query against a nearly grey
+    coloured target and so could push the true best out of a fixed-depth candidate list):
+    the cosine, with the rows or columns of colourless images replaced by the cosine of
+    the layout blocks. Within float32 rounding of :meth:`PairScore.scores`, so the best
+    ``k + RESCORE_EXTRA`` hold the exact top-k, as they do for plain cosine (for which this
+    is ``q @ t.T`` and nothing else). Colourless rows cost one extra product each."""
+    scores = q @ t.T
+    if not rule.active:
+        return scores
+    grey_q, grey_t = rule.colourless(q), rule.colourless(t)
+    if grey_q.any() or grey_t.any():
+        uq, ut = rule.unit_layout(q), rule.unit_layout(t)
+        scores[grey_q] = uq[grey_q] @ ut.T
+        scores[:, grey_t] = uq @ ut[grey_t].T
+    return scores
+
+
+def exact_topk(q: np.ndarray, t: np.ndarray, k: int, id_offset: int = 0, rule: PairScore | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-``k`` targets of every query by the pair ``rule`` (plain cosine when None):
+    exact scores (:meth:`PairScore.scores`) and target ids (``id_offset`` + row), padded
+    with -inf / -1 when there are fewer than ``k`` targets."""
+    rule = rule or PairScore()
     n, m = len(q), len(t)
     sims, ids = empty_topk(n, k)
     if not n or not m:
@@ -69,13 +95,27 @@ def exact_topk(q: np.ndarray, t: np.ndarray, k: int, id_offset: int = 0) -> tupl
     rows = max(1, min(1024, BLOCK_ENTRIES // m, RESCORE_ENTRIES // (kk * q.shape[1])))
     for lo in range(0, n, rows):
         qb = q[lo:lo + rows]
-        scores = qb @ t.T
+        scores = rule_matrix(rule, qb, t)
         cand = (np.argpartition(-scores, kk - 1, axis=1)[:, :kk] if kk < m
                 else np.broadcast_to(np.arange(m), scores.shape))
-        exact = np.einsum("id,ijd->ij", qb.astype(np.float64), t[cand].astype(np.float64)).astype(np.float32)
+        exact = rule.scores(np.repeat(qb, kk, axis=0), t[cand.ravel()]).reshape(len(qb), kk)
         sims[lo:lo + rows], ids[lo:lo + rows] = merge_topk(sims[lo:lo + rows], ids[lo:lo + rows], exact,
                                                            cand.astype(np.int64) + id_offset, k)
     return sims, ids
+
+
+def rescore_topk(q: np.ndarray, found: np.ndarray, vectors: dict[int, np.ndarray], k: int, rule: PairScore
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The best ``k`` of each query's found target ids (-1: none) by their exact score under
+    ``rule``, ``vectors`` mapping each found id to its stored row: index scores only choose
+    the candidates, so an index search asks for more than ``k`` (see ``image_scan``)."""
+    sims, ids = empty_topk(len(q), k)
+    qi, col = np.nonzero(found >= 0)
+    exact = np.full(found.shape, -np.inf, dtype=np.float32)
+    if len(qi):
+        rows = np.stack([vectors[int(i)] for i in found[qi, col]])
+        exact[qi, col] = rule.scores(q[qi], rows)
+    return merge_topk(sims, ids, exact, found, k)
 
 
 def auto_nlist(n_vectors: int) -> int:
@@ -111,13 +151,14 @@ def list_vectors(index: faiss.Index, list_no: int) -> tuple[np.ndarray, np.ndarr
     return ids.astype(np.int64, copy=False), raw.view(dtype).reshape(n, ivf.d).astype(np.float32, copy=False)
 
 
-def ivf_search_by_list(index: faiss.Index, q: np.ndarray, k: int, nprobe: int | None = None
-                       ) -> tuple[np.ndarray, np.ndarray]:
+def ivf_search_by_list(index: faiss.Index, q: np.ndarray, k: int, nprobe: int | None = None,
+                       probes: tuple[np.ndarray, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` like :func:`ivf_search`, but list by list: every query probing a list is
     scored against it in one matrix product instead of re-reading the list once per
     query. Same candidates as FAISS's own search with this ``nprobe`` and float32 scores
     of the same vectors; compute-bound instead of memory-bound, so a list probed by many
-    queries costs little more than one."""
+    queries costs little more than one. ``probes``: vectors per query each choosing its own
+    ``nprobe`` lists, all probed (each once) and scored with ``q`` (default: ``q`` itself)."""
     ivf = faiss.extract_index_ivf(index)
     nprobe = min(nprobe or ivf.nprobe, ivf.nlist)
     n = len(q)
@@ -125,8 +166,10 @@ def ivf_search_by_list(index: faiss.Index, q: np.ndarray, k: int, nprobe: int | 
     if not n:
         return sims, out
     q = np.ascontiguousarray(q, dtype=np.float32)
-    _, lists = ivf.quantizer.search(q, nprobe)
-    qi = np.repeat(np.arange(n), nprobe)
+    lists = np.sort(np.concatenate([ivf.quantizer.search(np.ascontiguousarray(p, dtype=np.float32), nprobe)[1]
+                                    for p in probes or (q,)], axis=1), axis=1)
+    lists[:, 1:][lists[:, 1:] == lists[:, :-1]] = -1
+    qi = np.repeat(np.arange(n), lists.shape[1])
     li = lists.ravel()
     keep = li >= 0
     order = np.argsort(li[keep], kind="stable")

@@ -93,21 +93,25 @@ def run_scan(out: Store, name: str, query: scan.ScanSide, target: scan.ScanSide,
     n_t = sum(scan.n_selected(target, s) for s in target.shards)
     mode = scan.plan_search(search, n_q, n_t, exact_max_pairs)
     target_digest = target.digest()
+    rule = scan.pair_rule(query, target)
     result: dict[str, Any] = {"search": mode, "queries": n_q, "targets": n_t, "k": k,
-                              "targets_digest": target_digest}
+                              "targets_digest": target_digest, "pair_score": rule.to_json()}
     if mode == "exact":
         markers = run_tasks(scan_exact_task, [dict(out=out, scan=name, query=query, shard=s, target=target,
-                                                   target_digest=target_digest, k=k) for s in query.shards])
+                                                   target_digest=target_digest, k=k, rule=rule)
+                                              for s in query.shards])
         result["recall"] = {"recall_flagged": 1.0, "method": "exhaustive scan: every pair compared"}
     else:
         info = run_tasks(build_index_task, [dict(out=out, name=name, target=target, target_digest=target_digest,
-                                                 cfg=ivf_cfg)])[0]
+                                                 cfg=ivf_cfg, rule=rule)])[0]
         markers = run_tasks(scan_ivf_task, [dict(out=out, scan=name, query=query, shard=s, target=target,
-                                                 index_name=name, index_info=info, k=k) for s in query.shards])
+                                                 index_name=name, index_info=info, k=k, rule=rule)
+                                            for s in query.shards])
         result["index"] = {k2: info[k2] for k2 in ("plan", "dim", "n_vectors")}
         result["recall"] = run_tasks(recall_task, [dict(
             out=out, scan=name, query=query, target=target, target_digest=target_digest, k=k, threshold=threshold,
-            n_sample=recall_queries, seed=ivf_cfg.seed, found_digests=[m["digest"] for m in markers])])[0]
+            n_sample=recall_queries, seed=ivf_cfg.seed, found_digests=[m["digest"] for m in markers],
+            rule=rule)])[0]
     result["units"] = {"computed": sum(m["action"] == "computed" for m in markers),
                        "skipped": sum(m["action"] == "skipped" for m in markers)}
     return result
