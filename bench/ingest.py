@@ -11,7 +11,8 @@ Prints, in one run on one core:
   bytes; staging also writes tar headers, captions, sample JSON, its index and records
   files and markers, checks each image's spill checksum and hashes its tar (SHA-256), and
   syncs each tar ahead while writing it (all timed). ``--repeat`` alternates the two
-  (staging outputs removed before each staging run) and prints every pair, then the
+  (staging outputs removed before each staging run, and ``sync`` before each timed run,
+  so neither waits for the other's or the setup's writeback) and prints every pair, then the
   median ratio and its range, and the ratio of their CPU times: the two threads of
   staging (writer and tar hash) use more CPU than the copy, so on a machine whose cores
   are busy with other work its wall time grows more than the copy's.
@@ -162,8 +163,10 @@ def main() -> None:
             shutil.rmtree(work / "out" / "staging", ignore_errors=True)
             shutil.rmtree(work / "out" / "_markers" / "staging", ignore_errors=True)
             before = CountingFileSystem.bytes_read
+            os.sync()  # neither side pays for writeback left by the setup (the sample corpus is not fsynced)
             shard_s, shard_cpu = timed(lambda: [write_staging_shard(store, s) for s in shards])
             staging_read = max(staging_read, CountingFileSystem.bytes_read - before)
+            os.sync()  # or for the other side's deletions
             copy_s, copy_cpu = timed(lambda: raw_copy(staged, work / "raw-copy.bin"))
             (work / "raw-copy.bin").unlink()
             pairs.append((shard_s, shard_cpu, copy_s, copy_cpu))
