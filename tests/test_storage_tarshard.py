@@ -238,9 +238,8 @@ def test_a_failed_sync_ahead_fails_the_write(tmp_path, monkeypatch):
     monkeypatch.setattr(SyncAhead, "EVERY", 64 << 10)
     monkeypatch.setattr(tarshard.ShardSink, "BATCH_BYTES", 64 << 10)
     store = Store(str(tmp_path))
-    with pytest.raises(OSError, match="Input/output error"):
-        with store.atomic_write("s.tar") as f:
-            write_tar(f, _shard_samples(), sync_ahead=True)
+    with pytest.raises(OSError, match="Input/output error"), store.atomic_write("s.tar") as f:
+        write_tar(f, _shard_samples(), sync_ahead=True)
     assert list(tmp_path.iterdir()) == []  # neither the tar nor its temp file
 
 
