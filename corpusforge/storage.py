@@ -83,6 +83,9 @@ class Store:
         self.fsync = fsync
         self.fs, _ = fsspec.core.url_to_fs(self.root, **with_retry_defaults(self.root, self.storage_options))
         self.remote = is_remote(self.root)
+        # atomic writes fsync each local file before its rename (writers of big files may
+        # sync ahead, see corpusforge.writeback)
+        self.durable = self.fsync and not self.remote
 
     @contextlib.contextmanager
     def _naming(self, rel: str) -> Iterator[None]:
@@ -188,7 +191,7 @@ class Store:
                 yield files
                 for f in files:
                     f.flush()
-                if not self.remote and self.fsync:
+                if self.durable:
                     if len(files) == 1:
                         os.fsync(files[0].fileno())
                     else:

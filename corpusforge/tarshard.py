@@ -22,6 +22,8 @@ from typing import IO
 
 import pyarrow as pa
 
+from corpusforge.writeback import SyncAhead
+
 # writev takes at most this many buffers per call (EINVAL beyond; 1024 on Linux)
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 # WebDataset splits a member name at its first dot, so keys may not contain one.
@@ -104,12 +106,15 @@ class ShardSink:
     up to 1,024 pieces or 4 MB replaces a system call (and a copy through a buffer) per
     piece. SHA-256 costs about as much CPU as the copy itself; in the helper thread it
     overlaps the copy and the final fsync instead of adding to them. The queue between
-    the two is bounded, so at most ``MAX_QUEUED`` batches are held in memory.
+    the two is bounded, so at most ``MAX_QUEUED`` batches are held in memory. With
+    ``sync_ahead`` (a local file the caller will fsync), the written part is synced in the
+    background as the tar grows (:class:`corpusforge.writeback.SyncAhead`), so the
+    caller's fsync has only the tail left to wait for.
     """
 
     BATCH_BYTES, BATCH_PIECES, MAX_QUEUED = 4 << 20, 1024, 8
 
-    def __init__(self, target: IO[bytes]):
+    def __init__(self, target: IO[bytes], sync_ahead: bool = False):
         self.target, self.n = target, 0
         self.pieces: list[bytes | memoryview] = []
         self.pending = 0
@@ -118,6 +123,8 @@ class ShardSink:
             self.fd: int | None = target.fileno()
         except (AttributeError, OSError, io.UnsupportedOperation):
             self.fd = None  # an in-memory or remote file object: joined writes
+        self.sync_ahead = SyncAhead(self.fd) if sync_ahead and self.fd is not None and SyncAhead.applies_to(self.fd) \
+            else None
         self.batches: queue.Queue = queue.Queue(self.MAX_QUEUED)
         self.hasher = ThreadPoolExecutor(1, thread_name_prefix="tar-sha256")
         self.digest = self.hasher.submit(_sha256_of_batches, self.batches)
@@ -134,7 +141,7 @@ class ShardSink:
     def flush(self) -> None:
         if not self.pieces:
             return
-        pieces, self.pieces, self.pending = self.pieces, [], 0
+        pieces, size, self.pieces, self.pending = self.pieces, self.pending, [], 0
         self.batches.put(pieces)
         if self.fd is None:
             self.target.write(b"".join(pieces))
@@ -148,15 +155,22 @@ class ShardSink:
             views = views[first:]
             if done:
                 views[0] = memoryview(views[0])[done:]
+        if self.sync_ahead is not None:
+            self.sync_ahead.written(size)
 
     def close(self) -> Future[str]:
         """Write what is left and end the hash stream; return the digest's future."""
         self.flush()
-        self.abort()
+        if self.sync_ahead is not None:
+            self.sync_ahead.close()
+        self.batches.put(None)
+        self.hasher.shutdown(wait=False)
         return self.digest
 
     def abort(self) -> None:
         """End the hash stream (the helper thread exits); nothing more is written."""
+        if self.sync_ahead is not None:
+            self.sync_ahead.abort()
         self.batches.put(None)
         self.hasher.shutdown(wait=False)
 
@@ -168,6 +182,7 @@ _MTIME = b"00000000000\x00"
 _AFTER_MTIME = b"0" + b"\x00" * 100 + b"ustar\x0000" + b"\x00" * (64 + 16 + 155)  # type … prefix
 _FIXED_SUM = 256 + sum(_MODE_IDS) + sum(_MTIME) + sum(_AFTER_MTIME)  # 8 checksum bytes count as spaces
 _PADS = tuple(bytes(n) for n in range(tarfile.BLOCKSIZE))  # zeros after a member, by length
+SMALL_MEMBER = 4096  # members below this size are joined with their headers into one written piece
 
 
 def ustar_header(name: str, size: int) -> bytes:
@@ -184,7 +199,7 @@ def ustar_header(name: str, size: int) -> bytes:
                      _AFTER_MTIME)).ljust(tarfile.BLOCKSIZE, b"\x00")
 
 
-def write_tar(target: IO[bytes], samples: Iterable[Sample]) -> ShardWriteResult:
+def write_tar(target: IO[bytes], samples: Iterable[Sample], sync_ahead: bool = False) -> ShardWriteResult:
     """Stream ``samples`` into ``target`` as a deterministic tar; return its hash and index.
 
     The bytes are exactly what :mod:`tarfile` writes in ``"w|"`` mode with these headers
@@ -192,12 +207,17 @@ def write_tar(target: IO[bytes], samples: Iterable[Sample]) -> ShardWriteResult:
     record), written directly in batches (:class:`ShardSink`): tarfile's per-member
     overhead (a second header encoding, a copy through a buffer, a write per piece) made
     staging several times slower than a raw copy. Written through a file descriptor, the
-    bytes bypass ``target``'s buffer: write nothing else through it.
+    bytes bypass ``target``'s buffer: write nothing else through it. ``sync_ahead``: the
+    caller fsyncs the finished file; sync its written part while it is being written.
     """
-    sink = ShardSink(target)
+    sink = ShardSink(target, sync_ahead)
     keys, exts, offsets, sizes, shas = [], [], [], [], []
-    count = 0
+    count = position = 0
     checked_exts: set[str] = set()
+    # Headers, paddings and small members (captions, sample JSON) between two big members
+    # are joined into one piece: a sample is then two pieces for writev and the hash
+    # thread instead of nine (a Python call and a system-call buffer each).
+    small: list[bytes | memoryview] = []
     try:
         for sample in samples:
             key = sample.key
@@ -210,16 +230,26 @@ def write_tar(target: IO[bytes], samples: Iterable[Sample]) -> ShardWriteResult:
                     checked_exts.add(ext)
                 size = len(data)
                 pad = _PADS[-size % tarfile.BLOCKSIZE]
-                offsets.append(sink.n + tarfile.BLOCKSIZE)
-                sink.add((ustar_header(f"{key}.{ext}", size), data, pad), tarfile.BLOCKSIZE + size + len(pad))
+                small.append(ustar_header(f"{key}.{ext}", size))
+                position += tarfile.BLOCKSIZE
+                offsets.append(position)
+                if size < SMALL_MEMBER:
+                    small += (data, pad)
+                else:
+                    joined = b"".join(small)
+                    sink.add((joined, data), len(joined) + size)
+                    small = [pad]
+                position += size + len(pad)
                 keys.append(key)
                 exts.append(ext)
                 sizes.append(size)
                 shas.append(sample.digests.get(ext) or hashlib.sha256(data).hexdigest())
             count += 1
         end = 2 * tarfile.BLOCKSIZE
-        end += -(sink.n + end) % tarfile.RECORDSIZE
-        sink.add((bytes(end),), end)
+        end += -(position + end) % tarfile.RECORDSIZE
+        small.append(bytes(end))
+        joined = b"".join(small)
+        sink.add((joined,), len(joined))
         digest = sink.close()
     except BaseException:
         sink.abort()

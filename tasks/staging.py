@@ -18,7 +18,9 @@ file per partition. No image is hashed twice: each record's bytes must match the
 checksum ingest recorded when it spilled them (eight times cheaper than SHA-256; a spill
 that lost or changed a byte fails the shard before anything of it is written), and the
 index takes ingest's SHA-256 for them. The tar's own SHA-256 (the marker's) is computed
-in a helper thread while the tar is written and fsynced (:class:`corpusforge.tarshard.ShardSink`).
+in a helper thread while the tar is written and fsynced (:class:`corpusforge.tarshard.ShardSink`),
+and the tar's written part is synced to disk in the background as it grows
+(:class:`corpusforge.writeback.SyncAhead`), so its final fsync waits for the tail only.
 
 Fingerprint: the content of the records it holds (every field written to the tar and
 the records file) and the stage's code version.
@@ -215,7 +217,8 @@ def write_staging_shard(store: Store, shard: StagingShard) -> dict[str, Any]:
 
         tar, index, listing = staging_tar(shard.name), staging_index(shard.name), staging_records(shard.name)
         with store.atomic_writes(tar, index, listing) as (tar_file, index_file, listing_file):
-            result = write_tar(tar_file, samples())  # the spill check raises inside: then nothing is written
+            # the spill check raises inside: then nothing is written
+            result = write_tar(tar_file, samples(), sync_ahead=store.durable)
             index_bytes = parquet_bytes(result.index)
             listing_bytes = parquet_bytes(table.select(STAGING_RECORDS_SCHEMA.names).cast(STAGING_RECORDS_SCHEMA))
             index_file.write(index_bytes)
