@@ -218,11 +218,13 @@ def main() -> None:
           f"{ratios[-1]:.2f}); a trial with both processes ~100 % on a core shows the forward's own cost")
     print(f"  balance: busiest worker embeds {by_name} of {n} images in name order, {largest} largest first "
           f"(ideal {-(-n // workers)}); shard sizes {sorted(sizes.values(), reverse=True)}")
-    per_image = best_pair[0] + max(s - f, 0.0)  # both cores embedding, plus the stage's other per-image work
-    floor = model_build + largest * per_image
+    # Here the prefetch threads decode on the idle second core (stage ≈ forward); in a build
+    # both cores embed, so a worker's reads, decodes and preprocessing add to its forward.
+    other = (read + decode + preprocess) / n
+    floor = model_build + largest * (best_pair[0] + other)
     print(f"floor: model build (timm import included) + {largest} images × ({best_pair[0] * 1e3:.0f} ms forward at "
-          f"two at once, {best_pair[1]:.0%} on a core, + {max(s - f, 0.0) * 1e3:.0f} ms the stage's other "
-          f"per-image work) = {floor:.1f} s of statistics on {workers} workers, before scheduling and the partials")
+          f"two at once, {best_pair[1]:.0%} on a core, + {other * 1e3:.0f} ms read, decode and preprocess) = "
+          f"{floor:.1f} s of statistics on {workers} workers, before scheduling and the partials")
 
 
 if __name__ == "__main__":
