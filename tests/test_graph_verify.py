@@ -150,6 +150,22 @@ def test_verified_pairs_are_removed_only_in_gpic_verified_mode(photos, tmp_path)
         assert _tree(tmp_path / "v", folder) == _tree(tmp_path / "e", folder)
 
 
+def test_a_unit_keeping_one_staging_index_writes_the_same_bytes(photos, tmp_path, monkeypatch):
+    """The second shard's unit reaches images of both shards: with room for one staging
+    index (and one image's features) it reads an index again whenever it switches shard."""
+    _build(tmp_path / "a", photos, extra=True)
+    reads = []
+    real = verify_module.staging_index
+    with monkeypatch.context() as m:
+        m.setattr(verify_module, "CACHED_INDEXES", 1)
+        m.setattr(verify_module, "CACHED_IMAGES", 1)
+        m.setattr(verify_module, "staging_index", lambda shard: reads.append(shard) or real(shard))
+        _build(tmp_path / "b", photos, extra=True)
+    assert len(reads) > len(set(reads))  # an index evicted and read again: the bound was exercised
+    for folder in ("graph/review", "graph/verified", "graph/decisions"):
+        assert _tree(tmp_path / "a", folder) == _tree(tmp_path / "b", folder)
+
+
 def test_verification_is_byte_identical_and_incremental(photos, tmp_path, monkeypatch):
     """review_k=2: the new shard's copies displace an old pair from an old image's two best.
     A unit that keeps one image's local features at a time writes the same bytes."""

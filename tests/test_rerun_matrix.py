@@ -65,6 +65,9 @@ class History:
         self.rows = pq.read_table(corpus / "metadata.parquet").to_pylist()
         self.out = root / "out"
         self.fresh_count = 0
+        # settings the later cases keep (set by the cases that change them); a case run
+        # alone starts from the first build's config
+        self.base_changes: dict = {}
         self.write_rows(self.rows[:N_START])
 
     def write_rows(self, rows: list[dict]) -> None:

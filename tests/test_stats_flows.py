@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import tarfile
 
 import numpy as np
@@ -27,6 +28,7 @@ from flows.evaluate import EvaluateConfig, evaluate_flow
 from flows.reference_stats import ReferenceStatsConfig, reference_stats_flow
 from tasks.features.config import ModelSpec, RuntimeConfig
 from tasks.features.decode import decode_rgb
+from tasks.features import registry
 from tasks.features.registry import load_model
 from tasks.stats.config import MetricsConfig, SampleConfig
 from tasks.stats.evaluate import ProtocolMismatch
@@ -223,6 +225,16 @@ def test_evaluating_the_same_images_again_embeds_nothing(built, tmp_path):
                                                "reference": store.path(stats_path("val", MODEL_ID) + ".npz")}))
     assert val["work"] == {"chunks_embedded": 0, "chunks_reused": 4}
     assert val["reference"]["path"].endswith(stats_path("val", MODEL_ID) + ".npz")
+
+    # touched, not changed: the stamps differ, the contents do not; nothing is embedded and
+    # no model is even built (the tasks run in this process: its registry is the workers')
+    for name in ("g04.png", "more.tar"):
+        os.utime(tmp_path / "gen" / name, (1_000_000_000, 1_000_000_000))
+    registry.clear_cache()
+    touched = evaluate_flow(cfg)
+    assert touched["work"] == {"chunks_embedded": 0, "chunks_reused": 4}
+    assert registry.cached_models() == []
+    assert (tmp_path / "eval" / "metrics.json").read_bytes() == metrics
 
     (tmp_path / "gen" / "g04.png").write_bytes(picture(7, size=(40, 30)))  # chunk 2 of the files changes
     changed = evaluate_flow(cfg)

@@ -107,6 +107,17 @@ def test_scan_counts_shards_and_test_subset(corpus):
     assert len(plan.manifest_sha256) == 64
 
 
+def test_extraction_goes_largest_shard_first(corpus):
+    """The statistics' extraction is submitted by decreasing records per shard (ties by
+    name), so the largest shard is not the one a worker embeds last while others idle."""
+    store, rows, _ = corpus
+    plan = scan_manifest(store, ("test",))
+    test_rows = [r["staging_shard"] for r in rows if r["status"] == "kept" and r["split"] == "test"]
+    assert plan.shard_records == {s: test_rows.count(s) for s in sorted(set(test_rows))}
+    assert plan.largest_first() == sorted(plan.shards, key=lambda s: (-test_rows.count(s), s))
+    assert sorted(plan.largest_first()) == plan.shards
+
+
 def test_partials_equal_numpy_for_every_group_and_merge_order(corpus):
     store, rows, feats = corpus
     plan = scan_manifest(store, GROUPS, SampleConfig(max_rows=5, seed=9), subset_size=4, subset_seed=3)

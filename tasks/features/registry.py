@@ -42,6 +42,17 @@ class MissingWeightsError(ValueError):
     """A learned model configured without weights and without ``random_init``."""
 
 
+def family_module(spec: ModelSpec) -> str:
+    """The module that builds ``spec``'s family (named, not imported: for code versions)."""
+    return "tasks.features.wfd" if spec.name == "wfd" else _FAMILIES[spec.name]
+
+
+def cached_models() -> list[str]:
+    """Ids of the models loaded in this process (tests: which work loaded a model)."""
+    with _lock:
+        return sorted(m.model_id for m in _cache.values())
+
+
 def build_model(spec: ModelSpec, runtime: RuntimeConfig,
                 torchscript_allowlist: Sequence[str] = ()) -> FeatureModel:
     """Load a model afresh (no cache); see :func:`load_model`."""

@@ -59,6 +59,7 @@ LocalFeatures = tuple[np.ndarray, "np.ndarray | None", np.ndarray]
 TILES = 4          # agreement: the overlap is cut into TILES x TILES tiles
 TILE_MIN_STD = 2.0  # grey levels: a tile flatter than this in either image has no say
 CACHED_IMAGES = 2048  # local features kept per unit: about 0.6 GB at max_side 512
+CACHED_INDEXES = 16  # staging indexes kept per unit: a few MB each at 10,000 images per shard
 RESULT_FIELDS = ("keypoints", "matches", "inliers", "score", "overlap", "agreement", "verified")
 
 
@@ -157,11 +158,13 @@ class _Images:
     ``CACHED_IMAGES`` most recently used: a unit's pairs reach images all over the corpus,
     and each entry holds the grey picture (up to ``max_side``² bytes, 0.26 MB at 512), so
     an unbounded cache would grow with the shard. An evicted image is decoded again when
-    a later pair needs it (same bytes, same features)."""
+    a later pair needs it (same bytes, same features). The staging indexes that locate the
+    images are kept the same way, for the ``CACHED_INDEXES`` most recently used shards:
+    at 8,000 shards a unit's pairs can reach thousands of them."""
 
     def __init__(self, source: Store, nodes: NodeTable, cfg: VerificationConfig):
         self.source, self.nodes, self.cfg = source, nodes, cfg
-        self._index: dict[str, dict[int, dict[str, Any]]] = {}
+        self._index: OrderedDict[str, dict[int, dict[str, Any]]] = OrderedDict()
         self._feats: OrderedDict[int, LocalFeatures] = OrderedDict()
 
     def row(self, node: int) -> tuple[str, int]:
@@ -173,12 +176,7 @@ class _Images:
             self._feats.move_to_end(node)
         else:
             shard, row = self.row(node)
-            if shard not in self._index:
-                keys = self.source.read_parquet(records_path(shard), columns=["key"])["key"].to_pylist()
-                index = self.source.read_parquet(staging_index(shard)).to_pylist()
-                by_key = {r["key"]: r for r in index if r["ext"] not in ("txt", "json")}
-                self._index[shard] = {i: by_key[k] for i, k in enumerate(keys)}
-            entry = self._index[shard][row]
+            entry = self._shard_index(shard)[row]
             data = self.source.read_range(staging_tar(shard), entry["offset"], entry["size"])
             try:
                 image = decode_rgb(data, draft_size=self.cfg.max_side)
@@ -188,6 +186,19 @@ class _Images:
             if len(self._feats) > CACHED_IMAGES:
                 self._feats.popitem(last=False)
         return self._feats[node]
+
+    def _shard_index(self, shard: str) -> dict[int, dict[str, Any]]:
+        """Row in the shard's records -> its image's staging index entry (offset, size)."""
+        if shard in self._index:
+            self._index.move_to_end(shard)
+        else:
+            keys = self.source.read_parquet(records_path(shard), columns=["key"])["key"].to_pylist()
+            index = self.source.read_parquet(staging_index(shard)).to_pylist()
+            by_key = {r["key"]: r for r in index if r["ext"] not in ("txt", "json")}
+            self._index[shard] = {i: by_key[k] for i, k in enumerate(keys)}
+            if len(self._index) > CACHED_INDEXES:
+                self._index.popitem(last=False)
+        return self._index[shard]
 
 
 def verify_shard(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable, shard: str,

@@ -10,10 +10,12 @@ counted with its reason and left out; it never stops the run.
 Each chunk is a unit of the stage contract (:func:`embed_chunk_unit`): its features are
 kept as ``features/{model_id}/{vectors,keys}/{chunk}.*`` (the feature stage's layout,
 float32) under a feature store — the output folder by default — fingerprinted by the
-model's fingerprint, the precision, this module's code and the chunk's files (URI, size
-and modification time or ETag, from the listing). Evaluating the same images again, e.g.
-against another reference, embeds nothing; a replaced file re-embeds its chunk (an added
-or removed image file re-cuts the file chunks after it in sorted order; tars are their own chunks).
+model spec's identity (weights SHA-256 or random init), the precision, the code and the
+chunk's files by URI and content (SHA-256; the listing's size and modification time or
+ETag spare the hashing when they match the marker's). Evaluating the same images again,
+e.g. against another reference, neither embeds nor loads the model; a touched file
+re-embeds nothing; a replaced file re-embeds its chunk (an added or removed image file
+re-cuts the file chunks after it in sorted order; tars are their own chunks).
 
 Reference files are ``stats/{group}-{model_id}.npz`` with their ``.json`` provenance and
 ``.features.npy`` subsample (see :mod:`tasks.stats.reference`), or a gpic-eval
@@ -41,7 +43,7 @@ from typing import Any, Literal
 import fsspec
 import numpy as np
 
-from corpusforge.contract import SKIPPED, current_marker, unit_fingerprint
+from corpusforge.contract import SKIPPED, finish_unit, read_marker, unit_fingerprint
 from corpusforge.feature_files import read_shard_errors, read_shard_features, write_shard_features
 from corpusforge.hashing import fingerprint
 from corpusforge.layout import feature_vectors
@@ -288,35 +290,75 @@ def embed_chunk(chunk: GeneratedChunk, spec: ModelSpec, runtime: RuntimeConfig,
                         runtime.prefetch_threads)
 
 
-def chunk_fingerprint(model: FeatureModel, precision: str, chunk: GeneratedChunk) -> str:
-    """What a chunk's stored features depend on: model (weights, preprocessing, dim),
-    precision, code, and the chunk's files (URIs and stamps)."""
-    code = code_version(__name__, type(model).__module__, exclude=("tasks.features.registry",))
-    return unit_fingerprint("evaluate-features", code, [model.fingerprint(), precision],
-                            [chunk.kind, list(chunk.uris), list(chunk.stamps)])
+def _settings(spec: ModelSpec, precision: str) -> list[Any]:
+    """What a chunk's features depend on besides its files, known without loading the model:
+    this module's and the model family's code, the spec's identity (weights by SHA-256, or
+    random init from the registry's fixed seed) and the precision."""
+    from tasks.features.registry import family_module
+
+    code = code_version(__name__, family_module(spec), exclude=("tasks.features.registry",))
+    return [code, expected_identity(spec), precision]
+
+
+def content_digests(chunk: GeneratedChunk, storage_options: dict[str, Any] | None = None) -> list[str | None]:
+    """SHA-256 of each file of a chunk (None for one that cannot be read), streamed."""
+    out: list[str | None] = []
+    for uri in chunk.uris:
+        h = hashlib.sha256()
+        try:
+            with open_uri(uri, dict(storage_options or {})) as f:
+                while block := f.read(1 << 20):
+                    h.update(block)
+        except OSError:
+            out.append(None)
+            continue
+        out.append(h.hexdigest())
+    return out
+
+
+def chunk_fingerprint(spec: ModelSpec, precision: str, chunk: GeneratedChunk,
+                      digests: Sequence[str | None]) -> str:
+    """The unit's fingerprint: the settings and the chunk's files by URI and content."""
+    code, *config = _settings(spec, precision)
+    return unit_fingerprint("evaluate-features", code, config, [chunk.kind, list(chunk.uris), list(digests)])
+
+
+def listing_fingerprint(spec: ModelSpec, precision: str, chunk: GeneratedChunk) -> str:
+    """The same settings and files by URI, size and modification time (or ETag) from the
+    listing: the fast path that reads no image byte when nothing was even touched."""
+    return fingerprint("evaluate-listing", _settings(spec, precision), chunk.kind, list(chunk.uris),
+                       list(chunk.stamps))
 
 
 def embed_chunk_unit(features: Store, chunk: GeneratedChunk, spec: ModelSpec, runtime: RuntimeConfig,
                      torchscript_allowlist: Sequence[str] = (), storage_options: dict[str, Any] | None = None
                      ) -> ChunkFeatures:
     """:func:`embed_chunk` as a unit of the stage contract in the ``features`` store: read
-    back when its fingerprint is unchanged, else embedded and stored (float32, so what a
-    rerun reads is exactly what a fresh run computed)."""
-    from tasks.features.registry import load_model
+    back when its files are unchanged, else embedded and stored (float32, so what a rerun
+    reads is exactly what a fresh run computed).
 
-    model = load_model(spec, runtime, list(torchscript_allowlist))
-    fp = chunk_fingerprint(model, runtime.precision, chunk)
-    marker = current_marker(features, feature_vectors(model.model_id, chunk.name), fp)
-    if marker is not None:
-        keys, feats = read_shard_features(features, model.model_id, chunk.name)
-        errors = read_shard_errors(features, model.model_id, chunk.name)
-        return ChunkFeatures(keys, feats.astype(np.float32), errors, marker["info"]["model"], action=SKIPPED)
-    result = embed_chunk(chunk, spec, runtime, torchscript_allowlist, storage_options)
-    names, shas, errors = zip(*result.items, strict=True) if result.items else ((), (), ())
-    write_shard_features(features, model.model_id, chunk.name, names, shas, [e is None for e in errors],
-                         list(errors), result.features.astype(np.float32), fp,
-                         {"model": result.identity, "chunk": {"kind": chunk.kind, "files": len(chunk.uris)}})
-    return result
+    Files are identified by content: when the listing (sizes, mtimes) matches the one the
+    marker recorded, nothing is read; otherwise the chunk's files are hashed, and equal
+    contents (a ``touch``, a copy) re-embed nothing, only the marker's listing is updated.
+    Neither path loads the model: its fingerprint comes from the spec."""
+    rel = feature_vectors(spec.model_id, chunk.name)
+    listing = listing_fingerprint(spec, runtime.precision, chunk)
+    marker = read_marker(features, rel)
+    if marker is None or marker["info"].get("listing") != listing:
+        fp = chunk_fingerprint(spec, runtime.precision, chunk, content_digests(chunk, storage_options))
+        if marker is not None and marker["fingerprint"] == fp:  # same bytes, new stamps
+            marker = finish_unit(features, rel, fp, marker["outputs"], {**marker["info"], "listing": listing})
+        else:
+            result = embed_chunk(chunk, spec, runtime, torchscript_allowlist, storage_options)
+            names, shas, errors = zip(*result.items, strict=True) if result.items else ((), (), ())
+            write_shard_features(features, spec.model_id, chunk.name, names, shas, [e is None for e in errors],
+                                 list(errors), result.features.astype(np.float32), fp,
+                                 {"model": result.identity, "chunk": {"kind": chunk.kind, "files": len(chunk.uris)},
+                                  "listing": listing})
+            return result
+    keys, feats = read_shard_features(features, spec.model_id, chunk.name)
+    errors = read_shard_errors(features, spec.model_id, chunk.name)
+    return ChunkFeatures(keys, feats.astype(np.float32), errors, marker["info"]["model"], action=SKIPPED)
 
 
 # ---- metrics -----------------------------------------------------------------------

@@ -107,6 +107,14 @@ class ReferencePlan:
     shards: list[str]  # staging shards holding a record of some group
     counts: dict[str, int]  # kept records per group in the manifest
     manifest_sha256: str
+    # kept records of the summarised splits per staging shard: the extraction's work per shard
+    shard_records: dict[str, int] = field(default_factory=dict)
+
+    def largest_first(self) -> list[str]:
+        """The shards by decreasing work (name breaks ties): submitted in this order, a few
+        workers finish together instead of one embedding the largest shard last while the
+        others idle (greedy longest-first scheduling; the outputs do not depend on the order)."""
+        return sorted(self.shards, key=lambda s: (-self.shard_records.get(s, 0), s))
 
 
 class _Smallest:
@@ -160,13 +168,13 @@ def scan_manifest(store: Store, groups: Sequence[str], sample: SampleConfig = Sa
                          filesystem=store.fs)
     wanted = ds.field("status") == Status.KEPT.value
     wanted &= ds.field("split").isin(sorted(base.splits()))
-    shards: set[str] = set()
+    shards: Counter[str] = Counter()
     counts: Counter[str] = Counter()
     samples = {g: _Smallest(sample.max_rows) for g in base.groups}
     subset = _Smallest(subset_size) if TEST_SUBSET in base.groups else None
     for batch in dataset.to_batches(columns=MANIFEST_COLUMNS, filter=wanted):
         cols = batch.to_pydict()
-        shards.update(s for s in cols["staging_shard"] if s is not None)
+        shards.update(s for s in cols["staging_shard"] if s is not None)  # records per shard
         for key, split, tier in zip(cols["key"], cols["split"], cols["tier"], strict=True):
             in_groups = base.groups_of(key, split, tier)
             counts.update(in_groups)
@@ -184,7 +192,8 @@ def scan_manifest(store: Store, groups: Sequence[str], sample: SampleConfig = Sa
             samples[TEST_SUBSET].push(stable_uniform(sample.seed, key))
     plan = GroupPlan(base.groups, base.tiers, subset_seed, threshold, sample.max_rows, sample.seed,
                      {g: h.threshold() for g, h in samples.items()})
-    return ReferencePlan(plan, sorted(shards), {g: counts.get(g, 0) for g in plan.groups}, manifest_sha256(store))
+    return ReferencePlan(plan, sorted(shards), {g: counts.get(g, 0) for g in plan.groups}, manifest_sha256(store),
+                         dict(sorted(shards.items())))
 
 
 def plan_batches(shards: Sequence[str], max_tasks: int, min_shards: int = 1) -> list[list[str]]:

@@ -4,8 +4,8 @@ Table of contents of :func:`reference_stats_stage`:
 
     scan the manifest (groups, their staging shards, Test-50K threshold, manifest hash)
     → features of only the groups' records in those shards (the feature stage with a
-      selection: ranged reads, one task per shard, finished shards skipped; features of
-      every image with the same fingerprint are reused where present)
+      selection: ranged reads, one task per shard submitted largest first, finished shards
+      skipped; features of every image with the same fingerprint are reused where present)
     → partials (n, mean, scatter matrix, sampled rows per group) over contiguous runs of
       staging shards, at most ``max_partials`` tasks
     → pairwise tree merge of the partials → stats/{group}-{model_id}.{npz,features.npy,json}
@@ -132,7 +132,8 @@ def reference_stats_stage(store: Store, config: ReferenceStatsSettings,
     extraction = None
     subsets: dict[str, str | None] = {}
     if config.extract:
-        results = extract_features(store, plan.shards, config.features(), GroupSelection(STATS_SUBSET, plan.plan))
+        results = extract_features(store, plan.largest_first(), config.features(),
+                                   GroupSelection(STATS_SUBSET, plan.plan))
         subsets = {r["shard"]: r["models"][model_id]["subset"] for r in results}
         extraction = summarize(results)
         if "warning" in extraction:
