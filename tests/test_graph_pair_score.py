@@ -253,7 +253,7 @@ def test_cosine_models_and_flat_indexes_keep_faiss_own_search():
 
 def test_graph_over_ivf_finds_greyscale_copies_with_few_probes(tmp_path):
     """The whole stage, IVF with 2 of 32 lists probed: the rule's edges, copies included."""
-    x, copy = crowded(2600, 300, 100, seed=10)
+    x, _ = crowded(2600, 300, 100, seed=10)
     store, shards, by_key = write_corpus(str(tmp_path), n_shards=3, per_shard=900, dim=LAYOUT + COLOUR,
                                          vectors=x, model=MODEL)
     cfg = GRAPH.model_copy(update={"index": IndexConfig(kind="ivf", nlist=32, nprobe=2)})
