@@ -216,12 +216,20 @@ def probe_lists(ivf: faiss.IndexIVF, q: np.ndarray, parts: tuple[np.ndarray, ...
     lists[:, 1:][lists[:, 1:] == lists[:, :-1]] = nlist
     lists = np.sort(lists, axis=1)[:, : max(int((lists < nlist).sum(axis=1).max(initial=0)), 1)]
     valid = lists < nlist
-    used = np.unique(lists[valid])
-    centroids = ivf.quantizer.reconstruct_batch(used) if len(used) else np.zeros((0, ivf.d), np.float32)
+    lists = np.where(valid, lists, -1).astype(np.int64)
     dq = np.zeros(lists.shape, dtype=np.float32)
-    qi, col = np.nonzero(valid)
-    dq[qi, col] = np.einsum("ij,ij->i", q[qi], centroids[np.searchsorted(used, lists[qi, col])])
-    return np.ascontiguousarray(np.where(valid, lists, -1), dtype=np.int64), dq
+    for col in range(lists.shape[1]):  # one column at a time: batch × d floats, not batch × width × d
+        rows = np.flatnonzero(valid[:, col])
+        dq[rows, col] = np.einsum("ij,ij->i", q[rows], _centroids(ivf.quantizer, lists[rows, col]))
+    return np.ascontiguousarray(lists), dq
+
+
+def _centroids(quantizer: faiss.Index, keys: np.ndarray) -> np.ndarray:
+    """Centroid rows ``keys``: straight from a flat quantizer's storage, else reconstructed."""
+    flat = faiss.downcast_index(quantizer)
+    if isinstance(flat, faiss.IndexFlat):
+        return faiss.rev_swig_ptr(flat.get_xb(), flat.ntotal * flat.d).reshape(flat.ntotal, flat.d)[keys]
+    return quantizer.reconstruct_batch(keys) if len(keys) else np.zeros((0, quantizer.d), np.float32)
 
 
 def search_parts_ivf(index: faiss.Index, q: np.ndarray, parts: tuple[np.ndarray, ...], radius: float | None,
