@@ -3,7 +3,10 @@
 Cosine similarity is the inner product of unit float32 rows (``METRIC_INNER_PRODUCT``);
 a model with a pair rule (wfd: layout alone when either image is colourless) is indexed
 by its candidate forms and queried by its query forms, whose inner product is that rule
-(:mod:`tasks.graph.pair_score`).
+(:mod:`tasks.graph.pair_score`); with IVF, each part of a query form (the part scoring
+coloured members, the part scoring colourless ones) picks its own ``nprobe`` lists, since
+a centroid mixes both kinds and lists of one kind crowd out the other's
+(``bench/graph_probes.py``).
 Two kinds of index:
 
 * ``flat`` — ``IndexIDMap2(IndexFlatIP)``: exact, 4·d bytes per vector; used up to
