@@ -14,7 +14,7 @@ is the scan's (``IVF{nlist},Flat`` over the rule's candidate forms); every probe
 scored with the whole query form. Compared at each nprobe p, in one run:
 
 * ``whole p`` / ``whole 2p``: lists chosen by the whole query form (p and 2p lists);
-* ``parts p``: the scan's choice (``image_scan.probe_parts``): the form's coloured part
+* ``parts p``: the scan's choice (``PairScore.probe_parts``): the form's coloured part
   and its colourless part each choose p lists (at most 2p lists).
 
 Recall = planted copies among the top 5. Also printed: the planted pairs' plain cosine
@@ -31,7 +31,6 @@ import time
 import numpy as np
 
 from tasks.contamination import similarity as sim
-from tasks.contamination.image_scan import probe_parts
 from tasks.graph.pair_score import PairScore
 
 LAYOUT, COLOUR, WEIGHT = 96, 48, 0.25
@@ -94,7 +93,7 @@ def main() -> None:
           f"({' | '.join(kinds)} | all), CPU s")
     for nprobe in (1, 2, 4, 8, 16):
         for name, probes, pp in (("whole p", (qf,), nprobe), ("whole 2p", (qf,), 2 * nprobe),
-                                 ("parts p", probe_parts(rule, qf, dim), nprobe)):
+                                 ("parts p", rule.probe_parts(qf), nprobe)):
             t0 = time.process_time()
             _, found = sim.ivf_search_by_list(index, qf, 5, pp, probes)
             cpu = time.process_time() - t0

@@ -816,7 +816,6 @@ def test_ivf_probes_lists_for_coloured_and_colourless_members_alike():
     query form (the mean rule score to a list) loses coloured queries' greyscale copies;
     the scan's choice (each part of the form picks its own lists) finds copies of every kind."""
     from tasks.contamination import similarity as sim
-    from tasks.contamination.image_scan import probe_parts
     from tasks.graph.pair_score import PairScore
 
     rule = PairScore.from_json(WFD_RULE)
@@ -835,6 +834,6 @@ def test_ivf_probes_lists_for_coloured_and_colourless_members_alike():
     index.add(rule.candidate_forms(t))
     qf = rule.query_forms(q)
     recall = {name: (sim.ivf_search_by_list(index, qf, 5, 4, probes)[1] == picks[:, None]).any(axis=1)
-              for name, probes in (("whole", (qf,)), ("parts", probe_parts(rule, qf, t.shape[1])))}
+              for name, probes in (("whole", (qf,)), ("parts", rule.probe_parts(qf)))}
     assert recall["parts"].mean() >= 0.95, recall["parts"].mean()
     assert recall["whole"][m:].mean() < 0.5  # coloured queries, greyscale copies: lost by the whole form

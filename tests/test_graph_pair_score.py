@@ -9,10 +9,12 @@ search, and an incremental rerun must equal a fresh build byte for byte.
 
 from __future__ import annotations
 
+import faiss
 import numpy as np
 import pytest
 
 from corpusforge.layout import staging_records
+from tasks.graph import index as fx
 from tasks.graph.config import IndexConfig, NearDedupConfig, VerificationConfig
 from tasks.graph.edges import build_index, feature_digests, query_shard
 from tasks.graph.nodes import plan_nodes
@@ -152,3 +154,115 @@ def test_a_new_coloured_original_links_to_an_unchanged_greyscale_copy_on_rerun(t
     fresh, _, _ = write_corpus(str(tmp_path / "b"), n_shards, per_shard, LAYOUT + COLOUR, vectors=changed, model=MODEL)
     run_graph(fresh, shards, cfg)
     assert tree_bytes(tmp_path / "a" / "graph" / "edges") == tree_bytes(tmp_path / "b" / "graph" / "edges")
+
+
+# ---- which IVF lists a query probes ---------------------------------------------------------
+
+def crowded(n: int, n_grey: int, n_queries: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows whose IVF lists split by kind: coloured rows (layouts and colours sharing a common
+    component, so unrelated rows score ~0.4), ``n_grey`` greyscale rows, then ``n_queries``
+    coloured copies (layout cosine 0.97) of the first greyscale rows. Returns (rows, the
+    index of each query's greyscale copy)."""
+    rng = np.random.default_rng(seed)
+    base_l, base_c = rng.standard_normal(LAYOUT), np.abs(rng.standard_normal(COLOUR))
+    layout = base_l * 0.8 + rng.standard_normal((n, LAYOUT))
+    colour = np.abs(base_c + rng.standard_normal((n, COLOUR)))
+    n_col = n - n_grey
+    rows = [coloured(layout[i], colour[i]) for i in range(n_col)] + [grey(layout[i]) for i in range(n_col, n)]
+    rows += [coloured(at_similarity(unit(layout[n_col + i]), 0.97, rng), colour[i]) for i in range(n_queries)]
+    return np.stack(rows).astype(np.float16).astype(np.float32), n_col + np.arange(n_queries)
+
+
+def ivf_over(x: np.ndarray, rule: PairScore, nlist: int, nprobe: int, storage: str = "flat"):
+    plan = fx.plan_index(IndexConfig(kind="ivf", nlist=nlist, nprobe=nprobe, storage=storage, pq_m=4),
+                         len(x), rule.form_dim(x.shape[1]))
+    index = fx.new_index(plan, seed=0)
+    fx.train_index(index, rule.candidate_forms(x))
+    index.add_with_ids(rule.candidate_forms(x), np.arange(len(x), dtype=np.int64))
+    return index
+
+
+@pytest.mark.parametrize("search", ["range", "knn"])
+def test_ivf_probes_lists_by_each_part_of_the_query_form(search):
+    """Whole-form probing loses coloured queries' greyscale copies (their lists hold grey rows,
+    whose centroids score low against the form's coloured part); each part probing its own
+    lists finds them. Both ways measured on the same index, the old one through the plain
+    FAISS call that search_pairs made before."""
+    rule = PairScore.from_json(RULE)
+    x, copy = crowded(4000, 400, 200, seed=8)
+    index = ivf_over(x, rule, nlist=32, nprobe=2)
+    ids = np.arange(len(x) - len(copy), len(x))
+    q = rule.query_forms(x[ids])
+
+    def recall(found_src, found_dst):
+        found = set(zip(found_src.tolist(), found_dst.tolist(), strict=True))
+        return np.mean([(int(a), int(b)) in found for a, b in zip(ids, copy, strict=True)])
+
+    whole = fx.search_pairs(index, ids, q, 0.895, search, 10)  # no rule: FAISS's own probing
+    parts = fx.search_pairs(index, ids, q, 0.895, search, 10, rule=rule)
+    assert np.all(rule.scores(x[ids], x[copy]) >= 0.95)
+    assert recall(*whole[:2]) <= 0.3 and recall(*parts[:2]) >= 0.95
+    # what the parts way finds scores as the forms' inner product (checked in float64)
+    src, dst, sim = parts
+    want = np.einsum("ij,ij->i", rule.query_forms(x[src]).astype(np.float64), rule.candidate_forms(x[dst]))
+    assert np.allclose(sim, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("storage", ["flat", "sqfp16", "pq"])
+@pytest.mark.parametrize("wrap", ["", "IDMap,", "PCA16,"])
+def test_preassigned_search_of_the_whole_form_is_faiss_search(storage, wrap):
+    """The parts way's FAISS calls (lists chosen outside, scores from the centroid inner
+    products it passes) give FAISS's own results when the only part is the whole form."""
+    rng = np.random.default_rng(4)
+    x = unit(rng.standard_normal((3000, 16))).astype(np.float32)
+    codes = {"flat": "Flat", "sqfp16": "SQfp16", "pq": "PQ4"}[storage]
+    index = faiss.index_factory(16, f"{wrap}IVF32,{codes}", faiss.METRIC_INNER_PRODUCT)
+    index.train(x)
+    index.add_with_ids(x, np.arange(len(x), dtype=np.int64) + 7) if wrap == "IDMap," else index.add(x)
+    faiss.extract_index_ivf(index).nprobe = 3
+    q = unit(x[:300] + 0.3 * rng.standard_normal((300, 16))).astype(np.float32)
+    d0, i0 = index.search(q, 10)
+    _, d1, i1 = fx.search_parts_ivf(index, q, (q,), None, 10)
+    assert np.array_equal(i0, i1) and np.allclose(d0, d1, atol=1e-6)
+    lims0, d0, i0 = index.range_search(q, 0.6)
+    lims1, d1, i1 = fx.search_parts_ivf(index, q, (q,), 0.6, 10)
+    assert np.array_equal(lims0, lims1) and int(lims0[-1]) > 300
+    for a, b in zip(np.split(i0, lims0[1:-1].astype(np.int64)), np.split(i1, lims1[1:-1].astype(np.int64)),
+                    strict=True):
+        assert sorted(a.tolist()) == sorted(b.tolist())
+
+
+def test_cosine_models_and_flat_indexes_keep_faiss_own_search():
+    """Only an active rule over an IVF index changes how lists are chosen."""
+    x, _ = crowded(2000, 200, 100, seed=9)
+    ids = np.arange(len(x))
+    cosine = PairScore()
+    index = ivf_over(x, cosine, nlist=16, nprobe=2)
+    for search in ("range", "knn"):
+        base = fx.search_pairs(index, ids, x, 0.8, search, 10)
+        with_rule = fx.search_pairs(index, ids, x, 0.8, search, 10, rule=cosine)
+        assert all(np.array_equal(a, b) for a, b in zip(base, with_rule, strict=True)) and len(base[0]) > 100
+    rule = PairScore.from_json(RULE)
+    flat = fx.new_index(fx.plan_index(IndexConfig(kind="flat"), len(x), rule.form_dim(x.shape[1])), seed=0)
+    flat.add_with_ids(rule.candidate_forms(x), ids)
+    q = rule.query_forms(x)
+    base = fx.search_pairs(flat, ids, q, 0.9, "range", 10)
+    assert all(np.array_equal(a, b) for a, b in
+               zip(base, fx.search_pairs(flat, ids, q, 0.9, "range", 10, rule=rule), strict=True))
+
+
+def test_graph_over_ivf_finds_greyscale_copies_with_few_probes(tmp_path):
+    """The whole stage, IVF with 2 of 32 lists probed: the rule's edges, copies included."""
+    x, _ = crowded(2600, 300, 100, seed=10)
+    store, shards, by_key = write_corpus(str(tmp_path), n_shards=3, per_shard=900, dim=LAYOUT + COLOUR,
+                                         vectors=x, model=MODEL)
+    cfg = GRAPH.model_copy(update={"index": IndexConfig(kind="ivf", nlist=32, nprobe=2)})
+    _, info, got = run_graph(store, shards, cfg)
+    want, greyish = reference_edges(store, shards, by_key, 0.90)
+    assert info["plan"]["factory"].startswith("IVF32,") and len(greyish) == len(x)  # node id = row
+    grey_pairs = {p for p in want if greyish[p[0]] or greyish[p[1]]}
+    assert len(grey_pairs) >= 90 and len(want) >= 100
+    assert len(grey_pairs & set(got)) >= 0.95 * len(grey_pairs) and len(set(want) & set(got)) >= 0.95 * len(want)
+    assert set(got) <= set(want) | {p for p, s in got.items() if s < 0.90 + 1e-5}
+    for p in set(got) & set(want):
+        assert got[p] == pytest.approx(want[p], abs=1e-5)

@@ -269,16 +269,6 @@ def load_scan_index(out: Store, name: str, info: dict[str, Any]) -> faiss.Index:
     return _INDEX_CACHE[key]
 
 
-def probe_parts(rule: PairScore, forms: np.ndarray, dim: int) -> tuple[np.ndarray, ...]:
-    """The query forms' part that scores coloured candidates (the first ``dim`` entries; the
-    rest zero) and the part that scores colourless ones; plain cosine: the vectors themselves."""
-    if not rule.active:
-        return (forms,)
-    head, tail = forms.copy(), forms.copy()
-    head[:, dim:], tail[:, :dim] = 0, 0
-    return head, tail
-
-
 def scan_shard_ivf(out: Store, scan: str, query: ScanSide, shard: str, target: ScanSide, index_name: str,
                    index_info: dict[str, Any], k: int, rule: PairScore) -> dict[str, Any]:
     """Top-k targets of one query shard from the IVF index, by their exact scores under ``rule``.
@@ -305,7 +295,7 @@ def scan_shard_ivf(out: Store, scan: str, query: ScanSide, shard: str, target: S
         index = load_scan_index(out, index_name, index_info)
         depth = k + sim.RESCORE_EXTRA
         forms = rule.query_forms(v.x)
-        _, found = (sim.ivf_search_by_list(index, forms, depth, probes=probe_parts(rule, forms, v.x.shape[1]))
+        _, found = (sim.ivf_search_by_list(index, forms, depth, probes=rule.probe_parts(forms))
                     if len(v.keys) else sim.empty_topk(0, depth))
         offsets = np.asarray(index_info["offsets"], dtype=np.int64)
         lookup, vectors = _resolve(target, offsets, found)

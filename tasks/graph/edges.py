@@ -249,7 +249,7 @@ def query_shard(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTabl
                                                                else cfg.index.pq_rescore_margin)
     rule = PairScore.from_json(info.get("pair_score"))
     src, dst, sim = fx.search_pairs(index, ids, rule.query_forms(x), cfg.search_threshold - margin - rule.search_slack,
-                                    cfg.index.search, cfg.index.k, range_ok=not on_gpu)
+                                    cfg.index.search, cfg.index.k, range_ok=not on_gpu, rule=rule)
     candidates = len(src)
     capped = 0
     if cfg.index.search == "knn" or on_gpu:

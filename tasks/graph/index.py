@@ -3,7 +3,10 @@
 Cosine similarity is the inner product of unit float32 rows (``METRIC_INNER_PRODUCT``);
 a model with a pair rule (wfd: layout alone when either image is colourless) is indexed
 by its candidate forms and queried by its query forms, whose inner product is that rule
-(:mod:`tasks.graph.pair_score`).
+(:mod:`tasks.graph.pair_score`); with IVF, each part of a query form (the part scoring
+coloured members, the part scoring colourless ones) picks its own ``nprobe`` lists, since
+a centroid mixes both kinds and lists of one kind crowd out the other's
+(``bench/graph_probes.py``).
 Two kinds of index:
 
 * ``flat`` — ``IndexIDMap2(IndexFlatIP)``: exact, 4·d bytes per vector; used up to
@@ -160,23 +163,30 @@ def _batches(n: int, size: int = SEARCH_BATCH) -> Iterator[slice]:
 
 
 def search_pairs(index: faiss.Index, ids: np.ndarray, x: np.ndarray, threshold: float,
-                 mode: str, k: int, range_ok: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 mode: str, k: int, range_ok: bool = True, rule: PairScore | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Directed pairs (query id, neighbour id, similarity) with similarity >= ``threshold``.
 
     ``mode`` is "knn" (k results per query, the query among them) or "range" (all
     results); GPU indexes have no range search, so ``range_ok=False`` turns it into knn.
+    ``x`` are query forms of ``rule``; with an active rule and a CPU IVF index, each of
+    their probe parts picks its own ``nprobe`` lists (:func:`search_parts_ivf`).
     """
     ids = np.asarray(ids, dtype=np.int64)
     srcs, dsts, sims = [], [], []
     # FAISS's IP range search keeps scores > radius; step one float32 below to keep >=.
     radius = float(np.nextafter(np.float32(threshold), np.float32(-np.inf)))
+    by_parts = rule is not None and rule.active and _cpu_ivf(index) is not None
     for sl in _batches(len(ids)):
         q = np.ascontiguousarray(x[sl], dtype=np.float32)
+        kk = min(k, max(index.ntotal, 1))
         if mode == "range" and range_ok:
-            lims, d, nbr = index.range_search(q, radius)
+            lims, d, nbr = (search_parts_ivf(index, q, rule.probe_parts(q), radius, kk) if by_parts
+                            else index.range_search(q, radius))
             src = np.repeat(ids[sl], np.diff(lims).astype(np.int64))
         else:
-            d, nbr = index.search(q, min(k, max(index.ntotal, 1)))
+            _, d, nbr = (search_parts_ivf(index, q, rule.probe_parts(q), None, kk) if by_parts
+                         else (None, *index.search(q, kk)))
             src = np.repeat(ids[sl], d.shape[1])
             d, nbr = d.ravel(), nbr.ravel()
         keep = (nbr >= 0) & (nbr != src) & (d >= np.float32(threshold))
@@ -184,6 +194,78 @@ def search_pairs(index: faiss.Index, ids: np.ndarray, x: np.ndarray, threshold: 
         dsts.append(nbr[keep].astype(np.int64))
         sims.append(d[keep].astype(np.float32))
     return _concat(srcs, np.int64), _concat(dsts, np.int64), _concat(sims, np.float32)
+
+
+def _cpu_ivf(index: faiss.Index) -> tuple[faiss.IndexIVF, faiss.IndexPreTransform | None, np.ndarray | None] | None:
+    """The CPU IVF inside ``index`` with the transform and id map wrapped around it (None:
+    not a CPU IVF, e.g. flat or a GPU clone, which keep FAISS's own whole-form probing)."""
+    inner, transform, id_map = faiss.downcast_index(index), None, None
+    if isinstance(inner, faiss.IndexPreTransform):
+        transform, inner = inner, faiss.downcast_index(inner.index)
+    if isinstance(inner, faiss.IndexIDMap | faiss.IndexIDMap2):
+        id_map, inner = faiss.vector_to_array(inner.id_map), faiss.downcast_index(inner.index)
+    return (inner, transform, id_map) if isinstance(inner, faiss.IndexIVF) else None
+
+
+def probe_lists(ivf: faiss.IndexIVF, q: np.ndarray, parts: tuple[np.ndarray, ...]
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Lists to probe per query: each part's ``nprobe`` nearest centroids, united, each once,
+    in ascending list order (-1 padded), and the whole form ``q``'s inner product with them
+    (what FAISS's own search passes on: residual codes such as SQ start from it)."""
+    nlist = ivf.nlist
+    lists = np.concatenate([ivf.quantizer.search(np.ascontiguousarray(p, dtype=np.float32), ivf.nprobe)[1]
+                            for p in parts], axis=1)
+    lists = np.sort(np.where(lists < 0, nlist, lists), axis=1)
+    lists[:, 1:][lists[:, 1:] == lists[:, :-1]] = nlist
+    lists = np.sort(lists, axis=1)[:, : max(int((lists < nlist).sum(axis=1).max(initial=0)), 1)]
+    valid = lists < nlist
+    lists = np.where(valid, lists, -1).astype(np.int64)
+    dq = np.zeros(lists.shape, dtype=np.float32)
+    for col in range(lists.shape[1]):  # one column at a time: batch × d floats, not batch × width × d
+        rows = np.flatnonzero(valid[:, col])
+        dq[rows, col] = np.einsum("ij,ij->i", q[rows], _centroids(ivf.quantizer, lists[rows, col]))
+    return np.ascontiguousarray(lists), dq
+
+
+def _centroids(quantizer: faiss.Index, keys: np.ndarray) -> np.ndarray:
+    """Centroid rows ``keys``: straight from a flat quantizer's storage, else reconstructed."""
+    flat = faiss.downcast_index(quantizer)
+    if isinstance(flat, faiss.IndexFlat):
+        return faiss.rev_swig_ptr(flat.get_xb(), flat.ntotal * flat.d).reshape(flat.ntotal, flat.d)[keys]
+    return quantizer.reconstruct_batch(keys) if len(keys) else np.zeros((0, quantizer.d), np.float32)
+
+
+def search_parts_ivf(index: faiss.Index, q: np.ndarray, parts: tuple[np.ndarray, ...], radius: float | None,
+                     k: int) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    """A FAISS search of a CPU IVF ``index`` with the whole query forms ``q`` over the lists
+    that :func:`probe_lists` picks by ``parts``: (lims, scores, ids) of a range search when
+    ``radius`` is given, else (None, scores, ids) of a k-NN search, shaped like FAISS's."""
+    ivf, transform, id_map = _cpu_ivf(index)
+    q, parts = _pretransform(transform, q), tuple(_pretransform(transform, p) for p in parts)
+    iq, dq = probe_lists(ivf, q, parts)
+    n, params = len(q), faiss.SearchParametersIVF(nprobe=iq.shape[1])
+    if radius is not None:
+        res = faiss.RangeSearchResult(n)
+        ivf.range_search_preassigned_c(n, faiss.swig_ptr(q), radius, faiss.swig_ptr(iq), faiss.swig_ptr(dq),
+                                       res, False, params)
+        lims = faiss.rev_swig_ptr(res.lims, n + 1).copy()
+        d = faiss.rev_swig_ptr(res.distances, int(lims[-1])).copy()
+        nbr = faiss.rev_swig_ptr(res.labels, int(lims[-1])).copy()
+    else:
+        lims, d, nbr = None, np.empty((n, k), np.float32), np.empty((n, k), np.int64)
+        ivf.search_preassigned_c(n, faiss.swig_ptr(q), k, faiss.swig_ptr(iq), faiss.swig_ptr(dq),
+                                 faiss.swig_ptr(d), faiss.swig_ptr(nbr), False, params)
+    if id_map is not None:
+        nbr = np.where(nbr >= 0, id_map[np.maximum(nbr, 0)], -1)
+    return lims, d, nbr
+
+
+def _pretransform(transform: faiss.IndexPreTransform | None, x: np.ndarray) -> np.ndarray:
+    """``x`` through the index's vector transforms (float32, contiguous)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    for i in range(transform.chain.size() if transform is not None else 0):
+        x = np.ascontiguousarray(transform.chain.at(i).apply(x), dtype=np.float32)
+    return x
 
 
 def _concat(parts: list[np.ndarray], dtype) -> np.ndarray:

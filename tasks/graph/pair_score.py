@@ -118,6 +118,20 @@ class PairScore:
         head = np.where(grey[:, None], grey_head, x)
         return np.concatenate([head, u], axis=1).astype(np.float32)
 
+    def probe_parts(self, forms: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Query forms split by what they score: the part that scores coloured candidates
+        (the first ``dim`` entries, the rest zero) and the part that scores colourless ones
+        (the rest). An IVF centroid mixes both kinds of member, so each part picks its own
+        lists to probe (whole-form probing lets one kind crowd out the other). Plain cosine:
+        the forms themselves."""
+        forms = np.asarray(forms, dtype=np.float32)
+        if not self.active:
+            return (forms,)
+        dim = (forms.shape[1] + self.colour_dims) // 2
+        head, tail = forms.copy(), forms.copy()
+        head[:, dim:], tail[:, :dim] = 0, 0
+        return head, tail
+
     # ---- exact scores ---------------------------------------------------------------------
 
     def scores(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
