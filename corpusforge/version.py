@@ -10,19 +10,15 @@ outputs' bytes changed (their fingerprints hold output digests, not code version
 
 from __future__ import annotations
 
-import ast
+import dis
 import functools
 import hashlib
-import threading
 from pathlib import Path
 
 from corpusforge import __version__
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT_PACKAGES = ("corpusforge", "tasks")
-# ast.parse is not safe in several threads at once on CPython 3.11 (python/cpython#106905),
-# and a Dask worker runs tasks on several threads: one closure is computed at a time.
-_LOCK = threading.Lock()
 
 
 def _module_file(module: str) -> Path | None:
@@ -37,14 +33,25 @@ def _module_file(module: str) -> Path | None:
 
 
 def _imports(path: Path) -> set[str]:
-    """Project modules named by any import statement in ``path`` (function-level ones too)."""
+    """Project modules named by any import statement in ``path`` (function-level ones too).
+
+    Read from the compiled bytecode (``IMPORT_NAME`` with its level and from-list), not
+    with ``ast.parse``: building Python AST objects shares recursion counters across
+    threads on CPython 3.11 (python/cpython#106905), so a parse here while another thread
+    (Prefect, a library) parses failed one of them with "AST constructor recursion depth
+    mismatch" — a lock of our own cannot cover the other thread. ``compile`` builds no
+    AST objects. Relative imports (level > 0) are not followed, as before.
+    """
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_bytes())):
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-            names.update(f"{node.module}.{a.name}" for a in node.names)
+    stack = [compile(path.read_bytes(), str(path), "exec", dont_inherit=True)]
+    while stack:
+        code = stack.pop()
+        ops = list(dis.get_instructions(code))
+        for i, op in enumerate(ops):
+            if op.opname == "IMPORT_NAME" and ops[i - 2].argval == 0:  # preceded by level, from-list
+                names.add(op.argval)
+                names.update(f"{op.argval}.{name}" for name in ops[i - 1].argval or ())
+        stack.extend(c for c in code.co_consts if isinstance(c, type(code)))
     return {n for n in names if _module_file(n) is not None}
 
 
@@ -68,9 +75,7 @@ def module_closure(*modules: str, exclude: tuple[str, ...] = ()) -> list[str]:
 def code_version(*modules: str, exclude: tuple[str, ...] = ()) -> str:
     """Package version plus a hash of the source of ``modules`` and their import closure."""
     h = hashlib.sha256()
-    with _LOCK:
-        closure = module_closure(*modules, exclude=exclude)
-    for module in closure:
+    for module in module_closure(*modules, exclude=exclude):
         h.update(module.encode() + b"\0")
         h.update(_module_file(module).read_bytes())  # type: ignore[union-attr]
     return f"{__version__}+{h.hexdigest()[:12]}"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import random
+from pathlib import Path
 
 import pytest
 
@@ -93,6 +95,24 @@ def test_code_version_follows_the_import_closure_only(monkeypatch, tmp_path):
     assert after["tasks.release"] != before["tasks.release"]
     assert after["tasks.ingest"] == before["tasks.ingest"]
     assert after["tasks.features.extract"] == before["tasks.features.extract"]
+
+
+def _imports_by_ast(path: Path) -> set[str]:
+    """The reference reading of a module's imports: its syntax tree (absolute imports only)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_bytes())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.update([node.module, *(f"{node.module}.{a.name}" for a in node.names)])
+    return {n for n in names if version._module_file(n) is not None}
+
+
+def test_imports_read_from_bytecode_equal_the_syntax_tree_for_every_project_module():
+    files = sorted(p for package in version.PROJECT_PACKAGES for p in (version.ROOT / package).rglob("*.py"))
+    assert len(files) > 50
+    for path in files:
+        assert version._imports(path) == _imports_by_ast(path), path
 
 
 def _cuts(keys: list[str], size: int) -> dict[str, tuple[str, ...]]:
