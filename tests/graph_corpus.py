@@ -103,8 +103,9 @@ def write_corpus(root: str, n_shards: int = 3, per_shard: int = 40, dim: int = 3
     return store, shards, by_key
 
 
-def brute_force_edges(store, shards, by_key, threshold):
-    """All pairs >= threshold among every vector, by one numpy product, keyed by node id."""
+def node_vectors(store, shards, by_key):
+    """Node ids of the vectors in ``by_key`` and their rows as the feature files hold them
+    (float16), made unit in float64."""
     ids, vecs, offset = [], [], 0
     for shard in sorted(shards):  # node id = rows of the shards before + row in its shard
         keys = store.read_parquet(staging_records(shard))["key"].to_pylist()
@@ -113,9 +114,13 @@ def brute_force_edges(store, shards, by_key, threshold):
                 ids.append(offset + r)
                 vecs.append(by_key[k])
         offset += len(keys)
-    x = np.asarray(vecs, dtype=np.float16).astype(np.float64)  # what the feature files hold
-    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    x = np.asarray(vecs, dtype=np.float16).astype(np.float64)
+    return np.asarray(ids), x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def brute_force_edges(store, shards, by_key, threshold):
+    """All pairs >= threshold among every vector, by one numpy product, keyed by node id."""
+    ids, x = node_vectors(store, shards, by_key)
     s = x @ x.T
     i, j = np.nonzero(np.triu(s >= threshold, k=1))
-    ids = np.asarray(ids)
     return {(min(ids[a], ids[b]), max(ids[a], ids[b])): s[a, b] for a, b in zip(i, j, strict=True)}

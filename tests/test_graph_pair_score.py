@@ -13,13 +13,12 @@ import faiss
 import numpy as np
 import pytest
 
-from corpusforge.layout import staging_records
 from tasks.graph import index as fx
 from tasks.graph.config import IndexConfig, NearDedupConfig, VerificationConfig
 from tasks.graph.edges import build_index, feature_digests, query_shard
 from tasks.graph.nodes import plan_nodes
 from tasks.graph.pair_score import PairScore
-from tests.graph_corpus import at_similarity, unit, write_corpus
+from tests.graph_corpus import at_similarity, node_vectors, unit, write_corpus
 from tests.test_graph_index import compare, run_graph
 from tests.test_graph_stage import tree_bytes
 
@@ -56,22 +55,12 @@ def planted(n: int, seed: int) -> np.ndarray:
 
 def reference_edges(store, shards, by_key, threshold):
     """Every pair >= threshold by the rule written out directly (float64, all pairs)."""
-    ids, vecs, offset = [], [], 0
-    for shard in sorted(shards):
-        keys = store.read_parquet(staging_records(shard))["key"].to_pylist()
-        for r, k in enumerate(keys):
-            if k in by_key:
-                ids.append(offset + r)
-                vecs.append(by_key[k])
-        offset += len(keys)
-    x = np.asarray(vecs, dtype=np.float16).astype(np.float64)
-    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    ids, x = node_vectors(store, shards, by_key)
     layout, colour = x[:, :LAYOUT], x[:, LAYOUT:]
     greyish = np.linalg.norm(colour, axis=1) < 0.5 * np.sqrt(WEIGHT)  # no colour to speak of
     u = layout / np.linalg.norm(layout, axis=1, keepdims=True)
     s = np.where(greyish[:, None] | greyish[None, :], u @ u.T, x @ x.T)
     i, j = np.nonzero(np.triu(s >= threshold, k=1))
-    ids = np.asarray(ids)
     return {(min(ids[a], ids[b]), max(ids[a], ids[b])): s[a, b] for a, b in zip(i, j, strict=True)}, greyish
 
 
