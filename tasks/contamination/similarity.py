@@ -60,7 +60,14 @@ def merge_topk(sims: np.ndarray, ids: np.ndarray, new_sims: np.ndarray, new_ids:
     return np.take_along_axis(s, order, axis=1), np.take_along_axis(i, order, axis=1)
 
 
-def rule_matrix(rule: PairScore, q: np.ndarray, t: np.ndarray) -> np.ndarray:
+def target_parts(rule: PairScore, t: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """What :func:`rule_matrix` needs of the targets (colourless mask, unit layout blocks),
+    computed once for a scan over many query blocks; None for plain cosine."""
+    return (rule.colourless(t), rule.unit_layout(t)) if rule.active else None
+
+
+def rule_matrix(rule: PairScore, q: np.ndarray, t: np.ndarray,
+                targets: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """float32 scores of every query against every target by the pair rule.
 
     The scan holds both sides' rows, so it scores the rule itself rather than the index
@@ -69,13 +76,15 @@ def rule_matrix(rule: PairScore, q: np.ndarray, t: np.ndarray) -> np.ndarray:
     the cosine, with the rows or columns of colourless images replaced by the cosine of
     the layout blocks. Within float32 rounding of :meth:`PairScore.scores`, so the best
     ``k + RESCORE_EXTRA`` hold the exact top-k, as they do for plain cosine (for which this
-    is ``q @ t.T`` and nothing else). Colourless rows cost one extra product each."""
+    is ``q @ t.T`` and nothing else). Colourless rows cost one extra product each.
+    ``targets``: :func:`target_parts` of ``t``, when the caller has them."""
     scores = q @ t.T
     if not rule.active:
         return scores
-    grey_q, grey_t = rule.colourless(q), rule.colourless(t)
+    grey_t, ut = targets or target_parts(rule, t)
+    grey_q = rule.colourless(q)
     if grey_q.any() or grey_t.any():
-        uq, ut = rule.unit_layout(q), rule.unit_layout(t)
+        uq = rule.unit_layout(q)
         scores[grey_q] = uq[grey_q] @ ut.T
         scores[:, grey_t] = uq @ ut[grey_t].T
     return scores
@@ -93,9 +102,10 @@ def exact_topk(q: np.ndarray, t: np.ndarray, k: int, id_offset: int = 0, rule: P
         return sims, ids
     kk = min(k + RESCORE_EXTRA, m)
     rows = max(1, min(1024, BLOCK_ENTRIES // m, RESCORE_ENTRIES // (kk * q.shape[1])))
+    targets = target_parts(rule, t)
     for lo in range(0, n, rows):
         qb = q[lo:lo + rows]
-        scores = rule_matrix(rule, qb, t)
+        scores = rule_matrix(rule, qb, t, targets)
         cand = (np.argpartition(-scores, kk - 1, axis=1)[:, :kk] if kk < m
                 else np.broadcast_to(np.arange(m), scores.shape))
         exact = rule.scores(np.repeat(qb, kk, axis=0), t[cand.ravel()]).reshape(len(qb), kk)
