@@ -29,7 +29,7 @@ import math
 import faiss
 import numpy as np
 
-from tasks.graph.pair_score import PairScore
+from tasks.graph.pair_score import PairScore, united_lists
 
 BLOCK_ENTRIES = 1 << 24
 RESCORE_EXTRA = 4
@@ -176,9 +176,7 @@ def ivf_search_by_list(index: faiss.Index, q: np.ndarray, k: int, nprobe: int | 
     if not n:
         return sims, out
     q = np.ascontiguousarray(q, dtype=np.float32)
-    lists = np.sort(np.concatenate([ivf.quantizer.search(np.ascontiguousarray(p, dtype=np.float32), nprobe)[1]
-                                    for p in probes or (q,)], axis=1), axis=1)
-    lists[:, 1:][lists[:, 1:] == lists[:, :-1]] = -1
+    lists = united_lists(ivf.quantizer, probes or (q,), nprobe)
     qi = np.repeat(np.arange(n), lists.shape[1])
     li = lists.ravel()
     keep = li >= 0

@@ -54,7 +54,7 @@ import faiss
 import numpy as np
 
 from tasks.graph.config import IndexConfig
-from tasks.graph.pair_score import PairScore
+from tasks.graph.pair_score import PairScore, united_lists
 
 SEARCH_BATCH = 4096  # queries per FAISS call: bounds the k-NN and range result buffers
 # Exact searches look this far below a threshold and keep canonical scores >= it, so a
@@ -213,11 +213,9 @@ def probe_lists(ivf: faiss.IndexIVF, q: np.ndarray, parts: tuple[np.ndarray, ...
     in ascending list order (-1 padded), and the whole form ``q``'s inner product with them
     (what FAISS's own search passes on: residual codes such as SQ start from it)."""
     nlist = ivf.nlist
-    lists = np.concatenate([ivf.quantizer.search(np.ascontiguousarray(p, dtype=np.float32), ivf.nprobe)[1]
-                            for p in parts], axis=1)
-    lists = np.sort(np.where(lists < 0, nlist, lists), axis=1)
-    lists[:, 1:][lists[:, 1:] == lists[:, :-1]] = nlist
-    lists = np.sort(lists, axis=1)[:, : max(int((lists < nlist).sum(axis=1).max(initial=0)), 1)]
+    lists = united_lists(ivf.quantizer, parts, ivf.nprobe)
+    lists = np.sort(np.where(lists < 0, nlist, lists), axis=1)  # the -1 gaps to the end, then cut
+    lists = lists[:, : max(int((lists < nlist).sum(axis=1).max(initial=0)), 1)]
     valid = lists < nlist
     lists = np.where(valid, lists, -1).astype(np.int64)
     dq = np.zeros(lists.shape, dtype=np.float32)

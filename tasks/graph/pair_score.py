@@ -171,3 +171,13 @@ def canonical_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Dot products row by row in float64, rounded to float32: the same for (a, b) and (b, a)
     and in any process, unlike a BLAS score whose last bits follow its blocking and threads."""
     return np.einsum("ij,ij->i", np.asarray(a, np.float64), np.asarray(b, np.float64)).astype(np.float32)
+
+
+def united_lists(quantizer: Any, parts: tuple[np.ndarray, ...], nprobe: int) -> np.ndarray:
+    """Each probe part's ``nprobe`` nearest IVF lists per query (``quantizer.search``),
+    united: ascending, with -1 where a list repeats (or the quantiser had none). The graph's
+    and the contamination scan's IVF searches both probe these."""
+    lists = np.sort(np.concatenate([quantizer.search(np.ascontiguousarray(p, dtype=np.float32), nprobe)[1]
+                                    for p in parts], axis=1), axis=1)
+    lists[:, 1:][lists[:, 1:] == lists[:, :-1]] = -1
+    return lists
