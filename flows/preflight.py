@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import posixpath
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,25 +96,34 @@ def load_config(cls: type[BaseModel], path: str | None, **overrides: Any) -> Any
 
 # ---- storage ----------------------------------------------------------------------------
 
+PROBE_CONNECT_SECONDS = 5  # botocore's connect timeout for a probe (one attempt)
+PROBE_READ_SECONDS = 10  # and its read timeout
+
+
 def _probe_options(uri: str, options: dict[str, Any]) -> dict[str, Any]:
-    """Options for a quick probe: an S3 endpoint that does not answer fails in seconds."""
+    """The user's options for a quick probe: an S3 endpoint that does not answer fails in
+    seconds. Only options s3fs accepts: s3fs hands unknown ones to aiobotocore's session
+    (a top-level ``retries`` refused every S3 URI), so timeouts and the single attempt go
+    where botocore reads them, ``config_kwargs``."""
     if not uri.startswith(("s3://", "s3a://")):
         return dict(options)
-    probe = {"retries": 1, **options}
+    probe = dict(options)
     config = dict(probe.get("config_kwargs") or {})
-    config.setdefault("connect_timeout", 5)
-    config.setdefault("read_timeout", 10)
-    config.setdefault("retries", {"max_attempts": 1})
+    config.setdefault("connect_timeout", PROBE_CONNECT_SECONDS)
+    config.setdefault("read_timeout", PROBE_READ_SECONDS)
+    config.setdefault("retries", {"total_max_attempts": 1})
     probe["config_kwargs"] = config
     probe["skip_instance_cache"] = True
     return probe
 
 
 def _probe(uri: str, options: dict[str, Any]) -> str:
-    """'file', 'dir' or 'missing' for ``uri``; raises OSError-like errors when unreachable."""
+    """'file', 'dir' or 'missing' for ``uri``; raises the storage client's error when unreachable."""
     import fsspec
 
     fs, path = fsspec.core.url_to_fs(uri, **_probe_options(uri, options))
+    if hasattr(fs, "retries"):
+        fs.retries = 1  # s3fs's own retry loop (5 tries by default) around botocore's single attempt
     if fs.isfile(path):
         return "file"
     if fs.isdir(path):
@@ -121,31 +131,76 @@ def _probe(uri: str, options: dict[str, Any]) -> str:
     return "missing"
 
 
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and what it wraps: botocore keeps the transport's error in ``kwargs['error']``."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        wrapped = getattr(e, "kwargs", None)
+        todo += [e.__cause__, e.__context__, getattr(e, "os_error", None),
+                 wrapped.get("error") if isinstance(wrapped, dict) else None]
+
+
+def unreachable_reason(exc: BaseException) -> str:
+    """Why a storage probe failed, in the words an operator acts on."""
+    import errno
+    import socket
+
+    for e in _causes(exc):
+        name = type(e).__name__
+        if isinstance(e, ConnectionRefusedError) or getattr(e, "errno", None) == errno.ECONNREFUSED:
+            return "connection refused"
+        if isinstance(e, socket.gaierror):
+            return f"host name not found ({e})"
+        if name in ("ConnectTimeoutError", "ReadTimeoutError") or isinstance(e, TimeoutError):
+            return f"timed out ({name})"
+    for e in _causes(exc):
+        if type(e).__name__ == "EndpointConnectionError":
+            return f"cannot connect ({e})"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _bucket(uri: str) -> str:
+    scheme, rest = uri.split("://", 1)
+    return f"{scheme}://{rest.split('/', 1)[0]}"
+
+
 def probe(uri: str, options: dict[str, Any], what: str) -> str:
-    """Whether ``uri`` is a file, a folder or missing; UserError when the storage cannot be reached."""
+    """Whether ``uri`` is a file, a folder or missing; UserError naming the cause (connection
+    refused, timeout, access denied) when the storage cannot be used."""
     if has_secret_blocks(options):
         return "unknown"  # credentials come from the server's Secret block: checked in the run
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        future = pool.submit(_probe, uri, options)
-        try:
-            return future.result(timeout=PROBE_SECONDS)
-        except concurrent.futures.TimeoutError:
-            raise UserError(f"cannot reach the storage of {what} {uri} within {PROBE_SECONDS:.0f} s: check its "
-                            "endpoint (storage_options.client_kwargs.endpoint_url) and the network") from None
-        except (FileNotFoundError, NotADirectoryError):
-            return "missing"
-        except PermissionError as exc:
-            raise UserError(f"{what} {uri}: access denied ({exc}): check the credentials (AWS_* in the "
-                            "environment, or a secret_block in storage_options)") from None
-        except ImportError as exc:
-            raise UserError(f"{what} {uri}: no filesystem for this URI ({exc})") from None
-        except Exception as exc:  # noqa: BLE001 - anything else means: this storage is not reachable
-            raise UserError(f"cannot reach the storage of {what} {uri}: {type(exc).__name__}: {exc} — check the "
-                            "endpoint and credentials in its storage_options") from None
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        return pool.submit(_probe, uri, options).result(timeout=PROBE_SECONDS)
+    except concurrent.futures.TimeoutError:
+        raise UserError(f"cannot reach the storage of {what} {uri}: timed out after {PROBE_SECONDS:.0f} s: check "
+                        "its endpoint (storage_options.client_kwargs.endpoint_url or AWS_ENDPOINT_URL) and the "
+                        "network") from None
+    except (FileNotFoundError, NotADirectoryError):
+        return "missing"
+    except PermissionError as exc:
+        raise UserError(f"{what} {uri}: access denied ({exc}): check the credentials (AWS_* in the "
+                        "environment, key/secret or a secret_block in storage_options)") from None
+    except ImportError as exc:
+        raise UserError(f"{what} {uri}: no filesystem for this URI ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - anything else means: this storage is not reachable
+        raise UserError(f"cannot reach the storage of {what} {uri}: {unreachable_reason(exc)}: check the "
+                        "endpoint (storage_options.client_kwargs.endpoint_url or AWS_ENDPOINT_URL) and that "
+                        "the server runs") from None
+    finally:
+        pool.shutdown(wait=False)  # a probe still hanging must not hold the CLI past its timeout
 
 
 def require_exists(uri: str, options: dict[str, Any], what: str, hint: str) -> None:
     if probe(uri, options, what) == "missing":
+        if is_remote(uri) and probe(_bucket(uri), options, what) == "missing":
+            raise UserError(f"{what} {uri}: no such bucket {_bucket(uri)}")
         raise UserError(f"{what} {uri} does not exist: {hint}")
 
 
@@ -153,9 +208,8 @@ def require_writable_root(uri: str, options: dict[str, Any], what: str) -> None:
     """The output root can be created: locally, its nearest existing folder is writable;
     remotely, the bucket answers. Nothing is created here."""
     if is_remote(uri):
-        bucket = uri.split("://", 1)[0] + "://" + uri.split("://", 1)[1].split("/", 1)[0]
-        if probe(bucket, options, what) == "missing":
-            raise UserError(f"{what} {uri}: bucket {bucket} does not exist (create it first)")
+        if probe(_bucket(uri), options, what) == "missing":
+            raise UserError(f"{what} {uri}: no such bucket {_bucket(uri)} (create it first)")
         return
     import os
 
