@@ -446,3 +446,21 @@ def test_cuda_bf16_matches_cpu_fp32():
         x = batch(cpu, IMAGES)
         a, b = pp_l2(cpu.embed(x)), pp_l2(gpu.embed(x))
         assert np.min(np.sum(a * b, axis=1)) > 0.98
+
+
+@pytest.mark.parametrize("arch", ["vit_small_patch14_dinov2"])
+def test_features_are_the_same_bytes_whatever_torch_threads_the_process_had(arch):
+    """A Dask worker process runs torch on one thread, a thread-run flow on every core, and
+    MKL uses fewer on a loaded machine: the features (and every score made from them) must
+    not follow. Unset ``torch_threads`` means one thread on CPU."""
+    spec = ModelSpec(name="dinov2", arch=arch, image_size=56, random_init=True)
+    batch = np.random.default_rng(0).standard_normal((6, 3, 56, 56)).astype(np.float32)
+    before = torch.get_num_threads()
+    features = []
+    try:
+        for threads in (2, 1):
+            torch.set_num_threads(threads)
+            features.append(build_model(spec, RuntimeConfig()).embed(batch))
+    finally:
+        torch.set_num_threads(before)
+    assert features[0].tobytes() == features[1].tobytes()

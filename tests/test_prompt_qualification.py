@@ -557,3 +557,24 @@ def test_flow_on_two_dask_workers_equals_the_in_process_run(qualified, tmp_path,
     for r in receipts:
         r["config"].pop("out")  # the one setting that differs
     assert receipts[0] == receipts[1]
+
+
+def test_text_embeddings_are_the_same_bytes_whatever_torch_threads_the_process_had():
+    """The density signal's caption embeddings are made on Dask workers (one torch thread)
+    or in the flow's process (every core); under load MKL picks fewer threads. The bytes of
+    prompts.parquet once differed between a Dask and an in-process run for this reason."""
+    import torch
+
+    from tasks.prompts.text_model import embed_texts
+
+    texts = [f"a photo of a dog number {i} in the park" for i in range(300)]
+    before = torch.get_num_threads()
+    rows = []
+    try:
+        for threads in (2, 1):
+            torch.set_num_threads(threads)
+            rows.append(embed_texts(texts, "all-MiniLM-L6-v2", 32, 256))
+    finally:
+        torch.set_num_threads(before)
+    assert rows[0].tobytes() == rows[1].tobytes()
+    assert torch.get_num_threads() == before  # the caller's setting is left as it was

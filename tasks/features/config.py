@@ -173,8 +173,12 @@ class RuntimeConfig(BaseModel):
     batch_size: int = Field(32, ge=1, title="Batch size")
     prefetch_threads: int = Field(2, ge=0, title="Prefetch threads",
                                   description="Threads that read and decode images ahead of the model.")
-    torch_threads: int | None = Field(None, ge=1, title="Torch threads",
-                                      description="torch.set_num_threads per worker; empty keeps torch's default.")
+    torch_threads: int | None = Field(
+        None, ge=1, title="Torch threads",
+        description="torch.set_num_threads per worker on CPU; empty: one thread, as in the default cluster's "
+                    "worker processes, so features are bit-identical in any process and on any load (a matrix "
+                    "product's last bits follow the threads it is split across, and MKL picks fewer on a loaded "
+                    "machine). More threads are faster on a big CPU host but only equal in the last bits.")
 
 
 class FeaturesConfig(BaseModel):

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from corpusforge.hashing import canonical_json
-from tasks.features.base import FeatureModel
+from tasks.features.base import FeatureModel, resolve_device
 from tasks.features.config import ModelSpec, RuntimeConfig
 
 log = logging.getLogger(__name__)
@@ -66,8 +66,8 @@ def build_model(spec: ModelSpec, runtime: RuntimeConfig,
             f"pinned file, or random_init: true to run the architecture untrained (tests, benchmarks)")
     if spec.weights is not None and spec.random_init:
         raise ValueError(f"model {spec.model_id}: weights and random_init are mutually exclusive")
-    if runtime.torch_threads:
-        torch.set_num_threads(runtime.torch_threads)
+    if resolve_device(runtime.device).type == "cpu":
+        torch.set_num_threads(runtime.torch_threads or 1)  # see RuntimeConfig.torch_threads: same bits anywhere
     family = importlib.import_module(_FAMILIES[spec.name])
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(RANDOM_INIT_SEED)
