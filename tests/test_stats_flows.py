@@ -183,7 +183,16 @@ def test_evaluate_against_an_independent_computation(built, tmp_path):
     diff = gen.mean(0) - mu
     fd = diff @ diff + np.trace(s_gen) + np.trace(sigma) - 2 * np.trace(covmean)
     saved = json.loads((tmp_path / "eval" / "metrics.json").read_text())
-    assert saved["metrics"]["fd"] == pytest.approx(fd, rel=1e-6) == result["metrics"]["fd"]
+    assert saved["metrics"]["fd"] == result["metrics"]["fd"]
+    # FD is a difference of terms as large as S = |Δµ|² + tr Σg + tr Σr that cancel to a value
+    # near zero here, so a relative tolerance is the wrong test. The flow embeds the images in
+    # other batches than this test, so its features differ in their last float32 bits (a few
+    # units of 2⁻²⁴ through the network), and sqrtm of these rank-deficient covariances (12
+    # images) is accurate to about √ε64 of S: the tolerance is that error bound on S.
+    scale = diff @ diff + np.trace(s_gen) + np.trace(sigma)
+    atol = scale * (64 * 2.0 ** -24 + 4 * np.sqrt(np.finfo(np.float64).eps))
+    assert atol < fd / 10  # still a test: a 10 % error would fail it
+    assert saved["metrics"]["fd"] == pytest.approx(fd, rel=0, abs=atol)
     assert saved["generated"]["embedded"] == 12 and saved["generated"]["errors"] == 1
     devs = " | ".join(saved["protocol"]["deviations"])
     assert "only 12 generated images" in devs and "could not be embedded" in devs and "RANDOM-INIT" in devs

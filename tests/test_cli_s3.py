@@ -1,0 +1,164 @@
+"""`corpusforge build` on a real S3 server, run as users run it: the console script in a
+subprocess, credentials and endpoint given once in the environment (``AWS_*``), nothing
+about them in the config file.
+
+A build from ``s3://`` to ``s3://`` equals a local build of the same input; a rerun into
+the same S3 output changes nothing and recomputes nothing; storage that cannot be used is
+one line naming the cause — connection refused, access denied, no such bucket — checked
+by what the line says, not by its prefix (a TypeError that refused every S3 URI once
+passed a prefix check).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from corpusforge.layout import RUN_LOG, RUN_LOG_MD
+from tests.operate import clean_env
+from tests.test_build_e2e import computed_units
+from tests.s3server import ACCESS_KEY, SECRET_KEY
+
+pytestmark = [pytest.mark.s3, pytest.mark.slow, pytest.mark.timeout(1800)]
+
+CONFIG = """\
+input: {partition_size: 40}
+staging: {shard_size: 40}
+splits: {shard_size: 20, val: 0.1, test: 0.15}
+dask: {n_workers: 2, processes: true}
+"""
+BUCKET = "corpusforge-cli"
+# Outputs that name where they were built (source and output roots): compared without those fields.
+NAMES_ITS_ROOTS = {"receipt.json", "report.md", "report.html", "CHANGES.md"}
+
+
+def corpusforge() -> str:
+    return str(Path(sys.executable).parent / "corpusforge")
+
+
+def s3_env(s3: dict, prefect_api: str, **override: str) -> dict[str, str]:
+    """The child's environment: the S3 server's keys and endpoint, given once."""
+    env = clean_env(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
+                    AWS_ENDPOINT_URL=s3["client_kwargs"]["endpoint_url"], AWS_DEFAULT_REGION="us-east-1",
+                    PREFECT_API_URL=prefect_api, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    env.update(override)
+    return env
+
+
+def run(args: list[str], env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([corpusforge(), *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def tree(files: dict[str, bytes]) -> dict[str, str]:
+    return {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+
+
+def local_tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def s3_tree(fs, root: str) -> dict[str, bytes]:
+    return {p.split(root + "/", 1)[1]: fs.cat_file(p) for p in sorted(fs.find(root))}
+
+
+def without_roots(receipt: dict) -> dict:
+    for key in ("source", "out"):
+        receipt["config"].pop(key)
+        receipt.pop(key, None)
+    receipt.pop("outputs", None)  # hashes of files compared one by one below
+    return receipt
+
+
+@pytest.fixture(scope="module")
+def builds(s3, sample_corpus, prefect_server, tmp_path_factory):
+    """The same input built locally and from S3 to S3, each by the CLI; then a rerun into S3."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3, skip_instance_cache=True)
+    fs.mkdir(BUCKET)
+    fs.put(str(sample_corpus), f"{BUCKET}/source", recursive=True)
+    root = tmp_path_factory.mktemp("cli-s3")
+    config = root / "c.yaml"
+    config.write_text(CONFIG)
+    env = s3_env(s3, prefect_server)
+    local = run(["build", "--source", str(sample_corpus), "--out", str(root / "local"), "--config", str(config)], env)
+    assert local.returncode == 0, local.stderr[-3000:]
+    remote = run(["build", "--source", f"s3://{BUCKET}/source", "--out", f"s3://{BUCKET}/corpus",
+                  "--config", str(config)], env)
+    assert remote.returncode == 0, remote.stderr[-3000:]
+    first = s3_tree(fs, f"{BUCKET}/corpus")
+    rerun = run(["build", "--source", f"s3://{BUCKET}/source", "--out", f"s3://{BUCKET}/corpus",
+                 "--config", str(config)], env)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    again = s3_tree(fs, f"{BUCKET}/corpus")
+    return {"local": local_tree(root / "local"), "s3": first, "rerun": again,
+            "rerun_work": json.loads(again[RUN_LOG])}
+
+
+def test_s3_to_s3_build_equals_the_local_build(builds):
+    local, remote = builds["local"], builds["s3"]
+    assert sorted(remote) == sorted(local)
+    same = {n for n in local if n not in NAMES_ITS_ROOTS and not n.startswith("work/")}
+    assert {n: h for n, h in tree(remote).items() if n in same} == {n: h for n, h in tree(local).items() if n in same}
+    manifest = [n for n in same if n.startswith("manifest/") and n.endswith(".parquet")]
+    assert manifest and sum(pq.read_metadata(pa_buffer(local[n])).num_rows for n in manifest) == 160
+    ra, rb = (without_roots(json.loads(t["receipt.json"])) for t in (local, remote))
+    assert ra == rb
+
+
+def test_rerun_into_the_same_s3_output_equals_it_and_recomputes_nothing(builds):
+    first, again = builds["s3"], builds["rerun"]
+    assert sorted(again) == sorted(first)
+    assert {n for n in first if first[n] != again[n]} <= {RUN_LOG, RUN_LOG_MD}  # the stage times of this run
+    assert computed_units(builds["rerun_work"]) == {} and builds["rerun_work"]["images_embedded"] == 0
+
+
+def pa_buffer(data: bytes):
+    import pyarrow as pa
+
+    return pa.BufferReader(data)
+
+
+# ---- storage that cannot be used: one line, exit 2, the cause named ------------------------
+
+def closed_port() -> int:
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one_line_error(result: subprocess.CompletedProcess) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+    assert lines[0].startswith("corpusforge build: error: ")
+    return lines[0]
+
+
+@pytest.mark.scenario(14)
+def test_dead_endpoint_names_the_refused_connection(s3, prefect_server, tmp_path):
+    env = s3_env(s3, prefect_server, AWS_ENDPOINT_URL=f"http://127.0.0.1:{closed_port()}")
+    line = one_line_error(run(["build", "--source", f"s3://{BUCKET}/source", "--out", str(tmp_path / "o")], env))
+    assert "cannot reach the storage of source" in line and "connection refused" in line
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.scenario(14)
+def test_wrong_keys_name_access_denied(s3, prefect_server, sample_corpus, tmp_path):
+    env = s3_env(s3, prefect_server, AWS_SECRET_ACCESS_KEY="not-the-secret")
+    line = one_line_error(run(["build", "--source", str(sample_corpus), "--out", f"s3://{BUCKET}/denied"], env))
+    assert f"output root s3://{BUCKET}/denied: access denied" in line
+    assert "SignatureDoesNotMatch" in line or "signature" in line.lower()
+
+
+@pytest.mark.scenario(14)
+def test_missing_bucket_is_named(s3, prefect_server, sample_corpus):
+    env = s3_env(s3, prefect_server)
+    line = one_line_error(run(["build", "--source", str(sample_corpus), "--out", "s3://no-such-bucket/corpus"], env))
+    assert "no such bucket s3://no-such-bucket" in line
