@@ -162,6 +162,9 @@ def unreachable_reason(exc: BaseException) -> str:
     for e in _causes(exc):
         if type(e).__name__ == "EndpointConnectionError":
             return f"cannot connect ({e})"
+        if type(e).__name__ == "NoCredentialsError":
+            return ("no credentials found (key and secret in storage_options, AWS_ACCESS_KEY_ID and "
+                    "AWS_SECRET_ACCESS_KEY in the environment, or anon: true for a public bucket)")
     return f"{type(exc).__name__}: {exc}"
 
 

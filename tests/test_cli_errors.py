@@ -117,11 +117,24 @@ def test_unreachable_storage(capsys, no_server_or_cluster, source, tmp_path):
     with socket.socket() as s:  # a loopback port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cfg = write(tmp_path / "c.yaml", "storage_options: {client_kwargs: {endpoint_url: 'http://127.0.0.1:%d'}}\n" % port)
+    cfg = write(tmp_path / "c.yaml", "storage_options: {key: k, secret: s, client_kwargs: "
+                "{endpoint_url: 'http://127.0.0.1:%d'}}\n" % port)
     started = time.monotonic()
     line = run_cli(capsys, ["build", "--source", str(source), "--out", "s3://bucket/corpus", "--config", cfg])
-    assert "cannot reach the storage of output root" in line
+    assert "cannot reach the storage of output root" in line and "connection refused" in line  # the cause, not a prefix
     assert time.monotonic() - started < 60
+
+
+@pytest.mark.scenario(14)
+def test_storage_without_credentials_says_so(capsys, no_server_or_cluster, source, tmp_path, monkeypatch):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no lookup of an instance's role off this machine
+    cfg = write(tmp_path / "c.yaml", "storage_options: {client_kwargs: {endpoint_url: 'http://127.0.0.1:9'}}\n")
+    line = run_cli(capsys, ["build", "--source", str(source), "--out", "s3://bucket/corpus", "--config", cfg])
+    assert "output root s3://bucket" in line and "no credentials found" in line
 
 
 def _learned_model_config(tmp_path: Path, weights: str) -> str:
