@@ -126,11 +126,21 @@ def _licenses_section(licenses: dict[str, Any], by_reason: dict[str, int]) -> li
     allow = ", ".join(licenses["allow"]) if licenses.get("allow") else "off (every licence accepted)"
     filtered = {r: n for r, n in by_reason.items() if r.startswith("filtered/license_")}
     out = ["", "## Licences", "", f"Allow-list: {allow}. Filtered: "
-           + (", ".join(f"{n} `{r.split('/', 1)[1]}`" for r, n in filtered.items()) or "none") + ".", ""]
+           + (", ".join(f"{n} `{r.split('/', 1)[1]}`" for r, n in filtered.items()) or "none") + ".",
+           "", conflict_line(licenses), ""]
     families = licenses.get("input_by_family") or {}
     if families:
         out.append(_table(["licence family (input records)", "records"], [[f, n] for f, n in families.items()]))
     return out
+
+
+def conflict_line(licenses: dict[str, Any]) -> str:
+    """How many input records carry a licence name and URL that disagree, and what became of them."""
+    n = licenses.get("conflicts", 0)
+    fate = {"filter": "filtered as `license_conflict`",
+            "stricter": "judged on both statements (kept only when both are allowed)"}.get(
+        licenses.get("on_conflict") or "", "not checked (licence check off)")
+    return f"Name/URL conflicts: {n} input record(s); on_conflict `{licenses.get('on_conflict')}`: {fate}."
 
 
 def _captions_section(receipt: dict[str, Any], types: list[str]) -> list[str]:

@@ -22,6 +22,7 @@ import numpy as np
 from corpusforge.layout import GRAPH_EDGES, RECEIPT, RUN_LOG_MD
 from corpusforge.storage import Store
 from tasks.captions.summary import mix_by_split, share_table, word_chart_png, word_stats
+from tasks.receipt import conflict_line
 
 SECTIONS = ["summary", "outcomes", "splits", "shards", "captions", "features", "near-duplicates", "contamination",
             "reference-statistics", "provenance"]
@@ -201,7 +202,8 @@ def _licenses(licenses: dict[str, Any]) -> str:
     if not licenses:
         return ""
     allow = ", ".join(licenses["allow"]) if licenses.get("allow") else "off (every licence accepted)"
-    return (f"<h3>Licences</h3><p>Allow-list: {_esc(allow)}.</p>"
+    conflicts = conflict_line(licenses).replace("`", "")
+    return (f"<h3>Licences</h3><p>Allow-list: {_esc(allow)}.</p><p id=\"license-conflicts\">{_esc(conflicts)}</p>"
             + _table(["licence family (input records)", "records"],
                      [[f, n] for f, n in (licenses.get("input_by_family") or {}).items()]))
 
