@@ -134,8 +134,9 @@ def _features(features: dict[str, Any]) -> str:
     rows = [[_esc(m), _esc(t["dim"]), _esc(t["ok"]), _esc(t["errors"]),
              _weights({**(t.get("fingerprint") or {}), "random_init": t["random_init"]})]
             for m, t in features["models"].items()]
-    notes = [f"<p><b>Protocol deviation</b> (<code>{_esc(m)}</code>): {_esc(t['fingerprint']['protocol_deviation'])}.</p>"
-             for m, t in features["models"].items() if (t.get("fingerprint") or {}).get("protocol_deviation")]
+    declared = {m: d for m, t in features["models"].items()
+                if (d := (t.get("fingerprint") or {}).get("protocol_deviation"))}
+    notes = [f"<p><b>Protocol deviation</b> (<code>{_esc(m)}</code>): {_esc(d)}.</p>" for m, d in declared.items()]
     return _table(["model", "dim", "images", "errors", "weights"], rows, raw=True) + "".join(notes)
 
 

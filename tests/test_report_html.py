@@ -196,7 +196,8 @@ def test_every_weights_and_deviation_label_matches_the_markers(kind, label_sourc
         assert [r[4] for r in html_features if r[0] == m] == [label]
         declared = ident.get("protocol_deviation")
         assert (f"**Protocol deviation** (`{m}`): {declared}." in report) == bool(declared)
-        notes = re.findall(rf"<b>Protocol deviation</b> \(<code>{m}</code>\): (.*?)\.</p>", html_section(page, "features"))
+        notes = re.findall(rf"<b>Protocol deviation</b> \(<code>{m}</code>\): (.*?)\.</p>",
+                           html_section(page, "features"))
         assert [html.unescape(n) for n in notes] == ([declared] if declared else [])
     near = receipt["near_duplicates"]["model_id"]
     assert f"(weights: {html.escape(expected_weights(identities[near]))}" in html_section(page, "near-duplicates")
