@@ -283,8 +283,11 @@ def _stable_features(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def _stable_stats(result: dict[str, Any]) -> dict[str, Any]:
-    """What the receipt keeps of the statistics stage (not how much extraction this run redid)."""
-    kept = {k: result[k] for k in ("model_id", "counts", "n", "files", "oracle") if k in result}
+    """What the receipt keeps of the statistics stage (not how much extraction this run redid):
+    the feature model's identity (from its markers) and each group's protocol deviations
+    are what the reports label the statistics with."""
+    kept = {k: result[k] for k in ("model_id", "model", "counts", "n", "files", "protocol_deviations", "oracle")
+            if k in result}
     extraction = result.get("extraction") or {}
     if extraction.get("warning"):
         kept["warning"] = "REFERENCE STATISTICS FROM " + extraction["warning"]

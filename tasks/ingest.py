@@ -125,7 +125,7 @@ def license_verdicts(part: Partition, store: Store, lic: LicenseConfig | None) -
     if lic is None:
         return None
     if part.kind == "tar":
-        return json.dumps([[str(a) for a in lic.allowed()], lic.use_url])
+        return json.dumps([[str(a) for a in lic.allowed()], lic.use_url, lic.on_conflict])
     verdicts = [license_reason(m.get("license"), m.get("license_url"), lic) for m in _chunk_rows(part, store)]
     return verdicts if any(verdicts) else None  # all pass: the same output as with no list
 

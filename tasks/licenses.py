@@ -1,17 +1,26 @@
 """The licence allow-list (GPIC §2.1): only permissively licensed images enter the corpus.
 
 Real metadata spells one licence many ways ("CC BY 2.0", "CC-BY-4.0", "cc-by",
-"Attribution 2.0 Generic", "https://creativecommons.org/licenses/by/2.0/"), so every
-licence name (and, when the name is empty or unrecognised, its URL) is first
-normalised to a :class:`License` — a family such as ``CC BY`` or ``CC0`` plus an
-optional version — and only then compared with the allow-list, whose entries are
-normalised the same way. An entry without a version accepts every version of its
-family; ``CC BY 4.0`` accepts only 4.0.
+"Attribution 2.0 Generic", "https://creativecommons.org/licenses/by/2.0/"), so a
+record's licence name and URL are first normalised to a :class:`License` — a family
+such as ``CC BY`` or ``CC0`` plus an optional version — and only then compared with the
+allow-list, whose entries are normalised the same way. An entry without a version
+accepts every version of its family; ``CC BY 4.0`` accepts only 4.0.
+
+The name and the URL are two statements about one licence (:func:`resolve_license`).
+The name is the statement of record: an explicit name that is not recognised ("All
+rights reserved", "©", "see website") is evidence that the licence is not the one the
+URL names, so the URL is read only when the name is empty. A recognised name and a
+recognised URL that disagree (``CC BY-NC 2.0`` beside ``…/licenses/by/2.0/``) are a
+conflict, resolved by ``LicenseConfig.on_conflict``; where they agree, the more specific
+one gives the version (``CC BY`` beside ``…/by/2.0/`` is CC BY 2.0).
 
 Outcomes (reason codes, listed in the README): ``license_missing`` (no name and no
-URL), ``license_not_allowed: <normalised name>`` or ``license_not_allowed:
-unrecognised '<raw>'``. The decision needs no image byte, so ingest makes it before
-reading the image (a record that may not be used is never downloaded).
+URL), ``license_not_allowed: <normalised name>``, ``license_not_allowed: unrecognised
+licence name '<raw>'`` (or ``… licence url '<raw>'`` when only a URL was given) and
+``license_conflict: name <name> vs url <url>``. The decision needs no image byte, so
+ingest makes it before reading the image (a record that may not be used is never
+downloaded).
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import functools
 import re
 import unicodedata
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -32,6 +42,7 @@ GPIC_ALLOWED = ["CC BY", CC0, PUBLIC_DOMAIN, NO_KNOWN_RESTRICTIONS]
 
 LICENSE_MISSING = "license_missing"
 LICENSE_NOT_ALLOWED = "license_not_allowed"
+LICENSE_CONFLICT = "license_conflict"
 
 
 @dataclass(frozen=True)
@@ -141,8 +152,13 @@ class LicenseConfig(BaseModel):
         default_factory=lambda: list(GPIC_ALLOWED), min_length=1,
         description="Accepted licences (GPIC §2.1 by default: CC BY, CC0, Public Domain, No known restrictions). "
                     "Spellings and URLs are normalised; an entry without a version accepts every version.")
-    use_url: bool = Field(True, description="Read the licence from license_url when the name is empty or "
-                                            "not recognised.")
+    use_url: bool = Field(True, description="Read license_url: the licence when the name is empty, and a check "
+                                            "on the name when both are given (an unrecognised name is never "
+                                            "replaced by its URL).")
+    on_conflict: Literal["filter", "stricter"] = Field(
+        "filter", description="A recognised name that disagrees with a recognised URL. filter (default): the record "
+                              "is filtered as license_conflict. stricter: it is judged on both statements and kept "
+                              "only when the allow-list accepts each; receipts count it as a conflict either way.")
 
     @field_validator("allow")
     @classmethod
@@ -159,12 +175,48 @@ class LicenseConfig(BaseModel):
         return sorted(found, key=lambda lic: (lic.family, lic.version or ""))
 
 
+@dataclass(frozen=True)
+class Resolution:
+    """What a record's licence statements come to: ``found`` when they agree (or only one
+    was given), ``conflict`` (name, URL) when both are recognised and disagree, and the
+    raw statement that was not recognised, if any."""
+
+    found: License | None = None
+    conflict: tuple[License, License] | None = None
+    unrecognised: str | None = None
+
+
+def _agree(a: License, b: License) -> License | None:
+    """The licence two statements both mean, or None: one family, and versions that are
+    equal or that one leaves open or only ports (``3.0`` beside ``3.0 DE``); the more
+    specific statement wins."""
+    if a.family != b.family:
+        return None
+    if a.version is None or b.version is None or a.version == b.version:
+        return a if b.version is None else b
+    if a.version.split()[0] == b.version.split()[0]:
+        return a if len(a.version) > len(b.version) else b
+    return None
+
+
+def resolve_license(name: str | None, url: str | None, use_url: bool = True) -> Resolution:
+    """Read a record's licence name and (when ``use_url``) URL as described in the module
+    docstring: the URL only fills an empty name, and never overrides a name."""
+    name, url = (name or "").strip(), (url or "").strip() if use_url else ""
+    by_name, by_url = normalize_license(name), normalize_license(url)
+    if name and by_name is None:
+        return Resolution(unrecognised=f"licence name {name[:200]!r}")
+    if not name:
+        return Resolution(by_url, unrecognised=f"licence url {url[:200]!r}" if url and by_url is None else None)
+    if by_url is None or by_name is None:
+        return Resolution(by_name)
+    agreed = _agree(by_name, by_url)
+    return Resolution(agreed) if agreed is not None else Resolution(conflict=(by_name, by_url))
+
+
 def record_license(name: str | None, url: str | None, use_url: bool = True) -> License | None:
-    """The licence a record carries: its name, else (when allowed) its URL."""
-    found = normalize_license(name)
-    if found is None and use_url:
-        found = normalize_license(url)
-    return found
+    """The one licence a record carries, or None (none recognised, or name and URL disagree)."""
+    return resolve_license(name, url, use_url).found
 
 
 def license_reason(name: str | None, url: str | None, cfg: LicenseConfig | None) -> str:
@@ -173,17 +225,30 @@ def license_reason(name: str | None, url: str | None, cfg: LicenseConfig | None)
         return ""
     if not (name or "").strip() and not (cfg.use_url and (url or "").strip()):
         return LICENSE_MISSING
-    found = record_license(name, url, cfg.use_url)
-    if found is None:
-        return f"{LICENSE_NOT_ALLOWED}: unrecognised {(name or url or '').strip()[:200]!r}"
-    if not any(found.accepted_by(entry) for entry in cfg.allowed()):
-        return f"{LICENSE_NOT_ALLOWED}: {found}"
-    return ""
+    res = resolve_license(name, url, cfg.use_url)
+    if res.unrecognised is not None:
+        return f"{LICENSE_NOT_ALLOWED}: unrecognised {res.unrecognised}"
+    allowed = cfg.allowed()
+    if res.conflict is not None:
+        by_name, by_url = res.conflict
+        if cfg.on_conflict == "filter":
+            return f"{LICENSE_CONFLICT}: name {by_name} vs url {by_url}"
+        refused = [lic for lic in res.conflict if not any(lic.accepted_by(entry) for entry in allowed)]
+        return f"{LICENSE_NOT_ALLOWED}: {refused[0]} (name {by_name} vs url {by_url})" if refused else ""
+    found = res.found  # recognised, no conflict
+    if found is not None and any(found.accepted_by(entry) for entry in allowed):
+        return ""
+    return f"{LICENSE_NOT_ALLOWED}: {found}"
 
 
 def license_family(name: str | None, url: str | None) -> str:
-    """The family a record's licence counts under in receipts (``missing``/``unrecognised`` otherwise)."""
+    """The family a record's licence counts under in receipts: ``missing``, ``unrecognised``
+    and ``conflict`` (a name and a URL that disagree) besides the families. A property of
+    the input, read with its URL whatever the settings, so a partition's counts do not
+    depend on settings that change no verdict (the unit's fingerprint holds verdicts)."""
     if not (name or "").strip() and not (url or "").strip():
         return "missing"
-    found = record_license(name, url)
-    return found.family if found else "unrecognised"
+    res = resolve_license(name, url)
+    if res.conflict is not None:
+        return "conflict"
+    return res.found.family if res.found else "unrecognised"

@@ -18,6 +18,7 @@ from corpusforge.layout import MARKERS, RECEIPT, REPORT, REPORT_HTML, ingest_pat
 from tasks.run_log import POINTER
 from corpusforge.storage import Store
 from tasks.captions.summary import mix_by_split, share_table, word_stats
+from tasks.stats.provenance import NOT_RECORDED, RANDOM_INIT_LABEL, weights_label
 
 _SECRET_WORDS = ("secret", "password", "token", "key_id", "access_key", "credential")
 _SECRET_NAMES = {"key", "api_key"}  # s3fs's name for the access key id; a chat endpoint's key
@@ -126,11 +127,21 @@ def _licenses_section(licenses: dict[str, Any], by_reason: dict[str, int]) -> li
     allow = ", ".join(licenses["allow"]) if licenses.get("allow") else "off (every licence accepted)"
     filtered = {r: n for r, n in by_reason.items() if r.startswith("filtered/license_")}
     out = ["", "## Licences", "", f"Allow-list: {allow}. Filtered: "
-           + (", ".join(f"{n} `{r.split('/', 1)[1]}`" for r, n in filtered.items()) or "none") + ".", ""]
+           + (", ".join(f"{n} `{r.split('/', 1)[1]}`" for r, n in filtered.items()) or "none") + ".",
+           "", conflict_line(licenses), ""]
     families = licenses.get("input_by_family") or {}
     if families:
         out.append(_table(["licence family (input records)", "records"], [[f, n] for f, n in families.items()]))
     return out
+
+
+def conflict_line(licenses: dict[str, Any]) -> str:
+    """How many input records carry a licence name and URL that disagree, and what became of them."""
+    n = licenses.get("conflicts", 0)
+    fate = {"filter": "filtered as `license_conflict`",
+            "stricter": "judged on both statements (kept only when both are allowed)"}.get(
+        licenses.get("on_conflict") or "", "not checked (licence check off)")
+    return f"Name/URL conflicts: {n} input record(s); on_conflict `{licenses.get('on_conflict')}`: {fate}."
 
 
 def _captions_section(receipt: dict[str, Any], types: list[str]) -> list[str]:
@@ -164,8 +175,7 @@ def _captions_section(receipt: dict[str, Any], types: list[str]) -> list[str]:
 def _features_section(features: dict[str, Any]) -> list[str]:
     if not features:
         return []
-    rows = [[m, t["dim"], t["ok"], t["errors"], "**RANDOM INIT**" if t["random_init"] else
-             t["fingerprint"].get("weights", t["fingerprint"].get("weights_sha256", ""))]
+    rows = [[m, t["dim"], t["ok"], t["errors"], _weights_md({**t["fingerprint"], "random_init": t["random_init"]})]
             for m, t in features["models"].items()]
     out = ["", "## Features", "", _table(["model", "dim", "images", "errors", "weights"], rows)]
     deviations = [(m, t["fingerprint"]["protocol_deviation"]) for m, t in features["models"].items()
@@ -230,9 +240,26 @@ def _near_duplicates_section(near: dict[str, Any]) -> list[str]:
     return out
 
 
+def _weights_md(identity: dict[str, Any]) -> str:
+    label = weights_label(identity)
+    return f"**{label}**" if label == RANDOM_INIT_LABEL else label
+
+
+def stats_deviations(stats: dict[str, Any], group: str) -> str:
+    """A statistics group's protocol deviations as the receipt records them (the sidecar's
+    list); ``none`` only when the list is recorded and empty."""
+    recorded = stats.get("protocol_deviations")
+    if not isinstance(recorded, dict) or group not in recorded:
+        return NOT_RECORDED
+    return "; ".join(recorded[group]) or "none"
+
+
 def _stats_section(stats: dict[str, Any]) -> list[str]:
+    """The statistics table: images, weights, preprocessing and deviations per group."""
     if not stats:
         return []
+    model = stats.get("model") or {}
+    rows = [[g, n, _weights_md(model), model.get("preprocessing", NOT_RECORDED), stats_deviations(stats, g)]
+            for g, n in (stats.get("n") or {}).items()]
     return ["", "## Reference statistics", "", f"Model `{stats['model_id']}`.", "",
-            _table(["split", "images"], [[g, n] for g, n in stats.get("n", {}).items()])]
-
+            _table(["split", "images", "weights", "preprocessing", "deviations from the protocol"], rows)]

@@ -22,6 +22,8 @@ import numpy as np
 from corpusforge.layout import GRAPH_EDGES, RECEIPT, RUN_LOG_MD
 from corpusforge.storage import Store
 from tasks.captions.summary import mix_by_split, share_table, word_chart_png, word_stats
+from tasks.receipt import conflict_line, stats_deviations
+from tasks.stats.provenance import NOT_RECORDED, RANDOM_INIT_LABEL, weights_label
 
 SECTIONS = ["summary", "outcomes", "splits", "shards", "captions", "features", "near-duplicates", "contamination",
             "reference-statistics", "provenance"]
@@ -121,21 +123,21 @@ def _similarity_hist(store: Store) -> tuple[str, int] | None:
 
 
 def _weights(fp: dict[str, Any]) -> str:
-    if fp.get("random_init") or fp.get("weights") in (None, "random-init"):
-        if fp.get("weights_sha256"):
-            return f"<code>{_esc(fp['weights_sha256'][:16])}…</code>"
-        return '<span class="random">RANDOM INIT (no weights)</span>' if fp.get("random_init") \
-            else "none (weight-free)"
-    return f"<code>{_esc(str(fp.get('weights'))[:24])}</code>"
+    """The weights label of a model identity (tasks/stats/provenance.py), random init in red."""
+    label = weights_label(fp)
+    return f'<span class="random">{_esc(label)}</span>' if label == RANDOM_INIT_LABEL else _esc(label)
 
 
 def _features(features: dict[str, Any]) -> str:
     if not features:
         return "<p>No feature models ran.</p>"
     rows = [[_esc(m), _esc(t["dim"]), _esc(t["ok"]), _esc(t["errors"]),
-             '<span class="random">RANDOM INIT</span>' if t["random_init"] else _weights(t.get("fingerprint") or {})]
+             _weights({**(t.get("fingerprint") or {}), "random_init": t["random_init"]})]
             for m, t in features["models"].items()]
-    return _table(["model", "dim", "images", "errors", "weights"], rows, raw=True)
+    declared = {m: d for m, t in features["models"].items()
+                if (d := (t.get("fingerprint") or {}).get("protocol_deviation"))}
+    notes = [f"<p><b>Protocol deviation</b> (<code>{_esc(m)}</code>): {_esc(d)}.</p>" for m, d in declared.items()]
+    return _table(["model", "dim", "images", "errors", "weights"], rows, raw=True) + "".join(notes)
 
 
 def _near(near: dict[str, Any], store: Store, receipt: dict[str, Any]) -> str:
@@ -176,21 +178,17 @@ def _contamination(receipt: dict[str, Any]) -> str:
     return f"<pre>{_esc(section)}</pre>"
 
 
-def _stats(stats: dict[str, Any], store: Store) -> str:
+def _stats(stats: dict[str, Any]) -> str:
+    """The statistics table, labelled from what the receipt records of the feature model
+    (its markers' identity) and of each group's deviations (the sidecars')."""
     if not stats:
         return "<p>No reference statistics in this run.</p>"
     out = [f"<p>Model <code>{_esc(stats.get('model_id'))}</code>.</p>"]
     if stats.get("warning"):
         out.append(f'<p class="warn">{_esc(stats["warning"])}</p>')
-    rows = []
-    for group, files in sorted((stats.get("files") or {}).items()):
-        sidecar = next((f for f in (files if isinstance(files, list) else files.values()) if str(f).endswith(".json")),
-                       None) if files else None
-        meta = store.read_json(sidecar) if sidecar and store.exists(sidecar) else {}
-        model = meta.get("model") or {}
-        rows.append([_esc(group), _esc(stats.get("n", {}).get(group, "")), _weights(model),
-                     _esc(model.get("preprocessing", meta.get("preprocessing", ""))),
-                     _esc("; ".join(meta.get("protocol_deviations") or meta.get("deviations") or []) or "none")])
+    rows = [[_esc(group), _esc(n), _weights(model := stats.get("model") or {}),
+             _esc(model.get("preprocessing", NOT_RECORDED)), _esc(stats_deviations(stats, group))]
+            for group, n in sorted((stats.get("n") or {}).items())]
     if rows:
         out.append(_table(["split", "images", "weights", "preprocessing", "deviations from the protocol"], rows,
                           raw=True))
@@ -201,7 +199,8 @@ def _licenses(licenses: dict[str, Any]) -> str:
     if not licenses:
         return ""
     allow = ", ".join(licenses["allow"]) if licenses.get("allow") else "off (every licence accepted)"
-    return (f"<h3>Licences</h3><p>Allow-list: {_esc(allow)}.</p>"
+    conflicts = conflict_line(licenses).replace("`", "")
+    return (f"<h3>Licences</h3><p>Allow-list: {_esc(allow)}.</p><p id=\"license-conflicts\">{_esc(conflicts)}</p>"
             + _table(["licence family (input records)", "records"],
                      [[f, n] for f, n in (licenses.get("input_by_family") or {}).items()]))
 
@@ -273,7 +272,7 @@ def render_html_report(receipt: dict[str, Any], store: Store) -> str:
                  f'{_near(receipt.get("near_duplicates") or {}, store, receipt)}</section>')
     parts.append(f'<section id="contamination"><h2>Contamination</h2>{_contamination(receipt)}</section>')
     parts.append('<section id="reference-statistics"><h2>Reference statistics</h2>'
-                 f'{_stats(receipt.get("stats") or {}, store)}</section>')
+                 f'{_stats(receipt.get("stats") or {})}</section>')
     parts.append(f'<section id="provenance"><h2>Provenance</h2><p>Code version <code>{_esc(receipt["code_version"])}'
                  f'</code>; input snapshot <code>{_esc(receipt["input_snapshot_sha256"])}</code>; full record in '
                  f'<a href="{RECEIPT}">{RECEIPT}</a> (every output file\'s SHA-256).</p>'

@@ -107,3 +107,19 @@ def test_deviations_name_every_departure_from_the_protocol():
     assert model_deviations(default) == []
     assert "input size" in model_deviations({**default, "model_id": "dinov2_vitl14_gpic_eval_s112"})[0]
     assert "preprocessing" in model_deviations({**default, "preprocessing": "dinov2_eval", "normalized": True})[0]
+
+
+def test_deviations_list_a_resize_the_port_mode_and_int8_beside_anything_else():
+    """Each deviation is listed on its own: a resized input is not hidden by random weights,
+    the port's preprocessing is named, and a model's own declared deviation (int8) is kept."""
+    from tasks.features.sscd_onnx import DEVIATION
+
+    devs = model_deviations(load_model(SMALL, RuntimeConfig()).fingerprint())
+    assert devs[0] == RANDOM_INIT_WARNING and any(d.startswith("input resized to 28×28 px") for d in devs)
+    port = {"model_id": "dinov2_vitl14_gpic_eval_port", "arch": "vit_large_patch14_dinov2", "random_init": False,
+            "preprocessing": "gpic_eval_port", "normalized": False}
+    assert len(model_deviations(port)) == 1 and "port mode" in model_deviations(port)[0]
+    int8 = {"model_id": "sscd_onnx_s224", "arch": "sscd_disc_mixup_int8", "weights": "ab" * 32, "random_init": False,
+            "preprocessing": "sscd_onnx_square224", "normalized": True, "protocol_deviation": DEVIATION}
+    devs = model_deviations(int8)
+    assert DEVIATION in devs and any(d.startswith("input resized to 224×224 px") for d in devs)

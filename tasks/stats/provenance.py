@@ -11,20 +11,47 @@ the evaluation refuses to proceed unless told otherwise.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from tasks.features.config import ModelSpec
-from tasks.stats.config import PROTOCOL_ARCH, PROTOCOL_MODES, protocol_model
+from tasks.stats.config import PROTOCOL_ARCH, PROTOCOL_MODES
 
 RANDOM_INIT_WARNING = ("RANDOM-INIT MODEL: features come from untrained weights; these numbers carry no "
                        "meaning and must not be compared with published values")
 
 
+# ModelSpec.model_id ends in "_s{size}" exactly when the input size is overridden.
+_INPUT_SIZE = re.compile(r"_s(\d+)$")
+# Words for the weights a model identity records (FeatureModel.fingerprint()["weights"]).
+RANDOM_INIT_LABEL = "RANDOM INIT"
+WEIGHT_FREE = "none (weight-free)"
+NOT_RECORDED = "not recorded"
+
+
+def weights_label(identity: dict[str, Any]) -> str:
+    """What a report says a model's weights were, from its identity alone: ``RANDOM INIT``,
+    ``none (weight-free)`` (wfd), ``sha256 <first 16 hex>…`` for pinned weights, or
+    ``not recorded`` (never a guess: an empty identity is not a weight-free model)."""
+    weights = identity.get("weights")
+    if identity.get("random_init") or weights == "random-init":
+        return RANDOM_INIT_LABEL
+    if weights == WEIGHT_FREE:
+        return WEIGHT_FREE
+    if isinstance(weights, str) and re.fullmatch(r"[0-9a-f]{64}", weights):
+        return f"sha256 {weights[:16]}…"
+    return NOT_RECORDED
+
+
 def model_deviations(identity: dict[str, Any]) -> list[str]:
-    """How a feature model departs from GPIC's protocol (App. B.1, B.3), in words."""
+    """How a feature model departs from GPIC's protocol (App. B.1, B.3), in words: random
+    weights, what the model itself declares (int8 quantisation), another architecture or
+    preprocessing, the port's preprocessing, a resized input, normalised features."""
     out = []
     if identity.get("random_init"):
         out.append(RANDOM_INIT_WARNING)
+    if identity.get("protocol_deviation"):
+        out.append(str(identity["protocol_deviation"]))
     if identity.get("arch") != PROTOCOL_ARCH:
         out.append(f"feature model {identity.get('arch')} instead of DINOv2 ViT-L/14 without registers "
                    f"({PROTOCOL_ARCH})")
@@ -32,9 +59,12 @@ def model_deviations(identity: dict[str, Any]) -> list[str]:
     if identity.get("preprocessing") not in modes:
         out.append(f"preprocessing {identity.get('preprocessing')!r} instead of one of the protocol's "
                    f"{sorted(modes)}")
-    expected_id = protocol_model(modes.get(identity.get("preprocessing"), "paper")).model_id
-    if not out and identity.get("model_id") != expected_id:
-        out.append(f"model id {identity.get('model_id')} instead of {expected_id} (input size override)")
+    elif modes[identity["preprocessing"]] != "paper":
+        out.append(f"preprocessing {identity['preprocessing']!r} (port mode: the public port's Resize((224, 224)) "
+                   "squash of the whole image) instead of the paper's centre crop (App. B.1)")
+    if m := _INPUT_SIZE.search(str(identity.get("model_id", ""))):
+        out.append(f"input resized to {m.group(1)}×{m.group(1)} px by an input size override (model id "
+                   f"{identity.get('model_id')}), not the model's own input size")
     if identity.get("normalized"):
         out.append("L2-normalised features (the protocol uses raw CLS features)")
     return out

@@ -155,9 +155,11 @@ def reference_stats_stage(store: Store, config: ReferenceStatsSettings,
                for g in groups}
     for d in model_deviations(marker["model"]):
         log.warning("protocol deviation: %s", d)
-    result: dict[str, Any] = {"model_id": model_id, "counts": plan.counts,
+    result: dict[str, Any] = {"model_id": model_id, "model": marker["model"], "counts": plan.counts,
                               "n": {g: s["n"] for g, s in written.items()},
-                              "files": {g: s["files"] for g, s in written.items()}, "extraction": extraction}
+                              "files": {g: s["files"] for g, s in written.items()},
+                              "protocol_deviations": {g: s["protocol_deviations"] for g, s in written.items()},
+                              "extraction": extraction}
     if config.oracle:
         oracle = {"reference": "test", "model_id": model_id, "model": marker["model"],
                   "manifest_sha256": plan.manifest_sha256, "code_version": version,
