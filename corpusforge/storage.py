@@ -22,6 +22,7 @@ from typing import IO, Any
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
+from fsspec.implementations.local import LocalFileSystem
 
 from corpusforge.hashing import canonical_json
 
@@ -242,6 +243,40 @@ def parquet_bytes(table: pa.Table) -> bytes:
         pq.write_table(table, buf, **PARQUET_WRITE_OPTIONS)
         buf.seek(0)
         return buf.read()
+
+
+def file_stamp(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any] | None = None,
+               content: bool = False) -> str:
+    """What changes whenever a file's bytes are replaced, read from its metadata alone (as make
+    and rsync notice changes), so a rerun re-reads exactly the files that changed.
+
+    Local files: size, mtime, ctime (ns) and inode. A user can set mtime back (``touch -r``,
+    ``os.utime``, ``rsync -t``), but not ctime, which the kernel sets on every write, nor the
+    inode of a file replaced by a rename. Object stores: size and ETag (which changes with the
+    content); other filesystems: size and modification time. ``info``: the entry from a listing,
+    when there is one. ``content``: add the SHA-256 of the bytes (``input.verify: content``),
+    for filesystems whose metadata cannot be trusted.
+    """
+    if isinstance(fs, LocalFileSystem):
+        st = os.stat(path)
+        stamp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
+    else:
+        info = info if info is not None else fs.info(path)
+        version = info.get("ETag") or info.get("mtime") or info.get("LastModified") or info.get("created")
+        stamp = f"{info.get('size')}:{version}"
+    if content:
+        h = hashlib.sha256()
+        with fs.open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                h.update(block)
+        stamp += f":sha256={h.hexdigest()}"
+    return stamp
+
+
+def uri_stamp(uri: str, storage_options: dict[str, Any] | None = None) -> str:
+    """:func:`file_stamp` of a local path or URI."""
+    fs, path = fsspec.core.url_to_fs(uri, **(storage_options or {}))
+    return file_stamp(fs, path)
 
 
 def open_uri(uri: str, storage_options: dict[str, Any] | None = None) -> IO[bytes]:

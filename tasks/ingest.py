@@ -47,11 +47,11 @@ from corpusforge.hashing import stable_int
 from corpusforge.layout import (HASH_SCHEMA, INGEST_SCHEMA, KEY_SCHEMA, hashes_path, ingest_path, keys_table_path,
                                 spill_path)
 from corpusforge.records import Status
-from corpusforge.storage import Store, is_remote, with_retry_defaults
+from corpusforge.storage import Store, file_stamp, is_remote, with_retry_defaults
 from corpusforge.tarshard import HashingWriter, is_safe_key, iter_tar_samples
 from corpusforge.version import code_version
 from tasks.licenses import LicenseConfig, license_family, license_reason
-from tasks.sources import (IMAGE_EXTS, METADATA_COLUMNS, Partition, SourceConfig, allowed_roots, file_stamp,
+from tasks.sources import (IMAGE_EXTS, METADATA_COLUMNS, Partition, SourceConfig, allowed_roots,
                            local_file_refusal, locate, parse_sidecar, source_split_of)
 from tasks.validate import ValidationConfig, validate_image
 
@@ -102,7 +102,7 @@ def image_stamps(part: Partition, src: SourceConfig, store: Store) -> list[str |
             continue
         try:
             fs, path = fsspec.core.url_to_fs(location, **src.storage_options)
-            stamps.append(file_stamp(fs, path))
+            stamps.append(file_stamp(fs, path, content=src.verify == "content"))
         except (OSError, ValueError) as exc:
             stamps.append(f"unreadable: {type(exc).__name__}")
     return stamps

@@ -191,3 +191,30 @@ def test_staging_copies_the_ingest_spill_and_never_rereads_the_source(tmp_path):
     store.remove(marker_path(staging_tar(shard.name)))
     with pytest.raises(RuntimeError, match="does not hold the bytes ingest hashed for key kb"):
         write_staging_shard(store, shard)
+
+
+def test_verify_content_stamps_every_file_with_its_sha256(tmp_path):
+    """``input.verify: content``: a tar's partition digest and each image's stamp carry the
+    file's SHA-256, so a change no metadata shows is still seen; unchanged, a rerun skips."""
+    import hashlib
+
+    from tasks.ingest import image_stamps
+
+    src = tmp_path / "src"
+    write_images(src, {"a.jpg": jpeg(400, 300, 1)})
+    pq.write_table(pa.table({"path": ["a.jpg"]}), src / "metadata.parquet")
+    tars = tmp_path / "tars"
+    tars.mkdir()
+    (tars / "00000.tar").write_bytes(_tar_bytes([("k1.jpg", jpeg(400, 300, 2))]))
+    cfg = SourceConfig(verify="content")
+    store = Store(str(tmp_path / "out"))
+    _, [table_part] = plan_partitions(str(src), store, cfg)
+    [stamp] = image_stamps(table_part, cfg, store)
+    assert stamp.endswith(f":sha256={hashlib.sha256((src / 'a.jpg').read_bytes()).hexdigest()}")
+    assert image_stamps(table_part, SourceConfig(), store)[0] == stamp.rsplit(":sha256=", 1)[0]
+    _, [tar_part] = plan_partitions(str(tars), Store(str(tmp_path / "out-tars")), cfg)
+    assert tar_part.digest.endswith(f":sha256={hashlib.sha256((tars / '00000.tar').read_bytes()).hexdigest()}")
+    first = ingest_partition(store, table_part, cfg, ValidationConfig(), n_buckets=2)
+    again = ingest_partition(store, table_part, cfg, ValidationConfig(), n_buckets=2)
+    assert first["action"] == "computed" and again["action"] == "skipped"
+
