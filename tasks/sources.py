@@ -290,6 +290,27 @@ def _folder_rows(src: str, cfg: SourceConfig) -> Iterator[dict[str, Any]]:
         yield record
 
 
+def why_empty(src: str, cfg: SourceConfig) -> str | None:
+    """What makes the source hold no input record (an empty table, a header-only CSV, an
+    empty folder), or None when it holds at least one. Reads as little as it can: the
+    first rows of a table, the listing up to the first file; writes nothing, so the CLI
+    can ask before anything starts. An unreadable table raises ValueError naming it."""
+    kind, uri = detect_kind(src, cfg.storage_options) if cfg.kind == "auto" else (cfg.kind, src)
+    fs, path = _fs(uri, cfg.storage_options)
+    if kind == "table":
+        if any(t.num_rows for t in _table_batches(uri, cfg.storage_options, 1)):
+            return None
+        return f"table {uri} has no rows"
+    if kind == "tars":
+        return None if tar_list(fs, path) else f"folder {uri} holds no .tar"
+    if fs.isfile(path):
+        return None
+    for folder, dirs, files in fs.walk(path):
+        if files or (not is_remote(uri) and any(os.path.islink(posixpath.join(folder, d)) for d in dirs)):
+            return None
+    return f"folder {uri} holds no file"
+
+
 def plan_partitions(src: str, store: Store, cfg: SourceConfig) -> tuple[str, list[Partition]]:
     """Detect the source kind and return it with the ingest partitions in input order.
 
