@@ -43,6 +43,12 @@ def is_safe_key(key: str) -> bool:
     return bool(SAFE_KEY.match(key))
 
 
+def folded_key(key: str) -> str:
+    """A key as a case-insensitive filesystem (macOS, Windows) sees it: two keys with one
+    folded form overwrite each other's files when a release tar is unpacked there."""
+    return key.lower()  # safe keys are ASCII
+
+
 @dataclass
 class Sample:
     key: str

@@ -13,7 +13,8 @@ Output per partition (written atomically, marker last):
   (:data:`corpusforge.records.INGEST_SCHEMA`), status ``kept`` (so far), ``filtered``
   or ``error`` with a reason;
 * ``work/hashes/{part}.parquet`` and ``work/keys/{part}.parquet`` — the small
-  bucketed tables that exact deduplication and the key-uniqueness check read.
+  bucketed tables that exact deduplication and the key-uniqueness check read (keys are
+  bucketed by their case-folded form, so keys differing only in case meet in one bucket).
 
 Fingerprint: the partition's digest (its chunk's bytes, or the tar's stamp), the stamp
 of every image file the chunk names (so bytes replaced at the same path are re-read),
@@ -48,7 +49,7 @@ from corpusforge.layout import (HASH_SCHEMA, INGEST_SCHEMA, KEY_SCHEMA, hashes_p
                                 spill_path)
 from corpusforge.records import Status
 from corpusforge.storage import Store, file_stamp, is_remote, with_retry_defaults
-from corpusforge.tarshard import HashingWriter, is_safe_key, iter_tar_samples
+from corpusforge.tarshard import HashingWriter, folded_key, is_safe_key, iter_tar_samples
 from corpusforge.version import code_version
 from tasks.licenses import LicenseConfig, license_family, license_reason
 from tasks.sources import (IMAGE_EXTS, METADATA_COLUMNS, Partition, SourceConfig, allowed_roots,
@@ -240,7 +241,8 @@ def ingest_partition(store: Store, part: Partition, src: SourceConfig, val: Vali
               "part": r["part"], "row": r["row"], "pixels": int(r["width"]) * int(r["height"])} for r in valid),
             key=lambda r: (r["bucket"], r["sha256"], r["row"]))
         keys = sorted(
-            ({"bucket": stable_int(0, r["key"], n_buckets), "key": r["key"], "part": r["part"], "row": r["row"]}
+            ({"bucket": stable_int(0, folded_key(r["key"]), n_buckets), "key": r["key"], "part": r["part"],
+              "row": r["row"]}
              for r in records if r["key"] and is_safe_key(r["key"])),
             key=lambda r: (r["bucket"], r["key"], r["row"]))
         outputs = {

@@ -218,3 +218,18 @@ def test_verify_content_stamps_every_file_with_its_sha256(tmp_path):
     again = ingest_partition(store, table_part, cfg, ValidationConfig(), n_buckets=2)
     assert first["action"] == "computed" and again["action"] == "skipped"
 
+
+def test_keys_differing_only_in_case_are_per_record_errors(tmp_path):
+    """``dup`` and ``Dup`` would overwrite each other when a release tar is unpacked on a
+    case-insensitive filesystem: the first in input order keeps its key, a later case
+    variant is ``key_case_collision``, a later exact repeat stays ``duplicate_key``."""
+    src = tmp_path / "src"
+    write_images(src, {f"{i}.jpg": jpeg(400, 300, 10 + i) for i in range(6)})
+    pq.write_table(pa.table({"key": ["Dup", "other", "dup", "DUP", "dup", "Other"],
+                             "path": [f"{i}.jpg" for i in range(6)]}), src / "metadata.parquet")
+    got = sorted(ingest_all(str(src), tmp_path / "out"), key=lambda r: (r["part"], r["row"]))
+    assert [(r["key"], r["status"], r["reason"].split(":")[0]) for r in got] == [
+        ("Dup", "kept", ""), ("other", "kept", ""), ("dup", "error", "key_case_collision"),
+        ("DUP", "error", "key_case_collision"), ("dup", "error", "duplicate_key"),
+        ("Other", "error", "key_case_collision")]
+    assert got[2]["reason"].startswith("key_case_collision: dup differs only in case from Dup earlier in the input")
