@@ -34,6 +34,7 @@ import hashlib
 import json
 import os
 import stat
+import unicodedata
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -60,6 +61,22 @@ from tasks.validate import ValidationConfig, validate_image
 def derived_key(locator: str) -> str:
     """A safe key for a record that has none: a hash of where it came from."""
     return "k" + hashlib.sha256(locator.encode()).hexdigest()[:20]
+
+
+def clean_caption(record: dict[str, Any]) -> None:
+    """Strip control characters (NUL, ESC, DEL, C1…; tab and newline stay) from a record's
+    caption, which would ship verbatim into the release's ``.txt`` and JSON otherwise, with
+    a warning on the record naming what was removed."""
+    caption = record.get("caption")
+    if not caption:
+        return
+    removed = sorted({c for c in caption if c not in "\t\n" and unicodedata.category(c) == "Cc"})
+    if not removed:
+        return
+    record["caption"] = "".join(c for c in caption if c not in removed)
+    count = sum(caption.count(c) for c in removed)
+    note = f"caption_control_characters: removed {count} ({', '.join(f'U+{ord(c):04X}' for c in removed)})"
+    record["warning"] = f"{record['warning']}; {note}" if record.get("warning") else note
 
 
 def _blank(part: int, row: int) -> dict[str, Any]:
@@ -139,6 +156,7 @@ def _row_records(part: Partition, src: SourceConfig, val: ValidationConfig,
         record = _blank(part.index, i)
         record.update({c: meta.get(c) for c in METADATA_COLUMNS})
         record["warning"] = meta.get("warning")
+        clean_caption(record)
         raw_path = meta.get("path") or ""
         record["source_path"] = raw_path
         record["key"] = meta.get("key") or derived_key(raw_path)
@@ -192,6 +210,7 @@ def _tar_records(part: Partition, src: SourceConfig, val: ValidationConfig,
             record.update({c: str(meta[c]) for c in METADATA_COLUMNS[1:] if meta.get(c) is not None})
             if "txt" in sample.members:
                 record["caption"] = sample.members["txt"].decode("utf-8", "replace").strip()
+            clean_caption(record)
             record["source_split"] = source_split_of(part.uri)
             if isinstance(meta.get("split"), list):  # GPIC: the tiers holding the sample
                 record["source_tiers"] = ",".join(str(t) for t in meta["split"])

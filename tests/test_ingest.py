@@ -233,3 +233,25 @@ def test_keys_differing_only_in_case_are_per_record_errors(tmp_path):
         ("DUP", "error", "key_case_collision"), ("dup", "error", "duplicate_key"),
         ("Other", "error", "key_case_collision")]
     assert got[2]["reason"].startswith("key_case_collision: dup differs only in case from Dup earlier in the input")
+
+
+def test_control_characters_in_captions_are_stripped_with_a_warning(tmp_path):
+    """A NUL, an ANSI escape or a C1 control in a caption never ships: it is removed and the
+    record says so in its ``warning``; tab and newline stay, as does an earlier warning."""
+    src = tmp_path / "src"
+    write_images(src, {f"{i}.jpg": jpeg(400, 300, 20 + i) for i in range(3)})
+    pq.write_table(pa.table({"key": ["a", "b", "c"], "path": ["0.jpg", "1.jpg", "2.jpg"],
+                             "caption": ["nul\x00byte\x00", "\x1b[31mred\x7f\x85", "tab\tand\nline"]}),
+                   src / "metadata.parquet")
+    got = {r["key"]: r for r in ingest_all(str(src), tmp_path / "out")}
+    assert [(got[k]["caption"], got[k]["warning"], got[k]["status"]) for k in "abc"] == [
+        ("nulbyte", "caption_control_characters: removed 2 (U+0000)", "kept"),
+        ("[31mred", "caption_control_characters: removed 3 (U+001B, U+007F, U+0085)", "kept"),
+        ("tab\tand\nline", None, "kept")]
+    tars = tmp_path / "tars"
+    tars.mkdir()
+    (tars / "00000.tar").write_bytes(_tar_bytes([("k1.jpg", jpeg(400, 300, 30)), ("k1.txt", b"a\x00b"),
+                                                 ("k1.json", b"[1]")]))
+    [row] = ingest_all(str(tars), tmp_path / "out-tars")
+    assert row["caption"] == "ab" and row["warning"].endswith("; caption_control_characters: removed 1 (U+0000)")
+    assert row["warning"].startswith("bad_sidecar:")
