@@ -143,8 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         what = "no space left on device" if full.errno == errno.ENOSPC else "disk quota exceeded"
         where = "--out" if args.command == "build" else "output location"
-        print(f"corpusforge {args.command}: error: {what} writing {full.filename or 'a file'}: free space there or choose "
-              f"another {where}", file=sys.stderr)
+        print(f"corpusforge {args.command}: error: {what} writing {full.filename or 'a file'}: free space there "
+              f"or choose another {where}", file=sys.stderr)
         return 1
 
 

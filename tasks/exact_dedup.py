@@ -10,8 +10,9 @@ partition's rows (``work/resolved/{part}``), the base of the manifest.
 Rules: the first record of a key in input order keeps it, later ones are errors
 (``duplicate_key``); keys are compared case-folded, so a later key differing only in case
 from an earlier one (``Dup`` after ``dup``) is an error too (``key_case_collision``):
-unpacked on a case-insensitive filesystem, their files would overwrite each other. Among byte-identical images the highest-resolution copy is kept,
-ties broken by the smallest key; the others become ``exact_duplicate`` of it.
+unpacked on a case-insensitive filesystem, their files would overwrite each other.
+Among byte-identical images the highest-resolution copy is kept, ties broken by the
+smallest key; the others become ``exact_duplicate`` of it.
 """
 
 from __future__ import annotations
