@@ -216,7 +216,8 @@ def _tar_records(part: Partition, src: SourceConfig, val: ValidationConfig,
                 record["source_tiers"] = ",".join(str(t) for t in meta["split"])
             image_exts = sorted(e for e in sample.members if e in IMAGE_EXTS)
             if sample.error is not None:
-                record["key"] = derived_key(record["source_path"])  # the name itself is not usable
+                if not sample.error.reason.startswith("not a regular file"):
+                    record["key"] = derived_key(record["source_path"])  # the name itself is not usable
                 record["reason"] = _tar_error_reason(sample.error.reason)
             elif not is_safe_key(key):
                 record["reason"] = f"unsafe_key: {key!r}"
