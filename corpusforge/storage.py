@@ -10,6 +10,7 @@ markers are the stage contract's business (:mod:`corpusforge.contract`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -22,6 +23,7 @@ from typing import IO, Any
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
+from fsspec.implementations.local import LocalFileSystem
 
 from corpusforge.hashing import canonical_json
 
@@ -44,6 +46,9 @@ PARQUET_WRITE_OPTIONS: dict[str, Any] = {
 # outer loop only for SlowDown and connection errors that outlast these attempts.)
 S3_MAX_ATTEMPTS = 5
 S3_RETRIES: dict[str, Any] = {"mode": "standard", "total_max_attempts": S3_MAX_ATTEMPTS}
+
+
+FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # no space left, disk quota exceeded
 
 
 def with_retry_defaults(uri: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
@@ -94,6 +99,23 @@ class Store:
             yield
         except PermissionError as exc:
             raise PermissionError(f"access denied to {self.path(rel)}: {exc}") from exc
+
+    @contextlib.contextmanager
+    def _naming_full_disk(self, rels: tuple[str, ...], temps: list[str] | None) -> Iterator[None]:
+        """A full disk or quota names where, so the user knows which disk to free: the final
+        path of the file being written (the unit's first when several are open at once); for
+        an object store, the local temp folder its uploads are staged in (``temps``: the temp
+        files made so far; None while uploading)."""
+        try:
+            yield
+        except OSError as exc:
+            if exc.errno not in FULL_DISK_ERRNOS:
+                raise
+            if self.remote and temps is not None:
+                where = tempfile.gettempdir()
+            else:
+                where = self.path(rels[len(temps)] if temps is not None and len(temps) < len(rels) else rels[0])
+            raise OSError(exc.errno, os.strerror(exc.errno), where) from exc
 
     def __reduce__(self):  # picklable for Dask: rebuild the filesystem on the worker
         return (Store, (self.root, self.storage_options, self.fsync))
@@ -182,7 +204,7 @@ class Store:
         """
         temps: list[str] = []
         try:
-            with contextlib.ExitStack() as stack:
+            with self._naming_full_disk(rels, temps), contextlib.ExitStack() as stack:
                 files = []
                 for rel in rels:
                     fd, tmp = self._temp_file(rel)
@@ -199,7 +221,7 @@ class Store:
                             list(pool.map(os.fsync, [f.fileno() for f in files]))
             for rel, tmp in zip(rels, temps, strict=True):
                 if self.remote:
-                    with self._naming(rel):
+                    with self._naming(rel), self._naming_full_disk((rel,), None):
                         self.fs.put_file(tmp, self._fs_path(rel))
                 else:
                     os.chmod(tmp, 0o644)
@@ -242,6 +264,40 @@ def parquet_bytes(table: pa.Table) -> bytes:
         pq.write_table(table, buf, **PARQUET_WRITE_OPTIONS)
         buf.seek(0)
         return buf.read()
+
+
+def file_stamp(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any] | None = None,
+               content: bool = False) -> str:
+    """What changes whenever a file's bytes are replaced, read from its metadata alone (as make
+    and rsync notice changes), so a rerun re-reads exactly the files that changed.
+
+    Local files: size, mtime, ctime (ns) and inode. A user can set mtime back (``touch -r``,
+    ``os.utime``, ``rsync -t``), but not ctime, which the kernel sets on every write, nor the
+    inode of a file replaced by a rename. Object stores: size and ETag (which changes with the
+    content); other filesystems: size and modification time. ``info``: the entry from a listing,
+    when there is one. ``content``: add the SHA-256 of the bytes (``input.verify: content``),
+    for filesystems whose metadata cannot be trusted.
+    """
+    if isinstance(fs, LocalFileSystem):
+        st = os.stat(path)
+        stamp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
+    else:
+        info = info if info is not None else fs.info(path)
+        version = info.get("ETag") or info.get("mtime") or info.get("LastModified") or info.get("created")
+        stamp = f"{info.get('size')}:{version}"
+    if content:
+        h = hashlib.sha256()
+        with fs.open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                h.update(block)
+        stamp += f":sha256={h.hexdigest()}"
+    return stamp
+
+
+def uri_stamp(uri: str, storage_options: dict[str, Any] | None = None) -> str:
+    """:func:`file_stamp` of a local path or URI."""
+    fs, path = fsspec.core.url_to_fs(uri, **(storage_options or {}))
+    return file_stamp(fs, path)
 
 
 def open_uri(uri: str, storage_options: dict[str, Any] | None = None) -> IO[bytes]:

@@ -43,6 +43,12 @@ def is_safe_key(key: str) -> bool:
     return bool(SAFE_KEY.match(key))
 
 
+def folded_key(key: str) -> str:
+    """A key as a case-insensitive filesystem (macOS, Windows) sees it: two keys with one
+    folded form overwrite each other's files when a release tar is unpacked there."""
+    return key.lower()  # safe keys are ASCII
+
+
 @dataclass
 class Sample:
     key: str
@@ -336,8 +342,10 @@ def _member_kind(info: tarfile.TarInfo) -> str:
 def iter_tar_samples(fileobj: IO[bytes]) -> Iterator[TarSample]:
     """Yield consecutive members sharing a key as one :class:`TarSample`.
 
-    Reads the tar as a stream (sequential, works on S3). Non-file members (links,
-    devices, FIFOs) and unsafe names come back as errors. A member repeating an extension
+    Reads the tar as a stream (sequential, works on S3). A non-file member (link, device,
+    FIFO) makes its whole sample an error, under the sample's key: one sample, one record,
+    whatever its members. A member whose name is unsafe (``../x``, ``/abs``, a NUL) belongs
+    to no sample and comes back alone as an error. A member repeating an extension
     the sample in progress already has starts a new sample with the same key (the key
     check then flags it as a duplicate), so two samples are never merged. A truncated or corrupt tar ends
     with one error sample naming how many samples were read before it; the sample in
@@ -347,6 +355,7 @@ def iter_tar_samples(fileobj: IO[bytes]) -> Iterator[TarSample]:
     only if a complete end-of-archive block (512 zero bytes) follows its last member.
     """
     current = TarSample(key="")
+    exts: set[str] = set()  # the extensions of the sample in progress, unusable members included
     reader = _TailReader(fileobj)
     done = 0
 
@@ -355,29 +364,39 @@ def iter_tar_samples(fileobj: IO[bytes]) -> Iterator[TarSample]:
         return TarSample(name, error=TarMemberError(
             name, f"corrupt or truncated tar after {done} complete samples: {why}"))
 
+    def finished(sample: TarSample) -> TarSample:
+        if sample.error is not None:  # an error sample carries no member
+            sample.members.clear()
+            sample.offsets.clear()
+        return sample
+
     try:
         with tarfile.open(fileobj=reader, mode="r|*") as tar:
             for info in tar:
                 if info.isdir():
                     continue
                 parsed = split_member_name(info.name)
-                if not info.isreg() or parsed is None:
-                    why = "unsafe member name" if parsed is None else f"not a regular file: {_member_kind(info)}"
-                    if current.members:  # keep input order: finish the sample in progress first
-                        yield current
+                if parsed is None:
+                    if exts:  # keep input order: finish the sample in progress first
+                        yield finished(current)
                         done += 1
-                        current = TarSample(key="")
-                    yield TarSample(info.name, error=TarMemberError(info.name, why))
+                        current, exts = TarSample(key=""), set()
+                    yield TarSample(info.name, error=TarMemberError(info.name, "unsafe member name"))
                     done += 1
                     continue
                 key, ext = parsed
                 # a new key, or a member repeating one the sample already has (a duplicate
                 # key): the sample in progress ends, so nothing is merged or overwritten
-                if current.members and (key != current.key or ext in current.members):
-                    yield current
+                if exts and (key != current.key or ext in exts):
+                    yield finished(current)
                     done += 1
-                    current = TarSample(key=key)
+                    current, exts = TarSample(key=key), set()
                 current.key = key
+                exts.add(ext)
+                if not info.isreg():
+                    if current.error is None:
+                        current.error = TarMemberError(info.name, f"not a regular file: {_member_kind(info)}")
+                    continue
                 f = tar.extractfile(info)
                 current.members[ext] = f.read() if f is not None else b""
                 current.offsets[ext] = info.offset_data
@@ -388,5 +407,5 @@ def iter_tar_samples(fileobj: IO[bytes]) -> Iterator[TarSample]:
     if end is None or len(end) < tarfile.BLOCKSIZE or end.count(0) != tarfile.BLOCKSIZE:
         yield cut("no end-of-archive block after the last member (header cut short or stream ended)")
         return
-    if current.members:
-        yield current
+    if exts:
+        yield finished(current)

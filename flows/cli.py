@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import importlib.util
 import json
@@ -136,6 +137,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         print(f"corpusforge {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        full = _full_disk(exc)
+        if full is None:
+            raise
+        what = "no space left on device" if full.errno == errno.ENOSPC else "disk quota exceeded"
+        where = "--out" if args.command == "build" else "output location"
+        print(f"corpusforge {args.command}: error: {what} writing {full.filename or 'a file'}: free space there "
+              f"or choose another {where}", file=sys.stderr)
+        return 1
+
+
+def _full_disk(exc: BaseException | None) -> OSError | None:
+    """The full-disk error (ENOSPC, EDQUOT) behind ``exc``, as raised by a task or wrapped by
+    Prefect or Dask, or None: one line for it, not the run's traceback."""
+    from corpusforge.storage import FULL_DISK_ERRNOS
+
+    found: list[OSError] = []
+    while exc is not None and all(exc is not f for f in found):
+        if isinstance(exc, OSError) and exc.errno in FULL_DISK_ERRNOS:
+            found.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    named = [f for f in found if f.filename]  # the storage layer's, which names the path
+    return (named or found or [None])[0]
 
 
 if __name__ == "__main__":

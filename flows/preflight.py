@@ -303,7 +303,24 @@ def check_build(config: Any) -> None:
     if is_remote(config.source) == is_remote(config.out) and overlapping(config.source, config.out):
         raise UserError(f"output root {config.out} overlaps the source {config.source}: choose an --out outside it")
     require_writable_root(config.out, config.storage_options, "output root")
+    require_records(config.source, config.input)
     check_models(config)
+
+
+def require_records(source: str, cfg: Any) -> None:
+    """The source holds at least one input record: an empty one is the user's mistake, said
+    before a server or cluster starts rather than as the ingest plan's traceback."""
+    from tasks.sources import why_empty
+
+    if has_secret_blocks(cfg.storage_options):
+        return  # credentials come from the server's Secret block: checked in the run
+    try:
+        why = why_empty(source, cfg)
+    except ValueError as exc:
+        raise UserError(f"source {source}: {exc}") from None
+    if why is not None:
+        raise UserError(f"source {source} holds no input records ({why}): nothing to build; give a table "
+                        "with rows, a folder of tars or a folder of images")
 
 
 def check_corpus(uri: str, options: dict[str, Any], what: str = "corpus") -> None:

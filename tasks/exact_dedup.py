@@ -8,8 +8,11 @@ bucket reads only its bucket from every partition, so no process ever sees more 
 partition's rows (``work/resolved/{part}``), the base of the manifest.
 
 Rules: the first record of a key in input order keeps it, later ones are errors
-(``duplicate_key``). Among byte-identical images the highest-resolution copy is kept,
-ties broken by the smallest key; the others become ``exact_duplicate`` of it.
+(``duplicate_key``); keys are compared case-folded, so a later key differing only in case
+from an earlier one (``Dup`` after ``dup``) is an error too (``key_case_collision``):
+unpacked on a case-insensitive filesystem, their files would overwrite each other.
+Among byte-identical images the highest-resolution copy is kept, ties broken by the
+smallest key; the others become ``exact_duplicate`` of it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from corpusforge.layout import (DUPLICATE_SCHEMA, EXACT_DIR, HASHES_DIR, KEYDUP_
                                 exact_path, ingest_path, keydup_path, resolved_path)
 from corpusforge.records import Status
 from corpusforge.storage import Store
+from corpusforge.tarshard import folded_key
 from corpusforge.version import code_version
 
 
@@ -46,13 +50,17 @@ def find_duplicate_keys(store: Store, bucket: int, keys_digests: list[str]) -> d
     ``work/keys`` digest, the inputs this bucket reads)."""
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         table = _bucket_rows(store, KEYS_DIR, bucket).to_pylist()
-        table.sort(key=lambda r: (r["key"], r["part"], r["row"]))
-        decisions, previous = [], None
+        table.sort(key=lambda r: (folded_key(r["key"]), r["part"], r["row"]))
+        decisions: list[dict[str, Any]] = []
+        first, seen = None, set()
         for r in table:
-            if previous is not None and previous["key"] == r["key"]:
-                decisions.append({"part": r["part"], "row": r["row"], "duplicate_of": r["key"]})
-            else:
-                previous = r
+            if first is None or folded_key(first["key"]) != folded_key(r["key"]):
+                first, seen = r, {r["key"]}
+                continue
+            # the same key again, or one differing only in case from the first of its group
+            decisions.append({"part": r["part"], "row": r["row"],
+                              "duplicate_of": r["key"] if r["key"] in seen else first["key"]})
+            seen.add(r["key"])
         return _write_decisions(store, keydup_path(bucket), decisions), {"duplicates": len(decisions)}
 
     fp = unit_fingerprint("duplicate-keys", _code(), bucket, keys_digests)
@@ -112,8 +120,12 @@ def resolve_partition(store: Store, part: int, ingest_digest: str, decision_dige
         candidates = []
         for r in rows:
             r["duplicate_of"] = None
-            if r["row"] in dup_keys:
+            if dup_keys.get(r["row"]) == r["key"]:
                 r["status"], r["reason"] = Status.ERROR.value, f"duplicate_key: {r['key']} appeared earlier in the input"
+            elif r["row"] in dup_keys:
+                r["status"], r["reason"] = Status.ERROR.value, (
+                    f"key_case_collision: {r['key']} differs only in case from {dup_keys[r['row']]} earlier in the "
+                    "input (their files would overwrite each other on a case-insensitive filesystem)")
             elif r["row"] in dup_bytes:
                 r["status"], r["reason"] = Status.EXACT_DUPLICATE.value, "sha256_match"
                 r["duplicate_of"] = dup_bytes[r["row"]]

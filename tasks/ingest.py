@@ -13,7 +13,8 @@ Output per partition (written atomically, marker last):
   (:data:`corpusforge.records.INGEST_SCHEMA`), status ``kept`` (so far), ``filtered``
   or ``error`` with a reason;
 * ``work/hashes/{part}.parquet`` and ``work/keys/{part}.parquet`` — the small
-  bucketed tables that exact deduplication and the key-uniqueness check read.
+  bucketed tables that exact deduplication and the key-uniqueness check read (keys are
+  bucketed by their case-folded form, so keys differing only in case meet in one bucket).
 
 Fingerprint: the partition's digest (its chunk's bytes, or the tar's stamp), the stamp
 of every image file the chunk names (so bytes replaced at the same path are re-read),
@@ -33,6 +34,7 @@ import hashlib
 import json
 import os
 import stat
+import unicodedata
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -47,11 +49,11 @@ from corpusforge.hashing import stable_int
 from corpusforge.layout import (HASH_SCHEMA, INGEST_SCHEMA, KEY_SCHEMA, hashes_path, ingest_path, keys_table_path,
                                 spill_path)
 from corpusforge.records import Status
-from corpusforge.storage import Store, is_remote, with_retry_defaults
-from corpusforge.tarshard import HashingWriter, is_safe_key, iter_tar_samples
+from corpusforge.storage import Store, file_stamp, is_remote, with_retry_defaults
+from corpusforge.tarshard import HashingWriter, folded_key, is_safe_key, iter_tar_samples
 from corpusforge.version import code_version
 from tasks.licenses import LicenseConfig, license_family, license_reason
-from tasks.sources import (IMAGE_EXTS, METADATA_COLUMNS, Partition, SourceConfig, allowed_roots, file_stamp,
+from tasks.sources import (IMAGE_EXTS, METADATA_COLUMNS, Partition, SourceConfig, allowed_roots,
                            local_file_refusal, locate, parse_sidecar, source_split_of)
 from tasks.validate import ValidationConfig, validate_image
 
@@ -59,6 +61,22 @@ from tasks.validate import ValidationConfig, validate_image
 def derived_key(locator: str) -> str:
     """A safe key for a record that has none: a hash of where it came from."""
     return "k" + hashlib.sha256(locator.encode()).hexdigest()[:20]
+
+
+def clean_caption(record: dict[str, Any]) -> None:
+    """Strip control characters (NUL, ESC, DEL, C1…; tab and newline stay) from a record's
+    caption, which would ship verbatim into the release's ``.txt`` and JSON otherwise, with
+    a warning on the record naming what was removed."""
+    caption = record.get("caption")
+    if not caption:
+        return
+    removed = sorted({c for c in caption if c not in "\t\n" and unicodedata.category(c) == "Cc"})
+    if not removed:
+        return
+    record["caption"] = "".join(c for c in caption if c not in removed)
+    count = sum(caption.count(c) for c in removed)
+    note = f"caption_control_characters: removed {count} ({', '.join(f'U+{ord(c):04X}' for c in removed)})"
+    record["warning"] = f"{record['warning']}; {note}" if record.get("warning") else note
 
 
 def _blank(part: int, row: int) -> dict[str, Any]:
@@ -102,7 +120,7 @@ def image_stamps(part: Partition, src: SourceConfig, store: Store) -> list[str |
             continue
         try:
             fs, path = fsspec.core.url_to_fs(location, **src.storage_options)
-            stamps.append(file_stamp(fs, path))
+            stamps.append(file_stamp(fs, path, content=src.verify == "content"))
         except (OSError, ValueError) as exc:
             stamps.append(f"unreadable: {type(exc).__name__}")
     return stamps
@@ -138,6 +156,7 @@ def _row_records(part: Partition, src: SourceConfig, val: ValidationConfig,
         record = _blank(part.index, i)
         record.update({c: meta.get(c) for c in METADATA_COLUMNS})
         record["warning"] = meta.get("warning")
+        clean_caption(record)
         raw_path = meta.get("path") or ""
         record["source_path"] = raw_path
         record["key"] = meta.get("key") or derived_key(raw_path)
@@ -191,12 +210,14 @@ def _tar_records(part: Partition, src: SourceConfig, val: ValidationConfig,
             record.update({c: str(meta[c]) for c in METADATA_COLUMNS[1:] if meta.get(c) is not None})
             if "txt" in sample.members:
                 record["caption"] = sample.members["txt"].decode("utf-8", "replace").strip()
+            clean_caption(record)
             record["source_split"] = source_split_of(part.uri)
             if isinstance(meta.get("split"), list):  # GPIC: the tiers holding the sample
                 record["source_tiers"] = ",".join(str(t) for t in meta["split"])
             image_exts = sorted(e for e in sample.members if e in IMAGE_EXTS)
             if sample.error is not None:
-                record["key"] = derived_key(record["source_path"])  # the name itself is not usable
+                if not sample.error.reason.startswith("not a regular file"):
+                    record["key"] = derived_key(record["source_path"])  # the name itself is not usable
                 record["reason"] = _tar_error_reason(sample.error.reason)
             elif not is_safe_key(key):
                 record["reason"] = f"unsafe_key: {key!r}"
@@ -240,7 +261,8 @@ def ingest_partition(store: Store, part: Partition, src: SourceConfig, val: Vali
               "part": r["part"], "row": r["row"], "pixels": int(r["width"]) * int(r["height"])} for r in valid),
             key=lambda r: (r["bucket"], r["sha256"], r["row"]))
         keys = sorted(
-            ({"bucket": stable_int(0, r["key"], n_buckets), "key": r["key"], "part": r["part"], "row": r["row"]}
+            ({"bucket": stable_int(0, folded_key(r["key"]), n_buckets), "key": r["key"], "part": r["part"],
+              "row": r["row"]}
              for r in records if r["key"] and is_safe_key(r["key"])),
             key=lambda r: (r["bucket"], r["key"], r["row"]))
         outputs = {

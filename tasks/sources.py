@@ -17,9 +17,11 @@ order is the corpus's input order.
 
 Each partition carries a content digest for the stage contract: the SHA-256 of its
 chunk file (rows and their metadata), or for a tar its stamp. A stamp
-(:func:`file_stamp`: size and modification time, or the object store's ETag) is how
-a changed file is noticed without reading it again, as make and rsync do; ingest
-stamps every image file a chunk names, so bytes replaced at the same path are re-read.
+(:func:`corpusforge.storage.file_stamp`: size, mtime, ctime and inode locally, the
+object store's ETag remotely) is how a changed file is noticed without reading it again,
+as make and rsync do, even when its mtime was set back; ingest stamps every image file a
+chunk names, so bytes replaced at the same path are re-read. ``input.verify: content``
+adds each file's SHA-256 to its stamp, for storage whose metadata cannot be trusted.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from corpusforge.contract import prune
 from corpusforge.layout import INPUT_DIR, INPUT_SCHEMA, input_path, part_name
-from corpusforge.storage import Store, is_remote
+from corpusforge.storage import Store, file_stamp, is_remote
 
 METADATA_COLUMNS = ["key", "caption", "caption_type", "source", "license", "license_url",
                     "attribution", "retrieved_at"]
@@ -70,6 +72,11 @@ class SourceConfig(BaseModel):
         description="Further folders or URI prefixes (e.g. 's3://bucket/images/') that metadata paths may "
                     "point into. By default only the source's own folder (and, for a source on an object "
                     "store, that store's protocol) is readable.")
+    verify: Literal["stamp", "content"] = Field(
+        "stamp",
+        description="How a rerun notices a changed input file: 'stamp' (size, mtime, ctime and inode locally, "
+                    "the ETag on object stores) or 'content' (also re-hash every image and tar on every run, "
+                    "for the paranoid: the whole source is read again).")
 
 
 @dataclass(frozen=True)
@@ -89,13 +96,6 @@ class Partition:
 
 def _fs(uri: str, options: dict[str, Any]) -> tuple[fsspec.AbstractFileSystem, str]:
     return fsspec.core.url_to_fs(uri, **options)
-
-
-def file_stamp(fs: fsspec.AbstractFileSystem, path: str) -> str:
-    """Size and modification time (or ETag) of a file: changes when its bytes are replaced."""
-    info = fs.info(path)
-    version = info.get("ETag") or info.get("mtime") or info.get("LastModified") or info.get("created")
-    return f"{info.get('size')}:{version}"
 
 
 def _full(fs: fsspec.AbstractFileSystem, path: str, like: str) -> str:
@@ -290,6 +290,27 @@ def _folder_rows(src: str, cfg: SourceConfig) -> Iterator[dict[str, Any]]:
         yield record
 
 
+def why_empty(src: str, cfg: SourceConfig) -> str | None:
+    """What makes the source hold no input record (an empty table, a header-only CSV, an
+    empty folder), or None when it holds at least one. Reads as little as it can: the
+    first rows of a table, the listing up to the first file; writes nothing, so the CLI
+    can ask before anything starts. An unreadable table raises ValueError naming it."""
+    kind, uri = detect_kind(src, cfg.storage_options) if cfg.kind == "auto" else (cfg.kind, src)
+    fs, path = _fs(uri, cfg.storage_options)
+    if kind == "table":
+        if any(t.num_rows for t in _table_batches(uri, cfg.storage_options, 1)):
+            return None
+        return f"table {uri} has no rows"
+    if kind == "tars":
+        return None if tar_list(fs, path) else f"folder {uri} holds no .tar"
+    if fs.isfile(path):
+        return None
+    for folder, dirs, files in fs.walk(path):
+        if files or (not is_remote(uri) and any(os.path.islink(posixpath.join(folder, d)) for d in dirs)):
+            return None
+    return f"folder {uri} holds no file"
+
+
 def plan_partitions(src: str, store: Store, cfg: SourceConfig) -> tuple[str, list[Partition]]:
     """Detect the source kind and return it with the ingest partitions in input order.
 
@@ -298,7 +319,9 @@ def plan_partitions(src: str, store: Store, cfg: SourceConfig) -> tuple[str, lis
     if kind == "tars":
         fs, path = _fs(uri, cfg.storage_options)
         tars = tar_list(fs, path)
-        parts = [Partition(i, "tar", _full(fs, t, uri), "", file_stamp(fs, t)) for i, t in enumerate(tars)]
+        content = cfg.verify == "content"
+        parts = [Partition(i, "tar", _full(fs, t, uri), "", file_stamp(fs, t, content=content))
+                 for i, t in enumerate(tars)]
     elif kind == "table":
         fs, path = _fs(uri, cfg.storage_options)
         base = _full(fs, posixpath.dirname(path), uri)

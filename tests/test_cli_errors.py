@@ -211,3 +211,53 @@ def test_doctor_reports_this_machine(capsys, tmp_path):
     assert "CPU build" in out or "GPU build" in out
     assert "RANDOM INIT" in out and "weight-free" in out
     assert "tcp://127.0.0.1:1: NOT REACHABLE" in out
+
+
+def _empty_source(kind: str, tmp_path: Path) -> Path:
+    """An input that holds no record, of each kind a user may give."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if kind == "folder":
+        (tmp_path / "empty").mkdir()
+        (tmp_path / "empty" / "sub").mkdir()
+        return tmp_path / "empty"
+    path = tmp_path / f"metadata.{kind.split('-')[0]}"
+    if kind == "csv-header":
+        path.write_text("key,path,caption\n")
+    elif kind == "csv":
+        path.write_text("")
+    elif kind == "jsonl":
+        path.write_text("\n\n")
+    else:
+        pq.write_table(pa.table({"key": pa.array([], pa.string()), "path": pa.array([], pa.string())}), path)
+    return path
+
+
+@pytest.mark.scenario(14)
+@pytest.mark.parametrize("kind", ["folder", "csv-header", "csv", "jsonl", "parquet"])
+def test_empty_source_is_a_user_error(capsys, no_server_or_cluster, tmp_path, kind):
+    src = _empty_source(kind, tmp_path)
+    line = run_cli(capsys, ["build", "--source", str(src), "--out", str(tmp_path / "o")], tmp_path / "o")
+    assert f"corpusforge build: error: source {src}" in line
+    assert "no input records" in line or "not a readable table" in line
+
+
+@pytest.mark.scenario(14)
+def test_empty_source_from_the_command_line(tmp_path):
+    """A header-only CSV as a user types it: one line, exit 2, nothing written, in seconds of
+    CPU (counted, not timed: on a loaded machine the wall clock says little; a Prefect server
+    or a Dask cluster would cost far more)."""
+    import resource
+
+    src = _empty_source("csv-header", tmp_path)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "build", "--source", str(src), "--out", "o"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"corpusforge build: error: source {src} holds no input records (table {src} has no rows): nothing to "
+        "build; give a table with rows, a folder of tars or a folder of images"]
+    assert proc.stdout == "" and not (tmp_path / "o").exists()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime < 20

@@ -2,10 +2,12 @@
 
 ``../x``, absolute paths, ``dir/../..`` escapes, symbolic and hard links, character and
 block devices, FIFOs, a NUL and a newline in names, a 300-character name and duplicate
-keys (adjacent and far apart) sit between ordinary samples. The build must complete
-with one manifest row per sample, each unsafe member a per-record error with its
-reason, each duplicate flagged (never merged into the first), and nothing written
-outside the output root (the whole temporary tree is compared before and after).
+keys (adjacent and far apart) sit between ordinary samples, and one sample holds a
+symbolic link beside its image. The build must complete with one manifest row per sample
+(a member with an unusable name is a sample of its own), each unsafe member a per-record
+error with its reason (a hostile member makes its whole sample the error), each duplicate
+flagged (never merged into the first), and nothing written outside the output root (the
+whole temporary tree is compared before and after).
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ MEMBERS = [
     (member("good2.jpg", jpeg(300, 300, 8)), ("kept", "")),
     (member("good2.jpg", jpeg(300, 300, 9)), ("error", "duplicate_key: good2 appeared earlier in the input")),     # adjacent repeat
     (member("good3.jpg", jpeg(300, 300, 10)), ("kept", "")),
+    (member("meta.jpg", jpeg(300, 300, 12)), ("error", "unsafe_member: not a regular file: symbolic link to "
+                                                       "'/etc/passwd'")),  # one row for the sample
+    (member("meta.json", kind=tarfile.SYMTYPE, link="/etc/passwd"), None),  # a hostile member of it
+    (member("meta.txt", b"its caption"), None),
     (member("good1.jpg", jpeg(300, 300, 11)), ("error", "duplicate_key: good1 appeared earlier in the input")),    # far repeat
     (member("good1.txt", b"another caption"), None),
 ]
@@ -91,6 +97,7 @@ def test_hostile_tar_members_are_per_record_errors_and_nothing_escapes(tmp_path,
                                                                              ("row", "ascending")]).to_pylist()
     expected = [want for _, want in MEMBERS if want is not None]
     assert [(r["status"], r["reason"]) for r in rows] == expected
+    assert next(r for r in rows if r["source_path"].endswith("#meta"))["key"] == "meta"  # the sample's own key
     kept = {r["key"]: r for r in rows if r["status"] == "kept"}
     assert sorted(kept) == ["good1", "good2", "good3"]
     # the duplicates were not merged: each kept sample holds its own first bytes and caption

@@ -191,3 +191,67 @@ def test_staging_copies_the_ingest_spill_and_never_rereads_the_source(tmp_path):
     store.remove(marker_path(staging_tar(shard.name)))
     with pytest.raises(RuntimeError, match="does not hold the bytes ingest hashed for key kb"):
         write_staging_shard(store, shard)
+
+
+def test_verify_content_stamps_every_file_with_its_sha256(tmp_path):
+    """``input.verify: content``: a tar's partition digest and each image's stamp carry the
+    file's SHA-256, so a change no metadata shows is still seen; unchanged, a rerun skips."""
+    import hashlib
+
+    from tasks.ingest import image_stamps
+
+    src = tmp_path / "src"
+    write_images(src, {"a.jpg": jpeg(400, 300, 1)})
+    pq.write_table(pa.table({"path": ["a.jpg"]}), src / "metadata.parquet")
+    tars = tmp_path / "tars"
+    tars.mkdir()
+    (tars / "00000.tar").write_bytes(_tar_bytes([("k1.jpg", jpeg(400, 300, 2))]))
+    cfg = SourceConfig(verify="content")
+    store = Store(str(tmp_path / "out"))
+    _, [table_part] = plan_partitions(str(src), store, cfg)
+    [stamp] = image_stamps(table_part, cfg, store)
+    assert stamp.endswith(f":sha256={hashlib.sha256((src / 'a.jpg').read_bytes()).hexdigest()}")
+    assert image_stamps(table_part, SourceConfig(), store)[0] == stamp.rsplit(":sha256=", 1)[0]
+    _, [tar_part] = plan_partitions(str(tars), Store(str(tmp_path / "out-tars")), cfg)
+    assert tar_part.digest.endswith(f":sha256={hashlib.sha256((tars / '00000.tar').read_bytes()).hexdigest()}")
+    first = ingest_partition(store, table_part, cfg, ValidationConfig(), n_buckets=2)
+    again = ingest_partition(store, table_part, cfg, ValidationConfig(), n_buckets=2)
+    assert first["action"] == "computed" and again["action"] == "skipped"
+
+
+def test_keys_differing_only_in_case_are_per_record_errors(tmp_path):
+    """``dup`` and ``Dup`` would overwrite each other when a release tar is unpacked on a
+    case-insensitive filesystem: the first in input order keeps its key, a later case
+    variant is ``key_case_collision``, a later exact repeat stays ``duplicate_key``."""
+    src = tmp_path / "src"
+    write_images(src, {f"{i}.jpg": jpeg(400, 300, 10 + i) for i in range(6)})
+    pq.write_table(pa.table({"key": ["Dup", "other", "dup", "DUP", "dup", "Other"],
+                             "path": [f"{i}.jpg" for i in range(6)]}), src / "metadata.parquet")
+    got = sorted(ingest_all(str(src), tmp_path / "out"), key=lambda r: (r["part"], r["row"]))
+    assert [(r["key"], r["status"], r["reason"].split(":")[0]) for r in got] == [
+        ("Dup", "kept", ""), ("other", "kept", ""), ("dup", "error", "key_case_collision"),
+        ("DUP", "error", "key_case_collision"), ("dup", "error", "duplicate_key"),
+        ("Other", "error", "key_case_collision")]
+    assert got[2]["reason"].startswith("key_case_collision: dup differs only in case from Dup earlier in the input")
+
+
+def test_control_characters_in_captions_are_stripped_with_a_warning(tmp_path):
+    """A NUL, an ANSI escape or a C1 control in a caption never ships: it is removed and the
+    record says so in its ``warning``; tab and newline stay, as does an earlier warning."""
+    src = tmp_path / "src"
+    write_images(src, {f"{i}.jpg": jpeg(400, 300, 20 + i) for i in range(3)})
+    pq.write_table(pa.table({"key": ["a", "b", "c"], "path": ["0.jpg", "1.jpg", "2.jpg"],
+                             "caption": ["nul\x00byte\x00", "\x1b[31mred\x7f\x85", "tab\tand\nline"]}),
+                   src / "metadata.parquet")
+    got = {r["key"]: r for r in ingest_all(str(src), tmp_path / "out")}
+    assert [(got[k]["caption"], got[k]["warning"], got[k]["status"]) for k in "abc"] == [
+        ("nulbyte", "caption_control_characters: removed 2 (U+0000)", "kept"),
+        ("[31mred", "caption_control_characters: removed 3 (U+001B, U+007F, U+0085)", "kept"),
+        ("tab\tand\nline", None, "kept")]
+    tars = tmp_path / "tars"
+    tars.mkdir()
+    (tars / "00000.tar").write_bytes(_tar_bytes([("k1.jpg", jpeg(400, 300, 30)), ("k1.txt", b"a\x00b"),
+                                                 ("k1.json", b"[1]")]))
+    [row] = ingest_all(str(tars), tmp_path / "out-tars")
+    assert row["caption"] == "ab" and row["warning"].endswith("; caption_control_characters: removed 1 (U+0000)")
+    assert row["warning"].startswith("bad_sidecar:")

@@ -180,6 +180,25 @@ def test_replace_one_images_bytes_at_the_same_path(history):
     assert manifest[victim["key"]]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def test_replace_an_images_bytes_keeping_its_size_and_mtime(history):
+    """``touch -r`` after an edit: size and mtime say nothing changed; ctime and inode do."""
+    rows = history.current
+    victim = next(r for r in rows[80:] if (history.source / r["path"]).suffix == ".jpg"
+                  and (history.source / r["path"]).is_file())
+    path = history.source / victim["path"]
+    size, before = path.stat().st_size, path.stat()
+    donor = next(history.source / r["path"] for r in rows if (history.source / r["path"]).suffix == ".jpg"
+                 and (history.source / r["path"]).stat().st_size < size)
+    data = donor.read_bytes()
+    path.write_bytes(data + b"\0" * (size - len(data)))  # bytes after a JPEG's end are ignored
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_size == size and path.stat().st_mtime_ns == before.st_mtime_ns
+    work = history.rerun()["rerun"]
+    assert computed(work, "ingest") == 1
+    manifest = {r["key"]: r for r in pq.read_table(history.out / "manifest").to_pylist()}
+    assert manifest[victim["key"]]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def test_delete_rows_changes_only_the_shards_they_were_in(history):
     rows = [r for i, r in enumerate(history.current) if i not in (70, 71, 150)]
     history.write_rows(rows)

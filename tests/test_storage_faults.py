@@ -5,9 +5,15 @@ any final key and every parquet file listed is readable. Servers pick free ports
 from __future__ import annotations
 
 import glob
+import json
 import os
+import re
+import subprocess
+import sys
 import tempfile
 import threading
+from collections.abc import Iterator
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -163,3 +169,39 @@ def test_whole_build_with_the_server_stopped_mid_run_then_rerun(tmp_path, prefec
             if key.endswith(".parquet"):
                 with fs.open(key) as f:
                     pq.read_table(f)  # every parquet file listed is readable
+
+
+@pytest.fixture
+def small_disk(tmp_path) -> Iterator[Path]:
+    """A real 2 MiB file system (tmpfs), so a build runs out of space as on a full disk."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True,
+                       capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {exc}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.scenario(14)
+@pytest.mark.slow
+def test_full_disk_is_one_line_naming_the_path(small_disk, sample_corpus, tmp_path, prefect_server):
+    """A build whose output disk fills ends with one line naming the file it was writing and
+    a hint, exit code 1, instead of a traceback ending in ``[Errno 28]`` with no path."""
+    out = small_disk / "corpus"
+    config = tmp_path / "config.yaml"
+    config.write_text(json.dumps({"dask": {"n_workers": 1, "processes": False}, "near_dedup": None,
+                                  "features": {"models": []}, "reference_stats": None}))
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "build", "--source", str(sample_corpus),
+                           "--out", str(out), "--config", str(config)], capture_output=True, text=True,
+                          timeout=500, env={**os.environ, "PREFECT_API_URL": prefect_server})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(rf"corpusforge build: error: no space left on device writing {re.escape(str(out))}/\S+: "
+                        "free space there or choose another --out", last), proc.stderr[-3000:]
+    # the run's log records still show the failed task (Prefect logs them), but the CLI adds no traceback
+    assert 'flows/cli.py", line' not in proc.stderr, proc.stderr[-3000:]

@@ -191,7 +191,8 @@ def test_hostile_and_truncated_tars_become_errors():
         link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
         tar.addfile(link)
     got = list(iter_tar_samples(io.BytesIO(buf.getvalue())))
-    assert [(s.key, s.error is None) for s in got] == [("ok", True), ("../escape.jpg", False), ("link.jpg", False)]
+    assert [(s.key, s.error is None) for s in got] == [("ok", True), ("../escape.jpg", False), ("link", False)]
+    assert got[2].error.name == "link.jpg" and got[2].members == {}  # the sample of the link, no member kept
     truncated = list(iter_tar_samples(io.BytesIO(buf.getvalue()[:700])))
     assert truncated[-1].error is not None and "truncated" in truncated[-1].error.reason
 

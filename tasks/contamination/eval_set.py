@@ -13,7 +13,7 @@ carry the same model fingerprint. Items get staging keys ``e`` + 20 hex digits o
 SHA-256 of their id; ids must be unique.
 
 Units (stage contract): one per chunk, fingerprinted by the chunk's rows and a stamp
-(size and modification time, or ETag) of every file it reads; per-item SHA-256s are of
+(:func:`corpusforge.storage.file_stamp`) of every file it reads; per-item SHA-256s are of
 the bytes actually read.
 """
 
@@ -36,7 +36,7 @@ from corpusforge.contract import current_marker, finish_unit, unit_fingerprint
 from corpusforge.hashing import canonical_json, fingerprint
 from corpusforge.layout import (EVAL_ITEM_SCHEMA, STAGING_RECORDS_SCHEMA, eval_items_path, staging_index,
                                 staging_records, staging_tar)
-from corpusforge.storage import Store, is_remote
+from corpusforge.storage import Store, is_remote, uri_stamp
 from corpusforge.tarshard import Sample, iter_tar_samples, write_tar
 from corpusforge.version import code_version
 from tasks.contamination.config import EvalSetConfig
@@ -87,14 +87,6 @@ def _fs(uri: str, options: dict[str, Any]) -> tuple[fsspec.AbstractFileSystem, s
 
 def _full(fs: fsspec.AbstractFileSystem, path: str, like: str) -> str:
     return fs.unstrip_protocol(path) if is_remote(like) else path
-
-
-def file_stamp(uri: str, options: dict[str, Any]) -> str:
-    """Size and modification time (or ETag): changes when the file's bytes are replaced."""
-    fs, path = _fs(uri, options)
-    info = fs.info(path)
-    version = info.get("ETag") or info.get("mtime") or info.get("LastModified") or info.get("created")
-    return f"{info.get('size')}:{version}"
 
 
 def resolve_image(base: str, path: str | None) -> tuple[str | None, str | None]:
@@ -251,7 +243,7 @@ def chunk_inputs(chunk: EvalChunk, cfg: EvalSetConfig) -> Any:
     """What a chunk's content depends on: its rows and a stamp of every file it reads."""
     so = cfg.storage_options
     if chunk.kind == "tar":
-        return [chunk.uri, chunk.prefix, file_stamp(chunk.uri, so)]
+        return [chunk.uri, chunk.prefix, uri_stamp(chunk.uri, so)]
     stamps = []
     for row in chunk.rows:
         files = [row.get(k) for k in ("uri", "txt", "json") if row.get(k) and not row.get("error")]
@@ -261,7 +253,7 @@ def chunk_inputs(chunk: EvalChunk, cfg: EvalSetConfig) -> Any:
 
 def _stamp_or_missing(uri: str, options: dict[str, Any]) -> str:
     try:
-        return file_stamp(uri, options)
+        return uri_stamp(uri, options)
     except (FileNotFoundError, OSError):
         return "missing"
 

@@ -25,10 +25,9 @@ import pyarrow.parquet as pq
 
 from corpusforge.contract import prune, run_unit, unit_fingerprint
 from corpusforge.layout import eval_items_path, staging_index, staging_tar, text_work_path
-from corpusforge.storage import Store
+from corpusforge.storage import Store, uri_stamp
 from corpusforge.version import code_version
 from tasks.contamination.config import TextCorpusConfig
-from tasks.contamination.eval_set import file_stamp
 from tasks.contamination.selection import read_selection
 
 SOURCE = "source"
@@ -76,7 +75,7 @@ def _read_table(cfg: TextCorpusConfig) -> tuple[list[str | None], list[str]]:
 def plan_table_parts(out: Store, cfg: TextCorpusConfig) -> dict[str, Any]:
     """Copy a text table into parts of ``part_size`` texts (skipped while its stamp is unchanged)."""
     fp = unit_fingerprint("contamination-text-source", code_version(__name__),
-                          [cfg.text_column, cfg.id_column, cfg.part_size], [cfg.path, file_stamp(cfg.path,
+                          [cfg.text_column, cfg.id_column, cfg.part_size], [cfg.path, uri_stamp(cfg.path,
                                                                                              cfg.storage_options)])
     rel = text_work_path(SOURCE, "_plan").replace(".parquet", ".json")
 

@@ -9,7 +9,7 @@ deviations (ddof 1); flagged for ``strong_min_models`` models or more, it is the
 case (the seed: "consistent across multiple models").
 
 Work: one unit per (model, chunk of ``prompts_per_unit`` prompts); its fingerprint holds
-the feature model's identity and each file's name and stamp (size + mtime/ETag), and its
+the feature model's identity and each file's name and stamp (:func:`corpusforge.storage.file_stamp`), and its
 output records every image's SHA-256 (what the receipt lists). A bad image is that
 image's error; a prompt with fewer than ``min_images`` embedded images has no variance
 and says so. Low variance can also mean a prompt that models render consistently well:
@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from corpusforge.contract import prune, run_unit, unit_fingerprint
 from corpusforge.layout import GENERATED_VARIANCE_SCHEMA, MARKERS, PROMPTS_GENERATED, generated_variance_path
+from corpusforge.storage import file_stamp
 from corpusforge.version import code_version
 from tasks.prompts.tables import SAFE_ID
 
@@ -78,7 +79,7 @@ def list_generated(generated: str, options: dict[str, Any]) -> dict[str, dict[st
         model, prompt, name = parts
         if not (SAFE_ID.fullmatch(model) and SAFE_ID.fullmatch(prompt)):
             continue
-        stamp = f"{info.get('size')}:{info.get('ETag') or info.get('mtime') or info.get('LastModified')}"
+        stamp = file_stamp(fs, path, info)
         found.setdefault(model, {}).setdefault(prompt, []).append((name, stamp))
     return found
 

@@ -47,7 +47,7 @@ from corpusforge.contract import SKIPPED, finish_unit, read_marker, unit_fingerp
 from corpusforge.feature_files import read_shard_errors, read_shard_features, write_shard_features
 from corpusforge.hashing import fingerprint
 from corpusforge.layout import feature_vectors
-from corpusforge.storage import Store, open_uri
+from corpusforge.storage import Store, file_stamp, open_uri
 from corpusforge.tarshard import iter_tar_samples
 from corpusforge.version import code_version
 from tasks.features.base import FeatureModel
@@ -185,18 +185,12 @@ def plan_generated(sources: Sequence[str], storage_options: dict[str, Any] | Non
         for path in sorted(found):
             ext = _ext(path)
             if ext in IMAGE_EXTS:
-                files.append((unstrip(path), _stamp(found[path])))
+                files.append((unstrip(path), file_stamp(fs, path, found[path])))
             elif ext == "tar":
-                tars.append((unstrip(path), _stamp(found[path])))
+                tars.append((unstrip(path), file_stamp(fs, path, found[path])))
     chunks = [GeneratedChunk("files", *map(tuple, zip(*files[i:i + chunk_size], strict=True)))
               for i in range(0, len(files), chunk_size)]
     return chunks + [GeneratedChunk("tar", (t,), (stamp,)) for t, stamp in tars]
-
-
-def _stamp(info: dict[str, Any]) -> str:
-    """Size and modification time (or ETag) of a listed file: changes when its bytes are replaced."""
-    version = info.get("ETag") or info.get("mtime") or info.get("LastModified") or info.get("created")
-    return f"{info.get('size')}:{version}"
 
 
 def iter_chunk_images(chunk: GeneratedChunk, storage_options: dict[str, Any] | None = None
