@@ -251,8 +251,6 @@ def test_empty_source_from_the_command_line(tmp_path):
     """A header-only CSV as a user types it: one line, exit 2, nothing written, in seconds of
     CPU (counted, not timed: on a loaded machine the wall clock says little; a Prefect server
     or a Dask cluster would cost far more)."""
-    import resource
-
     src = _empty_source("csv-header", tmp_path)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run([sys.executable, "-m", "flows.cli", "build", "--source", str(src), "--out", "o"],
