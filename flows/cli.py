@@ -30,6 +30,18 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from flows.build_corpus import BuildConfig
+    from flows.plan import plan_build, plan_data, render_plan
+    from flows.preflight import check_build, load_config
+
+    config = load_config(BuildConfig, args.config, source=args.source, out=args.out)
+    check_build(config)
+    data = plan_data(config, plan_build(config))
+    print(json.dumps(data, indent=2, sort_keys=True) if args.json else render_plan(data))
+    return 0
+
+
 def _sample(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("skimage") is None:
         print("corpusforge sample needs scikit-image: pip install 'corpusforge[sample]'", file=sys.stderr)
@@ -91,6 +103,20 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
     build.add_argument("--out", required=True, help="output root; local or s3://")
     build.add_argument("--config", help="YAML file overriding the defaults (unknown keys are rejected)")
     handlers["build"] = _build
+
+    plan = sub.add_parser(
+        "plan", help="what a build would skip, recompute or delete, and why, with its cost; writes nothing",
+        description="Compare what a build with these arguments would compute with the markers under OUT and "
+                    "print, per stage, the units it would skip, recompute or delete, each with its reason (a "
+                    "changed input digest, config field or code version), and the seconds they took last time. "
+                    "Writes nothing. Units reading the output of units that recompute are 'recompute if "
+                    "upstream output changes': whether that output changes is known only after the run "
+                    "(terraform's 'known after apply'). The stages after features are judged per stage.")
+    plan.add_argument("--source", required=True, help="as for build")
+    plan.add_argument("--out", required=True, help="as for build: the output root to compare with")
+    plan.add_argument("--config", help="as for build")
+    plan.add_argument("--json", action="store_true", help="the plan as JSON: every unit, its action and reason")
+    handlers["plan"] = _plan
 
     sample = sub.add_parser("sample", help="write the deterministic sample corpus",
                             description="Write a synthetic source corpus with planted duplicates and bad records.")
