@@ -37,6 +37,7 @@ from corpusforge.version import code_version
 from tasks.captions.config import CaptioningConfig
 from tasks.captions.eval_set import EvalCaptionsConfig, write_eval_captions
 from tasks.captions.stage import captioning_stage
+from tasks.changes import diff_versions, keep_previous_version, remove_changes
 from tasks.exact_dedup import find_duplicate_keys, find_exact_duplicates, resolve_partition
 from tasks.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
 from tasks.features.extract import extract_features, summarize
@@ -88,6 +89,10 @@ class BuildConfig(FlowConfig):
     reference_stats: ReferenceStatsSettings | None = Field(
         None, title="Reference statistics",
         description="FD-DINOv2 statistics of the held-out splits after release (GPIC §3); null to skip.")
+    previous: str | None = Field(
+        None, title="Previous version",
+        description="Output root of an earlier version to describe changes against (CHANGES.md, changes.parquet); "
+                    "by default the version the output root held before this build, if any.")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
     @model_validator(mode="after")
@@ -139,6 +144,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     log = run_logger()
     store = Store(config.out, config.storage_options)
     work: dict[str, Any] = {}
+    kept_previous = config.previous is None and keep_previous_version(store)  # before anything is replaced
     kind, parts = run_tasks(plan_inputs_task, [dict(src=config.source, store=store, cfg=config.input)])[0]
     names = {part_name(p.index) for p in parts}
     for folder in (INGEST_DIR, SPILL_DIR, HASHES_DIR, KEYS_DIR, RESOLVED_DIR):
@@ -223,6 +229,13 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
         if caption_set:
             receipt["eval_captions"] = caption_set
         write_receipt(store, receipt)
+    with clock("changes"):
+        if config.previous is not None:
+            diff_versions(Store(config.previous, config.storage_options), store, store)
+        elif kept_previous:
+            diff_versions(store, store, store, previous_kept=True)
+        else:
+            remove_changes(store)
     work["seconds"] = clock.seconds()
     if config.near_dedup and staged:
         work["seconds"]["graph_queries"] = query_seconds

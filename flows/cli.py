@@ -17,7 +17,8 @@ def _build(args: argparse.Namespace) -> int:
     from flows.preflight import check_build, load_config
     from tasks.run_log import render_stage_times
 
-    config = load_config(BuildConfig, args.config, source=args.source, out=args.out)
+    config = load_config(BuildConfig, args.config, source=args.source, out=args.out,
+                         **({"previous": args.previous} if args.previous else {}))
     check_build(config)  # before any server or cluster starts; reads only
     result = run_build(config)
     print(json.dumps(result["counts"], indent=2))
@@ -39,6 +40,21 @@ def _plan(args: argparse.Namespace) -> int:
     check_build(config)
     data = plan_data(config, plan_build(config))
     print(json.dumps(data, indent=2, sort_keys=True) if args.json else render_plan(data))
+    return 0
+
+
+def _diff(args: argparse.Namespace) -> int:
+    from corpusforge.storage import Store
+    from flows.preflight import check_corpus
+    from tasks.changes import diff_versions
+
+    for root in (args.old, args.new):
+        check_corpus(root, {})
+    out = Store(args.out or args.new)
+    summary = diff_versions(Store(args.old), Store(args.new), out, memory_limit=args.memory_limit)
+    print(json.dumps({k: summary[k] for k in ("records", "changed_fields", "release_shards", "licenses")},
+                     indent=2, sort_keys=True))
+    print(f"\nWritten: {out.path('CHANGES.md')}, {out.path('changes.parquet')}")
     return 0
 
 
@@ -102,6 +118,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
     build.add_argument("--source", required=True, help="metadata table, folder of tars or images; local or s3://")
     build.add_argument("--out", required=True, help="output root; local or s3://")
     build.add_argument("--config", help="YAML file overriding the defaults (unknown keys are rejected)")
+    build.add_argument("--previous", help="output root of an earlier version: CHANGES.md and changes.parquet "
+                                          "describe what changed since it (default: the version OUT held)")
     handlers["build"] = _build
 
     plan = sub.add_parser(
@@ -117,6 +135,17 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
     plan.add_argument("--config", help="as for build")
     plan.add_argument("--json", action="store_true", help="the plan as JSON: every unit, its action and reason")
     handlers["plan"] = _plan
+
+    diff = sub.add_parser("diff", help="what changed between two corpus versions (CHANGES.md, changes.parquet)",
+                          description="Compare two corpus versions (output roots): records added, removed and "
+                                      "changed (fate, reason, split, shard, caption, image bytes), release shards "
+                                      "rewritten, licence counts and statistics provenance. Runs out of core "
+                                      "(DuckDB). Writes CHANGES.md and changes.parquet into NEW, or into --out.")
+    diff.add_argument("old", help="output root of the earlier version")
+    diff.add_argument("new", help="output root of the later version")
+    diff.add_argument("--out", help="folder to write CHANGES.md and changes.parquet into (default: NEW)")
+    diff.add_argument("--memory-limit", default="2GB", help="DuckDB's memory limit; past it, it spills to disk")
+    handlers["diff"] = _diff
 
     sample = sub.add_parser("sample", help="write the deterministic sample corpus",
                             description="Write a synthetic source corpus with planted duplicates and bad records.")

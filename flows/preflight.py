@@ -246,6 +246,8 @@ def check_build(config: Any) -> None:
     if is_remote(config.source) == is_remote(config.out) and overlapping(config.source, config.out):
         raise UserError(f"output root {config.out} overlaps the source {config.source}: choose an --out outside it")
     require_writable_root(config.out, config.storage_options, "output root")
+    if config.previous is not None:
+        check_corpus(config.previous, config.storage_options, "previous version")
     check_models(config)
 
 
