@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from corpusforge.artifacts import publish_plan_artifact
 from corpusforge.cluster import DaskConfig, as_task, cluster_flow, run_logger, run_tasks
 from corpusforge.config import FlowConfig
 from corpusforge.contract import count_actions, prune, remove_tree, sweep_temp_files
@@ -93,6 +94,11 @@ class BuildConfig(FlowConfig):
         None, title="Previous version",
         description="Output root of an earlier version to describe changes against (CHANGES.md, changes.parquet); "
                     "by default the version the output root held before this build, if any.")
+    plan_only: bool = Field(
+        False, title="Plan only",
+        description="Write nothing: report which units a build would skip, recompute or delete, why, and what "
+                    "they cost (the run's result and its 'build-corpus-plan' markdown artifact), like "
+                    "`corpusforge plan`.")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
     @model_validator(mode="after")
@@ -130,7 +136,14 @@ PROGRESS_STAGES = [("ingest", "ingest-partition", "partitions"),
 
 
 def build(config: BuildConfig) -> dict[str, Any]:
-    """Build (or bring up to date) the corpus at ``config.out``; return counts and the work done."""
+    """Build (or bring up to date) the corpus at ``config.out``; return counts and the work done.
+    With ``plan_only``, write nothing and return the plan (:mod:`flows.plan`)."""
+    if config.plan_only:
+        from flows.plan import plan_build, plan_data, render_plan
+
+        data = plan_data(config, plan_build(config))
+        publish_plan_artifact("build-corpus", render_plan(data), config.out)
+        return data
     stages = [s for s in PROGRESS_STAGES if (s[0] != "features" or config.features.models)
               and (s[0] != "graph queries" or config.near_dedup) and (s[0] != "captioning" or config.captioning)]
     with run_progress("build-corpus", [s[0] for s in stages]) as progress:
