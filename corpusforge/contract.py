@@ -64,8 +64,9 @@ def run_unit(store: Store, rel: str, fp: str, compute: Callable[[], tuple[dict[s
 
     ``compute`` writes the unit's files and returns ``(outputs, info)``: the SHA-256 of each
     file it wrote (what ``Store.write_*`` return) and facts to keep in the marker. Returns
-    the marker with ``action`` = computed or skipped (not stored: a rerun's marker is the
-    same bytes as a fresh build's).
+    the marker with ``action`` = computed or skipped (not stored). The marker keeps the
+    seconds ``compute`` took (for ``corpusforge plan``'s estimates): markers are rerun
+    state, outside the outputs a rerun reproduces byte for byte.
     """
     if (marker := current_marker(store, rel, fp)) is not None:
         return {**marker, "action": SKIPPED}

@@ -96,8 +96,9 @@ REPORT_HTML = "report.html"  # the same report, self-contained, with charts (tas
 LINEAGE = "lineage.json"
 CHANGES_MD = "CHANGES.md"  # what changed since the previous version (tasks/changes.py)
 CHANGES_TABLE = "changes.parquet"
-PREVIOUS_RECORDS = "work/previous/records.parquet"  # the version a build replaces, read before it does
-PREVIOUS_RECEIPT = "work/previous/receipt.json"
+PREVIOUS_DIR = "work/previous"  # the version a build replaces, read before it does
+PREVIOUS_RECORDS = f"{PREVIOUS_DIR}/records.parquet"
+PREVIOUS_RECEIPT = f"{PREVIOUS_DIR}/receipt.json"
 CHANGES_SCHEMA = pa.schema([
     ("key", pa.string()), ("source_path", pa.string()), ("occurrence", pa.int64()), ("change", pa.string()),
     ("fields", pa.string()),

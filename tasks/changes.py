@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from corpusforge.layout import (CHANGES_MD, CHANGES_SCHEMA, CHANGES_TABLE, MANIFEST_DIR, PREVIOUS_RECEIPT,
+from corpusforge.layout import (CHANGES_MD, CHANGES_SCHEMA, CHANGES_TABLE, MANIFEST_DIR, PREVIOUS_DIR, PREVIOUS_RECEIPT,
                                 PREVIOUS_RECORDS, RECEIPT, RELEASE_DIR, RELEASE_PLAN_DIR, RESOLVED_DIR)
 from corpusforge.storage import PARQUET_WRITE_OPTIONS, Store
 
@@ -48,9 +48,12 @@ def _duckdb(memory_limit: str, *stores: Store) -> Iterator[Any]:
         con = duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": spill,
                                      "preserve_insertion_order": True})
         try:
+            registered: set[str] = set()
             for store in stores:
-                if store.remote:
+                protocol = store.root.split("://", 1)[0]
+                if store.remote and protocol not in registered:
                     con.register_filesystem(store.fs)
+                    registered.add(protocol)
             yield con
         finally:
             con.close()
@@ -105,11 +108,11 @@ def _stream_parquet(store: Store, rel: str, reader: pa.RecordBatchReader, schema
 def keep_previous_version(store: Store, memory_limit: str = "2GB") -> bool:
     """Keep the records and receipt of the version ``store`` holds before a build replaces it.
 
-    Only a finished version counts (its receipt is there); a build killed and rerun keeps
+    Only a finished version counts (its receipt and manifest are there); a build killed and rerun keeps
     the copy it made first (the receipt it copied is still the root's). Returns whether an
     earlier version is kept."""
-    if not store.exists(RECEIPT):
-        store.remove("work/previous")
+    if not (store.exists(RECEIPT) and _files(store, MANIFEST_DIR)):
+        store.remove(PREVIOUS_DIR)
         return False
     receipt = store.read_bytes(RECEIPT)
     if store.exists(PREVIOUS_RECEIPT) and store.read_bytes(PREVIOUS_RECEIPT) == receipt:
