@@ -247,6 +247,8 @@ def _whole_stages(store: Store, config: BuildConfig, upstream: list[StagePlan]) 
     plans = []
     for name, sections, folders, switch in WHOLE_STAGES:
         stage = StagePlan(name)
+        if name == "statistics" and config.reference_stats is not None:  # its features of the held-out records
+            folders = (*folders, f"{features_dir(config.reference_stats.model.model_id)}/subsets")
         units = [(f, rel) for f in folders for rel in _marker_files(store, f)]
         if switch is not None and now.get(switch) is None:
             for folder, rel in units:
