@@ -100,7 +100,7 @@ def main() -> None:
             r = results[n]
             print(f"{n} synthetic units: plan {r['plan_s']:.2f} s ({1e6 * r['plan_s'] / n:.0f} µs/unit, measured), "
                   f"contract skip check in-process {r['contract_skip_s']:.2f} s (measured); "
-                  f"ratio to a no-op rerun {r['plan_s'] / (per_unit * n):.3f} (extrapolated from the real rerun's "
+                  f"ratio to a no-op rerun {r['plan_s'] / (per_unit * n):.2g} (extrapolated from the real rerun's "
                   "per-unit cost)")
         if len(args.units) >= 2:
             a, b = args.units[0], args.units[-1]
