@@ -47,3 +47,16 @@ def publish_run_artifacts(flow: str, summary_markdown: str, counts: dict[str, An
         log.warning("run artifacts not created: %s", exc)
         return False
     return True
+
+
+def publish_plan_artifact(flow: str, plan_text: str, where: str) -> bool:
+    """The plan of a ``plan_only`` run as the markdown artifact ``{flow}-plan``; False outside a run."""
+    from prefect.context import FlowRunContext
+
+    if FlowRunContext.get() is None:
+        return False
+    from prefect.artifacts import create_markdown_artifact
+
+    create_markdown_artifact(markdown=f"# Plan for {where}\n\n```text\n{plan_text}\n```\n", key=f"{flow}-plan",
+                             description=f"{flow}: what a build into {where} would skip, recompute or delete")
+    return True

@@ -10,6 +10,9 @@
   so a unit that reruns and writes the same bytes invalidates nothing after it.
 * A unit is **skipped** only when its marker holds an identical fingerprint; otherwise it
   recomputes and overwrites.
+* The marker also keeps the fingerprint's parts (``key``: the code version, a hash per config
+  field, the inputs' hash) and the seconds the unit took, so ``corpusforge plan`` can say
+  *why* a unit will recompute (:func:`explain`) and roughly what it costs, from markers alone.
 * After planning, every per-unit folder is **pruned** to the current plan (:func:`prune`)
   before any reader lists it, together with the markers of what was removed.
 
@@ -19,6 +22,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -28,6 +32,7 @@ from corpusforge.storage import Store
 
 COMPUTED = "computed"
 SKIPPED = "skipped"
+MAYBE = "maybe"  # a plan's verdict: recomputed if an upstream unit's new output differs
 
 
 def marker_path(rel: str) -> str:
@@ -59,13 +64,15 @@ def run_unit(store: Store, rel: str, fp: str, compute: Callable[[], tuple[dict[s
 
     ``compute`` writes the unit's files and returns ``(outputs, info)``: the SHA-256 of each
     file it wrote (what ``Store.write_*`` return) and facts to keep in the marker. Returns
-    the marker with ``action`` = computed or skipped (not stored: a rerun's marker is the
-    same bytes as a fresh build's).
+    the marker with ``action`` = computed or skipped (not stored). The marker keeps the
+    seconds ``compute`` took (for ``corpusforge plan``'s estimates): markers are rerun
+    state, outside the outputs a rerun reproduces byte for byte.
     """
     if (marker := current_marker(store, rel, fp)) is not None:
         return {**marker, "action": SKIPPED}
+    started = time.perf_counter()
     outputs, info = compute()
-    return {**finish_unit(store, rel, fp, outputs, info), "action": COMPUTED}
+    return {**finish_unit(store, rel, fp, outputs, info, time.perf_counter() - started), "action": COMPUTED}
 
 
 def current_marker(store: Store, rel: str, fp: str) -> dict[str, Any] | None:
@@ -74,18 +81,78 @@ def current_marker(store: Store, rel: str, fp: str) -> dict[str, Any] | None:
     return marker if marker is not None and marker.get("fingerprint") == fp else None
 
 
-def finish_unit(store: Store, rel: str, fp: str, outputs: dict[str, str], info: dict[str, Any]) -> dict[str, Any]:
+def finish_unit(store: Store, rel: str, fp: str, outputs: dict[str, str], info: dict[str, Any],
+                seconds: float | None = None) -> dict[str, Any]:
     """Write the marker of a unit whose files are all written (for units that share work,
     like one decode feeding several models; others use :func:`run_unit`)."""
     marker = {"fingerprint": fp, "outputs": dict(sorted(outputs.items())), "digest": digest_of(outputs),
               "info": info}
+    if isinstance(fp, UnitKey):
+        marker["key"] = fp.parts
+    if seconds is not None:
+        marker["seconds"] = round(seconds, 3)
     store.write_json(marker_path(rel), marker)
     return marker
 
 
-def unit_fingerprint(stage: str, code: str, config: Any, inputs: Any) -> str:
+class UnitKey(str):
+    """A unit's fingerprint that also carries its parts (``parts``: code version, a hash per
+    config field, the inputs' hash), which :func:`finish_unit` keeps in the marker."""
+
+    parts: dict[str, Any]
+
+
+def unit_fingerprint(stage: str, code: str, config: Any, inputs: Any) -> UnitKey:
     """The fingerprint of one unit: stage, code version, config it reads, input digests."""
-    return fingerprint(stage, code, config, inputs)
+    key = UnitKey(fingerprint(stage, code, config, inputs))
+    key.parts = {"code": code, "config": config_hashes(config), "inputs": fingerprint(inputs)}
+    return key
+
+
+def config_hashes(config: Any, path: str = "") -> dict[str, str]:
+    """A short hash per leaf of a config (``path`` → hash), so a changed field can be named
+    without keeping its value (a config may hold endpoints or names users keep private)."""
+    if isinstance(config, dict) and config:
+        out: dict[str, str] = {}
+        for name in sorted(config):
+            out.update(config_hashes(config[name], f"{path}.{name}" if path else str(name)))
+        return out
+    if isinstance(config, list | tuple) and config and path == "":
+        out = {}
+        for i, item in enumerate(config):
+            out.update(config_hashes(item, f"[{i}]"))
+        return out
+    return {path or "config": fingerprint(config)[:12]}
+
+
+def explain(marker: dict[str, Any] | None, key: str, inputs_known: bool = True) -> tuple[str, str]:
+    """(action, reason) the contract will take for a unit with fingerprint ``key`` and its
+    current ``marker``: ``skipped`` or ``computed``, with what changed when the marker kept
+    its key's parts (code version, the config fields by name, or the inputs' digest).
+
+    ``inputs_known=False``: ``key`` was computed with stand-ins for inputs that upstream
+    units write during the run; then only a changed code version or config is certain,
+    and otherwise the verdict is :data:`MAYBE`."""
+    if marker is None:
+        return COMPUTED, "no completed output"
+    if inputs_known and marker.get("fingerprint") == key:
+        return SKIPPED, "unchanged"
+    old, new = marker.get("key"), getattr(key, "parts", None)
+    if old is None or new is None:
+        if inputs_known:
+            return COMPUTED, "fingerprint changed (the marker predates recorded key parts)"
+        return MAYBE, "an input is recomputed first"
+    reasons = []
+    if old["code"] != new["code"]:
+        reasons.append(f"code version {old['code']} → {new['code']}")
+    fields = sorted(f for f in set(old["config"]) | set(new["config"]) if old["config"].get(f) != new["config"].get(f))
+    if fields:
+        reasons.append("config " + ", ".join(fields))
+    if not inputs_known:
+        return (COMPUTED, "; ".join(reasons)) if reasons else (MAYBE, "an input is recomputed first")
+    if old["inputs"] != new["inputs"]:
+        reasons.append("input digest changed")
+    return COMPUTED, "; ".join(reasons) or "fingerprint changed"
 
 
 def prune(store: Store, folder: str, keep: Iterable[str]) -> list[str]:

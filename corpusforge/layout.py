@@ -44,6 +44,9 @@ every folder as it is.
     stats/{group}-{model}.{npz,features.npy,json}, stats/oracle.json
     stats/test_stats.npz               gpic-eval's dino_mu, dino_sigma, dino_embeddings (DINOv2 models)
     receipt.json, report.md
+    CHANGES.md, changes.parquet        what changed since the version this root held before (or --previous)
+    work/previous/records.parquet, receipt.json   that earlier version's records, kept before a build
+                                       replaces them (tasks/changes.py)
     _markers/{path}.json               completion marker of the unit whose main output is {path}
 """
 
@@ -91,6 +94,18 @@ RUN_LOG = "work/run/stage_times.json"  # the latest run's stage seconds (tasks/r
 RUN_LOG_MD = "work/run/stage_times.md"
 REPORT_HTML = "report.html"  # the same report, self-contained, with charts (tasks/report_html.py)
 LINEAGE = "lineage.json"
+CHANGES_MD = "CHANGES.md"  # what changed since the previous version (tasks/changes.py)
+CHANGES_TABLE = "changes.parquet"
+PREVIOUS_DIR = "work/previous"  # the version a build replaces, read before it does
+PREVIOUS_RECORDS = f"{PREVIOUS_DIR}/records.parquet"
+PREVIOUS_RECEIPT = f"{PREVIOUS_DIR}/receipt.json"
+CHANGES_SCHEMA = pa.schema([
+    ("key", pa.string()), ("source_path", pa.string()), ("occurrence", pa.int64()), ("change", pa.string()),
+    ("fields", pa.string()),
+    *[(f"{side}_{c}", t) for side in ("old", "new") for c, t in (
+        ("status", pa.string()), ("reason", pa.string()), ("split", pa.string()), ("shard", pa.string()),
+        ("caption", pa.string()), ("sha256", pa.string()))],
+])
 
 
 def part_name(part: int) -> str:

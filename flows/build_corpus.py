@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from corpusforge.artifacts import publish_plan_artifact
 from corpusforge.cluster import DaskConfig, as_task, cluster_flow, run_logger, run_tasks
 from corpusforge.config import FlowConfig
 from corpusforge.contract import count_actions, prune, remove_tree, sweep_temp_files
@@ -37,6 +38,7 @@ from corpusforge.version import code_version
 from tasks.captions.config import CaptioningConfig
 from tasks.captions.eval_set import EvalCaptionsConfig, write_eval_captions
 from tasks.captions.stage import captioning_stage
+from tasks.changes import diff_versions, keep_previous_version, remove_changes
 from tasks.exact_dedup import find_duplicate_keys, find_exact_duplicates, resolve_partition
 from tasks.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
 from tasks.features.extract import extract_features, summarize
@@ -88,6 +90,15 @@ class BuildConfig(FlowConfig):
     reference_stats: ReferenceStatsSettings | None = Field(
         None, title="Reference statistics",
         description="FD-DINOv2 statistics of the held-out splits after release (GPIC §3); null to skip.")
+    previous: str | None = Field(
+        None, title="Previous version",
+        description="Output root of an earlier version to describe changes against (CHANGES.md, changes.parquet); "
+                    "by default the version the output root held before this build, if any.")
+    plan_only: bool = Field(
+        False, title="Plan only",
+        description="Write nothing: report which units a build would skip, recompute or delete, why, and what "
+                    "they cost (the run's result and its 'build-corpus-plan' markdown artifact), like "
+                    "`corpusforge plan`.")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
     @model_validator(mode="after")
@@ -125,7 +136,14 @@ PROGRESS_STAGES = [("ingest", "ingest-partition", "partitions"),
 
 
 def build(config: BuildConfig) -> dict[str, Any]:
-    """Build (or bring up to date) the corpus at ``config.out``; return counts and the work done."""
+    """Build (or bring up to date) the corpus at ``config.out``; return counts and the work done.
+    With ``plan_only``, write nothing and return the plan (:mod:`flows.plan`)."""
+    if config.plan_only:
+        from flows.plan import plan_build, plan_data, render_plan
+
+        data = plan_data(config, plan_build(config))
+        publish_plan_artifact("build-corpus", render_plan(data), config.out)
+        return data
     stages = [s for s in PROGRESS_STAGES if (s[0] != "features" or config.features.models)
               and (s[0] != "graph queries" or config.near_dedup) and (s[0] != "captioning" or config.captioning)]
     with run_progress("build-corpus", [s[0] for s in stages]) as progress:
@@ -139,6 +157,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     log = run_logger()
     store = Store(config.out, config.storage_options)
     work: dict[str, Any] = {}
+    kept_previous = config.previous is None and keep_previous_version(store)  # before anything is replaced
     kind, parts = run_tasks(plan_inputs_task, [dict(src=config.source, store=store, cfg=config.input)])[0]
     names = {part_name(p.index) for p in parts}
     for folder in (INGEST_DIR, SPILL_DIR, HASHES_DIR, KEYS_DIR, RESOLVED_DIR):
@@ -223,6 +242,13 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
         if caption_set:
             receipt["eval_captions"] = caption_set
         write_receipt(store, receipt)
+    with clock("changes"):
+        if config.previous is not None:
+            diff_versions(Store(config.previous, config.storage_options), store, store)
+        elif kept_previous:
+            diff_versions(store, store, store, previous_kept=True)
+        else:
+            remove_changes(store)
     work["seconds"] = clock.seconds()
     if config.near_dedup and staged:
         work["seconds"]["graph_queries"] = query_seconds

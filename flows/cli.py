@@ -18,7 +18,8 @@ def _build(args: argparse.Namespace) -> int:
     from flows.preflight import check_build, load_config
     from tasks.run_log import render_stage_times
 
-    config = load_config(BuildConfig, args.config, source=args.source, out=args.out)
+    config = load_config(BuildConfig, args.config, source=args.source, out=args.out,
+                         **({"previous": args.previous} if args.previous else {}))
     check_build(config)  # before any server or cluster starts; reads only
     result = run_build(config)
     print(json.dumps(result["counts"], indent=2))
@@ -28,6 +29,33 @@ def _build(args: argparse.Namespace) -> int:
           f"  receipt         {config.out}/receipt.json\n"
           f"  report          {config.out}/report.md")
     print("\n" + render_stage_times("build-corpus", result["work"].get("seconds", {})))
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from flows.build_corpus import BuildConfig
+    from flows.plan import plan_build, plan_data, render_plan
+    from flows.preflight import check_build, load_config
+
+    config = load_config(BuildConfig, args.config, source=args.source, out=args.out)
+    check_build(config)
+    data = plan_data(config, plan_build(config))
+    print(json.dumps(data, indent=2, sort_keys=True) if args.json else render_plan(data))
+    return 0
+
+
+def _diff(args: argparse.Namespace) -> int:
+    from corpusforge.storage import Store
+    from flows.preflight import check_corpus
+    from tasks.changes import diff_versions
+
+    for root in (args.old, args.new):
+        check_corpus(root, {})
+    out = Store(args.out or args.new)
+    summary = diff_versions(Store(args.old), Store(args.new), out, memory_limit=args.memory_limit)
+    print(json.dumps({k: summary[k] for k in ("records", "changed_fields", "release_shards", "licenses")},
+                     indent=2, sort_keys=True))
+    print(f"\nWritten: {out.path('CHANGES.md')}, {out.path('changes.parquet')}")
     return 0
 
 
@@ -91,7 +119,34 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
     build.add_argument("--source", required=True, help="metadata table, folder of tars or images; local or s3://")
     build.add_argument("--out", required=True, help="output root; local or s3://")
     build.add_argument("--config", help="YAML file overriding the defaults (unknown keys are rejected)")
+    build.add_argument("--previous", help="output root of an earlier version: CHANGES.md and changes.parquet "
+                                          "describe what changed since it (default: the version OUT held)")
     handlers["build"] = _build
+
+    plan = sub.add_parser(
+        "plan", help="what a build would skip, recompute or delete, and why, with its cost; writes nothing",
+        description="Compare what a build with these arguments would compute with the markers under OUT and "
+                    "print, per stage, the units it would skip, recompute or delete, each with its reason (a "
+                    "changed input digest, config field or code version), and the seconds they took last time. "
+                    "Writes nothing. Units reading the output of units that recompute are 'recompute if "
+                    "upstream output changes': whether that output changes is known only after the run "
+                    "(terraform's 'known after apply'). The stages after features are judged per stage.")
+    plan.add_argument("--source", required=True, help="as for build")
+    plan.add_argument("--out", required=True, help="as for build: the output root to compare with")
+    plan.add_argument("--config", help="as for build")
+    plan.add_argument("--json", action="store_true", help="the plan as JSON: every unit, its action and reason")
+    handlers["plan"] = _plan
+
+    diff = sub.add_parser("diff", help="what changed between two corpus versions (CHANGES.md, changes.parquet)",
+                          description="Compare two corpus versions (output roots): records added, removed and "
+                                      "changed (fate, reason, split, shard, caption, image bytes), release shards "
+                                      "rewritten, licence counts and statistics provenance. Runs out of core "
+                                      "(DuckDB). Writes CHANGES.md and changes.parquet into NEW, or into --out.")
+    diff.add_argument("old", help="output root of the earlier version")
+    diff.add_argument("new", help="output root of the later version")
+    diff.add_argument("--out", help="folder to write CHANGES.md and changes.parquet into (default: NEW)")
+    diff.add_argument("--memory-limit", default="2GB", help="DuckDB's memory limit; past it, it spills to disk")
+    handlers["diff"] = _diff
 
     sample = sub.add_parser("sample", help="write the deterministic sample corpus",
                             description="Write a synthetic source corpus with planted duplicates and bad records.")

@@ -304,6 +304,8 @@ def check_build(config: Any) -> None:
         raise UserError(f"output root {config.out} overlaps the source {config.source}: choose an --out outside it")
     require_writable_root(config.out, config.storage_options, "output root")
     require_records(config.source, config.input)
+    if config.previous is not None:
+        check_corpus(config.previous, config.storage_options, "previous version")
     check_models(config)
 
 

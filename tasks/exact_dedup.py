@@ -36,6 +36,21 @@ def _code() -> str:
     return code_version("tasks.exact_dedup")
 
 
+def duplicate_keys_key(bucket: int, keys_digests: list[str]) -> str:
+    """A key bucket's fingerprint (the run and ``corpusforge plan`` share it)."""
+    return unit_fingerprint("duplicate-keys", _code(), bucket, keys_digests)
+
+
+def exact_duplicates_key(bucket: int, hashes_digests: list[str], keydup_digests: list[str]) -> str:
+    """A hash bucket's fingerprint (the run and ``corpusforge plan`` share it)."""
+    return unit_fingerprint("exact-duplicates", _code(), bucket, [hashes_digests, keydup_digests])
+
+
+def resolve_key(shard_size: int, ingest_digest: str, decision_digests: list[str]) -> str:
+    """A partition's resolve fingerprint (the run and ``corpusforge plan`` share it)."""
+    return unit_fingerprint("resolve", _code(), shard_size, [ingest_digest, decision_digests])
+
+
 def _bucket_rows(store: Store, folder: str, bucket: int) -> pa.Table:
     return store.dataset(folder).to_table(filter=pc.field("bucket") == bucket)
 
@@ -63,7 +78,7 @@ def find_duplicate_keys(store: Store, bucket: int, keys_digests: list[str]) -> d
             seen.add(r["key"])
         return _write_decisions(store, keydup_path(bucket), decisions), {"duplicates": len(decisions)}
 
-    fp = unit_fingerprint("duplicate-keys", _code(), bucket, keys_digests)
+    fp = duplicate_keys_key(bucket, keys_digests)
     return run_unit(store, keydup_path(bucket), fp, compute)
 
 
@@ -93,7 +108,7 @@ def find_exact_duplicates(store: Store, bucket: int, hashes_digests: list[str],
                           for r in group if r is not winner]
         return _write_decisions(store, exact_path(bucket), decisions), {"duplicates": len(decisions)}
 
-    fp = unit_fingerprint("exact-duplicates", _code(), bucket, [hashes_digests, keydup_digests])
+    fp = exact_duplicates_key(bucket, hashes_digests, keydup_digests)
     return run_unit(store, exact_path(bucket), fp, compute)
 
 
@@ -137,5 +152,5 @@ def resolve_partition(store: Store, part: int, ingest_digest: str, decision_dige
         sha = store.write_parquet(rel, pa.Table.from_pylist(rows, schema=RESOLVED_SCHEMA))
         return {rel: sha}, {"part": part, "survivors": survivors, "candidates": candidates}
 
-    fp = unit_fingerprint("resolve", _code(), shard_size, [ingest_digest, decision_digests])
+    fp = resolve_key(shard_size, ingest_digest, decision_digests)
     return run_unit(store, resolved_path(part), fp, compute)

@@ -233,15 +233,22 @@ def _tar_records(part: Partition, src: SourceConfig, val: ValidationConfig,
             yield record
 
 
+def ingest_key(store: Store, part: Partition, src: SourceConfig, val: ValidationConfig, n_buckets: int,
+               lic: LicenseConfig | None) -> str:
+    """The fingerprint of one partition's ingest (the run and ``corpusforge plan`` share it):
+    settings, the partition's digest, every image's stamp and each row's licence verdict."""
+    return unit_fingerprint("ingest", code_version("tasks.ingest"),
+                            [val.model_dump(mode="json"), n_buckets, sorted(src.allow_roots)],
+                            [part.kind, part.base, part.digest, image_stamps(part, src, store),
+                             license_verdicts(part, store, lic)])
+
+
 def ingest_partition(store: Store, part: Partition, src: SourceConfig, val: ValidationConfig,
                      n_buckets: int, lic: LicenseConfig | None = None) -> dict[str, Any]:
     """Ingest one partition (skipped when its fingerprint is unchanged); return its marker.
 
     ``lic``: the licence allow-list (None: every licence passes, as before the check existed)."""
-    fp = unit_fingerprint("ingest", code_version("tasks.ingest"),
-                          [val.model_dump(mode="json"), n_buckets, sorted(src.allow_roots)],
-                          [part.kind, part.base, part.digest, image_stamps(part, src, store),
-                           license_verdicts(part, store, lic)])
+    fp = ingest_key(store, part, src, val, n_buckets, lic)
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         reader = _tar_records if part.kind == "tar" else _row_records

@@ -14,7 +14,7 @@ from collections import Counter
 from typing import Any
 
 from corpusforge.contract import read_marker, require_marker
-from corpusforge.layout import MARKERS, RECEIPT, REPORT, REPORT_HTML, ingest_path
+from corpusforge.layout import CHANGES_MD, CHANGES_TABLE, MARKERS, RECEIPT, REPORT, REPORT_HTML, ingest_path
 from tasks.run_log import POINTER
 from corpusforge.storage import Store
 from tasks.captions.summary import mix_by_split, share_table, word_stats
@@ -23,7 +23,7 @@ from tasks.stats.provenance import NOT_RECORDED, RANDOM_INIT_LABEL, weights_labe
 _SECRET_WORDS = ("secret", "password", "token", "key_id", "access_key", "credential")
 _SECRET_NAMES = {"key", "api_key"}  # s3fs's name for the access key id; a chat endpoint's key
 _SKIP_PREFIXES = ("work/", f"{MARKERS}/")
-_SKIP_FILES = (RECEIPT, REPORT, REPORT_HTML)
+_SKIP_FILES = (RECEIPT, REPORT, REPORT_HTML, CHANGES_MD, CHANGES_TABLE)  # written after the receipt
 
 
 def redact(obj: Any) -> Any:

@@ -197,14 +197,19 @@ def images_digest(records: list[dict[str, Any]]) -> str:
     return fingerprint([(r["key"], r["sha256"], r["ext"]) for r in records])
 
 
+def staging_key(table: pa.Table) -> str:
+    """A staging shard's fingerprint from its records (the run and ``corpusforge plan`` share it)."""
+    content = list(zip(*(table[c].to_pylist() for c in CONTENT_FIELDS)))  # rows, as JSON arrays
+    return unit_fingerprint("staging", code_version("tasks.staging"), None, content)
+
+
 def write_staging_shard(store: Store, shard: StagingShard) -> dict[str, Any]:
     """Write one staging shard (skipped when its records' content is unchanged).
 
     The tar, index and records file are written as one group and fsynced together
     (:meth:`corpusforge.storage.Store.atomic_writes`), then the marker."""
     table = shard_table(store, shard)
-    content = list(zip(*(table[c].to_pylist() for c in CONTENT_FIELDS)))  # rows, as JSON arrays
-    fp = unit_fingerprint("staging", code_version("tasks.staging"), None, content)
+    fp = staging_key(table)
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         records = table.to_pylist()

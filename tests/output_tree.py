@@ -1,6 +1,6 @@
 """What "equals a fresh build byte for byte" compares: every output file's SHA-256,
 completion markers and work tables excluded (they record how the run went, not what it
-made), the receipt without the config fields that legitimately differ between the runs
+made), and the account of changes since the previous version (a fresh build has none), the receipt without the config fields that legitimately differ between the runs
 compared (its output path; with ``drop``, others such as the Dask cluster)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from corpusforge.layout import MARKERS
+from corpusforge.layout import CHANGES_MD, CHANGES_TABLE, MARKERS
 
 
 def compared_hashes(paths: Iterable[str], read: Callable[[str], bytes],
@@ -18,7 +18,7 @@ def compared_hashes(paths: Iterable[str], read: Callable[[str], bytes],
     """SHA-256 per relative path of the outputs compared; ``read`` gives a path's bytes."""
     hashes = {}
     for rel in sorted(paths):
-        if rel.startswith(("work/", f"{MARKERS}/")):
+        if rel.startswith(("work/", f"{MARKERS}/")) or rel in (CHANGES_MD, CHANGES_TABLE):
             continue
         data = read(rel)
         if rel == "receipt.json":

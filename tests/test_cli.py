@@ -10,7 +10,7 @@ import pytest
 
 from flows.cli import FLOW_COMMANDS, main
 
-SUBCOMMANDS = ["build", "sample", *FLOW_COMMANDS]
+SUBCOMMANDS = ["build", "plan", "diff", "sample", *FLOW_COMMANDS]
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)

@@ -28,6 +28,7 @@ import pytest
 import corpusforge.version as version
 from corpusforge.layout import MARKERS
 from flows.build_corpus import BuildConfig, build
+from flows.plan import ACTIONS, plan_build, plan_data
 from tests.output_tree import tree
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -81,9 +82,17 @@ class History:
         return {p.name.split(".")[0]: json.loads(p.read_text())["info"]["images"] for p in folder.glob("*.json")}
 
     def rerun(self, **changes) -> dict:
-        """Rerun into the lived-in folder, build fresh elsewhere, assert equal bytes; return the work log."""
+        """Plan, then rerun into the lived-in folder and check the plan against what it did;
+        build fresh elsewhere, assert equal bytes; return the work log."""
         self.changes = changes
-        work = build(BuildConfig.model_validate(base_config(self.source, self.out, **changes)))["work"]
+        config = BuildConfig.model_validate(base_config(self.source, self.out, **changes))
+        before = tree_with_markers(self.out)
+        plan = plan_data(config, plan_build(config))
+        assert tree_with_markers(self.out) == before, "plan wrote under the output root"
+        old_records = records_of(self.out)
+        work = build(config)["work"]
+        check_plan(plan, work, set(before), set(tree_with_markers(self.out)))
+        assert changes_of(self.out) == reference_changes(old_records, records_of(self.out))
         self.fresh_count += 1
         fresh = self.root / f"fresh-{self.fresh_count}"
         fresh_work = build(BuildConfig.model_validate(base_config(self.source, fresh, **changes)))["work"]
@@ -93,6 +102,105 @@ class History:
         assert any(k.startswith("stats/") for k in got) or changes.get("reference_stats", 1) is None
         shutil.rmtree(fresh)
         return {"rerun": work, "fresh": fresh_work}
+
+
+def tree_with_markers(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``root`` with its size and modification time (markers and work too)."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+
+
+# The plan's stages and the run log's work counts they predict.
+PLAN_WORK = {"ingest": ("ingest",), "exact_dedup": ("exact_dedup",), "resolve": ("resolve",),
+             "staging": ("staging",), "graph": ("graph",), "release": ("publish", "release_shards"),
+             "manifest": ("publish", "manifest_parts")}
+# Folders whose removed markers are the plan's deletions, per exactly planned stage.
+PLAN_FOLDERS = {"ingest": "work/ingest", "resolve": "work/resolved", "staging": "staging/tars"}
+
+
+def work_counts(work: dict) -> tuple[int, int]:
+    """(computed, skipped) over a work log entry: counts, nested counts, or one unit's action."""
+    if isinstance(work, str):
+        return int(work == "computed"), int(work == "skipped")
+    if isinstance(work, dict) and "computed" in work:
+        return work["computed"], work["skipped"]
+    pairs = [work_counts(v) for v in work.values() if isinstance(v, dict | str)] if isinstance(work, dict) else []
+    return sum(c for c, _ in pairs), sum(s for _, s in pairs)
+
+
+def check_plan(plan: dict, work: dict, markers_before: set[str], markers_after: set[str]) -> None:
+    """What the plan said equals what the run did: exactly where every unit's action was
+    known, and as a superset where a unit waits on upstream output (the run recomputes at
+    least the certain ones and at most those plus the uncertain ones)."""
+    maybe = ACTIONS["maybe"]
+    for stage in plan["stages"]:
+        name, counts = stage["stage"], stage["counts"]
+        path = ("features", name.split(".", 1)[1]) if name.startswith("features.") else PLAN_WORK.get(name)
+        if name == "features.removed" or path is None:
+            continue
+        entry = work
+        for p in path:
+            entry = entry.get(p, {}) if isinstance(entry, dict) else {}
+        done, skipped = work_counts(entry)
+        if counts[maybe] == 0 and not stage["units_may_be_added"]:
+            if name in ("graph", "release", "manifest"):  # judged per stage: skipped whole, or not
+                assert done == 0, (name, stage["counts"], entry)
+            else:
+                assert (done, skipped) == (counts["recompute"], counts["skip"]), (name, stage["counts"], entry)
+        else:
+            assert done >= counts["recompute"], (name, stage["counts"], entry)
+            if not stage["units_may_be_added"]:
+                assert done <= counts["recompute"] + counts[maybe], (name, stage["counts"], entry)
+        deleted = {u["unit"] for u in stage["units"] if u["action"] == "delete"}
+        folder = PLAN_FOLDERS.get(name) or (f"features/{name.split('.', 1)[1]}/vectors"
+                                            if name.startswith("features.") else None)
+        if folder and not stage["units_may_be_added"]:
+            prefix = f"{MARKERS}/{folder}/"
+            removed = {m[len(prefix):].split(".", 1)[0] for m in markers_before - markers_after
+                       if m.startswith(prefix) and m.endswith(".json")}
+            assert deleted == removed, (name, deleted, removed)
+
+
+def records_of(root: Path) -> dict[tuple, dict]:
+    """A version's records by (key, source path, occurrence), read with pyarrow alone: the
+    independent reference for tasks/changes.py's DuckDB join."""
+    captioned = {r["key"]: r["caption"] for p in sorted((root / "work" / "release").glob("*.parquet"))
+                 for r in pq.read_table(p, columns=["key", "caption"]).to_pylist() if r["caption"] is not None}
+    inputs = {(r["part"], r["row"]): r["caption"] for p in sorted((root / "work" / "resolved").glob("*.parquet"))
+              for r in pq.read_table(p, columns=["part", "row", "caption"]).to_pylist()}
+    rows = sorted(pq.read_table(root / "manifest").to_pylist(), key=lambda r: (r["part"], r["row"]))
+    seen: dict[tuple, int] = {}
+    out = {}
+    for r in rows:
+        ident = (r["key"], r["source_path"])
+        seen[ident] = seen.get(ident, 0) + 1
+        out[(*ident, seen[ident])] = {"status": r["status"], "reason": r["reason"], "split": r["split"],
+                                      "shard": r["shard"], "sha256": r["sha256"],
+                                      "caption": (r["status"] == "kept" and captioned.get(r["key"]))
+                                      or inputs.get((r["part"], r["row"]))}
+    return out
+
+
+def reference_changes(old: dict[tuple, dict], new: dict[tuple, dict]) -> list[tuple]:
+    """(key, source path, occurrence, change, changed fields, old values, new values), sorted."""
+    fields = ("status", "reason", "split", "shard", "caption", "sha256")
+    out = []
+    for ident in sorted(set(old) | set(new), key=lambda i: (i[0] or "", i[1] or "", i[2])):
+        a, b = old.get(ident), new.get(ident)
+        if a is None or b is None:
+            out.append((*ident, "added" if a is None else "removed", None,
+                        tuple((a or {}).get(f) for f in fields), tuple((b or {}).get(f) for f in fields)))
+        elif differ := [f for f in fields if a[f] != b[f]]:
+            out.append((*ident, "changed", ",".join(differ), tuple(a[f] for f in fields),
+                        tuple(b[f] for f in fields)))
+    return out
+
+
+def changes_of(root: Path) -> list[tuple]:
+    """changes.parquet in the reference's shape."""
+    fields = ("status", "reason", "split", "shard", "caption", "sha256")
+    return [(r["key"], r["source_path"], r["occurrence"], r["change"], r["fields"],
+             tuple(r[f"old_{f}"] for f in fields), tuple(r[f"new_{f}"] for f in fields))
+            for r in pq.read_table(root / "changes.parquet").to_pylist()]
 
 
 def computed(work: dict, *path: str) -> int:
@@ -108,7 +216,13 @@ def history(tmp_path_factory, prefect_server) -> History:
     corpus = tmp_path_factory.mktemp("matrix-corpus")
     write_sample_corpus(str(corpus), n=N_SOURCE, seed=3)
     h = History(tmp_path_factory.mktemp("matrix"), corpus)
-    work = build(BuildConfig.model_validate(base_config(h.source, h.out)))["work"]
+    config = BuildConfig.model_validate(base_config(h.source, h.out))
+    plan = plan_data(config, plan_build(config))
+    assert not h.out.exists(), "plan created the output root"
+    first = plan["stages"][:3]  # ingest, exact dedup, resolve: every unit new, nothing else certain
+    assert [s["stage"] for s in first] == ["ingest", "exact_dedup", "resolve"]
+    assert all(s["counts"]["recompute"] == len(s["units"]) > 0 for s in first), first
+    work = build(config)["work"]
     assert computed(work, "features", "wfd") >= 6, work  # enough shards for the counts below to mean something
     return h
 
