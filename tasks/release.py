@@ -144,7 +144,7 @@ def shard_facts(store: Store, shard: str, source: Store, near_dedup: bool, capti
     return pa.Table.from_pylist(rows, schema=_facts_schema(len(cfg.stratify_by)))
 
 
-def _batches(con: duckdb.DuckDBPyConnection, sql: str, rows: int = 65_536) -> Iterator[list[dict[str, Any]]]:
+def _batches(con: duckdb.DuckDBPyConnection, sql: str, rows: int = 4096) -> Iterator[list[dict[str, Any]]]:
     """A query's rows in batches of Python dicts (only one batch alive at a time)."""
     reader = con.sql(sql).to_arrow_reader(rows)
     for batch in reader:
@@ -283,7 +283,8 @@ def _write_plans(store: Store, con: duckdb.DuckDBPyConnection, cfg: SplitConfig,
         tier = _tier(tier_of[split], shard)
         for r in run:
             r.update(image_of[r["ext"]], tier=tier)
-        plans[name] = store.write_parquet(release_plan_path(name), pa.Table.from_pylist(run, schema=RELEASE_PLAN_SCHEMA))
+        plans[name] = store.write_parquet(release_plan_path(name),
+                                          pa.Table.from_pylist(run, schema=RELEASE_PLAN_SCHEMA))
         info[name] = {"split": split, "index": shard, "count": len(run),
                       "caption_type": dict(sorted(Counter(r["caption_type"] for r in run).items())),
                       "image_ext": dict(sorted(Counter(r["release_ext"] for r in run).items())),
