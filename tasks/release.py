@@ -234,6 +234,7 @@ def plan_release_files(store: Store, shards: list[str], cfg: SplitConfig, near_d
             con.execute(f"SET memory_limit = '{memory_limit}'")
             con.execute(f"SET temp_directory = '{os.path.join(tmp, 'spill')}'")
             con.execute("SET preserve_insertion_order = false")
+            con.execute("SET enable_progress_bar = false")
             con.execute(f"CREATE VIEW facts AS SELECT *, '' AS s_c FROM read_parquet('{facts_dir}/*.parquet')")
             con.execute(f"CREATE VIEW kept AS SELECT * FROM facts WHERE status = '{Status.KEPT.value}'")
             strata = [f"s_{i}" for i in range(len(cfg.stratify_by))]
