@@ -18,7 +18,8 @@ every folder as it is.
     work/keydup/{bucket}.parquet       records reusing an earlier key
     work/exact/{bucket}.parquet        byte-identical copies and what they duplicate
     work/resolved/{part}.parquet       ingest rows with key/exact-dedup decisions folded in
-    work/release/{split}-{n}.parquet   the samples of one release shard, in order
+    work/release/{split}-{n}.parquet   the samples of one release shard, in order, with the staging
+                                       spans (shard, offset, size, SHA-256) its writer copies
     work/late/{part}.parquet           facts decided after staging, joined into the manifest
     work/graph/found/{shard}.parquet   pairs one staging shard's graph queries found (reused by reruns)
     work/run/stage_times.{json,md}     the latest run's wall-clock seconds per stage and work done: not
@@ -44,6 +45,7 @@ every folder as it is.
     stats/{group}-{model}.{npz,features.npy,json}, stats/oracle.json
     stats/test_stats.npz               gpic-eval's dino_mu, dino_sigma, dino_embeddings (DINOv2 models)
     receipt.json, report.md
+    receipt_outputs.parquet            (path, sha256) of every output file, from the markers
     CHANGES.md, changes.parquet        what changed since the version this root held before (or --previous)
     work/previous/records.parquet, receipt.json   that earlier version's records, kept before a build
                                        replaces them (tasks/changes.py)
@@ -89,6 +91,7 @@ EVAL_CAPTIONS = "eval_captions.parquet"
 GPIC_TEST_STATS = "stats/test_stats.npz"  # gpic-eval's reference file (tasks/stats/gpic_stats.py)
 
 RECEIPT = "receipt.json"
+RECEIPT_OUTPUTS = "receipt_outputs.parquet"  # every output file's SHA-256, beside receipt.json (tasks/receipt.py)
 REPORT = "report.md"
 RUN_LOG = "work/run/stage_times.json"  # the latest run's stage seconds (tasks/run_log.py)
 RUN_LOG_MD = "work/run/stage_times.md"
@@ -347,10 +350,15 @@ EVAL_CAPTIONS_SCHEMA = pa.schema([("key", pa.string()), ("caption_type", pa.stri
 GPIC_JSON_FIELDS = ("retrieved_at", "license", "license_url", "attribution", "key", "img_width", "img_height",
                     "split", "caption_type", "caption")
 
+# Where one staged member lies in its staging tar (from the staging index): a release
+# writer copies these spans and nothing else.
+MEMBER_SPAN = pa.struct([("ext", pa.string()), ("offset", pa.int64()), ("size", pa.int64()),
+                         ("sha256", pa.string())])
 RELEASE_PLAN_SCHEMA = pa.schema([("key", pa.string()), ("staging_shard", pa.string()), ("tier", pa.string()),
                                  ("caption", pa.string()), ("caption_type", pa.string()),
                                  ("caption_origin", pa.string()), ("release_ext", pa.string()),
-                                 ("image_encoding", pa.string())])
+                                 ("image_encoding", pa.string()),
+                                 ("members", pa.list_(MEMBER_SPAN))])  # the sample's staged members, by ext
 LATE_SCHEMA = pa.schema([
     ("row", pa.int32()), ("staging_shard", pa.string()), ("status", pa.string()), ("reason", pa.string()),
     ("duplicate_of", pa.string()), ("component_id", pa.int64()), ("component_size", pa.int32()),
@@ -359,6 +367,8 @@ LATE_SCHEMA = pa.schema([
     ("vlm_answers", pa.string()),
     ("release_ext", pa.string()), ("image_encoding", pa.string()),
 ])
+
+RECEIPT_OUTPUTS_SCHEMA = pa.schema([("path", pa.string()), ("sha256", pa.string())])
 
 MANIFEST_SCHEMA = pa.schema([
     *[INGEST_SCHEMA.field(n) for n in (

@@ -47,7 +47,7 @@ from tasks.graph.stage import near_duplicate_stage
 from tasks.ingest import ingest_partition
 from tasks.licenses import LicenseConfig
 from tasks.publish import license_section, publish, release_section, write_receipt
-from tasks.receipt import count_outcomes, input_snapshot_hash, output_hashes, redact
+from tasks.receipt import count_outcomes, input_snapshot_hash, redact, write_output_list
 from tasks.run_log import StageClock, write_run_log
 from tasks.sources import SourceConfig, plan_partitions
 from tasks.splits import SplitConfig
@@ -295,7 +295,7 @@ def _receipt(config: BuildConfig, store: Store, kind: str, n_parts: int, release
         "near_duplicates": near,
         "stats": stats,
         "warnings": [w for w in (features.get("warning"), stats.get("warning")) if w],
-        "outputs": output_hashes(store),
+        "outputs": write_output_list(store),
     }
 
 

@@ -30,7 +30,7 @@ from corpusforge.version import code_version
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.stage import near_duplicate_stage
 from tasks.publish import publish, release_section, write_receipt
-from tasks.receipt import count_outcomes, output_hashes, redact
+from tasks.receipt import count_outcomes, redact, write_output_list
 from tasks.splits import SplitConfig
 
 
@@ -115,7 +115,7 @@ def near_dedup(config: NearDedupFlowConfig) -> dict[str, Any]:
         "release": release_section(release, splits),
         "near_duplicates": summary,
         "warnings": [],
-        "outputs": output_hashes(out),
+        "outputs": write_output_list(out),
     })
     return summary
 

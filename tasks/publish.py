@@ -37,7 +37,7 @@ def publish(store: Store, staged: list[str], n_parts: int, splits: SplitConfig, 
     release = run_tasks(release_plan_task, [dict(store=store, shards=staged, cfg=splits, near_dedup=near_dedup,
                                                  source=source, captions=captions)])[0]
     shards = run_tasks(release_task, [dict(store=store, split=s["split"], shard=s["index"], cfg=splits,
-                                           plan=release["plans"][name], source=source)
+                                           plan_sha256=release["plans"][name]["sha256"], source=source)
                                       for name, s in release["shards"].items()])
     present = [sp for sp in SPLITS if any(s["split"] == sp for s in release["shards"].values())]
     store.write_bytes(RELEASE_CARD, dataset_card(splits.layout, present, sorted(

@@ -3,18 +3,25 @@
 ``receipt.json`` makes a build reproducible and auditable: the config (secrets
 redacted), seeds and thresholds, a hash of the input snapshot, the code version, counts
 per status and reason, what each model was run with (weights hash or random init), and
-the SHA-256 of every output file. No wall-clock time enters it, so a rerun of a finished
-build writes the same bytes.
+the count and digest of the output files, whose SHA-256 one by one are in
+``receipt_outputs.parquet`` beside it (path, sha256; sorted by path). Those come from the
+units' markers, which recorded them when the files were written: the receipt re-reads no
+output. No wall-clock time enters either file, so a rerun of a finished build writes the
+same bytes.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import Counter
 from typing import Any
 
-from corpusforge.contract import read_marker, require_marker
-from corpusforge.layout import CHANGES_MD, CHANGES_TABLE, MARKERS, RECEIPT, REPORT, REPORT_HTML, ingest_path
+import pyarrow as pa
+
+from corpusforge.contract import digest_of, require_marker
+from corpusforge.layout import (CHANGES_MD, CHANGES_TABLE, MARKERS, RECEIPT, RECEIPT_OUTPUTS, RECEIPT_OUTPUTS_SCHEMA,
+                                REPORT, REPORT_HTML, ingest_path)
 from tasks.run_log import POINTER
 from corpusforge.storage import Store
 from tasks.captions.summary import mix_by_split, share_table, word_stats
@@ -23,7 +30,7 @@ from tasks.stats.provenance import NOT_RECORDED, RANDOM_INIT_LABEL, weights_labe
 _SECRET_WORDS = ("secret", "password", "token", "key_id", "access_key", "credential")
 _SECRET_NAMES = {"key", "api_key"}  # s3fs's name for the access key id; a chat endpoint's key
 _SKIP_PREFIXES = ("work/", f"{MARKERS}/")
-_SKIP_FILES = (RECEIPT, REPORT, REPORT_HTML, CHANGES_MD, CHANGES_TABLE)  # written after the receipt
+_SKIP_FILES = (RECEIPT, RECEIPT_OUTPUTS, REPORT, REPORT_HTML, CHANGES_MD, CHANGES_TABLE)  # written after the receipt
 
 
 def redact(obj: Any) -> Any:
@@ -45,18 +52,35 @@ def input_snapshot_hash(store: Store, n_parts: int) -> str:
 
 
 def output_hashes(store: Store) -> dict[str, str]:
-    """SHA-256 of every output file; tars use the hash their writer recorded in the marker."""
+    """SHA-256 of every output file (outside ``work/``, the markers and the receipt files).
+
+    Each comes from the marker of the unit that wrote it (read in one batched ``cat``);
+    only a file no marker records (a small file written outside the unit protocol, such as
+    the dataset card or the graph summary) is hashed here."""
+    root = store.fs._strip_protocol(store.root).rstrip("/")
+    prefix = root + "/"
+    paths = store.fs.find(root)
+    markers = [p for p in paths if p.startswith(f"{prefix}{MARKERS}/") and p.endswith(".json")]
+    recorded: dict[str, str] = {}
+    for raw in (store.fs.cat(markers).values() if markers else ()):
+        recorded.update(json.loads(raw).get("outputs", {}))
     hashes: dict[str, str] = {}
-    prefix = store.fs._strip_protocol(store.root).rstrip("/") + "/"
-    for path in sorted(store.fs.find(store.fs._strip_protocol(store.root))):
+    for path in sorted(paths):
         rel = path[len(prefix):] if path.startswith(prefix) else path
         if rel.startswith(_SKIP_PREFIXES) or rel in _SKIP_FILES or "/." in f"/{rel}":
             continue
-        if rel.endswith(".tar") and (marker := read_marker(store, rel)) and rel in marker["outputs"]:
-            hashes[rel] = marker["outputs"][rel]
-        else:
-            hashes[rel] = store.sha256(rel)
+        hashes[rel] = recorded[rel] if rel in recorded else store.sha256(rel)
     return hashes
+
+
+def write_output_list(store: Store) -> dict[str, Any]:
+    """Write ``receipt_outputs.parquet`` (every output file's path and SHA-256, sorted by
+    path) and return the receipt's ``outputs`` entry: where the list is, how many files,
+    the list file's SHA-256 and the digest of its pairs (:func:`corpusforge.contract.digest_of`)."""
+    hashes = output_hashes(store)
+    table = pa.table({"path": list(hashes), "sha256": list(hashes.values())}, schema=RECEIPT_OUTPUTS_SCHEMA)
+    return {"list": RECEIPT_OUTPUTS, "files": len(hashes), "sha256": store.write_parquet(RECEIPT_OUTPUTS, table),
+            "digest": digest_of(hashes)}
 
 
 def count_outcomes(manifest_parts: list[dict[str, Any]]) -> dict[str, Any]:

@@ -104,7 +104,7 @@ def held_out_sizes(n: int, cfg: SplitConfig) -> tuple[int, int, str]:
                        "the largest = all")
 
 
-def _apportion(quota: int, sizes: dict[Any, int]) -> dict[Any, int]:
+def apportion(quota: int, sizes: dict[Any, int]) -> dict[Any, int]:
     """Split ``quota`` across strata in proportion to ``sizes`` (largest remainder)."""
     total = sum(sizes.values())
     if total == 0:
@@ -131,8 +131,8 @@ def assign_splits(records: list[dict[str, Any]], cfg: SplitConfig) -> dict[str, 
         by_stratum[stratum_of(members[0], cfg.stratify_by)].append(members)
     sizes = {s: sum(len(g) for g in gs) for s, gs in by_stratum.items()}
     val_n, test_n, _ = held_out_sizes(len(records), cfg)
-    test_q = _apportion(test_n, sizes)
-    val_q = _apportion(val_n, sizes)
+    test_q = apportion(test_n, sizes)
+    val_q = apportion(val_n, sizes)
     split_of: dict[str, str] = {}
     for stratum, stratum_groups in by_stratum.items():
         stratum_groups.sort(key=lambda g: (stable_uniform(cfg.seed, g[0]["key"]), g[0]["key"]))

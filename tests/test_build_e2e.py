@@ -16,8 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 import webdataset as wds
 
+from corpusforge.storage import Store
 from flows.build_corpus import BuildConfig, run_build
+from tasks.receipt import output_hashes
 from sample_corpus.truth import related_groups
+from tests.old_release import assert_release_equals_old
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -115,8 +118,13 @@ def test_receipt_and_report(built):
     out, _ = built
     receipt = json.loads((out / "receipt.json").read_text())
     assert receipt["counts"]["records"] == len(manifest(out))
-    for rel, digest in receipt["outputs"].items():
-        assert __import__("hashlib").sha256((out / rel).read_bytes()).hexdigest() == digest, rel
+    listed = pq.read_table(out / receipt["outputs"]["list"]).to_pylist()
+    hashes = {r["path"]: r["sha256"] for r in listed}
+    assert list(hashes) == sorted(hashes) and receipt["outputs"]["files"] == len(hashes)
+    assert receipt["outputs"]["sha256"] == file_hashes(out)[receipt["outputs"]["list"]]
+    receipt_files = ("receipt.json", "receipt_outputs.parquet", "report.md", "report.html")
+    assert hashes == {rel: digest for rel, digest in file_hashes(out).items()
+                      if not rel.startswith("_markers/") and rel not in receipt_files}
     report = (out / "report.md").read_text()
     assert "## Release shards" in report and "RANDOM-INIT" in report
     model_id = receipt["stats"]["model_id"]
@@ -124,6 +132,39 @@ def test_receipt_and_report(built):
         sidecar = json.loads((out / "stats" / f"{split}-{model_id}.json").read_text())
         assert sidecar["n"] == receipt["release"]["splits"][split]["samples"]
         assert "random" in json.dumps(sidecar).lower()
+
+
+def test_the_receipt_reads_no_output_a_marker_records(built, monkeypatch):
+    """The output list comes from the markers: no file a marker records is opened (a no-op
+    rerun's receipt re-reads no shard, feature, graph or manifest file); only the per-build
+    summaries every run rewrites outside the unit protocol are hashed."""
+    out, _ = built
+    recorded = {rel for p in (out / "_markers").rglob("*.json") for rel in json.loads(p.read_text())["outputs"]}
+    opened: list[str] = []
+    real_open = Store.open
+
+    def counting_open(self: Store, rel: str, mode: str = "rb"):
+        opened.append(rel)
+        return real_open(self, rel, mode)
+
+    monkeypatch.setattr(Store, "open", counting_open)
+    hashes = output_hashes(Store(str(out)))
+    assert opened and not set(opened) & recorded
+    assert set(opened) == {rel for rel in hashes if rel not in recorded}
+    summaries = ("shards/README.md", "eval_captions.parquet", "graph/nodes.json", "graph/summary.json",
+                 "graph/recall.json", "graph/components_report.json", "graph/collision/", "graph/calibration/",
+                 "stats/")
+    assert all(rel.startswith(summaries) for rel in opened), sorted(opened)
+
+
+def test_release_equals_the_old_implementation(built, sample_corpus, tmp_path):
+    """Release tars, late facts (so the manifest) and the receipt's release summary equal the
+    per-record-dict planner's and the index-reading writers' byte for byte."""
+    out, _ = built
+    staged = sorted(p.stem for p in (out / "staging" / "records").glob("*.parquet"))
+    near_dedup = (out / "graph" / "decisions").is_dir()
+    assert near_dedup
+    assert_release_equals_old(out, staged, config(sample_corpus, out).splits, near_dedup, tmp_path)
 
 
 def computed_units(work: dict, path: str = "") -> dict[str, int | str]:
