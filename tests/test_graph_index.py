@@ -9,9 +9,9 @@ from corpusforge.contract import read_marker
 from corpusforge.layout import GRAPH_INDEX, found_path
 from tasks.graph import index as fx
 from tasks.graph.config import IndexConfig, NearDedupConfig, VerificationConfig
-from tasks.graph.edges import (build_index, feature_digests, graph_recall, iter_edges, merge_edges, merge_groups,
-                               query_shard, recall_shard)
-from tasks.graph.nodes import plan_nodes
+from tasks.graph.edges import (build_index, feature_digests, found_fingerprint, graph_recall, iter_edges, merge_edges,
+                               merge_groups, query_shard, recall_shard)
+from tasks.graph.nodes import plan_nodes, write_shard_table
 from tests.graph_corpus import at_similarity, brute_force_edges, unit, write_corpus
 
 pytestmark = pytest.mark.timeout(120)
@@ -20,13 +20,14 @@ pytestmark = pytest.mark.timeout(120)
 def run_graph(store, shards, cfg):
     nodes = plan_nodes(store, shards)
     digests = feature_digests(store, cfg, nodes)
-    info = build_index(store, store, cfg, nodes, digests)
-    found = [query_shard(store, store, cfg, nodes, s, info, digests) for s in nodes.shards]
+    table = write_shard_table(store, nodes, digests)
+    info = build_index(store, store, cfg, table)
+    found = [query_shard(store, store, cfg, table, s, digests[s], info) for s in nodes.shards]
     for s in nodes.shards:
-        recall_shard(store, store, cfg, nodes, s, info, digests)
-    found_digests = [read_marker(store, found_path(s))["digest"] for s in nodes.shards]
+        recall_shard(store, store, cfg, table, s, digests[s], info)
+    found_fp = found_fingerprint([read_marker(store, found_path(s))["digest"] for s in nodes.shards])
     for g in merge_groups(nodes, [m["pairs"] for m in found], cfg.merge_max_edges):
-        merge_edges(store, nodes, g, digests, found_digests)
+        merge_edges(store, table, g, found_fp)
     got = {}
     for a, b, s in iter_edges(store, nodes):
         assert np.all(a < b)
@@ -125,12 +126,13 @@ def test_ivf_training_sample_does_not_depend_on_shard_listing(tmp_path):
     cfg = NearDedupConfig(index=IndexConfig(kind="ivf", nlist=16, nprobe=4))
     nodes = plan_nodes(store, shards[::-1])
     assert nodes.shards == tuple(sorted(shards))
-    build_index(store, store, cfg, nodes, feature_digests(store, cfg, nodes))
+    build_index(store, store, cfg, write_shard_table(store, nodes, feature_digests(store, cfg, nodes)))
     first = store.read_bytes(GRAPH_INDEX)
     store.remove("graph/index")
     store.remove("_markers/graph/index")
     again = plan_nodes(store, list(reversed(shards)))
-    assert build_index(store, store, cfg, again, feature_digests(store, cfg, again))["action"] == "computed"
+    table = write_shard_table(store, again, feature_digests(store, cfg, again))
+    assert build_index(store, store, cfg, table)["action"] == "computed"
     assert store.read_bytes(GRAPH_INDEX) == first
 
 

@@ -62,7 +62,7 @@ from corpusforge.tarshard import HashingWriter
 from corpusforge.version import code_version
 from tasks.graph import index as fx
 from tasks.graph.config import NearDedupConfig
-from tasks.graph.nodes import NodeTable, load_shard_vectors
+from tasks.graph.nodes import NodeTable, load_shard_vectors, read_shard_table
 from tasks.graph.pair_score import PairScore
 
 def _code() -> str:
@@ -104,12 +104,13 @@ def _sample(seed: int, salt: str, keys: list[str], rate: float) -> tuple[np.ndar
     return pick, u[pick]
 
 
-def build_index(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable,
-                digests: dict[str, str]) -> dict[str, Any]:
+def build_index(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str) -> dict[str, Any]:
     """Build and save the index (skipped if already built from the same features and settings).
 
-    Returns the index marker's info: plan, vector count, dim, recall sample size, and the
-    marker's ``fingerprint``."""
+    ``shard_table``: SHA-256 of the stage's shard table (tasks/graph/nodes.py). Returns the
+    index marker's info: plan, vector count, dim, recall sample size, and the marker's
+    ``fingerprint``."""
+    nodes, digests = read_shard_table(out, shard_table)
     markers = [require_features(source, cfg.model_id, shard)["info"] for shard in nodes.shards]
     n_vectors = sum(int(m["count"]) for m in markers)
     dims = {int(m["dim"]) for m in markers if int(m["count"])}
@@ -119,7 +120,7 @@ def build_index(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTabl
     rule = pair_score_of(markers)
     plan = fx.plan_index(cfg.index, n_vectors, rule.form_dim(dim))
     fp = unit_fingerprint("graph-index", _code(), [plan.to_json(), cfg.seed, cfg.recall_queries, rule.to_json()],
-                          [nodes.to_json(), [digests[s] for s in nodes.shards]])
+                          shard_table)
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         fx.set_threads(cfg.index.faiss_threads)
@@ -229,17 +230,19 @@ def flat_vectors(cpu_index: Any, ids: np.ndarray) -> np.ndarray:
     return stored[np.searchsorted(id_map, ids)]
 
 
-def query_shard(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable, shard: str,
-                info: dict[str, Any], digests: dict[str, str], force: bool = False) -> dict[str, Any]:
+def query_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str, shard: str, digest: str,
+                info: dict[str, Any], force: bool = False) -> dict[str, Any]:
     """Search one shard's vectors against the index; write the pairs it found.
 
+    ``digest``: the shard's feature digest, so a skipped unit reads nothing shared.
     Skipped while the shard's features (and, for approximate indexes, the index) are
     unchanged, unless ``force``. Info: queries, pairs, ``capped`` (k-NN queries whose
     k-1 neighbours all reached the threshold)."""
-    fp = query_fingerprint(cfg, info, digests[shard])
+    fp = query_fingerprint(cfg, info, digest)
     if not force and (marker := current_marker(out, found_path(shard), fp)) is not None:
         return {**marker["info"], "action": SKIPPED}
     fault_point("graph.query", shard)  # tests only: off unless CORPUSFORGE_FAULT
+    nodes, digests = read_shard_table(out, shard_table)
     fx.set_threads(cfg.index.faiss_threads)
     cpu, index, on_gpu = load_index(out, info, cfg.index.use_gpu)
     lo, _ = nodes.span(shard)
@@ -282,13 +285,13 @@ def query_shard(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTabl
     return {**marker["info"], "action": COMPUTED}
 
 
-def recall_shard(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable, shard: str,
-                 info: dict[str, Any], digests: dict[str, str]) -> dict[str, Any]:
+def recall_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str, shard: str, digest: str,
+                 info: dict[str, Any]) -> dict[str, Any]:
     """Exhaustive pairs of the recall sample against one shard (the recall reference)."""
-    fp = unit_fingerprint("graph-recall", _code(), cfg.graph_threshold, [info["fingerprint"], digests[shard]])
+    fp = unit_fingerprint("graph-recall", _code(), cfg.graph_threshold, [info["fingerprint"], digest])
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
-        lo, _ = nodes.span(shard)
+        lo, _ = read_shard_table(out, shard_table)[0].span(shard)
         ids, _, x = load_shard_vectors(source, cfg.model_id, shard, lo)
         q_ids = _load_npy(out, GRAPH_RECALL_IDS)
         q = _load_npy(out, GRAPH_RECALL_VECTORS)
@@ -300,11 +303,23 @@ def recall_shard(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTab
     return run_unit(out, recall_path(shard), fp, compute)
 
 
-def merge_groups(nodes: NodeTable, found_pairs: list[int], max_edges: int) -> list[list[str]]:
-    """Contiguous groups of owner shards, about ``max_edges`` found pairs per group."""
+def merge_groups(nodes: NodeTable, found_pairs: list[int], max_edges: int) -> list[tuple[str, str]]:
+    """Contiguous groups of owner shards, about ``max_edges`` found pairs per group, as
+    (first, last) shard names: a task's parameters stay small however many shards it owns."""
     total = sum(found_pairs)
     n_groups = max(1, min(len(nodes.shards), -(-total // max_edges)))
-    return [list(g) for g in np.array_split(np.array(nodes.shards, dtype=object), n_groups) if len(g)]
+    return [(g[0], g[-1]) for g in np.array_split(np.array(nodes.shards, dtype=object), n_groups) if len(g)]
+
+
+def group_shards(nodes: NodeTable, group: tuple[str, str]) -> list[str]:
+    """The owner shards of a merge group, first to last."""
+    first, last = group
+    return list(nodes.shards[nodes.shards.index(first):nodes.shards.index(last) + 1])
+
+
+def found_fingerprint(found_digests: list[str]) -> str:
+    """One digest for every shard's found file, in node order (what each merge reads)."""
+    return unit_fingerprint("graph-found", "", [], found_digests)
 
 
 def _valid_pairs(table: pa.Table, shard: str, nodes: NodeTable, digests: dict[str, str]
@@ -320,11 +335,12 @@ def _valid_pairs(table: pa.Table, shard: str, nodes: NodeTable, digests: dict[st
     return src[valid], dst[valid], table["similarity"].to_numpy()[valid]
 
 
-def merge_edges(out: Store, nodes: NodeTable, group: list[str], digests: dict[str, str],
-                found_digests: list[str]) -> dict[str, Any]:
-    """Write ``graph/edges/{shard}.parquet`` for a group of owner shards; return edge counts."""
-    fp = unit_fingerprint("graph-edges", _code(), group, [nodes.to_json(), found_digests,
-                                                          [digests[s] for s in nodes.shards]])
+def merge_edges(out: Store, shard_table: str, group: tuple[str, str], found: str) -> dict[str, Any]:
+    """Write ``graph/edges/{shard}.parquet`` for a group of owner shards (its first and
+    last); return edge counts. ``found``: :func:`found_fingerprint` of the found files."""
+    nodes, digests = read_shard_table(out, shard_table)
+    group = group_shards(nodes, group)
+    fp = unit_fingerprint("graph-edges", _code(), group, [shard_table, found])
     markers = [current_marker(out, edges_path(s), fp) for s in group]
     if all(m is not None for m in markers):
         return {"action": SKIPPED, "edges": {s: m["info"]["edges"] for s, m in zip(group, markers, strict=True)}}
