@@ -147,3 +147,27 @@ def test_gpu_search_gives_the_cpu_graph(tmp_path):
     nodes, info, got = run_graph(store, shards, cfg)
     assert all(read_marker(store, found_path(s))["info"]["gpu_search"] for s in shards)
     compare(got, brute_force_edges(store, shards, by_key, 0.90), 0.90, tol=1e-4, sim_tol=1e-4)
+
+
+def test_rescoring_lookup_holds_at_most_its_budget(tmp_path):
+    """PQ rescoring reads target shards' vectors; kept past the budget, least recently used
+    go first, and every vector returned equals the shard's own (issue 22: it never evicted)."""
+    from tasks.graph.edges import VectorLookup
+    from tasks.graph.nodes import load_shard_vectors
+
+    store, shards, _ = write_corpus(str(tmp_path), n_shards=5, per_shard=40, dim=16, seed=4)
+    nodes = plan_nodes(store, shards)
+    full = {s: load_shard_vectors(store, "wfd", s, nodes.span(s)[0]) for s in nodes.shards}
+    shard_bytes = max(ids.nbytes + x.nbytes for ids, _, x in full.values())
+    budget = 2 * shard_bytes + 1
+    lookup = VectorLookup(store, "wfd", nodes, budget_bytes=budget)
+    rng = np.random.default_rng(0)
+    all_ids = np.concatenate([ids for ids, _, _ in full.values()])
+    by_id = dict(zip(all_ids.tolist(), np.concatenate([x for _, _, x in full.values()]), strict=True))
+    for _ in range(6):
+        ids = rng.choice(all_ids, size=60)
+        got = lookup.vectors(ids)
+        assert np.array_equal(got, np.stack([by_id[i] for i in ids.tolist()]))
+        assert lookup.held <= budget
+    assert lookup.peak <= budget and lookup.peak > shard_bytes
+    assert len(lookup.loaded) <= 2
