@@ -239,7 +239,8 @@ def manifest_path(part: int) -> str:
 
 # ---- shared schemas ------------------------------------------------------------------
 _INPUT_COLUMNS = ["key", "path", "caption", "caption_type", "source", "license", "license_url",
-                  "attribution", "retrieved_at", "extra", "warning"]  # warning: a sidecar that was not usable
+                  "attribution", "retrieved_at", "extra", "warning",  # warning: a sidecar that was not usable
+                  "sidecars"]  # folder input: an image's sidecar extensions ("txt,json"), read at ingest
 INPUT_SCHEMA = pa.schema([(c, pa.string()) for c in _INPUT_COLUMNS])
 
 # Facts known after ingest: one row per input record, no image bytes.
