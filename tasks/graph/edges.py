@@ -105,6 +105,19 @@ def _sample(seed: int, salt: str, keys: list[str], rate: float) -> tuple[np.ndar
     return pick, u[pick]
 
 
+def index_plan(cfg: NearDedupConfig, markers: list[dict[str, Any]], limit: int = fx.INDEX_WORKER_BYTES
+               ) -> tuple[fx.IndexPlan, PairScore, int, int]:
+    """(plan, pair rule, vector count, feature dim) from the feature shards' marker infos;
+    a ValueError when the index would exceed ``limit`` bytes in a query worker."""
+    n_vectors = sum(int(m["count"]) for m in markers)
+    dims = {int(m["dim"]) for m in markers if int(m["count"])}
+    if len(dims) > 1:
+        raise ValueError(f"features/{cfg.model_id}: shards disagree on the dimension: {sorted(dims)}")
+    dim = dims.pop() if dims else 1
+    rule = pair_score_of(markers)
+    return fx.plan_index(cfg.index, n_vectors, rule.form_dim(dim), limit), rule, n_vectors, dim
+
+
 def build_index(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str) -> dict[str, Any]:
     """Build and save the index (skipped if already built from the same features and settings).
 
@@ -113,13 +126,7 @@ def build_index(source: Store, out: Store, cfg: NearDedupConfig, shard_table: st
     ``fingerprint``."""
     nodes, digests = read_shard_table(out, shard_table)
     markers = [require_features(source, cfg.model_id, shard)["info"] for shard in nodes.shards]
-    n_vectors = sum(int(m["count"]) for m in markers)
-    dims = {int(m["dim"]) for m in markers if int(m["count"])}
-    if len(dims) > 1:
-        raise ValueError(f"features/{cfg.model_id}: shards disagree on the dimension: {sorted(dims)}")
-    dim = dims.pop() if dims else 1
-    rule = pair_score_of(markers)
-    plan = fx.plan_index(cfg.index, n_vectors, rule.form_dim(dim))
+    plan, rule, n_vectors, dim = index_plan(cfg, markers)
     fp = unit_fingerprint("graph-index", _code(), [plan.to_json(), cfg.seed, cfg.recall_queries, rule.to_json()],
                           shard_table)
 
