@@ -115,7 +115,9 @@ def test_index_plan_auto_and_override():
     assert p.n_train == 100_000  # capped by N
     assert fx.plan_index(cfg, 1_000_000, 64).n_train == 4096 * 64
     assert fx.plan_index(IndexConfig(kind="ivf"), 500, 64).nlist == 16
-    assert fx.plan_index(IndexConfig(kind="flat"), 10**9, 64).kind == "flat"
+    assert fx.plan_index(IndexConfig(kind="flat"), 10**7, 64).kind == "flat"
+    with pytest.raises(ValueError, match="in every query worker"):  # 10⁹ x 64 floats: 264 GB
+        fx.plan_index(IndexConfig(kind="flat"), 10**9, 64)
     assert fx.auto_nlist(100_000_000) == 65536
     with pytest.raises(ValueError):
         fx.plan_index(IndexConfig(kind="ivf", storage="pq", pq_m=7), 10_000, 64)

@@ -297,7 +297,7 @@ def query_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: st
             sim = rule.scores_vs_forms(mine, flat_vectors(cpu, dst))
         else:
             lookup = VectorLookup(source, cfg.model_id, nodes)
-            lookup.add(nodes.shards.index(shard), ids, x)
+            lookup.add(nodes.index_of(shard), ids, x)
             sim = rule.scores(mine, lookup.vectors(dst))
         keep = sim >= np.float32(cfg.search_threshold)
         src, dst, sim = src[keep], dst[keep], sim[keep]
@@ -347,7 +347,7 @@ def merge_groups(nodes: NodeTable, found_pairs: list[int], max_edges: int) -> li
 def group_shards(nodes: NodeTable, group: tuple[str, str]) -> list[str]:
     """The owner shards of a merge group, first to last."""
     first, last = group
-    return list(nodes.shards[nodes.shards.index(first):nodes.shards.index(last) + 1])
+    return list(nodes.shards[nodes.index_of(first):nodes.index_of(last) + 1])
 
 
 def found_fingerprint(found_digests: list[str]) -> str:
@@ -361,9 +361,8 @@ def _valid_pairs(table: pa.Table, shard: str, nodes: NodeTable, digests: dict[st
     dst_shard = table["dst_shard"].to_pylist()
     valid = np.array([digests.get(t) == d for t, d in zip(dst_shard, table["dst_digest"].to_pylist(), strict=True)],
                      dtype=bool)
-    index_of = {s: i for i, s in enumerate(nodes.shards)}
-    owner = np.array([index_of.get(t, 0) for t in dst_shard], dtype=np.int64)
-    src = nodes.offsets[index_of[shard]] + table["src_row"].to_numpy().astype(np.int64)
+    owner = np.array([nodes.positions.get(t, 0) for t in dst_shard], dtype=np.int64)
+    src = nodes.offsets[nodes.index_of(shard)] + table["src_row"].to_numpy().astype(np.int64)
     dst = nodes.offsets[owner] + table["dst_row"].to_numpy().astype(np.int64)
     return src[valid], dst[valid], table["similarity"].to_numpy()[valid]
 
@@ -395,7 +394,7 @@ def merge_edges(out: Store, shard_table: str, group: tuple[str, str], found: str
     owner = nodes.shard_of(a)
     counts = {}
     for shard in group:
-        sel = owner == nodes.shards.index(shard)
+        sel = owner == nodes.index_of(shard)
         sha = out.write_parquet(edges_path(shard), edge_table(a[sel], b[sel], s[sel]))
         finish_unit(out, edges_path(shard), fp, {edges_path(shard): sha}, {"edges": int(sel.sum())})
         counts[shard] = int(sel.sum())

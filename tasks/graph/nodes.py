@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import io
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -45,8 +46,16 @@ class NodeTable:
         """Index into ``shards`` of each node id."""
         return np.searchsorted(self.offsets, np.asarray(ids, dtype=np.int64), side="right") - 1
 
+    @cached_property
+    def positions(self) -> dict[str, int]:
+        """Shard -> its index in ``shards``, built once (tasks look shards up per file; S can be 10⁵)."""
+        return {s: i for i, s in enumerate(self.shards)}
+
+    def index_of(self, shard: str) -> int:
+        return self.positions[shard]
+
     def span(self, shard: str) -> tuple[int, int]:
-        i = self.shards.index(shard)
+        i = self.index_of(shard)
         return int(self.offsets[i]), int(self.offsets[i + 1])
 
     def to_json(self) -> dict:

@@ -15,6 +15,10 @@ a rerun after new or changed staging shards queries only those (see
 ``tasks/graph/edges.py`` for when that is exact and when everything is queried again),
 and the merge, decisions and reports are recomputed from the edges (cheap).
 
+Task parameters are names and digests only: the node table and every shard's feature
+digest go once to ``work/graph/shards.parquet`` and each fan-out task gets its SHA-256
+(``tasks/graph/nodes.py``), so a task's parameters do not grow with the shard count.
+
 Inputs are read from ``source`` (default: the output store itself); everything is
 written under ``graph/`` of the output store — a new corpus version can therefore be
 written beside an old one without touching it (``flows/near_dedup.py``).
