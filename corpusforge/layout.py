@@ -22,6 +22,8 @@ every folder as it is.
                                        spans (shard, offset, size, SHA-256) its writer copies
     work/late/{part}.parquet           facts decided after staging, joined into the manifest
     work/graph/found/{shard}.parquet   pairs one staging shard's graph queries found (reused by reruns)
+    work/graph/shards.parquet          the graph stage's shard table (node offsets, feature digests): read by
+                                       its tasks, which get only its SHA-256 as a parameter
     work/run/stage_times.{json,md}     the latest run's wall-clock seconds per stage and work done: not
                                        deterministic, so under work/ (outside every output hash)
     staging/tars/{shard}.tar           staged samples (image, txt, json) in input order
@@ -75,6 +77,7 @@ STAGING_RECORDS = "staging/records"
 FEATURES_DIR = "features"
 GRAPH_DIR = "graph"
 GRAPH_FOUND = "work/graph/found"  # query results: a cache of the rerun, not an output
+GRAPH_SHARD_TABLE = "work/graph/shards.parquet"  # shared by the graph tasks (tasks/graph/nodes.py)
 GRAPH_RECALL = "graph/recall"
 GRAPH_EDGES = "graph/edges"
 GRAPH_DECISIONS = "graph/decisions"
@@ -254,7 +257,8 @@ def manifest_path(part: int) -> str:
 
 # ---- shared schemas ------------------------------------------------------------------
 _INPUT_COLUMNS = ["key", "path", "caption", "caption_type", "source", "license", "license_url",
-                  "attribution", "retrieved_at", "extra", "warning"]  # warning: a sidecar that was not usable
+                  "attribution", "retrieved_at", "extra", "warning",  # warning: a sidecar that was not usable
+                  "sidecars"]  # folder input: an image's sidecar extensions ("txt,json"), read at ingest
 INPUT_SCHEMA = pa.schema([(c, pa.string()) for c in _INPUT_COLUMNS])
 
 # Facts known after ingest: one row per input record, no image bytes.
@@ -307,6 +311,9 @@ VERIFIED_SCHEMA = pa.schema([
     ("matches", pa.int32()), ("inliers", pa.int32()), ("score", pa.float32()), ("overlap", pa.float32()),
     ("agreement", pa.float32()), ("verified", pa.bool_()),
 ])
+# The graph stage's shard table: one row per staging shard in node-id order.
+SHARD_TABLE_SCHEMA = pa.schema([("shard", pa.string()), ("start", pa.int64()), ("stop", pa.int64()),
+                                ("features", pa.string())])
 # Pairs one shard's queries found, addressed by (shard, row) so they stay valid while the
 # shards they point at are unchanged (dst_digest: the vectors' digest they were found in).
 FOUND_SCHEMA = pa.schema([("src_row", pa.int32()), ("dst_shard", pa.string()), ("dst_row", pa.int32()),

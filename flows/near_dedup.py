@@ -28,6 +28,8 @@ from corpusforge.layout import LINEAGE, RECEIPT, RESOLVED_DIR, STAGING_TARS
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.graph.config import NearDedupConfig
+from tasks.graph.edges import index_plan
+from tasks.graph.index import INDEX_WORKER_BYTES
 from tasks.graph.stage import near_duplicate_stage
 from tasks.publish import publish, release_section, write_receipt
 from tasks.receipt import count_outcomes, redact, write_output_list
@@ -69,6 +71,17 @@ def staged_with_features(source: Store, model_id: str) -> list[str]:
                          f"({', '.join(missing[:5])}{', …' if len(missing) > 5 else ''}): run "
                          f"`corpusforge extract-features` with that model first")
     return shards
+
+
+def check_index_size(config: NearDedupFlowConfig, limit: int = INDEX_WORKER_BYTES) -> None:
+    """Preflight: the index of the source's extracted features must fit in a query worker
+    (ValueError naming the alternative); reads feature markers only."""
+    source = Store(config.source, config.storage_options)
+    model_id = config.near_dedup.model_id
+    markers = [m["info"] for s in completed_units(source, STAGING_TARS, ".tar")
+               if (m := feature_marker(source, model_id, s)) is not None]
+    if markers:
+        index_plan(config.near_dedup, markers, limit)
 
 
 def lineage(source: Store, shards: list[str], cfg: NearDedupConfig) -> dict[str, Any]:

@@ -335,6 +335,12 @@ def check_flow(command: str, config: Any) -> None:
         check_corpus(config.corpus, config.storage_options)
     elif command == "near-dedup":
         check_corpus(config.source, config.storage_options, "source corpus")
+        from flows.near_dedup import check_index_size
+
+        try:
+            check_index_size(config)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
     elif command == "evaluate":
         for g in config.generated:
             require_exists(g, config.generated_storage_options, "generated images", "a folder of images or tars")

@@ -17,12 +17,14 @@ Output per partition (written atomically, marker last):
   bucketed by their case-folded form, so keys differing only in case meet in one bucket).
 
 Fingerprint: the partition's digest (its chunk's bytes, or the tar's stamp), the stamp
-of every image file the chunk names (so bytes replaced at the same path are re-read),
-the validation settings, the bucket count and this stage's code version. The licence
-allow-list (:mod:`tasks.licenses`) enters as each row's licence verdict for a table or
-folder partition (read from its chunk without touching an image), so changing the list
-reruns only the partitions where some record's verdict changes; a tar partition's
-licences sit inside the tar, so there the normalised allow-list itself enters.
+of every image file the chunk names and of the caption/metadata sidecars a folder row
+names (so bytes replaced at the same path are re-read; sidecars are read here, not while
+planning), the validation settings, the bucket count and this stage's code version. The
+licence allow-list (:mod:`tasks.licenses`) enters as each row's licence verdict for a
+table partition (read from its chunk without touching an image), so changing the list
+reruns only the partitions where some record's verdict changes; the licences of a tar
+partition, or of a folder partition with JSON sidecars, sit outside the chunk, so there
+the normalised allow-list itself enters.
 
 A record whose licence is missing or not allowed is ``filtered`` before its image is
 read: it has no hash and never reaches exact deduplication.
@@ -33,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
 import stat
 import unicodedata
 from collections import Counter
@@ -54,7 +57,8 @@ from corpusforge.tarshard import HashingWriter, folded_key, is_safe_key, iter_ta
 from corpusforge.version import code_version
 from tasks.licenses import LicenseConfig, license_family, license_reason
 from tasks.sources import (IMAGE_EXTS, METADATA_COLUMNS, Partition, SourceConfig, allowed_roots,
-                           local_file_refusal, locate, parse_sidecar, source_split_of)
+                           local_file_refusal, locate, parse_sidecar, read_sidecars, sidecar_locations,
+                           source_split_of)
 from tasks.validate import ValidationConfig, validate_image
 
 
@@ -107,23 +111,35 @@ def _chunk_rows(part: Partition, store: Store) -> list[dict[str, Any]]:
         return pq.read_table(f).to_pylist()
 
 
+def _stamp(location: str, src: SourceConfig) -> str:
+    try:
+        fs, path = fsspec.core.url_to_fs(location, **src.storage_options)
+        return file_stamp(fs, path, content=src.verify == "content")
+    except (OSError, ValueError) as exc:
+        return f"unreadable: {type(exc).__name__}"
+
+
 def image_stamps(part: Partition, src: SourceConfig, store: Store) -> list[str | None]:
-    """The stamp of every image file a rows partition names (None: unsafe or missing path)."""
+    """The stamp of every image file a rows partition names (None: unsafe or missing path),
+    each followed by its sidecars' stamps (folder input reads them at ingest)."""
     if part.kind == "tar":
         return []
     stamps: list[str | None] = []
     roots = allowed_roots(part.base, src.allow_roots)
     for meta in _chunk_rows(part, store):
+        if meta.get("sidecars"):
+            stamps += [_stamp(s, src) for s in sidecar_locations(_sidecar_base(part, meta), meta["sidecars"])]
         location, _ = locate(part.base, meta.get("path") or "", roots)
         if location is None or local_file_refusal(location, roots) is not None:
             stamps.append(None)
             continue
-        try:
-            fs, path = fsspec.core.url_to_fs(location, **src.storage_options)
-            stamps.append(file_stamp(fs, path, content=src.verify == "content"))
-        except (OSError, ValueError) as exc:
-            stamps.append(f"unreadable: {type(exc).__name__}")
+        stamps.append(_stamp(location, src))
     return stamps
+
+
+def _sidecar_base(part: Partition, meta: dict[str, Any]) -> str:
+    """The image location a folder row's sidecars are named after (the listing's own path)."""
+    return posixpath.join(part.base, meta["path"])
 
 
 def _read_local(location: str, limit: int) -> bytes:
@@ -142,8 +158,8 @@ def license_verdicts(part: Partition, store: Store, lic: LicenseConfig | None) -
     for rows partitions, the normalised allow-list for a tar (its metadata is inside)."""
     if lic is None:
         return None
-    if part.kind == "tar":
-        return json.dumps([[str(a) for a in lic.allowed()], lic.use_url, lic.on_conflict])
+    if part.kind == "tar" or any("json" in (m.get("sidecars") or "") for m in _chunk_rows(part, store)):
+        return json.dumps([[str(a) for a in lic.allowed()], lic.use_url, lic.on_conflict])  # metadata outside the chunk
     verdicts = [license_reason(m.get("license"), m.get("license_url"), lic) for m in _chunk_rows(part, store)]
     return verdicts if any(verdicts) else None  # all pass: the same output as with no list
 
@@ -156,6 +172,8 @@ def _row_records(part: Partition, src: SourceConfig, val: ValidationConfig,
         record = _blank(part.index, i)
         record.update({c: meta.get(c) for c in METADATA_COLUMNS})
         record["warning"] = meta.get("warning")
+        if meta.get("sidecars"):
+            record.update(read_sidecars(_sidecar_base(part, meta), meta["sidecars"], src.storage_options))
         clean_caption(record)
         raw_path = meta.get("path") or ""
         record["source_path"] = raw_path

@@ -32,6 +32,7 @@ import posixpath
 import re
 import stat
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -51,6 +52,7 @@ INPUT_COLUMNS = INPUT_SCHEMA.names
 IMAGE_EXTS = {"jpg", "jpeg", "png", "webp"}
 TABLE_SUFFIXES = (".parquet", ".jsonl", ".csv")
 SIDECAR_EXTS = {"txt", "json"}
+SIDECAR_ORDER = ("txt", "json")  # a caption from .txt comes first and wins over the JSON's
 GPIC_SPLITS = ("train", "val", "test")
 SCHEME_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")  # file:/x, local:/x, c:/x
 
@@ -195,7 +197,7 @@ def normalise_rows(table: pa.Table, mapping: dict[str, str]) -> list[dict[str, s
         extra: dict[str, Any] = {}
         for name, value in row.items():
             ours = reverse.get(name, name)
-            if ours in record and ours not in ("extra", "warning"):
+            if ours in record and ours not in ("extra", "warning", "sidecars"):
                 record[ours] = _as_text(value)
             else:
                 extra[name] = value
@@ -246,47 +248,94 @@ def parse_sidecar(data: bytes) -> tuple[dict[str, Any], str | None]:
     return loaded, None
 
 
-def _local_files(root: str) -> list[str]:
-    """Every entry under a local folder, symlinks not followed: a symlink to a folder and
-    any special file (FIFO, device, socket) is listed too, so ingest reports it as an error."""
-    out: list[str] = []
-    for folder, dirs, files in os.walk(root, followlinks=False):
-        for name in dirs:
-            if os.path.islink(os.path.join(folder, name)):
-                out.append(os.path.join(folder, name))
-        out += [os.path.join(folder, name) for name in files]
-    return sorted(out)
+LISTING_THREADS = 16  # folder listing: top-level sub-folders listed at once (I/O-bound)
+
+
+def _walk_local(folder: str) -> list[tuple[str, bool]]:
+    """Every entry under a local folder as (path, regular), symlinks not followed: a
+    symlink to a folder and any special file (FIFO, device, socket) is listed too, so
+    ingest reports it as an error. ``regular``: a regular file, not a link (the entry's
+    type from the directory listing, no stat)."""
+    out: list[tuple[str, bool]] = []
+    pending = [folder]
+    while pending:
+        with os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                try:
+                    is_dir = entry.is_dir()
+                except OSError:
+                    is_dir = False
+                if is_dir and not entry.is_symlink():
+                    pending.append(entry.path)
+                else:
+                    out.append((entry.path, entry.is_file(follow_symlinks=False)))
+    return out
+
+
+def _local_files(root: str) -> list[tuple[str, bool]]:
+    """:func:`_walk_local` of a folder, its top-level sub-folders listed in parallel; sorted."""
+    top: list[tuple[str, bool]] = []
+    folders: list[str] = []
+    with os.scandir(root) as entries:
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            if is_dir and not entry.is_symlink():
+                folders.append(entry.path)
+            else:
+                top.append((entry.path, entry.is_file(follow_symlinks=False)))
+    with ThreadPoolExecutor(LISTING_THREADS) as pool:
+        for listed in pool.map(_walk_local, folders):
+            top += listed
+    return sorted(top)
+
+
+def _remote_files(fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
+    """Every object under a prefix (``fs.find``), one listing per top-level sub-prefix in parallel; sorted."""
+    files, prefixes = [], []
+    for entry in fs.ls(root, detail=True):
+        (prefixes if entry["type"] == "directory" else files).append(entry["name"])
+    with ThreadPoolExecutor(LISTING_THREADS) as pool:
+        for listed in pool.map(fs.find, prefixes):
+            files += listed
+    return sorted(set(files))
 
 
 def _folder_rows(src: str, cfg: SourceConfig) -> Iterator[dict[str, Any]]:
-    """Every file of a bare folder in sorted order; caption/metadata sidecars are attached.
+    """Every file of a bare folder in sorted order; an image's caption/metadata sidecars are
+    named in its row (``sidecars``) and read at ingest, in parallel over partitions.
 
     Nothing is skipped silently: links and special files become rows (and error records
-    at ingest); a sidecar is read only when it is a regular file inside the folder."""
+    at ingest); a sidecar is attached only when it is a regular file inside the folder —
+    checked from the listing's entry types, and with a realpath and stat only for a link
+    or special file named like a sidecar."""
     fs, root = _fs(src, cfg.storage_options)
     if is_remote(src):
-        files = sorted(fs.find(root))
-        readable = set(files)
+        files = _remote_files(fs, root)
+        regular = dict.fromkeys(files, True)
     else:
         root = root.rstrip("/") or "/"
-        files = _local_files(root)
-        readable = {f for f in files if local_file_refusal(f, [root]) is None}
+        listed = _local_files(root)
+        files = [f for f, _ in listed]
+        regular = dict(listed)
     stems_with_image = {f.rsplit(".", 1)[0] for f in files if f.rsplit(".", 1)[-1].lower() in IMAGE_EXTS}
+
+    def readable(path: str) -> bool:
+        if path not in regular:
+            return False
+        return regular[path] or local_file_refusal(path, [root]) is None
+
     for path in files:
         stem, _, ext = path.rpartition(".")
         rel = posixpath.relpath(path, root)
-        if ext.lower() in SIDECAR_EXTS and stem in stems_with_image and path in readable:
-            continue  # read below as part of its image's record
+        if ext.lower() in SIDECAR_EXTS and stem in stems_with_image and readable(path):
+            continue  # read at ingest as part of its image's record
         record: dict[str, Any] = {c: None for c in INPUT_COLUMNS}
         record["path"] = rel
         if ext.lower() in IMAGE_EXTS:
-            if f"{stem}.txt" in readable:
-                record["caption"] = fs.cat_file(f"{stem}.txt").decode("utf-8", "replace").strip()
-            if f"{stem}.json" in readable:
-                meta, record["warning"] = parse_sidecar(fs.cat_file(f"{stem}.json"))
-                for name in METADATA_COLUMNS:
-                    if name in meta and record.get(name) is None:
-                        record[name] = _as_text(meta[name])
+            record["sidecars"] = ",".join(e for e in SIDECAR_ORDER if readable(f"{stem}.{e}")) or None
         yield record
 
 
@@ -309,6 +358,48 @@ def why_empty(src: str, cfg: SourceConfig) -> str | None:
         if files or (not is_remote(uri) and any(os.path.islink(posixpath.join(folder, d)) for d in dirs)):
             return None
     return f"folder {uri} holds no file"
+
+
+def read_sidecars(location: str, exts: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The caption and metadata columns (and ``warning``) from an image's sidecars, as the
+    folder listing named them (``exts``: "txt", "json" or "txt,json"); the ``.txt`` caption
+    wins over a caption in the JSON. An unreadable sidecar is a warning, never a failure."""
+    out: dict[str, Any] = {}
+    for path in sidecar_locations(location, exts):
+        ext = path.rpartition(".")[2]
+        try:
+            data = _read_sidecar(path, options)
+        except (OSError, ValueError) as exc:
+            out["warning"] = f"bad_sidecar: {ext} unreadable ({type(exc).__name__}: {exc}); it was not used"
+            continue
+        if ext == "txt":
+            out["caption"] = data.decode("utf-8", "replace").strip()
+        else:
+            meta, warning = parse_sidecar(data)
+            out["warning"] = out.get("warning") or warning
+            for name in METADATA_COLUMNS:
+                if name in meta and out.get(name) is None:
+                    out[name] = _as_text(meta[name])
+    return out
+
+
+def _read_sidecar(location: str, options: dict[str, Any]) -> bytes:
+    """A sidecar's bytes; a local one opened without blocking and refused unless it is still
+    a regular file (the listing saw one, but the folder may have changed since)."""
+    if is_remote(location):
+        fs, path = _fs(location, options)
+        return fs.cat_file(path)
+    fd = os.open(os.path.realpath(location), os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{location}: not a regular file")
+        return f.read()
+
+
+def sidecar_locations(location: str, exts: str) -> list[str]:
+    """Where an image's sidecars lie, in the order they are read."""
+    stem = location.rpartition(".")[0]
+    return [f"{stem}.{ext}" for ext in exts.split(",")]
 
 
 def plan_partitions(src: str, store: Store, cfg: SourceConfig) -> tuple[str, list[Partition]]:

@@ -9,9 +9,9 @@ from corpusforge.contract import read_marker
 from corpusforge.layout import GRAPH_INDEX, found_path
 from tasks.graph import index as fx
 from tasks.graph.config import IndexConfig, NearDedupConfig, VerificationConfig
-from tasks.graph.edges import (build_index, feature_digests, graph_recall, iter_edges, merge_edges, merge_groups,
-                               query_shard, recall_shard)
-from tasks.graph.nodes import plan_nodes
+from tasks.graph.edges import (build_index, feature_digests, found_fingerprint, graph_recall, iter_edges, merge_edges,
+                               merge_groups, query_shard, recall_shard)
+from tasks.graph.nodes import plan_nodes, write_shard_table
 from tests.graph_corpus import at_similarity, brute_force_edges, unit, write_corpus
 
 pytestmark = pytest.mark.timeout(120)
@@ -20,13 +20,14 @@ pytestmark = pytest.mark.timeout(120)
 def run_graph(store, shards, cfg):
     nodes = plan_nodes(store, shards)
     digests = feature_digests(store, cfg, nodes)
-    info = build_index(store, store, cfg, nodes, digests)
-    found = [query_shard(store, store, cfg, nodes, s, info, digests) for s in nodes.shards]
+    table = write_shard_table(store, nodes, digests)
+    info = build_index(store, store, cfg, table)
+    found = [query_shard(store, store, cfg, table, s, digests[s], info) for s in nodes.shards]
     for s in nodes.shards:
-        recall_shard(store, store, cfg, nodes, s, info, digests)
-    found_digests = [read_marker(store, found_path(s))["digest"] for s in nodes.shards]
+        recall_shard(store, store, cfg, table, s, digests[s], info)
+    found_fp = found_fingerprint([read_marker(store, found_path(s))["digest"] for s in nodes.shards])
     for g in merge_groups(nodes, [m["pairs"] for m in found], cfg.merge_max_edges):
-        merge_edges(store, nodes, g, digests, found_digests)
+        merge_edges(store, table, g, found_fp)
     got = {}
     for a, b, s in iter_edges(store, nodes):
         assert np.all(a < b)
@@ -114,7 +115,9 @@ def test_index_plan_auto_and_override():
     assert p.n_train == 100_000  # capped by N
     assert fx.plan_index(cfg, 1_000_000, 64).n_train == 4096 * 64
     assert fx.plan_index(IndexConfig(kind="ivf"), 500, 64).nlist == 16
-    assert fx.plan_index(IndexConfig(kind="flat"), 10**9, 64).kind == "flat"
+    assert fx.plan_index(IndexConfig(kind="flat"), 10**7, 64).kind == "flat"
+    with pytest.raises(ValueError, match="in every query worker"):  # 10⁹ x 64 floats: 264 GB
+        fx.plan_index(IndexConfig(kind="flat"), 10**9, 64)
     assert fx.auto_nlist(100_000_000) == 65536
     with pytest.raises(ValueError):
         fx.plan_index(IndexConfig(kind="ivf", storage="pq", pq_m=7), 10_000, 64)
@@ -125,12 +128,13 @@ def test_ivf_training_sample_does_not_depend_on_shard_listing(tmp_path):
     cfg = NearDedupConfig(index=IndexConfig(kind="ivf", nlist=16, nprobe=4))
     nodes = plan_nodes(store, shards[::-1])
     assert nodes.shards == tuple(sorted(shards))
-    build_index(store, store, cfg, nodes, feature_digests(store, cfg, nodes))
+    build_index(store, store, cfg, write_shard_table(store, nodes, feature_digests(store, cfg, nodes)))
     first = store.read_bytes(GRAPH_INDEX)
     store.remove("graph/index")
     store.remove("_markers/graph/index")
     again = plan_nodes(store, list(reversed(shards)))
-    assert build_index(store, store, cfg, again, feature_digests(store, cfg, again))["action"] == "computed"
+    table = write_shard_table(store, again, feature_digests(store, cfg, again))
+    assert build_index(store, store, cfg, table)["action"] == "computed"
     assert store.read_bytes(GRAPH_INDEX) == first
 
 
@@ -145,3 +149,44 @@ def test_gpu_search_gives_the_cpu_graph(tmp_path):
     nodes, info, got = run_graph(store, shards, cfg)
     assert all(read_marker(store, found_path(s))["info"]["gpu_search"] for s in shards)
     compare(got, brute_force_edges(store, shards, by_key, 0.90), 0.90, tol=1e-4, sim_tol=1e-4)
+
+
+def test_rescoring_lookup_holds_at_most_its_budget(tmp_path):
+    """PQ rescoring reads target shards' vectors; kept past the budget, least recently used
+    go first, and every vector returned equals the shard's own (issue 22: it never evicted)."""
+    from tasks.graph.edges import VectorLookup
+    from tasks.graph.nodes import load_shard_vectors
+
+    store, shards, _ = write_corpus(str(tmp_path), n_shards=5, per_shard=40, dim=16, seed=4)
+    nodes = plan_nodes(store, shards)
+    full = {s: load_shard_vectors(store, "wfd", s, nodes.span(s)[0]) for s in nodes.shards}
+    shard_bytes = max(ids.nbytes + x.nbytes for ids, _, x in full.values())
+    budget = 2 * shard_bytes + 1
+    lookup = VectorLookup(store, "wfd", nodes, budget_bytes=budget)
+    rng = np.random.default_rng(0)
+    all_ids = np.concatenate([ids for ids, _, _ in full.values()])
+    by_id = dict(zip(all_ids.tolist(), np.concatenate([x for _, _, x in full.values()]), strict=True))
+    for _ in range(6):
+        ids = rng.choice(all_ids, size=60)
+        got = lookup.vectors(ids)
+        assert np.array_equal(got, np.stack([by_id[i] for i in ids.tolist()]))
+        assert lookup.held <= budget
+    assert lookup.peak <= budget and lookup.peak > shard_bytes
+    assert len(lookup.loaded) <= 2
+
+
+def test_an_index_too_large_for_a_query_worker_is_refused_with_the_alternative(tmp_path):
+    """Every query worker loads the whole index: above 16 GiB the plan is refused, naming
+    IVF-PQ over a learned model (wfd's 2,096-float forms have no compact form)."""
+    from flows.near_dedup import NearDedupFlowConfig, check_index_size
+
+    with pytest.raises(ValueError, match=r"needs 39\.\d GiB .*learned copy detector.*storage: pq"):
+        fx.plan_index(IndexConfig(), 10_000_000, 2096)  # wfd forms, SQfp16: 41.9 GB
+    with pytest.raises(ValueError, match="IVF65536,SQfp16"):
+        fx.plan_index(IndexConfig(), 100_000_000, 512)  # SSCD, SQfp16: 103 GB
+    assert fx.plan_index(IndexConfig(storage="pq"), 100_000_000, 512).bytes_per_vector == 72  # 7.2 GB
+    store, _, _ = write_corpus(str(tmp_path / "corpus"), n_shards=2, per_shard=30, dim=16, seed=1)
+    config = NearDedupFlowConfig(source=store.root, out=str(tmp_path / "v2"))
+    check_index_size(config)  # 60 vectors: fine
+    with pytest.raises(ValueError, match=r"60 vectors x 16 dims \(IDMap2,Flat\) needs"):
+        check_index_size(config, limit=60 * (4 * 16 + 8) - 1)

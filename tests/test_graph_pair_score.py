@@ -16,7 +16,7 @@ import pytest
 from tasks.graph import index as fx
 from tasks.graph.config import IndexConfig, NearDedupConfig, VerificationConfig
 from tasks.graph.edges import build_index, feature_digests, query_shard
-from tasks.graph.nodes import plan_nodes
+from tasks.graph.nodes import plan_nodes, write_shard_table
 from tasks.graph.pair_score import PairScore
 from tests.graph_corpus import at_similarity, node_vectors, unit, write_corpus
 from tests.test_graph_index import compare, run_graph
@@ -133,8 +133,9 @@ def test_a_new_coloured_original_links_to_an_unchanged_greyscale_copy_on_rerun(t
                                 model=MODEL)
     nodes = plan_nodes(store, shards)
     digests = feature_digests(store, cfg, nodes)
-    info = build_index(store, store, cfg, nodes, digests)
-    queried = {s: query_shard(store, store, cfg, nodes, s, info, digests)["action"] for s in nodes.shards}
+    table = write_shard_table(store, nodes, digests)
+    info = build_index(store, store, cfg, table)
+    queried = {s: query_shard(store, store, cfg, table, s, digests[s], info)["action"] for s in nodes.shards}
     assert sorted(queried.values()) == ["computed", "skipped", "skipped"] and queried[shards[0]] == "computed"
     _, _, got = run_graph(store, shards, cfg)
     want, _ = reference_edges(store, shards, by_key, 0.90)

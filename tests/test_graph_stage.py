@@ -170,3 +170,40 @@ def test_calibration_sheet_embeds_every_image(tmp_path):
     for row in sheet.rows:
         assert len(row) == 2 and all(src.startswith("data:image/jpeg;base64,") for src in row)
     assert "http" not in page  # self-contained
+
+
+def test_fan_out_parameters_stay_small_at_any_shard_count(tmp_path):
+    """A graph task's pickled parameters do not grow with S (issue 22: they carried the
+    whole node table and digest map, 0.9 MB per task at S = 10k)."""
+    import cloudpickle
+
+    from corpusforge.storage import Store
+    from tasks.graph.nodes import NodeTable, read_shard_table, write_shard_table
+    from tasks.graph.stage import shard_calls
+
+    sizes = []
+    for n in (100, 10_000):
+        store = Store(str(tmp_path / f"{n:06d}"))  # equal root lengths: equal pickles
+        shards = [f"{i:06d}" for i in range(n)]
+        nodes = NodeTable(tuple(shards), np.arange(n + 1, dtype=np.int64) * 10_000)
+        digests = {s: hashlib.sha256(s.encode()).hexdigest() for s in shards}
+        table = write_shard_table(store, nodes, digests)
+        calls = shard_calls(store, store, exact_cfg(), table, digests, {"plan": {"kind": "flat"}, "fingerprint": "f"})
+        assert [c["shard"] for c in calls] == shards and calls[7]["digest"] == digests[shards[7]]
+        sizes.append(max(len(cloudpickle.dumps(c)) for c in calls[:50]))
+        got_nodes, got_digests = read_shard_table(store, table)
+        assert got_nodes.shards == nodes.shards and np.array_equal(got_nodes.offsets, nodes.offsets)
+        assert got_digests == digests
+    assert sizes[1] == sizes[0] <= 64 << 10
+
+
+def test_a_task_refuses_a_shard_table_it_was_not_given(tmp_path):
+    """The shared table is identified by its digest: a file rewritten by another plan is an error."""
+    from corpusforge.storage import Store
+    from tasks.graph.nodes import NodeTable, read_shard_table, write_shard_table
+
+    store = Store(str(tmp_path))
+    first = write_shard_table(store, NodeTable(("a",), np.array([0, 3])), {"a": "d1"})
+    write_shard_table(store, NodeTable(("a",), np.array([0, 3])), {"a": "d2"})
+    with pytest.raises(ValueError, match="changed while the graph stage ran"):
+        read_shard_table(store, first)

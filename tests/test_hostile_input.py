@@ -367,3 +367,26 @@ def test_feature_shard_past_the_error_rate_guard_fails_and_is_not_marked_done(tm
         extract_shard(store, "000000", cfg)
     done = extract_shard(store, "000000", cfg.model_copy(update={"max_error_share": 0.75}))
     assert done["models"]["wfd"]["errors"] == 3
+
+
+@pytest.mark.scenario(8)
+def test_parallel_folder_listing_equals_a_sequential_walk(tmp_path, outside):
+    """Top-level sub-folders are listed in parallel; the result is os.walk's, links not followed."""
+    from tasks.sources import _local_files
+
+    src = tmp_path / "imgs"
+    for folder in ("", "a", "a/b", "c", "c/d/e", "f"):
+        (src / folder).mkdir(parents=True, exist_ok=True)
+        (src / folder / "x.jpg").write_bytes(b"x")
+        (src / folder / "x.txt").write_bytes(b"t")
+    os.symlink(outside, src / "a" / "dir_link")
+    os.symlink(src / "c" / "x.jpg", src / "link.jpg")
+    os.mkfifo(src / "c" / "d" / "pipe.txt")
+    want = []
+    for folder, dirs, files in os.walk(src, followlinks=False):
+        want += [os.path.join(folder, n) for n in dirs if os.path.islink(os.path.join(folder, n))]
+        want += [os.path.join(folder, n) for n in files]
+    got = _local_files(str(src))
+    assert [p for p, _ in got] == sorted(want) and len(want) == 15
+    assert {os.path.relpath(p, src) for p, regular in got if not regular} == {"a/dir_link", "link.jpg",
+                                                                              "c/d/pipe.txt"}

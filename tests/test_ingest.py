@@ -255,3 +255,53 @@ def test_control_characters_in_captions_are_stripped_with_a_warning(tmp_path):
     [row] = ingest_all(str(tars), tmp_path / "out-tars")
     assert row["caption"] == "ab" and row["warning"].endswith("; caption_control_characters: removed 1 (U+0000)")
     assert row["warning"].startswith("bad_sidecar:")
+
+
+def test_folder_sidecars_are_read_at_ingest_and_their_changes_noticed(tmp_path):
+    """Planning lists a folder without opening a sidecar (issue 22: it read them one at a time):
+    the row names its sidecars, ingest reads them, and their stamps enter its fingerprint."""
+    src = tmp_path / "imgs"
+    write_images(src, {"a.jpg": jpeg(400, 300, 1), "a.txt": b"first", "a.json": b'{"license": "cc-by", "caption": "j"}',
+                       "b/c.jpg": jpeg(300, 300, 2), "b/c.json": b'{"caption": "from json"}'})
+    store, cfg = Store(str(tmp_path / "out")), SourceConfig(partition_size=3)
+
+    def ingest(parts):
+        actions = [ingest_partition(store, p, cfg, ValidationConfig(), n_buckets=2)["action"] for p in parts]
+        rows = {r["source_path"].rsplit("/imgs/", 1)[1]: r for p in parts
+                for r in store.read_parquet(f"work/ingest/{p.name}.parquet").to_pylist()}
+        return actions, rows
+
+    _, parts = plan_partitions(str(src), store, cfg)
+    (src / "a.txt").write_bytes(b"second")  # after planning: ingest reads what is there now
+    actions, rows = ingest(parts)
+    assert set(rows) == {"a.jpg", "b/c.jpg"} and actions == ["computed"]
+    assert (rows["a.jpg"]["caption"], rows["a.jpg"]["license"]) == ("second", "cc-by")
+    assert rows["b/c.jpg"]["caption"] == "from json"
+
+    (src / "b" / "c.json").write_bytes(b'{"caption": "changed after the build"}')
+    _, again = plan_partitions(str(src), store, cfg)
+    assert again == parts  # the chunk names sidecars, not their content
+    actions, rows = ingest(again)
+    assert actions == ["computed"] and rows["b/c.jpg"]["caption"] == "changed after the build"
+    assert ingest(again)[0] == ["skipped"]
+
+
+@pytest.mark.s3
+def test_folder_on_s3_equals_the_same_folder_on_disk(tmp_path, s3):
+    """An object-store folder is listed one top-level prefix at a time; sidecars come along."""
+    import s3fs
+
+    images = {"top.jpg": jpeg(300, 300, 1), "top.txt": b"top caption", "x/a.jpg": jpeg(300, 300, 2),
+              "x/a.json": b'{"license": "cc0"}', "x/y/b.png": b"", "z/c.jpg": jpeg(300, 300, 3),
+              "z/c.txt": b"c", "z/notes.md": b"hi", "z/lonely.txt": b"no image"}
+    local = tmp_path / "imgs"
+    write_images(local, images)
+    fs = s3fs.S3FileSystem(**s3)
+    fs.mkdir("corpusforge-folder")
+    fs.put(str(local), "corpusforge-folder/imgs", recursive=True)
+    cfg = SourceConfig(partition_size=3, storage_options=s3)
+    remote = ingest_all("s3://corpusforge-folder/imgs", tmp_path / "s3out", cfg)
+    on_disk = ingest_all(str(local), tmp_path / "out")
+    fields = ("key", "status", "reason", "caption", "license", "warning", "sha256")
+    assert [{f: r[f] for f in fields} for r in remote] == [{f: r[f] for f in fields} for r in on_disk]
+    assert len(remote) == 6

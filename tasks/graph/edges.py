@@ -43,6 +43,7 @@ two unit vectors, read from the feature files of the shards the candidates live 
 from __future__ import annotations
 
 import io
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
@@ -62,7 +63,7 @@ from corpusforge.tarshard import HashingWriter
 from corpusforge.version import code_version
 from tasks.graph import index as fx
 from tasks.graph.config import NearDedupConfig
-from tasks.graph.nodes import NodeTable, load_shard_vectors
+from tasks.graph.nodes import NodeTable, load_shard_vectors, read_shard_table
 from tasks.graph.pair_score import PairScore
 
 def _code() -> str:
@@ -104,22 +105,30 @@ def _sample(seed: int, salt: str, keys: list[str], rate: float) -> tuple[np.ndar
     return pick, u[pick]
 
 
-def build_index(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable,
-                digests: dict[str, str]) -> dict[str, Any]:
-    """Build and save the index (skipped if already built from the same features and settings).
-
-    Returns the index marker's info: plan, vector count, dim, recall sample size, and the
-    marker's ``fingerprint``."""
-    markers = [require_features(source, cfg.model_id, shard)["info"] for shard in nodes.shards]
+def index_plan(cfg: NearDedupConfig, markers: list[dict[str, Any]], limit: int = fx.INDEX_WORKER_BYTES
+               ) -> tuple[fx.IndexPlan, PairScore, int, int]:
+    """(plan, pair rule, vector count, feature dim) from the feature shards' marker infos;
+    a ValueError when the index would exceed ``limit`` bytes in a query worker."""
     n_vectors = sum(int(m["count"]) for m in markers)
     dims = {int(m["dim"]) for m in markers if int(m["count"])}
     if len(dims) > 1:
         raise ValueError(f"features/{cfg.model_id}: shards disagree on the dimension: {sorted(dims)}")
     dim = dims.pop() if dims else 1
     rule = pair_score_of(markers)
-    plan = fx.plan_index(cfg.index, n_vectors, rule.form_dim(dim))
+    return fx.plan_index(cfg.index, n_vectors, rule.form_dim(dim), limit), rule, n_vectors, dim
+
+
+def build_index(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str) -> dict[str, Any]:
+    """Build and save the index (skipped if already built from the same features and settings).
+
+    ``shard_table``: SHA-256 of the stage's shard table (tasks/graph/nodes.py). Returns the
+    index marker's info: plan, vector count, dim, recall sample size, and the marker's
+    ``fingerprint``."""
+    nodes, digests = read_shard_table(out, shard_table)
+    markers = [require_features(source, cfg.model_id, shard)["info"] for shard in nodes.shards]
+    plan, rule, n_vectors, dim = index_plan(cfg, markers)
     fp = unit_fingerprint("graph-index", _code(), [plan.to_json(), cfg.seed, cfg.recall_queries, rule.to_json()],
-                          [nodes.to_json(), [digests[s] for s in nodes.shards]])
+                          shard_table)
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         fx.set_threads(cfg.index.faiss_threads)
@@ -194,25 +203,50 @@ def query_fingerprint(cfg: NearDedupConfig, info: dict[str, Any], digest: str) -
                              plan, info.get("pair_score")], [digest, index])
 
 
-class VectorLookup:
-    """Exact unit vectors by node id, loading each shard's features once (PQ rescoring)."""
+RESCORE_CACHE_BYTES = 2 << 30  # target shards' vectors one rescoring task keeps (VectorLookup)
 
-    def __init__(self, source: Store, model_id: str, nodes: NodeTable):
-        self.source, self.model_id, self.nodes = source, model_id, nodes
-        self.loaded: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+class VectorLookup:
+    """Exact unit vectors by node id for PQ rescoring, read from the target shards' features.
+
+    Candidates are grouped by target shard, so one call reads each shard at most once;
+    loaded shards are kept, least recently used first out, while they fit in
+    ``budget_bytes`` (a query shard's candidates reach shards all over the corpus: kept
+    forever they would grow to every vector, 41 GB for wfd at 10⁷ images). The peak held
+    is at most ``max(budget_bytes, largest shard)``: the shard being read always stays."""
+
+    def __init__(self, source: Store, model_id: str, nodes: NodeTable, budget_bytes: int = RESCORE_CACHE_BYTES):
+        self.source, self.model_id, self.nodes, self.budget = source, model_id, nodes, budget_bytes
+        self.loaded: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self.held = self.peak = 0  # bytes of vectors and ids kept now, and at most so far
 
     def add(self, shard_index: int, ids: np.ndarray, x: np.ndarray) -> None:
+        """Keep a shard already in memory (the query shard's own vectors)."""
+        self._keep(shard_index, ids, x)
+
+    def _keep(self, shard_index: int, ids: np.ndarray, x: np.ndarray) -> None:
+        size = ids.nbytes + x.nbytes
+        while self.loaded and self.held + size > self.budget:
+            _, (old_ids, old_x) = self.loaded.popitem(last=False)
+            self.held -= old_ids.nbytes + old_x.nbytes
         self.loaded[shard_index] = (ids, x)
+        self.held += size
+        self.peak = max(self.peak, self.held)
+
+    def _shard(self, s: int) -> tuple[np.ndarray, np.ndarray]:
+        if s in self.loaded:
+            self.loaded.move_to_end(s)
+        else:
+            sids, _, sx = load_shard_vectors(self.source, self.model_id, self.nodes.shards[s],
+                                             int(self.nodes.offsets[s]))
+            self._keep(s, sids, sx)
+        return self.loaded[s]
 
     def vectors(self, ids: np.ndarray) -> np.ndarray:
         owner = self.nodes.shard_of(ids)
         out = None
         for s in np.unique(owner):
-            if int(s) not in self.loaded:
-                shard = self.nodes.shards[s]
-                sids, _, sx = load_shard_vectors(self.source, self.model_id, shard, int(self.nodes.offsets[s]))
-                self.loaded[int(s)] = (sids, sx)
-            sids, sx = self.loaded[int(s)]
+            sids, sx = self._shard(int(s))
             rows = np.flatnonzero(owner == s)
             pos = np.searchsorted(sids, ids[rows])
             if out is None:
@@ -229,17 +263,19 @@ def flat_vectors(cpu_index: Any, ids: np.ndarray) -> np.ndarray:
     return stored[np.searchsorted(id_map, ids)]
 
 
-def query_shard(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable, shard: str,
-                info: dict[str, Any], digests: dict[str, str], force: bool = False) -> dict[str, Any]:
+def query_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str, shard: str, digest: str,
+                info: dict[str, Any], force: bool = False) -> dict[str, Any]:
     """Search one shard's vectors against the index; write the pairs it found.
 
+    ``digest``: the shard's feature digest, so a skipped unit reads nothing shared.
     Skipped while the shard's features (and, for approximate indexes, the index) are
     unchanged, unless ``force``. Info: queries, pairs, ``capped`` (k-NN queries whose
     k-1 neighbours all reached the threshold)."""
-    fp = query_fingerprint(cfg, info, digests[shard])
+    fp = query_fingerprint(cfg, info, digest)
     if not force and (marker := current_marker(out, found_path(shard), fp)) is not None:
         return {**marker["info"], "action": SKIPPED}
     fault_point("graph.query", shard)  # tests only: off unless CORPUSFORGE_FAULT
+    nodes, digests = read_shard_table(out, shard_table)
     fx.set_threads(cfg.index.faiss_threads)
     cpu, index, on_gpu = load_index(out, info, cfg.index.use_gpu)
     lo, _ = nodes.span(shard)
@@ -261,7 +297,7 @@ def query_shard(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTabl
             sim = rule.scores_vs_forms(mine, flat_vectors(cpu, dst))
         else:
             lookup = VectorLookup(source, cfg.model_id, nodes)
-            lookup.add(nodes.shards.index(shard), ids, x)
+            lookup.add(nodes.index_of(shard), ids, x)
             sim = rule.scores(mine, lookup.vectors(dst))
         keep = sim >= np.float32(cfg.search_threshold)
         src, dst, sim = src[keep], dst[keep], sim[keep]
@@ -282,13 +318,13 @@ def query_shard(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTabl
     return {**marker["info"], "action": COMPUTED}
 
 
-def recall_shard(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable, shard: str,
-                 info: dict[str, Any], digests: dict[str, str]) -> dict[str, Any]:
+def recall_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str, shard: str, digest: str,
+                 info: dict[str, Any]) -> dict[str, Any]:
     """Exhaustive pairs of the recall sample against one shard (the recall reference)."""
-    fp = unit_fingerprint("graph-recall", _code(), cfg.graph_threshold, [info["fingerprint"], digests[shard]])
+    fp = unit_fingerprint("graph-recall", _code(), cfg.graph_threshold, [info["fingerprint"], digest])
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
-        lo, _ = nodes.span(shard)
+        lo, _ = read_shard_table(out, shard_table)[0].span(shard)
         ids, _, x = load_shard_vectors(source, cfg.model_id, shard, lo)
         q_ids = _load_npy(out, GRAPH_RECALL_IDS)
         q = _load_npy(out, GRAPH_RECALL_VECTORS)
@@ -300,11 +336,23 @@ def recall_shard(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTab
     return run_unit(out, recall_path(shard), fp, compute)
 
 
-def merge_groups(nodes: NodeTable, found_pairs: list[int], max_edges: int) -> list[list[str]]:
-    """Contiguous groups of owner shards, about ``max_edges`` found pairs per group."""
+def merge_groups(nodes: NodeTable, found_pairs: list[int], max_edges: int) -> list[tuple[str, str]]:
+    """Contiguous groups of owner shards, about ``max_edges`` found pairs per group, as
+    (first, last) shard names: a task's parameters stay small however many shards it owns."""
     total = sum(found_pairs)
     n_groups = max(1, min(len(nodes.shards), -(-total // max_edges)))
-    return [list(g) for g in np.array_split(np.array(nodes.shards, dtype=object), n_groups) if len(g)]
+    return [(g[0], g[-1]) for g in np.array_split(np.array(nodes.shards, dtype=object), n_groups) if len(g)]
+
+
+def group_shards(nodes: NodeTable, group: tuple[str, str]) -> list[str]:
+    """The owner shards of a merge group, first to last."""
+    first, last = group
+    return list(nodes.shards[nodes.index_of(first):nodes.index_of(last) + 1])
+
+
+def found_fingerprint(found_digests: list[str]) -> str:
+    """One digest for every shard's found file, in node order (what each merge reads)."""
+    return unit_fingerprint("graph-found", "", [], found_digests)
 
 
 def _valid_pairs(table: pa.Table, shard: str, nodes: NodeTable, digests: dict[str, str]
@@ -313,18 +361,18 @@ def _valid_pairs(table: pa.Table, shard: str, nodes: NodeTable, digests: dict[st
     dst_shard = table["dst_shard"].to_pylist()
     valid = np.array([digests.get(t) == d for t, d in zip(dst_shard, table["dst_digest"].to_pylist(), strict=True)],
                      dtype=bool)
-    index_of = {s: i for i, s in enumerate(nodes.shards)}
-    owner = np.array([index_of.get(t, 0) for t in dst_shard], dtype=np.int64)
-    src = nodes.offsets[index_of[shard]] + table["src_row"].to_numpy().astype(np.int64)
+    owner = np.array([nodes.positions.get(t, 0) for t in dst_shard], dtype=np.int64)
+    src = nodes.offsets[nodes.index_of(shard)] + table["src_row"].to_numpy().astype(np.int64)
     dst = nodes.offsets[owner] + table["dst_row"].to_numpy().astype(np.int64)
     return src[valid], dst[valid], table["similarity"].to_numpy()[valid]
 
 
-def merge_edges(out: Store, nodes: NodeTable, group: list[str], digests: dict[str, str],
-                found_digests: list[str]) -> dict[str, Any]:
-    """Write ``graph/edges/{shard}.parquet`` for a group of owner shards; return edge counts."""
-    fp = unit_fingerprint("graph-edges", _code(), group, [nodes.to_json(), found_digests,
-                                                          [digests[s] for s in nodes.shards]])
+def merge_edges(out: Store, shard_table: str, group: tuple[str, str], found: str) -> dict[str, Any]:
+    """Write ``graph/edges/{shard}.parquet`` for a group of owner shards (its first and
+    last); return edge counts. ``found``: :func:`found_fingerprint` of the found files."""
+    nodes, digests = read_shard_table(out, shard_table)
+    group = group_shards(nodes, group)
+    fp = unit_fingerprint("graph-edges", _code(), group, [shard_table, found])
     markers = [current_marker(out, edges_path(s), fp) for s in group]
     if all(m is not None for m in markers):
         return {"action": SKIPPED, "edges": {s: m["info"]["edges"] for s, m in zip(group, markers, strict=True)}}
@@ -346,7 +394,7 @@ def merge_edges(out: Store, nodes: NodeTable, group: list[str], digests: dict[st
     owner = nodes.shard_of(a)
     counts = {}
     for shard in group:
-        sel = owner == nodes.shards.index(shard)
+        sel = owner == nodes.index_of(shard)
         sha = out.write_parquet(edges_path(shard), edge_table(a[sel], b[sel], s[sel]))
         finish_unit(out, edges_path(shard), fp, {edges_path(shard): sha}, {"edges": int(sel.sum())})
         counts[shard] = int(sel.sum())

@@ -60,6 +60,9 @@ SEARCH_BATCH = 4096  # queries per FAISS call: bounds the k-NN and range result 
 # Exact searches look this far below a threshold and keep canonical scores >= it, so a
 # pair is found whatever the summation order (BLAS blocking, thread count) of the search.
 EXACT_SEARCH_MARGIN = 1e-3
+# Every query worker loads the whole index (load_index): above this it is refused before
+# anything is built (issue 22's per-task bound). An index no worker holds whole: README.
+INDEX_WORKER_BYTES = 16 << 30
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,15 @@ class IndexPlan:
         return f"IVF{self.nlist},{codes}"
 
     @property
+    def bytes_per_vector(self) -> int:
+        """Codes and id of one vector in the saved index, which every query worker holds."""
+        if self.kind == "flat" or self.storage == "flat":
+            code = 4 * self.dim
+        else:
+            code = 2 * self.dim if self.storage == "sqfp16" else self.pq_m
+        return code + 8
+
+    @property
     def exact_scores(self) -> bool:
         """True when stored similarities need no rescoring (all but PQ)."""
         return self.kind == "flat" or self.storage != "pq"
@@ -100,17 +112,28 @@ def auto_nlist(n_vectors: int) -> int:
     return nlist
 
 
-def plan_index(cfg: IndexConfig, n_vectors: int, dim: int) -> IndexPlan:
-    """Pick flat or IVF (``auto`` by size) and fix the IVF parameters."""
+def plan_index(cfg: IndexConfig, n_vectors: int, dim: int, limit: int = INDEX_WORKER_BYTES) -> IndexPlan:
+    """Pick flat or IVF (``auto`` by size) and fix the IVF parameters; a ValueError naming
+    the alternative when the index would not fit in a query worker (``limit`` bytes)."""
     kind = cfg.kind if cfg.kind != "auto" else ("flat" if n_vectors <= cfg.flat_max_vectors else "ivf")
     if kind == "flat":
-        return IndexPlan("flat", dim, n_vectors)
-    nlist = cfg.nlist or auto_nlist(n_vectors)
-    if cfg.storage == "pq" and dim % cfg.pq_m:
-        raise ValueError(f"pq_m={cfg.pq_m} must divide the feature dimension {dim}")
-    n_train = min(n_vectors, cfg.max_train, nlist * cfg.train_per_list)
-    return IndexPlan("ivf", dim, n_vectors, nlist, cfg.storage, cfg.pq_m if cfg.storage == "pq" else 0,
-                     min(cfg.nprobe, nlist), n_train)
+        plan = IndexPlan("flat", dim, n_vectors)
+    else:
+        nlist = cfg.nlist or auto_nlist(n_vectors)
+        if cfg.storage == "pq" and dim % cfg.pq_m:
+            raise ValueError(f"pq_m={cfg.pq_m} must divide the feature dimension {dim}")
+        n_train = min(n_vectors, cfg.max_train, nlist * cfg.train_per_list)
+        plan = IndexPlan("ivf", dim, n_vectors, nlist, cfg.storage, cfg.pq_m if cfg.storage == "pq" else 0,
+                         min(cfg.nprobe, nlist), n_train)
+    need = n_vectors * plan.bytes_per_vector
+    if need > limit:
+        raise ValueError(
+            f"near-duplicate index of {n_vectors:,} vectors x {dim} dims ({plan.factory}) needs {need / 2**30:.1f} GiB "
+            f"in every query worker, above the {limit / 2**30:.1f} GiB one may hold: use a learned copy detector "
+            f"(near_dedup.model_id, e.g. SSCD, 512 dims) with near_dedup.index.storage: pq (IVF-PQ, pq_m bytes "
+            f"per vector, rescored exactly); wfd indexes 2,096 floats per image for its pair rule and has no "
+            f"compact form")
+    return plan
 
 
 def new_index(plan: IndexPlan, seed: int) -> faiss.Index:

@@ -5,16 +5,28 @@ is the image's position in ``staging/records/{shard}.parquet`` and the offsets a
 cumulative row counts of the shards in sorted order: ids are int64, dense, and do not
 depend on the order in which shards were listed. Images whose features failed have a
 node (and end up kept, without edges) but no vector.
+
+The stage's fan-out tasks share the node table and every shard's feature digest. Passed
+as parameters they would be O(S) bytes per task, O(S²) through the scheduler per fan-out;
+instead the driver writes them once to ``work/graph/shards.parquet``
+(:func:`write_shard_table`) and each task gets only that file's SHA-256, reading the file
+once per worker process (:func:`read_shard_table`, which refuses a file whose digest
+differs: a task never works from another plan's table).
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from corpusforge.feature_files import read_shard_features
+from corpusforge.layout import GRAPH_SHARD_TABLE, SHARD_TABLE_SCHEMA
 from corpusforge.layout import staging_records as records_path
 from corpusforge.storage import Store
 
@@ -34,8 +46,16 @@ class NodeTable:
         """Index into ``shards`` of each node id."""
         return np.searchsorted(self.offsets, np.asarray(ids, dtype=np.int64), side="right") - 1
 
+    @cached_property
+    def positions(self) -> dict[str, int]:
+        """Shard -> its index in ``shards``, built once (tasks look shards up per file; S can be 10⁵)."""
+        return {s: i for i, s in enumerate(self.shards)}
+
+    def index_of(self, shard: str) -> int:
+        return self.positions[shard]
+
     def span(self, shard: str) -> tuple[int, int]:
-        i = self.shards.index(shard)
+        i = self.index_of(shard)
         return int(self.offsets[i]), int(self.offsets[i + 1])
 
     def to_json(self) -> dict:
@@ -56,6 +76,35 @@ def plan_nodes(store: Store, shards: list[str]) -> NodeTable:
     offsets = np.zeros(len(ordered) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     return NodeTable(ordered, offsets)
+
+
+def write_shard_table(out: Store, nodes: NodeTable, digests: dict[str, str]) -> str:
+    """Write the node table and each shard's feature digest for the tasks; return its SHA-256."""
+    table = pa.table({"shard": list(nodes.shards), "start": nodes.offsets[:-1], "stop": nodes.offsets[1:],
+                      "features": [digests[s] for s in nodes.shards]}, schema=SHARD_TABLE_SCHEMA)
+    return out.write_parquet(GRAPH_SHARD_TABLE, table)
+
+
+_TABLE_CACHE: dict[tuple[str, str], tuple[NodeTable, dict[str, str]]] = {}
+
+
+def read_shard_table(out: Store, digest: str) -> tuple[NodeTable, dict[str, str]]:
+    """The node table and feature digests written as ``digest``, read once per process and kept."""
+    key = (out.root, digest)
+    if key not in _TABLE_CACHE:
+        data = out.read_bytes(GRAPH_SHARD_TABLE)
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise ValueError(f"{out.path(GRAPH_SHARD_TABLE)} changed while the graph stage ran "
+                             f"(expected SHA-256 {digest[:12]}…): another build writes to the same output")
+        t = pq.read_table(io.BytesIO(data))
+        shards = t["shard"].to_pylist()
+        offsets = np.concatenate([t["start"].to_numpy()[:1], t["stop"].to_numpy()]).astype(np.int64)
+        if not shards:
+            offsets = np.zeros(1, np.int64)
+        _TABLE_CACHE.clear()
+        _TABLE_CACHE[key] = (NodeTable(tuple(shards), offsets), dict(zip(shards, t["features"].to_pylist(),
+                                                                         strict=True)))
+    return _TABLE_CACHE[key]
 
 
 def normalize_rows(x: np.ndarray) -> np.ndarray:

@@ -15,6 +15,10 @@ a rerun after new or changed staging shards queries only those (see
 ``tasks/graph/edges.py`` for when that is exact and when everything is queried again),
 and the merge, decisions and reports are recomputed from the edges (cheap).
 
+Task parameters are names and digests only: the node table and every shard's feature
+digest go once to ``work/graph/shards.parquet`` and each fan-out task gets its SHA-256
+(``tasks/graph/nodes.py``), so a task's parameters do not grow with the shard count.
+
 Inputs are read from ``source`` (default: the output store itself); everything is
 written under ``graph/`` of the output store — a new corpus version can therefore be
 written beside an old one without touching it (``flows/near_dedup.py``).
@@ -40,11 +44,11 @@ from tasks.graph.calibration import calibration_sheet
 from tasks.graph.collision import collision_models
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.decisions import decide_near_duplicates, read_decisions
-from tasks.graph.edges import (build_index, feature_digests, graph_recall, merge_edges, merge_groups, node_degrees,
-                               query_shard, recall_shard)
-from tasks.graph.nodes import plan_nodes
+from tasks.graph.edges import (build_index, feature_digests, found_fingerprint, graph_recall, group_shards,
+                               merge_edges, merge_groups, node_degrees, query_shard, recall_shard)
+from tasks.graph.nodes import plan_nodes, write_shard_table
 from tasks.graph.review import select_review_pairs
-from tasks.graph.verify import verify_shard
+from tasks.graph.verify import records_fingerprint, verify_shard
 
 __all__ = ["near_duplicate_stage", "read_decisions"]
 
@@ -59,12 +63,6 @@ collision_task = as_task(collision_models, "graph-collision-models")
 calibration_task = as_task(calibration_sheet, "graph-calibration-sheet")
 review_task = as_task(select_review_pairs, "graph-review-pairs")
 verify_task = as_task(verify_shard, "graph-verify-pairs")
-
-
-def _records_of(source: Store, nodes) -> dict[str, str]:
-    """Digest of every staging shard's records file (a verified pair reads images of any shard)."""
-    return {s: require_marker(source, staging_tar(s), "staging shard")["outputs"][staging_records(s)]
-            for s in nodes.shards}
 
 
 def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], *,
@@ -87,15 +85,16 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
     for folder in (GRAPH_FOUND, GRAPH_RECALL, GRAPH_EDGES, GRAPH_DECISIONS, GRAPH_REVIEW, GRAPH_VERIFIED):
         prune(store, folder, nodes.shards)
     prune(store, GRAPH_INDEX_DIR, {"index", "recall_ids", "recall_vectors"})  # a killed writer's temp files
+    table = write_shard_table(store, nodes, digests)
     common = dict(source=source, out=store, cfg=cfg, nodes=nodes)
-    info = run_tasks(build_index_task, [dict(common, digests=digests)])[0]
-    calls = [dict(common, shard=s, info=info, digests=digests) for s in nodes.shards]
+    info = run_tasks(build_index_task, [dict(source=source, out=store, cfg=cfg, shard_table=table)])[0]
+    calls = shard_calls(source, store, cfg, table, digests, info)
     started = time.perf_counter()
     queried = run_tasks(query_shard_task, calls)
     work: dict[str, Any] = {"index": info["action"], "queries": count_actions(queried)}
     work["query_seconds"] = round(time.perf_counter() - started, 3)
     references = run_tasks(recall_shard_task, calls)
-    merged = _merge(store, nodes, digests, cfg)
+    merged = _merge(store, nodes, table, cfg)
     if _knn_cap_reached(store, cfg, nodes, queried):
         reused = [c for c, q in zip(calls, queried, strict=True) if q["action"] == SKIPPED]
         started = time.perf_counter()
@@ -106,21 +105,23 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
         work["queries"]["requeried_for_knn_cap"] = len(forced)
         by_shard = {q["shard"]: q for q in forced}
         queried = [by_shard.get(q["shard"], q) for q in queried]
-        merged = _merge(store, nodes, digests, cfg)
+        merged = _merge(store, nodes, table, cfg)
     work["capped_queries"] = sum(q["capped"] for q in queried)
     work["recall_references"] = count_actions(references)
     work["merges"] = count_actions(merged)
     recall = run_tasks(recall_task, [dict(out=store, nodes=nodes, cfg=cfg)])[0]
 
     edges_digests = [d for m in merged for d in m["digests"]]
-    records_digests = [require_marker(source, staging_tar(s), "staging shard")["outputs"][staging_records(s)]
-                       for s in nodes.shards]
+    records = {s: require_marker(source, staging_tar(s), "staging shard")["outputs"][staging_records(s)]
+               for s in nodes.shards}
+    records_digests = [records[s] for s in nodes.shards]
     verified_digests = review = None
     if cfg.verifying:
         review = run_tasks(review_task, [dict(out=store, cfg=cfg, nodes=nodes, edges_digests=edges_digests)])[0]
         work["review"] = review["action"]
-        verified = run_tasks(verify_task, [dict(common, shard=s, review_digest=review["outputs"][review_path(s)],
-                                                records_digests=_records_of(source, nodes))
+        records_fp = records_fingerprint(records)
+        verified = run_tasks(verify_task, [dict(source=source, out=store, cfg=cfg, shard_table=table, shard=s,
+                                                review_digest=review["outputs"][review_path(s)], records=records_fp)
                                            for s in nodes.shards])
         work["verification"] = count_actions(verified)
         verified_digests = [m["digest"] for m in verified]
@@ -178,15 +179,24 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
     return summary, work
 
 
-def _merge(store: Store, nodes, digests: dict[str, str], cfg: NearDedupConfig) -> list[dict[str, Any]]:
+def shard_calls(source: Store, out: Store, cfg: NearDedupConfig, table: str, digests: dict[str, str],
+                info: dict[str, Any]) -> list[dict[str, Any]]:
+    """Parameters of the per-shard query and recall tasks: names and digests only (the
+    shared tables are read from the file ``table`` names), so each stays a few KB at any S."""
+    return [dict(source=source, out=out, cfg=cfg, shard_table=table, shard=s, digest=d, info=info)
+            for s, d in sorted(digests.items())]
+
+
+def _merge(store: Store, nodes, table: str, cfg: NearDedupConfig) -> list[dict[str, Any]]:
     """Symmetric edge files from the current found files; each group reports its edge digests."""
     found = [require_marker(store, found_path(s), "graph query") for s in nodes.shards]
-    found_digests = [m["digest"] for m in found]
+    found_fp = found_fingerprint([m["digest"] for m in found])
     groups = merge_groups(nodes, [m["info"]["pairs"] for m in found], cfg.merge_max_edges)
-    merged = run_tasks(merge_edges_task, [dict(out=store, nodes=nodes, group=g, digests=digests,
-                                                found_digests=found_digests) for g in groups])
+    merged = run_tasks(merge_edges_task, [dict(out=store, shard_table=table, group=g, found=found_fp)
+                                          for g in groups])
     for group, m in zip(groups, merged, strict=True):
-        m["digests"] = [require_marker(store, edges_path(s), "graph edges")["digest"] for s in group]
+        m["digests"] = [require_marker(store, edges_path(s), "graph edges")["digest"]
+                        for s in group_shards(nodes, group)]
     return merged
 
 

@@ -45,7 +45,7 @@ from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.features.decode import DecodeError, decode_rgb
 from tasks.graph.config import NearDedupConfig, VerificationConfig
-from tasks.graph.nodes import NodeTable, records_path
+from tasks.graph.nodes import NodeTable, read_shard_table, records_path
 
 
 def _cv2():
@@ -201,12 +201,19 @@ class _Images:
         return self._index[shard]
 
 
-def verify_shard(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable, shard: str,
-                 review_digest: str, records_digests: dict[str, str]) -> dict[str, Any]:
-    """Verify the review pairs owned by ``shard`` (one unit); returns the marker."""
+def records_fingerprint(records_digests: dict[str, str]) -> str:
+    """One digest of every staging shard's records file: a verified pair reads images of any shard."""
+    return unit_fingerprint("graph-verify-records", "", [], sorted(records_digests.items()))
+
+
+def verify_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str, shard: str,
+                 review_digest: str, records: str) -> dict[str, Any]:
+    """Verify the review pairs owned by ``shard`` (one unit); returns the marker.
+    ``records``: :func:`records_fingerprint` of the corpus."""
     fp = unit_fingerprint("graph-verify", code_version(__name__), [settings_fingerprint(cfg.verification)],
-                          [review_digest, sorted(records_digests.items())])
-    return run_unit(out, verified_path(shard), fp, lambda: _verify(source, out, cfg, nodes, shard))
+                          [review_digest, records])
+    return run_unit(out, verified_path(shard), fp,
+                    lambda: _verify(source, out, cfg, read_shard_table(out, shard_table)[0], shard))
 
 
 def _previous(out: Store, shard: str, settings: str) -> dict[tuple[str, str], dict[str, Any]]:
