@@ -11,20 +11,16 @@ passed a prefix check).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import socket
 import subprocess
-import sys
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
 from corpusforge.layout import RUN_LOG, RUN_LOG_MD
-from tests.operate import clean_env
+from tests.cli_s3 import corpusforge, hashes, local_tree, s3_env, s3_tree
 from tests.test_build_e2e import computed_units
-from tests.s3server import ACCESS_KEY, SECRET_KEY
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -39,33 +35,8 @@ BUCKET = "corpusforge-cli"
 NAMES_ITS_ROOTS = {"receipt.json", "report.md", "report.html", "CHANGES.md"}
 
 
-def corpusforge() -> str:
-    return str(Path(sys.executable).parent / "corpusforge")
-
-
-def s3_env(s3: dict, prefect_api: str, **override: str) -> dict[str, str]:
-    """The child's environment: the S3 server's keys and endpoint, given once."""
-    env = clean_env(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
-                    AWS_ENDPOINT_URL=s3["client_kwargs"]["endpoint_url"], AWS_DEFAULT_REGION="us-east-1",
-                    PREFECT_API_URL=prefect_api, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-    env.update(override)
-    return env
-
-
 def run(args: list[str], env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([corpusforge(), *args], env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def tree(files: dict[str, bytes]) -> dict[str, str]:
-    return {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
-
-
-def local_tree(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def s3_tree(fs, root: str) -> dict[str, bytes]:
-    return {p.split(root + "/", 1)[1]: fs.cat_file(p) for p in sorted(fs.find(root))}
 
 
 def without_roots(receipt: dict) -> dict:
@@ -106,7 +77,7 @@ def test_s3_to_s3_build_equals_the_local_build(builds):
     local, remote = builds["local"], builds["s3"]
     assert sorted(remote) == sorted(local)
     same = {n for n in local if n not in NAMES_ITS_ROOTS and not n.startswith("work/")}
-    assert {n: h for n, h in tree(remote).items() if n in same} == {n: h for n, h in tree(local).items() if n in same}
+    assert {n: h for n, h in hashes(remote).items() if n in same} == {n: h for n, h in hashes(local).items() if n in same}
     manifest = [n for n in same if n.startswith("manifest/") and n.endswith(".parquet")]
     assert manifest and sum(pq.read_metadata(pa_buffer(local[n])).num_rows for n in manifest) == 160
     ra, rb = (without_roots(json.loads(t["receipt.json"])) for t in (local, remote))

@@ -11,12 +11,10 @@ top-level ``retries`` in the probe's s3fs options) each of these commands stoppe
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -26,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.operate import clean_env
+from tests.cli_s3 import corpusforge, hashes, local_tree, s3_env, s3_tree
 from tests.s3server import ACCESS_KEY, SECRET_KEY
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -50,24 +48,9 @@ def test_the_model_id_is_its_spec_s():
     assert ModelSpec.model_validate(DINO).model_id == MODEL_ID
 
 
-def corpusforge() -> str:
-    return str(Path(sys.executable).parent / "corpusforge")
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def local_tree(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 @pytest.fixture(scope="module")
 def env(s3, prefect_server) -> dict[str, str]:
-    """The child's environment: the S3 server's keys and endpoint, given once; the session's Prefect API."""
-    return clean_env(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
-                     AWS_ENDPOINT_URL=s3["client_kwargs"]["endpoint_url"], AWS_DEFAULT_REGION="us-east-1",
-                     PREFECT_API_URL=prefect_server, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    return s3_env(s3, prefect_server)
 
 
 @pytest.fixture(scope="module")
@@ -77,15 +60,6 @@ def fs(s3):
     fs = s3fs.S3FileSystem(**s3, skip_instance_cache=True)
     fs.mkdir(BUCKET)
     return fs
-
-
-def s3_tree(fs, uri: str) -> dict[str, bytes]:
-    root = uri.removeprefix("s3://")
-    return {p.split(root + "/", 1)[1]: fs.cat_file(p) for p in sorted(fs.find(root))}
-
-
-def hashes(files: dict[str, bytes]) -> dict[str, str]:
-    return {name: sha(data) for name, data in files.items()}
 
 
 def named_roots(text: str, roots: dict[str, str]) -> str:
@@ -111,8 +85,6 @@ def same_outputs(remote: dict[str, bytes], local: dict[str, bytes], remote_roots
             a, b = (DIGEST.sub("<digest>", named_roots(x.decode(), roots)).encode()
                     for x, roots in ((a, remote_roots), (b, local_roots)))
         assert a == b, name
-
-
 
 
 def cli(command: str, config: dict[str, Any], env: dict[str, str], folder: Path) -> dict[str, Any]:
@@ -189,7 +161,7 @@ def test_reference_stats(corpus, fs, env):
     assert result["extraction"]["models"][MODEL_ID]["skipped"] == len(staging(corpus))  # extract-features' files
     stem = stats_path("test", MODEL_ID)
     for ext in (".npz", ".features.npy"):
-        assert sha(fs.cat_file(f"{CORPUS}/{stem}{ext}")) == sha((corpus.local / (stem + ext)).read_bytes()), ext
+        assert fs.cat_file(f"{CORPUS}/{stem}{ext}") == (corpus.local / (stem + ext)).read_bytes(), ext
     side = json.loads(fs.cat_file(f"{CORPUS}/{stem}.json"))
     assert side == json.loads(named_roots((corpus.local / f"{stem}.json").read_text(), {str(corpus.local): CORPUS}))
 
