@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import importlib.util
-import typing
+import itertools
 import logging
+import math
 import os
+import typing
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
@@ -175,14 +177,25 @@ def as_task(fn: Callable[..., Any], name: str, **options: Any):
     """A thin Prefect task around a plain stage function (results stay in memory).
 
     Transient errors (:func:`is_transient`) are retried twice with exponential backoff;
-    no other failure is retried (every unit is idempotent under the stage contract)."""
+    no other failure is retried (every unit is idempotent under the stage contract). The
+    task carries its batch form (``.batch``): one task run for a list of units, which
+    :func:`run_tasks` submits, with the same name, retry rule and worker resources."""
     from prefect import task
     from prefect.cache_policies import NO_CACHE
     from prefect.tasks import exponential_backoff
 
     defaults: dict[str, Any] = {"retries": 2, "retry_delay_seconds": exponential_backoff(backoff_factor=2),
                                 "retry_jitter_factor": 0.5, "retry_condition_fn": retry_transient}
-    return task(fn, name=name, cache_policy=NO_CACHE, persist_result=False, **{**defaults, **options})
+    settings = {"cache_policy": NO_CACHE, "persist_result": False, **defaults, **options}
+    unit = task(fn, name=name, **settings)
+
+    def units(calls: list[dict[str, Any]], part: int, parts: int) -> list[Any]:
+        # a retried batch calls every unit again: the finished ones skip by their markers
+        return [fn(**kwargs) for kwargs in calls]
+
+    units.__qualname__ = units.__name__ = f"{fn.__name__}_batch"
+    unit.batch = task(units, name=name, task_run_name=f"{name} {{part}}/{{parts}}", **settings)
+    return unit
 
 
 def run_logger() -> logging.Logger | logging.LoggerAdapter:
@@ -224,13 +237,49 @@ def dask_config(cfg: DaskConfig) -> Iterator[None]:
         _RESOURCES.reset(token)
 
 
+# Units are batched into task runs (:func:`batch_count`): a task run costs ~0.1 s of
+# Prefect bookkeeping whatever it does, which one task run per unit paid ~10⁶ times at 10⁸
+# images. Four batches per worker thread balance the load; a batch holds at most
+# UNITS_PER_BATCH units (finer progress, cheaper retries) until a fan-out would pass
+# MAX_BATCHES task runs, the bound that keeps a whole build under 20,000 task runs.
+UNITS_PER_BATCH = 64
+MAX_BATCHES = 500
+BATCHES_PER_SLOT = 4
+
+
+def batch_count(n_units: int, slots: int) -> int:
+    """Task runs for a fan-out of ``n_units`` on ``slots`` worker threads."""
+    return min(n_units, MAX_BATCHES, max(BATCHES_PER_SLOT * slots, math.ceil(n_units / UNITS_PER_BATCH)))
+
+
+def batches(calls: list[dict[str, Any]], n: int) -> list[list[dict[str, Any]]]:
+    """``calls`` cut into ``n`` consecutive batches whose sizes differ by at most one
+    (consecutive: neighbouring shards stay together, and results keep their order)."""
+    size, extra = divmod(len(calls), n)
+    cuts = [i * size + min(i, extra) for i in range(n + 1)]
+    return [calls[a:b] for a, b in itertools.pairwise(cuts) if b > a]
+
+
+def _slots(runner: Any) -> int:
+    """Worker threads of the flow run's task runner: the Dask cluster's now, or the most
+    an adaptive embedded cluster may have (it scales up as the batches queue)."""
+    cfg = _RESOURCES.get()
+    planned = cfg.adapt_maximum * cfg.threads_per_worker if cfg is not None and cfg.adapt_maximum else 0
+    client = getattr(runner, "client", None)
+    if client is not None:
+        return max(planned, sum(client.nthreads().values()), 1)
+    return max(planned, getattr(runner, "_max_workers", None) or 1, 1)
+
+
 def run_tasks(t, calls: list[dict[str, Any]]) -> list[Any]:
-    """One task run per call, fanned out by the flow run's task runner; outside a flow
-    run, the plain functions run here one after the other. Finished units are reported
-    to the run's progress (:mod:`corpusforge.progress`) as they complete. The first unit
-    that fails for good (its retries spent) fails the stage at once and cancels the units
-    not yet started: with an S3 server down, waiting for each of them to spend its own
-    retries would keep a doomed run going for minutes."""
+    """Run the units ``calls`` of task ``t``, in batches of units (one task run each, see
+    :func:`batch_count`) fanned out by the flow run's task runner; outside a flow run, the
+    plain functions run here one after the other. Results come in the order of ``calls``.
+    Finished units are reported to the run's progress (:mod:`corpusforge.progress`) as
+    their batch completes. The first batch that fails for good (its retries spent) fails
+    the stage at once and cancels the batches not yet started: with an S3 server down,
+    waiting for each of them to spend its own retries would keep a doomed run going for
+    minutes."""
     from prefect.context import FlowRunContext
     from prefect.futures import as_completed
 
@@ -239,27 +288,32 @@ def run_tasks(t, calls: list[dict[str, Any]]) -> list[Any]:
     progress = task_progress()
     if progress is not None:
         progress.add(t.name, len(calls))
-    if FlowRunContext.get() is None:
+    flow_run = FlowRunContext.get()
+    if flow_run is None:
         results = []
         for kwargs in calls:
             results.append(t.fn(**kwargs))
             if progress is not None:
                 progress.advance(t.name)
         return results
+    if not calls:
+        return []
+    parts = batches(calls, batch_count(len(calls), _slots(flow_run.task_runner)))
     with annotated(t.name):
-        futures = [t.submit(**kwargs) for kwargs in calls]
+        futures = [t.batch.submit(calls=part, part=i, parts=len(parts)) for i, part in enumerate(parts, 1)]
+    sizes = {id(f): len(part) for f, part in zip(futures, parts, strict=True)}
     try:
         for future in as_completed(futures):
-            future.result()  # a unit failed for good fails the stage now, not after every other unit
+            future.result()  # a batch failed for good fails the stage now, not after every other batch
             if progress is not None:
-                progress.advance(t.name)
+                progress.advance(t.name, sizes[id(future)])
     except BaseException:
-        for other in futures:  # units not started yet never start (a running one ends by itself)
+        for other in futures:  # batches not started yet never start (a running one ends by itself)
             wrapped = getattr(other, "wrapped_future", None)
             if wrapped is not None:
                 wrapped.cancel()
         raise
-    return [f.result() for f in futures]
+    return [result for f in futures for result in f.result()]
 
 
 def subflow_run_name() -> str:

@@ -88,13 +88,16 @@ def stop(proc: subprocess.Popen, timeout: float = 15) -> None:
 
 
 @contextlib.contextmanager
-def prefect_server_with_ui(home: Path, timeout: float = 180) -> Iterator[str]:
-    """``prefect server start`` (SQLite under ``home``) on a free loopback port, UI included;
-    yields the API URL."""
+def prefect_server_with_ui(home: Path, timeout: float = 180, database: str | None = None) -> Iterator[str]:
+    """``prefect server start`` on a free loopback port, UI included, on SQLite under
+    ``home`` or on the ``database`` URL (PostgreSQL: ``postgresql+asyncpg://…``); yields
+    the API URL."""
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = clean_env(PREFECT_HOME=str(home), PREFECT_UI_API_URL=api, PREFECT_SERVER_API_PORT=str(port),
                     PREFECT_SERVER_API_HOST="127.0.0.1", PREFECT_LOGGING_LEVEL="WARNING")
+    if database:
+        env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = database
     log = open(home / "server.log", "wb")
     proc = subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
                              "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,

@@ -41,3 +41,159 @@ def test_unknown_keys_are_rejected():
 def test_gpu_auto_detects_devices():
     assert visible_gpus() > 0
     assert task_runner(DaskConfig()).cluster_class == "dask_cuda.LocalCUDACluster"
+
+
+# ---- batches of units (issue 22): one Prefect task run per batch ---------------------------------
+
+def test_batch_count_keeps_every_worker_busy_and_bounds_task_runs():
+    from corpusforge.cluster import MAX_BATCHES, UNITS_PER_BATCH, batch_count
+
+    assert batch_count(1, slots=8) == 1
+    assert batch_count(5, slots=2) == 5  # a small fan-out: one unit per task run, as before
+    assert batch_count(96, slots=2) == 8  # four batches per worker thread
+    assert batch_count(100 * UNITS_PER_BATCH, slots=2) == 100  # at most UNITS_PER_BATCH units a batch...
+    assert batch_count(10**5, slots=2) == batch_count(10**6, slots=1000) == MAX_BATCHES  # ...up to the cap
+
+
+def test_batches_are_consecutive_balanced_and_keep_the_order():
+    from corpusforge.cluster import batches
+
+    calls = [{"i": i} for i in range(10)]
+    parts = batches(calls, 4)
+    assert [len(p) for p in parts] == [3, 3, 2, 2]
+    assert [c for p in parts for c in p] == calls
+    assert batches(calls[:2], 2) == [[{"i": 0}], [{"i": 1}]]
+
+
+def square(x: int, folder: str, fail_once: int) -> int:
+    """A unit under the stage contract: its marker makes a second call skip the work."""
+    from pathlib import Path
+
+    root = Path(folder)
+    with open(root / "calls", "a") as f:
+        f.write(f"{x}\n")
+    marker = root / f"done-{x}"
+    if marker.exists():
+        return int(marker.read_text())
+    if x == fail_once and not (root / "failed").exists():
+        (root / "failed").touch()
+        raise ConnectionResetError(104, "connection reset by peer")  # transient: the batch is retried
+    if x < 0:
+        raise ValueError("a bad unit")  # not transient: fails the stage at once
+    with open(root / "work", "a") as f:
+        f.write(f"{x}\n")
+    marker.write_text(str(x * x))
+    return x * x
+
+
+def _fan_out(calls: list[dict]) -> tuple[list[int], object]:
+    """(results, flow run id) of a flow running ``calls`` of :func:`square` on a LocalCluster."""
+    from prefect import flow
+
+    from corpusforge.cluster import as_task, dask_config, run_tasks
+
+    square_task = as_task(square, "square", retry_delay_seconds=0)
+    config = DaskConfig(n_workers=1, processes=False, gpu="off")
+
+    @flow(task_runner=task_runner(config))
+    def fan_out() -> list[int]:
+        with dask_config(config):
+            return run_tasks(square_task, calls)
+
+    state = fan_out(return_state=True)
+    return state.result(), state.state_details.flow_run_id
+
+
+def task_runs(flow_run_ids: list) -> list:
+    """The task runs of these flow runs, from the Prefect API."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=flow_run_ids)))
+
+    return asyncio.run(read())
+
+
+@pytest.mark.timeout(180)
+def test_a_retried_batch_redoes_only_its_unfinished_units(tmp_path, prefect_server):
+    """10 units on one worker thread: 4 task runs of 3, 3, 2, 2 units. Unit 4 (the second
+    of batch 2) fails once with a transient error: batch 2 runs again, unit 3 skips by its
+    marker, and every unit's work is done exactly once; results keep their order."""
+    n = 10
+    results, flow_run = _fan_out([dict(x=x, folder=str(tmp_path), fail_once=4) for x in range(n)])
+    assert results == [x * x for x in range(n)]
+    work = sorted(int(x) for x in (tmp_path / "work").read_text().split())
+    assert work == list(range(n)), "a unit's work ran twice or never"
+    calls = [int(x) for x in (tmp_path / "calls").read_text().split()]
+    assert sorted(calls) == sorted([*range(n), 3, 4]), "the retry called more than its own batch's units"
+    runs = {r.name: r for r in task_runs([flow_run])}
+    assert sorted(runs) == [f"square {i}/4" for i in range(1, 5)]
+    assert runs["square 2/4"].run_count == 2 and all(r.run_count == 1 for k, r in runs.items() if k != "square 2/4")
+    assert all(r.state_type.value == "COMPLETED" for r in runs.values())
+
+
+@pytest.mark.timeout(180)
+def test_a_unit_failing_for_good_fails_the_stage_without_retrying(tmp_path, prefect_server):
+    calls = [dict(x=x, folder=str(tmp_path), fail_once=99) for x in (1, -1, 2, 3)]
+    with pytest.raises(ValueError, match="a bad unit"):
+        _fan_out(calls)[0]
+    assert (tmp_path / "calls").read_text().split().count("-1") == 1, "a non-transient error was retried"
+
+
+def build_task_runs(out: str) -> list:
+    """The task runs of the builds of ``out`` (their work subflow runs), from the Prefect API."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+    async def read():
+        async with get_client() as client:
+            runs = await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["build-corpus-on-dask"])))
+            return [r.id for r in runs if r.parameters["config"]["out"] == out]
+
+    return task_runs(asyncio.run(read()))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_build_runs_its_units_in_batches_and_stays_under_the_task_run_bound(sample_corpus, tmp_path, prefect_server):
+    """A build of 160 records into 20 partitions and 20 staging shards on 2 worker threads:
+    each fan-out is at most 8 task runs (``{task} i/n``), and with at most MAX_BATCHES task
+    runs per fan-out, a build of any size stays under 20,000 task runs."""
+    import re
+    from collections import defaultdict
+
+    from corpusforge.cluster import MAX_BATCHES, batch_count
+    from corpusforge.layout import STAGING_TARS
+    from flows.build_corpus import BuildConfig, run_build
+
+    out = str(tmp_path / "out")
+    config = BuildConfig.model_validate({
+        "source": str(sample_corpus), "out": out, "input": {"partition_size": 8}, "staging": {"shard_size": 8},
+        "splits": {"shard_size": 8, "val": 0.1, "test": 0.15},
+        "near_dedup": {"collision": {"enabled": False}, "calibration": {"enabled": False}},
+        "dask": {"n_workers": 2, "processes": False}})
+    run_build(config)
+    fan_outs: dict[str, set[int]] = defaultdict(set)  # (task, n) -> batches seen
+    calls, single = 0, []
+    for run in build_task_runs(out):
+        match = re.fullmatch(r"(.+) (\d+)/(\d+)", run.name)
+        if not match:  # the graph stage submits its decisions task itself: one run at any size
+            single.append(run.name.rsplit("-", 1)[0])
+            continue
+        name, i, n = match[1], int(match[2]), int(match[3])
+        fan_outs[f"{name} /{n}"].add(i)
+        calls += i == 1
+    shards = len(list((tmp_path / "out" / STAGING_TARS).glob("*.tar")))
+    assert shards >= 16
+    assert fan_outs["write-staging-shard /8"] == set(range(1, 9)) == set(range(1, batch_count(shards, 2) + 1))
+    assert fan_outs["ingest-partition /8"] == set(range(1, 9))
+    assert single == ["graph-decisions"]
+    bound = calls * MAX_BATCHES + len(single)
+    print(f"{calls} fan-outs, {sum(map(len, fan_outs.values())) + len(single)} task runs; at most {bound} at any size")
+    assert bound <= 20_000

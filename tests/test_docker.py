@@ -68,11 +68,11 @@ def test_cuda_image_swaps_faiss_and_adds_dask_cuda():
 def test_compose_services():
     compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
     services = compose["services"]
-    assert set(services) == {"prefect-server", "prefect-worker", "dask-scheduler", "dask-worker",
+    assert set(services) == {"prefect-server", "prefect-db", "prefect-worker", "dask-scheduler", "dask-worker",
                              "dask-gpu-worker", "s3"}
     for name, svc in services.items():
         assert svc.get("image"), name
-        assert isinstance(svc.get("command"), list) and svc["command"], name
+        assert name == "prefect-db" or isinstance(svc.get("command"), list) and svc["command"], name
     ports = {name: sorted(svc.get("ports", [])) for name, svc in services.items()}
     assert ports["prefect-server"] == ["4200:4200"]
     assert ports["dask-scheduler"] == ["8786:8786", "8787:8787"]
@@ -92,3 +92,20 @@ def test_compose_services():
         build = svc.get("build")
         if build:
             assert (ROOT / "docker" / build["context"] / build["dockerfile"]).resolve().exists(), name
+
+
+def test_prefect_server_runs_on_postgres():
+    """The stack's Prefect server keeps its runs in the PostgreSQL service, not SQLite, and
+    starts once the database answers (the flow under a real Postgres: test_prefect_postgres.py)."""
+    services = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())["services"]
+    server, db = services["prefect-server"], services["prefect-db"]
+    env = server["environment"]
+    assert env["PREFECT_SERVER_DATABASE_DRIVER"] == "postgresql+asyncpg"
+    assert env["PREFECT_SERVER_DATABASE_HOST"] == "prefect-db" and env["PREFECT_SERVER_DATABASE_PORT"] == "5432"
+    assert env["PREFECT_SERVER_DATABASE_USER"] == db["environment"]["POSTGRES_USER"]
+    assert env["PREFECT_SERVER_DATABASE_NAME"] == db["environment"]["POSTGRES_DB"]
+    assert env["PREFECT_SERVER_DATABASE_PASSWORD"] == db["environment"]["POSTGRES_PASSWORD"]
+    assert "CONNECTION_URL" not in " ".join(env), "a connection URL would override the parts"
+    assert server["depends_on"]["prefect-db"] == {"condition": "service_healthy"}
+    assert db["image"].startswith("postgres:") and "pg_isready" in db["healthcheck"]["test"]
+    assert any(v.endswith(":/var/lib/postgresql/data") for v in db["volumes"])

@@ -68,7 +68,7 @@ def containers(doc: dict) -> list[dict]:
         specs = [doc["spec"]["scheduler"]["spec"], doc["spec"]["worker"]["spec"]]
     elif doc["kind"] == "DaskWorkerGroup":
         specs = [doc["spec"]["worker"]["spec"]]
-    elif doc["kind"] == "Deployment":
+    elif doc["kind"] in ("Deployment", "StatefulSet"):
         specs = [doc["spec"]["template"]["spec"]]
     return [c for s in specs for c in s["containers"]]
 
@@ -112,15 +112,20 @@ def test_gpu_and_cpu_worker_groups_and_autoscaler():
     assert gpu_worker["image"].endswith(":cuda")
     (cpu_worker,) = cluster["spec"]["worker"]["spec"]["containers"]
     assert "nvidia.com/gpu" not in cpu_worker["resources"]["limits"] and "--resources" not in cpu_worker["args"]
-    for doc in (cluster, gpu, *by_kind("Deployment")):
+    for doc in (cluster, gpu, *by_kind("Deployment"), *by_kind("StatefulSet")):
         for c in containers(doc):
             assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"], c["name"]
     ports = {p["name"]: p["port"] for p in cluster["spec"]["scheduler"]["service"]["ports"]}
     assert ports == {"tcp-comm": 8786, "http-dashboard": 8787}
 
 
+def named(kind: str, name: str) -> dict:
+    (doc,) = [d for d in by_kind(kind) if d["metadata"]["name"] == name]
+    return doc
+
+
 def test_prefect_worker_runs_the_kubernetes_pool_with_rights_to_start_jobs():
-    (deployment,) = by_kind("Deployment")
+    deployment = named("Deployment", "corpusforge-prefect-worker")
     (c,) = deployment["spec"]["template"]["spec"]["containers"]
     assert c["command"][:3] == ["prefect", "worker", "start"]
     assert c["command"][c["command"].index("--pool") + 1] == "corpusforge-kubernetes"
@@ -149,3 +154,31 @@ def test_kubernetes_work_pool_job_template():
     validate_k8s(manifest)
     assert manifest["kind"] == "Job" and manifest["apiVersion"] == "batch/v1"
     assert not any(k in json.dumps(template).lower() for k in ("aws_secret", "secret_access_key"))
+
+
+def test_prefect_server_runs_on_postgres_with_the_password_from_a_secret():
+    """The Prefect server every pod reports to (the ConfigMap's PREFECT_API_URL) keeps its
+    runs in the PostgreSQL StatefulSet on a volume; the password is only a Secret reference."""
+    server, db = named("Deployment", "prefect-server"), named("StatefulSet", "prefect-db")
+    (c,) = containers(server)
+    assert c["command"][:3] == ["prefect", "server", "start"]
+    env = {e["name"]: e for e in c["env"]}
+    value = lambda name: env[name]["value"]  # noqa: E731
+    assert value("PREFECT_SERVER_DATABASE_DRIVER") == "postgresql+asyncpg"
+    services = {d["metadata"]["name"]: d for d in by_kind("Service")}
+    assert value("PREFECT_SERVER_DATABASE_HOST") in services
+    db_service = services[value("PREFECT_SERVER_DATABASE_HOST")]
+    assert db_service["spec"]["selector"].items() <= db["spec"]["template"]["metadata"]["labels"].items()
+    assert int(value("PREFECT_SERVER_DATABASE_PORT")) == db_service["spec"]["ports"][0]["port"] == 5432
+    (pg,) = containers(db)
+    pg_env = {e["name"]: e for e in pg["env"]}
+    assert value("PREFECT_SERVER_DATABASE_USER") == pg_env["POSTGRES_USER"]["value"]
+    assert value("PREFECT_SERVER_DATABASE_NAME") == pg_env["POSTGRES_DB"]["value"]
+    secret = {"secretKeyRef": {"name": "corpusforge-prefect-db", "key": "password"}}
+    assert env["PREFECT_SERVER_DATABASE_PASSWORD"]["valueFrom"] == pg_env["POSTGRES_PASSWORD"]["valueFrom"] == secret
+    assert not any("CONNECTION_URL" in name for name in env), "a connection URL would override the parts"
+    assert db["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] in {m["name"] for m in pg["volumeMounts"]}
+    api = by_kind("ConfigMap")[0]["data"]["PREFECT_API_URL"]
+    web = services["prefect-server"]
+    assert api == f"http://prefect-server:{web['spec']['ports'][0]['port']}/api"
+    assert web["spec"]["selector"].items() <= server["spec"]["template"]["metadata"]["labels"].items()
