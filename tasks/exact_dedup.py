@@ -21,15 +21,35 @@ import pyarrow.compute as pc
 
 from corpusforge.chunking import cut_name
 from corpusforge.contract import run_unit, unit_fingerprint
-from corpusforge.layout import (DUPLICATE_SCHEMA, EXACT_DIR, HASHES_DIR, KEYDUP_DIR, KEYS_DIR, RESOLVED_SCHEMA,
-                                exact_path, ingest_path, keydup_path, resolved_path)
+from corpusforge.hashing import stable_int
+from corpusforge.layout import (DUPLICATE_SCHEMA, EXACT_DIR, HASH_SCHEMA, HASHES_DIR, KEY_SCHEMA, KEYDUP_DIR, KEYS_DIR,
+                                RESOLVED_SCHEMA, exact_path, hashes_path, ingest_path, keydup_path, keys_table_path,
+                                resolved_path)
 from corpusforge.records import Status
 from corpusforge.storage import Store
+from corpusforge.tarshard import is_safe_key
 from corpusforge.version import code_version
 
 
 def _code() -> str:
     return code_version("tasks.exact_dedup")
+
+
+def write_dedup_tables(store: Store, part: int, records: list[dict[str, Any]], n_buckets: int) -> dict[str, str]:
+    """Write a partition's hash rows (its kept records) and key rows (every safe key), each
+    sorted by bucket, as ingest leaves them for this stage; return their SHA-256s."""
+    hashes = sorted(
+        ({"bucket": stable_int(0, r["sha256"], n_buckets), "sha256": r["sha256"], "key": r["key"],
+          "part": r["part"], "row": r["row"], "pixels": int(r["width"]) * int(r["height"])}
+         for r in records if r["status"] == Status.KEPT.value),
+        key=lambda r: (r["bucket"], r["sha256"], r["row"]))
+    keys = sorted(
+        ({"bucket": stable_int(0, r["key"], n_buckets), "key": r["key"], "part": r["part"], "row": r["row"]}
+         for r in records if r["key"] and is_safe_key(r["key"])),
+        key=lambda r: (r["bucket"], r["key"], r["row"]))
+    return {hashes_path(part): store.write_parquet(hashes_path(part), pa.Table.from_pylist(hashes, schema=HASH_SCHEMA)),
+            keys_table_path(part): store.write_parquet(keys_table_path(part),
+                                                       pa.Table.from_pylist(keys, schema=KEY_SCHEMA))}
 
 
 def _bucket_rows(store: Store, folder: str, bucket: int) -> pa.Table:
