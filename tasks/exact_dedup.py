@@ -1,11 +1,31 @@
-"""Key uniqueness and exact deduplication by SHA-256, bucket by bucket.
+"""Key uniqueness and exact deduplication by SHA-256: a bucketed exchange, bounded per task.
 
-Both checks are group-bys over the whole corpus. Ingest wrote, per partition, small
-tables already split into hash buckets (``work/keys``, ``work/hashes``); one task per
-bucket reads only its bucket from every partition, so no process ever sees more than
-1/n_buckets of the corpus's hashes. Decisions go to ``work/keydup/{bucket}`` and
-``work/exact/{bucket}``; :func:`resolve_partition` folds them back into each
-partition's rows (``work/resolved/{part}``), the base of the manifest.
+Both checks are group-bys over the whole corpus. Ingest writes, per partition, small tables
+of hash and key rows sorted by hash bucket (``work/hashes``, ``work/keys``;
+:func:`write_dedup_tables`). A bucket task must see its bucket's rows of every partition;
+reading them straight from the partitions' files would open P files per bucket task (P·B
+in all) and read every partition's footer B times. So the rows go through an exchange in
+two levels, like datatrove's and NeMo Curator's dedup shuffles:
+
+1. per **group** of consecutive partitions (:func:`partition_groups`: about B of them, so
+   groups × buckets ≈ partitions), :func:`exchange_keys` writes the group's key rows to
+   ``work/dedup/keys/{group}`` with one row group per bucket;
+2. per **bucket**, :func:`find_duplicate_keys` reads its row group of each group file (a
+   filter on ``bucket`` that parquet's statistics turn into reads of that row group only)
+   and writes ``work/keydup/{bucket}`` with one row group per partition group;
+3. per group, :func:`exchange_hashes` reads its partitions' hash rows and its row group of
+   each key decision file, drops records whose key was used earlier, and writes
+   ``work/dedup/hashes/{group}`` with one row group per bucket;
+4. per bucket, :func:`find_exact_duplicates` reads its row groups and writes
+   ``work/exact/{bucket}``, one row group per partition group;
+5. per group, :func:`resolve_group` reads its row group of every decision file once and
+   folds them into each of its partitions' rows (``work/resolved/{part}``, one unit per
+   partition: the base of the manifest).
+
+Files opened: about 8 per partition whatever the corpus size (each group task opens
+~B files, each bucket task ~P/B), instead of ~4·B per partition. No task holds more than
+a group's rows (≤ 256 partitions) or a bucket's (1/B of the corpus). Task parameters
+carry the digests of a group's partitions, or one digest over every group's outputs.
 
 Rules: the first record of a key in input order keeps it, later ones are errors
 (``duplicate_key``). Among byte-identical images the highest-resolution copy is kept,
@@ -14,6 +34,7 @@ ties broken by the smallest key; the others become ``exact_duplicate`` of it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -21,18 +42,34 @@ import pyarrow.compute as pc
 
 from corpusforge.chunking import cut_name
 from corpusforge.contract import run_unit, unit_fingerprint
-from corpusforge.hashing import stable_int
-from corpusforge.layout import (DUPLICATE_SCHEMA, EXACT_DIR, HASH_SCHEMA, HASHES_DIR, KEY_SCHEMA, KEYDUP_DIR, KEYS_DIR,
-                                RESOLVED_SCHEMA, exact_path, hashes_path, ingest_path, keydup_path, keys_table_path,
-                                resolved_path)
+from corpusforge.hashing import fingerprint, stable_int
+from corpusforge.layout import (DEDUP_HASHES_DIR, DEDUP_KEYS_DIR, DUPLICATE_SCHEMA, EXACT_DIR, HASH_SCHEMA, KEY_SCHEMA,
+                                KEYDUP_DIR, RESOLVED_SCHEMA, dedup_hashes_path, dedup_keys_path, exact_path,
+                                hashes_path, ingest_path, keydup_path, keys_table_path, resolved_path)
 from corpusforge.records import Status
 from corpusforge.storage import Store
 from corpusforge.tarshard import is_safe_key
 from corpusforge.version import code_version
 
 
+# A group has at least this many partitions: fewer, larger exchange tasks for small corpora.
+MIN_GROUP = 16
+
+
 def _code() -> str:
     return code_version("tasks.exact_dedup")
+
+
+def partition_groups(n_parts: int, n_buckets: int) -> list[range]:
+    """Consecutive partitions per exchange group: max(n_buckets, MIN_GROUP) each, so that
+    groups × buckets stays near the number of partitions (files opened ∝ corpus size)."""
+    size = max(n_buckets, MIN_GROUP)
+    return [range(lo, min(lo + size, n_parts)) for lo in range(0, n_parts, size)]
+
+
+def combined_digest(markers: list[dict[str, Any]]) -> str:
+    """One digest over several units' outputs (a task's parameter instead of the list)."""
+    return fingerprint([m["digest"] for m in markers])
 
 
 def write_dedup_tables(store: Store, part: int, records: list[dict[str, Any]], n_buckets: int) -> dict[str, str]:
@@ -52,20 +89,48 @@ def write_dedup_tables(store: Store, part: int, records: list[dict[str, Any]], n
                                                        pa.Table.from_pylist(keys, schema=KEY_SCHEMA))}
 
 
-def _bucket_rows(store: Store, folder: str, bucket: int) -> pa.Table:
-    return store.dataset(folder).to_table(filter=pc.field("bucket") == bucket)
+def _read_rows(store: Store, folder: str, schema: pa.Schema, expr: pc.Expression,
+               columns: list[str] | None = None) -> pa.Table:
+    """The rows of every file under ``folder`` matching ``expr`` (row groups whose statistics
+    exclude it are not read)."""
+    return store.dataset(folder, schema).to_table(filter=expr, columns=columns)
 
 
-def _write_decisions(store: Store, rel: str, rows: list[dict[str, Any]]) -> dict[str, str]:
+def _in_group(group: range) -> pc.Expression:
+    return (pc.field("part") >= group.start) & (pc.field("part") < group.stop)
+
+
+def _by_bucket(store: Store, rel: str, table: pa.Table, order: list[tuple[str, str]]) -> dict[str, str]:
+    table = table.sort_by(order)
+    return {rel: store.write_parquet(rel, table, row_groups=table["bucket"].to_numpy())}
+
+
+def _write_decisions(store: Store, rel: str, rows: list[dict[str, Any]], group_size: int) -> dict[str, str]:
+    """Decisions in (part, row) order, one row group per partition group."""
     rows.sort(key=lambda r: (r["part"], r["row"]))
-    return {rel: store.write_parquet(rel, pa.Table.from_pylist(rows, schema=DUPLICATE_SCHEMA))}
+    table = pa.Table.from_pylist(rows, schema=DUPLICATE_SCHEMA)
+    return {rel: store.write_parquet(rel, table, row_groups=[r["part"] // group_size for r in rows])}
 
 
-def find_duplicate_keys(store: Store, bucket: int, keys_digests: list[str]) -> dict[str, Any]:
-    """Records reusing a key seen earlier in input order (``keys_digests``: every partition's
-    ``work/keys`` digest, the inputs this bucket reads)."""
+def exchange_keys(store: Store, group: int, parts: range, keys_digests: list[str]) -> dict[str, Any]:
+    """A group's key rows in one file, one row group per bucket (``keys_digests``: the
+    group's ``work/keys`` digests, in partition order)."""
+    rel = dedup_keys_path(group)
+
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
-        table = _bucket_rows(store, KEYS_DIR, bucket).to_pylist()
+        table = pa.concat_tables([store.read_parquet(keys_table_path(p)) for p in parts])
+        return _by_bucket(store, rel, table, [("bucket", "ascending"), ("key", "ascending"), ("part", "ascending"),
+                                              ("row", "ascending")]), {"rows": table.num_rows}
+
+    fp = unit_fingerprint("exchange-keys", _code(), [parts.start, parts.stop], keys_digests)
+    return run_unit(store, rel, fp, compute)
+
+
+def find_duplicate_keys(store: Store, bucket: int, exchanged: str, group_size: int) -> dict[str, Any]:
+    """Records reusing a key seen earlier in input order (``exchanged``: the combined digest
+    of every group's key file, what this bucket reads)."""
+    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+        table = _read_rows(store, DEDUP_KEYS_DIR, KEY_SCHEMA, pc.field("bucket") == bucket).to_pylist()
         table.sort(key=lambda r: (r["key"], r["part"], r["row"]))
         decisions, previous = [], None
         for r in table:
@@ -73,28 +138,37 @@ def find_duplicate_keys(store: Store, bucket: int, keys_digests: list[str]) -> d
                 decisions.append({"part": r["part"], "row": r["row"], "duplicate_of": r["key"]})
             else:
                 previous = r
-        return _write_decisions(store, keydup_path(bucket), decisions), {"duplicates": len(decisions)}
+        return _write_decisions(store, keydup_path(bucket), decisions, group_size), {"duplicates": len(decisions)}
 
-    fp = unit_fingerprint("duplicate-keys", _code(), bucket, keys_digests)
+    fp = unit_fingerprint("duplicate-keys", _code(), [bucket, group_size], exchanged)
     return run_unit(store, keydup_path(bucket), fp, compute)
 
 
-def _rows_in(store: Store, folder: str) -> set[tuple[int, int]]:
-    if not store.listdir(folder):
-        return set()
-    t = store.dataset(folder).to_table(columns=["part", "row"])
-    return set(zip(t["part"].to_pylist(), t["row"].to_pylist(), strict=True))
+def exchange_hashes(store: Store, group: int, parts: range, hashes_digests: list[str], keydup: str) -> dict[str, Any]:
+    """A group's hash rows without the records that reuse a key, one row group per bucket
+    (``keydup``: the combined digest of the key decisions)."""
+    rel = dedup_hashes_path(group)
 
-
-def find_exact_duplicates(store: Store, bucket: int, hashes_digests: list[str],
-                          keydup_digests: list[str]) -> dict[str, Any]:
-    """Byte-identical images in one hash bucket (records with a reused key take no part)."""
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
-        bad_keys = _rows_in(store, KEYDUP_DIR)
-        rows = [r for r in _bucket_rows(store, HASHES_DIR, bucket).to_pylist()
-                if (r["part"], r["row"]) not in bad_keys]
+        table = pa.concat_tables([store.read_parquet(hashes_path(p)) for p in parts])
+        bad = _read_rows(store, KEYDUP_DIR, DUPLICATE_SCHEMA, _in_group(parts), ["part", "row"])
+        if bad.num_rows:
+            bad_ids = pc.add(pc.multiply(bad["part"].cast(pa.int64()), 1 << 32), bad["row"].cast(pa.int64()))
+            ids = pc.add(pc.multiply(table["part"].cast(pa.int64()), 1 << 32), table["row"].cast(pa.int64()))
+            table = table.filter(pc.invert(pc.is_in(ids, value_set=bad_ids)))
+        return _by_bucket(store, rel, table, [("bucket", "ascending"), ("sha256", "ascending"),
+                                              ("part", "ascending"), ("row", "ascending")]), {"rows": table.num_rows}
+
+    fp = unit_fingerprint("exchange-hashes", _code(), [parts.start, parts.stop], [hashes_digests, keydup])
+    return run_unit(store, rel, fp, compute)
+
+
+def find_exact_duplicates(store: Store, bucket: int, exchanged: str, group_size: int) -> dict[str, Any]:
+    """Byte-identical images in one hash bucket (``exchanged``: the combined digest of every
+    group's hash file; records with a reused key were dropped there)."""
+    def compute() -> tuple[dict[str, str], dict[str, Any]]:
         by_hash: dict[str, list[dict[str, Any]]] = {}
-        for r in rows:
+        for r in _read_rows(store, DEDUP_HASHES_DIR, HASH_SCHEMA, pc.field("bucket") == bucket).to_pylist():
             by_hash.setdefault(r["sha256"], []).append(r)
         decisions = []
         for group in by_hash.values():
@@ -103,21 +177,42 @@ def find_exact_duplicates(store: Store, bucket: int, hashes_digests: list[str],
             winner = min(group, key=lambda r: (-r["pixels"], r["key"]))
             decisions += [{"part": r["part"], "row": r["row"], "duplicate_of": winner["key"]}
                           for r in group if r is not winner]
-        return _write_decisions(store, exact_path(bucket), decisions), {"duplicates": len(decisions)}
+        return _write_decisions(store, exact_path(bucket), decisions, group_size), {"duplicates": len(decisions)}
 
-    fp = unit_fingerprint("exact-duplicates", _code(), bucket, [hashes_digests, keydup_digests])
+    fp = unit_fingerprint("exact-duplicates", _code(), [bucket, group_size], exchanged)
     return run_unit(store, exact_path(bucket), fp, compute)
 
 
-def _decisions_for(store: Store, folder: str, part: int) -> dict[int, str]:
-    if not store.listdir(folder):
-        return {}
-    t = store.dataset(folder).to_table(filter=pc.field("part") == part)
-    return dict(zip(t["row"].to_pylist(), t["duplicate_of"].to_pylist(), strict=True))
+# (key decisions, exact-duplicate decisions) of a group: part -> row -> duplicate_of
+GroupDecisions = tuple[dict[int, dict[int, str]], dict[int, dict[int, str]]]
 
 
-def resolve_partition(store: Store, part: int, ingest_digest: str, decision_digests: list[str],
-                      shard_size: int) -> dict[str, Any]:
+def _decisions_by_part(store: Store, folder: str, parts: range) -> dict[int, dict[int, str]]:
+    t = _read_rows(store, folder, DUPLICATE_SCHEMA, _in_group(parts))
+    found: dict[int, dict[int, str]] = {}
+    for part, row, of in zip(t["part"].to_pylist(), t["row"].to_pylist(), t["duplicate_of"].to_pylist(), strict=True):
+        found.setdefault(part, {})[row] = of
+    return found
+
+
+def resolve_group(store: Store, parts: range, ingest_digests: list[str], decisions: str,
+                  shard_size: int) -> list[dict[str, Any]]:
+    """Fold the key and exact-duplicate decisions into each partition of a group (one unit
+    per partition; ``decisions``: the combined digest of every decision file). The group's
+    rows of the decision files are read once, and only when some partition is not current."""
+    read: list[GroupDecisions] = []
+
+    def group_decisions() -> GroupDecisions:
+        if not read:
+            read.append((_decisions_by_part(store, KEYDUP_DIR, parts), _decisions_by_part(store, EXACT_DIR, parts)))
+        return read[0]
+
+    return [_resolve_partition(store, p, digest, decisions, shard_size, group_decisions)
+            for p, digest in zip(parts, ingest_digests, strict=True)]
+
+
+def _resolve_partition(store: Store, part: int, ingest_digest: str, decisions: str, shard_size: int,
+                       group_decisions: Callable[[], GroupDecisions]) -> dict[str, Any]:
     """Fold key and exact-duplicate decisions into a partition's rows.
 
     The marker's info gives the staging planner what it needs without reading rows: the
@@ -126,8 +221,8 @@ def resolve_partition(store: Store, part: int, ingest_digest: str, decision_dige
     """
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         rows = store.read_parquet(ingest_path(part)).to_pylist()
-        dup_keys = _decisions_for(store, KEYDUP_DIR, part)
-        dup_bytes = _decisions_for(store, EXACT_DIR, part)
+        keydups, exacts = group_decisions()
+        dup_keys, dup_bytes = keydups.get(part, {}), exacts.get(part, {})
         survivors = 0
         candidates = []
         for r in rows:
@@ -145,5 +240,5 @@ def resolve_partition(store: Store, part: int, ingest_digest: str, decision_dige
         sha = store.write_parquet(rel, pa.Table.from_pylist(rows, schema=RESOLVED_SCHEMA))
         return {rel: sha}, {"part": part, "survivors": survivors, "candidates": candidates}
 
-    fp = unit_fingerprint("resolve", _code(), shard_size, [ingest_digest, decision_digests])
+    fp = unit_fingerprint("resolve", _code(), shard_size, [ingest_digest, decisions])
     return run_unit(store, resolved_path(part), fp, compute)
