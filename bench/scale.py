@@ -342,42 +342,27 @@ def _ingest_markers(store, sc: Scale) -> list[dict[str, Any]]:
 
 @step("exact_dedup", ("ingest",), "task", ("tasks.exact_dedup",))
 def run_exact_dedup(store, sc: Scale, data: str) -> dict[str, Any]:
-    """Key uniqueness, exact duplicates and resolve, every task in turn as the flow runs them
-    (peak: the largest task)."""
+    """Key uniqueness, exact duplicates and resolve, every unit in turn in the flow's order
+    (peak: the largest unit)."""
     from corpusforge.contract import remove_tree
-    from corpusforge.layout import (DEDUP_HASHES_DIR, DEDUP_KEYS_DIR, EXACT_DIR, KEYDUP_DIR, RESOLVED_DIR,
-                                    hashes_path, keys_table_path)
-    from tasks.exact_dedup import (combined_digest, exchange_hashes, exchange_keys, find_duplicate_keys,
-                                   find_exact_duplicates, partition_groups, resolve_group)
+    from corpusforge.layout import DEDUP_HASHES_DIR, DEDUP_KEYS_DIR, EXACT_DIR, KEYDUP_DIR, RESOLVED_DIR
+    from tasks.exact_dedup import deduplicate
 
     for folder in (DEDUP_KEYS_DIR, DEDUP_HASHES_DIR, KEYDUP_DIR, EXACT_DIR, RESOLVED_DIR):
         remove_tree(store, folder)
     ingested = _ingest_markers(store, sc)
-    keys = [m["outputs"][keys_table_path(p)] for p, m in enumerate(ingested)]
-    hashes = [m["outputs"][hashes_path(p)] for p, m in enumerate(ingested)]
-    digests = [m["digest"] for m in ingested]
-    groups = partition_groups(sc.parts, sc.buckets)
-    size = len(groups[0])
     params: list[dict[str, Any]] = []
+    tasks = 0
 
     def fan_out(fn: Callable[..., Any], calls: list[dict[str, Any]]) -> list[Any]:
+        nonlocal tasks
+        tasks += len(calls)
         params.append(max(calls, key=lambda c: len(pickle.dumps(c))))
         return [fn(**c) for c in calls]
 
-    keys_x = fan_out(exchange_keys, [dict(store=store, group=g, parts=ps, keys_digests=keys[ps.start:ps.stop])
-                                     for g, ps in enumerate(groups)])
-    keydup = fan_out(find_duplicate_keys, [dict(store=store, bucket=b, exchanged=combined_digest(keys_x),
-                                                group_size=size) for b in range(sc.buckets)])
-    hashes_x = fan_out(exchange_hashes, [dict(store=store, group=g, parts=ps, hashes_digests=hashes[ps.start:ps.stop],
-                                              keydup=combined_digest(keydup)) for g, ps in enumerate(groups)])
-    exact = fan_out(find_exact_duplicates, [dict(store=store, bucket=b, exchanged=combined_digest(hashes_x),
-                                                 group_size=size) for b in range(sc.buckets)])
-    decisions = combined_digest(keydup + exact)
-    by_group = fan_out(resolve_group, [dict(store=store, parts=ps, ingest_digests=digests[ps.start:ps.stop],
-                                            decisions=decisions, shard_size=1000) for ps in groups])
-    resolved = [m for ms in by_group for m in ms]
+    _, resolved = deduplicate(store, ingested, sc.buckets, 1000, fan_out)
     removed = sum(m["info"]["records"] for m in ingested) - sum(m["info"]["survivors"] for m in resolved)
-    return {"tasks": 2 * len(groups) + 2 * sc.buckets + len(groups), "params": params, "removed": removed}
+    return {"tasks": tasks, "params": params, "removed": removed}
 
 
 def _release_plan_path(data: str) -> str:
@@ -637,22 +622,34 @@ def report(results: dict[str, list[dict[str, Any]]]) -> list[str]:
     return failures
 
 
-def run_all(sizes: list[int], names: list[str], work: str) -> dict[str, list[dict[str, Any]]]:
-    results: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+def run_all(sizes: list[int], names: list[str], work: str, saved: str | None) -> dict[str, list[dict[str, Any]]]:
+    """Run every step at every size; with ``saved`` (a JSON-lines file), each measurement is
+    appended as it comes and those already there are not run again (a long run resumes)."""
+    done = []
+    if saved and os.path.exists(saved):
+        with open(saved) as f:
+            done = [json.loads(line) for line in f if line.strip()]
+    results: dict[str, list[dict[str, Any]]] = {name: [r for r in done if r["step"] == name and r["n"] in sizes]
+                                                for name in names}
     for n in sizes:
         data = os.path.join(work, str(n))
-        chosen = [s for s in names if STEPS[s].max_n is None or n <= STEPS[s].max_n]
+        chosen = [s for s in names if (STEPS[s].max_n is None or n <= STEPS[s].max_n)
+                  and not any(r["n"] == n for r in results[s])]
         needs = sorted({need for s in chosen for need in STEPS[s].needs}, key=list(INPUTS).index)
-        subprocess.run([sys.executable, __file__, "--prepare", "--data", data, "--n", str(n), "--needs", *needs],
-                       check=True)
+        if chosen:
+            subprocess.run([sys.executable, __file__, "--prepare", "--data", data, "--n", str(n), "--needs", *needs],
+                           check=True)
         for name in chosen:
             proc = subprocess.run([sys.executable, __file__, "--child", name, "--data", data, "--n", str(n)],
                                   check=True, capture_output=True, text=True)
             r = json.loads(proc.stdout.strip().splitlines()[-1])
             results[name].append(r)
+            if saved:
+                with open(saved, "a") as f:
+                    f.write(json.dumps(r) + "\n")
             print(f"  {name} N={n:,d}: {r['wall_s']:.2f} s, peak +{r['peak_rss'] / 2**20:.0f} MB, "
                   f"{r['files_opened']:,d} files", file=sys.stderr, flush=True)
-    return {k: v for k, v in results.items() if v}
+    return {k: sorted(v, key=lambda r: r["n"]) for k, v in results.items() if v}
 
 
 def main() -> int:
@@ -662,7 +659,8 @@ def main() -> int:
     ap.add_argument("--steps", nargs="+", choices=list(STEPS), help="default: every step")
     ap.add_argument("--work", help="where inputs are written (default: a temporary folder, removed after)")
     ap.add_argument("--keep", action="store_true", help="keep the inputs (with --work: reused by the next run)")
-    ap.add_argument("--json", help="also write the raw measurements here")
+    ap.add_argument("--results", help="JSON lines of measurements: appended as they come; a rerun skips those "
+                                      "already there and reports them all")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
@@ -678,13 +676,10 @@ def main() -> int:
     sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
     work = args.work or tempfile.mkdtemp(prefix="corpusforge-scale-")
     try:
-        results = run_all(sorted(sizes), args.steps or list(STEPS), work)
+        results = run_all(sorted(sizes), args.steps or list(STEPS), work, args.results)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
     failures = report(results)
     for failure in failures:
         print(f"BOUND BROKEN: {failure}")

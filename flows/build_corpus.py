@@ -31,15 +31,15 @@ from corpusforge.feature_files import prune_features
 from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_DIR, DEDUP_HASHES_DIR, DEDUP_KEYS_DIR,
                                 EVAL_CAPTIONS, EXACT_DIR, GRAPH_DIR, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR,
                                 RESOLVED_DIR, SPILL_DIR, STAGING_INDEX, STAGING_RECORDS, STAGING_TARS, STATS_DIR,
-                                bucket_name, dedup_group_name, hashes_path, keys_table_path, part_name)
+                                bucket_name, dedup_group_name, part_name)
 from corpusforge.progress import RunProgress, run_progress
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.captions.config import CaptioningConfig
 from tasks.captions.eval_set import EvalCaptionsConfig, write_eval_captions
 from tasks.captions.stage import captioning_stage
-from tasks.exact_dedup import (combined_digest, exchange_hashes, exchange_keys, find_duplicate_keys,
-                               find_exact_duplicates, partition_groups, resolve_group)
+from tasks.exact_dedup import (deduplicate, exchange_hashes, exchange_keys, find_duplicate_keys, find_exact_duplicates,
+                               partition_groups, resolve_group)
 from tasks.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
 from tasks.features.extract import extract_features, summarize
 from tasks.graph.config import NearDedupConfig
@@ -109,11 +109,9 @@ class BuildConfig(FlowConfig):
 
 plan_inputs_task = as_task(plan_partitions, "plan-inputs")
 ingest_task = as_task(ingest_partition, "ingest-partition")
-exchange_keys_task = as_task(exchange_keys, "exchange-keys")
-duplicate_keys_task = as_task(find_duplicate_keys, "duplicate-keys")
-exchange_hashes_task = as_task(exchange_hashes, "exchange-hashes")
-exact_duplicates_task = as_task(find_exact_duplicates, "exact-duplicates")
-resolve_task = as_task(resolve_group, "resolve-partitions")
+DEDUP_TASKS = {fn: as_task(fn, name) for fn, name in (
+    (exchange_keys, "exchange-keys"), (find_duplicate_keys, "duplicate-keys"), (exchange_hashes, "exchange-hashes"),
+    (find_exact_duplicates, "exact-duplicates"), (resolve_group, "resolve-partitions"))}
 staging_task = as_task(write_staging_shard, "write-staging-shard")
 
 
@@ -149,11 +147,10 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
         prune(store, folder, names)
     n_buckets = config.staging.buckets_for(len(parts))
     buckets = range(n_buckets)
-    groups = partition_groups(len(parts), n_buckets)
     for folder in (KEYDUP_DIR, EXACT_DIR):
         prune(store, folder, {bucket_name(b) for b in buckets})
     for folder in (DEDUP_KEYS_DIR, DEDUP_HASHES_DIR):
-        prune(store, folder, {dedup_group_name(g) for g in range(len(groups))})
+        prune(store, folder, {dedup_group_name(g) for g in range(len(partition_groups(len(parts), n_buckets)))})
     log.info("source %s: %s, %d ingest partitions", config.source, kind, len(parts))
 
     clock = StageClock()
@@ -161,28 +158,10 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
         ingested = run_tasks(ingest_task, [dict(store=store, part=p, src=config.input, val=config.validation,
                                                 n_buckets=n_buckets, lic=config.licenses) for p in parts])
     work["ingest"] = count_actions(ingested)
-    keys = [m["outputs"][keys_table_path(p.index)] for p, m in zip(parts, ingested, strict=True)]
-    hashes = [m["outputs"][hashes_path(p.index)] for p, m in zip(parts, ingested, strict=True)]
     clock.start("exact_dedup")
-    size = len(groups[0])  # partitions per group (the last may have fewer)
-    keys_x = run_tasks(exchange_keys_task, [dict(store=store, group=g, parts=ps, keys_digests=keys[ps.start:ps.stop])
-                                            for g, ps in enumerate(groups)])
-    exchanged = combined_digest(keys_x)
-    keydup = run_tasks(duplicate_keys_task, [dict(store=store, bucket=b, exchanged=exchanged, group_size=size)
-                                             for b in buckets])
-    keydup_digest = combined_digest(keydup)
-    hashes_x = run_tasks(exchange_hashes_task, [dict(store=store, group=g, parts=ps, keydup=keydup_digest,
-                                                     hashes_digests=hashes[ps.start:ps.stop])
-                                                for g, ps in enumerate(groups)])
-    exchanged = combined_digest(hashes_x)
-    exact = run_tasks(exact_duplicates_task, [dict(store=store, bucket=b, exchanged=exchanged, group_size=size)
-                                              for b in buckets])
-    work["exact_dedup"] = count_actions(keys_x + keydup + hashes_x + exact)
-    digests, decisions = [m["digest"] for m in ingested], combined_digest(keydup + exact)
-    by_group = run_tasks(resolve_task, [dict(store=store, parts=ps, ingest_digests=digests[ps.start:ps.stop],
-                                             decisions=decisions, shard_size=config.staging.shard_size)
-                                        for ps in groups])
-    resolved = [m for ms in by_group for m in ms]
+    units, resolved = deduplicate(store, ingested, n_buckets, config.staging.shard_size,
+                                  lambda fn, calls: run_tasks(DEDUP_TASKS[fn], calls))
+    work["exact_dedup"] = count_actions(units)
     work["resolve"] = count_actions(resolved)
     clock.stop()
 

@@ -183,6 +183,42 @@ def find_exact_duplicates(store: Store, bucket: int, exchanged: str, group_size:
     return run_unit(store, exact_path(bucket), fp, compute)
 
 
+# How the units of one fan-out run: (unit function, keyword arguments of each unit) ->
+# results in order. The flow maps them over Prefect tasks; tests and benchmarks call them.
+FanOut = Callable[[Callable[..., Any], list[dict[str, Any]]], list[Any]]
+
+
+def in_process(fn: Callable[..., Any], calls: list[dict[str, Any]]) -> list[Any]:
+    """Every unit in this process, in order."""
+    return [fn(**c) for c in calls]
+
+
+def deduplicate(store: Store, ingested: list[dict[str, Any]], n_buckets: int, shard_size: int,
+                fan_out: FanOut = in_process) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The whole stage over ingested partitions ``0..P-1`` (``ingested``: their markers, in
+    order): exchange and decide by bucket, then resolve. Returns the markers of the
+    exchange and decision units and those of the resolved partitions (in order)."""
+    groups = partition_groups(len(ingested), n_buckets)
+    size = len(groups[0])  # partitions per group (the last may have fewer)
+    keys = [m["outputs"][keys_table_path(p)] for p, m in enumerate(ingested)]
+    hashes = [m["outputs"][hashes_path(p)] for p, m in enumerate(ingested)]
+    keys_x = fan_out(exchange_keys, [dict(store=store, group=g, parts=ps, keys_digests=keys[ps.start:ps.stop])
+                                     for g, ps in enumerate(groups)])
+    exchanged = combined_digest(keys_x)
+    keydup = fan_out(find_duplicate_keys, [dict(store=store, bucket=b, exchanged=exchanged, group_size=size)
+                                           for b in range(n_buckets)])
+    keydup_digest = combined_digest(keydup)
+    hashes_x = fan_out(exchange_hashes, [dict(store=store, group=g, parts=ps, hashes_digests=hashes[ps.start:ps.stop],
+                                              keydup=keydup_digest) for g, ps in enumerate(groups)])
+    exchanged = combined_digest(hashes_x)
+    exact = fan_out(find_exact_duplicates, [dict(store=store, bucket=b, exchanged=exchanged, group_size=size)
+                                            for b in range(n_buckets)])
+    digests, decisions = [m["digest"] for m in ingested], combined_digest(keydup + exact)
+    by_group = fan_out(resolve_group, [dict(store=store, parts=ps, ingest_digests=digests[ps.start:ps.stop],
+                                            decisions=decisions, shard_size=shard_size) for ps in groups])
+    return keys_x + keydup + hashes_x + exact, [m for ms in by_group for m in ms]
+
+
 # (key decisions, exact-duplicate decisions) of a group: part -> row -> duplicate_of
 GroupDecisions = tuple[dict[int, dict[int, str]], dict[int, dict[int, str]]]
 

@@ -14,10 +14,10 @@ import pytest
 from bench.scale import CountingFileSystem
 from corpusforge.contract import finish_unit
 from corpusforge.layout import (INGEST_SCHEMA, MARKERS, dedup_hashes_path, dedup_keys_path, exact_path, hashes_path,
-                                ingest_path, keydup_path, resolved_path)
+                                ingest_path, keydup_path, keys_table_path, resolved_path)
 from corpusforge.storage import Store
-from tasks.exact_dedup import (combined_digest, exchange_hashes, exchange_keys, find_duplicate_keys,
-                               find_exact_duplicates, partition_groups, resolve_group, write_dedup_tables)
+from tasks.exact_dedup import (combined_digest, deduplicate, exchange_keys, find_duplicate_keys, partition_groups,
+                               write_dedup_tables)
 
 P, PER, B = 40, 30, 4  # 40 partitions of 30 records, 4 buckets: 3 groups of (at least) 16 partitions
 N = P * PER
@@ -72,61 +72,49 @@ def ingested(tmp_path) -> tuple[Store, list[dict[str, Any]]]:
     return store, markers
 
 
-def _opened(store: Store, run, *args: Any) -> tuple[Any, list[str]]:
+def _opened(run, call: dict[str, Any]) -> tuple[Any, list[str]]:
     """Run a unit; return its result and the data files it opened (markers aside), sorted."""
     paths: list[str] = []
     CountingFileSystem.reset(paths)
     try:
-        result = run(*args)
+        result = run(**call)
     finally:
         CountingFileSystem.reset()
-    rels = [os.path.relpath(p, store.root) for p in paths]
+    rels = [os.path.relpath(p, call["store"].root) for p in paths]
     return result, sorted(r for r in rels if not r.startswith(f"{MARKERS}/"))
 
 
 def test_decisions_equal_the_rules_and_each_task_opens_only_its_own_files(ingested):
     store, markers = ingested
     groups = partition_groups(P, B)
-    size = len(groups[0])
-    assert len(groups) == 3 and size == 16 and groups[-1] == range(32, 40)
-    opened: list[str] = []
+    assert len(groups) == 3 and len(groups[0]) == 16 and groups[-1] == range(32, 40)
+    opened: dict[str, list[tuple[dict[str, Any], list[str]]]] = {}
 
-    def unit(run, *args: Any) -> tuple[Any, list[str]]:
-        result, files = _opened(store, run, *args)
-        opened.extend(files)
-        return result, files
+    def fan_out(fn, calls: list[dict[str, Any]]) -> list[Any]:
+        results = []
+        for call in calls:
+            result, files = _opened(fn, call)
+            opened.setdefault(fn.__name__, []).append((call, files))
+            results.append(result)
+        return results
 
-    keys_x = []
-    for g, ps in enumerate(groups):
-        m, files = unit(exchange_keys, store, g, ps, [m["digest"] for m in markers[ps.start:ps.stop]])
-        assert files == [f"work/keys/{p:06d}.parquet" for p in ps]
-        keys_x.append(m)
-    keydup = []
-    for b in range(B):
-        m, files = unit(find_duplicate_keys, store, b, combined_digest(keys_x), size)
-        assert files == [dedup_keys_path(g) for g in range(len(groups))]  # its row group of each group file
-        keydup.append(m)
-    hashes_x = []
-    for g, ps in enumerate(groups):
-        m, files = unit(exchange_hashes, store, g, ps, [m["digest"] for m in markers[ps.start:ps.stop]],
-                        combined_digest(keydup))
-        assert files == sorted([hashes_path(p) for p in ps] + [keydup_path(b) for b in range(B)])
-        hashes_x.append(m)
-    exact = []
-    for b in range(B):
-        m, files = unit(find_exact_duplicates, store, b, combined_digest(hashes_x), size)
+    units, resolved = deduplicate(store, markers, B, 1000, fan_out)
+    keydup_files, exact_files = [keydup_path(b) for b in range(B)], [exact_path(b) for b in range(B)]
+    for call, files in opened["exchange_keys"]:
+        assert files == [keys_table_path(p) for p in call["parts"]]
+    for _, files in opened["find_duplicate_keys"]:  # its row group of each group file
+        assert files == [dedup_keys_path(g) for g in range(len(groups))]
+    for call, files in opened["exchange_hashes"]:
+        assert files == sorted([hashes_path(p) for p in call["parts"]] + keydup_files)
+    for _, files in opened["find_exact_duplicates"]:
         assert files == [dedup_hashes_path(g) for g in range(len(groups))]
-        exact.append(m)
-    resolved = []
-    for ps in groups:
-        ms, files = unit(resolve_group, store, ps, [m["digest"] for m in markers[ps.start:ps.stop]],
-                         combined_digest(keydup + exact), 1000)
-        assert files == sorted([ingest_path(p) for p in ps] + [keydup_path(b) for b in range(B)]
-                               + [exact_path(b) for b in range(B)])
-        resolved += ms
+    for call, files in opened["resolve_group"]:
+        assert files == sorted([ingest_path(p) for p in call["parts"]] + keydup_files + exact_files)
     # ~3 opens per partition and 5 per (group, bucket), where reading every partition's
-    # tables from each bucket task and every decision file per partition took 4·B per partition
-    assert len(opened) == 3 * P + 5 * len(groups) * B < 4 * B * P
+    # tables in each bucket task and every decision file per partition took 4·B per partition
+    total = sum(len(files) for runs in opened.values() for _, files in runs)
+    assert total == 3 * P + 5 * len(groups) * B < 4 * B * P
+    assert len(units) == 2 * len(groups) + 2 * B
 
     got = {(r["part"], r["row"]): (r["status"], r["duplicate_of"])
            for p in range(P) for r in store.read_parquet(resolved_path(p)).to_pylist()}
@@ -150,7 +138,7 @@ def test_a_bucket_task_reads_only_its_row_groups(tmp_path):
     for part in parts:
         rows = [{"part": part, "row": row, "key": hashlib.sha256(b"%d" % (part * per + row)).hexdigest()[:24],
                  "status": "kept", "sha256": "0" * 64, "width": 1, "height": 1} for row in range(per)]
-        digests.append(write_dedup_tables(store, part, rows, B)[f"work/keys/{part:06d}.parquet"])
+        digests.append(write_dedup_tables(store, part, rows, B)[keys_table_path(part)])
     keys_x = exchange_keys(store, 0, parts, digests)
     meta = pq.ParquetFile(store.path(dedup_keys_path(0))).metadata
     buckets = [meta.row_group(i).column(0).statistics for i in range(meta.num_row_groups)]

@@ -13,10 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from corpusforge.layout import hashes_path, keys_table_path, resolved_path
+from corpusforge.layout import resolved_path
 from corpusforge.storage import Store
-from tasks.exact_dedup import (combined_digest, exchange_hashes, exchange_keys, find_duplicate_keys,
-                               find_exact_duplicates, partition_groups, resolve_group)
+from tasks.exact_dedup import deduplicate
 from tasks.ingest import ingest_partition
 from tasks.sources import SourceConfig, plan_partitions, resolve_path
 from tasks.validate import ValidationConfig
@@ -29,30 +28,13 @@ def jpeg(w: int, h: int, seed: int, quality: int = 85) -> bytes:
     return buf.getvalue()
 
 
-def dedup_in_process(store: Store, ingested: list[dict], n_buckets: int, shard_size: int = 1000) -> list[dict]:
-    """Key check → exact dedup → resolve of ingested partitions 0..P-1, every unit in this
-    process in the flow's order; return the resolve markers."""
-    groups = partition_groups(len(ingested), n_buckets)
-    size = len(groups[0])
-    keys = [m["outputs"][keys_table_path(p)] for p, m in enumerate(ingested)]
-    hashes = [m["outputs"][hashes_path(p)] for p, m in enumerate(ingested)]
-    keys_x = [exchange_keys(store, g, ps, keys[ps.start:ps.stop]) for g, ps in enumerate(groups)]
-    keydup = [find_duplicate_keys(store, b, combined_digest(keys_x), size) for b in range(n_buckets)]
-    hashes_x = [exchange_hashes(store, g, ps, hashes[ps.start:ps.stop], combined_digest(keydup))
-                for g, ps in enumerate(groups)]
-    exact = [find_exact_duplicates(store, b, combined_digest(hashes_x), size) for b in range(n_buckets)]
-    digests = [m["digest"] for m in ingested]
-    return [m for ps in groups
-            for m in resolve_group(store, ps, digests[ps.start:ps.stop], combined_digest(keydup + exact), shard_size)]
-
-
 def ingest_all(src: str, out, cfg: SourceConfig | None = None) -> list[dict]:
     """Run ingest → key check → exact dedup → resolve in-process; return resolved rows."""
     store = Store(str(out))
     cfg = cfg or SourceConfig(partition_size=3)
     _, parts = plan_partitions(src, store, cfg)
     ingested = [ingest_partition(store, p, cfg, ValidationConfig(), n_buckets=2) for p in parts]
-    dedup_in_process(store, ingested, n_buckets=2)
+    deduplicate(store, ingested, n_buckets=2, shard_size=1000)
     return [r for p in parts for r in store.read_parquet(resolved_path(p.index)).to_pylist()]
 
 

@@ -18,11 +18,12 @@ import pytest
 from corpusforge.contract import read_marker
 from corpusforge.layout import hashes_path, spill_path, staging_index, staging_records, staging_tar
 from corpusforge.storage import Store
+from tasks.exact_dedup import deduplicate
 from tasks.ingest import ingest_partition
 from tasks.sources import SourceConfig, plan_partitions
 from tasks.staging import plan_staging, write_staging_shard
 from tasks.validate import ValidationConfig
-from tests.test_ingest import dedup_in_process, jpeg
+from tests.test_ingest import jpeg
 
 pytestmark = [pytest.mark.scenario(13), pytest.mark.timeout(120)]
 N = 10
@@ -41,7 +42,7 @@ def ingested(tmp_path: Path) -> tuple[Store, Path, list, int]:
     cfg = SourceConfig(partition_size=5)
     _, parts = plan_partitions(str(src), store, cfg)
     ing = [ingest_partition(store, p, cfg, ValidationConfig(), n_buckets=1) for p in parts]
-    resolved = dedup_in_process(store, ing, n_buckets=1, shard_size=100)
+    _, resolved = deduplicate(store, ing, n_buckets=1, shard_size=100)
     shards = plan_staging([m["info"] for m in resolved], shard_size=100)
     assert len(shards) == 1
     return store, src, shards, len(parts)
