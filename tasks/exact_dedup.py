@@ -22,10 +22,13 @@ two levels, like datatrove's and NeMo Curator's dedup shuffles:
    folds them into each of its partitions' rows (``work/resolved/{part}``, one unit per
    partition: the base of the manifest).
 
-Files opened: about 8 per partition whatever the corpus size (each group task opens
-~B files, each bucket task ~P/B), instead of ~4·B per partition. No task holds more than
+Files opened: 4 per partition (its three tables and its ingest marker) and 5 per group and
+bucket — each group task opens ~B decision files, each bucket task one file per group —
+so about 9 per partition whatever the corpus size once B ≥ 16, instead of ~4·B per
+partition. No task holds more than
 a group's rows (≤ 256 partitions) or a bucket's (1/B of the corpus). Task parameters
-carry the digests of a group's partitions, or one digest over every group's outputs.
+carry a group's or a bucket's number and one combined digest of the units it reads
+(a partition's own ingest digest is read from its marker): a few hundred bytes.
 
 Rules: the first record of a key in input order keeps it, later ones are errors
 (``duplicate_key``). Among byte-identical images the highest-resolution copy is kept,
@@ -41,7 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from corpusforge.chunking import cut_name
-from corpusforge.contract import run_unit, unit_fingerprint
+from corpusforge.contract import require_marker, run_unit, unit_fingerprint
 from corpusforge.hashing import fingerprint, stable_int
 from corpusforge.layout import (DEDUP_HASHES_DIR, DEDUP_KEYS_DIR, DUPLICATE_SCHEMA, EXACT_DIR, HASH_SCHEMA, KEY_SCHEMA,
                                 KEYDUP_DIR, RESOLVED_SCHEMA, dedup_hashes_path, dedup_keys_path, exact_path,
@@ -112,9 +115,9 @@ def _write_decisions(store: Store, rel: str, rows: list[dict[str, Any]], group_s
     return {rel: store.write_parquet(rel, table, row_groups=[r["part"] // group_size for r in rows])}
 
 
-def exchange_keys(store: Store, group: int, parts: range, keys_digests: list[str]) -> dict[str, Any]:
-    """A group's key rows in one file, one row group per bucket (``keys_digests``: the
-    group's ``work/keys`` digests, in partition order)."""
+def exchange_keys(store: Store, group: int, parts: range, ingested: str) -> dict[str, Any]:
+    """A group's key rows in one file, one row group per bucket (``ingested``: the combined
+    digest of the group's ingest units, whose outputs hold the ``work/keys`` it reads)."""
     rel = dedup_keys_path(group)
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
@@ -122,7 +125,7 @@ def exchange_keys(store: Store, group: int, parts: range, keys_digests: list[str
         return _by_bucket(store, rel, table, [("bucket", "ascending"), ("key", "ascending"), ("part", "ascending"),
                                               ("row", "ascending")]), {"rows": table.num_rows}
 
-    fp = unit_fingerprint("exchange-keys", _code(), [parts.start, parts.stop], keys_digests)
+    fp = unit_fingerprint("exchange-keys", _code(), [parts.start, parts.stop], ingested)
     return run_unit(store, rel, fp, compute)
 
 
@@ -144,9 +147,10 @@ def find_duplicate_keys(store: Store, bucket: int, exchanged: str, group_size: i
     return run_unit(store, keydup_path(bucket), fp, compute)
 
 
-def exchange_hashes(store: Store, group: int, parts: range, hashes_digests: list[str], keydup: str) -> dict[str, Any]:
+def exchange_hashes(store: Store, group: int, parts: range, ingested: str, keydup: str) -> dict[str, Any]:
     """A group's hash rows without the records that reuse a key, one row group per bucket
-    (``keydup``: the combined digest of the key decisions)."""
+    (``ingested``: as for :func:`exchange_keys`; ``keydup``: the combined digest of the key
+    decisions)."""
     rel = dedup_hashes_path(group)
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
@@ -159,7 +163,7 @@ def exchange_hashes(store: Store, group: int, parts: range, hashes_digests: list
         return _by_bucket(store, rel, table, [("bucket", "ascending"), ("sha256", "ascending"),
                                               ("part", "ascending"), ("row", "ascending")]), {"rows": table.num_rows}
 
-    fp = unit_fingerprint("exchange-hashes", _code(), [parts.start, parts.stop], [hashes_digests, keydup])
+    fp = unit_fingerprint("exchange-hashes", _code(), [parts.start, parts.stop], [ingested, keydup])
     return run_unit(store, rel, fp, compute)
 
 
@@ -200,22 +204,21 @@ def deduplicate(store: Store, ingested: list[dict[str, Any]], n_buckets: int, sh
     exchange and decision units and those of the resolved partitions (in order)."""
     groups = partition_groups(len(ingested), n_buckets)
     size = len(groups[0])  # partitions per group (the last may have fewer)
-    keys = [m["outputs"][keys_table_path(p)] for p, m in enumerate(ingested)]
-    hashes = [m["outputs"][hashes_path(p)] for p, m in enumerate(ingested)]
-    keys_x = fan_out(exchange_keys, [dict(store=store, group=g, parts=ps, keys_digests=keys[ps.start:ps.stop])
+    inputs = [combined_digest(ingested[ps.start:ps.stop]) for ps in groups]
+    keys_x = fan_out(exchange_keys, [dict(store=store, group=g, parts=ps, ingested=inputs[g])
                                      for g, ps in enumerate(groups)])
     exchanged = combined_digest(keys_x)
     keydup = fan_out(find_duplicate_keys, [dict(store=store, bucket=b, exchanged=exchanged, group_size=size)
                                            for b in range(n_buckets)])
     keydup_digest = combined_digest(keydup)
-    hashes_x = fan_out(exchange_hashes, [dict(store=store, group=g, parts=ps, hashes_digests=hashes[ps.start:ps.stop],
-                                              keydup=keydup_digest) for g, ps in enumerate(groups)])
+    hashes_x = fan_out(exchange_hashes, [dict(store=store, group=g, parts=ps, ingested=inputs[g], keydup=keydup_digest)
+                                         for g, ps in enumerate(groups)])
     exchanged = combined_digest(hashes_x)
     exact = fan_out(find_exact_duplicates, [dict(store=store, bucket=b, exchanged=exchanged, group_size=size)
                                             for b in range(n_buckets)])
-    digests, decisions = [m["digest"] for m in ingested], combined_digest(keydup + exact)
-    by_group = fan_out(resolve_group, [dict(store=store, parts=ps, ingest_digests=digests[ps.start:ps.stop],
-                                            decisions=decisions, shard_size=shard_size) for ps in groups])
+    decisions = combined_digest(keydup + exact)
+    by_group = fan_out(resolve_group, [dict(store=store, parts=ps, decisions=decisions, shard_size=shard_size)
+                                       for ps in groups])
     return keys_x + keydup + hashes_x + exact, [m for ms in by_group for m in ms]
 
 
@@ -231,11 +234,11 @@ def _decisions_by_part(store: Store, folder: str, parts: range) -> dict[int, dic
     return found
 
 
-def resolve_group(store: Store, parts: range, ingest_digests: list[str], decisions: str,
-                  shard_size: int) -> list[dict[str, Any]]:
+def resolve_group(store: Store, parts: range, decisions: str, shard_size: int) -> list[dict[str, Any]]:
     """Fold the key and exact-duplicate decisions into each partition of a group (one unit
-    per partition; ``decisions``: the combined digest of every decision file). The group's
-    rows of the decision files are read once, and only when some partition is not current."""
+    per partition, fingerprinted with its ingest digest from its marker; ``decisions``: the
+    combined digest of every decision file). The group's rows of the decision files are
+    read once, and only when some partition is not current."""
     read: list[GroupDecisions] = []
 
     def group_decisions() -> GroupDecisions:
@@ -243,8 +246,8 @@ def resolve_group(store: Store, parts: range, ingest_digests: list[str], decisio
             read.append((_decisions_by_part(store, KEYDUP_DIR, parts), _decisions_by_part(store, EXACT_DIR, parts)))
         return read[0]
 
-    return [_resolve_partition(store, p, digest, decisions, shard_size, group_decisions)
-            for p, digest in zip(parts, ingest_digests, strict=True)]
+    return [_resolve_partition(store, p, require_marker(store, ingest_path(p), "ingest")["digest"], decisions,
+                               shard_size, group_decisions) for p in parts]
 
 
 def _resolve_partition(store: Store, part: int, ingest_digest: str, decisions: str, shard_size: int,

@@ -110,8 +110,8 @@ def test_decisions_equal_the_rules_and_each_task_opens_only_its_own_files(ingest
         assert files == [dedup_hashes_path(g) for g in range(len(groups))]
     for call, files in opened["resolve_group"]:
         assert files == sorted([ingest_path(p) for p in call["parts"]] + keydup_files + exact_files)
-    # ~3 opens per partition and 5 per (group, bucket), where reading every partition's
-    # tables in each bucket task and every decision file per partition took 4·B per partition
+    # 3 data files per partition and 5 per (group, bucket) (markers aside), where reading every
+    # partition's tables in each bucket task and every decision file per partition took 4·B
     total = sum(len(files) for runs in opened.values() for _, files in runs)
     assert total == 3 * P + 5 * len(groups) * B < 4 * B * P
     assert len(units) == 2 * len(groups) + 2 * B
@@ -134,12 +134,11 @@ def test_a_bucket_task_reads_only_its_row_groups(tmp_path):
 
     store = Store(str(tmp_path / "out"), fsync=False)
     parts, per = range(16), 4000
-    digests = []
     for part in parts:
         rows = [{"part": part, "row": row, "key": hashlib.sha256(b"%d" % (part * per + row)).hexdigest()[:24],
                  "status": "kept", "sha256": "0" * 64, "width": 1, "height": 1} for row in range(per)]
-        digests.append(write_dedup_tables(store, part, rows, B)[keys_table_path(part)])
-    keys_x = exchange_keys(store, 0, parts, digests)
+        write_dedup_tables(store, part, rows, B)
+    keys_x = exchange_keys(store, 0, parts, "ingested")
     meta = pq.ParquetFile(store.path(dedup_keys_path(0))).metadata
     buckets = [meta.row_group(i).column(0).statistics for i in range(meta.num_row_groups)]
     assert [(s.min, s.max) for s in buckets] == [(b, b) for b in range(B)]
