@@ -571,7 +571,7 @@ def analyse(name: str, runs: list[dict[str, Any]]) -> tuple[dict[str, Any], list
     params_fit = fit(ns, [r["params_max"] for r in runs])
     base = max(r["base_rss"] for r in runs)
     out = {"time_fit": time_fit, "cpu_fit": cpu_fit, "rss_fit": rss_fit, "files_fit": files_fit,
-           "params_fit": params_fit, "base": base, "time": [project(time_fit, n) for n in PROJECT],
+           "params_fit": params_fit, "base": base, "cpu": [project(cpu_fit, n) for n in PROJECT],
            "rss": [None if rss_fit is None else base + project(rss_fit, n) for n in PROJECT],
            "params": [project(params_fit, n) for n in PROJECT]}
     st = STEPS[name]
@@ -588,8 +588,9 @@ def analyse(name: str, runs: list[dict[str, Any]]) -> tuple[dict[str, Any], list
     return out, broken
 
 
-def report(results: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """Print the table; return the broken bounds of the FIXED steps."""
+def report(results: dict[str, list[dict[str, Any]]], markdown: bool = False) -> list[str]:
+    """Print the table (the summary as markdown with ``markdown``); return the broken bounds
+    of the FIXED steps."""
     sizes = sorted({r["n"] for runs in results.values() for r in runs})
     print("\nper size: wall s / cpu s / peak MB above start / files opened / MB read / max params KB / tasks")
     for name, runs in results.items():
@@ -597,8 +598,9 @@ def report(results: dict[str, list[dict[str, Any]]]) -> list[str]:
             print(f"  {name:16s} N={r['n']:>9,d}  {r['wall_s']:8.2f} {r['cpu_s']:8.2f} {r['peak_rss'] / 2**20:9.1f}"
                   f" {r['files_opened']:>9,d} {r['bytes_read'] / 2**20:9.1f} {r['params_max'] / 1024:9.1f}"
                   f" {r['tasks']:>7,d}")
-    print(f"\nfits over N = {', '.join(f'{n:,d}' for n in sizes)}; projections are extrapolated, not measured")
-    header = ("step", "b wall", "b cpu", "b RSS", "b files", "B/rec", "files/rec", "time 1e7", "time 1e8", "RSS 1e7",
+    print(f"\nfits over N = {', '.join(f'{n:,d}' for n in sizes)}; projections are extrapolated, not measured "
+          "(time: CPU time, all of the step's tasks together; RSS: the largest task, or the flow process)")
+    header = ("step", "b wall", "b cpu", "b RSS", "b files", "B/rec", "files/rec", "CPU 1e7", "CPU 1e8", "RSS 1e7",
               "RSS 1e8", "params 1e8", "verdict")
     rows = []
     failures = []
@@ -610,11 +612,15 @@ def report(results: dict[str, list[dict[str, Any]]]) -> list[str]:
             failures += [f"{name}: {b}" for b in broken]
         rows.append((name, _b(a["time_fit"]), _b(a["cpu_fit"]), _b(a["rss_fit"]), _b(a["files_fit"]),
                      f"{last['peak_rss'] / last['n']:.0f}", f"{last['files_opened'] / last['n']:.3f}",
-                     _secs(a["time"][0]), _secs(a["time"][1]), _size(a["rss"][0]), _size(a["rss"][1]),
+                     _secs(a["cpu"][0]), _secs(a["cpu"][1]), _size(a["rss"][0]), _size(a["rss"][1]),
                      _size(a["params"][1]), verdict + (" [fixed]" if name in FIXED else "")))
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header) - 1)]
-    for r in [header, *rows]:
-        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
+    if markdown:
+        for r in [header, tuple("---" for _ in header), *rows]:
+            print("| " + " | ".join(str(c) for c in r) + " |")
+    else:
+        widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header) - 1)]
+        for r in [header, *rows]:
+            print("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
     print("\nPrefect task runs per build (~2.6·P + 5·S + R, from unit counts):")
     for n in [*sizes, *PROJECT]:
         runs = Scale.of(n).prefect_runs()
@@ -661,6 +667,7 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the inputs (with --work: reused by the next run)")
     ap.add_argument("--results", help="JSON lines of measurements: appended as they come; a rerun skips those "
                                       "already there and reports them all")
+    ap.add_argument("--markdown", action="store_true", help="print the summary table as markdown")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
@@ -680,7 +687,7 @@ def main() -> int:
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    failures = report(results)
+    failures = report(results, args.markdown)
     for failure in failures:
         print(f"BOUND BROKEN: {failure}")
     return 1 if failures else 0
