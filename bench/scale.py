@@ -668,6 +668,7 @@ def main() -> int:
     ap.add_argument("--results", help="JSON lines of measurements: appended as they come; a rerun skips those "
                                       "already there and reports them all")
     ap.add_argument("--markdown", action="store_true", help="print the summary table as markdown")
+    ap.add_argument("--report", action="store_true", help="only report the measurements in --results (run nothing)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
@@ -681,6 +682,14 @@ def main() -> int:
         print(json.dumps(child(args.child, args.data, args.n)))
         return 0
     sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
+    if args.report:
+        with open(args.results) as f:
+            runs = [json.loads(line) for line in f if line.strip()]
+        names = args.steps or list(STEPS)
+        failures = report({name: sorted((r for r in runs if r["step"] == name and r["n"] in sizes),
+                                        key=lambda r: r["n"]) for name in names
+                           if any(r["step"] == name and r["n"] in sizes for r in runs)}, args.markdown)
+        return 1 if failures else 0
     work = args.work or tempfile.mkdtemp(prefix="corpusforge-scale-")
     try:
         results = run_all(sorted(sizes), args.steps or list(STEPS), work, args.results)
