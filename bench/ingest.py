@@ -38,11 +38,10 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from corpusforge.layout import hashes_path, keys_table_path
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from sample_corpus import write_sample_corpus
-from tasks.exact_dedup import find_duplicate_keys, find_exact_duplicates, resolve_partition
+from tasks.exact_dedup import deduplicate
 from tasks.ingest import ingest_partition
 from tasks.sources import SourceConfig, plan_partitions
 from tasks.staging import StagingConfig, plan_staging, shard_records, write_staging_shard
@@ -146,13 +145,7 @@ def main() -> None:
         records = sum(m["info"]["records"] for m in ingested)
         ingest_s = time.perf_counter() - t0
         ingest_read = CountingFileSystem.bytes_read
-        keys = [m["outputs"][keys_table_path(p.index)] for p, m in zip(parts, ingested, strict=True)]
-        hashes = [m["outputs"][hashes_path(p.index)] for p, m in zip(parts, ingested, strict=True)]
-        keydup = [find_duplicate_keys(store, b, keys) for b in range(4)]
-        exact = [find_exact_duplicates(store, b, hashes, [m["digest"] for m in keydup]) for b in range(4)]
-        decisions = [m["digest"] for m in keydup + exact]
-        resolved = [resolve_partition(store, p.index, m["digest"], decisions, args.shard_size)
-                    for p, m in zip(parts, ingested, strict=True)]
+        _, resolved = deduplicate(store, ingested, 4, args.shard_size)
         shards = plan_staging([m["info"] for m in resolved], args.shard_size)
 
         code_version("tasks.staging")  # hashed once per worker process: not part of the throughput

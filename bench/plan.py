@@ -31,7 +31,7 @@ from corpusforge.storage import Store
 from flows.build_corpus import BuildConfig, run_build
 from flows.plan import StagePlan, _judge, plan_build
 from sample_corpus import write_sample_corpus
-from tasks.exact_dedup import resolve_key
+from tasks.exact_dedup import combine_digests, resolve_key
 
 SHARD_SIZE = 100
 BUCKETS = 64
@@ -64,7 +64,7 @@ def real_corpus(n: int, root: Path) -> dict[str, float]:
 def synthetic(n: int, root: Path) -> dict[str, float]:
     """``n`` resolve units with markers; plan's per-unit path and the contract's skip, timed."""
     store = Store(str(root / f"synthetic-{n}"), fsync=False)
-    decisions = [f"{b:064x}" for b in range(BUCKETS)]
+    decisions = combine_digests([f"{b:064x}" for b in range(2 * BUCKETS)])  # as the run passes them
     digests = [f"{i:064x}" for i in range(n)]
     for i in range(n):
         finish_unit(store, resolved_path(i), resolve_key(SHARD_SIZE, digests[i], decisions),

@@ -15,8 +15,10 @@ every folder as it is.
                                        (staging copies from here: the source is read once)
     work/hashes/{part}.parquet         (bucket, sha256, key, part, row, pixels) of valid records
     work/keys/{part}.parquet           (bucket, key, part, row) of every record with a safe key
-    work/keydup/{bucket}.parquet       records reusing an earlier key
-    work/exact/{bucket}.parquet        byte-identical copies and what they duplicate
+    work/dedup/keys/{group}.parquet    the key rows of a group of partitions, one row group per bucket
+    work/dedup/hashes/{group}.parquet  the hash rows of a group (reused keys dropped), one row group per bucket
+    work/keydup/{bucket}.parquet       records reusing an earlier key, one row group per partition group
+    work/exact/{bucket}.parquet        byte-identical copies and what they duplicate, one row group per group
     work/resolved/{part}.parquet       ingest rows with key/exact-dedup decisions folded in
     work/release/{split}-{n}.parquet   the samples of one release shard, in order, with the staging
                                        spans (shard, offset, size, SHA-256) its writer copies
@@ -66,6 +68,8 @@ INGEST_DIR = "work/ingest"
 SPILL_DIR = "work/spill"
 HASHES_DIR = "work/hashes"
 KEYS_DIR = "work/keys"
+DEDUP_KEYS_DIR = "work/dedup/keys"
+DEDUP_HASHES_DIR = "work/dedup/hashes"
 KEYDUP_DIR = "work/keydup"
 EXACT_DIR = "work/exact"
 RESOLVED_DIR = "work/resolved"
@@ -140,6 +144,18 @@ def hashes_path(part: int) -> str:
 
 def keys_table_path(part: int) -> str:
     return f"{KEYS_DIR}/{part_name(part)}.parquet"
+
+
+def dedup_group_name(group: int) -> str:
+    return f"{group:06d}"
+
+
+def dedup_keys_path(group: int) -> str:
+    return f"{DEDUP_KEYS_DIR}/{dedup_group_name(group)}.parquet"
+
+
+def dedup_hashes_path(group: int) -> str:
+    return f"{DEDUP_HASHES_DIR}/{dedup_group_name(group)}.parquet"
 
 
 def keydup_path(bucket: int) -> str:

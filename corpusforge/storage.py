@@ -16,11 +16,12 @@ import json
 import os
 import posixpath
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
 import fsspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
@@ -162,11 +163,12 @@ class Store:
         with self.open(rel) as f:
             return pq.read_table(f, columns=columns)
 
-    def dataset(self, rel: str):
-        """A ``pyarrow.dataset`` over the parquet files under ``rel`` (local or remote)."""
+    def dataset(self, rel: str, schema: pa.Schema | None = None):
+        """A ``pyarrow.dataset`` over the parquet files under ``rel`` (local or remote);
+        with ``schema`` given, no file is opened just to find it."""
         import pyarrow.dataset as ds
 
-        return ds.dataset(self._fs_path(rel), format="parquet", filesystem=self.fs)
+        return ds.dataset(self._fs_path(rel), schema=schema, format="parquet", filesystem=self.fs)
 
     def listdir(self, rel: str = "") -> list[str]:
         """Sorted names (not paths) directly under ``rel``; empty if it does not exist."""
@@ -249,19 +251,35 @@ class Store:
     def write_json(self, rel: str, obj: Any) -> str:
         return self.write_bytes(rel, canonical_json(obj).encode() + b"\n")
 
-    def write_parquet(self, rel: str, table: pa.Table) -> str:
-        """Write a table with fixed writer settings; return the file's SHA-256."""
-        return self.write_bytes(rel, parquet_bytes(table))
+    def write_parquet(self, rel: str, table: pa.Table, row_groups: Sequence[int] | None = None) -> str:
+        """Write a table with fixed writer settings; return the file's SHA-256.
+
+        ``row_groups``: a non-decreasing label per row; each run of equal labels becomes its
+        own row group(s), so a reader filtering on the labelling column reads only its rows."""
+        return self.write_bytes(rel, parquet_bytes(table, row_groups))
 
     def remove(self, rel: str) -> None:
         if self.exists(rel):
             self.fs.rm(self._fs_path(rel), recursive=True)
 
 
-def parquet_bytes(table: pa.Table) -> bytes:
-    """A parquet file of ``table`` with the fixed writer settings (identical tables, identical bytes)."""
+def parquet_bytes(table: pa.Table, row_groups: Sequence[int] | None = None) -> bytes:
+    """A parquet file of ``table`` with the fixed writer settings (identical tables, identical
+    bytes); ``row_groups``: see :meth:`Store.write_parquet`."""
     with tempfile.SpooledTemporaryFile(max_size=64 << 20) as buf:
-        pq.write_table(table, buf, **PARQUET_WRITE_OPTIONS)
+        if row_groups is None:
+            pq.write_table(table, buf, **PARQUET_WRITE_OPTIONS)
+        else:
+            options = dict(PARQUET_WRITE_OPTIONS)
+            size = options.pop("row_group_size")
+            labels = np.asarray(row_groups)
+            if len(labels) != table.num_rows or (np.diff(labels) < 0).any():
+                raise ValueError("row_groups must give a non-decreasing label per row")
+            cuts = [0, *(np.flatnonzero(np.diff(labels)) + 1).tolist(), table.num_rows]
+            with pq.ParquetWriter(buf, table.schema, **options) as writer:
+                for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+                    if hi > lo:
+                        writer.write_table(table.slice(lo, hi - lo), row_group_size=size)
         buf.seek(0)
         return buf.read()
 

@@ -2,9 +2,10 @@
 
 Read top to bottom, :func:`build` is the pipeline's table of contents:
 
-    plan inputs → ingest (per partition) → duplicate keys, exact duplicates (per hash bucket)
-    → resolve (per partition) → staging shards (per content-defined shard) → features (per
-    staging shard) → near-duplicate graph and two-tier removal (queries per staging shard)
+    plan inputs → ingest (per partition) → duplicate keys, exact duplicates (per hash bucket,
+    through a bucketed exchange per partition group) → resolve (per partition group) →
+    staging shards (per content-defined shard) → features (per staging shard) →
+    near-duplicate graph and two-tier removal (queries per staging shard)
     → release plan → release shards (per shard) → manifest (per partition) → reference
     statistics → receipt and report
 
@@ -28,10 +29,10 @@ from corpusforge.cluster import DaskConfig, as_task, cluster_flow, run_logger, r
 from corpusforge.config import FlowConfig
 from corpusforge.contract import count_actions, prune, remove_tree, sweep_temp_files
 from corpusforge.feature_files import prune_features
-from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_DIR, EVAL_CAPTIONS, EXACT_DIR,
-                                GRAPH_DIR, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR, RESOLVED_DIR, SPILL_DIR,
-                                STAGING_INDEX, STAGING_RECORDS, STAGING_TARS, STATS_DIR, bucket_name, hashes_path,
-                                keys_table_path, part_name)
+from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_DIR, DEDUP_HASHES_DIR, DEDUP_KEYS_DIR,
+                                EVAL_CAPTIONS, EXACT_DIR, GRAPH_DIR, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR,
+                                RESOLVED_DIR, SPILL_DIR, STAGING_INDEX, STAGING_RECORDS, STAGING_TARS, STATS_DIR,
+                                bucket_name, dedup_group_name, part_name)
 from corpusforge.progress import RunProgress, run_progress
 from corpusforge.storage import Store
 from corpusforge.version import code_version
@@ -39,7 +40,8 @@ from tasks.captions.config import CaptioningConfig
 from tasks.captions.eval_set import EvalCaptionsConfig, write_eval_captions
 from tasks.captions.stage import captioning_stage
 from tasks.changes import diff_versions, keep_previous_version, remove_changes
-from tasks.exact_dedup import find_duplicate_keys, find_exact_duplicates, resolve_partition
+from tasks.exact_dedup import (deduplicate, exchange_hashes, exchange_keys, find_duplicate_keys, find_exact_duplicates,
+                               partition_groups, resolve_group)
 from tasks.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
 from tasks.features.extract import extract_features, summarize
 from tasks.graph.config import NearDedupConfig
@@ -118,9 +120,9 @@ class BuildConfig(FlowConfig):
 
 plan_inputs_task = as_task(plan_partitions, "plan-inputs")
 ingest_task = as_task(ingest_partition, "ingest-partition")
-duplicate_keys_task = as_task(find_duplicate_keys, "duplicate-keys")
-exact_duplicates_task = as_task(find_exact_duplicates, "exact-duplicates")
-resolve_task = as_task(resolve_partition, "resolve-partition")
+DEDUP_TASKS = {fn: as_task(fn, name) for fn, name in (
+    (exchange_keys, "exchange-keys"), (find_duplicate_keys, "duplicate-keys"), (exchange_hashes, "exchange-hashes"),
+    (find_exact_duplicates, "exact-duplicates"), (resolve_group, "resolve-partitions"))}
 staging_task = as_task(write_staging_shard, "write-staging-shard")
 
 
@@ -166,6 +168,8 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     buckets = range(n_buckets)
     for folder in (KEYDUP_DIR, EXACT_DIR):
         prune(store, folder, {bucket_name(b) for b in buckets})
+    for folder in (DEDUP_KEYS_DIR, DEDUP_HASHES_DIR):
+        prune(store, folder, {dedup_group_name(g) for g in range(len(partition_groups(len(parts), n_buckets)))})
     log.info("source %s: %s, %d ingest partitions", config.source, kind, len(parts))
 
     clock = StageClock()
@@ -173,17 +177,10 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
         ingested = run_tasks(ingest_task, [dict(store=store, part=p, src=config.input, val=config.validation,
                                                 n_buckets=n_buckets, lic=config.licenses) for p in parts])
     work["ingest"] = count_actions(ingested)
-    keys = [m["outputs"][keys_table_path(p.index)] for p, m in zip(parts, ingested, strict=True)]
-    hashes = [m["outputs"][hashes_path(p.index)] for p, m in zip(parts, ingested, strict=True)]
     clock.start("exact_dedup")
-    keydup = run_tasks(duplicate_keys_task, [dict(store=store, bucket=b, keys_digests=keys) for b in buckets])
-    exact = run_tasks(exact_duplicates_task, [dict(store=store, bucket=b, hashes_digests=hashes,
-                                                   keydup_digests=[m["digest"] for m in keydup]) for b in buckets])
-    work["exact_dedup"] = count_actions(keydup + exact)
-    decisions = [m["digest"] for m in keydup + exact]
-    resolved = run_tasks(resolve_task, [dict(store=store, part=p.index, ingest_digest=m["digest"],
-                                             decision_digests=decisions, shard_size=config.staging.shard_size)
-                                        for p, m in zip(parts, ingested, strict=True)])
+    units, resolved = deduplicate(store, ingested, n_buckets, config.staging.shard_size,
+                                  lambda fn, calls: run_tasks(DEDUP_TASKS[fn], calls))
+    work["exact_dedup"] = count_actions(units)
     work["resolve"] = count_actions(resolved)
     clock.stop()
 

@@ -32,15 +32,17 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from corpusforge.contract import COMPUTED, MAYBE, SKIPPED, completed_units, explain, read_marker
-from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_DIR, EXACT_DIR, FEATURES_DIR,
-                                GRAPH_DIR, GRAPH_FOUND, INGEST_DIR, KEYDUP_DIR, MANIFEST_DIR, MARKERS,
-                                RECEIPT, RELEASE_DIR, RELEASE_PLAN_DIR, RESOLVED_DIR, RUN_LOG, STAGING_TARS,
-                                STATS_DIR, bucket_name, exact_path, feature_vectors, features_dir, hashes_path,
-                                ingest_path, keydup_path, keys_table_path, part_name, resolved_path, staging_tar)
+from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_DIR, DEDUP_HASHES_DIR, DEDUP_KEYS_DIR,
+                                EXACT_DIR, FEATURES_DIR, GRAPH_DIR, GRAPH_FOUND, INGEST_DIR, KEYDUP_DIR, MANIFEST_DIR,
+                                MARKERS, RECEIPT, RELEASE_DIR, RELEASE_PLAN_DIR, RESOLVED_DIR, RUN_LOG, STAGING_TARS,
+                                STATS_DIR, bucket_name, dedup_group_name, dedup_hashes_path, dedup_keys_path,
+                                exact_path, feature_vectors, features_dir, ingest_path, keydup_path, part_name,
+                                resolved_path, staging_tar)
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from flows.build_corpus import BuildConfig
-from tasks.exact_dedup import duplicate_keys_key, exact_duplicates_key, resolve_key
+from tasks.exact_dedup import (combine_digests, duplicate_keys_key, exact_duplicates_key, exchange_hashes_key,
+                               exchange_keys_key, partition_groups, resolve_key)
 from tasks.ingest import ingest_key
 from tasks.sources import plan_partitions
 from tasks.staging import images_digest, plan_staging, shard_table, staging_key
@@ -121,22 +123,32 @@ def plan_build(config: BuildConfig) -> list[StagePlan]:
         _deletions(ingest, store, INGEST_DIR, ".parquet", names)
         plans.append(ingest)
 
-    keys = [m["outputs"][keys_table_path(i)] if m else None for i, m in enumerate(ingested)]
-    hashes = [m["outputs"][hashes_path(i)] if m else None for i, m in enumerate(ingested)]
+    # exact dedup's units in the order tasks.exact_dedup.deduplicate runs them
+    digests = [m["digest"] if m else None for m in ingested]
+    groups = partition_groups(len(parts), n_buckets)
+    size = len(groups[0]) if groups else 0
+    inputs = [_combined(digests[ps.start:ps.stop]) for ps in groups]
     buckets = [bucket_name(b) for b in range(n_buckets)]
+    group_names = [dedup_group_name(g) for g in range(len(groups))]
     exact = StagePlan("exact_dedup")
-    keydup = [_judge(exact, store, keydup_path(b), f"keys {buckets[b]}", duplicate_keys_key, b, keys)
-              for b in range(n_buckets)]
-    exact_out = [_judge(exact, store, exact_path(b), f"hashes {buckets[b]}", exact_duplicates_key, b, hashes,
-                        keydup) for b in range(n_buckets)]
+    keys_x = [_judge(exact, store, dedup_keys_path(g), f"key exchange {group_names[g]}", exchange_keys_key, ps,
+                     inputs[g]) for g, ps in enumerate(groups)]
+    keydup = [_judge(exact, store, keydup_path(b), f"keys {buckets[b]}", duplicate_keys_key, b, size,
+                     _combined(keys_x)) for b in range(n_buckets)]
+    hashes_x = [_judge(exact, store, dedup_hashes_path(g), f"hash exchange {group_names[g]}", exchange_hashes_key,
+                       ps, inputs[g], _combined(keydup)) for g, ps in enumerate(groups)]
+    exact_out = [_judge(exact, store, exact_path(b), f"hashes {buckets[b]}", exact_duplicates_key, b, size,
+                        _combined(hashes_x)) for b in range(n_buckets)]
+    _deletions(exact, store, DEDUP_KEYS_DIR, ".parquet", group_names, "key exchange ")
     _deletions(exact, store, KEYDUP_DIR, ".parquet", buckets, "keys ")
+    _deletions(exact, store, DEDUP_HASHES_DIR, ".parquet", group_names, "hash exchange ")
     _deletions(exact, store, EXACT_DIR, ".parquet", buckets, "hashes ")
     plans.append(exact)
 
     resolve = StagePlan("resolve")
-    decisions = keydup + exact_out
+    decisions = _combined(keydup + exact_out)
     resolved = [_judge(resolve, store, resolved_path(i), names[i], resolve_key, config.staging.shard_size,
-                       m["digest"] if m else None, decisions, full=True) for i, m in enumerate(ingested)]
+                       digests[i], decisions, full=True) for i in range(len(parts))]
     _deletions(resolve, store, RESOLVED_DIR, ".parquet", names)
     plans.append(resolve)
 
@@ -173,6 +185,11 @@ def _judge(stage: StagePlan, store: Store, rel: str, unit: str, key_of: Any, *ar
     if action != SKIPPED:
         return None
     return marker if full else marker["digest"]
+
+
+def _combined(digests: list[str | None]) -> str | None:
+    """The combined digest a task of the run takes (None while any of them is unknown)."""
+    return combine_digests(digests) if all(d is not None for d in digests) else None
 
 
 def _known(value: Any) -> bool:

@@ -1,11 +1,34 @@
-"""Key uniqueness and exact deduplication by SHA-256, bucket by bucket.
+"""Key uniqueness and exact deduplication by SHA-256: a bucketed exchange, bounded per task.
 
-Both checks are group-bys over the whole corpus. Ingest wrote, per partition, small
-tables already split into hash buckets (``work/keys``, ``work/hashes``); one task per
-bucket reads only its bucket from every partition, so no process ever sees more than
-1/n_buckets of the corpus's hashes. Decisions go to ``work/keydup/{bucket}`` and
-``work/exact/{bucket}``; :func:`resolve_partition` folds them back into each
-partition's rows (``work/resolved/{part}``), the base of the manifest.
+Both checks are group-bys over the whole corpus. Ingest writes, per partition, small tables
+of hash and key rows sorted by hash bucket (``work/hashes``, ``work/keys``;
+:func:`write_dedup_tables`). A bucket task must see its bucket's rows of every partition;
+reading them straight from the partitions' files would open P files per bucket task (P·B
+in all) and read every partition's footer B times. So the rows go through an exchange in
+two levels, like datatrove's and NeMo Curator's dedup shuffles:
+
+1. per **group** of consecutive partitions (:func:`partition_groups`: about B of them, so
+   groups × buckets ≈ partitions), :func:`exchange_keys` writes the group's key rows to
+   ``work/dedup/keys/{group}`` with one row group per bucket;
+2. per **bucket**, :func:`find_duplicate_keys` reads its row group of each group file (a
+   filter on ``bucket`` that parquet's statistics turn into reads of that row group only)
+   and writes ``work/keydup/{bucket}`` with one row group per partition group;
+3. per group, :func:`exchange_hashes` reads its partitions' hash rows and its row group of
+   each key decision file, drops records whose key was used earlier, and writes
+   ``work/dedup/hashes/{group}`` with one row group per bucket;
+4. per bucket, :func:`find_exact_duplicates` reads its row groups and writes
+   ``work/exact/{bucket}``, one row group per partition group;
+5. per group, :func:`resolve_group` reads its row group of every decision file once and
+   folds them into each of its partitions' rows (``work/resolved/{part}``, one unit per
+   partition: the base of the manifest).
+
+Files opened: 4 per partition (its three tables and its ingest marker) and 5 per group and
+bucket — each group task opens ~B decision files, each bucket task one file per group —
+so about 9 per partition whatever the corpus size once B ≥ 16, instead of ~4·B per
+partition. No task holds more than
+a group's rows (≤ 256 partitions) or a bucket's (1/B of the corpus). Task parameters
+carry a group's or a bucket's number and one combined digest of the units it reads
+(a partition's own ingest digest is read from its marker): a few hundred bytes.
 
 Rules: the first record of a key in input order keeps it, later ones are errors
 (``duplicate_key``); keys are compared case-folded, so a later key differing only in case
@@ -17,54 +40,135 @@ smallest key; the others become ``exact_duplicate`` of it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from corpusforge.chunking import cut_name
-from corpusforge.contract import run_unit, unit_fingerprint
-from corpusforge.layout import (DUPLICATE_SCHEMA, EXACT_DIR, HASHES_DIR, KEYDUP_DIR, KEYS_DIR, RESOLVED_SCHEMA,
-                                exact_path, ingest_path, keydup_path, resolved_path)
+from corpusforge.contract import UnitKey, require_marker, run_unit, unit_fingerprint
+from corpusforge.hashing import fingerprint, stable_int
+from corpusforge.layout import (DEDUP_HASHES_DIR, DEDUP_KEYS_DIR, DUPLICATE_SCHEMA, EXACT_DIR, HASH_SCHEMA, KEY_SCHEMA,
+                                KEYDUP_DIR, RESOLVED_SCHEMA, dedup_hashes_path, dedup_keys_path, exact_path,
+                                hashes_path, ingest_path, keydup_path, keys_table_path, resolved_path)
 from corpusforge.records import Status
 from corpusforge.storage import Store
-from corpusforge.tarshard import folded_key
+from corpusforge.tarshard import folded_key, is_safe_key
 from corpusforge.version import code_version
+
+
+# A group has at least this many partitions: fewer, larger exchange tasks for small corpora.
+MIN_GROUP = 16
 
 
 def _code() -> str:
     return code_version("tasks.exact_dedup")
 
 
-def duplicate_keys_key(bucket: int, keys_digests: list[str]) -> str:
-    """A key bucket's fingerprint (the run and ``corpusforge plan`` share it)."""
-    return unit_fingerprint("duplicate-keys", _code(), bucket, keys_digests)
+def partition_groups(n_parts: int, n_buckets: int) -> list[range]:
+    """Consecutive partitions per exchange group: max(n_buckets, MIN_GROUP) each, so that
+    groups × buckets stays near the number of partitions (files opened ∝ corpus size)."""
+    size = max(n_buckets, MIN_GROUP)
+    return [range(lo, min(lo + size, n_parts)) for lo in range(0, n_parts, size)]
 
 
-def exact_duplicates_key(bucket: int, hashes_digests: list[str], keydup_digests: list[str]) -> str:
-    """A hash bucket's fingerprint (the run and ``corpusforge plan`` share it)."""
-    return unit_fingerprint("exact-duplicates", _code(), bucket, [hashes_digests, keydup_digests])
+# One fingerprint function per unit kind: the run and ``corpusforge plan`` share them.
+
+def exchange_keys_key(parts: range, ingested: str) -> UnitKey:
+    """A group's key exchange: its partitions and their ingest units' combined digest."""
+    return unit_fingerprint("exchange-keys", _code(), [parts.start, parts.stop], ingested)
 
 
-def resolve_key(shard_size: int, ingest_digest: str, decision_digests: list[str]) -> str:
-    """A partition's resolve fingerprint (the run and ``corpusforge plan`` share it)."""
-    return unit_fingerprint("resolve", _code(), shard_size, [ingest_digest, decision_digests])
+def duplicate_keys_key(bucket: int, group_size: int, exchanged: str) -> UnitKey:
+    """A key bucket: the combined digest of every group's key exchange."""
+    return unit_fingerprint("duplicate-keys", _code(), [bucket, group_size], exchanged)
 
 
-def _bucket_rows(store: Store, folder: str, bucket: int) -> pa.Table:
-    return store.dataset(folder).to_table(filter=pc.field("bucket") == bucket)
+def exchange_hashes_key(parts: range, ingested: str, keydup: str) -> UnitKey:
+    """A group's hash exchange: its ingest units and the key decisions it filters by."""
+    return unit_fingerprint("exchange-hashes", _code(), [parts.start, parts.stop], [ingested, keydup])
 
 
-def _write_decisions(store: Store, rel: str, rows: list[dict[str, Any]]) -> dict[str, str]:
+def exact_duplicates_key(bucket: int, group_size: int, exchanged: str) -> UnitKey:
+    """A hash bucket: the combined digest of every group's hash exchange."""
+    return unit_fingerprint("exact-duplicates", _code(), [bucket, group_size], exchanged)
+
+
+def resolve_key(shard_size: int, ingest_digest: str, decisions: str) -> UnitKey:
+    """A partition's resolve: its ingest digest and the combined digest of every decision file."""
+    return unit_fingerprint("resolve", _code(), shard_size, [ingest_digest, decisions])
+
+
+def combined_digest(markers: list[dict[str, Any]]) -> str:
+    """One digest over several units' outputs (a task's parameter instead of the list)."""
+    return combine_digests([m["digest"] for m in markers])
+
+
+def combine_digests(digests: list[str]) -> str:
+    """:func:`combined_digest` from the digests themselves (the plan reads them from markers)."""
+    return fingerprint(digests)
+
+
+def write_dedup_tables(store: Store, part: int, records: list[dict[str, Any]], n_buckets: int) -> dict[str, str]:
+    """Write a partition's hash rows (its kept records) and key rows (every safe key, bucketed
+    by its case-folded form so case variants meet), each sorted by bucket, as ingest leaves
+    them for this stage; return their SHA-256s."""
+    hashes = sorted(
+        ({"bucket": stable_int(0, r["sha256"], n_buckets), "sha256": r["sha256"], "key": r["key"],
+          "part": r["part"], "row": r["row"], "pixels": int(r["width"]) * int(r["height"])}
+         for r in records if r["status"] == Status.KEPT.value),
+        key=lambda r: (r["bucket"], r["sha256"], r["row"]))
+    keys = sorted(
+        ({"bucket": stable_int(0, folded_key(r["key"]), n_buckets), "key": r["key"], "part": r["part"], "row": r["row"]}
+         for r in records if r["key"] and is_safe_key(r["key"])),
+        key=lambda r: (r["bucket"], r["key"], r["row"]))
+    return {hashes_path(part): store.write_parquet(hashes_path(part), pa.Table.from_pylist(hashes, schema=HASH_SCHEMA)),
+            keys_table_path(part): store.write_parquet(keys_table_path(part),
+                                                       pa.Table.from_pylist(keys, schema=KEY_SCHEMA))}
+
+
+def _read_rows(store: Store, folder: str, schema: pa.Schema, expr: pc.Expression,
+               columns: list[str] | None = None) -> pa.Table:
+    """The rows of every file under ``folder`` matching ``expr`` (row groups whose statistics
+    exclude it are not read)."""
+    return store.dataset(folder, schema).to_table(filter=expr, columns=columns)
+
+
+def _in_group(group: range) -> pc.Expression:
+    return (pc.field("part") >= group.start) & (pc.field("part") < group.stop)
+
+
+def _by_bucket(store: Store, rel: str, table: pa.Table, order: list[tuple[str, str]]) -> dict[str, str]:
+    table = table.sort_by(order)
+    return {rel: store.write_parquet(rel, table, row_groups=table["bucket"].to_numpy())}
+
+
+def _write_decisions(store: Store, rel: str, rows: list[dict[str, Any]], group_size: int) -> dict[str, str]:
+    """Decisions in (part, row) order, one row group per partition group."""
     rows.sort(key=lambda r: (r["part"], r["row"]))
-    return {rel: store.write_parquet(rel, pa.Table.from_pylist(rows, schema=DUPLICATE_SCHEMA))}
+    table = pa.Table.from_pylist(rows, schema=DUPLICATE_SCHEMA)
+    return {rel: store.write_parquet(rel, table, row_groups=[r["part"] // group_size for r in rows])}
 
 
-def find_duplicate_keys(store: Store, bucket: int, keys_digests: list[str]) -> dict[str, Any]:
-    """Records reusing a key seen earlier in input order (``keys_digests``: every partition's
-    ``work/keys`` digest, the inputs this bucket reads)."""
+def exchange_keys(store: Store, group: int, parts: range, ingested: str) -> dict[str, Any]:
+    """A group's key rows in one file, one row group per bucket (``ingested``: the combined
+    digest of the group's ingest units, whose outputs hold the ``work/keys`` it reads)."""
+    rel = dedup_keys_path(group)
+
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
-        table = _bucket_rows(store, KEYS_DIR, bucket).to_pylist()
+        table = pa.concat_tables([store.read_parquet(keys_table_path(p)) for p in parts])
+        return _by_bucket(store, rel, table, [("bucket", "ascending"), ("key", "ascending"), ("part", "ascending"),
+                                              ("row", "ascending")]), {"rows": table.num_rows}
+
+    return run_unit(store, rel, exchange_keys_key(parts, ingested), compute)
+
+
+def find_duplicate_keys(store: Store, bucket: int, exchanged: str, group_size: int) -> dict[str, Any]:
+    """Records reusing a key seen earlier in input order, or one differing only in case from
+    it (``exchanged``: the combined digest of every group's key file, what this bucket reads)."""
+    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+        table = _read_rows(store, DEDUP_KEYS_DIR, KEY_SCHEMA, pc.field("bucket") == bucket).to_pylist()
         table.sort(key=lambda r: (folded_key(r["key"]), r["part"], r["row"]))
         decisions: list[dict[str, Any]] = []
         first, seen = None, set()
@@ -76,28 +180,37 @@ def find_duplicate_keys(store: Store, bucket: int, keys_digests: list[str]) -> d
             decisions.append({"part": r["part"], "row": r["row"],
                               "duplicate_of": r["key"] if r["key"] in seen else first["key"]})
             seen.add(r["key"])
-        return _write_decisions(store, keydup_path(bucket), decisions), {"duplicates": len(decisions)}
+        return _write_decisions(store, keydup_path(bucket), decisions, group_size), {"duplicates": len(decisions)}
 
-    fp = duplicate_keys_key(bucket, keys_digests)
+    fp = duplicate_keys_key(bucket, group_size, exchanged)
     return run_unit(store, keydup_path(bucket), fp, compute)
 
 
-def _rows_in(store: Store, folder: str) -> set[tuple[int, int]]:
-    if not store.listdir(folder):
-        return set()
-    t = store.dataset(folder).to_table(columns=["part", "row"])
-    return set(zip(t["part"].to_pylist(), t["row"].to_pylist(), strict=True))
+def exchange_hashes(store: Store, group: int, parts: range, ingested: str, keydup: str) -> dict[str, Any]:
+    """A group's hash rows without the records that reuse a key, one row group per bucket
+    (``ingested``: as for :func:`exchange_keys`; ``keydup``: the combined digest of the key
+    decisions)."""
+    rel = dedup_hashes_path(group)
 
-
-def find_exact_duplicates(store: Store, bucket: int, hashes_digests: list[str],
-                          keydup_digests: list[str]) -> dict[str, Any]:
-    """Byte-identical images in one hash bucket (records with a reused key take no part)."""
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
-        bad_keys = _rows_in(store, KEYDUP_DIR)
-        rows = [r for r in _bucket_rows(store, HASHES_DIR, bucket).to_pylist()
-                if (r["part"], r["row"]) not in bad_keys]
+        table = pa.concat_tables([store.read_parquet(hashes_path(p)) for p in parts])
+        bad = _read_rows(store, KEYDUP_DIR, DUPLICATE_SCHEMA, _in_group(parts), ["part", "row"])
+        if bad.num_rows:
+            bad_ids = pc.add(pc.multiply(bad["part"].cast(pa.int64()), 1 << 32), bad["row"].cast(pa.int64()))
+            ids = pc.add(pc.multiply(table["part"].cast(pa.int64()), 1 << 32), table["row"].cast(pa.int64()))
+            table = table.filter(pc.invert(pc.is_in(ids, value_set=bad_ids)))
+        return _by_bucket(store, rel, table, [("bucket", "ascending"), ("sha256", "ascending"),
+                                              ("part", "ascending"), ("row", "ascending")]), {"rows": table.num_rows}
+
+    return run_unit(store, rel, exchange_hashes_key(parts, ingested, keydup), compute)
+
+
+def find_exact_duplicates(store: Store, bucket: int, exchanged: str, group_size: int) -> dict[str, Any]:
+    """Byte-identical images in one hash bucket (``exchanged``: the combined digest of every
+    group's hash file; records with a reused key were dropped there)."""
+    def compute() -> tuple[dict[str, str], dict[str, Any]]:
         by_hash: dict[str, list[dict[str, Any]]] = {}
-        for r in rows:
+        for r in _read_rows(store, DEDUP_HASHES_DIR, HASH_SCHEMA, pc.field("bucket") == bucket).to_pylist():
             by_hash.setdefault(r["sha256"], []).append(r)
         decisions = []
         for group in by_hash.values():
@@ -106,21 +219,77 @@ def find_exact_duplicates(store: Store, bucket: int, hashes_digests: list[str],
             winner = min(group, key=lambda r: (-r["pixels"], r["key"]))
             decisions += [{"part": r["part"], "row": r["row"], "duplicate_of": winner["key"]}
                           for r in group if r is not winner]
-        return _write_decisions(store, exact_path(bucket), decisions), {"duplicates": len(decisions)}
+        return _write_decisions(store, exact_path(bucket), decisions, group_size), {"duplicates": len(decisions)}
 
-    fp = exact_duplicates_key(bucket, hashes_digests, keydup_digests)
+    fp = exact_duplicates_key(bucket, group_size, exchanged)
     return run_unit(store, exact_path(bucket), fp, compute)
 
 
-def _decisions_for(store: Store, folder: str, part: int) -> dict[int, str]:
-    if not store.listdir(folder):
-        return {}
-    t = store.dataset(folder).to_table(filter=pc.field("part") == part)
-    return dict(zip(t["row"].to_pylist(), t["duplicate_of"].to_pylist(), strict=True))
+# How the units of one fan-out run: (unit function, keyword arguments of each unit) ->
+# results in order. The flow maps them over Prefect tasks; tests and benchmarks call them.
+FanOut = Callable[[Callable[..., Any], list[dict[str, Any]]], list[Any]]
 
 
-def resolve_partition(store: Store, part: int, ingest_digest: str, decision_digests: list[str],
-                      shard_size: int) -> dict[str, Any]:
+def in_process(fn: Callable[..., Any], calls: list[dict[str, Any]]) -> list[Any]:
+    """Every unit in this process, in order."""
+    return [fn(**c) for c in calls]
+
+
+def deduplicate(store: Store, ingested: list[dict[str, Any]], n_buckets: int, shard_size: int,
+                fan_out: FanOut = in_process) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The whole stage over ingested partitions ``0..P-1`` (``ingested``: their markers, in
+    order): exchange and decide by bucket, then resolve. Returns the markers of the
+    exchange and decision units and those of the resolved partitions (in order)."""
+    groups = partition_groups(len(ingested), n_buckets)
+    size = len(groups[0])  # partitions per group (the last may have fewer)
+    inputs = [combined_digest(ingested[ps.start:ps.stop]) for ps in groups]
+    keys_x = fan_out(exchange_keys, [dict(store=store, group=g, parts=ps, ingested=inputs[g])
+                                     for g, ps in enumerate(groups)])
+    exchanged = combined_digest(keys_x)
+    keydup = fan_out(find_duplicate_keys, [dict(store=store, bucket=b, exchanged=exchanged, group_size=size)
+                                           for b in range(n_buckets)])
+    keydup_digest = combined_digest(keydup)
+    hashes_x = fan_out(exchange_hashes, [dict(store=store, group=g, parts=ps, ingested=inputs[g], keydup=keydup_digest)
+                                         for g, ps in enumerate(groups)])
+    exchanged = combined_digest(hashes_x)
+    exact = fan_out(find_exact_duplicates, [dict(store=store, bucket=b, exchanged=exchanged, group_size=size)
+                                            for b in range(n_buckets)])
+    decisions = combined_digest(keydup + exact)
+    by_group = fan_out(resolve_group, [dict(store=store, parts=ps, decisions=decisions, shard_size=shard_size)
+                                       for ps in groups])
+    return keys_x + keydup + hashes_x + exact, [m for ms in by_group for m in ms]
+
+
+# (key decisions, exact-duplicate decisions) of a group: part -> row -> duplicate_of
+GroupDecisions = tuple[dict[int, dict[int, str]], dict[int, dict[int, str]]]
+
+
+def _decisions_by_part(store: Store, folder: str, parts: range) -> dict[int, dict[int, str]]:
+    t = _read_rows(store, folder, DUPLICATE_SCHEMA, _in_group(parts))
+    found: dict[int, dict[int, str]] = {}
+    for part, row, of in zip(t["part"].to_pylist(), t["row"].to_pylist(), t["duplicate_of"].to_pylist(), strict=True):
+        found.setdefault(part, {})[row] = of
+    return found
+
+
+def resolve_group(store: Store, parts: range, decisions: str, shard_size: int) -> list[dict[str, Any]]:
+    """Fold the key and exact-duplicate decisions into each partition of a group (one unit
+    per partition, fingerprinted with its ingest digest from its marker; ``decisions``: the
+    combined digest of every decision file). The group's rows of the decision files are
+    read once, and only when some partition is not current."""
+    read: list[GroupDecisions] = []
+
+    def group_decisions() -> GroupDecisions:
+        if not read:
+            read.append((_decisions_by_part(store, KEYDUP_DIR, parts), _decisions_by_part(store, EXACT_DIR, parts)))
+        return read[0]
+
+    return [_resolve_partition(store, p, require_marker(store, ingest_path(p), "ingest")["digest"], decisions,
+                               shard_size, group_decisions) for p in parts]
+
+
+def _resolve_partition(store: Store, part: int, ingest_digest: str, decisions: str, shard_size: int,
+                       group_decisions: Callable[[], GroupDecisions]) -> dict[str, Any]:
     """Fold key and exact-duplicate decisions into a partition's rows.
 
     The marker's info gives the staging planner what it needs without reading rows: the
@@ -129,8 +298,8 @@ def resolve_partition(store: Store, part: int, ingest_digest: str, decision_dige
     """
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         rows = store.read_parquet(ingest_path(part)).to_pylist()
-        dup_keys = _decisions_for(store, KEYDUP_DIR, part)
-        dup_bytes = _decisions_for(store, EXACT_DIR, part)
+        keydups, exacts = group_decisions()
+        dup_keys, dup_bytes = keydups.get(part, {}), exacts.get(part, {})
         survivors = 0
         candidates = []
         for r in rows:
@@ -152,5 +321,5 @@ def resolve_partition(store: Store, part: int, ingest_digest: str, decision_dige
         sha = store.write_parquet(rel, pa.Table.from_pylist(rows, schema=RESOLVED_SCHEMA))
         return {rel: sha}, {"part": part, "survivors": survivors, "candidates": candidates}
 
-    fp = resolve_key(shard_size, ingest_digest, decision_digests)
+    fp = resolve_key(shard_size, ingest_digest, decisions)
     return run_unit(store, resolved_path(part), fp, compute)

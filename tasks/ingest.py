@@ -48,13 +48,12 @@ import pyarrow.parquet as pq
 import xxhash
 
 from corpusforge.contract import run_unit, unit_fingerprint
-from corpusforge.hashing import stable_int
-from corpusforge.layout import (HASH_SCHEMA, INGEST_SCHEMA, KEY_SCHEMA, hashes_path, ingest_path, keys_table_path,
-                                spill_path)
+from corpusforge.layout import INGEST_SCHEMA, ingest_path, spill_path
 from corpusforge.records import Status
 from corpusforge.storage import Store, file_stamp, is_remote, with_retry_defaults
-from corpusforge.tarshard import HashingWriter, folded_key, is_safe_key, iter_tar_samples
+from corpusforge.tarshard import HashingWriter, is_safe_key, iter_tar_samples
 from corpusforge.version import code_version
+from tasks.exact_dedup import write_dedup_tables
 from tasks.licenses import LicenseConfig, license_family, license_reason
 from tasks.sources import (IMAGE_EXTS, METADATA_COLUMNS, Partition, SourceConfig, allowed_roots,
                            local_file_refusal, locate, parse_sidecar, read_sidecars, sidecar_locations,
@@ -280,25 +279,9 @@ def ingest_partition(store: Store, part: Partition, src: SourceConfig, val: Vali
                     record["spill_xxh3"] = xxhash.xxh3_64_intdigest(data)
                     spill.write(data)
                 records.append(record)
-        valid = [r for r in records if r["status"] == Status.KEPT.value]
-        hashes = sorted(
-            ({"bucket": stable_int(0, r["sha256"], n_buckets), "sha256": r["sha256"], "key": r["key"],
-              "part": r["part"], "row": r["row"], "pixels": int(r["width"]) * int(r["height"])} for r in valid),
-            key=lambda r: (r["bucket"], r["sha256"], r["row"]))
-        keys = sorted(
-            ({"bucket": stable_int(0, folded_key(r["key"]), n_buckets), "key": r["key"], "part": r["part"],
-              "row": r["row"]}
-             for r in records if r["key"] and is_safe_key(r["key"])),
-            key=lambda r: (r["bucket"], r["key"], r["row"]))
-        outputs = {
-            spill_path(part.index): spill.sha256,
-            hashes_path(part.index): store.write_parquet(hashes_path(part.index),
-                                                         pa.Table.from_pylist(hashes, schema=HASH_SCHEMA)),
-            keys_table_path(part.index): store.write_parquet(keys_table_path(part.index),
-                                                             pa.Table.from_pylist(keys, schema=KEY_SCHEMA)),
-            ingest_path(part.index): store.write_parquet(ingest_path(part.index),
-                                                         pa.Table.from_pylist(records, schema=INGEST_SCHEMA)),
-        }
+        outputs = {spill_path(part.index): spill.sha256, **write_dedup_tables(store, part.index, records, n_buckets),
+                   ingest_path(part.index): store.write_parquet(ingest_path(part.index),
+                                                                pa.Table.from_pylist(records, schema=INGEST_SCHEMA))}
         by_status = {s: sum(r["status"] == s for r in records) for s in sorted({r["status"] for r in records})}
         licenses = Counter(license_family(r["license"], r["license_url"]) for r in records)
         return outputs, {"part": part.index, "records": len(records), "by_status": by_status,

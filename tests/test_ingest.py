@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from corpusforge.layout import hashes_path, keys_table_path, resolved_path
+from corpusforge.layout import resolved_path
 from corpusforge.storage import Store
-from tasks.exact_dedup import find_duplicate_keys, find_exact_duplicates, resolve_partition
+from tasks.exact_dedup import deduplicate
 from tasks.ingest import ingest_partition
 from tasks.sources import SourceConfig, plan_partitions, resolve_path
 from tasks.validate import ValidationConfig
@@ -34,16 +34,8 @@ def ingest_all(src: str, out, cfg: SourceConfig | None = None) -> list[dict]:
     cfg = cfg or SourceConfig(partition_size=3)
     _, parts = plan_partitions(src, store, cfg)
     ingested = [ingest_partition(store, p, cfg, ValidationConfig(), n_buckets=2) for p in parts]
-    keys = [m["outputs"][keys_table_path(p.index)] for p, m in zip(parts, ingested, strict=True)]
-    hashes = [m["outputs"][hashes_path(p.index)] for p, m in zip(parts, ingested, strict=True)]
-    keydup = [find_duplicate_keys(store, b, keys) for b in range(2)]
-    exact = [find_exact_duplicates(store, b, hashes, [m["digest"] for m in keydup]) for b in range(2)]
-    decisions = [m["digest"] for m in keydup + exact]
-    rows = []
-    for p, m in zip(parts, ingested, strict=True):
-        resolve_partition(store, p.index, m["digest"], decisions, shard_size=1000)
-        rows += store.read_parquet(resolved_path(p.index)).to_pylist()
-    return rows
+    deduplicate(store, ingested, n_buckets=2, shard_size=1000)
+    return [r for p in parts for r in store.read_parquet(resolved_path(p.index)).to_pylist()]
 
 
 def write_images(folder, images: dict[str, bytes]) -> None:

@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from corpusforge.contract import read_marker
-from corpusforge.layout import hashes_path, keys_table_path, spill_path, staging_index, staging_records, staging_tar
+from corpusforge.layout import hashes_path, spill_path, staging_index, staging_records, staging_tar
 from corpusforge.storage import Store
-from tasks.exact_dedup import find_duplicate_keys, find_exact_duplicates, resolve_partition
+from tasks.exact_dedup import deduplicate
 from tasks.ingest import ingest_partition
 from tasks.sources import SourceConfig, plan_partitions
 from tasks.staging import plan_staging, write_staging_shard
@@ -42,11 +42,7 @@ def ingested(tmp_path: Path) -> tuple[Store, Path, list, int]:
     cfg = SourceConfig(partition_size=5)
     _, parts = plan_partitions(str(src), store, cfg)
     ing = [ingest_partition(store, p, cfg, ValidationConfig(), n_buckets=1) for p in parts]
-    keydup = [find_duplicate_keys(store, 0, [m["outputs"][keys_table_path(p.index)] for p, m in zip(parts, ing, strict=True)])]
-    exact = [find_exact_duplicates(store, 0, [m["outputs"][hashes_path(p.index)] for p, m in zip(parts, ing, strict=True)],
-                                   [keydup[0]["digest"]])]
-    resolved = [resolve_partition(store, p.index, m["digest"], [keydup[0]["digest"], exact[0]["digest"]],
-                                  shard_size=100) for p, m in zip(parts, ing, strict=True)]
+    _, resolved = deduplicate(store, ing, n_buckets=1, shard_size=100)
     shards = plan_staging([m["info"] for m in resolved], shard_size=100)
     assert len(shards) == 1
     return store, src, shards, len(parts)

@@ -1,0 +1,31 @@
+"""Scale guard (issue 22): ``bench/scale.py --quick`` (10k and 100k records) over the steps
+rewritten to meet the 10⁸ bounds (``bench.scale.FIXED``). It fails when one of them fits
+a growth exponent above 1.2 (CPU time, files opened) or projects past a bound at 10⁸
+(memory, task parameters). The steps not yet rewritten are measured by the full
+benchmark only: their inputs (staging tars, features, a source folder of 100k files)
+and FAISS builds take several minutes here, more than the suite's budget."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bench.scale import FIXED
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def test_the_fixed_steps_meet_the_bounds_at_quick_sizes(tmp_path):
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "scale.py"), "--quick", "--steps", *FIXED,
+                           "--work", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    table = proc.stdout.split("projections are extrapolated", 1)[1]
+    for step in FIXED:
+        line = next(row for row in table.splitlines() if row.startswith(step))
+        assert line.rstrip().endswith("ok [fixed]"), line
