@@ -251,32 +251,14 @@ def parse_sidecar(data: bytes) -> tuple[dict[str, Any], str | None]:
 LISTING_THREADS = 16  # folder listing: top-level sub-folders listed at once (I/O-bound)
 
 
-def _walk_local(folder: str) -> list[tuple[str, bool]]:
-    """Every entry under a local folder as (path, regular), symlinks not followed: a
-    symlink to a folder and any special file (FIFO, device, socket) is listed too, so
-    ingest reports it as an error. ``regular``: a regular file, not a link (the entry's
+def _scan(folder: str) -> tuple[list[str], list[tuple[str, bool]]]:
+    """One folder's sub-folders (symlinks not followed) and its other entries as (path,
+    regular): a symlink to a folder and any special file (FIFO, device, socket) is an entry,
+    so ingest reports it as an error. ``regular``: a regular file, not a link (the entry's
     type from the directory listing, no stat)."""
-    out: list[tuple[str, bool]] = []
-    pending = [folder]
-    while pending:
-        with os.scandir(pending.pop()) as entries:
-            for entry in entries:
-                try:
-                    is_dir = entry.is_dir()
-                except OSError:
-                    is_dir = False
-                if is_dir and not entry.is_symlink():
-                    pending.append(entry.path)
-                else:
-                    out.append((entry.path, entry.is_file(follow_symlinks=False)))
-    return out
-
-
-def _local_files(root: str) -> list[tuple[str, bool]]:
-    """:func:`_walk_local` of a folder, its top-level sub-folders listed in parallel; sorted."""
-    top: list[tuple[str, bool]] = []
     folders: list[str] = []
-    with os.scandir(root) as entries:
+    entries_out: list[tuple[str, bool]] = []
+    with os.scandir(folder) as entries:
         for entry in entries:
             try:
                 is_dir = entry.is_dir()
@@ -285,7 +267,24 @@ def _local_files(root: str) -> list[tuple[str, bool]]:
             if is_dir and not entry.is_symlink():
                 folders.append(entry.path)
             else:
-                top.append((entry.path, entry.is_file(follow_symlinks=False)))
+                entries_out.append((entry.path, entry.is_file(follow_symlinks=False)))
+    return folders, entries_out
+
+
+def _walk_local(folder: str) -> list[tuple[str, bool]]:
+    """Every entry under a local folder (see :func:`_scan`)."""
+    out: list[tuple[str, bool]] = []
+    pending = [folder]
+    while pending:
+        folders, entries = _scan(pending.pop())
+        pending += folders
+        out += entries
+    return out
+
+
+def _local_files(root: str) -> list[tuple[str, bool]]:
+    """:func:`_walk_local` of a folder, its top-level sub-folders listed in parallel; sorted."""
+    folders, top = _scan(root)
     with ThreadPoolExecutor(LISTING_THREADS) as pool:
         for listed in pool.map(_walk_local, folders):
             top += listed

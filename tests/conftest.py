@@ -62,6 +62,23 @@ def sample_corpus(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture
+def opened_files(monkeypatch) -> list[str]:
+    """The paths (relative to their root) every :class:`corpusforge.storage.Store` opens
+    from now on, in order: what a step reads, counted."""
+    from corpusforge.storage import Store
+
+    opened: list[str] = []
+    real_open = Store.open
+
+    def counting_open(self: Store, rel: str, mode: str = "rb"):
+        opened.append(rel)
+        return real_open(self, rel, mode)
+
+    monkeypatch.setattr(Store, "open", counting_open)
+    return opened
+
+
 # ---- the fault and hostile-input matrix (issue 14): a summary table at the end of the run ----------
 
 _MATRIX: dict[str, tuple[list[str], str]] = {}

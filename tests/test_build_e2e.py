@@ -134,21 +134,15 @@ def test_receipt_and_report(built):
         assert "random" in json.dumps(sidecar).lower()
 
 
-def test_the_receipt_reads_no_output_a_marker_records(built, monkeypatch):
+def test_the_receipt_reads_no_output_a_marker_records(built, opened_files):
     """The output list comes from the markers: no file a marker records is opened (a no-op
     rerun's receipt re-reads no shard, feature, graph or manifest file); only the per-build
     summaries every run rewrites outside the unit protocol are hashed."""
     out, _ = built
     recorded = {rel for p in (out / "_markers").rglob("*.json") for rel in json.loads(p.read_text())["outputs"]}
-    opened: list[str] = []
-    real_open = Store.open
-
-    def counting_open(self: Store, rel: str, mode: str = "rb"):
-        opened.append(rel)
-        return real_open(self, rel, mode)
-
-    monkeypatch.setattr(Store, "open", counting_open)
+    opened_files.clear()
     hashes = output_hashes(Store(str(out)))
+    opened = list(opened_files)
     assert opened and not set(opened) & recorded
     assert set(opened) == {rel for rel in hashes if rel not in recorded}
     summaries = ("shards/README.md", "eval_captions.parquet", "graph/nodes.json", "graph/summary.json",

@@ -85,21 +85,15 @@ def test_plan_and_shards_equal_the_old_implementation(tmp_path, name, near_dedup
     assert_release_equals_old(tmp_path / "corpus", shards, cfg, near_dedup, tmp_path)
 
 
-def test_a_release_writer_opens_only_its_plan_and_the_staging_tars_it_copies(tmp_path, monkeypatch):
+def test_a_release_writer_opens_only_its_plan_and_the_staging_tars_it_copies(tmp_path, opened_files):
     store, shards = synthetic_corpus(tmp_path / "corpus", n_shards=6, per_shard=30)
     cfg = SplitConfig(val=0.1, test=0.1, shard_size=4)
     summary = plan_release_files(store, shards, cfg, near_dedup=True)
     name, shard = next((n, s) for n, s in summary["shards"].items() if s["split"] == "train")
     plan = store.read_parquet(release_plan_path(name)).to_pylist()
-    opened: list[str] = []
-    real_open = Store.open
-
-    def counting_open(self: Store, rel: str, mode: str = "rb"):
-        opened.append(rel)
-        return real_open(self, rel, mode)
-
-    monkeypatch.setattr(Store, "open", counting_open)
+    opened_files.clear()
     write_release_shard(store, "train", shard["index"], cfg, summary["plans"][name]["sha256"])
+    opened = list(opened_files)
     copied_from = {staging_tar(e["staging_shard"]) for e in plan}
     assert len(copied_from) < len(shards)  # a small shard: the test tells reading its spans from reading all
     assert set(opened) == {release_plan_path(name)} | copied_from
