@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import webdataset as wds
 
+from corpusforge.layout import CHANGES_MD, CHANGES_TABLE
 from corpusforge.storage import Store
 from flows.build_corpus import BuildConfig, run_build
 from tasks.receipt import output_hashes
@@ -40,10 +41,15 @@ def config(source: Path | str, out: Path | str, **overrides) -> BuildConfig:
 
 
 def file_hashes(root: Path) -> dict[str, str]:
+    """Every output's SHA-256 but what records how a run went (tests/output_tree.py's rule):
+    the work area, completion markers (they keep each unit's seconds) and the account of
+    changes since the version the root held before (a rebuild writes one, a fresh build has none)."""
     import hashlib
 
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file() and not str(p.relative_to(root)).startswith("work/")}
+            for p in sorted(root.rglob("*")) if p.is_file()
+            and not str(p.relative_to(root)).startswith(("work/", "_markers/"))
+            and p.name not in (CHANGES_MD, CHANGES_TABLE)}
 
 
 @pytest.fixture(scope="module")
@@ -180,8 +186,12 @@ def test_rerun_changes_no_byte_and_redoes_no_shard(built, sample_corpus):
             "/publish/release_shards/computed"} <= set(computed_units(first["work"]))
     before = file_hashes(out)
     tars = {p: p.stat().st_mtime_ns for p in out.rglob("*.tar")}
+    markers = {p: p.read_bytes() for p in (out / "_markers").rglob("*.json")}
     again = run_build(config(sample_corpus, out))
     assert file_hashes(out) == before
+    assert {p: p.read_bytes() for p in (out / "_markers").rglob("*.json")} == markers  # no unit was redone
+    assert pq.read_table(out / CHANGES_TABLE).num_rows == 0
+    assert "Records: 0 added, 0 removed, 0 changed" in (out / CHANGES_MD).read_text()
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*.tar")} == tars
     assert computed_units(again["work"]) == {} and again["work"]["images_embedded"] == 0
 
