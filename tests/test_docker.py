@@ -18,16 +18,29 @@ DOCKERFILES = [ROOT / "docker" / "Dockerfile", ROOT / "docker" / "Dockerfile.cud
 
 
 def pip_steps(text: str) -> list[list[str]]:
-    """Every `pip install` command (as argument lists, options dropped) in a Makefile or Dockerfile."""
+    """Every `pip install` command (as argument lists, options, their values and Make
+    variables dropped) in a Makefile or Dockerfile."""
     text = text.replace("\\\n", " ")
     steps = []
     for part in re.split(r"&&|\n", text):
-        words = shlex.split(part.replace("$(BIN)/", ""), comments=False) if "pip install" in part else []
+        words = shlex.split(part, comments=False) if "pip install" in part else []
         if words:
-            i = words.index("install")
-            args = [w for w in words[i + 1:] if not w.startswith("-") and w != "-e"]
+            args, skip = [], False
+            for w in words[words.index("install") + 1:]:
+                if not skip and not w.startswith(("-", "$(")):
+                    args.append(w)
+                skip = w in ("-c", "--constraint", "-r", "--requirement")
             steps.append(args)
     return steps
+
+
+def test_images_install_the_lock():
+    """`make install` installs the versions of constraints.txt: the images install the same."""
+    for dockerfile in DOCKERFILES:
+        text = dockerfile.read_text()
+        assert "constraints.txt" in text.split("RUN pip", 1)[0], dockerfile  # copied in before installing
+        steps = [p for p in re.split(r"&&|\n", text.replace("\\\n", " ")) if "pip install" in p]
+        assert all("-c constraints.txt" in p for p in steps if "torch==" in p), dockerfile
 
 
 def pins(step: list[str]) -> list[str]:
