@@ -176,7 +176,7 @@ def _row_records(part: Partition, src: SourceConfig, val: ValidationConfig,
         clean_caption(record)
         raw_path = meta.get("path") or ""
         record["source_path"] = raw_path
-        record["key"] = meta.get("key") or derived_key(raw_path)
+        record["key"] = record["key"] or derived_key(raw_path)  # the row's key, or its JSON sidecar's
         extra = json.loads(meta["extra"]) if meta.get("extra") else {}
         location, why = locate(part.base, raw_path, roots)
         if location is not None:

@@ -18,7 +18,7 @@ import subprocess
 import pyarrow.parquet as pq
 import pytest
 
-from corpusforge.layout import CHANGES_MD, CHANGES_TABLE, RUN_LOG, RUN_LOG_MD
+from corpusforge.layout import CHANGES_MD, CHANGES_TABLE, RECEIPT_OUTPUTS, RUN_LOG, RUN_LOG_MD
 from tests.cli_s3 import corpusforge, hashes, local_tree, s3_env, s3_tree
 from tests.test_build_e2e import computed_units
 
@@ -44,6 +44,7 @@ def without_roots(receipt: dict) -> dict:
         receipt["config"].pop(key)
         receipt.pop(key, None)
     receipt.pop("outputs", None)  # hashes of files compared one by one below
+    receipt.pop("input_snapshot_sha256")  # of the input as listed: locations and stamps (ETag vs inode, ctime)
     return receipt
 
 
@@ -72,16 +73,34 @@ def builds(s3, sample_corpus, prefect_server, tmp_path_factory):
     fs.invalidate_cache()
     again = s3_tree(fs, f"{BUCKET}/corpus")
     return {"local": local_tree(root / "local"), "s3": first, "rerun": again,
+            "roots": {"local": f"{sample_corpus}/", "s3": f"s3://{BUCKET}/source/"},
             "rerun_work": json.loads(again[RUN_LOG])}
+
+
+def manifest_rows(files: dict[str, bytes], source_root: str) -> list[dict]:
+    """Every manifest row in order, ``source_path`` relative to the source root (the one
+    column that says where the input lay: a local path or an ``s3://`` URI)."""
+    rows = [r for name in sorted(files) if name.startswith("manifest/") and name.endswith(".parquet")
+            for r in pq.read_table(pa_buffer(files[name])).to_pylist()]
+    for r in rows:
+        r["source_path"] = (r["source_path"] or "").removeprefix(source_root)
+    return rows
 
 
 def test_s3_to_s3_build_equals_the_local_build(builds):
     local, remote = builds["local"], builds["s3"]
     assert sorted(remote) == sorted(local)
-    same = {n for n in local if n not in NAMES_ITS_ROOTS and not n.startswith(("work/", "_markers/"))}
+    # Byte for byte: everything but what names the roots (receipt, reports, the manifest's
+    # source_path and so the output list's hashes of those files) and the run's own records.
+    rooted = {n for n in local if n in NAMES_ITS_ROOTS or n.startswith("manifest/") or n == RECEIPT_OUTPUTS}
+    same = {n for n in local if n not in rooted and not n.startswith(("work/", "_markers/"))}
     assert {n: h for n, h in hashes(remote).items() if n in same} == {n: h for n, h in hashes(local).items() if n in same}
-    manifest = [n for n in same if n.startswith("manifest/") and n.endswith(".parquet")]
-    assert manifest and sum(pq.read_metadata(pa_buffer(local[n])).num_rows for n in manifest) == 160
+    rows = manifest_rows(local, builds["roots"]["local"])
+    assert len(rows) == 160 and rows == manifest_rows(remote, builds["roots"]["s3"])
+    assert all(not r["source_path"].startswith(("/", "s3://")) for r in rows)
+    listed = [pq.read_table(pa_buffer(t[RECEIPT_OUTPUTS])).to_pylist() for t in (local, remote)]
+    assert [r["path"] for r in listed[0]] == [r["path"] for r in listed[1]]
+    assert [r for r in listed[0] if r["path"] in same] == [r for r in listed[1] if r["path"] in same]
     ra, rb = (without_roots(json.loads(t["receipt.json"])) for t in (local, remote))
     assert ra == rb
 
