@@ -11,8 +11,9 @@
 * A unit is **skipped** only when its marker holds an identical fingerprint; otherwise it
   recomputes and overwrites.
 * The marker also keeps the fingerprint's parts (``key``: the code version, a hash per config
-  field, the inputs' hash) and the seconds the unit took, so ``corpusforge plan`` can say
-  *why* a unit will recompute (:func:`explain`) and roughly what it costs, from markers alone.
+  field, the inputs' hash), so ``corpusforge plan`` can say *why* a unit will recompute
+  (:func:`explain`) from markers alone. Nothing timed goes in a marker: the same inputs
+  give the same marker bytes on any cluster (times are in the run log).
 * After planning, every per-unit folder is **pruned** to the current plan (:func:`prune`)
   before any reader lists it, together with the markers of what was removed.
 
@@ -22,7 +23,6 @@
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -64,15 +64,12 @@ def run_unit(store: Store, rel: str, fp: str, compute: Callable[[], tuple[dict[s
 
     ``compute`` writes the unit's files and returns ``(outputs, info)``: the SHA-256 of each
     file it wrote (what ``Store.write_*`` return) and facts to keep in the marker. Returns
-    the marker with ``action`` = computed or skipped (not stored). The marker keeps the
-    seconds ``compute`` took (for ``corpusforge plan``'s estimates): markers are rerun
-    state, outside the outputs a rerun reproduces byte for byte.
+    the marker with ``action`` = computed or skipped (not stored).
     """
     if (marker := current_marker(store, rel, fp)) is not None:
         return {**marker, "action": SKIPPED}
-    started = time.perf_counter()
     outputs, info = compute()
-    return {**finish_unit(store, rel, fp, outputs, info, time.perf_counter() - started), "action": COMPUTED}
+    return {**finish_unit(store, rel, fp, outputs, info), "action": COMPUTED}
 
 
 def current_marker(store: Store, rel: str, fp: str) -> dict[str, Any] | None:
@@ -81,16 +78,13 @@ def current_marker(store: Store, rel: str, fp: str) -> dict[str, Any] | None:
     return marker if marker is not None and marker.get("fingerprint") == fp else None
 
 
-def finish_unit(store: Store, rel: str, fp: str, outputs: dict[str, str], info: dict[str, Any],
-                seconds: float | None = None) -> dict[str, Any]:
+def finish_unit(store: Store, rel: str, fp: str, outputs: dict[str, str], info: dict[str, Any]) -> dict[str, Any]:
     """Write the marker of a unit whose files are all written (for units that share work,
     like one decode feeding several models; others use :func:`run_unit`)."""
     marker = {"fingerprint": fp, "outputs": dict(sorted(outputs.items())), "digest": digest_of(outputs),
               "info": info}
     if isinstance(fp, UnitKey):
         marker["key"] = fp.parts
-    if seconds is not None:
-        marker["seconds"] = round(seconds, 3)
     store.write_json(marker_path(rel), marker)
     return marker
 

@@ -20,13 +20,12 @@ deleted exactly.
 It reads the source listing or table and stats the image files (as the run's input
 planning does), the markers, and, to key staging shards, the resolved partitions'
 metadata rows; never images, spills, features or release shards. Costs come from the
-seconds each unit's marker recorded (or the stage's seconds in the last run log; else
-the units' recorded sizes).
+last run log's seconds per stage and unit (markers hold nothing timed, so that the same
+inputs give the same marker bytes).
 """
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -72,12 +71,11 @@ CONFIG_NAMES = {
 
 @dataclass
 class UnitPlan:
-    """What the run will do with one unit, why, and what it cost last time (seconds)."""
+    """What the run will do with one unit, and why."""
 
     unit: str
     action: str
     reason: str
-    seconds: float | None = None
 
 
 @dataclass
@@ -89,10 +87,10 @@ class StagePlan:
     units: list[UnitPlan] = field(default_factory=list)
     open: bool = False
 
-    def add(self, unit: str, action: str, reason: str, marker: dict[str, Any] | None = None) -> None:
+    def add(self, unit: str, action: str, reason: str) -> None:
         for part, name in CONFIG_NAMES.get(self.stage.split(".")[0], {}).items():
             reason = reason.replace(part, name)
-        self.units.append(UnitPlan(unit, action, reason, (marker or {}).get("seconds")))
+        self.units.append(UnitPlan(unit, action, reason))
 
     def counts(self) -> dict[str, int]:
         return {ACTIONS[a]: sum(u.action == a for u in self.units) for a in ACTIONS}
@@ -118,7 +116,7 @@ def plan_build(config: BuildConfig) -> list[StagePlan]:
             marker = read_marker(store, ingest_path(p.index))
             key = ingest_key(scratch, p, config.input, config.validation, n_buckets, config.licenses)
             action, reason = explain(marker, key)
-            ingest.add(names[p.index], action, reason, marker)
+            ingest.add(names[p.index], action, reason)
             ingested.append(marker if action == SKIPPED else None)
         _deletions(ingest, store, INGEST_DIR, ".parquet", names)
         plans.append(ingest)
@@ -160,7 +158,7 @@ def plan_build(config: BuildConfig) -> list[StagePlan]:
         for shard in shards:
             table = shard_table(store, shard)
             marker = read_marker(store, staging_tar(shard.name))
-            staging.add(shard.name, *explain(marker, staging_key(table)), marker)
+            staging.add(shard.name, *explain(marker, staging_key(table)))
             images[shard.name] = images_digest(table.to_pylist())
         _deletions(staging, store, STAGING_TARS, ".tar", list(images))
     else:
@@ -181,7 +179,7 @@ def _judge(stage: StagePlan, store: Store, rel: str, unit: str, key_of: Any, *ar
     marker = read_marker(store, rel)
     key = key_of(*(a if _known(a) else _placeholder(a) for a in args))
     action, reason = explain(marker, key, inputs_known=known)
-    stage.add(unit, action, reason, marker)
+    stage.add(unit, action, reason)
     if action != SKIPPED:
         return None
     return marker if full else marker["digest"]
@@ -208,15 +206,14 @@ def _deletions(stage: StagePlan, store: Store, folder: str, suffix: str, keep: l
     kept = set(keep)
     for name in completed_units(store, folder, suffix):
         if name not in kept:
-            stage.add(prefix + name, DELETE, "no longer in the plan", read_marker(store, f"{folder}/{name}{suffix}"))
+            stage.add(prefix + name, DELETE, "no longer in the plan")
 
 
 def _unknown(stage: StagePlan, store: Store, folder: str, suffix: str) -> None:
     """A stage whose units are planned from upstream output that will be recomputed."""
     stage.open = True
     for name in completed_units(store, folder, suffix):
-        stage.add(name, MAYBE, "planned from upstream output that is recomputed first",
-                  read_marker(store, f"{folder}/{name}{suffix}"))
+        stage.add(name, MAYBE, "planned from upstream output that is recomputed first")
 
 
 def _features(store: Store, config: BuildConfig, images: dict[str, str] | None) -> list[StagePlan]:
@@ -237,13 +234,13 @@ def _features(store: Store, config: BuildConfig, images: dict[str, str] | None) 
             for name in completed_units(store, folder, ".npy"):
                 marker = read_marker(store, feature_vectors(model.model_id, name))
                 key = feature_fingerprint(model, cfg.dtype, draft, cfg.runtime.precision, "?")
-                stage.add(name, *explain(marker, key, inputs_known=False), marker)
+                stage.add(name, *explain(marker, key, inputs_known=False))
             stage.open = True
         else:
             for name, digest in images.items():
                 marker = read_marker(store, feature_vectors(model.model_id, name))
                 stage.add(name, *explain(marker, feature_fingerprint(model, cfg.dtype, draft, cfg.runtime.precision,
-                                                                     digest)), marker)
+                                                                     digest)))
             _deletions(stage, store, folder, ".npy", list(images))
         plans.append(stage)
     dropped = StagePlan("features.removed")
@@ -289,7 +286,7 @@ def _whole_stages(store: Store, config: BuildConfig, upstream: list[StagePlan]) 
             reasons.append("the last build did not complete")
         action = MAYBE if reasons else SKIPPED
         for _, rel in units:
-            stage.add(rel, action, "; ".join(reasons) or "unchanged", read_marker(store, rel))
+            stage.add(rel, action, "; ".join(reasons) or "unchanged")
         stage.open = bool(reasons)
         plans.append(stage)
     return plans
@@ -323,25 +320,16 @@ def _changed_fields(old: Any, new: Any, path: str = "") -> list[str]:
 
 
 def estimate(stage: StagePlan, run_log: dict[str, Any] | None) -> dict[str, Any]:
-    """Seconds the stage's recomputes cost, from the seconds their markers recorded (a unit
-    without them: the median of those that have them, else the stage's share of the last
-    run log). ``basis`` says which."""
-    recorded = [u.seconds for u in stage.units if u.seconds is not None]
+    """Seconds the stage's recomputes cost: the stage's seconds in the last run log per unit
+    (``basis`` says so), or nothing when no run was logged."""
     todo = [u for u in stage.units if u.action == COMPUTED]
     maybe = [u for u in stage.units if u.action == MAYBE]
-    if recorded:
-        typical = statistics.median(recorded)
-        basis = "seconds recorded in the markers"
-    elif run_log and stage.units and (seconds := run_log.get("seconds", {}).get(stage.stage.split(".")[0])):
-        typical = seconds / len(stage.units)
-        basis = "the last run log's stage time per unit"
-    else:
+    seconds = (run_log or {}).get("seconds", {}).get(stage.stage.split(".")[0])
+    if not (seconds and stage.units):
         return {"seconds": None, "seconds_if_upstream_changes": None, "basis": "no times recorded"}
-
-    def total(units: list[UnitPlan]) -> float:
-        return round(sum(u.seconds if u.seconds is not None else typical for u in units), 1)
-
-    return {"seconds": total(todo), "seconds_if_upstream_changes": total(maybe), "basis": basis}
+    typical = seconds / len(stage.units)
+    return {"seconds": round(typical * len(todo), 1), "seconds_if_upstream_changes": round(typical * len(maybe), 1),
+            "basis": "the last run log's stage time per unit"}
 
 
 def plan_data(config: BuildConfig, plans: list[StagePlan]) -> dict[str, Any]:

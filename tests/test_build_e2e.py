@@ -41,14 +41,12 @@ def config(source: Path | str, out: Path | str, **overrides) -> BuildConfig:
 
 
 def file_hashes(root: Path) -> dict[str, str]:
-    """Every output's SHA-256 but what records how a run went (tests/output_tree.py's rule):
-    the work area, completion markers (they keep each unit's seconds) and the account of
-    changes since the version the root held before (a rebuild writes one, a fresh build has none)."""
+    """Every output's and marker's SHA-256 but the work area and the account of changes since
+    the version the root held before (a rebuild writes one, a fresh build has none)."""
     import hashlib
 
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()
-            and not str(p.relative_to(root)).startswith(("work/", "_markers/"))
+            for p in sorted(root.rglob("*")) if p.is_file() and not str(p.relative_to(root)).startswith("work/")
             and p.name not in (CHANGES_MD, CHANGES_TABLE)}
 
 

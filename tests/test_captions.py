@@ -323,9 +323,9 @@ def build_config(source, out, stub, **endpoint) -> dict:
 
 
 def tree(root: Path) -> dict[str, bytes]:
-    """The outputs compared (tests/output_tree.py's rule: markers, work tables and the account
-    of changes record how a run went), less the receipt and reports, which name the root."""
-    skip = ("work/", "_markers/", "CHANGES.md", "changes.parquet", "receipt.json", "report.")
+    """Outputs and markers, less the work area, the account of changes since the version the
+    root held (a rerun writes one) and the receipt and reports, which name the root."""
+    skip = ("work/", "CHANGES.md", "changes.parquet", "receipt.json", "report.")
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
             if p.is_file() and not str(p.relative_to(root)).startswith(skip)}
 

@@ -18,7 +18,7 @@ import subprocess
 import pyarrow.parquet as pq
 import pytest
 
-from corpusforge.layout import CHANGES_MD, CHANGES_TABLE, RECEIPT_OUTPUTS, RUN_LOG, RUN_LOG_MD
+from corpusforge.layout import CHANGES_MD, CHANGES_TABLE, PREVIOUS_DIR, RECEIPT_OUTPUTS, RUN_LOG, RUN_LOG_MD
 from tests.cli_s3 import corpusforge, hashes, local_tree, s3_env, s3_tree
 from tests.test_build_e2e import computed_units
 
@@ -111,7 +111,8 @@ def test_rerun_into_the_same_s3_output_equals_it_and_recomputes_nothing(builds):
     account = again.pop(CHANGES_MD).decode()
     assert changes.num_rows == 0 and "Records: 0 added, 0 removed, 0 changed" in account
     assert "0 rewritten, 0 added, 0 removed" in account  # release shards
-    assert sorted(again) == sorted(first)
+    previous = [f"{PREVIOUS_DIR}/receipt.json", f"{PREVIOUS_DIR}/records.parquet"]  # the version it replaced
+    assert sorted(again) == sorted([*first, *previous])
     assert {n for n in first if first[n] != again[n]} <= {RUN_LOG, RUN_LOG_MD}  # the stage times of this run
     assert computed_units(builds["rerun_work"]) == {} and builds["rerun_work"]["images_embedded"] == 0
 

@@ -76,8 +76,7 @@ def same_outputs(remote: dict[str, bytes], local: dict[str, bytes], remote_roots
     """The same files, data files with the same bytes. Text files (.json, .md, .html) are
     compared with their roots replaced by their roles and digests masked: markers and
     receipts hold digests of inputs that include their URIs; every data file those digests
-    describe is compared byte for byte here. The run log (work/run/) and the markers' seconds
-    differ by their timings: markers are compared without them."""
+    describe is compared byte for byte here. The run log (work/run/) differs by its timings."""
     assert sorted(remote) == sorted(local)
     for name in local:
         if name.startswith("work/run/"):
@@ -87,12 +86,6 @@ def same_outputs(remote: dict[str, bytes], local: dict[str, bytes], remote_roots
             assert [r["path"] for r in rows_a] == [r["path"] for r in rows_b], name
             assert [r for r in rows_a if not r["path"].endswith(TEXT)] == \
                 [r for r in rows_b if not r["path"].endswith(TEXT)], name
-            continue
-        if name.startswith("_markers/"):
-            a, b = (json.dumps({k: v for k, v in json.loads(x).items() if k != "seconds"}).encode()
-                    for x in (remote[name], local[name]))
-            assert DIGEST.sub("<digest>", named_roots(a.decode(), remote_roots)) == \
-                DIGEST.sub("<digest>", named_roots(b.decode(), local_roots)), name
             continue
         a, b = remote[name], local[name]
         if name.endswith(TEXT):

@@ -93,7 +93,7 @@ def test_plan_writes_nothing_and_predicts_the_rerun(versions, tmp_path):
     # the deleted row shifts every later partition's rows: all of them change
     assert plan["ingest"]["counts"]["recompute"] == len(plan["ingest"]["units"]) >= 4
     assert all(u["reason"] == "input digest changed" for u in plan["ingest"]["units"] if u["action"] == "recompute")
-    assert plan["ingest"]["estimate"]["basis"] == "seconds recorded in the markers"
+    assert plan["ingest"]["estimate"]["basis"] == "the last run log's stage time per unit"
     text = _cli("plan", "--source", str(versions["source"]), "--out", str(out), "--config", config)
     assert text.returncode == 0 and "recompute if upstream output changes" in text.stdout
     assert tree_with_markers(out) == before
