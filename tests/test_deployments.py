@@ -247,7 +247,11 @@ def test_custom_run_from_the_prefect_ui(deployed):
         page.screenshot(path=str(shots / "prefect-ui-custom-run-form.png"))
         page.get_by_role("button", name="Submit").click()
         # the UI goes back to the deployment with a "… scheduled to start now" toast
-        page.get_by_text("scheduled to start").first.wait_for(timeout=60_000)
+        try:
+            page.get_by_text("scheduled to start").first.wait_for(timeout=60_000)
+        except Exception:
+            page.screenshot(path=str(shots / "prefect-ui-custom-run-not-submitted.png"), full_page=True)
+            raise
         mine = []
         for _ in range(30):
             runs = httpx.post(f"{api}/flow_runs/filter", json={"deployments": {"id": {"any_": [dep["id"]]}}}).json()
