@@ -40,7 +40,7 @@ def test_markers_and_fingerprints(tmp_path):
     assert first["action"] == COMPUTED and calls == [1]
     marker = read_marker(store, "x.tar")
     assert store.exists("_markers/x.tar.json") and store.listdir("") == ["_markers", "x.tar"]
-    assert set(marker) == {"fingerprint", "outputs", "digest", "info", "seconds"}  # no key parts: a plain str key
+    assert set(marker) == {"fingerprint", "outputs", "digest", "info"}  # no key parts: a plain str key; nothing timed
     assert marker["fingerprint"] == "fp1" and marker["outputs"] == {"x.tar": store.sha256("x.tar")}
     assert marker["info"] == {"n": 1}
     assert current_marker(store, "x.tar", "fp1") is not None and current_marker(store, "x.tar", "fp2") is None
