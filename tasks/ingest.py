@@ -157,9 +157,10 @@ def license_verdicts(part: Partition, store: Store, lic: LicenseConfig | None) -
     for rows partitions, the normalised allow-list for a tar (its metadata is inside)."""
     if lic is None:
         return None
-    if part.kind == "tar" or any("json" in (m.get("sidecars") or "") for m in _chunk_rows(part, store)):
+    rows = [] if part.kind == "tar" else _chunk_rows(part, store)
+    if part.kind == "tar" or any("json" in (m.get("sidecars") or "") for m in rows):
         return json.dumps([[str(a) for a in lic.allowed()], lic.use_url, lic.on_conflict])  # metadata outside the chunk
-    verdicts = [license_reason(m.get("license"), m.get("license_url"), lic) for m in _chunk_rows(part, store)]
+    verdicts = [license_reason(m.get("license"), m.get("license_url"), lic) for m in rows]
     return verdicts if any(verdicts) else None  # all pass: the same output as with no list
 
 
