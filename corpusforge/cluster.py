@@ -18,6 +18,7 @@ import math
 import os
 import typing
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -173,8 +174,13 @@ def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
     return isinstance(exc, BaseException) and is_transient(exc)
 
 
-def as_task(fn: Callable[..., Any], name: str, **options: Any):
+def as_task(fn: Callable[..., Any], name: str, *, probe: bool = False, **options: Any):
     """A thin Prefect task around a plain stage function (results stay in memory).
+
+    ``probe``: the flow probes each unit first (:func:`corpusforge.contract.probe`) and
+    submits only those that would compute. Only for units whose check reads nothing but
+    markers and small tables (never the data, a model or the source's images): the flow
+    process does those reads itself, for every unit, on every run.
 
     Transient errors (:func:`is_transient`) are retried twice with exponential backoff;
     no other failure is retried (every unit is idempotent under the stage contract). The
@@ -195,6 +201,7 @@ def as_task(fn: Callable[..., Any], name: str, **options: Any):
 
     units.__qualname__ = units.__name__ = f"{fn.__name__}_batch"
     unit.batch = task(units, name=name, task_run_name=f"{name} {{part}}/{{parts}}", **settings)
+    unit.probe = probe
     return unit
 
 
@@ -247,6 +254,11 @@ MAX_BATCHES = 500
 BATCHES_PER_SLOT = 4
 
 
+# Probing reads markers, one small object each: I/O-bound, so many at once (on S3 each
+# read is a round trip of tens of ms).
+PROBE_THREADS = 16
+
+
 def batch_count(n_units: int, slots: int) -> int:
     """Task runs for a fan-out of ``n_units`` on ``slots`` worker threads."""
     return min(n_units, MAX_BATCHES, max(BATCHES_PER_SLOT * slots, math.ceil(n_units / UNITS_PER_BATCH)))
@@ -279,10 +291,14 @@ def run_tasks(t, calls: list[dict[str, Any]]) -> list[Any]:
     their batch completes. The first batch that fails for good (its retries spent) fails
     the stage at once and cancels the batches not yet started: with an S3 server down,
     waiting for each of them to spend its own retries would keep a doomed run going for
-    minutes."""
-    from prefect.context import FlowRunContext
-    from prefect.futures import as_completed
+    minutes.
 
+    A task made with ``probe=True`` probes every unit in this process first: the current
+    ones return their result here, and only the others become task runs, so a rerun that
+    changes nothing spends no task run on them."""
+    from prefect.context import FlowRunContext
+
+    from corpusforge.contract import probe
     from corpusforge.progress import task_progress
 
     progress = task_progress()
@@ -296,6 +312,44 @@ def run_tasks(t, calls: list[dict[str, Any]]) -> list[Any]:
             if progress is not None:
                 progress.advance(t.name)
         return results
+    if not calls:
+        return []
+    results: list[Any] = [None] * len(calls)
+    todo = list(range(len(calls)))
+    if getattr(t, "probe", False):
+        todo = []
+        with ThreadPoolExecutor(PROBE_THREADS) as pool:
+            for i, (current, result) in enumerate(pool.map(lambda kw: probe(t.fn, kw), calls)):
+                if current:
+                    results[i] = result
+                else:
+                    todo.append(i)
+        if progress is not None and len(todo) < len(calls):
+            progress.advance(t.name, len(calls) - len(todo))
+    for i, result in zip(todo, _run_batches(t, [calls[i] for i in todo], flow_run, progress), strict=True):
+        results[i] = result
+    return results
+
+
+def run_each(units: list[tuple[Any, dict[str, Any]]]) -> list[Any]:
+    """One unit of each of several tasks (``(task, kwargs)``), side by side: a task run
+    each, except the units of probed tasks that are current (see :func:`run_tasks`)."""
+    from prefect.context import FlowRunContext
+
+    from corpusforge.contract import probe
+
+    if FlowRunContext.get() is None:
+        return [t.fn(**kw) for t, kw in units]
+    probed = [probe(t.fn, kw) if getattr(t, "probe", False) else (False, None) for t, kw in units]
+    futures = {i: t.submit(**kw) for i, ((t, kw), (current, _)) in enumerate(zip(units, probed, strict=True))
+               if not current}
+    return [futures[i].result() if i in futures else result for i, (_, result) in enumerate(probed)]
+
+
+def _run_batches(t, calls: list[dict[str, Any]], flow_run: Any, progress: Any) -> list[Any]:
+    """The units ``calls`` in batches of task runs on the flow run's task runner."""
+    from prefect.futures import as_completed
+
     if not calls:
         return []
     parts = batches(calls, batch_count(len(calls), _slots(flow_run.task_runner)))

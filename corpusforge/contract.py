@@ -14,6 +14,10 @@
   field, the inputs' hash), so ``corpusforge plan`` can say *why* a unit will recompute
   (:func:`explain`) from markers alone. Nothing timed goes in a marker: the same inputs
   give the same marker bytes on any cluster (times are in the run log).
+* A unit can be **probed** (:func:`probe`): run up to the point where it would start its
+  work (:func:`must_compute`, which :func:`run_unit` calls). A current unit returns its
+  result; any other raises :class:`WouldCompute` having done nothing. The flow probes cheap
+  units itself, so a rerun spends no task run on a unit that skips (``corpusforge.cluster``).
 * After planning, every per-unit folder is **pruned** to the current plan (:func:`prune`)
   before any reader lists it, together with the markers of what was removed.
 
@@ -22,6 +26,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import os
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -58,6 +63,33 @@ def digest_of(outputs: dict[str, str]) -> str:
     return sha256_bytes(canonical_json(sorted(outputs.items())).encode())
 
 
+class WouldCompute(Exception):
+    """Raised where a probed unit would start its work (:func:`probe`)."""
+
+
+_PROBING: contextvars.ContextVar[bool] = contextvars.ContextVar("corpusforge_probing", default=False)
+
+
+def must_compute() -> None:
+    """Mark where a unit starts its work: raises :class:`WouldCompute` while it is probed.
+    :func:`run_unit` calls it; a unit that checks its own markers calls it after the check."""
+    if _PROBING.get():
+        raise WouldCompute()
+
+
+def probe(fn: Callable[..., Any], kwargs: dict[str, Any]) -> tuple[bool, Any]:
+    """``(True, result)`` when the unit ``fn(**kwargs)`` is current (it returns without
+    work), else ``(False, None)``: it would compute, or it failed — its task run then does
+    the work or reports the error, with its retries."""
+    token = _PROBING.set(True)
+    try:
+        return True, fn(**kwargs)
+    except Exception:  # WouldCompute, or an error its task run will raise again
+        return False, None
+    finally:
+        _PROBING.reset(token)
+
+
 def run_unit(store: Store, rel: str, fp: str, compute: Callable[[], tuple[dict[str, str], dict[str, Any]]]
              ) -> dict[str, Any]:
     """Skip ``rel`` when its marker has fingerprint ``fp``; else run ``compute`` and mark it done.
@@ -68,6 +100,7 @@ def run_unit(store: Store, rel: str, fp: str, compute: Callable[[], tuple[dict[s
     """
     if (marker := current_marker(store, rel, fp)) is not None:
         return {**marker, "action": SKIPPED}
+    must_compute()
     outputs, info = compute()
     return {**finish_unit(store, rel, fp, outputs, info), "action": COMPUTED}
 

@@ -120,7 +120,7 @@ class BuildConfig(FlowConfig):
 
 plan_inputs_task = as_task(plan_partitions, "plan-inputs")
 ingest_task = as_task(ingest_partition, "ingest-partition")
-DEDUP_TASKS = {fn: as_task(fn, name) for fn, name in (
+DEDUP_TASKS = {fn: as_task(fn, name, probe=True) for fn, name in (
     (exchange_keys, "exchange-keys"), (find_duplicate_keys, "duplicate-keys"), (exchange_hashes, "exchange-hashes"),
     (find_exact_duplicates, "exact-duplicates"), (resolve_group, "resolve-partitions"))}
 staging_task = as_task(write_staging_shard, "write-staging-shard")

@@ -24,7 +24,7 @@ from tasks.splits import SPLITS, SplitConfig, tier_counts
 
 release_plan_task = as_task(plan_release_files, "plan-release")
 release_task = as_task(write_release_shard, "write-release-shard")
-manifest_task = as_task(write_manifest_part, "write-manifest-part")
+manifest_task = as_task(write_manifest_part, "write-manifest-part", probe=True)
 
 
 def publish(store: Store, staged: list[str], n_parts: int, splits: SplitConfig, near_dedup: bool,

@@ -69,12 +69,15 @@ def square(x: int, folder: str, fail_once: int) -> int:
     """A unit under the stage contract: its marker makes a second call skip the work."""
     from pathlib import Path
 
+    from corpusforge.contract import must_compute
+
     root = Path(folder)
     with open(root / "calls", "a") as f:
         f.write(f"{x}\n")
     marker = root / f"done-{x}"
     if marker.exists():
         return int(marker.read_text())
+    must_compute()  # probed (as_task(probe=True)): a unit without its marker stops here
     if x == fail_once and not (root / "failed").exists():
         (root / "failed").touch()
         raise ConnectionResetError(104, "connection reset by peer")  # transient: the batch is retried
@@ -86,13 +89,13 @@ def square(x: int, folder: str, fail_once: int) -> int:
     return x * x
 
 
-def _fan_out(calls: list[dict]) -> tuple[list[int], object]:
+def _fan_out(calls: list[dict], probe: bool = False) -> tuple[list[int], object]:
     """(results, flow run id) of a flow running ``calls`` of :func:`square` on a LocalCluster."""
     from prefect import flow
 
     from corpusforge.cluster import as_task, dask_config, run_tasks
 
-    square_task = as_task(square, "square", retry_delay_seconds=0)
+    square_task = as_task(square, "square", retry_delay_seconds=0, probe=probe)
     config = DaskConfig(n_workers=1, processes=False, gpu="off")
 
     @flow(task_runner=task_runner(config))
@@ -134,6 +137,23 @@ def test_a_retried_batch_redoes_only_its_unfinished_units(tmp_path, prefect_serv
     assert sorted(runs) == [f"square {i}/4" for i in range(1, 5)]
     assert runs["square 2/4"].run_count == 2 and all(r.run_count == 1 for k, r in runs.items() if k != "square 2/4")
     assert all(r.state_type.value == "COMPLETED" for r in runs.values())
+
+
+@pytest.mark.timeout(180)
+def test_a_probed_fan_out_spends_task_runs_only_on_units_that_compute(tmp_path, prefect_server):
+    """A rerun after 6 of 10 units finished: the flow probes every unit, returns the 6
+    current ones itself, and only the other 4 become task runs (one each: 4 units on one
+    worker thread); results keep their order, and no unit's work runs twice."""
+    n = 10
+    first, _ = _fan_out([dict(x=x, folder=str(tmp_path), fail_once=99) for x in range(6)], probe=True)
+    assert first == [x * x for x in range(6)]
+    results, flow_run = _fan_out([dict(x=x, folder=str(tmp_path), fail_once=99) for x in range(n)], probe=True)
+    assert results == [x * x for x in range(n)]
+    assert sorted(int(x) for x in (tmp_path / "work").read_text().split()) == list(range(n))
+    runs = task_runs([flow_run])
+    assert sorted(r.name for r in runs) == [f"square {i}/4" for i in range(1, 5)]
+    again, flow_run = _fan_out([dict(x=x, folder=str(tmp_path), fail_once=99) for x in range(n)], probe=True)
+    assert again == results and task_runs([flow_run]) == [], "a rerun that changes nothing made task runs"
 
 
 @pytest.mark.timeout(180)
@@ -197,3 +217,14 @@ def test_a_build_runs_its_units_in_batches_and_stays_under_the_task_run_bound(sa
     bound = calls * MAX_BATCHES + len(single)
     print(f"{calls} fan-outs, {sum(map(len, fan_outs.values())) + len(single)} task runs; at most {bound} at any size")
     assert bound <= 20_000
+
+    # A rerun that changes nothing: the probed units (exact dedup, the graph's per-shard
+    # units and decisions, the manifest) make no task run; the others still check their units on workers.
+    first = {run.id for run in build_task_runs(out)}
+    run_build(config)
+    rerun = {re.sub(r"( \d+/\d+|-[0-9a-f]{3})$", "", run.name) for run in build_task_runs(out) if run.id not in first}
+    probed = {"exchange-keys", "duplicate-keys", "exchange-hashes", "exact-duplicates", "resolve-partitions",
+              "graph-build-index", "graph-query-shard", "graph-recall-reference", "graph-merge-edges",
+              "graph-decisions", "write-manifest-part"}
+    assert rerun and not rerun & probed, sorted(rerun)
+    print("task runs of a no-op rerun:", sorted(rerun))

@@ -37,7 +37,7 @@ from typing import Any
 import pyarrow as pa
 
 from corpusforge.cluster import as_task, run_tasks
-from corpusforge.contract import current_marker, finish_unit, prune, require_marker, unit_fingerprint
+from corpusforge.contract import current_marker, finish_unit, must_compute, prune, require_marker, unit_fingerprint
 from corpusforge.hashing import canonical_json, sha256_bytes
 from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_JOURNAL_SCHEMA, CAPTION_PLAN_DIR, CAPTION_PLAN_SCHEMA,
                                 CAPTIONS_DIR, CAPTIONS_SCHEMA, caption_journal_dir, caption_plan_path,
@@ -221,6 +221,7 @@ def caption_shard(store: Store, shard: str, cfg: CaptioningConfig, plan_digest: 
     fp = unit_fingerprint("captions", code_version(__name__), identity(cfg), [plan_digest, staging_digest])
     if (marker := current_marker(store, captions_path(shard), fp)) is not None:
         return {**marker, "action": "skipped"}
+    must_compute()
 
     plan = store.read_parquet(caption_plan_path(shard)).to_pylist()
     journal = Journal(store, shard, cfg.journal_every, cfg.journal_seconds)
@@ -284,7 +285,7 @@ def caption_shard(store: Store, shard: str, cfg: CaptioningConfig, plan_digest: 
 
 
 plan_task = as_task(plan_captions, "plan-captions")
-caption_task = as_task(caption_shard, "caption-shard")
+caption_task = as_task(caption_shard, "caption-shard", probe=True)
 
 
 def captioning_stage(store: Store, cfg: CaptioningConfig, staged: list[str],

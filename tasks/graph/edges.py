@@ -52,7 +52,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from corpusforge.contract import COMPUTED, SKIPPED, current_marker, finish_unit, run_unit, unit_fingerprint
+from corpusforge.contract import (COMPUTED, SKIPPED, current_marker, finish_unit, must_compute, run_unit,
+                                  unit_fingerprint)
 from corpusforge.faults import fault_point
 from corpusforge.feature_files import require_features
 from corpusforge.hashing import stable_uniform
@@ -274,6 +275,7 @@ def query_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: st
     fp = query_fingerprint(cfg, info, digest)
     if not force and (marker := current_marker(out, found_path(shard), fp)) is not None:
         return {**marker["info"], "action": SKIPPED}
+    must_compute()
     fault_point("graph.query", shard)  # tests only: off unless CORPUSFORGE_FAULT
     nodes, digests = read_shard_table(out, shard_table)
     fx.set_threads(cfg.index.faiss_threads)
@@ -376,6 +378,7 @@ def merge_edges(out: Store, shard_table: str, group: tuple[str, str], found: str
     markers = [current_marker(out, edges_path(s), fp) for s in group]
     if all(m is not None for m in markers):
         return {"action": SKIPPED, "edges": {s: m["info"]["edges"] for s, m in zip(group, markers, strict=True)}}
+    must_compute()
     lo, _ = nodes.span(group[0])
     _, hi = nodes.span(group[-1])
     members = set(group)

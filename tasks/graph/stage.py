@@ -30,9 +30,8 @@ import time
 from typing import Any
 
 import numpy as np
-from prefect.context import FlowRunContext
 
-from corpusforge.cluster import as_task, run_tasks
+from corpusforge.cluster import as_task, run_each, run_tasks
 from corpusforge.contract import (COMPUTED, SKIPPED, count_actions, marker_path, prune, remove_tree, require_marker,
                                   unit_fingerprint)
 from corpusforge.layout import (GRAPH_DECISIONS, GRAPH_EDGES, GRAPH_FOUND, GRAPH_INDEX_DIR, GRAPH_NODES, GRAPH_RECALL,
@@ -53,16 +52,16 @@ from tasks.graph.verify import records_fingerprint, verify_shard
 __all__ = ["near_duplicate_stage", "read_decisions"]
 
 
-build_index_task = as_task(build_index, "graph-build-index")
-query_shard_task = as_task(query_shard, "graph-query-shard")
-recall_shard_task = as_task(recall_shard, "graph-recall-reference")
-merge_edges_task = as_task(merge_edges, "graph-merge-edges")
+build_index_task = as_task(build_index, "graph-build-index", probe=True)
+query_shard_task = as_task(query_shard, "graph-query-shard", probe=True)
+recall_shard_task = as_task(recall_shard, "graph-recall-reference", probe=True)
+merge_edges_task = as_task(merge_edges, "graph-merge-edges", probe=True)
 recall_task = as_task(graph_recall, "graph-recall")
-decide_task = as_task(decide_near_duplicates, "graph-decisions")
-collision_task = as_task(collision_models, "graph-collision-models")
-calibration_task = as_task(calibration_sheet, "graph-calibration-sheet")
-review_task = as_task(select_review_pairs, "graph-review-pairs")
-verify_task = as_task(verify_shard, "graph-verify-pairs")
+decide_task = as_task(decide_near_duplicates, "graph-decisions", probe=True)
+collision_task = as_task(collision_models, "graph-collision-models", probe=True)
+calibration_task = as_task(calibration_sheet, "graph-calibration-sheet", probe=True)
+review_task = as_task(select_review_pairs, "graph-review-pairs", probe=True)
+verify_task = as_task(verify_shard, "graph-verify-pairs", probe=True)
 
 
 def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], *,
@@ -137,10 +136,7 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
                            [nodes.to_json(), [digests[s] for s in nodes.shards]])
     if cfg.collision.enabled:
         later.append((collision_task, dict(common, n_vectors=info["n_vectors"], fp=cfp)))
-    if FlowRunContext.get() is None:
-        results = [t.fn(**kw) for t, kw in later]
-    else:
-        results = [f.result() for f in [t.submit(**kw) for t, kw in later]]
+    results = run_each(later)
     decided = results[0]
     decisions = decided["info"]
     collision = results[1] if cfg.collision.enabled else None
