@@ -1,7 +1,8 @@
 """What changed between two versions of a corpus: records, release shards, licences, statistics.
 
-A record is identified by its key, its source path and, for rows equal in both, its
-occurrence among them in input order. Between the old and the new version each record is
+A record is identified by its key, its source path relative to its version's source root
+(:func:`source_prefix`: a source moved from a disk to S3 changes no record) and, for rows
+equal in both, its occurrence among them in input order. Between the old and the new version each record is
 **added**, **removed** or **changed** in its fate (status), reason, split, release shard,
 caption (as released) or image bytes (SHA-256). ``changes.parquet`` lists every one
 (ordered by key, source path, occurrence), ``CHANGES.md`` counts them, lists the first
@@ -31,6 +32,7 @@ import pyarrow.parquet as pq
 from corpusforge.layout import (CHANGES_MD, CHANGES_SCHEMA, CHANGES_TABLE, MANIFEST_DIR, PREVIOUS_DIR, PREVIOUS_RECEIPT,
                                 PREVIOUS_RECORDS, RECEIPT, RELEASE_DIR, RELEASE_PLAN_DIR, RESOLVED_DIR)
 from corpusforge.storage import PARQUET_WRITE_OPTIONS, Store
+from tasks.sources import TABLE_SUFFIXES
 
 FIELDS = ("status", "reason", "split", "shard", "caption", "sha256")
 RECORD_COLUMNS = ("key", "source_path", "occurrence", *FIELDS)
@@ -72,9 +74,23 @@ def _sql_list(paths: list[str]) -> str:
     return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
 
 
+def source_prefix(receipt: dict[str, Any]) -> str:
+    """What every source path of a version starts with: its source folder, or the folder of
+    its metadata table (where the table's relative paths are resolved), with a slash."""
+    source = str(receipt.get("source") or "").rstrip("/")
+    if source.endswith(TABLE_SUFFIXES):
+        source = source.rsplit("/", 1)[0]
+    return f"{source}/" if source else ""
+
+
+def _sql_text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
 def records_query(store: Store) -> str:
     """SQL for a version's records: manifest rows with their caption (the captioning stage's
-    for a released record it captioned, else the input's, from the resolved partitions)."""
+    for a released record it captioned, else the input's, from the resolved partitions), and
+    their source path relative to the version's source root."""
     manifest = _files(store, MANIFEST_DIR)
     if not manifest:
         raise FileNotFoundError(f"{store.path(MANIFEST_DIR)}: no manifest (not a finished corpus version)")
@@ -83,11 +99,15 @@ def records_query(store: Store) -> str:
                  else "(SELECT NULL::VARCHAR AS key, NULL::VARCHAR AS caption WHERE false)")
     inputs = (f"(SELECT part, row, caption FROM read_parquet({_sql_list(resolved)}))" if resolved
               else "(SELECT NULL::INTEGER AS part, NULL::INTEGER AS row, NULL::VARCHAR AS caption WHERE false)")
+    prefix = _sql_text(source_prefix(store.read_json(RECEIPT)))
+    relative = (f"(SELECT * REPLACE (CASE WHEN starts_with(source_path, {prefix}) AND length({prefix}) > 0 "
+                f"THEN substr(source_path, length({prefix}) + 1) ELSE source_path END AS source_path) "
+                f"FROM read_parquet({_sql_list(manifest)}))")
     return f"""
         SELECT m.key, m.source_path,
                row_number() OVER (PARTITION BY m.key, m.source_path ORDER BY m.part, m.row) AS occurrence,
                m.status, m.reason, m.split, m.shard, coalesce(c.caption, r.caption) AS caption, m.sha256
-        FROM read_parquet({_sql_list(manifest)}) m
+        FROM {relative} m
         LEFT JOIN {inputs} r ON r.part = m.part AND r.row = m.row
         LEFT JOIN {captioned} c ON m.status = 'kept' AND c.key = m.key"""
 

@@ -74,7 +74,7 @@ def builds(s3, sample_corpus, prefect_server, tmp_path_factory):
     again = s3_tree(fs, f"{BUCKET}/corpus")
     return {"local": local_tree(root / "local"), "s3": first, "rerun": again,
             "roots": {"local": f"{sample_corpus}/", "s3": f"s3://{BUCKET}/source/"},
-            "rerun_work": json.loads(again[RUN_LOG])}
+            "rerun_work": json.loads(again[RUN_LOG]), "env": env, "local_root": root / "local", "fs": fs}
 
 
 def manifest_rows(files: dict[str, bytes], source_root: str) -> list[dict]:
@@ -115,6 +115,20 @@ def test_rerun_into_the_same_s3_output_equals_it_and_recomputes_nothing(builds):
     assert sorted(again) == sorted([*first, *previous])
     assert {n for n in first if first[n] != again[n]} <= {RUN_LOG, RUN_LOG_MD}  # the stage times of this run
     assert computed_units(builds["rerun_work"]) == {} and builds["rerun_work"]["images_embedded"] == 0
+
+
+def test_diff_between_a_local_and_an_s3_version_reads_and_writes_s3(builds):
+    """`corpusforge diff` of the local build (old) and the S3 build (new) of the same input,
+    written to S3: no record, shard or licence count differs (where the input lay is not a
+    change of the corpus)."""
+    out = f"s3://{BUCKET}/diff"
+    result = run(["diff", str(builds["local_root"]), f"s3://{BUCKET}/corpus", "--out", out], builds["env"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    fs = builds["fs"]
+    fs.invalidate_cache()
+    account = fs.cat_file(f"{BUCKET}/diff/{CHANGES_MD}").decode()
+    assert "Records: 0 added, 0 removed, 0 changed" in account and "0 rewritten, 0 added, 0 removed" in account
+    assert pq.read_table(pa_buffer(fs.cat_file(f"{BUCKET}/diff/{CHANGES_TABLE}"))).num_rows == 0
 
 
 def pa_buffer(data: bytes):

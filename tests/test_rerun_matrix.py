@@ -161,17 +161,19 @@ def check_plan(plan: dict, work: dict, markers_before: set[str], markers_after: 
 
 
 def records_of(root: Path) -> dict[tuple, dict]:
-    """A version's records by (key, source path, occurrence), read with pyarrow alone: the
+    """A version's records by (key, relative source path, occurrence), read with pyarrow alone: the
     independent reference for tasks/changes.py's DuckDB join."""
     captioned = {r["key"]: r["caption"] for p in sorted((root / "work" / "release").glob("*.parquet"))
                  for r in pq.read_table(p, columns=["key", "caption"]).to_pylist() if r["caption"] is not None}
     inputs = {(r["part"], r["row"]): r["caption"] for p in sorted((root / "work" / "resolved").glob("*.parquet"))
               for r in pq.read_table(p, columns=["part", "row", "caption"]).to_pylist()}
     rows = sorted(pq.read_table(root / "manifest").to_pylist(), key=lambda r: (r["part"], r["row"]))
+    source = json.loads((root / "receipt.json").read_text())["source"].rstrip("/")
+    folder = os.path.dirname(source) if source.endswith((".parquet", ".jsonl", ".csv")) else source
     seen: dict[tuple, int] = {}
     out = {}
-    for r in rows:
-        ident = (r["key"], r["source_path"])
+    for r in rows:  # a record's source path counts relative to its version's source root
+        ident = (r["key"], os.path.relpath(r["source_path"], folder) if r["source_path"] else None)
         seen[ident] = seen.get(ident, 0) + 1
         out[(*ident, seen[ident])] = {"status": r["status"], "reason": r["reason"], "split": r["split"],
                                       "shard": r["shard"], "sha256": r["sha256"],
