@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import fsspec
+import pyarrow.parquet as pq
 import pytest
 
 from corpusforge.layout import INPUT_DIR, LISTING_SPILL_DIR
@@ -102,11 +103,11 @@ def assert_chunks_equal_old(src: str, tmp_path: Path, cfg: SourceConfig, new_out
 
 @pytest.mark.parametrize("partition_size,spill_rows", [(3, 2), (500, sources.SPILL_ROWS), (1, 1)])
 def test_local_folder_chunks_equal_the_in_memory_listing(tmp_path, monkeypatch, partition_size, spill_rows):
+    """Chunks across partition boundaries and listings spilled in many parts: the old bytes."""
     monkeypatch.setattr(sources, "SPILL_ROWS", spill_rows)
     src = local_folder(tmp_path)
     parts = assert_chunks_equal_old(str(src), tmp_path, SourceConfig(partition_size=partition_size))
-    rows = [r for p in parts for r in Store(os.path.dirname(p.uri)).read_parquet(os.path.basename(p.uri))
-            .select(["path", "sidecars"]).to_pylist()]
+    rows = [r for p in parts for r in pq.read_table(p.uri, columns=["path", "sidecars"]).to_pylist()]
     got = {r["path"]: r["sidecars"] for r in rows}
     assert got["a.jpg"] == "txt,json" and got["a/b.jpg"] == "json" and got["a-b.jpg"] == "txt"
     assert got["links/in.jpg"] == "txt" and "links/in.txt" not in got
@@ -117,6 +118,7 @@ def test_local_folder_chunks_equal_the_in_memory_listing(tmp_path, monkeypatch, 
 
 
 def test_a_trailing_slash_and_a_rerun_give_the_same_chunks(tmp_path):
+    """A rerun into the same root removes the spill it finds and writes the same chunks."""
     src = local_folder(tmp_path)
     store = Store(str(tmp_path / "out"))
     _, first = plan_partitions(str(src), store, SourceConfig(partition_size=4))
@@ -125,6 +127,7 @@ def test_a_trailing_slash_and_a_rerun_give_the_same_chunks(tmp_path):
 
 
 def test_an_empty_folder_has_no_records(tmp_path):
+    """Nothing listed: the planner's one clear error, no spill left behind."""
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no input records"):
         plan_partitions(str(tmp_path / "empty"), Store(str(tmp_path / "out")), SourceConfig())
