@@ -10,6 +10,8 @@ every folder as it is.
 ::
 
     work/input/{part}.parquet          normalised input rows (table/folder sources)
+    work/.listing/{lister}-{n}.parquet a folder source's entries while it is planned (removed after): the
+                                       listing spilled, for DuckDB to sort and match sidecars out of core
     work/ingest/{part}.parquet         one row per input record, facts from its bytes
     work/spill/{part}.bin              the valid records' image bytes as ingest read them, concatenated
                                        (staging copies from here: the source is read once)
@@ -100,6 +102,7 @@ GPIC_TEST_STATS = "stats/test_stats.npz"  # gpic-eval's reference file (tasks/st
 RECEIPT = "receipt.json"
 RECEIPT_OUTPUTS = "receipt_outputs.parquet"  # every output file's SHA-256, beside receipt.json (tasks/receipt.py)
 REPORT = "report.md"
+LISTING_SPILL_DIR = "work/.listing"  # a folder source's listing while it is planned (tasks/sources.py)
 RUN_LOG = "work/run/stage_times.json"  # the latest run's stage seconds (tasks/run_log.py)
 RUN_LOG_MD = "work/run/stage_times.md"
 REPORT_HTML = "report.html"  # the same report, self-contained, with charts (tasks/report_html.py)
@@ -128,6 +131,10 @@ def bucket_name(bucket: int) -> str:
 
 def input_path(part: int) -> str:
     return f"{INPUT_DIR}/{part_name(part)}.parquet"
+
+
+def listing_spill_path(lister: str, n: int) -> str:
+    return f"{LISTING_SPILL_DIR}/{lister}-{n:06d}.parquet"
 
 
 def ingest_path(part: int) -> str:

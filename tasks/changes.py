@@ -20,10 +20,7 @@ writes both files beside the new version when it is done (:func:`write_changes`)
 
 from __future__ import annotations
 
-import contextlib
 import json
-import tempfile
-from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -31,6 +28,7 @@ import pyarrow.parquet as pq
 
 from corpusforge.layout import (CHANGES_MD, CHANGES_SCHEMA, CHANGES_TABLE, MANIFEST_DIR, PREVIOUS_DIR, PREVIOUS_RECEIPT,
                                 PREVIOUS_RECORDS, RECEIPT, RELEASE_DIR, RELEASE_PLAN_DIR, RESOLVED_DIR)
+from corpusforge.outofcore import spilling_duckdb
 from corpusforge.storage import PARQUET_WRITE_OPTIONS, Store
 from tasks.sources import TABLE_SUFFIXES
 
@@ -38,27 +36,6 @@ FIELDS = ("status", "reason", "split", "shard", "caption", "sha256")
 RECORD_COLUMNS = ("key", "source_path", "occurrence", *FIELDS)
 LISTED = 50  # records listed per kind of change in CHANGES.md (changes.parquet has them all)
 BATCH_ROWS = 65_536
-
-
-@contextlib.contextmanager
-def _duckdb(memory_limit: str, *stores: Store) -> Iterator[Any]:
-    """A DuckDB connection that spills to a temporary folder past ``memory_limit`` and reads
-    the stores' files through their fsspec filesystems when they are remote."""
-    import duckdb
-
-    with tempfile.TemporaryDirectory(prefix="corpusforge-changes-") as spill:
-        con = duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": spill,
-                                     "preserve_insertion_order": True})
-        try:
-            registered: set[str] = set()
-            for store in stores:
-                protocol = store.root.split("://", 1)[0]
-                if store.remote and protocol not in registered:
-                    con.register_filesystem(store.fs)
-                    registered.add(protocol)
-            yield con
-        finally:
-            con.close()
 
 
 def _files(store: Store, folder: str) -> list[str]:
@@ -140,7 +117,7 @@ def keep_previous_version(store: Store, memory_limit: str = "2GB") -> bool:
     store.remove(PREVIOUS_RECEIPT)
     schema = pa.schema([CHANGES_SCHEMA.field(c) for c in ("key", "source_path", "occurrence")]
                        + [pa.field(c, pa.string()) for c in FIELDS])
-    with _duckdb(memory_limit, store) as con:
+    with spilling_duckdb(memory_limit, store) as con:
         reader = con.sql(records_query(store) + " ORDER BY 1, 2, 3").fetch_record_batch(BATCH_ROWS)
         _stream_parquet(store, PREVIOUS_RECORDS, reader, schema)
     store.write_bytes(PREVIOUS_RECEIPT, receipt)  # last: the copy is whole
@@ -172,7 +149,7 @@ def diff_versions(old: Store, new: Store, out: Store, previous_kept: bool = Fals
              AND o.source_path IS NOT DISTINCT FROM n.source_path AND o.occurrence = n.occurrence
         WHERE o.occurrence IS NULL OR n.occurrence IS NULL OR {differs}
         ORDER BY 1 NULLS FIRST, 2 NULLS FIRST, 3"""
-    with _duckdb(memory_limit, old, new, out) as con:
+    with spilling_duckdb(memory_limit, old, new, out) as con:
         con.execute(f"CREATE TEMP TABLE changes AS {query}")
         _stream_parquet(out, CHANGES_TABLE, con.sql("SELECT * FROM changes ORDER BY 1 NULLS FIRST, 2 NULLS FIRST, 3")
                         .fetch_record_batch(BATCH_ROWS),

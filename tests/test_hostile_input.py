@@ -371,8 +371,11 @@ def test_feature_shard_past_the_error_rate_guard_fails_and_is_not_marked_done(tm
 
 @pytest.mark.scenario(8)
 def test_parallel_folder_listing_equals_a_sequential_walk(tmp_path, outside):
-    """Top-level sub-folders are listed in parallel; the result is os.walk's, links not followed."""
-    from tasks.sources import _local_files
+    """Top-level sub-folders are listed in parallel into spill parts; the result is
+    os.walk's, links not followed, a link or special file never taken for a regular file."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    from tasks.sources import _spill_listing, _walk_local
 
     src = tmp_path / "imgs"
     for folder in ("", "a", "a/b", "c", "c/d/e", "f"):
@@ -386,7 +389,13 @@ def test_parallel_folder_listing_equals_a_sequential_walk(tmp_path, outside):
     for folder, dirs, files in os.walk(src, followlinks=False):
         want += [os.path.join(folder, n) for n in dirs if os.path.islink(os.path.join(folder, n))]
         want += [os.path.join(folder, n) for n in files]
-    got = _local_files(str(src))
-    assert [p for p, _ in got] == sorted(want) and len(want) == 15
-    assert {os.path.relpath(p, src) for p, regular in got if not regular} == {"a/dir_link", "link.jpg",
-                                                                              "c/d/pipe.txt"}
+    walked = sorted(_walk_local(str(src)))
+    assert [p for p, _ in walked] == sorted(want) and len(want) == 15
+    assert {os.path.relpath(p, src) for p, regular in walked if not regular} == {"a/dir_link", "link.jpg",
+                                                                                 "c/d/pipe.txt"}
+    store = Store(str(tmp_path / "out"))
+    spilled = [r for part in _spill_listing(store, LocalFileSystem(), str(src), remote=False)
+               for r in store.read_parquet(part).to_pylist()]
+    assert sorted(r["path"] for r in spilled) == sorted(want)
+    assert {os.path.relpath(r["path"], src) for r in spilled if r["sidecar_ext"] is None and
+            r["path"].endswith(".txt")} == {"c/d/pipe.txt"}
