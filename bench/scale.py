@@ -309,10 +309,11 @@ def write_folder(path: str, n: int) -> None:
 
 def write_release_plan(store, sc: Scale, data: str) -> None:
     """The release plan files and summary, for the release writer (as the release_plan step writes them)."""
-    from tasks.release import plan_release_files
+    from tasks.release import plan_release_files, write_staged_list
     from tasks.splits import SplitConfig
 
-    plan = plan_release_files(store, [shard_name(s) for s in range(sc.shards)], SplitConfig(), near_dedup=False)
+    staged = write_staged_list(store, [shard_name(s) for s in range(sc.shards)])
+    plan = plan_release_files(store, staged, SplitConfig(), near_dedup=False)
     with open(_release_plan_path(data), "w") as f:
         json.dump(plan, f)
 
@@ -406,12 +407,13 @@ def _release_plan_path(data: str) -> str:
 
 @step("release_plan", ("staging",), "task", ("tasks.release", "tasks.splits"))
 def run_release_plan(store, sc: Scale, data: str) -> dict[str, Any]:
-    """Release planning (one task) over every staging shard."""
-    from tasks.release import plan_release_files
+    """Release planning (one task) over every staging shard, as tasks/publish.py calls it:
+    the staging-shard list goes to a file and the task gets its SHA-256."""
+    from tasks.release import plan_release_files, write_staged_list
     from tasks.splits import SplitConfig
 
-    kwargs = dict(store=store, shards=[shard_name(s) for s in range(sc.shards)], cfg=SplitConfig(),
-                  near_dedup=False)
+    kwargs = dict(store=store, staged=write_staged_list(store, [shard_name(s) for s in range(sc.shards)]),
+                  cfg=SplitConfig(), near_dedup=False)
     plan = plan_release_files(**kwargs)
     with open(_release_plan_path(data), "w") as f:
         json.dump(plan, f)

@@ -23,6 +23,8 @@ every folder as it is.
     work/release/{split}-{n}.parquet   the samples of one release shard, in order, with the staging
                                        spans (shard, offset, size, SHA-256) its writer copies
     work/late/{part}.parquet           facts decided after staging, joined into the manifest
+    work/release_staged.parquet        the staging shards a release is planned from: written by the
+                                       publishing flow, read by the planner, which gets only its SHA-256
     work/graph/found/{shard}.parquet   pairs one staging shard's graph queries found (reused by reruns)
     work/graph/shards.parquet          the graph stage's shard table (node offsets, feature digests): read by
                                        its tasks, which get only its SHA-256 as a parameter
@@ -78,6 +80,7 @@ EXACT_DIR = "work/exact"
 RESOLVED_DIR = "work/resolved"
 RELEASE_PLAN_DIR = "work/release"
 LATE_DIR = "work/late"
+RELEASE_STAGED = "work/release_staged.parquet"  # the planner's staging shards (tasks/release.py)
 STAGING_TARS = "staging/tars"
 STAGING_INDEX = "staging/index"
 STAGING_RECORDS = "staging/records"
@@ -387,6 +390,7 @@ GPIC_JSON_FIELDS = ("retrieved_at", "license", "license_url", "attribution", "ke
 # writer copies these spans and nothing else.
 MEMBER_SPAN = pa.struct([("ext", pa.string()), ("offset", pa.int64()), ("size", pa.int64()),
                          ("sha256", pa.string())])
+RELEASE_STAGED_SCHEMA = pa.schema([("shard", pa.string())])  # work/release_staged.parquet, in the order given
 RELEASE_PLAN_SCHEMA = pa.schema([("key", pa.string()), ("staging_shard", pa.string()), ("tier", pa.string()),
                                  ("caption", pa.string()), ("caption_type", pa.string()),
                                  ("caption_origin", pa.string()), ("release_ext", pa.string()),
