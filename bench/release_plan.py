@@ -73,11 +73,11 @@ def _run(which: str, root: str, shards: list[str], memory_limit: str, queue: mp.
 
         plan = old_release_module().plan_release_files
     else:
-        from functools import partial
+        from tasks.release import plan_release_files, write_staged_list
 
-        from tasks.release import plan_release_files
-
-        plan = partial(plan_release_files, memory_limit=memory_limit)
+        def plan(store, shards, cfg, near_dedup):
+            return plan_release_files(store, write_staged_list(store, shards), cfg, near_dedup,
+                                      memory_limit=memory_limit)
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.perf_counter()
     summary = plan(Store(root), shards, SplitConfig(), near_dedup=True)

@@ -58,6 +58,16 @@ def require_marker(store: Store, rel: str, what: str) -> dict[str, Any]:
     return marker
 
 
+def read_pinned(store: Store, rel: str, sha256: str, what: str) -> bytes:
+    """The bytes of ``rel``, refused unless their SHA-256 is ``sha256``: a task handed a
+    shared table by digest never works from a table another run rewrote since."""
+    data = store.read_bytes(rel)
+    if sha256_bytes(data) != sha256:
+        raise ValueError(f"{store.path(rel)} changed while {what} ran (expected SHA-256 {sha256[:12]}…): "
+                         "another build writes to the same output")
+    return data
+
+
 def digest_of(outputs: dict[str, str]) -> str:
     """One digest for a unit's output files (path → SHA-256)."""
     return sha256_bytes(canonical_json(sorted(outputs.items())).encode())

@@ -25,9 +25,14 @@ every folder as it is.
     work/release/{split}-{n}.parquet   the samples of one release shard, in order, with the staging
                                        spans (shard, offset, size, SHA-256) its writer copies
     work/late/{part}.parquet           facts decided after staging, joined into the manifest
+    work/release_staged.parquet        the staging shards a release is planned from: written by the
+                                       publishing flow, read by the planner, which gets only its SHA-256
     work/graph/found/{shard}.parquet   pairs one staging shard's graph queries found (reused by reruns)
     work/graph/shards.parquet          the graph stage's shard table (node offsets, feature digests): read by
                                        its tasks, which get only its SHA-256 as a parameter
+    work/graph/digests/{kind}.parquet  one digest per staging shard, in node order, of the graph files
+                                       of a kind (edges, records, verified) that the one-off graph tasks
+                                       fingerprint: written once by the stage, passed as its SHA-256
     work/run/stage_times.{json,md}     the latest run's wall-clock seconds per stage and work done: not
                                        deterministic, so under work/ (outside every output hash)
     staging/tars/{shard}.tar           staged samples (image, txt, json) in input order
@@ -77,6 +82,7 @@ EXACT_DIR = "work/exact"
 RESOLVED_DIR = "work/resolved"
 RELEASE_PLAN_DIR = "work/release"
 LATE_DIR = "work/late"
+RELEASE_STAGED = "work/release_staged.parquet"  # the planner's staging shards (tasks/release.py)
 STAGING_TARS = "staging/tars"
 STAGING_INDEX = "staging/index"
 STAGING_RECORDS = "staging/records"
@@ -84,6 +90,7 @@ FEATURES_DIR = "features"
 GRAPH_DIR = "graph"
 GRAPH_FOUND = "work/graph/found"  # query results: a cache of the rerun, not an output
 GRAPH_SHARD_TABLE = "work/graph/shards.parquet"  # shared by the graph tasks (tasks/graph/nodes.py)
+GRAPH_DIGESTS_DIR = "work/graph/digests"  # per-shard digest lists of the one-off graph tasks (tasks/graph/nodes.py)
 GRAPH_RECALL = "graph/recall"
 GRAPH_EDGES = "graph/edges"
 GRAPH_DECISIONS = "graph/decisions"
@@ -240,6 +247,10 @@ def review_path(shard: str) -> str:
     return f"{GRAPH_REVIEW}/{shard}.parquet"
 
 
+def graph_digests_path(kind: str) -> str:
+    return f"{GRAPH_DIGESTS_DIR}/{kind}.parquet"
+
+
 def decisions_path(shard: str) -> str:
     return f"{GRAPH_DECISIONS}/{shard}.parquet"
 
@@ -337,6 +348,8 @@ VERIFIED_SCHEMA = pa.schema([
 # The graph stage's shard table: one row per staging shard in node-id order.
 SHARD_TABLE_SCHEMA = pa.schema([("shard", pa.string()), ("start", pa.int64()), ("stop", pa.int64()),
                                 ("features", pa.string())])
+# A digest per staging shard in node-id order (edges, records or verified files of the graph stage).
+SHARD_DIGESTS_SCHEMA = pa.schema([("shard", pa.string()), ("digest", pa.string())])
 # Pairs one shard's queries found, addressed by (shard, row) so they stay valid while the
 # shards they point at are unchanged (dst_digest: the vectors' digest they were found in).
 FOUND_SCHEMA = pa.schema([("src_row", pa.int32()), ("dst_shard", pa.string()), ("dst_row", pa.int32()),
@@ -384,6 +397,7 @@ GPIC_JSON_FIELDS = ("retrieved_at", "license", "license_url", "attribution", "ke
 # writer copies these spans and nothing else.
 MEMBER_SPAN = pa.struct([("ext", pa.string()), ("offset", pa.int64()), ("size", pa.int64()),
                          ("sha256", pa.string())])
+RELEASE_STAGED_SCHEMA = pa.schema([("shard", pa.string())])  # work/release_staged.parquet, in the order given
 RELEASE_PLAN_SCHEMA = pa.schema([("key", pa.string()), ("staging_shard", pa.string()), ("tier", pa.string()),
                                  ("caption", pa.string()), ("caption_type", pa.string()),
                                  ("caption_origin", pa.string()), ("release_ext", pa.string()),

@@ -17,7 +17,7 @@ from corpusforge.storage import Store
 from tasks.licenses import LicenseConfig
 from tasks.manifest import write_manifest_part
 from tasks.receipt import render_report
-from tasks.release import plan_release_files, write_release_shard
+from tasks.release import plan_release_files, write_release_shard, write_staged_list
 from tasks.release_card import dataset_card
 from tasks.report_html import render_html_report
 from tasks.splits import SPLITS, SplitConfig, tier_counts
@@ -34,8 +34,8 @@ def publish(store: Store, staged: list[str], n_parts: int, splits: SplitConfig, 
 
     Returns the release plan summary, the manifest part summaries and the work done
     (units computed and skipped per step)."""
-    release = run_tasks(release_plan_task, [dict(store=store, shards=staged, cfg=splits, near_dedup=near_dedup,
-                                                 source=source, captions=captions)])[0]
+    release = run_tasks(release_plan_task, [dict(store=store, staged=write_staged_list(store, staged), cfg=splits,
+                                                 near_dedup=near_dedup, source=source, captions=captions)])[0]
     shards = run_tasks(release_task, [dict(store=store, split=s["split"], shard=s["index"], cfg=splits,
                                            plan_sha256=release["plans"][name]["sha256"], source=source)
                                       for name, s in release["shards"].items()])

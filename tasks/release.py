@@ -11,6 +11,10 @@ ones and writes two kinds of small plan files:
   (staging shard, near-duplicate decision, component, split, shard, tier), joined into
   the manifest by row.
 
+The staging shards to plan from are a file too, ``work/release_staged.parquet``, which
+the publishing flow writes (:func:`write_staged_list`) and the planner reads back by its
+SHA-256: the planning task's parameters stay a few names and digests at any shard count.
+
 A release shard's fingerprint holds its plan file's bytes, and so the SHA-256 of each
 staging member it copies: a caption edited in staging reaches exactly the release tar
 holding it.
@@ -26,6 +30,7 @@ or partition.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -39,13 +44,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from corpusforge.contract import prune, run_unit, unit_fingerprint
+from corpusforge.contract import prune, read_pinned, run_unit, unit_fingerprint
 from corpusforge.faults import fault_point
 from corpusforge.hashing import stable_uniform
 from corpusforge.layout import (GPIC_JSON_FIELDS, LATE_DIR, LATE_SCHEMA, MEMBER_SPAN, RELEASE_DIR, RELEASE_PLAN_DIR,
-                                RELEASE_PLAN_SCHEMA, captions_path, decisions_path, late_path, part_name,
-                                release_plan_path, release_shard_name, release_tar, staging_index,
-                                staging_records, staging_tar)
+                                RELEASE_PLAN_SCHEMA, RELEASE_STAGED, RELEASE_STAGED_SCHEMA, captions_path,
+                                decisions_path, late_path, part_name, release_plan_path, release_shard_name,
+                                release_tar, staging_index, staging_records, staging_tar)
 from corpusforge.records import Status
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample, write_tar
@@ -55,6 +60,9 @@ from tasks.splits import SPLITS, SplitConfig, apportion, held_out_sizes, tier_co
 from tasks.staging import sample_json
 
 # DuckDB's budget for the whole-corpus sorts and window sums; beyond it, it spills to disk.
+# The planner's memory grows with N only through this buffer pool (at 1M records, 0.93 of the
+# 1.12 GB above start was DuckDB's; Python objects peak at ~50 MB at 100k and 1M alike), so a
+# planning task stays near this limit plus ~0.2 GB at any N (bench/results/scale-after-params.txt).
 PLAN_MEMORY_LIMIT = "2GB"
 _CAPTION_FIELDS = ("caption", "caption_type", "caption_origin", "vlm_model", "vlm_answers")
 
@@ -210,16 +218,30 @@ def _place(con: duckdb.DuckDBPyConnection, cfg: SplitConfig, strata: list[str]) 
     return n_kept
 
 
-def plan_release_files(store: Store, shards: list[str], cfg: SplitConfig, near_dedup: bool,
+def write_staged_list(store: Store, shards: list[str]) -> str:
+    """Write the staging shards a release is planned from, in order; return the SHA-256
+    that :func:`plan_release_files` gets."""
+    return store.write_parquet(RELEASE_STAGED, pa.table({"shard": list(shards)}, schema=RELEASE_STAGED_SCHEMA))
+
+
+def read_staged_list(store: Store, digest: str) -> list[str]:
+    """The staging shards written as ``digest`` (refused if the file changed since)."""
+    data = read_pinned(store, RELEASE_STAGED, digest, "release planning")
+    return pq.read_table(io.BytesIO(data))["shard"].to_pylist()
+
+
+def plan_release_files(store: Store, staged: str, cfg: SplitConfig, near_dedup: bool,
                        source: Store | None = None, captions: bool = False,
                        memory_limit: str = PLAN_MEMORY_LIMIT) -> dict[str, Any]:
     """Plan splits/shards/tiers and write the plan files; return each release shard's size,
     caption mix and plan digest, and each partition's late-facts digest.
 
+    ``staged``: SHA-256 of the staging-shard list (:func:`write_staged_list`, in ``store``).
     ``source`` holds the staging shards (default ``store``; another corpus version's root
     when a near-dedup pass writes a new version). ``memory_limit``: DuckDB's budget for
     the whole-corpus step (it spills to a local temporary folder beyond it)."""
     source = source or store
+    shards = read_staged_list(store, staged)
     with tempfile.TemporaryDirectory(prefix="corpusforge-plan-") as tmp:
         facts_dir = os.path.join(tmp, "facts")
         os.makedirs(facts_dir)

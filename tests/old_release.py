@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from corpusforge.layout import LATE_DIR, RELEASE_DIR, RELEASE_PLAN_DIR
 from corpusforge.storage import Store
-from tasks.release import plan_release_files
+from tasks.release import plan_release_files, write_staged_list
 from tasks.splits import SplitConfig
 
 OLD_COMMIT = "63a2feaee6ac74785452b86d43b34db5acd1f3b2"
@@ -58,7 +58,8 @@ def assert_release_equals_old(out: Path, staged: list[str], cfg: SplitConfig, ne
     old_summary = old.plan_release_files(store, staged, cfg, near_dedup, captions=captions)
     for name, shard in old_summary["shards"].items():
         old.write_release_shard(store, shard["split"], shard["index"], cfg, old_summary["plans"][name])
-    new_summary = plan_release_files(Store(str(copies["new"])), staged, cfg, near_dedup, captions=captions)
+    new = Store(str(copies["new"]))
+    new_summary = plan_release_files(new, write_staged_list(new, staged), cfg, near_dedup, captions=captions)
     drop = [{k: v for k, v in s.items() if k != "plans"} for s in (old_summary, new_summary)]
     assert drop[0] == drop[1]
     assert _files(copies["old"], LATE_DIR) == _files(copies["new"], LATE_DIR) == _files(out, LATE_DIR)

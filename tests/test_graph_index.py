@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from corpusforge.contract import read_marker
-from corpusforge.layout import GRAPH_INDEX, found_path
+from corpusforge.layout import GRAPH_INDEX, GRAPH_SHARD_TABLE, found_path
 from tasks.graph import index as fx
 from tasks.graph.config import IndexConfig, NearDedupConfig, VerificationConfig
 from tasks.graph.edges import (build_index, feature_digests, found_fingerprint, graph_recall, iter_edges, merge_edges,
@@ -67,10 +67,10 @@ def test_knn_cap_limits_edges_and_recall_reports_it(tmp_path):
     store, shards, by_key = write_corpus(str(tmp_path), n_shards=2, per_shard=12, dim=16, vectors=x)
     cfg = NearDedupConfig(index=IndexConfig(kind="flat", search="knn", k=4), recall_queries=1000,
                           verification=VerificationConfig(mode="gpic_exact"))  # the graph alone, no review band
-    nodes, _, got = run_graph(store, shards, cfg)
+    _, _, got = run_graph(store, shards, cfg)
     want = brute_force_edges(store, shards, by_key, 0.90)
     assert set(got) < set(want)
-    rec = graph_recall(store, nodes, cfg)
+    rec = graph_recall(store, store.sha256(GRAPH_SHARD_TABLE), cfg)
     assert rec["queries"] == 24 and rec["reference_pairs"] == len(want)
     assert rec["recall"] == pytest.approx(len(got) / len(want))
 
@@ -81,13 +81,13 @@ def test_ivf_recall_on_planted_near_duplicates(tmp_path, storage):
     cfg = NearDedupConfig(index=IndexConfig(kind="ivf", nlist=32, nprobe=8, storage=storage, pq_m=8,
                                             pq_rescore_margin=0.15, k=16), recall_queries=400,
                           recall_tolerance=1e-3)
-    nodes, info, got = run_graph(store, shards, cfg)
+    _, info, got = run_graph(store, shards, cfg)
     assert info["plan"]["factory"].startswith("IVF32,")
     want = brute_force_edges(store, shards, by_key, 0.90)
     must = {p for p, s in want.items() if s >= 0.901}
     recall = len(must & set(got)) / len(must)
     assert recall >= 0.95, recall  # stated target on clustered data with nprobe = nlist/4
-    measured = graph_recall(store, nodes, cfg)
+    measured = graph_recall(store, store.sha256(GRAPH_SHARD_TABLE), cfg)
     assert measured["queries"] > 200 and measured["recall"] >= 0.9
     tol = 1e-5 if storage in ("flat", "pq") else 1e-3  # pq is rescored exactly; fp16 codes are not
     for p, s in got.items():

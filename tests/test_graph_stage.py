@@ -207,3 +207,55 @@ def test_a_task_refuses_a_shard_table_it_was_not_given(tmp_path):
     write_shard_table(store, NodeTable(("a",), np.array([0, 3])), {"a": "d2"})
     with pytest.raises(ValueError, match="changed while the graph stage ran"):
         read_shard_table(store, first)
+
+
+def test_single_task_parameters_stay_small_at_any_shard_count(tmp_path):
+    """The one-off tasks (recall, review, decisions, collision, calibration) get the shard
+    table's and the digest lists' SHA-256, not the node table and O(S) lists (issue 22:
+    6.4 MB per task projected at 10⁸ images); each task reads the same lists back."""
+    import inspect
+
+    import cloudpickle
+
+    from corpusforge.storage import Store
+    from tasks.graph import stage
+    from tasks.graph.nodes import (NodeTable, read_shard_digests, read_shard_table, write_shard_digests,
+                                   write_shard_table)
+
+    tasks = {"recall": stage.recall_task, "review": stage.review_task, "decisions": stage.decide_task,
+             "collision": stage.collision_task, "calibration": stage.calibration_task}
+    sizes = []
+    for n in (10, 1000):
+        store = Store(str(tmp_path / f"{n:06d}"))  # equal root lengths: equal pickles
+        shards = [f"{i:06d}" for i in range(n)]
+        nodes = NodeTable(tuple(shards), np.arange(n + 1, dtype=np.int64) * 10_000)
+        lists = {kind: [hashlib.sha256(f"{kind}{s}".encode()).hexdigest() for s in shards]
+                 for kind in ("edges", "records", "verified")}
+        table = write_shard_table(store, nodes, dict(zip(shards, lists["edges"], strict=True)))
+        written = {kind: write_shard_digests(store, kind, nodes, d) for kind, d in lists.items()}
+        calls = stage.single_calls(store, store, exact_cfg(), table, written, n * 10_000,
+                                   {"collision": "c" * 64, "calibration": "k" * 64})
+        calls["decisions"]["verified"] = written["verified"]
+        for name, task in tasks.items():
+            inspect.signature(task.fn).bind(**calls[name])  # the task takes exactly these
+        sizes.append({name: len(cloudpickle.dumps(c)) for name, c in calls.items()})
+        got_nodes, _ = read_shard_table(store, table)
+        for kind, d in lists.items():
+            assert read_shard_digests(store, kind, written[kind], got_nodes) == d
+    assert sizes[1] == sizes[0]
+    assert max(sizes[1].values()) <= 4 << 10
+
+
+def test_a_task_refuses_a_digest_list_it_was_not_given(tmp_path):
+    from corpusforge.storage import Store
+    from tasks.graph.nodes import NodeTable, read_shard_digests, write_shard_digests
+
+    store = Store(str(tmp_path))
+    nodes = NodeTable(("a", "b"), np.array([0, 3, 5]))
+    first = write_shard_digests(store, "edges", nodes, ["e1", "e2"])
+    write_shard_digests(store, "edges", nodes, ["e1", "e3"])
+    with pytest.raises(ValueError, match="changed while the graph stage ran"):
+        read_shard_digests(store, "edges", first, nodes)
+    other = write_shard_digests(store, "records", NodeTable(("a",), np.array([0, 3])), ["r1"])
+    with pytest.raises(ValueError, match="other shards"):
+        read_shard_digests(store, "records", other, nodes)

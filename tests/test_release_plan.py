@@ -21,7 +21,7 @@ from PIL import Image
 from corpusforge.layout import NEAR_DECISION_SCHEMA, decisions_path, release_plan_path, staging_tar
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample
-from tasks.release import plan_release_files, write_release_shard
+from tasks.release import plan_release_files, write_release_shard, write_staged_list
 from tasks.splits import SplitConfig
 from tests.old_release import assert_release_equals_old
 from tests.staging_files import write_staging_shard
@@ -78,7 +78,7 @@ CONFIGS = {
 def test_plan_and_shards_equal_the_old_implementation(tmp_path, name, near_dedup):
     store, shards = synthetic_corpus(tmp_path / "corpus")
     cfg = SplitConfig.model_validate(CONFIGS[name])
-    summary = plan_release_files(store, shards, cfg, near_dedup)
+    summary = plan_release_files(store, write_staged_list(store, shards), cfg, near_dedup)
     for shard_name, s in summary["shards"].items():
         write_release_shard(store, s["split"], s["index"], cfg, summary["plans"][shard_name]["sha256"])
     assert {s["split"] for s in summary["shards"].values()} == {"train", "val", "test"}
@@ -88,7 +88,7 @@ def test_plan_and_shards_equal_the_old_implementation(tmp_path, name, near_dedup
 def test_a_release_writer_opens_only_its_plan_and_the_staging_tars_it_copies(tmp_path, opened_files):
     store, shards = synthetic_corpus(tmp_path / "corpus", n_shards=6, per_shard=30)
     cfg = SplitConfig(val=0.1, test=0.1, shard_size=4)
-    summary = plan_release_files(store, shards, cfg, near_dedup=True)
+    summary = plan_release_files(store, write_staged_list(store, shards), cfg, near_dedup=True)
     name, shard = next((n, s) for n, s in summary["shards"].items() if s["split"] == "train")
     plan = store.read_parquet(release_plan_path(name)).to_pylist()
     opened_files.clear()
@@ -99,3 +99,43 @@ def test_a_release_writer_opens_only_its_plan_and_the_staging_tars_it_copies(tmp
     assert set(opened) == {release_plan_path(name)} | copied_from
     assert opened.count(release_plan_path(name)) == 1
     assert len(opened) == 1 + len(plan)  # one ranged read per sample
+
+
+class _Submitted(Exception):
+    """Raised by the stand-in for run_tasks once publish has built the planning call."""
+
+
+def test_the_planning_task_gets_a_digest_not_the_shard_list(tmp_path, monkeypatch):
+    """publish hands the planner the staging-shard list's SHA-256 (issue 22: the list itself
+    was 134 KB per task projected at 10⁸ images): its pickled parameters are the same size
+    for 10 and 1000 staging shards, and the planner reads the list back."""
+    import cloudpickle
+
+    import tasks.publish
+    from tasks.release import read_staged_list
+
+    submitted = []
+
+    def first_call(task, calls):
+        submitted.append(calls)
+        raise _Submitted
+
+    monkeypatch.setattr(tasks.publish, "run_tasks", first_call)
+    sizes = []
+    for n in (10, 1000):
+        store = Store(str(tmp_path / f"{n:06d}"), fsync=False)  # equal root lengths: equal pickles
+        shards = [f"{i:06d}" for i in range(n)]
+        with pytest.raises(_Submitted):
+            tasks.publish.publish(store, shards, 1, SplitConfig(), near_dedup=True)
+        (kwargs,) = submitted.pop()
+        assert read_staged_list(store, kwargs["staged"]) == shards
+        sizes.append(len(cloudpickle.dumps(kwargs)))
+    assert sizes[1] == sizes[0] <= 4 << 10
+
+
+def test_the_planner_refuses_a_shard_list_it_was_not_given(tmp_path):
+    store, shards = synthetic_corpus(tmp_path / "corpus", n_shards=2, per_shard=10)
+    staged = write_staged_list(store, shards)
+    write_staged_list(store, shards[:1])
+    with pytest.raises(ValueError, match="changed while release planning ran"):
+        plan_release_files(store, staged, SplitConfig(), near_dedup=True)

@@ -33,7 +33,7 @@ from corpusforge.storage import Store
 from tasks.graph.collision import PAIRS_PATH
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.edges import iter_edges
-from tasks.graph.nodes import NodeTable, records_path
+from tasks.graph.nodes import NodeTable, read_shard_table, records_path
 
 PAGE_PATH = "graph/calibration/index.html"
 HIST_BINS = np.linspace(0.70, 1.0, 61)
@@ -132,13 +132,15 @@ def _rule(s: float, cfg: NearDedupConfig) -> str:
     return "below the candidate threshold: no action"
 
 
-def calibration_sheet(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable,
+def calibration_sheet(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str,
                       fp: str) -> dict[str, Any]:
     """Sample the pairs, render ``graph/calibration/index.html``; return per-bin counts.
 
     Skipped (the stored counts returned) when done before with the same fingerprint ``fp``.
+    ``shard_table``: SHA-256 of the stage's shard table (tasks/graph/nodes.py).
     """
-    marker = run_unit(out, PAGE_PATH, fp, lambda: _calibration_sheet(source, out, cfg, nodes))
+    marker = run_unit(out, PAGE_PATH, fp, lambda: _calibration_sheet(
+        source, out, cfg, read_shard_table(out, shard_table)[0]))
     return {**marker["info"], "action": marker["action"]}
 
 

@@ -50,7 +50,7 @@ from tasks.graph import index as fx
 from tasks.graph.components import UnionFind
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.edges import edge_table, pair_score_of
-from tasks.graph.nodes import NodeTable, load_shard_vectors
+from tasks.graph.nodes import NodeTable, load_shard_vectors, read_shard_table
 
 TABLE_PATH = "graph/collision/table.parquet"
 JSON_PATH = "graph/collision/table.json"
@@ -131,13 +131,15 @@ def _gather_subset(source: Store, cfg: NearDedupConfig, nodes: NodeTable, fracti
     return np.concatenate(ids)[order], np.concatenate(xs)[order], u[order], total
 
 
-def collision_models(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable,
+def collision_models(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str,
                      n_vectors: int, fp: str) -> dict[str, Any]:
     """Run the subsets, fit per threshold, write table, JSON, plot and pairs; return the JSON.
 
     Skipped (the stored JSON returned) when done before with the same fingerprint ``fp``.
+    ``shard_table``: SHA-256 of the stage's shard table (tasks/graph/nodes.py).
     """
-    marker = run_unit(out, JSON_PATH, fp, lambda: _collision_models(source, out, cfg, nodes, n_vectors))
+    marker = run_unit(out, JSON_PATH, fp, lambda: _collision_models(
+        source, out, cfg, read_shard_table(out, shard_table)[0], n_vectors))
     return {**out.read_json(JSON_PATH), "action": marker["action"]}
 
 

@@ -33,7 +33,7 @@ from tasks.graph.chaining import component_metrics, components_report
 from tasks.graph.components import UnionFind, component_sizes
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.edges import iter_edges
-from tasks.graph.nodes import NodeTable, records_path
+from tasks.graph.nodes import NodeTable, read_shard_digests, read_shard_table, records_path
 from tasks.graph.two_tier import (COMPONENT, TIER1, VERIFIED, TierOnePartners, decide, keys_as_bytes,
                                   priority_rank, reason_texts)
 from tasks.graph.verify import iter_verified
@@ -81,19 +81,26 @@ def check_unique_sha(source: Store, nodes: NodeTable, kept: np.ndarray, prefix: 
             f"(exact dedup must run first): {sample}")
 
 
-def decide_near_duplicates(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable,
-                           edges_digests: list[str], records_digests: list[str],
-                           verified_digests: list[str] | None = None) -> dict[str, Any]:
+def decide_near_duplicates(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str, edges: str,
+                           records: str, verified: str | None = None) -> dict[str, Any]:
     """Two-tier decisions for every image (one unit: the rule is global); returns the marker.
+
+    ``shard_table``: SHA-256 of the stage's shard table; ``edges``, ``records``,
+    ``verified``: of its per-shard digest lists of the edge, staging records and
+    verification files (tasks/graph/nodes.py; ``verified`` None when nothing is verified).
+    The fingerprint holds the node table and those lists.
 
     With ``cfg.verifying`` (mode gpic_verified) the candidate graph is the pairs above the
     pair threshold plus the verified review pairs (``graph/verified/``), which act as
     tier-1 pairs: below the pair threshold a similarity alone links nothing."""
+    nodes = read_shard_table(out, shard_table)[0]
+    lists = [read_shard_digests(out, kind, digest, nodes) if digest is not None else None
+             for kind, digest in (("edges", edges), ("records", records), ("verified", verified))]
     fp = unit_fingerprint("graph-decisions", code_version(__name__, "tasks.graph.two_tier"),
                           [cfg.candidate_threshold, cfg.pair_threshold, cfg.min_component_size,
                            cfg.chain_min_hop1_fraction, cfg.chain_max_hops, cfg.report_top, cfg.verifying,
                            cfg.verification.min_inliers if cfg.verifying else None],
-                          [nodes.to_json(), edges_digests, records_digests, verified_digests])
+                          [nodes.to_json(), *lists])
     return run_unit(out, GRAPH_DECISIONS, fp, lambda: _decide(source, out, cfg, nodes))
 
 

@@ -424,8 +424,9 @@ def node_degrees(out: Store, nodes: NodeTable) -> np.ndarray:
     return degree
 
 
-def graph_recall(out: Store, nodes: NodeTable, cfg: NearDedupConfig) -> dict[str, Any]:
-    """Share of exhaustive-search pairs of the recall sample that the graph holds.
+def graph_recall(out: Store, shard_table: str, cfg: NearDedupConfig) -> dict[str, Any]:
+    """Share of exhaustive-search pairs of the recall sample that the graph holds
+    (``shard_table``: SHA-256 of the stage's shard table).
 
     Reference: every pair (sample query, any vector) with similarity >= threshold +
     ``recall_tolerance`` by a numpy product (the margin absorbs float16 index scores
@@ -433,6 +434,7 @@ def graph_recall(out: Store, nodes: NodeTable, cfg: NearDedupConfig) -> dict[str
     node's pairs beyond its k-1 nearest count as misses too: this is the recall of the
     graph, not of the index.
     """
+    nodes = read_shard_table(out, shard_table)[0]
     q_ids = _load_npy(out, GRAPH_RECALL_IDS)
     ref = pa.concat_tables([out.read_parquet(recall_path(s)) for s in nodes.shards])
     rs = ref["similarity"].to_numpy()

@@ -12,11 +12,16 @@ instead the driver writes them once to ``work/graph/shards.parquet``
 (:func:`write_shard_table`) and each task gets only that file's SHA-256, reading the file
 once per worker process (:func:`read_shard_table`, which refuses a file whose digest
 differs: a task never works from another plan's table).
+
+The one-off tasks (recall, review pairs, decisions, collision models, calibration) also
+fingerprint per-shard digest lists (edges, records, verified files): the driver writes
+each once to ``work/graph/digests/{kind}.parquet`` (:func:`write_shard_digests`) and the
+task reads it back by SHA-256 (:func:`read_shard_digests`), so its fingerprint holds the
+same lists as when they were parameters.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 from dataclasses import dataclass
 from functools import cached_property
@@ -25,8 +30,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from corpusforge.contract import read_pinned
 from corpusforge.feature_files import read_shard_features
-from corpusforge.layout import GRAPH_SHARD_TABLE, SHARD_TABLE_SCHEMA
+from corpusforge.layout import GRAPH_SHARD_TABLE, SHARD_DIGESTS_SCHEMA, SHARD_TABLE_SCHEMA, graph_digests_path
 from corpusforge.layout import staging_records as records_path
 from corpusforge.storage import Store
 
@@ -92,11 +98,7 @@ def read_shard_table(out: Store, digest: str) -> tuple[NodeTable, dict[str, str]
     """The node table and feature digests written as ``digest``, read once per process and kept."""
     key = (out.root, digest)
     if key not in _TABLE_CACHE:
-        data = out.read_bytes(GRAPH_SHARD_TABLE)
-        if hashlib.sha256(data).hexdigest() != digest:
-            raise ValueError(f"{out.path(GRAPH_SHARD_TABLE)} changed while the graph stage ran "
-                             f"(expected SHA-256 {digest[:12]}…): another build writes to the same output")
-        t = pq.read_table(io.BytesIO(data))
+        t = pq.read_table(io.BytesIO(read_pinned(out, GRAPH_SHARD_TABLE, digest, "the graph stage")))
         shards = t["shard"].to_pylist()
         offsets = np.concatenate([t["start"].to_numpy()[:1], t["stop"].to_numpy()]).astype(np.int64)
         if not shards:
@@ -105,6 +107,20 @@ def read_shard_table(out: Store, digest: str) -> tuple[NodeTable, dict[str, str]
         _TABLE_CACHE[key] = (NodeTable(tuple(shards), offsets), dict(zip(shards, t["features"].to_pylist(),
                                                                          strict=True)))
     return _TABLE_CACHE[key]
+
+
+def write_shard_digests(out: Store, kind: str, nodes: NodeTable, digests: list[str]) -> str:
+    """Write one digest per shard of ``nodes`` (in node order) as the list ``kind``; return its SHA-256."""
+    table = pa.table({"shard": list(nodes.shards), "digest": digests}, schema=SHARD_DIGESTS_SCHEMA)
+    return out.write_parquet(graph_digests_path(kind), table)
+
+
+def read_shard_digests(out: Store, kind: str, digest: str, nodes: NodeTable) -> list[str]:
+    """The list ``kind`` written as ``digest``, one digest per shard of ``nodes`` in node order."""
+    t = pq.read_table(io.BytesIO(read_pinned(out, graph_digests_path(kind), digest, "the graph stage")))
+    if tuple(t["shard"].to_pylist()) != nodes.shards:
+        raise ValueError(f"{out.path(graph_digests_path(kind))} lists other shards than the graph's node table")
+    return t["digest"].to_pylist()
 
 
 def normalize_rows(x: np.ndarray) -> np.ndarray:

@@ -32,7 +32,7 @@ from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.edges import edge_table, iter_edges
-from tasks.graph.nodes import NodeTable
+from tasks.graph.nodes import NodeTable, read_shard_digests, read_shard_table
 
 
 def in_band(sim: np.ndarray, cfg: NearDedupConfig) -> np.ndarray:
@@ -70,12 +70,15 @@ def kth_best(out: Store, nodes: NodeTable, cfg: NearDedupConfig) -> np.ndarray:
     return top[:, -1]
 
 
-def select_review_pairs(out: Store, cfg: NearDedupConfig, nodes: NodeTable, edges_digests: list[str]
-                        ) -> dict[str, Any]:
-    """Write the chosen band pairs of every owner shard (one unit); returns the marker."""
+def select_review_pairs(out: Store, cfg: NearDedupConfig, shard_table: str, edges: str) -> dict[str, Any]:
+    """Write the chosen band pairs of every owner shard (one unit); returns the marker.
+
+    ``shard_table``, ``edges``: SHA-256 of the stage's shard table and of its list of edge
+    file digests (tasks/graph/nodes.py); the fingerprint holds the node table and that list."""
     vc = cfg.verification
-    fp = unit_fingerprint("graph-review", code_version(__name__),
-                          [vc.review_low, vc.review_k, cfg.pair_threshold], [nodes.to_json(), edges_digests])
+    nodes = read_shard_table(out, shard_table)[0]
+    fp = unit_fingerprint("graph-review", code_version(__name__), [vc.review_low, vc.review_k, cfg.pair_threshold],
+                          [nodes.to_json(), read_shard_digests(out, "edges", edges, nodes)])
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         kth = kth_best(out, nodes, cfg)

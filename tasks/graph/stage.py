@@ -16,8 +16,10 @@ a rerun after new or changed staging shards queries only those (see
 and the merge, decisions and reports are recomputed from the edges (cheap).
 
 Task parameters are names and digests only: the node table and every shard's feature
-digest go once to ``work/graph/shards.parquet`` and each fan-out task gets its SHA-256
-(``tasks/graph/nodes.py``), so a task's parameters do not grow with the shard count.
+digest go once to ``work/graph/shards.parquet`` and each task gets its SHA-256; the
+per-shard digests the one-off tasks fingerprint (edges, records, verified) go once to
+``work/graph/digests/`` likewise (``tasks/graph/nodes.py``), so no task's parameters
+grow with the shard count.
 
 Inputs are read from ``source`` (default: the output store itself); everything is
 written under ``graph/`` of the output store — a new corpus version can therefore be
@@ -35,8 +37,8 @@ from corpusforge.cluster import as_task, run_each, run_tasks
 from corpusforge.contract import (COMPUTED, SKIPPED, count_actions, marker_path, prune, remove_tree, require_marker,
                                   unit_fingerprint)
 from corpusforge.layout import (GRAPH_DECISIONS, GRAPH_EDGES, GRAPH_FOUND, GRAPH_INDEX_DIR, GRAPH_NODES, GRAPH_RECALL,
-                                GRAPH_REVIEW, GRAPH_SUMMARY, GRAPH_VERIFIED, edges_path, found_path, review_path,
-                                staging_records, staging_tar)
+                                GRAPH_REVIEW, GRAPH_SUMMARY, GRAPH_VERIFIED, edges_path, found_path, graph_digests_path,
+                                review_path, staging_records, staging_tar)
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.graph.calibration import calibration_sheet
@@ -45,7 +47,7 @@ from tasks.graph.config import NearDedupConfig
 from tasks.graph.decisions import decide_near_duplicates, read_decisions
 from tasks.graph.edges import (build_index, feature_digests, found_fingerprint, graph_recall, group_shards,
                                merge_edges, merge_groups, node_degrees, query_shard, recall_shard)
-from tasks.graph.nodes import plan_nodes, write_shard_table
+from tasks.graph.nodes import plan_nodes, write_shard_digests, write_shard_table
 from tasks.graph.review import select_review_pairs
 from tasks.graph.verify import records_fingerprint, verify_shard
 
@@ -85,7 +87,6 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
         prune(store, folder, nodes.shards)
     prune(store, GRAPH_INDEX_DIR, {"index", "recall_ids", "recall_vectors"})  # a killed writer's temp files
     table = write_shard_table(store, nodes, digests)
-    common = dict(source=source, out=store, cfg=cfg, nodes=nodes)
     info = run_tasks(build_index_task, [dict(source=source, out=store, cfg=cfg, shard_table=table)])[0]
     calls = shard_calls(source, store, cfg, table, digests, info)
     started = time.perf_counter()
@@ -108,34 +109,42 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
     work["capped_queries"] = sum(q["capped"] for q in queried)
     work["recall_references"] = count_actions(references)
     work["merges"] = count_actions(merged)
-    recall = run_tasks(recall_task, [dict(out=store, nodes=nodes, cfg=cfg)])[0]
 
     edges_digests = [d for m in merged for d in m["digests"]]
     records = {s: require_marker(source, staging_tar(s), "staging shard")["outputs"][staging_records(s)]
                for s in nodes.shards}
     records_digests = [records[s] for s in nodes.shards]
-    verified_digests = review = None
+    code = code_version("tasks.graph.collision", "tasks.graph.calibration")
+    cfp = unit_fingerprint("graph-collision", code, [cfg.model_id, cfg.seed, cfg.collision.model_dump(mode="json"),
+                                                     cfg.index.model_dump(mode="json"), info.get("pair_score")],
+                           [nodes.to_json(), [digests[s] for s in nodes.shards]])
+    kfp = unit_fingerprint("graph-calibration", code,
+                           [cfg.calibration.model_dump(mode="json"), cfg.graph_threshold, cfg.candidate_threshold,
+                            cfg.pair_threshold, cfg.min_component_size, cfg.seed],
+                           [edges_digests, records_digests, cfp if cfg.collision.enabled else None])
+    lists = {kind: write_shard_digests(store, kind, nodes, d)
+             for kind, d in (("edges", edges_digests), ("records", records_digests))}
+    calls = single_calls(source, store, cfg, table, lists, info["n_vectors"], {"collision": cfp, "calibration": kfp})
+    recall = run_tasks(recall_task, [calls["recall"]])[0]
+    review = None
     if cfg.verifying:
-        review = run_tasks(review_task, [dict(out=store, cfg=cfg, nodes=nodes, edges_digests=edges_digests)])[0]
+        review = run_tasks(review_task, [calls["review"]])[0]
         work["review"] = review["action"]
         records_fp = records_fingerprint(records)
         verified = run_tasks(verify_task, [dict(source=source, out=store, cfg=cfg, shard_table=table, shard=s,
                                                 review_digest=review["outputs"][review_path(s)], records=records_fp)
                                            for s in nodes.shards])
         work["verification"] = count_actions(verified)
-        verified_digests = [m["digest"] for m in verified]
+        calls["decisions"]["verified"] = write_shard_digests(store, "verified", nodes,
+                                                             [m["digest"] for m in verified])
     else:  # a rerun in gpic_exact leaves no review or verification files behind (equal to a fresh build)
         for folder in (GRAPH_REVIEW, GRAPH_VERIFIED):
             remove_tree(store, folder)
         store.remove(marker_path(GRAPH_REVIEW))
-    later = [(decide_task, dict(common, edges_digests=edges_digests, records_digests=records_digests,
-                                verified_digests=verified_digests))]
-    code = code_version("tasks.graph.collision", "tasks.graph.calibration")
-    cfp = unit_fingerprint("graph-collision", code, [cfg.model_id, cfg.seed, cfg.collision.model_dump(mode="json"),
-                                                     cfg.index.model_dump(mode="json"), info.get("pair_score")],
-                           [nodes.to_json(), [digests[s] for s in nodes.shards]])
+        store.remove(graph_digests_path("verified"))
+    later = [(decide_task, calls["decisions"])]
     if cfg.collision.enabled:
-        later.append((collision_task, dict(common, n_vectors=info["n_vectors"], fp=cfp)))
+        later.append((collision_task, calls["collision"]))
     results = run_each(later)
     decided = results[0]
     decisions = decided["info"]
@@ -143,11 +152,7 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
     work["decisions"] = decided["action"]
     calibration = None
     if cfg.calibration.enabled:
-        kfp = unit_fingerprint("graph-calibration", code,
-                               [cfg.calibration.model_dump(mode="json"), cfg.graph_threshold, cfg.candidate_threshold,
-                                cfg.pair_threshold, cfg.min_component_size, cfg.seed],
-                               [edges_digests, records_digests, cfp if collision else None])
-        calibration = run_tasks(calibration_task, [dict(common, fp=kfp)])[0]
+        calibration = run_tasks(calibration_task, [calls["calibration"]])[0]
         work["calibration"] = calibration.pop("action")
     if collision is not None:
         work["collision"] = collision.pop("action")
@@ -181,6 +186,20 @@ def shard_calls(source: Store, out: Store, cfg: NearDedupConfig, table: str, dig
     shared tables are read from the file ``table`` names), so each stays a few KB at any S."""
     return [dict(source=source, out=out, cfg=cfg, shard_table=table, shard=s, digest=d, info=info)
             for s, d in sorted(digests.items())]
+
+
+def single_calls(source: Store, out: Store, cfg: NearDedupConfig, table: str, lists: dict[str, str],
+                 n_vectors: int, fps: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Parameters of the one-off tasks (recall, review, decisions, collision, calibration):
+    the shard table's and the digest lists' SHA-256 (``lists``: edges, records; the stage
+    adds decisions' ``verified`` once verification ran) and the fingerprints ``fps`` of
+    collision and calibration, so each stays a few KB at any S."""
+    common = dict(source=source, out=out, cfg=cfg, shard_table=table)
+    return {"recall": dict(out=out, shard_table=table, cfg=cfg),
+            "review": dict(out=out, cfg=cfg, shard_table=table, edges=lists["edges"]),
+            "decisions": dict(common, edges=lists["edges"], records=lists["records"], verified=None),
+            "collision": dict(common, n_vectors=n_vectors, fp=fps["collision"]),
+            "calibration": dict(common, fp=fps["calibration"])}
 
 
 def _merge(store: Store, nodes, table: str, cfg: NearDedupConfig) -> list[dict[str, Any]]:
