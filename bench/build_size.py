@@ -1,11 +1,13 @@
 """A whole build at the largest sizes this machine allows, to check bench/scale.py's
 projections on the real flow (issue 22).
 
-A folder of small synthetic pictures (48–64 px, :func:`bench.noop_rerun.pictures`) is
-built with the demo's configuration (configs/demo.yaml: SSCD int8 near-duplicates,
-DINOv2 reference statistics at random init, 2 worker processes) and
-``validation.min_side: 32``, at each size, then built again into the same output (a
-no-op rerun). Per build it records, measured:
+The sample corpus generator's corpus (``corpusforge sample``: planted exact and near
+duplicates, bad records, captions, licences) of each size is built with the demo's
+configuration (configs/demo.yaml: SSCD int8 near-duplicates, DINOv2 reference
+statistics at random init, 2 worker processes), then built again into the same output (a
+no-op rerun). Synthetic smooth pictures (bench/noop_rerun.py) do not serve here: SSCD
+finds them all alike, and one near-duplicate component leaves the test split empty. Per
+build it records, measured:
 
 * wall time and seconds per stage (the run log);
 * peak RSS of the flow process (``ru_maxrss``) and of the largest worker process
@@ -40,9 +42,10 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.noop_rerun import pictures, task_runs  # noqa: E402
+from bench.noop_rerun import task_runs  # noqa: E402
 from corpusforge import cluster  # noqa: E402
 from flows.build_corpus import BuildConfig, run_build  # noqa: E402
+from sample_corpus import write_sample_corpus  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,10 +88,9 @@ class Sampler:
 
 
 def build_config(source: Path, out: Path) -> BuildConfig:
-    """The demo's configuration on ``source`` with small pictures let through."""
+    """The demo's configuration (as `make demo` builds) on ``source``."""
     data = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
     data.update(source=str(source), out=str(out))
-    data.setdefault("validation", {})["min_side"] = 32
     return BuildConfig.model_validate(data)
 
 
@@ -123,7 +125,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="cf-size-") as tmp, cluster.prefect_api():
         for n in sorted(args.sizes):
             root = Path(tmp) / str(n)
-            pictures(root / "source", n)
+            write_sample_corpus(str(root / "source"), n=n, seed=0)
             cfg = build_config(root / "source", root / "out")
             for run in ("fresh", "no-op rerun"):
                 row = {"n": n, "run": run, "load": round(os.getloadavg()[0], 1), **measured(cfg)}
