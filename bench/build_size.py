@@ -57,10 +57,13 @@ class Sampler:
     def __init__(self) -> None:
         self.worker_rss = 0
         self.read: dict[int, int] = {}
+        self._before: dict[int, int] = {}  # what processes alive at the start had read by then
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> Sampler:
+        self._sample()
+        self._before = dict(self.read)
         self._thread.start()
         return self
 
@@ -86,6 +89,11 @@ class Sampler:
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
 
+    @property
+    def read_bytes(self) -> int:
+        """Bytes read since the start by the processes sampled."""
+        return sum(n - self._before.get(pid, 0) for pid, n in self.read.items())
+
 
 def build_config(source: Path, out: Path) -> BuildConfig:
     """The demo's configuration (as `make demo` builds) on ``source``."""
@@ -103,7 +111,7 @@ def measured(cfg: BuildConfig) -> dict[str, Any]:
     return {"wall": round(wall, 1), "stages": {k: round(v, 1) for k, v in work["seconds"].items()},
             "flow_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "worker_rss_mb": round(sampler.worker_rss / 2**20, 1), "task_runs": task_runs(started_at),
-            "read_mb": round(sum(sampler.read.values()) / 2**20, 1)}
+            "read_mb": round(sampler.read_bytes / 2**20, 1)}
 
 
 def exponent(ns: list[int], ys: list[float]) -> float | None:
