@@ -8,9 +8,10 @@ import pytest
 from corpusforge.contract import read_marker
 from corpusforge.layout import GRAPH_INDEX, found_path
 from tasks.graph import index as fx
+from tasks.graph.build import build_index
 from tasks.graph.config import IndexConfig, NearDedupConfig, VerificationConfig
-from tasks.graph.edges import (build_index, feature_digests, found_fingerprint, graph_recall, iter_edges, merge_edges,
-                               merge_groups, query_shard, recall_shard)
+from tasks.graph.edges import (feature_digests, found_fingerprint, graph_recall, iter_edges, merge_edges, merge_groups,
+                               query_shard, recall_shard)
 from tasks.graph.nodes import plan_nodes, write_shard_table
 from tests.graph_corpus import at_similarity, brute_force_edges, unit, write_corpus
 
