@@ -7,12 +7,16 @@ learned-model shape and the wfd shape, a source folder), with P = N / partition_
 ingest partitions and S = N / shard_size staging shards as the defaults set them. Then
 each step runs in its own process (``--child``) and reports wall time, CPU time, peak
 RSS above the process's resident size when the step started (``/proc/self/clear_refs``
-resets the peak), files opened and bytes read through fsspec (a counting local
-filesystem registered for ``file://`` in the child, so every ``Store`` uses it), the
-number of tasks and the largest pickled parameters of one task.
+resets the peak; a step of several tasks, the index build, resets it before each task and
+reports the largest task's), files opened and bytes read through fsspec (a counting local
+filesystem registered for ``file://`` in the child, so every ``Store`` uses it; files FAISS
+maps itself, the index's lists, are added), the number of tasks and the largest pickled
+parameters of one task. Peak RSS counts the pages of mapped files a task touched too.
 
 The table fits time, peak memory, files opened and parameter size as ``a·N^b`` (log-log
-least squares over the sizes run) and projects them to 10⁷ and 10⁸. Bounds (issue 22):
+least squares over the sizes run) and projects them to 10⁷ and 10⁸; a step the stage refuses
+above a size (the graph index of wfd and of 512-d SQfp16, :func:`refused_above`) says so and
+projects nothing past it. Bounds (issue 22):
 a linear step fits b ≤ 1.2 for CPU time (wall time is shown too, but on a shared 2-core
 machine it measures the neighbours as much as the step) and files opened; the flow process ≤ 2 GB and any
 task ≤ 16 GB at 10⁸; ≤ 64 KB of parameters per task; ≤ 20,000 task runs per build. Steps
@@ -166,13 +170,21 @@ class Scale:
     def fan_outs(self) -> dict[str, int]:
         """Units of each fan-out of a build (flows/build_corpus.py, tasks/exact_dedup.py,
         tasks/graph/stage.py, tasks/publish.py): one entry per ``run_tasks`` call; graph merge
-        at its most, one group per shard (merge_groups sizes groups by found pairs)."""
+        at its most, one group per shard (merge_groups sizes groups by found pairs); the index
+        as a 512-d model's 10⁸ build plans it (IVF-PQ above flat_max_vectors: add blocks, merge)."""
         from tasks.exact_dedup import partition_groups
+        from tasks.graph import build
+        from tasks.graph.config import IndexConfig
+        from tasks.graph.index import plan_index
 
         groups = len(partition_groups(self.parts, self.buckets))
+        plan = plan_index(IndexConfig(**IVF_PQ) if self.kept > IndexConfig().flat_max_vectors else IndexConfig(),
+                          self.kept, 512)
+        blocks = math.ceil(self.kept * plan.bytes_per_vector / build.ADD_BLOCK_BYTES) if plan.kind == "ivf" else 0
         return {"plan inputs": 1, "ingest": self.parts, "exchange keys": groups, "duplicate keys": self.buckets,
                 "exchange hashes": groups, "exact duplicates": self.buckets, "resolve": groups,
-                "staging": self.shards, "features": self.shards, "graph index": 1, "graph query": self.shards,
+                "staging": self.shards, "features": self.shards, "graph index": 1, "graph index add": blocks,
+                "graph index merge": int(blocks > 0), "graph query": self.shards,
                 "graph recall refs": self.shards, "graph merge": self.shards, "graph recall": 1,
                 "graph review": 1, "graph verify": self.shards, "graph calibration": 1,
                 "release plan": 1, "release": self.release_shards, "manifest": self.parts}
@@ -275,13 +287,44 @@ def _wfd_model() -> tuple[int, dict[str, Any]]:
     return model.dim, model.fingerprint()
 
 
+def _model(model_id: str) -> tuple[int, dict[str, Any]]:
+    """Feature dimension and model fingerprint of the benchmark's 512-d model or wfd."""
+    return (512, {"model_id": MODEL_512, "arch": "bench"}) if model_id == MODEL_512 else _wfd_model()
+
+
+def refused_above(model_id: str) -> int | None:
+    """The most vectors of ``model_id``'s features whose index the graph stage plans with the
+    default index settings; it refuses more before building anything (plan_index in
+    tasks/graph/index.py, documented in the README). None: it plans every size to 10⁸."""
+    from tasks.graph.index import plan_index
+    from tasks.graph.pair_score import PairScore
+
+    dim, model = _model(model_id)
+    cfg, form = _near_config(model_id).index, PairScore.from_model(model).form_dim(dim)
+
+    def planned(n: int) -> bool:
+        try:
+            plan_index(cfg, n, form)
+        except ValueError:
+            return False
+        return True
+
+    lo, hi = 1, PROJECT[-1]
+    if planned(hi):
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if planned(mid) else (lo, mid)
+    return lo
+
+
 def write_features(store, sc: Scale, model_id: str) -> None:
     """Float16 features of every staged record (5 % planted near-duplicates) and their markers."""
     from bench.graph import make_vectors
     from corpusforge.feature_files import write_shard_features
     from corpusforge.layout import staging_records
 
-    dim, model = (512, {"model_id": MODEL_512, "arch": "bench"}) if model_id == MODEL_512 else _wfd_model()
+    dim, model = _model(model_id)
     x, start, blocks = np.zeros((0, dim), np.float16), 0, 0
     for s in range(sc.shards):
         keys = store.read_parquet(staging_records(shard_name(s)), columns=["key", "sha256"])
@@ -356,6 +399,7 @@ class Step:
     modules: tuple[str, ...]  # imported before the measurement starts
     linear: bool = True
     max_n: int | None = None  # larger sizes are skipped (too slow here); the fit uses the rest
+    refused: str | None = None  # the feature model whose index the graph stage refuses above a size
 
 
 STEPS: dict[str, Step] = {}
@@ -510,25 +554,54 @@ def _graph_out(data: str, tag: str):
     return Store(os.path.join(data, f"graph-{tag}"), fsync=False)
 
 
+def _reset_peak() -> int:
+    """Reset this process's peak RSS (VmHWM) to its current size; return that size."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _status_bytes("VmRSS:")
+
+
+def _measured(peaks: dict[str, int], params: list[dict[str, Any]]):
+    """A fan-out (tasks/graph/build.py) that runs each unit here in turn and keeps, per task
+    kind, the largest peak RSS above the unit's start and the largest parameters."""
+    def fan_out(fn: Callable[..., Any], calls: list[dict[str, Any]]) -> list[Any]:
+        results = []
+        for call in calls:
+            base = _reset_peak()
+            results.append(fn(**call))
+            peaks[fn.__name__] = max(peaks.get(fn.__name__, 0), _status_bytes("VmHWM:") - base)
+        params.append(max(calls, key=lambda c: len(pickle.dumps(c))))
+        return results
+    return fan_out
+
+
 def _faiss_build(model_id: str, index: dict[str, Any] | None = None, tag: str = ""):
     tag = tag or model_id
 
     def run(store, sc: Scale, data: str) -> dict[str, Any]:
-        from corpusforge.contract import marker_path
-        from corpusforge.layout import GRAPH_INDEX
-        from tasks.graph.edges import build_index, feature_digests
+        """Every unit of the index build in turn (prepare; for IVF the block adds and the
+        merge): the peak is the largest unit's, as each would run in its own task."""
+        from corpusforge.contract import remove_tree
+        from corpusforge.layout import GRAPH_INDEX_DIR, GRAPH_INDEX_WORK
+        from tasks.graph.build import build_index
+        from tasks.graph.edges import feature_digests
         from tasks.graph.nodes import plan_nodes, write_shard_table
 
         out = _graph_out(data, tag)
-        out.remove(marker_path(GRAPH_INDEX))
+        for folder in (GRAPH_INDEX_DIR, GRAPH_INDEX_WORK):
+            remove_tree(out, folder)
         cfg = _near_config(model_id, index)
         nodes = plan_nodes(store, [shard_name(s) for s in range(sc.shards)])
         table = write_shard_table(out, nodes, feature_digests(store, cfg, nodes))
-        kwargs = dict(source=store, out=out, cfg=cfg, shard_table=table)
-        info = build_index(**kwargs)
+        peaks: dict[str, int] = {}
+        params: list[dict[str, Any]] = []
+        info = build_index(store, out, cfg, table, _measured(peaks, params))
         with open(os.path.join(data, f"index-{tag}.json"), "w") as f:
             json.dump(info, f)
-        return {"tasks": 1, "params": [kwargs], "plan": info["plan"]["factory"]}
+        blocks = sum(info.get("blocks", {}).values())
+        return {"tasks": 1 + blocks + (1 if blocks else 0), "params": params, "plan": info["plan"]["factory"],
+                "peak_rss": max(peaks.values()), "task_peaks": peaks, "blocks": blocks,
+                "files_mapped": blocks}  # the merge maps every block's lists (FAISS opens them, not fsspec)
     return run
 
 
@@ -536,6 +609,8 @@ def _faiss_query(model_id: str, index: dict[str, Any] | None = None, tag: str = 
     tag = tag or model_id
 
     def run(store, sc: Scale, data: str) -> dict[str, Any]:
+        """One shard's queries: an IVF index's lists are mapped (their pages touched count in
+        the peak RSS as file pages), a flat index read whole."""
         from tasks.graph.edges import feature_digests, query_shard
         from tasks.graph.nodes import plan_nodes, write_shard_table
         from tasks.graph.stage import shard_calls
@@ -549,25 +624,27 @@ def _faiss_query(model_id: str, index: dict[str, Any] | None = None, tag: str = 
         table = write_shard_table(out, nodes, digests)
         kwargs = dict(shard_calls(store, out, cfg, table, digests, info)[0], force=True)
         found = query_shard(**kwargs)
-        return {"tasks": sc.shards, "params": [kwargs], "pairs": found.get("pairs")}
+        mapped = int(info["plan"]["kind"] == "ivf")
+        return {"tasks": sc.shards, "params": [kwargs], "pairs": found.get("pairs"), "files_mapped": mapped,
+                "rss_file": _status_bytes("RssFile:")}
     return run
 
 
 _GRAPH_MODULES = ("tasks.graph.edges", "tasks.graph.nodes", "faiss")
 FAISS_MAX_N = 100_000  # index build and query at 1M take longer than this machine's share allows
 STEPS["faiss_build_512"] = Step("faiss_build_512", _faiss_build(MODEL_512), ("staging", "features512"), "task",
-                                _GRAPH_MODULES, max_n=FAISS_MAX_N)
+                                _GRAPH_MODULES, max_n=FAISS_MAX_N, refused=MODEL_512)
 STEPS["faiss_query_512"] = Step("faiss_query_512", _faiss_query(MODEL_512), ("staging", "features512"), "task",
-                                _GRAPH_MODULES, max_n=FAISS_MAX_N)
+                                _GRAPH_MODULES, max_n=FAISS_MAX_N, refused=MODEL_512)
 # IVF-PQ (the index a 10⁸ build uses) runs at 1M too: ~4.5 min to train and add here.
 STEPS["faiss_build_512pq"] = Step("faiss_build_512pq", _faiss_build(MODEL_512, IVF_PQ, "512pq"),
                                   ("staging", "features512"), "task", _GRAPH_MODULES)
 STEPS["faiss_query_512pq"] = Step("faiss_query_512pq", _faiss_query(MODEL_512, IVF_PQ, "512pq"),
                                   ("staging", "features512"), "task", _GRAPH_MODULES)
 STEPS["faiss_build_wfd"] = Step("faiss_build_wfd", _faiss_build(MODEL_WFD), ("staging", "featureswfd"), "task",
-                                _GRAPH_MODULES, max_n=FAISS_MAX_N)
+                                _GRAPH_MODULES, max_n=FAISS_MAX_N, refused=MODEL_WFD)
 STEPS["faiss_query_wfd"] = Step("faiss_query_wfd", _faiss_query(MODEL_WFD), ("staging", "featureswfd"), "task",
-                                _GRAPH_MODULES, max_n=FAISS_MAX_N)
+                                _GRAPH_MODULES, max_n=FAISS_MAX_N, refused=MODEL_WFD)
 
 
 @step("receipt", ("ingest", "staging", "features512"), "flow", ("tasks.receipt",))
@@ -609,20 +686,19 @@ def child(name: str, data: str, n: int) -> dict[str, Any]:
 
     store = Store(os.path.join(data, "out"), fsync=False)
     sc = Scale.of(n)
-    with open("/proc/self/clear_refs", "w") as f:  # reset the peak (VmHWM) to the current size
-        f.write("5")
-    base = _status_bytes("VmRSS:")
+    base = _reset_peak()
     usage = resource.getrusage(resource.RUSAGE_SELF)
     started = time.perf_counter()
     result = STEPS[name].run(store, sc, data)
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_SELF)
     params = [len(pickle.dumps(p, protocol=pickle.HIGHEST_PROTOCOL)) for p in result.pop("params")]
+    peak = result.pop("peak_rss", None)  # a step of several tasks measures its largest itself
     return {"step": name, "n": n, "wall_s": wall,
             "cpu_s": after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime,
-            "base_rss": base, "peak_rss": max(_status_bytes("VmHWM:") - base, 0), "maxrss": after.ru_maxrss * 1024,
-            "files_opened": counting.opened, "bytes_read": counting.bytes_read,
-            "params_max": max(params, default=0), **result}
+            "base_rss": base, "peak_rss": max(_status_bytes("VmHWM:") - base if peak is None else peak, 0),
+            "maxrss": after.ru_maxrss * 1024, "files_opened": counting.opened + result.get("files_mapped", 0),
+            "bytes_read": counting.bytes_read, "params_max": max(params, default=0), **result}
 
 
 # ---- fits, projections, table --------------------------------------------------------
@@ -679,6 +755,10 @@ def analyse(name: str, runs: list[dict[str, Any]]) -> tuple[dict[str, Any], list
     if files_fit and files_fit[1] > GROWTH_BOUND:
         broken.append(f"files opened b={files_fit[1]:.2f} > {GROWTH_BOUND}")
     bound = FLOW_BOUND if st.role == "flow" else TASK_BOUND
+    out["refused_above"] = refused = refused_above(st.refused) if st.refused else None
+    if refused is not None:  # nothing is built above it: no projection there is a step's cost
+        out["rss"] = [None if n > refused else r for n, r in zip(PROJECT, out["rss"], strict=True)]
+        out["params"] = [None if n > refused else p for n, p in zip(PROJECT, out["params"], strict=True)]
     if out["rss"][-1] is not None and out["rss"][-1] > bound:
         broken.append(f"{st.role} memory {_size(out['rss'][-1])} at 1e8 > {_size(bound)}")
     if out["params"][-1] is not None and out["params"][-1] > PARAMS_BOUND:
@@ -705,13 +785,18 @@ def report(results: dict[str, list[dict[str, Any]]], markdown: bool = False) -> 
     for name, runs in results.items():
         a, broken = analyse(name, runs)
         last = max(runs, key=lambda r: r["n"])
-        verdict = "ok" if not broken else "; ".join(broken)
+        refused = a["refused_above"]
+        notes = [f"refused above {refused:,d} vectors (documented)"] if refused is not None else []
+        verdict = "; ".join(notes + broken) or "ok"
         if broken and name in FIXED:
             failures += [f"{name}: {b}" for b in broken]
+        rss, params = ([_size(x) if refused is None or n <= refused else "refused" for n, x in zip(PROJECT, xs,
+                                                                                                   strict=True)]
+                       for xs in (a["rss"], a["params"]))
         rows.append((name, _b(a["time_fit"]), _b(a["cpu_fit"]), _b(a["rss_fit"]), _b(a["files_fit"]),
                      f"{last['peak_rss'] / last['n']:.0f}", f"{last['files_opened'] / last['n']:.3f}",
-                     _secs(a["cpu"][0]), _secs(a["cpu"][1]), _size(a["rss"][0]), _size(a["rss"][1]),
-                     _size(a["params"][1]), verdict + (" [fixed]" if name in FIXED else "")))
+                     _secs(a["cpu"][0]), _secs(a["cpu"][1]), rss[0], rss[1], params[1],
+                     verdict + (" [fixed]" if name in FIXED else "")))
     if markdown:
         for r in [header, tuple("---" for _ in header), *rows]:
             print("| " + " | ".join(str(c) for c in r) + " |")
@@ -748,7 +833,7 @@ def run_all(sizes: list[int], names: list[str], work: str, saved: str | None) ->
         for name in chosen:
             proc = subprocess.run([sys.executable, __file__, "--child", name, "--data", data, "--n", str(n)],
                                   check=True, capture_output=True, text=True)
-            r = json.loads(proc.stdout.strip().splitlines()[-1])
+            r = json.loads(next(line for line in reversed(proc.stdout.splitlines()) if line.startswith("{")))
             results[name].append(r)
             if saved:
                 with open(saved, "a") as f:
