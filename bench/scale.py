@@ -72,9 +72,10 @@ RUNS_BOUND = 20_000
 GROWTH_BOUND = 1.2
 PREFECT_SLOTS = 64  # worker threads assumed for the task-run projection (batch_count caps it at 500 per fan-out)
 # Steps rewritten to meet the bounds: the benchmark exits 1 when one of these breaks one.
-FIXED: tuple[str, ...] = ("exact_dedup", "release_writer", "graph_driver", "receipt", "faiss_query_512pq")
-# The scale guard (tests/test_scale_guard.py, --quick) runs these: FIXED but the FAISS step,
-# which needs an IVF-PQ index trained first (~2 min at 100k here; bench/graph.py covers FAISS).
+FIXED: tuple[str, ...] = ("exact_dedup", "release_writer", "graph_driver", "receipt", "faiss_build_512pq",
+                          "faiss_query_512pq")
+# The scale guard (tests/test_scale_guard.py, --quick) runs these: FIXED but the FAISS steps,
+# which need an IVF-PQ index trained first (~2 min at 100k here; bench/graph.py covers FAISS).
 GUARDED: tuple[str, ...] = tuple(s for s in FIXED if not s.startswith("faiss_"))
 
 
@@ -400,6 +401,8 @@ class Step:
     linear: bool = True
     max_n: int | None = None  # larger sizes are skipped (too slow here); the fit uses the rest
     refused: str | None = None  # the feature model whose index the graph stage refuses above a size
+    # N -> what each of the step's task kinds grows with (default: N); its peak is projected by that
+    task_sizes: Callable[[int], dict[str, int]] | None = None
 
 
 STEPS: dict[str, Step] = {}
@@ -561,26 +564,60 @@ def _reset_peak() -> int:
     return _status_bytes("VmRSS:")
 
 
-def _measured(peaks: dict[str, int], params: list[dict[str, Any]]):
-    """A fan-out (tasks/graph/build.py) that runs each unit here in turn and keeps, per task
-    kind, the largest peak RSS above the unit's start and the largest parameters."""
+def _unit_in_child(fn: Callable[..., Any], call: bytes) -> tuple[Any, int, int, int]:
+    """Run one unit in this fresh (spawned) process, as a task runs on a worker: its result,
+    peak RSS above the start, and the files and bytes it read through fsspec. ``call`` is
+    pickled, so its stores are made after the counting filesystem is installed."""
+    counting = install_counting_fs()
+    kwargs = pickle.loads(call)
+    base = _reset_peak()
+    result = fn(**kwargs)
+    return result, _status_bytes("VmHWM:") - base, counting.opened, counting.bytes_read
+
+
+def _measured(runs: dict[str, Any]):
+    """A fan-out (tasks/graph/build.py) that runs each unit in a process of its own, one at a
+    time, and keeps per task kind the largest peak RSS and parameters, and the files and bytes
+    all of them read (their CPU time reaches the step as its children's)."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
     def fan_out(fn: Callable[..., Any], calls: list[dict[str, Any]]) -> list[Any]:
         results = []
         for call in calls:
-            base = _reset_peak()
-            results.append(fn(**call))
-            peaks[fn.__name__] = max(peaks.get(fn.__name__, 0), _status_bytes("VmHWM:") - base)
-        params.append(max(calls, key=lambda c: len(pickle.dumps(c))))
+            with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+                result, peak, opened, read = pool.submit(_unit_in_child, fn, pickle.dumps(call)).result()
+            results.append(result)
+            runs["task_peaks"][fn.__name__] = max(runs["task_peaks"].get(fn.__name__, 0), peak)
+            runs["files_elsewhere"] += opened
+            runs["bytes_elsewhere"] += read
+        runs["params"].append(max(calls, key=lambda c: len(pickle.dumps(c))))
         return results
     return fan_out
+
+
+def _index_task_sizes(index: dict[str, Any]) -> Callable[[int], dict[str, int]]:
+    """What each index build task's memory follows at N records (a 512-d model): the training
+    sample (capped by index.max_train), the vectors of one block (capped by the block's bytes
+    of lists) and, for the merge, whose mapped file pages count in its RSS, every vector."""
+    def sizes(n: int) -> dict[str, int]:
+        from tasks.graph import build
+        from tasks.graph.config import IndexConfig
+        from tasks.graph.index import plan_index
+
+        kept = Scale.of(n).kept
+        plan = plan_index(IndexConfig(**index), kept, 512)
+        return {"prepare_index": plan.n_train, "merge_blocks": kept,
+                "add_block": min(kept, max(1, build.ADD_BLOCK_BYTES // plan.bytes_per_vector))}
+    return sizes
 
 
 def _faiss_build(model_id: str, index: dict[str, Any] | None = None, tag: str = ""):
     tag = tag or model_id
 
     def run(store, sc: Scale, data: str) -> dict[str, Any]:
-        """Every unit of the index build in turn (prepare; for IVF the block adds and the
-        merge): the peak is the largest unit's, as each would run in its own task."""
+        """Every unit of the index build in turn, each in a process of its own (prepare; for
+        IVF the block adds and the merge): the step's peak is its largest task's."""
         from corpusforge.contract import remove_tree
         from corpusforge.layout import GRAPH_INDEX_DIR, GRAPH_INDEX_WORK
         from tasks.graph.build import build_index
@@ -593,15 +630,14 @@ def _faiss_build(model_id: str, index: dict[str, Any] | None = None, tag: str = 
         cfg = _near_config(model_id, index)
         nodes = plan_nodes(store, [shard_name(s) for s in range(sc.shards)])
         table = write_shard_table(out, nodes, feature_digests(store, cfg, nodes))
-        peaks: dict[str, int] = {}
-        params: list[dict[str, Any]] = []
-        info = build_index(store, out, cfg, table, _measured(peaks, params))
+        runs: dict[str, Any] = {"task_peaks": {}, "params": [], "files_elsewhere": 0, "bytes_elsewhere": 0}
+        info = build_index(store, out, cfg, table, _measured(runs))
         with open(os.path.join(data, f"index-{tag}.json"), "w") as f:
             json.dump(info, f)
         blocks = sum(info.get("blocks", {}).values())
-        return {"tasks": 1 + blocks + (1 if blocks else 0), "params": params, "plan": info["plan"]["factory"],
-                "peak_rss": max(peaks.values()), "task_peaks": peaks, "blocks": blocks,
-                "files_mapped": blocks}  # the merge maps every block's lists (FAISS opens them, not fsspec)
+        runs["files_elsewhere"] += blocks + 1 if blocks else 0  # FAISS maps the blocks' lists and writes the merged
+        return {"tasks": 1 + blocks + (1 if blocks else 0), "plan": info["plan"]["factory"], "blocks": blocks,
+                "peak_rss": max(runs["task_peaks"].values()), **runs}
     return run
 
 
@@ -624,8 +660,8 @@ def _faiss_query(model_id: str, index: dict[str, Any] | None = None, tag: str = 
         table = write_shard_table(out, nodes, digests)
         kwargs = dict(shard_calls(store, out, cfg, table, digests, info)[0], force=True)
         found = query_shard(**kwargs)
-        mapped = int(info["plan"]["kind"] == "ivf")
-        return {"tasks": sc.shards, "params": [kwargs], "pairs": found.get("pairs"), "files_mapped": mapped,
+        return {"tasks": sc.shards, "params": [kwargs], "pairs": found.get("pairs"),
+                "files_elsewhere": int(info["plan"]["kind"] == "ivf"),  # the lists FAISS maps
                 "rss_file": _status_bytes("RssFile:")}
     return run
 
@@ -638,7 +674,8 @@ STEPS["faiss_query_512"] = Step("faiss_query_512", _faiss_query(MODEL_512), ("st
                                 _GRAPH_MODULES, max_n=FAISS_MAX_N, refused=MODEL_512)
 # IVF-PQ (the index a 10⁸ build uses) runs at 1M too: ~4.5 min to train and add here.
 STEPS["faiss_build_512pq"] = Step("faiss_build_512pq", _faiss_build(MODEL_512, IVF_PQ, "512pq"),
-                                  ("staging", "features512"), "task", _GRAPH_MODULES)
+                                  ("staging", "features512"), "task", _GRAPH_MODULES,
+                                  task_sizes=_index_task_sizes(IVF_PQ))
 STEPS["faiss_query_512pq"] = Step("faiss_query_512pq", _faiss_query(MODEL_512, IVF_PQ, "512pq"),
                                   ("staging", "features512"), "task", _GRAPH_MODULES)
 STEPS["faiss_build_wfd"] = Step("faiss_build_wfd", _faiss_build(MODEL_WFD), ("staging", "featureswfd"), "task",
@@ -687,18 +724,19 @@ def child(name: str, data: str, n: int) -> dict[str, Any]:
     store = Store(os.path.join(data, "out"), fsync=False)
     sc = Scale.of(n)
     base = _reset_peak()
-    usage = resource.getrusage(resource.RUSAGE_SELF)
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     started = time.perf_counter()
     result = STEPS[name].run(store, sc, data)
     wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_SELF)
+    after = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     params = [len(pickle.dumps(p, protocol=pickle.HIGHEST_PROTOCOL)) for p in result.pop("params")]
     peak = result.pop("peak_rss", None)  # a step of several tasks measures its largest itself
     return {"step": name, "n": n, "wall_s": wall,
-            "cpu_s": after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime,
+            "cpu_s": sum(a.ru_utime + a.ru_stime - u.ru_utime - u.ru_stime for a, u in zip(after, usage, strict=True)),
             "base_rss": base, "peak_rss": max(_status_bytes("VmHWM:") - base if peak is None else peak, 0),
-            "maxrss": after.ru_maxrss * 1024, "files_opened": counting.opened + result.get("files_mapped", 0),
-            "bytes_read": counting.bytes_read, "params_max": max(params, default=0), **result}
+            "maxrss": after[0].ru_maxrss * 1024, "files_opened": counting.opened + result.get("files_elsewhere", 0),
+            "bytes_read": counting.bytes_read + result.get("bytes_elsewhere", 0), "params_max": max(params, default=0),
+            **result}
 
 
 # ---- fits, projections, table --------------------------------------------------------
@@ -749,6 +787,14 @@ def analyse(name: str, runs: list[dict[str, Any]]) -> tuple[dict[str, Any], list
            "rss": [None if rss_fit is None else base + project(rss_fit, n) for n in PROJECT],
            "params": [project(params_fit, n) for n in PROJECT]}
     st = STEPS[name]
+    if st.task_sizes is not None and all("task_peaks" in r for r in runs):
+        out["rss_by_task"] = by_task = {}
+        for kind in runs[-1]["task_peaks"]:  # each task's peak fitted on what it grows with
+            sizes = [st.task_sizes(r["n"])[kind] for r in runs]
+            f = fit(sizes, [r["task_peaks"].get(kind, 0) for r in runs])
+            by_task[kind] = {"fit": f, "sizes": sizes, "at": [st.task_sizes(n)[kind] for n in PROJECT],
+                             "rss": [project(f, st.task_sizes(n)[kind]) for n in PROJECT]}
+        out["rss"] = [base + max((t["rss"][i] or 0) for t in by_task.values()) for i in range(len(PROJECT))]
     broken = []
     if st.linear and cpu_fit and cpu_fit[1] > GROWTH_BOUND:
         broken.append(f"cpu time b={cpu_fit[1]:.2f} > {GROWTH_BOUND}")
@@ -776,14 +822,21 @@ def report(results: dict[str, list[dict[str, Any]]], markdown: bool = False) -> 
             print(f"  {name:16s} N={r['n']:>9,d}  {r['wall_s']:8.2f} {r['cpu_s']:8.2f} {r['peak_rss'] / 2**20:9.1f}"
                   f" {r['files_opened']:>9,d} {r['bytes_read'] / 2**20:9.1f} {r['params_max'] / 1024:9.1f}"
                   f" {r['tasks']:>7,d}")
+            if "task_peaks" in r:
+                print("    peak MB per task: " + ", ".join(f"{k} {v / 2**20:.1f}" for k, v in r["task_peaks"].items()))
     print(f"\nfits over N = {', '.join(f'{n:,d}' for n in sizes)}; projections are extrapolated, not measured "
           "(time: CPU time, all of the step's tasks together; RSS: the largest task, or the flow process)")
     header = ("step", "b wall", "b cpu", "b RSS", "b files", "B/rec", "files/rec", "CPU 1e7", "CPU 1e8", "RSS 1e7",
               "RSS 1e8", "params 1e8", "verdict")
     rows = []
     failures = []
+    by_task = []
     for name, runs in results.items():
         a, broken = analyse(name, runs)
+        for kind, t in a.get("rss_by_task", {}).items():
+            at = zip(PROJECT, t["at"], t["rss"], strict=True)
+            by_task.append(f"  {name} {kind}: b={_b(t['fit'])} over {', '.join(f'{x:,d}' for x in t['sizes'])}; "
+                           + ", ".join(f"{_size(r)} at {x:,d} (N={n:.0e})" for n, x, r in at))
         last = max(runs, key=lambda r: r["n"])
         refused = a["refused_above"]
         notes = [f"refused above {refused:,d} vectors (documented)"] if refused is not None else []
@@ -804,6 +857,10 @@ def report(results: dict[str, list[dict[str, Any]]], markdown: bool = False) -> 
         widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header) - 1)]
         for r in [header, *rows]:
             print("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
+    if by_task:
+        print("\nlargest task at 1e7 and 1e8 above: each task's peak fitted on what it grows with (the "
+              "training sample, one block's vectors, all vectors for the merge's mapped pages), projected:")
+        print("\n".join(by_task))
     print(f"\nPrefect task runs per build, computed from unit counts (one per unit before issue 22; "
           f"batched by batch_count on {PREFECT_SLOTS} worker threads now):")
     for n in [*sizes, *PROJECT]:
