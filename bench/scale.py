@@ -598,17 +598,19 @@ def _measured(runs: dict[str, Any]):
 
 def _index_task_sizes(index: dict[str, Any]) -> Callable[[int], dict[str, int]]:
     """What each index build task's memory follows at N records (a 512-d model): the training
-    sample (capped by index.max_train), the vectors of one block (capped by the block's bytes
-    of lists) and, for the merge, whose mapped file pages count in its RSS, every vector."""
+    sample (capped by index.max_train), the vectors of one block (capped by its bytes of
+    lists) and, for the merge, whose mapped file pages count in its RSS, the vectors of one
+    range of lists (capped by the range's bytes)."""
     def sizes(n: int) -> dict[str, int]:
-        from tasks.graph import build
+        from tasks.graph import build, ondisk
         from tasks.graph.config import IndexConfig
         from tasks.graph.index import plan_index
 
         kept = Scale.of(n).kept
         plan = plan_index(IndexConfig(**index), kept, 512)
-        return {"prepare_index": plan.n_train, "merge_blocks": kept,
-                "add_block": min(kept, max(1, build.ADD_BLOCK_BYTES // plan.bytes_per_vector))}
+        return {"prepare_index": plan.n_train,
+                "add_block": min(kept, max(1, build.ADD_BLOCK_BYTES // plan.bytes_per_vector)),
+                "merge_blocks": min(kept, max(1, ondisk.MERGE_RANGE_BYTES // plan.bytes_per_vector))}
     return sizes
 
 
@@ -859,7 +861,7 @@ def report(results: dict[str, list[dict[str, Any]]], markdown: bool = False) -> 
             print("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
     if by_task:
         print("\nlargest task at 1e7 and 1e8 above: each task's peak fitted on what it grows with (the "
-              "training sample, one block's vectors, all vectors for the merge's mapped pages), projected:")
+              "training sample, one block's vectors, one merge range's vectors), projected:")
         print("\n".join(by_task))
     print(f"\nPrefect task runs per build, computed from unit counts (one per unit before issue 22; "
           f"batched by batch_count on {PREFECT_SLOTS} worker threads now):")

@@ -20,7 +20,7 @@ from corpusforge.layout import (GRAPH_INDEX, GRAPH_INDEX_LISTS, GRAPH_INDEX_TRAI
                                 index_block_path)
 from corpusforge.storage import Store
 from corpusforge.feature_files import write_shard_features
-from tasks.graph import build, edges
+from tasks.graph import build, edges, ondisk
 from tasks.graph import index as fx
 from tasks.graph.build import build_index, index_blocks
 from tasks.graph.config import CalibrationConfig, CollisionConfig, IndexConfig, NearDedupConfig, VerificationConfig
@@ -38,8 +38,10 @@ QUICK = dict(collision=CollisionConfig(enabled=False), calibration=CalibrationCo
 
 @pytest.fixture
 def small_blocks(monkeypatch):
-    """About 300 vectors of IVF-PQ8 lists (16 B each) per add task: several blocks per index."""
+    """About 300 vectors of IVF-PQ8 lists (16 B each) per add task: several blocks per index,
+    merged about 200 vectors' lists at a time: several ranges."""
     monkeypatch.setattr(build, "ADD_BLOCK_BYTES", 300 * 16)
+    monkeypatch.setattr(ondisk, "MERGE_RANGE_BYTES", 200 * 16)
 
 
 def ivf_cfg(storage: str = "pq", search: str = "range") -> NearDedupConfig:
@@ -137,6 +139,20 @@ def test_queries_map_the_lists_and_load_none_of_them(tmp_path, small_blocks):
     blocks = index_blocks(plan_nodes(store, shards), fx.IndexPlan.from_json(info["plan"]))
     for first, _ in blocks:
         assert read_marker(store, index_block_path(first))["outputs"][index_block_path(first)]
+
+
+def test_merging_by_ranges_of_lists_writes_the_file_one_merge_writes(tmp_path, monkeypatch):
+    store, shards, _ = write_corpus(str(tmp_path / "corpus"), n_shards=3, per_shard=300, dim=32, seed=2)
+    monkeypatch.setattr(build, "ADD_BLOCK_BYTES", 300 * 16)
+    cfg = ivf_cfg()
+    files = []
+    for budget in (1 << 30, 200 * 16, 1):  # one range, a few, one list each
+        monkeypatch.setattr(ondisk, "MERGE_RANGE_BYTES", budget)
+        out = Store(str(tmp_path / f"out-{budget}"))
+        nodes = plan_nodes(store, shards)
+        build_index(store, out, cfg, write_shard_table(out, nodes, feature_digests(store, cfg, nodes)))
+        files.append((out.read_bytes(GRAPH_INDEX), out.read_bytes(GRAPH_INDEX_LISTS)))
+    assert files[0] == files[1] == files[2]
 
 
 def test_a_remote_index_is_copied_once_to_the_local_cache_and_gives_the_same_pairs(tmp_path, small_blocks,

@@ -14,9 +14,9 @@ fingerprint that the query and recall units key on.
 
 Memory per task: the prepare task holds its training sample (2 M × 512 float32 = 4 GB at
 the cap, and FAISS's residuals of it), an add task one block's lists, the trained index
-and one shard's vectors; the merge maps its inputs and its output (file pages, which the
-kernel writes back and drops, not the task's own memory) and holds the trained index and
-each list's offsets. Lists file format and query side: :mod:`tasks.graph.ondisk`.
+and one shard's vectors; the merge maps one range of lists at a time (``MERGE_RANGE_BYTES``
+of output and the blocks' pages of it) and holds the trained index, each list's offsets
+and each block's. Lists file format and query side: :mod:`tasks.graph.ondisk`.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ An IVF index is built as a trained, empty index (quantiser and codebooks, one ta
 blocks of staging shards added to copies of it (one task each, holding one block's
 lists), and one merge that concatenates every list block by block, in shard order, into
 FAISS's ``OnDiskInvertedLists`` file (``OnDiskInvertedLists.merge_from_multiple``, which
-``faiss.contrib.ondisk.merge_ondisk`` uses). Each list then holds the same ids and codes
-in the same order as if every shard had been added to one index in memory, so searches
-return the same results.
+``faiss.contrib.ondisk.merge_ondisk`` uses, one range of lists at a time). Each list then
+holds the same ids and codes in the same order as if every shard had been added to one
+index in memory, so searches return the same results.
 
 Files: ``graph/index/index.faiss`` holds the index without its lists (the quantiser,
 codebooks and each list's offset, the lists file named by its base name so the bytes do
@@ -22,15 +22,18 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
 from typing import IO
 
 import faiss
+import numpy as np
 
 from corpusforge.storage import Store
 
 CACHE_ENV = "CORPUSFORGE_INDEX_CACHE"  # where query hosts keep copies of a remote index's lists
 CHUNK = 8 << 20
+MERGE_RANGE_BYTES = 512 << 20  # lists one merge step maps at a time (and as much of the blocks)
 
 
 def cache_dir() -> str:
@@ -48,22 +51,50 @@ def write_lists(index: faiss.Index, f: IO[bytes]) -> None:
 def merge_lists(trained: faiss.Index, block_paths: list[str], lists_path: str, name: str) -> faiss.Index:
     """``trained`` (empty) with the lists of the block files, in order, concatenated list by
     list into ``lists_path``, a file the index names ``name`` (its final base name, not
-    where it is written). The blocks are memory-mapped, not read into memory."""
+    where it is written).
+
+    One range of lists at a time (about MERGE_RANGE_BYTES of them, by the blocks' sizes):
+    the blocks are mapped, the range merged into a part file
+    (``OnDiskInvertedLists.merge_from_multiple``), everything unmapped, the part appended.
+    The file equals one merge of every list at once (lists in order, each at the sum of the
+    sizes before it), but no more than a range's pages are ever mapped at once."""
     ivf = faiss.extract_index_ivf(trained)
     if ivf.ntotal:
         raise ValueError("merge_lists needs an empty trained index")
-    blocks = [faiss.read_InvertedLists(faiss.FileIOReader(p), faiss.IO_FLAG_MMAP) for p in block_paths]
-    merged = faiss.OnDiskInvertedLists(ivf.nlist, ivf.code_size, lists_path)
-    refs = faiss.InvertedListsPtrVector()
-    for block in blocks:
-        refs.push_back(block)
-    ntotal = merged.merge_from_multiple(refs.data(), refs.size(), False, False)
-    del refs, blocks  # unmaps the blocks
-    merged.filename = name
+    total = sum(os.path.getsize(p) for p in block_paths)
+    ranges = np.array_split(np.arange(ivf.nlist), max(1, min(ivf.nlist, -(-total // MERGE_RANGE_BYTES))))
+    sizes = np.zeros(ivf.nlist, np.uint64)
+    part = f"{lists_path}.range"
+    with open(lists_path, "wb") as out:
+        for lists in ranges:
+            first, stop = int(lists[0]), int(lists[-1]) + 1
+            sizes[first:stop] = _merge_range(block_paths, first, stop, ivf.code_size, part)
+            if sizes[first:stop].any():
+                with open(part, "rb") as f:
+                    shutil.copyfileobj(f, out, CHUNK)
+                os.unlink(part)
+    merged = faiss.OnDiskInvertedLists(ivf.nlist, ivf.code_size, name)
+    merged.set_all_lists_sizes(faiss.swig_ptr(sizes))
+    merged.totsize = os.path.getsize(lists_path)
     ivf.replace_invlists(merged, True)
     merged.this.disown()  # the index owns the lists now
-    trained.ntotal = ivf.ntotal = ntotal
+    trained.ntotal = ivf.ntotal = int(sizes.sum())
     return trained
+
+
+def _merge_range(block_paths: list[str], first: int, stop: int, code_size: int, part: str) -> np.ndarray:
+    """Lists ``first``..``stop`` of every block, in block order, into the file ``part`` (not
+    written when they are all empty); their sizes. Unmaps the blocks and the part on return."""
+    blocks = [faiss.read_InvertedLists(faiss.FileIOReader(p), faiss.IO_FLAG_MMAP) for p in block_paths]
+    sizes = np.array([sum(b.list_size(j) for b in blocks) for j in range(first, stop)], np.uint64)
+    if sizes.any():
+        slices = [faiss.SliceInvertedLists(b, first, stop) for b in blocks]
+        refs = faiss.InvertedListsPtrVector()
+        for piece in slices:
+            refs.push_back(piece)
+        faiss.OnDiskInvertedLists(stop - first, code_size, part).merge_from_multiple(refs.data(), refs.size(),
+                                                                                    False, False)
+    return sizes
 
 
 def open_mapped(f: IO[bytes], lists_path: str, nprobe: int) -> faiss.Index:
