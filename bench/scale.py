@@ -805,8 +805,8 @@ def analyse(name: str, runs: list[dict[str, Any]]) -> tuple[dict[str, Any], list
     bound = FLOW_BOUND if st.role == "flow" else TASK_BOUND
     out["refused_above"] = refused = refused_above(st.refused) if st.refused else None
     if refused is not None:  # nothing is built above it: no projection there is a step's cost
-        out["rss"] = [None if n > refused else r for n, r in zip(PROJECT, out["rss"], strict=True)]
-        out["params"] = [None if n > refused else p for n, p in zip(PROJECT, out["params"], strict=True)]
+        for key in ("cpu", "rss", "params"):
+            out[key] = [None if n > refused else x for n, x in zip(PROJECT, out[key], strict=True)]
     if out["rss"][-1] is not None and out["rss"][-1] > bound:
         broken.append(f"{st.role} memory {_size(out['rss'][-1])} at 1e8 > {_size(bound)}")
     if out["params"][-1] is not None and out["params"][-1] > PARAMS_BOUND:
@@ -845,12 +845,13 @@ def report(results: dict[str, list[dict[str, Any]]], markdown: bool = False) -> 
         verdict = "; ".join(notes + broken) or "ok"
         if broken and name in FIXED:
             failures += [f"{name}: {b}" for b in broken]
-        rss, params = ([_size(x) if refused is None or n <= refused else "refused" for n, x in zip(PROJECT, xs,
-                                                                                                   strict=True)]
-                       for xs in (a["rss"], a["params"]))
+        shown = {key: [fmt(x) if refused is None or n <= refused else "refused"
+                       for n, x in zip(PROJECT, a[key], strict=True)]
+                 for key, fmt in (("cpu", _secs), ("rss", _size), ("params", _size))}
+        cpu, rss, params = shown["cpu"], shown["rss"], shown["params"]
         rows.append((name, _b(a["time_fit"]), _b(a["cpu_fit"]), _b(a["rss_fit"]), _b(a["files_fit"]),
                      f"{last['peak_rss'] / last['n']:.0f}", f"{last['files_opened'] / last['n']:.3f}",
-                     _secs(a["cpu"][0]), _secs(a["cpu"][1]), rss[0], rss[1], params[1],
+                     cpu[0], cpu[1], rss[0], rss[1], params[1],
                      verdict + (" [fixed]" if name in FIXED else "")))
     if markdown:
         for r in [header, tuple("---" for _ in header), *rows]:
