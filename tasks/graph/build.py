@@ -199,9 +199,7 @@ def merge_blocks(out: Store, shard_table: str, trained: str, blocks: str) -> dic
         with tempfile.TemporaryDirectory(prefix="corpusforge-blocks-") as tmp, \
                 out.atomic_local_file(GRAPH_INDEX_LISTS) as lists_path:
             paths = [_local_block(out, name, m["outputs"][name], tmp) for name, m in zip(names, markers, strict=True)]
-            index = ondisk.merge_lists(index, paths, lists_path, GRAPH_INDEX_LISTS.rsplit("/", 1)[-1])
-            fx.write_index(index, header)
-            del index  # unmaps the lists before they are synced and renamed
+            fx.write_index(ondisk.merge_lists(index, paths, lists_path, GRAPH_INDEX_LISTS.rsplit("/", 1)[-1]), header)
             lists_sha = ondisk.file_sha256(lists_path)
         outputs = {GRAPH_INDEX_LISTS: lists_sha, GRAPH_INDEX: out.write_bytes(GRAPH_INDEX, header.getvalue())}
         return outputs, {**info, "blocks": len(names)}

@@ -64,7 +64,7 @@ def merge_lists(trained: faiss.Index, block_paths: list[str], lists_path: str, n
     total = sum(os.path.getsize(p) for p in block_paths)
     ranges = np.array_split(np.arange(ivf.nlist), max(1, min(ivf.nlist, -(-total // MERGE_RANGE_BYTES))))
     sizes = np.zeros(ivf.nlist, np.uint64)
-    part = f"{lists_path}.range"
+    part = f"{lists_path}.range.part"  # beside the lists file (a killed merge's is swept as a temp file)
     with open(lists_path, "wb") as out:
         for lists in ranges:
             first, stop = int(lists[0]), int(lists[-1]) + 1
