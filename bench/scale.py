@@ -7,12 +7,16 @@ learned-model shape and the wfd shape, a source folder), with P = N / partition_
 ingest partitions and S = N / shard_size staging shards as the defaults set them. Then
 each step runs in its own process (``--child``) and reports wall time, CPU time, peak
 RSS above the process's resident size when the step started (``/proc/self/clear_refs``
-resets the peak), files opened and bytes read through fsspec (a counting local
-filesystem registered for ``file://`` in the child, so every ``Store`` uses it), the
-number of tasks and the largest pickled parameters of one task.
+resets the peak; a step of several tasks, the index build, resets it before each task and
+reports the largest task's), files opened and bytes read through fsspec (a counting local
+filesystem registered for ``file://`` in the child, so every ``Store`` uses it; files FAISS
+maps itself, the index's lists, are added), the number of tasks and the largest pickled
+parameters of one task. Peak RSS counts the pages of mapped files a task touched too.
 
 The table fits time, peak memory, files opened and parameter size as ``a·N^b`` (log-log
-least squares over the sizes run) and projects them to 10⁷ and 10⁸. Bounds (issue 22):
+least squares over the sizes run) and projects them to 10⁷ and 10⁸; a step the stage refuses
+above a size (the graph index of wfd and of 512-d SQfp16, :func:`refused_above`) says so and
+projects nothing past it. Bounds (issue 22):
 a linear step fits b ≤ 1.2 for CPU time (wall time is shown too, but on a shared 2-core
 machine it measures the neighbours as much as the step) and files opened; the flow process ≤ 2 GB and any
 task ≤ 16 GB at 10⁸; ≤ 64 KB of parameters per task; ≤ 20,000 task runs per build. Steps
@@ -69,9 +73,9 @@ GROWTH_BOUND = 1.2
 PREFECT_SLOTS = 64  # worker threads assumed for the task-run projection (batch_count caps it at 500 per fan-out)
 # Steps rewritten to meet the bounds: the benchmark exits 1 when one of these breaks one.
 FIXED: tuple[str, ...] = ("exact_dedup", "release_plan", "release_writer", "graph_single_tasks", "graph_driver",
-                           "receipt", "faiss_query_512pq", "folder_listing")
-# The scale guard (tests/test_scale_guard.py, --quick) runs these: FIXED but the FAISS step,
-# which needs an IVF-PQ index trained first (~2 min at 100k here; bench/graph.py covers FAISS).
+                           "receipt", "faiss_build_512pq", "faiss_query_512pq", "folder_listing")
+# The scale guard (tests/test_scale_guard.py, --quick) runs these: FIXED but the FAISS steps,
+# which need an IVF-PQ index trained first (~2 min at 100k here; bench/graph.py covers FAISS).
 GUARDED: tuple[str, ...] = tuple(s for s in FIXED if not s.startswith("faiss_"))
 
 
@@ -167,13 +171,21 @@ class Scale:
     def fan_outs(self) -> dict[str, int]:
         """Units of each fan-out of a build (flows/build_corpus.py, tasks/exact_dedup.py,
         tasks/graph/stage.py, tasks/publish.py): one entry per ``run_tasks`` call; graph merge
-        at its most, one group per shard (merge_groups sizes groups by found pairs)."""
+        at its most, one group per shard (merge_groups sizes groups by found pairs); the index
+        as a 512-d model's 10⁸ build plans it (IVF-PQ above flat_max_vectors: add blocks, merge)."""
         from tasks.exact_dedup import partition_groups
+        from tasks.graph import build
+        from tasks.graph.config import IndexConfig
+        from tasks.graph.index import plan_index
 
         groups = len(partition_groups(self.parts, self.buckets))
+        plan = plan_index(IndexConfig(**IVF_PQ) if self.kept > IndexConfig().flat_max_vectors else IndexConfig(),
+                          self.kept, 512)
+        blocks = math.ceil(self.kept * plan.bytes_per_vector / build.ADD_BLOCK_BYTES) if plan.kind == "ivf" else 0
         return {"plan inputs": 1, "ingest": self.parts, "exchange keys": groups, "duplicate keys": self.buckets,
                 "exchange hashes": groups, "exact duplicates": self.buckets, "resolve": groups,
-                "staging": self.shards, "features": self.shards, "graph index": 1, "graph query": self.shards,
+                "staging": self.shards, "features": self.shards, "graph index": 1, "graph index add": blocks,
+                "graph index merge": int(blocks > 0), "graph query": self.shards,
                 "graph recall refs": self.shards, "graph merge": self.shards, "graph recall": 1,
                 "graph review": 1, "graph verify": self.shards, "graph calibration": 1,
                 "release plan": 1, "release": self.release_shards, "manifest": self.parts}
@@ -276,13 +288,44 @@ def _wfd_model() -> tuple[int, dict[str, Any]]:
     return model.dim, model.fingerprint()
 
 
+def _model(model_id: str) -> tuple[int, dict[str, Any]]:
+    """Feature dimension and model fingerprint of the benchmark's 512-d model or wfd."""
+    return (512, {"model_id": MODEL_512, "arch": "bench"}) if model_id == MODEL_512 else _wfd_model()
+
+
+def refused_above(model_id: str) -> int | None:
+    """The most vectors of ``model_id``'s features whose index the graph stage plans with the
+    default index settings; it refuses more before building anything (plan_index in
+    tasks/graph/index.py, documented in the README). None: it plans every size to 10⁸."""
+    from tasks.graph.index import plan_index
+    from tasks.graph.pair_score import PairScore
+
+    dim, model = _model(model_id)
+    cfg, form = _near_config(model_id).index, PairScore.from_model(model).form_dim(dim)
+
+    def planned(n: int) -> bool:
+        try:
+            plan_index(cfg, n, form)
+        except ValueError:
+            return False
+        return True
+
+    lo, hi = 1, PROJECT[-1]
+    if planned(hi):
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if planned(mid) else (lo, mid)
+    return lo
+
+
 def write_features(store, sc: Scale, model_id: str) -> None:
     """Float16 features of every staged record (5 % planted near-duplicates) and their markers."""
     from bench.graph import make_vectors
     from corpusforge.feature_files import write_shard_features
     from corpusforge.layout import staging_records
 
-    dim, model = (512, {"model_id": MODEL_512, "arch": "bench"}) if model_id == MODEL_512 else _wfd_model()
+    dim, model = _model(model_id)
     x, start, blocks = np.zeros((0, dim), np.float16), 0, 0
     for s in range(sc.shards):
         keys = store.read_parquet(staging_records(shard_name(s)), columns=["key", "sha256"])
@@ -358,6 +401,9 @@ class Step:
     modules: tuple[str, ...]  # imported before the measurement starts
     linear: bool = True
     max_n: int | None = None  # larger sizes are skipped (too slow here); the fit uses the rest
+    refused: str | None = None  # the feature model whose index the graph stage refuses above a size
+    # N -> what each of the step's task kinds grows with (default: N); its peak is projected by that
+    task_sizes: Callable[[int], dict[str, int]] | None = None
 
 
 STEPS: dict[str, Step] = {}
@@ -517,25 +563,89 @@ def _graph_out(data: str, tag: str):
     return Store(os.path.join(data, f"graph-{tag}"), fsync=False)
 
 
+def _reset_peak() -> int:
+    """Reset this process's peak RSS (VmHWM) to its current size; return that size."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _status_bytes("VmRSS:")
+
+
+def _unit_in_child(fn: Callable[..., Any], call: bytes) -> tuple[Any, int, int, int]:
+    """Run one unit in this fresh (spawned) process, as a task runs on a worker: its result,
+    peak RSS above the start, and the files and bytes it read through fsspec. ``call`` is
+    pickled, so its stores are made after the counting filesystem is installed."""
+    counting = install_counting_fs()
+    kwargs = pickle.loads(call)
+    base = _reset_peak()
+    result = fn(**kwargs)
+    return result, _status_bytes("VmHWM:") - base, counting.opened, counting.bytes_read
+
+
+def _measured(runs: dict[str, Any]):
+    """A fan-out (tasks/graph/build.py) that runs each unit in a process of its own, one at a
+    time, and keeps per task kind the largest peak RSS and parameters, and the files and bytes
+    all of them read (their CPU time reaches the step as its children's)."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    def fan_out(fn: Callable[..., Any], calls: list[dict[str, Any]]) -> list[Any]:
+        results = []
+        for call in calls:
+            with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+                result, peak, opened, read = pool.submit(_unit_in_child, fn, pickle.dumps(call)).result()
+            results.append(result)
+            runs["task_peaks"][fn.__name__] = max(runs["task_peaks"].get(fn.__name__, 0), peak)
+            runs["files_elsewhere"] += opened
+            runs["bytes_elsewhere"] += read
+        runs["params"].append(max(calls, key=lambda c: len(pickle.dumps(c))))
+        return results
+    return fan_out
+
+
+def _index_task_sizes(index: dict[str, Any]) -> Callable[[int], dict[str, int]]:
+    """What each index build task's memory follows at N records (a 512-d model): the training
+    sample (capped by index.max_train), the vectors of one block (capped by its bytes of
+    lists) and, for the merge, whose mapped file pages count in its RSS, the vectors of one
+    range of lists (capped by the range's bytes)."""
+    def sizes(n: int) -> dict[str, int]:
+        from tasks.graph import build, ondisk
+        from tasks.graph.config import IndexConfig
+        from tasks.graph.index import plan_index
+
+        kept = Scale.of(n).kept
+        plan = plan_index(IndexConfig(**index), kept, 512)
+        return {"prepare_index": plan.n_train,
+                "add_block": min(kept, max(1, build.ADD_BLOCK_BYTES // plan.bytes_per_vector)),
+                "merge_blocks": min(kept, max(1, ondisk.MERGE_RANGE_BYTES // plan.bytes_per_vector))}
+    return sizes
+
+
 def _faiss_build(model_id: str, index: dict[str, Any] | None = None, tag: str = ""):
     tag = tag or model_id
 
     def run(store, sc: Scale, data: str) -> dict[str, Any]:
-        from corpusforge.contract import marker_path
-        from corpusforge.layout import GRAPH_INDEX
-        from tasks.graph.edges import build_index, feature_digests
+        """Every unit of the index build in turn, each in a process of its own (prepare; for
+        IVF the block adds and the merge): the step's peak is its largest task's."""
+        from corpusforge.contract import remove_tree
+        from corpusforge.layout import GRAPH_INDEX_DIR, GRAPH_INDEX_WORK
+        from tasks.graph.build import build_index
+        from tasks.graph.edges import feature_digests
         from tasks.graph.nodes import plan_nodes, write_shard_table
 
         out = _graph_out(data, tag)
-        out.remove(marker_path(GRAPH_INDEX))
+        for folder in (GRAPH_INDEX_DIR, GRAPH_INDEX_WORK):
+            remove_tree(out, folder)
         cfg = _near_config(model_id, index)
         nodes = plan_nodes(store, [shard_name(s) for s in range(sc.shards)])
         table = write_shard_table(out, nodes, feature_digests(store, cfg, nodes))
-        kwargs = dict(source=store, out=out, cfg=cfg, shard_table=table)
-        info = build_index(**kwargs)
+        runs: dict[str, Any] = {"task_peaks": {}, "params": [], "files_elsewhere": 0, "bytes_elsewhere": 0}
+        info = build_index(store, out, cfg, table, _measured(runs))
         with open(os.path.join(data, f"index-{tag}.json"), "w") as f:
             json.dump(info, f)
-        return {"tasks": 1, "params": [kwargs], "plan": info["plan"]["factory"]}
+        blocks = sum(info.get("blocks", {}).values())
+        runs["files_elsewhere"] += blocks + 1 if blocks else 0  # FAISS maps the blocks' lists and writes the merged
+        return {"tasks": 1 + blocks + (1 if blocks else 0), "plan": info["plan"]["factory"], "blocks": blocks,
+                "peak_rss": max(runs["task_peaks"].values()), **runs}
     return run
 
 
@@ -543,6 +653,8 @@ def _faiss_query(model_id: str, index: dict[str, Any] | None = None, tag: str = 
     tag = tag or model_id
 
     def run(store, sc: Scale, data: str) -> dict[str, Any]:
+        """One shard's queries: an IVF index's lists are mapped (their pages touched count in
+        the peak RSS as file pages), a flat index read whole."""
         from tasks.graph.edges import feature_digests, query_shard
         from tasks.graph.nodes import plan_nodes, write_shard_table
         from tasks.graph.stage import shard_calls
@@ -556,25 +668,28 @@ def _faiss_query(model_id: str, index: dict[str, Any] | None = None, tag: str = 
         table = write_shard_table(out, nodes, digests)
         kwargs = dict(shard_calls(store, out, cfg, table, digests, info)[0], force=True)
         found = query_shard(**kwargs)
-        return {"tasks": sc.shards, "params": [kwargs], "pairs": found.get("pairs")}
+        return {"tasks": sc.shards, "params": [kwargs], "pairs": found.get("pairs"),
+                "files_elsewhere": int(info["plan"]["kind"] == "ivf"),  # the lists FAISS maps
+                "rss_file": _status_bytes("RssFile:")}
     return run
 
 
 _GRAPH_MODULES = ("tasks.graph.edges", "tasks.graph.nodes", "faiss")
 FAISS_MAX_N = 100_000  # index build and query at 1M take longer than this machine's share allows
 STEPS["faiss_build_512"] = Step("faiss_build_512", _faiss_build(MODEL_512), ("staging", "features512"), "task",
-                                _GRAPH_MODULES, max_n=FAISS_MAX_N)
+                                _GRAPH_MODULES, max_n=FAISS_MAX_N, refused=MODEL_512)
 STEPS["faiss_query_512"] = Step("faiss_query_512", _faiss_query(MODEL_512), ("staging", "features512"), "task",
-                                _GRAPH_MODULES, max_n=FAISS_MAX_N)
+                                _GRAPH_MODULES, max_n=FAISS_MAX_N, refused=MODEL_512)
 # IVF-PQ (the index a 10⁸ build uses) runs at 1M too: ~4.5 min to train and add here.
 STEPS["faiss_build_512pq"] = Step("faiss_build_512pq", _faiss_build(MODEL_512, IVF_PQ, "512pq"),
-                                  ("staging", "features512"), "task", _GRAPH_MODULES)
+                                  ("staging", "features512"), "task", _GRAPH_MODULES,
+                                  task_sizes=_index_task_sizes(IVF_PQ))
 STEPS["faiss_query_512pq"] = Step("faiss_query_512pq", _faiss_query(MODEL_512, IVF_PQ, "512pq"),
                                   ("staging", "features512"), "task", _GRAPH_MODULES)
 STEPS["faiss_build_wfd"] = Step("faiss_build_wfd", _faiss_build(MODEL_WFD), ("staging", "featureswfd"), "task",
-                                _GRAPH_MODULES, max_n=FAISS_MAX_N)
+                                _GRAPH_MODULES, max_n=FAISS_MAX_N, refused=MODEL_WFD)
 STEPS["faiss_query_wfd"] = Step("faiss_query_wfd", _faiss_query(MODEL_WFD), ("staging", "featureswfd"), "task",
-                                _GRAPH_MODULES, max_n=FAISS_MAX_N)
+                                _GRAPH_MODULES, max_n=FAISS_MAX_N, refused=MODEL_WFD)
 
 
 @step("receipt", ("ingest", "staging", "features512"), "flow", ("tasks.receipt",))
@@ -624,20 +739,20 @@ def child(name: str, data: str, n: int) -> dict[str, Any]:
 
     store = Store(os.path.join(data, "out"), fsync=False)
     sc = Scale.of(n)
-    with open("/proc/self/clear_refs", "w") as f:  # reset the peak (VmHWM) to the current size
-        f.write("5")
-    base = _status_bytes("VmRSS:")
-    usage = resource.getrusage(resource.RUSAGE_SELF)
+    base = _reset_peak()
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     started = time.perf_counter()
     result = STEPS[name].run(store, sc, data)
     wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_SELF)
+    after = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     params = [len(pickle.dumps(p, protocol=pickle.HIGHEST_PROTOCOL)) for p in result.pop("params")]
+    peak = result.pop("peak_rss", None)  # a step of several tasks measures its largest itself
     return {"step": name, "n": n, "wall_s": wall,
-            "cpu_s": after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime,
-            "base_rss": base, "peak_rss": max(_status_bytes("VmHWM:") - base, 0), "maxrss": after.ru_maxrss * 1024,
-            "files_opened": counting.opened, "bytes_read": counting.bytes_read,
-            "params_max": max(params, default=0), **result}
+            "cpu_s": sum(a.ru_utime + a.ru_stime - u.ru_utime - u.ru_stime for a, u in zip(after, usage, strict=True)),
+            "base_rss": base, "peak_rss": max(_status_bytes("VmHWM:") - base if peak is None else peak, 0),
+            "maxrss": after[0].ru_maxrss * 1024, "files_opened": counting.opened + result.get("files_elsewhere", 0),
+            "bytes_read": counting.bytes_read + result.get("bytes_elsewhere", 0), "params_max": max(params, default=0),
+            **result}
 
 
 # ---- fits, projections, table --------------------------------------------------------
@@ -688,12 +803,24 @@ def analyse(name: str, runs: list[dict[str, Any]]) -> tuple[dict[str, Any], list
            "rss": [None if rss_fit is None else base + project(rss_fit, n) for n in PROJECT],
            "params": [project(params_fit, n) for n in PROJECT]}
     st = STEPS[name]
+    if st.task_sizes is not None and all("task_peaks" in r for r in runs):
+        out["rss_by_task"] = by_task = {}
+        for kind in runs[-1]["task_peaks"]:  # each task's peak fitted on what it grows with
+            sizes = [st.task_sizes(r["n"])[kind] for r in runs]
+            f = fit(sizes, [r["task_peaks"].get(kind, 0) for r in runs])
+            by_task[kind] = {"fit": f, "sizes": sizes, "at": [st.task_sizes(n)[kind] for n in PROJECT],
+                             "rss": [project(f, st.task_sizes(n)[kind]) for n in PROJECT]}
+        out["rss"] = [base + max((t["rss"][i] or 0) for t in by_task.values()) for i in range(len(PROJECT))]
     broken = []
     if st.linear and cpu_fit and cpu_fit[1] > GROWTH_BOUND:
         broken.append(f"cpu time b={cpu_fit[1]:.2f} > {GROWTH_BOUND}")
     if files_fit and files_fit[1] > GROWTH_BOUND:
         broken.append(f"files opened b={files_fit[1]:.2f} > {GROWTH_BOUND}")
     bound = FLOW_BOUND if st.role == "flow" else TASK_BOUND
+    out["refused_above"] = refused = refused_above(st.refused) if st.refused else None
+    if refused is not None:  # nothing is built above it: no projection there is a step's cost
+        for key in ("cpu", "rss", "params"):
+            out[key] = [None if n > refused else x for n, x in zip(PROJECT, out[key], strict=True)]
     if out["rss"][-1] is not None and out["rss"][-1] > bound:
         broken.append(f"{st.role} memory {_size(out['rss'][-1])} at 1e8 > {_size(bound)}")
     if out["params"][-1] is not None and out["params"][-1] > PARAMS_BOUND:
@@ -711,22 +838,35 @@ def report(results: dict[str, list[dict[str, Any]]], markdown: bool = False) -> 
             print(f"  {name:16s} N={r['n']:>9,d}  {r['wall_s']:8.2f} {r['cpu_s']:8.2f} {r['peak_rss'] / 2**20:9.1f}"
                   f" {r['files_opened']:>9,d} {r['bytes_read'] / 2**20:9.1f} {r['params_max'] / 1024:9.1f}"
                   f" {r['tasks']:>7,d}")
+            if "task_peaks" in r:
+                print("    peak MB per task: " + ", ".join(f"{k} {v / 2**20:.1f}" for k, v in r["task_peaks"].items()))
     print(f"\nfits over N = {', '.join(f'{n:,d}' for n in sizes)}; projections are extrapolated, not measured "
           "(time: CPU time, all of the step's tasks together; RSS: the largest task, or the flow process)")
     header = ("step", "b wall", "b cpu", "b RSS", "b files", "B/rec", "files/rec", "CPU 1e7", "CPU 1e8", "RSS 1e7",
               "RSS 1e8", "params 1e8", "verdict")
     rows = []
     failures = []
+    by_task = []
     for name, runs in results.items():
         a, broken = analyse(name, runs)
+        for kind, t in a.get("rss_by_task", {}).items():
+            at = zip(PROJECT, t["at"], t["rss"], strict=True)
+            by_task.append(f"  {name} {kind}: b={_b(t['fit'])} over {', '.join(f'{x:,d}' for x in t['sizes'])}; "
+                           + ", ".join(f"{_size(r)} at {x:,d} (N={n:.0e})" for n, x, r in at))
         last = max(runs, key=lambda r: r["n"])
-        verdict = "ok" if not broken else "; ".join(broken)
+        refused = a["refused_above"]
+        notes = [f"refused above {refused:,d} vectors (documented)"] if refused is not None else []
+        verdict = "; ".join(notes + broken) or "ok"
         if broken and name in FIXED:
             failures += [f"{name}: {b}" for b in broken]
+        shown = {key: [fmt(x) if refused is None or n <= refused else "refused"
+                       for n, x in zip(PROJECT, a[key], strict=True)]
+                 for key, fmt in (("cpu", _secs), ("rss", _size), ("params", _size))}
+        cpu, rss, params = shown["cpu"], shown["rss"], shown["params"]
         rows.append((name, _b(a["time_fit"]), _b(a["cpu_fit"]), _b(a["rss_fit"]), _b(a["files_fit"]),
                      f"{last['peak_rss'] / last['n']:.0f}", f"{last['files_opened'] / last['n']:.3f}",
-                     _secs(a["cpu"][0]), _secs(a["cpu"][1]), _size(a["rss"][0]), _size(a["rss"][1]),
-                     _size(a["params"][1]), verdict + (" [fixed]" if name in FIXED else "")))
+                     cpu[0], cpu[1], rss[0], rss[1], params[1],
+                     verdict + (" [fixed]" if name in FIXED else "")))
     if markdown:
         for r in [header, tuple("---" for _ in header), *rows]:
             print("| " + " | ".join(str(c) for c in r) + " |")
@@ -734,6 +874,10 @@ def report(results: dict[str, list[dict[str, Any]]], markdown: bool = False) -> 
         widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header) - 1)]
         for r in [header, *rows]:
             print("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
+    if by_task:
+        print("\nlargest task at 1e7 and 1e8 above: each task's peak fitted on what it grows with (the "
+              "training sample, one block's vectors, one merge range's vectors), projected:")
+        print("\n".join(by_task))
     print(f"\nPrefect task runs per build, computed from unit counts (one per unit before issue 22; "
           f"batched by batch_count on {PREFECT_SLOTS} worker threads now):")
     for n in [*sizes, *PROJECT]:
@@ -763,7 +907,7 @@ def run_all(sizes: list[int], names: list[str], work: str, saved: str | None) ->
         for name in chosen:
             proc = subprocess.run([sys.executable, __file__, "--child", name, "--data", data, "--n", str(n)],
                                   check=True, capture_output=True, text=True)
-            r = json.loads(proc.stdout.strip().splitlines()[-1])
+            r = json.loads(next(line for line in reversed(proc.stdout.splitlines()) if line.startswith("{")))
             results[name].append(r)
             if saved:
                 with open(saved, "a") as f:

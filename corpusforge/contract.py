@@ -39,6 +39,15 @@ COMPUTED = "computed"
 SKIPPED = "skipped"
 MAYBE = "maybe"  # a plan's verdict: recomputed if an upstream unit's new output differs
 
+# How a stage runs a fan-out of units: ``fan_out(fn, calls)`` returns ``[fn(**c) for c in calls]``,
+# in order; a flow passes one that runs them as Prefect tasks (corpusforge.cluster.run_tasks).
+FanOut = Callable[[Callable[..., Any], list[dict[str, Any]]], list[Any]]
+
+
+def in_process(fn: Callable[..., Any], calls: list[dict[str, Any]]) -> list[Any]:
+    """Every unit in this process, in order."""
+    return [fn(**c) for c in calls]
+
 
 def marker_path(rel: str) -> str:
     return f"{MARKERS}/{rel}.json"

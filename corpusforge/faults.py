@@ -16,8 +16,9 @@ after the crash, or a rerun, proceeds.
 
 Points: ``staging.write`` and ``release.write`` (while a shard's tar is being written,
 before its second sample), ``features.start`` (a shard's extraction begins),
-``features.done`` (right after a shard's features are marked done), ``graph.query``
-(a staging shard's graph queries begin).
+``features.done`` (right after a shard's features are marked done), ``graph.index.add``
+(a block of an IVF index begins, by its first staging shard), ``graph.query`` (a staging
+shard's graph queries begin).
 """
 
 from __future__ import annotations

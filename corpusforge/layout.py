@@ -33,6 +33,9 @@ every folder as it is.
     work/graph/digests/{kind}.parquet  one digest per staging shard, in node order, of the graph files
                                        of a kind (edges, records, verified) that the one-off graph tasks
                                        fingerprint: written once by the stage, passed as its SHA-256
+    work/graph/index/trained.faiss     an IVF index's trained, empty index (quantiser, codebooks)
+    work/graph/index/blocks/{shard}.ivf   the inverted lists of a block of staging shards from {shard} on,
+                                       added to the trained index (merged into graph/index/index.ivfdata)
     work/run/stage_times.{json,md}     the latest run's wall-clock seconds per stage and work done: not
                                        deterministic, so under work/ (outside every output hash)
     staging/tars/{shard}.tar           staged samples (image, txt, json) in input order
@@ -42,7 +45,9 @@ every folder as it is.
     features/{model}/keys/{shard}.parquet      key, sha256, ok, error per image of the shard
     features/{model}/subsets/{subset}/{vectors,keys}/{shard}.…   the same for only the records one
                                        consumer selected (e.g. ``stats``: the held-out splits)
-    graph/index/…, graph/recall/{shard}, graph/edges/{shard},
+    graph/index/index.faiss            the near-duplicate index; for IVF without its inverted lists, which are
+    graph/index/index.ivfdata          in FAISS's on-disk format here (memory-mapped by the query tasks)
+    graph/index/recall_{ids,vectors}.npy, graph/recall/{shard}, graph/edges/{shard},
     graph/decisions/{shard}, graph/nodes.json, graph/summary.json, graph/collision/, graph/calibration/
     shards/{split}/{split}-{n}.tar     release shards (splits.layout: default)
     shards/{split}/gpic_{split}_{n}.tar   release shards in GPIC's layout (splits.layout: gpic);
@@ -219,12 +224,20 @@ def feature_keys(model_id: str, shard: str, subset: str | None = None) -> str:
 
 GRAPH_INDEX_DIR = "graph/index"
 GRAPH_INDEX = "graph/index/index.faiss"
+GRAPH_INDEX_LISTS = "graph/index/index.ivfdata"  # an IVF index's inverted lists (tasks/graph/ondisk.py)
+GRAPH_INDEX_WORK = "work/graph/index"
+GRAPH_INDEX_TRAINED = "work/graph/index/trained.faiss"
+GRAPH_INDEX_BLOCKS = "work/graph/index/blocks"
 GRAPH_RECALL_IDS = "graph/index/recall_ids.npy"
 GRAPH_RECALL_VECTORS = "graph/index/recall_vectors.npy"
 GRAPH_NODES = "graph/nodes.json"
 GRAPH_SUMMARY = "graph/summary.json"
 GRAPH_COMPONENTS_REPORT = "graph/components_report.json"
 GRAPH_RECALL_SUMMARY = "graph/recall.json"
+
+
+def index_block_path(first_shard: str) -> str:
+    return f"{GRAPH_INDEX_BLOCKS}/{first_shard}.ivf"
 
 
 def found_path(shard: str) -> str:

@@ -233,6 +233,33 @@ class Store:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
 
+    @contextlib.contextmanager
+    def atomic_local_file(self, rel: str) -> Iterator[str]:
+        """:meth:`atomic_write` for a library that writes a file by its path (FAISS's
+        memory-mapped inverted lists): yield a local path to write; on clean exit the file
+        appears at ``rel`` whole (fsynced, renamed; uploaded to an object store), else not
+        at all. The path is beside ``rel`` locally, in the temp folder for an upload."""
+        fd, tmp = self._temp_file(rel)
+        os.close(fd)
+        try:
+            with self._naming_full_disk((rel,), [tmp] if self.remote else []):
+                yield tmp
+                if self.durable:
+                    synced = os.open(tmp, os.O_RDONLY)
+                    try:
+                        os.fsync(synced)
+                    finally:
+                        os.close(synced)
+            if self.remote:
+                with self._naming(rel), self._naming_full_disk((rel,), None):
+                    self.fs.put_file(tmp, self._fs_path(rel))
+            else:
+                os.chmod(tmp, 0o644)
+                os.replace(tmp, self.path(rel))
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
     def _temp_file(self, rel: str) -> tuple[int, str]:
         """A new temporary file for ``rel``: beside it locally (``.name.*.part``, so the
         rename is atomic), anywhere local for an upload."""

@@ -32,11 +32,11 @@ from typing import Any
 
 from corpusforge.contract import COMPUTED, MAYBE, SKIPPED, completed_units, explain, read_marker
 from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_DIR, DEDUP_HASHES_DIR, DEDUP_KEYS_DIR,
-                                EXACT_DIR, FEATURES_DIR, GRAPH_DIR, GRAPH_FOUND, INGEST_DIR, KEYDUP_DIR, MANIFEST_DIR,
-                                MARKERS, RECEIPT, RELEASE_DIR, RELEASE_PLAN_DIR, RESOLVED_DIR, RUN_LOG, STAGING_TARS,
-                                STATS_DIR, bucket_name, dedup_group_name, dedup_hashes_path, dedup_keys_path,
-                                exact_path, feature_vectors, features_dir, ingest_path, keydup_path, part_name,
-                                resolved_path, staging_tar)
+                                EXACT_DIR, FEATURES_DIR, GRAPH_DIR, GRAPH_FOUND, GRAPH_INDEX_WORK, INGEST_DIR,
+                                KEYDUP_DIR, MANIFEST_DIR, MARKERS, RECEIPT, RELEASE_DIR, RELEASE_PLAN_DIR, RESOLVED_DIR,
+                                RUN_LOG, STAGING_TARS, STATS_DIR, bucket_name, dedup_group_name, dedup_hashes_path,
+                                dedup_keys_path, exact_path, feature_vectors, features_dir, ingest_path, keydup_path,
+                                part_name, resolved_path, staging_tar)
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from flows.build_corpus import BuildConfig
@@ -52,7 +52,7 @@ ACTIONS = {SKIPPED: "skip", COMPUTED: "recompute", MAYBE: "recompute if upstream
 # The later stages judged as a whole: (plan stage, the receipt config sections it reads,
 # the marker folders of its units, the config section whose null switches it off).
 WHOLE_STAGES = [
-    ("graph", ("near_dedup", "features"), (GRAPH_DIR, GRAPH_FOUND), "near_dedup"),
+    ("graph", ("near_dedup", "features"), (GRAPH_DIR, GRAPH_FOUND, GRAPH_INDEX_WORK), "near_dedup"),
     ("captioning", ("captioning", "near_dedup"), (CAPTIONS_DIR, CAPTION_PLAN_DIR, CAPTION_JOURNAL_DIR), "captioning"),
     ("release", ("splits", "near_dedup", "captioning"), (RELEASE_PLAN_DIR, RELEASE_DIR), None),
     ("manifest", ("splits", "near_dedup", "captioning"), (MANIFEST_DIR,), None),

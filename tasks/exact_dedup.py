@@ -47,7 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from corpusforge.chunking import cut_name
-from corpusforge.contract import UnitKey, require_marker, run_unit, unit_fingerprint
+from corpusforge.contract import FanOut, UnitKey, in_process, require_marker, run_unit, unit_fingerprint
 from corpusforge.hashing import fingerprint, stable_int
 from corpusforge.layout import (DEDUP_HASHES_DIR, DEDUP_KEYS_DIR, DUPLICATE_SCHEMA, EXACT_DIR, HASH_SCHEMA, KEY_SCHEMA,
                                 KEYDUP_DIR, RESOLVED_SCHEMA, dedup_hashes_path, dedup_keys_path, exact_path,
@@ -223,16 +223,6 @@ def find_exact_duplicates(store: Store, bucket: int, exchanged: str, group_size:
 
     fp = exact_duplicates_key(bucket, group_size, exchanged)
     return run_unit(store, exact_path(bucket), fp, compute)
-
-
-# How the units of one fan-out run: (unit function, keyword arguments of each unit) ->
-# results in order. The flow maps them over Prefect tasks; tests and benchmarks call them.
-FanOut = Callable[[Callable[..., Any], list[dict[str, Any]]], list[Any]]
-
-
-def in_process(fn: Callable[..., Any], calls: list[dict[str, Any]]) -> list[Any]:
-    """Every unit in this process, in order."""
-    return [fn(**c) for c in calls]
 
 
 def deduplicate(store: Store, ingested: list[dict[str, Any]], n_buckets: int, shard_size: int,

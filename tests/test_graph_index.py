@@ -8,9 +8,10 @@ import pytest
 from corpusforge.contract import read_marker
 from corpusforge.layout import GRAPH_INDEX, GRAPH_SHARD_TABLE, found_path
 from tasks.graph import index as fx
+from tasks.graph.build import build_index
 from tasks.graph.config import IndexConfig, NearDedupConfig, VerificationConfig
-from tasks.graph.edges import (build_index, feature_digests, found_fingerprint, graph_recall, iter_edges, merge_edges,
-                               merge_groups, query_shard, recall_shard)
+from tasks.graph.edges import (feature_digests, found_fingerprint, graph_recall, iter_edges, merge_edges, merge_groups,
+                               query_shard, recall_shard)
 from tasks.graph.nodes import plan_nodes, write_shard_table
 from tests.graph_corpus import at_similarity, brute_force_edges, unit, write_corpus
 
@@ -190,3 +191,15 @@ def test_an_index_too_large_for_a_query_worker_is_refused_with_the_alternative(t
     check_index_size(config)  # 60 vectors: fine
     with pytest.raises(ValueError, match=r"60 vectors x 16 dims \(IDMap2,Flat\) needs"):
         check_index_size(config, limit=60 * (4 * 16 + 8) - 1)
+
+
+def test_the_scale_benchmark_reports_wfd_refused_where_the_stage_refuses_it():
+    """bench/scale.py projects the wfd index steps only up to the size plan_index accepts."""
+    from bench.scale import MODEL_512, MODEL_WFD, refused_above
+
+    n = refused_above(MODEL_WFD)
+    assert n == (16 << 30) // (2 * 2096 + 8)  # SQfp16 codes and an id per wfd form, 16 GiB per query host
+    fx.plan_index(IndexConfig(), n, 2096)
+    with pytest.raises(ValueError, match="no compact form"):
+        fx.plan_index(IndexConfig(), n + 1, 2096)
+    assert refused_above(MODEL_512) == (16 << 30) // (2 * 512 + 8)

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from tasks.graph import index as fx
+from tasks.graph.build import build_index
 from tasks.graph.config import IndexConfig, NearDedupConfig, VerificationConfig
-from tasks.graph.edges import build_index, feature_digests, query_shard
+from tasks.graph.edges import feature_digests, query_shard
 from tasks.graph.nodes import plan_nodes, write_shard_table
 from tasks.graph.pair_score import PairScore
 from tests.graph_corpus import at_similarity, node_vectors, unit, write_corpus

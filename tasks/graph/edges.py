@@ -1,8 +1,10 @@
-"""The similarity graph on disk: index build, per-shard queries, symmetric edge files, recall.
+"""The similarity graph on disk: per-shard queries, symmetric edge files, recall.
 
 Files under the output root (inputs — features, records — come from the source root):
 
-    graph/index/index.faiss                  the index with global node ids (marker: plan, counts)
+    graph/index/index.faiss                  the index with global node ids (marker: plan, counts;
+                                             built by tasks/graph/build.py); an IVF index's lists
+    graph/index/index.ivfdata                are in this file, which queries memory-map
     graph/index/recall_ids.npy, recall_vectors.npy   the recall sample (seeded by key hash)
     work/graph/found/{shard}.parquet         pairs found by that shard's queries, addressed as
                                              (src_row, dst_shard, dst_row) with the digest of the
@@ -56,13 +58,12 @@ from corpusforge.contract import (COMPUTED, SKIPPED, current_marker, finish_unit
                                   unit_fingerprint)
 from corpusforge.faults import fault_point
 from corpusforge.feature_files import require_features
-from corpusforge.hashing import stable_uniform
-from corpusforge.layout import (EDGE_SCHEMA, FOUND_SCHEMA, GRAPH_INDEX, GRAPH_RECALL_IDS, GRAPH_RECALL_VECTORS,
-                                edges_path, found_path, recall_path)
+from corpusforge.layout import (EDGE_SCHEMA, FOUND_SCHEMA, GRAPH_INDEX, GRAPH_INDEX_LISTS, GRAPH_RECALL_IDS,
+                                GRAPH_RECALL_VECTORS, edges_path, found_path, recall_path)
 from corpusforge.storage import Store
-from corpusforge.tarshard import HashingWriter
 from corpusforge.version import code_version
 from tasks.graph import index as fx
+from tasks.graph import ondisk
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.nodes import NodeTable, load_shard_vectors, read_shard_table
 from tasks.graph.pair_score import PairScore
@@ -73,12 +74,6 @@ def _code() -> str:
 
 def edge_table(src: np.ndarray, dst: np.ndarray, sim: np.ndarray) -> pa.Table:
     return pa.table({"src": src, "dst": dst, "similarity": sim}, schema=EDGE_SCHEMA)
-
-
-def _npy_bytes(a: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
-    return buf.getvalue()
 
 
 def _load_npy(store: Store, rel: str) -> np.ndarray:
@@ -99,13 +94,6 @@ def pair_score_of(markers: list[dict[str, Any]]) -> PairScore:
     return rule
 
 
-def _sample(seed: int, salt: str, keys: list[str], rate: float) -> tuple[np.ndarray, np.ndarray]:
-    """Positions of ``keys`` chosen at ``rate`` by a seeded key hash, and their hash values."""
-    u = np.fromiter((stable_uniform(seed, f"{salt}:{k}") for k in keys), dtype=np.float64, count=len(keys))
-    pick = np.flatnonzero(u < rate)
-    return pick, u[pick]
-
-
 def index_plan(cfg: NearDedupConfig, markers: list[dict[str, Any]], limit: int = fx.INDEX_WORKER_BYTES
                ) -> tuple[fx.IndexPlan, PairScore, int, int]:
     """(plan, pair rule, vector count, feature dim) from the feature shards' marker infos;
@@ -119,71 +107,22 @@ def index_plan(cfg: NearDedupConfig, markers: list[dict[str, Any]], limit: int =
     return fx.plan_index(cfg.index, n_vectors, rule.form_dim(dim), limit), rule, n_vectors, dim
 
 
-def build_index(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str) -> dict[str, Any]:
-    """Build and save the index (skipped if already built from the same features and settings).
-
-    ``shard_table``: SHA-256 of the stage's shard table (tasks/graph/nodes.py). Returns the
-    index marker's info: plan, vector count, dim, recall sample size, and the marker's
-    ``fingerprint``."""
-    nodes, digests = read_shard_table(out, shard_table)
-    markers = [require_features(source, cfg.model_id, shard)["info"] for shard in nodes.shards]
-    plan, rule, n_vectors, dim = index_plan(cfg, markers)
-    fp = unit_fingerprint("graph-index", _code(), [plan.to_json(), cfg.seed, cfg.recall_queries, rule.to_json()],
-                          shard_table)
-
-    def compute() -> tuple[dict[str, str], dict[str, Any]]:
-        fx.set_threads(cfg.index.faiss_threads)
-        index = fx.new_index(plan, cfg.seed)
-        gpu = False
-        if plan.kind == "ivf":
-            sample, order = [], []
-            rate = plan.n_train / max(n_vectors, 1)
-            for shard, offset in zip(nodes.shards, nodes.offsets[:-1], strict=False):
-                _, keys, x = load_shard_vectors(source, cfg.model_id, shard, int(offset))
-                pick, u = _sample(cfg.seed, "train", keys, rate)
-                sample.append(rule.candidate_forms(x[pick]))
-                order.append(u)
-            train = np.concatenate(sample)[np.argsort(np.concatenate(order), kind="stable")]
-            index, gpu = fx.maybe_gpu(index, cfg.index.use_gpu)
-            fx.train_index(index, train)
-            del train, sample
-        recall_ids, recall_vecs = [], []
-        rate = cfg.recall_queries / max(n_vectors, 1)
-        for shard, offset in zip(nodes.shards, nodes.offsets[:-1], strict=False):
-            ids, keys, x = load_shard_vectors(source, cfg.model_id, shard, int(offset))
-            if len(ids):
-                index.add_with_ids(rule.candidate_forms(x), ids)
-            pick, _ = _sample(cfg.seed, "recall", keys, rate)
-            recall_ids.append(ids[pick])
-            recall_vecs.append(x[pick])
-        if gpu:
-            index = faiss.index_gpu_to_cpu(index)
-        q_ids = np.concatenate(recall_ids) if recall_ids else np.zeros(0, np.int64)
-        q = np.concatenate(recall_vecs) if recall_vecs else np.zeros((0, dim), np.float32)
-        order = np.argsort(q_ids)
-        outputs = {GRAPH_RECALL_IDS: out.write_bytes(GRAPH_RECALL_IDS, _npy_bytes(q_ids[order])),
-                   GRAPH_RECALL_VECTORS: out.write_bytes(GRAPH_RECALL_VECTORS, _npy_bytes(q[order]))}
-        with out.atomic_write(GRAPH_INDEX) as f:
-            sink = HashingWriter(f)
-            fx.write_index(index, sink)
-        outputs[GRAPH_INDEX] = sink.sha256
-        return outputs, {"plan": plan.to_json(), "n_vectors": n_vectors, "dim": dim, "pair_score": rule.to_json(),
-                         "recall_queries": int(len(q_ids)), "gpu_build": gpu}
-
-    marker = run_unit(out, GRAPH_INDEX, fp, compute)
-    return {**marker["info"], "fingerprint": marker["fingerprint"], "action": marker["action"]}
-
-
 _INDEX_CACHE: dict[tuple[str, str], Any] = {}
 
 
 def load_index(out: Store, info: dict[str, Any], use_gpu: bool) -> tuple[Any, Any, bool]:
-    """The saved index (CPU copy, search copy, on GPU?), loaded once per process and kept."""
+    """The saved index (CPU copy, search copy, on GPU?), opened once per process and kept: a
+    flat index read whole, an IVF index with its lists memory-mapped (tasks/graph/ondisk.py)."""
     key = (out.root, info["fingerprint"])
     if key not in _INDEX_CACHE:
         _INDEX_CACHE.clear()
+        nprobe = info["plan"]["nprobe"]
         with out.open(GRAPH_INDEX) as f:
-            cpu = fx.read_index(f, nprobe=info["plan"]["nprobe"])
+            if info["plan"]["kind"] == "flat":
+                cpu = fx.read_index(f, nprobe=nprobe)
+            else:
+                lists = ondisk.local_file(out, GRAPH_INDEX_LISTS, info["lists_sha256"], info["fingerprint"])
+                cpu = ondisk.open_mapped(f, lists, nprobe)
         search, on_gpu = fx.maybe_gpu(cpu, use_gpu)
         _INDEX_CACHE[key] = (cpu, search, on_gpu)
     return _INDEX_CACHE[key]
@@ -282,7 +221,7 @@ def query_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: st
     cpu, index, on_gpu = load_index(out, info, cfg.index.use_gpu)
     lo, _ = nodes.span(shard)
     ids, _, x = load_shard_vectors(source, cfg.model_id, shard, lo)
-    plan = fx.IndexPlan(**{k: v for k, v in info["plan"].items() if k != "factory"})
+    plan = fx.IndexPlan.from_json(info["plan"])
     margin = fx.EXACT_SEARCH_MARGIN if plan.kind == "flat" else (0.0 if plan.exact_scores
                                                                else cfg.index.pq_rescore_margin)
     rule = PairScore.from_json(info.get("pair_score"))

@@ -13,8 +13,11 @@ Two kinds of index:
   ``flat_max_vectors`` (200k by default).
 * ``ivf`` — ``IVF{nlist},{Flat|SQfp16|PQm}``: k-means coarse quantiser trained on a
   deterministic sample (selected by a seeded hash of the key, sorted by that hash, so
-  it does not depend on shard order), vectors added shard by shard with their global
-  node ids, ``nprobe`` lists scanned per query. Approximate: the stage measures recall
+  it does not depend on shard order), vectors added with their global node ids in blocks
+  of shards, each block to a copy of the trained index, and the blocks' lists merged in
+  shard order into on-disk lists that queries memory-map (``tasks/graph/build.py``,
+  ``tasks/graph/ondisk.py``): every list holds what one index with every shard added in
+  order would. ``nprobe`` lists scanned per query. Approximate: the stage measures recall
   against exhaustive search on a sample of queries in every run.
 
 Searches are k-NN (``k`` includes the query itself) or range searches; both keep pairs
@@ -30,17 +33,23 @@ Scale: 100M × 512-d (8,000 staging shards of 12.5k images)
   large-memory host (shared by the worker's threads) or two 80 GB GPUs as an
   ``IndexShards``. Scores are within ~2e-4 of exact (float16 rounding).
 * ``IVF65536,PQ64``: 64 B codes + 8 B id = 7.2 GB (+134 MB centroids, 0.5 MB codebooks),
-  so every worker process can hold its own copy. PQ scores are off by several 1e-2, so
+  in ``graph/index/index.ivfdata``, which every query worker maps (no private copy: the
+  host's page cache holds the pages its workers probe). PQ scores are off by several 1e-2, so
   candidates are searched at ``threshold - pq_rescore_margin`` and rescored with exact
   vectors from the feature files (see ``edges.py``).
-* Training: 64 vectors per list → 4.2M × 512 × 4 B = 8.6 GB in the one build task;
-  k-means cost 25 iterations × 4.2M × 65,536 × 1,024 flop ≈ 7·10^15 flop (GPU minutes,
-  CPU hours — use ``faiss-gpu`` for the build at this size).
+* Training: 64 vectors per list, capped at ``max_train`` (2M) → 2M × 512 × 4 B = 4 GB in
+  the one training task (and as much again for FAISS's PQ residuals); k-means cost 25
+  iterations × 2M × 65,536 × 1,024 flop ≈ 3·10^15 flop (GPU minutes, CPU hours — use
+  ``faiss-gpu`` for the build at this size). Adding: one task per block of about 64 MiB
+  of lists (0.9M PQ64 vectors, ~110 blocks), then one merge of their lists into the file.
 * Search: ``nprobe=16`` scans 16/65,536 of the corpus, ~24k codes per query; 100M
   queries read ~2.5 PB of SQfp16 codes (memory bound: ~7 h on one 100 GB/s host, ~15 min
   on one H100 at 3 TB/s) or ~160 TB of PQ64 codes. Queries fan out one task per staging
-  shard (12.5k queries each, batched), so hosts add linearly; each worker process loads
-  the index once and keeps it (``load_index`` caches by fingerprint).
+  shard (12.5k queries each, batched), so hosts add linearly; each worker process opens
+  the index once and keeps it (``load_index`` caches by fingerprint): the quantiser in its
+  memory, the lists mapped. A shard's 12.5k × 16 probes reach nearly every one of the
+  65,536 lists, so a query host pages in the whole lists file once for all its workers
+  (from an object store it first copies it to local disk).
 """
 
 from __future__ import annotations
@@ -60,8 +69,10 @@ SEARCH_BATCH = 4096  # queries per FAISS call: bounds the k-NN and range result 
 # Exact searches look this far below a threshold and keep canonical scores >= it, so a
 # pair is found whatever the summation order (BLAS blocking, thread count) of the search.
 EXACT_SEARCH_MARGIN = 1e-3
-# Every query worker loads the whole index (load_index): above this it is refused before
-# anything is built (issue 22's per-task bound). An index no worker holds whole: README.
+# A query worker reads a flat index whole and maps an IVF index's lists, which a shard's
+# queries probe all over, so each query host holds the whole index (a flat one in every
+# worker's memory, IVF lists in its page cache and, from an object store, its local disk):
+# above this it is refused before anything is built (issue 22's per-task bound; README).
 INDEX_WORKER_BYTES = 16 << 30
 
 
@@ -101,6 +112,10 @@ class IndexPlan:
 
     def to_json(self) -> dict:
         return {**asdict(self), "factory": self.factory}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> IndexPlan:
+        return cls(**{k: v for k, v in obj.items() if k != "factory"})
 
 
 def auto_nlist(n_vectors: int) -> int:

@@ -1,6 +1,7 @@
 """The near-duplicate stage: one entry point, built from thin Prefect tasks.
 
-    plan node ids → build index (1 task) → query (1 task per staging shard whose
+    plan node ids → build index (flat: 1 task; IVF: train 1 task, add 1 task per block of
+    shards, merge 1 task; tasks/graph/build.py) → query (1 task per staging shard whose
     features changed) → recall reference (1 task per shard) → merge edges (1 task per
     owner-shard group) → [k-NN cap check] → recall (1 task) → [mode gpic_verified: review
     pairs chosen (1 task), verified (1 task per owner shard)] → decisions (1 task)
@@ -41,12 +42,13 @@ from corpusforge.layout import (GRAPH_DECISIONS, GRAPH_EDGES, GRAPH_FOUND, GRAPH
                                 review_path, staging_records, staging_tar)
 from corpusforge.storage import Store
 from corpusforge.version import code_version
+from tasks.graph.build import add_block, build_index, merge_blocks, prepare_index
 from tasks.graph.calibration import calibration_sheet
 from tasks.graph.collision import collision_models
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.decisions import decide_near_duplicates, read_decisions
-from tasks.graph.edges import (build_index, feature_digests, found_fingerprint, graph_recall, group_shards,
-                               merge_edges, merge_groups, node_degrees, query_shard, recall_shard)
+from tasks.graph.edges import (feature_digests, found_fingerprint, graph_recall, group_shards, merge_edges,
+                               merge_groups, node_degrees, query_shard, recall_shard)
 from tasks.graph.nodes import plan_nodes, write_shard_digests, write_shard_table
 from tasks.graph.review import select_review_pairs
 from tasks.graph.verify import records_fingerprint, verify_shard
@@ -54,7 +56,8 @@ from tasks.graph.verify import records_fingerprint, verify_shard
 __all__ = ["near_duplicate_stage", "read_decisions"]
 
 
-build_index_task = as_task(build_index, "graph-build-index", probe=True)
+INDEX_TASKS = {fn: as_task(fn, name, probe=True) for fn, name in (
+    (prepare_index, "graph-build-index"), (add_block, "graph-index-add"), (merge_blocks, "graph-index-merge"))}
 query_shard_task = as_task(query_shard, "graph-query-shard", probe=True)
 recall_shard_task = as_task(recall_shard, "graph-recall-reference", probe=True)
 merge_edges_task = as_task(merge_edges, "graph-merge-edges", probe=True)
@@ -87,11 +90,13 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
         prune(store, folder, nodes.shards)
     prune(store, GRAPH_INDEX_DIR, {"index", "recall_ids", "recall_vectors"})  # a killed writer's temp files
     table = write_shard_table(store, nodes, digests)
-    info = run_tasks(build_index_task, [dict(source=source, out=store, cfg=cfg, shard_table=table)])[0]
+    info = build_index(source, store, cfg, table, lambda fn, calls: run_tasks(INDEX_TASKS[fn], calls))
     calls = shard_calls(source, store, cfg, table, digests, info)
     started = time.perf_counter()
     queried = run_tasks(query_shard_task, calls)
     work: dict[str, Any] = {"index": info["action"], "queries": count_actions(queried)}
+    if "blocks" in info:
+        work["index_blocks"] = info["blocks"]
     work["query_seconds"] = round(time.perf_counter() - started, 3)
     references = run_tasks(recall_shard_task, calls)
     merged = _merge(store, nodes, table, cfg)
