@@ -222,12 +222,7 @@ class Store:
                         with ThreadPoolExecutor(len(files), thread_name_prefix="fsync") as pool:
                             list(pool.map(os.fsync, [f.fileno() for f in files]))
             for rel, tmp in zip(rels, temps, strict=True):
-                if self.remote:
-                    with self._naming(rel), self._naming_full_disk((rel,), None):
-                        self.fs.put_file(tmp, self._fs_path(rel))
-                else:
-                    os.chmod(tmp, 0o644)
-                    os.replace(tmp, self.path(rel))
+                self._publish(tmp, rel)
         finally:
             for tmp in temps:
                 if os.path.exists(tmp):
@@ -250,15 +245,20 @@ class Store:
                         os.fsync(synced)
                     finally:
                         os.close(synced)
-            if self.remote:
-                with self._naming(rel), self._naming_full_disk((rel,), None):
-                    self.fs.put_file(tmp, self._fs_path(rel))
-            else:
-                os.chmod(tmp, 0o644)
-                os.replace(tmp, self.path(rel))
+            self._publish(tmp, rel)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+
+    def _publish(self, tmp: str, rel: str) -> None:
+        """Make the whole temporary file ``tmp`` the file ``rel``: renamed beside it
+        locally (atomic), uploaded to an object store (which shows an object whole or not)."""
+        if self.remote:
+            with self._naming(rel), self._naming_full_disk((rel,), None):
+                self.fs.put_file(tmp, self._fs_path(rel))
+        else:
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, self.path(rel))
 
     def _temp_file(self, rel: str) -> tuple[int, str]:
         """A new temporary file for ``rel``: beside it locally (``.name.*.part``, so the

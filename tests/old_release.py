@@ -9,7 +9,6 @@ uses today's ground floor (layout, storage, splits) exactly as it did then.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import types
 from pathlib import Path
 from typing import Any
@@ -20,18 +19,14 @@ from corpusforge.layout import LATE_DIR, RELEASE_DIR, RELEASE_PLAN_DIR
 from corpusforge.storage import Store
 from tasks.release import plan_release_files, write_staged_list
 from tasks.splits import SplitConfig
+from tests.old_code import module_at
 
 OLD_COMMIT = "63a2feaee6ac74785452b86d43b34db5acd1f3b2"
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def old_release_module() -> types.ModuleType:
     """``tasks/release.py`` at :data:`OLD_COMMIT`, not registered in ``sys.modules``."""
-    source = subprocess.run(["git", "show", f"{OLD_COMMIT}:tasks/release.py"], cwd=ROOT, check=True,
-                            capture_output=True, text=True).stdout
-    module = types.ModuleType("tasks.release")
-    exec(compile(source, f"{OLD_COMMIT[:7]}:tasks/release.py", "exec"), module.__dict__)
-    return module
+    return module_at(OLD_COMMIT, "tasks/release.py", "tasks.release")
 
 
 def _files(root: Path, folder: str) -> dict[str, bytes]:

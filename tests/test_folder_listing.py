@@ -8,7 +8,6 @@ its old name (as tests/old_release.py does for release planning)."""
 from __future__ import annotations
 
 import os
-import subprocess
 import types
 import uuid
 from pathlib import Path
@@ -21,9 +20,9 @@ from corpusforge.layout import INPUT_DIR, LISTING_SPILL_DIR
 from corpusforge.storage import Store
 from tasks import sources
 from tasks.sources import SourceConfig, plan_partitions
+from tests.old_code import module_at
 
 OLD_COMMIT = "78eb19a8741cd8f55392f958c683da62aca7ef07"  # the last commit with the in-memory listing
-ROOT = Path(__file__).resolve().parent.parent
 
 # Regular files: images with a .txt, a .json, both or neither; orphaned sidecars; names that
 # sort differently by '/' and '.' (a.jpg, a/b.jpg, a-b.jpg); an upper-case image extension;
@@ -40,11 +39,7 @@ REGULAR = {
 
 def old_sources() -> types.ModuleType:
     """``tasks/sources.py`` at :data:`OLD_COMMIT`, not registered in ``sys.modules``."""
-    source = subprocess.run(["git", "show", f"{OLD_COMMIT}:tasks/sources.py"], cwd=ROOT, check=True,
-                            capture_output=True, text=True).stdout
-    module = types.ModuleType("tasks.sources")
-    exec(compile(source, f"{OLD_COMMIT[:7]}:tasks/sources.py", "exec"), module.__dict__)
-    return module
+    return module_at(OLD_COMMIT, "tasks/sources.py", "tasks.sources")
 
 
 def write_tree(root: Path) -> None:
