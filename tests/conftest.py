@@ -1,11 +1,17 @@
-"""Shared fixtures: hermetic Prefect settings, one Prefect server, a loopback S3 server."""
+"""Shared fixtures: hermetic Prefect settings, the two test tiers (fast, and integration
+marked from the fixtures that start servers), one Prefect server, a loopback S3 server."""
 
 from __future__ import annotations
 
+import multiprocessing.process
 import os
+import subprocess
+import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,8 +24,32 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 
+# ---- the two tiers: the fast tier (no servers) and the integration tests --------------------------
+#
+# A fixture below that starts a server, worker processes, a browser or the CLI in a subprocess
+# is listed here; a test using one, directly or through other fixtures, is marked
+# ``integration`` at collection, so nobody has to remember the marker. The fast tier is
+# ``-m "not integration and not slow and not gpu"`` (``make test-fast``); a test outside it that
+# starts a server anyway fails (``_no_servers_in_the_fast_tier``), naming these fixtures.
+INTEGRATION_FIXTURES = frozenset({
+    "prefect_server",  # a Prefect API server (subprocess); flows and Dask workers report to it
+    "s3",  # SeaweedFS on loopback, for the session
+    "seaweedfs",  # SeaweedFS servers the test starts and stops itself
+    "local_cluster",  # Dask LocalClusters with worker processes
+    "cli",  # the corpusforge command line in a subprocess
+    "chromium",  # headless Chromium through Playwright
+    "prefect_server_with_ui",  # `prefect server start` with its UI, started by the test
+    "postgres",  # a PostgreSQL cluster started by the test
+})
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """GPU tests are skipped where CUDA is absent."""
+    """Tests using an integration fixture are marked ``integration`` (before ``-m`` selects);
+    GPU tests are skipped where CUDA is absent."""
+    for item in items:
+        if INTEGRATION_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
     try:
         import torch
 
@@ -53,6 +83,98 @@ def s3(tmp_path_factory) -> Iterator[dict]:
 
 
 @pytest.fixture(scope="session")
+def seaweedfs() -> Callable[..., Any]:
+    """For tests that start and stop SeaweedFS themselves: ``with seaweedfs(folder) as options``."""
+    from tests.s3server import seaweedfs as start
+
+    return start
+
+
+@pytest.fixture
+def local_cluster() -> Iterator[Callable[..., Any]]:
+    """Dask LocalClusters with real worker processes, ``local_cluster(n_workers=2)``, closed
+    after the test."""
+    from distributed import LocalCluster
+
+    started: list[LocalCluster] = []
+
+    def start(**kwargs: Any) -> LocalCluster:
+        started.append(LocalCluster(**{"processes": True, "dashboard_address": None, **kwargs}))
+        return started[-1]
+
+    yield start
+    for cluster in started:
+        cluster.close()
+
+
+@pytest.fixture(scope="session")
+def cli() -> list[str]:
+    """The ``corpusforge`` command line as a subprocess's argv prefix (a user's process:
+    its own imports, environment and exit code)."""
+    return [sys.executable, "-m", "flows.cli"]
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's Chromium for tests that drive it headless (``tests.operate.browser``), or a
+    skip naming what is missing."""
+    from tests.operate import chromium_or_skip
+
+    return chromium_or_skip()
+
+
+@pytest.fixture(scope="session")
+def prefect_server_with_ui() -> Callable[..., Any]:
+    """For tests that start ``prefect server start`` (UI included) themselves."""
+    from tests.operate import prefect_server_with_ui as start
+
+    return start
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Callable[..., Any]:
+    """For tests that start a PostgreSQL cluster themselves: ``with postgres() as url``."""
+    from tests.pgserver import postgres as start
+
+    return start
+
+
+# Programs (argv[0]'s name) and ``python -m`` modules that are servers, browsers or the CLI.
+_SERVER_PROGRAMS = frozenset({"prefect", "weed", "dask", "corpusforge", "node", "chromium", "initdb", "pg_ctl",
+                              "runuser"})
+_SERVER_MODULES = frozenset({"uvicorn", "flows.cli", "prefect"})
+
+
+@pytest.fixture(autouse=True)
+def _no_servers_in_the_fast_tier(request, monkeypatch) -> None:
+    """A test not marked ``integration`` may start no server, no worker process and no CLI
+    subprocess: it fails, naming the fixtures that would mark it. (A flow run without a
+    Prefect API starts a temporary server; a Dask cluster with ``processes=True`` starts
+    worker processes.)"""
+    if request.node.get_closest_marker("integration"):
+        return
+
+    def refuse(what: str) -> None:
+        raise RuntimeError(f"{request.node.nodeid} starts {what} but uses none of the fixtures that mark an "
+                           f"integration test: request one of {sorted(INTEGRATION_FIXTURES)} (tests/conftest.py)")
+
+    real_popen, real_start = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start
+
+    def popen(self: subprocess.Popen, args: Any, *rest: Any, **kwargs: Any) -> None:
+        argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
+        module = argv[2] if len(argv) > 2 and argv[1] == "-m" else None
+        if Path(argv[0]).name in _SERVER_PROGRAMS or module in _SERVER_MODULES:
+            refuse(f"`{' '.join(argv[:3])}`")
+        real_popen(self, args, *rest, **kwargs)
+
+    def start(self: multiprocessing.process.BaseProcess) -> None:
+        refuse(f"a worker process ({self.name})")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", popen)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", start)
+
+
+@pytest.fixture(scope="session")
 def sample_corpus(tmp_path_factory) -> Path:
     """A small deterministic sample corpus with planted duplicates and bad records."""
     from sample_corpus import write_sample_corpus
@@ -60,6 +182,19 @@ def sample_corpus(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("sample")
     write_sample_corpus(str(out), n=160, seed=0)
     return out
+
+
+@pytest.fixture(scope="session")
+def built_sample(sample_corpus, tmp_path_factory) -> tuple[Path, dict[str, Any]]:
+    """The sample corpus built once for the session, in-process by the build flow's own
+    function (``tests/built_sample.py``'s settings): (output root, the build's result). The
+    end-to-end tests read it; a test that changes it works on a copy. Its bytes are those of
+    a build on any Dask cluster (test_build_e2e.py checks that)."""
+    from flows.build_corpus import build
+    from tests.built_sample import config
+
+    out = tmp_path_factory.mktemp("built-sample") / "corpus"
+    return out, build(config(sample_corpus, out))
 
 
 @pytest.fixture
@@ -99,7 +234,41 @@ def _scenario_order(label: str) -> tuple[int, str]:
     return (int(label), "") if label.isdigit() else (1000, label)
 
 
-def pytest_terminal_summary(terminalreporter):
+_STARTED = pytest.StashKey[float]()
+
+
+def pytest_sessionstart(session) -> None:
+    session.config.stash[_STARTED] = time.perf_counter()
+
+
+_OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The fast tier's time, and the fault and hostile-input matrix."""
+    _fast_tier_time(terminalreporter, config)
+    _matrix_table(terminalreporter)
+
+
+def _fast_tier_time(terminalreporter, config) -> None:
+    """A run that leaves out the integration tests is the fast tier: its wall time, collection
+    included. Any other run: the not-integration tests' own time (setup, call, teardown)."""
+    reports = [r for k in _OUTCOMES for r in terminalreporter.stats.get(k, [])]
+    reports += terminalreporter.stats.get("", [])  # passed setups and teardowns
+    fast = [r for r in reports if "integration" not in r.keywords]
+    tests = len({r.nodeid for r in fast if r.when == "call" or r.outcome != "passed"})
+    if not tests:
+        return
+    wall = time.perf_counter() - config.stash[_STARTED]
+    if "not integration" in (config.getoption("markexpr") or ""):
+        terminalreporter.write_line(f"fast tier: {tests} tests in {wall:.0f} s (wall time, collection included)")
+    else:
+        own = sum(r.duration for r in fast)
+        terminalreporter.write_line(f"fast tier: {tests} not-integration tests took {own:.0f} s of this "
+                                    f"{wall:.0f} s run (their setup, call and teardown)")
+
+
+def _matrix_table(terminalreporter) -> None:
     """Print scenario → test → outcome for the matrix tests that ran (see README, "Faults and hostile input")."""
     if not _MATRIX:
         return

@@ -1,4 +1,5 @@
-"""End to end: the build flow on the sample corpus, on a real 2-process LocalCluster.
+"""End to end: the build of the sample corpus, in-process (the session's ``built_sample``,
+tests/conftest.py) and as a flow on real Dask clusters.
 
 Checks what a user relies on: every input record accounted for once with the right fate,
 release shards readable with ``webdataset`` and equal to the manifest's kept rows,
@@ -8,6 +9,7 @@ byte-identical outputs across runs and worker counts, and a rerun that changes n
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -18,26 +20,13 @@ import webdataset as wds
 
 from corpusforge.layout import CHANGES_MD, CHANGES_TABLE
 from corpusforge.storage import Store
-from flows.build_corpus import BuildConfig, run_build
+from flows.build_corpus import run_build
 from tasks.receipt import output_hashes
 from sample_corpus.truth import related_groups
+from tests.built_sample import config
 from tests.old_release import assert_release_equals_old
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
-
-def config(source: Path | str, out: Path | str, **overrides) -> BuildConfig:
-    data = {
-        "source": str(source), "out": str(out),
-        "input": {"partition_size": 40},
-        "staging": {"shard_size": 40},
-        "splits": {"shard_size": 20, "val": 0.1, "test": 0.15},
-        "dask": {"n_workers": 2, "processes": True},
-        "reference_stats": {"splits": ["test", "val"], "model": {
-            "name": "dinov2", "arch": "vit_small_patch14_dinov2", "image_size": 28, "random_init": True}},
-    }
-    data.update(overrides)
-    return BuildConfig.model_validate(data)
+pytestmark = [pytest.mark.timeout(900)]
 
 
 def file_hashes(root: Path) -> dict[str, str]:
@@ -50,13 +39,6 @@ def file_hashes(root: Path) -> dict[str, str]:
             and p.name not in (CHANGES_MD, CHANGES_TABLE)}
 
 
-@pytest.fixture(scope="module")
-def built(sample_corpus, tmp_path_factory, prefect_server):
-    out = tmp_path_factory.mktemp("corpus")
-    result = run_build(config(sample_corpus, out))
-    return out, result
-
-
 def manifest(out: Path) -> list[dict]:
     return ds.dataset(out / "manifest", format="parquet").to_table().to_pylist()
 
@@ -65,8 +47,8 @@ def ground_truth(sample_corpus: Path) -> dict:
     return json.loads((sample_corpus / "ground_truth.json").read_text())
 
 
-def test_every_input_record_appears_once(built, sample_corpus):
-    out, _ = built
+def test_every_input_record_appears_once(built_sample, sample_corpus):
+    out, _ = built_sample
     rows = manifest(out)
     inputs = pq.read_table(sample_corpus / "metadata.parquet").column("key").to_pylist()
     assert sorted(r["key"] for r in rows) == sorted(inputs)
@@ -74,8 +56,8 @@ def test_every_input_record_appears_once(built, sample_corpus):
     assert all(r["reason"] for r in rows if r["status"] != "kept")
 
 
-def test_planted_bad_records_get_the_right_status_and_reason(built, sample_corpus):
-    out, _ = built
+def test_planted_bad_records_get_the_right_status_and_reason(built_sample, sample_corpus):
+    out, _ = built_sample
     rows = {r["key"]: r for r in manifest(out)}
     truth = ground_truth(sample_corpus)
     for bad in truth["bad_records"]:
@@ -88,8 +70,8 @@ def test_planted_bad_records_get_the_right_status_and_reason(built, sample_corpu
             special["expected_width"], special["expected_height"], special["expected_format"]), special
 
 
-def test_every_planted_exact_duplicate_is_caught(built, sample_corpus):
-    out, _ = built
+def test_every_planted_exact_duplicate_is_caught(built_sample, sample_corpus):
+    out, _ = built_sample
     rows = {r["key"]: r for r in manifest(out)}
     for dup in ground_truth(sample_corpus)["exact_duplicates"]:
         pair = [rows[dup["key"]], rows[dup["copy_of"]]]
@@ -99,8 +81,8 @@ def test_every_planted_exact_duplicate_is_caught(built, sample_corpus):
         assert loser["duplicate_of"] == winner["key"] and loser["sha256"] == winner["sha256"]
 
 
-def test_release_shards_read_back_with_webdataset(built):
-    out, result = built
+def test_release_shards_read_back_with_webdataset(built_sample):
+    out, result = built_sample
     rows = manifest(out)
     kept = {r["key"]: r for r in rows if r["status"] == "kept"}
     seen: dict[str, str] = {}
@@ -118,8 +100,8 @@ def test_release_shards_read_back_with_webdataset(built):
     assert splits["test"] > 0 and splits["val"] > 0 and splits["train"] > splits["test"]
 
 
-def test_receipt_and_report(built):
-    out, _ = built
+def test_receipt_and_report(built_sample):
+    out, _ = built_sample
     receipt = json.loads((out / "receipt.json").read_text())
     assert receipt["counts"]["records"] == len(manifest(out))
     listed = pq.read_table(out / receipt["outputs"]["list"]).to_pylist()
@@ -138,11 +120,11 @@ def test_receipt_and_report(built):
         assert "random" in json.dumps(sidecar).lower()
 
 
-def test_the_receipt_reads_no_output_a_marker_records(built, opened_files):
+def test_the_receipt_reads_no_output_a_marker_records(built_sample, opened_files):
     """The output list comes from the markers: no file a marker records is opened (a no-op
     rerun's receipt re-reads no shard, feature, graph or manifest file); only the per-build
     summaries every run rewrites outside the unit protocol are hashed."""
-    out, _ = built
+    out, _ = built_sample
     recorded = {rel for p in (out / "_markers").rglob("*.json") for rel in json.loads(p.read_text())["outputs"]}
     opened_files.clear()
     hashes = output_hashes(Store(str(out)))
@@ -155,10 +137,10 @@ def test_the_receipt_reads_no_output_a_marker_records(built, opened_files):
     assert all(rel.startswith(summaries) for rel in opened), sorted(opened)
 
 
-def test_release_equals_the_old_implementation(built, sample_corpus, tmp_path):
+def test_release_equals_the_old_implementation(built_sample, sample_corpus, tmp_path):
     """Release tars, late facts (so the manifest) and the receipt's release summary equal the
     per-record-dict planner's and the index-reading writers' byte for byte."""
-    out, _ = built
+    out, _ = built_sample
     staged = sorted(p.stem for p in (out / "staging" / "records").glob("*.parquet"))
     near_dedup = (out / "graph" / "decisions").is_dir()
     assert near_dedup
@@ -178,15 +160,27 @@ def computed_units(work: dict, path: str = "") -> dict[str, int | str]:
     return found
 
 
-def test_rerun_changes_no_byte_and_redoes_no_shard(built, sample_corpus):
-    out, first = built
+@pytest.mark.slow
+def test_rerun_changes_no_byte_and_redoes_no_shard(built_sample, sample_corpus, tmp_path, prefect_server):
+    """The build flow on a 2-process cluster over (a copy of) the built corpus: no unit is
+    redone and no output byte changes."""
+    first = built_sample[1]
+    out = tmp_path / "corpus"
+    shutil.copytree(built_sample[0], out)  # (copy2: the files keep their modification times)
     assert {"/ingest/computed", "/staging/computed", "/features/wfd/computed", "/graph/queries/computed",
             "/publish/release_shards/computed"} <= set(computed_units(first["work"]))
     before = file_hashes(out)
     tars = {p: p.stat().st_mtime_ns for p in out.rglob("*.tar")}
     markers = {p: p.read_bytes() for p in (out / "_markers").rglob("*.json")}
+    receipt = json.loads((out / "receipt.json").read_text())
     again = run_build(config(sample_corpus, out))
-    assert file_hashes(out) == before
+    after = file_hashes(out)
+    before.pop("receipt.json"), after.pop("receipt.json")
+    assert after == before
+    rerun = json.loads((out / "receipt.json").read_text())
+    assert rerun["config"].pop("out") == str(out)  # the receipt names the copy's root...
+    receipt["config"].pop("out")
+    assert rerun == receipt  # ...and nothing else differs
     assert {p: p.read_bytes() for p in (out / "_markers").rglob("*.json")} == markers  # no unit was redone
     assert pq.read_table(out / CHANGES_TABLE).num_rows == 0
     assert "Records: 0 added, 0 removed, 0 changed" in (out / CHANGES_MD).read_text()
@@ -194,14 +188,14 @@ def test_rerun_changes_no_byte_and_redoes_no_shard(built, sample_corpus):
     assert computed_units(again["work"]) == {} and again["work"]["images_embedded"] == 0
 
 
-def test_same_bytes_on_an_existing_scheduler_with_another_worker_count(built, sample_corpus, tmp_path):
-    """A second build on an external scheduler (one worker process) writes the same bytes."""
-    from distributed import LocalCluster
-
-    out, _ = built
+@pytest.mark.slow
+def test_same_bytes_on_an_existing_scheduler_with_another_worker_count(built_sample, sample_corpus, tmp_path,
+                                                                       prefect_server, local_cluster):
+    """A build on an external scheduler (one worker process) writes the in-process build's bytes."""
+    out, _ = built_sample
     other = tmp_path / "again"
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None) as cluster:
-        run_build(config(sample_corpus, other, dask={"address": cluster.scheduler_address}))
+    cluster = local_cluster(n_workers=1, threads_per_worker=2)
+    run_build(config(sample_corpus, other, dask={"address": cluster.scheduler_address}))
     a, b = file_hashes(out), file_hashes(other)
     a.pop("receipt.json"), b.pop("receipt.json")
     assert a == b
@@ -211,8 +205,9 @@ def test_same_bytes_on_an_existing_scheduler_with_another_worker_count(built, sa
     assert ra == rb
 
 
+@pytest.mark.slow
 @pytest.mark.s3
-def test_s3_in_and_out_gives_the_same_shards(built, sample_corpus, s3):
+def test_s3_in_and_out_gives_the_same_shards(built_sample, sample_corpus, s3, prefect_server):
     """Read the source from and write the corpus to a real S3 server on loopback."""
     import s3fs
 
@@ -222,7 +217,7 @@ def test_s3_in_and_out_gives_the_same_shards(built, sample_corpus, s3):
     cfg = config("s3://corpusforge-e2e/sample", "s3://corpusforge-e2e/corpus", storage_options=s3,
                  input={"partition_size": 40, "storage_options": s3})
     run_build(cfg)
-    out, _ = built
+    out, _ = built_sample
     local_tars = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*.tar")}
     remote_tars = {p.split("corpusforge-e2e/corpus/", 1)[1]: fs.cat_file(p)
                    for p in fs.find("corpusforge-e2e/corpus") if p.endswith(".tar")}
@@ -243,7 +238,7 @@ RECALL_FLOOR = 0.9
 
 
 @pytest.mark.scenario("e2e")
-def test_planted_near_duplicates_are_removed_or_explained(built, sample_corpus):
+def test_planted_near_duplicates_are_removed_or_explained(built_sample, sample_corpus):
     """Precision and recall of near-duplicate removal against the planted ground truth.
 
     A planted copy that stays is "explained" when GPIC's rule says it should stay: its best
@@ -251,7 +246,7 @@ def test_planted_near_duplicates_are_removed_or_explained(built, sample_corpus):
     component is smaller than the component rule's size. A copy with no similarity at all
     (the graph never linked it) is a miss, not an explanation.
     """
-    out, _ = built
+    out, _ = built_sample
     rows = {r["key"]: r for r in manifest(out)}
     truth = ground_truth(sample_corpus)
     group_of = related_groups(list(rows), truth)
@@ -282,10 +277,11 @@ def test_planted_near_duplicates_are_removed_or_explained(built, sample_corpus):
     assert recall >= RECALL_FLOOR, f"recall {recall:.3f} on the planted pairs is below the floor {RECALL_FLOOR}"
 
 
-def test_near_dedup_pass_writes_a_new_version_and_never_touches_the_old(built, tmp_path):
+@pytest.mark.slow
+def test_near_dedup_pass_writes_a_new_version_and_never_touches_the_old(built_sample, tmp_path, prefect_server):
     from flows.near_dedup import NearDedupFlowConfig, run_near_dedup
 
-    out, _ = built
+    out, _ = built_sample
     before = file_hashes(out)
     v2 = tmp_path / "v2"
     config = NearDedupFlowConfig.model_validate({

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
@@ -21,8 +20,8 @@ def test_every_subcommand_has_help(command, capsys):
     assert "usage: corpusforge " + command in capsys.readouterr().out
 
 
-def test_console_script_is_installed():
-    out = subprocess.run([sys.executable, "-m", "flows.cli", "--help"], capture_output=True, text=True, check=True)
+def test_console_script_is_installed(cli):
+    out = subprocess.run([*cli, "--help"], capture_output=True, text=True, check=True)
     assert all(c in out.stdout for c in SUBCOMMANDS)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import socket
 import subprocess
-import sys
 import resource
 import time
 from pathlib import Path
@@ -188,11 +187,11 @@ def test_flow_command_on_a_missing_corpus(capsys, no_server_or_cluster, tmp_path
 
 
 @pytest.mark.scenario(14)
-def test_the_issues_example_as_a_user_types_it(tmp_path):
+def test_the_issues_example_as_a_user_types_it(tmp_path, cli):
     """`corpusforge build --source /missing --out o`: one line, exit 2, no `o`, in seconds of
     CPU (wall time on a loaded machine says nothing about the command)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", "build", "--source", "/missing", "--out", "o"],
+    proc = subprocess.run([*cli, "build", "--source", "/missing", "--out", "o"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
@@ -247,13 +246,13 @@ def test_empty_source_is_a_user_error(capsys, no_server_or_cluster, tmp_path, ki
 
 
 @pytest.mark.scenario(14)
-def test_empty_source_from_the_command_line(tmp_path):
+def test_empty_source_from_the_command_line(tmp_path, cli):
     """A header-only CSV as a user types it: one line, exit 2, nothing written, in seconds of
     CPU (counted, not timed: on a loaded machine the wall clock says little; a Prefect server
     or a Dask cluster would cost far more)."""
     src = _empty_source("csv-header", tmp_path)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", "build", "--source", str(src), "--out", "o"],
+    proc = subprocess.run([*cli, "build", "--source", str(src), "--out", "o"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [

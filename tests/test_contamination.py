@@ -199,16 +199,11 @@ def _tree_hashes(root) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def built(sample_corpus, tmp_path_factory):
-    """The sample corpus built in-process (wfd features, GPIC thresholds), and its captions."""
-    from flows.build_corpus import BuildConfig, build
-
-    out = tmp_path_factory.mktemp("built") / "corpus"
-    build(BuildConfig.model_validate({
-        "source": str(sample_corpus), "out": str(out), "input": {"partition_size": 40},
-        "staging": {"shard_size": 40}, "splits": {"shard_size": 20, "val": 0.1, "test": 0.15}}))
+def built(built_sample, sample_corpus):
+    """The session's built sample corpus (wfd features, GPIC thresholds; tests/conftest.py),
+    and its captions. The scans only read it."""
     captions = {r["key"]: r["caption"] for r in pq.read_table(sample_corpus / "metadata.parquet").to_pylist()}
-    return out, captions
+    return built_sample[0], captions
 
 
 def _config(corpus, bench, out, **over):

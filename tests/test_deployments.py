@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.operate import (ROOT, artifacts_dir, browser, child_runs, chromium_or_skip, clean_env, prefect_cli,
-                           prefect_server_with_ui, run_logs, stop, wait_for_run)
+from tests.operate import (ROOT, artifacts_dir, browser, child_runs, clean_env, prefect_cli, run_logs, stop,
+                           wait_for_run)
 
 PREFECT_YAML = ROOT / "deployments" / "prefect.yaml"
 FLOWS = {"build-corpus": "flows.build_corpus.build_corpus",
@@ -115,7 +115,7 @@ def test_parameter_schema_renders_as_a_form():
 # ---- the round trip on a real server -----------------------------------------------------
 
 @pytest.fixture(scope="module")
-def deployed(tmp_path_factory):
+def deployed(tmp_path_factory, prefect_server_with_ui):
     """A Prefect server with its UI, every deployment of prefect.yaml deployed, a sample
     source under CORPUSFORGE_DATA, and a process worker polling the pool."""
     from sample_corpus import write_sample_corpus
@@ -217,12 +217,11 @@ def test_build_triggered_through_the_api_runs_on_the_worker(deployed):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_custom_run_from_the_prefect_ui(deployed):
+def test_custom_run_from_the_prefect_ui(deployed, chromium):
     """Open the build deployment in the real UI, change one field of the form, submit, and
     see the run complete; the screenshot is kept in test-artifacts/."""
     import httpx
 
-    chromium_or_skip()
     api = deployed["api"]
     base = api[: -len("/api")]
     dep = deployment(api, "build-corpus")

@@ -253,16 +253,15 @@ def test_changed_dtype_code_or_model_invalidates_only_that_model(corpus, monkeyp
     assert actions(extract_shard(corpus, "000001", as32)) == {"wfd": "skipped", "wfd_s16": "computed"}
 
 
-def test_two_dask_worker_processes_equal_one_process(corpus, tmp_path):
-    from distributed import Client, LocalCluster
+def test_two_dask_worker_processes_equal_one_process(corpus, tmp_path, local_cluster):
+    from distributed import Client
 
     cfg = _cfg()
     local = [extract_shard(corpus, s, cfg) for s in completed_units(corpus, STAGING_TARS, ".tar")]
     other = Store(str(tmp_path / "dask"))
     _write_staging(other, "000000", list(range(0, 11)), corrupt={4})
     _write_staging(other, "000001", list(range(11, 20)))
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with Client(local_cluster(n_workers=2, threads_per_worker=1)) as client:
         remote = extract_features_on_client(client, other, completed_units(other, STAGING_TARS, ".tar"), cfg)
         workers = {w["name"] for w in client.scheduler_info()["workers"].values()}
     assert len(workers) == 2

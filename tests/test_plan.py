@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -45,8 +44,8 @@ def test_explain_names_what_changed():
     assert explain({"fingerprint": "x"}, old)[0] == COMPUTED  # a marker from before keys were recorded
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True,
+def _cli(cli: list[str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*cli, *args], capture_output=True, text=True,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
 
 
@@ -83,10 +82,10 @@ def versions(tmp_path_factory, sample_corpus, prefect_server) -> dict[str, Path]
             "deleted": rows[5]["key"], "appended": rows[-1]["key"]}
 
 
-def test_plan_writes_nothing_and_predicts_the_rerun(versions, tmp_path):
+def test_plan_writes_nothing_and_predicts_the_rerun(versions, tmp_path, cli):
     out, config = versions["out"], config_file(tmp_path)
     before = tree_with_markers(out)
-    result = _cli("plan", "--source", str(versions["source"]), "--out", str(out), "--config", config, "--json")
+    result = _cli(cli, "plan", "--source", str(versions["source"]), "--out", str(out), "--config", config, "--json")
     assert result.returncode == 0, result.stderr
     assert tree_with_markers(out) == before
     plan = {s["stage"]: s for s in json.loads(result.stdout)["stages"]}
@@ -94,14 +93,14 @@ def test_plan_writes_nothing_and_predicts_the_rerun(versions, tmp_path):
     assert plan["ingest"]["counts"]["recompute"] == len(plan["ingest"]["units"]) >= 4
     assert all(u["reason"] == "input digest changed" for u in plan["ingest"]["units"] if u["action"] == "recompute")
     assert plan["ingest"]["estimate"]["basis"] == "the last run log's stage time per unit"
-    text = _cli("plan", "--source", str(versions["source"]), "--out", str(out), "--config", config)
+    text = _cli(cli, "plan", "--source", str(versions["source"]), "--out", str(out), "--config", config)
     assert text.returncode == 0 and "recompute if upstream output changes" in text.stdout
     assert tree_with_markers(out) == before
 
 
-def test_plan_of_a_new_root_creates_nothing(versions, tmp_path):
+def test_plan_of_a_new_root_creates_nothing(versions, tmp_path, cli):
     out = tmp_path / "new" / "corpus"
-    result = _cli("plan", "--source", str(versions["source"]), "--out", str(out), "--config", config_file(tmp_path),
+    result = _cli(cli, "plan", "--source", str(versions["source"]), "--out", str(out), "--config", config_file(tmp_path),
                   "--json")
     assert result.returncode == 0, result.stderr
     assert not (tmp_path / "new").exists()
@@ -110,7 +109,7 @@ def test_plan_of_a_new_root_creates_nothing(versions, tmp_path):
     assert stages[0]["estimate"]["basis"] == "no times recorded"
 
 
-def test_changes_are_the_same_in_place_with_previous_and_from_diff(versions, tmp_path):
+def test_changes_are_the_same_in_place_with_previous_and_from_diff(versions, tmp_path, cli):
     source, out, v1 = versions["source"], versions["out"], versions["v1"]
     build(small_config(source, out))
     in_place = (out / "changes.parquet").read_bytes()
@@ -125,7 +124,7 @@ def test_changes_are_the_same_in_place_with_previous_and_from_diff(versions, tmp
     assert (fresh / "changes.parquet").read_bytes() == in_place
     assert (fresh / "CHANGES.md").read_bytes() == (out / "CHANGES.md").read_bytes()
 
-    result = _cli("diff", str(v1), str(out), "--out", str(tmp_path / "cli"))
+    result = _cli(cli, "diff", str(v1), str(out), "--out", str(tmp_path / "cli"))
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "cli" / "changes.parquet").read_bytes() == in_place
     assert json.loads(result.stdout.split("\n\nWritten")[0])["records"]["changed"] >= 1

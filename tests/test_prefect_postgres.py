@@ -11,8 +11,6 @@ import asyncio
 import pytest
 
 from corpusforge.cluster import DaskConfig, as_task, dask_config, run_tasks, task_runner
-from tests.operate import prefect_server_with_ui
-from tests.pgserver import postgres
 from tests.test_cluster import square
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -28,7 +26,7 @@ async def rows(database: str, query: str) -> list[tuple]:
         await conn.close()
 
 
-def test_a_flow_reports_to_a_prefect_server_on_postgres(tmp_path, monkeypatch):
+def test_a_flow_reports_to_a_prefect_server_on_postgres(tmp_path, monkeypatch, postgres, prefect_server_with_ui):
     from prefect import flow
     from prefect.settings import PREFECT_API_URL, temporary_settings
 

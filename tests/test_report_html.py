@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tasks.report_html import SECTIONS, render_html_report
-from tests.operate import artifacts_dir, browser, chromium_or_skip
+from tests.operate import artifacts_dir, browser
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +44,7 @@ def test_report_is_self_contained_and_deterministic(corpus):
 
 
 @pytest.mark.slow
-def test_report_renders_in_chromium(corpus):
-    chromium_or_skip()
+def test_report_renders_in_chromium(corpus, chromium):
     problems: list[str] = []
     with browser() as b:
         page = b.new_page(viewport={"width": 1200, "height": 900})

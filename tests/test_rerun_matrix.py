@@ -18,7 +18,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -400,16 +399,15 @@ def test_switch_near_dedup_off(history):
 @pytest.mark.scenario(1)
 @pytest.mark.parametrize("stage_marker", ["staging/tars", "features/wfd/vectors", "shards/train"])
 def test_build_killed_at_a_stage_then_rerun_equals_a_fresh_build(stage_marker, sample_corpus, tmp_path,
-                                                                  prefect_server):
+                                                                  prefect_server, cli):
     """SIGKILL to the CLI's whole process group once a stage has finished its first unit."""
     out = tmp_path / "killed"
     config = tmp_path / "config.yaml"
     data = base_config(sample_corpus, out, dask={"n_workers": 2, "processes": True})
     data.pop("source"), data.pop("out"), data.pop("reference_stats")
     config.write_text(json.dumps(data))
-    cli = [sys.executable, "-m", "flows.cli", "build", "--source", str(sample_corpus), "--out", str(out),
-           "--config", str(config)]
-    proc = subprocess.Popen(cli, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    argv = [*cli, "build", "--source", str(sample_corpus), "--out", str(out), "--config", str(config)]
+    proc = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "PREFECT_API_URL": prefect_server})
     marker_dir = out / MARKERS / stage_marker
     deadline = time.time() + 400

@@ -18,7 +18,7 @@ from bench.scale import GUARDED
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # minutes of benchmark: the full tier
 
 
 def test_the_fixed_steps_meet_the_bounds_at_quick_sizes(tmp_path):

@@ -86,15 +86,14 @@ def _shard_sizes() -> list[int]:
 
 
 @pytest.mark.timeout(120)
-def test_merge_on_a_two_process_cluster_equals_in_process():
+def test_merge_on_a_two_process_cluster_equals_in_process(local_cluster):
     """Partials computed and tree-merged on 2 worker processes give the in-process result."""
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     d = 5
     sizes = _shard_sizes()
     local = tree_merge([_moments_of_shard(i, n, d) for i, n in enumerate(sizes)])
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with Client(local_cluster(n_workers=2, threads_per_worker=1)) as client:
         level = [client.submit(_moments_of_shard, i, n, d, pure=False) for i, n in enumerate(sizes)]
         while len(level) > 1:
             level = [client.submit(Moments.merge, level[i], level[i + 1]) if i + 1 < len(level) else level[i]

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -21,7 +20,6 @@ import s3fs
 
 from corpusforge.storage import Store
 from tests.output_tree import compared_hashes
-from tests.s3server import seaweedfs
 
 pytestmark = [pytest.mark.scenario(9), pytest.mark.timeout(600)]
 
@@ -47,7 +45,7 @@ def test_exception_inside_a_writer_leaves_no_object_and_no_temp_file(s3):
     assert _local_parts() == before
 
 
-def test_server_stopped_mid_run_then_restarted(tmp_path):
+def test_server_stopped_mid_run_then_restarted(tmp_path, seaweedfs):
     data = tmp_path / "weed"
     data.mkdir()
     table = pa.table({"x": list(range(100))})
@@ -102,7 +100,7 @@ def _outputs(fs: s3fs.S3FileSystem, root: str) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_whole_build_with_the_server_stopped_mid_run_then_rerun(tmp_path, prefect_server):
+def test_whole_build_with_the_server_stopped_mid_run_then_rerun(tmp_path, prefect_server, seaweedfs):
     """The S3 server stops once the first staging shard is marked done: the build fails in
     bounded time (no hang, Failed in Prefect); after a restart the rerun completes and equals
     an uninterrupted build byte for byte, with only whole, readable objects."""
@@ -189,14 +187,14 @@ def small_disk(tmp_path) -> Iterator[Path]:
 
 @pytest.mark.scenario(14)
 @pytest.mark.slow
-def test_full_disk_is_one_line_naming_the_path(small_disk, sample_corpus, tmp_path, prefect_server):
+def test_full_disk_is_one_line_naming_the_path(small_disk, sample_corpus, tmp_path, prefect_server, cli):
     """A build whose output disk fills ends with one line naming the file it was writing and
     a hint, exit code 1, instead of a traceback ending in ``[Errno 28]`` with no path."""
     out = small_disk / "corpus"
     config = tmp_path / "config.yaml"
     config.write_text(json.dumps({"dask": {"n_workers": 1, "processes": False}, "near_dedup": None,
                                   "features": {"models": []}, "reference_stats": None}))
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", "build", "--source", str(sample_corpus),
+    proc = subprocess.run([*cli, "build", "--source", str(sample_corpus),
                            "--out", str(out), "--config", str(config)], capture_output=True, text=True,
                           timeout=500, env={**os.environ, "PREFECT_API_URL": prefect_server})
     assert proc.returncode == 1, proc.stderr[-3000:]
