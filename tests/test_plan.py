@@ -44,6 +44,60 @@ def test_explain_names_what_changed():
     assert explain({"fingerprint": "x"}, old)[0] == COMPUTED  # a marker from before keys were recorded
 
 
+def test_plan_of_an_unchanged_build_skips_everything_and_a_changed_setting_names_itself(built_sample, sample_corpus,
+                                                                                        tmp_path, capsys):
+    """In-process (the fast tier's plan test): over the session's built sample corpus, the
+    plan of the same settings skips every unit and writes nothing; with another validation
+    setting, ingest recomputes for that setting and what reads it may."""
+    from flows.cli import main
+    from tests.built_sample import config
+
+    out = built_sample[0]
+    before = tree_with_markers(out)
+    settings = config(sample_corpus, out).model_dump(mode="json", exclude={"source", "out"})
+    plans = {}
+    for name, validation in (("same", settings["validation"]), ("other", {**settings["validation"], "min_side": 100})):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(json.dumps({**settings, "validation": validation}))
+        capsys.readouterr()
+        assert main(["plan", "--source", str(sample_corpus), "--out", str(out), "--config", str(path), "--json"]) == 0
+        plans[name] = {s["stage"]: s for s in json.loads(capsys.readouterr().out)["stages"]}
+    assert tree_with_markers(out) == before
+    assert plans["same"] and all(s["counts"]["recompute"] == 0 and s["counts"]["delete"] == 0
+                                 for s in plans["same"].values()), plans["same"]
+    assert plans["same"]["ingest"]["counts"]["skip"] == len(plans["same"]["ingest"]["units"]) >= 4
+    ingest, dedup = plans["other"]["ingest"], plans["other"]["exact_dedup"]
+    assert {(u["action"], u["reason"]) for u in ingest["units"]} == {("recompute", "config validation.min_side")}
+    assert dedup["counts"]["recompute if upstream output changes"] == len(dedup["units"]) > 0
+
+
+def test_diff_counts_and_lists_what_changed_between_two_versions(built_sample, tmp_path, capsys):
+    """In-process (the fast tier's diff test): a copy of the built sample corpus whose manifest
+    lost one record and filtered another; ``diff`` finds exactly those, as an independent
+    pyarrow comparison of the two manifests does."""
+    from flows.cli import main
+
+    old = built_sample[0]
+    new = tmp_path / "new"
+    shutil.copytree(old, new)
+    parts = sorted((new / "manifest").rglob("*.parquet"))
+    rows = pq.read_table(parts[0]).to_pylist()
+    kept = [r for r in rows if r["status"] == "kept"]
+    removed, filtered = kept[0]["key"], kept[1]["key"]
+    edited = [{**r, "status": "filtered", "reason": "planted"} if r["key"] == filtered else r
+              for r in rows if r["key"] != removed]
+    pq.write_table(pa.Table.from_pylist(edited, schema=pq.read_schema(parts[0])), parts[0])
+    assert main(["diff", str(old), str(new), "--out", str(tmp_path / "diff")]) == 0
+    summary = json.loads(capsys.readouterr().out.split("\n\nWritten")[0])
+    assert summary["records"] == {"added": 0, "removed": 1, "changed": 1}
+    assert summary["changed_fields"]["status"] == summary["changed_fields"]["reason"] == 1
+    changes = {r["key"]: r for r in pq.read_table(tmp_path / "diff" / "changes.parquet").to_pylist()}
+    assert set(changes) == {removed, filtered}
+    assert changes[removed]["change"] == "removed"
+    assert changes[filtered]["change"] == "changed" and changes[filtered]["fields"].split(",")[:2] == ["status", "reason"]
+    assert "1 removed, 1 changed" in (tmp_path / "diff" / "CHANGES.md").read_text()
+
+
 def _cli(cli: list[str], *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*cli, *args], capture_output=True, text=True,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
