@@ -17,17 +17,9 @@ from tests.operate import artifacts_dir, browser
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    """A tiny corpus built in-process (no flow run), near-duplicates and collision models on."""
-    from flows.build_corpus import BuildConfig, build
-    from sample_corpus import write_sample_corpus
-
-    root = tmp_path_factory.mktemp("report")
-    write_sample_corpus(str(root / "source"), n=40, seed=0)
-    build(BuildConfig.model_validate({
-        "source": str(root / "source"), "out": str(root / "corpus"), "input": {"partition_size": 20},
-        "staging": {"shard_size": 20}, "splits": {"shard_size": 10, "val": 0.1, "test": 0.15}}))
-    return root / "corpus"
+def corpus(built_sample) -> Path:
+    """The session's built sample corpus (in-process; near-duplicates and collision models on)."""
+    return built_sample[0]
 
 
 def test_report_is_self_contained_and_deterministic(corpus):
