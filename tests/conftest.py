@@ -158,7 +158,7 @@ def _no_servers_in_the_fast_tier(request, monkeypatch) -> None:
         raise RuntimeError(f"{request.node.nodeid} starts {what} but uses none of the fixtures that mark an "
                            f"integration test: request one of {sorted(INTEGRATION_FIXTURES)} (tests/conftest.py)")
 
-    real_popen, real_start = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start
+    real_popen = subprocess.Popen.__init__
 
     def popen(self: subprocess.Popen, args: Any, *rest: Any, **kwargs: Any) -> None:
         argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
@@ -251,8 +251,9 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 def _fast_tier_time(terminalreporter, config) -> None:
-    """A run that leaves out the integration tests is the fast tier: its wall time, collection
-    included. Any other run: the not-integration tests' own time (setup, call, teardown)."""
+    """A run that leaves out the integration and slow tests is the fast tier: its wall time,
+    collection included. Any other run: the not-integration tests' own time (setup, call,
+    teardown)."""
     reports = [r for k in _OUTCOMES for r in terminalreporter.stats.get(k, [])]
     reports += terminalreporter.stats.get("", [])  # passed setups and teardowns
     fast = [r for r in reports if "integration" not in r.keywords]
@@ -260,7 +261,8 @@ def _fast_tier_time(terminalreporter, config) -> None:
     if not tests:
         return
     wall = time.perf_counter() - config.stash[_STARTED]
-    if "not integration" in (config.getoption("markexpr") or ""):
+    markexpr = config.getoption("markexpr") or ""
+    if "not integration" in markexpr and "not slow" in markexpr:
         terminalreporter.write_line(f"fast tier: {tests} tests in {wall:.0f} s (wall time, collection included)")
     else:
         own = sum(r.duration for r in fast)
