@@ -11,11 +11,14 @@ un-normalised DINOv2 features do.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 from threadpoolctl import threadpool_limits
+
+T = TypeVar("T")
 
 # Most rows per float64 block when summarising an array: bounds the temporary copy
 # (16384 × 1024 × 8 B = 128 MB) however large the input is.
@@ -88,16 +91,19 @@ class Moments:
         return self.m2 / (self.n - 1)
 
 
-def tree_merge(parts: Sequence[Moments]) -> Moments:
-    """Merge partials pairwise in a fixed balanced tree.
+def tree_merge(parts: list[T], merge: Callable[[T, T], T]) -> T:
+    """Merge ``parts`` pairwise, level by level, in a fixed balanced tree; the root.
 
-    The tree depends only on the order of ``parts``, so the float64 result is the same
-    bit for bit however the partials were scheduled.
+    The tree depends only on the order of ``parts``, so the float64 result is the same bit
+    for bit however the partials were scheduled. ``merge`` may return futures (the stage
+    submits each merge as a task). ``parts`` is emptied as it is consumed, so merged
+    partials can be released.
     """
     if not parts:
         raise ValueError("nothing to merge")
-    level = list(parts)
+    level = parts
     while len(level) > 1:
-        level = [level[i].merge(level[i + 1]) if i + 1 < len(level) else level[i]
-                 for i in range(0, len(level), 2)]
-    return level[0]
+        nxt = [merge(level[i], level[i + 1]) if i + 1 < len(level) else level[i] for i in range(0, len(level), 2)]
+        level.clear()
+        level = nxt
+    return level.pop()

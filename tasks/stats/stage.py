@@ -35,6 +35,7 @@ from corpusforge.version import code_version
 from tasks.features.config import FeaturesConfig, ModelSpec, RuntimeConfig
 from tasks.features.extract import extract_features, summarize
 from tasks.stats.config import MetricsConfig, SampleConfig, protocol_model
+from tasks.stats.moments import tree_merge
 from tasks.stats.provenance import model_deviations
 from tasks.stats.reference import (GroupSelection, batch_partials, merge_partials, oracle_groups, oracle_metrics,
                                    plan_batches, scan_manifest, write_group_stats)
@@ -99,20 +100,10 @@ merge_task = task(merge_partials, name="stats-merge", cache_policy=NO_CACHE, per
 
 
 def tree_reduce(futures: list) -> Any:
-    """Merge futures pairwise, level by level, in a fixed tree; return the root's result.
-
-    The list is emptied as it is consumed, so merged partials can be released. Outside a
-    flow run the items are plain results and the same tree is merged here.
-    """
+    """:func:`tasks.stats.moments.tree_merge` of the partials, each merge a task inside a
+    flow run (plain results merged here outside one); the root's result."""
     in_flow = FlowRunContext.get() is not None
-    level = futures
-    while len(level) > 1:
-        merge = merge_task.submit if in_flow else merge_partials
-        nxt = [merge(level[i], level[i + 1]) if i + 1 < len(level) else level[i]
-               for i in range(0, len(level), 2)]
-        level.clear()
-        level = nxt
-    root = level.pop()
+    root = tree_merge(futures, merge_task.submit if in_flow else merge_partials)
     return root.result() if in_flow else root
 
 
