@@ -459,7 +459,7 @@ MANIFEST_SCHEMA = pa.schema([
 #                                          sub-root, staging/… and features/… as in a corpus
 #   eval/items/{chunk}.parquet             one row per evaluation item (ids, hashes, texts)
 #   work/contamination/select/{name}/{shard}.parquet   corpus keys a scan may match (e.g. split train)
-#   work/contamination/index/{name}.faiss  IVF index over a scan's target vectors (+ ids.parquet)
+#   work/contamination/index/{name}.faiss  IVF index over a scan's target vectors
 #   work/contamination/found/{scan}/{chunk}.parquet    top-k target matches per query
 #   work/contamination/text/…              text canary state: docs, queries, bands, candidates, scores
 #   contamination/images/{chunk}.parquet   per evaluation image: best match, similarity, flag
@@ -502,10 +502,6 @@ def select_path(name: str, shard: str) -> str:
 
 def contamination_index(name: str) -> str:
     return f"{CONTAMINATION_INDEX}/{name}.faiss"
-
-
-def contamination_index_ids(name: str) -> str:
-    return f"{CONTAMINATION_INDEX}/{name}.ids.parquet"
 
 
 def found_matches_path(scan: str, chunk: str) -> str:
