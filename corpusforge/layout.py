@@ -233,7 +233,6 @@ GRAPH_RECALL_VECTORS = "graph/index/recall_vectors.npy"
 GRAPH_NODES = "graph/nodes.json"
 GRAPH_SUMMARY = "graph/summary.json"
 GRAPH_COMPONENTS_REPORT = "graph/components_report.json"
-GRAPH_RECALL_SUMMARY = "graph/recall.json"
 
 
 def index_block_path(first_shard: str) -> str:
@@ -278,9 +277,6 @@ def caption_journal_dir(shard: str) -> str:
 
 def captions_path(shard: str) -> str:
     return f"{CAPTIONS_DIR}/{shard}.parquet"
-
-
-RELEASE_LAYOUTS = ("default", "gpic")
 
 
 def release_shard_name(split: str, shard: int, layout: str = "default") -> str:
@@ -471,7 +467,6 @@ MANIFEST_SCHEMA = pa.schema([
 #   edition/items.parquet, edition/mapping.parquet, edition/edition.json   the new benchmark edition
 CONTAMINATION_EVAL = "eval"
 CONTAMINATION_ITEMS = "eval/items"
-CONTAMINATION_WORK = "work/contamination"
 CONTAMINATION_SELECT = "work/contamination/select"
 CONTAMINATION_INDEX = "work/contamination/index"
 CONTAMINATION_FOUND = "work/contamination/found"
@@ -624,7 +619,6 @@ EDITION_MAPPING_SCHEMA = pa.schema([
 #   qualification/quarantine.parquet           the quarantine ledger: flagged prompts, evidence, rule fired
 #   qualification/summary.json, receipt.json, report.md
 #   prompt_edition/prompts.parquet, mapping.parquet, edition.json, normalization.json
-PROMPTS_WORK = "work/prompts"
 PROMPTS_CAPTION_SAMPLE = "work/prompts/caption_sample.parquet"
 PROMPTS_CAPTIONS = "work/prompts/captions"
 PROMPTS_TEXTS = "work/prompts/texts"
@@ -638,7 +632,6 @@ QUARANTINE_LEDGER = "qualification/quarantine.parquet"
 QUALIFICATION_SUMMARY = "qualification/summary.json"
 QUALIFICATION_RECEIPT = "qualification/receipt.json"
 QUALIFICATION_REPORT = "qualification/report.md"
-PROMPT_EDITION_DIR = "prompt_edition"
 PROMPT_EDITION_PROMPTS = "prompt_edition/prompts.parquet"
 PROMPT_EDITION_MAPPING = "prompt_edition/mapping.parquet"
 PROMPT_EDITION_META = "prompt_edition/edition.json"

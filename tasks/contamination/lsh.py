@@ -37,10 +37,6 @@ class BandPlan:
     rows_per_band: int
     lsh_bands: int
 
-    @property
-    def n_bands(self) -> int:
-        return 2 + len(self.signature_subsets) + self.lsh_bands
-
     def to_json(self) -> dict:
         return {"exact_bands": ["raw_sha256", "normalized_sha256"],
                 "signature_subset_size": len(self.signature_subsets[0]) if self.signature_subsets else 0,
