@@ -34,6 +34,8 @@ from tenacity.wait import wait_base, wait_exponential, wait_random_exponential
 
 @dataclass(frozen=True)
 class Endpoint:
+    """Where to POST (``{base_url}/chat/completions``) and with which key (kept out of repr)."""
+
     base_url: str
     timeout_s: float
     api_key: str | None = field(default=None, repr=False)
@@ -78,6 +80,8 @@ class RetryPolicy:
 
 @dataclass(frozen=True)
 class Completion:
+    """What one request came to, after its retries."""
+
     content: str | None           # the answer's text (None: no usable answer)
     finish_reason: str | None
     error: str | None             # why there is no usable answer

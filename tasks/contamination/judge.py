@@ -11,10 +11,11 @@ matches and returns a :class:`Verdict` — ``inferable``, ``not_inferable`` or
   (yes, no, a letter, a digit) are ``unresolved``: overlap cannot tell.
 * :class:`ChatJudge` (optional): an OpenAI-compatible ``/chat/completions`` endpoint
   named in the config, asked for ``{"inferable": true|false, "reason": …}`` at
-  temperature 0. Timeouts, connection errors, HTTP 429/5xx are retried with exponential
-  backoff (:mod:`corpusforge.chat`, shared with captioning); anything still failing, and any reply that is not that JSON, is
-  ``unresolved`` with the error recorded — never a silent "not inferable". The API key
-  is read from the named environment variable and never written anywhere.
+  temperature 0, through the client captioning uses too (:mod:`corpusforge.chat`).
+  Timeouts, connection errors, HTTP 429/5xx are retried with exponential backoff;
+  anything still failing, and any reply that is not that JSON, is ``unresolved`` with
+  the error recorded — never a silent "not inferable". The API key is read from the
+  named environment variable and never written anywhere.
 """
 
 from __future__ import annotations
