@@ -296,7 +296,7 @@ def _model(model_id: str) -> tuple[int, dict[str, Any]]:
 def refused_above(model_id: str) -> int | None:
     """The most vectors of ``model_id``'s features whose index the graph stage plans with the
     default index settings; it refuses more before building anything (plan_index in
-    tasks/graph/index.py, documented in the README). None: it plans every size to 10⁸."""
+    tasks/graph/index.py, documented in docs/near-duplicates.md). None: it plans every size to 10⁸."""
     from tasks.graph.index import plan_index
     from tasks.graph.pair_score import PairScore
 

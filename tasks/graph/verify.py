@@ -16,7 +16,7 @@ the tiles that have texture in both images (brightness, contrast and greyscale d
 a caption bar spoils only the tiles it covers). ``overlap`` is the share of the smaller
 picture that the other covers after alignment. A pair is *verified* with at least
 ``min_inliers`` inliers, ``overlap >= min_overlap`` and ``agreement >= min_agreement``.
-Separation, thresholds calibrated on a held-out sample (seed 1), see the README.
+Separation, thresholds calibrated on a held-out sample (seed 1), see docs/near-duplicates.md.
 
 Deterministic: ORB has no randomness; RANSAC draws from OpenCV's global RNG, which is
 reseeded (``cv2.setRNGSeed(seed)``) before every pair, with OpenCV on one thread, so a
