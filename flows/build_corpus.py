@@ -39,23 +39,23 @@ from corpusforge.version import code_version
 from tasks.captions.config import CaptioningConfig
 from tasks.captions.eval_set import EvalCaptionsConfig, write_eval_captions
 from tasks.captions.stage import captioning_stage
-from tasks.changes import diff_versions, keep_previous_version, remove_changes
-from tasks.exact_dedup import (deduplicate, exchange_hashes, exchange_keys, find_duplicate_keys, find_exact_duplicates,
+from tasks.report.changes import diff_versions, keep_previous_version, remove_changes
+from tasks.ingest.exact_dedup import (deduplicate, exchange_hashes, exchange_keys, find_duplicate_keys, find_exact_duplicates,
                                partition_groups, resolve_group)
-from tasks.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
-from tasks.features.extract import extract_features, summarize
+from tasks.shared.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
+from tasks.shared.features.extract import extract_features, summarize
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.stage import near_duplicate_stage
-from tasks.ingest import ingest_partition
-from tasks.licenses import LicenseConfig
+from tasks.ingest.partition import ingest_partition
+from tasks.ingest.licenses import LicenseConfig
 from tasks.publish import license_section, publish, release_section, write_receipt
-from tasks.receipt import count_outcomes, input_snapshot_hash, redact, write_output_list
-from tasks.run_log import StageClock, write_run_log
-from tasks.sources import SourceConfig, plan_partitions
-from tasks.splits import SplitConfig
+from tasks.report.receipt import count_outcomes, input_snapshot_hash, redact, write_output_list
+from tasks.report.run_log import StageClock, write_run_log
+from tasks.ingest.sources import SourceConfig, plan_partitions
+from tasks.release.splits import SplitConfig
 from tasks.staging import StagingConfig, plan_staging, write_staging_shard
 from tasks.stats.stage import ReferenceStatsSettings, reference_stats_stage
-from tasks.validate import ValidationConfig
+from tasks.ingest.validate import ValidationConfig
 
 
 class BuildConfig(FlowConfig):
@@ -275,7 +275,7 @@ def _receipt(config: BuildConfig, store: Store, kind: str, n_parts: int, release
              near: dict[str, Any], stats: dict[str, Any], licenses: dict[str, Any]) -> dict[str, Any]:
     return {
         "corpusforge": "build_corpus",
-        "code_version": code_version("tasks.ingest", "tasks.exact_dedup", "tasks.staging", "tasks.features.extract",
+        "code_version": code_version("tasks.ingest.partition", "tasks.ingest.exact_dedup", "tasks.staging", "tasks.shared.features.extract",
                                      "tasks.graph.stage", "tasks.captions.stage", "tasks.publish",
                                      "tasks.stats.stage"),
         "source": config.source,

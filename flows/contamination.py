@@ -46,9 +46,9 @@ from tasks.contamination.receipts import (CLAIM_BOUNDARY, benchmark_identity, co
 from tasks.contamination.report import render_html, render_markdown
 from tasks.contamination.stage import (edition_stage, image_stage, image_text_stage, leakage_stage, stage_eval_set,
                                        text_canary_stage)
-from tasks.features.config import FeaturesConfig
-from tasks.features.extract import extract_features, summarize
-from tasks.receipt import redact
+from tasks.shared.features.config import FeaturesConfig
+from tasks.shared.features.extract import extract_features, summarize
+from tasks.report.receipt import redact
 
 SCANNER_MODULES = ("tasks.contamination.stage", "tasks.contamination.report", "tasks.contamination.receipts")
 

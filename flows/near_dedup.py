@@ -32,8 +32,8 @@ from tasks.graph.edges import index_plan
 from tasks.graph.index import INDEX_WORKER_BYTES
 from tasks.graph.stage import near_duplicate_stage
 from tasks.publish import publish, release_section, write_receipt
-from tasks.receipt import count_outcomes, redact, write_output_list
-from tasks.splits import SplitConfig
+from tasks.report.receipt import count_outcomes, redact, write_output_list
+from tasks.release.splits import SplitConfig
 
 
 class NearDedupFlowConfig(FlowConfig):

@@ -14,13 +14,13 @@ from corpusforge.contract import count_actions, prune, require_marker
 from corpusforge.artifacts import publish_run_artifacts
 from corpusforge.layout import MANIFEST_DIR, RECEIPT, RELEASE_CARD, REPORT, REPORT_HTML, manifest_path, resolved_path
 from corpusforge.storage import Store
-from tasks.licenses import LicenseConfig
-from tasks.manifest import write_manifest_part
-from tasks.receipt import render_report
-from tasks.release import plan_release_files, write_release_shard, write_staged_list
-from tasks.release_card import dataset_card
-from tasks.report_html import render_html_report
-from tasks.splits import SPLITS, SplitConfig, tier_counts
+from tasks.ingest.licenses import LicenseConfig
+from tasks.release.manifest import write_manifest_part
+from tasks.report.receipt import render_report
+from tasks.release.shards import plan_release_files, write_release_shard, write_staged_list
+from tasks.release.release_card import dataset_card
+from tasks.report.report_html import render_html_report
+from tasks.release.splits import SPLITS, SplitConfig, tier_counts
 
 release_plan_task = as_task(plan_release_files, "plan-release")
 release_task = as_task(write_release_shard, "write-release-shard")
@@ -64,7 +64,7 @@ def release_section(release: dict[str, Any], splits: SplitConfig) -> dict[str, A
 
 def loader_note(images: dict[str, Any], shards: dict[str, Any]) -> str:
     """Whether Hugging Face's webdataset builder can read the release as it is: it needs one
-    image member extension across the shards it loads (tasks/release_image.py)."""
+    image member extension across the shards it loads (tasks/release/release_image.py)."""
     exts = sorted({e for s in shards.values() for e in s.get("image_ext", {})})
     if len(exts) <= 1:
         return f"one image member extension ({', '.join(exts) or 'none'}): loadable by datasets and webdataset"

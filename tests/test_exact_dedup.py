@@ -16,7 +16,7 @@ from corpusforge.contract import finish_unit
 from corpusforge.layout import (INGEST_SCHEMA, MARKERS, dedup_hashes_path, dedup_keys_path, exact_path, hashes_path,
                                 ingest_path, keydup_path, keys_table_path, resolved_path)
 from corpusforge.storage import Store
-from tasks.exact_dedup import (combined_digest, deduplicate, exchange_keys, find_duplicate_keys, partition_groups,
+from tasks.ingest.exact_dedup import (combined_digest, deduplicate, exchange_keys, find_duplicate_keys, partition_groups,
                                write_dedup_tables)
 
 P, PER, B = 40, 30, 4  # 40 partitions of 30 records, 4 buckets: 3 groups of (at least) 16 partitions

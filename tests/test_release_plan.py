@@ -21,8 +21,8 @@ from PIL import Image
 from corpusforge.layout import NEAR_DECISION_SCHEMA, decisions_path, release_plan_path, staging_tar
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample
-from tasks.release import plan_release_files, write_release_shard, write_staged_list
-from tasks.splits import SplitConfig
+from tasks.release.shards import plan_release_files, write_release_shard, write_staged_list
+from tasks.release.splits import SplitConfig
 from tests.old_release import assert_release_equals_old
 from tests.staging_files import write_staging_shard
 
@@ -112,7 +112,7 @@ def test_the_planning_task_gets_a_digest_not_the_shard_list(tmp_path, monkeypatc
     import cloudpickle
 
     import tasks.publish
-    from tasks.release import read_staged_list
+    from tasks.release.shards import read_staged_list
 
     submitted = []
 

@@ -43,7 +43,7 @@ from tasks.graph import ondisk
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.edges import group_shards, index_plan
 from tasks.graph.nodes import NodeTable, load_shard_vectors, read_shard_table
-from tasks.graph.pair_score import PairScore
+from tasks.shared.pair_score import PairScore
 
 # Lists (codes and ids) one add task builds: 0.9 M vectors of IVF-PQ64 (72 B each), 65k of
 # 512-d SQfp16; a shard larger than that is a block of its own.

@@ -32,10 +32,10 @@ from corpusforge.feature_files import prune_subset
 from corpusforge.layout import STATS_DIR
 from corpusforge.storage import Store
 from corpusforge.version import code_version
-from tasks.features.config import FeaturesConfig, ModelSpec, RuntimeConfig
-from tasks.features.extract import extract_features, summarize
+from tasks.shared.features.config import FeaturesConfig, ModelSpec, RuntimeConfig
+from tasks.shared.features.extract import extract_features, summarize
 from tasks.stats.config import MetricsConfig, SampleConfig, protocol_model
-from tasks.stats.provenance import model_deviations
+from tasks.shared.provenance import model_deviations
 from tasks.stats.reference import (GroupSelection, batch_partials, merge_partials, oracle_groups, oracle_metrics,
                                    plan_batches, scan_manifest, write_group_stats)
 

@@ -2,7 +2,7 @@
 
 One call of :func:`extract_shard` handles one staging shard (``staging/tars/{shard}.tar``
 and its records file): it streams the tar once, decodes each image once
-(:func:`tasks.features.decode.decode_rgb`, shrunk during JPEG decoding to what the largest
+(:func:`tasks.shared.features.decode.decode_rgb`, shrunk during JPEG decoding to what the largest
 model needs), runs every model's ``preprocess`` on a pool of prefetch threads ahead of the
 batch being embedded, embeds batches of ``runtime.batch_size`` and writes per model::
 
@@ -49,9 +49,9 @@ from corpusforge.layout import feature_keys, feature_vectors, staging_index, sta
 from corpusforge.storage import Store
 from corpusforge.tarshard import iter_tar_samples
 from corpusforge.version import code_version
-from tasks.features.base import FeatureModel
-from tasks.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
-from tasks.features.decode import decode_rgb
+from tasks.shared.features.base import FeatureModel
+from tasks.shared.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
+from tasks.shared.features.decode import decode_rgb
 
 # Decode at least this many times the model input: the final resize then still
 # downsamples, which keeps features within float16 noise of a full-size decode.
@@ -86,13 +86,13 @@ def decode_size(models: Sequence[FeatureModel]) -> int | None:
 def feature_fingerprint(model: FeatureModel, dtype: str, draft: int | None, precision: str, images: str) -> str:
     """Everything the stored values of one model's features of one shard depend on (the
     compute precision changes them; device, batch size and threads only in the last bits)."""
-    code = code_version(__name__, type(model).__module__, exclude=("tasks.features.registry",))
+    code = code_version(__name__, type(model).__module__, exclude=("tasks.shared.features.registry",))
     return unit_fingerprint("features", code, [model.fingerprint(), dtype, draft, precision], images)
 
 
 def load_models(cfg: FeaturesConfig) -> list[FeatureModel]:
     """The configured models, loaded once per process by the registry's cache."""
-    from tasks.features.registry import load_model
+    from tasks.shared.features.registry import load_model
 
     return [load_model(spec, cfg.runtime, cfg.torchscript_allowlist) for spec in cfg.models]
 

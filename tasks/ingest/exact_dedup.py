@@ -63,7 +63,7 @@ MIN_GROUP = 16
 
 
 def _code() -> str:
-    return code_version("tasks.exact_dedup")
+    return code_version("tasks.ingest.exact_dedup")
 
 
 def partition_groups(n_parts: int, n_buckets: int) -> list[range]:
