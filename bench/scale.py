@@ -170,7 +170,7 @@ class Scale:
 
     def fan_outs(self) -> dict[str, int]:
         """Units of each fan-out of a build (flows/build_corpus.py, tasks/ingest/exact_dedup.py,
-        tasks/graph/stage.py, tasks/publish.py): one entry per ``run_tasks`` call; graph merge
+        tasks/graph/stage.py, tasks/release/publish.py): one entry per ``run_tasks`` call; graph merge
         at its most, one group per shard (merge_groups sizes groups by found pairs); the index
         as a 512-d model's 10⁸ build plans it (IVF-PQ above flat_max_vectors: add blocks, merge)."""
         from tasks.ingest.exact_dedup import partition_groups
@@ -437,11 +437,11 @@ def run_exact_dedup(store, sc: Scale, data: str) -> dict[str, Any]:
     params: list[dict[str, Any]] = []
     tasks = 0
 
-    def fan_out(fn: Callable[..., Any], calls: list[dict[str, Any]]) -> list[Any]:
+    def fan_out(unit: Any, calls: list[dict[str, Any]]) -> list[Any]:
         nonlocal tasks
         tasks += len(calls)
         params.append(max(calls, key=lambda c: len(pickle.dumps(c))))
-        return [fn(**c) for c in calls]
+        return [unit.fn(**c) for c in calls]
 
     _, resolved = deduplicate(store, ingested, sc.buckets, 1000, fan_out)
     removed = sum(m["info"]["records"] for m in ingested) - sum(m["info"]["survivors"] for m in resolved)
@@ -454,7 +454,7 @@ def _release_plan_path(data: str) -> str:
 
 @step("release_plan", ("staging",), "task", ("tasks.release.shards", "tasks.release.splits"))
 def run_release_plan(store, sc: Scale, data: str) -> dict[str, Any]:
-    """Release planning (one task) over every staging shard, as tasks/publish.py calls it:
+    """Release planning (one task) over every staging shard, as tasks/release/publish.py calls it:
     the staging-shard list goes to a file and the task gets its SHA-256."""
     from tasks.release.shards import plan_release_files, write_staged_list
     from tasks.release.splits import SplitConfig
@@ -588,13 +588,13 @@ def _measured(runs: dict[str, Any]):
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    def fan_out(fn: Callable[..., Any], calls: list[dict[str, Any]]) -> list[Any]:
+    def fan_out(unit: Any, calls: list[dict[str, Any]]) -> list[Any]:
         results = []
         for call in calls:
             with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
-                result, peak, opened, read = pool.submit(_unit_in_child, fn, pickle.dumps(call)).result()
+                result, peak, opened, read = pool.submit(_unit_in_child, unit.fn, pickle.dumps(call)).result()
             results.append(result)
-            runs["task_peaks"][fn.__name__] = max(runs["task_peaks"].get(fn.__name__, 0), peak)
+            runs["task_peaks"][unit.fn.__name__] = max(runs["task_peaks"].get(unit.fn.__name__, 0), peak)
             runs["files_elsewhere"] += opened
             runs["bytes_elsewhere"] += read
         runs["params"].append(max(calls, key=lambda c: len(pickle.dumps(c))))

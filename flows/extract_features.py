@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import Field
 
-from corpusforge.cluster import DaskConfig, cluster_flow, run_logger
+from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, run_logger
 from corpusforge.config import FlowConfig
 from corpusforge.contract import completed_units
 from corpusforge.layout import STAGING_TARS
@@ -45,7 +45,7 @@ def extract(config: ExtractFeaturesConfig) -> dict[str, Any]:
     shards = completed_units(store, STAGING_TARS, ".tar")
     log.info("%d completed staging shards in %s; models %s", len(shards), config.corpus,
              [m.model_id for m in config.features.models])
-    summary = summarize(extract_features(store, shards, config.features))
+    summary = summarize(extract_features(store, shards, config.features, fan_out=fan_out))
     if "warning" in summary:
         log.warning(summary["warning"])
     for model_id, totals in summary["models"].items():

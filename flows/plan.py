@@ -60,7 +60,7 @@ WHOLE_STAGES = [
 ]
 # The build's code (the receipt's code_version): a change anywhere reaches the whole stages.
 BUILD_MODULES = ("tasks.ingest.partition", "tasks.ingest.exact_dedup", "tasks.staging", "tasks.shared.features.extract",
-                 "tasks.graph.stage", "tasks.captions.stage", "tasks.publish", "tasks.stats.stage")
+                 "tasks.graph.stage", "tasks.captions.stage", "tasks.release.publish", "tasks.stats.stage")
 # The build config fields behind the positions of a stage key's config (explain names positions).
 CONFIG_NAMES = {
     "ingest": {"[0]": "validation", "[1]": "hash buckets (staging.buckets)", "[2]": "input.allow_roots"},

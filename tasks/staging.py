@@ -41,9 +41,9 @@ import xxhash
 from pydantic import BaseModel, ConfigDict, Field
 
 from corpusforge.chunking import plan_cuts
-from corpusforge.contract import run_unit, unit_fingerprint
+from corpusforge.contract import Unit, run_unit, unit_fingerprint
 from corpusforge.faults import fault_point
-from corpusforge.hashing import canonical_json, fingerprint, sha256_bytes
+from corpusforge.hashing import fingerprint, sha256_bytes
 from corpusforge.layout import (RESOLVED_SCHEMA, STAGING_RECORDS_SCHEMA, resolved_path, spill_path, staging_index,
                                 staging_records, staging_tar)
 from corpusforge.records import Status
@@ -226,3 +226,6 @@ def write_staging_shard(store: Store, shard: StagingShard) -> dict[str, Any]:
                          "images": images_digest(records)}
 
     return run_unit(store, staging_tar(shard.name), fp, compute)
+
+
+WRITE_STAGING_SHARD = Unit(write_staging_shard, "write-staging-shard")

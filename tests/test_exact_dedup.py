@@ -90,11 +90,11 @@ def test_decisions_equal_the_rules_and_each_task_opens_only_its_own_files(ingest
     assert len(groups) == 3 and len(groups[0]) == 16 and groups[-1] == range(32, 40)
     opened: dict[str, list[tuple[dict[str, Any], list[str]]]] = {}
 
-    def fan_out(fn, calls: list[dict[str, Any]]) -> list[Any]:
+    def fan_out(unit, calls: list[dict[str, Any]]) -> list[Any]:
         results = []
         for call in calls:
-            result, files = _opened(fn, call)
-            opened.setdefault(fn.__name__, []).append((call, files))
+            result, files = _opened(unit.fn, call)
+            opened.setdefault(unit.fn.__name__, []).append((call, files))
             results.append(result)
         return results
 

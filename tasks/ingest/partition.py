@@ -47,7 +47,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
-from corpusforge.contract import run_unit, unit_fingerprint
+from corpusforge.contract import Unit, run_unit, unit_fingerprint
 from corpusforge.layout import INGEST_SCHEMA, ingest_path, spill_path
 from corpusforge.records import Status
 from corpusforge.storage import Store, file_stamp, is_remote, with_retry_defaults
@@ -289,3 +289,6 @@ def ingest_partition(store: Store, part: Partition, src: SourceConfig, val: Vali
                          "licenses": dict(sorted(licenses.items()))}
 
     return run_unit(store, ingest_path(part.index), fp, compute)
+
+
+INGEST_PARTITION = Unit(ingest_partition, "ingest-partition")

@@ -48,7 +48,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
-from corpusforge.contract import prune
+from corpusforge.contract import Unit, prune
 from corpusforge.layout import (INPUT_DIR, INPUT_SCHEMA, LISTING_SPILL_DIR, TABLE_SUFFIXES, input_path, listing_spill_path,
                                 part_name)
 from corpusforge.outofcore import spilling_duckdb
@@ -607,3 +607,6 @@ def local_file_refusal(location: str, roots: Sequence[str]) -> str | None:
     if not stat.S_ISREG(mode):
         return "not a regular file (folder, FIFO, device or socket)"
     return None
+
+
+PLAN_INPUTS = Unit(plan_partitions, "plan-inputs")

@@ -40,8 +40,8 @@ from typing import Any, Literal
 
 import numpy as np
 from PIL import Image
-from corpusforge.cluster import as_task, run_tasks
-from corpusforge.contract import COMPUTED, SKIPPED, current_marker, require_marker, unit_fingerprint
+from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Unit, current_marker, in_process, require_marker,
+                                  unit_fingerprint)
 from corpusforge.faults import fault_point
 from corpusforge.feature_files import write_shard_features
 from corpusforge.hashing import fingerprint
@@ -330,18 +330,18 @@ def _model_summary(action: str, marker: dict[str, Any], model: FeatureModel, ima
             "dim": model.dim, "fingerprint": marker["info"]["model"], "subset": subset}
 
 
-# Prefect wrapper: one task (one Dask task on a DaskTaskRunner) per staging shard; it asks
-# for the flow's ``dask.model_task_resources`` (e.g. GPU=1), see corpusforge.cluster.
-extract_shard_task = as_task(extract_shard, "extract-shard-features")
+# One unit per staging shard; in a flow its task asks for ``dask.model_task_resources``
+# (e.g. GPU=1), see corpusforge.cluster.MODEL_TASKS.
+EXTRACT_SHARD = Unit(extract_shard, "extract-shard-features")
 
 
 def extract_features(store: Store, shards: list[str], cfg: FeaturesConfig, selection: Selection | None = None,
-                     draft: int | None | Literal["auto"] = "auto") -> list[dict[str, Any]]:
-    """The feature stage inside a flow: one task per shard on the flow's task runner
-    (outside a flow run, the shards run here one after the other); with a ``selection``,
-    only its records (see :func:`extract_shard`)."""
-    return run_tasks(extract_shard_task, [dict(store=store, shard=s, cfg=cfg, selection=selection, draft=draft)
-                                          for s in shards])
+                     draft: int | None | Literal["auto"] = "auto", *, fan_out: FanOut = in_process
+                     ) -> list[dict[str, Any]]:
+    """The feature stage: one unit per shard through ``fan_out`` (a flow's Dask cluster);
+    with a ``selection``, only its records (see :func:`extract_shard`)."""
+    return fan_out(EXTRACT_SHARD, [dict(store=store, shard=s, cfg=cfg, selection=selection, draft=draft)
+                                   for s in shards])
 
 
 def extract_features_on_client(client: Any, store: Store, shards: list[str], cfg: FeaturesConfig
