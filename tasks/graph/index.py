@@ -3,7 +3,7 @@
 Cosine similarity is the inner product of unit float32 rows (``METRIC_INNER_PRODUCT``);
 a model with a pair rule (wfd: layout alone when either image is colourless) is indexed
 by its candidate forms and queried by its query forms, whose inner product is that rule
-(:mod:`tasks.graph.pair_score`); with IVF, each part of a query form (the part scoring
+(:mod:`tasks.shared.pair_score`); with IVF, each part of a query form (the part scoring
 coloured members, the part scoring colourless ones) picks its own ``nprobe`` lists, since
 a centroid mixes both kinds and lists of one kind crowd out the other's
 (``bench/graph_probes.py``).
@@ -63,7 +63,7 @@ import faiss
 import numpy as np
 
 from tasks.graph.config import IndexConfig
-from tasks.graph.pair_score import PairScore, united_lists
+from tasks.shared.pair_score import PairScore, united_lists
 
 SEARCH_BATCH = 4096  # queries per FAISS call: bounds the k-NN and range result buffers
 # Exact searches look this far below a threshold and keep canonical scores >= it, so a

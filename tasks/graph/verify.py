@@ -43,7 +43,7 @@ from corpusforge.contract import read_marker, run_unit, unit_fingerprint
 from corpusforge.layout import VERIFIED_SCHEMA, review_path, staging_index, staging_tar, verified_path
 from corpusforge.storage import Store
 from corpusforge.version import code_version
-from tasks.features.decode import DecodeError, decode_rgb
+from tasks.shared.features.decode import DecodeError, decode_rgb
 from tasks.graph.config import NearDedupConfig, VerificationConfig
 from tasks.graph.nodes import NodeTable, read_shard_table, records_path
 

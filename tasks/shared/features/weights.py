@@ -40,7 +40,7 @@ import fsspec
 import torch
 
 from corpusforge.storage import is_remote
-from tasks.features.config import WeightsSpec
+from tasks.shared.features.config import WeightsSpec
 
 CHUNK = 8 * 1024 * 1024
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".onnx")

@@ -18,10 +18,10 @@ import open_clip
 import torch
 from torch import nn
 
-from tasks.features import preprocess as pp
-from tasks.features.base import TorchFeatureModel
-from tasks.features.config import ModelSpec, RuntimeConfig
-from tasks.features.weights import WeightsError, fetch_weights, sniff_format
+from tasks.shared.features import preprocess as pp
+from tasks.shared.features.base import TorchFeatureModel
+from tasks.shared.features.config import ModelSpec, RuntimeConfig
+from tasks.shared.features.weights import WeightsError, fetch_weights, sniff_format
 
 
 class _ImageTower(nn.Module):

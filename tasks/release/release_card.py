@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from corpusforge.layout import GPIC_JSON_FIELDS
-from tasks.staging import SAMPLE_JSON_FIELDS
+from tasks.shared.samples import SAMPLE_JSON_FIELDS
 
 HF_SPLIT = {"train": "train", "val": "validation", "test": "test"}
 INT_FIELDS = {"width", "height", "img_width", "img_height"}

@@ -1,7 +1,7 @@
 """How two feature vectors score in the graph: cosine, or wfd's "colour counts only when both have colour".
 
 Most models' vectors score by their cosine (the dot product of unit rows). The weight-free
-descriptor (:mod:`tasks.features.wfd`) stores a layout block ``l`` and a colour block ``c``
+descriptor (:mod:`tasks.shared.features.wfd`) stores a layout block ``l`` and a colour block ``c``
 (``|l|^2 = 1 - w``, ``|c|^2 = w`` for a coloured image). A greyscale picture has no colour
 block, so by cosine it could never score above ``sqrt(1 - w)`` against its own coloured
 original. Its fingerprint therefore names a pair rule: when either image is colourless
@@ -181,3 +181,12 @@ def united_lists(quantizer: Any, parts: tuple[np.ndarray, ...], nprobe: int) -> 
                                     for p in parts], axis=1), axis=1)
     lists[:, 1:][lists[:, 1:] == lists[:, :-1]] = -1
     return lists
+
+
+def pair_score_of(markers: list[dict[str, Any]]) -> PairScore:
+    """The pair rule the feature model names (above); shards must agree."""
+    rules = {repr(PairScore.from_model(m.get("model")).to_json()) for m in markers if int(m.get("count", 0))}
+    if len(rules) > 1:
+        raise ValueError(f"feature shards disagree on their pair rule: {sorted(rules)}")
+    rule = PairScore.from_model(next((m.get("model") for m in markers if int(m.get("count", 0))), None))
+    return rule

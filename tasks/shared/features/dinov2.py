@@ -36,10 +36,10 @@ import timm
 import torch
 import torch.nn.functional as F
 
-from tasks.features import preprocess as pp
-from tasks.features.base import TorchFeatureModel
-from tasks.features.config import ModelSpec, RuntimeConfig
-from tasks.features.weights import WeightsError, load_state_dict
+from tasks.shared.features import preprocess as pp
+from tasks.shared.features.base import TorchFeatureModel
+from tasks.shared.features.config import ModelSpec, RuntimeConfig
+from tasks.shared.features.weights import WeightsError, load_state_dict
 
 DEFAULT_SIZE = 224
 

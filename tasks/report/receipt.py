@@ -22,10 +22,10 @@ import pyarrow as pa
 from corpusforge.contract import digest_of, require_marker
 from corpusforge.layout import (CHANGES_MD, CHANGES_TABLE, MARKERS, RECEIPT, RECEIPT_OUTPUTS, RECEIPT_OUTPUTS_SCHEMA,
                                 REPORT, REPORT_HTML, ingest_path)
-from tasks.run_log import POINTER
+from tasks.report.run_log import POINTER
 from corpusforge.storage import Store
-from tasks.captions.summary import mix_by_split, share_table, word_stats
-from tasks.stats.provenance import NOT_RECORDED, RANDOM_INIT_LABEL, weights_label
+from tasks.shared.caption_summary import mix_by_split, share_table, word_stats
+from tasks.shared.provenance import NOT_RECORDED, RANDOM_INIT_LABEL, weights_label
 
 _SECRET_WORDS = ("secret", "password", "token", "key_id", "access_key", "credential")
 _SECRET_NAMES = {"key", "api_key"}  # s3fs's name for the access key id; a chat endpoint's key

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from tasks.features.config import RuntimeConfig
+from tasks.shared.features.config import RuntimeConfig
 
 class FeatureModel(ABC):
     """A loaded feature model; instances are cached per process by the registry."""

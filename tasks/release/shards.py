@@ -1,4 +1,4 @@
-"""Release shards: the kept records, placed by :mod:`tasks.splits`, read back from staging.
+"""Release shards: the kept records, placed by :mod:`tasks.release.splits`, read back from staging.
 
 :func:`plan_release_files` gathers every staged record's fate (kept, or removed as a
 near-duplicate by the graph stage when it ran), plans splits/shards/tiers for the kept
@@ -55,9 +55,9 @@ from corpusforge.records import Status
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample, write_tar
 from corpusforge.version import code_version
-from tasks.release_image import COPIED, FORMAT_OF_EXT, member_for, pillow_version, reencode, resolve_rule
-from tasks.splits import SPLITS, SplitConfig, apportion, held_out_sizes, tier_counts, tiers_of
-from tasks.staging import sample_json
+from tasks.release.release_image import COPIED, FORMAT_OF_EXT, member_for, pillow_version, reencode, resolve_rule
+from tasks.release.splits import SPLITS, SplitConfig, apportion, held_out_sizes, tier_counts, tiers_of
+from tasks.shared.samples import sample_json
 
 # DuckDB's budget for the whole-corpus sorts and window sums; beyond it, it spills to disk.
 # The planner's memory grows with N only through this buffer pool (at 1M records, 0.93 of the

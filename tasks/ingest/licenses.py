@@ -28,8 +28,9 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
+from collections import Counter
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -252,3 +253,14 @@ def license_family(name: str | None, url: str | None) -> str:
     if res.conflict is not None:
         return "conflict"
     return res.found.family if res.found else "unrecognised"
+
+def license_section(lic: LicenseConfig | None, ingest_infos: list[dict[str, Any]]) -> dict[str, Any]:
+    """The receipt's licence section: the allow-list as normalised, how name/URL conflicts
+    are resolved and how many input records had one, and the input records per licence
+    family (what was filtered, and why, is in the counts by reason)."""
+    families: Counter[str] = Counter()
+    for info in ingest_infos:
+        families.update(info.get("licenses", {}))
+    return {"allow": [str(a) for a in lic.allowed()] if lic else None, "use_url": lic.use_url if lic else None,
+            "on_conflict": lic.on_conflict if lic else None, "conflicts": families.get("conflict", 0),
+            "input_by_family": dict(sorted(families.items()))}

@@ -3,7 +3,7 @@
 Only run when its weights are supplied (GPIC: "Inception-v3 optional when its weights are
 supplied"); GPIC's default statistics model is DINOv2 ViT-L/14 (``dinov2.py``), so
 statistics from this model are recorded as a protocol deviation
-(``tasks/stats/provenance.py``: architecture and preprocessing differ).
+(``tasks/shared/provenance.py``: architecture and preprocessing differ).
 
 Network: ``torchvision.models.inception_v3(weights=None, aux_logits=False,
 init_weights=False, transform_input=True)`` with ``fc`` replaced by ``Identity``. In eval
@@ -44,10 +44,10 @@ import torch
 from torch import nn
 from torchvision.models import inception_v3
 
-from tasks.features import preprocess as pp
-from tasks.features.base import TorchFeatureModel
-from tasks.features.config import ModelSpec, RuntimeConfig
-from tasks.features.weights import WeightsError, load_state_dict
+from tasks.shared.features import preprocess as pp
+from tasks.shared.features.base import TorchFeatureModel
+from tasks.shared.features.config import ModelSpec, RuntimeConfig
+from tasks.shared.features.weights import WeightsError, load_state_dict
 
 DEFAULT_SIZE = 299
 MIN_SIZE = 75

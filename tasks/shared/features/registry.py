@@ -20,19 +20,19 @@ from collections.abc import Sequence
 import torch
 
 from corpusforge.hashing import canonical_json
-from tasks.features.base import FeatureModel, resolve_device
-from tasks.features.config import ModelSpec, RuntimeConfig
+from tasks.shared.features.base import FeatureModel, resolve_device
+from tasks.shared.features.config import ModelSpec, RuntimeConfig
 
 log = logging.getLogger(__name__)
 
 RANDOM_INIT_SEED = 0
 _FAMILIES = {
-    "sscd_disc_mixup": "tasks.features.sscd",
-    "sscd_disc_large": "tasks.features.sscd",
-    "sscd_onnx": "tasks.features.sscd_onnx",
-    "clip": "tasks.features.clip",
-    "dinov2": "tasks.features.dinov2",
-    "inception": "tasks.features.inception",
+    "sscd_disc_mixup": "tasks.shared.features.sscd",
+    "sscd_disc_large": "tasks.shared.features.sscd",
+    "sscd_onnx": "tasks.shared.features.sscd_onnx",
+    "clip": "tasks.shared.features.clip",
+    "dinov2": "tasks.shared.features.dinov2",
+    "inception": "tasks.shared.features.inception",
 }
 _cache: dict[str, FeatureModel] = {}
 _lock = threading.Lock()
@@ -44,7 +44,7 @@ class MissingWeightsError(ValueError):
 
 def family_module(spec: ModelSpec) -> str:
     """The module that builds ``spec``'s family (named, not imported: for code versions)."""
-    return "tasks.features.wfd" if spec.name == "wfd" else _FAMILIES[spec.name]
+    return "tasks.shared.features.wfd" if spec.name == "wfd" else _FAMILIES[spec.name]
 
 
 def cached_models() -> list[str]:
@@ -57,7 +57,7 @@ def build_model(spec: ModelSpec, runtime: RuntimeConfig,
                 torchscript_allowlist: Sequence[str] = ()) -> FeatureModel:
     """Load a model afresh (no cache); see :func:`load_model`."""
     if spec.name == "wfd":
-        from tasks.features import wfd
+        from tasks.shared.features import wfd
 
         return wfd.build(spec)
     if spec.weights is None and not spec.random_init:

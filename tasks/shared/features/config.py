@@ -23,7 +23,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "dinov2": {"arch": "vit_large_patch14_dinov2", "preprocessing": ("gpic_eval", "dinov2_eval", "gpic_eval_port")},
     # optional statistics model (raw 2048-d pool features); only with supplied weights
     "inception": {"arch": "inception_v3", "preprocessing": ("inception_299",)},
-    # SSCD sscd_disc_mixup quantised to int8, run with onnxruntime (tasks/features/sscd_onnx.py)
+    # SSCD sscd_disc_mixup quantised to int8, run with onnxruntime (tasks/shared/features/sscd_onnx.py)
     "sscd_onnx": {"arch": "sscd_disc_mixup_int8", "preprocessing": ("sscd_onnx_square",)},
 }
 
@@ -42,7 +42,7 @@ class WeightsSpec(BaseModel):
     uri: str = Field(..., title="Weights location",
                      description="A local file, an s3://bucket/key object, or a Hugging Face cache "
                                  "directory (models--org--name, optionally with /snapshots/<rev>/<file> "
-                                 "or /<file> appended; see tasks/features/weights.py).")
+                                 "or /<file> appended; see tasks/shared/features/weights.py).")
     sha256: str = Field(..., title="SHA-256 pin",
                         description="Hex SHA-256 of the file; checked before any byte is deserialised.")
     format: Literal["state_dict", "torchscript", "onnx"] = Field(

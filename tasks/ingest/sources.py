@@ -48,8 +48,9 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
-from corpusforge.contract import prune
-from corpusforge.layout import INPUT_DIR, INPUT_SCHEMA, LISTING_SPILL_DIR, input_path, listing_spill_path, part_name
+from corpusforge.contract import Unit, prune
+from corpusforge.layout import (INPUT_DIR, INPUT_SCHEMA, LISTING_SPILL_DIR, TABLE_SUFFIXES, input_path, listing_spill_path,
+                                part_name)
 from corpusforge.outofcore import spilling_duckdb
 from corpusforge.storage import Store, file_stamp, is_remote
 
@@ -60,7 +61,6 @@ METADATA_COLUMNS = ["key", "caption", "caption_type", "source", "license", "lice
                     "attribution", "retrieved_at"]
 INPUT_COLUMNS = INPUT_SCHEMA.names
 IMAGE_EXTS = {"jpg", "jpeg", "png", "webp"}
-TABLE_SUFFIXES = (".parquet", ".jsonl", ".csv")
 SIDECAR_EXTS = {"txt", "json"}
 SIDECAR_ORDER = ("txt", "json")  # a caption from .txt comes first and wins over the JSON's
 GPIC_SPLITS = ("train", "val", "test")
@@ -607,3 +607,6 @@ def local_file_refusal(location: str, roots: Sequence[str]) -> str | None:
     if not stat.S_ISREG(mode):
         return "not a regular file (folder, FIFO, device or socket)"
     return None
+
+
+PLAN_INPUTS = Unit(plan_partitions, "plan-inputs")

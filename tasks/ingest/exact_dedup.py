@@ -47,7 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from corpusforge.chunking import cut_name
-from corpusforge.contract import FanOut, UnitKey, in_process, require_marker, run_unit, unit_fingerprint
+from corpusforge.contract import FanOut, Unit, UnitKey, in_process, require_marker, run_unit, unit_fingerprint
 from corpusforge.hashing import fingerprint, stable_int
 from corpusforge.layout import (DEDUP_HASHES_DIR, DEDUP_KEYS_DIR, DUPLICATE_SCHEMA, EXACT_DIR, HASH_SCHEMA, KEY_SCHEMA,
                                 KEYDUP_DIR, RESOLVED_SCHEMA, dedup_hashes_path, dedup_keys_path, exact_path,
@@ -63,7 +63,7 @@ MIN_GROUP = 16
 
 
 def _code() -> str:
-    return code_version("tasks.exact_dedup")
+    return code_version("tasks.ingest.exact_dedup")
 
 
 def partition_groups(n_parts: int, n_buckets: int) -> list[range]:
@@ -233,20 +233,20 @@ def deduplicate(store: Store, ingested: list[dict[str, Any]], n_buckets: int, sh
     groups = partition_groups(len(ingested), n_buckets)
     size = len(groups[0])  # partitions per group (the last may have fewer)
     inputs = [combined_digest(ingested[ps.start:ps.stop]) for ps in groups]
-    keys_x = fan_out(exchange_keys, [dict(store=store, group=g, parts=ps, ingested=inputs[g])
+    keys_x = fan_out(EXCHANGE_KEYS, [dict(store=store, group=g, parts=ps, ingested=inputs[g])
                                      for g, ps in enumerate(groups)])
     exchanged = combined_digest(keys_x)
-    keydup = fan_out(find_duplicate_keys, [dict(store=store, bucket=b, exchanged=exchanged, group_size=size)
-                                           for b in range(n_buckets)])
+    keydup = fan_out(DUPLICATE_KEYS, [dict(store=store, bucket=b, exchanged=exchanged, group_size=size)
+                                      for b in range(n_buckets)])
     keydup_digest = combined_digest(keydup)
-    hashes_x = fan_out(exchange_hashes, [dict(store=store, group=g, parts=ps, ingested=inputs[g], keydup=keydup_digest)
+    hashes_x = fan_out(EXCHANGE_HASHES, [dict(store=store, group=g, parts=ps, ingested=inputs[g], keydup=keydup_digest)
                                          for g, ps in enumerate(groups)])
     exchanged = combined_digest(hashes_x)
-    exact = fan_out(find_exact_duplicates, [dict(store=store, bucket=b, exchanged=exchanged, group_size=size)
-                                            for b in range(n_buckets)])
+    exact = fan_out(EXACT_DUPLICATES, [dict(store=store, bucket=b, exchanged=exchanged, group_size=size)
+                                       for b in range(n_buckets)])
     decisions = combined_digest(keydup + exact)
-    by_group = fan_out(resolve_group, [dict(store=store, parts=ps, decisions=decisions, shard_size=shard_size)
-                                       for ps in groups])
+    by_group = fan_out(RESOLVE, [dict(store=store, parts=ps, decisions=decisions, shard_size=shard_size)
+                                 for ps in groups])
     return keys_x + keydup + hashes_x + exact, [m for ms in by_group for m in ms]
 
 
@@ -313,3 +313,12 @@ def _resolve_partition(store: Store, part: int, ingest_digest: str, decisions: s
 
     fp = resolve_key(shard_size, ingest_digest, decisions)
     return run_unit(store, resolved_path(part), fp, compute)
+
+
+# The units of the stage, in the order :func:`deduplicate` runs them (all probed: their checks
+# read markers only).
+EXCHANGE_KEYS = Unit(exchange_keys, "exchange-keys", probe=True)
+DUPLICATE_KEYS = Unit(find_duplicate_keys, "duplicate-keys", probe=True)
+EXCHANGE_HASHES = Unit(exchange_hashes, "exchange-hashes", probe=True)
+EXACT_DUPLICATES = Unit(find_exact_duplicates, "exact-duplicates", probe=True)
+RESOLVE = Unit(resolve_group, "resolve-partitions", probe=True)
