@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tasks.features.config import ModelSpec, RuntimeConfig
+from tasks.shared.features.config import ModelSpec, RuntimeConfig
 
 
 class _Strict(BaseModel):

@@ -11,14 +11,11 @@ un-normalised DINOv2 features do.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TypeVar
 
 import numpy as np
 from threadpoolctl import threadpool_limits
-
-T = TypeVar("T")
 
 # Most rows per float64 block when summarising an array: bounds the temporary copy
 # (16384 × 1024 × 8 B = 128 MB) however large the input is.
@@ -89,21 +86,3 @@ class Moments:
         if self.n < 2:
             raise ValueError(f"a covariance needs at least 2 vectors, got {self.n}")
         return self.m2 / (self.n - 1)
-
-
-def tree_merge(parts: list[T], merge: Callable[[T, T], T]) -> T:
-    """Merge ``parts`` pairwise, level by level, in a fixed balanced tree; the root.
-
-    The tree depends only on the order of ``parts``, so the float64 result is the same bit
-    for bit however the partials were scheduled. ``merge`` may return futures (the stage
-    submits each merge as a task). ``parts`` is emptied as it is consumed, so merged
-    partials can be released.
-    """
-    if not parts:
-        raise ValueError("nothing to merge")
-    level = parts
-    while len(level) > 1:
-        nxt = [merge(level[i], level[i + 1]) if i + 1 < len(level) else level[i] for i in range(0, len(level), 2)]
-        level.clear()
-        level = nxt
-    return level.pop()
