@@ -37,7 +37,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks.graph.components import UnionFind, component_sizes
 
 KEPT, TIER1, COMPONENT, VERIFIED = 0, 1, 2, 3
 
