@@ -37,7 +37,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-
 KEPT, TIER1, COMPONENT, VERIFIED = 0, 1, 2, 3
 
 
