@@ -34,8 +34,8 @@ from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_
                                 RESOLVED_DIR, SPILL_DIR, STAGING_INDEX, STAGING_RECORDS, STAGING_TARS, STATS_DIR,
                                 bucket_name, dedup_group_name, part_name)
 from corpusforge.progress import RunProgress, run_progress
+from corpusforge.receipts import BUILD_FLOW, flow_receipt
 from corpusforge.storage import Store
-from corpusforge.version import code_version
 from tasks.captions.config import CaptioningConfig
 from tasks.captions.eval_set import EvalCaptionsConfig, write_eval_captions
 from tasks.captions.stage import captioning_stage
@@ -49,7 +49,7 @@ from tasks.graph.stage import near_duplicate_stage
 from tasks.ingest import ingest_partition
 from tasks.licenses import LicenseConfig
 from tasks.publish import license_section, publish, release_section, write_receipt
-from tasks.receipt import count_outcomes, input_snapshot_hash, redact, write_output_list
+from tasks.receipt import count_outcomes, input_snapshot_hash, write_output_list
 from tasks.run_log import StageClock, write_run_log
 from tasks.sources import SourceConfig, plan_partitions
 from tasks.splits import SplitConfig
@@ -125,6 +125,11 @@ DEDUP_TASKS = {fn: as_task(fn, name, probe=True) for fn, name in (
     (find_exact_duplicates, "exact-duplicates"), (resolve_group, "resolve-partitions"))}
 staging_task = as_task(write_staging_shard, "write-staging-shard")
 
+# The build's code (its receipt's code_version; `corpusforge plan` compares it): a change
+# anywhere reaches the whole stages.
+BUILD_MODULES = ("tasks.ingest", "tasks.exact_dedup", "tasks.staging", "tasks.features.extract",
+                 "tasks.graph.stage", "tasks.captions.stage", "tasks.publish", "tasks.stats.stage")
+
 
 # The long stages whose progress people watch (corpusforge.progress): (stage, the Prefect
 # task whose finished runs are its units, unit name).
@@ -144,11 +149,11 @@ def build(config: BuildConfig) -> dict[str, Any]:
         from flows.plan import plan_build, plan_data, render_plan
 
         data = plan_data(config, plan_build(config))
-        publish_plan_artifact("build-corpus", render_plan(data), config.out)
+        publish_plan_artifact(BUILD_FLOW, render_plan(data), config.out)
         return data
     stages = [s for s in PROGRESS_STAGES if (s[0] != "features" or config.features.models)
               and (s[0] != "graph queries" or config.near_dedup) and (s[0] != "captioning" or config.captioning)]
-    with run_progress("build-corpus", [s[0] for s in stages]) as progress:
+    with run_progress(BUILD_FLOW, [s[0] for s in stages]) as progress:
         return _build(config, progress, {name: (task, unit) for name, task, unit in stages})
 
 
@@ -249,7 +254,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     work["seconds"] = clock.seconds()
     if config.near_dedup and staged:
         work["seconds"]["graph_queries"] = query_seconds
-    write_run_log(store, "build-corpus", work)
+    write_run_log(store, BUILD_FLOW, work)
     log.info("corpus written to %s: %s; work done %s", config.out, receipt["counts"]["by_status"], work)
     return {"out": config.out, "counts": receipt["counts"], "release": receipt["release"]["splits"], "work": work}
 
@@ -273,27 +278,23 @@ def _features(store: Store, config: BuildConfig, staged: list[str], work: dict[s
 def _receipt(config: BuildConfig, store: Store, kind: str, n_parts: int, release: dict[str, Any],
              manifest: list[dict[str, Any]], features: dict[str, Any],
              near: dict[str, Any], stats: dict[str, Any], licenses: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "corpusforge": "build_corpus",
-        "code_version": code_version("tasks.ingest", "tasks.exact_dedup", "tasks.staging", "tasks.features.extract",
-                                     "tasks.graph.stage", "tasks.captions.stage", "tasks.publish",
-                                     "tasks.stats.stage"),
-        "source": config.source,
-        "source_kind": kind,
-        "config": redact(config.model_dump(mode="json")),
-        "seeds": {"splits": config.splits.seed, "near_dedup": config.near_dedup.seed if config.near_dedup else None},
-        "thresholds": {"validation": config.validation.model_dump(mode="json"),
-                       "near_dedup": config.near_dedup.model_dump(mode="json") if config.near_dedup else None},
-        "input_snapshot_sha256": input_snapshot_hash(store, n_parts),
-        "counts": count_outcomes(manifest),
-        "licenses": licenses,
-        "release": release_section(release, config.splits),
-        "features": _stable_features(features),
-        "near_duplicates": near,
-        "stats": stats,
-        "warnings": [w for w in (features.get("warning"), stats.get("warning")) if w],
-        "outputs": write_output_list(store),
-    }
+    return flow_receipt(
+        BUILD_FLOW, BUILD_MODULES, config,
+        source=config.source,
+        source_kind=kind,
+        seeds={"splits": config.splits.seed, "near_dedup": config.near_dedup.seed if config.near_dedup else None},
+        thresholds={"validation": config.validation.model_dump(mode="json"),
+                    "near_dedup": config.near_dedup.model_dump(mode="json") if config.near_dedup else None},
+        input_snapshot_sha256=input_snapshot_hash(store, n_parts),
+        counts=count_outcomes(manifest),
+        licenses=licenses,
+        release=release_section(release, config.splits),
+        features=_stable_features(features),
+        near_duplicates=near,
+        stats=stats,
+        warnings=[w for w in (features.get("warning"), stats.get("warning")) if w],
+        outputs=write_output_list(store),
+    )
 
 
 def _stable_features(summary: dict[str, Any]) -> dict[str, Any]:
@@ -317,4 +318,4 @@ def _stable_stats(result: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
-build_corpus, run_build = cluster_flow(build, "build-corpus")
+build_corpus, run_build = cluster_flow(build, BUILD_FLOW)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from corpusforge.layout import GRAPH_EDGES, RECEIPT, RUN_LOG_MD
+from corpusforge.receipts import BUILD_FLOW
 from corpusforge.storage import Store
 from tasks.captions.summary import mix_by_split, share_table, word_chart_png, word_stats
 from tasks.receipt import conflict_line, stats_deviations
@@ -237,7 +238,7 @@ def render_html_report(receipt: dict[str, Any], store: Store) -> str:
     """The page for ``receipt`` (as written), reading charts' data from ``store``."""
     counts, release = receipt["counts"], receipt["release"]
     types = sorted({t for s in release["shards"].values() for t in s["caption_type"]})
-    title = "corpusforge build report" if receipt.get("corpusforge") == "build_corpus" \
+    title = "corpusforge build report" if receipt.get("corpusforge") == BUILD_FLOW \
         else f"corpusforge {receipt.get('corpusforge', 'run')} report"
     parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{_esc(title)}</title>"
              f"<style>{_STYLE}</style></head><body>", f"<h1>{_esc(title)}</h1>",
@@ -278,6 +279,6 @@ def render_html_report(receipt: dict[str, Any], store: Store) -> str:
                  f'<a href="{RECEIPT}">{RECEIPT}</a> (every output file\'s SHA-256).</p>'
                  + (f'<p>Stage times of the latest run: <a href="{RUN_LOG_MD}">{RUN_LOG_MD}</a> (wall-clock seconds '
                     'differ from run to run, so they are kept out of this page, which a rerun reproduces byte for '
-                    'byte).</p>' if receipt.get("corpusforge") == "build_corpus" else "") + '</section>')
+                    'byte).</p>' if receipt.get("corpusforge") == BUILD_FLOW else "") + '</section>')
     parts.append("</body></html>\n")
     return "\n".join(parts)
