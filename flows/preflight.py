@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from corpusforge.secrets import has_secret_blocks
-from corpusforge.storage import is_remote, require_separate
+from corpusforge.storage import Store, is_remote, require_separate
 
 PROBE_SECONDS = 20.0  # longest a storage probe may take before the storage counts as unreachable
 
@@ -338,7 +338,6 @@ def check_flow(command: str, config: Any) -> None:
         check_corpus(config.corpus, config.storage_options)
     elif command == "near-dedup":
         check_corpus(config.source, config.storage_options, "source corpus")
-        from corpusforge.storage import Store
         from flows.near_dedup import check_separate
         from tasks.graph.derived import check_index_size
 
