@@ -9,6 +9,11 @@ sections (inputs, counts, results, output hashes):
 - ``code_version``: the package version plus a hash of the source of the flow's stage
   modules and their imports (:func:`corpusforge.version.code_version`, e.g. ``0.1.0+…``);
 - ``config``: the flow's config as JSON, values of secret-looking keys replaced by ``***``.
+
+Receipts written before issue 23 spell the flow ``build_corpus``, ``near_dedup`` and
+``prompt-qualification``, and a contamination receipt names its code version
+``scanner_version``; a near-dedup version's report.html is titled by the flow name, so
+"near_dedup" there became "near-dedup". No other byte of any output changed.
 """
 
 from __future__ import annotations
