@@ -35,7 +35,8 @@ def eval_features_config(given: FeaturesConfig | None, corpus: Store, model_id: 
 def scan_model_only(fcfg: FeaturesConfig, model_id: str) -> FeaturesConfig:
     """The settings for embedding evaluation images: only ``model_id``, and no share of
     failed images fails a chunk."""
-    return fcfg.model_copy(update={"max_error_share": 1.0, "models": [m for m in fcfg.models if m.model_id == model_id]})
+    models = [m for m in fcfg.models if m.model_id == model_id]
+    return fcfg.model_copy(update={"max_error_share": 1.0, "models": models})
 
 
 def corpus_decode_size(corpus: Store, model_id: str) -> int | None | Literal["auto"]:
