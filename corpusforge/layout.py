@@ -605,6 +605,13 @@ EDITION_MAPPING_SCHEMA = pa.schema([
 ])
 
 
+# ---- evaluation (tasks/stats/evaluate.py, flows/evaluate.py) ------------------------
+# Under an evaluation's output folder, beside the generated images' features/{model}/…
+# (the feature stage's layout) unless a separate feature store holds those.
+EVALUATION_METRICS = "metrics.json"  # FD, PRDC, MMD, the protocol and its deviations
+EVALUATION_REPORT = "report.md"
+
+
 # ---- prompt qualification (tasks/prompts/, flows/prompt_qualification.py) -------------
 # Under a qualification run's own output root; the corpus, the prompt set, the generated
 # images, the scores and the pool it reads are never written to.

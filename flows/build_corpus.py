@@ -34,8 +34,8 @@ from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_
                                 RESOLVED_DIR, SPILL_DIR, STAGING_INDEX, STAGING_RECORDS, STAGING_TARS, STATS_DIR,
                                 bucket_name, dedup_group_name, part_name)
 from corpusforge.progress import RunProgress, run_progress
+from corpusforge.receipts import BUILD_FLOW, flow_receipt
 from corpusforge.storage import Store
-from corpusforge.version import code_version
 from tasks.captions.config import CaptioningConfig
 from tasks.captions.eval_set import EvalCaptionsConfig, write_eval_captions
 from tasks.captions.stage import captioning_stage
@@ -49,7 +49,7 @@ from tasks.ingest.validate import ValidationConfig
 from tasks.release.publish import publish, release_section
 from tasks.release.splits import SplitConfig
 from tasks.report.changes import diff_versions, keep_previous_version, remove_changes
-from tasks.report.receipt import count_outcomes, input_snapshot_hash, redact, write_output_list
+from tasks.report.receipt import count_outcomes, input_snapshot_hash, write_output_list
 from tasks.report.run_log import StageClock, write_run_log
 from tasks.report.write import write_receipt
 from tasks.shared.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
@@ -118,6 +118,12 @@ class BuildConfig(FlowConfig):
         return self
 
 
+# The build's code (its receipt's code_version; `corpusforge plan` compares it): a change
+# anywhere reaches the whole stages.
+BUILD_MODULES = ("tasks.ingest.partition", "tasks.ingest.exact_dedup", "tasks.staging", "tasks.shared.features.extract",
+                 "tasks.graph.stage", "tasks.captions.stage", "tasks.release.publish", "tasks.stats.stage")
+
+
 # The long stages whose progress people watch (corpusforge.progress): (stage, the Prefect
 # task whose finished runs are its units, unit name).
 PROGRESS_STAGES = [("ingest", "ingest-partition", "partitions"),
@@ -136,11 +142,11 @@ def build(config: BuildConfig) -> dict[str, Any]:
         from flows.plan import plan_build, plan_data, render_plan
 
         data = plan_data(config, plan_build(config))
-        publish_plan_artifact("build-corpus", render_plan(data), config.out)
+        publish_plan_artifact(BUILD_FLOW, render_plan(data), config.out)
         return data
     stages = [s for s in PROGRESS_STAGES if (s[0] != "features" or config.features.models)
               and (s[0] != "graph queries" or config.near_dedup) and (s[0] != "captioning" or config.captioning)]
-    with run_progress("build-corpus", [s[0] for s in stages]) as progress:
+    with run_progress(BUILD_FLOW, [s[0] for s in stages]) as progress:
         return _build(config, progress, {name: (task, unit) for name, task, unit in stages})
 
 
@@ -231,7 +237,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
         if caption_set:
             receipt["eval_captions"] = caption_set
         written_receipt, report = write_receipt(store, receipt)
-        publish_run_artifacts("build-corpus", report, written_receipt["counts"], store.root)
+        publish_run_artifacts(BUILD_FLOW, report, written_receipt["counts"], store.root)
     with clock("changes"):
         if config.previous is not None:
             diff_versions(Store(config.previous, config.storage_options), store, store)
@@ -242,7 +248,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     work["seconds"] = clock.seconds()
     if config.near_dedup and staged:
         work["seconds"]["graph_queries"] = query_seconds
-    write_run_log(store, "build-corpus", work)
+    write_run_log(store, BUILD_FLOW, work)
     log.info("corpus written to %s: %s; work done %s", config.out, receipt["counts"]["by_status"], work)
     return {"out": config.out, "counts": receipt["counts"], "release": receipt["release"]["splits"], "work": work}
 
@@ -266,27 +272,23 @@ def _features(store: Store, config: BuildConfig, staged: list[str], work: dict[s
 def _receipt(config: BuildConfig, store: Store, kind: str, n_parts: int, release: dict[str, Any],
              manifest: list[dict[str, Any]], features: dict[str, Any],
              near: dict[str, Any], stats: dict[str, Any], licenses: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "corpusforge": "build_corpus",
-        "code_version": code_version("tasks.ingest.partition", "tasks.ingest.exact_dedup", "tasks.staging", "tasks.shared.features.extract",
-                                     "tasks.graph.stage", "tasks.captions.stage", "tasks.release.publish",
-                                     "tasks.stats.stage"),
-        "source": config.source,
-        "source_kind": kind,
-        "config": redact(config.model_dump(mode="json")),
-        "seeds": {"splits": config.splits.seed, "near_dedup": config.near_dedup.seed if config.near_dedup else None},
-        "thresholds": {"validation": config.validation.model_dump(mode="json"),
-                       "near_dedup": config.near_dedup.model_dump(mode="json") if config.near_dedup else None},
-        "input_snapshot_sha256": input_snapshot_hash(store, n_parts),
-        "counts": count_outcomes(manifest),
-        "licenses": licenses,
-        "release": release_section(release, config.splits),
-        "features": _stable_features(features),
-        "near_duplicates": near,
-        "stats": stats,
-        "warnings": [w for w in (features.get("warning"), stats.get("warning")) if w],
-        "outputs": write_output_list(store),
-    }
+    return flow_receipt(
+        BUILD_FLOW, BUILD_MODULES, config,
+        source=config.source,
+        source_kind=kind,
+        seeds={"splits": config.splits.seed, "near_dedup": config.near_dedup.seed if config.near_dedup else None},
+        thresholds={"validation": config.validation.model_dump(mode="json"),
+                    "near_dedup": config.near_dedup.model_dump(mode="json") if config.near_dedup else None},
+        input_snapshot_sha256=input_snapshot_hash(store, n_parts),
+        counts=count_outcomes(manifest),
+        licenses=licenses,
+        release=release_section(release, config.splits),
+        features=_stable_features(features),
+        near_duplicates=near,
+        stats=stats,
+        warnings=[w for w in (features.get("warning"), stats.get("warning")) if w],
+        outputs=write_output_list(store),
+    )
 
 
 def _stable_features(summary: dict[str, Any]) -> dict[str, Any]:
@@ -310,4 +312,4 @@ def _stable_stats(result: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
-build_corpus, run_build = cluster_flow(build, "build-corpus")
+build_corpus, run_build = cluster_flow(build, BUILD_FLOW)

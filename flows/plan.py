@@ -39,7 +39,7 @@ from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_
                                 part_name, resolved_path, staging_tar)
 from corpusforge.storage import Store
 from corpusforge.version import code_version
-from flows.build_corpus import BuildConfig
+from flows.build_corpus import BUILD_MODULES, BuildConfig
 from tasks.ingest.exact_dedup import (combine_digests, duplicate_keys_key, exact_duplicates_key, exchange_hashes_key,
                                exchange_keys_key, partition_groups, resolve_key)
 from tasks.ingest.partition import ingest_key
@@ -58,9 +58,6 @@ WHOLE_STAGES = [
     ("manifest", ("splits", "near_dedup", "captioning"), (MANIFEST_DIR,), None),
     ("statistics", ("reference_stats",), (STATS_DIR,), "reference_stats"),
 ]
-# The build's code (the receipt's code_version): a change anywhere reaches the whole stages.
-BUILD_MODULES = ("tasks.ingest.partition", "tasks.ingest.exact_dedup", "tasks.staging", "tasks.shared.features.extract",
-                 "tasks.graph.stage", "tasks.captions.stage", "tasks.release.publish", "tasks.stats.stage")
 # The build config fields behind the positions of a stage key's config (explain names positions).
 CONFIG_NAMES = {
     "ingest": {"[0]": "validation", "[1]": "hash buckets (staging.buckets)", "[2]": "input.allow_roots"},
@@ -121,7 +118,7 @@ def plan_build(config: BuildConfig) -> list[StagePlan]:
         _deletions(ingest, store, INGEST_DIR, ".parquet", names)
         plans.append(ingest)
 
-    # exact dedup's units in the order tasks.exact_dedup.deduplicate runs them
+    # exact dedup's units in the order tasks.ingest.exact_dedup.deduplicate runs them
     digests = [m["digest"] if m else None for m in ingested]
     groups = partition_groups(len(parts), n_buckets)
     size = len(groups[0]) if groups else 0

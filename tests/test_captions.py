@@ -416,7 +416,7 @@ def test_evaluate_records_the_caption_set_and_flags_another(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from flows.evaluate import caption_set_claim
+    from tasks.stats.caption_set import caption_set_claim
 
     path = tmp_path / "eval_captions.parquet"
     pq.write_table(pa.table({"key": ["a", "b"], "caption": ["x", "y"]}), path)

@@ -567,7 +567,7 @@ def test_receipt_changes_with_any_input_byte_seed_or_threshold_and_not_otherwise
     data = json.loads(base)
     assert data["seeds"]["signature"] == list(canary.SEED_SIGNATURE_SEEDS)
     assert data["thresholds"]["text"]["signature"] == 0.375 and data["normalization_profile"]["unicode"] == "NFKC"
-    assert data["benchmark"]["item_sha256"]["b1"] and data["scanner_version"].startswith("0.")
+    assert data["benchmark"]["item_sha256"]["b1"] and data["code_version"].startswith("0.")
 
 
 def test_evaluation_folders_and_tars_with_sidecars_and_bad_items(tmp_path):

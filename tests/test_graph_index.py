@@ -179,7 +179,7 @@ def test_rescoring_lookup_holds_at_most_its_budget(tmp_path):
 def test_an_index_too_large_for_a_query_worker_is_refused_with_the_alternative(tmp_path):
     """Every query worker loads the whole index: above 16 GiB the plan is refused, naming
     IVF-PQ over a learned model (wfd's 2,096-float forms have no compact form)."""
-    from flows.near_dedup import NearDedupFlowConfig, check_index_size
+    from tasks.graph.derived import check_index_size
 
     with pytest.raises(ValueError, match=r"needs 39\.\d GiB .*learned copy detector.*storage: pq"):
         fx.plan_index(IndexConfig(), 10_000_000, 2096)  # wfd forms, SQfp16: 41.9 GB
@@ -187,10 +187,10 @@ def test_an_index_too_large_for_a_query_worker_is_refused_with_the_alternative(t
         fx.plan_index(IndexConfig(), 100_000_000, 512)  # SSCD, SQfp16: 103 GB
     assert fx.plan_index(IndexConfig(storage="pq"), 100_000_000, 512).bytes_per_vector == 72  # 7.2 GB
     store, _, _ = write_corpus(str(tmp_path / "corpus"), n_shards=2, per_shard=30, dim=16, seed=1)
-    config = NearDedupFlowConfig(source=store.root, out=str(tmp_path / "v2"))
-    check_index_size(config)  # 60 vectors: fine
+    cfg = NearDedupConfig()
+    check_index_size(store, cfg)  # 60 vectors: fine
     with pytest.raises(ValueError, match=r"60 vectors x 16 dims \(IDMap2,Flat\) needs"):
-        check_index_size(config, limit=60 * (4 * 16 + 8) - 1)
+        check_index_size(store, cfg, limit=60 * (4 * 16 + 8) - 1)
 
 
 def test_the_scale_benchmark_reports_wfd_refused_where_the_stage_refuses_it():

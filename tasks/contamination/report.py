@@ -37,7 +37,7 @@ def render_markdown(receipt: dict[str, Any]) -> str:
     out = [f"# Contamination report: {bench.get('name', '(no evaluation set)')} against "
            f"`{receipt['corpus']['root']}`", "",
            f"> **What this shows:** {receipt['claim_boundary']}", "",
-           f"Scanner `{receipt['scanner_version']}`; benchmark manifest SHA-256 "
+           f"Scanner `{receipt['code_version']}`; benchmark manifest SHA-256 "
            f"`{bench.get('manifest_sha256', '–')}`; corpus receipt SHA-256 "
            f"`{receipt['corpus'].get('receipt_sha256')}`.", ""]
     for w in receipt.get("warnings", []):

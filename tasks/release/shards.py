@@ -22,7 +22,7 @@ holding it.
 Planning is columnar and out of core: one pass over the staging shards writes each
 shard's facts (strata, group, seeded priorities, member spans) to a local parquet file;
 DuckDB, under a memory limit and spilling to a temporary folder, places the kept records
-exactly as :func:`tasks.splits.plan_release` does (window sums for the split quotas, row
+exactly as :func:`tasks.release.splits.plan_release` does (window sums for the split quotas, row
 numbers for the round-robin deal) and streams the plan back in release-shard and
 partition order. No per-record Python object outlives its staging shard, release shard
 or partition.
@@ -103,7 +103,7 @@ def release_sample(key: str, data: dict[str, bytes], split: str, tiers: list[str
 
 def _facts_schema(n_strata: int) -> pa.Schema:
     """One staged record's facts in the planning pass: everything the plan and late files
-    need, its strata (``s_0``…, as :func:`tasks.splits.stratum_of` renders them), its group
+    need, its strata (``s_0``…, as :func:`tasks.release.splits.stratum_of` renders them), its group
     and its seeded priorities (``u0``: split order, ``u1``: shard deal, ``u2``: order in shard)."""
     return pa.schema([
         ("key", pa.string()), ("part", pa.int32()), ("row", pa.int32()), ("staging_shard", pa.string()),
@@ -174,7 +174,7 @@ def _runs(con: duckdb.DuckDBPyConnection, sql: str, key: tuple[str, ...]) -> Ite
 
 def _place(con: duckdb.DuckDBPyConnection, cfg: SplitConfig, strata: list[str]) -> int:
     """Create table ``placed`` (key, split, shard, position) of the kept records, equal to
-    :func:`tasks.splits.plan_release`; return the number of kept records.
+    :func:`tasks.release.splits.plan_release`; return the number of kept records.
 
     Splits: per stratum, groups in seeded order take test while the test sizes before
     them are under the test quota, then val likewise (a window sum of group sizes)."""

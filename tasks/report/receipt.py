@@ -22,25 +22,14 @@ import pyarrow as pa
 from corpusforge.contract import digest_of, require_marker
 from corpusforge.layout import (CHANGES_MD, CHANGES_TABLE, MARKERS, RECEIPT, RECEIPT_OUTPUTS, RECEIPT_OUTPUTS_SCHEMA,
                                 REPORT, REPORT_HTML, ingest_path)
+from corpusforge.receipts import BUILD_FLOW
 from tasks.report.run_log import POINTER
 from corpusforge.storage import Store
 from tasks.shared.caption_summary import mix_by_split, share_table, word_stats
 from tasks.shared.provenance import NOT_RECORDED, RANDOM_INIT_LABEL, weights_label
 
-_SECRET_WORDS = ("secret", "password", "token", "key_id", "access_key", "credential")
-_SECRET_NAMES = {"key", "api_key"}  # s3fs's name for the access key id; a chat endpoint's key
 _SKIP_PREFIXES = ("work/", f"{MARKERS}/")
 _SKIP_FILES = (RECEIPT, RECEIPT_OUTPUTS, REPORT, REPORT_HTML, CHANGES_MD, CHANGES_TABLE)  # written after the receipt
-
-
-def redact(obj: Any) -> Any:
-    """Replace values of secret-looking keys (credentials in storage options) by '***'."""
-    if isinstance(obj, dict):
-        return {k: "***" if str(k).lower() in _SECRET_NAMES or any(w in str(k).lower() for w in _SECRET_WORDS)
-                else redact(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [redact(v) for v in obj]
-    return obj
 
 
 def input_snapshot_hash(store: Store, n_parts: int) -> str:
@@ -133,7 +122,7 @@ def render_report(receipt: dict[str, Any]) -> str:
     out += _near_duplicates_section(receipt.get("near_duplicates") or {})
     out += _stats_section(receipt.get("stats") or {})
     out += ["", f"Code version `{receipt['code_version']}`; input snapshot `{receipt['input_snapshot_sha256'][:16]}…`."]
-    if receipt.get("corpusforge") == "build_corpus":
+    if receipt.get("corpusforge") == BUILD_FLOW:
         out += ["", POINTER]
     out += [""]
     return "\n".join(out)

@@ -21,6 +21,7 @@ import numpy as np
 
 from corpusforge.html import Markup, render
 from corpusforge.layout import GRAPH_EDGES, RECEIPT, RUN_LOG_MD
+from corpusforge.receipts import BUILD_FLOW
 from corpusforge.storage import Store
 from tasks.shared.caption_summary import mix_by_split, share_table, word_chart_png, word_stats
 from tasks.report.receipt import conflict_line, stats_deviations
@@ -180,7 +181,7 @@ def render_html_report(receipt: dict[str, Any], store: Store) -> str:
     """The page for ``receipt`` (as written), reading charts' data from ``store``."""
     counts, release = receipt["counts"], receipt["release"]
     types = sorted({t for s in release["shards"].values() for t in s["caption_type"]})
-    title = "corpusforge build report" if receipt.get("corpusforge") == "build_corpus" \
+    title = "corpusforge build report" if receipt.get("corpusforge") == BUILD_FLOW \
         else f"corpusforge {receipt.get('corpusforge', 'run')} report"
     tiers = release.get("tiers") or []
     shard_rows = [[name, s["count"], *[f"{100 * s['caption_type'].get(t, 0) / max(1, s['count']):.1f}%"
@@ -196,4 +197,4 @@ def render_html_report(receipt: dict[str, Any], store: Store) -> str:
         features=_features(receipt.get("features") or {}), near=_near(receipt.get("near_duplicates") or {}, store,
                                                                          receipt),
         contamination=_contamination(receipt), stats=_stats(receipt.get("stats") or {}), receipt_path=RECEIPT,
-        run_log=RUN_LOG_MD if receipt.get("corpusforge") == "build_corpus" else None)
+        run_log=RUN_LOG_MD if receipt.get("corpusforge") == BUILD_FLOW else None)

@@ -43,7 +43,7 @@ from typing import Any, Literal
 import fsspec
 import numpy as np
 
-from corpusforge.contract import SKIPPED, finish_unit, read_marker, unit_fingerprint
+from corpusforge.contract import SKIPPED, Unit, finish_unit, read_marker, unit_fingerprint
 from corpusforge.feature_files import read_shard_errors, read_shard_features, write_shard_features
 from corpusforge.hashing import fingerprint
 from corpusforge.layout import feature_vectors
@@ -428,3 +428,7 @@ def render_report(result: dict[str, Any]) -> str:
         lines += ["", "## Reference file", ""] + [f"- checked: {c}" for c in checks["checked"]]
         lines += [f"- {c}" for c in checks["cannot_check"]]
     return "\n".join(lines) + "\n"
+
+
+# In a flow its task asks for the model workers' resources (corpusforge.cluster.MODEL_TASKS).
+EMBED_CHUNK = Unit(embed_chunk_unit, "embed-generated-chunk")
