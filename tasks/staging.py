@@ -38,8 +38,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from corpusforge.config import StrictModel
 from corpusforge.chunking import plan_cuts
 from corpusforge.contract import run_unit, unit_fingerprint
 from corpusforge.faults import fault_point
@@ -55,10 +56,8 @@ SAMPLE_JSON_FIELDS = ["key", "width", "height", "license", "license_url", "attri
                       "caption_type", "retrieved_at", "sha256"]
 
 
-class StagingConfig(BaseModel):
+class StagingConfig(StrictModel):
     """Staging shard size and the bucketing of the exact-dedup group-by."""
-
-    model_config = ConfigDict(extra="forbid")
 
     shard_size: int = Field(1000, ge=1, description="Average samples per staging shard (the unit of parallel "
                                                     "work); content-defined cuts give shards of 1/2 to 2x this.")

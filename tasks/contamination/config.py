@@ -13,18 +13,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from corpusforge.config import StrictModel
 from tasks.contamination.canary import SEED_SIGNATURE_SEEDS
 
 CURVE_THRESHOLDS = [round(0.80 + 0.01 * i, 2) for i in range(20)]  # 0.80 … 0.99
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class EvalSetConfig(_Strict):
+class EvalSetConfig(StrictModel):
     """The evaluation set (benchmark) being checked; its files are only ever read."""
 
     source: str = Field(..., title="Evaluation set",
@@ -47,7 +44,7 @@ class EvalSetConfig(_Strict):
     chunk_size: int = Field(1000, ge=1, title="Items per unit of work")
 
 
-class IvfConfig(_Strict):
+class IvfConfig(StrictModel):
     """The inverted-file index used when exact search is too large."""
 
     nlist: int | None = Field(None, ge=1, description="Empty: 4*sqrt(N) as a power of two within [16, 65536].")
@@ -60,7 +57,7 @@ class IvfConfig(_Strict):
     faiss_threads: int | None = Field(None, ge=1)
 
 
-class ImageScanConfig(_Strict):
+class ImageScanConfig(StrictModel):
     """Image-only contamination: the best similarity of each evaluation image over the training
     images (the feature model's pair rule: cosine, or for wfd the layout cosine when either
     image is colourless)."""
@@ -86,7 +83,7 @@ class ImageScanConfig(_Strict):
     top_pairs: int = Field(24, ge=0, title="Image pairs shown in the HTML report")
 
 
-class LeakageConfig(_Strict):
+class LeakageConfig(StrictModel):
     """Cross-split leakage: held-out images with a near-duplicate in a training split."""
 
     held_out: list[str] = Field(["val", "test"], min_length=1, title="Held-out splits")
@@ -106,7 +103,7 @@ class LeakageConfig(_Strict):
     ivf: IvfConfig = Field(default_factory=IvfConfig)
 
 
-class TextCorpusConfig(_Strict):
+class TextCorpusConfig(StrictModel):
     """The text the canaries are compared with."""
 
     kind: Literal["corpus_captions", "table"] = Field(
@@ -127,7 +124,7 @@ class TextCorpusConfig(_Strict):
         return self
 
 
-class LshConfig(_Strict):
+class LshConfig(StrictModel):
     """Candidate generation: exhaustive for small scans, MinHash LSH banding for large ones.
 
     Bands: the raw and the normalised SHA-256 (exact matches); every m-subset of the
@@ -156,7 +153,7 @@ class LshConfig(_Strict):
         return self
 
 
-class TextCanaryConfig(_Strict):
+class TextCanaryConfig(StrictModel):
     """Text canaries (seed 003) of the evaluation items' text fields against a text corpus."""
 
     corpus: TextCorpusConfig = Field(default_factory=TextCorpusConfig)
@@ -186,7 +183,7 @@ class TextCanaryConfig(_Strict):
         return self
 
 
-class ChatJudgeConfig(_Strict):
+class ChatJudgeConfig(StrictModel):
     """An OpenAI-compatible chat endpoint (``POST {base_url}/chat/completions``)."""
 
     base_url: str = Field(..., description="e.g. http://127.0.0.1:8000/v1")
@@ -199,7 +196,7 @@ class ChatJudgeConfig(_Strict):
     max_caption_chars: int = Field(4000, ge=100, description="Captions are cut to this many characters in total.")
 
 
-class JudgeConfig(_Strict):
+class JudgeConfig(StrictModel):
     """Image–text contamination: can the item's answer be inferred from retrieved training captions?"""
 
     kind: Literal["canary_overlap", "chat"] = Field("canary_overlap")
@@ -221,7 +218,7 @@ class JudgeConfig(_Strict):
         return self
 
 
-class EditionConfig(_Strict):
+class EditionConfig(StrictModel):
     """A new benchmark edition without the quarantined items (the input is never edited)."""
 
     enabled: bool = Field(True)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import Field, WithJsonSchema, model_validator
+
+from corpusforge.config import StrictModel
 
 GPIC_SOURCE_POOL = 110_569_761  # images in GPIC's source pool (Fig. 6 extrapolation target)
 
@@ -19,10 +21,8 @@ CALIBRATION_BINS: list[tuple[float, float]] = [
     (0.75, 0.85), (0.85, 0.90), (0.90, 0.95), (0.95, 0.9625), (0.9625, 0.999), (0.999, 1.0)]
 
 
-class IndexConfig(BaseModel):
+class IndexConfig(StrictModel):
     """How the FAISS similarity index is built and searched."""
-
-    model_config = ConfigDict(extra="forbid")
 
     kind: Literal["auto", "flat", "ivf"] = Field(
         "auto", title="Index kind",
@@ -55,10 +55,8 @@ class IndexConfig(BaseModel):
                                       description="Empty: FAISS's default (all cores).")
 
 
-class CollisionConfig(BaseModel):
+class CollisionConfig(StrictModel):
     """Fig. 6 collision models: removals on nested subsets, fitted as D(N) = A * N^beta."""
-
-    model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
     fractions: list[float] = Field(
@@ -89,10 +87,8 @@ class CollisionConfig(BaseModel):
         return self
 
 
-class CalibrationConfig(BaseModel):
+class CalibrationConfig(StrictModel):
     """Fig. 5 calibration sheets: sampled pairs per similarity bin, side by side."""
-
-    model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
     pairs_per_bin: int = Field(8, ge=0, title="Pairs per bin")
@@ -104,13 +100,11 @@ class CalibrationConfig(BaseModel):
     thumb_px: int = Field(160, ge=16, le=1024, title="Thumbnail size (px)")
 
 
-class VerificationConfig(BaseModel):
+class VerificationConfig(StrictModel):
     """Geometric verification of review-band pairs (tasks/graph/review.py, tasks/graph/verify.py).
 
     Thresholds calibrated on a held-out sample (``write_sample_corpus(2000, seed=1)``), never
     on the one the README's figures are measured on (seed 0); see README "Near-duplicates"."""
-
-    model_config = ConfigDict(extra="forbid")
 
     mode: Literal["auto", "gpic_exact", "gpic_verified"] = Field(
         "auto", title="Removal rule",
@@ -146,10 +140,8 @@ class VerificationConfig(BaseModel):
     seed: int = Field(0, title="RANSAC seed (cv2.setRNGSeed before every pair)")
 
 
-class NearDedupConfig(BaseModel):
+class NearDedupConfig(StrictModel):
     """The near-duplicate stage: similarity graph, GPIC's two-tier rule, reports."""
-
-    model_config = ConfigDict(extra="forbid")
 
     model_id: str = Field("wfd", title="Feature model id",
                           description='features/{model_id}/; production: "sscd_disc_mixup".')
