@@ -54,7 +54,7 @@ from tasks.run_log import StageClock, write_run_log
 from tasks.sources import SourceConfig, plan_partitions
 from tasks.splits import SplitConfig
 from tasks.staging import StagingConfig, plan_staging, write_staging_shard
-from tasks.stats.stage import ReferenceStatsSettings, reference_stats_stage
+from tasks.stats.stage import ReferenceStatsConfig, reference_stats_stage
 from tasks.validate import ValidationConfig
 
 
@@ -89,7 +89,7 @@ class BuildConfig(FlowConfig):
         default_factory=EvalCaptionsConfig, title="Evaluation caption set",
         description="A seeded sample of test-split captions users generate images from (GPIC §3: 50,000); "
                     "null to skip.")
-    reference_stats: ReferenceStatsSettings | None = Field(
+    reference_stats: ReferenceStatsConfig | None = Field(
         None, title="Reference statistics",
         description="FD-DINOv2 statistics of the held-out splits after release (GPIC §3); null to skip.")
     previous: str | None = Field(

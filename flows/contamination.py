@@ -135,10 +135,13 @@ def embed_eval_set(eval_store: Store, chunks: list[str], fcfg: FeaturesConfig, m
 
 
 def _build_thresholds(corpus: Store) -> list[float]:
-    """The build's graph and pair thresholds (from its receipt), else GPIC's."""
+    """The build's edge and pair-removal thresholds (from its receipt; a receipt written before
+    their renaming has graph_threshold and pair_threshold), else GPIC's."""
     near = (corpus.read_json(RECEIPT).get("thresholds", {}).get("near_dedup") if corpus.exists(RECEIPT) else None)
     if near:
-        return sorted({float(near["graph_threshold"]), float(near["pair_threshold"])})
+        edge = near.get("edge_min_similarity", near.get("graph_threshold"))
+        pair = near.get("pair_removal_above", near.get("pair_threshold"))
+        return sorted({float(edge), float(pair)})
     return [0.90, 0.9625]
 
 
@@ -209,7 +212,7 @@ def contamination(config: ContaminationConfig) -> dict[str, Any]:
 
     edition = None
     if benchmark is not None:
-        edition = edition_stage(out, chunks, config.edition, config.image.threshold if config.image else None,
+        edition = edition_stage(out, chunks, config.edition, config.image.flag_above if config.image else None,
                                 benchmark)
     else:
         for folder in (CONTAMINATION_ITEM_DECISIONS, EDITION_DIR):
@@ -254,15 +257,15 @@ def _stable(section: dict[str, Any]) -> dict[str, Any]:
 def _thresholds(config: ContaminationConfig) -> dict[str, Any]:
     t: dict[str, Any] = {}
     if config.image:
-        t["image"] = {"threshold": config.image.threshold, "comparison": ">", "curve": config.image.curve}
+        t["image"] = {"threshold": config.image.flag_above, "comparison": ">", "curve": config.image.curve}
     if config.text:
         t["text"] = {k: getattr(config.text, k) for k in ("exact", "normalized", "direct_jaccard", "signature",
                                                            "review_direct_jaccard", "review_signature")}
     if config.leakage:
-        t["leakage"] = {"thresholds": config.leakage.thresholds, "review_threshold": config.leakage.review_threshold,
+        t["leakage"] = {"thresholds": config.leakage.thresholds, "review_threshold": config.leakage.review_min_similarity,
                         "comparison": ">="}
     if config.judge:
-        t["image_text"] = {"containment": config.judge.containment, "min_similarity": config.judge.min_similarity}
+        t["image_text"] = {"containment": config.judge.containment, "min_similarity": config.judge.retrieve_above}
     return t
 
 

@@ -36,7 +36,7 @@ from tasks.receipt import count_outcomes, redact, write_output_list
 from tasks.splits import SplitConfig
 
 
-class NearDedupFlowConfig(FlowConfig):
+class NearDedupFlowParams(FlowConfig):
     """Which corpus, where the new version goes, the stage's settings, the cluster."""
 
     source: str = Field(..., title="Built corpus root",
@@ -73,7 +73,7 @@ def staged_with_features(source: Store, model_id: str) -> list[str]:
     return shards
 
 
-def check_index_size(config: NearDedupFlowConfig, limit: int = INDEX_WORKER_BYTES) -> None:
+def check_index_size(config: NearDedupFlowParams, limit: int = INDEX_WORKER_BYTES) -> None:
     """Preflight: the index of the source's extracted features must fit in a query worker
     (ValueError naming the alternative); reads feature markers only."""
     source = Store(config.source, config.storage_options)
@@ -92,7 +92,7 @@ def lineage(source: Store, shards: list[str], cfg: NearDedupConfig) -> dict[str,
             "near_dedup_fingerprint": fingerprint(cfg.model_dump(mode="json"))}
 
 
-def near_dedup(config: NearDedupFlowConfig) -> dict[str, Any]:
+def near_dedup(config: NearDedupFlowParams) -> dict[str, Any]:
     """Near-duplicate removal on a built corpus, written as a new version under ``config.out``."""
     log = run_logger()
     source = Store(config.source, config.storage_options)

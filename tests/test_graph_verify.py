@@ -107,7 +107,7 @@ def _build(root: Path, photos: list[Image.Image], mode: str = "auto", extra: boo
     extract_features(store, shards, FeaturesConfig(runtime=RuntimeConfig(batch_size=8)))
     cfg = NearDedupConfig(index=IndexConfig(kind="flat", search="range"), collision=CollisionConfig(enabled=False),
                           calibration=CalibrationConfig(enabled=False),
-                          verification=VerificationConfig(mode=mode, **{"review_low": 0.4, **verification}))
+                          verification=VerificationConfig(mode=mode, **{"review_min_similarity": 0.4, **verification}))
     near_duplicate_stage(store, cfg, shards)
     return store, shards
 

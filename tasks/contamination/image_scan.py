@@ -213,7 +213,7 @@ def build_scan_index(out: Store, name: str, target: ScanSide, target_digest: str
     in target-shard order)."""
     n_est = sum(n_selected(target, s) for s in target.shards)
     nlist = cfg.nlist or sim.auto_nlist(n_est)
-    n_train = min(n_est, cfg.max_train, nlist * cfg.train_per_list)
+    n_train = min(n_est, cfg.advanced.max_train, nlist * cfg.advanced.train_per_list)
     plan = {"nlist": nlist, "nprobe": min(cfg.nprobe, nlist), "storage": cfg.storage, "n_train": n_train,
             "seed": cfg.seed}
     fp = unit_fingerprint("contamination-index", _code(), [plan, rule.to_json()], target_digest)

@@ -137,7 +137,7 @@ def plan_index(cfg: IndexConfig, n_vectors: int, dim: int, limit: int = INDEX_WO
         nlist = cfg.nlist or auto_nlist(n_vectors)
         if cfg.storage == "pq" and dim % cfg.pq_m:
             raise ValueError(f"pq_m={cfg.pq_m} must divide the feature dimension {dim}")
-        n_train = min(n_vectors, cfg.max_train, nlist * cfg.train_per_list)
+        n_train = min(n_vectors, cfg.advanced.max_train, nlist * cfg.advanced.train_per_list)
         plan = IndexPlan("ivf", dim, n_vectors, nlist, cfg.storage, cfg.pq_m if cfg.storage == "pq" else 0,
                          min(cfg.nprobe, nlist), n_train)
     need = n_vectors * plan.bytes_per_vector

@@ -67,12 +67,12 @@ def local_features(image: Image.Image, cfg: VerificationConfig) -> LocalFeatures
     """ORB keypoint coordinates [n, 2] (float32), descriptors [n, 32] and the grey image (uint8)."""
     cv2 = _cv2()
     grey = image.convert("L")
-    scale = cfg.max_side / max(grey.size)
+    scale = cfg.advanced.max_side / max(grey.size)
     if scale < 1:
         grey = grey.resize((max(1, round(grey.width * scale)), max(1, round(grey.height * scale))),
                            Image.Resampling.BILINEAR)
     pixels = np.asarray(grey, dtype=np.uint8)
-    orb = cv2.ORB_create(nfeatures=cfg.n_features, fastThreshold=cfg.fast_threshold)
+    orb = cv2.ORB_create(nfeatures=cfg.advanced.n_features, fastThreshold=cfg.advanced.fast_threshold)
     points, desc = orb.detectAndCompute(pixels, None)
     xy = np.array([p.pt for p in points], dtype=np.float32).reshape(-1, 2)
     return xy, desc, pixels
@@ -114,7 +114,7 @@ def aligned_agreement(transform: np.ndarray, grey_a: np.ndarray, grey_b: np.ndar
 
 def verify_pair(a: LocalFeatures, b: LocalFeatures, cfg: VerificationConfig) -> dict[str, Any]:
     """Matches, RANSAC inliers, overlap, agreement, score and verdict for two images' local features."""
-    cv2 = _cv2()
+    cv2, adv = _cv2(), cfg.advanced
     (xa, da, ga), (xb, db, gb) = a, b
     out = {"keypoints": int(min(len(xa), len(xb))), "matches": 0, "inliers": 0, "score": 0.0, "overlap": 0.0,
            "agreement": 0.0, "verified": False}
@@ -124,15 +124,15 @@ def verify_pair(a: LocalFeatures, b: LocalFeatures, cfg: VerificationConfig) -> 
     back = {m[0].queryIdx: m[0].trainIdx for m in matcher.knnMatch(db, da, k=1) if m}
     # ratio test, then mutual best matches only: one keypoint never supports many matches
     good = [m[0] for m in matcher.knnMatch(da, db, k=2)
-            if len(m) == 2 and m[0].distance < cfg.ratio * m[1].distance and back.get(m[0].trainIdx) == m[0].queryIdx]
+            if len(m) == 2 and m[0].distance < adv.ratio * m[1].distance and back.get(m[0].trainIdx) == m[0].queryIdx]
     out["matches"] = len(good)
     if len(good) < max(3, cfg.min_inliers):
         return out
     src = xa[[m.queryIdx for m in good]]
     dst = xb[[m.trainIdx for m in good]]
-    cv2.setRNGSeed(cfg.seed)
-    transform, mask = cv2.estimateAffinePartial2D(src, dst, method=cv2.RANSAC, ransacReprojThreshold=cfg.ransac_px,
-                                                  maxIters=cfg.ransac_iters, confidence=0.999, refineIters=10)
+    cv2.setRNGSeed(adv.seed)
+    transform, mask = cv2.estimateAffinePartial2D(src, dst, method=cv2.RANSAC, ransacReprojThreshold=adv.ransac_px,
+                                                  maxIters=adv.ransac_iters, confidence=0.999, refineIters=10)
     inliers = int(mask.sum()) if mask is not None else 0
     out["inliers"] = inliers
     out["score"] = float(np.float32(inliers / max(1, out["keypoints"])))
@@ -149,7 +149,7 @@ def verify_pair(a: LocalFeatures, b: LocalFeatures, cfg: VerificationConfig) -> 
 
 def settings_fingerprint(cfg: VerificationConfig) -> str:
     """What a pair's verdict depends on besides the two images' bytes."""
-    fields = cfg.model_dump(mode="json", exclude={"mode", "review_low", "review_k"})
+    fields = {k: v for k, v in cfg.recorded().items() if k not in {"mode", "review_low", "review_k"}}
     return unit_fingerprint("verify-pair", code_version(__name__), [fields], [])
 
 
@@ -179,7 +179,7 @@ class _Images:
             entry = self._shard_index(shard)[row]
             data = self.source.read_range(staging_tar(shard), entry["offset"], entry["size"])
             try:
-                image = decode_rgb(data, draft_size=self.cfg.max_side)
+                image = decode_rgb(data, draft_size=self.cfg.advanced.max_side)
             except DecodeError:
                 image = Image.new("RGB", (1, 1))
             self._feats[node] = local_features(image, self.cfg)
