@@ -2,7 +2,8 @@
 
 Imports every module under corpusforge/, tasks/ and flows/ and lists each ``BaseModel``
 subclass defined there with the number of its fields (inherited ones included, as a
-reader of that class sees them). Run: ``python bench/config_census.py [-v]``.
+reader of that class sees them); fields of ``*Advanced`` models (the ``advanced:``
+sections of rarely-set knobs) are also counted apart. Run: ``python bench/config_census.py [-v]``.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def main() -> None:
     if "-v" in sys.argv:
         for name, fields in found.items():
             print(f"{fields:4d}  {name}")
-    print(f"{len(found)} classes, {sum(found.values())} fields")
+    advanced = sum(n for name, n in found.items() if name.endswith("Advanced"))
+    print(f"{len(found)} classes, {sum(found.values())} fields ({advanced} of them in advanced: sections)")
 
 
 if __name__ == "__main__":
