@@ -50,7 +50,7 @@ from sample_corpus.truth import related_groups  # noqa: E402
 from tasks.features.decode import DecodeError, decode_rgb  # noqa: E402
 from tasks.features.extract import decode_size  # noqa: E402
 from tasks.features.wfd import WeightFreeDescriptor  # noqa: E402
-from tasks.graph.config import NearDedupConfig  # noqa: E402
+from tasks.graph.config import VERIFY_MAX_SIDE, NearDedupConfig  # noqa: E402
 from tasks.graph.pair_score import PairScore  # noqa: E402
 from tasks.graph.review import chosen, in_band, update_top_k  # noqa: E402
 from tasks.graph.verify import local_features, verify_pair  # noqa: E402
@@ -104,7 +104,7 @@ def verified_band(root: Path, records: list[dict], keys: list[str], sims: np.nda
 
     def feats(k: str) -> tuple:
         if k not in cache:
-            cache[k] = local_features(decode_rgb(path[k].read_bytes(), draft_size=vc.advanced.max_side), vc)
+            cache[k] = local_features(decode_rgb(path[k].read_bytes(), draft_size=VERIFY_MAX_SIDE))
         return cache[k]
 
     linked: dict[str, set[str]] = {k: set() for k in keys}

@@ -2,9 +2,10 @@
 
 Strict (unknown keys are errors) so a misspelt setting fails loudly instead of silently
 keeping its default; field titles and descriptions become the Prefect UI's form. A model
-that renamed or moved a key lists it in ``renamed_keys``: a config file written with the
-old key still loads to the same model, and the old key is named once per process in a
-one-line deprecation message.
+that renamed or moved a key lists it in ``renamed_keys``, one that made a key a module
+constant lists it in ``retired_keys``: a config file written with the old key still loads
+to the same model (a retired key only with the value now fixed), and the old key is named
+once per process in a one-line deprecation message.
 """
 
 from __future__ import annotations
@@ -51,6 +52,13 @@ def _move(data: dict[str, Any], old: str, new: str) -> bool:
     return True
 
 
+def _deprecated(message: str) -> None:
+    """Log a deprecation line, once per process."""
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
+
+
 class StrictModel(BaseModel):
     """Every config model of the project: unknown keys are errors; renamed keys still load."""
 
@@ -60,20 +68,24 @@ class StrictModel(BaseModel):
     """Where this model sits in a config file (e.g. ``near_dedup``), for deprecation messages."""
     renamed_keys: ClassVar[dict[str, str]] = {}
     """Old dotted key → new dotted key with the same meaning, relative to this model."""
+    retired_keys: ClassVar[dict[str, Any]] = {}
+    """Key that is no longer a setting → the value now fixed in code."""
 
     @model_validator(mode="before")
     @classmethod
-    def _map_renamed_keys(cls, data: Any) -> Any:
-        if not cls.renamed_keys or not isinstance(data, dict):
+    def _map_old_keys(cls, data: Any) -> Any:
+        if not (cls.renamed_keys or cls.retired_keys) or not isinstance(data, dict):
             return data
         data = dict(data)
         prefix = f"{cls.config_section}." if cls.config_section else ""
         for old, new in cls.renamed_keys.items():
             if _move(data, old, new):
-                message = f"config: {prefix}{old} is deprecated; use {prefix}{new} (same meaning)"
-                if message not in _warned:
-                    _warned.add(message)
-                    log.warning(message)
+                _deprecated(f"config: {prefix}{old} is deprecated; use {prefix}{new} (same meaning)")
+        for old, fixed in cls.retired_keys.items():
+            if old in data:
+                if data.pop(old) != fixed:
+                    raise ValueError(f"{prefix}{old} is no longer a setting: it is fixed at {fixed!r}")
+                _deprecated(f"config: {prefix}{old} is deprecated; it is no longer a setting (fixed at {fixed!r})")
         return data
 
 

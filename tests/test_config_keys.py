@@ -13,7 +13,7 @@ from pydantic import ValidationError
 import corpusforge.config
 from flows.build_corpus import BuildConfig
 from flows.contamination import ContaminationConfig
-from tasks.graph.config import NearDedupConfig
+from tasks.graph.config import IVF_TRAIN_PER_LIST, VERIFY_FIXED, NearDedupConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 OLD_DEMO = ROOT / "tests" / "configs" / "demo_old_keys.yaml"
@@ -22,10 +22,8 @@ OLD_DEMO = ROOT / "tests" / "configs" / "demo_old_keys.yaml"
 NEW_PLACES = {
     "advanced": {"chain_min_hop1_fraction": 0.4, "chain_max_hops": 4, "report_top": 10, "recall_tolerance": 0.001,
                  "merge_max_edges": 1_000_000},
-    "index": {"advanced": {"pq_rescore_margin": 0.1, "train_per_list": 50, "max_train": 100_000}},
-    "verification": {"review_min_similarity": 0.45,
-                     "advanced": {"max_side": 384, "n_features": 800, "fast_threshold": 9, "ratio": 0.75,
-                                  "ransac_px": 4.0, "ransac_iters": 1000, "seed": 3}},
+    "index": {"advanced": {"pq_rescore_margin": 0.1, "max_train": 100_000}},
+    "verification": {"review_min_similarity": 0.45},
 }
 
 OLD_NEAR_DEDUP_KEYS = [
@@ -34,8 +32,10 @@ OLD_NEAR_DEDUP_KEYS = [
     *((k, f"advanced.{k}") for k in NEW_PLACES["advanced"]),
     *((f"index.{k}", f"index.advanced.{k}") for k in NEW_PLACES["index"]["advanced"]),
     ("verification.review_low", "verification.review_min_similarity"),
-    *((f"verification.{k}", f"verification.advanced.{k}") for k in NEW_PLACES["verification"]["advanced"]),
 ]
+# Keys that became module constants, with the value now fixed.
+RETIRED_NEAR_DEDUP_KEYS = [("index.train_per_list", IVF_TRAIN_PER_LIST),
+                           *((f"verification.{k}", v) for k, v in VERIFY_FIXED.items())]
 
 
 @pytest.fixture
@@ -62,32 +62,38 @@ def test_the_old_demo_config_loads_to_the_new_style_model(fresh_warnings):
     old = BuildConfig.from_yaml(OLD_DEMO, source="src", out="out")
     assert old == expected
     assert old.near_dedup.verification.recorded()["review_low"] == 0.45
-    assert _deprecations(fresh_warnings) == [
-        f"config: near_dedup.{a} is deprecated; use near_dedup.{b} (same meaning)" for a, b in OLD_NEAR_DEDUP_KEYS]
+    assert sorted(_deprecations(fresh_warnings)) == sorted(
+        [f"config: near_dedup.{a} is deprecated; use near_dedup.{b} (same meaning)" for a, b in OLD_NEAR_DEDUP_KEYS]
+        + [f"config: near_dedup.{a} is deprecated; it is no longer a setting (fixed at {v!r})"
+           for a, v in RETIRED_NEAR_DEDUP_KEYS])
 
     BuildConfig.from_yaml(OLD_DEMO, source="src", out="out")  # loaded again: nothing new to say
-    assert len(_deprecations(fresh_warnings)) == len(OLD_NEAR_DEDUP_KEYS)
+    assert len(_deprecations(fresh_warnings)) == len(OLD_NEAR_DEDUP_KEYS) + len(RETIRED_NEAR_DEDUP_KEYS)
+
+
+def test_a_retired_key_loads_only_at_its_fixed_value(fresh_warnings):
+    with pytest.raises(ValidationError, match="verification.ransac_iters is no longer a setting: it is fixed at 2000"):
+        NearDedupConfig.model_validate({"verification": {"ransac_iters": 500}})
+    with pytest.raises(ValidationError, match="ivf.train_per_list is no longer a setting: it is fixed at 64"):
+        ContaminationConfig.model_validate({"corpus": "c", "out": "o", "image": {"ivf": {"train_per_list": 50}}})
 
 
 def test_renamed_contamination_thresholds_keep_their_meaning(fresh_warnings):
     old = ContaminationConfig.model_validate({
         "corpus": "c", "out": "o", "eval_set": {"source": "e", "answer_field": "answer"},
-        "image": {"threshold": 0.85, "ivf": {"train_per_list": 50}},
-        "leakage": {"review_threshold": 0.7, "ivf": {"max_train": 5000}},
+        "image": {"threshold": 0.85, "ivf": {"train_per_list": 64}},
+        "leakage": {"review_threshold": 0.7},
         "judge": {"min_similarity": 0.2}})
     new = ContaminationConfig.model_validate({
         "corpus": "c", "out": "o", "eval_set": {"source": "e", "answer_field": "answer"},
-        "image": {"flag_above": 0.85, "ivf": {"advanced": {"train_per_list": 50}}},
-        "leakage": {"review_min_similarity": 0.7, "ivf": {"advanced": {"max_train": 5000}}},
+        "image": {"flag_above": 0.85},
+        "leakage": {"review_min_similarity": 0.7},
         "judge": {"retrieve_above": 0.2}})
     assert old == new
     assert sorted(_deprecations(fresh_warnings)) == sorted([
         "config: image.threshold is deprecated; use image.flag_above (same meaning)",
-        "config: <image|leakage>.ivf.train_per_list is deprecated; use <image|leakage>.ivf.advanced.train_per_list "
-        "(same meaning)",
+        "config: <image|leakage>.ivf.train_per_list is deprecated; it is no longer a setting (fixed at 64)",
         "config: leakage.review_threshold is deprecated; use leakage.review_min_similarity (same meaning)",
-        "config: <image|leakage>.ivf.max_train is deprecated; use <image|leakage>.ivf.advanced.max_train "
-        "(same meaning)",
         "config: judge.min_similarity is deprecated; use judge.retrieve_above (same meaning)"])
 
 
@@ -99,10 +105,10 @@ def test_an_old_key_beside_its_new_one_is_refused(fresh_warnings):
 
 
 def test_the_callers_dict_is_not_edited(fresh_warnings):
-    data = {"pair_threshold": 0.97, "verification": {"ransac_iters": 500}}
+    data = {"pair_threshold": 0.97, "index": {"max_train": 5000}, "verification": {"seed": 0}}
     cfg = NearDedupConfig.model_validate(data)
-    assert cfg.pair_removal_above == 0.97 and cfg.verification.advanced.ransac_iters == 500
-    assert data == {"pair_threshold": 0.97, "verification": {"ransac_iters": 500}}
+    assert cfg.pair_removal_above == 0.97 and cfg.index.advanced.max_train == 5000
+    assert data == {"pair_threshold": 0.97, "index": {"max_train": 5000}, "verification": {"seed": 0}}
 
 
 def test_old_keys_are_not_in_the_prefect_form():

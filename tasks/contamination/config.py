@@ -19,6 +19,7 @@ from corpusforge.config import StrictModel
 from tasks.contamination.canary import SEED_SIGNATURE_SEEDS
 
 CURVE_THRESHOLDS = [round(0.80 + 0.01 * i, 2) for i in range(20)]  # 0.80 … 0.99
+IVF_TRAIN_PER_LIST = 64  # k-means training vectors per IVF list (FAISS warns below 39)
 
 
 class EvalSetConfig(StrictModel):
@@ -44,26 +45,19 @@ class EvalSetConfig(StrictModel):
     chunk_size: int = Field(1000, ge=1, title="Items per unit of work")
 
 
-class IvfAdvanced(StrictModel):
-    """IVF training knobs that rarely need changing."""
-
-    train_per_list: int = Field(64, ge=39, title="Training vectors per IVF list")
-    max_train: int = Field(2_000_000, ge=1000, title="Most training vectors")
-
-
 class IvfConfig(StrictModel):
     """The inverted-file index used when exact search is too large."""
 
     config_section: ClassVar[str] = "<image|leakage>.ivf"
-    renamed_keys: ClassVar[dict[str, str]] = {k: f"advanced.{k}" for k in IvfAdvanced.model_fields}
+    retired_keys: ClassVar[dict[str, Any]] = {"train_per_list": IVF_TRAIN_PER_LIST}
 
     nlist: int | None = Field(None, ge=1, description="Empty: 4*sqrt(N) as a power of two within [16, 65536].")
     nprobe: int = Field(16, ge=1, description="Lists probed per query.")
     storage: Literal["flat", "sqfp16"] = Field(
         "flat", description="flat: float32 vectors, exact scores; sqfp16: half the memory, scores within ~2e-4.")
+    max_train: int = Field(2_000_000, ge=1000)
     seed: int = Field(0, description="k-means seed and training-sample seed.")
     faiss_threads: int | None = Field(None, ge=1)
-    advanced: IvfAdvanced = Field(default_factory=IvfAdvanced, title="Advanced IVF settings")
 
 
 class ImageScanConfig(StrictModel):

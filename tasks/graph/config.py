@@ -17,18 +17,33 @@ from pydantic import Field, WithJsonSchema, model_validator
 from corpusforge.config import StrictModel
 
 GPIC_SOURCE_POOL = 110_569_761  # images in GPIC's source pool (Fig. 6 extrapolation target)
+IVF_TRAIN_PER_LIST = 64  # k-means training vectors per IVF list (FAISS warns below 39)
 
 CALIBRATION_BINS: list[tuple[float, float]] = [
     (0.75, 0.85), (0.85, 0.90), (0.90, 0.95), (0.95, 0.9625), (0.9625, 0.999), (0.999, 1.0)]
 
+# Geometric verification's local features and RANSAC (tasks/graph/verify.py): implementation
+# details the verification thresholds were calibrated with, so not settings; changing one
+# needs a new calibration (README "Near-duplicates").
+VERIFY_MAX_SIDE = 512  # px: the longer side local features are computed at
+ORB_FEATURES = 1000  # keypoints per image
+ORB_FAST_THRESHOLD = 7  # lower finds corners on smooth pictures (OpenCV's default is 20)
+LOWE_RATIO = 0.8
+RANSAC_PX = 5.0  # reprojection threshold, px at VERIFY_MAX_SIDE
+RANSAC_ITERS = 2000
+RANSAC_SEED = 0  # cv2.setRNGSeed before every pair
+# The same under the names they had as settings (graph/summary.json and the verify-pair
+# fingerprints still record them so).
+VERIFY_FIXED = {"max_side": VERIFY_MAX_SIDE, "n_features": ORB_FEATURES, "fast_threshold": ORB_FAST_THRESHOLD,
+                "ratio": LOWE_RATIO, "ransac_px": RANSAC_PX, "ransac_iters": RANSAC_ITERS, "seed": RANSAC_SEED}
+
 
 class IndexAdvanced(StrictModel):
-    """Index knobs that rarely need changing: PQ rescoring and IVF training."""
+    """Index knobs that rarely need changing: PQ rescoring and the IVF training sample's size."""
 
     pq_rescore_margin: float = Field(
         0.05, ge=0, le=1, title="PQ search margin",
         description="PQ candidates are searched at threshold - margin and rescored with exact vectors.")
-    train_per_list: int = Field(64, ge=39, title="Training vectors per IVF list")
     max_train: int = Field(2_000_000, ge=1000, title="Most training vectors",
                            description="Cap on the deterministic training sample.")
 
@@ -36,8 +51,9 @@ class IndexAdvanced(StrictModel):
 class IndexConfig(StrictModel):
     """How the FAISS similarity index is built and searched."""
 
-    renamed_keys: ClassVar[dict[str, str]] = {k: f"advanced.{k}" for k in IndexAdvanced.model_fields}
     config_section: ClassVar[str] = "near_dedup.index"
+    renamed_keys: ClassVar[dict[str, str]] = {k: f"advanced.{k}" for k in IndexAdvanced.model_fields}
+    retired_keys: ClassVar[dict[str, Any]] = {"train_per_list": IVF_TRAIN_PER_LIST}
 
     kind: Literal["auto", "flat", "ivf"] = Field(
         "auto", title="Index kind",
@@ -110,20 +126,6 @@ class CalibrationConfig(StrictModel):
     thumb_px: int = Field(160, ge=16, le=1024, title="Thumbnail size (px)")
 
 
-class VerificationAdvanced(StrictModel):
-    """Local-feature and RANSAC knobs of geometric verification: implementation details the
-    verification thresholds were calibrated with; change them only with a new calibration."""
-
-    max_side: int = Field(512, ge=64, title="Longer side for local features (px)")
-    n_features: int = Field(1000, ge=50, title="ORB keypoints per image")
-    fast_threshold: int = Field(7, ge=1, title="ORB FAST threshold",
-                                description="Lower finds corners on smooth pictures (OpenCV's default is 20).")
-    ratio: float = Field(0.8, gt=0, lt=1, title="Lowe ratio test")
-    ransac_px: float = Field(5.0, gt=0, title="RANSAC reprojection threshold (px at max_side)")
-    ransac_iters: int = Field(2000, ge=100, title="RANSAC iterations")
-    seed: int = Field(0, title="RANSAC seed (cv2.setRNGSeed before every pair)")
-
-
 class VerificationConfig(StrictModel):
     """Geometric verification of review-band pairs (tasks/graph/review.py, tasks/graph/verify.py).
 
@@ -131,8 +133,8 @@ class VerificationConfig(StrictModel):
     on the one the README's figures are measured on (seed 0); see README "Near-duplicates"."""
 
     config_section: ClassVar[str] = "near_dedup.verification"
-    renamed_keys: ClassVar[dict[str, str]] = {
-        "review_low": "review_min_similarity", **{k: f"advanced.{k}" for k in VerificationAdvanced.model_fields}}
+    renamed_keys: ClassVar[dict[str, str]] = {"review_low": "review_min_similarity"}
+    retired_keys: ClassVar[dict[str, Any]] = VERIFY_FIXED
 
     mode: Literal["auto", "gpic_exact", "gpic_verified"] = Field(
         "auto", title="Removal rule",
@@ -160,14 +162,13 @@ class VerificationConfig(StrictModel):
                                  description="Median tile NCC of the aligned pictures. Held-out sample: unrelated "
                                              "pairs with >= 10 inliers and overlap >= 0.75 reach 0.31, planted "
                                              "copies 0.79 and up.")
-    advanced: VerificationAdvanced = Field(default_factory=VerificationAdvanced,
-                                           title="Advanced verification settings")
 
     def recorded(self) -> dict[str, Any]:
-        """The settings flat, under the names graph/summary.json and the verify-pair fingerprints
-        have always used (``review_low``, no ``advanced`` level), so those stay byte-identical."""
-        fields = self.model_dump(mode="json", exclude={"advanced", "review_min_similarity"})
-        return {**fields, "review_low": self.review_min_similarity, **self.advanced.model_dump(mode="json")}
+        """The settings and the fixed local-feature values under the names graph/summary.json and
+        the verify-pair fingerprints have always used (``review_low``, ``ransac_iters`` …), so
+        those stay byte-identical."""
+        fields = self.model_dump(mode="json", exclude={"review_min_similarity"})
+        return {**fields, "review_low": self.review_min_similarity, **VERIFY_FIXED}
 
 
 class NearDedupAdvanced(StrictModel):
