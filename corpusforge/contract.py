@@ -29,7 +29,8 @@ from __future__ import annotations
 import contextvars
 import os
 from collections.abc import Callable, Iterable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from corpusforge.hashing import canonical_json, fingerprint, sha256_bytes
 from corpusforge.layout import MARKERS
@@ -39,14 +40,62 @@ COMPUTED = "computed"
 SKIPPED = "skipped"
 MAYBE = "maybe"  # a plan's verdict: recomputed if an upstream unit's new output differs
 
-# How a stage runs a fan-out of units: ``fan_out(fn, calls)`` returns ``[fn(**c) for c in calls]``,
-# in order; a flow passes one that runs them as Prefect tasks (corpusforge.cluster.run_tasks).
-FanOut = Callable[[Callable[..., Any], list[dict[str, Any]]], list[Any]]
+
+@dataclass(frozen=True)
+class Unit:
+    """A kind of unit of work, declared by its stage: the plain function that does one unit
+    and the name its runs carry (task name, progress, worker resources). ``probe``: the
+    flow may run the unit's check itself first (:func:`probe`); only for units whose check
+    reads nothing but markers and small tables. ``retries``: None for the default rule
+    (transient errors only, see ``corpusforge.cluster``)."""
+
+    fn: Callable[..., Any]
+    name: str
+    probe: bool = False
+    retries: int | None = None
 
 
-def in_process(fn: Callable[..., Any], calls: list[dict[str, Any]]) -> list[Any]:
-    """Every unit in this process, in order."""
-    return [fn(**c) for c in calls]
+class FanOut(Protocol):
+    """How a stage runs its units. Stages never import the orchestrator: a flow passes
+    ``corpusforge.cluster.fan_out`` (Prefect task runs on the flow's Dask cluster); tests and
+    notebooks get :data:`in_process`. Results always come in the order of ``calls``."""
+
+    def __call__(self, unit: Unit, calls: list[dict[str, Any]]) -> list[Any]:
+        """``[unit.fn(**c) for c in calls]``, run as the orchestrator sees fit."""
+
+    def each(self, units: list[tuple[Unit, dict[str, Any]]]) -> list[Any]:
+        """One call each of several kinds of unit, side by side."""
+
+    def reduce(self, unit: Unit, merge: Unit, calls: list[dict[str, Any]]) -> Any:
+        """The results of ``unit`` over ``calls`` merged pairwise by ``merge`` in the fixed
+        tree of :func:`tree_reduce` (the same bits on any number of workers)."""
+
+
+class InProcess:
+    """Every unit here, one after the other, in order."""
+
+    def __call__(self, unit: Unit, calls: list[dict[str, Any]]) -> list[Any]:
+        return [unit.fn(**c) for c in calls]
+
+    def each(self, units: list[tuple[Unit, dict[str, Any]]]) -> list[Any]:
+        return [u.fn(**kwargs) for u, kwargs in units]
+
+    def reduce(self, unit: Unit, merge: Unit, calls: list[dict[str, Any]]) -> Any:
+        return tree_reduce([unit.fn(**c) for c in calls], merge.fn)
+
+
+in_process = InProcess()
+
+
+def tree_reduce(items: list[Any], merge: Callable[[Any, Any], Any]) -> Any:
+    """Merge ``items`` pairwise, level by level, in a fixed tree; return the root. The list
+    is emptied as it is consumed, so merged items can be released."""
+    level = items
+    while len(level) > 1:
+        nxt = [merge(level[i], level[i + 1]) if i + 1 < len(level) else level[i] for i in range(0, len(level), 2)]
+        level.clear()
+        level = nxt
+    return level.pop()
 
 
 def marker_path(rel: str) -> str:

@@ -52,7 +52,7 @@ every folder as it is.
     shards/{split}/{split}-{n}.tar     release shards (splits.layout: default)
     shards/{split}/gpic_{split}_{n}.tar   release shards in GPIC's layout (splits.layout: gpic);
                                        shards/ is then a GPIC release root
-    shards/README.md                   Hugging Face dataset card: splits and features (tasks/release_card.py)
+    shards/README.md                   Hugging Face dataset card: splits and features (tasks/release/release_card.py)
     manifest/part-{part}.parquet       one row per input record: its fate and the reason
     work/captions/plan/{shard}.parquet     per staging shard: who the model captions, and in which format
     work/captions/journal/{shard}/{n}.parquet  completed chat requests (the resume state; never asked twice)
@@ -64,7 +64,7 @@ every folder as it is.
     receipt_outputs.parquet            (path, sha256) of every output file, from the markers
     CHANGES.md, changes.parquet        what changed since the version this root held before (or --previous)
     work/previous/records.parquet, receipt.json   that earlier version's records, kept before a build
-                                       replaces them (tasks/changes.py)
+                                       replaces them (tasks/report/changes.py)
     _markers/{path}.json               completion marker of the unit whose main output is {path}
 """
 
@@ -73,6 +73,8 @@ from __future__ import annotations
 import pyarrow as pa
 
 MARKERS = "_markers"
+# A source that is one metadata table, by its suffix (the others are folders).
+TABLE_SUFFIXES = (".parquet", ".jsonl", ".csv")
 
 # ---- folders that hold exactly the current plan's units ------------------------------
 INPUT_DIR = "work/input"
@@ -87,7 +89,7 @@ EXACT_DIR = "work/exact"
 RESOLVED_DIR = "work/resolved"
 RELEASE_PLAN_DIR = "work/release"
 LATE_DIR = "work/late"
-RELEASE_STAGED = "work/release_staged.parquet"  # the planner's staging shards (tasks/release.py)
+RELEASE_STAGED = "work/release_staged.parquet"  # the planner's staging shards (tasks/release/shards.py)
 STAGING_TARS = "staging/tars"
 STAGING_INDEX = "staging/index"
 STAGING_RECORDS = "staging/records"
@@ -112,14 +114,14 @@ EVAL_CAPTIONS = "eval_captions.parquet"
 GPIC_TEST_STATS = "stats/test_stats.npz"  # gpic-eval's reference file (tasks/stats/gpic_stats.py)
 
 RECEIPT = "receipt.json"
-RECEIPT_OUTPUTS = "receipt_outputs.parquet"  # every output file's SHA-256, beside receipt.json (tasks/receipt.py)
+RECEIPT_OUTPUTS = "receipt_outputs.parquet"  # every output file's SHA-256, beside receipt.json (tasks/report/receipt.py)
 REPORT = "report.md"
-LISTING_SPILL_DIR = "work/.listing"  # a folder source's listing while it is planned (tasks/sources.py)
-RUN_LOG = "work/run/stage_times.json"  # the latest run's stage seconds (tasks/run_log.py)
+LISTING_SPILL_DIR = "work/.listing"  # a folder source's listing while it is planned (tasks/ingest/sources.py)
+RUN_LOG = "work/run/stage_times.json"  # the latest run's stage seconds (tasks/report/run_log.py)
 RUN_LOG_MD = "work/run/stage_times.md"
-REPORT_HTML = "report.html"  # the same report, self-contained, with charts (tasks/report_html.py)
+REPORT_HTML = "report.html"  # the same report, self-contained, with charts (tasks/report/report_html.py)
 LINEAGE = "lineage.json"
-CHANGES_MD = "CHANGES.md"  # what changed since the previous version (tasks/changes.py)
+CHANGES_MD = "CHANGES.md"  # what changed since the previous version (tasks/report/changes.py)
 CHANGES_TABLE = "changes.parquet"
 PREVIOUS_DIR = "work/previous"  # the version a build replaces, read before it does
 PREVIOUS_RECORDS = f"{PREVIOUS_DIR}/records.parquet"
@@ -447,7 +449,7 @@ MANIFEST_SCHEMA = pa.schema([
     INGEST_SCHEMA.field("source_split"),
     INGEST_SCHEMA.field("source_tiers"),
     ("release_ext", pa.string()),     # the image member's extension in the release tar (jpg, png, webp)
-    ("image_encoding", pa.string()),  # copied (bytes as staged) | png_lossless | jpeg_q{N} (tasks/release_image.py)
+    ("image_encoding", pa.string()),  # copied (bytes as staged) | png_lossless | jpeg_q{N} (tasks/release/release_image.py)
 ])
 
 

@@ -24,8 +24,8 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from corpusforge.artifacts import publish_plan_artifact
-from corpusforge.cluster import DaskConfig, as_task, cluster_flow, run_logger, run_tasks
+from corpusforge.artifacts import publish_plan_artifact, publish_run_artifacts
+from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, run_logger
 from corpusforge.config import FlowConfig
 from corpusforge.contract import count_actions, prune, remove_tree, sweep_temp_files
 from corpusforge.feature_files import prune_features
@@ -39,23 +39,23 @@ from corpusforge.version import code_version
 from tasks.captions.config import CaptioningConfig
 from tasks.captions.eval_set import EvalCaptionsConfig, write_eval_captions
 from tasks.captions.stage import captioning_stage
-from tasks.changes import diff_versions, keep_previous_version, remove_changes
-from tasks.exact_dedup import (deduplicate, exchange_hashes, exchange_keys, find_duplicate_keys, find_exact_duplicates,
-                               partition_groups, resolve_group)
-from tasks.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
-from tasks.features.extract import extract_features, summarize
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.stage import near_duplicate_stage
-from tasks.ingest import ingest_partition
-from tasks.licenses import LicenseConfig
-from tasks.publish import license_section, publish, release_section, write_receipt
-from tasks.receipt import count_outcomes, input_snapshot_hash, redact, write_output_list
-from tasks.run_log import StageClock, write_run_log
-from tasks.sources import SourceConfig, plan_partitions
-from tasks.splits import SplitConfig
-from tasks.staging import StagingConfig, plan_staging, write_staging_shard
+from tasks.ingest.exact_dedup import deduplicate, partition_groups
+from tasks.ingest.licenses import LicenseConfig, license_section
+from tasks.ingest.partition import INGEST_PARTITION
+from tasks.ingest.sources import PLAN_INPUTS, SourceConfig
+from tasks.ingest.validate import ValidationConfig
+from tasks.release.publish import publish, release_section
+from tasks.release.splits import SplitConfig
+from tasks.report.changes import diff_versions, keep_previous_version, remove_changes
+from tasks.report.receipt import count_outcomes, input_snapshot_hash, redact, write_output_list
+from tasks.report.run_log import StageClock, write_run_log
+from tasks.report.write import write_receipt
+from tasks.shared.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
+from tasks.shared.features.extract import extract_features, summarize
+from tasks.staging import WRITE_STAGING_SHARD, StagingConfig, plan_staging
 from tasks.stats.stage import ReferenceStatsConfig, reference_stats_stage
-from tasks.validate import ValidationConfig
 
 
 class BuildConfig(FlowConfig):
@@ -118,14 +118,6 @@ class BuildConfig(FlowConfig):
         return self
 
 
-plan_inputs_task = as_task(plan_partitions, "plan-inputs")
-ingest_task = as_task(ingest_partition, "ingest-partition")
-DEDUP_TASKS = {fn: as_task(fn, name, probe=True) for fn, name in (
-    (exchange_keys, "exchange-keys"), (find_duplicate_keys, "duplicate-keys"), (exchange_hashes, "exchange-hashes"),
-    (find_exact_duplicates, "exact-duplicates"), (resolve_group, "resolve-partitions"))}
-staging_task = as_task(write_staging_shard, "write-staging-shard")
-
-
 # The long stages whose progress people watch (corpusforge.progress): (stage, the Prefect
 # task whose finished runs are its units, unit name).
 PROGRESS_STAGES = [("ingest", "ingest-partition", "partitions"),
@@ -160,7 +152,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     store = Store(config.out, config.storage_options)
     work: dict[str, Any] = {}
     kept_previous = config.previous is None and keep_previous_version(store)  # before anything is replaced
-    kind, parts = run_tasks(plan_inputs_task, [dict(src=config.source, store=store, cfg=config.input)])[0]
+    kind, parts = fan_out(PLAN_INPUTS, [dict(src=config.source, store=store, cfg=config.input)])[0]
     names = {part_name(p.index) for p in parts}
     for folder in (INGEST_DIR, SPILL_DIR, HASHES_DIR, KEYS_DIR, RESOLVED_DIR):
         prune(store, folder, names)
@@ -174,12 +166,11 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
 
     clock = StageClock()
     with stage("ingest"), clock("ingest"):
-        ingested = run_tasks(ingest_task, [dict(store=store, part=p, src=config.input, val=config.validation,
+        ingested = fan_out(INGEST_PARTITION, [dict(store=store, part=p, src=config.input, val=config.validation,
                                                 n_buckets=n_buckets, lic=config.licenses) for p in parts])
     work["ingest"] = count_actions(ingested)
     clock.start("exact_dedup")
-    units, resolved = deduplicate(store, ingested, n_buckets, config.staging.shard_size,
-                                  lambda fn, calls: run_tasks(DEDUP_TASKS[fn], calls))
+    units, resolved = deduplicate(store, ingested, n_buckets, config.staging.shard_size, fan_out)
     work["exact_dedup"] = count_actions(units)
     work["resolve"] = count_actions(resolved)
     clock.stop()
@@ -189,7 +180,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     for folder in (STAGING_TARS, STAGING_INDEX, STAGING_RECORDS):
         prune(store, folder, staged)
     with stage("staging"), clock("staging"):
-        written = run_tasks(staging_task, [dict(store=store, shard=s) for s in staging])
+        written = fan_out(WRITE_STAGING_SHARD, [dict(store=store, shard=s) for s in staging])
     work["staging"] = count_actions(written)
     log.info("%d records staged in %d staging shards", sum(m["info"]["count"] for m in written), len(staging))
 
@@ -199,7 +190,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     with clock("graph"):
         if config.near_dedup and staged:
             with stage("graph queries"):
-                near, work["graph"] = near_duplicate_stage(store, config.near_dedup, staged)
+                near, work["graph"] = near_duplicate_stage(store, config.near_dedup, staged, fan_out=fan_out)
             query_seconds = work["graph"].pop("query_seconds")
         else:
             remove_tree(store, GRAPH_DIR)
@@ -208,7 +199,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     if config.captioning is not None and staged:
         with stage("captioning"), clock("captioning"):
             captions, work["captioning"] = captioning_stage(store, config.captioning, staged,
-                                                            near_dedup=bool(config.near_dedup))
+                                                            near_dedup=bool(config.near_dedup), fan_out=fan_out)
     else:
         for folder in (CAPTIONS_DIR, CAPTION_PLAN_DIR, CAPTION_JOURNAL_DIR):
             remove_tree(store, folder)
@@ -216,7 +207,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     with stage("release"), stage("manifest"), clock("release"):
         release, manifest, work["publish"] = publish(store, staged, len(parts), config.splits,
                                                      near_dedup=bool(config.near_dedup and staged),
-                                                     captions=bool(captions))
+                                                     captions=bool(captions), fan_out=fan_out)
     caption_set = None
     if config.eval_captions is not None:
         caption_set = write_eval_captions(store, release, config.eval_captions)
@@ -225,7 +216,8 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     stats = {}
     with clock("statistics"):
         if config.reference_stats is not None:
-            stats = _stable_stats(reference_stats_stage(store, config.reference_stats, caption_set))
+            stats = _stable_stats(reference_stats_stage(store, config.reference_stats, caption_set,
+                                                                 fan_out=fan_out))
         else:
             remove_tree(store, STATS_DIR)
 
@@ -238,7 +230,8 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
             receipt["captioning"] = captions
         if caption_set:
             receipt["eval_captions"] = caption_set
-        write_receipt(store, receipt)
+        written_receipt, report = write_receipt(store, receipt)
+        publish_run_artifacts("build-corpus", report, written_receipt["counts"], store.root)
     with clock("changes"):
         if config.previous is not None:
             diff_versions(Store(config.previous, config.storage_options), store, store)
@@ -263,7 +256,7 @@ def _features(store: Store, config: BuildConfig, staged: list[str], work: dict[s
     prune_features(store, models, staged)
     if not (config.features.models and staged):
         return {}
-    results = extract_features(store, staged, config.features)
+    results = extract_features(store, staged, config.features, fan_out=fan_out)
     work["features"] = {m: count_actions(r["models"][m] for r in results) for m in sorted(results[0]["models"])}
     work["images_embedded"] = sum(r["images"] for r in results
                                   if any(v["action"] == "computed" for v in r["models"].values()))
@@ -275,8 +268,8 @@ def _receipt(config: BuildConfig, store: Store, kind: str, n_parts: int, release
              near: dict[str, Any], stats: dict[str, Any], licenses: dict[str, Any]) -> dict[str, Any]:
     return {
         "corpusforge": "build_corpus",
-        "code_version": code_version("tasks.ingest", "tasks.exact_dedup", "tasks.staging", "tasks.features.extract",
-                                     "tasks.graph.stage", "tasks.captions.stage", "tasks.publish",
+        "code_version": code_version("tasks.ingest.partition", "tasks.ingest.exact_dedup", "tasks.staging", "tasks.shared.features.extract",
+                                     "tasks.graph.stage", "tasks.captions.stage", "tasks.release.publish",
                                      "tasks.stats.stage"),
         "source": config.source,
         "source_kind": kind,

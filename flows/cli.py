@@ -16,7 +16,7 @@ from typing import NoReturn
 def _build(args: argparse.Namespace) -> int:
     from flows.build_corpus import BuildConfig, run_build
     from flows.preflight import check_build, load_config
-    from tasks.run_log import render_stage_times
+    from tasks.report.run_log import render_stage_times
 
     config = load_config(BuildConfig, args.config, source=args.source, out=args.out,
                          **({"previous": args.previous} if args.previous else {}))
@@ -47,7 +47,7 @@ def _plan(args: argparse.Namespace) -> int:
 def _diff(args: argparse.Namespace) -> int:
     from corpusforge.storage import Store
     from flows.preflight import check_corpus
-    from tasks.changes import diff_versions
+    from tasks.report.changes import diff_versions
 
     for root in (args.old, args.new):
         check_corpus(root, {})

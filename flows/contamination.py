@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from corpusforge.cluster import DaskConfig, cluster_flow, run_logger
+from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, run_logger
 from corpusforge.config import FlowConfig
 from corpusforge.contract import remove_tree
 from corpusforge.feature_files import feature_marker, list_feature_shards, prune_features
@@ -46,9 +46,9 @@ from tasks.contamination.receipts import (CLAIM_BOUNDARY, benchmark_identity, co
 from tasks.contamination.report import render_html, render_markdown
 from tasks.contamination.stage import (edition_stage, image_stage, image_text_stage, leakage_stage, stage_eval_set,
                                        text_canary_stage)
-from tasks.features.config import FeaturesConfig
-from tasks.features.extract import extract_features, summarize
-from tasks.receipt import redact
+from tasks.shared.features.config import FeaturesConfig
+from tasks.shared.features.extract import extract_features, summarize
+from tasks.report.receipt import redact
 
 SCANNER_MODULES = ("tasks.contamination.stage", "tasks.contamination.report", "tasks.contamination.receipts")
 
@@ -130,7 +130,8 @@ def embed_eval_set(eval_store: Store, chunks: list[str], fcfg: FeaturesConfig, m
     fcfg = fcfg.model_copy(update={"max_error_share": 1.0,
                                    "models": [m for m in fcfg.models if m.model_id == model_id]})
     prune_features(eval_store, {model_id}, chunks)
-    extracted = summarize(extract_features(eval_store, chunks, fcfg, draft=corpus_decode_size(corpus, model_id)))
+    extracted = summarize(extract_features(eval_store, chunks, fcfg, draft=corpus_decode_size(corpus, model_id),
+                                           fan_out=fan_out))
     return [extracted["warning"]] if extracted.get("warning") else []
 
 
@@ -165,7 +166,7 @@ def contamination(config: ContaminationConfig) -> dict[str, Any]:
         es = config.eval_set
         plan = plan_eval_set(es)
         chunks = [c.name for c in plan.chunks]
-        staged = stage_eval_set(out, eval_store, plan, es)
+        staged = stage_eval_set(out, eval_store, plan, es, fan_out=fan_out)
         log.info("evaluation set %s: %d items in %d chunks", es.source, sum(m["info"]["items"] for m in staged),
                  len(chunks))
         with_images = [c for c, m in zip(chunks, staged, strict=True) if m["info"]["staged"]]
@@ -178,7 +179,7 @@ def contamination(config: ContaminationConfig) -> dict[str, Any]:
         remove_tree(out, CONTAMINATION_EVAL)
 
     if config.image is not None and with_images:
-        results["images"] = image_stage(out, corpus, eval_store, chunks, config.image)
+        results["images"] = image_stage(out, corpus, eval_store, chunks, config.image, fan_out=fan_out)
         embedded = {c for c in chunks if feature_marker(eval_store, config.image.model_id, c) is not None}
         if results["images"]["feature_identity"].get("random_init"):
             warnings.append(f"RANDOM-INIT FEATURES ({config.image.model_id}): image similarities carry no meaning")
@@ -191,19 +192,22 @@ def contamination(config: ContaminationConfig) -> dict[str, Any]:
     if config.judge is not None:
         es = config.eval_set
         questions = [f for f in es.text_fields if f != es.answer_field]
-        results["image_text"] = image_text_stage(out, corpus, chunks, embedded, config.judge, questions)
+        results["image_text"] = image_text_stage(out, corpus, chunks, embedded, config.judge, questions,
+                                                    fan_out=fan_out)
     else:
         remove_tree(out, CONTAMINATION_JUDGE)
 
     if config.text is not None and config.eval_set and config.eval_set.text_fields:
-        results["text"] = text_canary_stage(out, corpus, chunks, config.eval_set.text_fields, config.text)
+        results["text"] = text_canary_stage(out, corpus, chunks, config.eval_set.text_fields, config.text,
+                                            fan_out=fan_out)
     else:
         for folder in (CONTAMINATION_TEXT, CONTAMINATION_TEXT_WORK):
             remove_tree(out, folder)
 
     if config.leakage is not None:
         model = config.leakage.model_id or (config.image.model_id if config.image else "wfd")
-        results["leakage"] = leakage_stage(out, corpus, config.leakage, model, against, _build_thresholds(corpus))
+        results["leakage"] = leakage_stage(out, corpus, config.leakage, model, against, _build_thresholds(corpus),
+                                             fan_out=fan_out)
     else:
         for folder in (CONTAMINATION_LEAKAGE, f"{CONTAMINATION_FOUND}/leakage"):
             remove_tree(out, folder)
@@ -213,7 +217,7 @@ def contamination(config: ContaminationConfig) -> dict[str, Any]:
     edition = None
     if benchmark is not None:
         edition = edition_stage(out, chunks, config.edition, config.image.flag_above if config.image else None,
-                                benchmark)
+                                benchmark, fan_out=fan_out)
     else:
         for folder in (CONTAMINATION_ITEM_DECISIONS, EDITION_DIR):
             remove_tree(out, folder)

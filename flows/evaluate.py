@@ -30,11 +30,11 @@ from corpusforge.contract import SKIPPED
 from corpusforge.feature_files import prune_features
 from corpusforge.storage import Store
 from corpusforge.version import code_version
-from tasks.features.config import STATISTICS_PREPROCESSING, ModelSpec, RuntimeConfig
+from tasks.shared.features.config import STATISTICS_PREPROCESSING, ModelSpec, RuntimeConfig
 from tasks.stats.config import PROTOCOL_MODES, MetricsConfig, protocol_model
 from tasks.stats.evaluate import (check_model, embed_chunk_unit, evaluate_features, expected_identity,
                                   load_reference, plan_generated, render_report)
-from tasks.stats.provenance import public_spec
+from tasks.shared.provenance import public_spec
 
 
 class EvaluateConfig(FlowConfig):

@@ -19,7 +19,8 @@ from typing import Any
 
 from pydantic import Field
 
-from corpusforge.cluster import DaskConfig, cluster_flow, run_logger
+from corpusforge.artifacts import publish_run_artifacts
+from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, run_logger
 from corpusforge.config import FlowConfig
 from corpusforge.contract import completed_units
 from corpusforge.feature_files import feature_marker
@@ -31,9 +32,10 @@ from tasks.graph.config import NearDedupConfig
 from tasks.graph.edges import index_plan
 from tasks.graph.index import INDEX_WORKER_BYTES
 from tasks.graph.stage import near_duplicate_stage
-from tasks.publish import publish, release_section, write_receipt
-from tasks.receipt import count_outcomes, redact, write_output_list
-from tasks.splits import SplitConfig
+from tasks.release.publish import publish, release_section
+from tasks.report.receipt import count_outcomes, redact, write_output_list
+from tasks.release.splits import SplitConfig
+from tasks.report.write import write_receipt
 
 
 class NearDedupFlowParams(FlowConfig):
@@ -102,7 +104,7 @@ def near_dedup(config: NearDedupFlowParams) -> dict[str, Any]:
     shards = staged_with_features(source, config.near_dedup.model_id)
     log.info("%d staging shards of %s; writing the new version to %s", len(shards), config.source, config.out)
     out.write_json(LINEAGE, lineage(source, shards, config.near_dedup))
-    summary, _ = near_duplicate_stage(out, config.near_dedup, shards, source=source)
+    summary, _ = near_duplicate_stage(out, config.near_dedup, shards, source=source, fan_out=fan_out)
     d = summary["decisions"]
     log.info("%d images: %d kept, %d removed %s; recall %s", d["images"], d["kept"], d["removed"],
              d["removed_by_rule"], summary["recall"]["recall"])
@@ -113,10 +115,10 @@ def near_dedup(config: NearDedupFlowParams) -> dict[str, Any]:
     source_receipt = source.read_json(RECEIPT)
     splits = config.splits or SplitConfig.model_validate(source_receipt["config"]["splits"])
     n_parts = sum(1 for n in source.listdir(RESOLVED_DIR) if n.endswith(".parquet"))
-    release, manifest, _ = publish(out, shards, n_parts, splits, near_dedup=True, source=source)
-    write_receipt(out, {
+    release, manifest, _ = publish(out, shards, n_parts, splits, near_dedup=True, source=source, fan_out=fan_out)
+    written, report = write_receipt(out, {
         "corpusforge": "near_dedup",
-        "code_version": code_version("tasks.graph.stage", "tasks.publish"),
+        "code_version": code_version("tasks.graph.stage", "tasks.release.publish"),
         "source": config.source,
         "source_kind": f"corpus version derived from {config.source}",
         "lineage": out.read_json(LINEAGE),
@@ -130,6 +132,7 @@ def near_dedup(config: NearDedupFlowParams) -> dict[str, Any]:
         "warnings": [],
         "outputs": write_output_list(out),
     })
+    publish_run_artifacts("near-dedup", report, written["counts"], out.root)
     return summary
 
 

@@ -237,7 +237,7 @@ def overlapping(a: str, b: str) -> bool:
 
 def model_specs(obj: Any) -> list[Any]:
     """Every feature ModelSpec anywhere in a config."""
-    from tasks.features.config import ModelSpec
+    from tasks.shared.features.config import ModelSpec
 
     found: list[Any] = []
     if isinstance(obj, ModelSpec):
@@ -269,7 +269,7 @@ def allowlists(obj: Any) -> set[str]:
 def check_models(config: BaseModel) -> None:
     """Every learned model has weights (or says random_init), local weights exist and have
     the pinned SHA-256, TorchScript only when allow-listed."""
-    from tasks.features.weights import WeightsError, fetch_weights
+    from tasks.shared.features.weights import WeightsError, fetch_weights
 
     allowed = allowlists(config)
     for spec in model_specs(config):
@@ -312,7 +312,7 @@ def check_build(config: Any) -> None:
 def require_records(source: str, cfg: Any) -> None:
     """The source holds at least one input record: an empty one is the user's mistake, said
     before a server or cluster starts rather than as the ingest plan's traceback."""
-    from tasks.sources import why_empty
+    from tasks.ingest.sources import why_empty
 
     if has_secret_blocks(cfg.storage_options):
         return  # credentials come from the server's Secret block: checked in the run

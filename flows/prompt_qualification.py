@@ -47,7 +47,7 @@ from tasks.prompts.config import (CohortConfig, DensityConfig, PromptSetConfig, 
                                   VarianceConfig)
 from tasks.prompts.report import CLAIM_BOUNDARY, render_markdown
 from tasks.prompts.text_model import text_model_identity
-from tasks.receipt import redact
+from tasks.report.receipt import redact
 
 MODULES = ("tasks.prompts.captions", "tasks.prompts.density", "tasks.prompts.variance", "tasks.prompts.cohorts",
            "tasks.prompts.rotation", "tasks.prompts.tables", "tasks.prompts.report")

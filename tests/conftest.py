@@ -100,7 +100,7 @@ def _scenario_order(label: str) -> tuple[int, str]:
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Print scenario → test → outcome for the matrix tests that ran (see README, "Faults and hostile input")."""
+    """Print scenario → test → outcome for the matrix tests that ran (see docs/faults.md)."""
     if not _MATRIX:
         return
     rows = sorted(((s, nodeid, outcome) for nodeid, (scenarios, outcome) in _MATRIX.items() for s in scenarios),

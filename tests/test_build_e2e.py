@@ -19,7 +19,7 @@ import webdataset as wds
 from corpusforge.layout import CHANGES_MD, CHANGES_TABLE
 from corpusforge.storage import Store
 from flows.build_corpus import BuildConfig, run_build
-from tasks.receipt import output_hashes
+from tasks.report.receipt import output_hashes
 from sample_corpus.truth import related_groups
 from tests.old_release import assert_release_equals_old
 

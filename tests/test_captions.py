@@ -398,7 +398,7 @@ def test_build_captions_identically_on_any_cluster_and_never_writes_the_key(tmp_
 
 
 def test_word_statistics_match_numpy():
-    from tasks.captions.summary import word_stats
+    from tasks.shared.caption_summary import word_stats
 
     rng = np.random.default_rng(0)
     values = {"short": rng.integers(5, 40, 501), "long": rng.integers(60, 200, 77)}

@@ -44,7 +44,7 @@ PROCESS = {"n_workers": 1, "processes": True}  # tasks (and their S3 stores) pic
 
 
 def test_the_model_id_is_its_spec_s():
-    from tasks.features.config import ModelSpec
+    from tasks.shared.features.config import ModelSpec
 
     assert ModelSpec.model_validate(DINO).model_id == MODEL_ID
 

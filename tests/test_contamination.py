@@ -325,8 +325,8 @@ def test_random_init_clip_flags_byte_identical_copies(built, tmp_path):
     import shutil
 
     from flows.contamination import contamination
-    from tasks.features.config import FeaturesConfig
-    from tasks.features.extract import extract_features
+    from tasks.shared.features.config import FeaturesConfig
+    from tasks.shared.features.extract import extract_features
     from corpusforge.contract import completed_units
 
     corpus = tmp_path / "corpus"
@@ -352,8 +352,8 @@ def test_evaluation_set_is_embedded_only_for_the_scan_model_at_the_corpus_decode
     from flows.contamination import contamination
     from corpusforge.contract import completed_units
     from corpusforge.feature_files import feature_marker
-    from tasks.features.config import FeaturesConfig
-    from tasks.features.extract import decode_size, extract_features, load_models
+    from tasks.shared.features.config import FeaturesConfig
+    from tasks.shared.features.extract import decode_size, extract_features, load_models
 
     corpus = tmp_path / "corpus"
     shutil.copytree(built[0], corpus)
@@ -681,7 +681,7 @@ def test_plain_cosine_models_are_unchanged():
     """A model without a pair rule (SSCD, CLIP, ...) scores by the plain cosine: the block
     scores are ``q @ t.T`` exactly as before, and the top-k equals the float64 reference."""
     from tasks.contamination import similarity as sim
-    from tasks.graph.pair_score import PairScore
+    from tasks.shared.pair_score import PairScore
 
     rule = PairScore.from_model({"arch": "sscd", "dim": 32})
     assert not rule.active and rule.to_json() == {"name": "cosine"}
@@ -702,7 +702,7 @@ def test_a_greyscale_copy_is_ranked_by_the_rule_not_by_the_index_forms():
     the rule's exact scores, equal to the float64 reference, while a top-(k+4) by the forms
     would lose the true best (so this test can fail)."""
     from tasks.contamination import similarity as sim
-    from tasks.graph.pair_score import PairScore
+    from tasks.shared.pair_score import PairScore
 
     rule = PairScore.from_json(WFD_RULE)
     rng = np.random.default_rng(7)
@@ -816,7 +816,7 @@ def test_ivf_probes_lists_for_coloured_and_colourless_members_alike():
     query form (the mean rule score to a list) loses coloured queries' greyscale copies;
     the scan's choice (each part of the form picks its own lists) finds copies of every kind."""
     from tasks.contamination import similarity as sim
-    from tasks.graph.pair_score import PairScore
+    from tasks.shared.pair_score import PairScore
 
     rule = PairScore.from_json(WFD_RULE)
     rng = np.random.default_rng(11)

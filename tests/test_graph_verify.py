@@ -17,9 +17,9 @@ import pytest
 from PIL import Image, ImageDraw
 
 from corpusforge.storage import Store
-from tasks.features.config import FeaturesConfig, RuntimeConfig
-from tasks.features.decode import decode_rgb
-from tasks.features.extract import extract_features
+from tasks.shared.features.config import FeaturesConfig, RuntimeConfig
+from tasks.shared.features.decode import decode_rgb
+from tasks.shared.features.extract import extract_features
 from tasks.graph import verify as verify_module
 from tasks.graph.config import CalibrationConfig, CollisionConfig, IndexConfig, NearDedupConfig, VerificationConfig
 from tasks.graph.decisions import read_decisions

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tasks.report_html import SECTIONS, render_html_report
+from tasks.report.report_html import SECTIONS, render_html_report
 from tests.operate import artifacts_dir, browser, chromium_or_skip
 
 
@@ -148,7 +148,7 @@ def label_source(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("kind", sorted(LABEL_RUNS))
 def test_every_weights_and_deviation_label_matches_the_markers(kind, label_source, tmp_path):
     from flows.build_corpus import BuildConfig, build
-    from tasks.features.sscd_onnx import SSCD_INT8_SHA256, WHEEL_MEMBER, default_wheel
+    from tasks.shared.features.sscd_onnx import SSCD_INT8_SHA256, WHEEL_MEMBER, default_wheel
 
     extra = json.loads(json.dumps(LABEL_RUNS[kind]))
     if kind == "pinned":

@@ -162,7 +162,7 @@ def check_plan(plan: dict, work: dict, markers_before: set[str], markers_after: 
 
 def records_of(root: Path) -> dict[tuple, dict]:
     """A version's records by (key, relative source path, occurrence), read with pyarrow alone: the
-    independent reference for tasks/changes.py's DuckDB join."""
+    independent reference for tasks/report/changes.py's DuckDB join."""
     captioned = {r["key"]: r["caption"] for p in sorted((root / "work" / "release").glob("*.parquet"))
                  for r in pq.read_table(p, columns=["key", "caption"]).to_pylist() if r["caption"] is not None}
     inputs = {(r["part"], r["row"]): r["caption"] for p in sorted((root / "work" / "resolved").glob("*.parquet"))
@@ -366,7 +366,7 @@ def test_edit_a_comment_in_one_stage_module_reruns_only_that_stage(history, monk
 
     def with_comment(module: str):
         path = original(module)
-        if module != "tasks.release":
+        if module != "tasks.release.shards":
             return path
         edited = tmp_path / "release.py"
         edited.write_bytes(path.read_bytes() + b"\n# a comment\n")

@@ -20,12 +20,12 @@ from PIL import Image
 
 from corpusforge.feature_files import read_shard_features
 from corpusforge.storage import Store
-from tasks.features.config import FeaturesConfig, ModelSpec, RuntimeConfig, WeightsSpec
-from tasks.features.decode import decode_rgb
-from tasks.features.extract import decode_size, extract_features
-from tasks.features.registry import build_model
-from tasks.features.sscd_onnx import CALIBRATED, SSCD_INT8_SHA256, WHEEL_MEMBER, default_wheel
-from tasks.features.weights import WeightsError, fetch_weights
+from tasks.shared.features.config import FeaturesConfig, ModelSpec, RuntimeConfig, WeightsSpec
+from tasks.shared.features.decode import decode_rgb
+from tasks.shared.features.extract import decode_size, extract_features
+from tasks.shared.features.registry import build_model
+from tasks.shared.features.sscd_onnx import CALIBRATED, SSCD_INT8_SHA256, WHEEL_MEMBER, default_wheel
+from tasks.shared.features.weights import WeightsError, fetch_weights
 from tests.staging_files import stage_images
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -8,7 +8,7 @@ Per query shard it writes the top-k targets of every query:
     work/contamination/found/{scan}/{shard}.parquet   query_key, rank, target_shard, target_key,
                                                       target_sha256, similarity (MATCH_SCHEMA)
 
-Pairs score by the feature model's pair rule (:mod:`tasks.graph.pair_score`, named in
+Pairs score by the feature model's pair rule (:mod:`tasks.shared.pair_score`, named in
 its fingerprint, as in the near-duplicate graph): plain cosine for most models; for wfd
 the layout blocks' cosine when either image is colourless, so a greyscale repost of an
 evaluation image scores like its original (by plain cosine it could not pass 0.866).
@@ -49,8 +49,7 @@ from corpusforge.version import code_version
 from tasks.contamination import similarity as sim
 from tasks.contamination.config import IVF_TRAIN_PER_LIST, IvfConfig
 from tasks.contamination.selection import read_selection
-from tasks.graph.edges import pair_score_of
-from tasks.graph.pair_score import PairScore
+from tasks.shared.pair_score import PairScore, pair_score_of
 
 
 class FeatureMismatch(ValueError):

@@ -56,7 +56,7 @@ def render_markdown(receipt: dict[str, Any]) -> str:
 
 
 def _score_name(scan: dict[str, Any]) -> str:
-    """What the similarity is: the feature model's pair rule (tasks/graph/pair_score.py)."""
+    """What the similarity is: the feature model's pair rule (tasks/shared/pair_score.py)."""
     if (scan.get("pair_score") or {"name": "cosine"})["name"] == "cosine":
         return "cosine"
     return "similarity (cosine; of the layout alone when either image is colourless, so greyscale copies count)"

@@ -130,7 +130,7 @@ class VerificationConfig(StrictModel):
     """Geometric verification of review-band pairs (tasks/graph/review.py, tasks/graph/verify.py).
 
     Thresholds calibrated on a held-out sample (``write_sample_corpus(2000, seed=1)``), never
-    on the one the README's figures are measured on (seed 0); see README "Near-duplicates"."""
+    on the one bench/README.md's figures are measured on (seed 0); see docs/near-duplicates.md."""
 
     config_section: ClassVar[str] = "near_dedup.verification"
     renamed_keys: ClassVar[dict[str, str]] = {"review_low": "review_min_similarity"}

@@ -24,7 +24,7 @@ query and on the vectors it finds, so a rerun queries only shards whose features
 the union is exactly a fresh build's graph, because every similarity is the canonical
 score (float64 dot product of the two unit vectors, rounded to float32: the same from
 either side; for wfd, the layout-only score when either image is colourless — see
-tasks/graph/pair_score.py, whose query and candidate forms the index searches with) and
+tasks/shared/pair_score.py, whose query and candidate forms the index searches with) and
 queries search a hair below the threshold. k-NN search caps each
 query at k-1 neighbours: when any query hits the cap, or an image of a reused shard now
 has k-1 or more neighbours, every shard is queried again (the cap makes results depend
@@ -66,7 +66,7 @@ from tasks.graph import index as fx
 from tasks.graph import ondisk
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.nodes import NodeTable, load_shard_vectors, read_shard_table
-from tasks.graph.pair_score import PairScore
+from tasks.shared.pair_score import PairScore, pair_score_of
 
 def _code() -> str:
     return code_version(__name__)
@@ -84,14 +84,6 @@ def feature_digests(source: Store, cfg: NearDedupConfig, nodes: NodeTable) -> di
     """The current feature digest of every shard; a clear error naming a shard without features."""
     return {shard: require_features(source, cfg.model_id, shard)["digest"] for shard in nodes.shards}
 
-
-def pair_score_of(markers: list[dict[str, Any]]) -> PairScore:
-    """The pair rule the feature model names (tasks/graph/pair_score.py); shards must agree."""
-    rules = {repr(PairScore.from_model(m.get("model")).to_json()) for m in markers if int(m.get("count", 0))}
-    if len(rules) > 1:
-        raise ValueError(f"feature shards disagree on their pair rule: {sorted(rules)}")
-    rule = PairScore.from_model(next((m.get("model") for m in markers if int(m.get("count", 0))), None))
-    return rule
 
 
 def index_plan(cfg: NearDedupConfig, markers: list[dict[str, Any]], limit: int = fx.INDEX_WORKER_BYTES

@@ -3,7 +3,7 @@
 Cosine similarity is the inner product of unit float32 rows (``METRIC_INNER_PRODUCT``);
 a model with a pair rule (wfd: layout alone when either image is colourless) is indexed
 by its candidate forms and queried by its query forms, whose inner product is that rule
-(:mod:`tasks.graph.pair_score`); with IVF, each part of a query form (the part scoring
+(:mod:`tasks.shared.pair_score`); with IVF, each part of a query form (the part scoring
 coloured members, the part scoring colourless ones) picks its own ``nprobe`` lists, since
 a centroid mixes both kinds and lists of one kind crowd out the other's
 (``bench/graph_probes.py``).
@@ -63,7 +63,7 @@ import faiss
 import numpy as np
 
 from tasks.graph.config import IVF_TRAIN_PER_LIST, IndexConfig
-from tasks.graph.pair_score import PairScore, united_lists
+from tasks.shared.pair_score import PairScore, united_lists
 
 SEARCH_BATCH = 4096  # queries per FAISS call: bounds the k-NN and range result buffers
 # Exact searches look this far below a threshold and keep canonical scores >= it, so a
@@ -72,7 +72,7 @@ EXACT_SEARCH_MARGIN = 1e-3
 # A query worker reads a flat index whole and maps an IVF index's lists, which a shard's
 # queries probe all over, so each query host holds the whole index (a flat one in every
 # worker's memory, IVF lists in its page cache and, from an object store, its local disk):
-# above this it is refused before anything is built (issue 22's per-task bound; README).
+# above this it is refused before anything is built (issue 22's per-task bound; docs/near-duplicates.md).
 INDEX_WORKER_BYTES = 16 << 30
 
 

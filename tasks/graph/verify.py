@@ -16,7 +16,7 @@ the tiles that have texture in both images (brightness, contrast and greyscale d
 a caption bar spoils only the tiles it covers). ``overlap`` is the share of the smaller
 picture that the other covers after alignment. A pair is *verified* with at least
 ``min_inliers`` inliers, ``overlap >= min_overlap`` and ``agreement >= min_agreement``.
-Separation, thresholds calibrated on a held-out sample (seed 1), see the README.
+Separation, thresholds calibrated on a held-out sample (seed 1), see docs/near-duplicates.md.
 
 Deterministic: ORB has no randomness; RANSAC draws from OpenCV's global RNG, which is
 reseeded (``cv2.setRNGSeed(seed)``) before every pair, with OpenCV on one thread, so a
@@ -43,7 +43,7 @@ from corpusforge.contract import read_marker, run_unit, unit_fingerprint
 from corpusforge.layout import VERIFIED_SCHEMA, review_path, staging_index, staging_tar, verified_path
 from corpusforge.storage import Store
 from corpusforge.version import code_version
-from tasks.features.decode import DecodeError, decode_rgb
+from tasks.shared.features.decode import DecodeError, decode_rgb
 from tasks.graph.config import (LOWE_RATIO, ORB_FAST_THRESHOLD, ORB_FEATURES, RANSAC_ITERS, RANSAC_PX, RANSAC_SEED,
                                 VERIFY_MAX_SIDE, NearDedupConfig, VerificationConfig)
 from tasks.graph.nodes import NodeTable, read_shard_table, records_path

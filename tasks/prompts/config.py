@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from corpusforge.config import StrictModel
-from tasks.features.config import ModelSpec, RuntimeConfig
+from tasks.shared.features.config import ModelSpec, RuntimeConfig
 
 
 class PromptSetConfig(StrictModel):

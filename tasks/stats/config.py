@@ -13,16 +13,11 @@ from typing import Literal
 from pydantic import Field
 
 from corpusforge.config import StrictModel
-from tasks.features.config import ModelSpec
+from tasks.shared.features.config import ModelSpec
+from tasks.shared.provenance import PROTOCOL_ARCH, PROTOCOL_MODES
 
-# The protocol's feature model (App. B.3): DINOv2 ViT-L/14 without registers.
-PROTOCOL_ARCH = "vit_large_patch14_dinov2"
 PROTOCOL_PREPROCESSING = "gpic_eval"
 RECOMMENDED_GENERATED = 50_000
-# Evaluation modes and their preprocessing: "paper" follows App. B.1 (square centre crop,
-# bicubic to 256, then 224); "gpic_eval_port" follows the public port of GPIC's toolkit
-# (Resize((224, 224)) bicubic squash of the whole image). Metrics are the same in both.
-PROTOCOL_MODES = {"paper": "gpic_eval", "gpic_eval_port": "gpic_eval_port"}
 
 
 def protocol_model(mode: str = "paper") -> ModelSpec:
