@@ -235,7 +235,6 @@ GRAPH_RECALL_VECTORS = "graph/index/recall_vectors.npy"
 GRAPH_NODES = "graph/nodes.json"
 GRAPH_SUMMARY = "graph/summary.json"
 GRAPH_COMPONENTS_REPORT = "graph/components_report.json"
-GRAPH_RECALL_SUMMARY = "graph/recall.json"
 
 
 def index_block_path(first_shard: str) -> str:
@@ -280,9 +279,6 @@ def caption_journal_dir(shard: str) -> str:
 
 def captions_path(shard: str) -> str:
     return f"{CAPTIONS_DIR}/{shard}.parquet"
-
-
-RELEASE_LAYOUTS = ("default", "gpic")
 
 
 def release_shard_name(split: str, shard: int, layout: str = "default") -> str:
@@ -461,7 +457,7 @@ MANIFEST_SCHEMA = pa.schema([
 #                                          sub-root, staging/… and features/… as in a corpus
 #   eval/items/{chunk}.parquet             one row per evaluation item (ids, hashes, texts)
 #   work/contamination/select/{name}/{shard}.parquet   corpus keys a scan may match (e.g. split train)
-#   work/contamination/index/{name}.faiss  IVF index over a scan's target vectors (+ ids.parquet)
+#   work/contamination/index/{name}.faiss  IVF index over a scan's target vectors
 #   work/contamination/found/{scan}/{chunk}.parquet    top-k target matches per query
 #   work/contamination/text/…              text canary state: docs, queries, bands, candidates, scores
 #   contamination/images/{chunk}.parquet   per evaluation image: best match, similarity, flag
@@ -473,7 +469,6 @@ MANIFEST_SCHEMA = pa.schema([
 #   edition/items.parquet, edition/mapping.parquet, edition/edition.json   the new benchmark edition
 CONTAMINATION_EVAL = "eval"
 CONTAMINATION_ITEMS = "eval/items"
-CONTAMINATION_WORK = "work/contamination"
 CONTAMINATION_SELECT = "work/contamination/select"
 CONTAMINATION_INDEX = "work/contamination/index"
 CONTAMINATION_FOUND = "work/contamination/found"
@@ -504,10 +499,6 @@ def select_path(name: str, shard: str) -> str:
 
 def contamination_index(name: str) -> str:
     return f"{CONTAMINATION_INDEX}/{name}.faiss"
-
-
-def contamination_index_ids(name: str) -> str:
-    return f"{CONTAMINATION_INDEX}/{name}.ids.parquet"
 
 
 def found_matches_path(scan: str, chunk: str) -> str:
@@ -630,7 +621,6 @@ EDITION_MAPPING_SCHEMA = pa.schema([
 #   qualification/quarantine.parquet           the quarantine ledger: flagged prompts, evidence, rule fired
 #   qualification/summary.json, receipt.json, report.md
 #   prompt_edition/prompts.parquet, mapping.parquet, edition.json, normalization.json
-PROMPTS_WORK = "work/prompts"
 PROMPTS_CAPTION_SAMPLE = "work/prompts/caption_sample.parquet"
 PROMPTS_CAPTIONS = "work/prompts/captions"
 PROMPTS_TEXTS = "work/prompts/texts"
@@ -644,7 +634,6 @@ QUARANTINE_LEDGER = "qualification/quarantine.parquet"
 QUALIFICATION_SUMMARY = "qualification/summary.json"
 QUALIFICATION_RECEIPT = "qualification/receipt.json"
 QUALIFICATION_REPORT = "qualification/report.md"
-PROMPT_EDITION_DIR = "prompt_edition"
 PROMPT_EDITION_PROMPTS = "prompt_edition/prompts.parquet"
 PROMPT_EDITION_MAPPING = "prompt_edition/mapping.parquet"
 PROMPT_EDITION_META = "prompt_edition/edition.json"

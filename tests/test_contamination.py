@@ -129,6 +129,41 @@ def test_signature_bands_catch_every_pair_at_the_signature_threshold():
         assert tuple(sorted(agree)) in plan.signature_subsets
 
 
+def test_band_keys_pair_what_datasketch_minhash_lsh_pairs():
+    """The signature and LSH bands are MinHash LSH banding as datasketch does it: texts that
+    share a band key are exactly the pairs ``MinHashLSH(params=(b, r))`` returns. The stage
+    keys the bands itself (64-bit keys joined out of core, by key range, with a per-key cap)
+    because MinHashLSH keeps every band table in one process's memory."""
+    from datasketch import LeanMinHash, MinHashLSH
+
+    from tasks.contamination.lsh import band_keys
+
+    rng = np.random.default_rng(0)
+    words = ["harbor", "violet", "copper", "moth", "light", "robot", "rain", "roof", "river", "lantern", "paper"]
+    base = [" ".join(rng.choice(words, 9)) for _ in range(12)]
+    texts = base + [" ".join(w if rng.random() > 0.25 else "tide" for w in t.split()) for t in base for _ in range(3)]
+    batch = text_batch(texts, num_perm=64)
+    plan = band_plan(8, 0.375, 64, 2)
+    rows, bands, keys = band_keys(batch, plan, np.zeros(len(texts), dtype=bool))
+    ours = set()
+    for band, key in {(int(b), int(k)) for b, k in zip(bands, keys, strict=True) if b >= 2}:
+        members = sorted(rows[(bands == band) & (keys == np.uint64(key))].tolist())
+        ours |= {(a, b) for i, a in enumerate(members) for b in members[i + 1:]}
+
+    def datasketch_pairs(vectors: np.ndarray, b: int, r: int) -> set[tuple[int, int]]:
+        lsh, sketches = MinHashLSH(num_perm=b * r, params=(b, r)), []
+        for i, v in enumerate(vectors):
+            sketches.append(LeanMinHash(seed=0, hashvalues=v.astype(np.uint64), scheme="legacy"))  # 32-bit values
+            lsh.insert(i, sketches[-1])
+        return {(min(i, j), max(i, j)) for i, m in enumerate(sketches) for j in lsh.query(m) if j != i}
+
+    m = len(plan.signature_subsets[0])
+    subsets = np.concatenate([batch.signature[:, list(s)] for s in plan.signature_subsets], axis=1)
+    expected = (datasketch_pairs(subsets, len(plan.signature_subsets), m)
+                | datasketch_pairs(batch.lsh, plan.lsh_bands, plan.rows_per_band))
+    assert len(ours) > 20 and ours == expected
+
+
 # ---- text canaries: the stage -------------------------------------------------------------
 def _text_run(tmp_path, bench: list[str], corpus: list[str], mode: str, **lsh) -> tuple[Store, dict]:
     tmp_path.mkdir(parents=True, exist_ok=True)

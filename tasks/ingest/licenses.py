@@ -215,11 +215,6 @@ def resolve_license(name: str | None, url: str | None, use_url: bool = True) -> 
     return Resolution(agreed) if agreed is not None else Resolution(conflict=(by_name, by_url))
 
 
-def record_license(name: str | None, url: str | None, use_url: bool = True) -> License | None:
-    """The one licence a record carries, or None (none recognised, or name and URL disagree)."""
-    return resolve_license(name, url, use_url).found
-
-
 def license_reason(name: str | None, url: str | None, cfg: LicenseConfig | None) -> str:
     """"" when the record may be used, else its filter reason; no config: everything passes."""
     if cfg is None:

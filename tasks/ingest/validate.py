@@ -29,7 +29,6 @@ from corpusforge.records import Status
 
 # Pillow format name -> extension the image is stored under in shards.
 FORMAT_EXT = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}
-EXT_FORMAT = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}
 # EXIF orientations that rotate by 90 degrees and so swap width and height.
 _TRANSPOSING_ORIENTATIONS = {5, 6, 7, 8}
 

@@ -5,20 +5,21 @@ collision plot, statistics sidecars): counts per status and reason, split sizes,
 counts and caption mix (GPIC Fig. 8) as a chart, the similarity histogram, the
 collision-model plot, a link to the calibration sheet, contamination rates when a
 receipt carries them, reference-statistics provenance, and which weights (or none)
-produced each number. Charts are inline PNGs (data URIs) and the page has no script and
-no external resource, so it can be mailed or archived as one file. No wall-clock time
+produced each number. The numbers and charts are computed here, the layout is the
+template ``corpusforge/templates/report.html``. Charts are inline PNGs (data URIs) and the
+page has no script and no external resource, so it can be mailed or archived as one file. No wall-clock time
 enters it: the same receipt gives the same bytes.
 """
 
 from __future__ import annotations
 
 import base64
-import html
 import io
 from typing import Any
 
 import numpy as np
 
+from corpusforge.html import Markup, render
 from corpusforge.layout import GRAPH_EDGES, RECEIPT, RUN_LOG_MD
 from corpusforge.storage import Store
 from tasks.shared.caption_summary import mix_by_split, share_table, word_chart_png, word_stats
@@ -31,26 +32,6 @@ CALIBRATION_PAGE = "graph/calibration/index.html"
 COLLISION_PLOT = "graph/collision/plot.png"
 HIST_BINS = np.linspace(0.9, 1.0, 41)
 
-_STYLE = """
-body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}
-h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
-table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ddd;padding:.25em .6em;text-align:right}
-th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
-.warn{background:#fff3cd;border:1px solid #e0b84c;padding:.6em 1em;font-weight:600}
-.random{color:#b00020;font-weight:700}img.chart{max-width:100%;height:auto;display:block;margin:.6em 0}
-nav a{margin-right:1em}code{background:#f4f4f4;padding:0 .25em}
-"""
-
-
-def _esc(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _table(header: list[str], rows: list[list[Any]], raw: bool = False) -> str:
-    head = "".join(f"<th>{_esc(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{c if raw else _esc(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
 
 def _png(fig: Any) -> str:
     import matplotlib.pyplot as plt
@@ -59,10 +40,6 @@ def _png(fig: Any) -> str:
     fig.savefig(buf, format="png", metadata={"Software": None}, bbox_inches="tight", dpi=100)
     plt.close(fig)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _img(uri: str, alt: str, name: str) -> str:
-    return f'<img class="chart" id="chart-{name}" src="{uri}" alt="{_esc(alt)}">'
 
 
 def _plt():
@@ -125,112 +102,78 @@ def _similarity_hist(store: Store) -> tuple[str, int] | None:
 def _weights(fp: dict[str, Any]) -> str:
     """The weights label of a model identity (tasks/shared/provenance.py), random init in red."""
     label = weights_label(fp)
-    return f'<span class="random">{_esc(label)}</span>' if label == RANDOM_INIT_LABEL else _esc(label)
+    return Markup('<span class="random">{}</span>').format(label) if label == RANDOM_INIT_LABEL else label
 
 
-def _features(features: dict[str, Any]) -> str:
+def _features(features: dict[str, Any]) -> dict[str, Any] | None:
     if not features:
-        return "<p>No feature models ran.</p>"
-    rows = [[_esc(m), _esc(t["dim"]), _esc(t["ok"]), _esc(t["errors"]),
-             _weights({**(t.get("fingerprint") or {}), "random_init": t["random_init"]})]
+        return None
+    rows = [[m, t["dim"], t["ok"], t["errors"], _weights({**(t.get("fingerprint") or {}),
+                                                           "random_init": t["random_init"]})]
             for m, t in features["models"].items()]
-    declared = {m: d for m, t in features["models"].items()
-                if (d := (t.get("fingerprint") or {}).get("protocol_deviation"))}
-    notes = [f"<p><b>Protocol deviation</b> (<code>{_esc(m)}</code>): {_esc(d)}.</p>" for m, d in declared.items()]
-    return _table(["model", "dim", "images", "errors", "weights"], rows, raw=True) + "".join(notes)
+    declared = [(m, d) for m, t in features["models"].items()
+                if (d := (t.get("fingerprint") or {}).get("protocol_deviation"))]
+    return {"rows": rows, "deviations": declared}
 
 
-def _near(near: dict[str, Any], store: Store, receipt: dict[str, Any]) -> str:
+def _near(near: dict[str, Any], store: Store, receipt: dict[str, Any]) -> dict[str, Any] | None:
     if not near:
-        return "<p>Near-duplicate removal did not run (<code>near_dedup: null</code>).</p>"
+        return None
     d, plan = near["decisions"], near["index"]["plan"]
-    out = [f"<p>Model <code>{_esc(near['model_id'])}</code> (weights: "
-           f"{_weights(((receipt.get('features') or {}).get('models') or {}).get(near['model_id'], {}).get('fingerprint') or {})}"
-           f"), index {_esc(plan['factory'])} over {_esc(near['index']['vectors'])} vectors, "
-           f"{_esc(near['graph']['edges'])} edges &ge; {_esc(near['graph']['threshold'])}, graph recall vs exact "
-           f"search {_esc(near['recall'].get('recall'))}. Removed {_esc(d['removed'])} of {_esc(d['images'])}: "
-           + ", ".join(f"{_esc(n)} by <code>{_esc(r)}</code>" for r, n in d["removed_by_rule"].items()) + ".</p>"]
+    model_fp = ((receipt.get("features") or {}).get("models") or {}).get(near["model_id"], {}).get("fingerprint")
     hist = _similarity_hist(store)
-    out.append("<h3>Similarity histogram</h3>")
-    if hist is not None:
-        out.append(_img(hist[0], f"histogram of {hist[1]} graph edge similarities", "similarity"))
-    else:
-        out.append("<p>No graph edges.</p>")
-    out.append("<h3>Collision models</h3>")
-    if store.exists(COLLISION_PLOT):
-        uri = "data:image/png;base64," + base64.b64encode(store.read_bytes(COLLISION_PLOT)).decode("ascii")
-        out.append(_img(uri, "collision models D(N) = A·N^β", "collision"))
-    else:
-        out.append("<p>Collision models were not fitted.</p>")
-    if store.exists(CALIBRATION_PAGE):
-        out.append(f'<p id="calibration-link">Calibration sheet: <a href="{CALIBRATION_PAGE}">{CALIBRATION_PAGE}</a> '
-                   "(sampled pairs per similarity bin).</p>")
-    return "\n".join(out)
+    collision = ("data:image/png;base64," + base64.b64encode(store.read_bytes(COLLISION_PLOT)).decode("ascii")
+                 if store.exists(COLLISION_PLOT) else None)
+    return {"model_id": near["model_id"], "weights": _weights(model_fp or {}), "factory": plan["factory"],
+            "vectors": near["index"]["vectors"], "edges": near["graph"]["edges"],
+            "threshold": near["graph"]["threshold"], "recall": near["recall"].get("recall"),
+            "removed": d["removed"], "images": d["images"], "removed_by_rule": list(d["removed_by_rule"].items()),
+            "hist": hist[0] if hist else None,
+            "hist_alt": f"histogram of {hist[1]} graph edge similarities" if hist else None,
+            "collision": collision, "calibration": CALIBRATION_PAGE if store.exists(CALIBRATION_PAGE) else None}
 
 
-def _contamination(receipt: dict[str, Any]) -> str:
+def _contamination(receipt: dict[str, Any]) -> dict[str, Any] | None:
     section = receipt.get("contamination")
     if not section:
-        return "<p>Contamination rates were not measured in this run.</p>"
+        return None
     rates = section.get("rates") if isinstance(section, dict) else None
-    if isinstance(rates, dict) and rates:
-        return _table(["measure", "rate"], [[k, v] for k, v in sorted(rates.items())])
-    return f"<pre>{_esc(section)}</pre>"
+    return {"rates": sorted(rates.items()) if isinstance(rates, dict) and rates else None, "raw": section}
 
 
-def _stats(stats: dict[str, Any]) -> str:
+def _stats(stats: dict[str, Any]) -> dict[str, Any] | None:
     """The statistics table, labelled from what the receipt records of the feature model
     (its markers' identity) and of each group's deviations (the sidecars')."""
     if not stats:
-        return "<p>No reference statistics in this run.</p>"
-    out = [f"<p>Model <code>{_esc(stats.get('model_id'))}</code>.</p>"]
-    if stats.get("warning"):
-        out.append(f'<p class="warn">{_esc(stats["warning"])}</p>')
-    rows = [[_esc(group), _esc(n), _weights(model := stats.get("model") or {}),
-             _esc(model.get("preprocessing", NOT_RECORDED)), _esc(stats_deviations(stats, group))]
+        return None
+    model = stats.get("model") or {}
+    rows = [[group, n, _weights(model), model.get("preprocessing", NOT_RECORDED), stats_deviations(stats, group)]
             for group, n in sorted((stats.get("n") or {}).items())]
-    if rows:
-        out.append(_table(["split", "images", "weights", "preprocessing", "deviations from the protocol"], rows,
-                          raw=True))
-    return "\n".join(out)
+    return {"model_id": stats.get("model_id"), "warning": stats.get("warning"), "rows": rows}
 
 
-def _licenses(licenses: dict[str, Any]) -> str:
+def _licenses(licenses: dict[str, Any]) -> dict[str, Any] | None:
     if not licenses:
-        return ""
-    allow = ", ".join(licenses["allow"]) if licenses.get("allow") else "off (every licence accepted)"
-    conflicts = conflict_line(licenses).replace("`", "")
-    return (f"<h3>Licences</h3><p>Allow-list: {_esc(allow)}.</p><p id=\"license-conflicts\">{_esc(conflicts)}</p>"
-            + _table(["licence family (input records)", "records"],
-                     [[f, n] for f, n in (licenses.get("input_by_family") or {}).items()]))
+        return None
+    return {"allow": ", ".join(licenses["allow"]) if licenses.get("allow") else "off (every licence accepted)",
+            "conflicts": conflict_line(licenses).replace("`", ""),
+            "families": list((licenses.get("input_by_family") or {}).items())}
 
 
-def _captions(receipt: dict[str, Any], types: list[str]) -> str:
-    """Word counts per caption type (GPIC Fig. 2), the realised mix per split, the eval caption set."""
-    cap, out = receipt.get("captioning"), []
+def _captions(receipt: dict[str, Any], types: list[str]) -> dict[str, Any] | None:
+    """Word counts per caption type (GPIC Fig. 2) and the realised mix per split."""
+    cap = receipt.get("captioning")
     if not cap:
-        out.append("<p>Captions come from the input (captioning off).</p>")
-    else:
-        out.append(f"<p>Model <code>{_esc(cap['model'])}</code>; {_esc(cap['records'])} records: "
-                   + _esc(", ".join(f"{n} {s}" for s, n in cap["by_status"].items())) + ".</p>")
-        if cap["unfinished_requests"]:
-            out.append(f'<p class="warn">{_esc(cap["unfinished_requests"])} requests gave up on transient errors: '
-                       "rerun to ask them again.</p>")
-        stats = word_stats(cap["words"])
-        if stats:
-            out.append(_img(_png(word_chart_png(cap["words"])), "words per caption by caption type", "words"))
-            out.append(_table(["caption type", "captions", "mean words", "p10", "median", "p90", "max"],
-                              [[t, s["captions"], s["mean"], s["p10"], s["median"], s["p90"], s["max"]]
-                               for t, s in stats.items()]))
-        mix = mix_by_split(receipt["release"]["shards"])
-        if mix:
-            out.append("<h3>Caption-type mix per split</h3>" + _table(["split", "samples", *types],
-                                                                      share_table(mix, types)))
-    ev = receipt.get("eval_captions")
-    if ev:
-        out.append(f"<p>Evaluation caption set <code>{_esc(ev['path'])}</code>: {_esc(ev['captions'])} test "
-                   f"captions, SHA-256 <code>{_esc(ev['sha256'])}</code>.</p>")
-    return "".join(out)
+        return None
+    stats = word_stats(cap["words"])
+    mix = mix_by_split(receipt["release"]["shards"])
+    return {"model": cap["model"], "records": cap["records"],
+            "by_status": ", ".join(f"{n} {s}" for s, n in cap["by_status"].items()),
+            "unfinished": cap["unfinished_requests"],
+            "words_chart": _png(word_chart_png(cap["words"])) if stats else None,
+            "word_rows": [[t, s["captions"], s["mean"], s["p10"], s["median"], s["p90"], s["max"]]
+                          for t, s in stats.items()],
+            "mix_rows": share_table(mix, types) if mix else None}
 
 
 def render_html_report(receipt: dict[str, Any], store: Store) -> str:
@@ -239,45 +182,18 @@ def render_html_report(receipt: dict[str, Any], store: Store) -> str:
     types = sorted({t for s in release["shards"].values() for t in s["caption_type"]})
     title = "corpusforge build report" if receipt.get("corpusforge") == "build_corpus" \
         else f"corpusforge {receipt.get('corpusforge', 'run')} report"
-    parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{_esc(title)}</title>"
-             f"<style>{_STYLE}</style></head><body>", f"<h1>{_esc(title)}</h1>",
-             "<nav>" + "".join(f'<a href="#{s}">{s.replace("-", " ")}</a>' for s in SECTIONS) + "</nav>"]
-    for w in receipt.get("warnings", []):
-        parts.append(f'<p class="warn">WARNING: {_esc(w)}</p>')
-    kept = counts["by_status"].get("kept", 0)
-    parts.append(f'<section id="summary"><h2>Summary</h2><p>Input records: <b>{_esc(counts["records"])}</b> '
-                 f'(source <code>{_esc(receipt["source"])}</code>, {_esc(receipt["source_kind"])}); kept '
-                 f'<b>{_esc(kept)}</b> in {_esc(len(release["shards"]))} release shards.</p></section>')
-    parts.append('<section id="outcomes"><h2>Outcomes</h2>'
-                 + _img(_outcomes_chart(counts["by_status"]), "records per status", "outcomes")
-                 + _table(["status", "records"], [[s, n] for s, n in counts["by_status"].items()])
-                 + "<h3>By reason</h3>"
-                 + _table(["status/reason", "records"], [[r, n] for r, n in counts["by_reason"].items()])
-                 + _licenses(receipt.get("licenses") or {}) + "</section>")
     tiers = release.get("tiers") or []
-    parts.append('<section id="splits"><h2>Splits</h2>'
-                 + _table(["split", "samples", "shards"],
-                          [[s, v["samples"], v["shards"]] for s, v in release["splits"].items()])
-                 + (f"<p>Tiers (prefixes of the train shards): {_esc(', '.join(f'{t} = {n} shards' for t, n in tiers))}"
-                    "</p>" if tiers else "") + "</section>")
-    rows = [[name, s["count"], *[f"{100 * s['caption_type'].get(t, 0) / max(1, s['count']):.1f}%" for t in types]]
-            for name, s in release["shards"].items()]
-    parts.append('<section id="shards"><h2>Release shards and caption mix</h2>'
-                 + (_img(_shards_chart(release["shards"], types), "samples per release shard by caption type", "shards")
-                    if release["shards"] else "<p>No release shards.</p>")
-                 + _table(["shard", "samples", *types], rows) + "</section>")
-    parts.append(f'<section id="captions"><h2>Captions</h2>{_captions(receipt, types)}</section>')
-    parts.append(f'<section id="features"><h2>Features</h2>{_features(receipt.get("features") or {})}</section>')
-    parts.append('<section id="near-duplicates"><h2>Near-duplicates</h2>'
-                 f'{_near(receipt.get("near_duplicates") or {}, store, receipt)}</section>')
-    parts.append(f'<section id="contamination"><h2>Contamination</h2>{_contamination(receipt)}</section>')
-    parts.append('<section id="reference-statistics"><h2>Reference statistics</h2>'
-                 f'{_stats(receipt.get("stats") or {})}</section>')
-    parts.append(f'<section id="provenance"><h2>Provenance</h2><p>Code version <code>{_esc(receipt["code_version"])}'
-                 f'</code>; input snapshot <code>{_esc(receipt["input_snapshot_sha256"])}</code>; full record in '
-                 f'<a href="{RECEIPT}">{RECEIPT}</a> (every output file\'s SHA-256).</p>'
-                 + (f'<p>Stage times of the latest run: <a href="{RUN_LOG_MD}">{RUN_LOG_MD}</a> (wall-clock seconds '
-                    'differ from run to run, so they are kept out of this page, which a rerun reproduces byte for '
-                    'byte).</p>' if receipt.get("corpusforge") == "build_corpus" else "") + '</section>')
-    parts.append("</body></html>\n")
-    return "\n".join(parts)
+    shard_rows = [[name, s["count"], *[f"{100 * s['caption_type'].get(t, 0) / max(1, s['count']):.1f}%"
+                                       for t in types]] for name, s in release["shards"].items()]
+    return render(
+        "report.html", title=title, sections=SECTIONS, warnings=receipt.get("warnings", []), receipt=receipt,
+        counts=counts, release=release, kept=counts["by_status"].get("kept", 0), types=types,
+        outcomes_chart=_outcomes_chart(counts["by_status"]), licenses=_licenses(receipt.get("licenses") or {}),
+        splits=[[s, v["samples"], v["shards"]] for s, v in release["splits"].items()],
+        tiers=", ".join(f"{t} = {n} shards" for t, n in tiers),
+        shards_chart=_shards_chart(release["shards"], types) if release["shards"] else None, shard_rows=shard_rows,
+        captions=_captions(receipt, types), eval_captions=receipt.get("eval_captions"),
+        features=_features(receipt.get("features") or {}), near=_near(receipt.get("near_duplicates") or {}, store,
+                                                                         receipt),
+        contamination=_contamination(receipt), stats=_stats(receipt.get("stats") or {}), receipt_path=RECEIPT,
+        run_log=RUN_LOG_MD if receipt.get("corpusforge") == "build_corpus" else None)

@@ -27,12 +27,12 @@ thread counts on one CPU (checked in ``tests/test_sscd_onnx.py``).
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
+from corpusforge.version import ROOT
 from tasks.shared.features.base import FeatureModel, l2_normalize
 from tasks.shared.features.config import ModelSpec, RuntimeConfig
 from tasks.shared.features.weights import WeightsError, fetch_weights
@@ -61,7 +61,7 @@ def default_wheel() -> str:
     env = os.environ.get("CORPUSFORGE_SSCD_ONNX_WHEEL")
     if env:
         return env
-    return str(Path(__file__).resolve().parents[2] / ".cache" / "wheels" / WHEEL_NAME)
+    return str(ROOT / ".cache" / "wheels" / WHEEL_NAME)
 
 
 class SSCDOnnx(FeatureModel):
