@@ -544,7 +544,7 @@ def run_graph_driver(store, sc: Scale, data: str) -> dict[str, Any]:
     table = write_shard_table(store, nodes, digests)
     info = {"plan": {"kind": "ivf"}, "n_vectors": nodes.n_nodes, "dim": 512, "fingerprint": "0" * 64}
     query = shard_calls(store, store, cfg, table, digests, info)
-    groups = merge_groups(nodes, [1] * len(nodes.shards), cfg.merge_max_edges)
+    groups = merge_groups(nodes, [1] * len(nodes.shards), cfg.advanced.merge_max_edges)
     merge = [dict(out=store, shard_table=table, group=g, found=found_fingerprint(list(digests.values())))
              for g in groups]
     records = {s: require_marker(store, staging_tar(s), "staging shard")["outputs"][staging_records(s)]
@@ -604,7 +604,7 @@ def _measured(runs: dict[str, Any]):
 
 def _index_task_sizes(index: dict[str, Any]) -> Callable[[int], dict[str, int]]:
     """What each index build task's memory follows at N records (a 512-d model): the training
-    sample (capped by index.max_train), the vectors of one block (capped by its bytes of
+    sample (capped by index.advanced.max_train), the vectors of one block (capped by its bytes of
     lists) and, for the merge, whose mapped file pages count in its RSS, the vectors of one
     range of lists (capped by the range's bytes)."""
     def sizes(n: int) -> dict[str, int]:

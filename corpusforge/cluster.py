@@ -22,7 +22,9 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from corpusforge.config import StrictModel
 
 from corpusforge import logs
 from corpusforge.contract import Unit, in_process, tree_reduce
@@ -34,10 +36,8 @@ log = logging.getLogger(__name__)
 MODEL_TASKS = frozenset({"extract-shard-features", "embed-generated-chunk"})
 
 
-class DaskConfig(BaseModel):
+class DaskConfig(StrictModel):
     """Which Dask cluster runs the tasks."""
-
-    model_config = ConfigDict(extra="forbid")
 
     address: str | None = Field(None, title="Scheduler address",
                                 description="tcp://host:8786 of an existing scheduler; empty for an embedded LocalCluster.")

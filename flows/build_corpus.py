@@ -55,7 +55,7 @@ from tasks.report.write import write_receipt
 from tasks.shared.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
 from tasks.shared.features.extract import extract_features, summarize
 from tasks.staging import WRITE_STAGING_SHARD, StagingConfig, plan_staging
-from tasks.stats.stage import ReferenceStatsSettings, reference_stats_stage
+from tasks.stats.stage import ReferenceStatsConfig, reference_stats_stage
 
 
 class BuildConfig(FlowConfig):
@@ -89,7 +89,7 @@ class BuildConfig(FlowConfig):
         default_factory=EvalCaptionsConfig, title="Evaluation caption set",
         description="A seeded sample of test-split captions users generate images from (GPIC §3: 50,000); "
                     "null to skip.")
-    reference_stats: ReferenceStatsSettings | None = Field(
+    reference_stats: ReferenceStatsConfig | None = Field(
         None, title="Reference statistics",
         description="FD-DINOv2 statistics of the held-out splits after release (GPIC §3); null to skip.")
     previous: str | None = Field(

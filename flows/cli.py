@@ -75,9 +75,9 @@ def _sample(args: argparse.Namespace) -> int:
 FLOW_COMMANDS = {
     "extract-features": ("flows.extract_features", "ExtractFeaturesConfig", "run_extract_features",
                          "extract features of a built corpus's staging shards (resumable)"),
-    "near-dedup": ("flows.near_dedup", "NearDedupFlowConfig", "run_near_dedup",
+    "near-dedup": ("flows.near_dedup", "NearDedupFlowParams", "run_near_dedup",
                    "near-duplicate pass over a built corpus, written as a new corpus version"),
-    "reference-stats": ("flows.reference_stats", "ReferenceStatsConfig", "run_reference_stats",
+    "reference-stats": ("flows.reference_stats", "ReferenceStatsFlowParams", "run_reference_stats",
                         "reference statistics (FD-DINOv2 mean/covariance) of a built corpus's splits"),
     "evaluate": ("flows.evaluate", "EvaluateConfig", "run_evaluate",
                  "metrics of generated images against reference statistics"),

@@ -173,7 +173,7 @@ def contamination(config: ContaminationConfig) -> dict[str, Any]:
 
     edition = None
     if benchmark is not None:
-        edition = edition_stage(out, chunks, config.edition, config.image.threshold if config.image else None,
+        edition = edition_stage(out, chunks, config.edition, config.image.flag_above if config.image else None,
                                 benchmark, fan_out=fan_out)
     else:
         for folder in (CONTAMINATION_ITEM_DECISIONS, EDITION_DIR):

@@ -37,7 +37,7 @@ FLOW = "near-dedup"
 CODE_MODULES = ("tasks.graph.stage", "tasks.release.publish")
 
 
-class NearDedupFlowConfig(FlowConfig):
+class NearDedupFlowParams(FlowConfig):
     """Which corpus, where the new version goes, the stage's settings, the cluster."""
 
     source: str = Field(..., title="Built corpus root",
@@ -53,12 +53,12 @@ class NearDedupFlowConfig(FlowConfig):
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
 
-def check_separate(config: NearDedupFlowConfig) -> None:
+def check_separate(config: NearDedupFlowParams) -> None:
     """Refuse an output root that is the source, inside it, or contains it."""
     require_separate(config.out, [("source corpus", config.source)], "a new version must not write into the old one")
 
 
-def near_dedup(config: NearDedupFlowConfig) -> dict[str, Any]:
+def near_dedup(config: NearDedupFlowParams) -> dict[str, Any]:
     """Near-duplicate removal on a built corpus, written as a new version under ``config.out``."""
     log = run_logger()
     source = Store(config.source, config.storage_options)

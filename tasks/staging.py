@@ -38,8 +38,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from corpusforge.config import StrictModel
 from corpusforge.chunking import plan_cuts
 from corpusforge.contract import Unit, run_unit, unit_fingerprint
 from corpusforge.faults import fault_point
@@ -54,10 +55,8 @@ from tasks.shared.samples import SAMPLE_JSON_FIELDS, sample_json
 
 
 
-class StagingConfig(BaseModel):
+class StagingConfig(StrictModel):
     """Staging shard size and the bucketing of the exact-dedup group-by."""
-
-    model_config = ConfigDict(extra="forbid")
 
     shard_size: int = Field(1000, ge=1, description="Average samples per staging shard (the unit of parallel "
                                                     "work); content-defined cuts give shards of 1/2 to 2x this.")

@@ -9,7 +9,7 @@ from corpusforge.contract import read_marker
 from corpusforge.layout import GRAPH_INDEX, GRAPH_SHARD_TABLE, found_path
 from tasks.graph import index as fx
 from tasks.graph.build import build_index
-from tasks.graph.config import IndexConfig, NearDedupConfig, VerificationConfig
+from tasks.graph.config import IndexAdvanced, IndexConfig, NearDedupAdvanced, NearDedupConfig, VerificationConfig
 from tasks.graph.edges import (feature_digests, found_fingerprint, graph_recall, iter_edges, merge_edges, merge_groups,
                                query_shard, recall_shard)
 from tasks.graph.nodes import plan_nodes, write_shard_table
@@ -27,7 +27,7 @@ def run_graph(store, shards, cfg):
     for s in nodes.shards:
         recall_shard(store, store, cfg, table, s, digests[s], info)
     found_fp = found_fingerprint([read_marker(store, found_path(s))["digest"] for s in nodes.shards])
-    for g in merge_groups(nodes, [m["pairs"] for m in found], cfg.merge_max_edges):
+    for g in merge_groups(nodes, [m["pairs"] for m in found], cfg.advanced.merge_max_edges):
         merge_edges(store, table, g, found_fp)
     got = {}
     for a, b, s in iter_edges(store, nodes):
@@ -80,8 +80,8 @@ def test_knn_cap_limits_edges_and_recall_reports_it(tmp_path):
 def test_ivf_recall_on_planted_near_duplicates(tmp_path, storage):
     store, shards, by_key = write_corpus(str(tmp_path), n_shards=4, per_shard=500, dim=32, seed=5)
     cfg = NearDedupConfig(index=IndexConfig(kind="ivf", nlist=32, nprobe=8, storage=storage, pq_m=8,
-                                            pq_rescore_margin=0.15, k=16), recall_queries=400,
-                          recall_tolerance=1e-3)
+                                            k=16, advanced=IndexAdvanced(pq_rescore_margin=0.15)),
+                          recall_queries=400, advanced=NearDedupAdvanced(recall_tolerance=1e-3))
     _, info, got = run_graph(store, shards, cfg)
     assert info["plan"]["factory"].startswith("IVF32,")
     want = brute_force_edges(store, shards, by_key, 0.90)

@@ -78,8 +78,8 @@ LABEL_RUNS = {
     "weight_free": {"reference_stats": {"splits": ["test"], "model": {"name": "wfd"}}},
     # real pinned weights (int8): extracted for near-duplicates and reused by the statistics
     "pinned": {"features": {"models": [SSCD]}, "reference_stats": {"splits": ["test"], "model": SSCD},
-               "near_dedup": {"model_id": "sscd_onnx_s224", "graph_threshold": 0.80, "candidate_threshold": 0.80,
-                              "pair_threshold": 0.88}},
+               "near_dedup": {"model_id": "sscd_onnx_s224", "edge_min_similarity": 0.80,
+                              "component_link_above": 0.80, "pair_removal_above": 0.88}},
 }
 
 

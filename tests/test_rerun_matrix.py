@@ -345,7 +345,7 @@ def test_add_a_feature_model_computes_only_that_model(history):
 
 
 def test_change_the_near_duplicate_pair_threshold_reruns_only_decisions(history):
-    changes = {**history.base_changes, "near_dedup": {"pair_threshold": 0.95,
+    changes = {**history.base_changes, "near_dedup": {"pair_removal_above": 0.95,
                                                       "collision": {"fractions": [0.25, 0.5, 1.0]}}}
     work = history.rerun(**changes)["rerun"]
     assert computed(work, "graph", "queries") == 0 and computed(work, "graph", "index") == 0

@@ -124,8 +124,8 @@ def test_gpic_rule_on_learned_copy_features_of_the_sample(wheel, sample_corpus, 
     s = spec(wheel)
     extract_features(store, ["000000"], FeaturesConfig(models=[s], runtime=RuntimeConfig(batch_size=8)))
     candidate, pair = CALIBRATED[SIZE]
-    cfg = NearDedupConfig(model_id=s.model_id, graph_threshold=candidate, candidate_threshold=candidate,
-                          pair_threshold=pair, index=IndexConfig(kind="flat", search="range"),
+    cfg = NearDedupConfig(model_id=s.model_id, edge_min_similarity=candidate, component_link_above=candidate,
+                          pair_removal_above=pair, index=IndexConfig(kind="flat", search="range"),
                           collision=CollisionConfig(enabled=False), calibration=CalibrationConfig(enabled=False))
     near_duplicate_stage(store, cfg, ["000000"])
     removed = {d["key"]: d for d in read_decisions(store, ["000000"]).to_pylist() if d["status"] == "near_duplicate"}

@@ -25,7 +25,7 @@ from corpusforge.layout import MANIFEST_SCHEMA, manifest_path
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample
 from flows.evaluate import EvaluateConfig, evaluate_flow
-from flows.reference_stats import ReferenceStatsConfig, reference_stats_flow
+from flows.reference_stats import ReferenceStatsFlowParams, reference_stats_flow
 from tasks.shared.features.config import ModelSpec, RuntimeConfig
 from tasks.shared.features.decode import decode_rgb
 from tasks.shared.features import registry
@@ -74,8 +74,8 @@ def build_corpus(root) -> Store:
     return store
 
 
-def ref_config(store: Store, dask: DaskConfig) -> ReferenceStatsConfig:
-    return ReferenceStatsConfig(corpus=store.root, splits=["test"], oracle=True, test_subset=5, model=SPEC,
+def ref_config(store: Store, dask: DaskConfig) -> ReferenceStatsFlowParams:
+    return ReferenceStatsFlowParams(corpus=store.root, splits=["test"], oracle=True, test_subset=5, model=SPEC,
                                 runtime=RuntimeConfig(batch_size=8), sample=SampleConfig(max_rows=50),
                                 metrics=METRICS, dask=dask)
 

@@ -47,7 +47,7 @@ from corpusforge.storage import Store
 from corpusforge.tarshard import HashingWriter
 from corpusforge.version import code_version
 from tasks.contamination import similarity as sim
-from tasks.contamination.config import IvfConfig
+from tasks.contamination.config import IVF_TRAIN_PER_LIST, IvfConfig
 from tasks.contamination.selection import read_selection
 from tasks.shared.pair_score import PairScore, pair_score_of
 
@@ -212,7 +212,7 @@ def build_scan_index(out: Store, name: str, target: ScanSide, target_digest: str
     in target-shard order)."""
     n_est = sum(n_selected(target, s) for s in target.shards)
     nlist = cfg.nlist or sim.auto_nlist(n_est)
-    n_train = min(n_est, cfg.max_train, nlist * cfg.train_per_list)
+    n_train = min(n_est, cfg.max_train, nlist * IVF_TRAIN_PER_LIST)
     plan = {"nlist": nlist, "nprobe": min(cfg.nprobe, nlist), "storage": cfg.storage, "n_train": n_train,
             "seed": cfg.seed}
     fp = unit_fingerprint("contamination-index", _code(), [plan, rule.to_json()], target_digest)

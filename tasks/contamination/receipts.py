@@ -67,11 +67,14 @@ def corpus_snapshot(corpus: Store) -> dict[str, Any]:
 
 
 def build_thresholds(corpus: Store) -> list[float]:
-    """The build's graph and pair thresholds (from its receipt), else GPIC's: where the
-    cross-split leakage is counted."""
+    """The build's edge and pair-removal thresholds (from its receipt; a receipt written before
+    their renaming has graph_threshold and pair_threshold), else GPIC's: where the cross-split
+    leakage is counted."""
     near = (corpus.read_json(RECEIPT).get("thresholds", {}).get("near_dedup") if corpus.exists(RECEIPT) else None)
     if near:
-        return sorted({float(near["graph_threshold"]), float(near["pair_threshold"])})
+        edge = near.get("edge_min_similarity", near.get("graph_threshold"))
+        pair = near.get("pair_removal_above", near.get("pair_threshold"))
+        return sorted({float(edge), float(pair)})
     return [0.90, 0.9625]
 
 
@@ -93,15 +96,15 @@ def thresholds(image: ImageScanConfig | None, text: TextCanaryConfig | None, lea
     """Every threshold of the measurements run, with its comparison."""
     t: dict[str, Any] = {}
     if image:
-        t["image"] = {"threshold": image.threshold, "comparison": ">", "curve": image.curve}
+        t["image"] = {"threshold": image.flag_above, "comparison": ">", "curve": image.curve}
     if text:
         t["text"] = {k: getattr(text, k) for k in ("exact", "normalized", "direct_jaccard", "signature",
                                                     "review_direct_jaccard", "review_signature")}
     if leakage:
-        t["leakage"] = {"thresholds": leakage.thresholds, "review_threshold": leakage.review_threshold,
+        t["leakage"] = {"thresholds": leakage.thresholds, "review_threshold": leakage.review_min_similarity,
                         "comparison": ">="}
     if judge:
-        t["image_text"] = {"containment": judge.containment, "min_similarity": judge.min_similarity}
+        t["image_text"] = {"containment": judge.containment, "min_similarity": judge.retrieve_above}
     return t
 
 

@@ -141,11 +141,11 @@ def image_stage(out: Store, corpus: Store, eval_store: Store, chunks: list[str],
     query = scan.ScanSide(eval_store, cfg.model_id, tuple(embedded))
     identity = scan.check_same_features(query, target) if identity_check else scan.feature_identity(target)
     result = run_scan(out, "images", query, target, cfg.k, cfg.search, cfg.exact_max_pairs, cfg.ivf,
-                      cfg.recall_queries, cfg.threshold, fan_out=fan_out) if embedded else {"search": None, "queries": 0}
+                      cfg.recall_queries, cfg.flag_above, fan_out=fan_out) if embedded else {"search": None, "queries": 0}
     prune(out, CONTAMINATION_IMAGES, chunks)
     fan_out(IMAGE_ROWS, [dict(out=out, eval_store=eval_store, chunk=c, model_id=cfg.model_id, scan="images",
-                                     threshold=cfg.threshold) for c in chunks])
-    summary = summarize_images(out, chunks, cfg.threshold, cfg.curve, cfg.top_pairs)
+                                     threshold=cfg.flag_above) for c in chunks])
+    summary = summarize_images(out, chunks, cfg.flag_above, cfg.curve, cfg.top_pairs)
     return {**summary, "model_id": cfg.model_id, "feature_identity": identity, "corpus_splits": cfg.corpus_splits,
             "training_images_by_split": counts, "scan": result}
 
@@ -168,18 +168,18 @@ def leakage_stage(out: Store, corpus: Store, cfg: LeakageConfig, model_id: str, 
     query = scan.ScanSide(corpus, model_id, tuple(with_held), held_sel, out, held_digests)
     target = scan.ScanSide(train_corpus, model_id, tuple(train_shards), train_sel, out, train_digests)
     identity = scan.check_same_features(query, target)
-    thresholds = sorted(set(cfg.thresholds or build_thresholds) | {cfg.review_threshold})
+    thresholds = sorted(set(cfg.thresholds or build_thresholds) | {cfg.review_min_similarity})
     result = run_scan(out, "leakage", query, target, cfg.k, cfg.search, cfg.exact_max_pairs, cfg.ivf, 200,
                       min(thresholds), fan_out=fan_out) if with_held else {"search": None}
     prune(out, CONTAMINATION_LEAKAGE, with_held)
     markers = fan_out(LEAKAGE_ROWS, [dict(out=out, scan="leakage", selection=held_sel, shard=s,
-                                                 thresholds=thresholds, review_threshold=cfg.review_threshold)
+                                                 thresholds=thresholds, review_threshold=cfg.review_min_similarity)
                                             for s in with_held])
     source = {"corpus": corpus.root, "against": train_corpus.root, "held_out_splits": cfg.held_out,
               "train_splits": cfg.train, "model_id": model_id, "build_thresholds": build_thresholds,
               "held_out_images": held_counts, "training_images": train_counts, "feature_identity": identity,
               "scan": result}
-    return summarize_leakage(markers, thresholds, cfg.review_threshold, source)
+    return summarize_leakage(markers, thresholds, cfg.review_min_similarity, source)
 
 
 def _doc_units(out: Store, corpus: Store | None, cfg: TextCanaryConfig, *, fan_out: FanOut = in_process

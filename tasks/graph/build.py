@@ -1,7 +1,7 @@
 """Building the near-duplicate index: one task for a flat index; train, add, merge for IVF.
 
     flat: prepare (1 task: every vector added, the index written whole)
-    ivf:  prepare (1 task: train on the seeded sample, at most ``index.max_train`` vectors)
+    ivf:  prepare (1 task: train on the seeded sample, at most ``index.advanced.max_train`` vectors)
           → add (1 task per block of staging shards, about ADD_BLOCK_BYTES of lists each)
           → merge (1 task: every block's lists into graph/index/index.ivfdata)
 

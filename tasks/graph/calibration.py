@@ -125,9 +125,9 @@ def _histogram_png(graph_counts: np.ndarray, pair_counts: np.ndarray | None, gra
 
 
 def _rule(s: float, cfg: NearDedupConfig) -> str:
-    if s > np.float32(cfg.pair_threshold):
+    if s > np.float32(cfg.pair_removal_above):
         return "tier 1: lower resolution removed"
-    if s > np.float32(cfg.candidate_threshold):
+    if s > np.float32(cfg.component_link_above):
         return f"candidate edge: removed only in components >= {cfg.min_component_size}"
     return "below the candidate threshold: no action"
 
@@ -149,7 +149,7 @@ def _calibration_sheet(source: Store, out: Store, cfg: NearDedupConfig, nodes: N
     cal = cfg.calibration
     bins = [tuple(b) for b in cal.bins]
     sampler = BinSampler(bins, cal.pairs_per_bin, cfg.seed)
-    from_graph = [i for i, (lo, _) in enumerate(bins) if lo >= cfg.graph_threshold]
+    from_graph = [i for i, (lo, _) in enumerate(bins) if lo >= cfg.edge_min_similarity]
     from_pairs = [i for i in range(len(bins)) if i not in from_graph]
     graph_counts = np.zeros(len(HIST_BINS) - 1, dtype=np.int64)
     for a, b, s in iter_edges(out, nodes):
@@ -177,9 +177,9 @@ def _calibration_sheet(source: Store, out: Store, cfg: NearDedupConfig, nodes: N
         note = (f"{len(ka)} of {sampler.seen[i]} pairs from {src}" if src else
                 "no pairs: below the graph threshold and no collision pairs")
         sections.append({"label": label, "note": note, "pairs": pairs})
-    hist = _histogram_png(graph_counts, pair_counts, cfg.graph_threshold)
+    hist = _histogram_png(graph_counts, pair_counts, cfg.edge_min_similarity)
     page = render("calibration.html", title=f"Near-duplicate calibration ({cfg.model_id})", model=cfg.model_id,
-                  hist=hist, sections=sections, ct=cfg.candidate_threshold, pt=cfg.pair_threshold,
+                  hist=hist, sections=sections, ct=cfg.component_link_above, pt=cfg.pair_removal_above,
                   m=cfg.min_component_size)
     sha = out.write_bytes(PAGE_PATH, page.encode("utf-8"))
     summary = {"bins": counts, "images": int(len(chosen)),

@@ -121,8 +121,8 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
                                                      cfg.index.model_dump(mode="json"), info.get("pair_score")],
                            [nodes.to_json(), [digests[s] for s in nodes.shards]])
     kfp = unit_fingerprint("graph-calibration", code,
-                           [cfg.calibration.model_dump(mode="json"), cfg.graph_threshold, cfg.candidate_threshold,
-                            cfg.pair_threshold, cfg.min_component_size, cfg.seed],
+                           [cfg.calibration.model_dump(mode="json"), cfg.edge_min_similarity, cfg.component_link_above,
+                            cfg.pair_removal_above, cfg.min_component_size, cfg.seed],
                            [edges_digests, records_digests, cfp if cfg.collision.enabled else None])
     lists = {kind: write_shard_digests(store, kind, nodes, d)
              for kind, d in (("edges", edges_digests), ("records", records_digests))}
@@ -165,11 +165,11 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
         "index": {"plan": info["plan"], "vectors": info["n_vectors"], "dim": info["dim"],
                   "gpu_build": info["gpu_build"], "gpu_search": any(q["gpu_search"] for q in queried),
                   "search": cfg.index.search, "k": cfg.index.k},
-        "graph": {"threshold": cfg.graph_threshold, "search_threshold": cfg.search_threshold,
+        "graph": {"threshold": cfg.edge_min_similarity, "search_threshold": cfg.search_min_similarity,
                   "pair_score": info.get("pair_score"), "edges": sum(sum(m["edges"].values()) for m in merged),
                   "merge_tasks": len(merged)},
         "rule": "gpic_verified" if cfg.verifying else "gpic_exact",
-        "verification": ({**cfg.verification.model_dump(mode="json"),
+        "verification": ({**cfg.verification.recorded(),
                           "band_pairs": review["info"]["band_pairs"],
                           "pairs": sum(m["info"]["pairs"] for m in verified),
                           "verified": sum(m["info"]["verified"] for m in verified)} if cfg.verifying else None),
@@ -208,7 +208,7 @@ def _merge(store: Store, nodes, table: str, cfg: NearDedupConfig, fan_out: FanOu
     """Symmetric edge files from the current found files; each group reports its edge digests."""
     found = [require_marker(store, found_path(s), "graph query") for s in nodes.shards]
     found_fp = found_fingerprint([m["digest"] for m in found])
-    groups = merge_groups(nodes, [m["info"]["pairs"] for m in found], cfg.merge_max_edges)
+    groups = merge_groups(nodes, [m["info"]["pairs"] for m in found], cfg.advanced.merge_max_edges)
     merged = fan_out(MERGE_EDGES, [dict(out=store, shard_table=table, group=g, found=found_fp) for g in groups])
     for group, m in zip(groups, merged, strict=True):
         m["digests"] = [require_marker(store, edges_path(s), "graph edges")["digest"]

@@ -1,8 +1,8 @@
 """GPIC's two-tier near-duplicate rule (§2.3), on node-id arrays.
 
-The candidate graph holds pairs with similarity > ``candidate_threshold`` (0.90).
+The candidate graph holds pairs with similarity > ``component_link_above`` (0.90).
 
-* Tier 1 (pairs): for every pair > ``pair_threshold`` (0.9625), the lower-resolution
+* Tier 1 (pairs): for every pair > ``pair_removal_above`` (0.9625), the lower-resolution
   image is removed.
 * Tier 2 (components): in every connected component of the candidate graph with at
   least ``min_component_size`` (5) images, only the highest-resolution image is kept.

@@ -32,7 +32,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from corpusforge.config import StrictModel
 
 CC_BY_FAMILIES = ("CC BY", "CC BY-SA", "CC BY-ND", "CC BY-NC", "CC BY-NC-SA", "CC BY-NC-ND")
 CC0 = "CC0"
@@ -144,10 +146,8 @@ def normalize_license(raw: str | None) -> License | None:
     return License(family, version) if family else None
 
 
-class LicenseConfig(BaseModel):
+class LicenseConfig(StrictModel):
     """Which licences may enter the corpus; ``licenses: null`` in the build config turns the check off."""
-
-    model_config = ConfigDict(extra="forbid")
 
     allow: list[str] = Field(
         default_factory=lambda: list(GPIC_ALLOWED), min_length=1,

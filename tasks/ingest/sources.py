@@ -46,8 +46,9 @@ import fsspec.asyn
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from corpusforge.config import StrictModel
 from corpusforge.contract import Unit, prune
 from corpusforge.layout import (INPUT_DIR, INPUT_SCHEMA, LISTING_SPILL_DIR, TABLE_SUFFIXES, input_path, listing_spill_path,
                                 part_name)
@@ -67,10 +68,8 @@ GPIC_SPLITS = ("train", "val", "test")
 SCHEME_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")  # file:/x, local:/x, c:/x
 
 
-class SourceConfig(BaseModel):
+class SourceConfig(StrictModel):
     """How to read the input corpus."""
-
-    model_config = ConfigDict(extra="forbid")
 
     kind: Literal["auto", "table", "tars", "folder"] = Field(
         "auto", description="Input kind; 'auto' detects a metadata table, tars or a bare image folder.")

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from PIL import Image, UnidentifiedImageError
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from corpusforge.config import StrictModel
 from corpusforge.records import Status
 
 # Pillow format name -> extension the image is stored under in shards.
@@ -32,10 +33,8 @@ FORMAT_EXT = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}
 _TRANSPOSING_ORIENTATIONS = {5, 6, 7, 8}
 
 
-class ValidationConfig(BaseModel):
+class ValidationConfig(StrictModel):
     """Thresholds of the image filters (GPIC §2.2 defaults)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     formats: list[Literal["JPEG", "PNG", "WEBP"]] = Field(
         ["JPEG", "PNG", "WEBP"], description="Accepted image formats (sniffed from the bytes, not the name).")

@@ -24,8 +24,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from corpusforge.config import StrictModel
 from corpusforge.hashing import stable_uniform
 
 SPLITS = ("train", "val", "test")
@@ -36,10 +37,8 @@ GPIC_VAL, GPIC_TEST = 200_000, 1_000_000
 GPIC_TOTAL = 8000 * 12_500 + GPIC_VAL + GPIC_TEST
 
 
-class SplitConfig(BaseModel):
+class SplitConfig(StrictModel):
     """Split sizes, release shard size and tiers."""
-
-    model_config = ConfigDict(extra="forbid")
 
     val: float = Field(0.05, ge=0, description="Validation size: a fraction (< 1) or a count (≥ 1).")
     test: float = Field(0.10, ge=0, description="Test size: a fraction (< 1) or a count (≥ 1).")

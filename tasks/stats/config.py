@@ -8,12 +8,11 @@ other value is allowed and is written into the outputs as a protocol deviation.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Literal, Self
+from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from corpusforge.config import StrictModel
 from tasks.shared.features.config import ModelSpec
 from tasks.shared.provenance import PROTOCOL_ARCH, PROTOCOL_MODES
 
@@ -26,21 +25,8 @@ def protocol_model(mode: str = "paper") -> ModelSpec:
     return ModelSpec(name="dinov2", arch=PROTOCOL_ARCH, preprocessing=PROTOCOL_MODES[mode])
 
 
-class YamlConfig(BaseModel):
-    """A config that rejects unknown keys and loads from YAML."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> Self:
-        with open(path, encoding="utf-8") as f:
-            return cls.model_validate(yaml.safe_load(f) or {})
-
-
-class SampleConfig(BaseModel):
+class SampleConfig(StrictModel):
     """The feature rows stored with reference statistics for PRDC and MMD."""
-
-    model_config = ConfigDict(extra="forbid")
 
     max_rows: int = Field(10_000, ge=0, title="Stored reference rows",
                           description="Rows kept per split (float32, 10,000 × 1024 × 4 B = 40 MB), as many "
@@ -50,10 +36,8 @@ class SampleConfig(BaseModel):
                                   "sharding and worker count.")
 
 
-class MetricsConfig(BaseModel):
+class MetricsConfig(StrictModel):
     """How generated features are compared with a reference."""
-
-    model_config = ConfigDict(extra="forbid")
 
     fd_method: Literal["sqrtm", "eigh"] = Field(
         "sqrtm", title="Matrix square root",

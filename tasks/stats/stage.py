@@ -40,11 +40,11 @@ ORACLE_PATH = f"{STATS_DIR}/oracle.json"
 STATS_SUBSET = "stats"  # features/{model}/subsets/stats/: features of only the summarised groups' records
 
 
-class ReferenceStatsSettings(FlowConfig):
+class ReferenceStatsConfig(FlowConfig):
     """What to summarise and how: splits, oracles, feature model, subsample, metrics.
 
     The build flow takes these as its ``reference_stats`` section; the standalone flow
-    adds the corpus root and the cluster (:class:`ReferenceStatsConfig`)."""
+    adds the corpus root and the cluster (:class:`ReferenceStatsFlowParams`)."""
 
     splits: list[Literal["train", "val", "test"]] = Field(["test"], min_length=1, title="Splits",
                                                           description="Splits to summarise (GPIC: test).")
@@ -77,7 +77,7 @@ class ReferenceStatsSettings(FlowConfig):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, title="Oracle metrics")
 
     @model_validator(mode="after")
-    def _oracle_needs_test(self) -> ReferenceStatsSettings:
+    def _oracle_needs_test(self) -> ReferenceStatsConfig:
         if self.oracle and "test" not in self.splits:
             raise ValueError("oracle references are measured against test: add 'test' to splits")
         return self
@@ -95,7 +95,7 @@ PARTIALS = Unit(batch_partials, "stats-partials")
 MERGE = Unit(merge_partials, "stats-merge")
 
 
-def reference_stats_stage(store: Store, config: ReferenceStatsSettings, caption_set: dict[str, Any] | None = None,
+def reference_stats_stage(store: Store, config: ReferenceStatsConfig, caption_set: dict[str, Any] | None = None,
                           *, fan_out: FanOut = in_process) -> dict[str, Any]:
     """The stage itself, on the corpus in ``store``; its units run through ``fan_out`` (a
     flow's Dask cluster). Statistics files of groups this run does not write are removed.

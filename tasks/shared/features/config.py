@@ -10,7 +10,9 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from corpusforge.config import StrictModel
 
 # Registry names and, per learned family, the default architecture and the preprocessings
 # it accepts (the first one is the default). "wfd" (the weight-free descriptor) owns its
@@ -34,10 +36,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
 STATISTICS_PREPROCESSING = frozenset({"gpic_eval", "gpic_eval_port", "inception_299"})
 
 
-class WeightsSpec(BaseModel):
+class WeightsSpec(StrictModel):
     """A pinned weights file: where it is and which bytes it must be."""
-
-    model_config = ConfigDict(extra="forbid")
 
     uri: str = Field(..., title="Weights location",
                      description="A local file, an s3://bucket/key object, or a Hugging Face cache "
@@ -66,10 +66,8 @@ class WeightsSpec(BaseModel):
         return value
 
 
-class ModelSpec(BaseModel):
+class ModelSpec(StrictModel):
     """One feature model: family, architecture, weights and preprocessing."""
-
-    model_config = ConfigDict(extra="forbid")
 
     name: str = Field(..., title="Model family",
                       description="Registry name: wfd, sscd_disc_mixup, sscd_disc_large, sscd_onnx, clip, "
@@ -158,10 +156,8 @@ def _dinov2_short(arch: str) -> str:
     return f"vit{m.group(1)[0]}{m.group(2)}{m.group(3) or ''}"
 
 
-class RuntimeConfig(BaseModel):
+class RuntimeConfig(StrictModel):
     """How a worker runs its models; chosen per worker, not part of the feature identity."""
-
-    model_config = ConfigDict(extra="forbid")
 
     device: Literal["auto", "cpu", "cuda"] = Field("auto", title="Device",
                                                    description="auto picks cuda when available.")
@@ -181,10 +177,8 @@ class RuntimeConfig(BaseModel):
                     "machine). More threads are faster on a big CPU host but only equal in the last bits.")
 
 
-class FeaturesConfig(BaseModel):
+class FeaturesConfig(StrictModel):
     """The feature stage: models to run, stored dtype, runtime, TorchScript allow-list."""
-
-    model_config = ConfigDict(extra="forbid")
 
     models: list[ModelSpec] = Field(default_factory=lambda: [ModelSpec(name="wfd")], title="Models")
     dtype: Literal["float16", "float32"] = Field("float16", title="Stored dtype",
