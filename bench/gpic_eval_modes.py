@@ -18,7 +18,7 @@ import argparse
 import numpy as np
 from PIL import Image
 
-from tasks.features.preprocess import gpic_eval, gpic_eval_port
+from tasks.shared.features.preprocess import gpic_eval, gpic_eval_port
 
 SIZES = [(256, 256), (512, 512), (500, 300), (640, 480), (480, 640), (1024, 576), (800, 200)]
 

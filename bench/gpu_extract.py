@@ -36,8 +36,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from tasks.features.config import ModelSpec, RuntimeConfig  # noqa: E402
-from tasks.features.registry import build_model  # noqa: E402
+from tasks.shared.features.config import ModelSpec, RuntimeConfig  # noqa: E402
+from tasks.shared.features.registry import build_model  # noqa: E402
 
 NOMINAL_GFLOP = {"sscd": 16.7, "clip": 162.0, "dinov2": 162.0}
 SPECS = {

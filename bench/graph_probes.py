@@ -25,7 +25,7 @@ import numpy as np
 
 from tasks.graph import index as fx
 from tasks.graph.config import IndexConfig
-from tasks.graph.pair_score import PairScore
+from tasks.shared.pair_score import PairScore
 
 LAYOUT, COLOUR, WEIGHT, THRESHOLD = 96, 48, 0.25, 0.90
 

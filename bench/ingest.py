@@ -41,11 +41,11 @@ from fsspec.implementations.local import LocalFileSystem
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from sample_corpus import write_sample_corpus
-from tasks.exact_dedup import deduplicate
-from tasks.ingest import ingest_partition
-from tasks.sources import SourceConfig, plan_partitions
+from tasks.ingest.exact_dedup import deduplicate
+from tasks.ingest.partition import ingest_partition
+from tasks.ingest.sources import SourceConfig, plan_partitions
 from tasks.staging import StagingConfig, plan_staging, shard_records, write_staging_shard
-from tasks.validate import ValidationConfig
+from tasks.ingest.validate import ValidationConfig
 
 PROTOCOL = "counted"
 

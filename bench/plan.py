@@ -31,7 +31,7 @@ from corpusforge.storage import Store
 from flows.build_corpus import BuildConfig, run_build
 from flows.plan import StagePlan, _judge, plan_build
 from sample_corpus import write_sample_corpus
-from tasks.exact_dedup import combine_digests, resolve_key
+from tasks.ingest.exact_dedup import combine_digests, resolve_key
 
 SHARD_SIZE = 100
 BUCKETS = 64

@@ -26,7 +26,7 @@ import pyarrow as pa
 from corpusforge.layout import (NEAR_DECISION_SCHEMA, STAGING_RECORDS_SCHEMA, decisions_path, staging_index,
                                 staging_records)
 from corpusforge.storage import Store
-from tasks.release import PLAN_MEMORY_LIMIT
+from tasks.release.shards import PLAN_MEMORY_LIMIT
 
 INDEX_SCHEMA = pa.schema([("key", pa.string()), ("ext", pa.string()), ("offset", pa.int64()), ("size", pa.int64()),
                           ("sha256", pa.string())])
@@ -66,14 +66,14 @@ def write_synthetic(root: Path, n: int, shard_size: int, seed: int = 0) -> list[
 
 
 def _run(which: str, root: str, shards: list[str], memory_limit: str, queue: mp.Queue) -> None:
-    from tasks.splits import SplitConfig
+    from tasks.release.splits import SplitConfig
 
     if which == "old":
         from tests.old_release import old_release_module
 
         plan = old_release_module().plan_release_files
     else:
-        from tasks.release import plan_release_files, write_staged_list
+        from tasks.release.shards import plan_release_files, write_staged_list
 
         def plan(store, shards, cfg, near_dedup):
             return plan_release_files(store, write_staged_list(store, shards), cfg, near_dedup,

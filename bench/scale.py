@@ -152,7 +152,7 @@ class Scale:
 
     @classmethod
     def of(cls, n: int) -> Scale:
-        from tasks.sources import SourceConfig
+        from tasks.ingest.sources import SourceConfig
         from tasks.staging import StagingConfig
 
         parts = math.ceil(n / SourceConfig().partition_size)
@@ -164,16 +164,16 @@ class Scale:
 
     @property
     def release_shards(self) -> int:
-        from tasks.splits import SplitConfig
+        from tasks.release.splits import SplitConfig
 
         return math.ceil(self.kept / SplitConfig().shard_size)
 
     def fan_outs(self) -> dict[str, int]:
-        """Units of each fan-out of a build (flows/build_corpus.py, tasks/exact_dedup.py,
-        tasks/graph/stage.py, tasks/publish.py): one entry per ``run_tasks`` call; graph merge
+        """Units of each fan-out of a build (flows/build_corpus.py, tasks/ingest/exact_dedup.py,
+        tasks/graph/stage.py, tasks/release/publish.py): one entry per ``run_tasks`` call; graph merge
         at its most, one group per shard (merge_groups sizes groups by found pairs); the index
         as a 512-d model's 10⁸ build plans it (IVF-PQ above flat_max_vectors: add blocks, merge)."""
-        from tasks.exact_dedup import partition_groups
+        from tasks.ingest.exact_dedup import partition_groups
         from tasks.graph import build
         from tasks.graph.config import IndexConfig
         from tasks.graph.index import plan_index
@@ -225,7 +225,7 @@ def write_ingest(store, sc: Scale) -> None:
 
     from corpusforge.contract import finish_unit
     from corpusforge.layout import INGEST_SCHEMA, ingest_path
-    from tasks.exact_dedup import write_dedup_tables
+    from tasks.ingest.exact_dedup import write_dedup_tables
 
     content = _content(sc.n)
     size = math.ceil(sc.n / sc.parts)
@@ -282,7 +282,7 @@ def write_staging(store, sc: Scale) -> None:
 
 
 def _wfd_model() -> tuple[int, dict[str, Any]]:
-    from tasks.features.wfd import WeightFreeDescriptor
+    from tasks.shared.features.wfd import WeightFreeDescriptor
 
     model = WeightFreeDescriptor()
     return model.dim, model.fingerprint()
@@ -296,9 +296,9 @@ def _model(model_id: str) -> tuple[int, dict[str, Any]]:
 def refused_above(model_id: str) -> int | None:
     """The most vectors of ``model_id``'s features whose index the graph stage plans with the
     default index settings; it refuses more before building anything (plan_index in
-    tasks/graph/index.py, documented in the README). None: it plans every size to 10⁸."""
+    tasks/graph/index.py, documented in docs/near-duplicates.md). None: it plans every size to 10⁸."""
     from tasks.graph.index import plan_index
-    from tasks.graph.pair_score import PairScore
+    from tasks.shared.pair_score import PairScore
 
     dim, model = _model(model_id)
     cfg, form = _near_config(model_id).index, PairScore.from_model(model).form_dim(dim)
@@ -353,8 +353,8 @@ def write_folder(path: str, n: int) -> None:
 
 def write_release_plan(store, sc: Scale, data: str) -> None:
     """The release plan files and summary, for the release writer (as the release_plan step writes them)."""
-    from tasks.release import plan_release_files, write_staged_list
-    from tasks.splits import SplitConfig
+    from tasks.release.shards import plan_release_files, write_staged_list
+    from tasks.release.splits import SplitConfig
 
     staged = write_staged_list(store, [shard_name(s) for s in range(sc.shards)])
     plan = plan_release_files(store, staged, SplitConfig(), near_dedup=False)
@@ -423,13 +423,13 @@ def _ingest_markers(store, sc: Scale) -> list[dict[str, Any]]:
     return [require_marker(store, ingest_path(p), "ingest") for p in range(sc.parts)]
 
 
-@step("exact_dedup", ("ingest",), "task", ("tasks.exact_dedup",))
+@step("exact_dedup", ("ingest",), "task", ("tasks.ingest.exact_dedup",))
 def run_exact_dedup(store, sc: Scale, data: str) -> dict[str, Any]:
     """Key uniqueness, exact duplicates and resolve, every unit in turn in the flow's order
     (peak: the largest unit)."""
     from corpusforge.contract import remove_tree
     from corpusforge.layout import DEDUP_HASHES_DIR, DEDUP_KEYS_DIR, EXACT_DIR, KEYDUP_DIR, RESOLVED_DIR
-    from tasks.exact_dedup import deduplicate
+    from tasks.ingest.exact_dedup import deduplicate
 
     for folder in (DEDUP_KEYS_DIR, DEDUP_HASHES_DIR, KEYDUP_DIR, EXACT_DIR, RESOLVED_DIR):
         remove_tree(store, folder)
@@ -437,11 +437,11 @@ def run_exact_dedup(store, sc: Scale, data: str) -> dict[str, Any]:
     params: list[dict[str, Any]] = []
     tasks = 0
 
-    def fan_out(fn: Callable[..., Any], calls: list[dict[str, Any]]) -> list[Any]:
+    def fan_out(unit: Any, calls: list[dict[str, Any]]) -> list[Any]:
         nonlocal tasks
         tasks += len(calls)
         params.append(max(calls, key=lambda c: len(pickle.dumps(c))))
-        return [fn(**c) for c in calls]
+        return [unit.fn(**c) for c in calls]
 
     _, resolved = deduplicate(store, ingested, sc.buckets, 1000, fan_out)
     removed = sum(m["info"]["records"] for m in ingested) - sum(m["info"]["survivors"] for m in resolved)
@@ -452,12 +452,12 @@ def _release_plan_path(data: str) -> str:
     return os.path.join(data, "release-plan.json")
 
 
-@step("release_plan", ("staging",), "task", ("tasks.release", "tasks.splits"))
+@step("release_plan", ("staging",), "task", ("tasks.release.shards", "tasks.release.splits"))
 def run_release_plan(store, sc: Scale, data: str) -> dict[str, Any]:
-    """Release planning (one task) over every staging shard, as tasks/publish.py calls it:
+    """Release planning (one task) over every staging shard, as tasks/release/publish.py calls it:
     the staging-shard list goes to a file and the task gets its SHA-256."""
-    from tasks.release import plan_release_files, write_staged_list
-    from tasks.splits import SplitConfig
+    from tasks.release.shards import plan_release_files, write_staged_list
+    from tasks.release.splits import SplitConfig
 
     kwargs = dict(store=store, staged=write_staged_list(store, [shard_name(s) for s in range(sc.shards)]),
                   cfg=SplitConfig(), near_dedup=False)
@@ -467,14 +467,14 @@ def run_release_plan(store, sc: Scale, data: str) -> dict[str, Any]:
     return {"tasks": 1, "params": [kwargs]}
 
 
-@step("release_writer", ("staging", "release_plan"), "task", ("tasks.release", "tasks.splits"))
+@step("release_writer", ("staging", "release_plan"), "task", ("tasks.release.shards", "tasks.release.splits"))
 def run_release_writer(store, sc: Scale, data: str) -> dict[str, Any]:
     """One release writer (the first train shard), from the plan file release_plan wrote:
     it reads its plan and the staging spans it ships."""
     from corpusforge.contract import marker_path
     from corpusforge.layout import release_tar
-    from tasks.release import write_release_shard
-    from tasks.splits import SplitConfig
+    from tasks.release.shards import write_release_shard
+    from tasks.release.splits import SplitConfig
 
     with open(_release_plan_path(data)) as f:
         plan = json.load(f)
@@ -544,7 +544,7 @@ def run_graph_driver(store, sc: Scale, data: str) -> dict[str, Any]:
     table = write_shard_table(store, nodes, digests)
     info = {"plan": {"kind": "ivf"}, "n_vectors": nodes.n_nodes, "dim": 512, "fingerprint": "0" * 64}
     query = shard_calls(store, store, cfg, table, digests, info)
-    groups = merge_groups(nodes, [1] * len(nodes.shards), cfg.merge_max_edges)
+    groups = merge_groups(nodes, [1] * len(nodes.shards), cfg.advanced.merge_max_edges)
     merge = [dict(out=store, shard_table=table, group=g, found=found_fingerprint(list(digests.values())))
              for g in groups]
     records = {s: require_marker(store, staging_tar(s), "staging shard")["outputs"][staging_records(s)]
@@ -588,13 +588,13 @@ def _measured(runs: dict[str, Any]):
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    def fan_out(fn: Callable[..., Any], calls: list[dict[str, Any]]) -> list[Any]:
+    def fan_out(unit: Any, calls: list[dict[str, Any]]) -> list[Any]:
         results = []
         for call in calls:
             with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
-                result, peak, opened, read = pool.submit(_unit_in_child, fn, pickle.dumps(call)).result()
+                result, peak, opened, read = pool.submit(_unit_in_child, unit.fn, pickle.dumps(call)).result()
             results.append(result)
-            runs["task_peaks"][fn.__name__] = max(runs["task_peaks"].get(fn.__name__, 0), peak)
+            runs["task_peaks"][unit.fn.__name__] = max(runs["task_peaks"].get(unit.fn.__name__, 0), peak)
             runs["files_elsewhere"] += opened
             runs["bytes_elsewhere"] += read
         runs["params"].append(max(calls, key=lambda c: len(pickle.dumps(c))))
@@ -604,7 +604,7 @@ def _measured(runs: dict[str, Any]):
 
 def _index_task_sizes(index: dict[str, Any]) -> Callable[[int], dict[str, int]]:
     """What each index build task's memory follows at N records (a 512-d model): the training
-    sample (capped by index.max_train), the vectors of one block (capped by its bytes of
+    sample (capped by index.advanced.max_train), the vectors of one block (capped by its bytes of
     lists) and, for the merge, whose mapped file pages count in its RSS, the vectors of one
     range of lists (capped by the range's bytes)."""
     def sizes(n: int) -> dict[str, int]:
@@ -692,22 +692,22 @@ STEPS["faiss_query_wfd"] = Step("faiss_query_wfd", _faiss_query(MODEL_WFD), ("st
                                 _GRAPH_MODULES, max_n=FAISS_MAX_N, refused=MODEL_WFD)
 
 
-@step("receipt", ("ingest", "staging", "features512"), "flow", ("tasks.receipt",))
+@step("receipt", ("ingest", "staging", "features512"), "flow", ("tasks.report.receipt",))
 def run_receipt(store, sc: Scale, data: str) -> dict[str, Any]:
     """The receipt's output list from the markers, written beside it (runs in the flow process)."""
-    from tasks.receipt import write_output_list
+    from tasks.report.receipt import write_output_list
 
     return {"tasks": 0, "params": [], "outputs": write_output_list(store)["files"]}
 
 
-@step("folder_listing", ("folder",), "task", ("tasks.sources", "duckdb"))
+@step("folder_listing", ("folder",), "task", ("tasks.ingest.sources", "duckdb"))
 def run_folder_listing(store, sc: Scale, data: str) -> dict[str, Any]:
     """Planning a source folder (one task, "plan-inputs"): its listing spilled and sorted
     out of core, the input chunks written."""
     import pyarrow.parquet as pq
 
     from corpusforge.layout import input_path
-    from tasks.sources import SourceConfig, plan_partitions
+    from tasks.ingest.sources import SourceConfig, plan_partitions
 
     cfg = SourceConfig()
     kwargs = dict(src=os.path.join(data, "src"), store=store, cfg=cfg)

@@ -7,7 +7,7 @@ measured side by side in one process on one torch thread (what each demo worker 
 * ``read``: ranged reads of the summarised records' bytes through the staging index;
 * ``decode + preprocess``: full-resolution decode (the protocol's) and ``gpic_eval``;
 * ``forward``: the statistics model's ``embed`` on the preprocessed batch;
-* ``stage``: :func:`tasks.features.extract.extract_shard` with the statistics selection
+* ``stage``: :func:`tasks.shared.features.extract.extract_shard` with the statistics selection
   over every shard (into a scratch copy), i.e. all of the above plus per-unit work;
 * ``dedup forward``: the build's near-duplicate model (``features.models[0]``) on the same
   images, for the per-image cost ratio between the two models.
@@ -118,9 +118,9 @@ def main() -> None:
     from corpusforge.layout import FEATURES_DIR, MARKERS
     from corpusforge.storage import Store
     from flows.build_corpus import BuildConfig
-    from tasks.features.config import FeaturesConfig
-    from tasks.features.decode import decode_rgb
-    from tasks.features.extract import _ranged_images, decode_size, extract_shard, load_models, shard_images
+    from tasks.shared.features.config import FeaturesConfig
+    from tasks.shared.features.decode import decode_rgb
+    from tasks.shared.features.extract import _ranged_images, decode_size, extract_shard, load_models, shard_images
     from tasks.stats.reference import GroupSelection, scan_manifest
     from tasks.stats.stage import STATS_SUBSET
     imports = time.perf_counter() - t0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import importlib.util
 import itertools
 import logging
@@ -21,7 +22,12 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from corpusforge.config import StrictModel
+
+from corpusforge import logs
+from corpusforge.contract import Unit, in_process, tree_reduce
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +36,8 @@ log = logging.getLogger(__name__)
 MODEL_TASKS = frozenset({"extract-shard-features", "embed-generated-chunk"})
 
 
-class DaskConfig(BaseModel):
+class DaskConfig(StrictModel):
     """Which Dask cluster runs the tasks."""
-
-    model_config = ConfigDict(extra="forbid")
 
     address: str | None = Field(None, title="Scheduler address",
                                 description="tcp://host:8786 of an existing scheduler; empty for an embedded LocalCluster.")
@@ -216,6 +220,9 @@ def run_logger() -> logging.Logger | logging.LoggerAdapter:
     return get_run_logger()
 
 
+logs.install(run_logger)
+
+
 _RESOURCES: contextvars.ContextVar[DaskConfig | None] = contextvars.ContextVar("corpusforge_dask", default=None)
 
 
@@ -344,6 +351,40 @@ def run_each(units: list[tuple[Any, dict[str, Any]]]) -> list[Any]:
     futures = {i: t.submit(**kw) for i, ((t, kw), (current, _)) in enumerate(zip(units, probed, strict=True))
                if not current}
     return [futures[i].result() if i in futures else result for i, (_, result) in enumerate(probed)]
+
+
+@functools.cache
+def task_for(unit: Unit) -> Any:
+    """The Prefect task of a stage's :class:`~corpusforge.contract.Unit` (one per kind)."""
+    options = {} if unit.retries is None else {"retries": unit.retries}
+    return as_task(unit.fn, unit.name, probe=unit.probe, **options)
+
+
+class FlowFanOut:
+    """The fan-out every flow hands its stages: units become Prefect task runs on the flow
+    run's task runner (:func:`run_tasks`); outside a flow run they run here, in order."""
+
+    def __call__(self, unit: Unit, calls: list[dict[str, Any]]) -> list[Any]:
+        return run_tasks(task_for(unit), calls)
+
+    def each(self, units: list[tuple[Unit, dict[str, Any]]]) -> list[Any]:
+        return run_each([(task_for(u), kwargs) for u, kwargs in units])
+
+    def reduce(self, unit: Unit, merge: Unit, calls: list[dict[str, Any]]) -> Any:
+        """A task run per call, merged by task runs in the fixed tree of
+        :func:`~corpusforge.contract.tree_reduce`: partial results stay on the workers (as
+        futures) until the root's result comes back here."""
+        from prefect.context import FlowRunContext
+
+        if FlowRunContext.get() is None:
+            return in_process.reduce(unit, merge, calls)
+        part, join = task_for(unit), task_for(merge)
+        with annotated(unit.name):
+            futures = [part.submit(**kwargs) for kwargs in calls]
+        return tree_reduce(futures, join.submit).result()
+
+
+fan_out = FlowFanOut()
 
 
 def _run_batches(t, calls: list[dict[str, Any]], flow_run: Any, progress: Any) -> list[Any]:

@@ -29,37 +29,113 @@ from __future__ import annotations
 import contextvars
 import os
 from collections.abc import Callable, Iterable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal, NotRequired, Protocol, TypedDict
 
 from corpusforge.hashing import canonical_json, fingerprint, sha256_bytes
 from corpusforge.layout import MARKERS
 from corpusforge.storage import Store
 
+class KeyParts(TypedDict):
+    """What a fingerprint hashed, kept so ``plan`` can name what changed (:func:`explain`)."""
+
+    code: str
+    config: dict[str, str]  # config field path -> short hash of its value
+    inputs: str
+
+
+class Marker(TypedDict):
+    """``_markers/{output}.json``: a unit's completion record (JSON on disk, hashed as written,
+    so it stays a mapping; this is its shape). ``info`` holds the facts the stage reports."""
+
+    fingerprint: str
+    outputs: dict[str, str]  # path -> SHA-256
+    digest: str
+    info: dict[str, Any]
+    key: NotRequired[KeyParts]
+
+
+class UnitResult(Marker):
+    """What a unit returns: its marker and what this run did with it (not stored)."""
+
+    action: Literal["computed", "skipped"]
+
+
 COMPUTED = "computed"
 SKIPPED = "skipped"
 MAYBE = "maybe"  # a plan's verdict: recomputed if an upstream unit's new output differs
 
-# How a stage runs a fan-out of units: ``fan_out(fn, calls)`` returns ``[fn(**c) for c in calls]``,
-# in order; a flow passes one that runs them as Prefect tasks (corpusforge.cluster.run_tasks).
-FanOut = Callable[[Callable[..., Any], list[dict[str, Any]]], list[Any]]
+
+@dataclass(frozen=True)
+class Unit:
+    """A kind of unit of work, declared by its stage: the plain function that does one unit
+    and the name its runs carry (task name, progress, worker resources). ``probe``: the
+    flow may run the unit's check itself first (:func:`probe`); only for units whose check
+    reads nothing but markers and small tables. ``retries``: None for the default rule
+    (transient errors only, see ``corpusforge.cluster``)."""
+
+    fn: Callable[..., Any]
+    name: str
+    probe: bool = False
+    retries: int | None = None
 
 
-def in_process(fn: Callable[..., Any], calls: list[dict[str, Any]]) -> list[Any]:
-    """Every unit in this process, in order."""
-    return [fn(**c) for c in calls]
+class FanOut(Protocol):
+    """How a stage runs its units. Stages never import the orchestrator: a flow passes
+    ``corpusforge.cluster.fan_out`` (Prefect task runs on the flow's Dask cluster); tests and
+    notebooks get :data:`in_process`. Results always come in the order of ``calls``."""
+
+    def __call__(self, unit: Unit, calls: list[dict[str, Any]]) -> list[Any]:
+        """``[unit.fn(**c) for c in calls]``, run as the orchestrator sees fit."""
+
+    def each(self, units: list[tuple[Unit, dict[str, Any]]]) -> list[Any]:
+        """One call each of several kinds of unit, side by side."""
+
+    def reduce(self, unit: Unit, merge: Unit, calls: list[dict[str, Any]]) -> Any:
+        """The results of ``unit`` over ``calls`` merged pairwise by ``merge`` in the fixed
+        tree of :func:`tree_reduce` (the same bits on any number of workers)."""
+
+
+class InProcess:
+    """Every unit here, one after the other, in order."""
+
+    def __call__(self, unit: Unit, calls: list[dict[str, Any]]) -> list[Any]:
+        return [unit.fn(**c) for c in calls]
+
+    def each(self, units: list[tuple[Unit, dict[str, Any]]]) -> list[Any]:
+        return [u.fn(**kwargs) for u, kwargs in units]
+
+    def reduce(self, unit: Unit, merge: Unit, calls: list[dict[str, Any]]) -> Any:
+        return tree_reduce([unit.fn(**c) for c in calls], merge.fn)
+
+
+in_process = InProcess()
+
+
+def tree_reduce(items: list[Any], merge: Callable[[Any, Any], Any]) -> Any:
+    """Merge ``items`` pairwise, level by level, in a fixed tree; return the root. The list
+    is emptied as it is consumed, so merged items can be released."""
+    if not items:
+        raise ValueError("nothing to merge")
+    level = items
+    while len(level) > 1:
+        nxt = [merge(level[i], level[i + 1]) if i + 1 < len(level) else level[i] for i in range(0, len(level), 2)]
+        level.clear()
+        level = nxt
+    return level.pop()
 
 
 def marker_path(rel: str) -> str:
     return f"{MARKERS}/{rel}.json"
 
 
-def read_marker(store: Store, rel: str) -> dict[str, Any] | None:
+def read_marker(store: Store, rel: str) -> Marker | None:
     """The marker of the unit whose main output is ``rel``, or None if it never completed."""
     path = marker_path(rel)
     return store.read_json(path) if store.exists(path) else None
 
 
-def require_marker(store: Store, rel: str, what: str) -> dict[str, Any]:
+def require_marker(store: Store, rel: str, what: str) -> Marker:
     """The marker of ``rel``; a clear error when the unit is missing (never read as empty)."""
     marker = read_marker(store, rel)
     if marker is None:
@@ -110,7 +186,7 @@ def probe(fn: Callable[..., Any], kwargs: dict[str, Any]) -> tuple[bool, Any]:
 
 
 def run_unit(store: Store, rel: str, fp: str, compute: Callable[[], tuple[dict[str, str], dict[str, Any]]]
-             ) -> dict[str, Any]:
+             ) -> UnitResult:
     """Skip ``rel`` when its marker has fingerprint ``fp``; else run ``compute`` and mark it done.
 
     ``compute`` writes the unit's files and returns ``(outputs, info)``: the SHA-256 of each
@@ -124,17 +200,17 @@ def run_unit(store: Store, rel: str, fp: str, compute: Callable[[], tuple[dict[s
     return {**finish_unit(store, rel, fp, outputs, info), "action": COMPUTED}
 
 
-def current_marker(store: Store, rel: str, fp: str) -> dict[str, Any] | None:
+def current_marker(store: Store, rel: str, fp: str) -> Marker | None:
     """The marker of ``rel`` if it was completed with fingerprint ``fp``, else None."""
     marker = read_marker(store, rel)
     return marker if marker is not None and marker.get("fingerprint") == fp else None
 
 
-def finish_unit(store: Store, rel: str, fp: str, outputs: dict[str, str], info: dict[str, Any]) -> dict[str, Any]:
+def finish_unit(store: Store, rel: str, fp: str, outputs: dict[str, str], info: dict[str, Any]) -> Marker:
     """Write the marker of a unit whose files are all written (for units that share work,
     like one decode feeding several models; others use :func:`run_unit`)."""
-    marker = {"fingerprint": fp, "outputs": dict(sorted(outputs.items())), "digest": digest_of(outputs),
-              "info": info}
+    marker: Marker = {"fingerprint": fp, "outputs": dict(sorted(outputs.items())), "digest": digest_of(outputs),
+                      "info": info}
     if isinstance(fp, UnitKey):
         marker["key"] = fp.parts
     store.write_json(marker_path(rel), marker)
@@ -145,7 +221,7 @@ class UnitKey(str):
     """A unit's fingerprint that also carries its parts (``parts``: code version, a hash per
     config field, the inputs' hash), which :func:`finish_unit` keeps in the marker."""
 
-    parts: dict[str, Any]
+    parts: KeyParts
 
 
 def unit_fingerprint(stage: str, code: str, config: Any, inputs: Any) -> UnitKey:
@@ -171,7 +247,7 @@ def config_hashes(config: Any, path: str = "") -> dict[str, str]:
     return {path or "config": fingerprint(config)[:12]}
 
 
-def explain(marker: dict[str, Any] | None, key: str, inputs_known: bool = True) -> tuple[str, str]:
+def explain(marker: Marker | None, key: str, inputs_known: bool = True) -> tuple[str, str]:
     """(action, reason) the contract will take for a unit with fingerprint ``key`` and its
     current ``marker``: ``skipped`` or ``computed``, with what changed when the marker kept
     its key's parts (code version, the config fields by name, or the inputs' digest).
@@ -252,7 +328,7 @@ def completed_units(store: Store, folder: str, suffix: str) -> list[str]:
     return sorted(n[: -len(end)] for n in store.listdir(f"{MARKERS}/{folder}") if n.endswith(end))
 
 
-def count_actions(results: Iterable[dict[str, Any]]) -> dict[str, int]:
+def count_actions(results: Iterable[UnitResult]) -> dict[str, int]:
     """``{"computed": n, "skipped": m}`` over unit results (for the run's work log)."""
     counts = {COMPUTED: 0, SKIPPED: 0}
     for r in results:

@@ -52,7 +52,7 @@ every folder as it is.
     shards/{split}/{split}-{n}.tar     release shards (splits.layout: default)
     shards/{split}/gpic_{split}_{n}.tar   release shards in GPIC's layout (splits.layout: gpic);
                                        shards/ is then a GPIC release root
-    shards/README.md                   Hugging Face dataset card: splits and features (tasks/release_card.py)
+    shards/README.md                   Hugging Face dataset card: splits and features (tasks/release/release_card.py)
     manifest/part-{part}.parquet       one row per input record: its fate and the reason
     work/captions/plan/{shard}.parquet     per staging shard: who the model captions, and in which format
     work/captions/journal/{shard}/{n}.parquet  completed chat requests (the resume state; never asked twice)
@@ -64,7 +64,7 @@ every folder as it is.
     receipt_outputs.parquet            (path, sha256) of every output file, from the markers
     CHANGES.md, changes.parquet        what changed since the version this root held before (or --previous)
     work/previous/records.parquet, receipt.json   that earlier version's records, kept before a build
-                                       replaces them (tasks/changes.py)
+                                       replaces them (tasks/report/changes.py)
     _markers/{path}.json               completion marker of the unit whose main output is {path}
 """
 
@@ -73,6 +73,8 @@ from __future__ import annotations
 import pyarrow as pa
 
 MARKERS = "_markers"
+# A source that is one metadata table, by its suffix (the others are folders).
+TABLE_SUFFIXES = (".parquet", ".jsonl", ".csv")
 
 # ---- folders that hold exactly the current plan's units ------------------------------
 INPUT_DIR = "work/input"
@@ -87,7 +89,7 @@ EXACT_DIR = "work/exact"
 RESOLVED_DIR = "work/resolved"
 RELEASE_PLAN_DIR = "work/release"
 LATE_DIR = "work/late"
-RELEASE_STAGED = "work/release_staged.parquet"  # the planner's staging shards (tasks/release.py)
+RELEASE_STAGED = "work/release_staged.parquet"  # the planner's staging shards (tasks/release/shards.py)
 STAGING_TARS = "staging/tars"
 STAGING_INDEX = "staging/index"
 STAGING_RECORDS = "staging/records"
@@ -112,14 +114,14 @@ EVAL_CAPTIONS = "eval_captions.parquet"
 GPIC_TEST_STATS = "stats/test_stats.npz"  # gpic-eval's reference file (tasks/stats/gpic_stats.py)
 
 RECEIPT = "receipt.json"
-RECEIPT_OUTPUTS = "receipt_outputs.parquet"  # every output file's SHA-256, beside receipt.json (tasks/receipt.py)
+RECEIPT_OUTPUTS = "receipt_outputs.parquet"  # every output file's SHA-256, beside receipt.json (tasks/report/receipt.py)
 REPORT = "report.md"
-LISTING_SPILL_DIR = "work/.listing"  # a folder source's listing while it is planned (tasks/sources.py)
-RUN_LOG = "work/run/stage_times.json"  # the latest run's stage seconds (tasks/run_log.py)
+LISTING_SPILL_DIR = "work/.listing"  # a folder source's listing while it is planned (tasks/ingest/sources.py)
+RUN_LOG = "work/run/stage_times.json"  # the latest run's stage seconds (tasks/report/run_log.py)
 RUN_LOG_MD = "work/run/stage_times.md"
-REPORT_HTML = "report.html"  # the same report, self-contained, with charts (tasks/report_html.py)
+REPORT_HTML = "report.html"  # the same report, self-contained, with charts (tasks/report/report_html.py)
 LINEAGE = "lineage.json"
-CHANGES_MD = "CHANGES.md"  # what changed since the previous version (tasks/changes.py)
+CHANGES_MD = "CHANGES.md"  # what changed since the previous version (tasks/report/changes.py)
 CHANGES_TABLE = "changes.parquet"
 PREVIOUS_DIR = "work/previous"  # the version a build replaces, read before it does
 PREVIOUS_RECORDS = f"{PREVIOUS_DIR}/records.parquet"
@@ -233,7 +235,6 @@ GRAPH_RECALL_VECTORS = "graph/index/recall_vectors.npy"
 GRAPH_NODES = "graph/nodes.json"
 GRAPH_SUMMARY = "graph/summary.json"
 GRAPH_COMPONENTS_REPORT = "graph/components_report.json"
-GRAPH_RECALL_SUMMARY = "graph/recall.json"
 
 
 def index_block_path(first_shard: str) -> str:
@@ -278,9 +279,6 @@ def caption_journal_dir(shard: str) -> str:
 
 def captions_path(shard: str) -> str:
     return f"{CAPTIONS_DIR}/{shard}.parquet"
-
-
-RELEASE_LAYOUTS = ("default", "gpic")
 
 
 def release_shard_name(split: str, shard: int, layout: str = "default") -> str:
@@ -447,7 +445,7 @@ MANIFEST_SCHEMA = pa.schema([
     INGEST_SCHEMA.field("source_split"),
     INGEST_SCHEMA.field("source_tiers"),
     ("release_ext", pa.string()),     # the image member's extension in the release tar (jpg, png, webp)
-    ("image_encoding", pa.string()),  # copied (bytes as staged) | png_lossless | jpeg_q{N} (tasks/release_image.py)
+    ("image_encoding", pa.string()),  # copied (bytes as staged) | png_lossless | jpeg_q{N} (tasks/release/release_image.py)
 ])
 
 
@@ -459,7 +457,7 @@ MANIFEST_SCHEMA = pa.schema([
 #                                          sub-root, staging/… and features/… as in a corpus
 #   eval/items/{chunk}.parquet             one row per evaluation item (ids, hashes, texts)
 #   work/contamination/select/{name}/{shard}.parquet   corpus keys a scan may match (e.g. split train)
-#   work/contamination/index/{name}.faiss  IVF index over a scan's target vectors (+ ids.parquet)
+#   work/contamination/index/{name}.faiss  IVF index over a scan's target vectors
 #   work/contamination/found/{scan}/{chunk}.parquet    top-k target matches per query
 #   work/contamination/text/…              text canary state: docs, queries, bands, candidates, scores
 #   contamination/images/{chunk}.parquet   per evaluation image: best match, similarity, flag
@@ -471,7 +469,6 @@ MANIFEST_SCHEMA = pa.schema([
 #   edition/items.parquet, edition/mapping.parquet, edition/edition.json   the new benchmark edition
 CONTAMINATION_EVAL = "eval"
 CONTAMINATION_ITEMS = "eval/items"
-CONTAMINATION_WORK = "work/contamination"
 CONTAMINATION_SELECT = "work/contamination/select"
 CONTAMINATION_INDEX = "work/contamination/index"
 CONTAMINATION_FOUND = "work/contamination/found"
@@ -502,10 +499,6 @@ def select_path(name: str, shard: str) -> str:
 
 def contamination_index(name: str) -> str:
     return f"{CONTAMINATION_INDEX}/{name}.faiss"
-
-
-def contamination_index_ids(name: str) -> str:
-    return f"{CONTAMINATION_INDEX}/{name}.ids.parquet"
 
 
 def found_matches_path(scan: str, chunk: str) -> str:
@@ -612,6 +605,13 @@ EDITION_MAPPING_SCHEMA = pa.schema([
 ])
 
 
+# ---- evaluation (tasks/stats/evaluate.py, flows/evaluate.py) ------------------------
+# Under an evaluation's output folder, beside the generated images' features/{model}/…
+# (the feature stage's layout) unless a separate feature store holds those.
+EVALUATION_METRICS = "metrics.json"  # FD, PRDC, MMD, the protocol and its deviations
+EVALUATION_REPORT = "report.md"
+
+
 # ---- prompt qualification (tasks/prompts/, flows/prompt_qualification.py) -------------
 # Under a qualification run's own output root; the corpus, the prompt set, the generated
 # images, the scores and the pool it reads are never written to.
@@ -628,7 +628,6 @@ EDITION_MAPPING_SCHEMA = pa.schema([
 #   qualification/quarantine.parquet           the quarantine ledger: flagged prompts, evidence, rule fired
 #   qualification/summary.json, receipt.json, report.md
 #   prompt_edition/prompts.parquet, mapping.parquet, edition.json, normalization.json
-PROMPTS_WORK = "work/prompts"
 PROMPTS_CAPTION_SAMPLE = "work/prompts/caption_sample.parquet"
 PROMPTS_CAPTIONS = "work/prompts/captions"
 PROMPTS_TEXTS = "work/prompts/texts"
@@ -642,7 +641,6 @@ QUARANTINE_LEDGER = "qualification/quarantine.parquet"
 QUALIFICATION_SUMMARY = "qualification/summary.json"
 QUALIFICATION_RECEIPT = "qualification/receipt.json"
 QUALIFICATION_REPORT = "qualification/report.md"
-PROMPT_EDITION_DIR = "prompt_edition"
 PROMPT_EDITION_PROMPTS = "prompt_edition/prompts.parquet"
 PROMPT_EDITION_MAPPING = "prompt_edition/mapping.parquet"
 PROMPT_EDITION_META = "prompt_edition/edition.json"

@@ -16,7 +16,7 @@ import json
 import os
 import posixpath
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
@@ -66,6 +66,29 @@ def is_remote(uri: str) -> bool:
     """True for URIs with a scheme other than ``file``."""
     protocol = fsspec.utils.get_protocol(uri)
     return protocol not in ("file", "local")
+
+
+def overlaps(a: str, b: str) -> bool:
+    """True when two locations of the same kind (both local or both remote) are the same,
+    or one lies inside the other; local paths are compared as absolute paths."""
+    if is_remote(a) != is_remote(b):
+        return False
+
+    def folder(uri: str) -> str:
+        return (uri if is_remote(uri) else posixpath.abspath(uri)).rstrip("/") + "/"
+
+    x, y = folder(a), folder(b)
+    return x.startswith(y) or y.startswith(x)
+
+
+def require_separate(out: str, reads: Iterable[tuple[str, str]], why: str = "nothing read is ever written to"
+                     ) -> None:
+    """The one "output overlaps input" check of every flow: ValueError when the output root
+    ``out`` is, contains or lies inside anything the run reads (``reads``: (what, uri)
+    pairs), so no run writes into what it reads. ``why`` ends the message."""
+    for what, uri in reads:
+        if overlaps(out, uri):
+            raise ValueError(f"output root {out} overlaps the {what} {uri}: {why}")
 
 
 def join_uri(base: str, *parts: str) -> str:

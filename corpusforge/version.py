@@ -19,6 +19,9 @@ from corpusforge import __version__
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT_PACKAGES = ("corpusforge", "tasks")
+# Files that are code of a module without being Python: a changed template reruns the
+# units whose pages it lays out.
+MODULE_DATA = {"corpusforge.html": "corpusforge/templates"}
 
 
 def _module_file(module: str) -> Path | None:
@@ -78,4 +81,7 @@ def code_version(*modules: str, exclude: tuple[str, ...] = ()) -> str:
     for module in module_closure(*modules, exclude=exclude):
         h.update(module.encode() + b"\0")
         h.update(_module_file(module).read_bytes())  # type: ignore[union-attr]
+        if module in MODULE_DATA:
+            for data in sorted(p for p in (ROOT / MODULE_DATA[module]).iterdir() if p.is_file()):
+                h.update(data.name.encode() + b"\0" + data.read_bytes())
     return f"{__version__}+{h.hexdigest()[:12]}"

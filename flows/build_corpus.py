@@ -24,8 +24,8 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from corpusforge.artifacts import publish_plan_artifact
-from corpusforge.cluster import DaskConfig, as_task, cluster_flow, run_logger, run_tasks
+from corpusforge.artifacts import publish_plan_artifact, publish_run_artifacts
+from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, run_logger
 from corpusforge.config import FlowConfig
 from corpusforge.contract import count_actions, prune, remove_tree, sweep_temp_files
 from corpusforge.feature_files import prune_features
@@ -34,28 +34,28 @@ from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_
                                 RESOLVED_DIR, SPILL_DIR, STAGING_INDEX, STAGING_RECORDS, STAGING_TARS, STATS_DIR,
                                 bucket_name, dedup_group_name, part_name)
 from corpusforge.progress import RunProgress, run_progress
+from corpusforge.receipts import BUILD_FLOW, flow_receipt
 from corpusforge.storage import Store
-from corpusforge.version import code_version
 from tasks.captions.config import CaptioningConfig
 from tasks.captions.eval_set import EvalCaptionsConfig, write_eval_captions
 from tasks.captions.stage import captioning_stage
-from tasks.changes import diff_versions, keep_previous_version, remove_changes
-from tasks.exact_dedup import (deduplicate, exchange_hashes, exchange_keys, find_duplicate_keys, find_exact_duplicates,
-                               partition_groups, resolve_group)
-from tasks.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
-from tasks.features.extract import extract_features, summarize
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.stage import near_duplicate_stage
-from tasks.ingest import ingest_partition
-from tasks.licenses import LicenseConfig
-from tasks.publish import license_section, publish, release_section, write_receipt
-from tasks.receipt import count_outcomes, input_snapshot_hash, redact, write_output_list
-from tasks.run_log import StageClock, write_run_log
-from tasks.sources import SourceConfig, plan_partitions
-from tasks.splits import SplitConfig
-from tasks.staging import StagingConfig, plan_staging, write_staging_shard
-from tasks.stats.stage import ReferenceStatsSettings, reference_stats_stage
-from tasks.validate import ValidationConfig
+from tasks.ingest.exact_dedup import deduplicate, partition_groups
+from tasks.ingest.licenses import LicenseConfig, license_section
+from tasks.ingest.partition import INGEST_PARTITION
+from tasks.ingest.sources import PLAN_INPUTS, SourceConfig
+from tasks.ingest.validate import ValidationConfig
+from tasks.release.publish import publish, release_section
+from tasks.release.splits import SplitConfig
+from tasks.report.changes import diff_versions, keep_previous_version, remove_changes
+from tasks.report.receipt import count_outcomes, input_snapshot_hash, write_output_list
+from tasks.report.run_log import StageClock, write_run_log
+from tasks.report.write import write_receipt
+from tasks.shared.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
+from tasks.shared.features.extract import extract_features, summarize
+from tasks.staging import WRITE_STAGING_SHARD, StagingConfig, plan_staging
+from tasks.stats.stage import ReferenceStatsConfig, reference_stats_stage
 
 
 class BuildConfig(FlowConfig):
@@ -89,7 +89,7 @@ class BuildConfig(FlowConfig):
         default_factory=EvalCaptionsConfig, title="Evaluation caption set",
         description="A seeded sample of test-split captions users generate images from (GPIC §3: 50,000); "
                     "null to skip.")
-    reference_stats: ReferenceStatsSettings | None = Field(
+    reference_stats: ReferenceStatsConfig | None = Field(
         None, title="Reference statistics",
         description="FD-DINOv2 statistics of the held-out splits after release (GPIC §3); null to skip.")
     previous: str | None = Field(
@@ -118,12 +118,10 @@ class BuildConfig(FlowConfig):
         return self
 
 
-plan_inputs_task = as_task(plan_partitions, "plan-inputs")
-ingest_task = as_task(ingest_partition, "ingest-partition")
-DEDUP_TASKS = {fn: as_task(fn, name, probe=True) for fn, name in (
-    (exchange_keys, "exchange-keys"), (find_duplicate_keys, "duplicate-keys"), (exchange_hashes, "exchange-hashes"),
-    (find_exact_duplicates, "exact-duplicates"), (resolve_group, "resolve-partitions"))}
-staging_task = as_task(write_staging_shard, "write-staging-shard")
+# The build's code (its receipt's code_version; `corpusforge plan` compares it): a change
+# anywhere reaches the whole stages.
+BUILD_MODULES = ("tasks.ingest.partition", "tasks.ingest.exact_dedup", "tasks.staging", "tasks.shared.features.extract",
+                 "tasks.graph.stage", "tasks.captions.stage", "tasks.release.publish", "tasks.stats.stage")
 
 
 # The long stages whose progress people watch (corpusforge.progress): (stage, the Prefect
@@ -144,11 +142,11 @@ def build(config: BuildConfig) -> dict[str, Any]:
         from flows.plan import plan_build, plan_data, render_plan
 
         data = plan_data(config, plan_build(config))
-        publish_plan_artifact("build-corpus", render_plan(data), config.out)
+        publish_plan_artifact(BUILD_FLOW, render_plan(data), config.out)
         return data
     stages = [s for s in PROGRESS_STAGES if (s[0] != "features" or config.features.models)
               and (s[0] != "graph queries" or config.near_dedup) and (s[0] != "captioning" or config.captioning)]
-    with run_progress("build-corpus", [s[0] for s in stages]) as progress:
+    with run_progress(BUILD_FLOW, [s[0] for s in stages]) as progress:
         return _build(config, progress, {name: (task, unit) for name, task, unit in stages})
 
 
@@ -160,7 +158,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     store = Store(config.out, config.storage_options)
     work: dict[str, Any] = {}
     kept_previous = config.previous is None and keep_previous_version(store)  # before anything is replaced
-    kind, parts = run_tasks(plan_inputs_task, [dict(src=config.source, store=store, cfg=config.input)])[0]
+    kind, parts = fan_out(PLAN_INPUTS, [dict(src=config.source, store=store, cfg=config.input)])[0]
     names = {part_name(p.index) for p in parts}
     for folder in (INGEST_DIR, SPILL_DIR, HASHES_DIR, KEYS_DIR, RESOLVED_DIR):
         prune(store, folder, names)
@@ -174,12 +172,11 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
 
     clock = StageClock()
     with stage("ingest"), clock("ingest"):
-        ingested = run_tasks(ingest_task, [dict(store=store, part=p, src=config.input, val=config.validation,
+        ingested = fan_out(INGEST_PARTITION, [dict(store=store, part=p, src=config.input, val=config.validation,
                                                 n_buckets=n_buckets, lic=config.licenses) for p in parts])
     work["ingest"] = count_actions(ingested)
     clock.start("exact_dedup")
-    units, resolved = deduplicate(store, ingested, n_buckets, config.staging.shard_size,
-                                  lambda fn, calls: run_tasks(DEDUP_TASKS[fn], calls))
+    units, resolved = deduplicate(store, ingested, n_buckets, config.staging.shard_size, fan_out)
     work["exact_dedup"] = count_actions(units)
     work["resolve"] = count_actions(resolved)
     clock.stop()
@@ -189,7 +186,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     for folder in (STAGING_TARS, STAGING_INDEX, STAGING_RECORDS):
         prune(store, folder, staged)
     with stage("staging"), clock("staging"):
-        written = run_tasks(staging_task, [dict(store=store, shard=s) for s in staging])
+        written = fan_out(WRITE_STAGING_SHARD, [dict(store=store, shard=s) for s in staging])
     work["staging"] = count_actions(written)
     log.info("%d records staged in %d staging shards", sum(m["info"]["count"] for m in written), len(staging))
 
@@ -199,7 +196,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     with clock("graph"):
         if config.near_dedup and staged:
             with stage("graph queries"):
-                near, work["graph"] = near_duplicate_stage(store, config.near_dedup, staged)
+                near, work["graph"] = near_duplicate_stage(store, config.near_dedup, staged, fan_out=fan_out)
             query_seconds = work["graph"].pop("query_seconds")
         else:
             remove_tree(store, GRAPH_DIR)
@@ -208,7 +205,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     if config.captioning is not None and staged:
         with stage("captioning"), clock("captioning"):
             captions, work["captioning"] = captioning_stage(store, config.captioning, staged,
-                                                            near_dedup=bool(config.near_dedup))
+                                                            near_dedup=bool(config.near_dedup), fan_out=fan_out)
     else:
         for folder in (CAPTIONS_DIR, CAPTION_PLAN_DIR, CAPTION_JOURNAL_DIR):
             remove_tree(store, folder)
@@ -216,7 +213,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     with stage("release"), stage("manifest"), clock("release"):
         release, manifest, work["publish"] = publish(store, staged, len(parts), config.splits,
                                                      near_dedup=bool(config.near_dedup and staged),
-                                                     captions=bool(captions))
+                                                     captions=bool(captions), fan_out=fan_out)
     caption_set = None
     if config.eval_captions is not None:
         caption_set = write_eval_captions(store, release, config.eval_captions)
@@ -225,7 +222,8 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     stats = {}
     with clock("statistics"):
         if config.reference_stats is not None:
-            stats = _stable_stats(reference_stats_stage(store, config.reference_stats, caption_set))
+            stats = _stable_stats(reference_stats_stage(store, config.reference_stats, caption_set,
+                                                                 fan_out=fan_out))
         else:
             remove_tree(store, STATS_DIR)
 
@@ -238,7 +236,8 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
             receipt["captioning"] = captions
         if caption_set:
             receipt["eval_captions"] = caption_set
-        write_receipt(store, receipt)
+        written_receipt, report = write_receipt(store, receipt)
+        publish_run_artifacts(BUILD_FLOW, report, written_receipt["counts"], store.root)
     with clock("changes"):
         if config.previous is not None:
             diff_versions(Store(config.previous, config.storage_options), store, store)
@@ -249,7 +248,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     work["seconds"] = clock.seconds()
     if config.near_dedup and staged:
         work["seconds"]["graph_queries"] = query_seconds
-    write_run_log(store, "build-corpus", work)
+    write_run_log(store, BUILD_FLOW, work)
     log.info("corpus written to %s: %s; work done %s", config.out, receipt["counts"]["by_status"], work)
     return {"out": config.out, "counts": receipt["counts"], "release": receipt["release"]["splits"], "work": work}
 
@@ -263,7 +262,7 @@ def _features(store: Store, config: BuildConfig, staged: list[str], work: dict[s
     prune_features(store, models, staged)
     if not (config.features.models and staged):
         return {}
-    results = extract_features(store, staged, config.features)
+    results = extract_features(store, staged, config.features, fan_out=fan_out)
     work["features"] = {m: count_actions(r["models"][m] for r in results) for m in sorted(results[0]["models"])}
     work["images_embedded"] = sum(r["images"] for r in results
                                   if any(v["action"] == "computed" for v in r["models"].values()))
@@ -273,27 +272,23 @@ def _features(store: Store, config: BuildConfig, staged: list[str], work: dict[s
 def _receipt(config: BuildConfig, store: Store, kind: str, n_parts: int, release: dict[str, Any],
              manifest: list[dict[str, Any]], features: dict[str, Any],
              near: dict[str, Any], stats: dict[str, Any], licenses: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "corpusforge": "build_corpus",
-        "code_version": code_version("tasks.ingest", "tasks.exact_dedup", "tasks.staging", "tasks.features.extract",
-                                     "tasks.graph.stage", "tasks.captions.stage", "tasks.publish",
-                                     "tasks.stats.stage"),
-        "source": config.source,
-        "source_kind": kind,
-        "config": redact(config.model_dump(mode="json")),
-        "seeds": {"splits": config.splits.seed, "near_dedup": config.near_dedup.seed if config.near_dedup else None},
-        "thresholds": {"validation": config.validation.model_dump(mode="json"),
-                       "near_dedup": config.near_dedup.model_dump(mode="json") if config.near_dedup else None},
-        "input_snapshot_sha256": input_snapshot_hash(store, n_parts),
-        "counts": count_outcomes(manifest),
-        "licenses": licenses,
-        "release": release_section(release, config.splits),
-        "features": _stable_features(features),
-        "near_duplicates": near,
-        "stats": stats,
-        "warnings": [w for w in (features.get("warning"), stats.get("warning")) if w],
-        "outputs": write_output_list(store),
-    }
+    return flow_receipt(
+        BUILD_FLOW, BUILD_MODULES, config,
+        source=config.source,
+        source_kind=kind,
+        seeds={"splits": config.splits.seed, "near_dedup": config.near_dedup.seed if config.near_dedup else None},
+        thresholds={"validation": config.validation.model_dump(mode="json"),
+                    "near_dedup": config.near_dedup.model_dump(mode="json") if config.near_dedup else None},
+        input_snapshot_sha256=input_snapshot_hash(store, n_parts),
+        counts=count_outcomes(manifest),
+        licenses=licenses,
+        release=release_section(release, config.splits),
+        features=_stable_features(features),
+        near_duplicates=near,
+        stats=stats,
+        warnings=[w for w in (features.get("warning"), stats.get("warning")) if w],
+        outputs=write_output_list(store),
+    )
 
 
 def _stable_features(summary: dict[str, Any]) -> dict[str, Any]:
@@ -317,4 +312,4 @@ def _stable_stats(result: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
-build_corpus, run_build = cluster_flow(build, "build-corpus")
+build_corpus, run_build = cluster_flow(build, BUILD_FLOW)

@@ -16,7 +16,7 @@ from typing import NoReturn
 def _build(args: argparse.Namespace) -> int:
     from flows.build_corpus import BuildConfig, run_build
     from flows.preflight import check_build, load_config
-    from tasks.run_log import render_stage_times
+    from tasks.report.run_log import render_stage_times
 
     config = load_config(BuildConfig, args.config, source=args.source, out=args.out,
                          **({"previous": args.previous} if args.previous else {}))
@@ -47,7 +47,7 @@ def _plan(args: argparse.Namespace) -> int:
 def _diff(args: argparse.Namespace) -> int:
     from corpusforge.storage import Store
     from flows.preflight import check_corpus
-    from tasks.changes import diff_versions
+    from tasks.report.changes import diff_versions
 
     for root in (args.old, args.new):
         check_corpus(root, {})
@@ -75,9 +75,9 @@ def _sample(args: argparse.Namespace) -> int:
 FLOW_COMMANDS = {
     "extract-features": ("flows.extract_features", "ExtractFeaturesConfig", "run_extract_features",
                          "extract features of a built corpus's staging shards (resumable)"),
-    "near-dedup": ("flows.near_dedup", "NearDedupFlowConfig", "run_near_dedup",
+    "near-dedup": ("flows.near_dedup", "NearDedupFlowParams", "run_near_dedup",
                    "near-duplicate pass over a built corpus, written as a new corpus version"),
-    "reference-stats": ("flows.reference_stats", "ReferenceStatsConfig", "run_reference_stats",
+    "reference-stats": ("flows.reference_stats", "ReferenceStatsFlowParams", "run_reference_stats",
                         "reference statistics (FD-DINOv2 mean/covariance) of a built corpus's splits"),
     "evaluate": ("flows.evaluate", "EvaluateConfig", "run_evaluate",
                  "metrics of generated images against reference statistics"),

@@ -164,11 +164,11 @@ def _config_class(path: str) -> type:
     from flows.build_corpus import BuildConfig
     from flows.evaluate import EvaluateConfig
     from flows.extract_features import ExtractFeaturesConfig
-    from flows.near_dedup import NearDedupFlowConfig
-    from flows.reference_stats import ReferenceStatsConfig
+    from flows.near_dedup import NearDedupFlowParams
+    from flows.reference_stats import ReferenceStatsFlowParams
 
     keys = _keys(path)
-    candidates: list[type] = [EvaluateConfig, NearDedupFlowConfig, ReferenceStatsConfig, ExtractFeaturesConfig]
+    candidates: list[type] = [EvaluateConfig, NearDedupFlowParams, ReferenceStatsFlowParams, ExtractFeaturesConfig]
     if importlib.util.find_spec("flows.contamination") is not None:
         from flows.contamination import ContaminationConfig
 

@@ -15,26 +15,23 @@ From Python: ``run_evaluate(config)``.
 
 from __future__ import annotations
 
-import hashlib
-import io
 from typing import Any, Literal
 
-import fsspec
-import pyarrow.parquet as pq
-from prefect import get_run_logger
 from pydantic import Field, model_validator
 
-from corpusforge.cluster import DaskConfig, as_task, cluster_flow, run_tasks
+from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, run_logger
 from corpusforge.config import FlowConfig
 from corpusforge.contract import SKIPPED
 from corpusforge.feature_files import prune_features
+from corpusforge.layout import EVALUATION_METRICS, EVALUATION_REPORT
 from corpusforge.storage import Store
 from corpusforge.version import code_version
-from tasks.features.config import STATISTICS_PREPROCESSING, ModelSpec, RuntimeConfig
+from tasks.shared.features.config import STATISTICS_PREPROCESSING, ModelSpec, RuntimeConfig
+from tasks.stats.caption_set import caption_set_claim
 from tasks.stats.config import PROTOCOL_MODES, MetricsConfig, protocol_model
-from tasks.stats.evaluate import (check_model, embed_chunk_unit, evaluate_features, expected_identity,
+from tasks.stats.evaluate import (EMBED_CHUNK, check_model, evaluate_features, expected_identity,
                                   load_reference, plan_generated, render_report)
-from tasks.stats.provenance import public_spec
+from tasks.shared.provenance import public_spec
 
 
 class EvaluateConfig(FlowConfig):
@@ -89,29 +86,13 @@ class EvaluateConfig(FlowConfig):
         return self
 
 
-embed_task = as_task(embed_chunk_unit, "embed-generated-chunk")
-
-
-def caption_set_claim(path: str | None, storage_options: dict[str, Any],
-                      named: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Which caption set the generated images claim to come from, and whether it is the one
-    the reference's provenance names (a different set is a protocol deviation)."""
-    if path is None:
-        return None
-    with fsspec.open(path, "rb", **storage_options) as f:
-        data = f.read()
-    claim: dict[str, Any] = {"path": path, "sha256": hashlib.sha256(data).hexdigest(),
-                             "captions": pq.read_metadata(io.BytesIO(data)).num_rows,
-                             "reference_names": named.get("sha256") if named else None}
-    if named and named.get("sha256") != claim["sha256"]:
-        claim["deviation"] = (f"generated from caption set {claim['sha256'][:16]}…, not the reference's evaluation "
-                              f"caption set {str(named.get('sha256'))[:16]}…")
-    return claim
+FLOW = "evaluate"
+CODE_MODULES = ("tasks.stats.evaluate", "tasks.stats.caption_set")  # metrics.json's code_version
 
 
 def evaluate(config: EvaluateConfig) -> dict[str, Any]:
     """Metrics of generated images against a reference; the embedding runs on ``config.dask``."""
-    log = get_run_logger()
+    log = run_logger()
     reference = load_reference(config.reference, config.reference_storage_options)
     check_model(reference, expected_identity(config.model), config.allow_mismatch, config.protocol)
     chunks = plan_generated(config.generated, config.generated_storage_options, config.chunk_size)
@@ -122,7 +103,7 @@ def evaluate(config: EvaluateConfig) -> dict[str, Any]:
     features = out if config.feature_store is None else Store(config.feature_store, config.out_storage_options)
     if config.feature_store is None:
         prune_features(out, {config.model.model_id}, [c.name for c in chunks])
-    embedded = run_tasks(embed_task, [dict(features=features, chunk=c, spec=config.model, runtime=config.runtime,
+    embedded = fan_out(EMBED_CHUNK, [dict(features=features, chunk=c, spec=config.model, runtime=config.runtime,
                                            torchscript_allowlist=config.torchscript_allowlist,
                                            storage_options=config.generated_storage_options) for c in chunks])
     reused = sum(c.action == SKIPPED for c in embedded)
@@ -131,16 +112,16 @@ def evaluate(config: EvaluateConfig) -> dict[str, Any]:
     result = evaluate_features(embedded, reference, config.metrics, config.allow_mismatch, config.protocol)
     result["generated"]["sources"] = list(config.generated)
     result["model_spec"] = public_spec(config.model)
-    result["code_version"] = code_version("tasks.stats.evaluate")
+    result["code_version"] = code_version(*CODE_MODULES)
     result["caption_set"] = caption_set_claim(config.caption_set, config.generated_storage_options,
                                               (reference.provenance or {}).get("eval_captions"))
     if result["caption_set"] and result["caption_set"].get("deviation"):
         result["protocol"]["deviations"].append(result["caption_set"]["deviation"])
     for d in result["protocol"]["deviations"]:
         log.warning("protocol deviation: %s", d)
-    out.write_json("metrics.json", result)
-    out.write_bytes("report.md", render_report(result).encode())
+    out.write_json(EVALUATION_METRICS, result)
+    out.write_bytes(EVALUATION_REPORT, render_report(result).encode())
     return {**result, "work": {"chunks_embedded": len(chunks) - reused, "chunks_reused": reused}}
 
 
-evaluate_flow, run_evaluate = cluster_flow(evaluate, "evaluate")
+evaluate_flow, run_evaluate = cluster_flow(evaluate, FLOW)

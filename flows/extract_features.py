@@ -1,10 +1,10 @@
 """Compute features for an already built corpus: the feature stage on its own.
 
-Runs :func:`tasks.features.extract.extract_features` over every completed staging shard
+Runs :func:`tasks.shared.features.extract.extract_features` over every completed staging shard
 of ``config.corpus``, one task per shard on the Dask
 cluster from ``config.dask``. Finished (model, shard) pairs with a matching fingerprint
 are skipped, so a rerun only does missing or invalidated work. Output layout: see
-:mod:`tasks.features.extract`.
+:mod:`tasks.shared.features.extract`.
 
 From Python: ``run_extract_features(config)`` (starts a Prefect API for the Dask workers
 when none is configured) or the flow ``extract_features_flow(config)`` itself.
@@ -16,13 +16,13 @@ from typing import Any
 
 from pydantic import Field
 
-from corpusforge.cluster import DaskConfig, cluster_flow, run_logger
+from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, run_logger
 from corpusforge.config import FlowConfig
 from corpusforge.contract import completed_units
 from corpusforge.layout import STAGING_TARS
 from corpusforge.storage import Store
-from tasks.features.config import FeaturesConfig
-from tasks.features.extract import extract_features, summarize
+from tasks.shared.features.config import FeaturesConfig
+from tasks.shared.features.extract import extract_features, summarize
 
 
 class ExtractFeaturesConfig(FlowConfig):
@@ -45,7 +45,7 @@ def extract(config: ExtractFeaturesConfig) -> dict[str, Any]:
     shards = completed_units(store, STAGING_TARS, ".tar")
     log.info("%d completed staging shards in %s; models %s", len(shards), config.corpus,
              [m.model_id for m in config.features.models])
-    summary = summarize(extract_features(store, shards, config.features))
+    summary = summarize(extract_features(store, shards, config.features, fan_out=fan_out))
     if "warning" in summary:
         log.warning(summary["warning"])
     for model_id, totals in summary["models"].items():

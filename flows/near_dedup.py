@@ -5,7 +5,7 @@ extracted already) and writes, under ``config.out`` only: ``graph/…`` (index, 
 decisions, components report, collision models, calibration sheet, summary) and
 ``lineage.json`` (which corpus, which shards, its receipt's hash, this config), then
 the new version's release shards, manifest, receipt and report from these decisions
-and the source's staging shards and ingest rows (``flows/publish.py``). The source
+and the source's staging shards and ingest rows (``tasks/publish.py``). The source
 corpus is never written to; an output root equal to, inside, or around the source is
 refused.
 
@@ -19,24 +19,25 @@ from typing import Any
 
 from pydantic import Field
 
-from corpusforge.cluster import DaskConfig, cluster_flow, run_logger
+from corpusforge.artifacts import publish_run_artifacts
+from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, run_logger
 from corpusforge.config import FlowConfig
-from corpusforge.contract import completed_units
-from corpusforge.feature_files import feature_marker
-from corpusforge.hashing import fingerprint
-from corpusforge.layout import LINEAGE, RECEIPT, RESOLVED_DIR, STAGING_TARS
-from corpusforge.storage import Store
-from corpusforge.version import code_version
+from corpusforge.layout import LINEAGE, RECEIPT, RESOLVED_DIR
+from corpusforge.receipts import flow_receipt
+from corpusforge.storage import Store, require_separate
 from tasks.graph.config import NearDedupConfig
-from tasks.graph.edges import index_plan
-from tasks.graph.index import INDEX_WORKER_BYTES
+from tasks.graph.derived import lineage, staged_with_features
 from tasks.graph.stage import near_duplicate_stage
-from tasks.publish import publish, release_section, write_receipt
-from tasks.receipt import count_outcomes, redact, write_output_list
-from tasks.splits import SplitConfig
+from tasks.release.publish import publish, release_section
+from tasks.release.splits import SplitConfig
+from tasks.report.receipt import count_outcomes, write_output_list
+from tasks.report.write import write_receipt
+
+FLOW = "near-dedup"
+CODE_MODULES = ("tasks.graph.stage", "tasks.release.publish")
 
 
-class NearDedupFlowConfig(FlowConfig):
+class NearDedupFlowParams(FlowConfig):
     """Which corpus, where the new version goes, the stage's settings, the cluster."""
 
     source: str = Field(..., title="Built corpus root",
@@ -52,57 +53,22 @@ class NearDedupFlowConfig(FlowConfig):
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
 
-def check_separate(source: Store, out: Store) -> None:
+def check_separate(config: NearDedupFlowParams) -> None:
     """Refuse an output root that is the source, inside it, or contains it."""
-    a, b = source.root.rstrip("/") + "/", out.root.rstrip("/") + "/"
-    if source.remote == out.remote and (a.startswith(b) or b.startswith(a)):
-        raise ValueError(f"output root {out.root} overlaps the source corpus {source.root}: "
-                         "a new version must not write into the old one")
+    require_separate(config.out, [("source corpus", config.source)], "a new version must not write into the old one")
 
 
-def staged_with_features(source: Store, model_id: str) -> list[str]:
-    """Every staging shard of the source; a clear error naming those without features."""
-    shards = completed_units(source, STAGING_TARS, ".tar")
-    if not shards:
-        raise ValueError(f"{source.root} has no completed staging shards: not a built corpus")
-    missing = [s for s in shards if feature_marker(source, model_id, s) is None]
-    if missing:
-        raise ValueError(f"{len(missing)} staging shards of {source.root} have no {model_id} features "
-                         f"({', '.join(missing[:5])}{', …' if len(missing) > 5 else ''}): run "
-                         f"`corpusforge extract-features` with that model first")
-    return shards
-
-
-def check_index_size(config: NearDedupFlowConfig, limit: int = INDEX_WORKER_BYTES) -> None:
-    """Preflight: the index of the source's extracted features must fit in a query worker
-    (ValueError naming the alternative); reads feature markers only."""
-    source = Store(config.source, config.storage_options)
-    model_id = config.near_dedup.model_id
-    markers = [m["info"] for s in completed_units(source, STAGING_TARS, ".tar")
-               if (m := feature_marker(source, model_id, s)) is not None]
-    if markers:
-        index_plan(config.near_dedup, markers, limit)
-
-
-def lineage(source: Store, shards: list[str], cfg: NearDedupConfig) -> dict[str, Any]:
-    """What this version was derived from."""
-    receipt = source.sha256(RECEIPT) if source.exists(RECEIPT) else None
-    return {"derived_from": source.root, "source_receipt_sha256": receipt, "staging_shards": sorted(shards),
-            "stage": "near_dedup", "near_dedup": cfg.model_dump(mode="json"),
-            "near_dedup_fingerprint": fingerprint(cfg.model_dump(mode="json"))}
-
-
-def near_dedup(config: NearDedupFlowConfig) -> dict[str, Any]:
+def near_dedup(config: NearDedupFlowParams) -> dict[str, Any]:
     """Near-duplicate removal on a built corpus, written as a new version under ``config.out``."""
     log = run_logger()
     source = Store(config.source, config.storage_options)
     out_options = config.storage_options if config.out_storage_options is None else config.out_storage_options
+    check_separate(config)
     out = Store(config.out, out_options)
-    check_separate(source, out)
     shards = staged_with_features(source, config.near_dedup.model_id)
     log.info("%d staging shards of %s; writing the new version to %s", len(shards), config.source, config.out)
     out.write_json(LINEAGE, lineage(source, shards, config.near_dedup))
-    summary, _ = near_duplicate_stage(out, config.near_dedup, shards, source=source)
+    summary, _ = near_duplicate_stage(out, config.near_dedup, shards, source=source, fan_out=fan_out)
     d = summary["decisions"]
     log.info("%d images: %d kept, %d removed %s; recall %s", d["images"], d["kept"], d["removed"],
              d["removed_by_rule"], summary["recall"]["recall"])
@@ -113,24 +79,23 @@ def near_dedup(config: NearDedupFlowConfig) -> dict[str, Any]:
     source_receipt = source.read_json(RECEIPT)
     splits = config.splits or SplitConfig.model_validate(source_receipt["config"]["splits"])
     n_parts = sum(1 for n in source.listdir(RESOLVED_DIR) if n.endswith(".parquet"))
-    release, manifest, _ = publish(out, shards, n_parts, splits, near_dedup=True, source=source)
-    write_receipt(out, {
-        "corpusforge": "near_dedup",
-        "code_version": code_version("tasks.graph.stage", "tasks.publish"),
-        "source": config.source,
-        "source_kind": f"corpus version derived from {config.source}",
-        "lineage": out.read_json(LINEAGE),
-        "config": redact(config.model_dump(mode="json")),
-        "seeds": {"splits": splits.seed, "near_dedup": config.near_dedup.seed},
-        "thresholds": {"near_dedup": config.near_dedup.model_dump(mode="json")},
-        "input_snapshot_sha256": source_receipt["input_snapshot_sha256"],
-        "counts": count_outcomes(manifest),
-        "release": release_section(release, splits),
-        "near_duplicates": summary,
-        "warnings": [],
-        "outputs": write_output_list(out),
-    })
+    release, manifest, _ = publish(out, shards, n_parts, splits, near_dedup=True, source=source, fan_out=fan_out)
+    written, report = write_receipt(out, flow_receipt(
+        FLOW, CODE_MODULES, config,
+        source=config.source,
+        source_kind=f"corpus version derived from {config.source}",
+        lineage=out.read_json(LINEAGE),
+        seeds={"splits": splits.seed, "near_dedup": config.near_dedup.seed},
+        thresholds={"near_dedup": config.near_dedup.model_dump(mode="json")},
+        input_snapshot_sha256=source_receipt["input_snapshot_sha256"],
+        counts=count_outcomes(manifest),
+        release=release_section(release, splits),
+        near_duplicates=summary,
+        warnings=[],
+        outputs=write_output_list(out),
+    ))
+    publish_run_artifacts(FLOW, report, written["counts"], out.root)
     return summary
 
 
-near_dedup_flow, run_near_dedup = cluster_flow(near_dedup, "near-dedup")
+near_dedup_flow, run_near_dedup = cluster_flow(near_dedup, FLOW)

@@ -39,11 +39,11 @@ from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_
                                 part_name, resolved_path, staging_tar)
 from corpusforge.storage import Store
 from corpusforge.version import code_version
-from flows.build_corpus import BuildConfig
-from tasks.exact_dedup import (combine_digests, duplicate_keys_key, exact_duplicates_key, exchange_hashes_key,
+from flows.build_corpus import BUILD_MODULES, BuildConfig
+from tasks.ingest.exact_dedup import (combine_digests, duplicate_keys_key, exact_duplicates_key, exchange_hashes_key,
                                exchange_keys_key, partition_groups, resolve_key)
-from tasks.ingest import ingest_key
-from tasks.sources import plan_partitions
+from tasks.ingest.partition import ingest_key
+from tasks.ingest.sources import plan_partitions
 from tasks.staging import images_digest, plan_staging, shard_table, staging_key
 
 DELETE = "delete"
@@ -58,9 +58,6 @@ WHOLE_STAGES = [
     ("manifest", ("splits", "near_dedup", "captioning"), (MANIFEST_DIR,), None),
     ("statistics", ("reference_stats",), (STATS_DIR,), "reference_stats"),
 ]
-# The build's code (the receipt's code_version): a change anywhere reaches the whole stages.
-BUILD_MODULES = ("tasks.ingest", "tasks.exact_dedup", "tasks.staging", "tasks.features.extract",
-                 "tasks.graph.stage", "tasks.captions.stage", "tasks.publish", "tasks.stats.stage")
 # The build config fields behind the positions of a stage key's config (explain names positions).
 CONFIG_NAMES = {
     "ingest": {"[0]": "validation", "[1]": "hash buckets (staging.buckets)", "[2]": "input.allow_roots"},
@@ -121,7 +118,7 @@ def plan_build(config: BuildConfig) -> list[StagePlan]:
         _deletions(ingest, store, INGEST_DIR, ".parquet", names)
         plans.append(ingest)
 
-    # exact dedup's units in the order tasks.exact_dedup.deduplicate runs them
+    # exact dedup's units in the order tasks.ingest.exact_dedup.deduplicate runs them
     digests = [m["digest"] if m else None for m in ingested]
     groups = partition_groups(len(parts), n_buckets)
     size = len(groups[0]) if groups else 0
@@ -218,7 +215,7 @@ def _unknown(stage: StagePlan, store: Store, folder: str, suffix: str) -> None:
 
 def _features(store: Store, config: BuildConfig, images: dict[str, str] | None) -> list[StagePlan]:
     """One stage per configured model (the run log counts them so), keyed as the run keys them."""
-    from tasks.features.extract import decode_size, feature_fingerprint, load_models
+    from tasks.shared.features.extract import decode_size, feature_fingerprint, load_models
 
     kept = {m.model_id for m in config.features.models}
     if config.reference_stats is not None:

@@ -8,7 +8,7 @@ nothing is created or written, locally or on object storage, before they all pas
 from __future__ import annotations
 
 import concurrent.futures
-import posixpath
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,13 +17,23 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from corpusforge.secrets import has_secret_blocks
-from corpusforge.storage import is_remote
+from corpusforge.storage import Store, is_remote, require_separate
 
 PROBE_SECONDS = 20.0  # longest a storage probe may take before the storage counts as unreachable
 
 
 class UserError(Exception):
     """A mistake in what the user asked for; ``str()`` is the one line to print."""
+
+
+@contextlib.contextmanager
+def as_user_error() -> Iterator[None]:
+    """A check's ValueError (an output root overlapping an input, an index too large) is
+    the user's mistake: its message becomes the one line printed."""
+    try:
+        yield
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
 
 # ---- the config file ---------------------------------------------------------------------
@@ -226,18 +236,11 @@ def require_writable_root(uri: str, options: dict[str, Any], what: str) -> None:
         raise UserError(f"{what} {uri}: {existing} is not a writable folder")
 
 
-def overlapping(a: str, b: str) -> bool:
-    def norm(u: str) -> str:
-        return (u if is_remote(u) else posixpath.abspath(u)).rstrip("/") + "/"
-    x, y = norm(a), norm(b)
-    return x.startswith(y) or y.startswith(x)
-
-
 # ---- models and weights -------------------------------------------------------------------
 
 def model_specs(obj: Any) -> list[Any]:
     """Every feature ModelSpec anywhere in a config."""
-    from tasks.features.config import ModelSpec
+    from tasks.shared.features.config import ModelSpec
 
     found: list[Any] = []
     if isinstance(obj, ModelSpec):
@@ -269,7 +272,7 @@ def allowlists(obj: Any) -> set[str]:
 def check_models(config: BaseModel) -> None:
     """Every learned model has weights (or says random_init), local weights exist and have
     the pinned SHA-256, TorchScript only when allow-listed."""
-    from tasks.features.weights import WeightsError, fetch_weights
+    from tasks.shared.features.weights import WeightsError, fetch_weights
 
     allowed = allowlists(config)
     for spec in model_specs(config):
@@ -300,8 +303,8 @@ def check_models(config: BaseModel) -> None:
 def check_build(config: Any) -> None:
     require_exists(config.source, config.input.storage_options, "source",
                    "give a metadata table (.parquet/.jsonl/.csv), a folder of tars or a folder of images")
-    if is_remote(config.source) == is_remote(config.out) and overlapping(config.source, config.out):
-        raise UserError(f"output root {config.out} overlaps the source {config.source}: choose an --out outside it")
+    with as_user_error():
+        require_separate(config.out, [("source", config.source)], "choose an --out outside it")
     require_writable_root(config.out, config.storage_options, "output root")
     require_records(config.source, config.input)
     if config.previous is not None:
@@ -312,7 +315,7 @@ def check_build(config: Any) -> None:
 def require_records(source: str, cfg: Any) -> None:
     """The source holds at least one input record: an empty one is the user's mistake, said
     before a server or cluster starts rather than as the ingest plan's traceback."""
-    from tasks.sources import why_empty
+    from tasks.ingest.sources import why_empty
 
     if has_secret_blocks(cfg.storage_options):
         return  # credentials come from the server's Secret block: checked in the run
@@ -335,12 +338,12 @@ def check_flow(command: str, config: Any) -> None:
         check_corpus(config.corpus, config.storage_options)
     elif command == "near-dedup":
         check_corpus(config.source, config.storage_options, "source corpus")
-        from flows.near_dedup import check_index_size
+        from flows.near_dedup import check_separate
+        from tasks.graph.derived import check_index_size
 
-        try:
-            check_index_size(config)
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
+        with as_user_error():
+            check_separate(config)
+            check_index_size(Store(config.source, config.storage_options), config.near_dedup)
     elif command == "evaluate":
         for g in config.generated:
             require_exists(g, config.generated_storage_options, "generated images", "a folder of images or tars")
@@ -353,6 +356,10 @@ def check_flow(command: str, config: Any) -> None:
         if config.eval_set is not None:
             require_exists(config.eval_set.source, config.eval_set.storage_options, "evaluation set",
                            "a table, a folder of images or tars")
+        from flows.contamination import check_separate
+
+        with as_user_error():
+            check_separate(config)
     elif command == "qualify-prompts":
         from flows.prompt_qualification import preflight
 

@@ -12,10 +12,10 @@ from pydantic import Field
 
 from corpusforge.cluster import DaskConfig, cluster_flow
 from corpusforge.storage import Store
-from tasks.stats.stage import ReferenceStatsSettings, reference_stats_stage
+from tasks.stats.stage import ReferenceStatsConfig, reference_stats_stage
 
 
-class ReferenceStatsConfig(ReferenceStatsSettings):
+class ReferenceStatsFlowParams(ReferenceStatsConfig):
     """Which corpus and splits, which feature model, which cluster."""
 
     corpus: str = Field(..., title="Corpus root", description="Root of a built corpus; local or s3://.")
@@ -25,7 +25,7 @@ class ReferenceStatsConfig(ReferenceStatsSettings):
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
 
-def reference_stats(config: ReferenceStatsConfig) -> dict[str, Any]:
+def reference_stats(config: ReferenceStatsFlowParams) -> dict[str, Any]:
     """Reference statistics of ``config.splits`` of the corpus at ``config.corpus``."""
     return reference_stats_stage(Store(config.corpus, config.storage_options), config)
 

@@ -13,7 +13,7 @@ while its records are unchanged, whatever happens elsewhere in the source. Per s
                                       of the ordered (key, sha256, ext) list: what features read
 
 The image bytes come from the ingest spills (``work/spill/{part}.bin``, see
-:mod:`tasks.ingest`), not from the source: one forward pass per partition slice, one open
+:mod:`tasks.ingest.partition`), not from the source: one forward pass per partition slice, one open
 file per partition. No image is hashed twice: each record's bytes must match the XXH3-64
 checksum ingest recorded when it spilled them (eight times cheaper than SHA-256; a spill
 that lost or changed a byte fails the shard before anything of it is written), and the
@@ -38,27 +38,25 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from corpusforge.config import StrictModel
 from corpusforge.chunking import plan_cuts
-from corpusforge.contract import run_unit, unit_fingerprint
+from corpusforge.contract import Unit, run_unit, unit_fingerprint
 from corpusforge.faults import fault_point
-from corpusforge.hashing import canonical_json, fingerprint, sha256_bytes
+from corpusforge.hashing import fingerprint, sha256_bytes
 from corpusforge.layout import (RESOLVED_SCHEMA, STAGING_RECORDS_SCHEMA, resolved_path, spill_path, staging_index,
                                 staging_records, staging_tar)
 from corpusforge.records import Status
 from corpusforge.storage import Store, parquet_bytes
 from corpusforge.tarshard import Sample, write_tar
 from corpusforge.version import code_version
-
-SAMPLE_JSON_FIELDS = ["key", "width", "height", "license", "license_url", "attribution", "source",
-                      "caption_type", "retrieved_at", "sha256"]
+from tasks.shared.samples import SAMPLE_JSON_FIELDS, sample_json
 
 
-class StagingConfig(BaseModel):
+
+class StagingConfig(StrictModel):
     """Staging shard size and the bucketing of the exact-dedup group-by."""
-
-    model_config = ConfigDict(extra="forbid")
 
     shard_size: int = Field(1000, ge=1, description="Average samples per staging shard (the unit of parallel "
                                                     "work); content-defined cuts give shards of 1/2 to 2x this.")
@@ -157,12 +155,6 @@ def spilled_bytes(store: Store, records: Iterable[dict[str, Any]]) -> Iterator[b
             spill.close()
 
 
-def sample_json(record: dict[str, Any], extra: dict[str, Any] | None = None) -> bytes:
-    meta = {name: record.get(name) for name in SAMPLE_JSON_FIELDS}
-    meta.update(extra or {})
-    return canonical_json(meta).encode()
-
-
 def to_sample(record: dict[str, Any], image: bytes | memoryview, extra: dict[str, Any] | None = None) -> Sample:
     """The staged sample; ``image`` must be the bytes ingest hashed (its SHA-256 goes to the index)."""
     return Sample(record["key"], {record["ext"]: image, "txt": (record.get("caption") or "").encode(),
@@ -233,3 +225,6 @@ def write_staging_shard(store: Store, shard: StagingShard) -> dict[str, Any]:
                          "images": images_digest(records)}
 
     return run_unit(store, staging_tar(shard.name), fp, compute)
+
+
+WRITE_STAGING_SHARD = Unit(write_staging_shard, "write-staging-shard")

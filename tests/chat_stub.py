@@ -70,7 +70,12 @@ class _Handler(BaseHTTPRequestHandler):
                 stub.in_flight -= 1
 
     def _answer(self, stub: ChatStub) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        length = int(self.headers.get("Content-Length", 0))
+        raw = self.rfile.read(length)
+        if len(raw) < length:  # the client went away mid-request (killed): nothing was received
+            self.close_connection = True
+            return
+        body = json.loads(raw or b"{}")
         with stub.lock:
             stub.requests.append({"path": self.path, "body": body, "headers": dict(self.headers),
                                   "at": time.monotonic()})

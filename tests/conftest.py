@@ -271,7 +271,7 @@ def _fast_tier_time(terminalreporter, config) -> None:
 
 
 def _matrix_table(terminalreporter) -> None:
-    """Print scenario → test → outcome for the matrix tests that ran (see README, "Faults and hostile input")."""
+    """Print scenario → test → outcome for the matrix tests that ran (see docs/faults.md)."""
     if not _MATRIX:
         return
     rows = sorted(((s, nodeid, outcome) for nodeid, (scenarios, outcome) in _MATRIX.items() for s in scenarios),

@@ -3,11 +3,32 @@ compared with byte for byte (release planning, the folder listing)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Modules that moved into stage packages since those commits: an old module's imports are
+# pointed at where the same code lives now.
+MOVED = {"tasks.sources": "tasks.ingest.sources", "tasks.validate": "tasks.ingest.validate",
+         "tasks.licenses": "tasks.ingest.licenses", "tasks.exact_dedup": "tasks.ingest.exact_dedup",
+         "tasks.ingest": "tasks.ingest.partition", "tasks.splits": "tasks.release.splits",
+         "tasks.manifest": "tasks.release.manifest", "tasks.release_image": "tasks.release.release_image",
+         "tasks.release_card": "tasks.release.release_card", "tasks.release": "tasks.release.shards",
+         "tasks.receipt": "tasks.report.receipt", "tasks.run_log": "tasks.report.run_log",
+         "tasks.changes": "tasks.report.changes"}
+_IMPORT = re.compile(r"^(\s*from )(tasks(?:\.\w+)+)( import )", re.M)
+
+
+def _moved(source: str) -> str:
+    def repoint(m: re.Match[str]) -> str:
+        name = m.group(2)
+        if name.startswith("tasks.features"):
+            name = "tasks.shared" + name[len("tasks"):]
+        return m.group(1) + MOVED.get(name, name) + m.group(3)
+    return _IMPORT.sub(repoint, source)
 
 
 def module_at(commit: str, path: str, name: str) -> types.ModuleType:
@@ -15,5 +36,5 @@ def module_at(commit: str, path: str, name: str) -> types.ModuleType:
     source = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=ROOT, check=True, capture_output=True,
                             text=True).stdout
     module = types.ModuleType(name)
-    exec(compile(source, f"{commit[:7]}:{path}", "exec"), module.__dict__)
+    exec(compile(_moved(source), f"{commit[:7]}:{path}", "exec"), module.__dict__)
     return module

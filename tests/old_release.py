@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 
 from corpusforge.layout import LATE_DIR, RELEASE_DIR, RELEASE_PLAN_DIR
 from corpusforge.storage import Store
-from tasks.release import plan_release_files, write_staged_list
-from tasks.splits import SplitConfig
+from tasks.release.shards import plan_release_files, write_staged_list
+from tasks.release.splits import SplitConfig
 from tests.old_code import module_at
 
 OLD_COMMIT = "63a2feaee6ac74785452b86d43b34db5acd1f3b2"

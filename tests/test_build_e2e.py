@@ -21,7 +21,7 @@ import webdataset as wds
 from corpusforge.layout import CHANGES_MD, CHANGES_TABLE
 from corpusforge.storage import Store
 from flows.build_corpus import run_build
-from tasks.receipt import output_hashes
+from tasks.report.receipt import output_hashes
 from sample_corpus.truth import related_groups
 from tests.built_sample import config
 from tests.old_release import assert_release_equals_old
@@ -279,14 +279,14 @@ def test_planted_near_duplicates_are_removed_or_explained(built_sample, sample_c
 
 @pytest.mark.slow
 def test_near_dedup_pass_writes_a_new_version_and_never_touches_the_old(built_sample, tmp_path, prefect_server):
-    from flows.near_dedup import NearDedupFlowConfig, run_near_dedup
+    from flows.near_dedup import NearDedupFlowParams, run_near_dedup
 
     out, _ = built_sample
     before = file_hashes(out)
     v2 = tmp_path / "v2"
-    config = NearDedupFlowConfig.model_validate({
+    config = NearDedupFlowParams.model_validate({
         "source": str(out), "out": str(v2), "dask": {"n_workers": 2},
-        "near_dedup": {"pair_threshold": 0.93, "min_component_size": 3}})
+        "near_dedup": {"pair_removal_above": 0.93, "min_component_size": 3}})
     run_near_dedup(config)
     assert file_hashes(out) == before
     old_rows, new_rows = manifest(out), manifest(v2)

@@ -398,7 +398,7 @@ def test_build_captions_identically_on_any_cluster_and_never_writes_the_key(tmp_
 
 
 def test_word_statistics_match_numpy():
-    from tasks.captions.summary import word_stats
+    from tasks.shared.caption_summary import word_stats
 
     rng = np.random.default_rng(0)
     values = {"short": rng.integers(5, 40, 501), "long": rng.integers(60, 200, 77)}
@@ -416,7 +416,7 @@ def test_evaluate_records_the_caption_set_and_flags_another(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from flows.evaluate import caption_set_claim
+    from tasks.stats.caption_set import caption_set_claim
 
     path = tmp_path / "eval_captions.parquet"
     pq.write_table(pa.table({"key": ["a", "b"], "caption": ["x", "y"]}), path)

@@ -261,3 +261,18 @@ def test_empty_source_from_the_command_line(tmp_path, cli):
     assert proc.stdout == "" and not (tmp_path / "o").exists()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime < 20
+
+
+@pytest.mark.scenario(14)
+@pytest.mark.parametrize(("command", "config", "cause"), [
+    ("near-dedup", "source: {corpus}\nout: {corpus}/v2\n", "overlaps the source corpus"),
+    ("contamination", "corpus: {corpus}\nout: {corpus}/scan\n", "overlaps the corpus"),
+])
+def test_output_inside_what_a_flow_reads(capsys, no_server_or_cluster, tmp_path, command, config, cause):
+    """Every flow's preflight refuses an output root inside what it reads (one check,
+    corpusforge.storage.require_separate), before anything starts."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    cfg = write(tmp_path / "c.yaml", config.format(corpus=corpus))
+    line = run_cli(capsys, [command, "--config", cfg], corpus / "x")
+    assert cause in line

@@ -44,7 +44,7 @@ PROCESS = {"n_workers": 1, "processes": True}  # tasks (and their S3 stores) pic
 
 
 def test_the_model_id_is_its_spec_s():
-    from tasks.features.config import ModelSpec
+    from tasks.shared.features.config import ModelSpec
 
     assert ModelSpec.model_validate(DINO).model_id == MODEL_ID
 
@@ -157,13 +157,13 @@ def test_extract_features(corpus, fs, env):
 
 
 def test_reference_stats(corpus, fs, env):
-    from flows.reference_stats import ReferenceStatsConfig, reference_stats
+    from flows.reference_stats import ReferenceStatsFlowParams, reference_stats
     from tasks.stats.reference import stats_path
 
     settings = {"splits": ["test"], "model": DINO, "runtime": RUNTIME, "sample": {"max_rows": 50},
                 "metrics": {"k": 2, "mmd_subsets": 3, "mmd_subset_size": 5}}
     result = cli("reference-stats", {"corpus": CORPUS, **settings, "dask": THREADS}, env, corpus.root)
-    local = reference_stats(ReferenceStatsConfig.model_validate({"corpus": str(corpus.local), **settings}))
+    local = reference_stats(ReferenceStatsFlowParams.model_validate({"corpus": str(corpus.local), **settings}))
     assert result["n"] == local["n"] and result["n"]["test"] > 10
     assert result["extraction"]["models"][MODEL_ID]["skipped"] == len(staging(corpus))  # extract-features' files
     stem = stats_path("test", MODEL_ID)
@@ -199,10 +199,10 @@ def test_evaluate(corpus, fs, env):
 # ---- a new corpus version, contamination, prompt qualification -----------------------------
 
 def test_near_dedup(corpus, fs, env):
-    from flows.near_dedup import NearDedupFlowConfig, near_dedup
+    from flows.near_dedup import NearDedupFlowParams, near_dedup
 
     result = cli("near-dedup", {"source": CORPUS, "out": f"s3://{BUCKET}/v2", "dask": PROCESS}, env, corpus.root)
-    local = near_dedup(NearDedupFlowConfig.model_validate(
+    local = near_dedup(NearDedupFlowParams.model_validate(
         {"source": str(corpus.local), "out": str(corpus.root / "v2"), "dask": PROCESS}))
     assert result["decisions"] == local["decisions"] and result["decisions"]["images"] > 100
     same_outputs(s3_tree(fs, f"s3://{BUCKET}/v2"), local_tree(corpus.root / "v2"),

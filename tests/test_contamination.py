@@ -129,6 +129,41 @@ def test_signature_bands_catch_every_pair_at_the_signature_threshold():
         assert tuple(sorted(agree)) in plan.signature_subsets
 
 
+def test_band_keys_pair_what_datasketch_minhash_lsh_pairs():
+    """The signature and LSH bands are MinHash LSH banding as datasketch does it: texts that
+    share a band key are exactly the pairs ``MinHashLSH(params=(b, r))`` returns. The stage
+    keys the bands itself (64-bit keys joined out of core, by key range, with a per-key cap)
+    because MinHashLSH keeps every band table in one process's memory."""
+    from datasketch import LeanMinHash, MinHashLSH
+
+    from tasks.contamination.lsh import band_keys
+
+    rng = np.random.default_rng(0)
+    words = ["harbor", "violet", "copper", "moth", "light", "robot", "rain", "roof", "river", "lantern", "paper"]
+    base = [" ".join(rng.choice(words, 9)) for _ in range(12)]
+    texts = base + [" ".join(w if rng.random() > 0.25 else "tide" for w in t.split()) for t in base for _ in range(3)]
+    batch = text_batch(texts, num_perm=64)
+    plan = band_plan(8, 0.375, 64, 2)
+    rows, bands, keys = band_keys(batch, plan, np.zeros(len(texts), dtype=bool))
+    ours = set()
+    for band, key in {(int(b), int(k)) for b, k in zip(bands, keys, strict=True) if b >= 2}:
+        members = sorted(rows[(bands == band) & (keys == np.uint64(key))].tolist())
+        ours |= {(a, b) for i, a in enumerate(members) for b in members[i + 1:]}
+
+    def datasketch_pairs(vectors: np.ndarray, b: int, r: int) -> set[tuple[int, int]]:
+        lsh, sketches = MinHashLSH(num_perm=b * r, params=(b, r)), []
+        for i, v in enumerate(vectors):
+            sketches.append(LeanMinHash(seed=0, hashvalues=v.astype(np.uint64), scheme="legacy"))  # 32-bit values
+            lsh.insert(i, sketches[-1])
+        return {(min(i, j), max(i, j)) for i, m in enumerate(sketches) for j in lsh.query(m) if j != i}
+
+    m = len(plan.signature_subsets[0])
+    subsets = np.concatenate([batch.signature[:, list(s)] for s in plan.signature_subsets], axis=1)
+    expected = (datasketch_pairs(subsets, len(plan.signature_subsets), m)
+                | datasketch_pairs(batch.lsh, plan.lsh_bands, plan.rows_per_band))
+    assert len(ours) > 20 and ours == expected
+
+
 # ---- text canaries: the stage -------------------------------------------------------------
 def _text_run(tmp_path, bench: list[str], corpus: list[str], mode: str, **lsh) -> tuple[Store, dict]:
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -320,8 +355,8 @@ def test_random_init_clip_flags_byte_identical_copies(built, tmp_path):
     import shutil
 
     from flows.contamination import contamination
-    from tasks.features.config import FeaturesConfig
-    from tasks.features.extract import extract_features
+    from tasks.shared.features.config import FeaturesConfig
+    from tasks.shared.features.extract import extract_features
     from corpusforge.contract import completed_units
 
     corpus = tmp_path / "corpus"
@@ -347,8 +382,8 @@ def test_evaluation_set_is_embedded_only_for_the_scan_model_at_the_corpus_decode
     from flows.contamination import contamination
     from corpusforge.contract import completed_units
     from corpusforge.feature_files import feature_marker
-    from tasks.features.config import FeaturesConfig
-    from tasks.features.extract import decode_size, extract_features, load_models
+    from tasks.shared.features.config import FeaturesConfig
+    from tasks.shared.features.extract import decode_size, extract_features, load_models
 
     corpus = tmp_path / "corpus"
     shutil.copytree(built[0], corpus)
@@ -527,7 +562,7 @@ def test_receipt_changes_with_any_input_byte_seed_or_threshold_and_not_otherwise
     data = json.loads(base)
     assert data["seeds"]["signature"] == list(canary.SEED_SIGNATURE_SEEDS)
     assert data["thresholds"]["text"]["signature"] == 0.375 and data["normalization_profile"]["unicode"] == "NFKC"
-    assert data["benchmark"]["item_sha256"]["b1"] and data["scanner_version"].startswith("0.")
+    assert data["benchmark"]["item_sha256"]["b1"] and data["code_version"].startswith("0.")
 
 
 def test_evaluation_folders_and_tars_with_sidecars_and_bad_items(tmp_path):
@@ -676,7 +711,7 @@ def test_plain_cosine_models_are_unchanged():
     """A model without a pair rule (SSCD, CLIP, ...) scores by the plain cosine: the block
     scores are ``q @ t.T`` exactly as before, and the top-k equals the float64 reference."""
     from tasks.contamination import similarity as sim
-    from tasks.graph.pair_score import PairScore
+    from tasks.shared.pair_score import PairScore
 
     rule = PairScore.from_model({"arch": "sscd", "dim": 32})
     assert not rule.active and rule.to_json() == {"name": "cosine"}
@@ -697,7 +732,7 @@ def test_a_greyscale_copy_is_ranked_by_the_rule_not_by_the_index_forms():
     the rule's exact scores, equal to the float64 reference, while a top-(k+4) by the forms
     would lose the true best (so this test can fail)."""
     from tasks.contamination import similarity as sim
-    from tasks.graph.pair_score import PairScore
+    from tasks.shared.pair_score import PairScore
 
     rule = PairScore.from_json(WFD_RULE)
     rng = np.random.default_rng(7)
@@ -811,7 +846,7 @@ def test_ivf_probes_lists_for_coloured_and_colourless_members_alike():
     query form (the mean rule score to a list) loses coloured queries' greyscale copies;
     the scan's choice (each part of the form picks its own lists) finds copies of every kind."""
     from tasks.contamination import similarity as sim
-    from tasks.graph.pair_score import PairScore
+    from tasks.shared.pair_score import PairScore
 
     rule = PairScore.from_json(WFD_RULE)
     rng = np.random.default_rng(11)

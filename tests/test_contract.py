@@ -72,15 +72,15 @@ def test_data_folders_hold_only_data(tmp_path):
 
 
 def test_code_version_follows_the_import_closure_only(monkeypatch, tmp_path):
-    closure = version.module_closure("tasks.release")
-    assert "tasks.release" in closure and "corpusforge.storage" in closure
-    assert "tasks.ingest" not in closure and not any(m.startswith("sample_corpus") for m in closure)
-    before = {m: version.code_version(m) for m in ("tasks.release", "tasks.ingest", "tasks.features.extract")}
+    closure = version.module_closure("tasks.release.shards")
+    assert "tasks.release.shards" in closure and "corpusforge.storage" in closure
+    assert "tasks.ingest.partition" not in closure and not any(m.startswith("sample_corpus") for m in closure)
+    before = {m: version.code_version(m) for m in ("tasks.release.shards", "tasks.ingest.partition", "tasks.shared.features.extract")}
     original = version._module_file
 
     def edited(module):
         path = original(module)
-        if module == "tasks.release":
+        if module == "tasks.release.shards":
             copy = tmp_path / "release.py"
             copy.write_bytes(path.read_bytes() + b"# only a comment\n")
             return copy
@@ -92,9 +92,9 @@ def test_code_version_follows_the_import_closure_only(monkeypatch, tmp_path):
         after = {m: version.code_version(m) for m in before}
     finally:
         version.code_version.cache_clear()
-    assert after["tasks.release"] != before["tasks.release"]
-    assert after["tasks.ingest"] == before["tasks.ingest"]
-    assert after["tasks.features.extract"] == before["tasks.features.extract"]
+    assert after["tasks.release.shards"] != before["tasks.release.shards"]
+    assert after["tasks.ingest.partition"] == before["tasks.ingest.partition"]
+    assert after["tasks.shared.features.extract"] == before["tasks.shared.features.extract"]
 
 
 def _imports_by_ast(path: Path) -> set[str]:

@@ -69,7 +69,7 @@ def test_empty_input_is_one_clear_error_and_writes_nothing(tmp_path, name, conte
     """An empty source is one clear error, raised while planning, before any output exists.
     (Planning runs in-process here: it is the first stage of the flow.)"""
     from corpusforge.storage import Store
-    from tasks.sources import SourceConfig, plan_partitions
+    from tasks.ingest.sources import SourceConfig, plan_partitions
 
     src = tmp_path / "src"
     src.mkdir()

@@ -16,7 +16,7 @@ from corpusforge.contract import finish_unit
 from corpusforge.layout import (INGEST_SCHEMA, MARKERS, dedup_hashes_path, dedup_keys_path, exact_path, hashes_path,
                                 ingest_path, keydup_path, keys_table_path, resolved_path)
 from corpusforge.storage import Store
-from tasks.exact_dedup import (combined_digest, deduplicate, exchange_keys, find_duplicate_keys, partition_groups,
+from tasks.ingest.exact_dedup import (combined_digest, deduplicate, exchange_keys, find_duplicate_keys, partition_groups,
                                write_dedup_tables)
 
 P, PER, B = 40, 30, 4  # 40 partitions of 30 records, 4 buckets: 3 groups of (at least) 16 partitions
@@ -90,11 +90,11 @@ def test_decisions_equal_the_rules_and_each_task_opens_only_its_own_files(ingest
     assert len(groups) == 3 and len(groups[0]) == 16 and groups[-1] == range(32, 40)
     opened: dict[str, list[tuple[dict[str, Any], list[str]]]] = {}
 
-    def fan_out(fn, calls: list[dict[str, Any]]) -> list[Any]:
+    def fan_out(unit, calls: list[dict[str, Any]]) -> list[Any]:
         results = []
         for call in calls:
-            result, files = _opened(fn, call)
-            opened.setdefault(fn.__name__, []).append((call, files))
+            result, files = _opened(unit.fn, call)
+            opened.setdefault(unit.fn.__name__, []).append((call, files))
             results.append(result)
         return results
 

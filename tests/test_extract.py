@@ -16,15 +16,15 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-import tasks.features.extract as extract_module
+import tasks.shared.features.extract as extract_module
 from corpusforge.contract import completed_units, marker_path, read_marker
 from corpusforge.feature_files import read_shard_errors, read_shard_features
 from corpusforge.layout import STAGING_TARS, feature_keys, feature_vectors, staging_index, staging_records, staging_tar
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample
-from tasks.features.config import FeaturesConfig, ModelSpec, RuntimeConfig
-from tasks.features.decode import DecodeError, decode_rgb
-from tasks.features.extract import (decode_size, extract_features_on_client, extract_shard, feature_fingerprint,
+from tasks.shared.features.config import FeaturesConfig, ModelSpec, RuntimeConfig
+from tasks.shared.features.decode import DecodeError, decode_rgb
+from tasks.shared.features.extract import (decode_size, extract_features_on_client, extract_shard, feature_fingerprint,
                                     load_models, summarize)
 from tests.staging_files import write_staging_shard
 

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-import tasks.features.extract as extract_module
+import tasks.shared.features.extract as extract_module
 from corpusforge.feature_files import prune_subset, read_shard_errors, read_shard_features
 from corpusforge.layout import feature_keys, feature_vectors
 from corpusforge.storage import Store
-from tasks.features.extract import Selection, extract_shard
+from tasks.shared.features.extract import Selection, extract_shard
 from tests.test_extract import _cfg, _write_staging, two_shard_corpus
 
 pytestmark = pytest.mark.timeout(180)

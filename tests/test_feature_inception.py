@@ -14,12 +14,12 @@ import torchvision
 from PIL import Image
 from torchvision import transforms as T
 
-from tasks.features import preprocess as pp
-from tasks.features.config import ModelSpec, RuntimeConfig, WeightsSpec
-from tasks.features.extract import decode_size
-from tasks.features.registry import MissingWeightsError, build_model
-from tasks.features.weights import WeightsError
-from tasks.stats.provenance import RANDOM_INIT_WARNING, model_deviations
+from tasks.shared.features import preprocess as pp
+from tasks.shared.features.config import ModelSpec, RuntimeConfig, WeightsSpec
+from tasks.shared.features.extract import decode_size
+from tasks.shared.features.registry import MissingWeightsError, build_model
+from tasks.shared.features.weights import WeightsError
+from tasks.shared.provenance import RANDOM_INIT_WARNING, model_deviations
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytestmark = pytest.mark.timeout(300)

@@ -20,11 +20,11 @@ from safetensors.torch import save_file
 from open_clip.transform import PreprocessCfg, image_transform_v2
 from torchvision import transforms as T
 
-from tasks.features import preprocess as pp
-from tasks.features.config import FeaturesConfig, ModelSpec, RuntimeConfig, WeightsSpec
-from tasks.features.dinov2 import resample_patch_pos
-from tasks.features.registry import MissingWeightsError, build_model, clear_cache, load_model
-from tasks.features.weights import WeightsError
+from tasks.shared.features import preprocess as pp
+from tasks.shared.features.config import FeaturesConfig, ModelSpec, RuntimeConfig, WeightsSpec
+from tasks.shared.features.dinov2 import resample_patch_pos
+from tasks.shared.features.registry import MissingWeightsError, build_model, clear_cache, load_model
+from tasks.shared.features.weights import WeightsError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytestmark = pytest.mark.timeout(300)

@@ -19,7 +19,7 @@ import pytest
 from corpusforge.layout import INPUT_DIR, LISTING_SPILL_DIR
 from corpusforge.storage import Store
 from tasks import sources
-from tasks.sources import SourceConfig, plan_partitions
+from tasks.ingest.sources import SourceConfig, plan_partitions
 from tests.old_code import module_at
 
 OLD_COMMIT = "78eb19a8741cd8f55392f958c683da62aca7ef07"  # the last commit with the in-memory listing

@@ -15,7 +15,7 @@ import scipy.linalg
 from PIL import Image
 from torchvision import transforms as T
 
-from tasks.features import preprocess as pp
+from tasks.shared.features import preprocess as pp
 from tasks.stats.compare import compare
 from tasks.stats.config import MetricsConfig
 from tasks.stats.evaluate import (

@@ -19,7 +19,7 @@ from PIL import Image
 
 from corpusforge.layout import GPIC_JSON_FIELDS
 from flows.build_corpus import BuildConfig, run_build
-from tasks.splits import SplitConfig
+from tasks.release.splits import SplitConfig
 from tests.gpic_data import mixed_folder, read_tar
 from tests.old_release import assert_release_equals_old
 
@@ -61,7 +61,7 @@ def test_gpic_layout_names_order_and_json(corpora):
     src, built = corpora
     out, _ = built["gpic_source"]
     files = sorted(p.relative_to(out / "shards").as_posix() for p in (out / "shards").rglob("*") if p.is_file())
-    tars = [f for f in files if f != "README.md"]  # the dataset card (tasks/release_card.py)
+    tars = [f for f in files if f != "README.md"]  # the dataset card (tasks/release/release_card.py)
     assert tars and all(t.endswith(".tar") for t in tars), files  # markers live under _markers/, not here
     assert {t.split("/")[0] for t in tars} == {"train", "val", "test"}
     for t in tars:

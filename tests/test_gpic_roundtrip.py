@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from corpusforge.layout import GPIC_JSON_FIELDS
 from flows.build_corpus import BuildConfig, run_build
-from tasks.splits import (
+from tasks.release.splits import (
     GPIC_TEST,
     GPIC_TOTAL,
     GPIC_VAL,
@@ -121,9 +121,9 @@ def test_gpic_release_read_from_s3_streaming(tmp_path, s3):
     import s3fs
 
     from corpusforge.storage import Store
-    from tasks.ingest import ingest_partition
-    from tasks.sources import SourceConfig, plan_partitions
-    from tasks.validate import ValidationConfig
+    from tasks.ingest.partition import ingest_partition
+    from tasks.ingest.sources import SourceConfig, plan_partitions
+    from tasks.ingest.validate import ValidationConfig
 
     local = gpic_release(tmp_path / "gpic", train_shards=2, per_shard=3)
     fs = s3fs.S3FileSystem(**s3)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tasks.graph.chaining import component_metrics, components_report
-from tasks.graph.two_tier import two_tier_dedup
+from tests.test_graph_two_tier import rule_on_arrays
 
 
 def _run(n, edges, res, min_size=5, hop1=0.5, max_hops=3):
@@ -18,11 +18,10 @@ def _run(n, edges, res, min_size=5, hop1=0.5, max_hops=3):
     dst = np.array([e[1] for e in edges], dtype=np.int64)
     sim = np.array([e[2] for e in edges], dtype=np.float32)
     keys = [f"k{i:03d}" for i in range(n)]
-    r = two_tier_dedup(n, src, dst, sim, np.array(res), keys, min_component_size=min_size)
-    roots, sizes = r.component_id, r.component_size
+    code, _, roots, sizes, _ = rule_on_arrays(n, src, dst, sim, res, keys, min_component_size=min_size)
     kept = np.full(n, -1, dtype=np.int64)
     for i in range(n):
-        if sizes[i] >= min_size and r.code[i] == 0:
+        if sizes[i] >= min_size and code[i] == 0:
             kept[roots[i]] = i
     return component_metrics(roots, sizes.astype(np.int64), kept, src, dst, sim, min_size, hop1, max_hops), kept
 

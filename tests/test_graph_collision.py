@@ -111,7 +111,7 @@ def test_collision_table_equals_plain_count_on_nested_subsets(tmp_path):
     assert fits["0.95"]["predicted_full"] is not None  # 180 is 2x the largest fitted subset
     assert "would remove more than the 180 images" in fits["0.75"]["predicted_full_note"]  # beta ~ 1.8
     assert "x the largest fitted subset (86)" in fits["0.75"]["predicted_target_note"]
-    from tasks.receipt import _collision_lines
+    from tasks.report.receipt import _collision_lines
 
     text = "\n".join(_collision_lines(store.read_json("graph/summary.json")["collision"]))
     assert "removed at full size" in text and "counted whole" in text

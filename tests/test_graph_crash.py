@@ -58,7 +58,7 @@ def test_a_checkpoint_with_a_mismatched_fingerprint_is_refused(tmp_path):
     store, shards, _ = write_corpus(str(tmp_path / "a"), n_shards=3, per_shard=40, seed=3)
     other, _, _ = write_corpus(str(tmp_path / "b"), n_shards=3, per_shard=40, seed=3)
     clean, _, _ = write_corpus(str(tmp_path / "clean"), n_shards=3, per_shard=40, seed=3)
-    near_duplicate_stage(other, exact_cfg(graph_threshold=0.5), shards)  # far more pairs than at 0.9
+    near_duplicate_stage(other, exact_cfg(edge_min_similarity=0.5), shards)  # far more pairs than at 0.9
     victim = sorted(shards)[0]
     for rel in (found_path(victim), f"_markers/{found_path(victim)}.json"):
         target = tmp_path / "a" / rel

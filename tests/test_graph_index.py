@@ -9,7 +9,7 @@ from corpusforge.contract import read_marker
 from corpusforge.layout import GRAPH_INDEX, GRAPH_SHARD_TABLE, found_path
 from tasks.graph import index as fx
 from tasks.graph.build import build_index
-from tasks.graph.config import IndexConfig, NearDedupConfig, VerificationConfig
+from tasks.graph.config import IndexAdvanced, IndexConfig, NearDedupAdvanced, NearDedupConfig, VerificationConfig
 from tasks.graph.edges import (feature_digests, found_fingerprint, graph_recall, iter_edges, merge_edges, merge_groups,
                                query_shard, recall_shard)
 from tasks.graph.nodes import plan_nodes, write_shard_table
@@ -27,7 +27,7 @@ def run_graph(store, shards, cfg):
     for s in nodes.shards:
         recall_shard(store, store, cfg, table, s, digests[s], info)
     found_fp = found_fingerprint([read_marker(store, found_path(s))["digest"] for s in nodes.shards])
-    for g in merge_groups(nodes, [m["pairs"] for m in found], cfg.merge_max_edges):
+    for g in merge_groups(nodes, [m["pairs"] for m in found], cfg.advanced.merge_max_edges):
         merge_edges(store, table, g, found_fp)
     got = {}
     for a, b, s in iter_edges(store, nodes):
@@ -80,8 +80,8 @@ def test_knn_cap_limits_edges_and_recall_reports_it(tmp_path):
 def test_ivf_recall_on_planted_near_duplicates(tmp_path, storage):
     store, shards, by_key = write_corpus(str(tmp_path), n_shards=4, per_shard=500, dim=32, seed=5)
     cfg = NearDedupConfig(index=IndexConfig(kind="ivf", nlist=32, nprobe=8, storage=storage, pq_m=8,
-                                            pq_rescore_margin=0.15, k=16), recall_queries=400,
-                          recall_tolerance=1e-3)
+                                            k=16, advanced=IndexAdvanced(pq_rescore_margin=0.15)),
+                          recall_queries=400, advanced=NearDedupAdvanced(recall_tolerance=1e-3))
     _, info, got = run_graph(store, shards, cfg)
     assert info["plan"]["factory"].startswith("IVF32,")
     want = brute_force_edges(store, shards, by_key, 0.90)
@@ -179,7 +179,7 @@ def test_rescoring_lookup_holds_at_most_its_budget(tmp_path):
 def test_an_index_too_large_for_a_query_worker_is_refused_with_the_alternative(tmp_path):
     """Every query worker loads the whole index: above 16 GiB the plan is refused, naming
     IVF-PQ over a learned model (wfd's 2,096-float forms have no compact form)."""
-    from flows.near_dedup import NearDedupFlowConfig, check_index_size
+    from tasks.graph.derived import check_index_size
 
     with pytest.raises(ValueError, match=r"needs 39\.\d GiB .*learned copy detector.*storage: pq"):
         fx.plan_index(IndexConfig(), 10_000_000, 2096)  # wfd forms, SQfp16: 41.9 GB
@@ -187,10 +187,10 @@ def test_an_index_too_large_for_a_query_worker_is_refused_with_the_alternative(t
         fx.plan_index(IndexConfig(), 100_000_000, 512)  # SSCD, SQfp16: 103 GB
     assert fx.plan_index(IndexConfig(storage="pq"), 100_000_000, 512).bytes_per_vector == 72  # 7.2 GB
     store, _, _ = write_corpus(str(tmp_path / "corpus"), n_shards=2, per_shard=30, dim=16, seed=1)
-    config = NearDedupFlowConfig(source=store.root, out=str(tmp_path / "v2"))
-    check_index_size(config)  # 60 vectors: fine
+    cfg = NearDedupConfig()
+    check_index_size(store, cfg)  # 60 vectors: fine
     with pytest.raises(ValueError, match=r"60 vectors x 16 dims \(IDMap2,Flat\) needs"):
-        check_index_size(config, limit=60 * (4 * 16 + 8) - 1)
+        check_index_size(store, cfg, limit=60 * (4 * 16 + 8) - 1)
 
 
 def test_the_scale_benchmark_reports_wfd_refused_where_the_stage_refuses_it():

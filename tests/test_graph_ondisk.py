@@ -23,7 +23,8 @@ from corpusforge.feature_files import write_shard_features
 from tasks.graph import build, edges, ondisk
 from tasks.graph import index as fx
 from tasks.graph.build import build_index, index_blocks
-from tasks.graph.config import CalibrationConfig, CollisionConfig, IndexConfig, NearDedupConfig, VerificationConfig
+from tasks.graph.config import (CalibrationConfig, CollisionConfig, IndexAdvanced, IndexConfig, NearDedupConfig,
+                                VerificationConfig)
 from tasks.graph.edges import feature_digests, load_index, query_shard
 from tasks.graph.nodes import load_shard_vectors, plan_nodes, write_shard_table
 from tasks.graph.stage import near_duplicate_stage
@@ -46,7 +47,8 @@ def small_blocks(monkeypatch):
 
 def ivf_cfg(storage: str = "pq", search: str = "range") -> NearDedupConfig:
     return NearDedupConfig(index=IndexConfig(kind="ivf", nlist=32, nprobe=8, storage=storage, pq_m=8,
-                                             pq_rescore_margin=0.15, search=search, k=16), **QUICK)
+                                             search=search, k=16,
+                                             advanced=IndexAdvanced(pq_rescore_margin=0.15)), **QUICK)
 
 
 def shard_table(store: Store, shards: list[str], cfg: NearDedupConfig) -> tuple[str, dict[str, str]]:

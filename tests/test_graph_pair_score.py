@@ -18,7 +18,7 @@ from tasks.graph.build import build_index
 from tasks.graph.config import IndexConfig, NearDedupConfig, VerificationConfig
 from tasks.graph.edges import feature_digests, query_shard
 from tasks.graph.nodes import plan_nodes, write_shard_table
-from tasks.graph.pair_score import PairScore
+from tasks.shared.pair_score import PairScore
 from tests.graph_corpus import at_similarity, node_vectors, unit, write_corpus
 from tests.test_graph_index import compare, run_graph
 from tests.test_graph_stage import tree_bytes

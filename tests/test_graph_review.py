@@ -58,11 +58,11 @@ def test_adding_pairs_never_chooses_an_old_pair_anew():
 
 
 def test_band_reaches_the_pair_threshold_inclusive():
-    cfg = NearDedupConfig(verification=VerificationConfig(review_low=0.5))
+    cfg = NearDedupConfig(verification=VerificationConfig(review_min_similarity=0.5))
     sim = np.float32([0.49, 0.5, 0.9, 0.9625, 0.963, 1.0])
     assert in_band(sim, cfg).tolist() == [False, True, True, True, False, False]
-    assert cfg.link_threshold == cfg.pair_threshold
-    assert NearDedupConfig(model_id="sscd_disc_mixup").link_threshold == 0.90  # gpic_exact: GPIC's candidate graph
+    assert cfg.link_above == cfg.pair_removal_above
+    assert NearDedupConfig(model_id="sscd_disc_mixup").link_above == 0.90  # gpic_exact: GPIC's candidate graph
 
 
 def _tile_ncc_reference(a: np.ndarray, b: np.ndarray, tiles: int = 4, min_std: float = 2.0) -> float:

@@ -222,8 +222,8 @@ def test_single_task_parameters_stay_small_at_any_shard_count(tmp_path):
     from tasks.graph.nodes import (NodeTable, read_shard_digests, read_shard_table, write_shard_digests,
                                    write_shard_table)
 
-    tasks = {"recall": stage.recall_task, "review": stage.review_task, "decisions": stage.decide_task,
-             "collision": stage.collision_task, "calibration": stage.calibration_task}
+    tasks = {"recall": stage.RECALL, "review": stage.REVIEW, "decisions": stage.DECIDE,
+             "collision": stage.COLLISION, "calibration": stage.CALIBRATION}
     sizes = []
     for n in (10, 1000):
         store = Store(str(tmp_path / f"{n:06d}"))  # equal root lengths: equal pickles

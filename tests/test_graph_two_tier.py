@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from scipy.sparse.csgraph import connected_components
 
 from tasks.graph.components import UnionFind, component_sizes
-from tasks.graph.two_tier import COMPONENT, KEPT, TIER1, two_tier_dedup
+from tasks.graph.two_tier import COMPONENT, KEPT, TIER1, TierOnePartners, decide, keys_as_bytes, priority_rank
 
 CT, PT, MIN = 0.90, 0.9625, 5
 F32 = np.float32
@@ -75,13 +75,29 @@ def reference(n, edges, res, keys, ct=CT, pt=PT, min_size=MIN):
     return code, dup, comp, sizes, max_sim
 
 
+def rule_on_arrays(n, src, dst, sim, res, keys, candidate_threshold=CT, pair_threshold=PT, min_component_size=MIN):
+    """The rule on an in-memory graph from the stage's own steps, as tasks/graph/decisions.py
+    streams them per edge file: (code, duplicate_of, component root, component size,
+    max similarity) per node."""
+    max_sim = np.zeros(n, dtype=np.float32)
+    np.maximum.at(max_sim, src, sim)
+    np.maximum.at(max_sim, dst, sim)
+    cand = sim > np.float32(candidate_threshold)
+    uf = UnionFind(n)
+    uf.union(src[cand], dst[cand])
+    roots = uf.roots()
+    rank = priority_rank(np.asarray(res), keys_as_bytes(keys))
+    t1 = TierOnePartners(n, pair_threshold)
+    t1.add(src[cand], dst[cand], sim[cand], rank)
+    d = decide(roots, component_sizes(roots), rank, t1.partner, min_component_size)
+    return d.code, d.duplicate_of, roots, component_sizes(roots), max_sim
+
+
 def run(n, edges, res, keys, **kw):
     src = np.array([e[0] for e in edges], dtype=np.int64)
     dst = np.array([e[1] for e in edges], dtype=np.int64)
     sim = np.array([e[2] for e in edges], dtype=np.float32)
-    r = two_tier_dedup(n, src, dst, sim, np.array(res), keys, **kw)
-    return (r.code.tolist(), r.duplicate_of.tolist(), r.component_id.tolist(),
-            r.component_size.tolist(), r.max_similarity.tolist())
+    return tuple(a.tolist() for a in rule_on_arrays(n, src, dst, sim, res, keys, **kw))
 
 
 SIMS = [0.85, 0.90, 0.9001, 0.93, 0.95, 0.9625, 0.9626, 0.99, 1.0]

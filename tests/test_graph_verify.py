@@ -17,9 +17,9 @@ import pytest
 from PIL import Image, ImageDraw
 
 from corpusforge.storage import Store
-from tasks.features.config import FeaturesConfig, RuntimeConfig
-from tasks.features.decode import decode_rgb
-from tasks.features.extract import extract_features
+from tasks.shared.features.config import FeaturesConfig, RuntimeConfig
+from tasks.shared.features.decode import decode_rgb
+from tasks.shared.features.extract import extract_features
 from tasks.graph import verify as verify_module
 from tasks.graph.config import CalibrationConfig, CollisionConfig, IndexConfig, NearDedupConfig, VerificationConfig
 from tasks.graph.decisions import read_decisions
@@ -66,10 +66,10 @@ def photos(sample_corpus: Path) -> list[Image.Image]:
 
 def test_edited_copies_verify_and_unrelated_pairs_do_not(photos):
     cfg = VerificationConfig()
-    feats = [local_features(p, cfg) for p in photos]
+    feats = [local_features(p) for p in photos]
     for original, f in zip(photos[:4], feats[:4], strict=True):
         for kind, copy in edits(original).items():
-            r = verify_pair(local_features(copy, cfg), f, cfg)
+            r = verify_pair(local_features(copy), f, cfg)
             assert r["verified"], (kind, r)
             if kind == "rotate":
                 assert r["angle"] == pytest.approx(8, abs=1.5)  # the transform RANSAC found
@@ -81,10 +81,10 @@ def test_edited_copies_verify_and_unrelated_pairs_do_not(photos):
 
 def test_a_pair_gives_the_same_result_whatever_ran_before(photos):
     cfg = VerificationConfig()
-    a, b = local_features(edits(photos[0])["rotate"], cfg), local_features(photos[0], cfg)
+    a, b = local_features(edits(photos[0])["rotate"]), local_features(photos[0])
     first = verify_pair(a, b, cfg)
     for p in photos[1:6]:  # other pairs draw from OpenCV's RNG in between
-        verify_pair(local_features(p, cfg), b, cfg)
+        verify_pair(local_features(p), b, cfg)
     assert verify_pair(a, b, cfg) == first
 
 
@@ -107,7 +107,7 @@ def _build(root: Path, photos: list[Image.Image], mode: str = "auto", extra: boo
     extract_features(store, shards, FeaturesConfig(runtime=RuntimeConfig(batch_size=8)))
     cfg = NearDedupConfig(index=IndexConfig(kind="flat", search="range"), collision=CollisionConfig(enabled=False),
                           calibration=CalibrationConfig(enabled=False),
-                          verification=VerificationConfig(mode=mode, **{"review_low": 0.4, **verification}))
+                          verification=VerificationConfig(mode=mode, **{"review_min_similarity": 0.4, **verification}))
     near_duplicate_stage(store, cfg, shards)
     return store, shards
 

@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 from corpusforge.layout import ingest_path
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample, is_safe_key, iter_tar_samples, write_tar
-from tasks.ingest import ingest_partition
-from tasks.sources import SourceConfig, locate, normalise_rows, plan_partitions
-from tasks.validate import ValidationConfig
+from tasks.ingest.partition import ingest_partition
+from tasks.ingest.sources import SourceConfig, locate, normalise_rows, plan_partitions
+from tasks.ingest.validate import ValidationConfig
 from tests.loopback import serving
 from tests.test_ingest import jpeg
 
@@ -352,8 +352,8 @@ def test_malformed_json_sidecar_is_a_warning_with_a_reason(tmp_path):
 @pytest.mark.scenario(13)
 def test_feature_shard_past_the_error_rate_guard_fails_and_is_not_marked_done(tmp_path):
     from corpusforge.layout import feature_vectors
-    from tasks.features.config import FeaturesConfig, ModelSpec, RuntimeConfig
-    from tasks.features.extract import extract_shard
+    from tasks.shared.features.config import FeaturesConfig, ModelSpec, RuntimeConfig
+    from tasks.shared.features.extract import extract_shard
     from tests.test_extract import _write_staging
 
     store = Store(str(tmp_path / "corpus"))
@@ -375,7 +375,7 @@ def test_parallel_folder_listing_equals_a_sequential_walk(tmp_path, outside):
     os.walk's, links not followed, a link or special file never taken for a regular file."""
     from fsspec.implementations.local import LocalFileSystem
 
-    from tasks.sources import _spill_listing, _walk_local
+    from tasks.ingest.sources import _spill_listing, _walk_local
 
     src = tmp_path / "imgs"
     for folder in ("", "a", "a/b", "c", "c/d/e", "f"):

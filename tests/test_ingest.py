@@ -15,10 +15,10 @@ from PIL import Image
 
 from corpusforge.layout import resolved_path
 from corpusforge.storage import Store
-from tasks.exact_dedup import deduplicate
-from tasks.ingest import ingest_partition
-from tasks.sources import SourceConfig, plan_partitions, resolve_path
-from tasks.validate import ValidationConfig
+from tasks.ingest.exact_dedup import deduplicate
+from tasks.ingest.partition import ingest_partition
+from tasks.ingest.sources import SourceConfig, plan_partitions, resolve_path
+from tasks.ingest.validate import ValidationConfig
 
 
 def jpeg(w: int, h: int, seed: int, quality: int = 85) -> bytes:
@@ -190,7 +190,7 @@ def test_verify_content_stamps_every_file_with_its_sha256(tmp_path):
     file's SHA-256, so a change no metadata shows is still seen; unchanged, a rerun skips."""
     import hashlib
 
-    from tasks.ingest import image_stamps
+    from tasks.ingest.partition import image_stamps
 
     src = tmp_path / "src"
     write_images(src, {"a.jpg": jpeg(400, 300, 1)})

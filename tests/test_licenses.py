@@ -16,10 +16,10 @@ from pydantic import ValidationError
 
 from corpusforge.layout import ingest_path
 from corpusforge.storage import Store
-from tasks.ingest import ingest_partition
-from tasks.licenses import License, LicenseConfig, license_family, license_reason, normalize_license
-from tasks.sources import SourceConfig, plan_partitions
-from tasks.validate import ValidationConfig
+from tasks.ingest.partition import ingest_partition
+from tasks.ingest.licenses import License, LicenseConfig, license_family, license_reason, normalize_license
+from tasks.ingest.sources import SourceConfig, plan_partitions
+from tasks.ingest.validate import ValidationConfig
 
 # (spelling found in real metadata, what it means) — Flickr API names, Wikimedia
 # LicenseShortName values, SPDX ids, deed URLs, and what people type.

@@ -26,9 +26,9 @@ from PIL import Image
 
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample
-from tasks.features.config import FeaturesConfig, ModelSpec, RuntimeConfig
-from tasks.features.decode import decode_rgb
-from tasks.features.extract import extract_shard
+from tasks.shared.features.config import FeaturesConfig, ModelSpec, RuntimeConfig
+from tasks.shared.features.decode import decode_rgb
+from tasks.shared.features.extract import extract_shard
 from tests.staging_files import write_staging_shard
 from tests.test_hostile_input import ingest_records
 
@@ -175,9 +175,9 @@ BOMB_SCRIPT = textwrap.dedent("""
     import io, json, os, resource, sys
     from PIL import Image
     from corpusforge.storage import Store
-    from tasks.ingest import ingest_partition
-    from tasks.sources import SourceConfig, plan_partitions
-    from tasks.validate import ValidationConfig
+    from tasks.ingest.partition import ingest_partition
+    from tasks.ingest.sources import SourceConfig, plan_partitions
+    from tasks.ingest.validate import ValidationConfig
     from corpusforge.layout import ingest_path
 
     src, out, headroom, max_pixels = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])

@@ -21,8 +21,8 @@ from PIL import Image
 from corpusforge.layout import NEAR_DECISION_SCHEMA, decisions_path, release_plan_path, staging_tar
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample
-from tasks.release import plan_release_files, write_release_shard, write_staged_list
-from tasks.splits import SplitConfig
+from tasks.release.shards import plan_release_files, write_release_shard, write_staged_list
+from tasks.release.splits import SplitConfig
 from tests.old_release import assert_release_equals_old
 from tests.staging_files import write_staging_shard
 
@@ -102,31 +102,29 @@ def test_a_release_writer_opens_only_its_plan_and_the_staging_tars_it_copies(tmp
 
 
 class _Submitted(Exception):
-    """Raised by the stand-in for run_tasks once publish has built the planning call."""
+    """Raised by the recording fan-out once publish has built the planning call."""
 
 
-def test_the_planning_task_gets_a_digest_not_the_shard_list(tmp_path, monkeypatch):
+def test_the_planning_task_gets_a_digest_not_the_shard_list(tmp_path):
     """publish hands the planner the staging-shard list's SHA-256 (issue 22: the list itself
     was 134 KB per task projected at 10⁸ images): its pickled parameters are the same size
     for 10 and 1000 staging shards, and the planner reads the list back."""
     import cloudpickle
 
-    import tasks.publish
-    from tasks.release import read_staged_list
+    from tasks.release.publish import publish
+    from tasks.release.shards import read_staged_list
 
     submitted = []
 
-    def first_call(task, calls):
+    def first_call(unit, calls):
         submitted.append(calls)
         raise _Submitted
-
-    monkeypatch.setattr(tasks.publish, "run_tasks", first_call)
     sizes = []
     for n in (10, 1000):
         store = Store(str(tmp_path / f"{n:06d}"), fsync=False)  # equal root lengths: equal pickles
         shards = [f"{i:06d}" for i in range(n)]
         with pytest.raises(_Submitted):
-            tasks.publish.publish(store, shards, 1, SplitConfig(), near_dedup=True)
+            publish(store, shards, 1, SplitConfig(), near_dedup=True, fan_out=first_call)
         (kwargs,) = submitted.pop()
         assert read_staged_list(store, kwargs["staged"]) == shards
         sizes.append(len(cloudpickle.dumps(kwargs)))

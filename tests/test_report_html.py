@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tasks.report_html import SECTIONS, render_html_report
+from tasks.report.report_html import SECTIONS, render_html_report
 from tests.operate import artifacts_dir, browser
 
 
@@ -69,8 +69,8 @@ LABEL_RUNS = {
     "weight_free": {"reference_stats": {"splits": ["test"], "model": {"name": "wfd"}}},
     # real pinned weights (int8): extracted for near-duplicates and reused by the statistics
     "pinned": {"features": {"models": [SSCD]}, "reference_stats": {"splits": ["test"], "model": SSCD},
-               "near_dedup": {"model_id": "sscd_onnx_s224", "graph_threshold": 0.80, "candidate_threshold": 0.80,
-                              "pair_threshold": 0.88}},
+               "near_dedup": {"model_id": "sscd_onnx_s224", "edge_min_similarity": 0.80,
+                              "component_link_above": 0.80, "pair_removal_above": 0.88}},
 }
 
 
@@ -139,7 +139,7 @@ def label_source(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("kind", sorted(LABEL_RUNS))
 def test_every_weights_and_deviation_label_matches_the_markers(kind, label_source, tmp_path):
     from flows.build_corpus import BuildConfig, build
-    from tasks.features.sscd_onnx import SSCD_INT8_SHA256, WHEEL_MEMBER, default_wheel
+    from tasks.shared.features.sscd_onnx import SSCD_INT8_SHA256, WHEEL_MEMBER, default_wheel
 
     extra = json.loads(json.dumps(LABEL_RUNS[kind]))
     if kind == "pinned":

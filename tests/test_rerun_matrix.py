@@ -161,7 +161,7 @@ def check_plan(plan: dict, work: dict, markers_before: set[str], markers_after: 
 
 def records_of(root: Path) -> dict[tuple, dict]:
     """A version's records by (key, relative source path, occurrence), read with pyarrow alone: the
-    independent reference for tasks/changes.py's DuckDB join."""
+    independent reference for tasks/report/changes.py's DuckDB join."""
     captioned = {r["key"]: r["caption"] for p in sorted((root / "work" / "release").glob("*.parquet"))
                  for r in pq.read_table(p, columns=["key", "caption"]).to_pylist() if r["caption"] is not None}
     inputs = {(r["part"], r["row"]): r["caption"] for p in sorted((root / "work" / "resolved").glob("*.parquet"))
@@ -344,7 +344,7 @@ def test_add_a_feature_model_computes_only_that_model(history):
 
 
 def test_change_the_near_duplicate_pair_threshold_reruns_only_decisions(history):
-    changes = {**history.base_changes, "near_dedup": {"pair_threshold": 0.95,
+    changes = {**history.base_changes, "near_dedup": {"pair_removal_above": 0.95,
                                                       "collision": {"fractions": [0.25, 0.5, 1.0]}}}
     work = history.rerun(**changes)["rerun"]
     assert computed(work, "graph", "queries") == 0 and computed(work, "graph", "index") == 0
@@ -365,7 +365,7 @@ def test_edit_a_comment_in_one_stage_module_reruns_only_that_stage(history, monk
 
     def with_comment(module: str):
         path = original(module)
-        if module != "tasks.release":
+        if module != "tasks.release.shards":
             return path
         edited = tmp_path / "release.py"
         edited.write_bytes(path.read_bytes() + b"\n# a comment\n")

@@ -88,7 +88,7 @@ def test_feature_tasks_run_only_on_the_gpu_worker(dask_cluster, tmp_path):
     assert result["work"]["features"]["wfd"]["computed"] >= 2, "several feature tasks to place"
 
     def loaded_models() -> int:
-        from tasks.features import registry
+        from tasks.shared.features import registry
 
         return len(registry._cache)
 

@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.splits import SplitConfig, assign_splits, plan_release, tier_counts
+from tasks.release.splits import SplitConfig, assign_splits, plan_release, tier_counts
 from tasks.staging import plan_staging
 
 TYPES = ["tag", "short", "medium", "long"]

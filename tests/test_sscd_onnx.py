@@ -20,12 +20,12 @@ from PIL import Image
 
 from corpusforge.feature_files import read_shard_features
 from corpusforge.storage import Store
-from tasks.features.config import FeaturesConfig, ModelSpec, RuntimeConfig, WeightsSpec
-from tasks.features.decode import decode_rgb
-from tasks.features.extract import decode_size, extract_features
-from tasks.features.registry import build_model
-from tasks.features.sscd_onnx import CALIBRATED, SSCD_INT8_SHA256, WHEEL_MEMBER, default_wheel
-from tasks.features.weights import WeightsError, fetch_weights
+from tasks.shared.features.config import FeaturesConfig, ModelSpec, RuntimeConfig, WeightsSpec
+from tasks.shared.features.decode import decode_rgb
+from tasks.shared.features.extract import decode_size, extract_features
+from tasks.shared.features.registry import build_model
+from tasks.shared.features.sscd_onnx import CALIBRATED, SSCD_INT8_SHA256, WHEEL_MEMBER, default_wheel
+from tasks.shared.features.weights import WeightsError, fetch_weights
 from tests.staging_files import stage_images
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -124,8 +124,8 @@ def test_gpic_rule_on_learned_copy_features_of_the_sample(wheel, sample_corpus, 
     s = spec(wheel)
     extract_features(store, ["000000"], FeaturesConfig(models=[s], runtime=RuntimeConfig(batch_size=8)))
     candidate, pair = CALIBRATED[SIZE]
-    cfg = NearDedupConfig(model_id=s.model_id, graph_threshold=candidate, candidate_threshold=candidate,
-                          pair_threshold=pair, index=IndexConfig(kind="flat", search="range"),
+    cfg = NearDedupConfig(model_id=s.model_id, edge_min_similarity=candidate, component_link_above=candidate,
+                          pair_removal_above=pair, index=IndexConfig(kind="flat", search="range"),
                           collision=CollisionConfig(enabled=False), calibration=CalibrationConfig(enabled=False))
     near_duplicate_stage(store, cfg, ["000000"])
     removed = {d["key"]: d for d in read_decisions(store, ["000000"]).to_pylist() if d["status"] == "near_duplicate"}

@@ -18,11 +18,11 @@ import pytest
 from corpusforge.contract import read_marker
 from corpusforge.layout import hashes_path, spill_path, staging_index, staging_records, staging_tar
 from corpusforge.storage import Store
-from tasks.exact_dedup import deduplicate
-from tasks.ingest import ingest_partition
-from tasks.sources import SourceConfig, plan_partitions
+from tasks.ingest.exact_dedup import deduplicate
+from tasks.ingest.partition import ingest_partition
+from tasks.ingest.sources import SourceConfig, plan_partitions
 from tasks.staging import plan_staging, write_staging_shard
-from tasks.validate import ValidationConfig
+from tasks.ingest.validate import ValidationConfig
 from tests.test_ingest import jpeg
 
 pytestmark = [pytest.mark.scenario(13), pytest.mark.timeout(120)]

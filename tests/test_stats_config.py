@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from flows.evaluate import EvaluateConfig
-from flows.reference_stats import ReferenceStatsConfig
+from flows.reference_stats import ReferenceStatsFlowParams
 from tasks.stats.config import MetricsConfig
 from tasks.stats.evaluate import ChunkFeatures, ProtocolMismatch, evaluate_features, load_reference
 
@@ -17,16 +17,16 @@ from tasks.stats.evaluate import ChunkFeatures, ProtocolMismatch, evaluate_featu
 def test_reference_config_from_yaml_with_protocol_defaults(tmp_path):
     path = tmp_path / "ref.yaml"
     path.write_text("corpus: /data/out\noracle: true\nsample: {max_rows: 2000}\n")
-    cfg = ReferenceStatsConfig.from_yaml(path)
+    cfg = ReferenceStatsFlowParams.from_yaml(path)
     assert cfg.model.model_id == "dinov2_vitl14_gpic_eval" and cfg.feature_dtype == "float32"
     assert cfg.groups() == ("test", "val", "train_nano", "train_lite", "train_full", "test_subset")
     assert cfg.sample.max_rows == 2000 and cfg.sample.seed == 0
-    assert ReferenceStatsConfig.from_yaml(path, corpus="s3://b/c").corpus == "s3://b/c"
+    assert ReferenceStatsFlowParams.from_yaml(path, corpus="s3://b/c").corpus == "s3://b/c"
     for bad in ("corpus: x\nsplit: [test]\n", "corpus: x\noracle: true\nsplits: [val]\n",
                 "corpus: x\nmetrics: {kk: 5}\n"):
         path.write_text(bad)
         with pytest.raises(ValidationError):
-            ReferenceStatsConfig.from_yaml(path)
+            ReferenceStatsFlowParams.from_yaml(path)
 
 
 def test_evaluate_config_from_yaml(tmp_path):

@@ -25,11 +25,11 @@ from corpusforge.layout import MANIFEST_SCHEMA, manifest_path
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample
 from flows.evaluate import EvaluateConfig, evaluate_flow
-from flows.reference_stats import ReferenceStatsConfig, reference_stats_flow
-from tasks.features.config import ModelSpec, RuntimeConfig
-from tasks.features.decode import decode_rgb
-from tasks.features import registry
-from tasks.features.registry import load_model
+from flows.reference_stats import ReferenceStatsFlowParams, reference_stats_flow
+from tasks.shared.features.config import ModelSpec, RuntimeConfig
+from tasks.shared.features.decode import decode_rgb
+from tasks.shared.features import registry
+from tasks.shared.features.registry import load_model
 from tasks.stats.config import MetricsConfig, SampleConfig
 from tasks.stats.evaluate import ProtocolMismatch
 from tasks.stats.reference import stats_path
@@ -74,8 +74,8 @@ def build_corpus(root) -> Store:
     return store
 
 
-def ref_config(store: Store, dask: DaskConfig) -> ReferenceStatsConfig:
-    return ReferenceStatsConfig(corpus=store.root, splits=["test"], oracle=True, test_subset=5, model=SPEC,
+def ref_config(store: Store, dask: DaskConfig) -> ReferenceStatsFlowParams:
+    return ReferenceStatsFlowParams(corpus=store.root, splits=["test"], oracle=True, test_subset=5, model=SPEC,
                                 runtime=RuntimeConfig(batch_size=8), sample=SampleConfig(max_rows=50),
                                 metrics=METRICS, dask=dask)
 
@@ -140,7 +140,7 @@ def test_statistics_of_one_split_embed_only_its_records_and_reuse_full_features(
     assert again["extraction"]["models"][MODEL_ID]["skipped"] == 3
     subset_npz = store.read_bytes(stats_path("test", MODEL_ID) + ".npz")
 
-    from tasks.features.extract import extract_features
+    from tasks.shared.features.extract import extract_features
     extract_features(store, ["000000", "000001", "000002"], config.features())  # every image, same settings
     reused = reference_stats_stage(store, config)
     assert reused["extraction"]["models"][MODEL_ID]["skipped"] == 3 and reused["extraction"]["images"] == len(test_keys)

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasks.stats.moments import Moments, tree_merge
+from corpusforge.contract import tree_reduce
+from tasks.stats.moments import Moments
 from tasks.stats.subsample import KeyedSample
 
 
@@ -23,7 +24,8 @@ def shards_of(x: np.ndarray, cuts: list[int]) -> list[np.ndarray]:
 def test_streaming_moments_equal_numpy_for_any_sharding(n, d, seed, offset, cuts, block_rows):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, d)) * rng.uniform(0.1, 3.0, d) + offset
-    total = tree_merge([Moments.of(s.reshape(-1, d), block_rows=block_rows) for s in shards_of(x, cuts)])
+    total = tree_reduce([Moments.of(s.reshape(-1, d), block_rows=block_rows) for s in shards_of(x, cuts)],
+                        Moments.merge)
     assert total.n == n and type(total.n) is int
     np.testing.assert_allclose(total.mean, np.mean(x, axis=0), rtol=1e-12, atol=1e-12 * max(offset, 1))
     expected = np.cov(x, rowvar=False).reshape(d, d)
@@ -36,7 +38,7 @@ def test_moments_resist_cancellation_where_raw_sums_fail():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3000, 4)) + 1e8
     shards = np.array_split(x, 7)
-    got = tree_merge([Moments.of(s) for s in shards]).covariance()
+    got = tree_reduce([Moments.of(s) for s in shards], Moments.merge).covariance()
     expected = np.cov(x, rowvar=False)
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-8)
     raw = (x.T @ x - len(x) * np.outer(x.mean(0), x.mean(0))) / (len(x) - 1)
@@ -52,7 +54,7 @@ def test_merge_with_empty_and_errors():
     with pytest.raises(ValueError):
         Moments.of(x[:1]).covariance()
     with pytest.raises(ValueError):
-        tree_merge([])
+        tree_reduce([], Moments.merge)
 
 
 @settings(max_examples=40, deadline=None)
@@ -92,13 +94,10 @@ def test_merge_on_a_two_process_cluster_equals_in_process(local_cluster):
 
     d = 5
     sizes = _shard_sizes()
-    local = tree_merge([_moments_of_shard(i, n, d) for i, n in enumerate(sizes)])
+    local = tree_reduce([_moments_of_shard(i, n, d) for i, n in enumerate(sizes)], Moments.merge)
     with Client(local_cluster(n_workers=2, threads_per_worker=1)) as client:
         level = [client.submit(_moments_of_shard, i, n, d, pure=False) for i, n in enumerate(sizes)]
-        while len(level) > 1:
-            level = [client.submit(Moments.merge, level[i], level[i + 1]) if i + 1 < len(level) else level[i]
-                     for i in range(0, len(level), 2)]
-        remote = level[0].result()
+        remote = tree_reduce(level, lambda a, b: client.submit(Moments.merge, a, b)).result()
     assert remote.n == local.n == sum(sizes)
     np.testing.assert_array_equal(remote.mean, local.mean)
     np.testing.assert_array_equal(remote.m2, local.m2)

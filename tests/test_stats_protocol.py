@@ -8,11 +8,11 @@ import torch
 from PIL import Image
 from torchvision import transforms
 
-from tasks.features import preprocess as pp
-from tasks.features.config import ModelSpec, RuntimeConfig
-from tasks.features.registry import load_model
+from tasks.shared.features import preprocess as pp
+from tasks.shared.features.config import ModelSpec, RuntimeConfig
+from tasks.shared.features.registry import load_model
 from tasks.stats.evaluate import ProtocolMismatch, Reference, check_model, expected_identity
-from tasks.stats.provenance import RANDOM_INIT_WARNING, model_deviations
+from tasks.shared.provenance import RANDOM_INIT_WARNING, model_deviations
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -112,7 +112,7 @@ def test_deviations_name_every_departure_from_the_protocol():
 def test_deviations_list_a_resize_the_port_mode_and_int8_beside_anything_else():
     """Each deviation is listed on its own: a resized input is not hidden by random weights,
     the port's preprocessing is named, and a model's own declared deviation (int8) is kept."""
-    from tasks.features.sscd_onnx import DEVIATION
+    from tasks.shared.features.sscd_onnx import DEVIATION
 
     devs = model_deviations(load_model(SMALL, RuntimeConfig()).fingerprint())
     assert devs[0] == RANDOM_INIT_WARNING and any(d.startswith("input resized to 28×28 px") for d in devs)

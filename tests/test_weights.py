@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tasks.features.config import FeaturesConfig, ModelSpec, WeightsSpec
-from tasks.features.weights import (
+from tasks.shared.features.config import FeaturesConfig, ModelSpec, WeightsSpec
+from tasks.shared.features.weights import (
     WeightsError,
     fetch_weights,
     load_state_dict,

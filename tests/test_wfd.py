@@ -17,10 +17,10 @@ from PIL import Image, ImageDraw, ImageEnhance, ImageFilter, ImageOps
 from scipy.fft import dctn
 
 from sample_corpus.truth import related_groups
-from tasks.features.config import ModelSpec
-from tasks.features.wfd import (ALPHA, COLOUR_WEIGHT, HUE_BINS, K, PREPROCESSING, REGIONS, SAT_BINS,
+from tasks.shared.features.config import ModelSpec
+from tasks.shared.features.wfd import (ALPHA, COLOUR_WEIGHT, HUE_BINS, K, PREPROCESSING, REGIONS, SAT_BINS,
                                WeightFreeDescriptor, _hue_histogram, build)
-from tasks.graph.pair_score import PairScore
+from tasks.shared.pair_score import PairScore
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -263,7 +263,7 @@ def test_sample_corpus_recall_at_1(tmp_path, wfd):
 
     import pyarrow.parquet as pq
 
-    from tasks.features.decode import DecodeError, decode_rgb
+    from tasks.shared.features.decode import DecodeError, decode_rgb
     from sample_corpus import write_sample_corpus
 
     root = tmp_path / "sample"

@@ -4,12 +4,13 @@
 (a fixed pool of worker coroutines, so the bound holds by construction), and calls
 ``on_done`` with each :class:`Outcome` as it arrives (the stage journals it at once).
 
-Failure policy: timeouts, dropped or refused connections, HTTP 429 and 5xx are
-*transient*: retried up to ``max_attempts`` with exponential backoff and full jitter
-(uniform(0, backoff_s·2^(n-1)), capped), and a 429's ``Retry-After`` is honoured when it
-asks for longer. Other 4xx and malformed bodies are final answers for that request (a
-per-record error), not retried. A request still failing after its attempts is an
-outcome with ``transient=True``: the stage does not journal it, so a later run asks again.
+Failure policy (:mod:`corpusforge.chat`, shared with the contamination judge): timeouts,
+dropped or refused connections, HTTP 429 and 5xx are *transient*: retried up to
+``max_attempts`` with exponential backoff and full jitter (uniform(0, backoff_s·2^(n-1)),
+capped), and a 429's ``Retry-After`` is honoured when it asks for longer. Other 4xx and
+malformed bodies are final answers for that request (a per-record error), not retried.
+A request still failing after its attempts is an outcome with ``transient=True``: the
+stage does not journal it, so a later run asks again.
 
 The image is sent as a base64 data URL: as stored when it is upright and its longer side
 is at most ``max_side``, else oriented, resized and re-encoded as JPEG; each image is
@@ -22,11 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import email.utils
 import io
-import json
-import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +31,7 @@ from typing import Any
 import httpx
 from PIL import Image, ImageOps
 
+from corpusforge.chat import Endpoint, RetryPolicy, acomplete
 from tasks.captions.config import EndpointConfig, SamplingConfig
 from tasks.captions.prompts import Prompt
 
@@ -93,76 +91,6 @@ def request_body(model: str, prompt: Prompt, image_url: str, sampling: SamplingC
     return body
 
 
-def retry_after(value: str | None) -> float | None:
-    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date), or None."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-def parse_completion(payload: bytes) -> tuple[str | None, str | None, str | None]:
-    """(content, finish_reason, error) of a 200 response body."""
-    try:
-        choice = json.loads(payload)["choices"][0]
-        content = choice["message"]["content"]
-    except (json.JSONDecodeError, KeyError, IndexError, TypeError, UnicodeDecodeError) as exc:
-        return None, None, f"malformed response ({type(exc).__name__}): {payload[:120]!r}"
-    if not isinstance(content, str):
-        return None, None, f"malformed response: content is {type(content).__name__}"
-    finish = choice.get("finish_reason")
-    return content, finish if isinstance(finish, str) else None, None
-
-
-class ChatClient:
-    """One endpoint; :meth:`ask` is one request with its retries."""
-
-    def __init__(self, endpoint: EndpointConfig, sampling: SamplingConfig, api_key: str | None,
-                 client: httpx.AsyncClient):
-        self.endpoint, self.sampling, self.client = endpoint, sampling, client
-        self.url = endpoint.base_url.rstrip("/") + "/chat/completions"
-        self.headers = {"Content-Type": "application/json"}
-        if api_key:
-            self.headers["Authorization"] = f"Bearer {api_key}"
-
-    def _backoff(self, key: str, attempt: int, server_wait: float | None) -> float:
-        e = self.endpoint
-        jittered = random.Random(f"{key}:{attempt}").uniform(0, min(e.backoff_max_s, e.backoff_s * 2 ** (attempt - 1)))
-        return max(jittered, min(server_wait, e.backoff_max_s)) if server_wait is not None else jittered
-
-    async def ask(self, request: Request, image_url: str) -> Outcome:
-        body = json.dumps(request_body(self.endpoint.model, request.prompt, image_url, self.sampling)).encode()
-        error = ""
-        for attempt in range(1, self.endpoint.max_attempts + 1):
-            server_wait = None
-            try:
-                resp = await self.client.post(self.url, content=body, headers=self.headers)
-            except httpx.TimeoutException as exc:
-                error = f"timeout after {self.endpoint.timeout_s:g}s ({type(exc).__name__})"
-            except httpx.TransportError as exc:  # refused, reset, dropped mid-response
-                error = f"connection error ({type(exc).__name__}: {exc})"
-            else:
-                if resp.status_code == 200:
-                    content, finish, bad = parse_completion(resp.content)
-                    return Outcome(request.key, content, finish, bad, False, attempt)
-                if resp.status_code != 429 and resp.status_code < 500:
-                    return Outcome(request.key, None, None, f"HTTP {resp.status_code}: {resp.content[:120]!r}",
-                                   False, attempt)
-                error = f"HTTP {resp.status_code}"
-                server_wait = retry_after(resp.headers.get("retry-after")) if resp.status_code == 429 else None
-            if attempt < self.endpoint.max_attempts:
-                await asyncio.sleep(self._backoff(request.key, attempt, server_wait))
-        return Outcome(request.key, None, None, f"gave up after {self.endpoint.max_attempts} attempts: {error}",
-                       True, self.endpoint.max_attempts)
-
-
 async def ask_all(requests: list[Request], endpoint: EndpointConfig, sampling: SamplingConfig,
                   api_key: str | None, max_side: int, jpeg_quality: int,
                   on_done: Callable[[Outcome], None]) -> None:
@@ -188,8 +116,14 @@ async def ask_all(requests: list[Request], endpoint: EndpointConfig, sampling: S
             del encoded[r.image_sha256]
         return await future
 
+    chat = Endpoint(endpoint.base_url, endpoint.timeout_s, api_key)
+    retry = RetryPolicy(endpoint.max_attempts, endpoint.backoff_s, endpoint.backoff_max_s, jitter=True,
+                        honour_retry_after=True)
+
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
-        client = ChatClient(endpoint, sampling, api_key, http)
+        async def ask(r: Request, url: str) -> Outcome:
+            c = await acomplete(http, chat, request_body(endpoint.model, r.prompt, url, sampling), retry)
+            return Outcome(r.key, c.content, c.finish_reason, c.error, c.transient, c.attempts)
 
         async def worker() -> None:
             for r in queue:  # a shared iterator: each request is taken by exactly one worker
@@ -199,6 +133,6 @@ async def ask_all(requests: list[Request], endpoint: EndpointConfig, sampling: S
                     on_done(Outcome(r.key, None, None, f"image not encodable: {type(exc).__name__}: {exc}",
                                     False, 0))
                     continue
-                on_done(await client.ask(r, url))
+                on_done(await ask(r, url))
 
         await asyncio.gather(*(worker() for _ in range(min(endpoint.concurrency, len(requests)) or 1)))

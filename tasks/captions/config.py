@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from corpusforge.config import StrictModel
 
 CAPTION_TYPES = ("tag", "short", "medium", "long")
 # GPIC §2.4: "caption types are assigned with proportions 1% tag, 45% short, 45% medium, and 9% long".
@@ -21,11 +23,7 @@ DEFAULT_MAX_WORDS = {"tag": 40, "short": 80, "medium": 180, "long": 450}
 NOT_VISIBLE = "NOT VISIBLE."
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class EndpointConfig(_Strict):
+class EndpointConfig(StrictModel):
     """Where the vision-language model is served and how hard to push it."""
 
     base_url: str = Field(..., description="e.g. http://vllm:8000/v1 (POST {base_url}/chat/completions).")
@@ -42,7 +40,7 @@ class EndpointConfig(_Strict):
     backoff_max_s: float = Field(60.0, ge=0)
 
 
-class QuestionConfig(_Strict):
+class QuestionConfig(StrictModel):
     """A yes/no question asked about every kept image (GPIC §2.2 quality and safety filters)."""
 
     name: str = Field(..., pattern=r"^[a-z][a-z0-9_]{0,39}$", description="Also the filter reason code.")
@@ -50,7 +48,7 @@ class QuestionConfig(_Strict):
     filter_on: Literal["yes", "no"] = Field("yes", description="The answer that filters the image out.")
 
 
-class SamplingConfig(_Strict):
+class SamplingConfig(StrictModel):
     """Sampling parameters sent with every request (part of every completion's key)."""
 
     temperature: float = Field(0.0, ge=0)
@@ -59,7 +57,7 @@ class SamplingConfig(_Strict):
     seed: int | None = Field(0, description="Sent as the request's seed (servers that support it); null to omit.")
 
 
-class CaptioningConfig(_Strict):
+class CaptioningConfig(StrictModel):
     """Captions in four formats and VLM quality/safety filters through one chat endpoint."""
 
     endpoint: EndpointConfig

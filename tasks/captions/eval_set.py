@@ -18,8 +18,9 @@ import heapq
 from typing import Any
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from corpusforge.config import StrictModel
 from corpusforge.hashing import stable_uniform
 from corpusforge.layout import EVAL_CAPTIONS, EVAL_CAPTIONS_SCHEMA, release_plan_path, staging_index, staging_tar
 from corpusforge.storage import Store
@@ -27,10 +28,8 @@ from corpusforge.storage import Store
 TEST = "test"
 
 
-class EvalCaptionsConfig(BaseModel):
+class EvalCaptionsConfig(StrictModel):
     """Size and seed of the evaluation caption set."""
-
-    model_config = ConfigDict(extra="forbid")
 
     size: int = Field(50_000, ge=1, description="Captions in the set (capped by the test split's size).")
     seed: int = Field(1, description="Seed of the sample; 1 = the reference statistics' Test-50K subset seed.")

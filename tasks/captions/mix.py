@@ -11,7 +11,7 @@ count), it meets the mix within integer rounding, and it is stable as a corpus g
 appending rows moves the quantile boundaries by about as much as the new images' share,
 so only images whose u lies near a boundary change type (and are captioned again),
 instead of everyone's. The split plan stratifies by caption type, so every split and
-release shard then keeps the mix as closely as integer counts allow (:mod:`tasks.splits`).
+release shard then keeps the mix as closely as integer counts allow (:mod:`tasks.release.splits`).
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from corpusforge.cluster import as_task, run_tasks
-from corpusforge.contract import current_marker, finish_unit, must_compute, prune, require_marker, unit_fingerprint
+from corpusforge.contract import (FanOut, Unit, current_marker, finish_unit, in_process, must_compute, prune,
+                                  require_marker, unit_fingerprint)
 from corpusforge.hashing import canonical_json, sha256_bytes
 from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_JOURNAL_SCHEMA, CAPTION_PLAN_DIR, CAPTION_PLAN_SCHEMA,
                                 CAPTIONS_DIR, CAPTIONS_SCHEMA, caption_journal_dir, caption_plan_path,
@@ -284,17 +284,17 @@ def caption_shard(store: Store, shard: str, cfg: CaptioningConfig, plan_digest: 
     return {**marker, "action": "computed", "requests_asked": len(requests)}
 
 
-plan_task = as_task(plan_captions, "plan-captions")
-caption_task = as_task(caption_shard, "caption-shard", probe=True)
+PLAN = Unit(plan_captions, "plan-captions")
+CAPTION_SHARD = Unit(caption_shard, "caption-shard", probe=True)
 
 
-def captioning_stage(store: Store, cfg: CaptioningConfig, staged: list[str],
-                     near_dedup: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Plan, then caption every staging shard on the cluster; return (summary, work done)."""
+def captioning_stage(store: Store, cfg: CaptioningConfig, staged: list[str], near_dedup: bool, *,
+                     fan_out: FanOut = in_process) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Plan, then caption every staging shard through ``fan_out``; return (summary, work done)."""
     for folder in (CAPTION_PLAN_DIR, CAPTIONS_DIR, CAPTION_JOURNAL_DIR):
         prune(store, folder, staged)
-    digests = run_tasks(plan_task, [dict(store=store, shards=staged, cfg=cfg, near_dedup=near_dedup)])[0]
-    results = run_tasks(caption_task, [dict(store=store, shard=s, cfg=cfg, plan_digest=digests[s]) for s in staged])
+    digests = fan_out(PLAN, [dict(store=store, shards=staged, cfg=cfg, near_dedup=near_dedup)])[0]
+    results = fan_out(CAPTION_SHARD, [dict(store=store, shard=s, cfg=cfg, plan_digest=digests[s]) for s in staged])
     return summarize(cfg, results), {
         "computed": sum(r["action"] == "computed" for r in results),
         "skipped": sum(r["action"] == "skipped" for r in results),

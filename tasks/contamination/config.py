@@ -11,20 +11,18 @@ decision-policy edition with a new receipt).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from corpusforge.config import StrictModel
 from tasks.contamination.canary import SEED_SIGNATURE_SEEDS
 
 CURVE_THRESHOLDS = [round(0.80 + 0.01 * i, 2) for i in range(20)]  # 0.80 … 0.99
+IVF_TRAIN_PER_LIST = 64  # k-means training vectors per IVF list (FAISS warns below 39)
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class EvalSetConfig(_Strict):
+class EvalSetConfig(StrictModel):
     """The evaluation set (benchmark) being checked; its files are only ever read."""
 
     source: str = Field(..., title="Evaluation set",
@@ -47,29 +45,36 @@ class EvalSetConfig(_Strict):
     chunk_size: int = Field(1000, ge=1, title="Items per unit of work")
 
 
-class IvfConfig(_Strict):
+class IvfConfig(StrictModel):
     """The inverted-file index used when exact search is too large."""
+
+    config_section: ClassVar[str] = "<image|leakage>.ivf"
+    retired_keys: ClassVar[dict[str, Any]] = {"train_per_list": IVF_TRAIN_PER_LIST}
 
     nlist: int | None = Field(None, ge=1, description="Empty: 4*sqrt(N) as a power of two within [16, 65536].")
     nprobe: int = Field(16, ge=1, description="Lists probed per query.")
     storage: Literal["flat", "sqfp16"] = Field(
         "flat", description="flat: float32 vectors, exact scores; sqfp16: half the memory, scores within ~2e-4.")
-    train_per_list: int = Field(64, ge=39)
     max_train: int = Field(2_000_000, ge=1000)
     seed: int = Field(0, description="k-means seed and training-sample seed.")
     faiss_threads: int | None = Field(None, ge=1)
 
 
-class ImageScanConfig(_Strict):
+class ImageScanConfig(StrictModel):
     """Image-only contamination: the best similarity of each evaluation image over the training
     images (the feature model's pair rule: cosine, or for wfd the layout cosine when either
     image is colourless)."""
 
+    config_section: ClassVar[str] = "image"
+    renamed_keys: ClassVar[dict[str, str]] = {"threshold": "flag_above"}
+
     model_id: str = Field("wfd", title="Feature model",
                           description="Feature folder of the corpus (features/{model_id}); the evaluation images "
                                       "are embedded with the identical model, weights, preprocessing and dtype.")
-    threshold: float = Field(0.9, gt=0, lt=1, title="Flag threshold",
-                             description="An image is flagged when its best similarity is strictly greater.")
+    flag_above: float = Field(0.9, gt=0, lt=1, title="Flag: best similarity above (>)",
+                              description="Decides which evaluation images are flagged as contaminated: those whose "
+                                          "best similarity to any training image is > this; flagged images leave the "
+                                          "new edition when edition.quarantine_on has 'image'.")
     curve: list[float] = Field(default_factory=lambda: list(CURVE_THRESHOLDS), title="Rate curve thresholds")
     corpus_splits: list[str] | None = Field(["train"], title="Training splits searched",
                                             description="Manifest splits of the corpus that count as training "
@@ -86,8 +91,11 @@ class ImageScanConfig(_Strict):
     top_pairs: int = Field(24, ge=0, title="Image pairs shown in the HTML report")
 
 
-class LeakageConfig(_Strict):
+class LeakageConfig(StrictModel):
     """Cross-split leakage: held-out images with a near-duplicate in a training split."""
+
+    config_section: ClassVar[str] = "leakage"
+    renamed_keys: ClassVar[dict[str, str]] = {"review_threshold": "review_min_similarity"}
 
     held_out: list[str] = Field(["val", "test"], min_length=1, title="Held-out splits")
     train: list[str] = Field(["train"], min_length=1, title="Training splits")
@@ -97,16 +105,19 @@ class LeakageConfig(_Strict):
     against_storage_options: dict[str, Any] = Field(default_factory=dict)
     model_id: str | None = Field(None, description="Empty: image.model_id.")
     thresholds: list[float] | None = Field(
-        None, title="Thresholds", description="Empty: the build's graph and pair thresholds from its receipt.")
-    review_threshold: float = Field(0.80, gt=0, lt=1, title="Review threshold",
-                                    description="Pairs at or above it are listed for review.")
+        None, title="Rate thresholds (>=)",
+        description="Leakage rates are reported at each (best similarity >= it); decides nothing. Empty: the "
+                    "build's edge_min_similarity and pair_removal_above from its receipt.")
+    review_min_similarity: float = Field(0.80, gt=0, lt=1, title="Review: least similarity (>=)",
+                                         description="Decides which held-out/training pairs are listed for review "
+                                                     "in contamination/leakage/: those with similarity >= this.")
     k: int = Field(3, ge=1, le=100, title="Matches kept per held-out image")
     search: Literal["auto", "exact", "ivf"] = Field("auto")
     exact_max_pairs: float = Field(2e10, gt=0)
     ivf: IvfConfig = Field(default_factory=IvfConfig)
 
 
-class TextCorpusConfig(_Strict):
+class TextCorpusConfig(StrictModel):
     """The text the canaries are compared with."""
 
     kind: Literal["corpus_captions", "table"] = Field(
@@ -127,7 +138,7 @@ class TextCorpusConfig(_Strict):
         return self
 
 
-class LshConfig(_Strict):
+class LshConfig(StrictModel):
     """Candidate generation: exhaustive for small scans, MinHash LSH banding for large ones.
 
     Bands: the raw and the normalised SHA-256 (exact matches); every m-subset of the
@@ -156,7 +167,7 @@ class LshConfig(_Strict):
         return self
 
 
-class TextCanaryConfig(_Strict):
+class TextCanaryConfig(StrictModel):
     """Text canaries (seed 003) of the evaluation items' text fields against a text corpus."""
 
     corpus: TextCorpusConfig = Field(default_factory=TextCorpusConfig)
@@ -186,7 +197,7 @@ class TextCanaryConfig(_Strict):
         return self
 
 
-class ChatJudgeConfig(_Strict):
+class ChatJudgeConfig(StrictModel):
     """An OpenAI-compatible chat endpoint (``POST {base_url}/chat/completions``)."""
 
     base_url: str = Field(..., description="e.g. http://127.0.0.1:8000/v1")
@@ -199,14 +210,18 @@ class ChatJudgeConfig(_Strict):
     max_caption_chars: int = Field(4000, ge=100, description="Captions are cut to this many characters in total.")
 
 
-class JudgeConfig(_Strict):
+class JudgeConfig(StrictModel):
     """Image–text contamination: can the item's answer be inferred from retrieved training captions?"""
+
+    config_section: ClassVar[str] = "judge"
+    renamed_keys: ClassVar[dict[str, str]] = {"min_similarity": "retrieve_above"}
 
     kind: Literal["canary_overlap", "chat"] = Field("canary_overlap")
     captions: int = Field(5, ge=1, le=100, description="Training captions retrieved per item: those of its "
                                                         "top image matches.")
-    min_similarity: float = Field(0.0, ge=-1, le=1, description="Only matches with a similarity above this "
-                                                                "are retrieved.")
+    retrieve_above: float = Field(0.0, ge=-1, le=1, title="Retrieve: similarity above (>)",
+                                  description="Decides which image matches lend their captions to the judge: "
+                                              "those with similarity > this.")
     containment: float = Field(1.0, gt=0, le=1, description="canary_overlap: share of the answer's 3-shingles "
                                                             "(or of its tokens, below 3) found in one caption.")
     min_answer_chars: int = Field(4, ge=1, description="canary_overlap: shorter normalised answers (yes, no, "
@@ -221,7 +236,7 @@ class JudgeConfig(_Strict):
         return self
 
 
-class EditionConfig(_Strict):
+class EditionConfig(StrictModel):
     """A new benchmark edition without the quarantined items (the input is never edited)."""
 
     enabled: bool = Field(True)

@@ -34,14 +34,13 @@ import pyarrow.parquet as pq
 
 from corpusforge.contract import current_marker, finish_unit, unit_fingerprint
 from corpusforge.hashing import canonical_json, fingerprint
-from corpusforge.layout import (EVAL_ITEM_SCHEMA, STAGING_RECORDS_SCHEMA, eval_items_path, staging_index,
+from corpusforge.layout import (EVAL_ITEM_SCHEMA, TABLE_SUFFIXES, STAGING_RECORDS_SCHEMA, eval_items_path, staging_index,
                                 staging_records, staging_tar)
 from corpusforge.storage import Store, is_remote, uri_stamp
 from corpusforge.tarshard import Sample, iter_tar_samples, write_tar
 from corpusforge.version import code_version
 from tasks.contamination.config import EvalSetConfig
 
-TABLE_SUFFIXES = (".parquet", ".jsonl", ".csv")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff")
 CAPTION_FIELD = "caption"
 _MAGIC = ((b"\xff\xd8\xff", "jpg"), (b"\x89PNG\r\n\x1a\n", "png"), (b"GIF8", "gif"), (b"BM", "bmp"),

@@ -8,7 +8,7 @@ Per query shard it writes the top-k targets of every query:
     work/contamination/found/{scan}/{shard}.parquet   query_key, rank, target_shard, target_key,
                                                       target_sha256, similarity (MATCH_SCHEMA)
 
-Pairs score by the feature model's pair rule (:mod:`tasks.graph.pair_score`, named in
+Pairs score by the feature model's pair rule (:mod:`tasks.shared.pair_score`, named in
 its fingerprint, as in the near-duplicate graph): plain cosine for most models; for wfd
 the layout blocks' cosine when either image is colourless, so a greyscale repost of an
 evaluation image scores like its original (by plain cosine it could not pass 0.866).
@@ -47,10 +47,9 @@ from corpusforge.storage import Store
 from corpusforge.tarshard import HashingWriter
 from corpusforge.version import code_version
 from tasks.contamination import similarity as sim
-from tasks.contamination.config import IvfConfig
+from tasks.contamination.config import IVF_TRAIN_PER_LIST, IvfConfig
 from tasks.contamination.selection import read_selection
-from tasks.graph.edges import pair_score_of
-from tasks.graph.pair_score import PairScore
+from tasks.shared.pair_score import PairScore, pair_score_of
 
 
 class FeatureMismatch(ValueError):
@@ -213,7 +212,7 @@ def build_scan_index(out: Store, name: str, target: ScanSide, target_digest: str
     in target-shard order)."""
     n_est = sum(n_selected(target, s) for s in target.shards)
     nlist = cfg.nlist or sim.auto_nlist(n_est)
-    n_train = min(n_est, cfg.max_train, nlist * cfg.train_per_list)
+    n_train = min(n_est, cfg.max_train, nlist * IVF_TRAIN_PER_LIST)
     plan = {"nlist": nlist, "nprobe": min(cfg.nprobe, nlist), "storage": cfg.storage, "n_train": n_train,
             "seed": cfg.seed}
     fp = unit_fingerprint("contamination-index", _code(), [plan, rule.to_json()], target_digest)

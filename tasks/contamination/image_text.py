@@ -1,7 +1,7 @@
 """Image–text contamination per evaluation chunk: retrieve training captions, ask the judge.
 
 For every item with an answer and an embedded image, the captions of its top image
-matches (the image scan's ``found`` rows, similarity above ``min_similarity``) are read
+matches (the image scan's ``found`` rows, similarity above ``retrieve_above``) are read
 from the corpus's staging tars by ranged reads (``staging/index`` offsets) and passed
 to the judge (:mod:`tasks.contamination.judge`). One unit per chunk writes
 ``contamination/judge/{chunk}.parquet``; its fingerprint holds the judge's identity,
@@ -51,7 +51,7 @@ def judge_chunk(out: Store, corpus: Store, chunk: str, cfg: JudgeConfig, questio
     inputs = [require_marker(out, eval_items_path(chunk), "evaluation items")["digest"],
               require_marker(out, found, "image scan")["digest"] if has_matches else None]
     fp = unit_fingerprint("contamination-judge", code_version(__name__),
-                          [judge.identity(), cfg.captions, cfg.min_similarity, list(question_fields)], inputs)
+                          [judge.identity(), cfg.captions, cfg.retrieve_above, list(question_fields)], inputs)
     rel = judge_rows_path(chunk)
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
@@ -61,7 +61,7 @@ def judge_chunk(out: Store, corpus: Store, chunk: str, cfg: JudgeConfig, questio
             t = out.read_parquet(found)
             for q, shard, key, s in zip(t["query_key"].to_pylist(), t["target_shard"].to_pylist(),
                                         t["target_key"].to_pylist(), t["similarity"].to_pylist(), strict=True):
-                if s > cfg.min_similarity and len(matches.setdefault(q, [])) < cfg.captions:
+                if s > cfg.retrieve_above and len(matches.setdefault(q, [])) < cfg.captions:
                     matches[q].append((shard, key, s))
         wanted: dict[str, set[str]] = {}
         for rows in matches.values():

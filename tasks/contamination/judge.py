@@ -11,10 +11,11 @@ matches and returns a :class:`Verdict` — ``inferable``, ``not_inferable`` or
   (yes, no, a letter, a digit) are ``unresolved``: overlap cannot tell.
 * :class:`ChatJudge` (optional): an OpenAI-compatible ``/chat/completions`` endpoint
   named in the config, asked for ``{"inferable": true|false, "reason": …}`` at
-  temperature 0. Timeouts, connection errors, HTTP 429/5xx are retried with exponential
-  backoff; anything still failing, and any reply that is not that JSON, is
-  ``unresolved`` with the error recorded — never a silent "not inferable". The API key
-  is read from the named environment variable and never written anywhere.
+  temperature 0, through the client captioning uses too (:mod:`corpusforge.chat`).
+  Timeouts, connection errors, HTTP 429/5xx are retried with exponential backoff;
+  anything still failing, and any reply that is not that JSON, is ``unresolved`` with
+  the error recorded — never a silent "not inferable". The API key is read from the
+  named environment variable and never written anywhere.
 """
 
 from __future__ import annotations
@@ -23,13 +24,12 @@ import hashlib
 import json
 import os
 import re
-import socket
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import httpx
+
+from corpusforge.chat import Endpoint, RetryPolicy, complete
 from corpusforge.hashing import canonical_json
 from tasks.contamination.canary import normalize, shingles
 from tasks.contamination.config import ChatJudgeConfig, JudgeConfig
@@ -103,9 +103,8 @@ class ChatJudge:
 
     name = "chat"
 
-    def __init__(self, cfg: ChatJudgeConfig, sleep=time.sleep):
+    def __init__(self, cfg: ChatJudgeConfig):
         self.cfg = cfg
-        self.sleep = sleep
 
     def identity(self) -> dict[str, Any]:
         c = self.cfg
@@ -122,55 +121,23 @@ class ChatJudge:
         user = (f"Question: {x.question}\nReference answer: {x.answer}\nTraining captions:\n" + "\n".join(lines))
         return [{"role": "system", "content": CHAT_PROMPT}, {"role": "user", "content": user}]
 
-    def _post(self, body: bytes) -> tuple[int, bytes]:
-        headers = {"Content-Type": "application/json"}
-        key = os.environ.get(self.cfg.api_key_env) if self.cfg.api_key_env else None
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        url = self.cfg.base_url.rstrip("/") + "/chat/completions"
-        req = urllib.request.Request(url, data=body, headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(req, timeout=self.cfg.timeout_s) as resp:  # noqa: S310 - configured URL
-                return resp.status, resp.read()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read() or b""
-
     def judge(self, x: JudgeInput) -> Verdict:
-        body = json.dumps({"model": self.cfg.model, "messages": self._messages(x), "temperature": 0,
-                           "max_tokens": self.cfg.max_tokens}).encode()
-        error = None
-        for attempt in range(1, self.cfg.retries + 2):
-            if attempt > 1:
-                self.sleep(self.cfg.backoff_s * 2 ** (attempt - 2))
-            try:
-                status, payload = self._post(body)
-            except (TimeoutError, socket.timeout) as exc:
-                error = f"timeout after {self.cfg.timeout_s}s ({exc})"
-                continue
-            except (urllib.error.URLError, ConnectionError, OSError) as exc:
-                error = f"connection error: {exc}"
-                continue
-            if status == 429 or status >= 500:
-                error = f"HTTP {status}"
-                continue
-            if status != 200:
-                return Verdict(UNRESOLVED, {}, f"HTTP {status}: {payload[:200]!r}", attempt)
-            return _parse_reply(payload, attempt)
-        return Verdict(UNRESOLVED, {}, f"gave up after {self.cfg.retries + 1} attempts: {error}",
-                       self.cfg.retries + 1)
+        c = self.cfg
+        key = os.environ.get(c.api_key_env) if c.api_key_env else None
+        body = {"model": c.model, "messages": self._messages(x), "temperature": 0, "max_tokens": c.max_tokens}
+        with httpx.Client(timeout=c.timeout_s) as http:
+            done = complete(http, Endpoint(c.base_url, c.timeout_s, key), body,
+                            RetryPolicy(c.retries + 1, c.backoff_s), preview=200)
+        if done.error is not None:
+            return Verdict(UNRESOLVED, {}, done.error, done.attempts)
+        return _verdict(done.content or "", done.attempts)
 
 
 _JSON_OBJECT = re.compile(r"\{.*\}", re.S)
 
 
-def _parse_reply(payload: bytes, attempt: int) -> Verdict:
-    """A verdict from a chat completion, or ``unresolved`` naming what was malformed."""
-    try:
-        content = json.loads(payload)["choices"][0]["message"]["content"]
-    except (json.JSONDecodeError, KeyError, IndexError, TypeError, UnicodeDecodeError) as exc:
-        return Verdict(UNRESOLVED, {}, f"malformed response ({type(exc).__name__}): {payload[:200]!r}", attempt)
-    if not isinstance(content, str):
-        return Verdict(UNRESOLVED, {}, f"malformed response: content is {type(content).__name__}", attempt)
+def _verdict(content: str, attempt: int) -> Verdict:
+    """A verdict from a chat completion's text, or ``unresolved`` when it holds none."""
     match = _JSON_OBJECT.search(content)
     try:
         obj = json.loads(match.group(0)) if match else None

@@ -10,8 +10,9 @@ on every value of at least one band. Bands (see :class:`tasks.contamination.conf
 * ``b`` bands of ``r`` rows over the independent LSH signature, for direct Jaccard:
   P(candidate | J) = 1 − (1 − J^r)^b.
 
-Each band value becomes one 64-bit key (SplitMix64 chain over band id and values) and a
-join bucket ``key % buckets``; only texts that share a key are ever compared.
+Each band value becomes one 64-bit key (SplitMix64 chain over band id and values); the
+join (:func:`tasks.contamination.text_scan.join_bucket`) splits the keys into equal
+ranges, and only texts that share a key are ever compared.
 """
 
 from __future__ import annotations
@@ -35,10 +36,6 @@ class BandPlan:
     signature_subsets: tuple[tuple[int, ...], ...]
     rows_per_band: int
     lsh_bands: int
-
-    @property
-    def n_bands(self) -> int:
-        return 2 + len(self.signature_subsets) + self.lsh_bands
 
     def to_json(self) -> dict:
         return {"exact_bands": ["raw_sha256", "normalized_sha256"],
@@ -106,6 +103,3 @@ def band_keys(batch: TextBatch, plan: BandPlan, empty: np.ndarray) -> tuple[np.n
         band += 1
     return np.concatenate(rows), np.concatenate(bands), np.concatenate(keys)
 
-
-def bucket_of(keys: np.ndarray, buckets: int) -> np.ndarray:
-    return (keys % np.uint64(buckets)).astype(np.int32)

@@ -20,6 +20,7 @@ from corpusforge.hashing import canonical_json
 from corpusforge.layout import (CONTAMINATION_DIR, CONTAMINATION_RECEIPT, CONTAMINATION_REPORT,
                                 CONTAMINATION_REPORT_HTML, EDITION_DIR, RECEIPT, eval_items_path)
 from corpusforge.storage import Store, open_uri
+from tasks.contamination.config import ImageScanConfig, JudgeConfig, LeakageConfig, TextCanaryConfig
 
 INLINE_ITEMS = 10_000
 CLAIM_BOUNDARY = ("These results measure overlap between the supplied evaluation set and the supplied corpus "
@@ -63,6 +64,61 @@ def corpus_snapshot(corpus: Store) -> dict[str, Any]:
     return {"root": corpus.root, "receipt_sha256": corpus.sha256(RECEIPT),
             "input_snapshot_sha256": receipt.get("input_snapshot_sha256"),
             "code_version": receipt.get("code_version"), "counts": receipt.get("counts", {}).get("by_status")}
+
+
+def build_thresholds(corpus: Store) -> list[float]:
+    """The build's edge and pair-removal thresholds (from its receipt; a receipt written before
+    their renaming has graph_threshold and pair_threshold), else GPIC's: where the cross-split
+    leakage is counted."""
+    near = (corpus.read_json(RECEIPT).get("thresholds", {}).get("near_dedup") if corpus.exists(RECEIPT) else None)
+    if near:
+        edge = near.get("edge_min_similarity", near.get("graph_threshold"))
+        pair = near.get("pair_removal_above", near.get("pair_threshold"))
+        return sorted({float(edge), float(pair)})
+    return [0.90, 0.9625]
+
+
+def stable_results(results: dict[str, Any]) -> dict[str, Any]:
+    """The stages' summaries without how much work this run reused (a rerun's receipt is a
+    fresh run's)."""
+    stable = {}
+    for name, section in results.items():
+        section = dict(section)
+        scan = section.get("scan")
+        if isinstance(scan, dict):
+            section["scan"] = {k: v for k, v in scan.items() if k != "units"}
+        stable[name] = section
+    return stable
+
+
+def thresholds(image: ImageScanConfig | None, text: TextCanaryConfig | None, leakage: LeakageConfig | None,
+               judge: JudgeConfig | None) -> dict[str, Any]:
+    """Every threshold of the measurements run, with its comparison."""
+    t: dict[str, Any] = {}
+    if image:
+        t["image"] = {"threshold": image.flag_above, "comparison": ">", "curve": image.curve}
+    if text:
+        t["text"] = {k: getattr(text, k) for k in ("exact", "normalized", "direct_jaccard", "signature",
+                                                    "review_direct_jaccard", "review_signature")}
+    if leakage:
+        t["leakage"] = {"thresholds": leakage.thresholds, "review_threshold": leakage.review_min_similarity,
+                        "comparison": ">="}
+    if judge:
+        t["image_text"] = {"containment": judge.containment, "min_similarity": judge.retrieve_above}
+    return t
+
+
+def seeds(image: ImageScanConfig | None, text: TextCanaryConfig | None, leakage: LeakageConfig | None
+          ) -> dict[str, Any]:
+    """Every seed of the measurements run."""
+    s: dict[str, Any] = {}
+    if text:
+        s.update(signature=text.seeds, lsh=text.lsh.seed, lsh_recall_sample=text.lsh.recall_seed)
+    if image:
+        s["image_ivf"] = image.ivf.seed
+    if leakage:
+        s["leakage_ivf"] = leakage.ivf.seed
+    return s
 
 
 def output_hashes(out: Store) -> dict[str, str]:

@@ -9,12 +9,12 @@ model was trained on anything, and the report says so at the top.
 from __future__ import annotations
 
 import base64
-import html
 import io
 from typing import Any
 
 from PIL import Image
 
+from corpusforge.html import Markup, render
 from corpusforge.layout import staging_index, staging_tar
 from corpusforge.storage import Store
 
@@ -37,7 +37,7 @@ def render_markdown(receipt: dict[str, Any]) -> str:
     out = [f"# Contamination report: {bench.get('name', '(no evaluation set)')} against "
            f"`{receipt['corpus']['root']}`", "",
            f"> **What this shows:** {receipt['claim_boundary']}", "",
-           f"Scanner `{receipt['scanner_version']}`; benchmark manifest SHA-256 "
+           f"Scanner `{receipt['code_version']}`; benchmark manifest SHA-256 "
            f"`{bench.get('manifest_sha256', '–')}`; corpus receipt SHA-256 "
            f"`{receipt['corpus'].get('receipt_sha256')}`.", ""]
     for w in receipt.get("warnings", []):
@@ -56,7 +56,7 @@ def render_markdown(receipt: dict[str, Any]) -> str:
 
 
 def _score_name(scan: dict[str, Any]) -> str:
-    """What the similarity is: the feature model's pair rule (tasks/graph/pair_score.py)."""
+    """What the similarity is: the feature model's pair rule (tasks/shared/pair_score.py)."""
     if (scan.get("pair_score") or {"name": "cosine"})["name"] == "cosine":
         return "cosine"
     return "similarity (cosine; of the layout alone when either image is colourless, so greyscale copies count)"
@@ -180,23 +180,13 @@ def curve_svg(curve: list[dict[str, Any]], width: int = 480, height: int = 220) 
 
 
 def render_html(receipt: dict[str, Any], markdown: str, eval_store: Store | None, corpus: Store) -> str:
+    """The page (template ``corpusforge/templates/contamination.html``): the rate curve, the
+    top image pairs with thumbnails, and the Markdown report verbatim."""
     images = receipt["results"].get("images") or {}
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>Contamination report</title>",
-             "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}td{vertical-align:top;padding:4px}"
-             "img{border:1px solid #ccc}pre{white-space:pre-wrap;background:#f6f6f6;padding:1em}</style></head><body>",
-             f"<h1>Contamination report</h1><p><b>What this shows:</b> {html.escape(receipt['claim_boundary'])}</p>"]
-    if images.get("curve"):
-        parts += ["<h2>Image-only rate by threshold</h2>", curve_svg(images["curve"])]
-    if images.get("top_pairs") and eval_store is not None:
-        parts += ["<h2>Highest-similarity image pairs (overlap found where flagged)</h2><table>",
-                  "<tr><th>evaluation item</th><th>training image</th><th>similarity</th></tr>"]
-        for p in images["top_pairs"]:
-            a, b = _thumb(eval_store, p["chunk"], p["key"]), _thumb(corpus, p["match_shard"], p["match_key"])
-            cell = lambda uri, label: (f"<img src='{uri}' alt='{html.escape(label)}'><br>" if uri else "") + \
-                html.escape(label)  # noqa: E731
-            parts.append(f"<tr><td>{cell(a, p['item_id'])}</td><td>{cell(b, p['match_key'])}</td>"
-                         f"<td>{p['max_similarity']:.4f}{' (byte-identical)' if p['exact_copy'] else ''}"
-                         f"{' — flagged' if p['flagged'] else ''}</td></tr>")
-        parts.append("</table>")
-    parts += ["<h2>Full report</h2><pre>", html.escape(markdown), "</pre></body></html>"]
-    return "\n".join(parts)
+    pairs = [{"cells": [(_thumb(eval_store, p["chunk"], p["key"]), p["item_id"]),
+                        (_thumb(corpus, p["match_shard"], p["match_key"]), p["match_key"])],
+              "similarity": p["max_similarity"], "exact_copy": p["exact_copy"], "flagged": p["flagged"]}
+             for p in (images.get("top_pairs") or [] if eval_store is not None else [])]
+    return render("contamination.html", title="Contamination report", claim_boundary=receipt["claim_boundary"],
+                  curve=Markup(curve_svg(images["curve"])) if images.get("curve") else None, pairs=pairs,
+                  markdown=markdown)

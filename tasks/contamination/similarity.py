@@ -1,7 +1,7 @@
 """Top-k search without a full matrix: a chunked exact scan and a FAISS inverted file.
 
 Similarity is the one the near-duplicate graph uses: the feature model's pair rule
-(:mod:`tasks.graph.pair_score`: plain cosine for most models; for wfd, the layout blocks'
+(:mod:`tasks.shared.pair_score`: plain cosine for most models; for wfd, the layout blocks'
 cosine when either image is colourless) of rows made unit length in float32, computed in
 float64 and rounded to float32 — the same value from either side, so a pair scores
 identically here and in ``graph/edges``.
@@ -29,7 +29,7 @@ import math
 import faiss
 import numpy as np
 
-from tasks.graph.pair_score import PairScore, united_lists
+from tasks.shared.pair_score import PairScore, united_lists
 
 BLOCK_ENTRIES = 1 << 24
 RESCORE_EXTRA = 4

@@ -21,8 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from corpusforge.cluster import as_task, run_tasks
-from corpusforge.contract import completed_units, prune, remove_tree, require_marker
+from corpusforge.contract import FanOut, Unit, completed_units, in_process, prune, remove_tree, require_marker
 from corpusforge.feature_files import feature_marker, list_feature_shards
 from corpusforge.layout import (CONTAMINATION_FOUND, CONTAMINATION_IMAGES, CONTAMINATION_ITEM_DECISIONS,
                                 CONTAMINATION_ITEMS, CONTAMINATION_JUDGE, CONTAMINATION_LEAKAGE, CONTAMINATION_TEXT,
@@ -44,49 +43,51 @@ from tasks.contamination.receipts import file_sha256
 from tasks.contamination.selection import select_splits, selection_name
 from tasks.contamination.text_sources import caption_texts, item_texts, plan_table_parts, table_texts
 
-stage_chunk_task = as_task(stage_chunk, "contamination-stage-eval-chunk")
-select_task = as_task(select_splits, "contamination-select-splits")
-scan_exact_task = as_task(scan.scan_shard_exact, "contamination-scan-exact")
-build_index_task = as_task(scan.build_scan_index, "contamination-build-index")
-scan_ivf_task = as_task(scan.scan_shard_ivf, "contamination-scan-ivf")
-recall_task = as_task(scan.scan_recall, "contamination-scan-recall")
-image_rows_task = as_task(image_rows, "contamination-image-rows")
-leakage_rows_task = as_task(leakage_rows, "contamination-leakage-rows")
-text_plan_task = as_task(plan_table_parts, "contamination-text-table-parts")
-text_unit_task = as_task(ts.text_unit, "contamination-text-unit")
-join_task = as_task(ts.join_bucket, "contamination-text-join")
-verify_task = as_task(ts.verify_group, "contamination-text-verify")
-decide_task = as_task(ts.decide_chunk, "contamination-text-decide")
-sample_task = as_task(ts.sample_queries, "contamination-text-sample")
-brute_task = as_task(ts.brute_unit, "contamination-text-brute")
-judge_task = as_task(judge_chunk, "contamination-judge-chunk")
-items_task = as_task(item_decisions, "contamination-item-decisions")
-edition_task = as_task(write_edition, "contamination-edition")
+STAGE_CHUNK = Unit(stage_chunk, "contamination-stage-eval-chunk")
+SELECT = Unit(select_splits, "contamination-select-splits")
+SCAN_EXACT = Unit(scan.scan_shard_exact, "contamination-scan-exact")
+BUILD_INDEX = Unit(scan.build_scan_index, "contamination-build-index")
+SCAN_IVF = Unit(scan.scan_shard_ivf, "contamination-scan-ivf")
+RECALL = Unit(scan.scan_recall, "contamination-scan-recall")
+IMAGE_ROWS = Unit(image_rows, "contamination-image-rows")
+LEAKAGE_ROWS = Unit(leakage_rows, "contamination-leakage-rows")
+TEXT_PLAN = Unit(plan_table_parts, "contamination-text-table-parts")
+TEXT_UNIT = Unit(ts.text_unit, "contamination-text-unit")
+JOIN = Unit(ts.join_bucket, "contamination-text-join")
+VERIFY = Unit(ts.verify_group, "contamination-text-verify")
+DECIDE = Unit(ts.decide_chunk, "contamination-text-decide")
+SAMPLE = Unit(ts.sample_queries, "contamination-text-sample")
+BRUTE = Unit(ts.brute_unit, "contamination-text-brute")
+JUDGE = Unit(judge_chunk, "contamination-judge-chunk")
+ITEMS = Unit(item_decisions, "contamination-item-decisions")
+EDITION = Unit(write_edition, "contamination-edition")
 
 BAND_ROWS_PER_BUCKET = 4_000_000
 TEXTS_PER_VERIFY_GROUP = 500_000
 
 
-def stage_eval_set(out: Store, eval_store: Store, plan: EvalPlan, cfg: EvalSetConfig) -> list[dict[str, Any]]:
+def stage_eval_set(out: Store, eval_store: Store, plan: EvalPlan, cfg: EvalSetConfig, *,
+                   fan_out: FanOut = in_process) -> list[dict[str, Any]]:
     """Stage every chunk of the evaluation set (images → staging shard, rows → items)."""
     names = [c.name for c in plan.chunks]
     prune(out, CONTAMINATION_ITEMS, names)
     for folder in (STAGING_TARS, STAGING_INDEX, STAGING_RECORDS):
         prune(eval_store, folder, names)
-    return run_tasks(stage_chunk_task, [dict(out=out, eval_store=eval_store, chunk=c, cfg=cfg) for c in plan.chunks])
+    return fan_out(STAGE_CHUNK, [dict(out=out, eval_store=eval_store, chunk=c, cfg=cfg) for c in plan.chunks])
 
 
-def _selection(corpus: Store, out: Store, label: str, splits: list[str] | None, shards: list[str]
-               ) -> tuple[str | None, dict[str, str], dict[str, Any]]:
+def _selection(corpus: Store, out: Store, label: str, splits: list[str] | None, shards: list[str], *,
+               fan_out: FanOut = in_process) -> tuple[str | None, dict[str, str], dict[str, Any]]:
     if splits is None:
         return None, {}, {}
     name = selection_name(label, splits)
-    marker = run_tasks(select_task, [dict(corpus=corpus, out=out, name=name, splits=splits, shards=shards)])[0]
+    marker = fan_out(SELECT, [dict(corpus=corpus, out=out, name=name, splits=splits, shards=shards)])[0]
     return name, marker["info"]["digests"], marker["info"]["counts"]
 
 
 def run_scan(out: Store, name: str, query: scan.ScanSide, target: scan.ScanSide, k: int, search: str,
-             exact_max_pairs: float, ivf_cfg: Any, recall_queries: int, threshold: float) -> dict[str, Any]:
+             exact_max_pairs: float, ivf_cfg: Any, recall_queries: int, threshold: float, *,
+             fan_out: FanOut = in_process) -> dict[str, Any]:
     """Top-k matches of every query shard (exact or IVF); returns what was done and its recall."""
     prune(out, f"{CONTAMINATION_FOUND}/{name}", query.shards)
     n_q = sum(scan.n_selected(query, s) for s in query.shards)
@@ -97,18 +98,18 @@ def run_scan(out: Store, name: str, query: scan.ScanSide, target: scan.ScanSide,
     result: dict[str, Any] = {"search": mode, "queries": n_q, "targets": n_t, "k": k,
                               "targets_digest": target_digest, "pair_score": rule.to_json()}
     if mode == "exact":
-        markers = run_tasks(scan_exact_task, [dict(out=out, scan=name, query=query, shard=s, target=target,
+        markers = fan_out(SCAN_EXACT, [dict(out=out, scan=name, query=query, shard=s, target=target,
                                                    target_digest=target_digest, k=k, rule=rule)
                                               for s in query.shards])
         result["recall"] = {"recall_flagged": 1.0, "method": "exhaustive scan: every pair compared"}
     else:
-        info = run_tasks(build_index_task, [dict(out=out, name=name, target=target, target_digest=target_digest,
+        info = fan_out(BUILD_INDEX, [dict(out=out, name=name, target=target, target_digest=target_digest,
                                                  cfg=ivf_cfg, rule=rule)])[0]
-        markers = run_tasks(scan_ivf_task, [dict(out=out, scan=name, query=query, shard=s, target=target,
+        markers = fan_out(SCAN_IVF, [dict(out=out, scan=name, query=query, shard=s, target=target,
                                                  index_name=name, index_info=info, k=k, rule=rule)
                                             for s in query.shards])
         result["index"] = {k2: info[k2] for k2 in ("plan", "dim", "n_vectors")}
-        result["recall"] = run_tasks(recall_task, [dict(
+        result["recall"] = fan_out(RECALL, [dict(
             out=out, scan=name, query=query, target=target, target_digest=target_digest, k=k, threshold=threshold,
             n_sample=recall_queries, seed=ivf_cfg.seed, found_digests=[m["digest"] for m in markers],
             rule=rule)])[0]
@@ -131,33 +132,35 @@ def corpus_feature_shards(corpus: Store, model_id: str) -> list[str]:
 
 
 def image_stage(out: Store, corpus: Store, eval_store: Store, chunks: list[str], cfg: ImageScanConfig,
-                identity_check: bool = True) -> dict[str, Any]:
+                identity_check: bool = True, *, fan_out: FanOut = in_process) -> dict[str, Any]:
     """Image-only contamination of the embedded evaluation chunks against the corpus."""
     corpus_shards = corpus_feature_shards(corpus, cfg.model_id)
     embedded = [c for c in chunks if feature_marker(eval_store, cfg.model_id, c) is not None]
-    sel, digests, counts = _selection(corpus, out, "corpus", cfg.corpus_splits, corpus_shards)
+    sel, digests, counts = _selection(corpus, out, "corpus", cfg.corpus_splits, corpus_shards, fan_out=fan_out)
     target = scan.ScanSide(corpus, cfg.model_id, tuple(corpus_shards), sel, out, digests)
     query = scan.ScanSide(eval_store, cfg.model_id, tuple(embedded))
     identity = scan.check_same_features(query, target) if identity_check else scan.feature_identity(target)
     result = run_scan(out, "images", query, target, cfg.k, cfg.search, cfg.exact_max_pairs, cfg.ivf,
-                      cfg.recall_queries, cfg.threshold) if embedded else {"search": None, "queries": 0}
+                      cfg.recall_queries, cfg.flag_above, fan_out=fan_out) if embedded else {"search": None, "queries": 0}
     prune(out, CONTAMINATION_IMAGES, chunks)
-    run_tasks(image_rows_task, [dict(out=out, eval_store=eval_store, chunk=c, model_id=cfg.model_id, scan="images",
-                                     threshold=cfg.threshold) for c in chunks])
-    summary = summarize_images(out, chunks, cfg.threshold, cfg.curve, cfg.top_pairs)
+    fan_out(IMAGE_ROWS, [dict(out=out, eval_store=eval_store, chunk=c, model_id=cfg.model_id, scan="images",
+                                     threshold=cfg.flag_above) for c in chunks])
+    summary = summarize_images(out, chunks, cfg.flag_above, cfg.curve, cfg.top_pairs)
     return {**summary, "model_id": cfg.model_id, "feature_identity": identity, "corpus_splits": cfg.corpus_splits,
             "training_images_by_split": counts, "scan": result}
 
 
 def leakage_stage(out: Store, corpus: Store, cfg: LeakageConfig, model_id: str, against: Store | None,
-                  build_thresholds: list[float]) -> dict[str, Any]:
+                  build_thresholds: list[float], *, fan_out: FanOut = in_process) -> dict[str, Any]:
     """Held-out images of ``corpus`` against the training split of ``against`` (default: itself)."""
     train_corpus = against or corpus
     held_shards = corpus_feature_shards(corpus, model_id)
     train_shards = corpus_feature_shards(train_corpus, model_id)
-    held_sel, held_digests, held_counts = _selection(corpus, out, "held-out", cfg.held_out, held_shards)
+    held_sel, held_digests, held_counts = _selection(corpus, out, "held-out", cfg.held_out, held_shards,
+                                                     fan_out=fan_out)
     label = "train" if against is None else "against-train"
-    train_sel, train_digests, train_counts = _selection(train_corpus, out, label, cfg.train, train_shards)
+    train_sel, train_digests, train_counts = _selection(train_corpus, out, label, cfg.train, train_shards,
+                                                        fan_out=fan_out)
     if against is not None and train_sel == held_sel:
         raise ValueError("held-out and training selections must differ")
     with_held = [s for s in held_shards if scan.n_selected(
@@ -165,25 +168,26 @@ def leakage_stage(out: Store, corpus: Store, cfg: LeakageConfig, model_id: str, 
     query = scan.ScanSide(corpus, model_id, tuple(with_held), held_sel, out, held_digests)
     target = scan.ScanSide(train_corpus, model_id, tuple(train_shards), train_sel, out, train_digests)
     identity = scan.check_same_features(query, target)
-    thresholds = sorted(set(cfg.thresholds or build_thresholds) | {cfg.review_threshold})
+    thresholds = sorted(set(cfg.thresholds or build_thresholds) | {cfg.review_min_similarity})
     result = run_scan(out, "leakage", query, target, cfg.k, cfg.search, cfg.exact_max_pairs, cfg.ivf, 200,
-                      min(thresholds)) if with_held else {"search": None}
+                      min(thresholds), fan_out=fan_out) if with_held else {"search": None}
     prune(out, CONTAMINATION_LEAKAGE, with_held)
-    markers = run_tasks(leakage_rows_task, [dict(out=out, scan="leakage", selection=held_sel, shard=s,
-                                                 thresholds=thresholds, review_threshold=cfg.review_threshold)
+    markers = fan_out(LEAKAGE_ROWS, [dict(out=out, scan="leakage", selection=held_sel, shard=s,
+                                                 thresholds=thresholds, review_threshold=cfg.review_min_similarity)
                                             for s in with_held])
     source = {"corpus": corpus.root, "against": train_corpus.root, "held_out_splits": cfg.held_out,
               "train_splits": cfg.train, "model_id": model_id, "build_thresholds": build_thresholds,
               "held_out_images": held_counts, "training_images": train_counts, "feature_identity": identity,
               "scan": result}
-    return summarize_leakage(markers, thresholds, cfg.review_threshold, source)
+    return summarize_leakage(markers, thresholds, cfg.review_min_similarity, source)
 
 
-def _doc_units(out: Store, corpus: Store | None, cfg: TextCanaryConfig) -> tuple[list[dict[str, Any]], dict]:
+def _doc_units(out: Store, corpus: Store | None, cfg: TextCanaryConfig, *, fan_out: FanOut = in_process
+               ) -> tuple[list[dict[str, Any]], dict]:
     """The corpus side's text units: one per staging shard (captions) or table part."""
     c = cfg.corpus
     if c.kind == "table":
-        marker = run_tasks(text_plan_task, [dict(out=out, cfg=c)])[0]
+        marker = fan_out(TEXT_PLAN, [dict(out=out, cfg=c)])[0]
         calls = [dict(out=out, kind=ts.DOCS, unit=p, read=_TableReader(out, p), cfg=cfg,
                       inputs=marker["outputs"][text_work_path("source", p)]) for p in marker["info"]["parts"]]
         return calls, {"kind": "table", "path": c.path, "texts": marker["info"]["texts"],
@@ -191,7 +195,7 @@ def _doc_units(out: Store, corpus: Store | None, cfg: TextCanaryConfig) -> tuple
     if corpus is None:
         raise ValueError("text corpus kind corpus_captions needs a built corpus")
     shards = completed_units(corpus, STAGING_TARS, ".tar")
-    sel, digests, counts = _selection(corpus, out, "captions", c.splits, shards)
+    sel, digests, counts = _selection(corpus, out, "captions", c.splits, shards, fan_out=fan_out)
     calls = [dict(out=out, kind=ts.DOCS, unit=s, read=_CaptionReader(corpus, s, out, sel), cfg=cfg,
                   inputs=[require_marker(corpus, staging_tar(s), "staging shard")["digest"], digests.get(s)])
              for s in shards]
@@ -227,11 +231,11 @@ class _ItemReader:
 
 
 def text_canary_stage(out: Store, corpus: Store | None, chunks: list[str], fields: list[str],
-                      cfg: TextCanaryConfig) -> dict[str, Any]:
+                      cfg: TextCanaryConfig, *, fan_out: FanOut = in_process) -> dict[str, Any]:
     """Text canaries of the evaluation items' ``fields`` against the configured text corpus."""
     if not fields:
         raise ValueError("text canaries need eval_set.text_fields")
-    doc_calls, source = _doc_units(out, corpus, cfg)
+    doc_calls, source = _doc_units(out, corpus, cfg, fan_out=fan_out)
     doc_units = [c["unit"] for c in doc_calls]
     for kind in (ts.DOCS, ts.DOC_BANDS, ts.BRUTE):
         prune(out, f"{CONTAMINATION_TEXT_WORK}/{kind}", doc_units)
@@ -240,8 +244,8 @@ def text_canary_stage(out: Store, corpus: Store | None, chunks: list[str], field
     q_calls = [dict(out=out, kind=ts.QUERIES, unit=ch, read=_ItemReader(out, ch, fields), cfg=cfg,
                     inputs=[require_marker(out, eval_items_path(ch), "evaluation items")["digest"], fields])
                for ch in chunks]
-    doc_markers = run_tasks(text_unit_task, doc_calls)
-    q_markers = run_tasks(text_unit_task, q_calls)
+    doc_markers = fan_out(TEXT_UNIT, doc_calls)
+    q_markers = fan_out(TEXT_UNIT, q_calls)
     n_docs = sum(m["info"]["texts"] - m["info"]["empty"] for m in doc_markers)
     n_q = sum(m["info"]["texts"] - m["info"]["empty"] for m in q_markers)
     lsh = cfg.lsh
@@ -255,7 +259,7 @@ def text_canary_stage(out: Store, corpus: Store | None, chunks: list[str], field
         band_rows = sum(m["info"]["band_rows"] for m in doc_markers + q_markers)
         buckets = lsh.buckets or max(1, math.ceil(band_rows / BAND_ROWS_PER_BUCKET))
         prune(out, f"{CONTAMINATION_TEXT_WORK}/{ts.CANDIDATES}", {f"{b:05d}" for b in range(buckets)})
-        joins = run_tasks(join_task, [dict(out=out, bucket=b, buckets=buckets, doc_units=d_bands,
+        joins = fan_out(JOIN, [dict(out=out, bucket=b, buckets=buckets, doc_units=d_bands,
                                            query_units=q_digests, max_docs_per_key=lsh.max_docs_per_key)
                                       for b in range(buckets)])
         candidates = {text_work_path(ts.CANDIDATES, f"{b:05d}"): m["digest"] for b, m in enumerate(joins)}
@@ -265,17 +269,17 @@ def text_canary_stage(out: Store, corpus: Store | None, chunks: list[str], field
         prune(out, f"{CONTAMINATION_TEXT_WORK}/{ts.CANDIDATES}", set())
     groups = _groups(doc_units, [m["info"]["texts"] for m in doc_markers])
     prune(out, f"{CONTAMINATION_TEXT_WORK}/{ts.SCORES}", set(groups))
-    verified = run_tasks(verify_task, [dict(out=out, group=g, d_units={u: d_bands[u] for u in units},
+    verified = fan_out(VERIFY, [dict(out=out, group=g, d_units={u: d_bands[u] for u in units},
                                             q_units=q_digests, candidates=candidates) for g, units in groups.items()])
     prune(out, CONTAMINATION_TEXT, chunks)
     scores = {g: m["digest"] for g, m in zip(groups, verified, strict=True)}
-    decided = run_tasks(decide_task, [dict(out=out, chunk=ch, groups=scores, cfg=cfg) for ch in chunks])
+    decided = fan_out(DECIDE, [dict(out=out, chunk=ch, groups=scores, cfg=cfg) for ch in chunks])
     counts = {k: sum(m["info"][k] for m in decided) for k in ("quarantine", "review", "retain", "empty")}
     recall: dict[str, Any] = {"mode": mode, "sampled_queries": 0}
     if lsh.recall_sample and doc_units and chunks:
-        sample = run_tasks(sample_task, [dict(out=out, q_units=q_digests, n_sample=lsh.recall_sample,
+        sample = fan_out(SAMPLE, [dict(out=out, q_units=q_digests, n_sample=lsh.recall_sample,
                                               seed=lsh.recall_seed)])[0]
-        run_tasks(brute_task, [dict(out=out, d_unit=u, d_digest=d_bands[u], sample_digest=sample["digest"], cfg=cfg)
+        fan_out(BRUTE, [dict(out=out, d_unit=u, d_digest=d_bands[u], sample_digest=sample["digest"], cfg=cfg)
                                for u in doc_units])
         recall = ts.lsh_recall(out, mode, doc_units, sorted(candidates or {}), sample["info"]["sampled"])
     return {"source": source, "fields": list(fields), "mode": mode, "corpus_texts": n_docs, "item_texts": n_q,
@@ -300,20 +304,20 @@ def _groups(units: list[str], sizes: list[int]) -> dict[str, list[str]]:
 
 
 def image_text_stage(out: Store, corpus: Store, chunks: list[str], embedded: set[str], cfg: JudgeConfig,
-                     question_fields: list[str]) -> dict[str, Any]:
+                     question_fields: list[str], *, fan_out: FanOut = in_process) -> dict[str, Any]:
     """The judge's verdict for every item with an answer and an embedded image."""
     prune(out, CONTAMINATION_JUDGE, chunks)
-    markers = run_tasks(judge_task, [dict(out=out, corpus=corpus, chunk=c, cfg=cfg, question_fields=question_fields,
+    markers = fan_out(JUDGE, [dict(out=out, corpus=corpus, chunk=c, cfg=cfg, question_fields=question_fields,
                                           has_matches=c in embedded) for c in chunks])
     return summarize_judge(markers, make_judge(cfg).identity())
 
 
 def edition_stage(out: Store, chunks: list[str], cfg: EditionConfig, image_threshold: float | None,
-                  benchmark: dict[str, Any]) -> dict[str, Any] | None:
+                  benchmark: dict[str, Any], *, fan_out: FanOut = in_process) -> dict[str, Any] | None:
     """Per-item decisions, then the new edition (or none, when switched off)."""
     prune(out, CONTAMINATION_ITEM_DECISIONS, chunks)
-    run_tasks(items_task, [dict(out=out, chunk=c, cfg=cfg, image_threshold=image_threshold) for c in chunks])
+    fan_out(ITEMS, [dict(out=out, chunk=c, cfg=cfg, image_threshold=image_threshold) for c in chunks])
     if not cfg.enabled:
         remove_tree(out, EDITION_DIR)
         return None
-    return run_tasks(edition_task, [dict(out=out, chunks=chunks, benchmark=benchmark, cfg=cfg)])[0]["info"]
+    return fan_out(EDITION, [dict(out=out, chunks=chunks, benchmark=benchmark, cfg=cfg)])[0]["info"]

@@ -1,7 +1,7 @@
 """Building the near-duplicate index: one task for a flat index; train, add, merge for IVF.
 
     flat: prepare (1 task: every vector added, the index written whole)
-    ivf:  prepare (1 task: train on the seeded sample, at most ``index.max_train`` vectors)
+    ivf:  prepare (1 task: train on the seeded sample, at most ``index.advanced.max_train`` vectors)
           → add (1 task per block of staging shards, about ADD_BLOCK_BYTES of lists each)
           → merge (1 task: every block's lists into graph/index/index.ivfdata)
 
@@ -28,8 +28,8 @@ from typing import Any
 import faiss
 import numpy as np
 
-from corpusforge.contract import (FanOut, count_actions, digest_of, in_process, prune, remove_tree, require_marker,
-                                  run_unit, unit_fingerprint)
+from corpusforge.contract import (FanOut, Unit, count_actions, digest_of, in_process, prune, remove_tree,
+                                  require_marker, run_unit, unit_fingerprint)
 from corpusforge.faults import fault_point
 from corpusforge.feature_files import require_features
 from corpusforge.hashing import stable_uniform
@@ -43,7 +43,7 @@ from tasks.graph import ondisk
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.edges import group_shards, index_plan
 from tasks.graph.nodes import NodeTable, load_shard_vectors, read_shard_table
-from tasks.graph.pair_score import PairScore
+from tasks.shared.pair_score import PairScore
 
 # Lists (codes and ids) one add task builds: 0.9 M vectors of IVF-PQ64 (72 B each), 65k of
 # 512-d SQfp16; a shard larger than that is a block of its own.
@@ -62,7 +62,7 @@ def build_index(source: Store, out: Store, cfg: NearDedupConfig, shard_table: st
     index marker's info (plan, vector count, dim, pair rule, recall sample size) with its
     ``fingerprint`` and ``action``; for IVF also ``blocks`` (add units computed, skipped)
     and ``lists_sha256``. ``fan_out`` runs each step's units (a flow: as Prefect tasks)."""
-    first = fan_out(prepare_index, [dict(source=source, out=out, cfg=cfg, shard_table=shard_table)])[0]
+    first = fan_out(PREPARE_INDEX, [dict(source=source, out=out, cfg=cfg, shard_table=shard_table)])[0]
     if first["plan"]["kind"] == "flat":  # an IVF build before this one leaves nothing behind
         out.remove(GRAPH_INDEX_LISTS)
         remove_tree(out, GRAPH_INDEX_WORK)
@@ -70,9 +70,9 @@ def build_index(source: Store, out: Store, cfg: NearDedupConfig, shard_table: st
     nodes, _ = read_shard_table(out, shard_table)
     blocks = index_blocks(nodes, fx.IndexPlan.from_json(first["plan"]))
     prune(out, GRAPH_INDEX_BLOCKS, [b[0] for b in blocks])
-    added = fan_out(add_block, [dict(source=source, out=out, cfg=cfg, shard_table=shard_table, block=b,
+    added = fan_out(ADD_BLOCK, [dict(source=source, out=out, cfg=cfg, shard_table=shard_table, block=b,
                                      trained=first["digest"]) for b in blocks])
-    merged = fan_out(merge_blocks, [dict(out=out, shard_table=shard_table, trained=first["digest"],
+    merged = fan_out(MERGE_BLOCKS, [dict(out=out, shard_table=shard_table, trained=first["digest"],
                                          blocks=blocks_digest([a["digest"] for a in added]))])[0]
     return {**merged, "blocks": count_actions(added)}
 
@@ -257,3 +257,7 @@ def _npy_bytes(a: np.ndarray) -> bytes:
     np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
     return buf.getvalue()
 
+
+PREPARE_INDEX = Unit(prepare_index, "graph-build-index", probe=True)
+ADD_BLOCK = Unit(add_block, "graph-index-add", probe=True)
+MERGE_BLOCKS = Unit(merge_blocks, "graph-index-merge", probe=True)

@@ -19,7 +19,6 @@ with ``pairs_per_bin``.
 from __future__ import annotations
 
 import base64
-import html
 import io
 from typing import Any
 
@@ -28,6 +27,7 @@ import pyarrow.parquet as pq
 from PIL import Image, ImageOps
 
 from corpusforge.contract import run_unit
+from corpusforge.html import render
 from corpusforge.layout import staging_index, staging_tar
 from corpusforge.storage import Store
 from tasks.graph.collision import PAIRS_PATH
@@ -125,9 +125,9 @@ def _histogram_png(graph_counts: np.ndarray, pair_counts: np.ndarray | None, gra
 
 
 def _rule(s: float, cfg: NearDedupConfig) -> str:
-    if s > np.float32(cfg.pair_threshold):
+    if s > np.float32(cfg.pair_removal_above):
         return "tier 1: lower resolution removed"
-    if s > np.float32(cfg.candidate_threshold):
+    if s > np.float32(cfg.component_link_above):
         return f"candidate edge: removed only in components >= {cfg.min_component_size}"
     return "below the candidate threshold: no action"
 
@@ -149,7 +149,7 @@ def _calibration_sheet(source: Store, out: Store, cfg: NearDedupConfig, nodes: N
     cal = cfg.calibration
     bins = [tuple(b) for b in cal.bins]
     sampler = BinSampler(bins, cal.pairs_per_bin, cfg.seed)
-    from_graph = [i for i, (lo, _) in enumerate(bins) if lo >= cfg.graph_threshold]
+    from_graph = [i for i, (lo, _) in enumerate(bins) if lo >= cfg.edge_min_similarity]
     from_pairs = [i for i in range(len(bins)) if i not in from_graph]
     graph_counts = np.zeros(len(HIST_BINS) - 1, dtype=np.int64)
     for a, b, s in iter_edges(out, nodes):
@@ -172,40 +172,16 @@ def _calibration_sheet(source: Store, out: Store, cfg: NearDedupConfig, nodes: N
         src = "graph edges" if i in from_graph else ("collision subset pairs" if has_pairs else None)
         ka, kb, ks = sampler.kept[i]
         counts.append({"bin": label, "source": src, "available": sampler.seen[i], "shown": int(len(ka))})
-        rows = [_pair_row(facts[int(x)], facts[int(y)], float(s), cfg) for x, y, s in zip(ka, kb, ks, strict=True)]
+        pairs = [{"a": facts[int(x)], "b": facts[int(y)], "score": float(s), "rule": _rule(float(s), cfg)}
+                 for x, y, s in zip(ka, kb, ks, strict=True)]
         note = (f"{len(ka)} of {sampler.seen[i]} pairs from {src}" if src else
                 "no pairs: below the graph threshold and no collision pairs")
-        sections.append(f"<section><h2>{html.escape(label)}</h2><p>{html.escape(note)}</p>"
-                        f"<table>{''.join(rows)}</table></section>")
-    hist = _histogram_png(graph_counts, pair_counts, cfg.graph_threshold)
-    page = _PAGE.format(model=html.escape(cfg.model_id), hist=hist, sections="\n".join(sections),
-                        ct=cfg.candidate_threshold, pt=cfg.pair_threshold, m=cfg.min_component_size)
+        sections.append({"label": label, "note": note, "pairs": pairs})
+    hist = _histogram_png(graph_counts, pair_counts, cfg.edge_min_similarity)
+    page = render("calibration.html", title=f"Near-duplicate calibration ({cfg.model_id})", model=cfg.model_id,
+                  hist=hist, sections=sections, ct=cfg.component_link_above, pt=cfg.pair_removal_above,
+                  m=cfg.min_component_size)
     sha = out.write_bytes(PAGE_PATH, page.encode("utf-8"))
     summary = {"bins": counts, "images": int(len(chosen)),
                "missing_images": sum(1 for f in facts.values() if f["thumb"] is None)}
     return {PAGE_PATH: sha}, summary
-
-
-def _cell(f: dict[str, Any]) -> str:
-    img = (f'<img src="{f["thumb"]}" alt="{html.escape(f["key"])}">' if f["thumb"]
-           else f'<div class="err">{html.escape(f["error"] or "missing")}</div>')
-    return f'<td>{img}<div>{html.escape(f["key"])}<br>{f["width"]}×{f["height"]}</div></td>'
-
-
-def _pair_row(fa: dict[str, Any], fb: dict[str, Any], s: float, cfg: NearDedupConfig) -> str:
-    return (f'<tr class="pair">{_cell(fa)}{_cell(fb)}<td class="score">{s:.4f}'
-            f"<br><small>{html.escape(_rule(s, cfg))}</small></td></tr>")
-
-
-_PAGE = """<!doctype html>
-<html><head><meta charset="utf-8"><title>Near-duplicate calibration ({model})</title>
-<style>body{{font-family:sans-serif;margin:1em}} td{{vertical-align:top;padding:4px;font-size:12px}}
-img{{max-width:160px;max-height:160px}} .score{{font-size:16px}} .err{{width:160px;color:#a00}}</style>
-</head><body>
-<h1>Near-duplicate calibration sheet — features: {model}</h1>
-<p>Rule: candidate pairs &gt; {ct}; pairs &gt; {pt} lose the lower-resolution image;
-components of &ge; {m} images keep only the highest-resolution image.</p>
-<img class="hist" src="{hist}" alt="similarity histogram" style="max-width:none;max-height:none">
-{sections}
-</body></html>
-"""

@@ -1,7 +1,8 @@
 """Typed configuration of the near-duplicate stage (GPIC §2.3, Fig. 5, Fig. 6, App. D).
 
-Thresholds follow GPIC: a candidate graph of pairs with SSCD cosine > 0.90, pairs
-> 0.9625 lose their lower-resolution image, components of >= 5 images keep only their
+Thresholds follow GPIC: a candidate graph of pairs with SSCD cosine > 0.90
+(``component_link_above``), pairs > 0.9625 (``pair_removal_above``) lose their
+lower-resolution image, components of >= 5 images keep only their
 highest-resolution image. All comparisons are strict (``>``) as in the paper's main
 text; App. D's caption writes ">= 0.9625", the main text "above 0.9625" — we follow
 the main text and make the threshold configurable.
@@ -9,20 +10,50 @@ the main text and make the threshold configurable.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import Field, WithJsonSchema, model_validator
+
+from corpusforge.config import StrictModel
 
 GPIC_SOURCE_POOL = 110_569_761  # images in GPIC's source pool (Fig. 6 extrapolation target)
+IVF_TRAIN_PER_LIST = 64  # k-means training vectors per IVF list (FAISS warns below 39)
 
 CALIBRATION_BINS: list[tuple[float, float]] = [
     (0.75, 0.85), (0.85, 0.90), (0.90, 0.95), (0.95, 0.9625), (0.9625, 0.999), (0.999, 1.0)]
 
+# Geometric verification's local features and RANSAC (tasks/graph/verify.py): implementation
+# details the verification thresholds were calibrated with, so not settings; changing one
+# needs a new calibration (README "Near-duplicates").
+VERIFY_MAX_SIDE = 512  # px: the longer side local features are computed at
+ORB_FEATURES = 1000  # keypoints per image
+ORB_FAST_THRESHOLD = 7  # lower finds corners on smooth pictures (OpenCV's default is 20)
+LOWE_RATIO = 0.8
+RANSAC_PX = 5.0  # reprojection threshold, px at VERIFY_MAX_SIDE
+RANSAC_ITERS = 2000
+RANSAC_SEED = 0  # cv2.setRNGSeed before every pair
+# The same under the names they had as settings (graph/summary.json and the verify-pair
+# fingerprints still record them so).
+VERIFY_FIXED = {"max_side": VERIFY_MAX_SIDE, "n_features": ORB_FEATURES, "fast_threshold": ORB_FAST_THRESHOLD,
+                "ratio": LOWE_RATIO, "ransac_px": RANSAC_PX, "ransac_iters": RANSAC_ITERS, "seed": RANSAC_SEED}
 
-class IndexConfig(BaseModel):
+
+class IndexAdvanced(StrictModel):
+    """Index knobs that rarely need changing: PQ rescoring and the IVF training sample's size."""
+
+    pq_rescore_margin: float = Field(
+        0.05, ge=0, le=1, title="PQ search margin",
+        description="PQ candidates are searched at threshold - margin and rescored with exact vectors.")
+    max_train: int = Field(2_000_000, ge=1000, title="Most training vectors",
+                           description="Cap on the deterministic training sample.")
+
+
+class IndexConfig(StrictModel):
     """How the FAISS similarity index is built and searched."""
 
-    model_config = ConfigDict(extra="forbid")
+    config_section: ClassVar[str] = "near_dedup.index"
+    renamed_keys: ClassVar[dict[str, str]] = {k: f"advanced.{k}" for k in IndexAdvanced.model_fields}
+    retired_keys: ClassVar[dict[str, Any]] = {"train_per_list": IVF_TRAIN_PER_LIST}
 
     kind: Literal["auto", "flat", "ivf"] = Field(
         "auto", title="Index kind",
@@ -32,8 +63,8 @@ class IndexConfig(BaseModel):
                                   description="auto picks the exact index up to this many vectors.")
     search: Literal["knn", "range"] = Field(
         "knn", title="Search mode",
-        description="knn: the k nearest neighbours of every vector, kept when >= the graph threshold; "
-                    "range: every neighbour >= the graph threshold (no cap per node).")
+        description="knn: the k nearest neighbours of every vector, kept when >= edge_min_similarity; "
+                    "range: every neighbour >= edge_min_similarity (no cap per node).")
     k: int = Field(32, ge=2, title="Neighbours per query (knn)", description="Includes the query itself.")
     nlist: int | None = Field(None, ge=1, title="IVF lists",
                               description="Empty: 4*sqrt(N) rounded to a power of two, within [16, 65536].")
@@ -43,22 +74,15 @@ class IndexConfig(BaseModel):
         description="flat: float32 (4 B/dim); sqfp16: float16 (2 B/dim, exact for float16 features); "
                     "pq: product quantisation (pq_m bytes/vector, approximate scores, rescored exactly).")
     pq_m: int = Field(64, ge=1, title="PQ sub-quantisers", description="Bytes per vector with 8-bit codes.")
-    pq_rescore_margin: float = Field(
-        0.05, ge=0, le=1, title="PQ search margin",
-        description="PQ candidates are searched at threshold - margin and rescored with exact vectors.")
-    train_per_list: int = Field(64, ge=39, title="Training vectors per IVF list")
-    max_train: int = Field(2_000_000, ge=1000, title="Most training vectors",
-                           description="Cap on the deterministic training sample.")
     use_gpu: bool = Field(True, title="Use GPUs when FAISS sees them",
                           description="Needs faiss-gpu; range search falls back to the CPU.")
     faiss_threads: int | None = Field(None, ge=1, title="FAISS OpenMP threads",
                                       description="Empty: FAISS's default (all cores).")
+    advanced: IndexAdvanced = Field(default_factory=IndexAdvanced, title="Advanced index settings")
 
 
-class CollisionConfig(BaseModel):
+class CollisionConfig(StrictModel):
     """Fig. 6 collision models: removals on nested subsets, fitted as D(N) = A * N^beta."""
-
-    model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
     fractions: list[float] = Field(
@@ -89,10 +113,8 @@ class CollisionConfig(BaseModel):
         return self
 
 
-class CalibrationConfig(BaseModel):
+class CalibrationConfig(StrictModel):
     """Fig. 5 calibration sheets: sampled pairs per similarity bin, side by side."""
-
-    model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
     pairs_per_bin: int = Field(8, ge=0, title="Pairs per bin")
@@ -104,35 +126,32 @@ class CalibrationConfig(BaseModel):
     thumb_px: int = Field(160, ge=16, le=1024, title="Thumbnail size (px)")
 
 
-class VerificationConfig(BaseModel):
+class VerificationConfig(StrictModel):
     """Geometric verification of review-band pairs (tasks/graph/review.py, tasks/graph/verify.py).
 
     Thresholds calibrated on a held-out sample (``write_sample_corpus(2000, seed=1)``), never
-    on the one the README's figures are measured on (seed 0); see README "Near-duplicates"."""
+    on the one bench/README.md's figures are measured on (seed 0); see docs/near-duplicates.md."""
 
-    model_config = ConfigDict(extra="forbid")
+    config_section: ClassVar[str] = "near_dedup.verification"
+    renamed_keys: ClassVar[dict[str, str]] = {"review_low": "review_min_similarity"}
+    retired_keys: ClassVar[dict[str, Any]] = VERIFY_FIXED
 
     mode: Literal["auto", "gpic_exact", "gpic_verified"] = Field(
         "auto", title="Removal rule",
-        description="gpic_exact: GPIC's two-tier rule untouched. gpic_verified: below the pair threshold a "
-                    "similarity alone links nothing; pairs with similarity in [review_low, pair_threshold] "
-                    "chosen for review (review_k) that pass geometric verification link their images and are "
-                    "removed like tier-1 pairs (reason verified_pair). auto: gpic_verified for the "
+        description="gpic_exact: GPIC's two-tier rule untouched. gpic_verified: below pair_removal_above a "
+                    "similarity alone links nothing; pairs with similarity in [review_min_similarity, "
+                    "pair_removal_above] chosen for review (review_k) that pass geometric verification link their "
+                    "images and are removed like tier-1 pairs (reason verified_pair). auto: gpic_verified for the "
                     "weight-free descriptor (wfd*), gpic_exact for learned models.")
-    review_low: float = Field(0.5, gt=-1, lt=1, title="Review band floor",
-                              description="The graph search reaches down to it; pairs from it up to the pair "
-                                          "threshold may be verified. Held-out sample: lowest planted copy 0.537.")
+    review_min_similarity: float = Field(
+        0.5, gt=-1, lt=1, title="Review band: least similarity (>=)",
+        description="Decides which pairs may be verified: those with similarity >= this and <= "
+                    "pair_removal_above; the graph search reaches down to it. Held-out sample: lowest planted "
+                    "copy 0.537.")
     review_k: int = Field(7, ge=1, title="Review partners per image",
                           description="A band pair is verified when it is among the review_k most similar band "
                                       "pairs of either image: at most N * review_k checks. Held-out sample: the "
                                       "smallest k that reaches every planted copy in the band.")
-    max_side: int = Field(512, ge=64, title="Longer side for local features (px)")
-    n_features: int = Field(1000, ge=50, title="ORB keypoints per image")
-    fast_threshold: int = Field(7, ge=1, title="ORB FAST threshold",
-                                description="Lower finds corners on smooth pictures (OpenCV's default is 20).")
-    ratio: float = Field(0.8, gt=0, lt=1, title="Lowe ratio test")
-    ransac_px: float = Field(5.0, gt=0, title="RANSAC reprojection threshold (px at max_side)")
-    ransac_iters: int = Field(2000, ge=100, title="RANSAC iterations")
     min_inliers: int = Field(10, ge=4, title="Fewest inliers of a verified pair",
                              description="Held-out sample: fewest of a planted copy 10.")
     min_overlap: float = Field(0.75, ge=0, le=1, title="Least overlap after alignment",
@@ -143,40 +162,68 @@ class VerificationConfig(BaseModel):
                                  description="Median tile NCC of the aligned pictures. Held-out sample: unrelated "
                                              "pairs with >= 10 inliers and overlap >= 0.75 reach 0.31, planted "
                                              "copies 0.79 and up.")
-    seed: int = Field(0, title="RANSAC seed (cv2.setRNGSeed before every pair)")
+
+    def recorded(self) -> dict[str, Any]:
+        """The settings and the fixed local-feature values under the names graph/summary.json and
+        the verify-pair fingerprints have always used (``review_low``, ``ransac_iters`` …), so
+        those stay byte-identical."""
+        fields = self.model_dump(mode="json", exclude={"review_min_similarity"})
+        return {**fields, "review_low": self.review_min_similarity, **VERIFY_FIXED}
 
 
-class NearDedupConfig(BaseModel):
-    """The near-duplicate stage: similarity graph, GPIC's two-tier rule, reports."""
+class NearDedupAdvanced(StrictModel):
+    """Near-duplicate knobs that rarely need changing: chaining flags, report length, recall
+    margin, merge task size."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    model_id: str = Field("wfd", title="Feature model id",
-                          description='features/{model_id}/; production: "sscd_disc_mixup".')
-    graph_threshold: float = Field(0.90, gt=-1, le=1, title="Graph threshold",
-                                   description="Edges with similarity >= this are stored.")
-    candidate_threshold: float = Field(0.90, title="Candidate threshold (strict >)",
-                                       description="GPIC's candidate graph: pairs with similarity > 0.90.")
-    pair_threshold: float = Field(0.9625, title="Pair threshold (strict >)",
-                                  description="Pairs above it lose their lower-resolution image.")
-    min_component_size: int = Field(5, ge=2, title="Component size rule",
-                                    description="Components with at least this many images keep one.")
     chain_min_hop1_fraction: float = Field(
         0.5, ge=0, le=1, title="Chaining: least share within one hop",
         description="Flag a big component when fewer of its members are direct neighbours of the kept image.")
     chain_max_hops: int = Field(3, ge=1, title="Chaining: most hops from the kept image")
     report_top: int = Field(20, ge=1, title="Components listed in the report")
-    recall_queries: int = Field(500, ge=0, title="Recall sample size",
-                                description="Query vectors checked against exhaustive search each run.")
     recall_tolerance: float = Field(1e-4, ge=0, title="Recall margin",
-                                    description="Exact pairs within this of the threshold are not counted.")
+                                    description="Exact pairs within this of edge_min_similarity are not counted.")
     merge_max_edges: int = Field(50_000_000, ge=1, title="Edges per merge task",
                                  description="Bounds the memory of one edge-symmetrisation task.")
+
+
+class NearDedupConfig(StrictModel):
+    """The near-duplicate stage: similarity graph, GPIC's two-tier rule, reports.
+
+    One similarity (the feature model's pair score) is compared with four thresholds, each
+    named by what it decides and by its comparison (``_min_similarity``: >=, ``_above``: >):
+    ``edge_min_similarity`` which pairs are stored as graph edges, ``component_link_above``
+    which link images into components, ``pair_removal_above`` which pairs remove an image
+    on their own, ``verification.review_min_similarity`` which may be verified."""
+
+    config_section: ClassVar[str] = "near_dedup"
+    renamed_keys: ClassVar[dict[str, str]] = {
+        "graph_threshold": "edge_min_similarity", "candidate_threshold": "component_link_above",
+        "pair_threshold": "pair_removal_above", **{k: f"advanced.{k}" for k in NearDedupAdvanced.model_fields}}
+
+    model_id: str = Field("wfd", title="Feature model id",
+                          description='features/{model_id}/; production: "sscd_disc_mixup".')
+    edge_min_similarity: float = Field(
+        0.90, gt=-1, le=1, title="Graph edge: least similarity (>=)",
+        description="Decides which pairs are stored as graph edges (similarity >= this); recall and the "
+                    "calibration sheets are measured on them. Storing a pair removes nothing by itself.")
+    component_link_above: float = Field(
+        0.90, title="Component link: similarity above (>)",
+        description="Decides which pairs link their images into components (similarity > this; GPIC's "
+                    "candidate graph, 0.90). At least edge_min_similarity.")
+    pair_removal_above: float = Field(
+        0.9625, title="Pair removal: similarity above (>)",
+        description="Decides which pairs remove an image on their own: the lower-resolution image of a pair "
+                    "with similarity > this (GPIC tier 1, 0.9625). Above component_link_above.")
+    min_component_size: int = Field(5, ge=2, title="Component size rule",
+                                    description="Components with at least this many images keep one.")
+    recall_queries: int = Field(500, ge=0, title="Recall sample size",
+                                description="Query vectors checked against exhaustive search each run.")
     seed: int = Field(0, title="Seed for every sample (training, recall, subsets, calibration)")
     index: IndexConfig = Field(default_factory=IndexConfig)
     collision: CollisionConfig = Field(default_factory=CollisionConfig)
     calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
     verification: VerificationConfig = Field(default_factory=VerificationConfig)
+    advanced: NearDedupAdvanced = Field(default_factory=NearDedupAdvanced, title="Advanced settings")
 
     @property
     def verifying(self) -> bool:
@@ -185,20 +232,21 @@ class NearDedupConfig(BaseModel):
         return mode == "gpic_verified" or (mode == "auto" and self.model_id.startswith("wfd"))
 
     @property
-    def link_threshold(self) -> float:
+    def link_above(self) -> float:
         """Similarity above which a pair links its images without verification (strict >):
-        the candidate threshold, or the pair threshold when verifying."""
-        return self.pair_threshold if self.verifying else self.candidate_threshold
+        component_link_above, or pair_removal_above when verifying."""
+        return self.pair_removal_above if self.verifying else self.component_link_above
 
     @property
-    def search_threshold(self) -> float:
-        """The similarity the graph's queries reach down to: the review band's floor when verifying."""
-        return min(self.graph_threshold, self.verification.review_low) if self.verifying else self.graph_threshold
+    def search_min_similarity(self) -> float:
+        """The similarity the graph's queries reach down to (>=): the review band's floor when verifying."""
+        floor = self.edge_min_similarity
+        return min(floor, self.verification.review_min_similarity) if self.verifying else floor
 
     @model_validator(mode="after")
     def _ordered(self) -> NearDedupConfig:
-        if self.candidate_threshold < self.graph_threshold:
-            raise ValueError("candidate_threshold below graph_threshold: candidate edges would be missing")
-        if self.pair_threshold <= self.candidate_threshold:
-            raise ValueError("pair_threshold must exceed candidate_threshold")
+        if self.component_link_above < self.edge_min_similarity:
+            raise ValueError("component_link_above below edge_min_similarity: component links would be missing")
+        if self.pair_removal_above <= self.component_link_above:
+            raise ValueError("pair_removal_above must exceed component_link_above")
         return self

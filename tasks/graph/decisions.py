@@ -96,9 +96,10 @@ def decide_near_duplicates(source: Store, out: Store, cfg: NearDedupConfig, shar
     nodes = read_shard_table(out, shard_table)[0]
     lists = [read_shard_digests(out, kind, digest, nodes) if digest is not None else None
              for kind, digest in (("edges", edges), ("records", records), ("verified", verified))]
+    adv = cfg.advanced
     fp = unit_fingerprint("graph-decisions", code_version(__name__, "tasks.graph.two_tier"),
-                          [cfg.candidate_threshold, cfg.pair_threshold, cfg.min_component_size,
-                           cfg.chain_min_hop1_fraction, cfg.chain_max_hops, cfg.report_top, cfg.verifying,
+                          [cfg.component_link_above, cfg.pair_removal_above, cfg.min_component_size,
+                           adv.chain_min_hop1_fraction, adv.chain_max_hops, adv.report_top, cfg.verifying,
                            cfg.verification.min_inliers if cfg.verifying else None],
                           [nodes.to_json(), *lists])
     return run_unit(out, GRAPH_DECISIONS, fp, lambda: _decide(source, out, cfg, nodes))
@@ -107,15 +108,15 @@ def decide_near_duplicates(source: Store, out: Store, cfg: NearDedupConfig, shar
 def _decide(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable
             ) -> tuple[dict[str, str], dict[str, Any]]:
     n = nodes.n_nodes
-    ct = cfg.link_threshold
+    ct = cfg.link_above
     uf = UnionFind(n)
     max_sim = np.zeros(n, dtype=np.float32)
     involved = np.zeros(n, dtype=bool)
     n_edges = n_candidate = 0
     for src, dst, sim in iter_edges(out, nodes):
-        # the graph proper: edges >= graph_threshold (the files also hold review-band pairs
+        # the graph proper: edges >= edge_min_similarity (the files also hold review-band pairs
         # below it when verifying; those count only through graph/verified/)
-        graph = sim >= np.float32(cfg.graph_threshold)
+        graph = sim >= np.float32(cfg.edge_min_similarity)
         src, dst, sim = src[graph], dst[graph], sim[graph]
         n_edges += len(src)
         np.maximum.at(max_sim, src, sim)
@@ -149,7 +150,7 @@ def _decide(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable
     rank = n + np.arange(n, dtype=np.int64)  # nodes without edges: unique, never compared
     rank[inv_ids] = priority_rank(resolution[inv_ids], inv_key_bytes)
 
-    tier1 = TierOnePartners(n, cfg.pair_threshold)
+    tier1 = TierOnePartners(n, cfg.pair_removal_above)
     big_edges: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for src, dst, sim in iter_edges(out, nodes, min_similarity=ct):
         tier1.add(src, dst, sim, rank)
@@ -167,18 +168,19 @@ def _decide(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable
     def key_of(ids: np.ndarray) -> list[str]:
         return [k.decode("ascii") for k in inv_key_bytes[np.searchsorted(inv_ids, ids)]]
 
+    adv = cfg.advanced
     bs, bd, bw = (np.concatenate([e[i] for e in big_edges]) if big_edges else np.zeros(0) for i in range(3))
     metrics = component_metrics(roots, sizes, d.kept_of_root, bs.astype(np.int64), bd.astype(np.int64),
                                 bw.astype(np.float32), cfg.min_component_size,
-                                cfg.chain_min_hop1_fraction, cfg.chain_max_hops)
+                                adv.chain_min_hop1_fraction, adv.chain_max_hops)
     listed = np.unique(metrics.kept)
     report = components_report(metrics, dict(zip(listed.tolist(), key_of(listed), strict=True)),
-                               cfg.report_top, {"min_component_size": cfg.min_component_size,
-                                                "chain_min_hop1_fraction": cfg.chain_min_hop1_fraction,
-                                                "chain_max_hops": cfg.chain_max_hops})
+                               adv.report_top, {"min_component_size": cfg.min_component_size,
+                                                "chain_min_hop1_fraction": adv.chain_min_hop1_fraction,
+                                                "chain_max_hops": adv.chain_max_hops})
     check_unique_sha(source, nodes, d.code == 0, sha_prefix)
 
-    reasons = reason_texts(cfg.pair_threshold, cfg.min_component_size,
+    reasons = reason_texts(cfg.pair_removal_above, cfg.min_component_size,
                            cfg.verification.min_inliers if cfg.verifying else None)
     outputs = {}
     for i, shard in enumerate(nodes.shards):

@@ -12,7 +12,7 @@ Files under the output root (inputs — features, records — come from the sour
     graph/recall/{shard}.parquet             exhaustive pairs of the recall sample vs the shard
     graph/edges/{shard}.parquet              the graph: each unordered pair once (global node ids),
                                              owned by the shard of its smaller id; pairs from
-                                             ``cfg.search_threshold`` up (the graph threshold, or
+                                             ``cfg.search_min_similarity`` up (edge_min_similarity, or
                                              the review band's floor when verifying)
 
 Incremental queries (the stage contract). A shard's ``found`` file is addressed by shard
@@ -24,7 +24,7 @@ query and on the vectors it finds, so a rerun queries only shards whose features
 the union is exactly a fresh build's graph, because every similarity is the canonical
 score (float64 dot product of the two unit vectors, rounded to float32: the same from
 either side; for wfd, the layout-only score when either image is colourless — see
-tasks/graph/pair_score.py, whose query and candidate forms the index searches with) and
+tasks/shared/pair_score.py, whose query and candidate forms the index searches with) and
 queries search a hair below the threshold. k-NN search caps each
 query at k-1 neighbours: when any query hits the cap, or an image of a reused shard now
 has k-1 or more neighbours, every shard is queried again (the cap makes results depend
@@ -66,7 +66,7 @@ from tasks.graph import index as fx
 from tasks.graph import ondisk
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.nodes import NodeTable, load_shard_vectors, read_shard_table
-from tasks.graph.pair_score import PairScore
+from tasks.shared.pair_score import PairScore, pair_score_of
 
 def _code() -> str:
     return code_version(__name__)
@@ -84,14 +84,6 @@ def feature_digests(source: Store, cfg: NearDedupConfig, nodes: NodeTable) -> di
     """The current feature digest of every shard; a clear error naming a shard without features."""
     return {shard: require_features(source, cfg.model_id, shard)["digest"] for shard in nodes.shards}
 
-
-def pair_score_of(markers: list[dict[str, Any]]) -> PairScore:
-    """The pair rule the feature model names (tasks/graph/pair_score.py); shards must agree."""
-    rules = {repr(PairScore.from_model(m.get("model")).to_json()) for m in markers if int(m.get("count", 0))}
-    if len(rules) > 1:
-        raise ValueError(f"feature shards disagree on their pair rule: {sorted(rules)}")
-    rule = PairScore.from_model(next((m.get("model") for m in markers if int(m.get("count", 0))), None))
-    return rule
 
 
 def index_plan(cfg: NearDedupConfig, markers: list[dict[str, Any]], limit: int = fx.INDEX_WORKER_BYTES
@@ -139,8 +131,8 @@ def query_fingerprint(cfg: NearDedupConfig, info: dict[str, Any], digest: str) -
     plan = {k: v for k, v in info["plan"].items() if not (exact and k == "n_vectors")}
     index = None if exact else info["fingerprint"]
     return unit_fingerprint("graph-query", _code(),
-                            [cfg.search_threshold, cfg.index.search, cfg.index.k, cfg.index.pq_rescore_margin,
-                             plan, info.get("pair_score")], [digest, index])
+                            [cfg.search_min_similarity, cfg.index.search, cfg.index.k,
+                             cfg.index.advanced.pq_rescore_margin, plan, info.get("pair_score")], [digest, index])
 
 
 RESCORE_CACHE_BYTES = 2 << 30  # target shards' vectors one rescoring task keeps (VectorLookup)
@@ -223,9 +215,10 @@ def query_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: st
     ids, _, x = load_shard_vectors(source, cfg.model_id, shard, lo)
     plan = fx.IndexPlan.from_json(info["plan"])
     margin = fx.EXACT_SEARCH_MARGIN if plan.kind == "flat" else (0.0 if plan.exact_scores
-                                                               else cfg.index.pq_rescore_margin)
+                                                               else cfg.index.advanced.pq_rescore_margin)
     rule = PairScore.from_json(info.get("pair_score"))
-    src, dst, sim = fx.search_pairs(index, ids, rule.query_forms(x), cfg.search_threshold - margin - rule.search_slack,
+    floor = cfg.search_min_similarity - margin - rule.search_slack
+    src, dst, sim = fx.search_pairs(index, ids, rule.query_forms(x), floor,
                                     cfg.index.search, cfg.index.k, range_ok=not on_gpu, rule=rule)
     candidates = len(src)
     capped = 0
@@ -240,7 +233,7 @@ def query_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: st
             lookup = VectorLookup(source, cfg.model_id, nodes)
             lookup.add(nodes.index_of(shard), ids, x)
             sim = rule.scores(mine, lookup.vectors(dst))
-        keep = sim >= np.float32(cfg.search_threshold)
+        keep = sim >= np.float32(cfg.search_min_similarity)
         src, dst, sim = src[keep], dst[keep], sim[keep]
     owner = nodes.shard_of(dst)
     dst_shard = np.array(nodes.shards, dtype=object)[owner] if len(dst) else np.zeros(0, dtype=object)
@@ -262,7 +255,7 @@ def query_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: st
 def recall_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str, shard: str, digest: str,
                  info: dict[str, Any]) -> dict[str, Any]:
     """Exhaustive pairs of the recall sample against one shard (the recall reference)."""
-    fp = unit_fingerprint("graph-recall", _code(), cfg.graph_threshold, [info["fingerprint"], digest])
+    fp = unit_fingerprint("graph-recall", _code(), cfg.edge_min_similarity, [info["fingerprint"], digest])
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         lo, _ = read_shard_table(out, shard_table)[0].span(shard)
@@ -270,7 +263,7 @@ def recall_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: s
         q_ids = _load_npy(out, GRAPH_RECALL_IDS)
         q = _load_npy(out, GRAPH_RECALL_VECTORS)
         rule = PairScore.from_json(info.get("pair_score"))
-        rq, rd, rs = fx.exhaustive_pairs(q_ids, q, ids, x, cfg.graph_threshold, rule)
+        rq, rd, rs = fx.exhaustive_pairs(q_ids, q, ids, x, cfg.edge_min_similarity, rule)
         return {recall_path(shard): out.write_parquet(recall_path(shard), edge_table(rq, rd, rs))}, \
             {"recall_pairs": int(len(rq))}
 
@@ -377,7 +370,7 @@ def graph_recall(out: Store, shard_table: str, cfg: NearDedupConfig) -> dict[str
     q_ids = _load_npy(out, GRAPH_RECALL_IDS)
     ref = pa.concat_tables([out.read_parquet(recall_path(s)) for s in nodes.shards])
     rs = ref["similarity"].to_numpy()
-    must = rs >= np.float32(cfg.graph_threshold + cfg.recall_tolerance)
+    must = rs >= np.float32(cfg.edge_min_similarity + cfg.advanced.recall_tolerance)
     ra, rb, _ = fx.canonical_pairs(ref["src"].to_numpy()[must], ref["dst"].to_numpy()[must], rs[must])
     n = np.int64(max(nodes.n_nodes, 1))
     want = ra * n + rb
@@ -388,4 +381,4 @@ def graph_recall(out: Store, shard_table: str, cfg: NearDedupConfig) -> dict[str
     have = np.concatenate(found) if found else np.zeros(0, np.int64)
     hits = int(np.isin(want, have).sum())
     return {"queries": int(len(q_ids)), "reference_pairs": int(len(want)), "found": hits,
-            "recall": (hits / len(want)) if len(want) else None, "tolerance": cfg.recall_tolerance}
+            "recall": (hits / len(want)) if len(want) else None, "tolerance": cfg.advanced.recall_tolerance}

@@ -3,7 +3,7 @@
 Cosine similarity is the inner product of unit float32 rows (``METRIC_INNER_PRODUCT``);
 a model with a pair rule (wfd: layout alone when either image is colourless) is indexed
 by its candidate forms and queried by its query forms, whose inner product is that rule
-(:mod:`tasks.graph.pair_score`); with IVF, each part of a query form (the part scoring
+(:mod:`tasks.shared.pair_score`); with IVF, each part of a query form (the part scoring
 coloured members, the part scoring colourless ones) picks its own ``nprobe`` lists, since
 a centroid mixes both kinds and lists of one kind crowd out the other's
 (``bench/graph_probes.py``).
@@ -37,9 +37,9 @@ Scale: 100M × 512-d (8,000 staging shards of 12.5k images)
   host's page cache holds the pages its workers probe). PQ scores are off by several 1e-2, so
   candidates are searched at ``threshold - pq_rescore_margin`` and rescored with exact
   vectors from the feature files (see ``edges.py``).
-* Training: 64 vectors per list, capped at ``max_train`` (2M) → 2M × 512 × 4 B = 4 GB in
-  the one training task (and as much again for FAISS's PQ residuals); k-means cost 25
-  iterations × 2M × 65,536 × 1,024 flop ≈ 3·10^15 flop (GPU minutes, CPU hours — use
+* Training: ``IVF_TRAIN_PER_LIST`` (64) vectors per list, capped at ``advanced.max_train``
+  (2M) → 2M × 512 × 4 B = 4 GB in the one training task (and as much again for FAISS's PQ
+  residuals); k-means cost 25 iterations × 2M × 65,536 × 1,024 flop ≈ 3·10^15 flop (GPU minutes, CPU hours — use
   ``faiss-gpu`` for the build at this size). Adding: one task per block of about 64 MiB
   of lists (0.9M PQ64 vectors, ~110 blocks), then one merge of their lists into the file.
 * Search: ``nprobe=16`` scans 16/65,536 of the corpus, ~24k codes per query; 100M
@@ -62,8 +62,8 @@ from typing import IO
 import faiss
 import numpy as np
 
-from tasks.graph.config import IndexConfig
-from tasks.graph.pair_score import PairScore, united_lists
+from tasks.graph.config import IVF_TRAIN_PER_LIST, IndexConfig
+from tasks.shared.pair_score import PairScore, united_lists
 
 SEARCH_BATCH = 4096  # queries per FAISS call: bounds the k-NN and range result buffers
 # Exact searches look this far below a threshold and keep canonical scores >= it, so a
@@ -72,7 +72,7 @@ EXACT_SEARCH_MARGIN = 1e-3
 # A query worker reads a flat index whole and maps an IVF index's lists, which a shard's
 # queries probe all over, so each query host holds the whole index (a flat one in every
 # worker's memory, IVF lists in its page cache and, from an object store, its local disk):
-# above this it is refused before anything is built (issue 22's per-task bound; README).
+# above this it is refused before anything is built (issue 22's per-task bound; docs/near-duplicates.md).
 INDEX_WORKER_BYTES = 16 << 30
 
 
@@ -137,7 +137,7 @@ def plan_index(cfg: IndexConfig, n_vectors: int, dim: int, limit: int = INDEX_WO
         nlist = cfg.nlist or auto_nlist(n_vectors)
         if cfg.storage == "pq" and dim % cfg.pq_m:
             raise ValueError(f"pq_m={cfg.pq_m} must divide the feature dimension {dim}")
-        n_train = min(n_vectors, cfg.max_train, nlist * cfg.train_per_list)
+        n_train = min(n_vectors, cfg.advanced.max_train, nlist * IVF_TRAIN_PER_LIST)
         plan = IndexPlan("ivf", dim, n_vectors, nlist, cfg.storage, cfg.pq_m if cfg.storage == "pq" else 0,
                          min(cfg.nprobe, nlist), n_train)
     need = n_vectors * plan.bytes_per_vector

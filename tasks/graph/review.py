@@ -1,7 +1,7 @@
 """Which review-band pairs are verified: every image's ``review_k`` most similar band partners.
 
-The review band (mode ``gpic_verified``) is every edge with similarity in ``[review_low,
-pair_threshold]``. Verifying all of it costs as many checks as the band has pairs, which
+The review band (mode ``gpic_verified``) is every edge with similarity in
+``[review_min_similarity, pair_removal_above]``. Verifying all of it costs as many checks as the band has pairs, which
 grows with N² (unrelated pairs at a fixed similarity are a fixed share of all pairs). A
 copy, though, is almost always among its original's closest images (on the sample the
 original is the copy's nearest neighbour for all 181 planted pairs), so a pair is
@@ -36,8 +36,8 @@ from tasks.graph.nodes import NodeTable, read_shard_digests, read_shard_table
 
 
 def in_band(sim: np.ndarray, cfg: NearDedupConfig) -> np.ndarray:
-    """Similarities in the review band [review_low, pair_threshold] (float32 comparisons)."""
-    return (sim >= np.float32(cfg.verification.review_low)) & ~(sim > np.float32(cfg.pair_threshold))
+    """Similarities in the review band [review_min_similarity, pair_removal_above] (float32 comparisons)."""
+    return (sim >= np.float32(cfg.verification.review_min_similarity)) & ~(sim > np.float32(cfg.pair_removal_above))
 
 
 def update_top_k(top: np.ndarray, nodes: np.ndarray, sims: np.ndarray) -> None:
@@ -77,7 +77,8 @@ def select_review_pairs(out: Store, cfg: NearDedupConfig, shard_table: str, edge
     file digests (tasks/graph/nodes.py); the fingerprint holds the node table and that list."""
     vc = cfg.verification
     nodes = read_shard_table(out, shard_table)[0]
-    fp = unit_fingerprint("graph-review", code_version(__name__), [vc.review_low, vc.review_k, cfg.pair_threshold],
+    fp = unit_fingerprint("graph-review", code_version(__name__),
+                          [vc.review_min_similarity, vc.review_k, cfg.pair_removal_above],
                           [nodes.to_json(), read_shard_digests(out, "edges", edges, nodes)])
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:

@@ -34,15 +34,14 @@ from typing import Any
 
 import numpy as np
 
-from corpusforge.cluster import as_task, run_each, run_tasks
-from corpusforge.contract import (COMPUTED, SKIPPED, count_actions, marker_path, prune, remove_tree, require_marker,
-                                  unit_fingerprint)
+from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Unit, count_actions, in_process, marker_path, prune,
+                                  remove_tree, require_marker, unit_fingerprint)
 from corpusforge.layout import (GRAPH_DECISIONS, GRAPH_EDGES, GRAPH_FOUND, GRAPH_INDEX_DIR, GRAPH_NODES, GRAPH_RECALL,
                                 GRAPH_REVIEW, GRAPH_SUMMARY, GRAPH_VERIFIED, edges_path, found_path, graph_digests_path,
                                 review_path, staging_records, staging_tar)
 from corpusforge.storage import Store
 from corpusforge.version import code_version
-from tasks.graph.build import add_block, build_index, merge_blocks, prepare_index
+from tasks.graph.build import build_index
 from tasks.graph.calibration import calibration_sheet
 from tasks.graph.collision import collision_models
 from tasks.graph.config import NearDedupConfig
@@ -56,21 +55,19 @@ from tasks.graph.verify import records_fingerprint, verify_shard
 __all__ = ["near_duplicate_stage", "read_decisions"]
 
 
-INDEX_TASKS = {fn: as_task(fn, name, probe=True) for fn, name in (
-    (prepare_index, "graph-build-index"), (add_block, "graph-index-add"), (merge_blocks, "graph-index-merge"))}
-query_shard_task = as_task(query_shard, "graph-query-shard", probe=True)
-recall_shard_task = as_task(recall_shard, "graph-recall-reference", probe=True)
-merge_edges_task = as_task(merge_edges, "graph-merge-edges", probe=True)
-recall_task = as_task(graph_recall, "graph-recall")
-decide_task = as_task(decide_near_duplicates, "graph-decisions", probe=True)
-collision_task = as_task(collision_models, "graph-collision-models", probe=True)
-calibration_task = as_task(calibration_sheet, "graph-calibration-sheet", probe=True)
-review_task = as_task(select_review_pairs, "graph-review-pairs", probe=True)
-verify_task = as_task(verify_shard, "graph-verify-pairs", probe=True)
+QUERY_SHARD = Unit(query_shard, "graph-query-shard", probe=True)
+RECALL_SHARD = Unit(recall_shard, "graph-recall-reference", probe=True)
+MERGE_EDGES = Unit(merge_edges, "graph-merge-edges", probe=True)
+RECALL = Unit(graph_recall, "graph-recall")
+DECIDE = Unit(decide_near_duplicates, "graph-decisions", probe=True)
+COLLISION = Unit(collision_models, "graph-collision-models", probe=True)
+CALIBRATION = Unit(calibration_sheet, "graph-calibration-sheet", probe=True)
+REVIEW = Unit(select_review_pairs, "graph-review-pairs", probe=True)
+VERIFY = Unit(verify_shard, "graph-verify-pairs", probe=True)
 
 
-def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], *,
-                         source: Store | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], *, source: Store | None = None,
+                         fan_out: FanOut = in_process) -> tuple[dict[str, Any], dict[str, Any]]:
     """Build the graph, decide every image, write reports.
 
     Returns ``(summary, work)``: the stage summary (also ``graph/summary.json``) and how
@@ -90,27 +87,27 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
         prune(store, folder, nodes.shards)
     prune(store, GRAPH_INDEX_DIR, {"index", "recall_ids", "recall_vectors"})  # a killed writer's temp files
     table = write_shard_table(store, nodes, digests)
-    info = build_index(source, store, cfg, table, lambda fn, calls: run_tasks(INDEX_TASKS[fn], calls))
+    info = build_index(source, store, cfg, table, fan_out)
     calls = shard_calls(source, store, cfg, table, digests, info)
     started = time.perf_counter()
-    queried = run_tasks(query_shard_task, calls)
+    queried = fan_out(QUERY_SHARD, calls)
     work: dict[str, Any] = {"index": info["action"], "queries": count_actions(queried)}
     if "blocks" in info:
         work["index_blocks"] = info["blocks"]
     work["query_seconds"] = round(time.perf_counter() - started, 3)
-    references = run_tasks(recall_shard_task, calls)
-    merged = _merge(store, nodes, table, cfg)
+    references = fan_out(RECALL_SHARD, calls)
+    merged = _merge(store, nodes, table, cfg, fan_out)
     if _knn_cap_reached(store, cfg, nodes, queried):
         reused = [c for c, q in zip(calls, queried, strict=True) if q["action"] == SKIPPED]
         started = time.perf_counter()
-        forced = run_tasks(query_shard_task, [dict(c, force=True) for c in reused])
+        forced = fan_out(QUERY_SHARD, [dict(c, force=True) for c in reused])
         work["query_seconds"] += round(time.perf_counter() - started, 3)
         work["queries"][COMPUTED] += len(forced)
         work["queries"][SKIPPED] -= len(forced)
         work["queries"]["requeried_for_knn_cap"] = len(forced)
         by_shard = {q["shard"]: q for q in forced}
         queried = [by_shard.get(q["shard"], q) for q in queried]
-        merged = _merge(store, nodes, table, cfg)
+        merged = _merge(store, nodes, table, cfg, fan_out)
     work["capped_queries"] = sum(q["capped"] for q in queried)
     work["recall_references"] = count_actions(references)
     work["merges"] = count_actions(merged)
@@ -124,19 +121,19 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
                                                      cfg.index.model_dump(mode="json"), info.get("pair_score")],
                            [nodes.to_json(), [digests[s] for s in nodes.shards]])
     kfp = unit_fingerprint("graph-calibration", code,
-                           [cfg.calibration.model_dump(mode="json"), cfg.graph_threshold, cfg.candidate_threshold,
-                            cfg.pair_threshold, cfg.min_component_size, cfg.seed],
+                           [cfg.calibration.model_dump(mode="json"), cfg.edge_min_similarity, cfg.component_link_above,
+                            cfg.pair_removal_above, cfg.min_component_size, cfg.seed],
                            [edges_digests, records_digests, cfp if cfg.collision.enabled else None])
     lists = {kind: write_shard_digests(store, kind, nodes, d)
              for kind, d in (("edges", edges_digests), ("records", records_digests))}
     calls = single_calls(source, store, cfg, table, lists, info["n_vectors"], {"collision": cfp, "calibration": kfp})
-    recall = run_tasks(recall_task, [calls["recall"]])[0]
+    recall = fan_out(RECALL, [calls["recall"]])[0]
     review = None
     if cfg.verifying:
-        review = run_tasks(review_task, [calls["review"]])[0]
+        review = fan_out(REVIEW, [calls["review"]])[0]
         work["review"] = review["action"]
         records_fp = records_fingerprint(records)
-        verified = run_tasks(verify_task, [dict(source=source, out=store, cfg=cfg, shard_table=table, shard=s,
+        verified = fan_out(VERIFY, [dict(source=source, out=store, cfg=cfg, shard_table=table, shard=s,
                                                 review_digest=review["outputs"][review_path(s)], records=records_fp)
                                            for s in nodes.shards])
         work["verification"] = count_actions(verified)
@@ -147,17 +144,17 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
             remove_tree(store, folder)
         store.remove(marker_path(GRAPH_REVIEW))
         store.remove(graph_digests_path("verified"))
-    later = [(decide_task, calls["decisions"])]
+    later = [(DECIDE, calls["decisions"])]
     if cfg.collision.enabled:
-        later.append((collision_task, calls["collision"]))
-    results = run_each(later)
+        later.append((COLLISION, calls["collision"]))
+    results = fan_out.each(later)
     decided = results[0]
     decisions = decided["info"]
     collision = results[1] if cfg.collision.enabled else None
     work["decisions"] = decided["action"]
     calibration = None
     if cfg.calibration.enabled:
-        calibration = run_tasks(calibration_task, [calls["calibration"]])[0]
+        calibration = fan_out(CALIBRATION, [calls["calibration"]])[0]
         work["calibration"] = calibration.pop("action")
     if collision is not None:
         work["collision"] = collision.pop("action")
@@ -168,11 +165,11 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
         "index": {"plan": info["plan"], "vectors": info["n_vectors"], "dim": info["dim"],
                   "gpu_build": info["gpu_build"], "gpu_search": any(q["gpu_search"] for q in queried),
                   "search": cfg.index.search, "k": cfg.index.k},
-        "graph": {"threshold": cfg.graph_threshold, "search_threshold": cfg.search_threshold,
+        "graph": {"threshold": cfg.edge_min_similarity, "search_threshold": cfg.search_min_similarity,
                   "pair_score": info.get("pair_score"), "edges": sum(sum(m["edges"].values()) for m in merged),
                   "merge_tasks": len(merged)},
         "rule": "gpic_verified" if cfg.verifying else "gpic_exact",
-        "verification": ({**cfg.verification.model_dump(mode="json"),
+        "verification": ({**cfg.verification.recorded(),
                           "band_pairs": review["info"]["band_pairs"],
                           "pairs": sum(m["info"]["pairs"] for m in verified),
                           "verified": sum(m["info"]["verified"] for m in verified)} if cfg.verifying else None),
@@ -207,13 +204,12 @@ def single_calls(source: Store, out: Store, cfg: NearDedupConfig, table: str, li
             "calibration": dict(common, fp=fps["calibration"])}
 
 
-def _merge(store: Store, nodes, table: str, cfg: NearDedupConfig) -> list[dict[str, Any]]:
+def _merge(store: Store, nodes, table: str, cfg: NearDedupConfig, fan_out: FanOut) -> list[dict[str, Any]]:
     """Symmetric edge files from the current found files; each group reports its edge digests."""
     found = [require_marker(store, found_path(s), "graph query") for s in nodes.shards]
     found_fp = found_fingerprint([m["digest"] for m in found])
-    groups = merge_groups(nodes, [m["info"]["pairs"] for m in found], cfg.merge_max_edges)
-    merged = run_tasks(merge_edges_task, [dict(out=store, shard_table=table, group=g, found=found_fp)
-                                          for g in groups])
+    groups = merge_groups(nodes, [m["info"]["pairs"] for m in found], cfg.advanced.merge_max_edges)
+    merged = fan_out(MERGE_EDGES, [dict(out=store, shard_table=table, group=g, found=found_fp) for g in groups])
     for group, m in zip(groups, merged, strict=True):
         m["digests"] = [require_marker(store, edges_path(s), "graph edges")["digest"]
                         for s in group_shards(nodes, group)]

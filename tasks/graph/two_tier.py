@@ -1,8 +1,8 @@
 """GPIC's two-tier near-duplicate rule (§2.3), on node-id arrays.
 
-The candidate graph holds pairs with similarity > ``candidate_threshold`` (0.90).
+The candidate graph holds pairs with similarity > ``component_link_above`` (0.90).
 
-* Tier 1 (pairs): for every pair > ``pair_threshold`` (0.9625), the lower-resolution
+* Tier 1 (pairs): for every pair > ``pair_removal_above`` (0.9625), the lower-resolution
   image is removed.
 * Tier 2 (components): in every connected component of the candidate graph with at
   least ``min_component_size`` (5) images, only the highest-resolution image is kept.
@@ -36,8 +36,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-from tasks.graph.components import UnionFind, component_sizes
 
 KEPT, TIER1, COMPONENT, VERIFIED = 0, 1, 2, 3
 
@@ -137,33 +135,3 @@ def decide(roots: np.ndarray, sizes: np.ndarray, rank: np.ndarray, partner: np.n
     code[fall & ~tier1] = COMPONENT
     dup[fall] = kept_of_root[roots[fall]]
     return Decisions(code, dup, kept_of_root)
-
-
-@dataclass
-class TwoTierResult:
-    code: np.ndarray
-    duplicate_of: np.ndarray
-    component_id: np.ndarray
-    component_size: np.ndarray
-    max_similarity: np.ndarray
-
-
-def two_tier_dedup(n_nodes: int, src: np.ndarray, dst: np.ndarray, sim: np.ndarray,
-                   resolution: np.ndarray, keys: Sequence[str], candidate_threshold: float = 0.90,
-                   pair_threshold: float = 0.9625, min_component_size: int = 5) -> TwoTierResult:
-    """The whole rule on an in-memory graph (the stage streams the same steps per edge file)."""
-    src = np.asarray(src, dtype=np.int64)
-    dst = np.asarray(dst, dtype=np.int64)
-    sim = np.asarray(sim, dtype=np.float32)
-    max_sim = np.zeros(n_nodes, dtype=np.float32)
-    np.maximum.at(max_sim, src, sim)
-    np.maximum.at(max_sim, dst, sim)
-    cand = sim > np.float32(candidate_threshold)
-    uf = UnionFind(n_nodes)
-    uf.union(src[cand], dst[cand])
-    roots = uf.roots()
-    rank = priority_rank(resolution, keys_as_bytes(keys))
-    t1 = TierOnePartners(n_nodes, pair_threshold)
-    t1.add(src[cand], dst[cand], sim[cand], rank)
-    d = decide(roots, component_sizes(roots), rank, t1.partner, min_component_size)
-    return TwoTierResult(d.code, d.duplicate_of, roots, component_sizes(roots), max_sim)

@@ -3,7 +3,7 @@
 A global descriptor scores greyscale copies, rotations, caption bars and heavy crops
 below the graph threshold although the two images share most of their pixels up to a
 simple transform. Local features see that: ORB keypoints of both images (greyscale, longer
-side scaled to ``max_side``, a low FAST threshold so smooth pictures still get corners),
+side scaled to ``VERIFY_MAX_SIDE``, a low FAST threshold so smooth pictures still get corners),
 Hamming matches kept by Lowe's ratio test and mutual, then a RANSAC fit of a similarity
 transform (rotation, uniform scale, translation: ``cv2.estimateAffinePartial2D``).
 
@@ -16,7 +16,7 @@ the tiles that have texture in both images (brightness, contrast and greyscale d
 a caption bar spoils only the tiles it covers). ``overlap`` is the share of the smaller
 picture that the other covers after alignment. A pair is *verified* with at least
 ``min_inliers`` inliers, ``overlap >= min_overlap`` and ``agreement >= min_agreement``.
-Separation, thresholds calibrated on a held-out sample (seed 1), see the README.
+Separation, thresholds calibrated on a held-out sample (seed 1), see docs/near-duplicates.md.
 
 Deterministic: ORB has no randomness; RANSAC draws from OpenCV's global RNG, which is
 reseeded (``cv2.setRNGSeed(seed)``) before every pair, with OpenCV on one thread, so a
@@ -43,8 +43,9 @@ from corpusforge.contract import read_marker, run_unit, unit_fingerprint
 from corpusforge.layout import VERIFIED_SCHEMA, review_path, staging_index, staging_tar, verified_path
 from corpusforge.storage import Store
 from corpusforge.version import code_version
-from tasks.features.decode import DecodeError, decode_rgb
-from tasks.graph.config import NearDedupConfig, VerificationConfig
+from tasks.shared.features.decode import DecodeError, decode_rgb
+from tasks.graph.config import (LOWE_RATIO, ORB_FAST_THRESHOLD, ORB_FEATURES, RANSAC_ITERS, RANSAC_PX, RANSAC_SEED,
+                                VERIFY_MAX_SIDE, NearDedupConfig, VerificationConfig)
 from tasks.graph.nodes import NodeTable, read_shard_table, records_path
 
 
@@ -58,21 +59,21 @@ def _cv2():
 LocalFeatures = tuple[np.ndarray, "np.ndarray | None", np.ndarray]
 TILES = 4          # agreement: the overlap is cut into TILES x TILES tiles
 TILE_MIN_STD = 2.0  # grey levels: a tile flatter than this in either image has no say
-CACHED_IMAGES = 2048  # local features kept per unit: about 0.6 GB at max_side 512
+CACHED_IMAGES = 2048  # local features kept per unit: about 0.6 GB at VERIFY_MAX_SIDE 512
 CACHED_INDEXES = 16  # staging indexes kept per unit: a few MB each at 10,000 images per shard
 RESULT_FIELDS = ("keypoints", "matches", "inliers", "score", "overlap", "agreement", "verified")
 
 
-def local_features(image: Image.Image, cfg: VerificationConfig) -> LocalFeatures:
+def local_features(image: Image.Image) -> LocalFeatures:
     """ORB keypoint coordinates [n, 2] (float32), descriptors [n, 32] and the grey image (uint8)."""
     cv2 = _cv2()
     grey = image.convert("L")
-    scale = cfg.max_side / max(grey.size)
+    scale = VERIFY_MAX_SIDE / max(grey.size)
     if scale < 1:
         grey = grey.resize((max(1, round(grey.width * scale)), max(1, round(grey.height * scale))),
                            Image.Resampling.BILINEAR)
     pixels = np.asarray(grey, dtype=np.uint8)
-    orb = cv2.ORB_create(nfeatures=cfg.n_features, fastThreshold=cfg.fast_threshold)
+    orb = cv2.ORB_create(nfeatures=ORB_FEATURES, fastThreshold=ORB_FAST_THRESHOLD)
     points, desc = orb.detectAndCompute(pixels, None)
     xy = np.array([p.pt for p in points], dtype=np.float32).reshape(-1, 2)
     return xy, desc, pixels
@@ -124,15 +125,15 @@ def verify_pair(a: LocalFeatures, b: LocalFeatures, cfg: VerificationConfig) -> 
     back = {m[0].queryIdx: m[0].trainIdx for m in matcher.knnMatch(db, da, k=1) if m}
     # ratio test, then mutual best matches only: one keypoint never supports many matches
     good = [m[0] for m in matcher.knnMatch(da, db, k=2)
-            if len(m) == 2 and m[0].distance < cfg.ratio * m[1].distance and back.get(m[0].trainIdx) == m[0].queryIdx]
+            if len(m) == 2 and m[0].distance < LOWE_RATIO * m[1].distance and back.get(m[0].trainIdx) == m[0].queryIdx]
     out["matches"] = len(good)
     if len(good) < max(3, cfg.min_inliers):
         return out
     src = xa[[m.queryIdx for m in good]]
     dst = xb[[m.trainIdx for m in good]]
-    cv2.setRNGSeed(cfg.seed)
-    transform, mask = cv2.estimateAffinePartial2D(src, dst, method=cv2.RANSAC, ransacReprojThreshold=cfg.ransac_px,
-                                                  maxIters=cfg.ransac_iters, confidence=0.999, refineIters=10)
+    cv2.setRNGSeed(RANSAC_SEED)
+    transform, mask = cv2.estimateAffinePartial2D(src, dst, method=cv2.RANSAC, ransacReprojThreshold=RANSAC_PX,
+                                                  maxIters=RANSAC_ITERS, confidence=0.999, refineIters=10)
     inliers = int(mask.sum()) if mask is not None else 0
     out["inliers"] = inliers
     out["score"] = float(np.float32(inliers / max(1, out["keypoints"])))
@@ -149,14 +150,14 @@ def verify_pair(a: LocalFeatures, b: LocalFeatures, cfg: VerificationConfig) -> 
 
 def settings_fingerprint(cfg: VerificationConfig) -> str:
     """What a pair's verdict depends on besides the two images' bytes."""
-    fields = cfg.model_dump(mode="json", exclude={"mode", "review_low", "review_k"})
+    fields = {k: v for k, v in cfg.recorded().items() if k not in {"mode", "review_low", "review_k"}}
     return unit_fingerprint("verify-pair", code_version(__name__), [fields], [])
 
 
 class _Images:
     """Ranged reads of staged images by key, their local features kept for the
     ``CACHED_IMAGES`` most recently used: a unit's pairs reach images all over the corpus,
-    and each entry holds the grey picture (up to ``max_side``² bytes, 0.26 MB at 512), so
+    and each entry holds the grey picture (up to ``VERIFY_MAX_SIDE``² bytes, 0.26 MB at 512), so
     an unbounded cache would grow with the shard. An evicted image is decoded again when
     a later pair needs it (same bytes, same features). The staging indexes that locate the
     images are kept the same way, for the ``CACHED_INDEXES`` most recently used shards:
@@ -179,10 +180,10 @@ class _Images:
             entry = self._shard_index(shard)[row]
             data = self.source.read_range(staging_tar(shard), entry["offset"], entry["size"])
             try:
-                image = decode_rgb(data, draft_size=self.cfg.max_side)
+                image = decode_rgb(data, draft_size=VERIFY_MAX_SIDE)
             except DecodeError:
                 image = Image.new("RGB", (1, 1))
-            self._feats[node] = local_features(image, self.cfg)
+            self._feats[node] = local_features(image)
             if len(self._feats) > CACHED_IMAGES:
                 self._feats.popitem(last=False)
         return self._feats[node]

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from tasks.features.config import ModelSpec, RuntimeConfig
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+from corpusforge.config import StrictModel
+from tasks.shared.features.config import ModelSpec, RuntimeConfig
 
 
-class PromptSetConfig(_Strict):
+class PromptSetConfig(StrictModel):
     """The prompt table an evaluation team brings (.parquet, .jsonl or .csv); read only."""
 
     path: str = Field(..., title="Prompt table", description="One row per prompt (.parquet, .jsonl, .csv).")
@@ -32,7 +29,7 @@ class PromptSetConfig(_Strict):
                                       description="True for the fixed anchor set, which is never rotated.")
 
 
-class TextModelConfig(_Strict):
+class TextModelConfig(StrictModel):
     """The sentence-embedding model of the density signal."""
 
     name: Literal["all-MiniLM-L6-v2"] = Field(
@@ -45,7 +42,7 @@ class TextModelConfig(_Strict):
                             description="Bounds memory while a shard's sampled captions are embedded.")
 
 
-class DensityConfig(_Strict):
+class DensityConfig(StrictModel):
     """Signal 1: how densely the corpus covers each prompt's region."""
 
     mode: Literal["direct", "taxonomy"] = Field(
@@ -78,7 +75,7 @@ class DensityConfig(_Strict):
         return self
 
 
-class VarianceConfig(_Strict):
+class VarianceConfig(StrictModel):
     """Signal 2: per-prompt output variance of each generating model."""
 
     generated: str = Field(..., title="Generated images",
@@ -95,7 +92,7 @@ class VarianceConfig(_Strict):
     prompts_per_unit: int = Field(100, ge=1, title="Prompts per task")
 
 
-class CohortConfig(_Strict):
+class CohortConfig(StrictModel):
     """Signal 3: old-cohort minus new-cohort mean score per model."""
 
     scores: str = Field(..., title="Score table",
@@ -116,7 +113,7 @@ class CohortConfig(_Strict):
     seed: int = Field(0, title="Bootstrap seed")
 
 
-class RotationConfig(_Strict):
+class RotationConfig(StrictModel):
     """The rotation plan: which prompts leave, which pool prompts replace them."""
 
     fraction: float = Field(0.08, ge=0.0, le=1.0, title="Share rotated per cycle",

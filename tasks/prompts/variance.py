@@ -112,8 +112,8 @@ def variance_unit(out: Any, generated: str, options: dict[str, Any], model: str,
                           [generated.rstrip("/"), model, prompts])
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
-        from tasks.features.decode import decode_rgb
-        from tasks.features.registry import load_model
+        from tasks.shared.features.decode import decode_rgb
+        from tasks.shared.features.registry import load_model
 
         batch = cfg.runtime.batch_size
         feature_model = load_model(cfg.model, cfg.runtime)

@@ -8,22 +8,16 @@ other value is allowed and is written into the outputs as a protocol deviation.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Literal, Self
+from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from tasks.features.config import ModelSpec
+from corpusforge.config import StrictModel
+from tasks.shared.features.config import ModelSpec
+from tasks.shared.provenance import PROTOCOL_ARCH, PROTOCOL_MODES
 
-# The protocol's feature model (App. B.3): DINOv2 ViT-L/14 without registers.
-PROTOCOL_ARCH = "vit_large_patch14_dinov2"
 PROTOCOL_PREPROCESSING = "gpic_eval"
 RECOMMENDED_GENERATED = 50_000
-# Evaluation modes and their preprocessing: "paper" follows App. B.1 (square centre crop,
-# bicubic to 256, then 224); "gpic_eval_port" follows the public port of GPIC's toolkit
-# (Resize((224, 224)) bicubic squash of the whole image). Metrics are the same in both.
-PROTOCOL_MODES = {"paper": "gpic_eval", "gpic_eval_port": "gpic_eval_port"}
 
 
 def protocol_model(mode: str = "paper") -> ModelSpec:
@@ -31,21 +25,8 @@ def protocol_model(mode: str = "paper") -> ModelSpec:
     return ModelSpec(name="dinov2", arch=PROTOCOL_ARCH, preprocessing=PROTOCOL_MODES[mode])
 
 
-class YamlConfig(BaseModel):
-    """A config that rejects unknown keys and loads from YAML."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> Self:
-        with open(path, encoding="utf-8") as f:
-            return cls.model_validate(yaml.safe_load(f) or {})
-
-
-class SampleConfig(BaseModel):
+class SampleConfig(StrictModel):
     """The feature rows stored with reference statistics for PRDC and MMD."""
-
-    model_config = ConfigDict(extra="forbid")
 
     max_rows: int = Field(10_000, ge=0, title="Stored reference rows",
                           description="Rows kept per split (float32, 10,000 × 1024 × 4 B = 40 MB), as many "
@@ -55,10 +36,8 @@ class SampleConfig(BaseModel):
                                   "sharding and worker count.")
 
 
-class MetricsConfig(BaseModel):
+class MetricsConfig(StrictModel):
     """How generated features are compared with a reference."""
-
-    model_config = ConfigDict(extra="forbid")
 
     fd_method: Literal["sqrtm", "eigh"] = Field(
         "sqrtm", title="Matrix square root",

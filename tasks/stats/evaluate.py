@@ -43,22 +43,22 @@ from typing import Any, Literal
 import fsspec
 import numpy as np
 
-from corpusforge.contract import SKIPPED, finish_unit, read_marker, unit_fingerprint
+from corpusforge.contract import SKIPPED, Unit, finish_unit, read_marker, unit_fingerprint
 from corpusforge.feature_files import read_shard_errors, read_shard_features, write_shard_features
 from corpusforge.hashing import fingerprint
 from corpusforge.layout import feature_vectors
 from corpusforge.storage import Store, file_stamp, open_uri
 from corpusforge.tarshard import iter_tar_samples
 from corpusforge.version import code_version
-from tasks.features.base import FeatureModel
-from tasks.features.config import ModelSpec, RuntimeConfig
-from tasks.features.decode import decode_rgb
-from tasks.features.extract import prefetched
+from tasks.shared.features.base import FeatureModel
+from tasks.shared.features.config import ModelSpec, RuntimeConfig
+from tasks.shared.features.decode import decode_rgb
+from tasks.shared.features.extract import prefetched
 from tasks.stats.compare import compare
 from tasks.stats.config import PROTOCOL_MODES, MetricsConfig, protocol_model
 from tasks.stats.gpic_stats import provenance_of, reference_checks, small_reference_warning, validate_arrays
 from tasks.stats.moments import Moments
-from tasks.stats.provenance import identity_mismatches, model_deviations
+from tasks.shared.provenance import identity_mismatches, model_deviations
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 FORMAT = "corpusforge-evaluation/1"
@@ -277,7 +277,7 @@ def embed_chunk(chunk: GeneratedChunk, spec: ModelSpec, runtime: RuntimeConfig,
                 torchscript_allowlist: Sequence[str] = (), storage_options: dict[str, Any] | None = None
                 ) -> ChunkFeatures:
     """Embed one chunk with the (per-process cached) model of ``spec``."""
-    from tasks.features.registry import load_model
+    from tasks.shared.features.registry import load_model
 
     model = load_model(spec, runtime, list(torchscript_allowlist))
     return embed_images(iter_chunk_images(chunk, storage_options), model, runtime.batch_size,
@@ -288,9 +288,9 @@ def _settings(spec: ModelSpec, precision: str) -> list[Any]:
     """What a chunk's features depend on besides its files, known without loading the model:
     this module's and the model family's code, the spec's identity (weights by SHA-256, or
     random init from the registry's fixed seed) and the precision."""
-    from tasks.features.registry import family_module
+    from tasks.shared.features.registry import family_module
 
-    code = code_version(__name__, family_module(spec), exclude=("tasks.features.registry",))
+    code = code_version(__name__, family_module(spec), exclude=("tasks.shared.features.registry",))
     return [code, expected_identity(spec), precision]
 
 
@@ -428,3 +428,7 @@ def render_report(result: dict[str, Any]) -> str:
         lines += ["", "## Reference file", ""] + [f"- checked: {c}" for c in checks["checked"]]
         lines += [f"- {c}" for c in checks["cannot_check"]]
     return "\n".join(lines) + "\n"
+
+
+# In a flow its task asks for the model workers' resources (corpusforge.cluster.MODEL_TASKS).
+EMBED_CHUNK = Unit(embed_chunk_unit, "embed-generated-chunk")

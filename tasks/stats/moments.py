@@ -11,7 +11,7 @@ un-normalised DINOv2 features do.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,18 +86,3 @@ class Moments:
         if self.n < 2:
             raise ValueError(f"a covariance needs at least 2 vectors, got {self.n}")
         return self.m2 / (self.n - 1)
-
-
-def tree_merge(parts: Sequence[Moments]) -> Moments:
-    """Merge partials pairwise in a fixed balanced tree.
-
-    The tree depends only on the order of ``parts``, so the float64 result is the same
-    bit for bit however the partials were scheduled.
-    """
-    if not parts:
-        raise ValueError("nothing to merge")
-    level = list(parts)
-    while len(level) > 1:
-        level = [level[i].merge(level[i + 1]) if i + 1 < len(level) else level[i]
-                 for i in range(0, len(level), 2)]
-    return level[0]

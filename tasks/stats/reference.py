@@ -47,12 +47,12 @@ from corpusforge.hashing import fingerprint, stable_uniform
 from corpusforge.layout import GPIC_TEST_STATS, MANIFEST_DIR, manifest_path, staging_records
 from corpusforge.records import Status
 from corpusforge.storage import Store
-from tasks.features.extract import Selection
+from tasks.shared.features.extract import Selection
 from tasks.stats.compare import compare
 from tasks.stats.config import MetricsConfig, SampleConfig
 from tasks.stats.gpic_stats import gpic_stats_bytes
 from tasks.stats.moments import Moments
-from tasks.stats.provenance import model_deviations
+from tasks.shared.provenance import model_deviations
 from tasks.stats.subsample import KeyedSample
 
 SPLITS = ("train", "val", "test")

@@ -11,31 +11,28 @@ Table of contents of :func:`reference_stats_stage`:
     → pairwise tree merge of the partials → stats/{group}-{model_id}.{npz,features.npy,json}
     → with ``oracle``: real-vs-real metrics against test → stats/oracle.json
 
-Every partial and every merge is a Prefect task on the flow run's Dask cluster; the runs
-and the merge tree depend only on the shard list and ``max_partials``, so results are the
-same bit for bit on any number of workers.
+Every partial and every merge is a unit run through the flow's fan-out (a task on its Dask
+cluster); the runs and the merge tree depend only on the shard list and ``max_partials``,
+so results are the same bit for bit on any number of workers.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-from prefect.context import FlowRunContext
 from pydantic import Field, model_validator
 
-from corpusforge.cluster import run_logger
 from corpusforge.config import FlowConfig
-from corpusforge.contract import prune
+from corpusforge.contract import FanOut, Unit, in_process, prune
 from corpusforge.feature_files import prune_subset
 from corpusforge.layout import STATS_DIR
+from corpusforge.logs import stage_logger
 from corpusforge.storage import Store
 from corpusforge.version import code_version
-from tasks.features.config import FeaturesConfig, ModelSpec, RuntimeConfig
-from tasks.features.extract import extract_features, summarize
+from tasks.shared.features.config import FeaturesConfig, ModelSpec, RuntimeConfig
+from tasks.shared.features.extract import extract_features, summarize
 from tasks.stats.config import MetricsConfig, SampleConfig, protocol_model
-from tasks.stats.provenance import model_deviations
+from tasks.shared.provenance import model_deviations
 from tasks.stats.reference import (GroupSelection, batch_partials, merge_partials, oracle_groups, oracle_metrics,
                                    plan_batches, scan_manifest, write_group_stats)
 
@@ -43,11 +40,11 @@ ORACLE_PATH = f"{STATS_DIR}/oracle.json"
 STATS_SUBSET = "stats"  # features/{model}/subsets/stats/: features of only the summarised groups' records
 
 
-class ReferenceStatsSettings(FlowConfig):
+class ReferenceStatsConfig(FlowConfig):
     """What to summarise and how: splits, oracles, feature model, subsample, metrics.
 
     The build flow takes these as its ``reference_stats`` section; the standalone flow
-    adds the corpus root and the cluster (:class:`ReferenceStatsConfig`)."""
+    adds the corpus root and the cluster (:class:`ReferenceStatsFlowParams`)."""
 
     splits: list[Literal["train", "val", "test"]] = Field(["test"], min_length=1, title="Splits",
                                                           description="Splits to summarise (GPIC: test).")
@@ -80,7 +77,7 @@ class ReferenceStatsSettings(FlowConfig):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, title="Oracle metrics")
 
     @model_validator(mode="after")
-    def _oracle_needs_test(self) -> ReferenceStatsSettings:
+    def _oracle_needs_test(self) -> ReferenceStatsConfig:
         if self.oracle and "test" not in self.splits:
             raise ValueError("oracle references are measured against test: add 'test' to splits")
         return self
@@ -94,34 +91,16 @@ class ReferenceStatsSettings(FlowConfig):
                               torchscript_allowlist=self.torchscript_allowlist)
 
 
-partials_task = task(batch_partials, name="stats-partials", cache_policy=NO_CACHE, persist_result=False, retries=1)
-merge_task = task(merge_partials, name="stats-merge", cache_policy=NO_CACHE, persist_result=False)
+PARTIALS = Unit(batch_partials, "stats-partials")
+MERGE = Unit(merge_partials, "stats-merge")
 
 
-def tree_reduce(futures: list) -> Any:
-    """Merge futures pairwise, level by level, in a fixed tree; return the root's result.
-
-    The list is emptied as it is consumed, so merged partials can be released. Outside a
-    flow run the items are plain results and the same tree is merged here.
-    """
-    in_flow = FlowRunContext.get() is not None
-    level = futures
-    while len(level) > 1:
-        merge = merge_task.submit if in_flow else merge_partials
-        nxt = [merge(level[i], level[i + 1]) if i + 1 < len(level) else level[i]
-               for i in range(0, len(level), 2)]
-        level.clear()
-        level = nxt
-    root = level.pop()
-    return root.result() if in_flow else root
-
-
-def reference_stats_stage(store: Store, config: ReferenceStatsSettings,
-                          caption_set: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The stage itself, on the corpus in ``store``; inside a flow run its tasks go to that
-    run's task runner. Statistics files of groups this run does not write are removed.
+def reference_stats_stage(store: Store, config: ReferenceStatsConfig, caption_set: dict[str, Any] | None = None,
+                          *, fan_out: FanOut = in_process) -> dict[str, Any]:
+    """The stage itself, on the corpus in ``store``; its units run through ``fan_out`` (a
+    flow's Dask cluster). Statistics files of groups this run does not write are removed.
     ``caption_set``: the corpus's evaluation caption set (path, SHA-256, …) for the provenance."""
-    log = run_logger()
+    log = stage_logger()
     model_id = config.model.model_id
     plan = scan_manifest(store, config.groups(), config.sample, config.tiers, config.test_subset,
                          config.test_subset_seed)
@@ -133,15 +112,15 @@ def reference_stats_stage(store: Store, config: ReferenceStatsSettings,
     subsets: dict[str, str | None] = {}
     if config.extract:
         results = extract_features(store, plan.largest_first(), config.features(),
-                                   GroupSelection(STATS_SUBSET, plan.plan))
+                                   GroupSelection(STATS_SUBSET, plan.plan), fan_out=fan_out)
         subsets = {r["shard"]: r["models"][model_id]["subset"] for r in results}
         extraction = summarize(results)
         if "warning" in extraction:
             log.warning(extraction["warning"])
         prune_subset(store, model_id, STATS_SUBSET, [s for s, sub in subsets.items() if sub == STATS_SUBSET])
-    partial = partials_task.submit if FlowRunContext.get() is not None else batch_partials
-    total = tree_reduce([partial(store, model_id, run, plan.plan, {s: subsets.get(s) for s in run})
-                         for run in plan_batches(plan.shards, config.max_partials, config.min_shards_per_partial)])
+    total = fan_out.reduce(PARTIALS, MERGE, [
+        dict(store=store, model_id=model_id, shards=run, plan=plan.plan, subsets={s: subsets.get(s) for s in run})
+        for run in plan_batches(plan.shards, config.max_partials, config.min_shards_per_partial)])
     if len(total.markers) != 1:
         raise ValueError(f"features/{model_id} mixes {len(total.markers)} feature fingerprints: re-extract")
     marker = next(iter(total.markers.values()))

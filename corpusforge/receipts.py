@@ -1,0 +1,53 @@
+"""The identity every flow's receipt starts with, so any receipt says the same way which
+flow wrote it, with which code and which settings.
+
+:func:`flow_receipt` gives every flow the same identity fields and the flow adds its own
+sections (inputs, counts, results, output hashes):
+
+- ``corpusforge``: the flow's Prefect name (``build-corpus``, ``near-dedup``,
+  ``contamination``, ``qualify-prompts``), the name its runs have in the Prefect UI;
+- ``code_version``: the package version plus a hash of the source of the flow's stage
+  modules and their imports (:func:`corpusforge.version.code_version`, e.g. ``0.1.0+…``);
+- ``config``: the flow's config as JSON, values of secret-looking keys replaced by ``***``.
+
+Receipts written before issue 23 spell the flow ``build_corpus``, ``near_dedup`` and
+``prompt-qualification``, and a contamination receipt names its code version
+``scanner_version``; a near-dedup version's report.html is titled by the flow name, so
+"near_dedup" there became "near-dedup". No other byte of any output changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import BaseModel
+
+from corpusforge.version import code_version
+
+BUILD_FLOW = "build-corpus"  # the build's flow name: readers tell a build's receipt by it
+
+_SECRET_WORDS = ("secret", "password", "token", "key_id", "access_key", "credential")
+_SECRET_NAMES = {"key", "api_key"}  # s3fs's name for the access key id; a chat endpoint's key
+
+
+def redact(obj: Any) -> Any:
+    """Replace values of secret-looking keys (credentials in storage options) by '***'."""
+    if isinstance(obj, dict):
+        return {k: "***" if str(k).lower() in _SECRET_NAMES or any(w in str(k).lower() for w in _SECRET_WORDS)
+                else redact(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [redact(v) for v in obj]
+    return obj
+
+
+def flow_receipt(flow: str, code_modules: Iterable[str], config: BaseModel, *,
+                 config_exclude: Iterable[str] = (), **sections: Any) -> dict[str, Any]:
+    """A flow's receipt: the identity fields (module docstring), then ``sections``.
+    ``config_exclude``: top-level config fields that never change an output and are left
+    out (the Dask cluster of the scans), so equal runs on other clusters write equal receipts."""
+    identity = {"corpusforge": flow, "code_version": code_version(*code_modules),
+                "config": redact(config.model_dump(mode="json", exclude=set(config_exclude) or None))}
+    if clash := identity.keys() & sections.keys():
+        raise ValueError(f"receipt sections {sorted(clash)} would replace identity fields")
+    return {**identity, **sections}

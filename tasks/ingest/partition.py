@@ -1,0 +1,294 @@
+"""Ingest one partition: read each record's bytes once, hash, validate, spill the valid ones.
+
+Output per partition (written atomically, marker last):
+
+* ``work/spill/{part}.bin`` — the image bytes of every valid record, concatenated in
+  input order as they were read and validated here (``spill_offset`` in the ingest row,
+  with ``spill_xxh3``, a fast checksum of those bytes). Staging copies its shards from
+  these spills, so the source is read once in a build; exact duplicates found later are
+  simply never copied. It checks each record's bytes against ``spill_xxh3`` and takes the
+  SHA-256 from here instead of hashing the bytes again;
+
+* ``work/ingest/{part}.parquet`` — one row per input record in input order
+  (:data:`corpusforge.records.INGEST_SCHEMA`), status ``kept`` (so far), ``filtered``
+  or ``error`` with a reason;
+* ``work/hashes/{part}.parquet`` and ``work/keys/{part}.parquet`` — the small
+  bucketed tables that exact deduplication and the key-uniqueness check read (keys are
+  bucketed by their case-folded form, so keys differing only in case meet in one bucket).
+
+Fingerprint: the partition's digest (its chunk's bytes, or the tar's stamp), the stamp
+of every image file the chunk names and of the caption/metadata sidecars a folder row
+names (so bytes replaced at the same path are re-read; sidecars are read here, not while
+planning), the validation settings, the bucket count and this stage's code version. The
+licence allow-list (:mod:`tasks.ingest.licenses`) enters as each row's licence verdict for a
+table partition (read from its chunk without touching an image), so changing the list
+reruns only the partitions where some record's verdict changes; the licences of a tar
+partition, or of a folder partition with JSON sidecars, sit outside the chunk, so there
+the normalised allow-list itself enters.
+
+A record whose licence is missing or not allowed is ``filtered`` before its image is
+read: it has no hash and never reaches exact deduplication.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import stat
+import unicodedata
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+import xxhash
+
+from corpusforge.contract import Unit, run_unit, unit_fingerprint
+from corpusforge.layout import INGEST_SCHEMA, ingest_path, spill_path
+from corpusforge.records import Status
+from corpusforge.storage import Store, file_stamp, is_remote, with_retry_defaults
+from corpusforge.tarshard import HashingWriter, is_safe_key, iter_tar_samples
+from corpusforge.version import code_version
+from tasks.ingest.exact_dedup import write_dedup_tables
+from tasks.ingest.licenses import LicenseConfig, license_family, license_reason
+from tasks.ingest.sources import (IMAGE_EXTS, METADATA_COLUMNS, Partition, SourceConfig, allowed_roots,
+                           local_file_refusal, locate, parse_sidecar, read_sidecars, sidecar_locations,
+                           source_split_of)
+from tasks.ingest.validate import ValidationConfig, validate_image
+
+
+def derived_key(locator: str) -> str:
+    """A safe key for a record that has none: a hash of where it came from."""
+    return "k" + hashlib.sha256(locator.encode()).hexdigest()[:20]
+
+
+def clean_caption(record: dict[str, Any]) -> None:
+    """Strip control characters (NUL, ESC, DEL, C1…; tab and newline stay) from a record's
+    caption, which would ship verbatim into the release's ``.txt`` and JSON otherwise, with
+    a warning on the record naming what was removed."""
+    caption = record.get("caption")
+    if not caption:
+        return
+    removed = sorted({c for c in caption if c not in "\t\n" and unicodedata.category(c) == "Cc"})
+    if not removed:
+        return
+    record["caption"] = "".join(c for c in caption if c not in removed)
+    count = sum(caption.count(c) for c in removed)
+    note = f"caption_control_characters: removed {count} ({', '.join(f'U+{ord(c):04X}' for c in removed)})"
+    record["warning"] = f"{record['warning']}; {note}" if record.get("warning") else note
+
+
+def _blank(part: int, row: int) -> dict[str, Any]:
+    record = {name: None for name in INGEST_SCHEMA.names}
+    record.update(part=part, row=row, source_offset=-1, spill_offset=-1, status=Status.ERROR.value, reason="")
+    return record
+
+
+_VALID_BYTES = "_valid_bytes"  # a kept record's bytes, carried from the reader to the spill, never stored
+
+
+def _judge(record: dict[str, Any], data: bytes, cfg: ValidationConfig, scores: dict[str, Any]) -> None:
+    """Fill hash, size and validation facts of ``record`` from its bytes."""
+    verdict = validate_image(data, cfg, scores)
+    whole = len(data) <= cfg.max_bytes  # an oversized file was read only up to the limit
+    record.update(sha256=hashlib.sha256(data).hexdigest() if whole else None,
+                  bytes=len(data) if whole else None, status=verdict.status.value,
+                  reason=verdict.reason, format=verdict.format, ext=verdict.ext,
+                  width=verdict.width, height=verdict.height)
+    if record["status"] == Status.KEPT.value and whole:
+        record[_VALID_BYTES] = data
+
+
+def _chunk_rows(part: Partition, store: Store) -> list[dict[str, Any]]:
+    """The normalised rows of a rows partition: its chunk lies under the output root
+    (``work/input``), so it is opened with the output's storage options, not the source's."""
+    with fsspec.open(part.uri, "rb", **with_retry_defaults(part.uri, store.storage_options)) as f:
+        return pq.read_table(f).to_pylist()
+
+
+def _stamp(location: str, src: SourceConfig) -> str:
+    try:
+        fs, path = fsspec.core.url_to_fs(location, **src.storage_options)
+        return file_stamp(fs, path, content=src.verify == "content")
+    except (OSError, ValueError) as exc:
+        return f"unreadable: {type(exc).__name__}"
+
+
+def image_stamps(part: Partition, src: SourceConfig, store: Store) -> list[str | None]:
+    """The stamp of every image file a rows partition names (None: unsafe or missing path),
+    each followed by its sidecars' stamps (folder input reads them at ingest)."""
+    if part.kind == "tar":
+        return []
+    stamps: list[str | None] = []
+    roots = allowed_roots(part.base, src.allow_roots)
+    for meta in _chunk_rows(part, store):
+        if meta.get("sidecars"):
+            stamps += [_stamp(s, src) for s in sidecar_locations(_sidecar_base(part, meta), meta["sidecars"])]
+        location, _ = locate(part.base, meta.get("path") or "", roots)
+        if location is None or local_file_refusal(location, roots) is not None:
+            stamps.append(None)
+            continue
+        stamps.append(_stamp(location, src))
+    return stamps
+
+
+def _sidecar_base(part: Partition, meta: dict[str, Any]) -> str:
+    """The image location a folder row's sidecars are named after (the listing's own path)."""
+    return posixpath.join(part.base, meta["path"])
+
+
+def _read_local(location: str, limit: int) -> bytes:
+    """Read a local file that :func:`local_file_refusal` passed, without ever blocking: it is
+    opened non-blocking and not following a final symlink, and re-checked to be a regular file."""
+    fd = os.open(location, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{location}: not a regular file")
+        return f.read(min(limit, info.st_size + 1))  # read(n) allocates n bytes up front
+
+
+def license_verdicts(part: Partition, store: Store, lic: LicenseConfig | None) -> list[str] | str | None:
+    """What of the licence settings a partition's output depends on: each row's verdict
+    for rows partitions, the normalised allow-list for a tar (its metadata is inside)."""
+    if lic is None:
+        return None
+    rows = [] if part.kind == "tar" else _chunk_rows(part, store)
+    if part.kind == "tar" or any("json" in (m.get("sidecars") or "") for m in rows):
+        return json.dumps([[str(a) for a in lic.allowed()], lic.use_url, lic.on_conflict])  # metadata outside the chunk
+    verdicts = [license_reason(m.get("license"), m.get("license_url"), lic) for m in rows]
+    return verdicts if any(verdicts) else None  # all pass: the same output as with no list
+
+
+def _row_records(part: Partition, src: SourceConfig, val: ValidationConfig,
+                 store: Store, lic: LicenseConfig | None) -> Iterator[dict[str, Any]]:
+    rows = _chunk_rows(part, store)
+    roots = allowed_roots(part.base, src.allow_roots)
+    for i, meta in enumerate(rows):
+        record = _blank(part.index, i)
+        record.update({c: meta.get(c) for c in METADATA_COLUMNS})
+        record["warning"] = meta.get("warning")
+        if meta.get("sidecars"):
+            record.update(read_sidecars(_sidecar_base(part, meta), meta["sidecars"], src.storage_options))
+        clean_caption(record)
+        raw_path = meta.get("path") or ""
+        record["source_path"] = raw_path
+        record["key"] = record["key"] or derived_key(raw_path)  # the row's key, or its JSON sidecar's
+        extra = json.loads(meta["extra"]) if meta.get("extra") else {}
+        location, why = locate(part.base, raw_path, roots)
+        if location is not None:
+            why = local_file_refusal(location, roots) or ""
+        if not is_safe_key(record["key"]):
+            record["reason"] = f"unsafe_key: {record['key']!r}"
+        elif location is None or why:
+            record["reason"] = f"unsafe_path: {raw_path!r}: {why}"
+        elif reason := license_reason(record["license"], record["license_url"], lic):
+            record.update(status=Status.FILTERED.value, reason=reason, source_path=location)
+        else:
+            record["source_path"] = location
+            try:
+                if is_remote(location):
+                    with fsspec.open(location, "rb", **with_retry_defaults(location, src.storage_options)) as f:
+                        data = f.read(val.max_bytes + 1)
+                else:
+                    data = _read_local(os.path.realpath(location), val.max_bytes + 1)
+            except FileNotFoundError:
+                record["reason"] = f"missing_file: {raw_path}"
+            except (OSError, ValueError) as exc:
+                record["reason"] = f"read_error: {type(exc).__name__}: {exc}"
+            else:
+                _judge(record, data, val, extra)
+        yield record
+
+
+def _tar_error_reason(why: str) -> str:
+    """The record's reason for an unusable tar member (see ``iter_tar_samples``)."""
+    if why.startswith("unsafe member name"):
+        return f"unsafe_name: {why}"
+    if why.startswith("not a regular file"):
+        return f"unsafe_member: {why}"
+    return f"read_error: {why}"
+
+
+def _tar_records(part: Partition, src: SourceConfig, val: ValidationConfig,
+                 store: Store, lic: LicenseConfig | None) -> Iterator[dict[str, Any]]:
+    with fsspec.open(part.uri, "rb", **with_retry_defaults(part.uri, src.storage_options)) as f:
+        for i, sample in enumerate(iter_tar_samples(f)):
+            record = _blank(part.index, i)
+            record["source_path"] = f"{part.uri}#{sample.key}"
+            meta: dict[str, Any] = {}
+            if "json" in sample.members:
+                meta, record["warning"] = parse_sidecar(sample.members["json"])
+            key = meta.get("key") if isinstance(meta.get("key"), str) else sample.key.rsplit("/", 1)[-1]
+            record["key"] = key
+            record.update({c: str(meta[c]) for c in METADATA_COLUMNS[1:] if meta.get(c) is not None})
+            if "txt" in sample.members:
+                record["caption"] = sample.members["txt"].decode("utf-8", "replace").strip()
+            clean_caption(record)
+            record["source_split"] = source_split_of(part.uri)
+            if isinstance(meta.get("split"), list):  # GPIC: the tiers holding the sample
+                record["source_tiers"] = ",".join(str(t) for t in meta["split"])
+            image_exts = sorted(e for e in sample.members if e in IMAGE_EXTS)
+            if sample.error is not None:
+                if not sample.error.reason.startswith("not a regular file"):
+                    record["key"] = derived_key(record["source_path"])  # the name itself is not usable
+                record["reason"] = _tar_error_reason(sample.error.reason)
+            elif not is_safe_key(key):
+                record["reason"] = f"unsafe_key: {key!r}"
+            elif not image_exts:
+                record["reason"] = f"no_image_member: members {sorted(sample.members)}"
+            elif reason := license_reason(record["license"], record["license_url"], lic):
+                record.update(status=Status.FILTERED.value, reason=reason)
+            else:
+                ext = image_exts[0]
+                record["source_path"] = f"{part.uri}#{sample.key}.{ext}"
+                record["source_offset"] = sample.offsets[ext]
+                _judge(record, sample.members[ext], val, meta)
+            yield record
+
+
+def ingest_key(store: Store, part: Partition, src: SourceConfig, val: ValidationConfig, n_buckets: int,
+               lic: LicenseConfig | None) -> str:
+    """The fingerprint of one partition's ingest (the run and ``corpusforge plan`` share it):
+    settings, the partition's digest, every image's stamp and each row's licence verdict."""
+    return unit_fingerprint("ingest", code_version("tasks.ingest.partition"),
+                            [val.model_dump(mode="json"), n_buckets, sorted(src.allow_roots)],
+                            [part.kind, part.base, part.digest, image_stamps(part, src, store),
+                             license_verdicts(part, store, lic)])
+
+
+def ingest_partition(store: Store, part: Partition, src: SourceConfig, val: ValidationConfig,
+                     n_buckets: int, lic: LicenseConfig | None = None) -> dict[str, Any]:
+    """Ingest one partition (skipped when its fingerprint is unchanged); return its marker.
+
+    ``lic``: the licence allow-list (None: every licence passes, as before the check existed)."""
+    fp = ingest_key(store, part, src, val, n_buckets, lic)
+
+    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+        reader = _tar_records if part.kind == "tar" else _row_records
+        records = []
+        with store.atomic_write(spill_path(part.index)) as f:
+            spill = HashingWriter(f)
+            for record in reader(part, src, val, store, lic):
+                data = record.pop(_VALID_BYTES, None)
+                if data is not None:  # streamed on: one record's bytes in memory at a time
+                    record["spill_offset"] = spill.n
+                    record["spill_xxh3"] = xxhash.xxh3_64_intdigest(data)
+                    spill.write(data)
+                records.append(record)
+        outputs = {spill_path(part.index): spill.sha256, **write_dedup_tables(store, part.index, records, n_buckets),
+                   ingest_path(part.index): store.write_parquet(ingest_path(part.index),
+                                                                pa.Table.from_pylist(records, schema=INGEST_SCHEMA))}
+        by_status = {s: sum(r["status"] == s for r in records) for s in sorted({r["status"] for r in records})}
+        licenses = Counter(license_family(r["license"], r["license_url"]) for r in records)
+        return outputs, {"part": part.index, "records": len(records), "by_status": by_status,
+                         "licenses": dict(sorted(licenses.items()))}
+
+    return run_unit(store, ingest_path(part.index), fp, compute)
+
+
+INGEST_PARTITION = Unit(ingest_partition, "ingest-partition")

@@ -1,0 +1,611 @@
+"""Input discovery: turn any accepted source into numbered ingest partitions.
+
+Accepted sources (local paths or any fsspec URI such as ``s3://``):
+
+(a) a metadata table (parquet, JSONL or CSV; a file, or a folder holding
+    ``metadata.{parquet,jsonl,csv}``) whose rows point at image files;
+(b) WebDataset tars (a ``.tar`` file or a folder of them, e.g. img2dataset output:
+    ``{key}.jpg`` + ``{key}.txt`` + ``{key}.json``), or a GPIC release root
+    (``train|val|test/gpic_*.tar``: ``{key}.json`` with the caption, then ``{key}.jpg|png``);
+(c) a bare folder of images (optional ``{stem}.txt`` caption and ``{stem}.json``
+    metadata sidecars are read, not counted as records).
+
+Tables and folders are streamed once into ``work/input/{part}.parquet`` chunks of a
+fixed number of rows in input order, with columns normalised to :data:`INPUT_COLUMNS`;
+tars are one partition each. Partitions are the unit of parallel ingest, and their
+order is the corpus's input order. A folder's listing is spilled to the output's work
+area as it comes (``work/.listing/``) and sorted, its sidecars matched to their images,
+by one DuckDB query under a memory limit: no process holds the corpus's paths.
+
+Each partition carries a content digest for the stage contract: the SHA-256 of its
+chunk file (rows and their metadata), or for a tar its stamp. A stamp
+(:func:`corpusforge.storage.file_stamp`: size, mtime, ctime and inode locally, the
+object store's ETag remotely) is how a changed file is noticed without reading it again,
+as make and rsync do, even when its mtime was set back; ingest stamps every image file a
+chunk names, so bytes replaced at the same path are re-read. ``input.verify: content``
+adds each file's SHA-256 to its stamp, for storage whose metadata cannot be trusted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import posixpath
+import re
+import stat
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import fsspec
+import fsspec.asyn
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+from pydantic import Field
+
+from corpusforge.config import StrictModel
+from corpusforge.contract import Unit, prune
+from corpusforge.layout import (INPUT_DIR, INPUT_SCHEMA, LISTING_SPILL_DIR, TABLE_SUFFIXES, input_path, listing_spill_path,
+                                part_name)
+from corpusforge.outofcore import spilling_duckdb
+from corpusforge.storage import Store, file_stamp, is_remote
+
+if TYPE_CHECKING:
+    import duckdb
+
+METADATA_COLUMNS = ["key", "caption", "caption_type", "source", "license", "license_url",
+                    "attribution", "retrieved_at"]
+INPUT_COLUMNS = INPUT_SCHEMA.names
+IMAGE_EXTS = {"jpg", "jpeg", "png", "webp"}
+SIDECAR_EXTS = {"txt", "json"}
+SIDECAR_ORDER = ("txt", "json")  # a caption from .txt comes first and wins over the JSON's
+GPIC_SPLITS = ("train", "val", "test")
+SCHEME_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")  # file:/x, local:/x, c:/x
+
+
+class SourceConfig(StrictModel):
+    """How to read the input corpus."""
+
+    kind: Literal["auto", "table", "tars", "folder"] = Field(
+        "auto", description="Input kind; 'auto' detects a metadata table, tars or a bare image folder.")
+    columns: dict[str, str] = Field(
+        default_factory=dict,
+        description="Map corpusforge column names (key, path, caption, …) to the table's own column names.")
+    partition_size: int = Field(500, ge=1, description="Records per ingest partition (table and folder inputs).")
+    storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for the source.")
+    allow_roots: list[str] = Field(
+        default_factory=list,
+        description="Further folders or URI prefixes (e.g. 's3://bucket/images/') that metadata paths may "
+                    "point into. By default only the source's own folder (and, for a source on an object "
+                    "store, that store's protocol) is readable.")
+    verify: Literal["stamp", "content"] = Field(
+        "stamp",
+        description="How a rerun notices a changed input file: 'stamp' (size, mtime, ctime and inode locally, "
+                    "the ETag on object stores) or 'content' (also re-hash every image and tar on every run, "
+                    "for the paranoid: the whole source is read again).")
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One unit of ingest work. ``uri`` is a tar (kind 'tar') or the normalised input chunk."""
+
+    index: int
+    kind: Literal["rows", "tar"]
+    uri: str
+    base: str    # folder that relative paths in the chunk are resolved against
+    digest: str  # SHA-256 of the chunk file, or the tar's stamp
+
+    @property
+    def name(self) -> str:
+        return f"{self.index:06d}"
+
+
+def _fs(uri: str, options: dict[str, Any]) -> tuple[fsspec.AbstractFileSystem, str]:
+    return fsspec.core.url_to_fs(uri, **options)
+
+
+def _full(fs: fsspec.AbstractFileSystem, path: str, like: str) -> str:
+    """A path returned by ``fs`` turned back into a URI of the same kind as ``like``."""
+    return fs.unstrip_protocol(path) if is_remote(like) else path
+
+
+def detect_kind(src: str, options: dict[str, Any]) -> tuple[str, str]:
+    """(kind, resolved uri): the table file for 'table', else ``src`` itself."""
+    fs, path = _fs(src, options)
+    if fs.isfile(path):
+        if path.endswith(TABLE_SUFFIXES):
+            return "table", src
+        if path.endswith(".tar"):
+            return "tars", src
+        raise ValueError(f"{src}: not a metadata table (.parquet/.jsonl/.csv) or a .tar")
+    if not fs.isdir(path):
+        raise FileNotFoundError(f"source {src} does not exist")
+    for suffix in TABLE_SUFFIXES:
+        candidate = posixpath.join(path, f"metadata{suffix}")
+        if fs.isfile(candidate):
+            return "table", _full(fs, candidate, src)
+    if fs.glob(posixpath.join(path, "*.tar")) or gpic_tars(fs, path):
+        return "tars", src
+    return "folder", src
+
+
+def gpic_tars(fs: fsspec.AbstractFileSystem, path: str) -> list[str]:
+    """The tars of a GPIC-layout release root (``train/``, ``val/``, ``test/`` folders of
+    ``gpic_{split}_NNNNN.tar``), split by split in GPIC's order, shards in index order."""
+    return [t for split in GPIC_SPLITS for t in sorted(fs.glob(posixpath.join(path, split, "*.tar")))]
+
+
+def tar_list(fs: fsspec.AbstractFileSystem, path: str) -> list[str]:
+    """A tar source's tars: the file itself, the folder's ``*.tar``, or a GPIC release root's."""
+    if fs.isfile(path):
+        return [path]
+    return sorted(fs.glob(posixpath.join(path, "*.tar"))) + gpic_tars(fs, path)
+
+
+def source_split_of(tar_uri: str) -> str | None:
+    """train/val/test when a source tar lies in a GPIC release root's split folder."""
+    parts = tar_uri.rstrip("/").split("/")
+    return parts[-2] if len(parts) >= 2 and parts[-2] in GPIC_SPLITS else None
+
+
+def _table_batches(uri: str, options: dict[str, Any], chunk: int) -> Iterator[pa.Table]:
+    """Stream a metadata table in chunks without reading it whole; an unreadable table is
+    one error naming the file."""
+    try:
+        yield from _read_table_batches(uri, options, chunk)
+    except pa.ArrowInvalid as exc:
+        raise ValueError(f"{uri}: not a readable table ({exc})") from exc
+
+
+def _read_table_batches(uri: str, options: dict[str, Any], chunk: int) -> Iterator[pa.Table]:
+    with fsspec.open(uri, "rb", **options) as f:
+        if uri.endswith(".parquet"):
+            for batch in pq.ParquetFile(f).iter_batches(batch_size=chunk):
+                yield pa.Table.from_batches([batch])
+        elif uri.endswith(".csv"):
+            convert = pacsv.ConvertOptions(strings_can_be_null=False, column_types=None)
+            reader = pacsv.open_csv(f, read_options=pacsv.ReadOptions(block_size=1 << 22),
+                                    convert_options=convert)
+            for batch in reader:
+                yield pa.Table.from_batches([batch])
+        else:  # JSONL, line by line so memory stays bounded
+            rows: list[dict[str, Any]] = []
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{uri}:{lineno}: invalid JSON ({exc})") from exc
+                if len(rows) == chunk:
+                    yield pa.Table.from_pylist(rows)
+                    rows = []
+            if rows:
+                yield pa.Table.from_pylist(rows)
+
+
+def _as_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, float) and value != value:  # NaN
+        return None
+    return value if isinstance(value, str) else str(value)
+
+
+def normalise_rows(table: pa.Table, mapping: dict[str, str]) -> list[dict[str, str | None]]:
+    """Rows with corpusforge column names; unmapped columns go to ``extra`` as JSON."""
+    reverse = {theirs: ours for ours, theirs in mapping.items()}
+    out = []
+    for row in table.to_pylist():
+        record: dict[str, str | None] = {c: None for c in INPUT_COLUMNS}
+        extra: dict[str, Any] = {}
+        for name, value in row.items():
+            ours = reverse.get(name, name)
+            if ours in record and ours not in ("extra", "warning", "sidecars"):
+                record[ours] = _as_text(value)
+            else:
+                extra[name] = value
+        record["extra"] = json.dumps(extra, sort_keys=True, default=str) if extra else None
+        out.append(record)
+    return out
+
+
+def _write_chunks(store: Store, rows: Iterator[dict[str, Any]], size: int, base: str) -> list[Partition]:
+    parts: list[Partition] = []
+    buffer: list[dict[str, Any]] = []
+
+    def flush() -> None:
+        index = len(parts)
+        rel = input_path(index)
+        sha = store.write_parquet(rel, pa.Table.from_pylist(buffer, schema=INPUT_SCHEMA))
+        parts.append(Partition(index, "rows", store.path(rel), base, sha))
+        buffer.clear()
+
+    for row in rows:
+        buffer.append(row)
+        if len(buffer) == size:
+            flush()
+    if buffer:
+        flush()
+    return parts
+
+
+def _table_rows(uri: str, cfg: SourceConfig) -> Iterator[dict[str, Any]]:
+    if "path" not in cfg.columns and "path" in cfg.columns.values():
+        raise ValueError("column mapping maps another name onto 'path'")
+    for table in _table_batches(uri, cfg.storage_options, cfg.partition_size):
+        source_path = cfg.columns.get("path", "path")
+        if source_path not in table.column_names:
+            raise ValueError(f"{uri}: no '{source_path}' column (the only required column)")
+        yield from normalise_rows(table, cfg.columns)
+
+
+def parse_sidecar(data: bytes) -> tuple[dict[str, Any], str | None]:
+    """A JSON metadata sidecar as a dict, and a warning when it could not be used: malformed
+    JSON or not an object is never silently taken as ``{}``."""
+    try:
+        loaded = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return {}, f"bad_sidecar: invalid JSON ({exc}); its metadata (licence, attribution…) was not used"
+    if not isinstance(loaded, dict):
+        return {}, f"bad_sidecar: JSON {type(loaded).__name__}, not an object; its metadata was not used"
+    return loaded, None
+
+
+LISTING_THREADS = 16  # folder listing: top-level sub-folders listed at once (I/O-bound)
+SPILL_ROWS = 16_384  # entries a lister holds before it writes them to a spill part
+REMOTE_PAGE = 1_000  # objects taken from an S3 listing at a time (its page size)
+LISTING_MEMORY_LIMIT = "1GB"  # DuckDB's budget for sorting the listing and matching sidecars; it spills beyond
+LISTING_BATCH_ROWS = 8_192  # sorted rows taken from DuckDB at a time
+SPILL_SCHEMA = pa.schema([
+    ("path", pa.string()),
+    ("stem", pa.string()),              # the path less its extension, for images and sidecars only
+    ("image", pa.bool_()),
+    ("readable_sidecar", pa.bool_()),   # named like a sidecar (any case) and a regular file inside the folder
+    ("sidecar_ext", pa.string()),       # 'txt' or 'json' when it is also named as an image's sidecar is
+])
+Entry = tuple[str, bool]  # (path, regular file)
+
+
+def _scan(folder: str, folders: list[str]) -> Iterator[Entry]:
+    """One folder's entries as (path, regular), its sub-folders (symlinks not followed)
+    appended to ``folders``: a symlink to a folder and any special file (FIFO, device,
+    socket) is an entry, so ingest reports it as an error. ``regular``: a regular file, not
+    a link (the entry's type from the directory listing, no stat)."""
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            if is_dir and not entry.is_symlink():
+                folders.append(entry.path)
+            else:
+                yield entry.path, entry.is_file(follow_symlinks=False)
+
+
+def _walk_local(folder: str) -> Iterator[Entry]:
+    """Every entry under a local folder (see :func:`_scan`), as the walk meets it."""
+    pending = [folder]
+    while pending:
+        yield from _scan(pending.pop(), pending)
+
+
+def _s3_entries(fs: fsspec.AbstractFileSystem, path: str, delimiter: str) -> Iterator[dict[str, Any]]:
+    """An S3 listing's entries a page at a time: s3fs's ``find`` and ``ls`` return (and
+    cache) the whole listing."""
+    bucket, key, _ = fs.split_path(path)
+    listing = fs._iterdir(bucket, delimiter=delimiter, prefix=f"{key}/" if key else "")
+
+    async def page() -> list[dict[str, Any]]:
+        entries: list[dict[str, Any]] = []
+        async for entry in listing:
+            entries.append(entry)
+            if len(entries) == REMOTE_PAGE:
+                break
+        return entries
+
+    while entries := fsspec.asyn.sync(fs.loop, page):
+        yield from entries
+
+
+def _remote_scan(fs: fsspec.AbstractFileSystem, path: str, prefixes: list[str] | None) -> Iterator[Entry]:
+    """Every object under a prefix, or with ``prefixes`` a list only those directly under
+    it, its sub-prefixes appended to the list. Streamed from S3; other object stores list
+    with ``find``/``ls``. An object is a regular file."""
+    import s3fs  # only for remote sources (it takes a quarter of a second to import)
+
+    if isinstance(fs, s3fs.S3FileSystem):
+        entries = _s3_entries(fs, path, "" if prefixes is None else "/")
+    elif prefixes is None:
+        entries = ({"name": name, "type": "file"} for name in fs.find(path))
+    else:
+        entries = fs.ls(path, detail=True)
+    for entry in entries:
+        if entry["type"] == "directory":
+            prefixes.append(entry["name"])
+        else:
+            yield entry["name"], True
+
+
+def _spill_table(entries: list[Entry], root: str) -> pa.Table:
+    """A spill part: each entry with what matching sidecars to images needs. A sidecar is
+    readable when it is a regular file, or (the rare link or special file named like one)
+    when :func:`local_file_refusal` lets it be read."""
+    columns: dict[str, list[Any]] = {name: [] for name in SPILL_SCHEMA.names}
+    for path, regular in entries:
+        stem, _, ext = path.rpartition(".")
+        image, sidecar = ext.lower() in IMAGE_EXTS, ext.lower() in SIDECAR_EXTS
+        readable = sidecar and (regular or local_file_refusal(path, [root]) is None)
+        columns["path"].append(path)
+        columns["stem"].append(stem if image or sidecar else None)
+        columns["image"].append(image)
+        columns["readable_sidecar"].append(readable)
+        columns["sidecar_ext"].append(ext if readable and ext in SIDECAR_EXTS else None)
+    return pa.table(columns, schema=SPILL_SCHEMA)
+
+
+def _spill(store: Store, lister: str, entries: Iterator[Entry], root: str) -> list[str]:
+    """Write a lister's entries to spill parts of :data:`SPILL_ROWS` rows; their paths."""
+    parts: list[str] = []
+    while batch := list(itertools.islice(entries, SPILL_ROWS)):
+        parts.append(listing_spill_path(lister, len(parts)))
+        store.write_parquet(parts[-1], _spill_table(batch, root))
+    return parts
+
+
+def _spill_listing(store: Store, fs: fsspec.AbstractFileSystem, root: str, remote: bool) -> list[str]:
+    """List a folder (local) or prefix (remote) into spill parts; their paths. The top level
+    first, then its sub-folders on :data:`LISTING_THREADS` listers, each writing its own parts."""
+    folders: list[str] = []
+    top = _remote_scan(fs, root, folders) if remote else _scan(root, folders)
+    parts = _spill(store, "top", top, root)
+    listings = ((_remote_scan(fs, f, None) if remote else _walk_local(f)) for f in folders)
+    lock = threading.Lock()
+
+    def taken() -> Iterator[Entry]:
+        while True:
+            with lock:
+                listing = next(listings, None)
+            if listing is None:
+                return
+            yield from listing
+
+    with ThreadPoolExecutor(LISTING_THREADS) as pool:
+        for listed in pool.map(lambda n: _spill(store, f"{n:02d}", taken(), root), range(LISTING_THREADS)):
+            parts += listed
+    return parts
+
+
+# The listing's global step, in DuckDB over the spill parts (view ``entries``). Stages end
+# in tables, not one query: a hash join feeding a sort in one pipeline needed memory that
+# grew with the listing (300 MB did not suffice at 10⁷ entries; staged, 100 MB did).
+# ``matched``: the stems that have an image and a readable sidecar-named entry (any case);
+# ``kept``: every entry but those sidecars, an image with the sidecars named exactly
+# {stem}.txt / {stem}.json; then ``kept`` sorted by path.
+LISTING_STAGES = (
+    f"""CREATE TEMP TABLE matched AS
+        SELECT stem, {", ".join(f"bool_or(sidecar_ext = '{e}') AS has_{e}" for e in SIDECAR_ORDER)}
+        FROM entries WHERE stem IS NOT NULL GROUP BY stem HAVING bool_or(image) AND bool_or(readable_sidecar)""",
+    f"""CREATE TEMP TABLE kept AS
+        SELECT e.path, CASE WHEN e.image THEN nullif(concat_ws(',', {
+            ", ".join(f"CASE WHEN m.has_{e} THEN '{e}' END" for e in SIDECAR_ORDER)}), '') END AS sidecars
+        FROM entries e LEFT JOIN matched m ON e.stem = m.stem
+        WHERE NOT (e.readable_sidecar AND m.stem IS NOT NULL)""",
+)
+
+
+def _sorted_rows(con: duckdb.DuckDBPyConnection, files: list[str], remote: bool) -> Iterator[tuple[str, str | None]]:
+    """(path, sidecars) of every row of the listing in ``files``, sorted by path."""
+    con.execute("SET preserve_insertion_order = false")  # the order is the final sort's
+    entries = con.read_parquet(files)
+    if remote:  # an object may be listed twice (as a top-level object and under a prefix)
+        entries.distinct().create("entries")
+    else:
+        entries.create_view("entries")
+    for stage in LISTING_STAGES:
+        con.execute(stage)
+    for batch in con.sql("SELECT path, sidecars FROM kept ORDER BY path").to_arrow_reader(LISTING_BATCH_ROWS):
+        yield from zip(batch["path"].to_pylist(), batch["sidecars"].to_pylist(), strict=True)
+
+
+def _folder_rows(src: str, cfg: SourceConfig, store: Store) -> Iterator[dict[str, Any]]:
+    """Every file of a bare folder in sorted order; an image's caption/metadata sidecars are
+    named in its row (``sidecars``) and read at ingest, in parallel over partitions.
+
+    Nothing is skipped silently: links and special files become rows (and error records
+    at ingest); a sidecar is attached only when it is a regular file inside the folder —
+    checked from the listing's entry types, and with a realpath and stat only for a link
+    or special file named like a sidecar.
+
+    Memory stays bounded at any size: the listing is spilled to ``store``'s work area as
+    it comes, and DuckDB under a memory limit sorts it and matches sidecars to images out
+    of core; rows stream from it."""
+    fs, root = _fs(src, cfg.storage_options)
+    remote = is_remote(src)
+    if not remote:
+        root = root.rstrip("/") or "/"
+    store.remove(LISTING_SPILL_DIR)
+    try:
+        parts = _spill_listing(store, fs, root, remote)
+        if not parts:
+            return
+        with spilling_duckdb(LISTING_MEMORY_LIMIT, store) as con:
+            for path, sidecars in _sorted_rows(con, [store.path(p) for p in parts], remote):
+                record: dict[str, Any] = dict.fromkeys(INPUT_COLUMNS)
+                record["path"] = posixpath.relpath(path, root)
+                record["sidecars"] = sidecars
+                yield record
+    finally:
+        store.remove(LISTING_SPILL_DIR)
+
+
+def why_empty(src: str, cfg: SourceConfig) -> str | None:
+    """What makes the source hold no input record (an empty table, a header-only CSV, an
+    empty folder), or None when it holds at least one. Reads as little as it can: the
+    first rows of a table, the listing up to the first file; writes nothing, so the CLI
+    can ask before anything starts. An unreadable table raises ValueError naming it."""
+    kind, uri = detect_kind(src, cfg.storage_options) if cfg.kind == "auto" else (cfg.kind, src)
+    fs, path = _fs(uri, cfg.storage_options)
+    if kind == "table":
+        if any(t.num_rows for t in _table_batches(uri, cfg.storage_options, 1)):
+            return None
+        return f"table {uri} has no rows"
+    if kind == "tars":
+        return None if tar_list(fs, path) else f"folder {uri} holds no .tar"
+    if fs.isfile(path):
+        return None
+    for folder, dirs, files in fs.walk(path):
+        if files or (not is_remote(uri) and any(os.path.islink(posixpath.join(folder, d)) for d in dirs)):
+            return None
+    return f"folder {uri} holds no file"
+
+
+def read_sidecars(location: str, exts: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The caption and metadata columns (and ``warning``) from an image's sidecars, as the
+    folder listing named them (``exts``: "txt", "json" or "txt,json"); the ``.txt`` caption
+    wins over a caption in the JSON. An unreadable sidecar is a warning, never a failure."""
+    out: dict[str, Any] = {}
+    for path in sidecar_locations(location, exts):
+        ext = path.rpartition(".")[2]
+        try:
+            data = _read_sidecar(path, options)
+        except (OSError, ValueError) as exc:
+            out["warning"] = f"bad_sidecar: {ext} unreadable ({type(exc).__name__}: {exc}); it was not used"
+            continue
+        if ext == "txt":
+            out["caption"] = data.decode("utf-8", "replace").strip()
+        else:
+            meta, warning = parse_sidecar(data)
+            out["warning"] = out.get("warning") or warning
+            for name in METADATA_COLUMNS:
+                if name in meta and out.get(name) is None:
+                    out[name] = _as_text(meta[name])
+    return out
+
+
+def _read_sidecar(location: str, options: dict[str, Any]) -> bytes:
+    """A sidecar's bytes; a local one opened without blocking and refused unless it is still
+    a regular file (the listing saw one, but the folder may have changed since)."""
+    if is_remote(location):
+        fs, path = _fs(location, options)
+        return fs.cat_file(path)
+    fd = os.open(os.path.realpath(location), os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{location}: not a regular file")
+        return f.read()
+
+
+def sidecar_locations(location: str, exts: str) -> list[str]:
+    """Where an image's sidecars lie, in the order they are read."""
+    stem = location.rpartition(".")[0]
+    return [f"{stem}.{ext}" for ext in exts.split(",")]
+
+
+def plan_partitions(src: str, store: Store, cfg: SourceConfig) -> tuple[str, list[Partition]]:
+    """Detect the source kind and return it with the ingest partitions in input order.
+
+    Chunks of an earlier plan beyond this plan's last partition are removed."""
+    kind, uri = detect_kind(src, cfg.storage_options) if cfg.kind == "auto" else (cfg.kind, src)
+    if kind == "tars":
+        fs, path = _fs(uri, cfg.storage_options)
+        tars = tar_list(fs, path)
+        content = cfg.verify == "content"
+        parts = [Partition(i, "tar", _full(fs, t, uri), "", file_stamp(fs, t, content=content))
+                 for i, t in enumerate(tars)]
+    elif kind == "table":
+        fs, path = _fs(uri, cfg.storage_options)
+        base = _full(fs, posixpath.dirname(path), uri)
+        parts = _write_chunks(store, _table_rows(uri, cfg), cfg.partition_size, base)
+    else:
+        with contextlib.closing(_folder_rows(uri, cfg, store)) as rows:
+            parts = _write_chunks(store, rows, cfg.partition_size, uri.rstrip("/"))
+    if not parts:
+        raise ValueError(f"source {src}: no input records (empty {kind}); nothing to build")
+    prune(store, INPUT_DIR, {part_name(p.index) for p in parts if p.kind == "rows"})
+    return kind, parts
+
+
+def _under(location: str, root: str) -> bool:
+    if root.endswith("://"):
+        return location.startswith(root)
+    root = root.rstrip("/")
+    return location == root or location.startswith(root + "/")
+
+
+def allowed_roots(base: str, extra: Sequence[str] = ()) -> list[str]:
+    """Where metadata paths may point: the source's folder, for a source on an object store
+    that store's whole protocol (``s3://``), and any roots the config allow-lists."""
+    roots = [base]
+    if is_remote(base):
+        roots.append(f"{fsspec.utils.get_protocol(base)}://")
+    return roots + [r for r in extra if r]
+
+
+def locate(base: str, path: str, roots: Sequence[str] = ()) -> tuple[str | None, str]:
+    """(location, "") for a metadata path that may be read, else (None, why it is refused).
+
+    Decided from the string alone, before any byte is read: empty paths, control
+    characters, backslashes and chained URLs (``simplecache::…``) are refused; a relative
+    path must stay inside ``base`` (no ``..`` escape); an absolute path or a URI of any
+    protocol (``file://``, ``local://``, ``http(s)://``, ``memory://``, ``zip://``, ``s3://``…)
+    must lie under one of ``roots`` (default: :func:`allowed_roots` of ``base``).
+    Local files are checked once more at read time (:func:`local_file_refusal`).
+    """
+    roots = list(roots) or allowed_roots(base)
+    if not path:
+        return None, "empty path"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path) or "\\" in path:
+        return None, "control character or backslash in path"
+    if "::" in path:
+        return None, "chained URL not allowed"
+    if "://" in path or path.startswith("/"):
+        protocol, rest = fsspec.core.split_protocol(path)
+        if any(p in ("..", ".") for p in rest.split("/")):
+            return None, "'..' or '.' component in path"
+        normal = path if protocol else posixpath.normpath(path)
+        if not any(_under(normal, r if "://" in r else os.path.abspath(r)) for r in roots):
+            kind = f"{protocol}:// URL" if protocol else "absolute path"
+            return None, f"{kind} outside the allowed roots (input.allow_roots)"
+        return normal, ""
+    if SCHEME_LIKE.match(path):
+        return None, "URL-like path without '//' (write ./name for a file whose name has a colon)"
+    normal = posixpath.normpath(path)
+    if normal == ".." or normal.startswith("../") or normal == ".":
+        return None, "path escapes the source folder"
+    return posixpath.join(base, normal), ""
+
+
+def resolve_path(base: str, path: str, roots: Sequence[str] = ()) -> str | None:
+    """The location of ``path`` from a metadata row, or None when it is refused (:func:`locate`)."""
+    return locate(base, path, roots)[0]
+
+
+def local_file_refusal(location: str, roots: Sequence[str]) -> str | None:
+    """Why a local file may not be read (None: it may): its real path, symlinks resolved,
+    must lie inside a local root and it must be a regular file (a FIFO or device is never
+    opened). Only metadata is looked at; remote locations are not checked here."""
+    if is_remote(location):
+        return None
+    real = os.path.realpath(location)
+    local_roots = [os.path.realpath(r) for r in roots if not is_remote(r)]
+    if not any(_under(real, r) for r in local_roots):
+        return "symlink to a location outside the source"
+    try:
+        mode = os.stat(real).st_mode
+    except FileNotFoundError:
+        return None  # reported as missing_file by the reader
+    except OSError as exc:
+        return f"cannot stat: {exc.strerror}"
+    if not stat.S_ISREG(mode):
+        return "not a regular file (folder, FIFO, device or socket)"
+    return None
+
+
+PLAN_INPUTS = Unit(plan_partitions, "plan-inputs")

@@ -1,0 +1,371 @@
+"""Release shards: the kept records, placed by :mod:`tasks.release.splits`, read back from staging.
+
+:func:`plan_release_files` gathers every staged record's fate (kept, or removed as a
+near-duplicate by the graph stage when it ran), plans splits/shards/tiers for the kept
+ones and writes two kinds of small plan files:
+
+* ``work/release/{split}-{shard}.parquet`` — the samples of one release shard in order,
+  with the (staging shard, offset, size, SHA-256) spans of their members and the shard's
+  tier (one task per release shard reads it, and no staging index);
+* ``work/late/{part}.parquet`` — per ingest partition, the facts decided after staging
+  (staging shard, near-duplicate decision, component, split, shard, tier), joined into
+  the manifest by row.
+
+The staging shards to plan from are a file too, ``work/release_staged.parquet``, which
+the publishing flow writes (:func:`write_staged_list`) and the planner reads back by its
+SHA-256: the planning task's parameters stay a few names and digests at any shard count.
+
+A release shard's fingerprint holds its plan file's bytes, and so the SHA-256 of each
+staging member it copies: a caption edited in staging reaches exactly the release tar
+holding it.
+
+Planning is columnar and out of core: one pass over the staging shards writes each
+shard's facts (strata, group, seeded priorities, member spans) to a local parquet file;
+DuckDB, under a memory limit and spilling to a temporary folder, places the kept records
+exactly as :func:`tasks.release.splits.plan_release` does (window sums for the split quotas, row
+numbers for the round-robin deal) and streams the plan back in release-shard and
+partition order. No per-record Python object outlives its staging shard, release shard
+or partition.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import tempfile
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from corpusforge.contract import prune, read_pinned, run_unit, unit_fingerprint
+from corpusforge.faults import fault_point
+from corpusforge.hashing import stable_uniform
+from corpusforge.layout import (GPIC_JSON_FIELDS, LATE_DIR, LATE_SCHEMA, MEMBER_SPAN, RELEASE_DIR, RELEASE_PLAN_DIR,
+                                RELEASE_PLAN_SCHEMA, RELEASE_STAGED, RELEASE_STAGED_SCHEMA, captions_path,
+                                decisions_path, late_path, part_name, release_plan_path, release_shard_name,
+                                release_tar, staging_index, staging_records, staging_tar)
+from corpusforge.records import Status
+from corpusforge.storage import Store
+from corpusforge.tarshard import Sample, write_tar
+from corpusforge.version import code_version
+from tasks.release.release_image import COPIED, FORMAT_OF_EXT, member_for, pillow_version, reencode, resolve_rule
+from tasks.release.splits import SPLITS, SplitConfig, apportion, held_out_sizes, tier_counts, tiers_of
+from tasks.shared.samples import sample_json
+
+# DuckDB's budget for the whole-corpus sorts and window sums; beyond it, it spills to disk.
+# The planner's memory grows with N only through this buffer pool (at 1M records, 0.93 of the
+# 1.12 GB above start was DuckDB's; Python objects peak at ~50 MB at 100k and 1M alike), so a
+# planning task stays near this limit plus ~0.2 GB at any N (bench/results/scale-after-params.txt).
+PLAN_MEMORY_LIMIT = "2GB"
+_CAPTION_FIELDS = ("caption", "caption_type", "caption_origin", "vlm_model", "vlm_answers")
+
+
+def gpic_json(meta: dict[str, Any], caption: str, tiers: list[str]) -> bytes:
+    """A sample's JSON in GPIC's release format: exactly its field names and types (strings
+    never null: a missing value is ""; ``split`` is the list of tiers holding the sample)."""
+    text = {f: str(meta.get(f) or "") for f in ("retrieved_at", "license", "license_url", "attribution",
+                                                "key", "caption_type")}
+    values = {**text, "img_width": int(meta["width"]), "img_height": int(meta["height"]),
+              "split": list(tiers), "caption": caption}
+    return json.dumps({f: values[f] for f in GPIC_JSON_FIELDS}, ensure_ascii=False,
+                      separators=(",", ":")).encode()
+
+
+def release_sample(key: str, data: dict[str, bytes], split: str, tiers: list[str], release_ext: str,
+                   encoding: str, layout: str, captioned: dict[str, Any] | None = None) -> Sample:
+    """One release sample from its staged members. Default layout: image, .txt, .json (the
+    staged JSON plus split, tiers and the image member's true format); gpic: .json first,
+    then the image, caption inside the JSON. ``captioned`` (a release-plan row): when the
+    captioning stage ran, its caption replaces the staged one and its type and origin go
+    into the JSON."""
+    staged_ext = next(e for e in data if e not in ("txt", "json"))
+    image = reencode(data[staged_ext], encoding)
+    meta = json.loads(data["json"])
+    text = data["txt"]
+    extra: dict[str, Any] = {}
+    if captioned and captioned.get("caption_origin"):
+        extra = {"caption_type": captioned["caption_type"], "caption_origin": captioned["caption_origin"]}
+        if captioned.get("caption") is not None:
+            text = captioned["caption"].encode("utf-8")
+    if layout == "gpic":
+        meta.update(caption_type=extra.get("caption_type", meta.get("caption_type")))
+        return Sample(key, {"json": gpic_json(meta, text.decode("utf-8"), tiers), release_ext: image})
+    extra.update(split=split, tiers=tiers, format=FORMAT_OF_EXT[release_ext])
+    return Sample(key, {release_ext: image, "txt": text, "json": sample_json(meta, extra)})
+
+
+def _facts_schema(n_strata: int) -> pa.Schema:
+    """One staged record's facts in the planning pass: everything the plan and late files
+    need, its strata (``s_0``…, as :func:`tasks.release.splits.stratum_of` renders them), its group
+    and its seeded priorities (``u0``: split order, ``u1``: shard deal, ``u2``: order in shard)."""
+    return pa.schema([
+        ("key", pa.string()), ("part", pa.int32()), ("row", pa.int32()), ("staging_shard", pa.string()),
+        ("ext", pa.string()), *[LATE_SCHEMA.field(c) for c in (
+            "status", "reason", "duplicate_of", "component_id", "component_size", "max_similarity")],
+        ("caption", pa.string()), ("caption_type", pa.string()), ("caption_origin", pa.string()),
+        ("vlm_model", pa.string()), ("vlm_answers", pa.string()),
+        ("grp", pa.string()), *[(f"s_{i}", pa.string()) for i in range(n_strata)],
+        ("u0", pa.float64()), ("u1", pa.float64()), ("u2", pa.float64()), ("members", pa.list_(MEMBER_SPAN))])
+
+
+def shard_facts(store: Store, shard: str, source: Store, near_dedup: bool, captions: bool,
+                cfg: SplitConfig) -> pa.Table:
+    """The facts of one staging shard's records (from ``source``) with their near-duplicate
+    decisions (from ``store``, when the near-duplicate stage ran: then every record must
+    have one) and, when the captioning stage ran, their caption rows (every surviving
+    record must have one)."""
+    decisions = ({d["key"]: d for d in store.read_parquet(decisions_path(shard)).to_pylist()}
+                 if near_dedup else {})
+    captioned = {c["key"]: c for c in store.read_parquet(captions_path(shard)).to_pylist()} if captions else {}
+    spans: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for m in source.read_parquet(staging_index(shard), columns=["key", "ext", "offset", "size", "sha256"]
+                                 ).to_pylist():
+        spans[m.pop("key")].append(m)
+    rows = []
+    for r in source.read_parquet(staging_records(shard)).to_pylist():
+        if near_dedup and r["key"] not in decisions:
+            raise ValueError(f"no near-duplicate decision for {r['key']} of staging shard {shard}")
+        d = decisions.get(r["key"], {})
+        r.update(staging_shard=shard, status=d.get("status", Status.KEPT.value), reason=d.get("reason") or "",
+                 duplicate_of=d.get("duplicate_of"), component_id=d.get("component_id"),
+                 component_size=d.get("component_size"), max_similarity=d.get("max_similarity"))
+        if captions and r["status"] == Status.KEPT.value:
+            c = captioned.get(r["key"])
+            if c is None:
+                raise ValueError(f"no caption row for {r['key']} of staging shard {shard}")
+            r.update({f: c[f] for f in _CAPTION_FIELDS})
+            if c["status"] != Status.KEPT.value:
+                r.update(status=c["status"], reason=c["reason"])
+        r["grp"] = str(r["component_id"]) if r["component_id"] is not None else f"{r['part']}:{r['row']}"
+        r.update({f"s_{i}": str(r.get(f) or "") for i, f in enumerate(cfg.stratify_by)})
+        if r["status"] == Status.KEPT.value:
+            r.update(u0=stable_uniform(cfg.seed, r["key"]), u1=stable_uniform(cfg.seed + 1, r["key"]),
+                     u2=stable_uniform(cfg.seed + 2, r["key"]), members=spans[r["key"]])
+        rows.append(r)
+    return pa.Table.from_pylist(rows, schema=_facts_schema(len(cfg.stratify_by)))
+
+
+def _batches(con: duckdb.DuckDBPyConnection, sql: str, rows: int = 4096) -> Iterator[list[dict[str, Any]]]:
+    """A query's rows in batches of Python dicts (only one batch alive at a time)."""
+    reader = con.sql(sql).to_arrow_reader(rows)
+    for batch in reader:
+        yield batch.to_pylist()
+
+
+def _runs(con: duckdb.DuckDBPyConnection, sql: str, key: tuple[str, ...]) -> Iterator[list[dict[str, Any]]]:
+    """A query ordered by ``key``: its rows grouped into runs of equal ``key``."""
+    run: list[dict[str, Any]] = []
+    for batch in _batches(con, sql):
+        for r in batch:
+            if run and tuple(run[-1][k] for k in key) != tuple(r[k] for k in key):
+                yield run
+                run = []
+            run.append(r)
+    if run:
+        yield run
+
+
+def _place(con: duckdb.DuckDBPyConnection, cfg: SplitConfig, strata: list[str]) -> int:
+    """Create table ``placed`` (key, split, shard, position) of the kept records, equal to
+    :func:`tasks.release.splits.plan_release`; return the number of kept records.
+
+    Splits: per stratum, groups in seeded order take test while the test sizes before
+    them are under the test quota, then val likewise (a window sum of group sizes)."""
+    s_cols = ", ".join(["s_c", *strata])
+    con.execute(f"""CREATE TEMP TABLE groups AS SELECT grp, {", ".join(f"arg_min({c}, key) AS {c}" for c in
+                                                                  ["s_c", *strata])},
+                    count(*) AS n, min(key) AS gkey, arg_min(u0, key) AS gu FROM kept GROUP BY grp""")
+    sizes = {tuple(r[2:]): int(r[0]) for r in con.execute(f"SELECT sum(n), {s_cols} FROM groups GROUP BY {s_cols}"
+                                                          ).fetchall()}
+    n_kept = sum(sizes.values())
+    val_n, test_n, _ = held_out_sizes(n_kept, cfg)
+    test_q, val_q = apportion(test_n, sizes), apportion(val_n, sizes)
+    quotas = pa.table({"s_c": [""] * len(sizes), **{c: [s[i] for s in sizes] for i, c in enumerate(strata)},
+                       "tq": [test_q[s] for s in sizes], "vq": [val_q[s] for s in sizes]},
+                      schema=pa.schema([(c, pa.string()) for c in ["s_c", *strata]] + [("tq", pa.int64()),
+                                                                                        ("vq", pa.int64())]))
+    con.register("quotas", quotas)
+    con.execute(f"""CREATE TEMP TABLE group_split AS
+        WITH ordered AS (
+            SELECT grp, n, tq, vq, {s_cols}, sum(n) OVER (PARTITION BY {s_cols} ORDER BY gu, gkey
+                                                        ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) - n AS before
+            FROM groups JOIN quotas USING ({s_cols})),
+        tested AS (SELECT *, before < tq AS is_test FROM ordered),
+        totals AS (SELECT *, sum(CASE WHEN is_test THEN n ELSE 0 END) OVER (PARTITION BY {s_cols}) AS test_total
+                   FROM tested)
+        SELECT grp, CASE WHEN is_test THEN 'test' WHEN before - test_total < vq THEN 'val' ELSE 'train' END AS split
+        FROM totals""")
+    counts = dict(con.execute("SELECT split, count(*) FROM kept JOIN group_split USING (grp) GROUP BY split"
+                              ).fetchall())
+    con.register("deal", pa.table({"split": list(counts), "n_shards": [max(1, math.ceil(n / cfg.shard_size))
+                                                                       for n in counts.values()]},
+                                  schema=pa.schema([("split", pa.string()), ("n_shards", pa.int64())])))
+    order = ", ".join([*strata, "u1", "key"])
+    con.execute(f"""CREATE TEMP TABLE placed AS
+        WITH dealt AS (
+            SELECT key, u2, split, (row_number() OVER (PARTITION BY split ORDER BY {order}) - 1) % n_shards AS shard
+            FROM kept JOIN group_split USING (grp) JOIN deal USING (split))
+        SELECT key, split, shard::INTEGER AS shard,
+               (row_number() OVER (PARTITION BY split, shard ORDER BY u2, key) - 1)::INTEGER AS position
+        FROM dealt""")
+    return n_kept
+
+
+def write_staged_list(store: Store, shards: list[str]) -> str:
+    """Write the staging shards a release is planned from, in order; return the SHA-256
+    that :func:`plan_release_files` gets."""
+    return store.write_parquet(RELEASE_STAGED, pa.table({"shard": list(shards)}, schema=RELEASE_STAGED_SCHEMA))
+
+
+def read_staged_list(store: Store, digest: str) -> list[str]:
+    """The staging shards written as ``digest`` (refused if the file changed since)."""
+    data = read_pinned(store, RELEASE_STAGED, digest, "release planning")
+    return pq.read_table(io.BytesIO(data))["shard"].to_pylist()
+
+
+def plan_release_files(store: Store, staged: str, cfg: SplitConfig, near_dedup: bool,
+                       source: Store | None = None, captions: bool = False,
+                       memory_limit: str = PLAN_MEMORY_LIMIT) -> dict[str, Any]:
+    """Plan splits/shards/tiers and write the plan files; return each release shard's size,
+    caption mix and plan digest, and each partition's late-facts digest.
+
+    ``staged``: SHA-256 of the staging-shard list (:func:`write_staged_list`, in ``store``).
+    ``source`` holds the staging shards (default ``store``; another corpus version's root
+    when a near-dedup pass writes a new version). ``memory_limit``: DuckDB's budget for
+    the whole-corpus step (it spills to a local temporary folder beyond it)."""
+    source = source or store
+    shards = read_staged_list(store, staged)
+    with tempfile.TemporaryDirectory(prefix="corpusforge-plan-") as tmp:
+        facts_dir = os.path.join(tmp, "facts")
+        os.makedirs(facts_dir)
+        exts: set[str] = set()
+        for i, shard in enumerate(shards or [None]):
+            table = (shard_facts(store, shard, source, near_dedup, captions, cfg) if shard is not None
+                     else _facts_schema(len(cfg.stratify_by)).empty_table())
+            kept_exts = table.filter(pc.equal(table["status"], Status.KEPT.value))["ext"]
+            exts.update(kept_exts.unique().to_pylist())
+            pq.write_table(table, os.path.join(facts_dir, f"{i:08d}.parquet"))
+        with duckdb.connect() as con:
+            con.execute(f"SET memory_limit = '{memory_limit}'")
+            con.execute(f"SET temp_directory = '{os.path.join(tmp, 'spill')}'")
+            con.execute("SET preserve_insertion_order = false")
+            con.execute("SET enable_progress_bar = false")
+            con.execute(f"CREATE VIEW facts AS SELECT *, '' AS s_c FROM read_parquet('{facts_dir}/*.parquet')")
+            con.execute(f"CREATE VIEW kept AS SELECT * FROM facts WHERE status = '{Status.KEPT.value}'")
+            strata = [f"s_{i}" for i in range(len(cfg.stratify_by))]
+            n_kept = _place(con, cfg, strata)
+            n_records = con.execute("SELECT count(*) FROM facts").fetchone()[0]
+            rule = resolve_rule(sorted(exts), cfg.layout, cfg.image_format)
+            image_of = {e: dict(zip(("release_ext", "image_encoding"),
+                                    member_for(e, cfg.layout, rule, cfg.jpeg_quality))) for e in exts}
+            n_shards = dict(con.execute("SELECT split, max(shard) + 1 FROM placed GROUP BY split").fetchall())
+            tier_of = {split: tier_counts(n, cfg.tiers, cfg.preset == "gpic") if split == "train" else []
+                       for split, n in n_shards.items()}
+            shards_info, plans = _write_plans(store, con, cfg, image_of, tier_of)
+            late_digests = _write_late(store, con, cfg, image_of, tier_of)
+    prune(store, RELEASE_PLAN_DIR, plans)
+    prune(store, LATE_DIR, {part_name(p) for p in late_digests})
+    for split in SPLITS:
+        prune(store, f"{RELEASE_DIR}/{split}", {n for n, s in shards_info.items() if s["split"] == split})
+    encodings: Counter[str] = Counter()
+    for s in shards_info.values():
+        encodings.update(s.pop("encodings"))
+    return {
+        "shards": shards_info,
+        "plans": {name: {"sha256": sha} for name, sha in plans.items()},
+        "late": late_digests,
+        "removed_near_duplicates": n_records - n_kept,  # (and, with captioning, its filters)
+        "split_rule": held_out_sizes(n_kept, cfg)[2],
+        "images": {"layout": cfg.layout, "image_format": cfg.image_format, "rule": rule,
+                   "encodings": dict(sorted(encodings.items()))},
+    }
+
+
+def _tier(tiers: list[tuple[str, int]], shard: int) -> str | None:
+    return next((name for name, count in tiers if shard < count), None)
+
+
+def _write_plans(store: Store, con: duckdb.DuckDBPyConnection, cfg: SplitConfig, image_of: dict[str, dict[str, str]],
+                 tier_of: dict[str, list[tuple[str, int]]]) -> tuple[dict[str, Any], dict[str, str]]:
+    """One plan file per release shard, its samples in order; (summary, digest) per shard."""
+    info: dict[str, Any] = {}
+    plans: dict[str, str] = {}
+    sql = """SELECT p.split, p.shard, f.key, f.staging_shard, f.caption, f.caption_type, f.caption_origin, f.ext,
+                    f.members
+             FROM placed p JOIN kept f USING (key) ORDER BY p.split, p.shard, p.position"""
+    for run in _runs(con, sql, ("split", "shard")):
+        split, shard = run[0]["split"], run[0]["shard"]
+        name = release_shard_name(split, shard, cfg.layout)
+        tier = _tier(tier_of[split], shard)
+        for r in run:
+            r.update(image_of[r["ext"]], tier=tier)
+        plans[name] = store.write_parquet(release_plan_path(name),
+                                          pa.Table.from_pylist(run, schema=RELEASE_PLAN_SCHEMA))
+        info[name] = {"split": split, "index": shard, "count": len(run),
+                      "caption_type": dict(sorted(Counter(r["caption_type"] for r in run).items())),
+                      "image_ext": dict(sorted(Counter(r["release_ext"] for r in run).items())),
+                      "encodings": Counter(r["image_encoding"] for r in run)}
+    return info, plans
+
+
+def _write_late(store: Store, con: duckdb.DuckDBPyConnection, cfg: SplitConfig, image_of: dict[str, dict[str, str]],
+                tier_of: dict[str, list[tuple[str, int]]]) -> dict[int, str]:
+    """One late-facts file per ingest partition, in row order; its digest per partition."""
+    digests: dict[int, str] = {}
+    columns = ", ".join(f"f.{c}" for c in LATE_SCHEMA.names if c not in ("split", "shard", "tier", "release_ext",
+                                                                        "image_encoding"))
+    sql = f"""SELECT f.part, f.ext, {columns}, p.split, p.shard AS shard_index
+              FROM facts f LEFT JOIN placed p USING (key) ORDER BY f.part, f.row"""
+    for run in _runs(con, sql, ("part",)):
+        for r in run:
+            split, index = r.pop("split"), r.pop("shard_index")
+            placed = split is not None
+            r.update(image_of[r["ext"]] if placed else {"release_ext": None, "image_encoding": None},
+                     split=split, tier=_tier(tier_of[split], index) if placed else None,
+                     shard=release_shard_name(split, index, cfg.layout) if placed else None)
+        digests[run[0]["part"]] = store.write_parquet(late_path(run[0]["part"]),
+                                                      pa.Table.from_pylist(run, schema=LATE_SCHEMA))
+    return digests
+
+
+def write_release_shard(store: Store, split: str, shard: int, cfg: SplitConfig, plan_sha256: str,
+                        source: Store | None = None) -> dict[str, Any]:
+    """Write one release shard from staging (in ``source``, default ``store``) with ranged reads.
+
+    ``plan_sha256``: the digest of the shard's plan file (from :func:`plan_release_files`),
+    which lists every staging span it copies with its SHA-256; the writer reads that file
+    and those spans only (no staging index). The fingerprint is that digest, so the shard is
+    skipped unless one of its own samples or their order changed."""
+    source = source or store
+    name = release_shard_name(split, shard, cfg.layout)
+    entries = store.read_parquet(release_plan_path(name)).to_pylist()
+    reencodes = any(e["image_encoding"] != COPIED for e in entries)
+    fp = unit_fingerprint("release", code_version(__name__),
+                          [cfg.tiers, cfg.layout, pillow_version() if reencodes else None], [plan_sha256])
+    tar = release_tar(split, shard, cfg.layout)
+
+    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+        def samples():
+            for i, entry in enumerate(entries):
+                if i == 1:
+                    fault_point("release.write", name)  # tests only: off unless CORPUSFORGE_FAULT
+                spans = entry["members"]
+                start = min(m["offset"] for m in spans)
+                end = max(m["offset"] + m["size"] for m in spans)
+                blob = source.read_range(staging_tar(entry["staging_shard"]), start, end - start)
+                data = {m["ext"]: blob[m["offset"] - start:m["offset"] - start + m["size"]] for m in spans}
+                yield release_sample(entry["key"], data, split, tiers_of(entry["tier"], cfg), entry["release_ext"],
+                                     entry["image_encoding"], cfg.layout, captioned=entry)
+
+        with store.atomic_write(tar) as f:
+            result = write_tar(f, samples())
+        return {tar: result.sha256}, {"shard": name, "count": result.count, "bytes": result.bytes}
+
+    return run_unit(store, tar, fp, compute)

@@ -1,0 +1,265 @@
+"""What changed between two versions of a corpus: records, release shards, licences, statistics.
+
+A record is identified by its key, its source path relative to its version's source root
+(:func:`source_prefix`: a source moved from a disk to S3 changes no record) and, for rows
+equal in both, its occurrence among them in input order. Between the old and the new version each record is
+**added**, **removed** or **changed** in its fate (status), reason, split, release shard,
+caption (as released) or image bytes (SHA-256). ``changes.parquet`` lists every one
+(ordered by key, source path, occurrence), ``CHANGES.md`` counts them, lists the first
+ones, and adds the release shards rewritten, added and removed (from the receipts' output
+hashes), the change in licence counts and, when the statistics changed, their provenance.
+
+The join runs in DuckDB over the manifests' parquet files with a memory limit and a
+temporary folder, so manifests of 10⁸ rows are compared out of core; rows stream from
+DuckDB into the parquet writer, whose fixed settings make the file deterministic.
+
+A build into a root that holds an earlier version keeps that version's records
+(``work/previous/``) before anything is replaced (:func:`keep_previous_version`), and
+writes both files beside the new version when it is done (:func:`write_changes`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from corpusforge.layout import (TABLE_SUFFIXES, CHANGES_MD, CHANGES_SCHEMA, CHANGES_TABLE, MANIFEST_DIR, PREVIOUS_DIR, PREVIOUS_RECEIPT,
+                                PREVIOUS_RECORDS, RECEIPT, RELEASE_DIR, RELEASE_PLAN_DIR, RESOLVED_DIR)
+from corpusforge.outofcore import spilling_duckdb
+from corpusforge.storage import PARQUET_WRITE_OPTIONS, Store
+
+FIELDS = ("status", "reason", "split", "shard", "caption", "sha256")
+RECORD_COLUMNS = ("key", "source_path", "occurrence", *FIELDS)
+LISTED = 50  # records listed per kind of change in CHANGES.md (changes.parquet has them all)
+BATCH_ROWS = 65_536
+
+
+def _files(store: Store, folder: str) -> list[str]:
+    """Every parquet file under ``folder`` (recursively), as paths DuckDB opens."""
+    root = store.fs._strip_protocol(store.path(folder))
+    if not store.fs.exists(root):
+        return []
+    found = sorted(p for p in store.fs.find(root) if p.endswith(".parquet") and "/." not in p)
+    return [store.fs.unstrip_protocol(p) if store.remote else p for p in found]
+
+
+def _sql_list(paths: list[str]) -> str:
+    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
+
+
+def source_prefix(receipt: dict[str, Any]) -> str:
+    """What every source path of a version starts with: its source folder, or the folder of
+    its metadata table (where the table's relative paths are resolved), with a slash."""
+    source = str(receipt.get("source") or "").rstrip("/")
+    if source.endswith(TABLE_SUFFIXES):
+        source = source.rsplit("/", 1)[0]
+    return f"{source}/" if source else ""
+
+
+def _sql_text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def records_query(store: Store) -> str:
+    """SQL for a version's records: manifest rows with their caption (the captioning stage's
+    for a released record it captioned, else the input's, from the resolved partitions), and
+    their source path relative to the version's source root."""
+    manifest = _files(store, MANIFEST_DIR)
+    if not manifest:
+        raise FileNotFoundError(f"{store.path(MANIFEST_DIR)}: no manifest (not a finished corpus version)")
+    plans, resolved = _files(store, RELEASE_PLAN_DIR), _files(store, RESOLVED_DIR)
+    captioned = (f"(SELECT key, caption FROM read_parquet({_sql_list(plans)}) WHERE caption IS NOT NULL)" if plans
+                 else "(SELECT NULL::VARCHAR AS key, NULL::VARCHAR AS caption WHERE false)")
+    inputs = (f"(SELECT part, row, caption FROM read_parquet({_sql_list(resolved)}))" if resolved
+              else "(SELECT NULL::INTEGER AS part, NULL::INTEGER AS row, NULL::VARCHAR AS caption WHERE false)")
+    prefix = _sql_text(source_prefix(store.read_json(RECEIPT)))
+    relative = (f"(SELECT * REPLACE (CASE WHEN starts_with(source_path, {prefix}) AND length({prefix}) > 0 "
+                f"THEN substr(source_path, length({prefix}) + 1) ELSE source_path END AS source_path) "
+                f"FROM read_parquet({_sql_list(manifest)}))")
+    return f"""
+        SELECT m.key, m.source_path,
+               row_number() OVER (PARTITION BY m.key, m.source_path ORDER BY m.part, m.row) AS occurrence,
+               m.status, m.reason, m.split, m.shard, coalesce(c.caption, r.caption) AS caption, m.sha256
+        FROM {relative} m
+        LEFT JOIN {inputs} r ON r.part = m.part AND r.row = m.row
+        LEFT JOIN {captioned} c ON m.status = 'kept' AND c.key = m.key"""
+
+
+def _previous_records_query(store: Store) -> str:
+    return f"SELECT {', '.join(RECORD_COLUMNS)} FROM read_parquet({_sql_list(_files(store, PREVIOUS_RECORDS))})"
+
+
+def _stream_parquet(store: Store, rel: str, reader: pa.RecordBatchReader, schema: pa.Schema) -> None:
+    """Write a stream of batches as one parquet file with the fixed writer settings."""
+    options = dict(PARQUET_WRITE_OPTIONS)
+    row_group_size = options.pop("row_group_size")
+    with store.atomic_write(rel) as f, pq.ParquetWriter(f, schema, **options) as writer:
+        for batch in reader:
+            writer.write_table(pa.Table.from_batches([batch]).cast(schema), row_group_size=row_group_size)
+
+
+def keep_previous_version(store: Store, memory_limit: str = "2GB") -> bool:
+    """Keep the records and receipt of the version ``store`` holds before a build replaces it.
+
+    Only a finished version counts (its receipt and manifest are there); a build killed and rerun keeps
+    the copy it made first (the receipt it copied is still the root's). Returns whether an
+    earlier version is kept."""
+    if not (store.exists(RECEIPT) and _files(store, MANIFEST_DIR)):
+        store.remove(PREVIOUS_DIR)
+        return False
+    receipt = store.read_bytes(RECEIPT)
+    if store.exists(PREVIOUS_RECEIPT) and store.read_bytes(PREVIOUS_RECEIPT) == receipt:
+        return True
+    store.remove(PREVIOUS_RECEIPT)
+    schema = pa.schema([CHANGES_SCHEMA.field(c) for c in ("key", "source_path", "occurrence")]
+                       + [pa.field(c, pa.string()) for c in FIELDS])
+    with spilling_duckdb(memory_limit, store) as con:
+        reader = con.sql(records_query(store) + " ORDER BY 1, 2, 3").fetch_record_batch(BATCH_ROWS)
+        _stream_parquet(store, PREVIOUS_RECORDS, reader, schema)
+    store.write_bytes(PREVIOUS_RECEIPT, receipt)  # last: the copy is whole
+    return True
+
+
+def diff_versions(old: Store, new: Store, out: Store, previous_kept: bool = False,
+                  memory_limit: str = "2GB") -> dict[str, Any]:
+    """Compare two versions; write ``changes.parquet`` and ``CHANGES.md`` under ``out``.
+
+    ``previous_kept``: the old version is the copy :func:`keep_previous_version` made under
+    ``old`` (a build into the same root). Returns the summary CHANGES.md renders."""
+    old_records = _previous_records_query(old) if previous_kept else records_query(old)
+    old_receipt = old.read_json(PREVIOUS_RECEIPT if previous_kept else RECEIPT)
+    new_receipt = new.read_json(RECEIPT)
+    differs = " OR ".join(f"o.{f} IS DISTINCT FROM n.{f}" for f in FIELDS)
+    fields = ", ".join(f"CASE WHEN o.{f} IS DISTINCT FROM n.{f} THEN '{f}' END" for f in FIELDS)
+    sides = ", ".join(f"{s}.{f} AS {'old' if s == 'o' else 'new'}_{f}" for s in ("o", "n") for f in FIELDS)
+    query = f"""
+        WITH o AS ({old_records}), n AS ({records_query(new)})
+        SELECT coalesce(n.key, o.key) AS key, coalesce(n.source_path, o.source_path) AS source_path,
+               coalesce(n.occurrence, o.occurrence) AS occurrence,
+               CASE WHEN o.occurrence IS NULL THEN 'added' WHEN n.occurrence IS NULL THEN 'removed'
+                    ELSE 'changed' END AS change,
+               CASE WHEN o.occurrence IS NULL OR n.occurrence IS NULL THEN NULL
+                    ELSE concat_ws(',', {fields}) END AS fields,
+               {sides}
+        FROM o FULL OUTER JOIN n ON o.key IS NOT DISTINCT FROM n.key
+             AND o.source_path IS NOT DISTINCT FROM n.source_path AND o.occurrence = n.occurrence
+        WHERE o.occurrence IS NULL OR n.occurrence IS NULL OR {differs}
+        ORDER BY 1 NULLS FIRST, 2 NULLS FIRST, 3"""
+    with spilling_duckdb(memory_limit, old, new, out) as con:
+        con.execute(f"CREATE TEMP TABLE changes AS {query}")
+        _stream_parquet(out, CHANGES_TABLE, con.sql("SELECT * FROM changes ORDER BY 1 NULLS FIRST, 2 NULLS FIRST, 3")
+                        .fetch_record_batch(BATCH_ROWS),
+                        CHANGES_SCHEMA)
+        counts = dict(con.sql("SELECT change, count(*) FROM changes GROUP BY 1 ORDER BY 1").fetchall())
+        by_field = {f: con.sql(f"SELECT count(*) FROM changes WHERE change = 'changed' AND "
+                                   f"list_contains(string_split(fields, ','), '{f}')").fetchall()[0][0]
+                    for f in FIELDS}
+        listed = {kind: con.sql(f"SELECT * FROM changes WHERE change = '{kind}' "
+                                f"ORDER BY 1 NULLS FIRST, 2 NULLS FIRST, 3 LIMIT {LISTED}").to_arrow_table().to_pylist()
+                  for kind in ("added", "removed", "changed")}
+    summary = {"records": {k: counts.get(k, 0) for k in ("added", "removed", "changed")},
+               "changed_fields": by_field, "listed": listed,
+               "release_shards": _shard_changes(old_receipt, new_receipt),
+               "licenses": _license_changes(old_receipt, new_receipt),
+               "statistics": _stats_changes(old_receipt, new_receipt)}
+    out.write_bytes(CHANGES_MD, render_changes(summary).encode())
+    return summary
+
+
+def _shard_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, list[str]]:
+    """Release shards added, removed and rewritten (same path, other bytes), from the receipts."""
+    def shards(receipt: dict[str, Any]) -> dict[str, str]:
+        return {p: h for p, h in receipt.get("outputs", {}).items() if p.startswith(f"{RELEASE_DIR}/")
+                and p.endswith(".tar")}
+    a, b = shards(old), shards(new)
+    return {"added": sorted(set(b) - set(a)), "removed": sorted(set(a) - set(b)),
+            "rewritten": sorted(p for p in set(a) & set(b) if a[p] != b[p])}
+
+
+def _license_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, list[int]]:
+    """Input records per licence family whose count changed: family → [old, new]."""
+    a = (old.get("licenses") or {}).get("input_by_family", {})
+    b = (new.get("licenses") or {}).get("input_by_family", {})
+    return {f: [a.get(f, 0), b.get(f, 0)] for f in sorted(set(a) | set(b)) if a.get(f, 0) != b.get(f, 0)}
+
+
+def _stats_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
+    """Both versions' statistics provenance, when the statistics changed."""
+    a, b = old.get("stats") or {}, new.get("stats") or {}
+    if a == b:
+        return None
+    keep = ("model_id", "n", "counts", "warning")
+    return {"old": {k: a[k] for k in keep if k in a}, "new": {k: b[k] for k in keep if k in b},
+            "files_changed": sorted(f for f in set(a.get("files", {})) | set(b.get("files", {}))
+                                    if a.get("files", {}).get(f) != b.get("files", {}).get(f))
+            if isinstance(a.get("files", {}), dict) and isinstance(b.get("files", {}), dict) else None}
+
+
+def render_changes(summary: dict[str, Any]) -> str:
+    """CHANGES.md: counts, the first records of each kind, shards, licences, statistics."""
+    r = summary["records"]
+    lines = ["# Changes since the previous version", "",
+             f"Records: {r['added']} added, {r['removed']} removed, {r['changed']} changed "
+             f"(every one in `{CHANGES_TABLE}`).", ""]
+    changed = {f: n for f, n in summary["changed_fields"].items() if n}
+    if changed:
+        lines += ["| field | records changed |", "|---|---|", *[f"| {f} | {n} |" for f, n in changed.items()], ""]
+    for kind in ("added", "removed", "changed"):
+        rows = summary["listed"][kind]
+        if not rows:
+            continue
+        lines += [f"## {kind.capitalize()} records (first {len(rows)} of {r[kind]})", "",
+                  "| key | source path | change |", "|---|---|---|"]
+        for row in rows:
+            lines.append(f"| {row['key']} | {row['source_path']} | {_describe(row)} |")
+        lines.append("")
+    shards = summary["release_shards"]
+    lines += ["## Release shards", "", f"{len(shards['rewritten'])} rewritten, {len(shards['added'])} added, "
+              f"{len(shards['removed'])} removed.", ""]
+    for kind in ("rewritten", "added", "removed"):
+        if shards[kind]:
+            lines += [f"- {kind}: " + ", ".join(f"`{p}`" for p in shards[kind][:LISTED])
+                      + (f" … ({len(shards[kind])} in all)" if len(shards[kind]) > LISTED else "")]
+    lines += ["", "## Licences", ""]
+    if summary["licenses"]:
+        lines += ["| family | input records before | after |", "|---|---|---|",
+                  *[f"| {f} | {a} | {b} |" for f, (a, b) in summary["licenses"].items()]]
+    else:
+        lines.append("No change in the input records per licence family.")
+    lines += ["", "## Statistics", ""]
+    stats = summary["statistics"]
+    if stats is None:
+        lines.append("The reference statistics did not change.")
+    else:
+        lines += [f"The reference statistics changed. Before: `{json.dumps(stats['old'], sort_keys=True)}`; "
+                  f"after: `{json.dumps(stats['new'], sort_keys=True)}`."]
+        if stats["files_changed"]:
+            lines.append("Files rewritten: " + ", ".join(f"`{f}`" for f in stats["files_changed"]) + ".")
+    return "\n".join(lines) + "\n"
+
+
+def _describe(row: dict[str, Any]) -> str:
+    if row["change"] == "added":
+        return f"added as {row['new_status']}" + (f" ({row['new_reason']})" if row["new_reason"] else "")
+    if row["change"] == "removed":
+        return f"removed (was {row['old_status']})"
+    parts = []
+    for f in row["fields"].split(","):
+        old, new = row[f"old_{f}"], row[f"new_{f}"]
+        if f == "caption":
+            parts.append("caption edited")
+        elif f == "sha256":
+            parts.append("image bytes changed")
+        else:
+            parts.append(f"{f} {old} → {new}")
+    return "; ".join(parts).replace("|", "\\|")
+
+
+def remove_changes(store: Store) -> None:
+    """A root with no earlier version has no account of changes (a stale one would mislead)."""
+    for rel in (CHANGES_MD, CHANGES_TABLE):
+        store.remove(rel)
+

@@ -1,0 +1,374 @@
+"""The feature stage: every requested model's features for one staging shard.
+
+One call of :func:`extract_shard` handles one staging shard (``staging/tars/{shard}.tar``
+and its records file): it streams the tar once, decodes each image once
+(:func:`tasks.shared.features.decode.decode_rgb`, shrunk during JPEG decoding to what the largest
+model needs), runs every model's ``preprocess`` on a pool of prefetch threads ahead of the
+batch being embedded, embeds batches of ``runtime.batch_size`` and writes per model::
+
+    features/{model_id}/vectors/{shard}.npy    [n_ok, dim] in cfg.dtype (float16 by default), shard order
+    features/{model_id}/keys/{shard}.parquet   key, sha256, ok, error for every image, shard order
+    (marker last; see corpusforge/feature_files.py)
+
+A (model, shard) unit's fingerprint (the stage contract, :mod:`corpusforge.contract`)
+hashes the model's own fingerprint (id, architecture, weights SHA-256 or "random-init",
+preprocessing, dim), the stored dtype, the decode size, the compute precision, the code version of this module
+and the model's module, and the staging shard's *images* digest (keys, image SHA-256s,
+order) — not its captions or metadata, so a caption edit recomputes no feature. New
+weights, preprocessing or dtype invalidate exactly that model's files. The decode size
+is the largest model input times :data:`DRAFT_MARGIN` over *all* configured models, so
+adding a model with a larger input also recomputes the others: their pixels would differ.
+
+A record whose image cannot be decoded (or preprocessed) is an error row (ok=False with
+the reason) for the affected models; the shard still completes. The staging records
+file names each image's key and extension and fixes their order.
+
+:func:`extract_features` fans shards out as one Prefect task per shard (one Dask task
+on a ``DaskTaskRunner``); :func:`extract_features_on_client` is the same fan-out on a
+plain ``distributed.Client``.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import hashlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from PIL import Image
+from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Unit, current_marker, in_process, require_marker,
+                                  unit_fingerprint)
+from corpusforge.faults import fault_point
+from corpusforge.feature_files import write_shard_features
+from corpusforge.hashing import fingerprint
+from corpusforge.layout import feature_keys, feature_vectors, staging_index, staging_records, staging_tar
+from corpusforge.storage import Store
+from corpusforge.tarshard import iter_tar_samples
+from corpusforge.version import code_version
+from tasks.shared.features.base import FeatureModel
+from tasks.shared.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
+from tasks.shared.features.decode import decode_rgb
+
+# Decode at least this many times the model input: the final resize then still
+# downsamples, which keeps features within float16 noise of a full-size decode.
+DRAFT_MARGIN = 2
+# A selection of at least this share of a shard's bytes is read in one sequential pass
+# (cheaper than that many ranged requests); smaller ones by ranged reads of their members.
+SEQUENTIAL_SHARE = 0.5
+RANGED_BATCH = 64  # ranged reads in flight per batch: bounds memory to ~64 images
+
+
+def shard_images(store: Store, shard: str) -> list[tuple[str, str, str]]:
+    """``(key, ext, sha256)`` of the shard's images, in shard order, from its records file."""
+    t = store.read_parquet(staging_records(shard), columns=["key", "ext", "sha256"])
+    return list(zip(t["key"].to_pylist(), t["ext"].to_pylist(), t["sha256"].to_pylist(), strict=True))
+
+
+@functools.cache
+def _input_size(model: FeatureModel) -> int:
+    """The model's square input side, read off what its ``preprocess`` returns."""
+    probe = model.preprocess(Image.new("RGB", (64, 64), (128, 128, 128)))
+    return int(max(probe.shape[-2:]))
+
+
+def decode_size(models: Sequence[FeatureModel]) -> int | None:
+    """The JPEG draft size that serves every model (largest input times the margin), or
+    None for a full decode when a model's protocol is defined on full-size pixels."""
+    if any(m.preprocessing in STATISTICS_PREPROCESSING for m in models):
+        return None
+    return max(_input_size(m) for m in models) * DRAFT_MARGIN
+
+
+def feature_fingerprint(model: FeatureModel, dtype: str, draft: int | None, precision: str, images: str) -> str:
+    """Everything the stored values of one model's features of one shard depend on (the
+    compute precision changes them; device, batch size and threads only in the last bits)."""
+    code = code_version(__name__, type(model).__module__, exclude=("tasks.shared.features.registry",))
+    return unit_fingerprint("features", code, [model.fingerprint(), dtype, draft, precision], images)
+
+
+def load_models(cfg: FeaturesConfig) -> list[FeatureModel]:
+    """The configured models, loaded once per process by the registry's cache."""
+    from tasks.shared.features.registry import load_model
+
+    return [load_model(spec, cfg.runtime, cfg.torchscript_allowlist) for spec in cfg.models]
+
+
+@dataclass
+class _ModelRun:
+    """Per-model accumulation for one shard: ok flags, errors, embedded rows."""
+    model: FeatureModel
+    ok: list[bool] = field(default_factory=list)
+    errors: list[str | None] = field(default_factory=list)
+    pending: list[np.ndarray] = field(default_factory=list)
+    rows: list[np.ndarray] = field(default_factory=list)
+
+    def add(self, array: np.ndarray | None, error: str | None, batch_size: int) -> None:
+        self.ok.append(error is None)
+        self.errors.append(error)
+        if error is None:
+            self.pending.append(array)
+            # inputs of varying size (e.g. sscd_short288) cannot be stacked: embed one by one
+            if len(self.pending) >= (batch_size if self.model.fixed_input else 1):
+                self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            out = self.model.embed(np.stack(self.pending))
+            if out.shape != (len(self.pending), self.model.dim):
+                raise ValueError(f"{self.model.model_id}: embed returned {out.shape} for "
+                                 f"{len(self.pending)} inputs of dim {self.model.dim}")
+            self.rows.append(np.asarray(out, dtype=np.float32))
+            self.pending = []
+
+    def features(self) -> np.ndarray:
+        self.flush()
+        if not self.rows:
+            return np.zeros((0, self.model.dim), dtype=np.float32)
+        return np.concatenate(self.rows)
+
+
+def _prepare(item: tuple[str, bytes | None, str | None], models: Sequence[FeatureModel],
+             draft: int | None) -> tuple[str, list[tuple[np.ndarray | None, str | None]]]:
+    """Decode one image once and preprocess it for each model; errors become strings."""
+    key, data, error = item
+    if error is not None:
+        return key, [(None, error)] * len(models)
+    try:
+        image = decode_rgb(data, draft_size=draft)
+    except Exception as exc:  # noqa: BLE001 - any decoder failure is this record's error
+        return key, [(None, f"decode: {exc}")] * len(models)
+    out: list[tuple[np.ndarray | None, str | None]] = []
+    for model in models:
+        try:
+            out.append((np.asarray(model.preprocess(image), dtype=np.float32), None))
+        except Exception as exc:  # noqa: BLE001 - one bad image must not fail the shard
+            out.append((None, f"preprocess: {type(exc).__name__}: {exc}"))
+    return key, out
+
+
+def prefetched(items: Iterable[Any], work: Callable[[Any], Any], threads: int, window: int) -> Iterator[Any]:
+    """``map(work, items)`` in order, with up to ``window`` items in flight on ``threads`` threads.
+
+    The consumer embeds a batch while the pool decodes the next ones; the window bounds
+    memory to a few batches whatever the shard size.
+    """
+    if threads <= 0:
+        yield from map(work, items)
+        return
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="decode") as pool:
+        pending: collections.deque = collections.deque()
+        for item in items:
+            pending.append(pool.submit(work, item))
+            if len(pending) >= window:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def _shard_images(store: Store, shard: str,
+                  expected: list[tuple[str, str]]) -> Iterator[tuple[str, bytes | None, str | None]]:
+    """Stream ``(key, image bytes, error)`` in shard order; keys the tar lacks are errors."""
+    wanted = dict(expected)
+    position = 0
+    with store.open(staging_tar(shard)) as f:
+        for sample in iter_tar_samples(f):
+            if sample.error is not None:
+                if sample.error.reason.startswith("corrupt or truncated tar"):
+                    break
+                continue
+            ext = wanted.get(sample.key)
+            if ext is None or ext not in sample.members:
+                continue
+            if position >= len(expected) or expected[position][0] != sample.key:
+                raise ValueError(f"{staging_tar(shard)}: member {sample.key!r} out of shard order")
+            yield sample.key, sample.members[ext], None
+            position += 1
+    for key, _ in expected[position:]:
+        yield key, None, "missing from staging tar (truncated shard?)"
+
+
+def _ranged_images(store: Store, shard: str,
+                   chosen: list[tuple[str, str, str]]) -> Iterator[tuple[str, bytes | None, str | None]]:
+    """``(key, image bytes, error)`` of only the ``chosen`` images, by ranged reads at the
+    offsets of the staging index (batched: one request per member, concurrent on object
+    stores); a member whose bytes no longer match the records file is that image's error."""
+    index = store.read_parquet(staging_index(shard), columns=["key", "ext", "offset", "size"])
+    where = {(k, e): (o, n) for k, e, o, n in zip(*(index[c].to_pylist() for c in index.column_names), strict=True)}
+    path = store.fs._strip_protocol(store.path(staging_tar(shard)))
+    for lo in range(0, len(chosen), RANGED_BATCH):
+        batch = chosen[lo:lo + RANGED_BATCH]
+        spans = [where.get((key, ext)) for key, ext, _ in batch]
+        found = [s for s in spans if s is not None]
+        blobs = iter(store.fs.cat_ranges([path] * len(found), [o for o, _ in found], [o + n for o, n in found]))
+        for (key, _, sha), span in zip(batch, spans, strict=True):
+            if span is None:
+                yield key, None, "missing from staging index (truncated shard?)"
+                continue
+            data = next(blobs)
+            if hashlib.sha256(data).hexdigest() != sha:
+                yield key, None, "staging member does not match its records file (changed after staging?)"
+            else:
+                yield key, data, None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The records of a staging shard one consumer needs features of (e.g. the held-out
+    splits for reference statistics). ``name`` is the consumer's folder under
+    ``features/{model}/subsets/``; subclasses say which keys (picklable, for Dask)."""
+
+    name: str
+
+    def keys(self, store: Store, shard: str) -> set[str]:
+        raise NotImplementedError
+
+
+def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, selection: Selection | None = None,
+                  draft: int | None | Literal["auto"] = "auto") -> dict[str, Any]:
+    """Compute (or skip, when already done) every configured model's features for ``shard``.
+
+    With a ``selection``, only the selected images are embedded, read by ranged reads
+    (or by one sequential pass when they are most of the shard), into that selection's
+    subset folder; the unit's fingerprint then hashes the selected images (keys, hashes,
+    order) instead of the whole shard, so a rerun redoes a shard only when its selection
+    changed. Features of every image with the same model fingerprint, when present, are
+    used instead (``subset`` None in the summary). ``draft``: the decode size, by default
+    :func:`decode_size` of the configured models; a consumer that runs fewer models than
+    the features it is compared with (contamination's evaluation set) passes theirs, so
+    its pixels, and hence its features, are the same.
+
+    Returns ``{"shard", "images", "models": {model_id: {"action", "ok", "errors",
+    "random_init", "dim", "fingerprint", "subset"}}}`` where action is ``computed`` or ``skipped``.
+    """
+    models = load_models(cfg)
+    draft = decode_size(models) if draft == "auto" else draft
+    images = require_marker(store, staging_tar(shard), "staging shard")["info"]["images"]
+    expected = shard_images(store, shard)
+    subset = None if selection is None else selection.name
+    if selection is not None:
+        wanted = selection.keys(store, shard)
+        chosen = [(k, e, sha) for k, e, sha in expected if k in wanted]
+        chosen_print = fingerprint([(k, sha, e) for k, e, sha in chosen])  # staging's images_digest, restricted
+    else:
+        chosen, chosen_print = expected, images
+    summary: dict[str, Any] = {"shard": shard, "images": len(chosen), "models": {}}
+    todo: list[FeatureModel] = []
+    prints: dict[str, str] = {}
+    for model in models:
+        prints[model.model_id] = fp = feature_fingerprint(model, cfg.dtype, draft, cfg.runtime.precision, chosen_print)
+        full = None
+        if subset is not None:  # every image already embedded with the same settings: reuse that
+            full_fp = feature_fingerprint(model, cfg.dtype, draft, cfg.runtime.precision, images)
+            full = current_marker(store, feature_vectors(model.model_id, shard), full_fp)
+        marker = full or current_marker(store, feature_vectors(model.model_id, shard, subset), fp)
+        if full is not None:
+            ok = _ok_among(store, model.model_id, shard, {k for k, _, _ in chosen})
+            summary["models"][model.model_id] = _model_summary(SKIPPED, full, model, len(chosen), None, ok)
+        elif marker is not None:
+            summary["models"][model.model_id] = _model_summary(SKIPPED, marker, model, len(chosen), subset)
+        else:
+            todo.append(model)
+    if not todo:
+        return summary
+
+    fault_point("features.start", shard)  # tests only: off unless CORPUSFORGE_FAULT
+    runs = [_ModelRun(m) for m in todo]
+    rt = cfg.runtime
+    keys: list[str] = []
+    work = functools.partial(_prepare, models=todo, draft=draft)
+    window = max(2 * rt.batch_size, 4 * max(rt.prefetch_threads, 1))
+    if subset is not None and _selected_bytes(store, shard, chosen) < store.size(staging_tar(shard)) * SEQUENTIAL_SHARE:
+        source = _ranged_images(store, shard, chosen)
+    else:
+        source = _shard_images(store, shard, [(k, e) for k, e, _ in chosen])
+    for key, prepared in prefetched(source, work, rt.prefetch_threads, window):
+        keys.append(key)
+        for run, (array, error) in zip(runs, prepared, strict=True):
+            run.add(array, error, rt.batch_size)
+
+    shas = [sha for _, _, sha in chosen]
+    for run in runs:  # error-rate guard: checked before anything of the shard is marked done
+        failed = run.ok.count(False)
+        if chosen and failed / len(chosen) > cfg.max_error_share:
+            first = next(e for e in run.errors if e is not None)
+            raise RuntimeError(f"features {run.model.model_id}, shard {shard}: {failed} of {len(chosen)} "
+                               f"images failed (more than features.max_error_share={cfg.max_error_share}); "
+                               f"first error: {first}; the shard is not marked done")
+    for run in runs:
+        model = run.model
+        feats = run.features().astype(cfg.dtype)
+        info = {"model": model.fingerprint(), "dtype": cfg.dtype, "decode_size": draft,
+                "random_init": bool(model.random_init)}
+        marker = write_shard_features(store, model.model_id, shard, keys, shas, run.ok, run.errors, feats,
+                                      prints[model.model_id], info, subset)
+        summary["models"][model.model_id] = _model_summary(COMPUTED, marker, model, len(chosen), subset)
+    fault_point("features.done", shard)
+    return summary
+
+
+def _selected_bytes(store: Store, shard: str, chosen: list[tuple[str, str, str]]) -> int:
+    """Image bytes of the chosen records, from the staging records file."""
+    t = store.read_parquet(staging_records(shard), columns=["key", "bytes"])
+    size = dict(zip(t["key"].to_pylist(), t["bytes"].to_pylist(), strict=True))
+    return sum(int(size.get(k) or 0) for k, _, _ in chosen)
+
+
+def _ok_among(store: Store, model_id: str, shard: str, keys: set[str]) -> int:
+    """How many of ``keys`` have a feature row in the model's features of every image."""
+    t = store.read_parquet(feature_keys(model_id, shard), columns=["key", "ok"])
+    return sum(1 for k, ok in zip(t["key"].to_pylist(), t["ok"].to_pylist(), strict=True) if ok and k in keys)
+
+
+def _model_summary(action: str, marker: dict[str, Any], model: FeatureModel, images: int,
+                   subset: str | None = None, ok: int | None = None) -> dict[str, Any]:
+    count = int(marker["info"]["count"]) if ok is None else ok
+    return {"action": action, "ok": count, "errors": images - count, "random_init": bool(model.random_init),
+            "dim": model.dim, "fingerprint": marker["info"]["model"], "subset": subset}
+
+
+# One unit per staging shard; in a flow its task asks for ``dask.model_task_resources``
+# (e.g. GPU=1), see corpusforge.cluster.MODEL_TASKS.
+EXTRACT_SHARD = Unit(extract_shard, "extract-shard-features")
+
+
+def extract_features(store: Store, shards: list[str], cfg: FeaturesConfig, selection: Selection | None = None,
+                     draft: int | None | Literal["auto"] = "auto", *, fan_out: FanOut = in_process
+                     ) -> list[dict[str, Any]]:
+    """The feature stage: one unit per shard through ``fan_out`` (a flow's Dask cluster);
+    with a ``selection``, only its records (see :func:`extract_shard`)."""
+    return fan_out(EXTRACT_SHARD, [dict(store=store, shard=s, cfg=cfg, selection=selection, draft=draft)
+                                   for s in shards])
+
+
+def extract_features_on_client(client: Any, store: Store, shards: list[str], cfg: FeaturesConfig
+                               ) -> list[dict[str, Any]]:
+    """The feature stage on a plain ``distributed.Client``: one Dask task per shard."""
+    futures = client.map(extract_shard, [store] * len(shards), shards, [cfg] * len(shards), pure=False)
+    return client.gather(futures)
+
+
+def summarize(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Totals per model over shard results, with random-init models flagged loudly."""
+    per_model: dict[str, dict[str, Any]] = {}
+    for result in results:
+        for model_id, r in result["models"].items():
+            t = per_model.setdefault(model_id, {"shards": 0, "computed": 0, "skipped": 0, "ok": 0, "errors": 0,
+                                                "random_init": False, "dim": r.get("dim"),
+                                                "fingerprint": r.get("fingerprint")})
+            t["shards"] += 1
+            t[r["action"]] += 1
+            t["ok"] += r.get("ok", 0)
+            t["errors"] += r.get("errors", 0)
+            t["random_init"] = t["random_init"] or bool(r.get("random_init"))
+    random_init = sorted(m for m, t in per_model.items() if t["random_init"])
+    summary: dict[str, Any] = {"shards": len(results), "images": sum(r["images"] for r in results),
+                               "models": per_model, "random_init_models": random_init}
+    if random_init:
+        summary["warning"] = ("RANDOM-INIT FEATURES: " + ", ".join(random_init) + " ran without trained "
+                              "weights; their features carry no meaning and must not be used for "
+                              "deduplication or reference statistics.")
+    return summary

@@ -1,0 +1,91 @@
+"""Inception-v3 pool features through torchvision: an optional reference-statistics model.
+
+Only run when its weights are supplied (GPIC: "Inception-v3 optional when its weights are
+supplied"); GPIC's default statistics model is DINOv2 ViT-L/14 (``dinov2.py``), so
+statistics from this model are recorded as a protocol deviation
+(``tasks/shared/provenance.py``: architecture and preprocessing differ).
+
+Network: ``torchvision.models.inception_v3(weights=None, aux_logits=False,
+init_weights=False, transform_input=True)`` with ``fc`` replaced by ``Identity``. In eval
+mode the output is the 2048-d global average pool ("pool3") after ``Mixed_7c``
+(dropout is inactive), returned raw (``normalized = False``) as FID-style statistics
+use it. Inputs must be at least 75 px (the architecture's minimum).
+
+Preprocessing ``inception_299`` (``preprocess.inception_299``): the whole image, aspect
+not kept, to 299x299 with Pillow bicubic on uint8, then ImageNet mean/std. Bicubic
+because clean-fid's "clean" resize and this project's ``gpic_eval`` protocol both use
+Pillow bicubic (pytorch-fid instead resizes bilinearly inside its network); on GPIC's
+256x256 images it is the only resampling step. ``transform_input=True``, as
+torchvision sets it for its published ``IMAGENET1K_V1`` weights, maps those normalised
+inputs back to ``(x - 0.5) / 0.5``, the [-1, 1] range the Google-ported weights were
+trained on; the same flag is used at random init so the two differ only in weights.
+
+NOT the FID network. The standard FID Inception (pytorch-fid's ``pt_inception`` weights,
+ported from TensorFlow's 2015 graph, which clean-fid also loads) has architectural
+differences from torchvision's Inception3 (1008 classes, ``count_include_pad=False``
+average pools in the A/C/E blocks, a max pool in the last E block, its own in-network
+bilinear resize) and different weights, so features and any FD computed from this model
+are not comparable with published FID numbers.
+
+Weights: a pinned torchvision-format state dict (``inception_v3_google-0cc3c7bd.pth`` or
+any ``Inception3`` state dict), verified against its SHA-256 before deserialising and
+read with ``weights_only=True``. The published file also holds the auxiliary classifier
+(``AuxLogits.*``) and the 1000-class head (``fc.*``), which this feature network does not
+have: those two prefixes, and only those, are dropped; every other key must match
+exactly (``strict=True``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import partial
+
+import torch
+from torch import nn
+from torchvision.models import inception_v3
+
+from tasks.shared.features import preprocess as pp
+from tasks.shared.features.base import TorchFeatureModel
+from tasks.shared.features.config import ModelSpec, RuntimeConfig
+from tasks.shared.features.weights import WeightsError, load_state_dict
+
+DEFAULT_SIZE = 299
+MIN_SIZE = 75
+DIM = 2048
+# Parts of the published torchvision file that the feature network leaves out.
+DROPPED_PREFIXES = ("AuxLogits.", "fc.")
+
+
+class InceptionModel(TorchFeatureModel):
+    """Raw 2048-d Inception-v3 pool features (see module doc; not the FID network)."""
+
+
+def build_net() -> nn.Module:
+    """torchvision Inception3 without auxiliary classifier and head: NCHW -> [N, 2048]."""
+    net = inception_v3(weights=None, aux_logits=False, init_weights=False, transform_input=True)
+    net.fc = nn.Identity()
+    return net
+
+
+def to_feature_keys(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A torchvision Inception3 state dict without its ``AuxLogits.*`` and ``fc.*`` keys."""
+    return {k: v for k, v in state.items() if not k.startswith(DROPPED_PREFIXES)}
+
+
+def load(spec: ModelSpec, runtime: RuntimeConfig, torchscript_allowlist: Sequence[str] = ()) -> InceptionModel:
+    arch, prep = spec.resolved_arch, spec.resolved_preprocessing
+    if arch != "inception_v3":
+        raise ValueError(f"unknown Inception architecture {arch!r}")
+    size = spec.image_size or DEFAULT_SIZE
+    if size < MIN_SIZE:
+        raise ValueError(f"{spec.model_id}: Inception-v3 needs inputs of at least {MIN_SIZE} px, got {size}")
+    net = build_net()
+    if spec.weights is not None:
+        if spec.weights.format != "state_dict":
+            raise WeightsError("inception takes state dicts only")
+        net.load_state_dict(to_feature_keys(load_state_dict(spec.weights)), strict=True)
+    fn = partial(pp.inception_299, size=size)
+    return InceptionModel(net, model_id=spec.model_id, arch=arch, dim=DIM, preprocessing=prep, preprocess_fn=fn,
+                          runtime=runtime, random_init=spec.weights is None,
+                          weights_sha256=spec.weights.sha256 if spec.weights else None,
+                          normalized=False, cnn=True)
