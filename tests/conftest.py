@@ -254,9 +254,8 @@ def _fast_tier_time(terminalreporter, config) -> None:
     """A run that leaves out the integration and slow tests is the fast tier: its wall time,
     collection included. Any other run: the not-integration tests' own time (setup, call,
     teardown)."""
-    reports = [r for k in _OUTCOMES for r in terminalreporter.stats.get(k, [])]
-    reports += terminalreporter.stats.get("", [])  # passed setups and teardowns
-    fast = [r for r in reports if "integration" not in r.keywords]
+    reports = [r for k in (*_OUTCOMES, "") for r in terminalreporter.stats.get(k, [])]  # "": passed setups
+    fast = [r for r in reports if isinstance(r, pytest.TestReport) and "integration" not in r.keywords]
     tests = len({r.nodeid for r in fast if r.when == "call" or r.outcome != "passed"})
     if not tests:
         return

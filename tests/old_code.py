@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -36,5 +37,15 @@ def module_at(commit: str, path: str, name: str) -> types.ModuleType:
     source = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=ROOT, check=True, capture_output=True,
                             text=True).stdout
     module = types.ModuleType(name)
-    exec(compile(_moved(source), f"{commit[:7]}:{path}", "exec"), module.__dict__)
+    # registered while it runs only: a dataclass looks its module up there (the name may be gone
+    # since, or be today's module of that name, which is put back)
+    previous = sys.modules.get(name)
+    sys.modules[name] = module
+    try:
+        exec(compile(_moved(source), f"{commit[:7]}:{path}", "exec"), module.__dict__)
+    finally:
+        if previous is None:
+            del sys.modules[name]
+        else:
+            sys.modules[name] = previous
     return module

@@ -18,7 +18,7 @@ import pytest
 
 from corpusforge.layout import INPUT_DIR, LISTING_SPILL_DIR
 from corpusforge.storage import Store
-from tasks import sources
+from tasks.ingest import sources
 from tasks.ingest.sources import SourceConfig, plan_partitions
 from tests.old_code import module_at
 
