@@ -60,6 +60,7 @@ DRAFT_MARGIN = 2
 # (cheaper than that many ranged requests); smaller ones by ranged reads of their members.
 SEQUENTIAL_SHARE = 0.5
 RANGED_BATCH = 64  # ranged reads in flight per batch: bounds memory to ~64 images
+REUSED = "features of every image are current (reused)"  # a selection's unit that reads those instead
 
 
 def shard_images(store: Store, shard: str) -> list[tuple[str, str, str]]:
@@ -270,8 +271,7 @@ def judge_shard(store: Store, shard: str, cfg: FeaturesConfig, models: Sequence[
             full_fp = feature_fingerprint(model, cfg.dtype, draft, cfg.runtime.precision, images)
             full = current_marker(store, feature_vectors(model.model_id, shard), full_fp)
             if full is not None:
-                verdicts[model.model_id] = UnitVerdict(SKIPPED, "features of every image are current (reused)",
-                                                       fp, full, reused=True)
+                verdicts[model.model_id] = UnitVerdict(SKIPPED, REUSED, fp, full, reused=True)
                 continue
         marker = read_marker(store, feature_vectors(model.model_id, shard, subset))
         action, reason = explain(marker, fp)
