@@ -64,7 +64,7 @@ def feature_plans(store: Store, shards: list[str], cfg: FeaturesConfig, selectio
 def plan_reference_stats(config: ReferenceStatsFlowParams) -> list[StagePlan]:
     """The statistics' feature units (with their selection), the subset files the run
     removes, and the statistics, which every run recomputes."""
-    from tasks.stats.reference import GroupSelection, plan_batches, scan_manifest
+    from tasks.stats.reference import GroupSelection, scan_manifest
     from tasks.stats.stage import STATS_SUBSET
 
     store = Store(config.corpus, config.storage_options)
@@ -84,10 +84,8 @@ def plan_reference_stats(config: ReferenceStatsFlowParams) -> list[StagePlan]:
                 plans[0].add(f"{STATS_SUBSET}/{name}", DELETE, "features of every image are used instead"
                              if name in scan.shards else "no longer in the selection")
     stats = StagePlan("statistics")
-    batches = plan_batches(scan.shards, config.max_partials, config.min_shards_per_partial)
     for group in scan.plan.groups:
-        stats.add(f"{group}-{model_id}", COMPUTED, f"recomputed on every run from the features ({len(batches)} "
-                  "partial tasks, no model)")
+        stats.add(f"{group}-{model_id}", COMPUTED, "recomputed on every run from the features (no model)")
     plans.append(stats)
     return plans
 

@@ -114,6 +114,18 @@ def test_reference_stats_plan_predicts_its_feature_units(corpus):
     again = planned("reference-stats", config)[f"features.{model.model_id}"]
     assert recomputed(again) == set() and set(again) == set(features)
 
+    # features of every image with the same settings: the run reads those and removes its subset files
+    extract(ExtractFeaturesConfig(corpus=str(corpus), features=config.features()))
+    reused = planned("reference-stats", config)[f"features.{model.model_id}"]
+    assert {reused[s] for s in features} == {("skip", "features of every image are current (reused)")}
+    deleted = {u for u, (a, _) in reused.items() if a == "delete"}
+    assert deleted == {f"stats/{s}" for s in features}
+    subsets = corpus / f"features/{model.model_id}/subsets/stats/vectors"
+    assert sorted(p.stem for p in subsets.glob("*.npy")) == sorted(features)
+    extraction = reference_stats(config)["extraction"]["models"][model.model_id]
+    assert (extraction["computed"], extraction["skipped"]) == (0, len(features))
+    assert list(subsets.glob("*.npy")) == []
+
 
 def test_near_dedup_plan_is_judged_per_stage(corpus, tmp_path):
     config = NearDedupFlowParams(source=str(corpus), out=str(tmp_path / "v2"))
@@ -128,6 +140,9 @@ def test_near_dedup_plan_is_judged_per_stage(corpus, tmp_path):
     changed = planned("near-dedup", stricter)
     assert changed["graph"]["(whole stage)"] == ("recompute", "config near_dedup.edge_min_similarity")
     assert changed["release"]["(whole stage)"][0] == "recompute if upstream output changes"
+    extract(ExtractFeaturesConfig(corpus=str(corpus), features={"dtype": "float32"}))  # new feature bytes
+    action, reason = planned("near-dedup", config)["graph"]["(whole stage)"]
+    assert action == "recompute" and reason.startswith("feature digest changed: ")
 
 
 def test_cli_plans_a_flow_and_user_errors_are_one_line(corpus, tmp_path, capsys):
@@ -136,6 +151,8 @@ def test_cli_plans_a_flow_and_user_errors_are_one_line(corpus, tmp_path, capsys)
     assert main(["plan", "extract-features", "--config", str(config), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["flow"] == "extract-features" and data["stages"][0]["counts"]["skip"] > 0
+    assert main(["plan", "extract-features", "--config", str(config)]) == 0
+    assert capsys.readouterr().out.startswith(f"Plan for extract-features on {corpus}:")
     config.write_text(json.dumps({"corpus": str(tmp_path / "nowhere")}))
     run = subprocess.run([sys.executable, "-m", "flows.cli", "plan", "extract-features", "--config", str(config)],
                          capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
