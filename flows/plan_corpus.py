@@ -24,12 +24,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from corpusforge.contract import COMPUTED, MAYBE, SKIPPED, completed_units, read_marker
-from corpusforge.feature_files import feature_marker
 from corpusforge.artifacts import publish_plan_artifact
+from corpusforge.contract import COMPUTED, MAYBE, SKIPPED, completed_units, read_marker, require_marker
+from corpusforge.feature_files import feature_marker
 from corpusforge.layout import (GRAPH_DIR, GRAPH_FOUND, GRAPH_INDEX_WORK, GRAPH_SHARD_TABLE, GRAPH_SUMMARY, LINEAGE,
                                 MANIFEST_DIR, MARKERS, RECEIPT, RELEASE_DIR, RELEASE_PLAN_DIR, RUN_LOG, STAGING_TARS,
-                                feature_subset_dir, staging_tar)
+                                feature_subset_dir, graph_digests_path, staging_records, staging_tar)
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from flows.extract_features import ExtractFeaturesConfig
@@ -148,8 +148,10 @@ def plan_near_dedup(config: NearDedupFlowParams) -> list[StagePlan]:
 
 
 def _graph_reasons(source: Store, out: Store, model_id: str, shards: list[str]) -> list[str]:
-    """Why the graph in ``out`` is not the graph of the source's current features (none: it is)."""
-    if not (out.exists(GRAPH_SUMMARY) and out.exists(GRAPH_SHARD_TABLE)):
+    """Why the graph in ``out`` is not the graph of the source's current features and staging
+    records (the digests its units are keyed by; none: it is)."""
+    records = graph_digests_path("records")
+    if not all(out.exists(p) for p in (GRAPH_SUMMARY, GRAPH_SHARD_TABLE, records)):
         return ["no completed graph in the new version's root"]
     table = out.read_parquet(GRAPH_SHARD_TABLE, columns=["shard", "features"])
     old = dict(zip(table["shard"].to_pylist(), table["features"].to_pylist(), strict=True))
@@ -159,8 +161,18 @@ def _graph_reasons(source: Store, out: Store, model_id: str, shards: list[str]) 
                         ("staging shards removed", sorted(set(old) - set(now))),
                         ("feature digest changed", sorted(s for s in now if s in old and old[s] != now[s]))):
         if names:
-            reasons.append(f"{what}: {len(names)} ({', '.join(names[:5])}{', …' if len(names) > 5 else ''})")
+            reasons.append(f"{what}: {len(names)} ({_names(names)})")
+    table = out.read_parquet(records, columns=["shard", "digest"])
+    old = dict(zip(table["shard"].to_pylist(), table["digest"].to_pylist(), strict=True))
+    changed = [s for s in shards if s in old and old[s] != require_marker(
+        source, staging_tar(s), "staging shard")["outputs"][staging_records(s)]]
+    if changed:
+        reasons.append(f"staging records changed: {len(changed)} ({_names(changed)})")
     return reasons
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (", …" if len(names) > 5 else "")
 
 
 def _newer_markers(store: Store, folders: tuple[str, ...], written_last: str) -> bool:
