@@ -14,11 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from flows.build_corpus import build
 from flows.cli import main
-from flows.extract_features import ExtractFeaturesConfig, extract
+from flows.extract_features import ExtractFeaturesConfig, extract, extract_features_flow
 from flows.near_dedup import NearDedupFlowParams, near_dedup
 from flows.plan_corpus import flow_plan_data
 from flows.reference_stats import ReferenceStatsFlowParams, reference_stats
@@ -98,6 +99,16 @@ def test_plan_only_returns_the_plan_and_writes_nothing(corpus):
     assert data["stages"][0]["counts"]["recompute"] == len(data["stages"][0]["units"]) > 0
     estimate = data["stages"][0]["estimate"]
     assert estimate["basis"] == "the last run log's seconds per feature unit computed" and estimate["images"] > 0
+
+
+def test_plan_only_flow_run_shows_the_plan_as_an_artifact(corpus, prefect_server):
+    config = ExtractFeaturesConfig(corpus=str(corpus), plan_only=True, dask={"n_workers": 1, "processes": False})
+    before = tree_with_markers(corpus)
+    assert extract_features_flow(config)["flow"] == "extract-features"
+    assert tree_with_markers(corpus) == before
+    artifacts = httpx.post(f"{prefect_server}/artifacts/filter", json={"artifacts": {"key": {"any_": [
+        "extract-features-plan"]}}}).json()
+    assert artifacts and f"Plan for extract-features on {corpus}" in artifacts[-1]["data"]
 
 
 def test_reference_stats_plan_predicts_its_feature_units(corpus):
