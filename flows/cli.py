@@ -48,7 +48,7 @@ def _plan(args: argparse.Namespace) -> int:
         check_flow(args.flow, config)  # the flow's own preflight: reads only
         with as_user_error():  # what the run would refuse (a shard without features, an empty split)
             data = flow_plan_data(args.flow, config)
-        print(json.dumps(data, indent=2, sort_keys=True) if args.flow_json else render_plan(data))
+        print(json.dumps(data, indent=2, sort_keys=True) if args.flow_json or args.json else render_plan(data))
         return 0
     if not (args.source and args.out):
         raise UserError("plan needs --source and --out (a build), or a flow: plan {"
@@ -147,8 +147,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
 
     plan = sub.add_parser(
         "plan", usage="%(prog)s --source SRC --out OUT [--config FILE] [--json]\n"
-                      "       %(prog)s {" + ",".join(PLANNED_FLOWS) + "} --config FILE [--json]", help="what a build (or a flow on a built corpus) would skip, recompute or delete, and why, with its "
-                     "cost; writes nothing",
+                      "       %(prog)s {" + ",".join(PLANNED_FLOWS) + "} --config FILE [--json]",
+        help="what a build (or a flow on a built corpus) would skip, recompute or delete, and why, with its cost; "
+             "writes nothing",
         description="Compare what a build with these arguments would compute with the markers under OUT and "
                     "print, per stage, the units it would skip, recompute or delete, each with its reason (a "
                     "changed input digest, config field or code version), and the seconds they took last time. "

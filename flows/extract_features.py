@@ -37,8 +37,9 @@ class ExtractFeaturesConfig(FlowConfig):
                                      description="Models, stored dtype, runtime, TorchScript allow-list.")
     plan_only: bool = Field(
         False, title="Plan only",
-        description="Write nothing: report which (model, shard) units a run would skip or recompute, why, and what they cost "
-                    "(the run's result and its 'extract-features-plan' markdown artifact), like `corpusforge plan extract-features`.")
+        description="Write nothing: report which (model, shard) units a run would skip or recompute, why, and "
+                    "what they cost (the run's result and its 'extract-features-plan' markdown artifact), like "
+                    "`corpusforge plan extract-features`.")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
 

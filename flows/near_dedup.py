@@ -52,8 +52,9 @@ class NearDedupFlowParams(FlowConfig):
                                        description="Empty: the source build's settings (from its receipt).")
     plan_only: bool = Field(
         False, title="Plan only",
-        description="Write nothing: report which stages a run would skip or recompute, why, and what they cost "
-                    "(the run's result and its 'near-dedup-plan' markdown artifact), like `corpusforge plan near-dedup`.")
+        description="Write nothing: report which stages a run would skip or recompute, why, and "
+                    "what they cost (the run's result and its 'near-dedup-plan' markdown artifact), like "
+                    "`corpusforge plan near-dedup`.")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
 

@@ -24,8 +24,9 @@ class ReferenceStatsFlowParams(ReferenceStatsConfig):
                                                         "Prefect Secret block holding the keys).")
     plan_only: bool = Field(
         False, title="Plan only",
-        description="Write nothing: report which feature units a run would skip or recompute, why, and what they cost "
-                    "(the run's result and its 'reference-stats-plan' markdown artifact), like `corpusforge plan reference-stats`.")
+        description="Write nothing: report which feature units a run would skip or recompute, why, and "
+                    "what they cost (the run's result and its 'reference-stats-plan' markdown artifact), like "
+                    "`corpusforge plan reference-stats`.")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
 
