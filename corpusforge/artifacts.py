@@ -58,5 +58,5 @@ def publish_plan_artifact(flow: str, plan_text: str, where: str) -> bool:
     from prefect.artifacts import create_markdown_artifact
 
     create_markdown_artifact(markdown=f"# Plan for {where}\n\n```text\n{plan_text}\n```\n", key=f"{flow}-plan",
-                             description=f"{flow}: what a build into {where} would skip, recompute or delete")
+                             description=f"{flow}: what a run on {where} would skip, recompute or delete")
     return True

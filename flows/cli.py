@@ -33,9 +33,28 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    """A build's plan (``--source``, ``--out``), or a flow's on a built corpus (``plan FLOW --config``)."""
+    from flows.preflight import UserError, as_user_error, check_build, check_flow, load_config
+
+    if args.flow is not None:
+        if args.source or args.out or args.config:
+            raise UserError(f"plan {args.flow} takes its flow's --config only (after the flow's name); "
+                            "--source and --out plan a build")
+        from flows.plan import render_plan
+        from flows.plan_corpus import flow_plan_data
+
+        module, config_class, _, _ = FLOW_COMMANDS[args.flow]
+        config = load_config(getattr(importlib.import_module(module), config_class), args.flow_config)
+        check_flow(args.flow, config)  # the flow's own preflight: reads only
+        with as_user_error():  # what the run would refuse (a shard without features, an empty split)
+            data = flow_plan_data(args.flow, config)
+        print(json.dumps(data, indent=2, sort_keys=True) if args.flow_json or args.json else render_plan(data))
+        return 0
+    if not (args.source and args.out):
+        raise UserError("plan needs --source and --out (a build), or a flow: plan {"
+                        + ",".join(PLANNED_FLOWS) + "} --config FILE")
     from flows.build_corpus import BuildConfig
     from flows.plan import plan_build, plan_data, render_plan
-    from flows.preflight import check_build, load_config
 
     config = load_config(BuildConfig, args.config, source=args.source, out=args.out)
     check_build(config)
@@ -70,6 +89,9 @@ def _sample(args: argparse.Namespace) -> int:
     print(f"\nSample corpus written to {args.out} (metadata.parquet, images/, ground_truth.json)")
     return 0
 
+
+# The flows on a built corpus that `corpusforge plan FLOW --config FILE` plans (flows/plan_corpus.py).
+PLANNED_FLOWS = ("extract-features", "reference-stats", "near-dedup")
 
 # Flows that run on an existing corpus: subcommand -> (module, config class, runner, help).
 FLOW_COMMANDS = {
@@ -124,17 +146,32 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
     handlers["build"] = _build
 
     plan = sub.add_parser(
-        "plan", help="what a build would skip, recompute or delete, and why, with its cost; writes nothing",
+        "plan", usage="%(prog)s --source SRC --out OUT [--config FILE] [--json]\n"
+                      "       %(prog)s {" + ",".join(PLANNED_FLOWS) + "} --config FILE [--json]",
+        help="what a build (or a flow on a built corpus) would skip, recompute or delete, and why, with its cost; "
+             "writes nothing",
         description="Compare what a build with these arguments would compute with the markers under OUT and "
                     "print, per stage, the units it would skip, recompute or delete, each with its reason (a "
                     "changed input digest, config field or code version), and the seconds they took last time. "
                     "Writes nothing. Units reading the output of units that recompute are 'recompute if "
                     "upstream output changes': whether that output changes is known only after the run "
-                    "(terraform's 'known after apply'). The stages after features are judged per stage.")
-    plan.add_argument("--source", required=True, help="as for build")
-    plan.add_argument("--out", required=True, help="as for build: the output root to compare with")
+                    "(terraform's 'known after apply'). The stages after features are judged per stage. "
+                    "`plan FLOW --config FILE` plans a flow on a built corpus instead: "
+                    + ", ".join(PLANNED_FLOWS) + ".")
+    plan.add_argument("--source", help="as for build (required to plan a build)")
+    plan.add_argument("--out", help="as for build: the output root to compare with (required to plan a build)")
     plan.add_argument("--config", help="as for build")
     plan.add_argument("--json", action="store_true", help="the plan as JSON: every unit, its action and reason")
+    flows = plan.add_subparsers(dest="flow", parser_class=_Parser, metavar="FLOW")
+    for name in PLANNED_FLOWS:
+        module, config_class, _, text = FLOW_COMMANDS[name]
+        one = flows.add_parser(name, help=f"plan {name}: what it would skip or recompute, and why; writes nothing",
+                               description=f"What `corpusforge {name}` with this config would skip or recompute, "
+                                           f"and why, with its cost; writes nothing ({text}).")
+        one.add_argument("--config", dest="flow_config", metavar="FILE", required=True,
+                         help=f"YAML file for {config_class}, as for `corpusforge {name}`")
+        one.add_argument("--json", dest="flow_json", action="store_true",
+                         help="the plan as JSON: every unit, its action and reason")
     handlers["plan"] = _plan
 
     diff = sub.add_parser("diff", help="what changed between two corpus versions (CHANGES.md, changes.parquet)",

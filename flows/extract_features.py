@@ -35,11 +35,21 @@ class ExtractFeaturesConfig(FlowConfig):
                                                         "Prefect Secret block holding the keys).")
     features: FeaturesConfig = Field(default_factory=FeaturesConfig, title="Features",
                                      description="Models, stored dtype, runtime, TorchScript allow-list.")
+    plan_only: bool = Field(
+        False, title="Plan only",
+        description="Write nothing: report which (model, shard) units a run would skip or recompute, why, and "
+                    "what they cost (the run's result and its 'extract-features-plan' markdown artifact), like "
+                    "`corpusforge plan extract-features`.")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
 
 def extract(config: ExtractFeaturesConfig) -> dict[str, Any]:
-    """Features for every completed staging shard of ``config.corpus``."""
+    """Features for every completed staging shard of ``config.corpus``; with ``plan_only``,
+    write nothing and return the plan (:mod:`flows.plan_corpus`)."""
+    if config.plan_only:
+        from flows.plan_corpus import plan_only
+
+        return plan_only("extract-features", config)
     log = run_logger()
     store = Store(config.corpus, config.storage_options)
     shards = completed_units(store, STAGING_TARS, ".tar")

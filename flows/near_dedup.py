@@ -50,6 +50,11 @@ class NearDedupFlowParams(FlowConfig):
     near_dedup: NearDedupConfig = Field(default_factory=NearDedupConfig, title="Near-duplicate removal")
     splits: SplitConfig | None = Field(None, title="Splits, release shards, tiers",
                                        description="Empty: the source build's settings (from its receipt).")
+    plan_only: bool = Field(
+        False, title="Plan only",
+        description="Write nothing: report which stages a run would skip or recompute, why, and "
+                    "what they cost (the run's result and its 'near-dedup-plan' markdown artifact), like "
+                    "`corpusforge plan near-dedup`.")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
 
@@ -59,7 +64,12 @@ def check_separate(config: NearDedupFlowParams) -> None:
 
 
 def near_dedup(config: NearDedupFlowParams) -> dict[str, Any]:
-    """Near-duplicate removal on a built corpus, written as a new version under ``config.out``."""
+    """Near-duplicate removal on a built corpus, written as a new version under ``config.out``;
+    with ``plan_only``, write nothing and return the plan (:mod:`flows.plan_corpus`)."""
+    if config.plan_only:
+        from flows.plan_corpus import plan_only
+
+        return plan_only(FLOW, config)
     log = run_logger()
     source = Store(config.source, config.storage_options)
     out_options = config.storage_options if config.out_storage_options is None else config.out_storage_options
@@ -81,7 +91,7 @@ def near_dedup(config: NearDedupFlowParams) -> dict[str, Any]:
     n_parts = sum(1 for n in source.listdir(RESOLVED_DIR) if n.endswith(".parquet"))
     release, manifest, _ = publish(out, shards, n_parts, splits, near_dedup=True, source=source, fan_out=fan_out)
     written, report = write_receipt(out, flow_receipt(
-        FLOW, CODE_MODULES, config,
+        FLOW, CODE_MODULES, config, config_exclude=("plan_only",),
         source=config.source,
         source_kind=f"corpus version derived from {config.source}",
         lineage=out.read_json(LINEAGE),

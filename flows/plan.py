@@ -254,13 +254,13 @@ def _whole_stages(store: Store, config: BuildConfig, upstream: list[StagePlan]) 
     now = config.model_dump(mode="json")
     code_changed = receipt is not None and receipt.get("code_version") != code_version(*BUILD_MODULES)
     upstream_changes = any(u.action != SKIPPED for s in upstream for u in s.units)
-    run_log_time = _mtime(store, RUN_LOG)
+    run_log_time = mtime(store, RUN_LOG)
     plans = []
     for name, sections, folders, switch in WHOLE_STAGES:
         stage = StagePlan(name)
         if name == "statistics" and config.reference_stats is not None:  # its features of the held-out records
             folders = (*folders, f"{features_dir(config.reference_stats.model.model_id)}/subsets")
-        units = [(f, rel) for f in folders for rel in _marker_files(store, f)]
+        units = [(f, rel) for f in folders for rel in marker_files(store, f)]
         if switch is not None and now.get(switch) is None:
             for folder, rel in units:
                 stage.add(rel, DELETE, f"{switch} is switched off")
@@ -272,13 +272,13 @@ def _whole_stages(store: Store, config: BuildConfig, upstream: list[StagePlan]) 
         if receipt is None:
             reasons.append("no earlier completed build")
         else:
-            changed = _changed_fields({s: receipt["config"].get(s) for s in sections},
+            changed = changed_fields({s: receipt["config"].get(s) for s in sections},
                                       {s: now.get(s) for s in sections})
             if changed:
                 reasons.append("config " + ", ".join(changed))
             if code_changed:
                 reasons.append("the build's code version changed")
-        newest = max((_mtime(store, f"{MARKERS}/{rel}.json") or 0.0 for _, rel in units), default=0.0)
+        newest = max((mtime(store, f"{MARKERS}/{rel}.json") or 0.0 for _, rel in units), default=0.0)
         if run_log_time is None or newest > run_log_time:
             reasons.append("the last build did not complete")
         action = MAYBE if reasons else SKIPPED
@@ -289,7 +289,7 @@ def _whole_stages(store: Store, config: BuildConfig, upstream: list[StagePlan]) 
     return plans
 
 
-def _marker_files(store: Store, folder: str) -> list[str]:
+def marker_files(store: Store, folder: str) -> list[str]:
     """Relative output paths of every unit with a marker under ``folder`` (recursively)."""
     base = store.path(f"{MARKERS}/{folder}")
     fs = store.fs
@@ -299,7 +299,8 @@ def _marker_files(store: Store, folder: str) -> list[str]:
     return sorted(f"{folder}/{p[len(root) + 1:-len('.json')]}" for p in fs.find(root) if p.endswith(".json"))
 
 
-def _mtime(store: Store, rel: str) -> float | None:
+def mtime(store: Store, rel: str) -> float | None:
+    """The modification time of ``rel`` in seconds, or None when it does not exist."""
     path = store.fs._strip_protocol(store.path(rel))
     if not store.fs.exists(path):
         return None
@@ -308,11 +309,11 @@ def _mtime(store: Store, rel: str) -> float | None:
     return value.timestamp() if hasattr(value, "timestamp") else float(value)
 
 
-def _changed_fields(old: Any, new: Any, path: str = "") -> list[str]:
+def changed_fields(old: Any, new: Any, path: str = "") -> list[str]:
     """Dotted names of the config fields that differ between two config dumps."""
     if isinstance(old, dict) and isinstance(new, dict):
         return [f for k in sorted(set(old) | set(new))
-                for f in _changed_fields(old.get(k), new.get(k), f"{path}.{k}" if path else k)]
+                for f in changed_fields(old.get(k), new.get(k), f"{path}.{k}" if path else k)]
     return [] if old == new else [path]
 
 
@@ -340,12 +341,14 @@ def plan_data(config: BuildConfig, plans: list[StagePlan]) -> dict[str, Any]:
 
 def render_plan(data: dict[str, Any], listed: int = 20) -> str:
     """The plan as text: one line per stage, then the units that do not skip (the first ``listed``)."""
-    lines = [f"Plan for a build into {data['out']}:", ""]
+    lines = [data.get("title") or f"Plan for a build into {data['out']}:", ""]
     for s in data["stages"]:
         c, est = s["counts"], s["estimate"]
         cost = "" if est["seconds"] is None else f"  ~{est['seconds']:.0f} s"
         if est["seconds_if_upstream_changes"]:
             cost += f" (+ up to {est['seconds_if_upstream_changes']:.0f} s if upstream output changes)"
+        if c["recompute"] and "images" in est:
+            cost += f"  ({est['images']} images, {est['bytes'] / 1e6:.1f} MB of staging shards)"
         more = " (units may be added: planned from upstream output)" if s["units_may_be_added"] else ""
         lines.append(f"{s['stage']:<18} skip {c['skip']:>6}  recompute {c['recompute']:>6}  "
                      f"if-upstream-changes {c[ACTIONS[MAYBE]]:>6}  delete {c['delete']:>6}{cost}{more}")
@@ -354,6 +357,7 @@ def render_plan(data: dict[str, Any], listed: int = 20) -> str:
             lines.append(f"    {u['action']:<36} {u['unit']:<28} {u['reason']}")
         if len(shown) > listed:
             lines.append(f"    … {len(shown) - listed} more (--json lists every unit)")
-    lines += ["", "'recompute if upstream output changes': its inputs are written by units that recompute "
-                  "first; whether they change is known only after the run."]
+    if any(s["counts"][ACTIONS[MAYBE]] or s["units_may_be_added"] for s in data["stages"]):
+        lines += ["", "'recompute if upstream output changes': its inputs are written by units that recompute "
+                      "first; whether they change is known only after the run."]
     return "\n".join(lines)

@@ -22,11 +22,21 @@ class ReferenceStatsFlowParams(ReferenceStatsConfig):
     storage_options: dict[str, Any] = Field(default_factory=dict, title="Storage options",
                                             description="fsspec options for the corpus root (endpoint, secret_block: a "
                                                         "Prefect Secret block holding the keys).")
+    plan_only: bool = Field(
+        False, title="Plan only",
+        description="Write nothing: report which feature units a run would skip or recompute, why, and "
+                    "what they cost (the run's result and its 'reference-stats-plan' markdown artifact), like "
+                    "`corpusforge plan reference-stats`.")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
 
 def reference_stats(config: ReferenceStatsFlowParams) -> dict[str, Any]:
-    """Reference statistics of ``config.splits`` of the corpus at ``config.corpus``."""
+    """Reference statistics of ``config.splits`` of the corpus at ``config.corpus``; with
+    ``plan_only``, write nothing and return the plan (:mod:`flows.plan_corpus`)."""
+    if config.plan_only:
+        from flows.plan_corpus import plan_only
+
+        return plan_only("reference-stats", config)
     return reference_stats_stage(Store(config.corpus, config.storage_options), config)
 
 

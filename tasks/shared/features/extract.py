@@ -40,8 +40,8 @@ from typing import Any, Literal
 
 import numpy as np
 from PIL import Image
-from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Unit, current_marker, in_process, require_marker,
-                                  unit_fingerprint)
+from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Unit, current_marker, explain, in_process, read_marker,
+                                  require_marker, unit_fingerprint)
 from corpusforge.faults import fault_point
 from corpusforge.feature_files import write_shard_features
 from corpusforge.hashing import fingerprint
@@ -60,6 +60,7 @@ DRAFT_MARGIN = 2
 # (cheaper than that many ranged requests); smaller ones by ranged reads of their members.
 SEQUENTIAL_SHARE = 0.5
 RANGED_BATCH = 64  # ranged reads in flight per batch: bounds memory to ~64 images
+REUSED = "features of every image are current (reused)"  # a selection's unit that reads those instead
 
 
 def shard_images(store: Store, shard: str) -> list[tuple[str, str, str]]:
@@ -227,6 +228,57 @@ class Selection:
         raise NotImplementedError
 
 
+@dataclass(frozen=True)
+class UnitVerdict:
+    """What the contract does with one (model, shard) unit, and why (:func:`corpusforge.contract.explain`).
+    ``reused``: with a selection, the model's features of every image are current and are
+    used instead (``marker`` is theirs)."""
+
+    action: str
+    reason: str
+    fingerprint: str
+    marker: dict[str, Any] | None
+    reused: bool = False
+
+
+@dataclass(frozen=True)
+class ShardVerdicts:
+    """The verdict per model for one staging shard. ``chosen``: the selected images (empty
+    without a selection, so that judging reads markers only)."""
+
+    subset: str | None
+    chosen: list[tuple[str, str, str]]
+    models: dict[str, UnitVerdict]
+
+
+def judge_shard(store: Store, shard: str, cfg: FeaturesConfig, models: Sequence[FeatureModel], draft: int | None,
+                selection: Selection | None = None) -> ShardVerdicts:
+    """Skip or compute, per model, for the units of ``shard``: what :func:`extract_shard` does
+    and ``corpusforge plan`` predicts, from one function. Reads the staging marker and the
+    feature markers (and, with a selection, the shard's records file and the selection's keys)."""
+    images = require_marker(store, staging_tar(shard), "staging shard")["info"]["images"]
+    subset = None if selection is None else selection.name
+    chosen: list[tuple[str, str, str]] = []
+    chosen_print = images
+    if selection is not None:
+        wanted = selection.keys(store, shard)
+        chosen = [(k, e, sha) for k, e, sha in shard_images(store, shard) if k in wanted]
+        chosen_print = fingerprint([(k, sha, e) for k, e, sha in chosen])  # staging's images_digest, restricted
+    verdicts = {}
+    for model in models:
+        fp = feature_fingerprint(model, cfg.dtype, draft, cfg.runtime.precision, chosen_print)
+        if subset is not None:  # every image already embedded with the same settings: reuse that
+            full_fp = feature_fingerprint(model, cfg.dtype, draft, cfg.runtime.precision, images)
+            full = current_marker(store, feature_vectors(model.model_id, shard), full_fp)
+            if full is not None:
+                verdicts[model.model_id] = UnitVerdict(SKIPPED, REUSED, fp, full, reused=True)
+                continue
+        marker = read_marker(store, feature_vectors(model.model_id, shard, subset))
+        action, reason = explain(marker, fp)
+        verdicts[model.model_id] = UnitVerdict(action, reason, fp, marker)
+    return ShardVerdicts(subset, chosen, verdicts)
+
+
 def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, selection: Selection | None = None,
                   draft: int | None | Literal["auto"] = "auto") -> dict[str, Any]:
     """Compute (or skip, when already done) every configured model's features for ``shard``.
@@ -246,30 +298,18 @@ def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, selection: Sele
     """
     models = load_models(cfg)
     draft = decode_size(models) if draft == "auto" else draft
-    images = require_marker(store, staging_tar(shard), "staging shard")["info"]["images"]
-    expected = shard_images(store, shard)
-    subset = None if selection is None else selection.name
-    if selection is not None:
-        wanted = selection.keys(store, shard)
-        chosen = [(k, e, sha) for k, e, sha in expected if k in wanted]
-        chosen_print = fingerprint([(k, sha, e) for k, e, sha in chosen])  # staging's images_digest, restricted
-    else:
-        chosen, chosen_print = expected, images
+    judged = judge_shard(store, shard, cfg, models, draft, selection)
+    subset = judged.subset
+    chosen = judged.chosen if subset is not None else shard_images(store, shard)
     summary: dict[str, Any] = {"shard": shard, "images": len(chosen), "models": {}}
     todo: list[FeatureModel] = []
-    prints: dict[str, str] = {}
     for model in models:
-        prints[model.model_id] = fp = feature_fingerprint(model, cfg.dtype, draft, cfg.runtime.precision, chosen_print)
-        full = None
-        if subset is not None:  # every image already embedded with the same settings: reuse that
-            full_fp = feature_fingerprint(model, cfg.dtype, draft, cfg.runtime.precision, images)
-            full = current_marker(store, feature_vectors(model.model_id, shard), full_fp)
-        marker = full or current_marker(store, feature_vectors(model.model_id, shard, subset), fp)
-        if full is not None:
+        verdict = judged.models[model.model_id]
+        if verdict.reused:
             ok = _ok_among(store, model.model_id, shard, {k for k, _, _ in chosen})
-            summary["models"][model.model_id] = _model_summary(SKIPPED, full, model, len(chosen), None, ok)
-        elif marker is not None:
-            summary["models"][model.model_id] = _model_summary(SKIPPED, marker, model, len(chosen), subset)
+            summary["models"][model.model_id] = _model_summary(SKIPPED, verdict.marker, model, len(chosen), None, ok)
+        elif verdict.action == SKIPPED:
+            summary["models"][model.model_id] = _model_summary(SKIPPED, verdict.marker, model, len(chosen), subset)
         else:
             todo.append(model)
     if not todo:
@@ -304,7 +344,7 @@ def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, selection: Sele
         info = {"model": model.fingerprint(), "dtype": cfg.dtype, "decode_size": draft,
                 "random_init": bool(model.random_init)}
         marker = write_shard_features(store, model.model_id, shard, keys, shas, run.ok, run.errors, feats,
-                                      prints[model.model_id], info, subset)
+                                      judged.models[model.model_id].fingerprint, info, subset)
         summary["models"][model.model_id] = _model_summary(COMPUTED, marker, model, len(chosen), subset)
     fault_point("features.done", shard)
     return summary
