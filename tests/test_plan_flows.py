@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -156,7 +155,7 @@ def test_near_dedup_plan_is_judged_per_stage(corpus, tmp_path):
     assert action == "recompute" and reason.startswith("feature digest changed: ")
 
 
-def test_cli_plans_a_flow_and_user_errors_are_one_line(corpus, tmp_path, capsys):
+def test_cli_plans_a_flow_and_user_errors_are_one_line(corpus, tmp_path, capsys, cli):
     config = tmp_path / "features.yaml"
     config.write_text(json.dumps({"corpus": str(corpus)}))
     assert main(["plan", "extract-features", "--config", str(config), "--json"]) == 0
@@ -165,7 +164,7 @@ def test_cli_plans_a_flow_and_user_errors_are_one_line(corpus, tmp_path, capsys)
     assert main(["plan", "extract-features", "--config", str(config)]) == 0
     assert capsys.readouterr().out.startswith(f"Plan for extract-features on {corpus}:")
     config.write_text(json.dumps({"corpus": str(tmp_path / "nowhere")}))
-    run = subprocess.run([sys.executable, "-m", "flows.cli", "plan", "extract-features", "--config", str(config)],
+    run = subprocess.run([*cli, "plan", "extract-features", "--config", str(config)],
                          capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
     assert run.returncode == 2 and run.stdout == ""
     assert run.stderr.count("\n") == 1 and run.stderr.startswith("corpusforge plan: error: ")
