@@ -91,7 +91,7 @@ def _sample(args: argparse.Namespace) -> int:
 
 
 # The flows on a built corpus that `corpusforge plan FLOW --config FILE` plans (flows/plan_corpus.py).
-PLANNED_FLOWS = ("extract-features", "reference-stats", "near-dedup")
+PLANNED_FLOWS = ("extract-features", "reference-stats", "near-dedup", "contamination", "qualify-prompts", "evaluate")
 
 # Flows that run on an existing corpus: subcommand -> (module, config class, runner, help).
 FLOW_COMMANDS = {

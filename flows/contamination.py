@@ -74,6 +74,11 @@ class ContaminationConfig(FlowConfig):
                                           description="Runs when eval_set.text_fields is set.")
     leakage: LeakageConfig | None = Field(default_factory=LeakageConfig, title="Cross-split leakage")
     edition: EditionConfig = Field(default_factory=EditionConfig, title="New benchmark edition")
+    plan_only: bool = Field(
+        False, title="Plan only",
+        description="Write nothing: report which units a run would skip or recompute, why, and what they "
+                    "cost (the run's result and its 'contamination-plan' markdown artifact), like "
+                    "`corpusforge plan contamination`.")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
     @model_validator(mode="after")
@@ -108,7 +113,12 @@ def embed_eval_set(eval_store: Store, chunks: list[str], config: ContaminationCo
 
 
 def contamination(config: ContaminationConfig) -> dict[str, Any]:
-    """Contamination rates of an evaluation set against a corpus; results under ``config.out``."""
+    """Contamination rates of an evaluation set against a corpus; results under ``config.out``;
+    with ``plan_only``, write nothing and return the plan (:mod:`flows.plan_scans`)."""
+    if config.plan_only:
+        from flows.plan_corpus import plan_only
+
+        return plan_only(FLOW, config)
     log = run_logger()
     check_separate(config)
     corpus = Store(config.corpus, config.corpus_storage_options)
@@ -182,7 +192,7 @@ def contamination(config: ContaminationConfig) -> dict[str, Any]:
     summary = stable_results(results)
     out.write_json(CONTAMINATION_SUMMARY, summary)
     receipt = flow_receipt(
-        FLOW, CODE_MODULES, config, config_exclude={"dask"},
+        FLOW, CODE_MODULES, config, config_exclude={"dask", "plan_only"},
         claim_boundary=CLAIM_BOUNDARY,
         benchmark=benchmark,
         corpus=corpus_snapshot(corpus),

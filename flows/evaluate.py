@@ -71,8 +71,12 @@ class EvaluateConfig(FlowConfig):
         description="The evaluation caption set the generated images were made from (a corpus's "
                     "eval_captions.parquet, local or s3://); its SHA-256 is recorded and checked against the one "
                     "the reference names.")
+    plan_only: bool = Field(
+        False, title="Plan only",
+        description="Write nothing: report which chunks a run would embed or read back, why, and what they "
+                    "cost (the run's result and its 'evaluate-plan' markdown artifact), like "
+                    "`corpusforge plan evaluate`.")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
-
 
     @model_validator(mode="after")
     def _model_follows_mode(self) -> EvaluateConfig:
@@ -91,7 +95,12 @@ CODE_MODULES = ("tasks.stats.evaluate", "tasks.stats.caption_set")  # metrics.js
 
 
 def evaluate(config: EvaluateConfig) -> dict[str, Any]:
-    """Metrics of generated images against a reference; the embedding runs on ``config.dask``."""
+    """Metrics of generated images against a reference; the embedding runs on ``config.dask``;
+    with ``plan_only``, write nothing and return the plan (:mod:`flows.plan_scans`)."""
+    if config.plan_only:
+        from flows.plan_corpus import plan_only
+
+        return plan_only(FLOW, config)
     log = run_logger()
     reference = load_reference(config.reference, config.reference_storage_options)
     check_model(reference, expected_identity(config.model), config.allow_mismatch, config.protocol)

@@ -1,7 +1,8 @@
 """``corpusforge plan`` for the flows that run on a built corpus: what they would skip or recompute, and why.
 
 The build's plan is :mod:`flows.plan`; this module plans the other flows that spend GPU
-hours on a corpus, and writes nothing either:
+hours on a corpus, and writes nothing either (the scans of a corpus — contamination,
+qualify-prompts, evaluate — are planned in :mod:`flows.plan_scans`):
 
 - ``extract-features``: per unit, exactly. For every completed staging shard and every
   model, :func:`tasks.shared.features.extract.judge_shard` — the function the run's
@@ -35,6 +36,7 @@ from corpusforge.version import code_version
 from flows.extract_features import ExtractFeaturesConfig
 from flows.near_dedup import CODE_MODULES, NearDedupFlowParams
 from flows.plan import ACTIONS, DELETE, StagePlan, changed_fields, marker_files, mtime, render_plan
+from flows.plan_scans import SCAN_PLANNERS, scan_estimate, scan_root
 from flows.reference_stats import ReferenceStatsFlowParams
 from tasks.shared.features.config import FeaturesConfig
 from tasks.shared.features.extract import REUSED, Selection, decode_size, judge_shard, load_models
@@ -184,21 +186,25 @@ def _newer_markers(store: Store, folders: tuple[str, ...], written_last: str) ->
 
 
 PLANNERS = {"extract-features": plan_extract_features, "reference-stats": plan_reference_stats,
-            "near-dedup": plan_near_dedup}
+            "near-dedup": plan_near_dedup, **SCAN_PLANNERS}
 
 
 def flow_plan_data(flow: str, config: Any) -> dict[str, Any]:
     """The plan of ``flow`` (a key of :data:`PLANNERS`) as data: per stage, counts, estimate, every unit."""
     plans = PLANNERS[flow](config)
-    corpus = config.source if flow == "near-dedup" else config.corpus
-    store = Store(corpus, config.storage_options)
-    run_log = store.read_json(RUN_LOG) if store.exists(RUN_LOG) else None
-    where = f"{corpus} into {config.out}" if flow == "near-dedup" else corpus
-    return {"flow": flow, "corpus": corpus, "where": where, "title": f"Plan for {flow} on {where}:", "stages": [
-        {"stage": s.stage, "counts": s.counts(), "units_may_be_added": s.open,
-         "estimate": _estimate(store, s, run_log),
+    if flow in SCAN_PLANNERS:
+        root, where = scan_root(flow, config)
+        stages = [(s, scan_estimate(flow, config, s)) for s in plans]
+    else:
+        root = config.source if flow == "near-dedup" else config.corpus
+        store = Store(root, config.storage_options)
+        run_log = store.read_json(RUN_LOG) if store.exists(RUN_LOG) else None
+        where = f"{root} into {config.out}" if flow == "near-dedup" else root
+        stages = [(s, _estimate(store, s, run_log)) for s in plans]
+    return {"flow": flow, "corpus": root, "where": where, "title": f"Plan for {flow} on {where}:", "stages": [
+        {"stage": s.stage, "counts": s.counts(), "units_may_be_added": s.open, "estimate": estimate,
          "units": [{"unit": u.unit, "action": ACTIONS[u.action], "reason": u.reason} for u in s.units]}
-        for s in plans]}
+        for s, estimate in stages]}
 
 
 def _estimate(store: Store, stage: StagePlan, run_log: dict[str, Any] | None) -> dict[str, Any]:

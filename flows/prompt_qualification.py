@@ -64,6 +64,11 @@ class PromptQualificationConfig(FlowConfig):
     variance: VarianceConfig | None = Field(None, title="Signal 2: output variance")
     cohorts: CohortConfig | None = Field(None, title="Signal 3: cohort divergence")
     rotation: RotationConfig = Field(default_factory=RotationConfig, title="Rotation plan")
+    plan_only: bool = Field(
+        False, title="Plan only",
+        description="Write nothing: report which units a run would skip or recompute, why, and what they "
+                    "cost (the run's result and its 'qualify-prompts-plan' markdown artifact), like "
+                    "`corpusforge plan qualify-prompts`.")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
     @model_validator(mode="after")
@@ -93,19 +98,32 @@ def check_separate(config: PromptQualificationConfig) -> None:
     require_separate(config.out, config.reads())
 
 
+def read_prompts(config: PromptQualificationConfig) -> tuple[Any, list[dict[str, Any]], Any, list[dict[str, Any]]]:
+    """The prompt table and its rows, the pool table (None without one) and its valid rows:
+    what the run reads first, and the plan too."""
+    prompt_file = tables.read_input(config.prompts.path, config.prompts.storage_options)
+    prompts = tables.prompt_rows(prompt_file, config.prompts, set(config.rotation.anchors))
+    if not config.rotation.pool:
+        return prompt_file, prompts, None, []
+    pool_file = tables.read_input(config.rotation.pool, config.rotation.pool_storage_options)
+    return prompt_file, prompts, pool_file, [q for q in tables.prompt_rows(pool_file, config.prompts)
+                                             if q["status"] == "valid"]
+
+
 def qualify_prompts(config: PromptQualificationConfig) -> dict[str, Any]:
-    """Qualify a prompt set; results under ``config.out`` (see the module docstring)."""
+    """Qualify a prompt set; results under ``config.out`` (see the module docstring); with
+    ``plan_only``, write nothing and return the plan (:mod:`flows.plan_scans`)."""
+    if config.plan_only:
+        from flows.plan_corpus import plan_only
+
+        return plan_only(FLOW, config)
     log = run_logger()
     check_separate(config)
     out = Store(config.out, config.out_storage_options)
-    prompt_file = tables.read_input(config.prompts.path, config.prompts.storage_options)
-    prompts = tables.prompt_rows(prompt_file, config.prompts, set(config.rotation.anchors))
+    prompt_file, prompts, pool_file, pool = read_prompts(config)
     inputs: dict[str, Any] = {"prompts": {"uri": prompt_file.uri, "sha256": prompt_file.sha256,
                                           "manifest_sha256": tables.manifest_of(prompts)}}
-    pool: list[dict[str, Any]] = []
-    if config.rotation.pool:
-        pool_file = tables.read_input(config.rotation.pool, config.rotation.pool_storage_options)
-        pool = [q for q in tables.prompt_rows(pool_file, config.prompts) if q["status"] == "valid"]
+    if pool_file is not None:
         inputs["pool"] = {"uri": pool_file.uri, "sha256": pool_file.sha256, "valid": len(pool)}
     for p in prompts + pool:
         p["category_source"] = "given" if p["category"] else None
@@ -173,7 +191,7 @@ def qualify_prompts(config: PromptQualificationConfig) -> dict[str, Any]:
     write_outputs(out, prompts, variance_rows, results, category_rows, ledger, edition_rows, mapping, normalization,
                   config.rotation.edition, prompt_file.sha256)
     receipt = flow_receipt(
-        FLOW, CODE_MODULES, config, config_exclude={"dask"},
+        FLOW, CODE_MODULES, config, config_exclude={"dask", "plan_only"},
         claim_boundary=CLAIM_BOUNDARY,
         inputs=inputs,
         text_model=results.get("density", {}).get("text_model"),

@@ -32,7 +32,8 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from corpusforge.contract import current_marker, finish_unit, unit_fingerprint
+from corpusforge.contract import (COMPUTED, SKIPPED, UnitKey, current_marker, explain, finish_unit, read_marker,
+                                  unit_fingerprint)
 from corpusforge.hashing import canonical_json, fingerprint
 from corpusforge.layout import (EVAL_ITEM_SCHEMA, TABLE_SUFFIXES, STAGING_RECORDS_SCHEMA, eval_items_path, staging_index,
                                 staging_records, staging_tar)
@@ -264,15 +265,25 @@ def item_sha256(item_id: str, texts: dict[str, Any], answer: str | None, categor
                                           "image_sha256": image_sha256}).encode()).hexdigest()
 
 
+def judge_chunk(out: Store, eval_store: Store, chunk: EvalChunk, cfg: EvalSetConfig) -> tuple[str, str, UnitKey]:
+    """Skip or compute one chunk, and why: what :func:`stage_chunk` does and ``corpusforge plan``
+    predicts, from one function. Stats the chunk's files; reads its two markers (items, staging)."""
+    fields_cfg = {"eval_set": {name: getattr(cfg, name) for name in
+                               ("text_fields", "answer_field", "category_field", "id_column", "image_column")}}
+    fp = unit_fingerprint("contamination-eval-items", code_version(__name__), fields_cfg, chunk_inputs(chunk, cfg))
+    action, reason = explain(read_marker(out, eval_items_path(chunk.name)), fp)
+    if action == SKIPPED and current_marker(eval_store, staging_tar(chunk.name), fp) is None:
+        return COMPUTED, "its staging shard is not complete", fp
+    return action, reason, fp
+
+
 def stage_chunk(out: Store, eval_store: Store, chunk: EvalChunk, cfg: EvalSetConfig) -> dict[str, Any]:
     """Read one chunk's items, write their images as a staging shard and their rows as items.
 
     Returns the items marker (``info``: items, staged, image errors, the staging marker's digest)."""
-    fields_cfg = [cfg.text_fields, cfg.answer_field, cfg.category_field, cfg.id_column, cfg.image_column]
-    fp = unit_fingerprint("contamination-eval-items", code_version(__name__), fields_cfg, chunk_inputs(chunk, cfg))
-    marker = current_marker(out, eval_items_path(chunk.name), fp)
-    if marker is not None and current_marker(eval_store, staging_tar(chunk.name), fp) is not None:
-        return {**marker, "action": "skipped"}
+    action, _, fp = judge_chunk(out, eval_store, chunk, cfg)
+    if action == SKIPPED:
+        return {**read_marker(out, eval_items_path(chunk.name)), "action": SKIPPED}
 
     rows, records, samples = [], [], []
     row_no = chunk.first_row

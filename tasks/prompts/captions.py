@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from corpusforge.contract import digest_of, prune, read_marker, run_unit, unit_fingerprint
+from corpusforge.contract import UnitKey, digest_of, prune, read_marker, run_unit, unit_fingerprint
 from corpusforge.hashing import canonical_json, sha256_bytes, stable_uniform
 from corpusforge.layout import (MANIFEST_DIR, PROMPTS_CAPTION_SAMPLE, PROMPTS_CAPTIONS, caption_embeddings_path,
                                 caption_keys_path, staging_index, staging_tar, text_embeddings_path)
@@ -54,10 +54,17 @@ def _bottom_k(keys: list[str], shards: list[str], draws: np.ndarray, k: int) -> 
     return [keys[i] for i in order], [shards[i] for i in order], draws[order]
 
 
+def sample_key(corpus: Store, size: int, seed: int, splits: list[str] | None) -> tuple[UnitKey, str, list[str]]:
+    """The caption sample's fingerprint, the manifest's digest and its parts (markers only):
+    what the unit and ``corpusforge plan`` key it by."""
+    digest, parts = manifest_digest(corpus)
+    config = {"density": {"sample_size": size, "sample_seed": seed, "splits": splits}}
+    return unit_fingerprint("prompt-caption-sample", code_version(__name__), config, digest), digest, parts
+
+
 def sample_captions(corpus: Store, out: Store, size: int, seed: int, splits: list[str] | None) -> dict[str, Any]:
     """The caption sample unit (see the module docstring); returns its marker."""
-    digest, parts = manifest_digest(corpus)
-    fp = unit_fingerprint("prompt-caption-sample", code_version(__name__), [size, seed, splits], digest)
+    fp, digest, parts = sample_key(corpus, size, seed, splits)
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         keys: list[str] = []
@@ -108,13 +115,24 @@ def shard_captions(corpus: Store, shard: str, keys: list[str]) -> tuple[list[str
     return found_keys, texts
 
 
+def caption_embeddings_key(corpus: Store, shard: str, keys: list[str] | None, text_model: Any,
+                           identity: dict[str, Any]) -> UnitKey:
+    """One embedding unit's fingerprint (``keys`` None: the sample is redrawn first, only the
+    code and the text model's part are known)."""
+    marker = read_marker(corpus, staging_tar(shard))
+    source = marker["digest"] if marker else corpus.sha256(staging_tar(shard))
+    return unit_fingerprint("prompt-caption-embeddings", code_version(__name__),
+                            _model_config(text_model, identity), [source, "?" if keys is None else sorted(keys)])
+
+
+def _model_config(text_model: Any, identity: dict[str, Any]) -> dict[str, Any]:
+    return {"text_model": {"identity": identity, "chunk_size": text_model.chunk_size}}
+
+
 def embed_shard_captions(corpus: Store, out: Store, shard: str, keys: list[str], text_model: Any,
                          identity: dict[str, Any]) -> dict[str, Any]:
     """One embedding unit: the sampled captions of ``shard`` (see the module docstring)."""
-    marker = read_marker(corpus, staging_tar(shard))
-    source = marker["digest"] if marker else corpus.sha256(staging_tar(shard))
-    fp = unit_fingerprint("prompt-caption-embeddings", code_version(__name__),
-                          [identity, text_model.chunk_size], [source, sorted(keys)])
+    fp = caption_embeddings_key(corpus, shard, keys, text_model, identity)
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         found, texts = shard_captions(corpus, shard, keys)
@@ -151,13 +169,18 @@ def load_caption_embeddings(out: Store, shards: list[str]) -> np.ndarray:
     return np.concatenate(arrays) if arrays else np.zeros((0, 384), np.float32)
 
 
+def text_list_key(texts: list[str], text_model: Any, identity: dict[str, Any]) -> UnitKey:
+    """The fingerprint of a short list's embeddings (:func:`embed_text_list`)."""
+    return unit_fingerprint("prompt-text-embeddings", code_version(__name__), _model_config(text_model, identity),
+                            sha256_bytes(canonical_json(texts).encode()))
+
+
 def embed_text_list(out: Store, name: str, texts: list[str], text_model: Any, identity: dict[str, Any]
                     ) -> np.ndarray:
     """Embeddings of a short list (the prompt set, the pool, the taxonomy) as one unit,
     reused while the texts and the model are unchanged."""
     rel = text_embeddings_path(name)
-    fp = unit_fingerprint("prompt-text-embeddings", code_version(__name__), [identity, text_model.chunk_size],
-                          sha256_bytes(canonical_json(texts).encode()))
+    fp = text_list_key(texts, text_model, identity)
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         vectors = embed_texts(texts, text_model.name, text_model.batch_size, text_model.chunk_size)

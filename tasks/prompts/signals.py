@@ -123,6 +123,13 @@ class VariancePlan:
 def plan_variance(cfg: VarianceConfig, out: Store, prompts: list[dict[str, Any]]) -> VariancePlan:
     """One unit per (model, chunk of ``prompts_per_unit`` valid prompts with images); outputs
     of units no longer planned are removed."""
+    planned = variance_units(cfg, out, prompts)
+    variance.prune_generated(out, planned.chunks)
+    return planned
+
+
+def variance_units(cfg: VarianceConfig, out: Store, prompts: list[dict[str, Any]]) -> VariancePlan:
+    """The units :func:`plan_variance` plans, from the listing of the generated images (writes nothing)."""
     valid = [p for p in prompts if p["status"] == "valid"]
     listed = variance.list_generated(cfg.generated, cfg.storage_options)
     chunks: dict[str, list[str]] = {}
@@ -134,7 +141,6 @@ def plan_variance(cfg: VarianceConfig, out: Store, prompts: list[dict[str, Any]]
             chunks.setdefault(model, []).append(chunk)
             calls.append({"out": out, "generated": cfg.generated, "options": cfg.storage_options, "model": model,
                           "chunk": chunk, "prompts": chosen[lo:lo + cfg.prompts_per_unit], "cfg": cfg})
-    variance.prune_generated(out, chunks)
     return VariancePlan(listed, chunks, calls)
 
 

@@ -28,7 +28,7 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 
-from corpusforge.contract import prune, run_unit, unit_fingerprint
+from corpusforge.contract import UnitKey, prune, run_unit, unit_fingerprint
 from corpusforge.layout import GENERATED_VARIANCE_SCHEMA, MARKERS, PROMPTS_GENERATED, generated_variance_path
 from corpusforge.storage import file_stamp
 from corpusforge.version import code_version
@@ -102,14 +102,19 @@ def chunk_name(n: int) -> str:
     return f"{n:06d}"
 
 
+def variance_key(generated: str, model: str, prompts: list[tuple[str, list[tuple[str, str]]]], cfg: Any) -> UnitKey:
+    """One variance unit's fingerprint: what the unit and ``corpusforge plan`` key it by."""
+    config = {"variance": {"model": cfg.model.model_dump(mode="json"), "min_images": cfg.min_images}}
+    return unit_fingerprint("prompt-output-variance", code_version(__name__), config,
+                            [generated.rstrip("/"), model, prompts])
+
+
 def variance_unit(out: Any, generated: str, options: dict[str, Any], model: str, chunk: str,
                   prompts: list[tuple[str, list[tuple[str, str]]]], cfg: Any) -> dict[str, Any]:
     """One unit: the variance of every prompt of ``chunk`` for generating ``model``.
     ``cfg`` is a :class:`~tasks.prompts.config.VarianceConfig`."""
     rel = generated_variance_path(model, chunk)
-    spec = cfg.model.model_dump(mode="json")
-    fp = unit_fingerprint("prompt-output-variance", code_version(__name__), [spec, cfg.min_images],
-                          [generated.rstrip("/"), model, prompts])
+    fp = variance_key(generated, model, prompts, cfg)
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         from tasks.shared.features.decode import decode_rgb

@@ -43,7 +43,7 @@ from typing import Any, Literal
 import fsspec
 import numpy as np
 
-from corpusforge.contract import SKIPPED, Unit, finish_unit, read_marker, unit_fingerprint
+from corpusforge.contract import COMPUTED, SKIPPED, Unit, explain, finish_unit, read_marker, unit_fingerprint
 from corpusforge.feature_files import read_shard_errors, read_shard_features, write_shard_features
 from corpusforge.hashing import fingerprint
 from corpusforge.layout import feature_vectors
@@ -324,6 +324,37 @@ def listing_fingerprint(spec: ModelSpec, precision: str, chunk: GeneratedChunk) 
                        list(chunk.stamps))
 
 
+@dataclass(frozen=True)
+class ChunkVerdict:
+    """What :func:`embed_chunk_unit` does with one chunk, and why. ``fingerprint``: the
+    unit's, from the files' bytes; None when the listing matched the marker's (nothing read)."""
+
+    action: str
+    reason: str
+    marker: dict[str, Any] | None
+    listing: str
+    fingerprint: str | None
+
+
+def judge_generated_chunk(features: Store, chunk: GeneratedChunk, spec: ModelSpec, precision: str,
+                          storage_options: dict[str, Any] | None = None, hash_new: bool = True) -> ChunkVerdict:
+    """Read back or embed one chunk: what :func:`embed_chunk_unit` does and ``corpusforge plan``
+    predicts, from one function. Hashes the chunk's files only when its listing changed (and,
+    with ``hash_new`` False, not for a chunk never embedded: it is embedded whatever they hold)."""
+    listing = listing_fingerprint(spec, precision, chunk)
+    marker = read_marker(features, feature_vectors(spec.model_id, chunk.name))
+    if marker is not None and marker["info"].get("listing") == listing:
+        return ChunkVerdict(SKIPPED, "unchanged", marker, listing, None)
+    if marker is None and not hash_new:
+        return ChunkVerdict(COMPUTED, "no completed output", None, listing, None)
+    fp = chunk_fingerprint(spec, precision, chunk, content_digests(chunk, storage_options))
+    if marker is not None and marker["fingerprint"] == fp:
+        return ChunkVerdict(SKIPPED, "unchanged (same bytes, new file stamps: only its marker is rewritten)",
+                            marker, listing, fp)
+    action, reason = explain(marker, fp)
+    return ChunkVerdict(action, reason, marker, listing, fp)
+
+
 def embed_chunk_unit(features: Store, chunk: GeneratedChunk, spec: ModelSpec, runtime: RuntimeConfig,
                      torchscript_allowlist: Sequence[str] = (), storage_options: dict[str, Any] | None = None
                      ) -> ChunkFeatures:
@@ -336,19 +367,19 @@ def embed_chunk_unit(features: Store, chunk: GeneratedChunk, spec: ModelSpec, ru
     contents (a ``touch``, a copy) re-embed nothing, only the marker's listing is updated.
     Neither path loads the model: its fingerprint comes from the spec."""
     rel = feature_vectors(spec.model_id, chunk.name)
-    listing = listing_fingerprint(spec, runtime.precision, chunk)
-    marker = read_marker(features, rel)
-    if marker is None or marker["info"].get("listing") != listing:
-        fp = chunk_fingerprint(spec, runtime.precision, chunk, content_digests(chunk, storage_options))
-        if marker is not None and marker["fingerprint"] == fp:  # same bytes, new stamps
-            marker = finish_unit(features, rel, fp, marker["outputs"], {**marker["info"], "listing": listing})
+    judged = judge_generated_chunk(features, chunk, spec, runtime.precision, storage_options)
+    marker = judged.marker
+    if judged.fingerprint is not None:  # the listing changed: files were hashed
+        fp = judged.fingerprint
+        if judged.action == SKIPPED:  # same bytes, new stamps
+            marker = finish_unit(features, rel, fp, marker["outputs"], {**marker["info"], "listing": judged.listing})
         else:
             result = embed_chunk(chunk, spec, runtime, torchscript_allowlist, storage_options)
             names, shas, errors = zip(*result.items, strict=True) if result.items else ((), (), ())
             write_shard_features(features, spec.model_id, chunk.name, names, shas, [e is None for e in errors],
                                  list(errors), result.features.astype(np.float32), fp,
                                  {"model": result.identity, "chunk": {"kind": chunk.kind, "files": len(chunk.uris)},
-                                  "listing": listing})
+                                  "listing": judged.listing})
             return result
     keys, feats = read_shard_features(features, spec.model_id, chunk.name)
     errors = read_shard_errors(features, spec.model_id, chunk.name)
