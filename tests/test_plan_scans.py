@@ -8,12 +8,14 @@ would recompute; a stage judged as a whole that the plan skips writes no marker 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
+from flows.cli import main
 from flows.plan_corpus import flow_plan_data
 from tests.test_rerun_matrix import tree_with_markers
 
@@ -206,7 +208,7 @@ def test_qualify_prompts_plan_predicts_its_units(built_sample, prompt_inputs, tm
 
 # ---- evaluate -----------------------------------------------------------------------------
 
-def test_evaluate_plan_predicts_its_chunks(tmp_path):
+def test_evaluate_plan_predicts_its_chunks(tmp_path, capsys):
     from corpusforge.cluster import DaskConfig
     from flows.evaluate import EvaluateConfig, evaluate
     from flows.reference_stats import reference_stats
@@ -231,6 +233,13 @@ def test_evaluate_plan_predicts_its_chunks(tmp_path):
 
     assert actions(planned("evaluate", config, gen, out)[stage]) == {"skip"}
     assert evaluate(config)["work"] == {"chunks_embedded": 0, "chunks_reused": 4}
+    path = tmp_path / "evaluate.yaml"  # the command line: the same plan, as data and as text
+    path.write_text(json.dumps(config.model_dump(mode="json", exclude={"dask"})))
+    assert main(["plan", "evaluate", "--config", str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["flow"] == "evaluate" and data["stages"][0]["counts"]["skip"] == 4
+    assert main(["plan", "evaluate", "--config", str(path)]) == 0
+    assert capsys.readouterr().out.startswith(f"Plan for evaluate on {gen} into {out}:")
 
     for name in ("g04.png", "more.tar"):  # touched, not changed: hashed, and read back
         os.utime(gen / name, (1_000_000_000, 1_000_000_000))
