@@ -148,6 +148,8 @@ def _eval_features(eval_store: Store, corpus: Store, config: Any, staged: dict[s
             keep.add(chunk)
             verdict = judge_shard(eval_store, chunk, fcfg, models, draft).models[model_id]
             stage.add(chunk, verdict.action, verdict.reason)
+    if not keep:  # no chunk with images: the run embeds nothing, and prunes nothing
+        return stage
     _deleted(stage, eval_store, f"{features_dir(model_id)}/vectors", ".npy", keep,
              "its chunk has no readable images, or is no longer in the evaluation set")
     for name in eval_store.listdir(FEATURES_DIR):
