@@ -205,6 +205,14 @@ def test_qualify_prompts_plan_predicts_its_units(built_sample, prompt_inputs, tm
     finally:
         image.write_bytes(data)
 
+    # the variance signal switched off: its units are deleted
+    off = changed.model_copy(update={"variance": None})
+    plan = planned("qualify-prompts", off, out)
+    assert actions(plan["variance"]) == {"delete"} and len(plan["variance"]) == 9
+    assert {r for _, r in plan["variance"].values()} == {"variance is switched off"}
+    qualify_prompts(off)
+    assert not list((out / "_markers/work/prompts/generated").rglob("*.json"))
+
 
 # ---- evaluate -----------------------------------------------------------------------------
 
@@ -255,3 +263,10 @@ def test_evaluate_plan_predicts_its_chunks(tmp_path, capsys):
     before = tree_with_markers(out)
     assert evaluate(config)["work"] == {"chunks_embedded": 1, "chunks_reused": 3}
     assert written_markers(out, before) == {f"_markers/features/{MODEL_ID}/vectors/{chunk}.npy.json"}
+
+    (gen / "more.tar").unlink()  # its chunk leaves: its features are deleted, nothing is embedded
+    plan = planned("evaluate", config, gen, out)[stage]
+    (gone,) = with_action(plan, "delete")
+    assert plan[gone] == ("delete", "no longer among the generated images") and actions(plan) == {"skip", "delete"}
+    assert evaluate(config)["work"] == {"chunks_embedded": 0, "chunks_reused": 3}
+    assert not (out / f"_markers/features/{MODEL_ID}/vectors/{gone}.npy.json").exists()
