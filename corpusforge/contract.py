@@ -328,9 +328,24 @@ def completed_units(store: Store, folder: str, suffix: str) -> list[str]:
     return sorted(n[: -len(end)] for n in store.listdir(f"{MARKERS}/{folder}") if n.endswith(end))
 
 
-def count_actions(results: Iterable[UnitResult]) -> dict[str, int]:
-    """``{"computed": n, "skipped": m}`` over unit results (for the run's work log)."""
+@dataclass(frozen=True)
+class StageSummary:
+    """What a run did with one stage's units: the third part of a stage's surface (its
+    :class:`Unit` runs one unit, its ``plan_units`` plans them, this summarises them)."""
+
+    stage: str
+    computed: int = 0
+    skipped: int = 0
+
+    def counts(self) -> dict[str, int]:
+        """``{"computed": n, "skipped": m}``: the form receipts and run logs keep (their bytes
+        depend on it: the key order too)."""
+        return {COMPUTED: self.computed, SKIPPED: self.skipped}
+
+
+def summarise(stage: str, results: Iterable[UnitResult]) -> StageSummary:
+    """The stage's summary over its unit results (what :func:`run_unit` returned for each)."""
     counts = {COMPUTED: 0, SKIPPED: 0}
     for r in results:
         counts[r["action"]] += 1
-    return counts
+    return StageSummary(stage, counts[COMPUTED], counts[SKIPPED])

@@ -27,7 +27,7 @@ from pydantic import Field, model_validator
 from corpusforge.artifacts import publish_plan_artifact, publish_run_artifacts
 from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, run_logger
 from corpusforge.config import FlowConfig
-from corpusforge.contract import count_actions, prune, remove_tree, sweep_temp_files
+from corpusforge.contract import prune, remove_tree, summarise, sweep_temp_files
 from corpusforge.feature_files import prune_features
 from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_DIR, DEDUP_HASHES_DIR, DEDUP_KEYS_DIR,
                                 EVAL_CAPTIONS, EXACT_DIR, GRAPH_DIR, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR,
@@ -174,11 +174,11 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     with stage("ingest"), clock("ingest"):
         ingested = fan_out(INGEST_PARTITION, [dict(store=store, part=p, src=config.input, val=config.validation,
                                                 n_buckets=n_buckets, lic=config.licenses) for p in parts])
-    work["ingest"] = count_actions(ingested)
+    work["ingest"] = summarise("ingest", ingested).counts()
     clock.start("exact_dedup")
     units, resolved = deduplicate(store, ingested, n_buckets, config.staging.shard_size, fan_out)
-    work["exact_dedup"] = count_actions(units)
-    work["resolve"] = count_actions(resolved)
+    work["exact_dedup"] = summarise("exact_dedup", units).counts()
+    work["resolve"] = summarise("resolve", resolved).counts()
     clock.stop()
 
     staging = plan_staging([m["info"] for m in resolved], config.staging.shard_size)
@@ -187,7 +187,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
         prune(store, folder, staged)
     with stage("staging"), clock("staging"):
         written = fan_out(WRITE_STAGING_SHARD, [dict(store=store, shard=s) for s in staging])
-    work["staging"] = count_actions(written)
+    work["staging"] = summarise("staging", written).counts()
     log.info("%d records staged in %d staging shards", sum(m["info"]["count"] for m in written), len(staging))
 
     with stage("features"), clock("features"):
@@ -263,7 +263,8 @@ def _features(store: Store, config: BuildConfig, staged: list[str], work: dict[s
     if not (config.features.models and staged):
         return {}
     results = extract_features(store, staged, config.features, fan_out=fan_out)
-    work["features"] = {m: count_actions(r["models"][m] for r in results) for m in sorted(results[0]["models"])}
+    work["features"] = {m: summarise(f"features.{m}", (r["models"][m] for r in results)).counts()
+                        for m in sorted(results[0]["models"])}
     work["images_embedded"] = sum(r["images"] for r in results
                                   if any(v["action"] == "computed" for v in r["models"].values()))
     return summarize(results)

@@ -27,7 +27,7 @@ from pydantic import Field, model_validator
 
 from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, run_logger
 from corpusforge.config import FlowConfig
-from corpusforge.contract import count_actions, remove_tree
+from corpusforge.contract import remove_tree, summarise
 from corpusforge.layout import (PROMPTS_CAPTION_SAMPLE, PROMPTS_CAPTIONS, PROMPTS_GENERATED, PROMPTS_TEXTS,
                                 QUALIFICATION_CATEGORIES, QUALIFICATION_DIR, QUALIFICATION_RECEIPT,
                                 QUALIFICATION_REPORT, RECEIPT)
@@ -139,7 +139,8 @@ def qualify_prompts(config: PromptQualificationConfig) -> dict[str, Any]:
     if config.density is not None:
         corpus = Store(config.corpus, config.corpus_storage_options)
         density_plan = plan_density(corpus, out, config.density, config.text_model)
-        work["caption_shards"] = count_actions(fan_out(EMBED_CAPTIONS, density_plan.calls))
+        embedded = fan_out(EMBED_CAPTIONS, density_plan.calls)
+        work["caption_shards"] = summarise("density.caption_embeddings", embedded).counts()
         results["density"], category_rows = density_signal(density_plan, out, config.density, config.text_model,
                                                            prompts, pool)
         inputs["corpus"] = {"root": corpus.root, "manifest_digest": results["density"]["sample"]["manifest_digest"],
@@ -155,7 +156,7 @@ def qualify_prompts(config: PromptQualificationConfig) -> dict[str, Any]:
     if config.variance is not None:
         variance_plan = plan_variance(config.variance, out, prompts)
         markers = fan_out(VARIANCE, variance_plan.calls)
-        work["variance_units"] = count_actions(markers)
+        work["variance_units"] = summarise("variance", markers).counts()
         results["variance"], variance_rows = variance_signal(variance_plan, markers, config.variance, out, prompts)
         inputs["generated"] = {"root": config.variance.generated,
                                "images_digest": {m["model"]: m["images_digest"] for m in results["variance"]["models"]}}

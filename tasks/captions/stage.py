@@ -37,7 +37,7 @@ from typing import Any
 import pyarrow as pa
 
 from corpusforge.contract import (FanOut, Unit, current_marker, finish_unit, in_process, must_compute, prune,
-                                  require_marker, unit_fingerprint)
+                                  require_marker, summarise, unit_fingerprint)
 from corpusforge.hashing import canonical_json, sha256_bytes
 from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_JOURNAL_SCHEMA, CAPTION_PLAN_DIR, CAPTION_PLAN_SCHEMA,
                                 CAPTIONS_DIR, CAPTIONS_SCHEMA, caption_journal_dir, caption_plan_path,
@@ -295,14 +295,13 @@ def captioning_stage(store: Store, cfg: CaptioningConfig, staged: list[str], nea
         prune(store, folder, staged)
     digests = fan_out(PLAN, [dict(store=store, shards=staged, cfg=cfg, near_dedup=near_dedup)])[0]
     results = fan_out(CAPTION_SHARD, [dict(store=store, shard=s, cfg=cfg, plan_digest=digests[s]) for s in staged])
-    return summarize(cfg, results), {
-        "computed": sum(r["action"] == "computed" for r in results),
-        "skipped": sum(r["action"] == "skipped" for r in results),
+    return receipt_section(cfg, results), {
+        **summarise("captioning", results).counts(),
         "requests_asked": sum(r.get("requests_asked", 0) for r in results),
         "gave_up": sum(r["info"]["gave_up"] for r in results)}
 
 
-def summarize(cfg: CaptioningConfig, results: list[dict[str, Any]]) -> dict[str, Any]:
+def receipt_section(cfg: CaptioningConfig, results: list[dict[str, Any]]) -> dict[str, Any]:
     """The receipt's captioning section: identity, outcomes and word counts per type (no work counts)."""
     by_status: Counter[str] = Counter()
     by_reason: Counter[str] = Counter()

@@ -28,8 +28,8 @@ from typing import Any
 import faiss
 import numpy as np
 
-from corpusforge.contract import (FanOut, Unit, count_actions, digest_of, in_process, prune, remove_tree,
-                                  require_marker, run_unit, unit_fingerprint)
+from corpusforge.contract import (FanOut, Unit, digest_of, in_process, prune, remove_tree,
+                                  require_marker, run_unit, summarise, unit_fingerprint)
 from corpusforge.faults import fault_point
 from corpusforge.feature_files import require_features
 from corpusforge.hashing import stable_uniform
@@ -74,7 +74,7 @@ def build_index(source: Store, out: Store, cfg: NearDedupConfig, shard_table: st
                                      trained=first["digest"]) for b in blocks])
     merged = fan_out(MERGE_BLOCKS, [dict(out=out, shard_table=shard_table, trained=first["digest"],
                                          blocks=blocks_digest([a["digest"] for a in added]))])[0]
-    return {**merged, "blocks": count_actions(added)}
+    return {**merged, "blocks": summarise("graph.blocks", added).counts()}
 
 
 def index_blocks(nodes: NodeTable, plan: fx.IndexPlan) -> list[tuple[str, str]]:

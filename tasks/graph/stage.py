@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Unit, count_actions, in_process, marker_path, prune,
-                                  remove_tree, require_marker, unit_fingerprint)
+from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Unit, in_process, marker_path, prune,
+                                  remove_tree, require_marker, summarise, unit_fingerprint)
 from corpusforge.layout import (GRAPH_DECISIONS, GRAPH_EDGES, GRAPH_FOUND, GRAPH_INDEX_DIR, GRAPH_NODES, GRAPH_RECALL,
                                 GRAPH_REVIEW, GRAPH_SUMMARY, GRAPH_VERIFIED, edges_path, found_path, graph_digests_path,
                                 review_path, staging_records, staging_tar)
@@ -91,7 +91,7 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
     calls = shard_calls(source, store, cfg, table, digests, info)
     started = time.perf_counter()
     queried = fan_out(QUERY_SHARD, calls)
-    work: dict[str, Any] = {"index": info["action"], "queries": count_actions(queried)}
+    work: dict[str, Any] = {"index": info["action"], "queries": summarise("graph.queries", queried).counts()}
     if "blocks" in info:
         work["index_blocks"] = info["blocks"]
     work["query_seconds"] = round(time.perf_counter() - started, 3)
@@ -109,8 +109,8 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
         queried = [by_shard.get(q["shard"], q) for q in queried]
         merged = _merge(store, nodes, table, cfg, fan_out)
     work["capped_queries"] = sum(q["capped"] for q in queried)
-    work["recall_references"] = count_actions(references)
-    work["merges"] = count_actions(merged)
+    work["recall_references"] = summarise("graph.recall_references", references).counts()
+    work["merges"] = summarise("graph.merges", merged).counts()
 
     edges_digests = [d for m in merged for d in m["digests"]]
     records = {s: require_marker(source, staging_tar(s), "staging shard")["outputs"][staging_records(s)]
@@ -136,7 +136,7 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
         verified = fan_out(VERIFY, [dict(source=source, out=store, cfg=cfg, shard_table=table, shard=s,
                                                 review_digest=review["outputs"][review_path(s)], records=records_fp)
                                            for s in nodes.shards])
-        work["verification"] = count_actions(verified)
+        work["verification"] = summarise("graph.verification", verified).counts()
         calls["decisions"]["verified"] = write_shard_digests(store, "verified", nodes,
                                                              [m["digest"] for m in verified])
     else:  # a rerun in gpic_exact leaves no review or verification files behind (equal to a fresh build)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from corpusforge.contract import FanOut, Unit, count_actions, in_process, prune, require_marker
+from corpusforge.contract import FanOut, Unit, in_process, prune, require_marker, summarise
 from corpusforge.layout import MANIFEST_DIR, RELEASE_CARD, manifest_path, resolved_path
 from corpusforge.storage import Store
 from tasks.release.manifest import write_manifest_part
@@ -42,7 +42,8 @@ def publish(store: Store, staged: list[str], n_parts: int, splits: SplitConfig, 
     manifest = fan_out(WRITE_MANIFEST_PART, [dict(store=store, part=p, resolved_digest=resolved[p],
                                                   late_digest=release["late"].get(p), source=source)
                                              for p in range(n_parts)])
-    return release, manifest, {"release_shards": count_actions(shards), "manifest_parts": count_actions(manifest)}
+    return release, manifest, {"release_shards": summarise("release", shards).counts(),
+                               "manifest_parts": summarise("manifest", manifest).counts()}
 
 
 def release_section(release: dict[str, Any], splits: SplitConfig) -> dict[str, Any]:
