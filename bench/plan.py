@@ -27,9 +27,10 @@ from pathlib import Path
 from corpusforge.cluster import prefect_api
 from corpusforge.contract import finish_unit, run_unit
 from corpusforge.layout import resolved_path
+from corpusforge.plans import StagePlan, judge_unit
 from corpusforge.storage import Store
 from flows.build_corpus import BuildConfig, run_build
-from flows.plan import StagePlan, _judge, plan_build
+from flows.plan import plan_build
 from sample_corpus import write_sample_corpus
 from tasks.ingest.exact_dedup import combine_digests, resolve_key
 
@@ -72,7 +73,7 @@ def synthetic(n: int, root: Path) -> dict[str, float]:
     stage = StagePlan("resolve")
     started = time.perf_counter()
     for i in range(n):
-        _judge(stage, store, resolved_path(i), str(i), resolve_key, SHARD_SIZE, digests[i], decisions)
+        judge_unit(stage, store, resolved_path(i), str(i), resolve_key, SHARD_SIZE, digests[i], decisions)
     plan = time.perf_counter() - started
     assert all(u.action == "skipped" for u in stage.units)
     started = time.perf_counter()

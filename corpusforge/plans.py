@@ -19,6 +19,7 @@ from corpusforge.storage import Store
 DELETE = "delete"
 ACTIONS = {SKIPPED: "skip", COMPUTED: "recompute", MAYBE: "recompute if upstream output changes", DELETE: "delete"}
 WHOLE = "(whole stage)"  # the one unit of a stage judged as a whole
+EVERY_RUN = "recomputed on every run from the units' outputs (no model)"
 
 
 @dataclass
@@ -35,12 +36,14 @@ class StagePlan:
     """One stage's units. ``open``: the set of units is itself known only after upstream runs
     (units may be added), so only its recomputes are certain. ``names``: the stage's names for
     the positions of its key's config (:func:`corpusforge.contract.explain` names positions,
-    ``[0]``), put into every reason; each stage keeps its own."""
+    ``[0]``), put into every reason; each stage keeps its own. ``outputs``: what the next
+    stage's plan reads of each unit known before the run (its digest or marker), by unit."""
 
     stage: str
     units: list[UnitPlan] = field(default_factory=list)
     open: bool = False
     names: dict[str, str] = field(default_factory=dict, repr=False)
+    outputs: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def add(self, unit: str, action: str, reason: str) -> None:
         for part, name in self.names.items():
@@ -149,3 +152,10 @@ def changed_fields(old: Any, new: Any, path: str = "") -> list[str]:
 def names(units: list[str]) -> str:
     """The first few unit names, for a reason."""
     return ", ".join(units[:5]) + (", …" if len(units) > 5 else "")
+
+
+def unfinished(store: Store, folders: Iterable[str], written_last: str) -> bool:
+    """True when a unit under ``folders`` completed after ``written_last``, the file its run
+    writes last (or that file is missing): the last run did not complete."""
+    last = mtime(store, written_last)
+    return last is None or newest_marker(store, (rel for f in folders for rel in marker_files(store, f))) > last

@@ -26,8 +26,9 @@ import pytest
 
 import corpusforge.version as version
 from corpusforge.layout import MARKERS
+from corpusforge.plans import ACTIONS
 from flows.build_corpus import BuildConfig, build
-from flows.plan import ACTIONS, plan_build, plan_data
+from flows.plan import plan_build, plan_data
 from tests.output_tree import tree
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
