@@ -53,7 +53,7 @@ from tasks.report.receipt import count_outcomes, input_snapshot_hash, write_outp
 from tasks.report.run_log import StageClock, write_run_log
 from tasks.report.write import write_receipt
 from tasks.shared.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
-from tasks.shared.features.extract import extract_features, summarize
+from tasks.shared.features.extract import extract_features, receipt_section
 from tasks.staging import WRITE_STAGING_SHARD, StagingConfig, plan_staging
 from tasks.stats.stage import ReferenceStatsConfig, reference_stats_stage
 
@@ -267,7 +267,7 @@ def _features(store: Store, config: BuildConfig, staged: list[str], work: dict[s
                         for m in sorted(results[0]["models"])}
     work["images_embedded"] = sum(r["images"] for r in results
                                   if any(v["action"] == "computed" for v in r["models"].values()))
-    return summarize(results)
+    return receipt_section(results)
 
 
 def _receipt(config: BuildConfig, store: Store, kind: str, n_parts: int, release: dict[str, Any],

@@ -46,7 +46,7 @@ from tasks.contamination.report import render_html, render_markdown
 from tasks.contamination.stage import (edition_stage, image_stage, image_text_stage, leakage_stage, stage_eval_set,
                                        text_canary_stage)
 from tasks.shared.features.config import FeaturesConfig
-from tasks.shared.features.extract import extract_features, summarize
+from tasks.shared.features.extract import extract_features, receipt_section
 
 FLOW = "contamination"
 CODE_MODULES = ("tasks.contamination.stage", "tasks.contamination.report", "tasks.contamination.receipts",
@@ -107,8 +107,8 @@ def embed_eval_set(eval_store: Store, chunks: list[str], config: ContaminationCo
     model_id = config.image.model_id
     fcfg = scan_model_only(eval_features_config(config.features, corpus, model_id), model_id)
     prune_features(eval_store, {model_id}, chunks)
-    extracted = summarize(extract_features(eval_store, chunks, fcfg, draft=corpus_decode_size(corpus, model_id),
-                                           fan_out=fan_out))
+    extracted = receipt_section(extract_features(eval_store, chunks, fcfg,
+                                                 draft=corpus_decode_size(corpus, model_id), fan_out=fan_out))
     return [extracted["warning"]] if extracted.get("warning") else []
 
 

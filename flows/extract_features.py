@@ -22,7 +22,7 @@ from corpusforge.contract import completed_units
 from corpusforge.layout import STAGING_TARS
 from corpusforge.storage import Store
 from tasks.shared.features.config import FeaturesConfig
-from tasks.shared.features.extract import extract_features, summarize
+from tasks.shared.features.extract import extract_features, receipt_section
 
 
 class ExtractFeaturesConfig(FlowConfig):
@@ -55,7 +55,7 @@ def extract(config: ExtractFeaturesConfig) -> dict[str, Any]:
     shards = completed_units(store, STAGING_TARS, ".tar")
     log.info("%d completed staging shards in %s; models %s", len(shards), config.corpus,
              [m.model_id for m in config.features.models])
-    summary = summarize(extract_features(store, shards, config.features, fan_out=fan_out))
+    summary = receipt_section(extract_features(store, shards, config.features, fan_out=fan_out))
     if "warning" in summary:
         log.warning(summary["warning"])
     for model_id, totals in summary["models"].items():

@@ -25,7 +25,7 @@ from corpusforge.tarshard import Sample
 from tasks.shared.features.config import FeaturesConfig, ModelSpec, RuntimeConfig
 from tasks.shared.features.decode import DecodeError, decode_rgb
 from tasks.shared.features.extract import (decode_size, extract_features_on_client, extract_shard, feature_fingerprint,
-                                    load_models, summarize)
+                                           load_models, receipt_section)
 from tests.staging_files import write_staging_shard
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -269,7 +269,7 @@ def test_two_dask_worker_processes_equal_one_process(corpus, tmp_path, local_clu
     for shard in ("000000", "000001"):
         assert _files(other, "wfd", shard) == _files(corpus, "wfd", shard)
         assert read_marker(other, feature_vectors("wfd", shard)) == read_marker(corpus, feature_vectors("wfd", shard))
-    assert summarize(remote)["models"]["wfd"]["ok"] == 19
+    assert receipt_section(remote)["models"]["wfd"]["ok"] == 19
 
 
 def test_truncated_tar_marks_the_missing_keys(tmp_path):
@@ -307,7 +307,7 @@ def test_tiny_random_init_learned_model_beside_wfd(corpus):
         assert len(keys) == 9 and feats.shape == (9, model.dim)
     info = read_marker(corpus, feature_vectors(dino.model_id, "000001"))["info"]
     assert info["random_init"] is True and "random-init" in str(info["model"])
-    summary = summarize([result])
+    summary = receipt_section([result])
     assert summary["random_init_models"] == [dino.model_id] and "RANDOM-INIT" in summary["warning"]
 
 

@@ -30,7 +30,7 @@ from corpusforge.logs import stage_logger
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.shared.features.config import FeaturesConfig, ModelSpec, RuntimeConfig
-from tasks.shared.features.extract import extract_features, summarize
+from tasks.shared.features.extract import extract_features, receipt_section
 from tasks.stats.config import MetricsConfig, SampleConfig, protocol_model
 from tasks.shared.provenance import model_deviations
 from tasks.stats.reference import (GroupSelection, batch_partials, merge_partials, oracle_groups, oracle_metrics,
@@ -114,7 +114,7 @@ def reference_stats_stage(store: Store, config: ReferenceStatsConfig, caption_se
         results = extract_features(store, plan.largest_first(), config.features(),
                                    GroupSelection(STATS_SUBSET, plan.plan), fan_out=fan_out)
         subsets = {r["shard"]: r["models"][model_id]["subset"] for r in results}
-        extraction = summarize(results)
+        extraction = receipt_section(results)
         if "warning" in extraction:
             log.warning(extraction["warning"])
         prune_subset(store, model_id, STATS_SUBSET, [s for s, sub in subsets.items() if sub == STATS_SUBSET])

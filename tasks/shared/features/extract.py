@@ -391,8 +391,9 @@ def extract_features_on_client(client: Any, store: Store, shards: list[str], cfg
     return client.gather(futures)
 
 
-def summarize(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Totals per model over shard results, with random-init models flagged loudly."""
+def receipt_section(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The receipt's features section: totals per model over shard results, with random-init
+    models flagged loudly."""
     per_model: dict[str, dict[str, Any]] = {}
     for result in results:
         for model_id, r in result["models"].items():
