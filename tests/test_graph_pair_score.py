@@ -206,7 +206,7 @@ def test_preassigned_search_of_the_whole_form_is_faiss_search(storage, wrap):
     products it passes) give FAISS's own results when the only part is the whole form."""
     rng = np.random.default_rng(4)
     x = unit(rng.standard_normal((3000, 16))).astype(np.float32)
-    codes = {"flat": "Flat", "sqfp16": "SQfp16", "pq": "PQ4"}[storage]
+    codes = {"flat": "Flat", "sqfp16": "SQfp16", "pq": "PQ4x4"}[storage]
     index = faiss.index_factory(16, f"{wrap}IVF32,{codes}", faiss.METRIC_INNER_PRODUCT)
     index.train(x)
     index.add_with_ids(x, np.arange(len(x), dtype=np.int64) + 7) if wrap == "IDMap," else index.add(x)
