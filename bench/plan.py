@@ -69,7 +69,7 @@ def synthetic(n: int, root: Path) -> dict[str, float]:
     digests = [f"{i:064x}" for i in range(n)]
     for i in range(n):
         finish_unit(store, resolved_path(i), resolve_key(SHARD_SIZE, digests[i], decisions),
-                    {resolved_path(i): digests[i]}, {"part": i, "survivors": 10, "candidates": []}, 0.01)
+                    {resolved_path(i): digests[i]}, {"part": i, "survivors": 10, "candidates": []})
     stage = StagePlan("resolve")
     started = time.perf_counter()
     for i in range(n):
