@@ -29,36 +29,66 @@ from __future__ import annotations
 import contextvars
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any, Literal, NotRequired, Protocol, TypedDict
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, Self
 
 from corpusforge.hashing import canonical_json, fingerprint, sha256_bytes
 from corpusforge.layout import MARKERS
 from corpusforge.storage import Store
 
-class KeyParts(TypedDict):
+@dataclass(frozen=True)
+class KeyParts:
     """What a fingerprint hashed, kept so ``plan`` can name what changed (:func:`explain`)."""
 
     code: str
     config: dict[str, str]  # config field path -> short hash of its value
     inputs: str
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> KeyParts:
+        return cls(data["code"], data["config"], data["inputs"])
 
-class Marker(TypedDict):
-    """``_markers/{output}.json``: a unit's completion record (JSON on disk, hashed as written,
-    so it stays a mapping; this is its shape). ``info`` holds the facts the stage reports."""
+    def to_json(self) -> dict[str, Any]:
+        return {"code": self.code, "config": self.config, "inputs": self.inputs}
+
+
+@dataclass(frozen=True)
+class Marker:
+    """``_markers/{output}.json``: a unit's completion record. On disk it is JSON (hashed as
+    written); :meth:`to_json` gives exactly that mapping and :meth:`from_json` reads it back.
+    ``info`` holds the facts the stage reports (a plain dict: its shape is the stage's)."""
 
     fingerprint: str
     outputs: dict[str, str]  # path -> SHA-256
     digest: str
     info: dict[str, Any]
-    key: NotRequired[KeyParts]
+    key: KeyParts | None = None  # kept when the fingerprint was a :class:`UnitKey`
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Marker:
+        key = data.get("key")
+        return cls(data["fingerprint"], data["outputs"], data["digest"], data["info"],
+                   None if key is None else KeyParts.from_json(key))
+
+    def to_json(self) -> dict[str, Any]:
+        """The marker file's mapping: ``key`` only when the fingerprint kept its parts."""
+        data: dict[str, Any] = {"fingerprint": self.fingerprint, "outputs": self.outputs, "digest": self.digest,
+                                "info": self.info}
+        if self.key is not None:
+            data["key"] = self.key.to_json()
+        return data
 
 
+@dataclass(frozen=True)
 class UnitResult(Marker):
-    """What a unit returns: its marker and what this run did with it (not stored)."""
+    """What a unit returns: its marker and what this run did with it (``action``, not stored)."""
 
-    action: Literal["computed", "skipped"]
+    action: Literal["computed", "skipped"] = field(kw_only=True)
+
+    @classmethod
+    def of(cls, marker: Marker, action: Literal["computed", "skipped"], **extra: Any) -> Self:
+        """``marker`` as the result of a run that took ``action`` (``extra``: a subclass's fields)."""
+        return cls(marker.fingerprint, marker.outputs, marker.digest, marker.info, marker.key, action=action, **extra)
 
 
 COMPUTED = "computed"
@@ -132,7 +162,7 @@ def marker_path(rel: str) -> str:
 def read_marker(store: Store, rel: str) -> Marker | None:
     """The marker of the unit whose main output is ``rel``, or None if it never completed."""
     path = marker_path(rel)
-    return store.read_json(path) if store.exists(path) else None
+    return Marker.from_json(store.read_json(path)) if store.exists(path) else None
 
 
 def require_marker(store: Store, rel: str, what: str) -> Marker:
@@ -194,26 +224,24 @@ def run_unit(store: Store, rel: str, fp: str, compute: Callable[[], tuple[dict[s
     the marker with ``action`` = computed or skipped (not stored).
     """
     if (marker := current_marker(store, rel, fp)) is not None:
-        return {**marker, "action": SKIPPED}
+        return UnitResult.of(marker, SKIPPED)
     must_compute()
     outputs, info = compute()
-    return {**finish_unit(store, rel, fp, outputs, info), "action": COMPUTED}
+    return UnitResult.of(finish_unit(store, rel, fp, outputs, info), COMPUTED)
 
 
 def current_marker(store: Store, rel: str, fp: str) -> Marker | None:
     """The marker of ``rel`` if it was completed with fingerprint ``fp``, else None."""
     marker = read_marker(store, rel)
-    return marker if marker is not None and marker.get("fingerprint") == fp else None
+    return marker if marker is not None and marker.fingerprint == fp else None
 
 
 def finish_unit(store: Store, rel: str, fp: str, outputs: dict[str, str], info: dict[str, Any]) -> Marker:
     """Write the marker of a unit whose files are all written (for units that share work,
     like one decode feeding several models; others use :func:`run_unit`)."""
-    marker: Marker = {"fingerprint": fp, "outputs": dict(sorted(outputs.items())), "digest": digest_of(outputs),
-                      "info": info}
-    if isinstance(fp, UnitKey):
-        marker["key"] = fp.parts
-    store.write_json(marker_path(rel), marker)
+    marker = Marker(str(fp), dict(sorted(outputs.items())), digest_of(outputs), info,
+                    fp.parts if isinstance(fp, UnitKey) else None)
+    store.write_json(marker_path(rel), marker.to_json())
     return marker
 
 
@@ -227,7 +255,7 @@ class UnitKey(str):
 def unit_fingerprint(stage: str, code: str, config: Any, inputs: Any) -> UnitKey:
     """The fingerprint of one unit: stage, code version, config it reads, input digests."""
     key = UnitKey(fingerprint(stage, code, config, inputs))
-    key.parts = {"code": code, "config": config_hashes(config), "inputs": fingerprint(inputs)}
+    key.parts = KeyParts(code, config_hashes(config), fingerprint(inputs))
     return key
 
 
@@ -257,22 +285,22 @@ def explain(marker: Marker | None, key: str, inputs_known: bool = True) -> tuple
     and otherwise the verdict is :data:`MAYBE`."""
     if marker is None:
         return COMPUTED, "no completed output"
-    if inputs_known and marker.get("fingerprint") == key:
+    if inputs_known and marker.fingerprint == key:
         return SKIPPED, "unchanged"
-    old, new = marker.get("key"), getattr(key, "parts", None)
+    old, new = marker.key, getattr(key, "parts", None)
     if old is None or new is None:
         if inputs_known:
             return COMPUTED, "fingerprint changed (the marker predates recorded key parts)"
         return MAYBE, "an input is recomputed first"
     reasons = []
-    if old["code"] != new["code"]:
-        reasons.append(f"code version {old['code']} → {new['code']}")
-    fields = sorted(f for f in set(old["config"]) | set(new["config"]) if old["config"].get(f) != new["config"].get(f))
+    if old.code != new.code:
+        reasons.append(f"code version {old.code} → {new.code}")
+    fields = sorted(f for f in set(old.config) | set(new.config) if old.config.get(f) != new.config.get(f))
     if fields:
         reasons.append("config " + ", ".join(fields))
     if not inputs_known:
         return (COMPUTED, "; ".join(reasons)) if reasons else (MAYBE, "an input is recomputed first")
-    if old["inputs"] != new["inputs"]:
+    if old.inputs != new.inputs:
         reasons.append("input digest changed")
     return COMPUTED, "; ".join(reasons) or "fingerprint changed"
 
@@ -345,7 +373,13 @@ class StageSummary:
 
 def summarise(stage: str, results: Iterable[UnitResult]) -> StageSummary:
     """The stage's summary over its unit results (what :func:`run_unit` returned for each)."""
+    return count_actions(stage, (r.action for r in results))
+
+
+def count_actions(stage: str, actions: Iterable[str]) -> StageSummary:
+    """The stage's summary over the actions its units report, for units whose result is a
+    stage's own report (its marker's ``info`` with the ``action``) rather than a :class:`UnitResult`."""
     counts = {COMPUTED: 0, SKIPPED: 0}
-    for r in results:
-        counts[r["action"]] += 1
+    for action in actions:
+        counts[action] += 1
     return StageSummary(stage, counts[COMPUTED], counts[SKIPPED])

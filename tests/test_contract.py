@@ -10,8 +10,8 @@ import pytest
 
 import corpusforge.version as version
 from corpusforge.chunking import cut_name, plan_cuts
-from corpusforge.contract import (COMPUTED, SKIPPED, completed_units, marker_path, prune, read_marker,
-                                  require_marker, run_unit)
+from corpusforge.contract import (COMPUTED, SKIPPED, KeyParts, Marker, UnitResult, completed_units, finish_unit,
+                                  marker_path, prune, read_marker, require_marker, run_unit, unit_fingerprint)
 from corpusforge.storage import Store
 
 
@@ -26,11 +26,54 @@ def test_run_unit_skips_only_an_identical_fingerprint(tmp_path):
     first = run_unit(store, "a/x.bin", "fp1", compute)
     again = run_unit(store, "a/x.bin", "fp1", compute)
     other = run_unit(store, "a/x.bin", "fp2", compute)
-    assert [first["action"], again["action"], other["action"]] == [COMPUTED, SKIPPED, COMPUTED]
+    assert [first.action, again.action, other.action] == [COMPUTED, SKIPPED, COMPUTED]
     assert len(calls) == 2
-    assert first["digest"] == other["digest"]  # same bytes, same digest: downstream stays valid
+    assert first.digest == other.digest  # same bytes, same digest: downstream stays valid
     assert (tmp_path / marker_path("a/x.bin")).exists() and store.listdir("a") == ["x.bin"]
     assert completed_units(store, "a", ".bin") == ["x"]
+
+
+# The marker files the TypedDict shape wrote (before markers were dataclasses), byte for byte:
+# a unit keyed by unit_fingerprint (so with ``key``) and one with a plain fingerprint (without).
+KEYED_MARKER = (
+    b'{"digest":"db4d9379f7f75955d5261609abf1d7c6ed16260df327e5e448b5b9cf84a8182a",'
+    b'"fingerprint":"81c22fc1fc6bab0e6e6d496f9037797d","info":{"count":2,"z":[1,"\xc3\xa9"]},'
+    b'"key":{"code":"v1","config":{"mode.b":"1c28f2eb0958","size":"06d033ece664"},'
+    b'"inputs":"b6ed1793fd758f239b9e4eaa4b0401b3"},'
+    b'"outputs":{"d/a.idx":"de7d1b721a1e0632b7cf04edf5032c8ecffa9f9a08492152b926f1a5a7e765d7",'
+    b'"d/x.bin":"239f59ed55e737c77147cf55ad0c1b030b6d7ee748a7426952f9b852d5a935e5"}}\n')
+PLAIN_MARKER = (
+    b'{"digest":"3c6e0f32a2f345cff2a1bef2aff749d99c522eb0bdc08a110b9050cc37ca8977","fingerprint":"plain",'
+    b'"info":{},"outputs":{"d/y.bin":"239f59ed55e737c77147cf55ad0c1b030b6d7ee748a7426952f9b852d5a935e5"}}\n')
+
+
+def test_marker_files_keep_their_bytes(tmp_path):
+    """The dataclasses write exactly the bytes the mapping shape wrote, and read them back equal."""
+    store = Store(str(tmp_path))
+    fp = unit_fingerprint("demo", "v1", {"size": 3, "mode": {"b": True}}, ["d1"])
+    sha = store.write_bytes("d/x.bin", b"payload")
+    keyed = finish_unit(store, "d/x.bin", fp, {"d/x.bin": sha, "d/a.idx": store.write_bytes("d/a.idx", b"i")},
+                        {"count": 2, "z": [1, "é"]})
+    plain = finish_unit(store, "d/y.bin", "plain", {"d/y.bin": sha}, {})
+    assert (tmp_path / marker_path("d/x.bin")).read_bytes() == KEYED_MARKER
+    assert (tmp_path / marker_path("d/y.bin")).read_bytes() == PLAIN_MARKER
+    assert keyed.key == KeyParts("v1", {"mode.b": "1c28f2eb0958", "size": "06d033ece664"},
+                                 "b6ed1793fd758f239b9e4eaa4b0401b3")
+    assert plain.key is None and "key" not in plain.to_json()
+    assert list(keyed.to_json()) == ["fingerprint", "outputs", "digest", "info", "key"]
+    for marker, rel in ((keyed, "d/x.bin"), (plain, "d/y.bin")):
+        assert Marker.from_json(marker.to_json()) == marker
+        assert read_marker(store, rel) == marker
+        assert store.read_json(marker_path(rel)) == marker.to_json()
+
+
+def test_a_result_is_its_marker_and_the_action(tmp_path):
+    store = Store(str(tmp_path))
+    result = run_unit(store, "a/x.bin", "fp", lambda: ({"a/x.bin": store.write_bytes("a/x.bin", b"x")}, {"n": 1}))
+    again = run_unit(store, "a/x.bin", "fp", lambda: pytest.fail("a current unit recomputed"))
+    assert isinstance(result, UnitResult) and result.action == COMPUTED and again.action == SKIPPED
+    assert again == UnitResult.of(read_marker(store, "a/x.bin"), SKIPPED)
+    assert "action" not in result.to_json()  # what a run did is never stored
 
 
 def test_a_unit_that_fails_leaves_no_marker(tmp_path):
