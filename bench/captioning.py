@@ -81,7 +81,7 @@ def run_stage(root: Path, n: int, base_url: str, concurrency: int) -> float:
     started = time.perf_counter()
     result = caption_shard(store, "s", cfg, digest)
     elapsed = time.perf_counter() - started
-    assert result["requests_asked"] == n and result["info"]["by_status"] == {"kept": n}, result["info"]
+    assert result.requests_asked == n and result.info["by_status"] == {"kept": n}, result.info
     return elapsed
 
 

@@ -242,21 +242,21 @@ def case_text(captions: int, items: int, brute_items: int, part_size: int) -> di
                    for ch in chunks]
         times["item_facts"], cpu["item_facts"] = c.wall, c.cpu
         d_dig, q_dig = ts.digest_of_units(out, ts.DOCS, parts), ts.digest_of_units(out, ts.QUERIES, chunks)
-        band_rows = sum(m["info"]["band_rows"] for m in doc + qry)
+        band_rows = sum(m.info["band_rows"] for m in doc + qry)
         buckets = max(1, math.ceil(band_rows / 4_000_000))
         with Clock() as c:
             joins = [ts.join_bucket(out, b, buckets, d_dig, q_dig, cfg.lsh.max_docs_per_key) for b in range(buckets)]
         times["join"], cpu["join"] = c.wall, c.cpu
-        cands = {ts.text_work_path(ts.CANDIDATES, f"{b:05d}"): m["digest"] for b, m in enumerate(joins)}
+        cands = {ts.text_work_path(ts.CANDIDATES, f"{b:05d}"): m.digest for b, m in enumerate(joins)}
         with Clock() as c:
-            groups = _groups(parts, [m["info"]["texts"] for m in doc])
+            groups = _groups(parts, [m.info["texts"] for m in doc])
             verified = [ts.verify_group(out, g, {u: d_dig[u] for u in us}, q_dig, cands) for g, us in groups.items()]
         times["verify"], cpu["verify"] = c.wall, c.cpu
         with Clock() as c:
-            scores = {g: m["digest"] for g, m in zip(groups, verified, strict=True)}
+            scores = {g: m.digest for g, m in zip(groups, verified, strict=True)}
             decided = [ts.decide_chunk(out, ch, scores, cfg) for ch in chunks]
         times["decide"], cpu["decide"] = c.wall, c.cpu
-        decisions = {k: sum(m["info"][k] for m in decided) for k in ("quarantine", "review", "retain")}
+        decisions = {k: sum(m.info[k] for m in decided) for k in ("quarantine", "review", "retain")}
 
         # brute force: sampled items against every caption with the stage's exhaustive scorer, timed
         # at two sample sizes: a fixed part (reading every caption's facts, building its matrices)
@@ -264,7 +264,7 @@ def case_text(captions: int, items: int, brute_items: int, part_size: int) -> di
         sample = ts.sample_queries(out, q_dig, brute_items, 0)
         sampled_rows = out.read_parquet(ts.sample_rel())
         units, rows = sampled_rows["q_unit"].to_pylist(), sampled_rows["row"].to_pylist()
-        n_sampled = sample["info"]["sampled"]
+        n_sampled = sample.info["sampled"]
         small = max(1, n_sampled // 4)
         truth: set = set()
         clocks = []
@@ -300,9 +300,9 @@ def case_text(captions: int, items: int, brute_items: int, part_size: int) -> di
                 "brute_cpu": extrapolate("cpu"),
                 "rule_pairs_in_sample": len(truth), "found_by_lsh": len(found),
                 "recall": len(found) / len(truth) if truth else None,
-                "pairs_compared": sum(m["info"]["compared"] for m in verified),
+                "pairs_compared": sum(m.info["compared"] for m in verified),
                 "all_pairs": captions * items, "buckets": buckets, "decisions": decisions,
-                "truncated_band_values": sum(m["info"]["truncated_keys"] for m in joins),
+                "truncated_band_values": sum(m.info["truncated_keys"] for m in joins),
                 "planted": {k: kinds.count(k) for k in sorted(set(kinds))}, "peak_rss_gb": peak_rss_gb()}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -142,11 +142,11 @@ def main() -> None:
         t0 = time.perf_counter()
         _, parts = plan_partitions(source, store, cfg)
         ingested = [ingest_partition(store, p, cfg, val, 4) for p in parts]
-        records = sum(m["info"]["records"] for m in ingested)
+        records = sum(m.info["records"] for m in ingested)
         ingest_s = time.perf_counter() - t0
         ingest_read = CountingFileSystem.bytes_read
         _, resolved = deduplicate(store, ingested, 4, args.shard_size)
-        shards = plan_staging([m["info"] for m in resolved], args.shard_size)
+        shards = plan_staging([m.info for m in resolved], args.shard_size)
 
         code_version("tasks.staging")  # hashed once per worker process: not part of the throughput
         staged = [r for s in shards for r in shard_records(store, s)]

@@ -444,7 +444,7 @@ def run_exact_dedup(store, sc: Scale, data: str) -> dict[str, Any]:
         return [unit.fn(**c) for c in calls]
 
     _, resolved = deduplicate(store, ingested, sc.buckets, 1000, fan_out)
-    removed = sum(m["info"]["records"] for m in ingested) - sum(m["info"]["survivors"] for m in resolved)
+    removed = sum(m.info["records"] for m in ingested) - sum(m.info["survivors"] for m in resolved)
     return {"tasks": tasks, "params": params, "removed": removed}
 
 
@@ -504,7 +504,7 @@ def run_graph_single_tasks(store, sc: Scale, data: str) -> dict[str, Any]:
     nodes = plan_nodes(store, [shard_name(s) for s in range(sc.shards)])
     digests = feature_digests(store, cfg, nodes)
     table = write_shard_table(store, nodes, digests)
-    records = [require_marker(store, staging_tar(s), "staging shard")["outputs"][staging_records(s)]
+    records = [require_marker(store, staging_tar(s), "staging shard").outputs[staging_records(s)]
                for s in nodes.shards]
     edges = [digests[s] for s in nodes.shards]
     lists = {"edges": write_shard_digests(store, "edges", nodes, edges),
@@ -547,7 +547,7 @@ def run_graph_driver(store, sc: Scale, data: str) -> dict[str, Any]:
     groups = merge_groups(nodes, [1] * len(nodes.shards), cfg.advanced.merge_max_edges)
     merge = [dict(out=store, shard_table=table, group=g, found=found_fingerprint(list(digests.values())))
              for g in groups]
-    records = {s: require_marker(store, staging_tar(s), "staging shard")["outputs"][staging_records(s)]
+    records = {s: require_marker(store, staging_tar(s), "staging shard").outputs[staging_records(s)]
                for s in nodes.shards}
     records_fp = records_fingerprint(records)
     verify = [dict(source=store, out=store, cfg=cfg, shard_table=table, shard=s, review_digest="0" * 64,

@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from corpusforge.contract import completed_units, finish_unit, prune, read_marker, remove_tree, require_marker
+from corpusforge.contract import (Marker, completed_units, finish_unit, prune, read_marker, remove_tree,
+                                  require_marker)
 from corpusforge.layout import (FEATURE_KEYS_SCHEMA, FEATURES_DIR, feature_keys, feature_subset_dir, feature_vectors,
                                 features_dir)
 from corpusforge.storage import Store
@@ -32,7 +33,7 @@ from corpusforge.storage import Store
 
 def write_shard_features(store: Store, model_id: str, shard: str, keys: Sequence[str], shas: Sequence[str | None],
                          ok: Sequence[bool], errors: Sequence[str | None], features: np.ndarray,
-                         fp: str, info: dict[str, Any], subset: str | None = None) -> dict[str, Any]:
+                         fp: str, info: dict[str, Any], subset: str | None = None) -> Marker:
     """Write one shard's features and keys atomically, then the unit's marker; return it."""
     if features.shape[0] != int(np.sum(ok)):
         raise ValueError(f"{features.shape[0]} feature rows for {int(np.sum(ok))} ok records")
@@ -47,12 +48,12 @@ def write_shard_features(store: Store, model_id: str, shard: str, keys: Sequence
     return finish_unit(store, vectors, fp, outputs, info)
 
 
-def feature_marker(store: Store, model_id: str, shard: str, subset: str | None = None) -> dict[str, Any] | None:
+def feature_marker(store: Store, model_id: str, shard: str, subset: str | None = None) -> Marker | None:
     """The marker of a (model, shard) unit, or None when it never completed."""
     return read_marker(store, feature_vectors(model_id, shard, subset))
 
 
-def require_features(store: Store, model_id: str, shard: str, subset: str | None = None) -> dict[str, Any]:
+def require_features(store: Store, model_id: str, shard: str, subset: str | None = None) -> Marker:
     """The marker of a (model, shard) unit; a clear error when it is missing."""
     return require_marker(store, feature_vectors(model_id, shard, subset),
                           f"features of {model_id}: extract features first (corpusforge extract-features)")

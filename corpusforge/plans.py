@@ -78,7 +78,7 @@ def judge_unit(stage: StagePlan, store: Store, rel: str, unit: str, key_of: Call
     stage.add(unit, action, reason)
     if action != SKIPPED or marker is None:
         return None
-    return marker if full else marker["digest"]
+    return marker if full else marker.digest
 
 
 def _known(value: Any) -> bool:

@@ -27,7 +27,7 @@ from pydantic import Field, model_validator
 from corpusforge.artifacts import publish_plan_artifact, publish_run_artifacts
 from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, run_logger
 from corpusforge.config import FlowConfig
-from corpusforge.contract import prune, remove_tree, summarise, sweep_temp_files
+from corpusforge.contract import count_actions, prune, remove_tree, summarise, sweep_temp_files
 from corpusforge.feature_files import prune_features
 from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_DIR, DEDUP_HASHES_DIR, DEDUP_KEYS_DIR,
                                 EVAL_CAPTIONS, EXACT_DIR, GRAPH_DIR, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR,
@@ -181,14 +181,14 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     work["resolve"] = summarise("resolve", resolved).counts()
     clock.stop()
 
-    staging = plan_staging([m["info"] for m in resolved], config.staging.shard_size)
+    staging = plan_staging([m.info for m in resolved], config.staging.shard_size)
     staged = sorted(s.name for s in staging)
     for folder in (STAGING_TARS, STAGING_INDEX, STAGING_RECORDS):
         prune(store, folder, staged)
     with stage("staging"), clock("staging"):
         written = fan_out(WRITE_STAGING_SHARD, [dict(store=store, shard=s) for s in staging])
     work["staging"] = summarise("staging", written).counts()
-    log.info("%d records staged in %d staging shards", sum(m["info"]["count"] for m in written), len(staging))
+    log.info("%d records staged in %d staging shards", sum(m.info["count"] for m in written), len(staging))
 
     with stage("features"), clock("features"):
         features = _features(store, config, staged, work)
@@ -230,7 +230,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     if leftovers := sweep_temp_files(store):
         log.warning("removed %d temporary files of killed writers: %s", len(leftovers), leftovers[:5])
     with clock("receipt"):
-        licenses = license_section(config.licenses, [m["info"] for m in ingested])
+        licenses = license_section(config.licenses, [m.info for m in ingested])
         receipt = _receipt(config, store, kind, len(parts), release, manifest, features, near, stats, licenses)
         if captions:
             receipt["captioning"] = captions
@@ -263,7 +263,7 @@ def _features(store: Store, config: BuildConfig, staged: list[str], work: dict[s
     if not (config.features.models and staged):
         return {}
     results = extract_features(store, staged, config.features, fan_out=fan_out)
-    work["features"] = {m: summarise(f"features.{m}", (r["models"][m] for r in results)).counts()
+    work["features"] = {m: count_actions(f"features.{m}", (r["models"][m]["action"] for r in results)).counts()
                         for m in sorted(results[0]["models"])}
     work["images_embedded"] = sum(r["images"] for r in results
                                   if any(v["action"] == "computed" for v in r["models"].values()))

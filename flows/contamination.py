@@ -135,9 +135,9 @@ def contamination(config: ContaminationConfig) -> dict[str, Any]:
         plan = plan_eval_set(es)
         chunks = [c.name for c in plan.chunks]
         staged = stage_eval_set(out, eval_store, plan, es, fan_out=fan_out)
-        log.info("evaluation set %s: %d items in %d chunks", es.source, sum(m["info"]["items"] for m in staged),
+        log.info("evaluation set %s: %d items in %d chunks", es.source, sum(m.info["items"] for m in staged),
                  len(chunks))
-        with_images = [c for c, m in zip(chunks, staged, strict=True) if m["info"]["staged"]]
+        with_images = [c for c, m in zip(chunks, staged, strict=True) if m.info["staged"]]
         if config.image is not None and with_images:
             warnings += embed_eval_set(eval_store, with_images, config, corpus)
         benchmark = benchmark_identity(out, plan.name, es.source, plan.kind, chunks, plan.input_files,

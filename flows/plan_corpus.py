@@ -132,7 +132,7 @@ def _estimate(store: Store, stage: StagePlan, run_log: dict[str, Any] | None) ->
     if not stage.stage.startswith("features."):
         return {"seconds": None, "seconds_if_upstream_changes": None, "basis": "not estimated (judged per stage)"}
     todo = [u.unit for u in stage.units if u.action == COMPUTED]
-    infos = [(read_marker(store, staging_tar(shard)) or {}).get("info", {}) for shard in todo]
+    infos = [m.info for shard in todo if (m := read_marker(store, staging_tar(shard))) is not None]
     size = {"images": sum(int(i.get("count", 0)) for i in infos), "bytes": sum(int(i.get("bytes", 0)) for i in infos)}
     seconds = (run_log or {}).get("seconds", {}).get("features")
     computed = sum(c.get(COMPUTED, 0) for c in (run_log or {}).get("features", {}).values() if isinstance(c, dict))

@@ -199,7 +199,7 @@ def scan_estimate(flow: str, config: Any, stage: StagePlan) -> dict[str, Any]:
                                 "units": len(todo), "units_if_upstream_changes": len(maybe)}
     if flow == "contamination" and stage.stage.startswith("eval.features."):
         eval_store = Store(config.out, config.out_storage_options).sub(CONTAMINATION_EVAL)
-        infos = [(read_marker(eval_store, staging_tar(c)) or {}).get("info", {}) for c in todo]
+        infos = [m.info for c in todo if (m := read_marker(eval_store, staging_tar(c))) is not None]
         estimate.update(images=sum(int(i.get("count", 0)) for i in infos),
                         bytes=sum(int(i.get("bytes", 0)) for i in infos))
     return estimate

@@ -32,12 +32,13 @@ import os
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
-from corpusforge.contract import (FanOut, Unit, current_marker, finish_unit, in_process, must_compute, prune,
-                                  require_marker, summarise, unit_fingerprint)
+from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Unit, UnitResult, current_marker, finish_unit, in_process,
+                                  must_compute, prune, require_marker, summarise, unit_fingerprint)
 from corpusforge.hashing import canonical_json, sha256_bytes
 from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_JOURNAL_SCHEMA, CAPTION_PLAN_DIR, CAPTION_PLAN_SCHEMA,
                                 CAPTIONS_DIR, CAPTIONS_SCHEMA, caption_journal_dir, caption_plan_path,
@@ -214,13 +215,20 @@ def decide(plan_row: dict[str, Any], answers: dict[str, dict[str, Any] | None], 
     return row
 
 
-def caption_shard(store: Store, shard: str, cfg: CaptioningConfig, plan_digest: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class CaptionResult(UnitResult):
+    """A caption unit's result: its marker, the action, and how many requests this run sent."""
+
+    requests_asked: int = field(default=0, kw_only=True)
+
+
+def caption_shard(store: Store, shard: str, cfg: CaptioningConfig, plan_digest: str) -> CaptionResult:
     """Caption and question one staging shard's planned images (see the module docstring)."""
     prompts, questions = caption_prompts(cfg), question_prompts(cfg)
-    staging_digest = require_marker(store, staging_tar(shard), "staging shard")["digest"]
+    staging_digest = require_marker(store, staging_tar(shard), "staging shard").digest
     fp = unit_fingerprint("captions", code_version(__name__), identity(cfg), [plan_digest, staging_digest])
     if (marker := current_marker(store, captions_path(shard), fp)) is not None:
-        return {**marker, "action": "skipped"}
+        return CaptionResult.of(marker, SKIPPED)
     must_compute()
 
     plan = store.read_parquet(caption_plan_path(shard)).to_pylist()
@@ -281,7 +289,7 @@ def caption_shard(store: Store, shard: str, cfg: CaptioningConfig, plan_digest: 
     # asks exactly those (everything else is in the journal)
     marker = finish_unit(store, captions_path(shard), fp + (INCOMPLETE if gave_up else ""), {captions_path(shard): sha},
                          info)
-    return {**marker, "action": "computed", "requests_asked": len(requests)}
+    return CaptionResult.of(marker, COMPUTED, requests_asked=len(requests))
 
 
 PLAN = Unit(plan_captions, "plan-captions")
@@ -297,22 +305,22 @@ def captioning_stage(store: Store, cfg: CaptioningConfig, staged: list[str], nea
     results = fan_out(CAPTION_SHARD, [dict(store=store, shard=s, cfg=cfg, plan_digest=digests[s]) for s in staged])
     return receipt_section(cfg, results), {
         **summarise("captioning", results).counts(),
-        "requests_asked": sum(r.get("requests_asked", 0) for r in results),
-        "gave_up": sum(r["info"]["gave_up"] for r in results)}
+        "requests_asked": sum(r.requests_asked for r in results),
+        "gave_up": sum(r.info["gave_up"] for r in results)}
 
 
-def receipt_section(cfg: CaptioningConfig, results: list[dict[str, Any]]) -> dict[str, Any]:
+def receipt_section(cfg: CaptioningConfig, results: list[CaptionResult]) -> dict[str, Any]:
     """The receipt's captioning section: identity, outcomes and word counts per type (no work counts)."""
     by_status: Counter[str] = Counter()
     by_reason: Counter[str] = Counter()
     words: dict[str, Counter[str]] = defaultdict(Counter)
     for r in results:
-        by_status.update(r["info"]["by_status"])
-        by_reason.update(r["info"]["by_reason"])
-        for t, counts in r["info"]["words"].items():
+        by_status.update(r.info["by_status"])
+        by_reason.update(r.info["by_reason"])
+        for t, counts in r.info["words"].items():
             words[t].update(counts)
-    unfinished = sum(r["info"]["gave_up"] for r in results)
+    unfinished = sum(r.info["gave_up"] for r in results)
     return {**identity(cfg), "mix": cfg.mix, "seed": cfg.seed, "recaption": cfg.recaption,
-            "records": sum(r["info"]["planned"] for r in results), "by_status": dict(sorted(by_status.items())),
+            "records": sum(r.info["planned"] for r in results), "by_status": dict(sorted(by_status.items())),
             "by_reason": dict(sorted(by_reason.items())), "unfinished_requests": unfinished,
             "words": {t: dict(sorted(c.items(), key=lambda kv: int(kv[0]))) for t, c in sorted(words.items())}}

@@ -25,7 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from corpusforge.contract import read_marker, require_marker, run_unit, unit_fingerprint
+from corpusforge.contract import UnitResult, read_marker, require_marker, run_unit, unit_fingerprint
 from corpusforge.hashing import canonical_json
 from corpusforge.layout import (EDITION_ITEM_SCHEMA, EDITION_ITEMS, EDITION_MAPPING, EDITION_MAPPING_SCHEMA,
                                 EDITION_META, ITEM_DECISION_SCHEMA, eval_items_path, image_rows_path,
@@ -39,13 +39,13 @@ _ORDER = {"quarantine": 2, "review": 1, "retain": 0}
 
 def _digest(out: Store, rel: str) -> str | None:
     m = read_marker(out, rel)
-    return None if m is None else m["digest"]
+    return None if m is None else m.digest
 
 
-def item_decisions(out: Store, chunk: str, cfg: EditionConfig, image_threshold: float | None) -> dict[str, Any]:
+def item_decisions(out: Store, chunk: str, cfg: EditionConfig, image_threshold: float | None) -> UnitResult:
     """Fold one chunk's findings into per-item rows (skipped when none of them changed)."""
     sources = {"text": text_rows_path(chunk), "image": image_rows_path(chunk), "image_text": judge_rows_path(chunk)}
-    inputs = [require_marker(out, eval_items_path(chunk), "evaluation items")["digest"],
+    inputs = [require_marker(out, eval_items_path(chunk), "evaluation items").digest,
               {k: _digest(out, v) for k, v in sources.items()}]
     fp = unit_fingerprint("contamination-items", code_version(__name__),
                           [sorted(cfg.quarantine_on), image_threshold], inputs)
@@ -105,9 +105,9 @@ def _coverage(before: Counter, after: Counter) -> list[dict[str, Any]]:
 
 
 def write_edition(out: Store, chunks: Sequence[str], benchmark: dict[str, Any], cfg: EditionConfig
-                  ) -> dict[str, Any]:
+                  ) -> UnitResult:
     """The new edition from every chunk's decisions (one unit: new ids are numbered in input order)."""
-    digests = [require_marker(out, item_decisions_path(c), "item decisions")["digest"] for c in chunks]
+    digests = [require_marker(out, item_decisions_path(c), "item decisions").digest for c in chunks]
     fp = unit_fingerprint("contamination-edition", code_version(__name__), [cfg.name, benchmark["name"]],
                           [benchmark["manifest_sha256"], digests])
 

@@ -43,4 +43,4 @@ def corpus_decode_size(corpus: Store, model_id: str) -> int | None | Literal["au
     """The decode size of the corpus's ``model_id`` features (read off one shard's marker;
     the scan compares every shard's), or "auto" when it has none (the scan then says so)."""
     shards = list_feature_shards(corpus, model_id)
-    return feature_marker(corpus, model_id, shards[0])["info"].get("decode_size") if shards else "auto"
+    return feature_marker(corpus, model_id, shards[0]).info.get("decode_size") if shards else "auto"

@@ -32,8 +32,8 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from corpusforge.contract import (COMPUTED, SKIPPED, UnitKey, current_marker, explain, finish_unit, read_marker,
-                                  unit_fingerprint)
+from corpusforge.contract import (COMPUTED, SKIPPED, UnitKey, UnitResult, current_marker, explain, finish_unit,
+                                  read_marker, require_marker, unit_fingerprint)
 from corpusforge.hashing import canonical_json, fingerprint
 from corpusforge.layout import (EVAL_ITEM_SCHEMA, TABLE_SUFFIXES, STAGING_RECORDS_SCHEMA, eval_items_path, staging_index,
                                 staging_records, staging_tar)
@@ -277,13 +277,13 @@ def judge_chunk(out: Store, eval_store: Store, chunk: EvalChunk, cfg: EvalSetCon
     return action, reason, fp
 
 
-def stage_chunk(out: Store, eval_store: Store, chunk: EvalChunk, cfg: EvalSetConfig) -> dict[str, Any]:
+def stage_chunk(out: Store, eval_store: Store, chunk: EvalChunk, cfg: EvalSetConfig) -> UnitResult:
     """Read one chunk's items, write their images as a staging shard and their rows as items.
 
     Returns the items marker (``info``: items, staged, image errors, the staging marker's digest)."""
     action, _, fp = judge_chunk(out, eval_store, chunk, cfg)
     if action == SKIPPED:
-        return {**read_marker(out, eval_items_path(chunk.name)), "action": SKIPPED}
+        return UnitResult.of(require_marker(out, eval_items_path(chunk.name), "evaluation items"), SKIPPED)
 
     rows, records, samples = [], [], []
     row_no = chunk.first_row
@@ -320,5 +320,5 @@ def stage_chunk(out: Store, eval_store: Store, chunk: EvalChunk, cfg: EvalSetCon
     table = pa.Table.from_pylist(rows, schema=EVAL_ITEM_SCHEMA)
     outputs = {eval_items_path(chunk.name): out.write_parquet(eval_items_path(chunk.name), table)}
     info = {"items": len(rows), "staged": len(records),
-            "image_errors": sum(1 for r in rows if r["image_error"]), "staging_digest": staging_marker["digest"]}
-    return {**finish_unit(out, eval_items_path(chunk.name), fp, outputs, info), "action": "computed"}
+            "image_errors": sum(1 for r in rows if r["image_error"]), "staging_digest": staging_marker.digest}
+    return UnitResult.of(finish_unit(out, eval_items_path(chunk.name), fp, outputs, info), COMPUTED)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from corpusforge.contract import require_marker, run_unit, unit_fingerprint
+from corpusforge.contract import UnitResult, require_marker, run_unit, unit_fingerprint
 from corpusforge.feature_files import feature_marker, read_shard_errors
 from corpusforge.layout import IMAGE_ROW_SCHEMA, eval_items_path, found_matches_path, image_rows_path
 from corpusforge.storage import Store
@@ -26,12 +26,12 @@ from corpusforge.version import code_version
 
 
 def image_rows(out: Store, eval_store: Store, chunk: str, model_id: str, scan: str, threshold: float
-               ) -> dict[str, Any]:
+               ) -> UnitResult:
     """Write one chunk's per-image rows; returns the marker (info: counts)."""
     has_features = feature_marker(eval_store, model_id, chunk) is not None
     found = found_matches_path(scan, chunk)
-    inputs = [require_marker(out, eval_items_path(chunk), "evaluation items")["digest"],
-              require_marker(out, found, "image scan")["digest"] if has_features else None]
+    inputs = [require_marker(out, eval_items_path(chunk), "evaluation items").digest,
+              require_marker(out, found, "image scan").digest if has_features else None]
     fp = unit_fingerprint("contamination-image-rows", code_version(__name__), [model_id, threshold], inputs)
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:

@@ -38,7 +38,7 @@ import faiss
 import numpy as np
 import pyarrow as pa
 
-from corpusforge.contract import run_unit, unit_fingerprint
+from corpusforge.contract import UnitResult, run_unit, unit_fingerprint
 from corpusforge.feature_files import read_shard_features, require_features
 from corpusforge.hashing import canonical_json, fingerprint, stable_uniform
 from corpusforge.layout import (CONTAMINATION_FOUND, MATCH_SCHEMA, contamination_index, feature_keys,
@@ -69,7 +69,7 @@ class ScanSide:
     selection_digests: dict[str, str] = field(default_factory=dict)
 
     def shard_digest(self, shard: str) -> list[str | None]:
-        return [require_features(self.store, self.model_id, shard)["digest"], self.selection_digests.get(shard)]
+        return [require_features(self.store, self.model_id, shard).digest, self.selection_digests.get(shard)]
 
     def digest(self) -> str:
         """Content of the whole side: every shard's feature digest and selection digest."""
@@ -92,7 +92,7 @@ def feature_identity(side: ScanSide) -> dict[str, Any]:
     """The one (model fingerprint, dtype, decode size) every shard of ``side`` was made with."""
     seen: dict[str, dict[str, Any]] = {}
     for shard in side.shards:
-        info = require_features(side.store, side.model_id, shard)["info"]
+        info = require_features(side.store, side.model_id, shard).info
         ident = {"model": info.get("model"), "dtype": info.get("dtype"), "decode_size": info.get("decode_size"),
                  "random_init": bool(info.get("random_init"))}
         seen.setdefault(canonical_json(ident), ident)
@@ -119,7 +119,7 @@ def check_same_features(query: ScanSide, target: ScanSide) -> dict[str, Any]:
 
 def pair_rule(query: ScanSide, target: ScanSide) -> PairScore:
     """The pair rule both sides' feature models name (they must agree; plain cosine when none)."""
-    return pair_score_of([require_features(side.store, side.model_id, shard)["info"]
+    return pair_score_of([require_features(side.store, side.model_id, shard).info
                           for side in (query, target) for shard in side.shards])
 
 
@@ -184,7 +184,7 @@ def scan_exact_topk(q: np.ndarray, target: ScanSide, k: int, rule: PairScore
 
 
 def scan_shard_exact(out: Store, scan: str, query: ScanSide, shard: str, target: ScanSide, target_digest: str,
-                     k: int, rule: PairScore) -> dict[str, Any]:
+                     k: int, rule: PairScore) -> UnitResult:
     """Exact top-k targets of one query shard (skipped when query and target content are unchanged)."""
     fp = unit_fingerprint("contamination-scan", _code(), ["exact", k, rule.to_json()],
                           [query.shard_digest(shard), target_digest])
@@ -202,7 +202,7 @@ def scan_shard_exact(out: Store, scan: str, query: ScanSide, shard: str, target:
 
 def n_selected(side: ScanSide, shard: str) -> int:
     if side.selection is None:
-        return int(require_features(side.store, side.model_id, shard)["info"]["count"])
+        return int(require_features(side.store, side.model_id, shard).info["count"])
     return side.selection_store.read_parquet(select_path(side.selection, shard), columns=["key"]).num_rows
 
 
@@ -251,7 +251,7 @@ def build_scan_index(out: Store, name: str, target: ScanSide, target_digest: str
                                     "offsets": offsets, "pair_score": rule.to_json()}
 
     marker = run_unit(out, rel, fp, compute)
-    return {**marker["info"], "fingerprint": marker["fingerprint"], "action": marker["action"]}
+    return {**marker.info, "fingerprint": marker.fingerprint, "action": marker.action}
 
 
 _INDEX_CACHE: dict[tuple[str, str], faiss.Index] = {}
@@ -269,7 +269,7 @@ def load_scan_index(out: Store, name: str, info: dict[str, Any]) -> faiss.Index:
 
 
 def scan_shard_ivf(out: Store, scan: str, query: ScanSide, shard: str, target: ScanSide, index_name: str,
-                   index_info: dict[str, Any], k: int, rule: PairScore) -> dict[str, Any]:
+                   index_info: dict[str, Any], k: int, rule: PairScore) -> UnitResult:
     """Top-k targets of one query shard from the IVF index, by their exact scores under ``rule``.
 
     The index ranks by the forms' inner product: the rule up to float rounding, except that a
@@ -353,7 +353,7 @@ def scan_recall(out: Store, scan: str, query: ScanSide, target: ScanSide, target
                   "pair_score": rule.to_json()}
         return {rel: out.write_json(rel, result)}, result
 
-    return run_unit(out, rel, fp, compute)["info"]
+    return run_unit(out, rel, fp, compute).info
 
 
 def plan_search(mode: str, n_queries: int, n_targets: int, exact_max_pairs: float) -> str:

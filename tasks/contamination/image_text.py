@@ -20,7 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from corpusforge.contract import require_marker, run_unit, unit_fingerprint
+from corpusforge.contract import UnitResult, require_marker, run_unit, unit_fingerprint
 from corpusforge.layout import JUDGE_SCHEMA, eval_items_path, found_matches_path, judge_rows_path, staging_index, \
     staging_tar
 from corpusforge.storage import Store
@@ -44,12 +44,12 @@ def read_captions(corpus: Store, wanted: dict[str, set[str]]) -> dict[str, str]:
 
 
 def judge_chunk(out: Store, corpus: Store, chunk: str, cfg: JudgeConfig, question_fields: Sequence[str],
-                has_matches: bool) -> dict[str, Any]:
+                has_matches: bool) -> UnitResult:
     """Verdicts for one chunk's items (skipped when items, matches and judge are unchanged)."""
     judge = make_judge(cfg)
     found = found_matches_path("images", chunk)
-    inputs = [require_marker(out, eval_items_path(chunk), "evaluation items")["digest"],
-              require_marker(out, found, "image scan")["digest"] if has_matches else None]
+    inputs = [require_marker(out, eval_items_path(chunk), "evaluation items").digest,
+              require_marker(out, found, "image scan").digest if has_matches else None]
     fp = unit_fingerprint("contamination-judge", code_version(__name__),
                           [judge.identity(), cfg.captions, cfg.retrieve_above, list(question_fields)], inputs)
     rel = judge_rows_path(chunk)
@@ -94,9 +94,9 @@ def judge_chunk(out: Store, corpus: Store, chunk: str, cfg: JudgeConfig, questio
     return run_unit(out, rel, fp, compute)
 
 
-def summarize_judge(markers: Sequence[dict[str, Any]], identity: dict[str, Any]) -> dict[str, Any]:
+def summarize_judge(markers: Sequence[UnitResult], identity: dict[str, Any]) -> dict[str, Any]:
     keys = ("judged", "inferable", "not_inferable", "unresolved", "no_answer", "no_image")
-    c = {k: sum(m["info"].get(k, 0) for m in markers) for k in keys}
+    c = {k: sum(m.info.get(k, 0) for m in markers) for k in keys}
     return {"judge": identity, **c, "rate": (c["inferable"] / c["judged"]) if c["judged"] else None,
             "rate_definition": "inferable / judged (items with an answer and an embedded image)",
             "unresolved_note": f"{c['unresolved']} item(s) exposure unresolved ({UNRESOLVED}): not counted as clean"}

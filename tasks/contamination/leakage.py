@@ -19,7 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from corpusforge.contract import require_marker, run_unit, unit_fingerprint
+from corpusforge.contract import UnitResult, require_marker, run_unit, unit_fingerprint
 from corpusforge.layout import LEAKAGE_SCHEMA, found_matches_path, leakage_path
 from corpusforge.storage import Store
 from corpusforge.version import code_version
@@ -32,12 +32,12 @@ def _key(t: float) -> str:
 
 
 def leakage_rows(out: Store, scan: str, selection: str, shard: str, thresholds: Sequence[float],
-                 review_threshold: float) -> dict[str, Any]:
+                 review_threshold: float) -> UnitResult:
     """Pairs >= review threshold and per-threshold counts of one held-out shard."""
     found = found_matches_path(scan, shard)
     fp = unit_fingerprint("contamination-leakage", code_version(__name__),
                           [sorted(thresholds), review_threshold, selection],
-                          require_marker(out, found, "leakage scan")["digest"])
+                          require_marker(out, found, "leakage scan").digest)
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         split_of = read_selection(out, selection, shard)
@@ -66,22 +66,22 @@ def leakage_rows(out: Store, scan: str, selection: str, shard: str, thresholds: 
     return run_unit(out, leakage_path(shard), fp, compute)
 
 
-def summarize_leakage(markers: Sequence[dict[str, Any]], thresholds: Sequence[float], review_threshold: float,
+def summarize_leakage(markers: Sequence[UnitResult], thresholds: Sequence[float], review_threshold: float,
                       source: dict[str, Any]) -> dict[str, Any]:
     """Rates per threshold and split over every held-out shard."""
     held: dict[str, int] = {}
     for m in markers:
-        for split, n in m["info"]["held_out"].items():
+        for split, n in m.info["held_out"].items():
             held[split] = held.get(split, 0) + n
     table = []
     for th in thresholds:
         per_split = {}
         for split in sorted(held):
-            n = sum(m["info"]["leaking"][_key(th)].get(split, 0) for m in markers)
+            n = sum(m.info["leaking"][_key(th)].get(split, 0) for m in markers)
             per_split[split] = {"leaking": n, "held_out": held[split], "rate": rate(n, held[split])}
         total = sum(v["leaking"] for v in per_split.values())
         table.append({"threshold": th, "comparison": "best similarity >= threshold", "leaking": total,
                       "held_out": sum(held.values()), "rate": rate(total, sum(held.values())),
                       "splits": per_split})
     return {**source, "review_threshold": review_threshold, "held_out": dict(sorted(held.items())),
-            "rates": table, "pairs_at_review_threshold": sum(m["info"]["pairs"] for m in markers)}
+            "rates": table, "pairs_at_review_threshold": sum(m.info["pairs"] for m in markers)}

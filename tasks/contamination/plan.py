@@ -60,7 +60,7 @@ def _eval_features(eval_store: Store, corpus: Store, model_id: str, features: Fe
             else:
                 key = feature_fingerprint(models[0], fcfg.dtype, draft, fcfg.runtime.precision, "?")
                 stage.add(chunk, *explain(feature, key, inputs_known=False))
-        elif marker["info"]["staged"]:
+        elif marker.info["staged"]:
             keep.add(chunk)
             verdict = judge_shard(eval_store, chunk, fcfg, models, draft).models[model_id]
             stage.add(chunk, verdict.action, verdict.reason)

@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from corpusforge.contract import prune, read_marker, run_unit, unit_fingerprint
+from corpusforge.contract import UnitResult, prune, read_marker, run_unit, unit_fingerprint
 from corpusforge.layout import CONTAMINATION_SELECT, MANIFEST_DIR, SELECT_SCHEMA, select_path
 from corpusforge.records import Status
 from corpusforge.storage import Store
@@ -30,8 +30,8 @@ from corpusforge.version import code_version
 def file_digest(store: Store, rel: str) -> str:
     """The digest a downstream fingerprint uses for ``rel``: its marker's, else its SHA-256."""
     marker = read_marker(store, rel)
-    if marker is not None and rel in marker.get("outputs", {}):
-        return marker["outputs"][rel]
+    if marker is not None and rel in marker.outputs:
+        return marker.outputs[rel]
     return store.sha256(rel)
 
 
@@ -46,7 +46,7 @@ def selection_name(label: str, splits: list[str]) -> str:
     return f"{label}-{'-'.join(sorted(splits))}"
 
 
-def select_splits(corpus: Store, out: Store, name: str, splits: list[str], shards: list[str]) -> dict[str, Any]:
+def select_splits(corpus: Store, out: Store, name: str, splits: list[str], shards: list[str]) -> UnitResult:
     """Write the per-shard key lists of ``splits`` (kept rows only) for every shard in ``shards``.
 
     Returns the marker of the unit (info: selected per split, per-shard digests)."""

@@ -21,7 +21,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from corpusforge.contract import FanOut, Unit, completed_units, in_process, prune, remove_tree, require_marker
+from corpusforge.contract import (FanOut, Unit, UnitResult, completed_units, in_process, prune, remove_tree,
+                                  require_marker)
 from corpusforge.feature_files import feature_marker, list_feature_shards
 from corpusforge.layout import (CONTAMINATION_FOUND, CONTAMINATION_IMAGES, CONTAMINATION_ITEM_DECISIONS,
                                 CONTAMINATION_ITEMS, CONTAMINATION_JUDGE, CONTAMINATION_LEAKAGE, CONTAMINATION_TEXT,
@@ -67,7 +68,7 @@ TEXTS_PER_VERIFY_GROUP = 500_000
 
 
 def stage_eval_set(out: Store, eval_store: Store, plan: EvalPlan, cfg: EvalSetConfig, *,
-                   fan_out: FanOut = in_process) -> list[dict[str, Any]]:
+                   fan_out: FanOut = in_process) -> list[UnitResult]:
     """Stage every chunk of the evaluation set (images → staging shard, rows → items)."""
     names = [c.name for c in plan.chunks]
     prune(out, CONTAMINATION_ITEMS, names)
@@ -82,7 +83,7 @@ def _selection(corpus: Store, out: Store, label: str, splits: list[str] | None, 
         return None, {}, {}
     name = selection_name(label, splits)
     marker = fan_out(SELECT, [dict(corpus=corpus, out=out, name=name, splits=splits, shards=shards)])[0]
-    return name, marker["info"]["digests"], marker["info"]["counts"]
+    return name, marker.info["digests"], marker.info["counts"]
 
 
 def run_scan(out: Store, name: str, query: scan.ScanSide, target: scan.ScanSide, k: int, search: str,
@@ -111,10 +112,10 @@ def run_scan(out: Store, name: str, query: scan.ScanSide, target: scan.ScanSide,
         result["index"] = {k2: info[k2] for k2 in ("plan", "dim", "n_vectors")}
         result["recall"] = fan_out(RECALL, [dict(
             out=out, scan=name, query=query, target=target, target_digest=target_digest, k=k, threshold=threshold,
-            n_sample=recall_queries, seed=ivf_cfg.seed, found_digests=[m["digest"] for m in markers],
+            n_sample=recall_queries, seed=ivf_cfg.seed, found_digests=[m.digest for m in markers],
             rule=rule)])[0]
-    result["units"] = {"computed": sum(m["action"] == "computed" for m in markers),
-                       "skipped": sum(m["action"] == "skipped" for m in markers)}
+    result["units"] = {"computed": sum(m.action == "computed" for m in markers),
+                       "skipped": sum(m.action == "skipped" for m in markers)}
     return result
 
 
@@ -189,15 +190,15 @@ def _doc_units(out: Store, corpus: Store | None, cfg: TextCanaryConfig, *, fan_o
     if c.kind == "table":
         marker = fan_out(TEXT_PLAN, [dict(out=out, cfg=c)])[0]
         calls = [dict(out=out, kind=ts.DOCS, unit=p, read=_TableReader(out, p), cfg=cfg,
-                      inputs=marker["outputs"][text_work_path("source", p)]) for p in marker["info"]["parts"]]
-        return calls, {"kind": "table", "path": c.path, "texts": marker["info"]["texts"],
+                      inputs=marker.outputs[text_work_path("source", p)]) for p in marker.info["parts"]]
+        return calls, {"kind": "table", "path": c.path, "texts": marker.info["texts"],
                        "sha256": file_sha256(c.path, c.storage_options)}
     if corpus is None:
         raise ValueError("text corpus kind corpus_captions needs a built corpus")
     shards = completed_units(corpus, STAGING_TARS, ".tar")
     sel, digests, counts = _selection(corpus, out, "captions", c.splits, shards, fan_out=fan_out)
     calls = [dict(out=out, kind=ts.DOCS, unit=s, read=_CaptionReader(corpus, s, out, sel), cfg=cfg,
-                  inputs=[require_marker(corpus, staging_tar(s), "staging shard")["digest"], digests.get(s)])
+                  inputs=[require_marker(corpus, staging_tar(s), "staging shard").digest, digests.get(s)])
              for s in shards]
     return calls, {"kind": "corpus_captions", "corpus": corpus.root, "splits": c.splits, "captions_by_split": counts}
 
@@ -242,12 +243,12 @@ def text_canary_stage(out: Store, corpus: Store | None, chunks: list[str], field
     for kind in (ts.QUERIES, ts.QUERY_BANDS):
         prune(out, f"{CONTAMINATION_TEXT_WORK}/{kind}", chunks)
     q_calls = [dict(out=out, kind=ts.QUERIES, unit=ch, read=_ItemReader(out, ch, fields), cfg=cfg,
-                    inputs=[require_marker(out, eval_items_path(ch), "evaluation items")["digest"], fields])
+                    inputs=[require_marker(out, eval_items_path(ch), "evaluation items").digest, fields])
                for ch in chunks]
     doc_markers = fan_out(TEXT_UNIT, doc_calls)
     q_markers = fan_out(TEXT_UNIT, q_calls)
-    n_docs = sum(m["info"]["texts"] - m["info"]["empty"] for m in doc_markers)
-    n_q = sum(m["info"]["texts"] - m["info"]["empty"] for m in q_markers)
+    n_docs = sum(m.info["texts"] - m.info["empty"] for m in doc_markers)
+    n_q = sum(m.info["texts"] - m.info["empty"] for m in q_markers)
     lsh = cfg.lsh
     mode = lsh.mode if lsh.mode != "auto" else ("exhaustive" if n_docs * n_q <= lsh.exhaustive_max_pairs else "lsh")
     d_bands = ts.digest_of_units(out, ts.DOCS, doc_units)
@@ -256,34 +257,34 @@ def text_canary_stage(out: Store, corpus: Store | None, chunks: list[str], field
     candidates: dict[str, str] | None = None
     join_info: dict[str, Any] = {}
     if mode == "lsh":
-        band_rows = sum(m["info"]["band_rows"] for m in doc_markers + q_markers)
+        band_rows = sum(m.info["band_rows"] for m in doc_markers + q_markers)
         buckets = lsh.buckets or max(1, math.ceil(band_rows / BAND_ROWS_PER_BUCKET))
         prune(out, f"{CONTAMINATION_TEXT_WORK}/{ts.CANDIDATES}", {f"{b:05d}" for b in range(buckets)})
         joins = fan_out(JOIN, [dict(out=out, bucket=b, buckets=buckets, doc_units=d_bands,
                                            query_units=q_digests, max_docs_per_key=lsh.max_docs_per_key)
                                       for b in range(buckets)])
-        candidates = {text_work_path(ts.CANDIDATES, f"{b:05d}"): m["digest"] for b, m in enumerate(joins)}
-        join_info = {"buckets": buckets, "candidate_pairs": sum(m["info"]["pairs"] for m in joins),
-                     "truncated_band_values": sum(m["info"]["truncated_keys"] for m in joins)}
+        candidates = {text_work_path(ts.CANDIDATES, f"{b:05d}"): m.digest for b, m in enumerate(joins)}
+        join_info = {"buckets": buckets, "candidate_pairs": sum(m.info["pairs"] for m in joins),
+                     "truncated_band_values": sum(m.info["truncated_keys"] for m in joins)}
     else:
         prune(out, f"{CONTAMINATION_TEXT_WORK}/{ts.CANDIDATES}", set())
-    groups = _groups(doc_units, [m["info"]["texts"] for m in doc_markers])
+    groups = _groups(doc_units, [m.info["texts"] for m in doc_markers])
     prune(out, f"{CONTAMINATION_TEXT_WORK}/{ts.SCORES}", set(groups))
     verified = fan_out(VERIFY, [dict(out=out, group=g, d_units={u: d_bands[u] for u in units},
                                             q_units=q_digests, candidates=candidates) for g, units in groups.items()])
     prune(out, CONTAMINATION_TEXT, chunks)
-    scores = {g: m["digest"] for g, m in zip(groups, verified, strict=True)}
+    scores = {g: m.digest for g, m in zip(groups, verified, strict=True)}
     decided = fan_out(DECIDE, [dict(out=out, chunk=ch, groups=scores, cfg=cfg) for ch in chunks])
-    counts = {k: sum(m["info"][k] for m in decided) for k in ("quarantine", "review", "retain", "empty")}
+    counts = {k: sum(m.info[k] for m in decided) for k in ("quarantine", "review", "retain", "empty")}
     recall: dict[str, Any] = {"mode": mode, "sampled_queries": 0}
     if lsh.recall_sample and doc_units and chunks:
         sample = fan_out(SAMPLE, [dict(out=out, q_units=q_digests, n_sample=lsh.recall_sample,
                                               seed=lsh.recall_seed)])[0]
-        fan_out(BRUTE, [dict(out=out, d_unit=u, d_digest=d_bands[u], sample_digest=sample["digest"], cfg=cfg)
+        fan_out(BRUTE, [dict(out=out, d_unit=u, d_digest=d_bands[u], sample_digest=sample.digest, cfg=cfg)
                                for u in doc_units])
-        recall = ts.lsh_recall(out, mode, doc_units, sorted(candidates or {}), sample["info"]["sampled"])
+        recall = ts.lsh_recall(out, mode, doc_units, sorted(candidates or {}), sample.info["sampled"])
     return {"source": source, "fields": list(fields), "mode": mode, "corpus_texts": n_docs, "item_texts": n_q,
-            "pairs_compared": sum(m["info"]["compared"] for m in verified), "all_pairs": n_docs * n_q,
+            "pairs_compared": sum(m.info["compared"] for m in verified), "all_pairs": n_docs * n_q,
             "join": join_info, "decisions": counts, "recall": recall, **ts.canary_receipt_fields(cfg)}
 
 

@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 
-from corpusforge.contract import require_marker, run_unit, unit_fingerprint
+from corpusforge.contract import UnitResult, require_marker, run_unit, unit_fingerprint
 from corpusforge.hashing import stable_uniform
 from corpusforge.layout import TEXT_ROW_SCHEMA, text_rows_path, text_work_path
 from corpusforge.storage import Store
@@ -129,7 +129,7 @@ def read_payload(store: Store, kind: str, unit: str) -> Payload:
 
 
 def text_unit(out: Store, kind: str, unit: str, read: Callable[[], tuple[list[str], list[str | None], list[str]]],
-              inputs: Any, cfg: TextCanaryConfig) -> dict[str, Any]:
+              inputs: Any, cfg: TextCanaryConfig) -> UnitResult:
     """Facts and band keys of one unit's texts (``kind``: docs or queries)."""
     plan = plan_bands(cfg)
     fp = unit_fingerprint(f"contamination-text-{kind}", _code(),
@@ -192,7 +192,7 @@ def _band_rows(out: Store, kind: str, units: Sequence[str], lo: int, hi: int) ->
 
 
 def join_bucket(out: Store, bucket: int, buckets: int, doc_units: dict[str, str], query_units: dict[str, str],
-                max_docs_per_key: int) -> dict[str, Any]:
+                max_docs_per_key: int) -> UnitResult:
     """Candidate pairs of one key range: texts sharing a band value (``*_units``: unit → band digest)."""
     fp = unit_fingerprint("contamination-text-join", _code(), [bucket, buckets, max_docs_per_key],
                           [sorted(doc_units.items()), sorted(query_units.items())])
@@ -296,7 +296,7 @@ def score_pairs(q: Payload, qi: np.ndarray, d: Payload, di: np.ndarray) -> dict[
 
 
 def verify_group(out: Store, group: str, d_units: dict[str, str], q_units: dict[str, str],
-                 candidates: dict[str, str] | None) -> dict[str, Any]:
+                 candidates: dict[str, str] | None) -> UnitResult:
     """Best pair per query among one group's corpus texts (``candidates``: bucket file →
     digest, or None to compare every query with every text of the group)."""
     fp = unit_fingerprint("contamination-text-verify", _code(), ["exhaustive" if candidates is None else "lsh"],
@@ -376,11 +376,11 @@ def _best_per_query(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # ---- decisions --------------------------------------------------------------------------
-def decide_chunk(out: Store, chunk: str, groups: dict[str, str], cfg: TextCanaryConfig) -> dict[str, Any]:
+def decide_chunk(out: Store, chunk: str, groups: dict[str, str], cfg: TextCanaryConfig) -> UnitResult:
     """Per (item, field) of one evaluation chunk: the best corpus text and the decision."""
     t = thresholds_of(cfg)
     fp = unit_fingerprint("contamination-text-decide", _code(), [t.__dict__],
-                          [require_marker(out, text_work_path(QUERIES, chunk), "text queries")["digest"],
+                          [require_marker(out, text_work_path(QUERIES, chunk), "text queries").digest,
                            sorted(groups.items())])
     rel = text_rows_path(chunk)
 
@@ -428,13 +428,13 @@ def _doc_rows(out: Store, unit: str, rows: list[int]) -> dict[int, dict[str, Any
 
 
 # ---- recall of the LSH join against comparing every pair -------------------------------
-def sample_queries(out: Store, q_units: dict[str, str], n_sample: int, seed: int) -> dict[str, Any]:
+def sample_queries(out: Store, q_units: dict[str, str], n_sample: int, seed: int) -> UnitResult:
     """A seeded sample of non-empty queries (by hash of item id and field), in one file."""
     rel = text_work_path(SAMPLE, "_sample")
     fp = unit_fingerprint("contamination-text-sample", _code(), [n_sample, seed], sorted(q_units.items()))
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
-        total = sum(require_marker(out, text_work_path(QUERIES, u), "text queries")["info"]["texts"]
+        total = sum(require_marker(out, text_work_path(QUERIES, u), "text queries").info["texts"]
                     for u in q_units)
         rate = n_sample / max(total, 1)
         parts = []
@@ -504,7 +504,7 @@ def _slice(p: Payload, lo: int, hi: int) -> Payload:
                    p.gram_ids[a:b])
 
 
-def brute_unit(out: Store, d_unit: str, d_digest: str, sample_digest: str, cfg: TextCanaryConfig) -> dict[str, Any]:
+def brute_unit(out: Store, d_unit: str, d_digest: str, sample_digest: str, cfg: TextCanaryConfig) -> UnitResult:
     """Rule-meeting pairs of the sampled queries against every text of one corpus unit."""
     t = thresholds_of(cfg)
     rel = text_work_path(BRUTE, d_unit)
@@ -556,7 +556,7 @@ def lsh_recall(out: Store, mode: str, brute_units: Sequence[str], candidate_file
 
 
 def digest_of_units(out: Store, kind: str, units: Sequence[str]) -> dict[str, str]:
-    return {u: require_marker(out, text_work_path(kind, u), kind)["digest"] for u in units}
+    return {u: require_marker(out, text_work_path(kind, u), kind).digest for u in units}
 
 
 def sample_rel() -> str:

@@ -23,7 +23,7 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from corpusforge.contract import prune, run_unit, unit_fingerprint
+from corpusforge.contract import UnitResult, prune, run_unit, unit_fingerprint
 from corpusforge.layout import eval_items_path, staging_index, staging_tar, text_work_path
 from corpusforge.storage import Store, uri_stamp
 from corpusforge.version import code_version
@@ -72,7 +72,7 @@ def _read_table(cfg: TextCorpusConfig) -> tuple[list[str | None], list[str]]:
     return ids, texts
 
 
-def plan_table_parts(out: Store, cfg: TextCorpusConfig) -> dict[str, Any]:
+def plan_table_parts(out: Store, cfg: TextCorpusConfig) -> UnitResult:
     """Copy a text table into parts of ``part_size`` texts (skipped while its stamp is unchanged)."""
     fp = unit_fingerprint("contamination-text-source", code_version(__name__),
                           [cfg.text_column, cfg.id_column, cfg.part_size], [cfg.path, uri_stamp(cfg.path,

@@ -28,8 +28,8 @@ from typing import Any
 import faiss
 import numpy as np
 
-from corpusforge.contract import (FanOut, Unit, digest_of, in_process, prune, remove_tree,
-                                  require_marker, run_unit, summarise, unit_fingerprint)
+from corpusforge.contract import (FanOut, Marker, Unit, UnitResult, count_actions, digest_of, in_process, prune,
+                                  remove_tree, require_marker, run_unit, unit_fingerprint)
 from corpusforge.faults import fault_point
 from corpusforge.feature_files import require_features
 from corpusforge.hashing import stable_uniform
@@ -74,7 +74,7 @@ def build_index(source: Store, out: Store, cfg: NearDedupConfig, shard_table: st
                                      trained=first["digest"]) for b in blocks])
     merged = fan_out(MERGE_BLOCKS, [dict(out=out, shard_table=shard_table, trained=first["digest"],
                                          blocks=blocks_digest([a["digest"] for a in added]))])[0]
-    return {**merged, "blocks": summarise("graph.blocks", added).counts()}
+    return {**merged, "blocks": count_actions("graph.blocks", (a["action"] for a in added)).counts()}
 
 
 def index_blocks(nodes: NodeTable, plan: fx.IndexPlan) -> list[tuple[str, str]]:
@@ -104,7 +104,7 @@ def prepare_index(source: Store, out: Store, cfg: NearDedupConfig, shard_table: 
     Returns the marker's info with its ``fingerprint``, ``digest`` and ``action``: the
     index's marker (flat) or the trained index's (IVF)."""
     nodes, _ = read_shard_table(out, shard_table)
-    markers = [require_features(source, cfg.model_id, shard)["info"] for shard in nodes.shards]
+    markers = [require_features(source, cfg.model_id, shard).info for shard in nodes.shards]
     plan, rule, n_vectors, dim = index_plan(cfg, markers)
     flat = plan.kind == "flat"
     fp = unit_fingerprint("graph-index" if flat else "graph-index-train", _code(),
@@ -161,7 +161,7 @@ def add_block(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str,
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         fault_point("graph.index.add", shards[0])  # tests only: off unless CORPUSFORGE_FAULT
-        rule = PairScore.from_json(_trained_marker(out, trained)["info"]["pair_score"])
+        rule = PairScore.from_json(_trained_marker(out, trained).info["pair_score"])
         fx.set_threads(cfg.index.faiss_threads)
         with out.open(GRAPH_INDEX_TRAINED) as f:
             index, gpu = fx.maybe_gpu(fx.read_index(f), cfg.index.use_gpu)
@@ -186,11 +186,11 @@ def merge_blocks(out: Store, shard_table: str, trained: str, blocks: str) -> dic
     fp = unit_fingerprint("graph-index", _code(), [], [trained, blocks])
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
-        info = _trained_marker(out, trained)["info"]
+        info = _trained_marker(out, trained).info
         nodes, _ = read_shard_table(out, shard_table)
         names = [index_block_path(first) for first, _ in index_blocks(nodes, fx.IndexPlan.from_json(info["plan"]))]
         markers = [require_marker(out, name, "graph index block") for name in names]
-        if blocks_digest([m["digest"] for m in markers]) != blocks:
+        if blocks_digest([m.digest for m in markers]) != blocks:
             raise ValueError(f"{out.path(GRAPH_INDEX_BLOCKS)} changed while the graph stage ran: another build "
                              f"writes to the same output")
         with out.open(GRAPH_INDEX_TRAINED) as f:
@@ -198,14 +198,14 @@ def merge_blocks(out: Store, shard_table: str, trained: str, blocks: str) -> dic
         header = io.BytesIO()
         with tempfile.TemporaryDirectory(prefix="corpusforge-blocks-") as tmp, \
                 out.atomic_local_file(GRAPH_INDEX_LISTS) as lists_path:
-            paths = [_local_block(out, name, m["outputs"][name], tmp) for name, m in zip(names, markers, strict=True)]
+            paths = [_local_block(out, name, m.outputs[name], tmp) for name, m in zip(names, markers, strict=True)]
             fx.write_index(ondisk.merge_lists(index, paths, lists_path, GRAPH_INDEX_LISTS.rsplit("/", 1)[-1]), header)
             lists_sha = ondisk.file_sha256(lists_path)
         outputs = {GRAPH_INDEX_LISTS: lists_sha, GRAPH_INDEX: out.write_bytes(GRAPH_INDEX, header.getvalue())}
         return outputs, {**info, "blocks": len(names)}
 
     marker = run_unit(out, GRAPH_INDEX, fp, compute)
-    return {**_result(marker), "lists_sha256": marker["outputs"][GRAPH_INDEX_LISTS]}
+    return {**_result(marker), "lists_sha256": marker.outputs[GRAPH_INDEX_LISTS]}
 
 
 def _local_block(out: Store, name: str, sha256: str, tmp: str) -> str:
@@ -217,17 +217,17 @@ def _local_block(out: Store, name: str, sha256: str, tmp: str) -> str:
     return dest
 
 
-def _trained_marker(out: Store, trained: str) -> dict[str, Any]:
+def _trained_marker(out: Store, trained: str) -> Marker:
     marker = require_marker(out, GRAPH_INDEX_TRAINED, "graph index training")
-    if marker["digest"] != trained:
+    if marker.digest != trained:
         raise ValueError(f"{out.path(GRAPH_INDEX_TRAINED)} changed while the graph stage ran: another build "
                          f"writes to the same output")
     return marker
 
 
-def _result(marker: dict[str, Any]) -> dict[str, Any]:
-    return {**marker["info"], "fingerprint": marker["fingerprint"], "digest": marker["digest"],
-            "action": marker["action"]}
+def _result(marker: UnitResult) -> dict[str, Any]:
+    return {**marker.info, "fingerprint": marker.fingerprint, "digest": marker.digest,
+            "action": marker.action}
 
 
 def _sample(seed: int, salt: str, keys: list[str], rate: float) -> tuple[np.ndarray, np.ndarray]:

@@ -141,7 +141,7 @@ def calibration_sheet(source: Store, out: Store, cfg: NearDedupConfig, shard_tab
     """
     marker = run_unit(out, PAGE_PATH, fp, lambda: _calibration_sheet(
         source, out, cfg, read_shard_table(out, shard_table)[0]))
-    return {**marker["info"], "action": marker["action"]}
+    return {**marker.info, "action": marker.action}
 
 
 def _calibration_sheet(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable

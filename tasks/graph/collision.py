@@ -140,7 +140,7 @@ def collision_models(source: Store, out: Store, cfg: NearDedupConfig, shard_tabl
     """
     marker = run_unit(out, JSON_PATH, fp, lambda: _collision_models(
         source, out, cfg, read_shard_table(out, shard_table)[0], n_vectors))
-    return {**out.read_json(JSON_PATH), "action": marker["action"]}
+    return {**out.read_json(JSON_PATH), "action": marker.action}
 
 
 def _collision_models(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable,
@@ -152,7 +152,7 @@ def _collision_models(source: Store, out: Store, cfg: NearDedupConfig, nodes: No
     ids, x, u, total = _gather_subset(source, cfg, nodes, 1.0 if whole else fractions[-1])
     theta_min = cc.thresholds[0]
     n_max = len(ids)
-    rule = pair_score_of([require_features(source, cfg.model_id, shard)["info"] for shard in nodes.shards])
+    rule = pair_score_of([require_features(source, cfg.model_id, shard).info for shard in nodes.shards])
     plan = fx.plan_index(cfg.index, n_max, rule.form_dim(x.shape[1]) if x.ndim == 2 and n_max else 1)
     local = np.arange(n_max, dtype=np.int64)
     a = b = np.zeros(0, np.int64)

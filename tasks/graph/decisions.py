@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from corpusforge.contract import read_marker, run_unit, unit_fingerprint
+from corpusforge.contract import UnitResult, read_marker, run_unit, unit_fingerprint
 from corpusforge.layout import GRAPH_COMPONENTS_REPORT, GRAPH_DECISIONS, NEAR_DECISION_SCHEMA, decisions_path
 from corpusforge.records import Status
 from corpusforge.storage import Store
@@ -82,7 +82,7 @@ def check_unique_sha(source: Store, nodes: NodeTable, kept: np.ndarray, prefix: 
 
 
 def decide_near_duplicates(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str, edges: str,
-                           records: str, verified: str | None = None) -> dict[str, Any]:
+                           records: str, verified: str | None = None) -> UnitResult:
     """Two-tier decisions for every image (one unit: the rule is global); returns the marker.
 
     ``shard_table``: SHA-256 of the stage's shard table; ``edges``, ``records``,
@@ -225,7 +225,7 @@ def read_decisions(store: Store, shards: list[str]) -> pa.Table:
     marker = read_marker(store, GRAPH_DECISIONS)
     if marker is None:
         raise FileNotFoundError(f"{store.path(GRAPH_DECISIONS)}: near-duplicate decisions were never completed")
-    missing = [s for s in shards if decisions_path(s) not in marker["outputs"]]
+    missing = [s for s in shards if decisions_path(s) not in marker.outputs]
     if missing:
         raise FileNotFoundError(f"near-duplicate decisions are missing for staging shards {missing[:5]} "
                                 f"({len(missing)} in all): run the near-duplicate stage over them")

@@ -32,7 +32,7 @@ def staged_with_features(source: Store, model_id: str) -> list[str]:
 def check_index_size(source: Store, cfg: NearDedupConfig, limit: int = INDEX_WORKER_BYTES) -> None:
     """Preflight: the index of the source's extracted features must fit in a query worker
     (ValueError naming the alternative); reads feature markers only."""
-    markers = [m["info"] for s in completed_units(source, STAGING_TARS, ".tar")
+    markers = [m.info for s in completed_units(source, STAGING_TARS, ".tar")
                if (m := feature_marker(source, cfg.model_id, s)) is not None]
     if markers:
         index_plan(cfg, markers, limit)

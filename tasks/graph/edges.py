@@ -54,7 +54,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from corpusforge.contract import (COMPUTED, SKIPPED, current_marker, finish_unit, must_compute, run_unit,
+from corpusforge.contract import (COMPUTED, SKIPPED, UnitResult, current_marker, finish_unit, must_compute, run_unit,
                                   unit_fingerprint)
 from corpusforge.faults import fault_point
 from corpusforge.feature_files import require_features
@@ -82,7 +82,7 @@ def _load_npy(store: Store, rel: str) -> np.ndarray:
 
 def feature_digests(source: Store, cfg: NearDedupConfig, nodes: NodeTable) -> dict[str, str]:
     """The current feature digest of every shard; a clear error naming a shard without features."""
-    return {shard: require_features(source, cfg.model_id, shard)["digest"] for shard in nodes.shards}
+    return {shard: require_features(source, cfg.model_id, shard).digest for shard in nodes.shards}
 
 
 
@@ -205,7 +205,7 @@ def query_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: st
     k-1 neighbours all reached the threshold)."""
     fp = query_fingerprint(cfg, info, digest)
     if not force and (marker := current_marker(out, found_path(shard), fp)) is not None:
-        return {**marker["info"], "action": SKIPPED}
+        return {**marker.info, "action": SKIPPED}
     must_compute()
     fault_point("graph.query", shard)  # tests only: off unless CORPUSFORGE_FAULT
     nodes, digests = read_shard_table(out, shard_table)
@@ -249,11 +249,11 @@ def query_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: st
     marker = finish_unit(out, found_path(shard), fp, {found_path(shard): sha},
                          {"shard": shard, "queries": int(len(ids)), "candidates": int(candidates),
                           "pairs": int(len(src)), "capped": capped, "gpu_search": bool(on_gpu)})
-    return {**marker["info"], "action": COMPUTED}
+    return {**marker.info, "action": COMPUTED}
 
 
 def recall_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str, shard: str, digest: str,
-                 info: dict[str, Any]) -> dict[str, Any]:
+                 info: dict[str, Any]) -> UnitResult:
     """Exhaustive pairs of the recall sample against one shard (the recall reference)."""
     fp = unit_fingerprint("graph-recall", _code(), cfg.edge_min_similarity, [info["fingerprint"], digest])
 
@@ -309,7 +309,7 @@ def merge_edges(out: Store, shard_table: str, group: tuple[str, str], found: str
     fp = unit_fingerprint("graph-edges", _code(), group, [shard_table, found])
     markers = [current_marker(out, edges_path(s), fp) for s in group]
     if all(m is not None for m in markers):
-        return {"action": SKIPPED, "edges": {s: m["info"]["edges"] for s, m in zip(group, markers, strict=True)}}
+        return {"action": SKIPPED, "edges": {s: m.info["edges"] for s, m in zip(group, markers, strict=True)}}
     must_compute()
     lo, _ = nodes.span(group[0])
     _, hi = nodes.span(group[-1])

@@ -35,7 +35,7 @@ def changed_inputs(source: Store, out: Store, model_id: str, shards: list[str]) 
         return ["no completed graph in the new version's root"]
     table = out.read_parquet(GRAPH_SHARD_TABLE, columns=["shard", "features"])
     old = dict(zip(table["shard"].to_pylist(), table["features"].to_pylist(), strict=True))
-    now = {s: feature_marker(source, model_id, s)["digest"] for s in shards}
+    now = {s: feature_marker(source, model_id, s).digest for s in shards}
     reasons = []
     for what, changed in (("staging shards added", sorted(set(now) - set(old))),
                           ("staging shards removed", sorted(set(old) - set(now))),
@@ -45,7 +45,7 @@ def changed_inputs(source: Store, out: Store, model_id: str, shards: list[str]) 
     table = out.read_parquet(records, columns=["shard", "digest"])
     old = dict(zip(table["shard"].to_pylist(), table["digest"].to_pylist(), strict=True))
     changed = [s for s in shards if s in old and old[s] != require_marker(
-        source, staging_tar(s), "staging shard")["outputs"][staging_records(s)]]
+        source, staging_tar(s), "staging shard").outputs[staging_records(s)]]
     if changed:
         reasons.append(f"staging records changed: {len(changed)} ({names(changed)})")
     return reasons

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from corpusforge.contract import run_unit, unit_fingerprint
+from corpusforge.contract import UnitResult, run_unit, unit_fingerprint
 from corpusforge.layout import GRAPH_REVIEW, review_path
 from corpusforge.storage import Store
 from corpusforge.version import code_version
@@ -70,7 +70,7 @@ def kth_best(out: Store, nodes: NodeTable, cfg: NearDedupConfig) -> np.ndarray:
     return top[:, -1]
 
 
-def select_review_pairs(out: Store, cfg: NearDedupConfig, shard_table: str, edges: str) -> dict[str, Any]:
+def select_review_pairs(out: Store, cfg: NearDedupConfig, shard_table: str, edges: str) -> UnitResult:
     """Write the chosen band pairs of every owner shard (one unit); returns the marker.
 
     ``shard_table``, ``edges``: SHA-256 of the stage's shard table and of its list of edge

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Unit, in_process, marker_path, prune,
+from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Unit, count_actions, in_process, marker_path, prune,
                                   remove_tree, require_marker, summarise, unit_fingerprint)
 from corpusforge.layout import (GRAPH_DECISIONS, GRAPH_EDGES, GRAPH_FOUND, GRAPH_INDEX_DIR, GRAPH_NODES, GRAPH_RECALL,
                                 GRAPH_REVIEW, GRAPH_SUMMARY, GRAPH_VERIFIED, edges_path, found_path, graph_digests_path,
@@ -91,7 +91,8 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
     calls = shard_calls(source, store, cfg, table, digests, info)
     started = time.perf_counter()
     queried = fan_out(QUERY_SHARD, calls)
-    work: dict[str, Any] = {"index": info["action"], "queries": summarise("graph.queries", queried).counts()}
+    work: dict[str, Any] = {"index": info["action"],
+                            "queries": count_actions("graph.queries", (q["action"] for q in queried)).counts()}
     if "blocks" in info:
         work["index_blocks"] = info["blocks"]
     work["query_seconds"] = round(time.perf_counter() - started, 3)
@@ -110,10 +111,10 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
         merged = _merge(store, nodes, table, cfg, fan_out)
     work["capped_queries"] = sum(q["capped"] for q in queried)
     work["recall_references"] = summarise("graph.recall_references", references).counts()
-    work["merges"] = summarise("graph.merges", merged).counts()
+    work["merges"] = count_actions("graph.merges", (m["action"] for m in merged)).counts()
 
     edges_digests = [d for m in merged for d in m["digests"]]
-    records = {s: require_marker(source, staging_tar(s), "staging shard")["outputs"][staging_records(s)]
+    records = {s: require_marker(source, staging_tar(s), "staging shard").outputs[staging_records(s)]
                for s in nodes.shards}
     records_digests = [records[s] for s in nodes.shards]
     code = code_version("tasks.graph.collision", "tasks.graph.calibration")
@@ -131,14 +132,14 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
     review = None
     if cfg.verifying:
         review = fan_out(REVIEW, [calls["review"]])[0]
-        work["review"] = review["action"]
+        work["review"] = review.action
         records_fp = records_fingerprint(records)
         verified = fan_out(VERIFY, [dict(source=source, out=store, cfg=cfg, shard_table=table, shard=s,
-                                                review_digest=review["outputs"][review_path(s)], records=records_fp)
+                                                review_digest=review.outputs[review_path(s)], records=records_fp)
                                            for s in nodes.shards])
         work["verification"] = summarise("graph.verification", verified).counts()
         calls["decisions"]["verified"] = write_shard_digests(store, "verified", nodes,
-                                                             [m["digest"] for m in verified])
+                                                             [m.digest for m in verified])
     else:  # a rerun in gpic_exact leaves no review or verification files behind (equal to a fresh build)
         for folder in (GRAPH_REVIEW, GRAPH_VERIFIED):
             remove_tree(store, folder)
@@ -149,9 +150,9 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
         later.append((COLLISION, calls["collision"]))
     results = fan_out.each(later)
     decided = results[0]
-    decisions = decided["info"]
+    decisions = decided.info
     collision = results[1] if cfg.collision.enabled else None
-    work["decisions"] = decided["action"]
+    work["decisions"] = decided.action
     calibration = None
     if cfg.calibration.enabled:
         calibration = fan_out(CALIBRATION, [calls["calibration"]])[0]
@@ -170,9 +171,9 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
                   "merge_tasks": len(merged)},
         "rule": "gpic_verified" if cfg.verifying else "gpic_exact",
         "verification": ({**cfg.verification.recorded(),
-                          "band_pairs": review["info"]["band_pairs"],
-                          "pairs": sum(m["info"]["pairs"] for m in verified),
-                          "verified": sum(m["info"]["verified"] for m in verified)} if cfg.verifying else None),
+                          "band_pairs": review.info["band_pairs"],
+                          "pairs": sum(m.info["pairs"] for m in verified),
+                          "verified": sum(m.info["verified"] for m in verified)} if cfg.verifying else None),
         "recall": recall,
         "decisions": decisions,
         "collision": _collision_brief(collision),
@@ -207,11 +208,11 @@ def single_calls(source: Store, out: Store, cfg: NearDedupConfig, table: str, li
 def _merge(store: Store, nodes, table: str, cfg: NearDedupConfig, fan_out: FanOut) -> list[dict[str, Any]]:
     """Symmetric edge files from the current found files; each group reports its edge digests."""
     found = [require_marker(store, found_path(s), "graph query") for s in nodes.shards]
-    found_fp = found_fingerprint([m["digest"] for m in found])
-    groups = merge_groups(nodes, [m["info"]["pairs"] for m in found], cfg.advanced.merge_max_edges)
+    found_fp = found_fingerprint([m.digest for m in found])
+    groups = merge_groups(nodes, [m.info["pairs"] for m in found], cfg.advanced.merge_max_edges)
     merged = fan_out(MERGE_EDGES, [dict(out=store, shard_table=table, group=g, found=found_fp) for g in groups])
     for group, m in zip(groups, merged, strict=True):
-        m["digests"] = [require_marker(store, edges_path(s), "graph edges")["digest"]
+        m["digests"] = [require_marker(store, edges_path(s), "graph edges").digest
                         for s in group_shards(nodes, group)]
     return merged
 

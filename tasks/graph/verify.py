@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 from PIL import Image
 
-from corpusforge.contract import read_marker, run_unit, unit_fingerprint
+from corpusforge.contract import UnitResult, read_marker, run_unit, unit_fingerprint
 from corpusforge.layout import VERIFIED_SCHEMA, review_path, staging_index, staging_tar, verified_path
 from corpusforge.storage import Store
 from corpusforge.version import code_version
@@ -208,7 +208,7 @@ def records_fingerprint(records_digests: dict[str, str]) -> str:
 
 
 def verify_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str, shard: str,
-                 review_digest: str, records: str) -> dict[str, Any]:
+                 review_digest: str, records: str) -> UnitResult:
     """Verify the review pairs owned by ``shard`` (one unit); returns the marker.
     ``records``: :func:`records_fingerprint` of the corpus."""
     fp = unit_fingerprint("graph-verify", code_version(__name__), [settings_fingerprint(cfg.verification)],
@@ -221,8 +221,8 @@ def _previous(out: Store, shard: str, settings: str) -> dict[tuple[str, str], di
     """Rows of the last verification of this shard made with the same settings, by SHA pair."""
     path = verified_path(shard)
     marker = read_marker(out, path)
-    if (not marker or marker.get("info", {}).get("settings") != settings or not out.exists(path)
-            or out.sha256(path) != marker["outputs"].get(path)):
+    if (marker is None or marker.info.get("settings") != settings or not out.exists(path)
+            or out.sha256(path) != marker.outputs.get(path)):
         return {}
     rows = out.read_parquet(verified_path(shard)).to_pylist()
     return {(r["sha_a"], r["sha_b"]): r for r in rows}

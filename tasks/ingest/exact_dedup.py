@@ -47,7 +47,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from corpusforge.chunking import cut_name
-from corpusforge.contract import FanOut, Unit, UnitKey, in_process, require_marker, run_unit, unit_fingerprint
+from corpusforge.contract import (FanOut, Unit, UnitKey, UnitResult, in_process, require_marker, run_unit,
+                                  unit_fingerprint)
 from corpusforge.hashing import fingerprint, stable_int
 from corpusforge.layout import (DEDUP_HASHES_DIR, DEDUP_KEYS_DIR, DUPLICATE_SCHEMA, EXACT_DIR, HASH_SCHEMA, KEY_SCHEMA,
                                 KEYDUP_DIR, RESOLVED_SCHEMA, dedup_hashes_path, dedup_keys_path, exact_path,
@@ -100,9 +101,9 @@ def resolve_key(shard_size: int, ingest_digest: str, decisions: str) -> UnitKey:
     return unit_fingerprint("resolve", _code(), shard_size, [ingest_digest, decisions])
 
 
-def combined_digest(markers: list[dict[str, Any]]) -> str:
+def combined_digest(markers: list[UnitResult]) -> str:
     """One digest over several units' outputs (a task's parameter instead of the list)."""
-    return combine_digests([m["digest"] for m in markers])
+    return combine_digests([m.digest for m in markers])
 
 
 def combine_digests(digests: list[str]) -> str:
@@ -151,7 +152,7 @@ def _write_decisions(store: Store, rel: str, rows: list[dict[str, Any]], group_s
     return {rel: store.write_parquet(rel, table, row_groups=[r["part"] // group_size for r in rows])}
 
 
-def exchange_keys(store: Store, group: int, parts: range, ingested: str) -> dict[str, Any]:
+def exchange_keys(store: Store, group: int, parts: range, ingested: str) -> UnitResult:
     """A group's key rows in one file, one row group per bucket (``ingested``: the combined
     digest of the group's ingest units, whose outputs hold the ``work/keys`` it reads)."""
     rel = dedup_keys_path(group)
@@ -164,7 +165,7 @@ def exchange_keys(store: Store, group: int, parts: range, ingested: str) -> dict
     return run_unit(store, rel, exchange_keys_key(parts, ingested), compute)
 
 
-def find_duplicate_keys(store: Store, bucket: int, exchanged: str, group_size: int) -> dict[str, Any]:
+def find_duplicate_keys(store: Store, bucket: int, exchanged: str, group_size: int) -> UnitResult:
     """Records reusing a key seen earlier in input order, or one differing only in case from
     it (``exchanged``: the combined digest of every group's key file, what this bucket reads)."""
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
@@ -186,7 +187,7 @@ def find_duplicate_keys(store: Store, bucket: int, exchanged: str, group_size: i
     return run_unit(store, keydup_path(bucket), fp, compute)
 
 
-def exchange_hashes(store: Store, group: int, parts: range, ingested: str, keydup: str) -> dict[str, Any]:
+def exchange_hashes(store: Store, group: int, parts: range, ingested: str, keydup: str) -> UnitResult:
     """A group's hash rows without the records that reuse a key, one row group per bucket
     (``ingested``: as for :func:`exchange_keys`; ``keydup``: the combined digest of the key
     decisions)."""
@@ -205,7 +206,7 @@ def exchange_hashes(store: Store, group: int, parts: range, ingested: str, keydu
     return run_unit(store, rel, exchange_hashes_key(parts, ingested, keydup), compute)
 
 
-def find_exact_duplicates(store: Store, bucket: int, exchanged: str, group_size: int) -> dict[str, Any]:
+def find_exact_duplicates(store: Store, bucket: int, exchanged: str, group_size: int) -> UnitResult:
     """Byte-identical images in one hash bucket (``exchanged``: the combined digest of every
     group's hash file; records with a reused key were dropped there)."""
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
@@ -225,8 +226,8 @@ def find_exact_duplicates(store: Store, bucket: int, exchanged: str, group_size:
     return run_unit(store, exact_path(bucket), fp, compute)
 
 
-def deduplicate(store: Store, ingested: list[dict[str, Any]], n_buckets: int, shard_size: int,
-                fan_out: FanOut = in_process) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def deduplicate(store: Store, ingested: list[UnitResult], n_buckets: int, shard_size: int,
+                fan_out: FanOut = in_process) -> tuple[list[UnitResult], list[UnitResult]]:
     """The whole stage over ingested partitions ``0..P-1`` (``ingested``: their markers, in
     order): exchange and decide by bucket, then resolve. Returns the markers of the
     exchange and decision units and those of the resolved partitions (in order)."""
@@ -262,7 +263,7 @@ def _decisions_by_part(store: Store, folder: str, parts: range) -> dict[int, dic
     return found
 
 
-def resolve_group(store: Store, parts: range, decisions: str, shard_size: int) -> list[dict[str, Any]]:
+def resolve_group(store: Store, parts: range, decisions: str, shard_size: int) -> list[UnitResult]:
     """Fold the key and exact-duplicate decisions into each partition of a group (one unit
     per partition, fingerprinted with its ingest digest from its marker; ``decisions``: the
     combined digest of every decision file). The group's rows of the decision files are
@@ -274,12 +275,12 @@ def resolve_group(store: Store, parts: range, decisions: str, shard_size: int) -
             read.append((_decisions_by_part(store, KEYDUP_DIR, parts), _decisions_by_part(store, EXACT_DIR, parts)))
         return read[0]
 
-    return [_resolve_partition(store, p, require_marker(store, ingest_path(p), "ingest")["digest"], decisions,
+    return [_resolve_partition(store, p, require_marker(store, ingest_path(p), "ingest").digest, decisions,
                                shard_size, group_decisions) for p in parts]
 
 
 def _resolve_partition(store: Store, part: int, ingest_digest: str, decisions: str, shard_size: int,
-                       group_decisions: Callable[[], GroupDecisions]) -> dict[str, Any]:
+                       group_decisions: Callable[[], GroupDecisions]) -> UnitResult:
     """Fold key and exact-duplicate decisions into a partition's rows.
 
     The marker's info gives the staging planner what it needs without reading rows: the

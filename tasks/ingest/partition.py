@@ -47,7 +47,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
-from corpusforge.contract import Unit, run_unit, unit_fingerprint
+from corpusforge.contract import Unit, UnitResult, run_unit, unit_fingerprint
 from corpusforge.layout import INGEST_SCHEMA, ingest_path, spill_path
 from corpusforge.records import Status
 from corpusforge.storage import Store, file_stamp, is_remote, with_retry_defaults
@@ -262,7 +262,7 @@ def ingest_key(store: Store, part: Partition, src: SourceConfig, val: Validation
 
 
 def ingest_partition(store: Store, part: Partition, src: SourceConfig, val: ValidationConfig,
-                     n_buckets: int, lic: LicenseConfig | None = None) -> dict[str, Any]:
+                     n_buckets: int, lic: LicenseConfig | None = None) -> UnitResult:
     """Ingest one partition (skipped when its fingerprint is unchanged); return its marker.
 
     ``lic``: the licence allow-list (None: every licence passes, as before the check existed)."""

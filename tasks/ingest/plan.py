@@ -38,7 +38,7 @@ def plan_units(store: Store, scratch: Store, parts: list[Partition], src: Source
         action, reason = explain(marker, ingest_key(scratch, p, src, val, n_buckets, lic))
         ingest.add(names[p.index], action, reason)
         if action == SKIPPED and marker is not None:
-            ingest.outputs[names[p.index]] = marker["digest"]
+            ingest.outputs[names[p.index]] = marker.digest
     deletions(ingest, store, INGEST_DIR, ".parquet", names)
 
     # exact dedup's units in the order tasks.ingest.exact_dedup.deduplicate runs them

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from corpusforge.contract import UnitKey, digest_of, prune, read_marker, run_unit, unit_fingerprint
+from corpusforge.contract import UnitKey, UnitResult, digest_of, prune, read_marker, run_unit, unit_fingerprint
 from corpusforge.hashing import canonical_json, sha256_bytes, stable_uniform
 from corpusforge.layout import (MANIFEST_DIR, PROMPTS_CAPTION_SAMPLE, PROMPTS_CAPTIONS, caption_embeddings_path,
                                 caption_keys_path, staging_index, staging_tar, text_embeddings_path)
@@ -43,7 +43,7 @@ def manifest_digest(corpus: Store) -> tuple[str, list[str]]:
     for name in parts:
         rel = f"{MANIFEST_DIR}/{name}"
         marker = read_marker(corpus, rel)
-        digests[rel] = marker["digest"] if marker else corpus.sha256(rel)
+        digests[rel] = marker.digest if marker else corpus.sha256(rel)
     return digest_of(digests), parts
 
 
@@ -62,7 +62,7 @@ def sample_key(corpus: Store, size: int, seed: int, splits: list[str] | None) ->
     return unit_fingerprint("prompt-caption-sample", code_version(__name__), config, digest), digest, parts
 
 
-def sample_captions(corpus: Store, out: Store, size: int, seed: int, splits: list[str] | None) -> dict[str, Any]:
+def sample_captions(corpus: Store, out: Store, size: int, seed: int, splits: list[str] | None) -> UnitResult:
     """The caption sample unit (see the module docstring); returns its marker."""
     fp, digest, parts = sample_key(corpus, size, seed, splits)
 
@@ -120,7 +120,7 @@ def caption_embeddings_key(corpus: Store, shard: str, keys: list[str] | None, te
     """One embedding unit's fingerprint (``keys`` None: the sample is redrawn first, only the
     code and the text model's part are known)."""
     marker = read_marker(corpus, staging_tar(shard))
-    source = marker["digest"] if marker else corpus.sha256(staging_tar(shard))
+    source = marker.digest if marker else corpus.sha256(staging_tar(shard))
     return unit_fingerprint("prompt-caption-embeddings", code_version(__name__),
                             _model_config(text_model, identity), [source, "?" if keys is None else sorted(keys)])
 
@@ -130,7 +130,7 @@ def _model_config(text_model: Any, identity: dict[str, Any]) -> dict[str, Any]:
 
 
 def embed_shard_captions(corpus: Store, out: Store, shard: str, keys: list[str], text_model: Any,
-                         identity: dict[str, Any]) -> dict[str, Any]:
+                         identity: dict[str, Any]) -> UnitResult:
     """One embedding unit: the sampled captions of ``shard`` (see the module docstring)."""
     fp = caption_embeddings_key(corpus, shard, keys, text_model, identity)
 

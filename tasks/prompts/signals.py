@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from corpusforge.contract import Unit
+from corpusforge.contract import Unit, UnitResult
 from corpusforge.hashing import canonical_json, sha256_bytes
 from corpusforge.layout import generated_variance_path
 from corpusforge.storage import Store
@@ -54,7 +54,7 @@ def plan_density(corpus: Store, out: Store, cfg: DensityConfig, tm: TextModelCon
     captions.prune_caption_embeddings(out, shards)
     calls = [{"corpus": corpus, "out": out, "shard": s, "keys": by_shard[s], "text_model": tm, "identity": identity}
              for s in shards]
-    return DensityPlan(identity, sample["info"], shards, calls)
+    return DensityPlan(identity, sample.info, shards, calls)
 
 
 def density_signal(plan: DensityPlan, out: Store, cfg: DensityConfig, tm: TextModelConfig,
@@ -144,14 +144,14 @@ def variance_units(cfg: VarianceConfig, out: Store, prompts: list[dict[str, Any]
     return VariancePlan(listed, chunks, calls)
 
 
-def variance_signal(plan: VariancePlan, markers: list[dict[str, Any]], cfg: VarianceConfig, out: Store,
+def variance_signal(plan: VariancePlan, markers: list[UnitResult], cfg: VarianceConfig, out: Store,
                     prompts: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Per (prompt, model) variance and flags from the units' outputs (``markers``: the
     units' markers); sets ``variance`` on valid prompt rows; returns the summary and rows."""
     valid = [p for p in prompts if p["status"] == "valid"]
     listed = plan.listed
     ids = {p["prompt_id"] for p in valid}
-    identities = {canonical_json(m["info"]["identity"]): m["info"]["identity"] for m in markers}
+    identities = {canonical_json(m.info["identity"]): m.info["identity"] for m in markers}
     identity = next(iter(identities.values()), {"model_id": cfg.model.model_id})
     rows = [r for model, chunks in plan.chunks.items() for c in chunks
             for r in out.read_parquet(generated_variance_path(model, c)).to_pylist()]

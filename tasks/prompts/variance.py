@@ -28,7 +28,7 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 
-from corpusforge.contract import UnitKey, prune, run_unit, unit_fingerprint
+from corpusforge.contract import UnitKey, UnitResult, prune, run_unit, unit_fingerprint
 from corpusforge.layout import GENERATED_VARIANCE_SCHEMA, MARKERS, PROMPTS_GENERATED, generated_variance_path
 from corpusforge.storage import file_stamp
 from corpusforge.version import code_version
@@ -110,7 +110,7 @@ def variance_key(generated: str, model: str, prompts: list[tuple[str, list[tuple
 
 
 def variance_unit(out: Any, generated: str, options: dict[str, Any], model: str, chunk: str,
-                  prompts: list[tuple[str, list[tuple[str, str]]]], cfg: Any) -> dict[str, Any]:
+                  prompts: list[tuple[str, list[tuple[str, str]]]], cfg: Any) -> UnitResult:
     """One unit: the variance of every prompt of ``chunk`` for generating ``model``.
     ``cfg`` is a :class:`~tasks.prompts.config.VarianceConfig`."""
     rel = generated_variance_path(model, chunk)

@@ -50,7 +50,7 @@ def write_manifest_part(store: Store, part: int, resolved_digest: str, late_dige
 
     fp = unit_fingerprint("manifest", code_version(__name__), None, [resolved_digest, late_digest])
     marker = run_unit(store, manifest_path(part), fp, compute)
-    return {**marker["info"], "sha256": marker["outputs"][manifest_path(part)], "action": marker["action"]}
+    return {**marker.info, "sha256": marker.outputs[manifest_path(part)], "action": marker.action}
 
 
 def _outcome(row: dict[str, Any]) -> str:

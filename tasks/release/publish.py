@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from corpusforge.contract import FanOut, Unit, in_process, prune, require_marker, summarise
+from corpusforge.contract import FanOut, Unit, count_actions, in_process, prune, require_marker, summarise
 from corpusforge.layout import MANIFEST_DIR, RELEASE_CARD, manifest_path, resolved_path
 from corpusforge.storage import Store
 from tasks.release.manifest import write_manifest_part
@@ -36,14 +36,14 @@ def publish(store: Store, staged: list[str], n_parts: int, splits: SplitConfig, 
     present = [sp for sp in SPLITS if any(s["split"] == sp for s in release["shards"].values())]
     store.write_bytes(RELEASE_CARD, dataset_card(splits.layout, present, sorted(
         {e for s in release["shards"].values() for e in s["image_ext"]})))
-    resolved = [require_marker(source or store, resolved_path(p), "resolved partition")["digest"]
+    resolved = [require_marker(source or store, resolved_path(p), "resolved partition").digest
                 for p in range(n_parts)]
     prune(store, MANIFEST_DIR, {manifest_path(p).rsplit("/", 1)[1].split(".", 1)[0] for p in range(n_parts)})
     manifest = fan_out(WRITE_MANIFEST_PART, [dict(store=store, part=p, resolved_digest=resolved[p],
                                                   late_digest=release["late"].get(p), source=source)
                                              for p in range(n_parts)])
     return release, manifest, {"release_shards": summarise("release", shards).counts(),
-                               "manifest_parts": summarise("manifest", manifest).counts()}
+                               "manifest_parts": count_actions("manifest", (m["action"] for m in manifest)).counts()}
 
 
 def release_section(release: dict[str, Any], splits: SplitConfig) -> dict[str, Any]:

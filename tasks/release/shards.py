@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from corpusforge.contract import prune, read_pinned, run_unit, unit_fingerprint
+from corpusforge.contract import UnitResult, prune, read_pinned, run_unit, unit_fingerprint
 from corpusforge.faults import fault_point
 from corpusforge.hashing import stable_uniform
 from corpusforge.layout import (GPIC_JSON_FIELDS, LATE_DIR, LATE_SCHEMA, MEMBER_SPAN, RELEASE_DIR, RELEASE_PLAN_DIR,
@@ -336,7 +336,7 @@ def _write_late(store: Store, con: duckdb.DuckDBPyConnection, cfg: SplitConfig, 
 
 
 def write_release_shard(store: Store, split: str, shard: int, cfg: SplitConfig, plan_sha256: str,
-                        source: Store | None = None) -> dict[str, Any]:
+                        source: Store | None = None) -> UnitResult:
     """Write one release shard from staging (in ``source``, default ``store``) with ranged reads.
 
     ``plan_sha256``: the digest of the shard's plan file (from :func:`plan_release_files`),

@@ -36,7 +36,7 @@ def input_snapshot_hash(store: Store, n_parts: int) -> str:
     """Hash of the ingest tables (key, source path, SHA-256, size of every input record)."""
     h = hashlib.sha256()
     for part in range(n_parts):
-        h.update(require_marker(store, ingest_path(part), "ingest")["outputs"][ingest_path(part)].encode())
+        h.update(require_marker(store, ingest_path(part), "ingest").outputs[ingest_path(part)].encode())
     return h.hexdigest()
 
 

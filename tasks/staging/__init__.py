@@ -42,7 +42,7 @@ from pydantic import Field
 
 from corpusforge.config import StrictModel
 from corpusforge.chunking import plan_cuts
-from corpusforge.contract import Unit, run_unit, unit_fingerprint
+from corpusforge.contract import Unit, UnitResult, run_unit, unit_fingerprint
 from corpusforge.faults import fault_point
 from corpusforge.hashing import fingerprint, sha256_bytes
 from corpusforge.layout import (RESOLVED_SCHEMA, STAGING_RECORDS_SCHEMA, resolved_path, spill_path, staging_index,
@@ -195,7 +195,7 @@ def staging_key(table: pa.Table) -> str:
     return unit_fingerprint("staging", code_version("tasks.staging"), None, content)
 
 
-def write_staging_shard(store: Store, shard: StagingShard) -> dict[str, Any]:
+def write_staging_shard(store: Store, shard: StagingShard) -> UnitResult:
     """Write one staging shard (skipped when its records' content is unchanged).
 
     The tar, index and records file are written as one group and fsynced together

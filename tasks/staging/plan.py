@@ -23,7 +23,7 @@ def plan_units(store: Store, resolved: Sequence[Marker | None], shard_size: int)
     if any(m is None for m in resolved):
         unknown_units(staging, store, STAGING_TARS, ".tar")
         return [staging]
-    for shard in plan_staging([m["info"] for m in resolved if m is not None], shard_size):
+    for shard in plan_staging([m.info for m in resolved if m is not None], shard_size):
         table = shard_table(store, shard)
         staging.add(shard.name, *explain(read_marker(store, staging_tar(shard.name)), staging_key(table)))
         staging.outputs[shard.name] = images_digest(table.to_pylist())

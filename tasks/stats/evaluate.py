@@ -43,7 +43,7 @@ from typing import Any, Literal
 import fsspec
 import numpy as np
 
-from corpusforge.contract import COMPUTED, SKIPPED, Unit, explain, finish_unit, read_marker, unit_fingerprint
+from corpusforge.contract import COMPUTED, SKIPPED, Marker, Unit, explain, finish_unit, read_marker, unit_fingerprint
 from corpusforge.feature_files import read_shard_errors, read_shard_features, write_shard_features
 from corpusforge.hashing import fingerprint
 from corpusforge.layout import feature_vectors
@@ -331,7 +331,7 @@ class ChunkVerdict:
 
     action: str
     reason: str
-    marker: dict[str, Any] | None
+    marker: Marker | None
     listing: str
     fingerprint: str | None
 
@@ -343,12 +343,12 @@ def judge_generated_chunk(features: Store, chunk: GeneratedChunk, spec: ModelSpe
     with ``hash_new`` False, not for a chunk never embedded: it is embedded whatever they hold)."""
     listing = listing_fingerprint(spec, precision, chunk)
     marker = read_marker(features, feature_vectors(spec.model_id, chunk.name))
-    if marker is not None and marker["info"].get("listing") == listing:
+    if marker is not None and marker.info.get("listing") == listing:
         return ChunkVerdict(SKIPPED, "unchanged", marker, listing, None)
     if marker is None and not hash_new:
         return ChunkVerdict(COMPUTED, "no completed output", None, listing, None)
     fp = chunk_fingerprint(spec, precision, chunk, content_digests(chunk, storage_options))
-    if marker is not None and marker["fingerprint"] == fp:
+    if marker is not None and marker.fingerprint == fp:
         return ChunkVerdict(SKIPPED, "unchanged (same bytes, new file stamps: only its marker is rewritten)",
                             marker, listing, fp)
     action, reason = explain(marker, fp)
@@ -372,7 +372,7 @@ def embed_chunk_unit(features: Store, chunk: GeneratedChunk, spec: ModelSpec, ru
     if judged.fingerprint is not None:  # the listing changed: files were hashed
         fp = judged.fingerprint
         if judged.action == SKIPPED:  # same bytes, new stamps
-            marker = finish_unit(features, rel, fp, marker["outputs"], {**marker["info"], "listing": judged.listing})
+            marker = finish_unit(features, rel, fp, marker.outputs, {**marker.info, "listing": judged.listing})
         else:
             result = embed_chunk(chunk, spec, runtime, torchscript_allowlist, storage_options)
             names, shas, errors = zip(*result.items, strict=True) if result.items else ((), (), ())
@@ -383,7 +383,7 @@ def embed_chunk_unit(features: Store, chunk: GeneratedChunk, spec: ModelSpec, ru
             return result
     keys, feats = read_shard_features(features, spec.model_id, chunk.name)
     errors = read_shard_errors(features, spec.model_id, chunk.name)
-    return ChunkFeatures(keys, feats.astype(np.float32), errors, marker["info"]["model"], action=SKIPPED)
+    return ChunkFeatures(keys, feats.astype(np.float32), errors, marker.info["model"], action=SKIPPED)
 
 
 # ---- metrics -----------------------------------------------------------------------

@@ -42,6 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from corpusforge.contract import Marker
 from corpusforge.feature_files import read_shard_errors, read_shard_features, require_features
 from corpusforge.hashing import fingerprint, stable_uniform
 from corpusforge.layout import GPIC_TEST_STATS, MANIFEST_DIR, manifest_path, staging_records
@@ -247,9 +248,9 @@ class ShardPartial:
     markers: dict[str, dict[str, Any]]  # fingerprint -> marker facts (one entry unless features are mixed)
 
 
-def _marker_facts(marker: dict[str, Any]) -> dict[str, Any]:
+def _marker_facts(marker: Marker) -> dict[str, Any]:
     """What the statistics depend on of a shard's features: the same for every shard of one run."""
-    facts = {k: marker["info"].get(k) for k in ("model", "dtype", "decode_size", "random_init")}
+    facts = {k: marker.info.get(k) for k in ("model", "dtype", "decode_size", "random_init")}
     return {"fingerprint": fingerprint(facts), **facts}
 
 

@@ -40,8 +40,8 @@ from typing import Any, Literal
 
 import numpy as np
 from PIL import Image
-from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Unit, current_marker, explain, in_process, read_marker,
-                                  require_marker, unit_fingerprint)
+from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Marker, Unit, current_marker, explain, in_process,
+                                  read_marker, require_marker, unit_fingerprint)
 from corpusforge.faults import fault_point
 from corpusforge.feature_files import write_shard_features
 from corpusforge.hashing import fingerprint
@@ -237,7 +237,7 @@ class UnitVerdict:
     action: str
     reason: str
     fingerprint: str
-    marker: dict[str, Any] | None
+    marker: Marker | None
     reused: bool = False
 
 
@@ -256,7 +256,7 @@ def judge_shard(store: Store, shard: str, cfg: FeaturesConfig, models: Sequence[
     """Skip or compute, per model, for the units of ``shard``: what :func:`extract_shard` does
     and ``corpusforge plan`` predicts, from one function. Reads the staging marker and the
     feature markers (and, with a selection, the shard's records file and the selection's keys)."""
-    images = require_marker(store, staging_tar(shard), "staging shard")["info"]["images"]
+    images = require_marker(store, staging_tar(shard), "staging shard").info["images"]
     subset = None if selection is None else selection.name
     chosen: list[tuple[str, str, str]] = []
     chosen_print = images
@@ -363,11 +363,11 @@ def _ok_among(store: Store, model_id: str, shard: str, keys: set[str]) -> int:
     return sum(1 for k, ok in zip(t["key"].to_pylist(), t["ok"].to_pylist(), strict=True) if ok and k in keys)
 
 
-def _model_summary(action: str, marker: dict[str, Any], model: FeatureModel, images: int,
+def _model_summary(action: str, marker: Marker, model: FeatureModel, images: int,
                    subset: str | None = None, ok: int | None = None) -> dict[str, Any]:
-    count = int(marker["info"]["count"]) if ok is None else ok
+    count = int(marker.info["count"]) if ok is None else ok
     return {"action": action, "ok": count, "errors": images - count, "random_init": bool(model.random_init),
-            "dim": model.dim, "fingerprint": marker["info"]["model"], "subset": subset}
+            "dim": model.dim, "fingerprint": marker.info["model"], "subset": subset}
 
 
 # One unit per staging shard; in a flow its task asks for ``dask.model_task_resources``
