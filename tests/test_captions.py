@@ -210,7 +210,7 @@ def test_statuses_retries_and_concurrency(tmp_path):
     assert kept["caption_origin"].endswith(prompts[kept["caption_type"]].sha256[:12])
     assert json.loads(kept["vlm_answers"])["unsafe"]["answer"] == "no" and kept["vlm_model"] == "stub-vl"
     assert rows["i012"]["caption"] is None and rows["i012"]["caption_origin"] == "input"
-    assert result["action"] == "computed"
+    assert result.action == "computed"
 
 
 def test_rerun_never_asks_twice_and_equals_a_fresh_run(tmp_path):
@@ -223,12 +223,12 @@ def test_rerun_never_asks_twice_and_equals_a_fresh_run(tmp_path):
         first = len(stub.requests)
         assert first == 6 * 3
         again = caption_shard(store, "s1", cfg, digests["s1"])
-        assert again["action"] == "skipped" and len(stub.requests) == first
+        assert again.action == "skipped" and len(stub.requests) == first
         # the unit's output lost (or its code changed): recomputed from the journal, no request
         before = (tmp_path / "out" / captions_path("s1")).read_bytes()
         os.remove(tmp_path / "out" / "_markers" / f"{captions_path('s1')}.json")
         redo = caption_shard(store, "s1", cfg, digests["s1"])
-        assert redo["action"] == "computed" and redo["requests_asked"] == 0 and len(stub.requests) == first
+        assert redo.action == "computed" and redo.requests_asked == 0 and len(stub.requests) == first
         assert (tmp_path / "out" / captions_path("s1")).read_bytes() == before
         # another prompt for one question: only that question is asked again, once per image
         mine = tmp_path / "unsafe.txt"
@@ -252,13 +252,13 @@ def test_given_up_requests_are_asked_again_next_run(tmp_path):
         caption_shard(store, "s1", cfg, digest)
         row = next(r for r in store.read_parquet(captions_path("s1")).to_pylist() if r["key"] == "i001")
         assert row["status"] == "error" and "gave up after 2 attempts: HTTP 503" in row["reason"]
-        assert read_marker(store, captions_path("s1"))["fingerprint"].endswith(INCOMPLETE)
+        assert read_marker(store, captions_path("s1")).fingerprint.endswith(INCOMPLETE)
         n = len(stub.requests)
         redo = caption_shard(store, "s1", cfg, digest)  # the endpoint is healthy again
-        assert redo["action"] == "computed" and len(stub.requests) == n + 1
+        assert redo.action == "computed" and len(stub.requests) == n + 1
         row = next(r for r in store.read_parquet(captions_path("s1")).to_pylist() if r["key"] == "i001")
         assert row["status"] == "kept"
-        assert caption_shard(store, "s1", cfg, digest)["action"] == "skipped"
+        assert caption_shard(store, "s1", cfg, digest).action == "skipped"
 
 
 KILLED_RUN = """

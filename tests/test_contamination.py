@@ -403,7 +403,7 @@ def test_evaluation_set_is_embedded_only_for_the_scan_model_at_the_corpus_decode
     assert sorted(p.name for p in (tmp_path / "out/eval/features").iterdir()) == ["wfd"]
     eval_store = Store(str(tmp_path / "out/eval"))
     chunk = completed_units(eval_store, "staging/tars", ".tar")[0]
-    assert feature_marker(eval_store, "wfd", chunk)["info"]["decode_size"] == both
+    assert feature_marker(eval_store, "wfd", chunk).info["decode_size"] == both
     receipt = (tmp_path / "out/contamination/receipt.json").read_bytes()
     vectors = tmp_path / "out/eval/features/wfd/vectors" / f"{chunk}.npy"
     written = vectors.stat().st_mtime_ns
@@ -787,7 +787,7 @@ def _scan_reference(corpus, out) -> dict[str, tuple[float, str, float]]:
         keys, x = read_shard_features(corpus, "wfd", shard)
         tk += [k for k in keys if k in train]
         tx.append(x[[j for j, k in enumerate(keys) if k in train]])
-        rule = require_features(corpus, "wfd", shard)["info"]["model"]["pair_rule"]
+        rule = require_features(corpus, "wfd", shard).info["model"]["pair_rule"]
     qk, qx = [], []
     for chunk in list_feature_shards(evals, "wfd"):
         keys, x = read_shard_features(evals, "wfd", chunk)

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from corpusforge.contract import COMPUTED, SKIPPED, StageSummary, summarise
+from corpusforge.contract import COMPUTED, SKIPPED, StageSummary, UnitResult, count_actions, summarise
 from corpusforge.plans import ACTIONS, DELETE, StagePlan, UnitPlan
 from corpusforge.version import module_closure
 
@@ -20,12 +20,14 @@ PLAN_MODULES = ["tasks.ingest.plan", "tasks.staging.plan", "tasks.shared.feature
 
 
 def test_summarise_counts_each_action_in_the_form_receipts_keep():
-    results = [{"action": COMPUTED}, {"action": SKIPPED}, {"action": SKIPPED}]
+    results = [UnitResult("fp", {}, "d", {}, action=a) for a in (COMPUTED, SKIPPED, SKIPPED)]
     summary = summarise("ingest", results)
     assert summary == StageSummary("ingest", computed=1, skipped=2)
     # receipts and run logs keep exactly this mapping, in this key order
     assert json.dumps(summary.counts()) == '{"computed": 1, "skipped": 2}'
     assert summarise("staging", iter([])).counts() == {COMPUTED: 0, SKIPPED: 0}
+    # a stage whose units report their own dicts counts their actions the same way
+    assert count_actions("graph.queries", [COMPUTED, SKIPPED, SKIPPED]) == StageSummary("graph.queries", 1, 2)
 
 
 def test_a_stage_plan_names_its_config_positions_in_its_reasons():

@@ -121,7 +121,7 @@ def test_decisions_equal_the_rules_and_each_task_opens_only_its_own_files(ingest
     want = _reference()
     assert got == want
     assert sum(s == "exact_duplicate" for s, _ in got.values()) > 50 and sum(s == "error" for s, _ in got.values()) > 10
-    assert [m["info"]["survivors"] for m in resolved] == [
+    assert [m.info["survivors"] for m in resolved] == [
         sum(want[(p, r)][0] == "kept" for r in range(PER)) for p in range(P)]
 
 

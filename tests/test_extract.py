@@ -178,10 +178,10 @@ def test_extract_shard_matches_direct_computation(corpus):
     assert feats.tobytes() == direct.tobytes()
     marker = read_marker(corpus, feature_vectors("wfd", "000001"))
     staged = read_marker(corpus, staging_tar("000001"))
-    assert marker["fingerprint"] == feature_fingerprint(model, "float16", draft, "fp32", staged["info"]["images"])
-    assert marker["outputs"] == {p: corpus.sha256(p) for p in (feature_vectors("wfd", "000001"),
+    assert marker.fingerprint == feature_fingerprint(model, "float16", draft, "fp32", staged.info["images"])
+    assert marker.outputs == {p: corpus.sha256(p) for p in (feature_vectors("wfd", "000001"),
                                                               feature_keys("wfd", "000001"))}
-    info = marker["info"]
+    info = marker.info
     assert info["dtype"] == "float16" and info["count"] == 9 and info["dim"] == 1072
     assert info["model"]["preprocessing"] == model.preprocessing and info["random_init"] is False
     keys_table = corpus.read_parquet(feature_keys("wfd", "000001"))
@@ -305,7 +305,7 @@ def test_tiny_random_init_learned_model_beside_wfd(corpus):
         direct = model.embed(np.stack([model.preprocess(im) for im in images]))
         np.testing.assert_allclose(feats.astype(np.float32), direct, atol=2e-3)
         assert len(keys) == 9 and feats.shape == (9, model.dim)
-    info = read_marker(corpus, feature_vectors(dino.model_id, "000001"))["info"]
+    info = read_marker(corpus, feature_vectors(dino.model_id, "000001")).info
     assert info["random_init"] is True and "random-init" in str(info["model"])
     summary = receipt_section([result])
     assert summary["random_init_models"] == [dino.model_id] and "RANDOM-INIT" in summary["warning"]

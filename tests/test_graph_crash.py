@@ -64,7 +64,7 @@ def test_a_checkpoint_with_a_mismatched_fingerprint_is_refused(tmp_path):
         target = tmp_path / "a" / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(tmp_path / "b" / rel, target)
-    assert read_marker(store, found_path(victim))["info"]["pairs"] > 0
+    assert read_marker(store, found_path(victim)).info["pairs"] > 0
     _, work = near_duplicate_stage(store, exact_cfg(), shards)
     assert work["queries"] == {"computed": 3, "skipped": 0}   # the foreign checkpoint was not reused
     near_duplicate_stage(clean, exact_cfg(), shards)

@@ -26,7 +26,7 @@ def run_graph(store, shards, cfg):
     found = [query_shard(store, store, cfg, table, s, digests[s], info) for s in nodes.shards]
     for s in nodes.shards:
         recall_shard(store, store, cfg, table, s, digests[s], info)
-    found_fp = found_fingerprint([read_marker(store, found_path(s))["digest"] for s in nodes.shards])
+    found_fp = found_fingerprint([read_marker(store, found_path(s)).digest for s in nodes.shards])
     for g in merge_groups(nodes, [m["pairs"] for m in found], cfg.advanced.merge_max_edges):
         merge_edges(store, table, g, found_fp)
     got = {}
@@ -148,7 +148,7 @@ def test_gpu_search_gives_the_cpu_graph(tmp_path):
     store, shards, by_key = write_corpus(str(tmp_path), n_shards=2, per_shard=200, dim=32, seed=6)
     cfg = NearDedupConfig(index=IndexConfig(kind="ivf", nlist=16, nprobe=16, storage="flat", use_gpu=True))
     nodes, info, got = run_graph(store, shards, cfg)
-    assert all(read_marker(store, found_path(s))["info"]["gpu_search"] for s in shards)
+    assert all(read_marker(store, found_path(s)).info["gpu_search"] for s in shards)
     compare(got, brute_force_edges(store, shards, by_key, 0.90), 0.90, tol=1e-4, sim_tol=1e-4)
 
 

@@ -110,7 +110,7 @@ def test_on_disk_index_finds_the_pairs_of_one_index_built_in_memory(tmp_path, sm
     monkeypatch.setattr(edges, "load_index", lambda out, info, use_gpu: (ref, ref, False))
     in_memory = found()
     assert on_disk == in_memory
-    assert sum(read_marker(store, found_path(s))["info"]["pairs"] for s in nodes.shards) > 100
+    assert sum(read_marker(store, found_path(s)).info["pairs"] for s in nodes.shards) > 100
 
 
 def _empty(index: faiss.Index) -> faiss.Index:
@@ -136,11 +136,11 @@ def test_queries_map_the_lists_and_load_none_of_them(tmp_path, small_blocks):
         header = faiss.read_index(faiss.PyCallbackIOReader(f.read), faiss.IO_FLAG_SKIP_IVF_DATA)
     assert header.ntotal == 900
     marker = read_marker(store, GRAPH_INDEX)
-    assert set(marker["outputs"]) == {GRAPH_INDEX, GRAPH_INDEX_LISTS}
-    assert marker["outputs"][GRAPH_INDEX_LISTS] == info["lists_sha256"] == store.sha256(GRAPH_INDEX_LISTS)
+    assert set(marker.outputs) == {GRAPH_INDEX, GRAPH_INDEX_LISTS}
+    assert marker.outputs[GRAPH_INDEX_LISTS] == info["lists_sha256"] == store.sha256(GRAPH_INDEX_LISTS)
     blocks = index_blocks(plan_nodes(store, shards), fx.IndexPlan.from_json(info["plan"]))
     for first, _ in blocks:
-        assert read_marker(store, index_block_path(first))["outputs"][index_block_path(first)]
+        assert read_marker(store, index_block_path(first)).outputs[index_block_path(first)]
 
 
 def test_merging_by_ranges_of_lists_writes_the_file_one_merge_writes(tmp_path, monkeypatch):

@@ -171,7 +171,7 @@ def test_staging_copies_the_ingest_spill_and_never_rereads_the_source(tmp_path):
 
     shutil.rmtree(src)
     parts = sorted({r["part"] for r in rows})
-    (shard,) = plan_staging([read_marker(store, resolved_path(p))["info"] for p in parts], 1000)
+    (shard,) = plan_staging([read_marker(store, resolved_path(p)).info for p in parts], 1000)
     write_staging_shard(store, shard)
     with store.open(staging_tar(shard.name)) as f:
         staged = {s.key: s.members["jpg"] for s in iter_tar_samples(f)}
@@ -208,7 +208,7 @@ def test_verify_content_stamps_every_file_with_its_sha256(tmp_path):
     assert tar_part.digest.endswith(f":sha256={hashlib.sha256((tars / '00000.tar').read_bytes()).hexdigest()}")
     first = ingest_partition(store, table_part, cfg, ValidationConfig(), n_buckets=2)
     again = ingest_partition(store, table_part, cfg, ValidationConfig(), n_buckets=2)
-    assert first["action"] == "computed" and again["action"] == "skipped"
+    assert first.action == "computed" and again.action == "skipped"
 
 
 def test_keys_differing_only_in_case_are_per_record_errors(tmp_path):
@@ -258,7 +258,7 @@ def test_folder_sidecars_are_read_at_ingest_and_their_changes_noticed(tmp_path):
     store, cfg = Store(str(tmp_path / "out")), SourceConfig(partition_size=3)
 
     def ingest(parts):
-        actions = [ingest_partition(store, p, cfg, ValidationConfig(), n_buckets=2)["action"] for p in parts]
+        actions = [ingest_partition(store, p, cfg, ValidationConfig(), n_buckets=2).action for p in parts]
         rows = {r["source_path"].rsplit("/imgs/", 1)[1]: r for p in parts
                 for r in store.read_parquet(f"work/ingest/{p.name}.parquet").to_pylist()}
         return actions, rows

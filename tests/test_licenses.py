@@ -228,18 +228,18 @@ def test_ingest_filters_before_reading_and_reruns_only_changed_partitions(tmp_pa
                    "e": ("filtered", "license_not_allowed: unrecognised licence name 'All Rights Reserved'"),
                    "f": ("kept", "")}
     assert rows["b"]["sha256"] is None and rows["e"]["sha256"] is None  # never read
-    assert markers[0]["info"]["licenses"] == {"CC BY": 1, "CC BY-SA": 1, "missing": 1}
+    assert markers[0].info["licenses"] == {"CC BY": 1, "CC BY-SA": 1, "missing": 1}
     # allowing BY-SA changes a verdict in partition 0 only: only it reruns, and the result
     # equals a fresh ingest with the new list byte for byte
     wider = LicenseConfig(allow=["CC BY", "CC BY-SA", "CC0", "Public Domain", "No known restrictions"])
     again, rows2 = ingest(src, out, wider)
-    assert [m["action"] for m in again] == ["computed", "skipped"]
+    assert [m.action for m in again] == ["computed", "skipped"]
     assert rows2["b"]["status"] == "kept" and rows2["b"]["sha256"]
     fresh, _ = ingest(src, tmp_path / "fresh", wider)
-    assert [m["digest"] for m in fresh] == [m["digest"] for m in again]
+    assert [m.digest for m in fresh] == [m.digest for m in again]
     # a change that alters no verdict reruns nothing
     same, _ = ingest(src, out, LicenseConfig(allow=[*wider.allow, "CC BY 2.0"]))
-    assert [m["action"] for m in same] == ["skipped", "skipped"]
+    assert [m.action for m in same] == ["skipped", "skipped"]
 
 
 def test_tar_sidecar_licences(tmp_path):
@@ -258,7 +258,7 @@ def test_tar_sidecar_licences(tmp_path):
     assert [(r["status"], r["reason"]) for r in rows.values()] == [
         ("kept", ""), ("filtered", "license_not_allowed: CC BY-NC"), ("filtered", "license_missing")]
     again, _ = ingest(src, tmp_path / "out", None)  # switched off: the tar reruns, everything kept
-    assert again[0]["action"] == "computed"
+    assert again[0].action == "computed"
 
 
 def test_a_build_filters_conflicts_and_counts_them(tmp_path):

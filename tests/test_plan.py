@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from corpusforge.contract import COMPUTED, MAYBE, SKIPPED, explain, unit_fingerprint
+from corpusforge.contract import COMPUTED, MAYBE, SKIPPED, Marker, explain, unit_fingerprint
 from flows.build_corpus import BuildConfig, build, build_corpus
 from tests.test_rerun_matrix import tree_with_markers
 
@@ -30,7 +30,7 @@ def test_explain_names_what_changed():
     """The reason names the code version, each config field by its path, or the inputs."""
     config = [{"min_side": 64, "max_side": 4096}, 8]
     old = unit_fingerprint("ingest", "v1", config, ["a"])
-    marker = {"fingerprint": str(old), "key": old.parts}
+    marker = Marker(str(old), {}, "", {}, old.parts)
     assert explain(marker, unit_fingerprint("ingest", "v1", config, ["a"])) == (SKIPPED, "unchanged")
     assert explain(marker, unit_fingerprint("ingest", "v1", [{"min_side": 300, "max_side": 4096}, 8], ["a"])) == (
         COMPUTED, "config [0].min_side")
@@ -41,7 +41,7 @@ def test_explain_names_what_changed():
     assert explain(marker, unit_fingerprint("ingest", "v1", [{"min_side": 1, "max_side": 1}, 9], ["?"]),
                    inputs_known=False) == (COMPUTED, "config [0].max_side, [0].min_side, [1]")
     assert explain(None, old) == (COMPUTED, "no completed output")
-    assert explain({"fingerprint": "x"}, old)[0] == COMPUTED  # a marker from before keys were recorded
+    assert explain(Marker("x", {}, "", {}), old)[0] == COMPUTED  # a marker from before keys were recorded
 
 
 def test_plan_of_an_unchanged_build_skips_everything_and_a_changed_setting_names_itself(built_sample, sample_corpus,

@@ -43,7 +43,7 @@ def ingested(tmp_path: Path) -> tuple[Store, Path, list, int]:
     _, parts = plan_partitions(str(src), store, cfg)
     ing = [ingest_partition(store, p, cfg, ValidationConfig(), n_buckets=1) for p in parts]
     _, resolved = deduplicate(store, ing, n_buckets=1, shard_size=100)
-    shards = plan_staging([m["info"] for m in resolved], shard_size=100)
+    shards = plan_staging([m.info for m in resolved], shard_size=100)
     assert len(shards) == 1
     return store, src, shards, len(parts)
 
@@ -64,7 +64,7 @@ def test_source_files_broken_after_ingest_cannot_reach_staging(tmp_path):
     break_sources(src, vanish=[1], change=[4], unreadable=[7])
     marker = write_staging_shard(store, shards[0])
     name = shards[0].name
-    assert marker["info"]["count"] == N
+    assert marker.info["count"] == N
     index = store.read_parquet(staging_index(name)).to_pylist()
     exts = {r["key"]: r["ext"] for r in store.read_parquet(staging_records(name)).to_pylist()}
     images = {r["key"]: r["sha256"] for r in index if r["ext"] == exts[r["key"]]}

@@ -37,16 +37,16 @@ def test_markers_and_fingerprints(tmp_path):
 
     assert read_marker(store, "x.tar") is None and current_marker(store, "x.tar", "fp1") is None
     first = run_unit(store, "x.tar", "fp1", compute)
-    assert first["action"] == COMPUTED and calls == [1]
+    assert first.action == COMPUTED and calls == [1]
     marker = read_marker(store, "x.tar")
     assert store.exists("_markers/x.tar.json") and store.listdir("") == ["_markers", "x.tar"]
-    assert set(marker) == {"fingerprint", "outputs", "digest", "info"}  # no key parts: a plain str key; nothing timed
-    assert marker["fingerprint"] == "fp1" and marker["outputs"] == {"x.tar": store.sha256("x.tar")}
-    assert marker["info"] == {"n": 1}
+    assert set(marker.to_json()) == {"fingerprint", "outputs", "digest", "info"}  # plain str key: no key parts
+    assert marker.fingerprint == "fp1" and marker.outputs == {"x.tar": store.sha256("x.tar")}
+    assert marker.info == {"n": 1}
     assert current_marker(store, "x.tar", "fp1") is not None and current_marker(store, "x.tar", "fp2") is None
-    assert run_unit(store, "x.tar", "fp1", compute)["action"] == SKIPPED and calls == [1]
-    assert run_unit(store, "x.tar", "fp2", compute)["action"] == COMPUTED and calls == [1, 1]
-    assert read_marker(store, "x.tar")["fingerprint"] == "fp2"
+    assert run_unit(store, "x.tar", "fp1", compute).action == SKIPPED and calls == [1]
+    assert run_unit(store, "x.tar", "fp2", compute).action == COMPUTED and calls == [1, 1]
+    assert read_marker(store, "x.tar").fingerprint == "fp2"
 
 
 def _samples():
