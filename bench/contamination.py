@@ -234,7 +234,7 @@ def case_text(captions: int, items: int, brute_items: int, part_size: int) -> di
         cpu: dict[str, float] = {}
 
         with Clock() as c:  # once per corpus (kept by the stage contract), like an index build
-            parts = plan_table_parts(out, cfg.corpus)["info"]["parts"]
+            parts = plan_table_parts(out, cfg.corpus).info["parts"]
             doc = [ts.text_unit(out, ts.DOCS, p, _reader(out, p), p, cfg) for p in parts]
         times["corpus_facts"], cpu["corpus_facts"] = c.wall, c.cpu
         with Clock() as c:

@@ -321,4 +321,4 @@ def edition_stage(out: Store, chunks: list[str], cfg: EditionConfig, image_thres
     if not cfg.enabled:
         remove_tree(out, EDITION_DIR)
         return None
-    return fan_out(EDITION, [dict(out=out, chunks=chunks, benchmark=benchmark, cfg=cfg)])[0]["info"]
+    return fan_out(EDITION, [dict(out=out, chunks=chunks, benchmark=benchmark, cfg=cfg)])[0].info
