@@ -221,13 +221,20 @@ _MATRIX: dict[str, tuple[list[str], str]] = {}
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """Remember the outcome of every test marked ``@pytest.mark.scenario(n)``."""
+    """A test marked ``@pytest.mark.scenario(n)`` carries its scenarios on its reports, which
+    reach the process that prints the table (the main one, also under pytest-xdist)."""
     outcome = yield
-    report = outcome.get_result()
-    scenarios = [str(m.args[0]) for m in item.iter_markers("scenario")]
+    scenarios = {str(m.args[0]) for m in item.iter_markers("scenario")}
+    if scenarios:
+        outcome.get_result().user_properties.append(("scenarios", sorted(scenarios, key=_scenario_order)))
+
+
+def pytest_runtest_logreport(report) -> None:
+    """Remember the outcome of every scenario test."""
+    scenarios = dict(report.user_properties).get("scenarios")
     if scenarios and (report.when == "call" or report.outcome != "passed"):
-        if report.when != "teardown" or item.nodeid not in _MATRIX:
-            _MATRIX[item.nodeid] = (sorted(set(scenarios), key=_scenario_order), report.outcome)
+        if report.when != "teardown" or report.nodeid not in _MATRIX:
+            _MATRIX[report.nodeid] = (scenarios, report.outcome)
 
 
 def _scenario_order(label: str) -> tuple[int, str]:
