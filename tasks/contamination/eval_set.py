@@ -32,8 +32,8 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from corpusforge.contract import (COMPUTED, SKIPPED, UnitKey, UnitResult, current_marker, explain, finish_unit,
-                                  read_marker, require_marker, unit_fingerprint)
+from corpusforge.contract import (COMPUTED, SKIPPED, Marker, UnitKey, UnitResult, current_marker, explain,
+                                  finish_unit, read_marker, unit_fingerprint)
 from corpusforge.hashing import canonical_json, fingerprint
 from corpusforge.layout import (EVAL_ITEM_SCHEMA, TABLE_SUFFIXES, STAGING_RECORDS_SCHEMA, eval_items_path, staging_index,
                                 staging_records, staging_tar)
@@ -265,25 +265,28 @@ def item_sha256(item_id: str, texts: dict[str, Any], answer: str | None, categor
                                           "image_sha256": image_sha256}).encode()).hexdigest()
 
 
-def judge_chunk(out: Store, eval_store: Store, chunk: EvalChunk, cfg: EvalSetConfig) -> tuple[str, str, UnitKey]:
-    """Skip or compute one chunk, and why: what :func:`stage_chunk` does and ``corpusforge plan``
-    predicts, from one function. Stats the chunk's files; reads its two markers (items, staging)."""
+def judge_eval_chunk(out: Store, eval_store: Store, chunk: EvalChunk, cfg: EvalSetConfig
+                     ) -> tuple[str, str, UnitKey, Marker | None]:
+    """Skip or compute one evaluation chunk, and why: what :func:`stage_chunk` does and
+    ``corpusforge plan`` predicts, from one function. Stats the chunk's files; reads its two
+    markers (items, staging). Returns (action, reason, fingerprint, the items marker)."""
     fields_cfg = {"eval_set": {name: getattr(cfg, name) for name in
                                ("text_fields", "answer_field", "category_field", "id_column", "image_column")}}
     fp = unit_fingerprint("contamination-eval-items", code_version(__name__), fields_cfg, chunk_inputs(chunk, cfg))
-    action, reason = explain(read_marker(out, eval_items_path(chunk.name)), fp)
+    marker = read_marker(out, eval_items_path(chunk.name))
+    action, reason = explain(marker, fp)
     if action == SKIPPED and current_marker(eval_store, staging_tar(chunk.name), fp) is None:
-        return COMPUTED, "its staging shard is not complete", fp
-    return action, reason, fp
+        return COMPUTED, "its staging shard is not complete", fp, marker
+    return action, reason, fp, marker
 
 
 def stage_chunk(out: Store, eval_store: Store, chunk: EvalChunk, cfg: EvalSetConfig) -> UnitResult:
     """Read one chunk's items, write their images as a staging shard and their rows as items.
 
     Returns the items marker (``info``: items, staged, image errors, the staging marker's digest)."""
-    action, _, fp = judge_chunk(out, eval_store, chunk, cfg)
-    if action == SKIPPED:
-        return UnitResult.of(require_marker(out, eval_items_path(chunk.name), "evaluation items"), SKIPPED)
+    action, _, fp, marker = judge_eval_chunk(out, eval_store, chunk, cfg)
+    if action == SKIPPED and marker is not None:
+        return UnitResult.of(marker, SKIPPED)
 
     rows, records, samples = [], [], []
     row_no = chunk.first_row
