@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corpusforge.contract import COMPUTED, MAYBE, SKIPPED, Marker, completed_units, explain, read_marker
-from corpusforge.layout import MARKERS
+from corpusforge.layout import MARKERS, staging_tar
 from corpusforge.storage import Store
 
 DELETE = "delete"
@@ -159,3 +159,10 @@ def unfinished(store: Store, folders: Iterable[str], written_last: str) -> bool:
     writes last (or that file is missing): the last run did not complete."""
     last = mtime(store, written_last)
     return last is None or newest_marker(store, (rel for f in folders for rel in marker_files(store, f))) > last
+
+
+def staged_size(store: Store, shards: Iterable[str]) -> dict[str, int]:
+    """Images and bytes of ``shards``' staging tars under ``store``, from their markers (a
+    unit to recompute reads all of them at most): the size of the work when no time was recorded."""
+    infos = [m.info for shard in shards if (m := read_marker(store, staging_tar(shard))) is not None]
+    return {"images": sum(int(i.get("count", 0)) for i in infos), "bytes": sum(int(i.get("bytes", 0)) for i in infos)}

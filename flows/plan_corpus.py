@@ -25,10 +25,10 @@ from __future__ import annotations
 from typing import Any
 
 from corpusforge.artifacts import publish_plan_artifact
-from corpusforge.contract import COMPUTED, MAYBE, SKIPPED, completed_units, read_marker
-from corpusforge.layout import (LINEAGE, MANIFEST_DIR, RECEIPT, RELEASE_DIR, RELEASE_PLAN_DIR, RUN_LOG, STAGING_TARS,
-                                staging_tar)
-from corpusforge.plans import ACTIONS, WHOLE, StagePlan, changed_fields, unfinished
+from corpusforge.contract import COMPUTED, MAYBE, SKIPPED, completed_units
+from corpusforge.layout import (LINEAGE, MANIFEST_DIR, RECEIPT, RELEASE_DIR, RELEASE_PLAN_DIR, RUN_LOG,
+                                STAGING_TARS)
+from corpusforge.plans import ACTIONS, WHOLE, StagePlan, changed_fields, staged_size, unfinished
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from flows.extract_features import ExtractFeaturesConfig
@@ -132,8 +132,7 @@ def _estimate(store: Store, stage: StagePlan, run_log: dict[str, Any] | None) ->
     if not stage.stage.startswith("features."):
         return {"seconds": None, "seconds_if_upstream_changes": None, "basis": "not estimated (judged per stage)"}
     todo = [u.unit for u in stage.units if u.action == COMPUTED]
-    infos = [m.info for shard in todo if (m := read_marker(store, staging_tar(shard))) is not None]
-    size = {"images": sum(int(i.get("count", 0)) for i in infos), "bytes": sum(int(i.get("bytes", 0)) for i in infos)}
+    size = staged_size(store, todo)
     seconds = (run_log or {}).get("seconds", {}).get("features")
     computed = sum(c.get(COMPUTED, 0) for c in (run_log or {}).get("features", {}).values() if isinstance(c, dict))
     if not (seconds and computed):

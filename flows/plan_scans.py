@@ -25,13 +25,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from corpusforge.contract import COMPUTED, MAYBE, SKIPPED, read_marker
+from corpusforge.contract import COMPUTED, MAYBE, SKIPPED
 from corpusforge.layout import (CONTAMINATION_EVAL, CONTAMINATION_FOUND, CONTAMINATION_IMAGES, CONTAMINATION_INDEX,
                                 CONTAMINATION_ITEM_DECISIONS, CONTAMINATION_JUDGE, CONTAMINATION_LEAKAGE,
                                 CONTAMINATION_RECEIPT, CONTAMINATION_SELECT, CONTAMINATION_TEXT,
-                                CONTAMINATION_TEXT_WORK, EDITION_DIR, MARKERS, features_dir, staging_tar)
+                                CONTAMINATION_TEXT_WORK, EDITION_DIR, MARKERS, features_dir)
 from corpusforge.plans import (DELETE, EVERY_RUN, WHOLE, StagePlan, changed_fields, changes, marker_files, mtime,
-                               newest_marker)
+                               newest_marker, staged_size)
 from corpusforge.receipts import redact
 from corpusforge.storage import Store
 from corpusforge.version import code_version
@@ -199,9 +199,7 @@ def scan_estimate(flow: str, config: Any, stage: StagePlan) -> dict[str, Any]:
                                 "units": len(todo), "units_if_upstream_changes": len(maybe)}
     if flow == "contamination" and stage.stage.startswith("eval.features."):
         eval_store = Store(config.out, config.out_storage_options).sub(CONTAMINATION_EVAL)
-        infos = [m.info for c in todo if (m := read_marker(eval_store, staging_tar(c))) is not None]
-        estimate.update(images=sum(int(i.get("count", 0)) for i in infos),
-                        bytes=sum(int(i.get("bytes", 0)) for i in infos))
+        estimate.update(staged_size(eval_store, todo))
     return estimate
 
 
