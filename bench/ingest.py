@@ -45,7 +45,7 @@ from tasks.ingest.exact_dedup import deduplicate
 from tasks.ingest.partition import ingest_partition
 from tasks.ingest.sources import SourceConfig, plan_partitions
 from tasks.staging import StagingConfig, plan_staging, shard_records, write_staging_shard
-from tasks.ingest.validate import ValidationConfig
+from tasks.shared.validate import ValidationConfig
 
 PROTOCOL = "counted"
 

@@ -45,7 +45,7 @@ from tasks.ingest.exact_dedup import deduplicate, partition_groups
 from tasks.ingest.licenses import LicenseConfig, license_section
 from tasks.ingest.partition import INGEST_PARTITION
 from tasks.ingest.sources import PLAN_INPUTS, SourceConfig
-from tasks.ingest.validate import ValidationConfig
+from tasks.shared.validate import ValidationConfig
 from tasks.release.publish import publish, release_section
 from tasks.release.splits import SplitConfig
 from tasks.report.changes import diff_versions, keep_previous_version, remove_changes

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Modules that moved into stage packages since those commits: an old module's imports are
 # pointed at where the same code lives now.
-MOVED = {"tasks.sources": "tasks.ingest.sources", "tasks.validate": "tasks.ingest.validate",
+MOVED = {"tasks.sources": "tasks.ingest.sources", "tasks.validate": "tasks.shared.validate",
+         "tasks.ingest.validate": "tasks.shared.validate",
          "tasks.licenses": "tasks.ingest.licenses", "tasks.exact_dedup": "tasks.ingest.exact_dedup",
          "tasks.ingest": "tasks.ingest.partition", "tasks.splits": "tasks.release.splits",
          "tasks.manifest": "tasks.release.manifest", "tasks.release_image": "tasks.release.release_image",

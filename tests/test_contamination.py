@@ -603,7 +603,8 @@ def test_evaluation_folders_and_tars_with_sidecars_and_bad_items(tmp_path):
     cfg = EvalSetConfig(source=str(table))
     stage_chunk(out, out.sub("eval"), plan_eval_set(cfg).chunks[0], cfg)
     rows = {r["item_id"]: r for r in out.read_parquet("eval/items/000000.parquet").to_pylist()}
-    assert rows["p"]["image_error"] == "unsafe_path" and rows["q"]["image_error"] == "missing_file"
+    assert rows["p"]["image_error"] == "unsafe_path: '../escape.png': path escapes the source folder"
+    assert rows["q"]["image_error"] == "missing_file: missing.png"  # the build's reasons
     table.write_text("\n".join(json.dumps({"id": "same", "path": None}) for _ in range(2)))
     with pytest.raises(ValueError, match="unique"):
         plan_eval_set(EvalSetConfig(source=str(table)))

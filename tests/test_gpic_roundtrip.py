@@ -123,7 +123,7 @@ def test_gpic_release_read_from_s3_streaming(tmp_path, s3):
     from corpusforge.storage import Store
     from tasks.ingest.partition import ingest_partition
     from tasks.ingest.sources import SourceConfig, plan_partitions
-    from tasks.ingest.validate import ValidationConfig
+    from tasks.shared.validate import ValidationConfig
 
     local = gpic_release(tmp_path / "gpic", train_shards=2, per_shard=3)
     fs = s3fs.S3FileSystem(**s3)

@@ -26,8 +26,9 @@ from corpusforge.layout import ingest_path
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample, is_safe_key, iter_tar_samples, write_tar
 from tasks.ingest.partition import ingest_partition
-from tasks.ingest.sources import SourceConfig, locate, normalise_rows, plan_partitions
-from tasks.ingest.validate import ValidationConfig
+from tasks.ingest.sources import SourceConfig, normalise_rows, plan_partitions
+from tasks.shared.inputs import locate
+from tasks.shared.validate import ValidationConfig
 from tests.loopback import serving
 from tests.test_ingest import jpeg
 
@@ -375,7 +376,8 @@ def test_parallel_folder_listing_equals_a_sequential_walk(tmp_path, outside):
     os.walk's, links not followed, a link or special file never taken for a regular file."""
     from fsspec.implementations.local import LocalFileSystem
 
-    from tasks.ingest.sources import _spill_listing, _walk_local
+    from tasks.ingest.sources import _spill_listing
+    from tasks.shared.inputs import walk_local
 
     src = tmp_path / "imgs"
     for folder in ("", "a", "a/b", "c", "c/d/e", "f"):
@@ -389,7 +391,7 @@ def test_parallel_folder_listing_equals_a_sequential_walk(tmp_path, outside):
     for folder, dirs, files in os.walk(src, followlinks=False):
         want += [os.path.join(folder, n) for n in dirs if os.path.islink(os.path.join(folder, n))]
         want += [os.path.join(folder, n) for n in files]
-    walked = sorted(_walk_local(str(src)))
+    walked = sorted(walk_local(str(src)))
     assert [p for p, _ in walked] == sorted(want) and len(want) == 15
     assert {os.path.relpath(p, src) for p, regular in walked if not regular} == {"a/dir_link", "link.jpg",
                                                                                  "c/d/pipe.txt"}

@@ -17,8 +17,9 @@ from corpusforge.layout import resolved_path
 from corpusforge.storage import Store
 from tasks.ingest.exact_dedup import deduplicate
 from tasks.ingest.partition import ingest_partition
-from tasks.ingest.sources import SourceConfig, plan_partitions, resolve_path
-from tasks.ingest.validate import ValidationConfig
+from tasks.ingest.sources import SourceConfig, plan_partitions
+from tasks.shared.inputs import locate
+from tasks.shared.validate import ValidationConfig
 
 
 def jpeg(w: int, h: int, seed: int, quality: int = 85) -> bytes:
@@ -141,7 +142,7 @@ def test_bare_folder_with_sidecars(tmp_path):
                                      ("a/../../b", False), ("file:///etc/passwd", False), ("s3://b/k.jpg", False),
                                      ("a\\b.jpg", False), ("", False)])
 def test_resolve_path_safety(path, ok):
-    assert (resolve_path("/base", path) is not None) == ok
+    assert (locate("/base", path)[0] is not None) == ok
 
 
 def test_staging_copies_the_ingest_spill_and_never_rereads_the_source(tmp_path):

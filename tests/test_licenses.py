@@ -19,7 +19,7 @@ from corpusforge.storage import Store
 from tasks.ingest.partition import ingest_partition
 from tasks.ingest.licenses import License, LicenseConfig, license_family, license_reason, normalize_license
 from tasks.ingest.sources import SourceConfig, plan_partitions
-from tasks.ingest.validate import ValidationConfig
+from tasks.shared.validate import ValidationConfig
 
 # (spelling found in real metadata, what it means) — Flickr API names, Wikimedia
 # LicenseShortName values, SPDX ids, deed URLs, and what people type.

@@ -177,7 +177,7 @@ BOMB_SCRIPT = textwrap.dedent("""
     from corpusforge.storage import Store
     from tasks.ingest.partition import ingest_partition
     from tasks.ingest.sources import SourceConfig, plan_partitions
-    from tasks.ingest.validate import ValidationConfig
+    from tasks.shared.validate import ValidationConfig
     from corpusforge.layout import ingest_path
 
     src, out, headroom, max_pixels = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])

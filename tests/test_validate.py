@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from corpusforge.records import Status
-from tasks.ingest.validate import ValidationConfig, reason_code, validate_image
+from tasks.shared.validate import ValidationConfig, reason_code, validate_image
 
 CFG = ValidationConfig()
 

@@ -43,6 +43,11 @@ class EvalSetConfig(StrictModel):
     category_field: str | None = Field(None, title="Category field",
                                        description="Coverage lost is reported per value of this field.")
     chunk_size: int = Field(1000, ge=1, title="Items per unit of work")
+    allow_roots: list[str] = Field(
+        default_factory=list, title="Further readable roots",
+        description="Further folders or URI prefixes (e.g. 's3://bucket/images/') that the table's image paths "
+                    "may point into, as the build's input.allow_roots. By default only the evaluation set's own "
+                    "folder (and, on an object store, that store's protocol) is readable.")
 
 
 class IvfConfig(StrictModel):

@@ -37,10 +37,12 @@ from corpusforge.contract import (COMPUTED, SKIPPED, Marker, UnitKey, UnitResult
 from corpusforge.hashing import canonical_json, fingerprint
 from corpusforge.layout import (EVAL_ITEM_SCHEMA, TABLE_SUFFIXES, STAGING_RECORDS_SCHEMA, eval_items_path, staging_index,
                                 staging_records, staging_tar)
-from corpusforge.storage import Store, is_remote, uri_stamp
+from corpusforge.storage import Store, uri_stamp
 from corpusforge.tarshard import Sample, iter_tar_samples, write_tar
 from corpusforge.version import code_version
 from tasks.contamination.config import EvalSetConfig
+from tasks.shared.inputs import (allowed_roots, image_refusal, list_folder, read_image, read_input, resolve_input,
+                                 tar_member_reason)
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff")
 CAPTION_FIELD = "caption"
@@ -58,6 +60,8 @@ class EvalChunk:
     rows: tuple[dict[str, Any], ...] = ()       # table: id, image uri, fields; folder: id, uri, sidecars
     uri: str = ""                               # tar: the tar
     prefix: str = ""                            # tar: item ids are {prefix}/{key}
+    base: str = ""                              # the folder its paths were resolved in (what may be read)
+    error: str = ""                             # tar: why it may not be read (one error item)
 
 
 @dataclass
@@ -79,29 +83,6 @@ def sniff_ext(data: bytes) -> str:
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return "webp"
     return "bin"
-
-
-def _fs(uri: str, options: dict[str, Any]) -> tuple[fsspec.AbstractFileSystem, str]:
-    return fsspec.core.url_to_fs(uri, **options)
-
-
-def _full(fs: fsspec.AbstractFileSystem, path: str, like: str) -> str:
-    return fs.unstrip_protocol(path) if is_remote(like) else path
-
-
-def resolve_image(base: str, path: str | None) -> tuple[str | None, str | None]:
-    """``(uri, error)`` for a table's image path: relative to the table's folder (never
-    escaping it) or a URI; absolute local paths are refused like the build refuses them."""
-    if not path:
-        return None, None
-    if "\x00" in path or "\\" in path:
-        return None, "unsafe_path"
-    if "://" in path:
-        return (None, "unsafe_path") if path.startswith("file://") else (path, None)
-    normal = posixpath.normpath(path)
-    if path.startswith("/") or normal in (".", "..") or normal.startswith("../"):
-        return None, "unsafe_path"
-    return posixpath.join(base, normal), None
 
 
 def _as_text(value: Any) -> str | None:
@@ -129,25 +110,51 @@ def _wanted_fields(cfg: EvalSetConfig) -> list[str]:
     return names
 
 
+def eval_roots(base: str, cfg: EvalSetConfig) -> list[str]:
+    """Where an evaluation set's paths may point: its own folder and ``cfg.allow_roots``."""
+    return allowed_roots(base, cfg.allow_roots)
+
+
+def _folder_rows(root: str, cfg: EvalSetConfig) -> list[dict[str, Any]]:
+    """A folder's images as rows, each resolved as the build resolves a listing's paths (a
+    symlink out or a FIFO named like an image is that item's ``unsafe_path`` error); a
+    ``{stem}.txt`` / ``{stem}.json`` sidecar is attached only when it may be read."""
+    entries = [rel for rel, _ in list_folder(root, cfg.storage_options)]
+    present = set(entries)
+    roots = eval_roots(root, cfg)
+    rows = []
+    for rel in entries:
+        if not rel.lower().endswith(IMAGE_SUFFIXES):
+            continue
+        uri, error = resolve_input(root, rel, roots)
+        stem = rel.rsplit(".", 1)[0]
+        sidecars = {ext: resolve_input(root, f"{stem}.{ext}", roots)[0] if f"{stem}.{ext}" in present else None
+                    for ext in ("txt", "json")}
+        rows.append({"item_id": rel, "image_source": rel, "uri": uri, "error": error or None, **sidecars})
+    return rows
+
+
 def plan_eval_set(cfg: EvalSetConfig) -> EvalPlan:
     """List the items in a fixed order and cut them into chunks of ``cfg.chunk_size``."""
     so = cfg.storage_options
-    fs, path = _fs(cfg.source, so)
+    fs, path = fsspec.core.url_to_fs(cfg.source, **so)
     name = cfg.name or posixpath.basename(path.rstrip("/")).split(".")[0] or "benchmark"
     size = cfg.chunk_size
     if fs.isfile(path) and path.endswith(TABLE_SUFFIXES):
         table = read_table(cfg.source, so)
         base = posixpath.dirname(cfg.source.rstrip("/"))
+        roots = eval_roots(base, cfg)
         columns = set(table.column_names)
         rows = []
         for i, row in enumerate(table.to_pylist()):
             item_id = _as_text(row.get(cfg.id_column)) if cfg.id_column in columns else None
             image = _as_text(row.get(cfg.image_column)) if cfg.image_column and cfg.image_column in columns else None
-            uri, error = resolve_image(base, image)
-            rows.append({"item_id": item_id or f"row-{i:06d}", "image_source": image, "uri": uri, "error": error,
+            uri, error = resolve_input(base, image, roots) if image else (None, "")
+            rows.append({"item_id": item_id or f"row-{i:06d}", "image_source": image, "uri": uri,
+                         "error": error or None,
                          "fields": {f: _as_text(row.get(f)) for f in _wanted_fields(cfg) if f in columns}})
         _check_unique([r["item_id"] for r in rows], cfg.source)
-        chunks = [EvalChunk(f"{c:06d}", "table", s, tuple(rows[s:s + size]))
+        chunks = [EvalChunk(f"{c:06d}", "table", s, tuple(rows[s:s + size]), base=base)
                   for c, s in enumerate(range(0, len(rows), size))]
         return EvalPlan("table", name, chunks, [cfg.source])
     if fs.isfile(path) and path.endswith(".tar"):
@@ -155,23 +162,17 @@ def plan_eval_set(cfg: EvalSetConfig) -> EvalPlan:
         return EvalPlan("tars", name, [EvalChunk("000000", "tar", 0, uri=cfg.source, prefix=prefix)], [cfg.source])
     if not fs.isdir(path):
         raise FileNotFoundError(f"evaluation set {cfg.source} does not exist")
-    found = sorted(fs.find(path))
-    tars = [p for p in found if p.endswith(".tar")]
+    root = cfg.source.rstrip("/")
+    tars = [rel for rel, _ in list_folder(root, so) if rel.endswith(".tar")]
     if tars:
-        chunks = [EvalChunk(f"{i:06d}", "tar", 0, uri=_full(fs, t, cfg.source),
-                            prefix=posixpath.relpath(t, path.rstrip("/"))[:-4]) for i, t in enumerate(tars)]
-        return EvalPlan("tars", name, chunks, [c.uri for c in chunks])
-    present = set(found)
-    rows = []
-    for p in found:
-        if not p.lower().endswith(IMAGE_SUFFIXES):
-            continue
-        stem = p.rsplit(".", 1)[0]
-        rel = posixpath.relpath(p, path.rstrip("/"))
-        rows.append({"item_id": rel, "image_source": rel, "uri": _full(fs, p, cfg.source), "error": None,
-                     "txt": _full(fs, stem + ".txt", cfg.source) if stem + ".txt" in present else None,
-                     "json": _full(fs, stem + ".json", cfg.source) if stem + ".json" in present else None})
-    chunks = [EvalChunk(f"{c:06d}", "folder", s, tuple(rows[s:s + size]))
+        roots = eval_roots(root, cfg)
+        chunks = []
+        for i, rel in enumerate(tars):
+            uri, error = resolve_input(root, rel, roots)
+            chunks.append(EvalChunk(f"{i:06d}", "tar", 0, uri=uri or "", prefix=rel[:-4], base=root, error=error))
+        return EvalPlan("tars", name, chunks, [c.uri for c in chunks if c.uri])
+    rows = _folder_rows(root, cfg)
+    chunks = [EvalChunk(f"{c:06d}", "folder", s, tuple(rows[s:s + size]), base=root)
               for c, s in enumerate(range(0, len(rows), size))]
     return EvalPlan("folder", name, chunks, [])
 
@@ -184,23 +185,29 @@ def _check_unique(ids: list[str], where: str) -> None:
                          f"{', …' if len(dup) > 5 else ''}")
 
 
-def _read(uri: str, options: dict[str, Any]) -> bytes:
-    with fsspec.open(uri, "rb", **options) as f:
-        return f.read()
+def _read_sidecar(location: str, roots: list[str], options: dict[str, Any]) -> bytes | None:
+    """A sidecar's bytes, or None when it cannot or may not be read (it is then not used)."""
+    try:
+        return read_input(location, roots, options)
+    except OSError:
+        return None
 
 
 def _chunk_items(chunk: EvalChunk, cfg: EvalSetConfig) -> Iterator[tuple[dict[str, Any], bytes | None]]:
     """``(item, image bytes or None)`` in chunk order; read failures become the item's error."""
     so = cfg.storage_options
     wanted = _wanted_fields(cfg)
+    if chunk.kind == "tar" and chunk.error:
+        yield {"item_id": chunk.prefix, "image_source": chunk.prefix, "error": chunk.error, "fields": {}}, None
+        return
     if chunk.kind == "tar":
         base = chunk.prefix or posixpath.basename(chunk.uri)[:-4]
         with fsspec.open(chunk.uri, "rb", **so) as f:
             for sample in iter_tar_samples(f):
                 item_id = f"{base}/{sample.key}"
                 if sample.error is not None:
-                    yield {"item_id": item_id, "image_source": item_id, "error": f"tar: {sample.error.reason}",
-                           "fields": {}}, None
+                    yield {"item_id": item_id, "image_source": item_id,
+                           "error": tar_member_reason(sample.error.reason), "fields": {}}, None
                     continue
                 fields: dict[str, Any] = {}
                 if "json" in sample.members:
@@ -209,26 +216,22 @@ def _chunk_items(chunk: EvalChunk, cfg: EvalSetConfig) -> Iterator[tuple[dict[st
                     fields[CAPTION_FIELD] = sample.members["txt"].decode("utf-8", "replace")
                 exts = [e for e in sample.members if "." + e in IMAGE_SUFFIXES]
                 data = sample.members[exts[0]] if exts else None
+                error = (image_refusal(data) if data is not None else None) if exts else "no_image_member"
                 yield {"item_id": item_id, "image_source": f"{chunk.uri}#{sample.key}",
-                       "error": None if exts else "no_image_member", "fields": fields}, data
+                       "error": error, "fields": fields}, None if error else data
         return
+    roots = eval_roots(chunk.base, cfg)
     for row in chunk.rows:
         item = {k: row[k] for k in ("item_id", "image_source", "error")}
         item["fields"] = dict(row.get("fields") or {})
-        if row.get("json"):
-            item["fields"].update(_json_fields(_read(row["json"], so), wanted))
-        if row.get("txt"):
-            item["fields"][CAPTION_FIELD] = _read(row["txt"], so).decode("utf-8", "replace")
+        if row.get("json") and (raw := _read_sidecar(row["json"], roots, so)) is not None:
+            item["fields"].update(_json_fields(raw, wanted))
+        if row.get("txt") and (raw := _read_sidecar(row["txt"], roots, so)) is not None:
+            item["fields"][CAPTION_FIELD] = raw.decode("utf-8", "replace")
         data = None
         if row.get("uri") and not row.get("error"):
-            try:
-                data = _read(row["uri"], so)
-                item["error"] = None if data else "empty_file"
-            except FileNotFoundError:
-                item["error"] = "missing_file"
-            except OSError as exc:
-                item["error"] = f"read_error: {exc}"
-        yield item, data or None
+            data, item["error"] = read_image(row["uri"], roots, so, row["image_source"])
+        yield item, data
 
 
 def _json_fields(data: bytes, wanted: list[str]) -> dict[str, Any]:

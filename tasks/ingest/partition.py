@@ -34,9 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import posixpath
-import stat
 import unicodedata
 from collections import Counter
 from collections.abc import Iterator
@@ -50,15 +48,15 @@ import xxhash
 from corpusforge.contract import Unit, UnitResult, run_unit, unit_fingerprint
 from corpusforge.layout import INGEST_SCHEMA, ingest_path, spill_path
 from corpusforge.records import Status
-from corpusforge.storage import Store, file_stamp, is_remote, with_retry_defaults
+from corpusforge.storage import Store, file_stamp, with_retry_defaults
 from corpusforge.tarshard import HashingWriter, is_safe_key, iter_tar_samples
 from corpusforge.version import code_version
 from tasks.ingest.exact_dedup import write_dedup_tables
 from tasks.ingest.licenses import LicenseConfig, license_family, license_reason
-from tasks.ingest.sources import (IMAGE_EXTS, METADATA_COLUMNS, Partition, SourceConfig, allowed_roots,
-                           local_file_refusal, locate, parse_sidecar, read_sidecars, sidecar_locations,
-                           source_split_of)
-from tasks.ingest.validate import ValidationConfig, validate_image
+from tasks.ingest.sources import (IMAGE_EXTS, METADATA_COLUMNS, Partition, SourceConfig, parse_sidecar, read_sidecars,
+                                  sidecar_locations, source_split_of)
+from tasks.shared.inputs import InputRefused, allowed_roots, read_input, resolve_input, tar_member_reason
+from tasks.shared.validate import ValidationConfig, validate_image
 
 
 def derived_key(locator: str) -> str:
@@ -128,8 +126,8 @@ def image_stamps(part: Partition, src: SourceConfig, store: Store) -> list[str |
     for meta in _chunk_rows(part, store):
         if meta.get("sidecars"):
             stamps += [_stamp(s, src) for s in sidecar_locations(_sidecar_base(part, meta), meta["sidecars"])]
-        location, _ = locate(part.base, meta.get("path") or "", roots)
-        if location is None or local_file_refusal(location, roots) is not None:
+        location, _ = resolve_input(part.base, meta.get("path") or "", roots)
+        if location is None:
             stamps.append(None)
             continue
         stamps.append(_stamp(location, src))
@@ -139,17 +137,6 @@ def image_stamps(part: Partition, src: SourceConfig, store: Store) -> list[str |
 def _sidecar_base(part: Partition, meta: dict[str, Any]) -> str:
     """The image location a folder row's sidecars are named after (the listing's own path)."""
     return posixpath.join(part.base, meta["path"])
-
-
-def _read_local(location: str, limit: int) -> bytes:
-    """Read a local file that :func:`local_file_refusal` passed, without ever blocking: it is
-    opened non-blocking and not following a final symlink, and re-checked to be a regular file."""
-    fd = os.open(location, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_NOFOLLOW", 0))
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(f"{location}: not a regular file")
-        return f.read(min(limit, info.st_size + 1))  # read(n) allocates n bytes up front
 
 
 def license_verdicts(part: Partition, store: Store, lic: LicenseConfig | None) -> list[str] | str | None:
@@ -179,23 +166,19 @@ def _row_records(part: Partition, src: SourceConfig, val: ValidationConfig,
         record["source_path"] = raw_path
         record["key"] = record["key"] or derived_key(raw_path)  # the row's key, or its JSON sidecar's
         extra = json.loads(meta["extra"]) if meta.get("extra") else {}
-        location, why = locate(part.base, raw_path, roots)
-        if location is not None:
-            why = local_file_refusal(location, roots) or ""
+        location, refusal = resolve_input(part.base, raw_path, roots)
         if not is_safe_key(record["key"]):
             record["reason"] = f"unsafe_key: {record['key']!r}"
-        elif location is None or why:
-            record["reason"] = f"unsafe_path: {raw_path!r}: {why}"
+        elif location is None:
+            record["reason"] = refusal
         elif reason := license_reason(record["license"], record["license_url"], lic):
             record.update(status=Status.FILTERED.value, reason=reason, source_path=location)
         else:
             record["source_path"] = location
             try:
-                if is_remote(location):
-                    with fsspec.open(location, "rb", **with_retry_defaults(location, src.storage_options)) as f:
-                        data = f.read(val.max_bytes + 1)
-                else:
-                    data = _read_local(os.path.realpath(location), val.max_bytes + 1)
+                data = read_input(location, roots, src.storage_options, val.max_bytes + 1, raw_path)
+            except InputRefused as exc:
+                record["reason"] = exc.reason
             except FileNotFoundError:
                 record["reason"] = f"missing_file: {raw_path}"
             except (OSError, ValueError) as exc:
@@ -203,15 +186,6 @@ def _row_records(part: Partition, src: SourceConfig, val: ValidationConfig,
             else:
                 _judge(record, data, val, extra)
         yield record
-
-
-def _tar_error_reason(why: str) -> str:
-    """The record's reason for an unusable tar member (see ``iter_tar_samples``)."""
-    if why.startswith("unsafe member name"):
-        return f"unsafe_name: {why}"
-    if why.startswith("not a regular file"):
-        return f"unsafe_member: {why}"
-    return f"read_error: {why}"
 
 
 def _tar_records(part: Partition, src: SourceConfig, val: ValidationConfig,
@@ -236,7 +210,7 @@ def _tar_records(part: Partition, src: SourceConfig, val: ValidationConfig,
             if sample.error is not None:
                 if not sample.error.reason.startswith("not a regular file"):
                     record["key"] = derived_key(record["source_path"])  # the name itself is not usable
-                record["reason"] = _tar_error_reason(sample.error.reason)
+                record["reason"] = tar_member_reason(sample.error.reason)
             elif not is_safe_key(key):
                 record["reason"] = f"unsafe_key: {key!r}"
             elif not image_exts:

@@ -19,7 +19,7 @@ from tasks.ingest.exact_dedup import (combine_digests, duplicate_keys_key, exact
 from tasks.ingest.licenses import LicenseConfig
 from tasks.ingest.partition import ingest_key
 from tasks.ingest.sources import Partition, SourceConfig
-from tasks.ingest.validate import ValidationConfig
+from tasks.shared.validate import ValidationConfig
 
 # The config behind the positions of the keys' configs (explain names positions).
 INGEST_NAMES = {"[0]": "validation", "[1]": "hash buckets (staging.buckets)", "[2]": "input.allow_roots"}

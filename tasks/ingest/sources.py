@@ -33,10 +33,9 @@ import itertools
 import json
 import os
 import posixpath
-import re
-import stat
+import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -54,6 +53,7 @@ from corpusforge.layout import (INPUT_DIR, INPUT_SCHEMA, LISTING_SPILL_DIR, TABL
                                 part_name)
 from corpusforge.outofcore import spilling_duckdb
 from corpusforge.storage import Store, file_stamp, is_remote
+from tasks.shared.inputs import Entry, local_file_refusal, read_local, scan_folder, walk_local
 
 if TYPE_CHECKING:
     import duckdb
@@ -65,7 +65,6 @@ IMAGE_EXTS = {"jpg", "jpeg", "png", "webp"}
 SIDECAR_EXTS = {"txt", "json"}
 SIDECAR_ORDER = ("txt", "json")  # a caption from .txt comes first and wins over the JSON's
 GPIC_SPLITS = ("train", "val", "test")
-SCHEME_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")  # file:/x, local:/x, c:/x
 
 
 class SourceConfig(StrictModel):
@@ -269,31 +268,6 @@ SPILL_SCHEMA = pa.schema([
     ("readable_sidecar", pa.bool_()),   # named like a sidecar (any case) and a regular file inside the folder
     ("sidecar_ext", pa.string()),       # 'txt' or 'json' when it is also named as an image's sidecar is
 ])
-Entry = tuple[str, bool]  # (path, regular file)
-
-
-def _scan(folder: str, folders: list[str]) -> Iterator[Entry]:
-    """One folder's entries as (path, regular), its sub-folders (symlinks not followed)
-    appended to ``folders``: a symlink to a folder and any special file (FIFO, device,
-    socket) is an entry, so ingest reports it as an error. ``regular``: a regular file, not
-    a link (the entry's type from the directory listing, no stat)."""
-    with os.scandir(folder) as entries:
-        for entry in entries:
-            try:
-                is_dir = entry.is_dir()
-            except OSError:
-                is_dir = False
-            if is_dir and not entry.is_symlink():
-                folders.append(entry.path)
-            else:
-                yield entry.path, entry.is_file(follow_symlinks=False)
-
-
-def _walk_local(folder: str) -> Iterator[Entry]:
-    """Every entry under a local folder (see :func:`_scan`), as the walk meets it."""
-    pending = [folder]
-    while pending:
-        yield from _scan(pending.pop(), pending)
 
 
 def _s3_entries(fs: fsspec.AbstractFileSystem, path: str, delimiter: str) -> Iterator[dict[str, Any]]:
@@ -363,9 +337,9 @@ def _spill_listing(store: Store, fs: fsspec.AbstractFileSystem, root: str, remot
     """List a folder (local) or prefix (remote) into spill parts; their paths. The top level
     first, then its sub-folders on :data:`LISTING_THREADS` listers, each writing its own parts."""
     folders: list[str] = []
-    top = _remote_scan(fs, root, folders) if remote else _scan(root, folders)
+    top = _remote_scan(fs, root, folders) if remote else scan_folder(root, folders)
     parts = _spill(store, "top", top, root)
-    listings = ((_remote_scan(fs, f, None) if remote else _walk_local(f)) for f in folders)
+    listings = ((_remote_scan(fs, f, None) if remote else walk_local(f)) for f in folders)
     lock = threading.Lock()
 
     def taken() -> Iterator[Entry]:
@@ -495,11 +469,7 @@ def _read_sidecar(location: str, options: dict[str, Any]) -> bytes:
     if is_remote(location):
         fs, path = _fs(location, options)
         return fs.cat_file(path)
-    fd = os.open(os.path.realpath(location), os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{location}: not a regular file")
-        return f.read()
+    return read_local(os.path.realpath(location), sys.maxsize)
 
 
 def sidecar_locations(location: str, exts: str) -> list[str]:
@@ -530,82 +500,6 @@ def plan_partitions(src: str, store: Store, cfg: SourceConfig) -> tuple[str, lis
         raise ValueError(f"source {src}: no input records (empty {kind}); nothing to build")
     prune(store, INPUT_DIR, {part_name(p.index) for p in parts if p.kind == "rows"})
     return kind, parts
-
-
-def _under(location: str, root: str) -> bool:
-    if root.endswith("://"):
-        return location.startswith(root)
-    root = root.rstrip("/")
-    return location == root or location.startswith(root + "/")
-
-
-def allowed_roots(base: str, extra: Sequence[str] = ()) -> list[str]:
-    """Where metadata paths may point: the source's folder, for a source on an object store
-    that store's whole protocol (``s3://``), and any roots the config allow-lists."""
-    roots = [base]
-    if is_remote(base):
-        roots.append(f"{fsspec.utils.get_protocol(base)}://")
-    return roots + [r for r in extra if r]
-
-
-def locate(base: str, path: str, roots: Sequence[str] = ()) -> tuple[str | None, str]:
-    """(location, "") for a metadata path that may be read, else (None, why it is refused).
-
-    Decided from the string alone, before any byte is read: empty paths, control
-    characters, backslashes and chained URLs (``simplecache::…``) are refused; a relative
-    path must stay inside ``base`` (no ``..`` escape); an absolute path or a URI of any
-    protocol (``file://``, ``local://``, ``http(s)://``, ``memory://``, ``zip://``, ``s3://``…)
-    must lie under one of ``roots`` (default: :func:`allowed_roots` of ``base``).
-    Local files are checked once more at read time (:func:`local_file_refusal`).
-    """
-    roots = list(roots) or allowed_roots(base)
-    if not path:
-        return None, "empty path"
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path) or "\\" in path:
-        return None, "control character or backslash in path"
-    if "::" in path:
-        return None, "chained URL not allowed"
-    if "://" in path or path.startswith("/"):
-        protocol, rest = fsspec.core.split_protocol(path)
-        if any(p in ("..", ".") for p in rest.split("/")):
-            return None, "'..' or '.' component in path"
-        normal = path if protocol else posixpath.normpath(path)
-        if not any(_under(normal, r if "://" in r else os.path.abspath(r)) for r in roots):
-            kind = f"{protocol}:// URL" if protocol else "absolute path"
-            return None, f"{kind} outside the allowed roots (input.allow_roots)"
-        return normal, ""
-    if SCHEME_LIKE.match(path):
-        return None, "URL-like path without '//' (write ./name for a file whose name has a colon)"
-    normal = posixpath.normpath(path)
-    if normal == ".." or normal.startswith("../") or normal == ".":
-        return None, "path escapes the source folder"
-    return posixpath.join(base, normal), ""
-
-
-def resolve_path(base: str, path: str, roots: Sequence[str] = ()) -> str | None:
-    """The location of ``path`` from a metadata row, or None when it is refused (:func:`locate`)."""
-    return locate(base, path, roots)[0]
-
-
-def local_file_refusal(location: str, roots: Sequence[str]) -> str | None:
-    """Why a local file may not be read (None: it may): its real path, symlinks resolved,
-    must lie inside a local root and it must be a regular file (a FIFO or device is never
-    opened). Only metadata is looked at; remote locations are not checked here."""
-    if is_remote(location):
-        return None
-    real = os.path.realpath(location)
-    local_roots = [os.path.realpath(r) for r in roots if not is_remote(r)]
-    if not any(_under(real, r) for r in local_roots):
-        return "symlink to a location outside the source"
-    try:
-        mode = os.stat(real).st_mode
-    except FileNotFoundError:
-        return None  # reported as missing_file by the reader
-    except OSError as exc:
-        return f"cannot stat: {exc.strerror}"
-    if not stat.S_ISREG(mode):
-        return "not a regular file (folder, FIFO, device or socket)"
-    return None
 
 
 PLAN_INPUTS = Unit(plan_partitions, "plan-inputs")

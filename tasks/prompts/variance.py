@@ -33,6 +33,7 @@ from corpusforge.layout import GENERATED_VARIANCE_SCHEMA, MARKERS, PROMPTS_GENER
 from corpusforge.storage import file_stamp
 from corpusforge.version import code_version
 from tasks.prompts.tables import SAFE_ID
+from tasks.shared.inputs import list_folder, read_image, resolve_input
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp")
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # object addresses in error messages differ between runs
@@ -59,38 +60,34 @@ def variance_flags(variances: np.ndarray, sd_threshold: float) -> dict[str, Any]
 
 # ---- the generated images ------------------------------------------------------------
 
-def _fs(uri: str, options: dict[str, Any]) -> tuple[Any, str]:
-    return fsspec.core.url_to_fs(uri, **options)
-
-
 def list_generated(generated: str, options: dict[str, Any]) -> dict[str, dict[str, list[tuple[str, str]]]]:
     """``{model: {prompt_id: [(file name, stamp), …]}}`` under ``generated`` (names sorted).
 
-    Model and prompt folder names must be safe ids; anything else is reported by
+    Listed as the build lists a source (:func:`tasks.shared.inputs.list_folder`: links
+    listed, never followed); a file that may not be read (a symlink out, a FIFO) is listed
+    with its ``unsafe_path`` reason as its stamp, and is that image's error. Model and
+    prompt folder names must be safe ids; anything else is reported by
     :func:`unusable_entries` and never read."""
-    fs, root = _fs(generated, options)
-    root = root.rstrip("/")
+    fs, _ = fsspec.core.url_to_fs(generated, **options)
+    root = generated.rstrip("/")
     found: dict[str, dict[str, list[tuple[str, str]]]] = {}
-    for path, info in sorted(fs.find(root, detail=True).items()):
-        rel = path[len(root) + 1:]
+    for rel, info in list_folder(root, options):
         parts = rel.split("/")
-        if len(parts) != 3 or not rel.lower().endswith(IMAGE_EXTS) or info.get("type") != "file":
+        if len(parts) != 3 or not rel.lower().endswith(IMAGE_EXTS):
             continue
         model, prompt, name = parts
         if not (SAFE_ID.fullmatch(model) and SAFE_ID.fullmatch(prompt)):
             continue
-        stamp = file_stamp(fs, path, info)
+        location, refusal = resolve_input(root, rel, [root])
+        stamp = file_stamp(fs, fsspec.core.strip_protocol(location), info) if location else refusal
         found.setdefault(model, {}).setdefault(prompt, []).append((name, stamp))
     return found
 
 
 def unusable_entries(generated: str, options: dict[str, Any]) -> list[str]:
     """Files under ``generated`` that are not ``{model}/{prompt_id}/{image}`` with safe names (reported, unread)."""
-    fs, root = _fs(generated, options)
-    root = root.rstrip("/")
     bad = []
-    for path in sorted(fs.find(root)):
-        rel = path[len(root) + 1:]
+    for rel, _ in list_folder(generated.rstrip("/"), options):
         parts = rel.split("/")
         if (len(parts) != 3 or not rel.lower().endswith(IMAGE_EXTS)
                 or not (SAFE_ID.fullmatch(parts[0]) and SAFE_ID.fullmatch(parts[1]))):
@@ -122,19 +119,19 @@ def variance_unit(out: Any, generated: str, options: dict[str, Any], model: str,
 
         batch = cfg.runtime.batch_size
         feature_model = load_model(cfg.model, cfg.runtime)
-        fs, root = _fs(generated, options)
+        root = generated.rstrip("/")
         rows = []
         for prompt_id, files in prompts:
             images, pixels = [], []
             for name, _ in files:
-                path = posixpath.join(root.rstrip("/"), model, prompt_id, name)
-                sha, error = None, None
-                try:
-                    data = fs.cat_file(path)
-                    sha = hashlib.sha256(data).hexdigest()
-                    pixels.append(np.asarray(feature_model.preprocess(decode_rgb(data)), dtype=np.float32))
-                except Exception as exc:  # noqa: BLE001 - one bad image is that image's error
-                    error = _ADDRESS.sub("", f"{type(exc).__name__}: {exc}")[:300]
+                image = posixpath.join(model, prompt_id, name)
+                data, error = read_image(posixpath.join(root, image), [root], options, image)
+                sha = None if data is None else hashlib.sha256(data).hexdigest()
+                if data is not None:
+                    try:
+                        pixels.append(np.asarray(feature_model.preprocess(decode_rgb(data)), dtype=np.float32))
+                    except Exception as exc:  # noqa: BLE001 - one bad image is that image's error
+                        error = _ADDRESS.sub("", f"{type(exc).__name__}: {exc}")[:300]
                 images.append([name, sha, error])
             variance = None
             if len(pixels) >= cfg.min_images:

@@ -54,6 +54,8 @@ from tasks.shared.features.base import FeatureModel
 from tasks.shared.features.config import ModelSpec, RuntimeConfig
 from tasks.shared.features.decode import decode_rgb
 from tasks.shared.features.extract import prefetched
+from tasks.shared.inputs import (InputRefused, image_refusal, list_folder, open_input, read_image, resolve_input,
+                                 tar_member_reason)
 from tasks.stats.compare import compare
 from tasks.stats.config import PROTOCOL_MODES, MetricsConfig, protocol_model
 from tasks.stats.gpic_stats import provenance_of, reference_checks, small_reference_warning, validate_arrays
@@ -154,11 +156,14 @@ def check_model(reference: Reference, identity: dict[str, Any], allow_mismatch: 
 class GeneratedChunk:
     """A unit of embedding work: a slice of image files, or one tar; ``stamps``: each
     file's size and modification time (or ETag) from the listing, what its content is
-    identified by (as the evaluation sets of :mod:`tasks.contamination.eval_set` are)."""
+    identified by (as the evaluation sets of :mod:`tasks.contamination.eval_set` are);
+    ``roots``: the folders its files were listed in, the only places they may be read
+    from (:mod:`tasks.shared.inputs`)."""
 
     kind: Literal["files", "tar"]
     uris: tuple[str, ...]
     stamps: tuple[str, ...] = ()
+    roots: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -171,26 +176,36 @@ def _ext(path: str) -> str:
     return base.rsplit(".", 1)[-1].lower() if "." in base else ""
 
 
+def _stamp(uri: str, info: dict[str, Any] | None, roots: Sequence[str], storage_options: dict[str, Any]) -> str:
+    """A listed file's stamp, or why it may not be read (it is then that image's error)."""
+    location, refusal = resolve_input(roots[0], uri, roots)
+    if location is None:
+        return refusal
+    fs, path = fsspec.core.url_to_fs(uri, **storage_options)
+    return file_stamp(fs, path, info)
+
+
 def plan_generated(sources: Sequence[str], storage_options: dict[str, Any] | None = None,
                    chunk_size: int = 1000) -> list[GeneratedChunk]:
-    """Chunks over every image file and tar under ``sources`` (folders or files), sorted."""
+    """Chunks over every image file and tar under ``sources`` (folders or files), sorted.
+    Folders are listed as the build lists a source (links listed, never followed)."""
     so = dict(storage_options or {})
+    roots = tuple(s.rstrip("/") for s in sources)
     files: list[tuple[str, str]] = []
     tars: list[tuple[str, str]] = []
-    for source in sources:
+    for source in roots:
         fs, root = fsspec.core.url_to_fs(source, **so)
-        found = fs.find(root, detail=True) if fs.isdir(root) else {root: fs.info(root)}
-        protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
-        unstrip = (lambda p: p) if protocol in ("file", "local") else (lambda p, pr=protocol: f"{pr}://{p}")
-        for path in sorted(found):
-            ext = _ext(path)
+        found = ([(posixpath.join(source, rel), info) for rel, info in list_folder(source, so)]
+                 if fs.isdir(root) else [(source, None)])
+        for uri, info in found:
+            ext = _ext(uri)
             if ext in IMAGE_EXTS:
-                files.append((unstrip(path), file_stamp(fs, path, found[path])))
+                files.append((uri, _stamp(uri, info, roots, so)))
             elif ext == "tar":
-                tars.append((unstrip(path), file_stamp(fs, path, found[path])))
-    chunks = [GeneratedChunk("files", *map(tuple, zip(*files[i:i + chunk_size], strict=True)))
+                tars.append((uri, _stamp(uri, info, roots, so)))
+    chunks = [GeneratedChunk("files", *map(tuple, zip(*files[i:i + chunk_size], strict=True)), roots=roots)
               for i in range(0, len(files), chunk_size)]
-    return chunks + [GeneratedChunk("tar", (t,), (stamp,)) for t, stamp in tars]
+    return chunks + [GeneratedChunk("tar", (t,), (stamp,), roots) for t, stamp in tars]
 
 
 def iter_chunk_images(chunk: GeneratedChunk, storage_options: dict[str, Any] | None = None
@@ -199,21 +214,25 @@ def iter_chunk_images(chunk: GeneratedChunk, storage_options: dict[str, Any] | N
     so = dict(storage_options or {})
     if chunk.kind == "files":
         for uri in chunk.uris:
-            try:
-                yield uri, _read(uri, so), None
-            except OSError as exc:
-                yield uri, None, f"read: {exc}"
+            yield uri, *read_image(uri, chunk.roots, so, uri)
         return
     (uri,) = chunk.uris
-    with open_uri(uri, so) as f:
+    try:
+        f = open_input(uri, chunk.roots, so, path=uri)
+    except InputRefused as exc:
+        yield uri, None, exc.reason
+        return
+    with f:
         for sample in iter_tar_samples(f):
             name = f"{uri}#{sample.key}"
             if sample.error is not None:
-                yield name, None, f"tar: {sample.error.reason}"
+                yield name, None, tar_member_reason(sample.error.reason)
                 continue
             exts = [e for e in sample.members if e in IMAGE_EXTS]
             if exts:
-                yield f"{name}.{exts[0]}", sample.members[exts[0]], None
+                data = sample.members[exts[0]]
+                refusal = image_refusal(data)
+                yield f"{name}.{exts[0]}", None if refusal else data, refusal
 
 
 @dataclass
@@ -295,12 +314,12 @@ def _settings(spec: ModelSpec, precision: str) -> list[Any]:
 
 
 def content_digests(chunk: GeneratedChunk, storage_options: dict[str, Any] | None = None) -> list[str | None]:
-    """SHA-256 of each file of a chunk (None for one that cannot be read), streamed."""
+    """SHA-256 of each file of a chunk (None for one that cannot or may not be read), streamed."""
     out: list[str | None] = []
     for uri in chunk.uris:
         h = hashlib.sha256()
         try:
-            with open_uri(uri, dict(storage_options or {})) as f:
+            with open_input(uri, chunk.roots, dict(storage_options or {}), path=uri) as f:
                 while block := f.read(1 << 20):
                     h.update(block)
         except OSError:

@@ -27,7 +27,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 ALLOWED_FORMATS = ("JPEG", "PNG", "WEBP")
-# The validator's default limit (tasks/ingest/validate.py), so what passed validation decodes here.
+# The validator's default limit (tasks/shared/validate.py), so what passed validation decodes here.
 DEFAULT_MAX_PIXELS = 100_000_000
 
 
