@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import io
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -67,24 +66,27 @@ def _error(reason: str, **kw: Any) -> Verdict:
 
 
 def _sniff(data: bytes, formats: list[str]) -> tuple[Image.Image | None, Verdict | None]:
-    """Open lazily (header only) with the accepted formats; classify what does not open."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        try:
-            return Image.open(io.BytesIO(data), formats=formats), None
-        except Image.DecompressionBombError as exc:
-            return None, _error(f"decompression_bomb: {exc}")
-        except UnidentifiedImageError:
-            pass
-        except Exception as exc:  # noqa: BLE001 - any header parse failure is a per-record error
-            return None, _error(f"decode_error: {type(exc).__name__}: {exc}")
-        try:
-            other = Image.open(io.BytesIO(data))
-            return None, _error(f"unsupported_format: {other.format}")
-        except Image.DecompressionBombError as exc:
-            return None, _error(f"decompression_bomb: {exc}")
-        except Exception:  # noqa: BLE001
-            return None, _error("not_an_image: no known image header")
+    """Open lazily (header only) with the accepted formats; classify what does not open.
+
+    The warnings filter is never touched: it is process-wide, and a decoder thread changing
+    it while another opens an image made the same image's reason differ from run to run.
+    Pillow's own warning above its limit is only a warning here; :func:`validate_image`
+    refuses by the declared size, and Pillow's hard limit (twice its warning) is a bomb."""
+    try:
+        return Image.open(io.BytesIO(data), formats=formats), None
+    except Image.DecompressionBombError as exc:
+        return None, _error(f"decompression_bomb: {exc}")
+    except UnidentifiedImageError:
+        pass
+    except Exception as exc:  # noqa: BLE001 - any header parse failure is a per-record error
+        return None, _error(f"decode_error: {type(exc).__name__}: {exc}")
+    try:
+        other = Image.open(io.BytesIO(data))
+        return None, _error(f"unsupported_format: {other.format}")
+    except Image.DecompressionBombError as exc:
+        return None, _error(f"decompression_bomb: {exc}")
+    except Exception:  # noqa: BLE001
+        return None, _error("not_an_image: no known image header")
 
 
 def oriented_size(img: Image.Image, width: int, height: int) -> tuple[int, int]:

@@ -176,9 +176,18 @@ def _ext(path: str) -> str:
     return base.rsplit(".", 1)[-1].lower() if "." in base else ""
 
 
+def _named(uri: str, roots: Sequence[str]) -> tuple[str, str]:
+    """(the root a listed file lies in, its path below it): how its errors name it, as the
+    build names a source file by its path in the source."""
+    for root in roots:
+        if uri.startswith(root + "/"):
+            return root, uri[len(root) + 1:]
+    return uri, posixpath.basename(uri)
+
+
 def _stamp(uri: str, info: dict[str, Any] | None, roots: Sequence[str], storage_options: dict[str, Any]) -> str:
     """A listed file's stamp, or why it may not be read (it is then that image's error)."""
-    location, refusal = resolve_input(roots[0], uri, roots)
+    location, refusal = resolve_input(*_named(uri, roots), roots)
     if location is None:
         return refusal
     fs, path = fsspec.core.url_to_fs(uri, **storage_options)
@@ -214,11 +223,11 @@ def iter_chunk_images(chunk: GeneratedChunk, storage_options: dict[str, Any] | N
     so = dict(storage_options or {})
     if chunk.kind == "files":
         for uri in chunk.uris:
-            yield uri, *read_image(uri, chunk.roots, so, uri)
+            yield uri, *read_image(uri, chunk.roots, so, _named(uri, chunk.roots)[1])
         return
     (uri,) = chunk.uris
     try:
-        f = open_input(uri, chunk.roots, so, path=uri)
+        f = open_input(uri, chunk.roots, so, path=_named(uri, chunk.roots)[1])
     except InputRefused as exc:
         yield uri, None, exc.reason
         return

@@ -21,7 +21,6 @@ against the key and carries on.
 from __future__ import annotations
 
 import io
-import warnings
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -41,27 +40,26 @@ def decode_rgb(data: bytes, draft_size: int | None = None,
     if not data:
         raise DecodeError("empty image data")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS)
-            width, height = image.size
-            if width <= 0 or height <= 0:
-                raise DecodeError(f"invalid image size {width}x{height}")
-            if width * height > max_pixels:
-                raise DecodeError(f"decompression bomb guard: {width}x{height} = {width * height} pixels "
-                                  f"> limit {max_pixels}")
-            if draft_size is not None and image.format == "JPEG":
-                image.draft("RGB", (draft_size, draft_size))
-            image.load()
-            image = ImageOps.exif_transpose(image)
-            return _to_rgb(image)
+        # the declared size decides, never the process-wide warnings filter (see validate._sniff)
+        image = Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS)
+        width, height = image.size
+        if width <= 0 or height <= 0:
+            raise DecodeError(f"invalid image size {width}x{height}")
+        if width * height > max_pixels:
+            raise DecodeError(f"decompression bomb guard: {width}x{height} = {width * height} pixels "
+                              f"> limit {max_pixels}")
+        if draft_size is not None and image.format == "JPEG":
+            image.draft("RGB", (draft_size, draft_size))
+        image.load()
+        image = ImageOps.exif_transpose(image)
+        return _to_rgb(image)
     except DecodeError:
         raise
     except Image.UnidentifiedImageError as exc:
         # Pillow's message names the in-memory file object by its address: a reason that
         # differed from run to run would make every output that records it differ too
         raise DecodeError("not a JPEG, PNG or WEBP image (Pillow cannot identify it)") from exc
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+    except Image.DecompressionBombError as exc:
         raise DecodeError(f"decompression bomb guard: {exc}") from exc
     except (OSError, SyntaxError, ValueError, EOFError, MemoryError) as exc:
         raise DecodeError(f"corrupt or truncated image: {type(exc).__name__}: {exc}") from exc
