@@ -47,6 +47,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from sample_corpus import write_sample_corpus  # noqa: E402
 from sample_corpus.truth import related_groups  # noqa: E402
+from tasks.shared.features.content import model_input  # noqa: E402
 from tasks.shared.features.decode import DecodeError, decode_rgb  # noqa: E402
 from tasks.shared.features.extract import decode_size  # noqa: E402
 from tasks.shared.features.wfd import WeightFreeDescriptor  # noqa: E402
@@ -64,7 +65,7 @@ def planted_pairs(truth: dict) -> list[tuple[str, str, str]]:
 
 
 def embed_all(root: Path, records: list[dict], model, batch: int = 32) -> tuple[list[str], np.ndarray, float]:
-    """Keys and unit features of every decodable image, decoded as the extraction stage does."""
+    """Keys and unit features of every decodable image, decoded and framed as the extraction stage does."""
     draft = decode_size([model])
     start = time.perf_counter()
     keys, rows = [], []
@@ -74,7 +75,7 @@ def embed_all(root: Path, records: list[dict], model, batch: int = 32) -> tuple[
         except (DecodeError, FileNotFoundError):
             continue
         keys.append(record["key"])
-        rows.append(model.preprocess(image))
+        rows.append(model_input(model, image))
     feats = np.concatenate([model.embed(np.stack(rows[i:i + batch])) for i in range(0, len(rows), batch)])
     return keys, feats.astype(np.float64), time.perf_counter() - start
 
@@ -110,7 +111,7 @@ def verified_band(root: Path, records: list[dict], keys: list[str], sims: np.nda
     linked: dict[str, set[str]] = {k: set() for k in keys}
     checked = {}
     for i, j in zip(a[pick].tolist(), b[pick].tolist(), strict=True):
-        checked[(keys[i], keys[j])] = r = verify_pair(feats(keys[i]), feats(keys[j]), vc)
+        checked[(keys[i], keys[j])] = r = verify_pair(feats(keys[i]), feats(keys[j]), vc, float(s32[i, j]))
         if r["verified"]:
             linked[keys[i]].add(keys[j])
     return linked, {"band_pairs": int(len(a)), "checked": checked}, time.perf_counter() - start
@@ -131,6 +132,8 @@ def separation(checked: dict, groups: dict[str, str], cfg: NearDedupConfig) -> s
             f"(threshold {vc.min_agreement}); "
             f"{len(rel)} related pairs verified: min inliers {min((r['inliers'] for r in rel), default=0)}, "
             f"min agreement {min((r['agreement'] for r in rel), default=0):.3f}, "
+            f"min agreeing {min((r['agreeing'] for r in rel), default=0):.2f} (threshold {vc.min_agreeing_tiles}; "
+            f"unrelated with overlap >= {vc.min_overlap}: max {max((r['agreeing'] for r in inside), default=0):.2f}), "
             f"min overlap {min((r['overlap'] for r in rel), default=0):.2f} (threshold {vc.min_overlap})")
 
 
