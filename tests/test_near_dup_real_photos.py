@@ -156,3 +156,16 @@ def test_rotation_corners_are_cut_and_shared_frames_link_nothing(wfd):
         assert framed == pytest.approx(unframed, abs=0.02), kind
     turned = [p.rotate(5, Image.Resampling.BICUBIC, expand=True, fillcolor=(255, 255, 255)) for p in (a, b)]
     assert _similarity(wfd, *turned) < unframed + 0.1
+
+
+def test_a_flat_band_of_the_picture_itself_is_kept():
+    """A dark, nearly flat picture (a night sky) is no border: its copies, noisier or smaller,
+    must not be cut differently (a downscaled copy once lost its original this way)."""
+    rng = np.random.default_rng(0)
+    sky = np.clip(rng.normal(60, 3, (600, 500, 3)), 0, 255).astype(np.uint8)
+    sky[380:440, 300:360] = 230  # one bright star
+    picture = Image.fromarray(sky)
+    for copy in (picture, picture.resize((370, 450), Image.Resampling.LANCZOS), plant(picture, "jpeg_q40", 0)):
+        assert content_box(copy) == (0, 0, *copy.size)
+    framed = ImageOps.expand(picture, border=50, fill=(255, 255, 255))  # a real border around it is cut
+    assert content_box(framed) == pytest.approx((50, 50, 550, 650), abs=3)

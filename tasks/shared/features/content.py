@@ -16,19 +16,23 @@ Two steps, on a small grey and colour analysis thumbnail (longer side ``ANALYSIS
 1. **Uniform borders.** From each side, lines (rows or columns) are peeled off while a
    line is uniform (every pixel within ``LINE_TOLERANCE`` grey levels, per channel, of the
    first line's median colour): black, white or coloured bars, letterboxes, pillarboxes
-   and padding of any colour. A side is trimmed by at most ``MAX_SIDE_TRIM`` of the
-   frame, and nothing is trimmed when less than ``MIN_KEPT`` of either side would stay (a
-   blank or nearly blank picture keeps its frame).
+   and padding of any colour. Only a band followed by a picture of another colour is a
+   border (``STEP_LEVELS``): a flat band of the picture itself (a dark, noisy sky; a smooth
+   backdrop) is kept, since its copies' noise would cut it differently. A side is trimmed
+   by at most ``MAX_SIDE_TRIM`` of the frame, and nothing is trimmed when less than
+   ``MIN_KEPT`` of either side would stay (a blank or nearly blank picture keeps its frame).
 2. **Rotation corners.** A copy turned in its frame has four corner triangles of one fill
    colour. When all four corner pixels of what is left are that colour, each triangle's
    legs are the runs of that colour along the frame's edges from its corner; when the four
    triangles cover between ``MIN_CORNER_FILL`` and ``MAX_CORNER_FILL`` of the area, the
-   largest axis-aligned rectangle clear of them is kept (the picture's inscribed box). A
-   product shot on a white background has runs along whole edges and is left alone.
+   largest axis-aligned rectangle clear of them is kept (the picture's inscribed box),
+   unless more than ``MAX_FILL_COLOURED_INSIDE`` of that box has the corners' colour too (a
+   flat backdrop, not a fill). A product shot on a white background has runs along whole
+   edges and is left alone.
 
 A picture with no such frame is returned unchanged (the same object), so features of
 ordinary photographs do not change. Deterministic: integer pixel arithmetic on a Pillow
-thumbnail, then a crop of the full image at the box scaled back.
+thumbnail (``Image.reduce``), then a crop of the full image at the box scaled back.
 """
 
 from __future__ import annotations
@@ -44,8 +48,11 @@ ANALYSIS_SIDE = 256  # px: the thumbnail the frame is measured on
 LINE_TOLERANCE = 10  # grey levels: a uniform line's pixels lie within this of its colour
 MAX_SIDE_TRIM = 0.4  # at most this share of the frame is cut from one side
 MIN_KEPT = 0.2  # nothing is trimmed when less than this share of a side would remain
+STEP_DEPTH = 0.05  # a border is followed by this share of lines of the picture ...
+STEP_LEVELS = 16  # ... whose median colour differs from the border's by more than this
 MAX_CORNER_FILL = 0.25  # corner fill reachable from the corners: at most this share of the area
 MIN_CORNER_FILL = 0.002  # below this share the corners are the picture's own pixels
+MAX_FILL_COLOURED_INSIDE = 0.5  # corners of the picture's own colour (a flat backdrop) are no fill
 
 
 def content_rule(model: FeatureModel) -> str | None:
@@ -66,10 +73,10 @@ def model_input(model: FeatureModel, image: Image.Image, content: Image.Image | 
 def content_box(image: Image.Image) -> tuple[int, int, int, int]:
     """(left, top, right, bottom) of the picture inside ``image``'s frame, in its pixels."""
     width, height = image.size
-    scale = min(1.0, ANALYSIS_SIDE / max(width, height))
-    small = image.convert("RGB")
-    if scale < 1:
-        small = small.resize((max(1, round(width * scale)), max(1, round(height * scale))), Image.Resampling.BOX)
+    small = image if image.mode == "RGB" else image.convert("RGB")
+    factor = -(-max(width, height) // ANALYSIS_SIDE)  # ceil: box-averaged by an integer factor
+    if factor > 1:
+        small = small.reduce(factor)
     rgb = np.asarray(small, dtype=np.int16)
     h, w = rgb.shape[:2]
     top, bottom = _trim(rgb, axis=0)
@@ -99,13 +106,17 @@ def _trim(rgb: np.ndarray, axis: int) -> tuple[int, int]:
     lines = rgb if axis == 0 else rgb.transpose(1, 0, 2)
     n = len(lines)
     limit = int(MAX_SIDE_TRIM * n)
-    start = _uniform_run(lines, range(0, limit))
-    stop = n - _uniform_run(lines, range(n - 1, n - 1 - limit, -1))
+    start = _border_run(lines, range(0, limit))
+    stop = n - _border_run(lines[::-1], range(0, limit))
     return start, max(stop, start)
 
 
-def _uniform_run(lines: np.ndarray, order: range) -> int:
-    """How many lines, in ``order``, are uniform in the colour of the first one."""
+def _border_run(lines: np.ndarray, order: range) -> int:
+    """How many lines, in ``order``, are a border: uniform in the colour of the first one, and
+    followed by a picture of another colour (the median colour of the next ``STEP_DEPTH`` of
+    the lines differs by more than ``STEP_LEVELS``). Without that step the flat band is the
+    picture's own (a dark sky, a smooth backdrop) and is kept, so copies whose noise differs
+    are never cut differently."""
     if len(order) == 0:
         return 0
     colour = np.median(lines[order[0]], axis=0)
@@ -114,6 +125,10 @@ def _uniform_run(lines: np.ndarray, order: range) -> int:
         if np.abs(lines[i] - colour).max() > LINE_TOLERANCE:
             break
         count += 1
+    depth = max(2, int(STEP_DEPTH * len(lines)))
+    inside = lines[count:count + depth].reshape(-1, lines.shape[-1])
+    if count == 0 or not len(inside) or np.abs(np.median(inside, axis=0) - colour).max() <= STEP_LEVELS:
+        return 0
     return count
 
 
@@ -156,4 +171,8 @@ def _inscribed(rgb: np.ndarray) -> tuple[int, int, int, int] | None:
         k = int(np.argmax(area))
         if area[k] > best:
             best, box = int(area[k]), (int(lo[k]), y0, int(hi[k]), y0 + k + 1)
-    return box if box is not None and best >= MIN_KEPT * h * w else None
+    if box is None or best < MIN_KEPT * h * w:
+        return None
+    l0, t0, r0, b0 = box
+    # the fill is not the picture's own colour: most of what is kept is another colour
+    return box if close[t0:b0, l0:r0].mean() <= MAX_FILL_COLOURED_INSIDE else None
