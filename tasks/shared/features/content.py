@@ -16,9 +16,9 @@ Two steps, on a small grey and colour analysis thumbnail (longer side ``ANALYSIS
 1. **Uniform borders.** From each side, lines (rows or columns) are peeled off while a
    line is uniform (every pixel within ``LINE_TOLERANCE`` grey levels, per channel, of the
    first line's median colour): black, white or coloured bars, letterboxes, pillarboxes
-   and padding of any colour. Only a band followed by a picture of another colour is a
-   border (``STEP_LEVELS``): a flat band of the picture itself (a dark, noisy sky; a smooth
-   backdrop) is kept, since its copies' noise would cut it differently. A side is trimmed
+   and padding of any colour. Only a band followed by a picture of another colour or with
+   texture is a border (``STEP_LEVELS``, ``STEP_SHARE``): a flat band of the picture itself
+   (a dark, noisy sky) is kept, since its copies' noise would cut it differently. A side is trimmed
    by at most ``MAX_SIDE_TRIM`` of the frame, and nothing is trimmed when less than
    ``MIN_KEPT`` of either side would stay (a blank or nearly blank picture keeps its frame).
 2. **Rotation corners.** A copy turned in its frame has four corner triangles of one fill
@@ -49,7 +49,8 @@ LINE_TOLERANCE = 10  # grey levels: a uniform line's pixels lie within this of i
 MAX_SIDE_TRIM = 0.4  # at most this share of the frame is cut from one side
 MIN_KEPT = 0.2  # nothing is trimmed when less than this share of a side would remain
 STEP_DEPTH = 0.05  # a border is followed by this share of lines of the picture ...
-STEP_LEVELS = 16  # ... whose median colour differs from the border's by more than this
+STEP_LEVELS = 16  # ... in which at least STEP_SHARE of the pixels are further than this from its colour
+STEP_SHARE = 0.5
 MAX_CORNER_FILL = 0.25  # corner fill reachable from the corners: at most this share of the area
 MIN_CORNER_FILL = 0.002  # below this share the corners are the picture's own pixels
 MAX_FILL_COLOURED_INSIDE = 0.5  # corners of the picture's own colour (a flat backdrop) are no fill
@@ -113,10 +114,10 @@ def _trim(rgb: np.ndarray, axis: int) -> tuple[int, int]:
 
 def _border_run(lines: np.ndarray, order: range) -> int:
     """How many lines, in ``order``, are a border: uniform in the colour of the first one, and
-    followed by a picture of another colour (the median colour of the next ``STEP_DEPTH`` of
-    the lines differs by more than ``STEP_LEVELS``). Without that step the flat band is the
-    picture's own (a dark sky, a smooth backdrop) and is kept, so copies whose noise differs
-    are never cut differently."""
+    followed by a picture that is not (at least ``STEP_SHARE`` of the pixels of the next
+    ``STEP_DEPTH`` of the lines further than ``STEP_LEVELS`` from that colour: another colour
+    or texture). Without that step the flat band is the picture's own (a dark, noisy sky) and
+    is kept, so copies whose noise differs are never cut differently."""
     if len(order) == 0:
         return 0
     colour = np.median(lines[order[0]], axis=0)
@@ -127,7 +128,7 @@ def _border_run(lines: np.ndarray, order: range) -> int:
         count += 1
     depth = max(2, int(STEP_DEPTH * len(lines)))
     inside = lines[count:count + depth].reshape(-1, lines.shape[-1])
-    if count == 0 or not len(inside) or np.abs(np.median(inside, axis=0) - colour).max() <= STEP_LEVELS:
+    if count == 0 or not len(inside) or np.mean(np.abs(inside - colour).max(axis=1) > STEP_LEVELS) < STEP_SHARE:
         return 0
     return count
 
