@@ -21,7 +21,7 @@ a calf photographed standing and then with its head down, share a background tha
 under one transform, and the median tile agrees (0.62 and 0.68 on real photographs). A copy
 agrees everywhere its pixels were not painted over, so ``agreeing`` is the share of the
 textured tiles of a finer 8 x 8 grid whose correlation is at least ``TILE_AGREES``: copies
-of real photographs 0.97 and up (JPEG 40, half size, greyscale, rotation, borders, crops,
+of real photographs 0.81 and up (JPEG 40, half size, greyscale, rotation, borders, crops,
 watermark), other photographs of one subject 0.62 at most. And when either picture has no
 colour (``colourless``, read off the pixels), the global similarity must also exceed
 ``colourless_min_similarity``: a greyscale copy keeps its original's layout (wfd 1.00), a
