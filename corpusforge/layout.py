@@ -354,7 +354,7 @@ VERIFIED_SCHEMA = pa.schema([
     ("src", pa.int64()), ("dst", pa.int64()), ("key_a", pa.string()), ("key_b", pa.string()),
     ("sha_a", pa.string()), ("sha_b", pa.string()), ("similarity", pa.float32()), ("keypoints", pa.int32()),
     ("matches", pa.int32()), ("inliers", pa.int32()), ("score", pa.float32()), ("overlap", pa.float32()),
-    ("agreement", pa.float32()), ("verified", pa.bool_()),
+    ("agreement", pa.float32()), ("agreeing", pa.float32()), ("colourless", pa.bool_()), ("verified", pa.bool_()),
 ])
 # The graph stage's shard table: one row per staging shard in node-id order.
 SHARD_TABLE_SCHEMA = pa.schema([("shard", pa.string()), ("start", pa.int64()), ("stop", pa.int64()),

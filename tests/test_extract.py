@@ -22,6 +22,7 @@ from corpusforge.feature_files import read_shard_errors, read_shard_features
 from corpusforge.layout import STAGING_TARS, feature_keys, feature_vectors, staging_index, staging_records, staging_tar
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample
+from tasks.shared.features.content import model_input
 from tasks.shared.features.config import FeaturesConfig, ModelSpec, RuntimeConfig
 from tasks.shared.features.decode import DecodeError, decode_rgb
 from tasks.shared.features.extract import (decode_size, extract_features_on_client, extract_shard, feature_fingerprint,
@@ -174,7 +175,7 @@ def test_extract_shard_matches_direct_computation(corpus):
     index = corpus.read_parquet(staging_index("000001")).to_pylist()
     images = [decode_rgb(corpus.read_range(staging_tar("000001"), r["offset"], r["size"]), draft)
               for r in index if r["ext"] in ("jpg", "png", "webp")]
-    direct = model.embed(np.stack([model.preprocess(im) for im in images])).astype(np.float16)
+    direct = model.embed(np.stack([model_input(model, im) for im in images])).astype(np.float16)
     assert feats.tobytes() == direct.tobytes()
     marker = read_marker(corpus, feature_vectors("wfd", "000001"))
     staged = read_marker(corpus, staging_tar("000001"))
@@ -302,7 +303,7 @@ def test_tiny_random_init_learned_model_beside_wfd(corpus):
               for r in index if r["ext"] in ("jpg", "png", "webp")]
     for model in models:
         keys, feats = read_shard_features(corpus, model.model_id, "000001")
-        direct = model.embed(np.stack([model.preprocess(im) for im in images]))
+        direct = model.embed(np.stack([model_input(model, im) for im in images]))
         np.testing.assert_allclose(feats.astype(np.float32), direct, atol=2e-3)
         assert len(keys) == 9 and feats.shape == (9, model.dim)
     info = read_marker(corpus, feature_vectors(dino.model_id, "000001")).info

@@ -90,10 +90,15 @@ def test_aligned_agreement_matches_a_direct_tile_correlation():
     b = np.clip(0.6 * a + 50 + rng.normal(0, 8, a.shape), 0, 255).astype(np.uint8)  # contrast, brightness, noise
     b[80:] = 0  # a bar over the bottom: its tiles are flat in b and have no say
     identity = np.float64([[1, 0, 0], [0, 1, 0]])
-    overlap, agreement = aligned_agreement(identity, a, b)
+    overlap, agreement, agreeing = aligned_agreement(identity, a, b)
     assert overlap == pytest.approx(1.0)
     assert agreement == pytest.approx(_tile_ncc_reference(a, b), abs=1e-6)
     assert agreement > 0.9
+    assert agreeing == pytest.approx(6 / 7)  # of 7 textured fine rows, the one the bar's edge cuts disagrees
+    other = b.copy()
+    other[:, 64:] = np.clip(rng.normal(128, 40, (96, 64)), 0, 255).astype(np.uint8)  # half another picture
+    assert aligned_agreement(identity, a, other)[2] == pytest.approx(0.5, abs=0.1)
     shifted = np.float64([[1, 0, 64], [0, 1, 0]])  # half of a lies outside b
     assert aligned_agreement(shifted, a, b)[0] == pytest.approx(0.5)
-    assert abs(aligned_agreement(identity, a, rng.integers(0, 255, a.shape).astype(np.uint8))[1]) < 0.2
+    noise = aligned_agreement(identity, a, rng.integers(0, 255, a.shape).astype(np.uint8))
+    assert abs(noise[1]) < 0.2 and noise[2] < 0.2

@@ -69,23 +69,23 @@ def test_edited_copies_verify_and_unrelated_pairs_do_not(photos):
     feats = [local_features(p) for p in photos]
     for original, f in zip(photos[:4], feats[:4], strict=True):
         for kind, copy in edits(original).items():
-            r = verify_pair(local_features(copy), f, cfg)
+            r = verify_pair(local_features(copy), f, cfg, 1.0)
             assert r["verified"], (kind, r)
             if kind == "rotate":
                 assert r["angle"] == pytest.approx(8, abs=1.5)  # the transform RANSAC found
     for i in range(len(photos)):
         for j in range(i + 1, len(photos)):
-            r = verify_pair(feats[i], feats[j], cfg)
+            r = verify_pair(feats[i], feats[j], cfg, 1.0)
             assert not r["verified"] and r["inliers"] < cfg.min_inliers, (i, j, r)
 
 
 def test_a_pair_gives_the_same_result_whatever_ran_before(photos):
     cfg = VerificationConfig()
     a, b = local_features(edits(photos[0])["rotate"]), local_features(photos[0])
-    first = verify_pair(a, b, cfg)
+    first = verify_pair(a, b, cfg, 0.7)
     for p in photos[1:6]:  # other pairs draw from OpenCV's RNG in between
-        verify_pair(local_features(p), b, cfg)
-    assert verify_pair(a, b, cfg) == first
+        verify_pair(local_features(p), b, cfg, 0.7)
+    assert verify_pair(a, b, cfg, 0.7) == first
 
 
 def _build(root: Path, photos: list[Image.Image], mode: str = "auto", extra: bool = False,

@@ -20,6 +20,7 @@ from PIL import Image
 
 from corpusforge.feature_files import read_shard_features
 from corpusforge.storage import Store
+from tasks.shared.features.content import model_input
 from tasks.shared.features.config import FeaturesConfig, ModelSpec, RuntimeConfig, WeightsSpec
 from tasks.shared.features.decode import decode_rgb
 from tasks.shared.features.extract import decode_size, extract_features
@@ -149,5 +150,5 @@ def test_gpic_rule_on_learned_copy_features_of_the_sample(wheel, sample_corpus, 
     a, (b, _) = next(iter(copies.items()))
     records = pq.read_table(sample_corpus / "metadata.parquet", columns=["key", "path"]).to_pylist()
     path = {r["key"]: sample_corpus / r["path"] for r in records}
-    direct = model.embed(np.stack([model.preprocess(decode_rgb(path[k].read_bytes(), draft)) for k in (a, b)]))
+    direct = model.embed(np.stack([model_input(model, decode_rgb(path[k].read_bytes(), draft)) for k in (a, b)]))
     assert np.array_equal(direct.astype(np.float16), feats[[index[a], index[b]]])

@@ -162,6 +162,17 @@ class VerificationConfig(StrictModel):
                                  description="Median tile NCC of the aligned pictures. Held-out sample: unrelated "
                                              "pairs with >= 10 inliers and overlap >= 0.75 reach 0.31, planted "
                                              "copies 0.79 and up.")
+    min_agreeing_tiles: float = Field(
+        0.7, ge=0, le=1, title="Least share of agreeing tiles after alignment",
+        description="Share of the textured tiles of an 8 x 8 grid over the aligned overlap whose NCC is >= 0.5: "
+                    "two photographs of one subject (a stereo pair, another pose, another viewpoint) agree on their "
+                    "background but not everywhere. Real photographs (bench/README.md): verified copies 0.81 and up, "
+                    "different photographs of one subject 0.62 at most; held-out sample: copies 0.75 and up.")
+    colourless_min_similarity: float = Field(
+        0.6, ge=-1, le=1, title="Least similarity of a verified pair without colour",
+        description="When either picture has no colour, a pair is verified only above this global similarity as "
+                    "well: with the colour gone, local geometry of one subject under one light is weak evidence. "
+                    "wfd scale; real photographs: greyscale copies 1.00, other photographs of one subject 0.50.")
 
     def recorded(self) -> dict[str, Any]:
         """The settings and the fixed local-feature values under the names graph/summary.json and

@@ -14,9 +14,23 @@ transform is therefore checked on the pixels: image A is warped onto B, the over
 cut into 4 x 4 tiles, and ``agreement`` is the median normalised cross-correlation of
 the tiles that have texture in both images (brightness, contrast and greyscale drop out;
 a caption bar spoils only the tiles it covers). ``overlap`` is the share of the smaller
-picture that the other covers after alignment. A pair is *verified* with at least
-``min_inliers`` inliers, ``overlap >= min_overlap`` and ``agreement >= min_agreement``.
-Separation, thresholds calibrated on a held-out sample (seed 1), see docs/near-duplicates.md.
+picture that the other covers after alignment.
+
+A median still lets two *different photographs of one subject* through: a stereo pair, or
+a calf photographed standing and then with its head down, share a background that aligns
+under one transform, and the median tile agrees (0.62 and 0.68 on real photographs). A copy
+agrees everywhere its pixels were not painted over, so ``agreeing`` is the share of the
+textured tiles of a finer 8 x 8 grid whose correlation is at least ``TILE_AGREES``: copies
+of real photographs 0.81 and up (JPEG 40, half size, greyscale, rotation, borders, crops,
+watermark), other photographs of one subject 0.62 at most. And when either picture has no
+colour (``colourless``, read off the pixels), the global similarity must also exceed
+``colourless_min_similarity``: a greyscale copy keeps its original's layout (wfd 1.00), a
+different photograph of the same subject does not (0.50 for the calf).
+
+A pair is *verified* with at least ``min_inliers`` inliers, ``overlap >= min_overlap``,
+``agreement >= min_agreement``, ``agreeing >= min_agreeing_tiles`` and, without colour on
+either side, ``similarity > colourless_min_similarity``. Evidence and thresholds: see
+docs/near-duplicates.md (synthetic held-out sample, seed 1, and real photographs).
 
 Deterministic: ORB has no randomness; RANSAC draws from OpenCV's global RNG, which is
 reseeded (``cv2.setRNGSeed(seed)``) before every pair, with OpenCV on one thread, so a
@@ -25,8 +39,8 @@ pair's result never depends on which pairs ran before it, on the worker or on th
 The stage unit (one per owner shard) verifies the pairs chosen for review
 (``graph/review/{shard}.parquet``, :mod:`tasks.graph.review`) and writes
 ``graph/verified/{shard}.parquet`` (see :data:`corpusforge.layout.VERIFIED_SCHEMA`): both
-keys and SHA-256s, the similarity, keypoints, matches, inliers, score, overlap, agreement
-and the verdict. Results are reused per pair across reruns: a row whose two SHA-256s and
+keys and SHA-256s, the similarity, keypoints, matches, inliers, score, overlap, agreement,
+agreeing, colourless and the verdict. Results are reused per pair across reruns: a row whose two SHA-256s and
 verification settings are unchanged is copied from the previous file instead of recomputed.
 """
 
@@ -56,35 +70,53 @@ def _cv2():
     return cv2
 
 
-LocalFeatures = tuple[np.ndarray, "np.ndarray | None", np.ndarray]
+LocalFeatures = tuple[np.ndarray, "np.ndarray | None", np.ndarray, bool]
 TILES = 4          # agreement: the overlap is cut into TILES x TILES tiles
+FINE_TILES = 8     # agreeing: the share of FINE_TILES x FINE_TILES tiles that agree
+TILE_AGREES = 0.5  # NCC of an agreeing tile
 TILE_MIN_STD = 2.0  # grey levels: a tile flatter than this in either image has no say
+# colourless: fewer than COLOURED_SHARE of the pixels have a channel spread above
+# CHROMA_LEVELS (the JPEG chroma noise of a greyscale copy stays below it)
+CHROMA_LEVELS = 24
+COLOURED_SHARE = 0.01
 CACHED_IMAGES = 2048  # local features kept per unit: about 0.6 GB at VERIFY_MAX_SIDE 512
 CACHED_INDEXES = 16  # staging indexes kept per unit: a few MB each at 10,000 images per shard
-RESULT_FIELDS = ("keypoints", "matches", "inliers", "score", "overlap", "agreement", "verified")
+RESULT_FIELDS = ("keypoints", "matches", "inliers", "score", "overlap", "agreement", "agreeing", "colourless",
+                 "verified")
 
 
 def local_features(image: Image.Image) -> LocalFeatures:
-    """ORB keypoint coordinates [n, 2] (float32), descriptors [n, 32] and the grey image (uint8)."""
+    """ORB keypoint coordinates [n, 2] (float32), descriptors [n, 32], the grey image (uint8)
+    and whether the picture is colourless (:func:`is_colourless`)."""
     cv2 = _cv2()
     grey = image.convert("L")
     scale = VERIFY_MAX_SIDE / max(grey.size)
     if scale < 1:
-        grey = grey.resize((max(1, round(grey.width * scale)), max(1, round(grey.height * scale))),
-                           Image.Resampling.BILINEAR)
+        size = (max(1, round(grey.width * scale)), max(1, round(grey.height * scale)))
+        grey, image = grey.resize(size, Image.Resampling.BILINEAR), image.resize(size, Image.Resampling.BILINEAR)
     pixels = np.asarray(grey, dtype=np.uint8)
     orb = cv2.ORB_create(nfeatures=ORB_FEATURES, fastThreshold=ORB_FAST_THRESHOLD)
     points, desc = orb.detectAndCompute(pixels, None)
     xy = np.array([p.pt for p in points], dtype=np.float32).reshape(-1, 2)
-    return xy, desc, pixels
+    return xy, desc, pixels, is_colourless(np.asarray(image.convert("RGB"), dtype=np.uint8))
 
 
-def aligned_agreement(transform: np.ndarray, grey_a: np.ndarray, grey_b: np.ndarray) -> tuple[float, float]:
-    """(overlap, agreement) of A warped onto B by ``transform`` (2 x 3, A's pixels to B's).
+def is_colourless(rgb: np.ndarray) -> bool:
+    """True when fewer than ``COLOURED_SHARE`` of the pixels ([h, w, 3] uint8) have channels
+    further apart than ``CHROMA_LEVELS``: a greyscale picture, also after JPEG."""
+    spread = rgb.max(axis=2).astype(np.int16) - rgb.min(axis=2).astype(np.int16)
+    return bool((spread > CHROMA_LEVELS).mean() < COLOURED_SHARE)
+
+
+def aligned_agreement(transform: np.ndarray, grey_a: np.ndarray, grey_b: np.ndarray
+                      ) -> tuple[float, float, float]:
+    """(overlap, agreement, agreeing) of A warped onto B by ``transform`` (2 x 3, A's pixels to B's).
 
     overlap: pixels of B covered by A over the smaller picture's area (A's area scaled by
     the transform). agreement: median normalised cross-correlation over the textured tiles
-    of the overlap's bounding box (0 when none is textured)."""
+    of a ``TILES`` grid over the overlap's bounding box (0 when none is textured). agreeing:
+    the share of the textured tiles of a ``FINE_TILES`` grid whose correlation is at least
+    ``TILE_AGREES`` (0 when none is textured)."""
     cv2 = _cv2()
     h, w = grey_b.shape
     warped = cv2.warpAffine(grey_a.astype(np.float32), transform, (w, h), flags=cv2.INTER_LINEAR)
@@ -93,15 +125,25 @@ def aligned_agreement(transform: np.ndarray, grey_a: np.ndarray, grey_b: np.ndar
     overlap = float(cover.sum()) / max(1.0, min(h * w, grey_a.size * scale2))
     inside = cv2.erode(cover, np.ones((5, 5), np.uint8)) > 0  # no interpolated border pixels
     if inside.sum() < 100:
-        return min(overlap, 1.0), 0.0
+        return min(overlap, 1.0), 0.0, 0.0
     ys, xs = np.nonzero(inside)
-    y0, y1, x0, x1 = int(ys.min()), int(ys.max()) + 1, int(xs.min()), int(xs.max()) + 1
+    box = (int(ys.min()), int(ys.max()) + 1, int(xs.min()), int(xs.max()) + 1)
     target = grey_b.astype(np.float32)
+    coarse = _tile_correlations(warped, target, inside, box, TILES)
+    fine = _tile_correlations(warped, target, inside, box, FINE_TILES)
+    agreeing = float(np.mean(np.asarray(fine) >= TILE_AGREES)) if fine else 0.0
+    return min(overlap, 1.0), float(np.median(coarse)) if coarse else 0.0, agreeing
+
+
+def _tile_correlations(warped: np.ndarray, target: np.ndarray, inside: np.ndarray, box: tuple[int, int, int, int],
+                       n: int) -> list[float]:
+    """NCC of each textured tile of an ``n`` x ``n`` grid over ``box`` (y0, y1, x0, x1), inside pixels only."""
+    y0, y1, x0, x1 = box
     scores = []
-    for ty in range(TILES):
-        for tx in range(TILES):
-            tile = (slice(y0 + (y1 - y0) * ty // TILES, y0 + (y1 - y0) * (ty + 1) // TILES),
-                    slice(x0 + (x1 - x0) * tx // TILES, x0 + (x1 - x0) * (tx + 1) // TILES))
+    for ty in range(n):
+        for tx in range(n):
+            tile = (slice(y0 + (y1 - y0) * ty // n, y0 + (y1 - y0) * (ty + 1) // n),
+                    slice(x0 + (x1 - x0) * tx // n, x0 + (x1 - x0) * (tx + 1) // n))
             m = inside[tile]
             if m.sum() < 50:
                 continue
@@ -110,15 +152,16 @@ def aligned_agreement(transform: np.ndarray, grey_a: np.ndarray, grey_b: np.ndar
             if a.std() < TILE_MIN_STD or b.std() < TILE_MIN_STD:
                 continue
             scores.append(float((a * b).sum() / np.sqrt((a * a).sum() * (b * b).sum())))
-    return min(overlap, 1.0), float(np.median(scores)) if scores else 0.0
+    return scores
 
 
-def verify_pair(a: LocalFeatures, b: LocalFeatures, cfg: VerificationConfig) -> dict[str, Any]:
-    """Matches, RANSAC inliers, overlap, agreement, score and verdict for two images' local features."""
+def verify_pair(a: LocalFeatures, b: LocalFeatures, cfg: VerificationConfig, similarity: float) -> dict[str, Any]:
+    """Matches, RANSAC inliers, overlap, agreement, agreeing, score and verdict for two images'
+    local features; ``similarity``: the pair's global similarity (the floor for colourless pictures)."""
     cv2 = _cv2()
-    (xa, da, ga), (xb, db, gb) = a, b
+    (xa, da, ga, ca), (xb, db, gb, cb) = a, b
     out = {"keypoints": int(min(len(xa), len(xb))), "matches": 0, "inliers": 0, "score": 0.0, "overlap": 0.0,
-           "agreement": 0.0, "verified": False}
+           "agreement": 0.0, "agreeing": 0.0, "colourless": bool(ca or cb), "verified": False}
     if da is None or db is None or len(xa) < 2 or len(xb) < 2:
         return out
     matcher = cv2.BFMatcher(cv2.NORM_HAMMING)
@@ -142,9 +185,12 @@ def verify_pair(a: LocalFeatures, b: LocalFeatures, cfg: VerificationConfig) -> 
     # similarity transform [[s cos, -s sin, tx], [s sin, s cos, ty]]
     out["angle"] = float(np.degrees(np.arctan2(transform[1, 0], transform[0, 0])))
     out["scale"] = float(np.hypot(transform[0, 0], transform[1, 0]))
-    overlap, agreement = aligned_agreement(transform, ga, gb)
+    overlap, agreement, agreeing = aligned_agreement(transform, ga, gb)
     out["overlap"], out["agreement"] = float(np.float32(overlap)), float(np.float32(agreement))
-    out["verified"] = bool(overlap >= cfg.min_overlap and agreement >= cfg.min_agreement)
+    out["agreeing"] = float(np.float32(agreeing))
+    colour_ok = not out["colourless"] or similarity > cfg.colourless_min_similarity
+    out["verified"] = bool(overlap >= cfg.min_overlap and agreement >= cfg.min_agreement
+                           and agreeing >= cfg.min_agreeing_tiles and colour_ok)
     return out
 
 
@@ -254,7 +300,7 @@ def _verify(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable, s
         if old is not None:
             result = {k: old[k] for k in RESULT_FIELDS}
         else:
-            result = verify_pair(images.features(a), images.features(b), vc)
+            result = verify_pair(images.features(a), images.features(b), vc, s)
             result = {k: result[k] for k in RESULT_FIELDS}
         rows.append({"src": a, "dst": b, "key_a": ka, "key_b": kb, "sha_a": ha, "sha_b": hb, "similarity": s,
                      **result})

@@ -51,6 +51,7 @@ from corpusforge.tarshard import iter_tar_samples
 from corpusforge.version import code_version
 from tasks.shared.features.base import FeatureModel
 from tasks.shared.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
+from tasks.shared.features.content import content_rule, model_input, picture_content
 from tasks.shared.features.decode import decode_rgb
 
 # Decode at least this many times the model input: the final resize then still
@@ -88,7 +89,11 @@ def feature_fingerprint(model: FeatureModel, dtype: str, draft: int | None, prec
     """Everything the stored values of one model's features of one shard depend on (the
     compute precision changes them; device, batch size and threads only in the last bits)."""
     code = code_version(__name__, type(model).__module__, exclude=("tasks.shared.features.registry",))
-    return unit_fingerprint("features", code, [model.fingerprint(), dtype, draft, precision], images)
+    parts: list[Any] = [model.fingerprint(), dtype, draft, precision]
+    rule = content_rule(model)
+    if rule is not None:  # the picture without its frame (tasks/shared/features/content.py)
+        parts.append({"content": rule})
+    return unit_fingerprint("features", code, parts, images)
 
 
 def load_models(cfg: FeaturesConfig) -> list[FeatureModel]:
@@ -143,9 +148,10 @@ def _prepare(item: tuple[str, bytes | None, str | None], models: Sequence[Featur
     except Exception as exc:  # noqa: BLE001 - any decoder failure is this record's error
         return key, [(None, f"decode: {exc}")] * len(models)
     out: list[tuple[np.ndarray | None, str | None]] = []
+    content = picture_content(image) if any(content_rule(m) for m in models) else None
     for model in models:
         try:
-            out.append((np.asarray(model.preprocess(image), dtype=np.float32), None))
+            out.append((model_input(model, image, content), None))
         except Exception as exc:  # noqa: BLE001 - one bad image must not fail the shard
             out.append((None, f"preprocess: {type(exc).__name__}: {exc}"))
     return key, out

@@ -1,0 +1,179 @@
+"""The picture inside its frame: uniform borders, letterboxes, padding and rotation corners cut off.
+
+Every copy detector describes the whole frame it is given, so a frame that is not the
+picture dominates: a copy with a 10 % black border, a letterboxed frame, a screenshot's
+padding or the filled corners of a rotated copy scores far below its original, and two
+*different* pictures that share a black border or white rotation corners score close to
+each other (on real photographs the closest unrelated pairs of every tool were such pairs).
+:func:`content_box` finds the picture's own box and :func:`picture_content` crops to it;
+the extraction stage applies it to every decoded image before any model's ``preprocess``
+(one function, so every copy-detection model sees the same picture), except for the
+evaluation protocol's preprocessings, whose input is fixed by their reference
+(``STATISTICS_PREPROCESSING``). The feature fingerprint names :data:`CONTENT_RULE`.
+
+Two steps, on a small grey and colour analysis thumbnail (longer side ``ANALYSIS_SIDE``):
+
+1. **Uniform borders.** From each side, lines (rows or columns) are peeled off while a
+   line is uniform (every pixel within ``LINE_TOLERANCE`` grey levels, per channel, of the
+   first line's median colour): black, white or coloured bars, letterboxes, pillarboxes
+   and padding of any colour. Only a band followed by a picture of another colour or with
+   texture is a border (``STEP_LEVELS``, ``STEP_SHARE``): a flat band of the picture itself
+   (a dark, noisy sky) is kept, since its copies' noise would cut it differently. A side is trimmed
+   by at most ``MAX_SIDE_TRIM`` of the frame, and nothing is trimmed when less than
+   ``MIN_KEPT`` of either side would stay (a blank or nearly blank picture keeps its frame).
+2. **Rotation corners.** A copy turned in its frame has four corner triangles of one fill
+   colour. When all four corner pixels of what is left are that colour, each triangle's
+   legs are the runs of that colour along the frame's edges from its corner; when the four
+   triangles cover between ``MIN_CORNER_FILL`` and ``MAX_CORNER_FILL`` of the area, the
+   largest axis-aligned rectangle clear of them is kept (the picture's inscribed box),
+   unless more than ``MAX_FILL_COLOURED_INSIDE`` of that box has the corners' colour too (a
+   flat backdrop, not a fill). A product shot on a white background has runs along whole
+   edges and is left alone.
+
+A picture with no such frame is returned unchanged (the same object), so features of
+ordinary photographs do not change. Deterministic: integer pixel arithmetic on a Pillow
+thumbnail (``Image.reduce``), then a crop of the full image at the box scaled back.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image
+
+from tasks.shared.features.base import FeatureModel
+from tasks.shared.features.config import STATISTICS_PREPROCESSING
+
+CONTENT_RULE = "trim_uniform_border_and_rotation_corners_v1"
+ANALYSIS_SIDE = 256  # px: the thumbnail the frame is measured on
+LINE_TOLERANCE = 10  # grey levels: a uniform line's pixels lie within this of its colour
+MAX_SIDE_TRIM = 0.4  # at most this share of the frame is cut from one side
+MIN_KEPT = 0.2  # nothing is trimmed when less than this share of a side would remain
+STEP_DEPTH = 0.05  # a border is followed by this share of lines of the picture ...
+STEP_LEVELS = 16  # ... in which at least STEP_SHARE of the pixels are further than this from its colour
+STEP_SHARE = 0.5
+MAX_CORNER_FILL = 0.25  # corner fill reachable from the corners: at most this share of the area
+MIN_CORNER_FILL = 0.002  # below this share the corners are the picture's own pixels
+MAX_FILL_COLOURED_INSIDE = 0.5  # corners of the picture's own colour (a flat backdrop) are no fill
+
+
+def content_rule(model: FeatureModel) -> str | None:
+    """:data:`CONTENT_RULE` when ``model`` describes the picture without its frame, None for
+    the evaluation protocol's preprocessings (their input is fixed by their reference)."""
+    return None if model.preprocessing in STATISTICS_PREPROCESSING else CONTENT_RULE
+
+
+def model_input(model: FeatureModel, image: Image.Image, content: Image.Image | None = None) -> np.ndarray:
+    """What ``model`` embeds for a decoded ``image``: its ``preprocess`` of the picture
+    without its frame (``content``, when the caller already cut it), or of the whole frame
+    for the protocol's preprocessings. Every path that embeds for copy detection calls this."""
+    if content_rule(model) is None:
+        return np.asarray(model.preprocess(image), dtype=np.float32)
+    return np.asarray(model.preprocess(picture_content(image) if content is None else content), dtype=np.float32)
+
+
+def content_box(image: Image.Image) -> tuple[int, int, int, int]:
+    """(left, top, right, bottom) of the picture inside ``image``'s frame, in its pixels."""
+    width, height = image.size
+    small = image if image.mode == "RGB" else image.convert("RGB")
+    factor = -(-max(width, height) // ANALYSIS_SIDE)  # ceil: box-averaged by an integer factor
+    if factor > 1:
+        small = small.reduce(factor)
+    rgb = np.asarray(small, dtype=np.int16)
+    h, w = rgb.shape[:2]
+    top, bottom = _trim(rgb, axis=0)
+    left, right = _trim(rgb, axis=1)
+    if (bottom - top) < MIN_KEPT * h or (right - left) < MIN_KEPT * w:
+        top, bottom, left, right = 0, h, 0, w
+    inner = _inscribed(rgb[top:bottom, left:right])
+    if inner is not None:
+        l2, t2, r2, b2 = inner
+        left, top, right, bottom = left + l2, top + t2, left + r2, top + b2
+    if (left, top, right, bottom) == (0, 0, w, h):
+        return 0, 0, width, height
+    sx, sy = width / w, height / h
+    # rounded inwards: no pixel of the frame is kept
+    return (min(width - 1, int(np.ceil(left * sx))), min(height - 1, int(np.ceil(top * sy))),
+            max(1, int(np.floor(right * sx))), max(1, int(np.floor(bottom * sy))))
+
+
+def picture_content(image: Image.Image) -> Image.Image:
+    """``image`` cropped to :func:`content_box` (the same object when there is no frame)."""
+    box = content_box(image)
+    return image if box == (0, 0, *image.size) else image.crop(box)
+
+
+def _trim(rgb: np.ndarray, axis: int) -> tuple[int, int]:
+    """First and one-past-last line along ``axis`` (0: rows, 1: columns) that are not border."""
+    lines = rgb if axis == 0 else rgb.transpose(1, 0, 2)
+    n = len(lines)
+    limit = int(MAX_SIDE_TRIM * n)
+    start = _border_run(lines, range(0, limit))
+    stop = n - _border_run(lines[::-1], range(0, limit))
+    return start, max(stop, start)
+
+
+def _border_run(lines: np.ndarray, order: range) -> int:
+    """How many lines, in ``order``, are a border: uniform in the colour of the first one, and
+    followed by a picture that is not (at least ``STEP_SHARE`` of the pixels of the next
+    ``STEP_DEPTH`` of the lines further than ``STEP_LEVELS`` from that colour: another colour
+    or texture). Without that step the flat band is the picture's own (a dark, noisy sky) and
+    is kept, so copies whose noise differs are never cut differently."""
+    if len(order) == 0:
+        return 0
+    colour = np.median(lines[order[0]], axis=0)
+    count = 0
+    for i in order:
+        if np.abs(lines[i] - colour).max() > LINE_TOLERANCE:
+            break
+        count += 1
+    depth = max(2, int(STEP_DEPTH * len(lines)))
+    inside = lines[count:count + depth].reshape(-1, lines.shape[-1])
+    if count == 0 or not len(inside) or np.mean(np.abs(inside - colour).max(axis=1) > STEP_LEVELS) < STEP_SHARE:
+        return 0
+    return count
+
+
+def _inscribed(rgb: np.ndarray) -> tuple[int, int, int, int] | None:
+    """The largest axis-aligned box clear of four corner triangles of fill, or None when the
+    corners hold none. Each triangle is measured by its legs, the runs of fill colour along
+    the frame's edges from that corner: a picture turned in its frame touches every edge at
+    one point, and the runs along the edges cannot leak into the picture's own dark or light
+    areas as a flood fill would."""
+    h, w = rgb.shape[:2]
+    if h < 8 or w < 8:
+        return None
+    corners = rgb[[0, 0, -1, -1], [0, -1, 0, -1]]
+    colour = np.median(corners, axis=0)
+    if np.abs(corners - colour).max() > LINE_TOLERANCE:
+        return None
+    close = np.abs(rgb - colour).max(axis=2) <= LINE_TOLERANCE
+
+    def run(line: np.ndarray) -> int:
+        return int(np.argmin(line)) if not line.all() else len(line)
+
+    # legs (along x, along y) of the triangles at top-left, top-right, bottom-left, bottom-right
+    legs = [(run(close[0]), run(close[:, 0])), (run(close[0, ::-1]), run(close[:, -1])),
+            (run(close[-1]), run(close[::-1, 0])), (run(close[-1, ::-1]), run(close[::-1, -1]))]
+    if any(a < 2 or b < 2 or a >= w or b >= h for a, b in legs):
+        return None
+    share = sum(a * b / 2 for a, b in legs) / (h * w)
+    if not MIN_CORNER_FILL <= share <= MAX_CORNER_FILL:
+        return None
+    y = np.arange(h) + 0.5
+    (tla, tlb), (tra, trb), (bla, blb), (bra, brb) = legs
+    left_edge = np.ceil(np.maximum(tla * (1 - y / tlb), bla * (1 - (h - y) / blb))).clip(min=0)
+    right_edge = w - np.ceil(np.maximum(tra * (1 - y / trb), bra * (1 - (h - y) / brb))).clip(min=0)
+    left_edge, right_edge = left_edge.astype(np.int64), right_edge.astype(np.int64)
+    best, box = 0, None
+    for y0 in range(h):
+        lo = np.maximum.accumulate(left_edge[y0:])
+        hi = np.minimum.accumulate(right_edge[y0:])
+        area = (hi - lo).clip(min=0) * np.arange(1, h - y0 + 1)
+        k = int(np.argmax(area))
+        if area[k] > best:
+            best, box = int(area[k]), (int(lo[k]), y0, int(hi[k]), y0 + k + 1)
+    if box is None or best < MIN_KEPT * h * w:
+        return None
+    l0, t0, r0, b0 = box
+    # the fill is not the picture's own colour: most of what is kept is another colour
+    return box if close[t0:b0, l0:r0].mean() <= MAX_FILL_COLOURED_INSIDE else None

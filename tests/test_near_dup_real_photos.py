@@ -1,0 +1,171 @@
+"""Near-duplicates on real photographs: verification that refuses a different photograph of
+the same subject, and descriptors that see the picture inside its frame.
+
+Photographs: ``tests/data/real_photos`` (from Debian's opencv-doc, see its README) and
+scikit-image's bundled ones (its stereo pair of a motorcycle: two photographs, one subject).
+Copies: :mod:`tasks.graph.planted`, the transforms of the real-picture benchmark.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import skimage.data
+from PIL import Image, ImageOps
+
+from tasks.graph.config import VerificationConfig
+from tasks.graph.planted import TRANSFORMS, plant
+from tasks.graph.verify import local_features, verify_pair
+from tasks.shared.features.content import content_box, model_input, picture_content
+from tasks.shared.features.wfd import WeightFreeDescriptor
+from tasks.shared.pair_score import PairScore
+
+PHOTOS = Path(__file__).parent / "data" / "real_photos"
+
+
+def _photo(name: str) -> Image.Image:
+    return Image.open(PHOTOS / f"{name}.jpg").convert("RGB")
+
+
+def _grey(image: Image.Image) -> Image.Image:
+    return image.convert("L").convert("RGB")
+
+
+@pytest.fixture(scope="module")
+def wfd() -> WeightFreeDescriptor:
+    return WeightFreeDescriptor()
+
+
+def _similarity(model: WeightFreeDescriptor, a: Image.Image, b: Image.Image) -> float:
+    """The graph's score of two pictures (the pair rule of the model's fingerprint)."""
+    rows = model.embed(np.stack([model_input(model, a), model_input(model, b)]))
+    return float(PairScore.from_model(model.fingerprint()).scores(rows[:1], rows[1:])[0])
+
+
+@pytest.fixture(scope="module")
+def motorcycle() -> tuple[Image.Image, Image.Image]:
+    left, right, _ = skimage.data.stereo_motorcycle()
+    return Image.fromarray(left).convert("RGB"), Image.fromarray(right).convert("RGB")
+
+
+def test_two_photographs_of_one_subject_are_never_verified(wfd, motorcycle):
+    cfg = VerificationConfig()
+    pairs = {"stereo motorcycle": motorcycle, "greyscale stereo motorcycle": (_grey(motorcycle[0]), motorcycle[1]),
+             "chessboard in two poses (greyscale)": (_photo("left01"), _photo("left02")),
+             "greyscale street vs another viewpoint": (_grey(_photo("leuvenA")), _photo("leuvenB")),
+             "stereo aloe": (_photo("aloeL"), _photo("aloeR")),
+             "greyscale stereo aloe": (_grey(_photo("aloeL")), _photo("aloeR")),
+             "wall from two angles": (_photo("graf1"), _photo("graf3"))}
+    for name, (a, b) in pairs.items():
+        r = verify_pair(local_features(a), local_features(b), cfg, _similarity(wfd, a, b))
+        assert not r["verified"], (name, r)
+    # the stereo pair aligns and its median tile agrees (it passed before the agreeing share
+    # was required): what refuses it is the share of the fine tiles that agree
+    a, b = motorcycle
+    r = verify_pair(local_features(a), local_features(b), cfg, _similarity(wfd, a, b))
+    assert r["inliers"] >= cfg.min_inliers and r["overlap"] >= cfg.min_overlap, r
+    assert r["agreement"] >= cfg.min_agreement and r["agreeing"] < cfg.min_agreeing_tiles, r
+
+
+def test_a_colourless_pair_needs_global_similarity_too(wfd):
+    cfg = VerificationConfig()
+    original = _photo("leuvenA")
+    copy = _grey(original)
+    sim = _similarity(wfd, copy, original)
+    assert sim > 0.99  # a greyscale copy keeps its original's layout
+    assert verify_pair(local_features(copy), local_features(original), cfg, sim)["verified"]
+    low = verify_pair(local_features(copy), local_features(original), cfg, cfg.colourless_min_similarity)
+    assert low["colourless"] and low["agreeing"] >= cfg.min_agreeing_tiles and not low["verified"], low
+    coloured = verify_pair(local_features(plant(original, "jpeg_q40", 0)), local_features(original), cfg, 0.0)
+    assert not coloured["colourless"] and coloured["verified"], coloured  # the floor is for colourless pairs only
+
+
+# A similarity transform cannot map a copy stretched in one direction, nor ORB match a
+# mirrored one: the global descriptors find those (wfd squares every region and is flip-symmetric).
+VERIFIABLE = sorted(set(TRANSFORMS) - {"aspect", "hflip"})
+
+
+@pytest.mark.parametrize("name", ["leuvenA", "graf1", "aloeL"])
+def test_planted_copies_of_real_photographs_verify(wfd, name):
+    cfg = VerificationConfig()
+    original = _photo(name)
+    features = local_features(original)
+    failed = {}
+    for seed, transform in enumerate(VERIFIABLE):
+        copy = plant(original, transform, seed)
+        r = verify_pair(local_features(copy), features, cfg, _similarity(wfd, copy, original))
+        if not r["verified"]:
+            failed[transform] = r
+    assert not failed
+
+
+def test_copies_of_a_greyscale_photograph_verify_above_the_colourless_floor(wfd):
+    """The floor's price: a greyscale original's copies all align and agree, and those its
+    global similarity puts below the floor are refused (here heavy crops and the screenshot;
+    the graph reviews nothing below review_min_similarity 0.5 in any case)."""
+    cfg = VerificationConfig()
+    original = _photo("left01")
+    features = local_features(original)
+    verified = {}
+    for seed, transform in enumerate(VERIFIABLE):
+        copy = plant(original, transform, seed)
+        sim = _similarity(wfd, copy, original)
+        r = verify_pair(local_features(copy), features, cfg, sim)
+        assert r["colourless"] and r["agreeing"] >= 0.9, (transform, r)
+        assert r["verified"] == (sim > cfg.colourless_min_similarity), (transform, sim, r)
+        verified[transform] = r["verified"]
+    assert sum(verified.values()) >= 8, verified
+
+
+# ---- the picture inside its frame -----------------------------------------------------------
+
+def _framings(image: Image.Image) -> dict[str, Image.Image]:
+    w, h = image.size
+    return {"black border 10 %": ImageOps.expand(image, border=w // 10, fill=(0, 0, 0)),
+            "white padding top and bottom": ImageOps.expand(image, border=(0, h // 5, 0, h // 5), fill=(255, 255, 255)),
+            "letterbox to a square": ImageOps.pad(image, (max(w, h), max(w, h)), color=(0, 0, 0)),
+            "grey pillarbox": ImageOps.pad(image, (2 * w, h), color=(128, 128, 128))}
+
+
+@pytest.mark.parametrize("name", ["leuvenA", "graf1", "aloeL"])
+def test_uniform_frames_are_cut_to_the_picture(wfd, name):
+    original = _photo(name)
+    w, h = original.size
+    assert picture_content(original) is original  # no frame: the same picture, unchanged features
+    for kind, framed in _framings(original).items():
+        left, top, right, bottom = content_box(framed)
+        assert abs((right - left) - w) <= 0.02 * w and abs((bottom - top) - h) <= 0.02 * h, (kind, (w, h))
+        assert _similarity(wfd, framed, original) > 0.99, kind
+
+
+def test_rotation_corners_are_cut_and_shared_frames_link_nothing(wfd):
+    a, b = _photo("leuvenA"), _photo("graf1")
+    for fill in ((0, 0, 0), (255, 255, 255)):
+        turned = a.rotate(5, Image.Resampling.BICUBIC, expand=True, fillcolor=fill)
+        left, top, right, bottom = content_box(turned)
+        # the inscribed box of a 5-degree turn keeps about 85 % of the picture and no corner fill
+        assert 0.75 < (right - left) * (bottom - top) / (a.width * a.height) < 0.95, fill
+        corners = np.asarray(turned.crop((left, top, right, bottom)))[[0, 0, -1, -1], [0, -1, 0, -1]]
+        assert np.abs(corners.astype(int) - fill).max(axis=1).min() > 10, fill
+    # two different pictures that share a frame score as the pictures do, not as the frame
+    unframed = _similarity(wfd, a, b)
+    for kind in ("black border 10 %", "letterbox to a square"):
+        framed = _similarity(wfd, _framings(a)[kind], _framings(b)[kind])
+        assert framed == pytest.approx(unframed, abs=0.02), kind
+    turned = [p.rotate(5, Image.Resampling.BICUBIC, expand=True, fillcolor=(255, 255, 255)) for p in (a, b)]
+    assert _similarity(wfd, *turned) < unframed + 0.1
+
+
+def test_a_flat_band_of_the_picture_itself_is_kept():
+    """A dark, nearly flat picture (a night sky) is no border: its copies, noisier or smaller,
+    must not be cut differently (a downscaled copy once lost its original this way)."""
+    rng = np.random.default_rng(0)
+    sky = np.clip(rng.normal(60, 3, (600, 500, 3)), 0, 255).astype(np.uint8)
+    sky[380:440, 300:360] = 230  # one bright star
+    picture = Image.fromarray(sky)
+    for copy in (picture, picture.resize((370, 450), Image.Resampling.LANCZOS), plant(picture, "jpeg_q40", 0)):
+        assert content_box(copy) == (0, 0, *copy.size)
+    framed = ImageOps.expand(picture, border=50, fill=(255, 255, 255))  # a real border around it is cut
+    assert content_box(framed) == pytest.approx((50, 50, 550, 650), abs=3)
