@@ -26,8 +26,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from corpusforge.layout import (TABLE_SUFFIXES, CHANGES_MD, CHANGES_SCHEMA, CHANGES_TABLE, MANIFEST_DIR, PREVIOUS_DIR, PREVIOUS_RECEIPT,
-                                PREVIOUS_RECORDS, RECEIPT, RELEASE_DIR, RELEASE_PLAN_DIR, RESOLVED_DIR)
+from corpusforge.layout import (CHANGES_MD, CHANGES_SCHEMA, CHANGES_TABLE, MANIFEST_DIR, PREVIOUS_DIR,
+                                PREVIOUS_OUTPUTS, PREVIOUS_RECEIPT, PREVIOUS_RECORDS, RECEIPT, RECEIPT_OUTPUTS,
+                                RELEASE_DIR, RELEASE_PLAN_DIR, RESOLVED_DIR, TABLE_SUFFIXES)
 from corpusforge.outofcore import spilling_duckdb
 from corpusforge.storage import PARQUET_WRITE_OPTIONS, Store
 
@@ -114,6 +115,10 @@ def keep_previous_version(store: Store, memory_limit: str = "2GB") -> bool:
     if store.exists(PREVIOUS_RECEIPT) and store.read_bytes(PREVIOUS_RECEIPT) == receipt:
         return True
     store.remove(PREVIOUS_RECEIPT)
+    if store.exists(RECEIPT_OUTPUTS):
+        store.write_bytes(PREVIOUS_OUTPUTS, store.read_bytes(RECEIPT_OUTPUTS))
+    else:
+        store.remove(PREVIOUS_OUTPUTS)
     schema = pa.schema([CHANGES_SCHEMA.field(c) for c in ("key", "source_path", "occurrence")]
                        + [pa.field(c, pa.string()) for c in FIELDS])
     with spilling_duckdb(memory_limit, store) as con:
@@ -162,19 +167,27 @@ def diff_versions(old: Store, new: Store, out: Store, previous_kept: bool = Fals
                   for kind in ("added", "removed", "changed")}
     summary = {"records": {k: counts.get(k, 0) for k in ("added", "removed", "changed")},
                "changed_fields": by_field, "listed": listed,
-               "release_shards": _shard_changes(old_receipt, new_receipt),
+               "release_shards": _shard_changes(_release_tars(old, PREVIOUS_OUTPUTS if previous_kept
+                                                             else RECEIPT_OUTPUTS), _release_tars(new, RECEIPT_OUTPUTS)),
                "licenses": _license_changes(old_receipt, new_receipt),
                "statistics": _stats_changes(old_receipt, new_receipt)}
     out.write_bytes(CHANGES_MD, render_changes(summary).encode())
     return summary
 
 
-def _shard_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, list[str]]:
-    """Release shards added, removed and rewritten (same path, other bytes), from the receipts."""
-    def shards(receipt: dict[str, Any]) -> dict[str, str]:
-        return {p: h for p, h in receipt.get("outputs", {}).items() if p.startswith(f"{RELEASE_DIR}/")
-                and p.endswith(".tar")}
-    a, b = shards(old), shards(new)
+def _release_tars(store: Store, rel: str) -> dict[str, str]:
+    """SHA-256 per release tar from a version's output list (``receipt_outputs.parquet``, or the
+    copy kept of the version a build replaced); none when the version has no list."""
+    if not store.exists(rel):
+        return {}
+    table = store.read_parquet(rel, columns=["path", "sha256"])
+    return {p: h for p, h in zip(table["path"].to_pylist(), table["sha256"].to_pylist(), strict=True)
+            if p.startswith(f"{RELEASE_DIR}/") and p.endswith(".tar")}
+
+
+def _shard_changes(a: dict[str, str], b: dict[str, str]) -> dict[str, list[str]]:
+    """Release shards added, removed and rewritten (same path, other bytes) between the tars
+    (path → SHA-256) of the old version ``a`` and the new one ``b``."""
     return {"added": sorted(set(b) - set(a)), "removed": sorted(set(a) - set(b)),
             "rewritten": sorted(p for p in set(a) & set(b) if a[p] != b[p])}
 
