@@ -9,20 +9,24 @@ them: the CLI as a subprocess, its tasks in its own process (so a kill ends the 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+import shutil
 import signal
 import subprocess
 import threading
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
 from corpusforge.faults import ENV, ONCE_ENV
-from corpusforge.layout import CURRENT, MANIFEST_DIR, RELEASE_DIR
+from corpusforge.layout import CHANGES_MD, CURRENT, MANIFEST_DIR, RELEASE_DIR
 from tests.cli_s3 import corpusforge
 from tests.operate import clean_env
 
@@ -123,7 +127,6 @@ def test_readers_see_one_whole_version_while_rebuilds_are_killed(source, env, tm
     started = time.monotonic()
     first = build(config(source, out), tmp_path, env)
     full = time.monotonic() - started
-    print(f"first build {full:.1f} s")
     assert first.returncode == 0, first.stderr[-3000:]
     old = json.loads((out / CURRENT).read_text())["version"]
     readers = Readers(out, tmp_path / "hf")
@@ -141,9 +144,9 @@ def test_readers_see_one_whole_version_while_rebuilds_are_killed(source, env, tm
     killed = build(reseeded, tmp_path, env, **{ENV: "release.publish@*", ONCE_ENV: str(fired)})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert json.loads((out / CURRENT).read_text())["version"] == old
-    # Killed at random moments of further rebuilds (seeded; bounded by the first build's time).
+    # Killed at a random moment of a further rebuild (seeded; bounded by the first build's time).
     rng = random.Random(30)
-    for _ in range(2):
+    for _ in range(1):
         proc = start(reseeded, tmp_path, env)
         time.sleep(rng.uniform(0.2, 0.8) * full)
         proc.kill()
@@ -159,5 +162,108 @@ def test_readers_see_one_whole_version_while_rebuilds_are_killed(source, env, tm
     if readers.failure is not None:
         raise readers.failure
     assert new != old and readers.seen[0] == old and readers.seen[-1] == new, readers.seen
+    assert len(readers.seen) >= 5, readers.seen
     assert set(readers.seen) <= {old, *(p.name for p in (out / "versions").iterdir())}
     assert read_published(out, tmp_path / "hf") == new
+
+
+# ---- diff and CHANGES.md count the release shards ------------------------------------------
+
+
+def tars(out: Path) -> dict[str, str]:
+    """SHA-256 per release tar, read from the files themselves (the oracle)."""
+    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted((out / RELEASE_DIR).rglob("*.tar"))}
+
+
+def shard_line(old: dict[str, str], new: dict[str, str]) -> str:
+    rewritten = sum(1 for p in set(old) & set(new) if old[p] != new[p])
+    return f"{rewritten} rewritten, {len(set(new) - set(old))} added, {len(set(old) - set(new))} removed."
+
+
+def test_diff_and_changes_count_rewritten_added_and_removed_shards(source, tmp_path, cli):
+    """One output rebuilt after an append, a caption edit and a deletion; after each,
+    ``corpusforge diff`` of the copy kept before and the rebuilt root, and the root's own
+    CHANGES.md, count exactly the tars whose bytes changed, appeared and went."""
+    from flows.build_corpus import BuildConfig, build
+
+    src = tmp_path / "src"
+    shutil.copytree(source, src)
+    rows = pq.read_table(source / "metadata.parquet").to_pylist()
+    out = tmp_path / "out"
+    cfg = BuildConfig.model_validate({**config(src, out), "dask": {}})
+
+    def rebuild(table: list[dict]) -> tuple[str, str, str]:
+        old = tmp_path / f"old-{len(list(tmp_path.glob('old-*')))}"
+        shutil.copytree(out, old)
+        pq.write_table(pa.Table.from_pylist(table), src / "metadata.parquet")
+        build(cfg)
+        diff = subprocess.run([*cli, "diff", str(old), str(out), "--out", str(tmp_path / "diff")],
+                              capture_output=True, text=True, timeout=300)
+        assert diff.returncode == 0, diff.stderr[-3000:]
+        return (shard_line(tars(old), tars(out)), (tmp_path / "diff" / CHANGES_MD).read_text(),
+                (out / CHANGES_MD).read_text())
+
+    pq.write_table(pa.Table.from_pylist(rows[:120]), src / "metadata.parquet")
+    build(cfg)
+    appended = rebuild(rows)
+    key = kept_keys(out / MANIFEST_DIR)[0]
+    edited = rebuild([{**r, "caption": r["caption"] + " Edited."} if r["key"] == key else r for r in rows])
+    deleted = rebuild(rows[40:])
+    for (line, *accounts), expect in ((appended, ("added",)), (edited, ()), (deleted, ("removed",))):
+        for account in accounts:
+            assert f"\n{line}\n" in account, (line, account)
+        counts = dict(zip(("rewritten", "added", "removed"), (int(w) for w in line.split()[::2])))
+        assert counts["rewritten"] > 0 and all(counts[k] > 0 for k in expect), line
+    assert edited[0] == "1 rewritten, 0 added, 0 removed."  # the one tar holding the caption
+
+
+# ---- a release that must not be published ----------------------------------------------------
+
+
+def test_an_empty_release_fails_in_one_line_and_publishes_nothing(env, tmp_path):
+    """Three images without licences: all filtered. Today's rc 0 with ``{"filtered": 3}``
+    published an empty corpus; now the build exits 1 with one line, and the receipt says why."""
+    from PIL import Image
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        Image.new("RGB", (64, 64), (40 * i, 90, 200)).save(src / f"{i}.png")
+    cfg = config(src, tmp_path / "out")
+    proc = build(cfg, tmp_path, env)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (  # the flow's log (the detail) comes before it
+        "corpusforge build: error: the release would be empty: no input record was kept (the receipt counts them by "
+        f"reason); not published: no version of {tmp_path / 'out'} is published")
+    assert 'flows/cli.py", line' not in proc.stderr, proc.stderr[-3000:]
+    receipt = json.loads((tmp_path / "out" / "receipt.json").read_text())
+    assert receipt["refused"].startswith("the release would be empty") and receipt["counts"]["by_status"] == {
+        "filtered": 3}
+    assert not (tmp_path / "out" / CURRENT).exists() and not (tmp_path / "out" / "versions").exists()
+
+
+def test_a_shrinking_release_is_refused_and_the_previous_version_stays(source, tmp_path):
+    from flows.build_corpus import BuildConfig, build as build_in_process
+    from tasks.release.versions import ReleaseRefused
+
+    src = tmp_path / "src"
+    shutil.copytree(source, src)
+    rows = pq.read_table(source / "metadata.parquet").to_pylist()
+    out = tmp_path / "out"
+    cfg = {**config(src, out), "dask": {}}
+    build_in_process(BuildConfig.model_validate(cfg))
+    before = json.loads((out / CURRENT).read_text())
+    pq.write_table(pa.Table.from_pylist(rows[:60]), src / "metadata.parquet")
+    with pytest.raises(ReleaseRefused) as refused:
+        build_in_process(BuildConfig.model_validate(cfg))
+    shrunk = kept_keys(out / MANIFEST_DIR)
+    assert str(refused.value) == (
+        f"the release would shrink from {before['samples']} to {len(shrunk)} samples "
+        f"({1 - len(shrunk) / before['samples']:.0%} fewer; splits.max_shrink allows 50%); not published: "
+        f"{out / CURRENT} still names version {before['version']}")
+    assert json.loads((out / "receipt.json").read_text())["refused"] == str(refused.value).split("; not")[0]
+    assert json.loads((out / CURRENT).read_text()) == before
+    assert read_published(out, tmp_path / "hf") == before["version"]  # whole, as published
+    cfg["splits"] = {**cfg["splits"], "max_shrink": 0.8}  # the operator allows it
+    assert build_in_process(BuildConfig.model_validate(cfg))["published"]["samples"] == len(shrunk)
