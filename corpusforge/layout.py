@@ -100,6 +100,7 @@ STAGING_INDEX = "staging/index"
 STAGING_RECORDS = "staging/records"
 FEATURES_DIR = "features"
 GRAPH_DIR = "graph"
+GRAPH_WORK = "work/graph"  # the graph stage's rerun state: removed with graph/ when near-dedup is off
 GRAPH_FOUND = "work/graph/found"  # query results: a cache of the rerun, not an output
 GRAPH_SHARD_TABLE = "work/graph/shards.parquet"  # shared by the graph tasks (tasks/graph/nodes.py)
 GRAPH_DIGESTS_DIR = "work/graph/digests"  # per-shard digest lists of the one-off graph tasks (tasks/graph/nodes.py)

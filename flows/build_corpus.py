@@ -30,9 +30,9 @@ from corpusforge.config import FlowConfig
 from corpusforge.contract import count_actions, prune, remove_tree, summarise, sweep_temp_files
 from corpusforge.feature_files import prune_features
 from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_DIR, CURRENT, DEDUP_HASHES_DIR,
-                                DEDUP_KEYS_DIR, EVAL_CAPTIONS, EXACT_DIR, GRAPH_DIR, HASHES_DIR, INGEST_DIR, KEYDUP_DIR,
-                                KEYS_DIR, RESOLVED_DIR, SPILL_DIR, STAGING_INDEX, STAGING_RECORDS, STAGING_TARS,
-                                STATS_DIR, bucket_name, dedup_group_name, part_name)
+                                DEDUP_KEYS_DIR, EVAL_CAPTIONS, EXACT_DIR, GRAPH_DIR, GRAPH_WORK, HASHES_DIR, INGEST_DIR,
+                                KEYDUP_DIR, KEYS_DIR, RESOLVED_DIR, SPILL_DIR, STAGING_INDEX, STAGING_RECORDS,
+                                STAGING_TARS, STATS_DIR, bucket_name, dedup_group_name, part_name)
 from corpusforge.progress import RunProgress, run_progress
 from corpusforge.receipts import BUILD_FLOW, flow_receipt
 from corpusforge.storage import Store
@@ -200,7 +200,8 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
                 near, work["graph"] = near_duplicate_stage(store, config.near_dedup, staged, fan_out=fan_out)
             query_seconds = work["graph"].pop("query_seconds")
         else:
-            remove_tree(store, GRAPH_DIR)
+            for folder in (GRAPH_DIR, GRAPH_WORK):
+                remove_tree(store, folder)
 
     captions: dict[str, Any] = {}
     if config.captioning is not None and staged:
