@@ -217,8 +217,8 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
                                                      near_dedup=bool(config.near_dedup and staged),
                                                      captions=bool(captions), fan_out=fan_out)
     samples = sum(s["count"] for s in release["shards"].values())
-    published = current_version(store)
-    refused = refusal(samples, published, config.splits.max_shrink)
+    before = current_version(store)  # the version readers read now
+    refused = refusal(samples, before, config.splits.max_shrink)
     caption_set = None
     if config.eval_captions is not None:
         caption_set = write_eval_captions(store, release, config.eval_captions)
@@ -259,7 +259,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     write_run_log(store, BUILD_FLOW, work)
     if refused:
         raise ReleaseRefused(f"{refused}; not published: " + (
-            f"{store.path(CURRENT)} still names version {published['version']}" if published
+            f"{store.path(CURRENT)} still names version {before['version']}" if before
             else f"no version of {config.out} is published"))
     published = publish_version(store, samples)
     log.info("corpus written to %s: %s; work done %s", config.out, receipt["counts"]["by_status"], work)

@@ -218,9 +218,13 @@ def test_s3_in_and_out_gives_the_same_shards(built_sample, sample_corpus, s3, pr
                  input={"partition_size": 40, "storage_options": s3})
     run_build(cfg)
     out, _ = built_sample
-    local_tars = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*.tar")}
+    local_tars = {str(p.relative_to(out)): p.read_bytes() for p in (out / "shards").rglob("*.tar")}
     remote_tars = {p.split("corpusforge-e2e/corpus/", 1)[1]: fs.cat_file(p)
-                   for p in fs.find("corpusforge-e2e/corpus") if p.endswith(".tar")}
+                   for p in fs.find("corpusforge-e2e/corpus/shards") if p.endswith(".tar")}
+    current = json.loads(fs.cat_file("corpusforge-e2e/corpus/current.json"))  # published whole, server-side
+    assert {p.split(f"{current['shards']}/", 1)[1]: fs.cat_file(p) for p in fs.find(
+        f"corpusforge-e2e/corpus/{current['shards']}") if p.endswith(".tar")} == {
+        n.removeprefix("shards/"): b for n, b in remote_tars.items()}
     assert remote_tars.keys() == local_tars.keys() and remote_tars == local_tars
     receipt = json.loads(fs.cat_file("corpusforge-e2e/corpus/receipt.json"))
     assert receipt["config"]["storage_options"]["secret"] == receipt["config"]["storage_options"]["key"] == "***"
