@@ -109,8 +109,9 @@ def test_receipt_and_report(built_sample):
     assert list(hashes) == sorted(hashes) and receipt["outputs"]["files"] == len(hashes)
     assert receipt["outputs"]["sha256"] == file_hashes(out)[receipt["outputs"]["list"]]
     receipt_files = ("receipt.json", "receipt_outputs.parquet", "report.md", "report.html")
+    # The published version (versions/, current.json) is links of listed files, written after the list.
     assert hashes == {rel: digest for rel, digest in file_hashes(out).items()
-                      if not rel.startswith("_markers/") and rel not in receipt_files}
+                      if not rel.startswith(("_markers/", "versions/")) and rel not in (*receipt_files, "current.json")}
     report = (out / "report.md").read_text()
     assert "## Release shards" in report and "RANDOM-INIT" in report
     model_id = receipt["stats"]["model_id"]
