@@ -120,7 +120,8 @@ class CalibrationConfig(StrictModel):
     pairs_per_bin: int = Field(8, ge=0, title="Pairs per bin")
     # A plain array schema per bin: the Prefect UI's form shows a 2-tuple's prefixItems as a
     # list with an error under every pair; pydantic still checks the pairs.
-    bins: list[Annotated[tuple[Similarity, Similarity], WithJsonSchema({"type": "array", "items": {"type": "number"}})]] = Field(
+    bins: list[Annotated[tuple[Similarity, Similarity],
+                         WithJsonSchema({"type": "array", "items": {"type": "number"}})]] = Field(
                                             CALIBRATION_BINS, title="Similarity bins",
                                             description="[lo, hi) each; the last bin includes hi.")
     thumb_px: int = Field(160, ge=16, le=1024, title="Thumbnail size (px)")

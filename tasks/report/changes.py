@@ -6,8 +6,8 @@ equal in both, its occurrence among them in input order. Between the old and the
 **added**, **removed** or **changed** in its fate (status), reason, split, release shard,
 caption (as released) or image bytes (SHA-256). ``changes.parquet`` lists every one
 (ordered by key, source path, occurrence), ``CHANGES.md`` counts them, lists the first
-ones, and adds the release shards rewritten, added and removed (from the receipts' output
-hashes), the change in licence counts and, when the statistics changed, their provenance.
+ones, and adds the release shards rewritten, added and removed (from the versions' output
+lists, ``receipt_outputs.parquet``), the change in licence counts and, when the statistics changed, their provenance.
 
 The join runs in DuckDB over the manifests' parquet files with a memory limit and a
 temporary folder, so manifests of 10⁸ rows are compared out of core; rows stream from
@@ -136,6 +136,7 @@ def diff_versions(old: Store, new: Store, out: Store, previous_kept: bool = Fals
     ``old`` (a build into the same root). Returns the summary CHANGES.md renders."""
     old_records = _previous_records_query(old) if previous_kept else records_query(old)
     old_receipt = old.read_json(PREVIOUS_RECEIPT if previous_kept else RECEIPT)
+    old_outputs = PREVIOUS_OUTPUTS if previous_kept else RECEIPT_OUTPUTS
     new_receipt = new.read_json(RECEIPT)
     differs = " OR ".join(f"o.{f} IS DISTINCT FROM n.{f}" for f in FIELDS)
     fields = ", ".join(f"CASE WHEN o.{f} IS DISTINCT FROM n.{f} THEN '{f}' END" for f in FIELDS)
@@ -167,8 +168,7 @@ def diff_versions(old: Store, new: Store, out: Store, previous_kept: bool = Fals
                   for kind in ("added", "removed", "changed")}
     summary = {"records": {k: counts.get(k, 0) for k in ("added", "removed", "changed")},
                "changed_fields": by_field, "listed": listed,
-               "release_shards": _shard_changes(_release_tars(old, PREVIOUS_OUTPUTS if previous_kept
-                                                             else RECEIPT_OUTPUTS), _release_tars(new, RECEIPT_OUTPUTS)),
+               "release_shards": _shard_changes(_release_tars(old, old_outputs), _release_tars(new, RECEIPT_OUTPUTS)),
                "licenses": _license_changes(old_receipt, new_receipt),
                "statistics": _stats_changes(old_receipt, new_receipt)}
     out.write_bytes(CHANGES_MD, render_changes(summary).encode())
