@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Annotated, Any, ClassVar, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 log = logging.getLogger(__name__)
 _warned: set[str] = set()
@@ -50,6 +50,11 @@ def _move(data: dict[str, Any], old: str, new: str) -> bool:
         raise ValueError(f"both {old} (deprecated) and {new} are set; keep only {new}")
     node[leaf] = value
     return True
+
+
+# A cosine similarity threshold: a value outside [-1, 1] no pair can reach (or every pair passes),
+# so it is a config error, not a setting.
+Similarity = Annotated[float, Field(ge=-1, le=1)]
 
 
 def _deprecated(message: str) -> None:

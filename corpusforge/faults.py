@@ -18,7 +18,8 @@ Points: ``staging.write`` and ``release.write`` (while a shard's tar is being wr
 before its second sample), ``features.start`` (a shard's extraction begins),
 ``features.done`` (right after a shard's features are marked done), ``graph.index.add``
 (a block of an IVF index begins, by its first staging shard), ``graph.query`` (a staging
-shard's graph queries begin).
+shard's graph queries begin), ``release.publish`` (a version's files are linked, its pointer not yet
+switched; by version).
 """
 
 from __future__ import annotations

@@ -54,6 +54,11 @@ every folder as it is.
                                        shards/ is then a GPIC release root
     shards/README.md                   Hugging Face dataset card: splits and features (tasks/release/release_card.py)
     manifest/part-{part}.parquet       one row per input record: its fate and the reason
+                                       (shards/ and manifest/ are the build's working copies: they change
+                                       while a build runs)
+    versions/{version}/shards/…, versions/{version}/manifest/…   a published version: the working copies
+                                       linked (local) or copied (object store) once whole
+    current.json                       the published version, written last: what readers read first
     work/captions/plan/{shard}.parquet     per staging shard: who the model captions, and in which format
     work/captions/journal/{shard}/{n}.parquet  completed chat requests (the resume state; never asked twice)
     captions/{shard}.parquet           per staged record: caption, origin, filter answers, status
@@ -95,6 +100,7 @@ STAGING_INDEX = "staging/index"
 STAGING_RECORDS = "staging/records"
 FEATURES_DIR = "features"
 GRAPH_DIR = "graph"
+GRAPH_WORK = "work/graph"  # the graph stage's rerun state: removed with graph/ when near-dedup is off
 GRAPH_FOUND = "work/graph/found"  # query results: a cache of the rerun, not an output
 GRAPH_SHARD_TABLE = "work/graph/shards.parquet"  # shared by the graph tasks (tasks/graph/nodes.py)
 GRAPH_DIGESTS_DIR = "work/graph/digests"  # per-shard digest lists of the one-off graph tasks (tasks/graph/nodes.py)
@@ -106,6 +112,9 @@ GRAPH_REVIEW = "graph/review"  # review-band pairs chosen for verification, per 
 RELEASE_DIR = "shards"
 RELEASE_CARD = "shards/README.md"
 MANIFEST_DIR = "manifest"
+# Published versions (tasks/release/versions.py): readers read current.json, then its folders.
+VERSIONS_DIR = "versions"  # versions/{version}/shards/…, versions/{version}/manifest/…
+CURRENT = "current.json"  # the published version: written last, the one switch a reader sees
 STATS_DIR = "stats"
 CAPTION_PLAN_DIR = "work/captions/plan"
 CAPTION_JOURNAL_DIR = "work/captions/journal"
@@ -126,6 +135,7 @@ CHANGES_TABLE = "changes.parquet"
 PREVIOUS_DIR = "work/previous"  # the version a build replaces, read before it does
 PREVIOUS_RECORDS = f"{PREVIOUS_DIR}/records.parquet"
 PREVIOUS_RECEIPT = f"{PREVIOUS_DIR}/receipt.json"
+PREVIOUS_OUTPUTS = f"{PREVIOUS_DIR}/receipt_outputs.parquet"  # its output list: the release shards it shipped
 CHANGES_SCHEMA = pa.schema([
     ("key", pa.string()), ("source_path", pa.string()), ("occurrence", pa.int64()), ("change", pa.string()),
     ("fields", pa.string()),
@@ -294,6 +304,10 @@ def release_plan_path(name: str) -> str:
 
 def release_tar(split: str, shard: int, layout: str = "default") -> str:
     return f"{RELEASE_DIR}/{split}/{release_shard_name(split, shard, layout)}.tar"
+
+
+def version_dir(version: str) -> str:
+    return f"{VERSIONS_DIR}/{version}"
 
 
 def manifest_path(part: int) -> str:

@@ -29,10 +29,10 @@ from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, run_logger
 from corpusforge.config import FlowConfig
 from corpusforge.contract import count_actions, prune, remove_tree, summarise, sweep_temp_files
 from corpusforge.feature_files import prune_features
-from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_DIR, DEDUP_HASHES_DIR, DEDUP_KEYS_DIR,
-                                EVAL_CAPTIONS, EXACT_DIR, GRAPH_DIR, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR,
-                                RESOLVED_DIR, SPILL_DIR, STAGING_INDEX, STAGING_RECORDS, STAGING_TARS, STATS_DIR,
-                                bucket_name, dedup_group_name, part_name)
+from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_DIR, CURRENT, DEDUP_HASHES_DIR,
+                                DEDUP_KEYS_DIR, EVAL_CAPTIONS, EXACT_DIR, GRAPH_DIR, GRAPH_WORK, HASHES_DIR, INGEST_DIR,
+                                KEYDUP_DIR, KEYS_DIR, RESOLVED_DIR, SPILL_DIR, STAGING_INDEX, STAGING_RECORDS,
+                                STAGING_TARS, STATS_DIR, bucket_name, dedup_group_name, part_name)
 from corpusforge.progress import RunProgress, run_progress
 from corpusforge.receipts import BUILD_FLOW, flow_receipt
 from corpusforge.storage import Store
@@ -47,6 +47,7 @@ from tasks.ingest.partition import INGEST_PARTITION
 from tasks.ingest.sources import PLAN_INPUTS, SourceConfig
 from tasks.shared.validate import ValidationConfig
 from tasks.release.publish import publish, release_section
+from tasks.release.versions import ReleaseRefused, current_version, publish_version, refusal
 from tasks.release.splits import SplitConfig
 from tasks.report.changes import diff_versions, keep_previous_version, remove_changes
 from tasks.report.receipt import count_outcomes, input_snapshot_hash, write_output_list
@@ -199,7 +200,8 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
                 near, work["graph"] = near_duplicate_stage(store, config.near_dedup, staged, fan_out=fan_out)
             query_seconds = work["graph"].pop("query_seconds")
         else:
-            remove_tree(store, GRAPH_DIR)
+            for folder in (GRAPH_DIR, GRAPH_WORK):
+                remove_tree(store, folder)
 
     captions: dict[str, Any] = {}
     if config.captioning is not None and staged:
@@ -214,6 +216,9 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
         release, manifest, work["publish"] = publish(store, staged, len(parts), config.splits,
                                                      near_dedup=bool(config.near_dedup and staged),
                                                      captions=bool(captions), fan_out=fan_out)
+    samples = sum(s["count"] for s in release["shards"].values())
+    before = current_version(store)  # the version readers read now
+    refused = refusal(samples, before, config.splits.max_shrink)
     caption_set = None
     if config.eval_captions is not None:
         caption_set = write_eval_captions(store, release, config.eval_captions)
@@ -236,6 +241,9 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
             receipt["captioning"] = captions
         if caption_set:
             receipt["eval_captions"] = caption_set
+        if refused:
+            receipt["refused"] = refused
+            receipt["warnings"].insert(0, f"not published: {refused}")
         written_receipt, report = write_receipt(store, receipt)
         publish_run_artifacts(BUILD_FLOW, report, written_receipt["counts"], store.root)
     with clock("changes"):
@@ -249,8 +257,14 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     if config.near_dedup and staged:
         work["seconds"]["graph_queries"] = query_seconds
     write_run_log(store, BUILD_FLOW, work)
+    if refused:
+        raise ReleaseRefused(f"{refused}; not published: " + (
+            f"{store.path(CURRENT)} still names version {before['version']}" if before
+            else f"no version of {config.out} is published"))
+    published = publish_version(store, samples)
     log.info("corpus written to %s: %s; work done %s", config.out, receipt["counts"]["by_status"], work)
-    return {"out": config.out, "counts": receipt["counts"], "release": receipt["release"]["splits"], "work": work}
+    return {"out": config.out, "counts": receipt["counts"], "release": receipt["release"]["splits"], "work": work,
+            "published": published}
 
 
 def _features(store: Store, config: BuildConfig, staged: list[str], work: dict[str, Any]) -> dict[str, Any]:

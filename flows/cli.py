@@ -16,16 +16,22 @@ from typing import NoReturn
 def _build(args: argparse.Namespace) -> int:
     from flows.build_corpus import BuildConfig, run_build
     from flows.preflight import check_build, load_config
+    from tasks.release.versions import ReleaseRefused
     from tasks.report.run_log import render_stage_times
 
     config = load_config(BuildConfig, args.config, source=args.source, out=args.out,
                          **({"previous": args.previous} if args.previous else {}))
     check_build(config)  # before any server or cluster starts; reads only
-    result = run_build(config)
+    try:
+        result = run_build(config)
+    except ReleaseRefused as exc:  # the build finished; its receipt says the same
+        print(f"corpusforge build: error: {exc}", file=sys.stderr)
+        return 1
     print(json.dumps(result["counts"], indent=2))
     print(f"\nCorpus written to {config.out}:\n"
-          f"  release shards  {config.out}/shards/{{train,val,test}}/\n"
-          f"  manifest        {config.out}/manifest/   (pyarrow.dataset.dataset(...))\n"
+          f"  published       {config.out}/current.json (readers read it first: docs/release.md)\n"
+          f"  release shards  {config.out}/{result['published']['shards']}/{{train,val,test}}/\n"
+          f"  manifest        {config.out}/{result['published']['manifest']}/   (pyarrow.dataset.dataset(...))\n"
           f"  receipt         {config.out}/receipt.json\n"
           f"  report          {config.out}/report.md")
     print("\n" + render_stage_times("build-corpus", result["work"].get("seconds", {})))

@@ -30,6 +30,7 @@ from tasks.graph.derived import lineage, staged_with_features
 from tasks.graph.stage import near_duplicate_stage
 from tasks.release.publish import publish, release_section
 from tasks.release.splits import SplitConfig
+from tasks.release.versions import publish_version
 from tasks.report.receipt import count_outcomes, write_output_list
 from tasks.report.write import write_receipt
 
@@ -105,6 +106,7 @@ def near_dedup(config: NearDedupFlowParams) -> dict[str, Any]:
         outputs=write_output_list(out),
     ))
     publish_run_artifacts(FLOW, report, written["counts"], out.root)
+    publish_version(out, sum(s["count"] for s in release["shards"].values()))  # last: what readers read
     return summary
 
 

@@ -31,8 +31,8 @@ import tempfile
 from typing import Any
 
 from corpusforge.contract import COMPUTED, MAYBE, SKIPPED
-from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_DIR, GRAPH_DIR, GRAPH_FOUND,
-                                GRAPH_INDEX_WORK, MANIFEST_DIR, RECEIPT, RELEASE_DIR, RELEASE_PLAN_DIR, RUN_LOG,
+from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_DIR, GRAPH_DIR, GRAPH_WORK,
+                                MANIFEST_DIR, RECEIPT, RELEASE_DIR, RELEASE_PLAN_DIR, RUN_LOG,
                                 STATS_DIR, features_dir, part_name)
 from corpusforge.plans import (ACTIONS, DELETE, StagePlan, UnitPlan, changed_fields, marker_files, mtime,
                                newest_marker)
@@ -47,7 +47,7 @@ from tasks.staging import plan as staging_plan
 # The later stages judged as a whole: (plan stage, the receipt config sections it reads,
 # the marker folders of its units, the config section whose null switches it off).
 WHOLE_STAGES = [
-    ("graph", ("near_dedup", "features"), (GRAPH_DIR, GRAPH_FOUND, GRAPH_INDEX_WORK), "near_dedup"),
+    ("graph", ("near_dedup", "features"), (GRAPH_DIR, GRAPH_WORK), "near_dedup"),
     ("captioning", ("captioning", "near_dedup"), (CAPTIONS_DIR, CAPTION_PLAN_DIR, CAPTION_JOURNAL_DIR), "captioning"),
     ("release", ("splits", "near_dedup", "captioning"), (RELEASE_PLAN_DIR, RELEASE_DIR), None),
     ("manifest", ("splits", "near_dedup", "captioning"), (MANIFEST_DIR,), None),

@@ -109,8 +109,9 @@ def test_receipt_and_report(built_sample):
     assert list(hashes) == sorted(hashes) and receipt["outputs"]["files"] == len(hashes)
     assert receipt["outputs"]["sha256"] == file_hashes(out)[receipt["outputs"]["list"]]
     receipt_files = ("receipt.json", "receipt_outputs.parquet", "report.md", "report.html")
+    # The published version (versions/, current.json) is links of listed files, written after the list.
     assert hashes == {rel: digest for rel, digest in file_hashes(out).items()
-                      if not rel.startswith("_markers/") and rel not in receipt_files}
+                      if not rel.startswith(("_markers/", "versions/")) and rel not in (*receipt_files, "current.json")}
     report = (out / "report.md").read_text()
     assert "## Release shards" in report and "RANDOM-INIT" in report
     model_id = receipt["stats"]["model_id"]
@@ -218,9 +219,13 @@ def test_s3_in_and_out_gives_the_same_shards(built_sample, sample_corpus, s3, pr
                  input={"partition_size": 40, "storage_options": s3})
     run_build(cfg)
     out, _ = built_sample
-    local_tars = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*.tar")}
+    local_tars = {str(p.relative_to(out)): p.read_bytes() for p in (out / "shards").rglob("*.tar")}
     remote_tars = {p.split("corpusforge-e2e/corpus/", 1)[1]: fs.cat_file(p)
-                   for p in fs.find("corpusforge-e2e/corpus") if p.endswith(".tar")}
+                   for p in fs.find("corpusforge-e2e/corpus/shards") if p.endswith(".tar")}
+    current = json.loads(fs.cat_file("corpusforge-e2e/corpus/current.json"))  # published whole, server-side
+    assert {p.split(f"{current['shards']}/", 1)[1]: fs.cat_file(p) for p in fs.find(
+        f"corpusforge-e2e/corpus/{current['shards']}") if p.endswith(".tar")} == {
+        n.removeprefix("shards/"): b for n, b in remote_tars.items()}
     assert remote_tars.keys() == local_tars.keys() and remote_tars == local_tars
     receipt = json.loads(fs.cat_file("corpusforge-e2e/corpus/receipt.json"))
     assert receipt["config"]["storage_options"]["secret"] == receipt["config"]["storage_options"]["key"] == "***"

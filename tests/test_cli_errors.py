@@ -276,3 +276,19 @@ def test_output_inside_what_a_flow_reads(capsys, no_server_or_cluster, tmp_path,
     cfg = write(tmp_path / "c.yaml", config.format(corpus=corpus))
     line = run_cli(capsys, [command, "--config", cfg], corpus / "x")
     assert cause in line
+
+
+@pytest.mark.parametrize("setting, where", [
+    ("near_dedup: {pair_removal_above: 2.5}", "near_dedup.pair_removal_above"),
+    ("near_dedup: {component_link_above: 1.5}", "near_dedup.component_link_above"),
+    ("near_dedup: {collision: {thresholds: [0.5, 1.5]}}", "near_dedup.collision.thresholds.1"),
+    ("near_dedup: {calibration: {bins: [[0.9, 1.2]]}}", "near_dedup.calibration.bins.0.1"),
+])
+def test_a_similarity_threshold_outside_minus_one_to_one_is_one_line(capsys, no_server_or_cluster, source, tmp_path,
+                                                                     setting, where):
+    """No cosine similarity reaches 2.5: a threshold there would silently remove nothing."""
+    cfg = write(tmp_path / "c.yaml", setting + "\n")
+    line = run_cli(capsys, ["build", "--source", str(source), "--out", str(tmp_path / "o"), "--config", cfg],
+                   tmp_path / "o")
+    assert f"{where}: Input should be " in line and ("less than or equal to 1" in line
+                                                     or "greater than or equal to -1" in line), line

@@ -18,7 +18,8 @@ import subprocess
 import pyarrow.parquet as pq
 import pytest
 
-from corpusforge.layout import CHANGES_MD, CHANGES_TABLE, PREVIOUS_DIR, RECEIPT_OUTPUTS, RUN_LOG, RUN_LOG_MD
+from corpusforge.layout import (CHANGES_MD, CHANGES_TABLE, CURRENT, PREVIOUS_DIR, RECEIPT_OUTPUTS, RUN_LOG, RUN_LOG_MD,
+                                VERSIONS_DIR)
 from tests.cli_s3 import corpusforge, hashes, local_tree, s3_env, s3_tree
 from tests.test_build_e2e import computed_units
 
@@ -88,11 +89,19 @@ def manifest_rows(files: dict[str, bytes], source_root: str) -> list[dict]:
 
 
 def test_s3_to_s3_build_equals_the_local_build(builds):
-    local, remote = builds["local"], builds["s3"]
+    # The published version's name digests its files, the manifest (which names the source) too.
+    local, remote = (unversioned(builds[b]) for b in ("local", "s3"))
     assert sorted(remote) == sorted(local)
     # Byte for byte: everything but what names the roots (receipt, reports, the manifest's
-    # source_path and so the output list's hashes of those files) and the run's own records.
-    rooted = {n for n in local if n in NAMES_ITS_ROOTS or n.startswith("manifest/") or n == RECEIPT_OUTPUTS}
+    # source_path and so the output list's hashes of those files and the version's name) and
+    # the run's own records.
+    rooted = {n for n in local if n in NAMES_ITS_ROOTS or n.startswith(("manifest/", f"{VERSIONS_DIR}/v/manifest/"))
+              or n in (RECEIPT_OUTPUTS, CURRENT)}
+    pointers = [json.loads(t[CURRENT]) for t in (local, remote)]
+    assert [p["shards"] for p in pointers] == [f"{VERSIONS_DIR}/{p['version']}/shards" for p in pointers]
+    for files in (local, remote):  # the published version is the working copies, whole (server-side copies on S3)
+        released = {n: b for n, b in files.items() if n.startswith(("shards/", "manifest/"))}
+        assert {n: files[f"{VERSIONS_DIR}/v/{n}"] for n in released} == released
     same = {n for n in local if n not in rooted and not n.startswith(("work/", "_markers/"))}
     assert {n: h for n, h in hashes(remote).items() if n in same} == {n: h for n, h in hashes(local).items() if n in same}
     rows = manifest_rows(local, builds["roots"]["local"])
@@ -105,13 +114,20 @@ def test_s3_to_s3_build_equals_the_local_build(builds):
     assert ra == rb
 
 
+def unversioned(files: dict[str, bytes]) -> dict[str, bytes]:
+    """``files`` with the published version's folder named ``versions/v``."""
+    version = json.loads(files[CURRENT])["version"]
+    return {n.replace(f"{VERSIONS_DIR}/{version}/", f"{VERSIONS_DIR}/v/", 1): b for n, b in files.items()}
+
+
 def test_rerun_into_the_same_s3_output_equals_it_and_recomputes_nothing(builds):
     first, again = builds["s3"], dict(builds["rerun"])
     changes = pq.read_table(pa_buffer(again.pop(CHANGES_TABLE)))  # against the version the root held
     account = again.pop(CHANGES_MD).decode()
     assert changes.num_rows == 0 and "Records: 0 added, 0 removed, 0 changed" in account
     assert "0 rewritten, 0 added, 0 removed" in account  # release shards
-    previous = [f"{PREVIOUS_DIR}/receipt.json", f"{PREVIOUS_DIR}/records.parquet"]  # the version it replaced
+    previous = [f"{PREVIOUS_DIR}/receipt.json", f"{PREVIOUS_DIR}/records.parquet",  # the version it replaced
+                f"{PREVIOUS_DIR}/receipt_outputs.parquet"]
     assert sorted(again) == sorted([*first, *previous])
     assert {n for n in first if first[n] != again[n]} <= {RUN_LOG, RUN_LOG_MD}  # the stage times of this run
     assert computed_units(builds["rerun_work"]) == {} and builds["rerun_work"]["images_embedded"] == 0

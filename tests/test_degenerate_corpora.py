@@ -15,6 +15,7 @@ import pytest
 from PIL import Image
 
 from flows.build_corpus import BuildConfig, run_build
+from tasks.release.versions import ReleaseRefused
 
 pytestmark = [pytest.mark.scenario(10), pytest.mark.timeout(600)]
 
@@ -97,9 +98,11 @@ def test_no_valid_image(tmp_path, prefect_server):
     (src / "a.jpg").write_bytes(b"")
     (src / "b.png").write_bytes(b"not an image")
     (src / "c.png").write_bytes(png(3)[:200])
-    build(src, tmp_path / "out")
+    with pytest.raises(ReleaseRefused, match="the release would be empty"):  # complete, but not published
+        build(src, tmp_path / "out")
     rows = assert_complete(tmp_path / "out", 3)
     assert {r["status"] for r in rows} == {"error"}
+    assert not (tmp_path / "out" / "current.json").exists()
 
 
 @pytest.mark.slow

@@ -250,6 +250,27 @@ def test_control_characters_in_captions_are_stripped_with_a_warning(tmp_path):
     assert row["warning"].startswith("bad_sidecar:")
 
 
+def test_format_characters_and_separators_in_captions_are_cleaned_with_a_warning(tmp_path):
+    """A bidi override (U+202E) makes a caption display reversed; zero-width spaces and a BOM
+    hide inside words; U+2028/U+2029 break lines where no newline is. Each is removed (the
+    separators become newlines) with one warning per kind; the joiners U+200C/U+200D, which
+    spell Persian words and emoji sequences, stay."""
+    src = tmp_path / "src"
+    write_images(src, {f"{i}.jpg": jpeg(400, 300, 40 + i) for i in range(3)})
+    persian = "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 \U0001f468\u200d\U0001f469"  # and an emoji family
+    pq.write_table(pa.table({"key": ["a", "b", "c"], "path": ["0.jpg", "1.jpg", "2.jpg"],
+                             "caption": ["safe \u202egpj.exe\u202c name\u200b\ufeff", "one\u2028two\u2029three\x00",
+                                         persian]}),
+                   src / "metadata.parquet")
+    got = {r["key"]: r for r in ingest_all(str(src), tmp_path / "out")}
+    assert [(got[k]["caption"], got[k]["warning"]) for k in "abc"] == [
+        ("safe gpj.exe name", "caption_format_characters: removed 4 (U+200B, U+202C, U+202E, U+FEFF)"),
+        ("one\ntwo\nthree", "caption_control_characters: removed 1 (U+0000); "
+                            "caption_line_separators: replaced 2 (U+2028, U+2029) with a newline"),
+        (persian, None)]
+    assert all(got[k]["status"] == "kept" for k in "abc")
+
+
 def test_folder_sidecars_are_read_at_ingest_and_their_changes_noticed(tmp_path):
     """Planning lists a folder without opening a sidecar (issue 22: it read them one at a time):
     the row names its sidecars, ingest reads them, and their stamps enter its fingerprint."""

@@ -392,7 +392,7 @@ def test_change_the_staging_shard_size(history):
 
 def test_switch_near_dedup_off(history):
     history.rerun(**{**history.base_changes, "near_dedup": None})
-    assert not (history.out / "graph").exists()
+    assert not (history.out / "graph").exists() and not (history.out / "work" / "graph").exists()
     manifest = pq.read_table(history.out / "manifest").to_pylist()
     assert not any(r["status"] == "near_duplicate" for r in manifest)
 

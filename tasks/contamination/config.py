@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from corpusforge.config import StrictModel
+from corpusforge.config import Similarity, StrictModel
 from tasks.contamination.canary import SEED_SIGNATURE_SEEDS
 
 CURVE_THRESHOLDS = [round(0.80 + 0.01 * i, 2) for i in range(20)]  # 0.80 … 0.99
@@ -80,7 +80,7 @@ class ImageScanConfig(StrictModel):
                               description="Decides which evaluation images are flagged as contaminated: those whose "
                                           "best similarity to any training image is > this; flagged images leave the "
                                           "new edition when edition.quarantine_on has 'image'.")
-    curve: list[float] = Field(default_factory=lambda: list(CURVE_THRESHOLDS), title="Rate curve thresholds")
+    curve: list[Similarity] = Field(default_factory=lambda: list(CURVE_THRESHOLDS), title="Rate curve thresholds")
     corpus_splits: list[str] | None = Field(["train"], title="Training splits searched",
                                             description="Manifest splits of the corpus that count as training "
                                                         "data; empty: every image with features.")
@@ -109,7 +109,7 @@ class LeakageConfig(StrictModel):
                                             "empty: the same corpus.")
     against_storage_options: dict[str, Any] = Field(default_factory=dict)
     model_id: str | None = Field(None, description="Empty: image.model_id.")
-    thresholds: list[float] | None = Field(
+    thresholds: list[Similarity] | None = Field(
         None, title="Rate thresholds (>=)",
         description="Leakage rates are reported at each (best similarity >= it); decides nothing. Empty: the "
                     "build's edge_min_similarity and pair_removal_above from its receipt.")

@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, WithJsonSchema, model_validator
 
-from corpusforge.config import StrictModel
+from corpusforge.config import Similarity, StrictModel
 
 GPIC_SOURCE_POOL = 110_569_761  # images in GPIC's source pool (Fig. 6 extrapolation target)
 IVF_TRAIN_PER_LIST = 64  # k-means training vectors per IVF list (FAISS warns below 39)
@@ -88,7 +88,7 @@ class CollisionConfig(StrictModel):
     fractions: list[float] = Field(
         [0.01, 0.0197, 0.0388, 0.0764, 0.15, 0.30], min_length=2, title="Subset fractions",
         description="Nested random subsets as fractions of the corpus (GPIC: 108K to 3.4M of 110M).")
-    thresholds: list[float] = Field([0.75, 0.80, 0.85, 0.90, 0.95], min_length=1,
+    thresholds: list[Similarity] = Field([0.75, 0.80, 0.85, 0.90, 0.95], min_length=1,
                                     title="Similarity thresholds", description="Pairs > theta are connected.")
     target_size: int = Field(GPIC_SOURCE_POOL, ge=1, title="Extrapolation target size")
     max_subset_vectors: int = Field(2_000_000, ge=2, title="Largest subset held in memory",
@@ -120,7 +120,8 @@ class CalibrationConfig(StrictModel):
     pairs_per_bin: int = Field(8, ge=0, title="Pairs per bin")
     # A plain array schema per bin: the Prefect UI's form shows a 2-tuple's prefixItems as a
     # list with an error under every pair; pydantic still checks the pairs.
-    bins: list[Annotated[tuple[float, float], WithJsonSchema({"type": "array", "items": {"type": "number"}})]] = Field(
+    bins: list[Annotated[tuple[Similarity, Similarity],
+                         WithJsonSchema({"type": "array", "items": {"type": "number"}})]] = Field(
                                             CALIBRATION_BINS, title="Similarity bins",
                                             description="[lo, hi) each; the last bin includes hi.")
     thumb_px: int = Field(160, ge=16, le=1024, title="Thumbnail size (px)")
@@ -218,11 +219,11 @@ class NearDedupConfig(StrictModel):
         description="Decides which pairs are stored as graph edges (similarity >= this); recall and the "
                     "calibration sheets are measured on them. Storing a pair removes nothing by itself.")
     component_link_above: float = Field(
-        0.90, title="Component link: similarity above (>)",
+        0.90, ge=-1, le=1, title="Component link: similarity above (>)",
         description="Decides which pairs link their images into components (similarity > this; GPIC's "
                     "candidate graph, 0.90). At least edge_min_similarity.")
     pair_removal_above: float = Field(
-        0.9625, title="Pair removal: similarity above (>)",
+        0.9625, ge=-1, le=1, title="Pair removal: similarity above (>)",
         description="Decides which pairs remove an image on their own: the lower-resolution image of a pair "
                     "with similarity > this (GPIC tier 1, 0.9625). Above component_link_above.")
     min_component_size: int = Field(5, ge=2, title="Component size rule",

@@ -64,19 +64,41 @@ def derived_key(locator: str) -> str:
     return "k" + hashlib.sha256(locator.encode()).hexdigest()[:20]
 
 
+# Invisible characters in a caption that change how it reads or displays without showing:
+# format characters (Cf: bidi overrides and isolates such as U+202E, zero-width spaces, the
+# BOM, soft hyphens), except the zero-width (non-)joiners U+200C/U+200D, which spell words in
+# Persian and Indic scripts and join emoji sequences.
+_KEPT_FORMAT = "\u200c\u200d"
+_SEPARATORS = ("Zl", "Zp")  # U+2028 line and U+2029 paragraph separator: become newlines
+
+
+def _caption_note(kind: str, verb: str, caption: str, chars: list[str], tail: str = "") -> str:
+    count = sum(caption.count(c) for c in chars)
+    return f"{kind}: {verb} {count} ({', '.join(f'U+{ord(c):04X}' for c in chars)}){tail}"
+
+
 def clean_caption(record: dict[str, Any]) -> None:
-    """Strip control characters (NUL, ESC, DEL, C1…; tab and newline stay) from a record's
-    caption, which would ship verbatim into the release's ``.txt`` and JSON otherwise, with
-    a warning on the record naming what was removed."""
+    """Strip control characters (NUL, ESC, DEL, C1…; tab and newline stay) and invisible format
+    characters (bidi overrides, zero-width spaces; :data:`_KEPT_FORMAT` stay) from a record's
+    caption, and turn line and paragraph separators into newlines: all would ship verbatim
+    into the release's ``.txt`` and JSON otherwise. One warning on the record per kind, naming
+    what was removed."""
     caption = record.get("caption")
     if not caption:
         return
-    removed = sorted({c for c in caption if c not in "\t\n" and unicodedata.category(c) == "Cc"})
-    if not removed:
+    category = {c: unicodedata.category(c) for c in set(caption)}
+    control = sorted(c for c, cat in category.items() if cat == "Cc" and c not in "\t\n")
+    invisible = sorted(c for c, cat in category.items() if cat == "Cf" and c not in _KEPT_FORMAT)
+    separators = sorted(c for c, cat in category.items() if cat in _SEPARATORS)
+    notes = [_caption_note(kind, verb, caption, chars, tail) for kind, verb, chars, tail in (
+        ("caption_control_characters", "removed", control, ""),
+        ("caption_format_characters", "removed", invisible, ""),
+        ("caption_line_separators", "replaced", separators, " with a newline")) if chars]
+    if not notes:
         return
-    record["caption"] = "".join(c for c in caption if c not in removed)
-    count = sum(caption.count(c) for c in removed)
-    note = f"caption_control_characters: removed {count} ({', '.join(f'U+{ord(c):04X}' for c in removed)})"
+    dropped = set(control) | set(invisible)
+    record["caption"] = "".join("\n" if c in separators else c for c in caption if c not in dropped)
+    note = "; ".join(notes)
     record["warning"] = f"{record['warning']}; {note}" if record.get("warning") else note
 
 

@@ -24,6 +24,10 @@ from tasks.shared.validate import ValidationConfig
 # The config behind the positions of the keys' configs (explain names positions).
 INGEST_NAMES = {"[0]": "validation", "[1]": "hash buckets (staging.buckets)", "[2]": "input.allow_roots"}
 RESOLVE_NAMES = {"config config": "config staging.shard_size"}
+# Exact dedup's keys hold no setting: a group's partition range, a bucket's index and the
+# partitions per group. They change when the input has more or fewer partitions.
+_REGROUPED = "the input's partitions were regrouped (partitions added or removed)"
+EXACT_NAMES = {"config [0], [1]": _REGROUPED, "config [0]": _REGROUPED, "config [1]": _REGROUPED}
 
 
 def plan_units(store: Store, scratch: Store, parts: list[Partition], src: SourceConfig, val: ValidationConfig,
@@ -48,7 +52,7 @@ def plan_units(store: Store, scratch: Store, parts: list[Partition], src: Source
     inputs = [combined(digests[ps.start:ps.stop]) for ps in groups]
     buckets = [bucket_name(b) for b in range(n_buckets)]
     group_names = [dedup_group_name(g) for g in range(len(groups))]
-    exact = StagePlan("exact_dedup")
+    exact = StagePlan("exact_dedup", names=EXACT_NAMES)
     keys_x = [judge_unit(exact, store, dedup_keys_path(g), f"key exchange {group_names[g]}", exchange_keys_key, ps,
                          inputs[g]) for g, ps in enumerate(groups)]
     keydup = [judge_unit(exact, store, keydup_path(b), f"keys {buckets[b]}", duplicate_keys_key, b, size,

@@ -57,6 +57,10 @@ class SplitConfig(StrictModel):
                               "converts losslessly; 'jpg' re-encodes non-JPEG at jpeg_quality (lossy). "
                               "One extension per release is what Hugging Face's webdataset loader needs.")
     jpeg_quality: int = Field(95, ge=1, le=100, description="JPEG quality when image_format 'jpg' re-encodes.")
+    max_shrink: float = Field(
+        0.5, ge=0, le=1, description="A build whose release would have fewer samples than the published version "
+                                     "by more than this fraction fails and publishes nothing (1: never refuse a "
+                                     "shrink). An empty release always fails.")
     preset: Literal["default", "gpic"] = Field(
         "default", description="'gpic': GPIC's fixed numbers — val/test 200K/1M (scaled by n/101.2M below "
                                "GPIC's size), tiers as fixed train-shard counts (nano/lite = first 80/800, "

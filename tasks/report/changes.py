@@ -6,8 +6,8 @@ equal in both, its occurrence among them in input order. Between the old and the
 **added**, **removed** or **changed** in its fate (status), reason, split, release shard,
 caption (as released) or image bytes (SHA-256). ``changes.parquet`` lists every one
 (ordered by key, source path, occurrence), ``CHANGES.md`` counts them, lists the first
-ones, and adds the release shards rewritten, added and removed (from the receipts' output
-hashes), the change in licence counts and, when the statistics changed, their provenance.
+ones, and adds the release shards rewritten, added and removed (from the versions' output
+lists, ``receipt_outputs.parquet``), the change in licence counts and, when the statistics changed, their provenance.
 
 The join runs in DuckDB over the manifests' parquet files with a memory limit and a
 temporary folder, so manifests of 10⁸ rows are compared out of core; rows stream from
@@ -26,8 +26,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from corpusforge.layout import (TABLE_SUFFIXES, CHANGES_MD, CHANGES_SCHEMA, CHANGES_TABLE, MANIFEST_DIR, PREVIOUS_DIR, PREVIOUS_RECEIPT,
-                                PREVIOUS_RECORDS, RECEIPT, RELEASE_DIR, RELEASE_PLAN_DIR, RESOLVED_DIR)
+from corpusforge.layout import (CHANGES_MD, CHANGES_SCHEMA, CHANGES_TABLE, MANIFEST_DIR, PREVIOUS_DIR,
+                                PREVIOUS_OUTPUTS, PREVIOUS_RECEIPT, PREVIOUS_RECORDS, RECEIPT, RECEIPT_OUTPUTS,
+                                RELEASE_DIR, RELEASE_PLAN_DIR, RESOLVED_DIR, TABLE_SUFFIXES)
 from corpusforge.outofcore import spilling_duckdb
 from corpusforge.storage import PARQUET_WRITE_OPTIONS, Store
 
@@ -114,6 +115,10 @@ def keep_previous_version(store: Store, memory_limit: str = "2GB") -> bool:
     if store.exists(PREVIOUS_RECEIPT) and store.read_bytes(PREVIOUS_RECEIPT) == receipt:
         return True
     store.remove(PREVIOUS_RECEIPT)
+    if store.exists(RECEIPT_OUTPUTS):
+        store.write_bytes(PREVIOUS_OUTPUTS, store.read_bytes(RECEIPT_OUTPUTS))
+    else:
+        store.remove(PREVIOUS_OUTPUTS)
     schema = pa.schema([CHANGES_SCHEMA.field(c) for c in ("key", "source_path", "occurrence")]
                        + [pa.field(c, pa.string()) for c in FIELDS])
     with spilling_duckdb(memory_limit, store) as con:
@@ -131,6 +136,7 @@ def diff_versions(old: Store, new: Store, out: Store, previous_kept: bool = Fals
     ``old`` (a build into the same root). Returns the summary CHANGES.md renders."""
     old_records = _previous_records_query(old) if previous_kept else records_query(old)
     old_receipt = old.read_json(PREVIOUS_RECEIPT if previous_kept else RECEIPT)
+    old_outputs = PREVIOUS_OUTPUTS if previous_kept else RECEIPT_OUTPUTS
     new_receipt = new.read_json(RECEIPT)
     differs = " OR ".join(f"o.{f} IS DISTINCT FROM n.{f}" for f in FIELDS)
     fields = ", ".join(f"CASE WHEN o.{f} IS DISTINCT FROM n.{f} THEN '{f}' END" for f in FIELDS)
@@ -162,19 +168,26 @@ def diff_versions(old: Store, new: Store, out: Store, previous_kept: bool = Fals
                   for kind in ("added", "removed", "changed")}
     summary = {"records": {k: counts.get(k, 0) for k in ("added", "removed", "changed")},
                "changed_fields": by_field, "listed": listed,
-               "release_shards": _shard_changes(old_receipt, new_receipt),
+               "release_shards": _shard_changes(_release_tars(old, old_outputs), _release_tars(new, RECEIPT_OUTPUTS)),
                "licenses": _license_changes(old_receipt, new_receipt),
                "statistics": _stats_changes(old_receipt, new_receipt)}
     out.write_bytes(CHANGES_MD, render_changes(summary).encode())
     return summary
 
 
-def _shard_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, list[str]]:
-    """Release shards added, removed and rewritten (same path, other bytes), from the receipts."""
-    def shards(receipt: dict[str, Any]) -> dict[str, str]:
-        return {p: h for p, h in receipt.get("outputs", {}).items() if p.startswith(f"{RELEASE_DIR}/")
-                and p.endswith(".tar")}
-    a, b = shards(old), shards(new)
+def _release_tars(store: Store, rel: str) -> dict[str, str]:
+    """SHA-256 per release tar from a version's output list (``receipt_outputs.parquet``, or the
+    copy kept of the version a build replaced); none when the version has no list."""
+    if not store.exists(rel):
+        return {}
+    table = store.read_parquet(rel, columns=["path", "sha256"])
+    return {p: h for p, h in zip(table["path"].to_pylist(), table["sha256"].to_pylist(), strict=True)
+            if p.startswith(f"{RELEASE_DIR}/") and p.endswith(".tar")}
+
+
+def _shard_changes(a: dict[str, str], b: dict[str, str]) -> dict[str, list[str]]:
+    """Release shards added, removed and rewritten (same path, other bytes) between the tars
+    (path → SHA-256) of the old version ``a`` and the new one ``b``."""
     return {"added": sorted(set(b) - set(a)), "removed": sorted(set(a) - set(b)),
             "rewritten": sorted(p for p in set(a) & set(b) if a[p] != b[p])}
 

@@ -20,16 +20,16 @@ from typing import Any
 import pyarrow as pa
 
 from corpusforge.contract import digest_of, require_marker
-from corpusforge.layout import (CHANGES_MD, CHANGES_TABLE, MARKERS, RECEIPT, RECEIPT_OUTPUTS, RECEIPT_OUTPUTS_SCHEMA,
-                                REPORT, REPORT_HTML, ingest_path)
+from corpusforge.layout import (CHANGES_MD, CHANGES_TABLE, CURRENT, MARKERS, RECEIPT, RECEIPT_OUTPUTS,
+                                RECEIPT_OUTPUTS_SCHEMA, REPORT, REPORT_HTML, VERSIONS_DIR, ingest_path)
 from corpusforge.receipts import BUILD_FLOW
 from tasks.report.run_log import POINTER
 from corpusforge.storage import Store
 from tasks.shared.caption_summary import mix_by_split, share_table, word_stats
 from tasks.shared.provenance import NOT_RECORDED, RANDOM_INIT_LABEL, weights_label
 
-_SKIP_PREFIXES = ("work/", f"{MARKERS}/")
-_SKIP_FILES = (RECEIPT, RECEIPT_OUTPUTS, REPORT, REPORT_HTML, CHANGES_MD, CHANGES_TABLE)  # written after the receipt
+_SKIP_PREFIXES = ("work/", f"{MARKERS}/", f"{VERSIONS_DIR}/")  # published versions: links of listed files
+_SKIP_FILES = (RECEIPT, RECEIPT_OUTPUTS, REPORT, REPORT_HTML, CHANGES_MD, CHANGES_TABLE, CURRENT)  # written after it
 
 
 def input_snapshot_hash(store: Store, n_parts: int) -> str:
