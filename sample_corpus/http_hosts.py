@@ -5,7 +5,7 @@ Every address in 127.0.0.0/8 is its own host: one server thread per address, eac
 robots.txt and tdmrep.json. A control server on 127.0.0.1 reports per host the requests seen
 (path, start time) and the most requests ever in flight at once. Paths script the faults::
 
-    /img/NAME                 the image file NAME           /status/CODE/NAME   answer CODE
+    /img/PATH                 the image file PATH          /status/CODE/NAME   answer CODE
     /429s/SECS/NAME           429 Retry-After: SECS once     /429date/SECS/NAME  the same as an HTTP date
     /503once/NAME             503 once, then the image       /503always/NAME     always 503
     /xrobots/VALUE/NAME       X-Robots-Tag: VALUE (quoted)   /tdm/NAME           tdm-reservation: 1
@@ -16,14 +16,17 @@ robots.txt and tdmrep.json. A control server on 127.0.0.1 reports per host the r
 
 Run: ``python -m sample_corpus.http_hosts --config hosts.json --ready ready.json``; the config
 is ``{"images": DIR, "hosts": {"127.0.0.2": {"robots": "allow"|"disallow:/PATH"|"scoped:/PATH"|
-"404"|"503"|"timeout", "tdmrep": [...]}}, "latency_ms": 0}``; the ready file, written once every
-server listens, maps each host to its port and names the control URL.
+"404"|"503"|"timeout", "tdmrep": [...]}}, "latency_ms": 0, "port": 0}`` (port 0: any free port,
+one per host); the ready file, written once every server listens, maps each host to its port and
+names the control URL.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import select
+import socket
 import threading
 import time
 from collections import defaultdict
@@ -92,9 +95,20 @@ def _handler(host: str, spec: dict[str, Any], images: Path, ledger: Ledger, late
             self.end_headers()
             self.wfile.write(body)
 
+        def hung_up(self, seconds: float) -> bool:
+            """Wait up to ``seconds``; True as soon as the client has closed the connection (so an
+            answer it gave up on stops counting as in flight)."""
+            readable, _, _ = select.select([self.connection], [], [], seconds)
+            if not readable:
+                return False
+            try:
+                return self.connection.recv(1, socket.MSG_PEEK) == b""
+            except OSError:
+                return True
+
         def image(self, name: str, headers: dict[str, str] | None = None) -> None:
-            file = images / Path(name).name
-            if not file.is_file():
+            file = (images / unquote(name)).resolve()
+            if not (file.is_relative_to(images.resolve()) and file.is_file()):
                 return self.send(404, b"no such image")
             kind = "image/png" if file.suffix == ".png" else "image/jpeg"
             self.send(200, file.read_bytes(), headers, kind)
@@ -120,7 +134,7 @@ def _handler(host: str, spec: dict[str, Any], images: Path, ledger: Ledger, late
                     return self.send(200, json.dumps(spec["tdmrep"]).encode(), content_type="application/json")
                 return self.send(404)
             if head == "img":
-                return self.image(rest[-1])
+                return self.image("/".join(rest))
             if head in ("429s", "429date", "retry-far"):
                 if ledger.first(host, path):
                     secs = int(rest[0]) if head != "retry-far" else 100_000
@@ -168,7 +182,8 @@ def _handler(host: str, spec: dict[str, Any], images: Path, ledger: Ledger, late
                 for i in range(len(data)):
                     self.wfile.write(data[i:i + 1])
                     self.wfile.flush()
-                    time.sleep(0.2)
+                    if self.hung_up(0.2):
+                        return None
                 return None
             if head == "html":
                 return self.send(200, b"<!doctype html><html><body>not an image</body></html>",
@@ -184,7 +199,8 @@ def _handler(host: str, spec: dict[str, Any], images: Path, ledger: Ledger, late
                 return self.send(200, f"User-agent: corpusforge\nDisallow: {mode.split(':', 1)[1]}\n\n"
                                       "User-agent: *\nAllow: /\n".encode())
             if mode == "timeout":
-                time.sleep(ROBOTS_TIMEOUT_S)
+                if self.hung_up(ROBOTS_TIMEOUT_S):
+                    return None
                 return self.send(200, b"User-agent: *\nAllow: /\n")
             return self.send(int(mode))
 
@@ -223,7 +239,7 @@ def serve(config: dict[str, Any], ready: Path) -> None:
     images, latency = Path(config["images"]), config.get("latency_ms", 0) / 1000
     servers = {"control": QuietServer(("127.0.0.1", 0), _control(ledger))}
     for host, spec in config["hosts"].items():
-        servers[host] = QuietServer((host, 0), _handler(host, spec, images, ledger, latency))
+        servers[host] = QuietServer((host, config.get("port", 0)), _handler(host, spec, images, ledger, latency))
     for server in servers.values():
         threading.Thread(target=server.serve_forever, daemon=True).start()
     ports = {h: s.server_address[1] for h, s in servers.items() if h != "control"}

@@ -291,13 +291,13 @@ def fetched_digest(store: Store, part: Partition) -> str | None:
 
 
 def ingest_key(store: Store, part: Partition, src: SourceConfig, val: ValidationConfig, n_buckets: int,
-               lic: LicenseConfig | None) -> str:
+               lic: LicenseConfig | None, fetched: str | None = None) -> str:
     """The fingerprint of one partition's ingest (the run and ``corpusforge plan`` share it):
-    settings, the partition's digest, every image's stamp (a URL list: its fetch ledger's digest)
-    and each row's licence verdict."""
+    settings, the partition's digest, every image's stamp (a URL list: its fetch ledger's digest,
+    ``fetched``, or the one in ``store``'s marker) and each row's licence verdict."""
     inputs = [part.kind, part.base, part.digest, image_stamps(part, src, store), license_verdicts(part, store, lic)]
     if part.kind == "urls":
-        inputs.append(fetched_digest(store, part))
+        inputs.append(fetched or fetched_digest(store, part))
     return unit_fingerprint("ingest", code_version("tasks.ingest.partition"),
                             [val.model_dump(mode="json"), n_buckets, sorted(src.allow_roots)], inputs)
 

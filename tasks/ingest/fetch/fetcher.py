@@ -115,7 +115,7 @@ class Fetcher:
             return Outcome.new(None).end("error/blocked_address", str(exc))
         out = Outcome.new(target.host)
         if rule := self.deny.rule(url, target):
-            return out.end("filtered/opted_out", rule, opt_out_rule=rule, evidence=rule)
+            return out.end("filtered/opted_out", rule, opt_out_rule="deny-list", evidence=rule)
         for _ in range(self.cfg.max_redirects + 1):
             try:
                 address = resolve_checked(target, self.cfg.allow_private_networks)

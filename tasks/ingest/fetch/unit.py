@@ -23,7 +23,8 @@ from typing import Any
 import fsspec
 import pyarrow as pa
 
-from corpusforge.contract import COMPUTED, SKIPPED, Unit, UnitResult, current_marker, finish_unit, must_compute, unit_fingerprint
+from corpusforge.contract import (COMPUTED, SKIPPED, Unit, UnitResult, current_marker, finish_unit, must_compute,
+                                  unit_fingerprint)
 from corpusforge.faults import fault_point
 from corpusforge.hashing import sha256_bytes
 from corpusforge.layout import FETCH_LEDGER_SCHEMA, fetch_ledger_path
@@ -53,16 +54,17 @@ def read_deny_list(cfg: FetchConfig) -> tuple[DenyList, str | None]:
     return DenyList(data.decode("utf-8", "replace").splitlines()), sha256_bytes(data)
 
 
-def fetch_key(store: Store, part: Partition, cfg: FetchConfig, lic: LicenseConfig | None,
-              deny_sha256: str | None) -> str:
-    """The fingerprint of one partition's fetch (the run and ``corpusforge plan`` share it)."""
+def fetch_key(chunks: Store, part: Partition, cfg: FetchConfig, lic: LicenseConfig | None,
+              deny_sha256: str | None, store_root: str) -> str:
+    """The fingerprint of one partition's fetch (the run and ``corpusforge plan`` share it);
+    ``chunks``: the store the partition's chunk is read with, ``store_root``: the fetch store's."""
     decisive = [cfg.product(), cfg.allow_private_networks, cfg.max_bytes, cfg.max_redirects, cfg.refresh,
-                fetch_store(store, cfg).root]
+                store_root]
     return unit_fingerprint("fetch", code_version(__name__), decisive,
-                            [part.digest, license_verdicts(part, store, lic), deny_sha256])
+                            [part.digest, license_verdicts(part, chunks, lic), deny_sha256])
 
 
-def _before_request(meta: dict[str, Any], lic: LicenseConfig | None) -> Outcome | None:
+def before_request(meta: dict[str, Any], lic: LicenseConfig | None) -> Outcome | None:
     """The outcome of a row that is never requested: no URL, an unsafe key, a licence refused."""
     url = meta.get("url") or ""
     try:
@@ -115,7 +117,7 @@ def fetch_partition(store: Store, part: Partition, cfg: FetchConfig, lic: Licens
                     ) -> UnitResult:
     """Fetch one URL-list partition (skipped when current with nothing deferred); its marker."""
     deny, deny_sha = read_deny_list(cfg)
-    fp = fetch_key(store, part, cfg, lic, deny_sha)
+    fp = fetch_key(store, part, cfg, lic, deny_sha, fetch_store(store, cfg).root)
     rel = fetch_ledger_path(part.index)
     marker = current_marker(store, rel, fp)
     if marker is not None and marker.info["pending"] == 0:
@@ -126,7 +128,7 @@ def fetch_partition(store: Store, part: Partition, cfg: FetchConfig, lic: Licens
 
     def one(i: int) -> tuple[int, Outcome]:
         meta = rows[i]
-        out = _before_request(meta, lic) or fetcher.fetch(meta["url"], _sha1(meta))
+        out = before_request(meta, lic) or fetcher.fetch(meta["url"], _sha1(meta))
         fault_point("fetch.url", part.name)
         return i, out
 
