@@ -289,3 +289,26 @@ def test_commons_and_flickr_exports_become_url_lists():
               {"id": "3", "owner": "9@N0", "title": "Cat", "license": "16", "url_o": "https://f/3.jpg"}]
     verdicts = [license_reason(r["license"], r["license_url"], LicenseConfig()) for r in flickr_rows(photos, table)]
     assert verdicts[0] == "" and verdicts[2] == "" and verdicts[1].startswith("license_not_allowed")
+
+
+def test_plan_says_how_many_urls_and_hosts_a_build_would_fetch(tmp_path):
+    """``corpusforge plan`` reads the URL list (never a host): rows the licence drops and bad URLs
+    are not counted."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from flows.build_corpus import BuildConfig
+    from flows.plan import plan_build, plan_data, render_plan
+
+    urls = [f"http://127.0.0.{2 + i % 3}:9/img{i}.jpg" for i in range(7)] + ["file:///etc/passwd"]
+    licences = ["CC BY 4.0"] * 6 + ["All rights reserved", "CC0"]
+    pq.write_table(pa.table({"url": urls, "license": licences}), tmp_path / "urls.parquet")
+    config = BuildConfig.model_validate({"source": str(tmp_path / "urls.parquet"), "out": str(tmp_path / "out"),
+                                         "fetch": {"user_agent": UA}, "features": {"models": []},
+                                         "near_dedup": None})
+    data = plan_data(config, plan_build(config))
+    fetch = data["stages"][0]
+    assert fetch["stage"] == "fetch" and fetch["facts"] == {"urls": 6, "hosts": 3}
+    assert fetch["counts"]["recompute"] == 1 and data["stages"][1]["stage"] == "ingest"
+    assert "(6 URLs to request from 3 hosts)" in render_plan(data)
+    assert not (tmp_path / "out").exists()

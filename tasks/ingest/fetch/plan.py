@@ -9,7 +9,7 @@ from corpusforge.contract import COMPUTED, SKIPPED, explain, read_marker
 from corpusforge.layout import FETCH_LEDGER_DIR, fetch_ledger_path, fetch_url_path, part_name
 from corpusforge.plans import StagePlan, deletions
 from corpusforge.storage import Store
-from tasks.ingest.fetch.addresses import parse_target
+from tasks.ingest.fetch.addresses import Blocked, parse_target
 from tasks.ingest.fetch.config import FetchConfig
 from tasks.ingest.fetch.fetcher import url_digest
 from tasks.ingest.fetch.unit import before_request, fetch_key, fetch_store, read_deny_list
@@ -39,9 +39,13 @@ def plan_units(store: Store, scratch: Store, parts: list[Partition], cfg: FetchC
             stage.outputs[part_name(p.index)] = marker.digest
             continue
         for meta in chunk_rows(p, scratch):
-            if before_request(meta, lic) is None and not fetched.exists(fetch_url_path(url_digest(meta["url"]))):
-                urls += 1
+            if before_request(meta, lic) is not None or fetched.exists(fetch_url_path(url_digest(meta["url"]))):
+                continue
+            try:
                 hosts.add(parse_target(meta["url"]).host)
+            except Blocked:  # refused without a request
+                continue
+            urls += 1
     deletions(stage, store, FETCH_LEDGER_DIR, ".parquet", [part_name(p.index) for p in parts])
     stage.facts = {"urls": urls, "hosts": len(hosts)}
     return stage
