@@ -537,9 +537,10 @@ def plan_partitions(src: str, store: Store, cfg: SourceConfig) -> tuple[str, lis
     elif kind == "table":
         fs, path = _fs(uri, cfg.storage_options)
         base = _full(fs, posixpath.dirname(path), uri)
-        if urls := is_url_list(uri, cfg):
-            kind = "urls"
-        parts = _write_chunks(store, _table_rows(uri, cfg, urls), cfg.partition_size, base, kind)
+        urls = is_url_list(uri, cfg)
+        parts = _write_chunks(store, _table_rows(uri, cfg, urls), cfg.partition_size, base,
+                              "urls" if urls else "rows")
+        kind = "urls" if urls else kind
     else:
         with contextlib.closing(_folder_rows(uri, cfg, store)) as rows:
             parts = _write_chunks(store, rows, cfg.partition_size, uri.rstrip("/"))
