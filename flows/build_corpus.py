@@ -159,9 +159,16 @@ def build(config: BuildConfig) -> dict[str, Any]:
         return _build(config, progress, {name: (task, unit) for name, task, unit in stages})
 
 
+def _fetch_measure(result: Any) -> dict[str, float]:
+    """What the fetch progress shows per finished unit: URLs with an outcome, bytes received."""
+    return {"URLs fetched": result.info["fetched"],
+            "bytes": sum(h["bytes"] for h in result.info["hosts"].values())}
+
+
 def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[str, str]]) -> dict[str, Any]:
     def stage(name: str) -> Any:
-        return progress.stage(name, *stages[name]) if name in stages else contextlib.nullcontext()
+        measure = _fetch_measure if name == "fetch" else None
+        return progress.stage(name, *stages[name], measure=measure) if name in stages else contextlib.nullcontext()
 
     log = run_logger()
     store = Store(config.out, config.storage_options)

@@ -312,3 +312,19 @@ def test_plan_says_how_many_urls_and_hosts_a_build_would_fetch(tmp_path):
     assert fetch["counts"]["recompute"] == 1 and data["stages"][1]["stage"] == "ingest"
     assert "(6 URLs to request from 3 hosts)" in render_plan(data)
     assert not (tmp_path / "out").exists()
+
+
+def test_fetch_progress_shows_urls_fetched_and_bytes_per_second():
+    from types import SimpleNamespace
+
+    from corpusforge.progress import RunProgress
+    from flows.build_corpus import _fetch_measure
+
+    progress = RunProgress("build-corpus", ["fetch"], log_every=1e9)
+    progress._push = lambda force=False: None  # no logger, no artifact: only the line is checked
+    unit = SimpleNamespace(info={"fetched": 40, "hosts": {"a": {"bytes": 3_000_000}, "b": {"bytes": 1_000_000}}})
+    with progress.stage("fetch", "fetch-partition", "URL-list partitions", measure=_fetch_measure) as stage:
+        progress.add("fetch-partition", 2)
+        progress.advance("fetch-partition", 1, [unit])
+        line = stage.line()
+    assert line.startswith("fetch: 1/2 URL-list partitions (50%), 40 URLs fetched, 4.0 MB (") and "MB/s)" in line
