@@ -138,9 +138,11 @@ def _rows(h, deny: Path) -> tuple[list[dict], dict[str, str]]:
         ("bomb", a("/img/bomb.png"), "error/decompression_bomb"),
         ("later", a("/retry-far/img28.jpg"), "error/fetch_deferred"),
         ("badsha1", img(29), "error/checksum_mismatch"),
+        ("sameurl", img(2), "exact_duplicate/sha256_match"),  # listed twice: fetched once
+        ("sameurlnolicence", img(1), "filtered/license_not_allowed"),  # its licence still decides
     ]
     deny.write_text(f"# an offline opt-out registry\n{img(20)}\n")
-    rows = [{"key": k, "url": u, "license": "All rights reserved" if k == "nolicence" else "CC BY 2.0",
+    rows = [{"key": k, "url": u, "license": "All rights reserved" if "nolicence" in k else "CC BY 2.0",
              "license_url": "https://creativecommons.org/licenses/by/2.0/", "attribution": f"author of {k}",
              "caption": f"a photo {k}", "sha1": "0" * 40 if k == "badsha1" else None} for k, u, _ in plan]
     return rows, {k: want for k, _, want in plan}
@@ -257,6 +259,7 @@ def test_url_list_build_fetches_politely_once_and_resumes(tmp_path, cli, http_ho
     for opted in ("/xrobots/noai/img16.jpg", "/xrobots/corpusforge%3A%20noimageai/img17.jpg", "/tdm/img19.jpg"):
         assert paths[A].count(opted) == 1, opted
     assert "/img/img12.jpg" not in paths[A] and "/img/img20.jpg" not in paths[A]  # licence, deny-list
+    assert paths[A].count("/img/img2.jpg") == 1 and paths[A].count("/img/img1.jpg") == 1  # a URL listed twice
     assert "/img/img3.jpg" not in paths[B] and "/img/img25.jpg" not in paths[F]
     assert paths[G] == ["/robots.txt", "/.well-known/tdmrep.json"]
     for slow in ("/429s/1/img13.jpg", "/429date/2/img14.jpg"):

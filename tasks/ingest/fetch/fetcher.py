@@ -30,7 +30,7 @@ from tasks.ingest.fetch.config import FetchConfig
 from tasks.ingest.fetch.optouts import (ROBOTS_MAX_BYTES, DenyList, OriginFile, robots_rule, tdm_header_rule,
                                         tdmrep_rule, x_robots_rule)
 from tasks.ingest.fetch.origins import Origins
-from tasks.ingest.fetch.politeness import RETRIED_STATUSES, Hosts, backoff, host_slot, retry_after_seconds
+from tasks.ingest.fetch.politeness import RETRIED_STATUSES, Hosts, HostSlots, backoff, retry_after_seconds
 
 CLOCK_ENV = "CORPUSFORGE_FETCH_CLOCK"  # an ISO time: every fetch happens "then" (tests, reproducible demos)
 FETCHED = "fetched"
@@ -76,11 +76,13 @@ class Fetcher:
         self.cfg, self.store, self.deny, self.clock = cfg, store, deny, clock
         self.client = new_client(cfg.connect_timeout_s)
         self.hosts = Hosts(cfg.breaker_failures)
+        self.slots = HostSlots()
         self.origins = Origins(store, self._origin_file, clock, cfg.robots_max_age_s)
         self.rng = random.Random(seed)
         self.product = cfg.product()
 
     def close(self) -> None:
+        self.slots.close()
         self.client.close()
 
     # ---- the stored outcome ------------------------------------------------------------------
@@ -167,7 +169,7 @@ class Fetcher:
                                final=False)
             out["wait_seconds"] += state.wait_turn(self.cfg.min_interval(target.host))
             try:
-                with host_slot(target.host, self.cfg.connections(target.host)):
+                with self.slots.slot(target.host, self.cfg.connections(target.host)):
                     out["requests"] += 1
                     resp = request(self.client, target, address, self.cfg.user_agent or "", self.cfg.deadline_s,
                                    self.cfg.max_bytes, read_body)
@@ -230,7 +232,7 @@ class Fetcher:
         for _ in range(self.cfg.max_redirects + 1):
             try:
                 address = resolve_checked(target, self.cfg.allow_private_networks)
-                with host_slot(target.host, self.cfg.connections(target.host)):
+                with self.slots.slot(target.host, self.cfg.connections(target.host)):
                     resp = request(self.client, target, address, self.cfg.user_agent or "", self.cfg.deadline_s,
                                    ROBOTS_MAX_BYTES, lambda status, _: status == 200)
             except (Blocked, ConnectionError, TooLarge, Deadline, httpx.TransportError) as exc:

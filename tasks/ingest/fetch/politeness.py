@@ -45,19 +45,72 @@ def _cluster_semaphore(name: str, limit: int) -> Any:
         return _SHARED[name]
 
 
-@contextlib.contextmanager
-def host_slot(host: str, limit: int) -> Iterator[None]:
-    """Hold one of ``limit`` slots for ``host`` while a request is in flight."""
-    name = f"corpusforge-fetch:{host}:{limit}"
-    shared = _cluster_semaphore(name, limit)
-    if shared is not None:
-        with shared:
+LEASE_LINGER_S = 0.5  # an idle cluster lease is kept this long for the unit's next request to the host
+
+
+class HostSlots:
+    """One fetch unit's slots on hosts: at most ``limit`` requests in flight to a host across every
+    Dask worker, held as leases of a ``distributed.Semaphore`` per host (process-wide semaphores
+    outside a cluster). A lease is kept while the unit keeps using it and returned after
+    :data:`LEASE_LINGER_S` idle, so a request costs no scheduler round trip while a unit works
+    through a host's URLs, and a lease never waits on work elsewhere for long."""
+
+    def __init__(self, linger: float = LEASE_LINGER_S):
+        self.linger = linger
+        self.lock = threading.Lock()
+        self.idle: dict[str, list[float]] = {}  # host -> when each held, unused lease became idle
+        self.limits: dict[str, int] = {}
+        self.closed = threading.Event()
+        self.reaper: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def slot(self, host: str, limit: int) -> Iterator[None]:
+        """Hold one of ``limit`` slots for ``host`` while a request is in flight."""
+        shared = _cluster_semaphore(f"corpusforge-fetch:{host}:{limit}", limit)
+        if shared is None:
+            with _LOCAL_LOCK:
+                local = _LOCAL.setdefault((host, limit), threading.BoundedSemaphore(limit))
+            with local:
+                yield
+            return
+        with self.lock:
+            self.limits[host] = limit
+            reused = bool(self.idle.get(host))
+            if reused:
+                self.idle[host].pop()
+            if self.reaper is None:
+                self.reaper = threading.Thread(target=self._reap, daemon=True)
+                self.reaper.start()
+        if not reused:
+            shared.acquire()
+        try:
             yield
-        return
-    with _LOCAL_LOCK:
-        local = _LOCAL.setdefault((host, limit), threading.BoundedSemaphore(limit))
-    with local:
-        yield
+        finally:
+            with self.lock:
+                self.idle.setdefault(host, []).append(time.monotonic())
+
+    def _release_idle(self, older_than: float) -> None:
+        now = time.monotonic()
+        freed = []
+        with self.lock:
+            for host, since in self.idle.items():
+                keep = [t for t in since if now - t < older_than]
+                freed += [host] * (len(since) - len(keep))
+                self.idle[host] = keep
+        for host in freed:
+            limit = self.limits[host]
+            _cluster_semaphore(f"corpusforge-fetch:{host}:{limit}", limit).release()
+
+    def _reap(self) -> None:
+        while not self.closed.wait(self.linger / 2):
+            self._release_idle(self.linger)
+
+    def close(self) -> None:
+        """Return every lease (all are idle once the unit's requests are done)."""
+        self.closed.set()
+        if self.reaper is not None:
+            self.reaper.join()
+        self._release_idle(-1.0)
 
 
 def retry_after_seconds(value: str | None, now: datetime) -> float | None:

@@ -126,18 +126,27 @@ def fetch_partition(store: Store, part: Partition, cfg: FetchConfig, lic: Licens
     rows = chunk_rows(part, store)
     fetcher = Fetcher(cfg, fetch_store(store, cfg), deny, seed=part.index)
 
-    def one(i: int) -> tuple[int, Outcome]:
-        meta = rows[i]
-        out = before_request(meta, lic) or fetcher.fetch(meta["url"], _sha1(meta))
-        fault_point("fetch.url", part.name)
-        return i, out
+    refused = {i: out for i, meta in enumerate(rows) if (out := before_request(meta, lic)) is not None}
+    wanted = {i: (meta["url"], _sha1(meta)) for i, meta in enumerate(rows) if i not in refused}
+    first: dict[tuple[str, str | None], int] = {}  # a URL listed twice is fetched once
+    for i, want in wanted.items():
+        first.setdefault(want, i)
 
+    def one(i: int) -> tuple[tuple[str, str | None], Outcome]:
+        out = fetcher.fetch(*wanted[i])
+        fault_point("fetch.url", part.name)
+        return wanted[i], out
+
+    todo = set(first.values())
     try:
         with ThreadPoolExecutor(cfg.threads) as pool:
-            outcomes = dict(pool.map(one, interleave_hosts(rows)))
+            fetched = dict(pool.map(one, [i for i in interleave_hosts(rows) if i in todo]))
     finally:
         fetcher.close()
-    ledger = [{"row": i, "url": rows[i].get("url"), **outcomes[i]} for i in range(len(rows))]
+    again = {"requests": 0, "status_429": 0, "wait_seconds": 0.0, "bytes_received": 0}  # a repeat asked nothing
+    outcomes = {**refused, **{i: fetched[want] if first[want] == i else Outcome({**fetched[want], **again})
+                              for i, want in wanted.items()}}
+    ledger = [{"row": i, "url": meta.get("url"), **outcomes[i]} for i, meta in enumerate(rows)]
     sha = store.write_parquet(rel, pa.Table.from_pylist(ledger, schema=FETCH_LEDGER_SCHEMA))
     by_outcome = Counter(r["outcome"] for r in ledger)
     info = {"part": part.index, "urls": len(ledger), "fetched": by_outcome.get(FETCHED, 0),
