@@ -92,6 +92,7 @@ def _handler(host: str, spec: dict[str, Any], images: Path, ledger: Ledger, late
             self.send_header("Content-Length", str(len(body)))
             for name, value in (headers or {}).items():
                 self.send_header(name, value)
+            self.done()  # before the client can have a byte of the answer (it may hang up at once)
             self.end_headers()
             self.wfile.write(body)
 
@@ -113,8 +114,15 @@ def _handler(host: str, spec: dict[str, Any], images: Path, ledger: Ledger, late
             kind = "image/png" if file.suffix == ".png" else "image/jpeg"
             self.send(200, file.read_bytes(), headers, kind)
 
+        def done(self) -> None:
+            """The request stops counting as in flight (once)."""
+            if not self.left:
+                self.left = True
+                ledger.leave(host)
+
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             ledger.enter(host, self.path)
+            self.left = False
             try:
                 if latency:
                     time.sleep(latency)
@@ -122,7 +130,7 @@ def _handler(host: str, spec: dict[str, Any], images: Path, ledger: Ledger, late
             except (BrokenPipeError, ConnectionResetError):
                 pass
             finally:
-                ledger.leave(host)
+                self.done()
 
         def route(self, path: str) -> None:
             parts = path.lstrip("/").split("/")
@@ -163,6 +171,7 @@ def _handler(host: str, spec: dict[str, Any], images: Path, ledger: Ledger, late
                 self.send_response(200)
                 self.send_header("Content-Type", "image/jpeg")
                 self.send_header("Content-Length", str(10 ** 12))
+                self.done()  # the client hangs up on the headers
                 self.end_headers()
                 return self.wfile.write(b"\xff\xd8\xff" + b"\0" * 1024)
             if head == "endless":

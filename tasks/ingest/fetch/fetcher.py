@@ -175,7 +175,9 @@ class Fetcher:
                                    self.cfg.max_bytes, read_body)
             except TooLarge as exc:
                 return out.end("error/too_large", str(exc))
-            except (httpx.TransportError, Deadline) as exc:
+            except httpx.InvalidURL as exc:  # a URL the client cannot send: asking again changes nothing
+                return out.end("error/fetch_failed", f"InvalidURL: {exc}")
+            except (httpx.RequestError, Deadline) as exc:  # connection, protocol, decoding errors
                 state.failed()
                 why = f"{type(exc).__name__}: {exc}"
             else:
@@ -235,7 +237,7 @@ class Fetcher:
                 with self.slots.slot(target.host, self.cfg.connections(target.host)):
                     resp = request(self.client, target, address, self.cfg.user_agent or "", self.cfg.deadline_s,
                                    ROBOTS_MAX_BYTES, lambda status, _: status == 200)
-            except (Blocked, ConnectionError, TooLarge, Deadline, httpx.TransportError) as exc:
+            except (Blocked, ConnectionError, TooLarge, Deadline, httpx.RequestError, httpx.InvalidURL) as exc:
                 return OriginFile(None, error=f"{type(exc).__name__}: {exc}")
             if resp.status in REDIRECTS and resp.headers.get("location"):
                 try:
