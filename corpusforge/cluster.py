@@ -317,7 +317,7 @@ def run_tasks(t, calls: list[dict[str, Any]]) -> list[Any]:
         for kwargs in calls:
             results.append(t.fn(**kwargs))
             if progress is not None:
-                progress.advance(t.name)
+                progress.advance(t.name, results=results[-1:])
         return results
     if not calls:
         return []
@@ -399,9 +399,9 @@ def _run_batches(t, calls: list[dict[str, Any]], flow_run: Any, progress: Any) -
     sizes = {id(f): len(part) for f, part in zip(futures, parts, strict=True)}
     try:
         for future in as_completed(futures):
-            future.result()  # a batch failed for good fails the stage now, not after every other batch
+            done = future.result()  # a batch failed for good fails the stage now, not after every other batch
             if progress is not None:
-                progress.advance(t.name, sizes[id(future)])
+                progress.advance(t.name, sizes[id(future)], done)
     except BaseException:
         for other in futures:  # batches not started yet never start (a running one ends by itself)
             wrapped = getattr(other, "wrapped_future", None)

@@ -12,6 +12,11 @@ every folder as it is.
     work/input/{part}.parquet          normalised input rows (table/folder sources)
     work/.listing/{lister}-{n}.parquet a folder source's entries while it is planned (removed after): the
                                        listing spilled, for DuckDB to sort and match sidecars out of core
+    work/fetch/{part}.parquet          a URL-list partition's fetch ledger: one row per input row, its
+                                       outcome, URL, HTTP status, opt-out rule and evidence (tasks/ingest/fetch/)
+    fetch/blobs/{sha[:2]}/{sha256}     fetched bytes, content-addressed (under OUT, or fetch.store)
+    fetch/urls/{h[:2]}/{h}.json        the final outcome of one URL (h: SHA-256 of the URL): never fetched again
+    fetch/origins/{h}.json             robots.txt and /.well-known/tdmrep.json of one origin, as fetched
     work/ingest/{part}.parquet         one row per input record, facts from its bytes
     work/spill/{part}.bin              the valid records' image bytes as ingest read them, concatenated
                                        (staging copies from here: the source is read once)
@@ -84,6 +89,7 @@ TABLE_SUFFIXES = (".parquet", ".jsonl", ".csv")
 # ---- folders that hold exactly the current plan's units ------------------------------
 INPUT_DIR = "work/input"
 INGEST_DIR = "work/ingest"
+FETCH_LEDGER_DIR = "work/fetch"
 SPILL_DIR = "work/spill"
 HASHES_DIR = "work/hashes"
 KEYS_DIR = "work/keys"
@@ -159,6 +165,23 @@ def input_path(part: int) -> str:
 
 def listing_spill_path(lister: str, n: int) -> str:
     return f"{LISTING_SPILL_DIR}/{lister}-{n:06d}.parquet"
+
+
+def fetch_ledger_path(part: int) -> str:
+    return f"{FETCH_LEDGER_DIR}/{part_name(part)}.parquet"
+
+
+# The fetch store (tasks/ingest/fetch/), under OUT or ``fetch.store``: shared by every build that names it.
+def fetch_blob_path(sha256: str) -> str:
+    return f"fetch/blobs/{sha256[:2]}/{sha256}"
+
+
+def fetch_url_path(url_sha256: str) -> str:
+    return f"fetch/urls/{url_sha256[:2]}/{url_sha256}.json"
+
+
+def fetch_origin_path(origin_sha256: str) -> str:
+    return f"fetch/origins/{origin_sha256}.json"
 
 
 def ingest_path(part: int) -> str:
@@ -315,7 +338,7 @@ def manifest_path(part: int) -> str:
 
 
 # ---- shared schemas ------------------------------------------------------------------
-_INPUT_COLUMNS = ["key", "path", "caption", "caption_type", "source", "license", "license_url",
+_INPUT_COLUMNS = ["key", "path", "url", "caption", "caption_type", "source", "license", "license_url",
                   "attribution", "retrieved_at", "extra", "warning",  # warning: a sidecar that was not usable
                   "sidecars"]  # folder input: an image's sidecar extensions ("txt,json"), read at ingest
 INPUT_SCHEMA = pa.schema([(c, pa.string()) for c in _INPUT_COLUMNS])
@@ -348,6 +371,9 @@ INGEST_SCHEMA = pa.schema([
                                       # still holds what ingest hashed (SHA-256 costs 8x more to recompute)
     ("source_split", pa.string()),    # train/val/test of a GPIC-layout source tar (its folder), else null
     ("source_tiers", pa.string()),    # a GPIC source sample's JSON `split` (its tiers), comma-joined, else null
+    ("url", pa.string()),             # a URL-list source's URL (manifest and fetch ledger only; never shipped)
+    ("http_status", pa.int32()),      # the final HTTP status of a fetched URL
+    ("opt_out_rule", pa.string()),    # the rule that refused a URL (robots.txt, X-Robots-Tag, TDMRep, deny-list)
 ])
 
 HASH_SCHEMA = pa.schema([("bucket", pa.int32()), ("sha256", pa.string()), ("key", pa.string()),
@@ -460,6 +486,22 @@ MANIFEST_SCHEMA = pa.schema([
     INGEST_SCHEMA.field("source_tiers"),
     ("release_ext", pa.string()),     # the image member's extension in the release tar (jpg, png, webp)
     ("image_encoding", pa.string()),  # copied (bytes as staged) | png_lossless | jpeg_q{N} (tasks/release/release_image.py)
+    INGEST_SCHEMA.field("url"),
+    INGEST_SCHEMA.field("http_status"),
+    INGEST_SCHEMA.field("opt_out_rule"),
+    INGEST_SCHEMA.field("retrieved_at"),
+])
+
+# A URL-list partition's fetch ledger (work/fetch/{part}.parquet): one row per input row, in order.
+# ``outcome``: fetched, not_requested (the licence or the URL refused it before any request),
+# deferred (Retry-After beyond the cap, the host's circuit open: tried again next run), or the
+# manifest's status/reason code (filtered/robots_disallowed, error/http_status, …).
+FETCH_LEDGER_SCHEMA = pa.schema([
+    ("row", pa.int32()), ("url", pa.string()), ("host", pa.string()), ("outcome", pa.string()),
+    ("detail", pa.string()), ("final", pa.bool_()), ("http_status", pa.int32()), ("opt_out_rule", pa.string()),
+    ("evidence", pa.string()), ("sha256", pa.string()), ("bytes", pa.int64()), ("retrieved_at", pa.string()),
+    ("requests", pa.int32()), ("status_429", pa.int32()), ("wait_seconds", pa.float64()),
+    ("bytes_received", pa.int64()),
 ])
 
 

@@ -37,13 +37,15 @@ class StagePlan:
     (units may be added), so only its recomputes are certain. ``names``: the stage's names for
     the positions of its key's config (:func:`corpusforge.contract.explain` names positions,
     ``[0]``), put into every reason; each stage keeps its own. ``outputs``: what the next
-    stage's plan reads of each unit known before the run (its digest or marker), by unit."""
+    stage's plan reads of each unit known before the run (its digest or marker), by unit.
+    ``facts``: what the stage states about the run's work (a fetch: the URLs and hosts it asks)."""
 
     stage: str
     units: list[UnitPlan] = field(default_factory=list)
     open: bool = False
     names: dict[str, str] = field(default_factory=dict, repr=False)
     outputs: dict[str, Any] = field(default_factory=dict, repr=False)
+    facts: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def add(self, unit: str, action: str, reason: str) -> None:
         for part, name in self.names.items():

@@ -22,8 +22,13 @@ import contextvars
 import logging
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+
+# What a stage measures of each finished unit's result (e.g. the fetch: URLs and bytes), shown
+# with its units as totals and, for bytes, a rate.
+Measure = Callable[[Any], dict[str, float]]
 
 log = logging.getLogger("corpusforge")
 
@@ -48,10 +53,11 @@ def _fmt_seconds(seconds: float) -> str:
 class Stage:
     """Units of one stage: a total that grows as tasks are submitted, and those done."""
 
-    def __init__(self, name: str, task: str, unit: str):
-        self.name, self.task, self.unit = name, task, unit
+    def __init__(self, name: str, task: str, unit: str, measure: Measure | None = None):
+        self.name, self.task, self.unit, self.measure = name, task, unit, measure
         self.total = 0
         self.done = 0
+        self.work: Counter[str] = Counter()
         self.started = time.monotonic()
         self.bar: Any = None  # the rich progress task, on a terminal
 
@@ -68,6 +74,12 @@ class Stage:
     def line(self) -> str:
         pct = 100 * self.fraction
         text = f"{self.name}: {self.done}/{self.total} {self.unit} ({pct:.0f}%)"
+        for what, n in self.work.items():
+            if what == "bytes":
+                rate = n / max(time.monotonic() - self.started, 1e-9)
+                text += f", {n / 1e6:.1f} MB ({rate / 1e6:.2f} MB/s)"
+            else:
+                text += f", {n:g} {what}"
         eta = self.eta()
         return text + (f", about {_fmt_seconds(eta)} left" if eta is not None else "")
 
@@ -140,9 +152,10 @@ class RunProgress:
 
     # ---- stages ----------------------------------------------------------------------
     @contextlib.contextmanager
-    def stage(self, name: str, task: str, unit: str = "units") -> Iterator[Stage]:
-        """Open stage ``name``; finished runs of Prefect task ``task`` are its units."""
-        stage = Stage(name, task, unit)
+    def stage(self, name: str, task: str, unit: str = "units", measure: Measure | None = None) -> Iterator[Stage]:
+        """Open stage ``name``; finished runs of Prefect task ``task`` are its units, and
+        ``measure`` what each unit's result adds to the stage's figures."""
+        stage = Stage(name, task, unit, measure)
         self.open[task] = stage
         if self._bar is not None:
             stage.bar = self._bar.add_task(name, total=None)
@@ -159,10 +172,13 @@ class RunProgress:
             stage.total += n
             self._push()
 
-    def advance(self, task: str, n: int = 1) -> None:
+    def advance(self, task: str, n: int = 1, results: Sequence[Any] = ()) -> None:
         stage = self.open.get(task)
         if stage is not None:
             stage.done += n
+            if stage.measure is not None:
+                for result in results:
+                    stage.work.update(stage.measure(result))
             self._push(force=stage.done == stage.total)
 
     def finish(self) -> None:

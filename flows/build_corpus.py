@@ -2,7 +2,7 @@
 
 Read top to bottom, :func:`build` is the pipeline's table of contents:
 
-    plan inputs → ingest (per partition) → duplicate keys, exact duplicates (per hash bucket,
+    plan inputs → fetch (per partition, a URL list only) → ingest (per partition) → duplicate keys, exact duplicates (per hash bucket,
     through a bucketed exchange per partition group) → resolve (per partition group) →
     staging shards (per content-defined shard) → features (per staging shard) →
     near-duplicate graph and two-tier removal (queries per staging shard)
@@ -30,9 +30,9 @@ from corpusforge.config import FlowConfig
 from corpusforge.contract import count_actions, prune, remove_tree, summarise, sweep_temp_files
 from corpusforge.feature_files import prune_features
 from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_DIR, CURRENT, DEDUP_HASHES_DIR,
-                                DEDUP_KEYS_DIR, EVAL_CAPTIONS, EXACT_DIR, GRAPH_DIR, GRAPH_WORK, HASHES_DIR, INGEST_DIR,
-                                KEYDUP_DIR, KEYS_DIR, RESOLVED_DIR, SPILL_DIR, STAGING_INDEX, STAGING_RECORDS,
-                                STAGING_TARS, STATS_DIR, bucket_name, dedup_group_name, part_name)
+                                DEDUP_KEYS_DIR, EVAL_CAPTIONS, EXACT_DIR, FETCH_LEDGER_DIR, GRAPH_DIR, GRAPH_WORK,
+                                HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR, RESOLVED_DIR, SPILL_DIR, STAGING_INDEX,
+                                STAGING_RECORDS, STAGING_TARS, STATS_DIR, bucket_name, dedup_group_name, part_name)
 from corpusforge.progress import RunProgress, run_progress
 from corpusforge.receipts import BUILD_FLOW, flow_receipt
 from corpusforge.storage import Store
@@ -42,6 +42,9 @@ from tasks.captions.stage import captioning_stage
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.stage import near_duplicate_stage
 from tasks.ingest.exact_dedup import deduplicate, partition_groups
+from tasks.ingest.fetch.config import FetchConfig
+from tasks.ingest.fetch.report import fetch_section
+from tasks.ingest.fetch.unit import FETCH_PARTITION, fetch_store
 from tasks.ingest.licenses import LicenseConfig, license_section
 from tasks.ingest.partition import INGEST_PARTITION
 from tasks.ingest.sources import PLAN_INPUTS, SourceConfig
@@ -70,6 +73,9 @@ class BuildConfig(FlowConfig):
                                                         "environment or that Prefect Secret block, never from flow "
                                                         "parameters.")
     input: SourceConfig = Field(default_factory=SourceConfig, title="Input")
+    fetch: FetchConfig = Field(default_factory=FetchConfig, title="Fetching a URL list",
+                               description="How a source whose table has a `url` column is fetched: User-Agent "
+                                           "with a contact (required), politeness, opt-outs, the fetch store.")
     validation: ValidationConfig = Field(default_factory=ValidationConfig, title="Validation and filters")
     licenses: LicenseConfig | None = Field(
         default_factory=LicenseConfig, title="Licence allow-list",
@@ -121,13 +127,14 @@ class BuildConfig(FlowConfig):
 
 # The build's code (its receipt's code_version; `corpusforge plan` compares it): a change
 # anywhere reaches the whole stages.
-BUILD_MODULES = ("tasks.ingest.partition", "tasks.ingest.exact_dedup", "tasks.staging", "tasks.shared.features.extract",
+BUILD_MODULES = ("tasks.ingest.fetch.unit", "tasks.ingest.partition", "tasks.ingest.exact_dedup", "tasks.staging", "tasks.shared.features.extract",
                  "tasks.graph.stage", "tasks.captions.stage", "tasks.release.publish", "tasks.stats.stage")
 
 
 # The long stages whose progress people watch (corpusforge.progress): (stage, the Prefect
 # task whose finished runs are its units, unit name).
-PROGRESS_STAGES = [("ingest", "ingest-partition", "partitions"),
+PROGRESS_STAGES = [("fetch", "fetch-partition", "URL-list partitions"),
+                   ("ingest", "ingest-partition", "partitions"),
                    ("staging", "write-staging-shard", "staging shards"),
                    ("features", "extract-shard-features", "staging shards"),
                    ("graph queries", "graph-query-shard", "staging shards"),
@@ -146,14 +153,22 @@ def build(config: BuildConfig) -> dict[str, Any]:
         publish_plan_artifact(BUILD_FLOW, render_plan(data), config.out)
         return data
     stages = [s for s in PROGRESS_STAGES if (s[0] != "features" or config.features.models)
+              and (s[0] != "fetch" or config.fetch.user_agent is not None)
               and (s[0] != "graph queries" or config.near_dedup) and (s[0] != "captioning" or config.captioning)]
     with run_progress(BUILD_FLOW, [s[0] for s in stages]) as progress:
         return _build(config, progress, {name: (task, unit) for name, task, unit in stages})
 
 
+def _fetch_measure(result: Any) -> dict[str, float]:
+    """What the fetch progress shows per finished unit: URLs with an outcome, bytes received."""
+    return {"URLs fetched": result.info["fetched"],
+            "bytes": sum(h["bytes"] for h in result.info["hosts"].values())}
+
+
 def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[str, str]]) -> dict[str, Any]:
     def stage(name: str) -> Any:
-        return progress.stage(name, *stages[name]) if name in stages else contextlib.nullcontext()
+        measure = _fetch_measure if name == "fetch" else None
+        return progress.stage(name, *stages[name], measure=measure) if name in stages else contextlib.nullcontext()
 
     log = run_logger()
     store = Store(config.out, config.storage_options)
@@ -163,6 +178,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     names = {part_name(p.index) for p in parts}
     for folder in (INGEST_DIR, SPILL_DIR, HASHES_DIR, KEYS_DIR, RESOLVED_DIR):
         prune(store, folder, names)
+    prune(store, FETCH_LEDGER_DIR, names if kind == "urls" else set())
     n_buckets = config.staging.buckets_for(len(parts))
     buckets = range(n_buckets)
     for folder in (KEYDUP_DIR, EXACT_DIR):
@@ -172,9 +188,17 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     log.info("source %s: %s, %d ingest partitions", config.source, kind, len(parts))
 
     clock = StageClock()
+    fetched = []
+    if kind == "urls":
+        with stage("fetch"), clock("fetch"):
+            fetched = fan_out(FETCH_PARTITION, [dict(store=store, part=p, cfg=config.fetch, lic=config.licenses)
+                                                for p in parts])
+        work["fetch"] = summarise("fetch", fetched).counts()
     with stage("ingest"), clock("ingest"):
         ingested = fan_out(INGEST_PARTITION, [dict(store=store, part=p, src=config.input, val=config.validation,
-                                                n_buckets=n_buckets, lic=config.licenses) for p in parts])
+                                                n_buckets=n_buckets, lic=config.licenses,
+                                                **({"fetched": fetch_store(store, config.fetch)} if fetched else {}))
+                                           for p in parts])
     work["ingest"] = summarise("ingest", ingested).counts()
     clock.start("exact_dedup")
     units, resolved = deduplicate(store, ingested, n_buckets, config.staging.shard_size, fan_out)
@@ -237,6 +261,8 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     with clock("receipt"):
         licenses = license_section(config.licenses, [m.info for m in ingested])
         receipt = _receipt(config, store, kind, len(parts), release, manifest, features, near, stats, licenses)
+        if fetched:
+            receipt["fetch"] = fetch_section([m.info for m in fetched])
         if captions:
             receipt["captioning"] = captions
         if caption_set:

@@ -88,6 +88,16 @@ def _sample(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("skimage") is None:
         print("corpusforge sample needs scikit-image: pip install 'corpusforge[sample]'", file=sys.stderr)
         return 2
+    if args.urls:
+        from sample_corpus.urls import write_url_sample
+
+        summary = write_url_sample(args.out, n=args.n, seed=args.seed)
+        print(json.dumps(summary, indent=2, sort_keys=True))
+        print(f"\nURL-list sample written to {args.out}. Serve it, then build it:\n"
+              f"  python -m sample_corpus.http_hosts --config {args.out}/hosts.json --ready {args.out}/ready.json &\n"
+              f"  corpusforge build --source {args.out}/urls.parquet --out {args.out}/corpus "
+              f"--config {args.out}/build.yaml")
+        return 0
     from sample_corpus import write_sample_corpus
 
     summary = write_sample_corpus(args.out, n=args.n, seed=args.seed)
@@ -196,6 +206,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
     sample.add_argument("--out", required=True, help="folder to write")
     sample.add_argument("--n", type=int, default=2000, help="number of metadata rows (default 2000)")
     sample.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    sample.add_argument("--urls", action="store_true",
+                        help="write a URL list served by loopback hosts instead (docs/fetch.md)")
     handlers["sample"] = _sample
 
     for name, (module, config_class, runner, text) in FLOW_COMMANDS.items():

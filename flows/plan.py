@@ -40,6 +40,7 @@ from corpusforge.storage import Store
 from corpusforge.version import code_version
 from flows.build_corpus import BUILD_MODULES, BuildConfig
 from tasks.ingest import plan as ingest_plan
+from tasks.ingest.fetch import plan as fetch_plan
 from tasks.ingest.sources import plan_partitions
 from tasks.shared.features import plan as features_plan
 from tasks.staging import plan as staging_plan
@@ -62,9 +63,11 @@ def plan_build(config: BuildConfig) -> list[StagePlan]:
     store = Store(config.out, config.storage_options)
     with tempfile.TemporaryDirectory(prefix="corpusforge-plan-") as scratch_dir:
         scratch = Store(scratch_dir)  # input chunks are keyed by their bytes: written here, not under out
-        _, parts = plan_partitions(config.source, scratch, config.input)
-        plans = ingest_plan.plan_units(store, scratch, parts, config.input, config.validation, config.licenses,
-                                       config.staging.buckets_for(len(parts)), config.staging.shard_size)
+        kind, parts = plan_partitions(config.source, scratch, config.input)
+        fetch = fetch_plan.plan_units(store, scratch, parts, config.fetch, config.licenses) if kind == "urls" else None
+        plans = [fetch] if fetch else []
+        plans += ingest_plan.plan_units(store, scratch, parts, config.input, config.validation, config.licenses,
+                                        config.staging.buckets_for(len(parts)), config.staging.shard_size, fetch)
     resolve = plans[-1]
     plans += staging_plan.plan_units(store, [resolve.outputs.get(part_name(p.index)) for p in parts],
                                      config.staging.shard_size)
@@ -135,7 +138,7 @@ def plan_data(config: BuildConfig, plans: list[StagePlan]) -> dict[str, Any]:
     run_log = store.read_json(RUN_LOG) if store.exists(RUN_LOG) else None
     return {"out": config.out, "stages": [
         {"stage": s.stage, "counts": s.counts(), "units_may_be_added": s.open, "estimate": estimate(s, run_log),
-         "units": [_unit_data(u) for u in s.units]} for s in plans]}
+         **({"facts": s.facts} if s.facts else {}), "units": [_unit_data(u) for u in s.units]} for s in plans]}
 
 
 def _unit_data(unit: UnitPlan) -> dict[str, str]:
@@ -153,6 +156,8 @@ def render_plan(data: dict[str, Any], listed: int = 20) -> str:
         if c["recompute"] and "images" in est:
             cost += f"  ({est['images']} images, {est['bytes'] / 1e6:.1f} MB of staging shards)"
         more = " (units may be added: planned from upstream output)" if s["units_may_be_added"] else ""
+        if "urls" in s.get("facts", {}):
+            more += f"  ({s['facts']['urls']} URLs to request from {s['facts']['hosts']} hosts)"
         lines.append(f"{s['stage']:<18} skip {c['skip']:>6}  recompute {c['recompute']:>6}  "
                      f"if-upstream-changes {c[ACTIONS[MAYBE]]:>6}  delete {c['delete']:>6}{cost}{more}")
         shown = [u for u in s["units"] if u["action"] != "skip"]

@@ -307,6 +307,7 @@ def check_build(config: Any) -> None:
         require_separate(config.out, [("source", config.source)], "choose an --out outside it")
     require_writable_root(config.out, config.storage_options, "output root")
     require_records(config.source, config.input)
+    require_fetch_identity(config)
     if config.previous is not None:
         check_corpus(config.previous, config.storage_options, "previous version")
     check_models(config)
@@ -326,6 +327,25 @@ def require_records(source: str, cfg: Any) -> None:
     if why is not None:
         raise UserError(f"source {source} holds no input records ({why}): nothing to build; give a table "
                         "with rows, a folder of tars or a folder of images")
+
+
+def require_fetch_identity(config: Any) -> None:
+    """A URL-list source is fetched from other people's servers: the build says who it is (a
+    User-Agent with a contact, as Wikimedia's policy asks) or does not start."""
+    from tasks.ingest.sources import detect_kind, is_url_list
+
+    if has_secret_blocks(config.input.storage_options) or config.input.kind not in ("auto", "table"):
+        return
+    try:
+        kind, uri = detect_kind(config.source, config.input.storage_options)
+        urls = kind == "table" and is_url_list(uri, config.input)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"source {config.source}: {exc}") from None
+    if urls and config.fetch.user_agent is None:
+        raise UserError(f"source {config.source} is a URL list: set fetch.user_agent to a User-Agent that names "
+                        "a contact, e.g. 'mybuild/1.0 (+https://example.org/bot; bot@example.org)'")
+    if urls and config.fetch.store is not None:
+        require_writable_root(config.fetch.store, config.fetch.storage_options, "fetch store")
 
 
 def check_corpus(uri: str, options: dict[str, Any], what: str = "corpus") -> None:

@@ -40,6 +40,7 @@ INTEGRATION_FIXTURES = frozenset({
     "chromium",  # headless Chromium through Playwright
     "prefect_server_with_ui",  # `prefect server start` with its UI, started by the test
     "postgres",  # a PostgreSQL cluster started by the test
+    "http_hosts",  # the loopback image hosts (sample_corpus/http_hosts.py), a server process
 })
 
 
@@ -112,6 +113,15 @@ def cli() -> list[str]:
     """The ``corpusforge`` command line as a subprocess's argv prefix (a user's process:
     its own imports, environment and exit code)."""
     return [sys.executable, "-m", "flows.cli"]
+
+
+@pytest.fixture
+def http_hosts() -> Callable[..., Any]:
+    """For tests that fetch from loopback image hosts: ``with http_hosts(folder, hosts, images) as h``
+    (``tests.http_hosts.serving``: a real server process; each 127.0.0.x address a host)."""
+    from tests.http_hosts import serving
+
+    return serving
 
 
 @pytest.fixture(scope="session")

@@ -28,6 +28,11 @@ the normalised allow-list itself enters.
 
 A record whose licence is missing or not allowed is ``filtered`` before its image is
 read: it has no hash and never reaches exact deduplication.
+
+A URL-list partition (kind 'urls') reads its fetch ledger (``work/fetch/{part}.parquet``, written
+by :mod:`tasks.ingest.fetch.unit`) instead of paths: a fetched URL's bytes come from the fetch
+store by their SHA-256 and are validated like any file's; any other outcome is the record's
+status and reason. Its fingerprint holds the ledger's digest in place of file stamps.
 """
 
 from __future__ import annotations
@@ -45,8 +50,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
-from corpusforge.contract import Unit, UnitResult, run_unit, unit_fingerprint
-from corpusforge.layout import INGEST_SCHEMA, ingest_path, spill_path
+from corpusforge.contract import Unit, UnitResult, require_marker, run_unit, unit_fingerprint
+from corpusforge.layout import INGEST_SCHEMA, fetch_blob_path, fetch_ledger_path, ingest_path, spill_path
 from corpusforge.records import Status
 from corpusforge.storage import Store, file_stamp, with_retry_defaults
 from corpusforge.tarshard import HashingWriter, is_safe_key, iter_tar_samples
@@ -123,7 +128,7 @@ def _judge(record: dict[str, Any], data: bytes, cfg: ValidationConfig, scores: d
         record[_VALID_BYTES] = data
 
 
-def _chunk_rows(part: Partition, store: Store) -> list[dict[str, Any]]:
+def chunk_rows(part: Partition, store: Store) -> list[dict[str, Any]]:
     """The normalised rows of a rows partition: its chunk lies under the output root
     (``work/input``), so it is opened with the output's storage options, not the source's."""
     with fsspec.open(part.uri, "rb", **with_retry_defaults(part.uri, store.storage_options)) as f:
@@ -141,11 +146,11 @@ def _stamp(location: str, src: SourceConfig) -> str:
 def image_stamps(part: Partition, src: SourceConfig, store: Store) -> list[str | None]:
     """The stamp of every image file a rows partition names (None: unsafe or missing path),
     each followed by its sidecars' stamps (folder input reads them at ingest)."""
-    if part.kind == "tar":
+    if part.kind != "rows":
         return []
     stamps: list[str | None] = []
     roots = allowed_roots(part.base, src.allow_roots)
-    for meta in _chunk_rows(part, store):
+    for meta in chunk_rows(part, store):
         if meta.get("sidecars"):
             stamps += [_stamp(s, src) for s in sidecar_locations(_sidecar_base(part, meta), meta["sidecars"])]
         location, _ = resolve_input(part.base, meta.get("path") or "", roots)
@@ -166,7 +171,7 @@ def license_verdicts(part: Partition, store: Store, lic: LicenseConfig | None) -
     for rows partitions, the normalised allow-list for a tar (its metadata is inside)."""
     if lic is None:
         return None
-    rows = [] if part.kind == "tar" else _chunk_rows(part, store)
+    rows = [] if part.kind == "tar" else chunk_rows(part, store)
     if part.kind == "tar" or any("json" in (m.get("sidecars") or "") for m in rows):
         return json.dumps([[str(a) for a in lic.allowed()], lic.use_url, lic.on_conflict])  # metadata outside the chunk
     verdicts = [license_reason(m.get("license"), m.get("license_url"), lic) for m in rows]
@@ -175,7 +180,7 @@ def license_verdicts(part: Partition, store: Store, lic: LicenseConfig | None) -
 
 def _row_records(part: Partition, src: SourceConfig, val: ValidationConfig,
                  store: Store, lic: LicenseConfig | None) -> Iterator[dict[str, Any]]:
-    rows = _chunk_rows(part, store)
+    rows = chunk_rows(part, store)
     roots = allowed_roots(part.base, src.allow_roots)
     for i, meta in enumerate(rows):
         record = _blank(part.index, i)
@@ -207,6 +212,33 @@ def _row_records(part: Partition, src: SourceConfig, val: ValidationConfig,
                 record["reason"] = f"read_error: {type(exc).__name__}: {exc}"
             else:
                 _judge(record, data, val, extra)
+        yield record
+
+
+def _url_records(part: Partition, src: SourceConfig, val: ValidationConfig, store: Store,
+                 lic: LicenseConfig | None, fetched: Store) -> Iterator[dict[str, Any]]:
+    """A URL list's records: each row's fetch outcome, and the fetched bytes validated. The URL
+    is kept (manifest, ledger); ``retrieved_at`` is the fetch time."""
+    rows = chunk_rows(part, store)
+    ledger = store.read_parquet(fetch_ledger_path(part.index)).to_pylist()
+    if len(ledger) != len(rows):
+        raise ValueError(f"fetch ledger of partition {part.name} has {len(ledger)} rows for {len(rows)} inputs")
+    for i, (meta, led) in enumerate(zip(rows, ledger, strict=True)):
+        record = _blank(part.index, i)
+        record.update({c: meta.get(c) for c in METADATA_COLUMNS})
+        clean_caption(record)
+        url = meta.get("url") or ""
+        record.update(url=url or None, source_path=url, key=record["key"] or derived_key(url),
+                      http_status=led["http_status"], opt_out_rule=led["opt_out_rule"])
+        if not is_safe_key(record["key"]):
+            record["reason"] = f"unsafe_key: {record['key']!r}"
+        elif led["outcome"] == "fetched":
+            record["retrieved_at"] = led["retrieved_at"]
+            extra = json.loads(meta["extra"]) if meta.get("extra") else {}
+            _judge(record, fetched.read_bytes(fetch_blob_path(led["sha256"])), val, extra)
+        else:
+            status, _, code = led["outcome"].partition("/")
+            record.update(status=status, reason=f"{code}: {led['detail']}" if led["detail"] else code)
         yield record
 
 
@@ -247,25 +279,39 @@ def _tar_records(part: Partition, src: SourceConfig, val: ValidationConfig,
             yield record
 
 
+def fetched_digest(store: Store, part: Partition) -> str | None:
+    """A URL-list partition's fetch ledger digest (its marker's), None for other partitions."""
+    if part.kind != "urls":
+        return None
+    return require_marker(store, fetch_ledger_path(part.index), "the fetch of a URL list").digest
+
+
 def ingest_key(store: Store, part: Partition, src: SourceConfig, val: ValidationConfig, n_buckets: int,
-               lic: LicenseConfig | None) -> str:
+               lic: LicenseConfig | None, fetched: str | None = None) -> str:
     """The fingerprint of one partition's ingest (the run and ``corpusforge plan`` share it):
-    settings, the partition's digest, every image's stamp and each row's licence verdict."""
+    settings, the partition's digest, every image's stamp (a URL list: its fetch ledger's digest,
+    ``fetched``, or the one in ``store``'s marker) and each row's licence verdict."""
+    inputs = [part.kind, part.base, part.digest, image_stamps(part, src, store), license_verdicts(part, store, lic)]
+    if part.kind == "urls":
+        inputs.append(fetched or fetched_digest(store, part))
     return unit_fingerprint("ingest", code_version("tasks.ingest.partition"),
-                            [val.model_dump(mode="json"), n_buckets, sorted(src.allow_roots)],
-                            [part.kind, part.base, part.digest, image_stamps(part, src, store),
-                             license_verdicts(part, store, lic)])
+                            [val.model_dump(mode="json"), n_buckets, sorted(src.allow_roots)], inputs)
 
 
 def ingest_partition(store: Store, part: Partition, src: SourceConfig, val: ValidationConfig,
-                     n_buckets: int, lic: LicenseConfig | None = None) -> UnitResult:
+                     n_buckets: int, lic: LicenseConfig | None = None, fetched: Store | None = None) -> UnitResult:
     """Ingest one partition (skipped when its fingerprint is unchanged); return its marker.
 
-    ``lic``: the licence allow-list (None: every licence passes, as before the check existed)."""
+    ``lic``: the licence allow-list (None: every licence passes, as before the check existed).
+    ``fetched``: the fetch store a URL-list partition's bytes are read from (default ``store``)."""
     fp = ingest_key(store, part, src, val, n_buckets, lic)
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
-        reader = _tar_records if part.kind == "tar" else _row_records
+        def reader(*args: Any) -> Iterator[dict[str, Any]]:
+            if part.kind == "urls":
+                return _url_records(*args, fetched or store)
+            return (_tar_records if part.kind == "tar" else _row_records)(*args)
+
         records = []
         with store.atomic_write(spill_path(part.index)) as f:
             spill = HashingWriter(f)

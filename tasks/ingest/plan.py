@@ -31,15 +31,23 @@ EXACT_NAMES = {"config [0], [1]": _REGROUPED, "config [0]": _REGROUPED, "config 
 
 
 def plan_units(store: Store, scratch: Store, parts: list[Partition], src: SourceConfig, val: ValidationConfig,
-               lic: LicenseConfig | None, n_buckets: int, shard_size: int) -> list[StagePlan]:
+               lic: LicenseConfig | None, n_buckets: int, shard_size: int,
+               fetch: StagePlan | None = None) -> list[StagePlan]:
     """The ingest, exact_dedup and resolve stages' units over ``parts`` (from
     :func:`tasks.ingest.sources.plan_partitions`, whose chunks are in ``scratch``).
-    The resolve plan's ``outputs`` are the markers of the partitions it skips."""
+    The resolve plan's ``outputs`` are the markers of the partitions it skips. ``fetch``: a URL
+    list's fetch plan (:mod:`tasks.ingest.fetch.plan`), whose skipped units' ledger digests the
+    ingest keys read."""
     names = [part_name(p.index) for p in parts]
     ingest = StagePlan("ingest", names=INGEST_NAMES)
     for p in parts:
         marker = read_marker(store, ingest_path(p.index))
-        action, reason = explain(marker, ingest_key(scratch, p, src, val, n_buckets, lic))
+        if p.kind == "urls":
+            fetched = fetch.outputs.get(names[p.index]) if fetch else None
+            key = ingest_key(scratch, p, src, val, n_buckets, lic, fetched or "?")
+            action, reason = explain(marker, key, inputs_known=fetched is not None)
+        else:
+            action, reason = explain(marker, ingest_key(scratch, p, src, val, n_buckets, lic))
         ingest.add(names[p.index], action, reason)
         if action == SKIPPED and marker is not None:
             ingest.outputs[names[p.index]] = marker.digest

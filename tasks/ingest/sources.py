@@ -3,7 +3,8 @@
 Accepted sources (local paths or any fsspec URI such as ``s3://``):
 
 (a) a metadata table (parquet, JSONL or CSV; a file, or a folder holding
-    ``metadata.{parquet,jsonl,csv}``) whose rows point at image files;
+    ``metadata.{parquet,jsonl,csv}``) whose rows point at image files (``path``), or a URL list:
+    a table with a ``url`` column instead, whose images are fetched first (``tasks/ingest/fetch/``);
 (b) WebDataset tars (a ``.tar`` file or a folder of them, e.g. img2dataset output:
     ``{key}.jpg`` + ``{key}.txt`` + ``{key}.json``), or a GPIC release root
     (``train|val|test/gpic_*.tar``: ``{key}.json`` with the caption, then ``{key}.jpg|png``);
@@ -91,10 +92,11 @@ class SourceConfig(StrictModel):
 
 @dataclass(frozen=True)
 class Partition:
-    """One unit of ingest work. ``uri`` is a tar (kind 'tar') or the normalised input chunk."""
+    """One unit of ingest work. ``uri`` is a tar (kind 'tar') or the normalised input chunk (kind
+    'rows', or 'urls' for a URL list's, whose images the fetch unit fetched)."""
 
     index: int
-    kind: Literal["rows", "tar"]
+    kind: Literal["rows", "tar", "urls"]
     uri: str
     base: str    # folder that relative paths in the chunk are resolved against
     digest: str  # SHA-256 of the chunk file, or the tar's stamp
@@ -196,16 +198,18 @@ def _as_text(value: Any) -> str | None:
     return value if isinstance(value, str) else str(value)
 
 
-def normalise_rows(table: pa.Table, mapping: dict[str, str]) -> list[dict[str, str | None]]:
-    """Rows with corpusforge column names; unmapped columns go to ``extra`` as JSON."""
+def normalise_rows(table: pa.Table, mapping: dict[str, str], urls: bool = False) -> list[dict[str, str | None]]:
+    """Rows with corpusforge column names; unmapped columns go to ``extra`` as JSON (so does a
+    ``url`` column, unless the table is a URL list)."""
     reverse = {theirs: ours for ours, theirs in mapping.items()}
+    internal = ("extra", "warning", "sidecars") if urls else ("extra", "warning", "sidecars", "url")
     out = []
     for row in table.to_pylist():
         record: dict[str, str | None] = {c: None for c in INPUT_COLUMNS}
         extra: dict[str, Any] = {}
         for name, value in row.items():
             ours = reverse.get(name, name)
-            if ours in record and ours not in ("extra", "warning", "sidecars"):
+            if ours in record and ours not in internal:
                 record[ours] = _as_text(value)
             else:
                 extra[name] = value
@@ -214,7 +218,8 @@ def normalise_rows(table: pa.Table, mapping: dict[str, str]) -> list[dict[str, s
     return out
 
 
-def _write_chunks(store: Store, rows: Iterator[dict[str, Any]], size: int, base: str) -> list[Partition]:
+def _write_chunks(store: Store, rows: Iterator[dict[str, Any]], size: int, base: str,
+                  kind: Literal["rows", "urls"] = "rows") -> list[Partition]:
     parts: list[Partition] = []
     buffer: list[dict[str, Any]] = []
 
@@ -222,7 +227,7 @@ def _write_chunks(store: Store, rows: Iterator[dict[str, Any]], size: int, base:
         index = len(parts)
         rel = input_path(index)
         sha = store.write_parquet(rel, pa.Table.from_pylist(buffer, schema=INPUT_SCHEMA))
-        parts.append(Partition(index, "rows", store.path(rel), base, sha))
+        parts.append(Partition(index, kind, store.path(rel), base, sha))
         buffer.clear()
 
     for row in rows:
@@ -234,14 +239,24 @@ def _write_chunks(store: Store, rows: Iterator[dict[str, Any]], size: int, base:
     return parts
 
 
-def _table_rows(uri: str, cfg: SourceConfig) -> Iterator[dict[str, Any]]:
-    if "path" not in cfg.columns and "path" in cfg.columns.values():
-        raise ValueError("column mapping maps another name onto 'path'")
+def is_url_list(uri: str, cfg: SourceConfig) -> bool:
+    """A table whose rows carry a ``url`` column and no ``path`` column is a URL list (its first
+    rows decide; paths are never taken as URLs: :func:`locate` refuses http(s) in a path)."""
+    first = next(_table_batches(uri, cfg.storage_options, 1), None)
+    names = first.column_names if first is not None else []
+    return cfg.columns.get("path", "path") not in names and cfg.columns.get("url", "url") in names
+
+
+def _table_rows(uri: str, cfg: SourceConfig, urls: bool = False) -> Iterator[dict[str, Any]]:
+    for ours in ("path", "url"):
+        if ours not in cfg.columns and ours in cfg.columns.values():
+            raise ValueError(f"column mapping maps another name onto '{ours}'")
+    required = cfg.columns.get("url" if urls else "path", "url" if urls else "path")
     for table in _table_batches(uri, cfg.storage_options, cfg.partition_size):
-        source_path = cfg.columns.get("path", "path")
-        if source_path not in table.column_names:
-            raise ValueError(f"{uri}: no '{source_path}' column (the only required column)")
-        yield from normalise_rows(table, cfg.columns)
+        if required not in table.column_names:
+            what = "a URL list's required column" if urls else "the only required column, or 'url' for a URL list"
+            raise ValueError(f"{uri}: no '{required}' column ({what})")
+        yield from normalise_rows(table, cfg.columns, urls)
 
 
 def parse_sidecar(data: bytes) -> tuple[dict[str, Any], str | None]:
@@ -492,13 +507,16 @@ def plan_partitions(src: str, store: Store, cfg: SourceConfig) -> tuple[str, lis
     elif kind == "table":
         fs, path = _fs(uri, cfg.storage_options)
         base = _full(fs, posixpath.dirname(path), uri)
-        parts = _write_chunks(store, _table_rows(uri, cfg), cfg.partition_size, base)
+        urls = is_url_list(uri, cfg)
+        parts = _write_chunks(store, _table_rows(uri, cfg, urls), cfg.partition_size, base,
+                              "urls" if urls else "rows")
+        kind = "urls" if urls else kind
     else:
         with contextlib.closing(_folder_rows(uri, cfg, store)) as rows:
             parts = _write_chunks(store, rows, cfg.partition_size, uri.rstrip("/"))
     if not parts:
         raise ValueError(f"source {src}: no input records (empty {kind}); nothing to build")
-    prune(store, INPUT_DIR, {part_name(p.index) for p in parts if p.kind == "rows"})
+    prune(store, INPUT_DIR, {part_name(p.index) for p in parts if p.kind != "tar"})
     return kind, parts
 
 

@@ -99,6 +99,7 @@ def render_report(receipt: dict[str, Any]) -> str:
             "", "### By reason", "",
             _table(["status/reason", "records"], [[r, n] for r, n in counts["by_reason"].items()])]
     out += _licenses_section(receipt.get("licenses") or {}, counts["by_reason"])
+    out += fetch_lines(receipt.get("fetch") or {})
     release = receipt["release"]
     types = sorted({t for s in release["shards"].values() for t in s["caption_type"]})
     out += ["", "## Splits", "", _table(["split", "samples", "shards"],
@@ -146,6 +147,20 @@ def _licenses_section(licenses: dict[str, Any], by_reason: dict[str, int]) -> li
     if families:
         out.append(_table(["licence family (input records)", "records"], [[f, n] for f, n in families.items()]))
     return out
+
+
+FETCH_HOST_COLUMNS = ("urls", "requests", "bytes", "status_429", "seconds_waited")
+
+
+def fetch_lines(fetch: dict[str, Any]) -> list[str]:
+    """A URL list's fetch: outcomes by reason and the figures per host (empty for other sources)."""
+    if not fetch:
+        return []
+    return ["", "## Fetch", "", f"URLs: {fetch['urls']}, fetched: {fetch['fetched']}, left for the next run "
+            f"(deferred or failed): {fetch['pending']}.", "",
+            _table(["outcome", "URLs"], [[o, n] for o, n in fetch["by_outcome"].items()]), "",
+            _table(["host", *FETCH_HOST_COLUMNS], [[h, *(f[c] for c in FETCH_HOST_COLUMNS)]
+                                                  for h, f in fetch["hosts"].items()])]
 
 
 def conflict_line(licenses: dict[str, Any]) -> str:

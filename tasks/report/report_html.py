@@ -24,7 +24,7 @@ from corpusforge.layout import GRAPH_EDGES, RECEIPT, RUN_LOG_MD
 from corpusforge.receipts import BUILD_FLOW
 from corpusforge.storage import Store
 from tasks.shared.caption_summary import mix_by_split, share_table, word_chart_png, word_stats
-from tasks.report.receipt import conflict_line, stats_deviations
+from tasks.report.receipt import FETCH_HOST_COLUMNS, conflict_line, stats_deviations
 from tasks.shared.provenance import NOT_RECORDED, RANDOM_INIT_LABEL, weights_label
 
 SECTIONS = ["summary", "outcomes", "splits", "shards", "captions", "features", "near-duplicates", "contamination",
@@ -153,6 +153,15 @@ def _stats(stats: dict[str, Any]) -> dict[str, Any] | None:
     return {"model_id": stats.get("model_id"), "warning": stats.get("warning"), "rows": rows}
 
 
+def _fetch(fetch: dict[str, Any]) -> dict[str, Any] | None:
+    """A URL list's fetch figures: outcomes by reason, and per host (None for other sources)."""
+    if not fetch:
+        return None
+    return {"urls": fetch["urls"], "fetched": fetch["fetched"], "pending": fetch["pending"],
+            "outcomes": list(fetch["by_outcome"].items()),
+            "hosts": [[h, *(f[c] for c in FETCH_HOST_COLUMNS)] for h, f in fetch["hosts"].items()]}
+
+
 def _licenses(licenses: dict[str, Any]) -> dict[str, Any] | None:
     if not licenses:
         return None
@@ -190,6 +199,7 @@ def render_html_report(receipt: dict[str, Any], store: Store) -> str:
         "report.html", title=title, sections=SECTIONS, warnings=receipt.get("warnings", []), receipt=receipt,
         counts=counts, release=release, kept=counts["by_status"].get("kept", 0), types=types,
         outcomes_chart=_outcomes_chart(counts["by_status"]), licenses=_licenses(receipt.get("licenses") or {}),
+        fetch=_fetch(receipt.get("fetch") or {}),
         splits=[[s, v["samples"], v["shards"]] for s, v in release["splits"].items()],
         tiers=", ".join(f"{t} = {n} shards" for t, n in tiers),
         shards_chart=_shards_chart(release["shards"], types) if release["shards"] else None, shard_rows=shard_rows,

@@ -1,0 +1,160 @@
+"""Fetching a URL list: corpusforge's fetch units against img2dataset on the same URLs.
+
+The loopback hosts (``sample_corpus/http_hosts.py``) serve ``--images`` distinct small JPEGs over
+``--hosts`` addresses (127.0.0.2, …) with ``--latency-ms`` added to every answer. corpusforge
+fetches them with every check on (robots.txt, tdmrep.json, opt-out headers, address checks, body
+cap, magic bytes, per-host limit of 2 connections, outcomes stored); img2dataset 1.47, installed
+by this script into its own virtualenv (``--venv``), fetches the same URL list without resizing.
+Printed: images/s of each, their ratio, CPU seconds per image, peak RSS, and the most requests any
+host had in flight at once. corpusforge's units run in threads of this process (no Dask: the
+semaphores are process-wide), ``--units`` at a time.
+
+    python bench/fetch.py --images 2000 --hosts 32 --latency-ms 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from corpusforge.storage import Store  # noqa: E402
+from tasks.ingest.fetch.config import FetchConfig  # noqa: E402
+from tasks.ingest.fetch.unit import fetch_partition  # noqa: E402
+from tasks.ingest.sources import SourceConfig, plan_partitions  # noqa: E402
+from tests.http_hosts import serving  # noqa: E402
+
+UA = "corpusforge-bench/1.0 (+https://example.org/bench; bench@example.org)"
+
+
+def write_images(folder: Path, n: int) -> None:
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(buf, "JPEG", quality=75)
+        (folder / f"i{i}.jpg").write_bytes(buf.getvalue())
+
+
+def img2dataset_venv(venv: Path) -> Path:
+    exe = venv / "bin" / "img2dataset"
+    if not exe.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "img2dataset==1.47.0"], check=True)
+    return exe
+
+
+class PeakRSS:
+    """The most resident memory a process and its descendants held at once (sampled every 50 ms)."""
+
+    def __init__(self, pid: int):
+        self.pid, self.peak, self.stop = pid, 0, threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self.stop.wait(0.05):
+            try:
+                root = psutil.Process(self.pid)
+                procs = [root, *root.children(recursive=True)]
+                self.peak = max(self.peak, sum(p.memory_info().rss for p in procs if p.is_running()))
+            except psutil.Error:
+                pass
+
+    def __enter__(self) -> PeakRSS:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def run_corpusforge(tmp: Path, source: Path, units: int) -> dict:
+    store = Store(str(tmp / "cf-out"), fsync=False)
+    _, parts = plan_partitions(str(source), store, SourceConfig(partition_size=500))
+    cfg = FetchConfig(user_agent=UA, allow_private_networks=True, threads=32, retries=1, backoff_s=0.05)
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    start = time.perf_counter()
+    with PeakRSS(psutil.Process().pid) as rss, ThreadPoolExecutor(units) as pool:  # the server is not a child
+        results = list(pool.map(lambda p: fetch_partition(store, p, cfg), parts))
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    fetched = sum(r.info["fetched"] for r in results)
+    return {"wall_s": wall, "images": fetched, "cpu_s": (after.ru_utime + after.ru_stime)
+            - (before.ru_utime + before.ru_stime), "peak_rss_mb": rss.peak / 2**20}
+
+
+def run_img2dataset(exe: Path, tmp: Path, source: Path, processes: int, threads: int) -> dict:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.Popen([str(exe), "--url_list", str(source), "--input_format", "parquet", "--url_col", "url",
+                             "--output_format", "files", "--output_folder", str(tmp / "i2d-out"),
+                             "--resize_mode", "no", "--processes_count", str(processes),
+                             "--thread_count", str(threads), "--retries", "1",
+                             "--disallowed_header_directives", "[]"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with PeakRSS(proc.pid) as rss:
+        if proc.wait() != 0:
+            raise RuntimeError(f"img2dataset exited with {proc.returncode}")
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    stats = [json.loads(p.read_text()) for p in (tmp / "i2d-out").glob("*_stats.json")]
+    return {"wall_s": wall, "images": sum(s["successes"] for s in stats),
+            "cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
+            "peak_rss_mb": rss.peak / 2**20}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--images", type=int, default=20_000)
+    ap.add_argument("--hosts", type=int, default=32)
+    ap.add_argument("--latency-ms", type=int, default=20)
+    ap.add_argument("--units", type=int, default=2, help="corpusforge fetch units at a time")
+    ap.add_argument("--processes", type=int, default=2, help="img2dataset processes")
+    ap.add_argument("--threads", type=int, default=32, help="img2dataset threads per process")
+    ap.add_argument("--venv", default=str(ROOT / ".venv-bench-img2dataset"))
+    args = ap.parse_args()
+    exe = img2dataset_venv(Path(args.venv))
+    with tempfile.TemporaryDirectory(prefix="bench-fetch-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        write_images(tmp / "images", args.images)
+        hosts = [f"127.0.0.{2 + h}" for h in range(args.hosts)]
+        with serving(tmp, {h: {"robots": "allow"} for h in hosts}, tmp / "images", args.latency_ms) as served:
+            urls = [served.url(hosts[i % len(hosts)], f"/img/i{i}.jpg") for i in range(args.images)]
+            source = tmp / "urls.parquet"
+            pq.write_table(pa.table({"url": urls, "license": ["CC BY 4.0"] * len(urls)}), source)
+            results = {}
+            for name, run in (("corpusforge", lambda: run_corpusforge(tmp, source, args.units)),
+                              ("img2dataset", lambda: run_img2dataset(exe, tmp, source, args.processes,
+                                                                      args.threads))):
+                served.reset()
+                results[name] = run()
+                results[name]["peak_in_flight_per_host"] = max(served.seen()["peak"].values())
+    for name, r in results.items():
+        print(f"{name:12s} {r['images']:>6d} images in {r['wall_s']:.1f} s: {r['images'] / r['wall_s']:.0f} "
+              f"images/s, {r['cpu_s'] / max(r['images'], 1) * 1000:.2f} ms CPU/image, peak RSS "
+              f"{r['peak_rss_mb']:.0f} MB, most in flight at one host {r['peak_in_flight_per_host']}")
+    cf, i2d = results["corpusforge"], results["img2dataset"]
+    ratio = (cf["images"] / cf["wall_s"]) / (i2d["images"] / i2d["wall_s"])
+    print(f"ratio corpusforge/img2dataset images/s: {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""One HTTP request to a checked address: the client never resolves a name itself (the URL it
+is given holds the address :mod:`tasks.ingest.fetch.addresses` checked; ``Host`` and TLS SNI
+carry the name, and the certificate is verified against the name). Redirects are not followed
+here (the caller checks every hop); the body is read only when the caller's header check lets
+it, is capped while it streams, and the whole request has a deadline."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from tasks.ingest.fetch.addresses import Target
+
+# Magic bytes of the image formats a fetch keeps (the content type is never trusted).
+MAGIC = ((b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"), (b"GIF87a", "GIF"), (b"GIF89a", "GIF"),
+         (b"BM", "BMP"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"))
+
+
+def image_magic(head: bytes) -> str | None:
+    """The image format ``head`` starts with, from its magic bytes, or None."""
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "WEBP"
+    if head[4:8] == b"ftyp" and head[8:12] in (b"avif", b"avis", b"heic", b"heix", b"mif1"):
+        return "HEIF"
+    return next((name for magic, name in MAGIC if head.startswith(magic)), None)
+
+
+class TooLarge(Exception):
+    """The body is over the cap (declared or counted)."""
+
+
+class Deadline(Exception):
+    """The request ran past its total deadline."""
+
+
+@dataclass
+class Response:
+    """What one request gave: its status and headers, and the body when it was read."""
+
+    status: int
+    headers: httpx.Headers
+    body: bytes | None = None
+    sha256: str | None = None
+    received: int = 0
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def new_client(connect_timeout: float) -> httpx.Client:
+    """A client that verifies TLS, follows no redirect and resolves nothing but what it is given."""
+    return httpx.Client(follow_redirects=False, verify=True, trust_env=False,
+                        timeout=httpx.Timeout(connect_timeout, connect=connect_timeout),
+                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+
+
+def request(client: httpx.Client, target: Target, address: str, user_agent: str, deadline_s: float,
+            max_bytes: int, read_body: Callable[[int, httpx.Headers], bool]) -> Response:
+    """GET ``target`` from ``address``. ``read_body(status, headers)`` decides whether the body is
+    read (opt-out headers are checked there, before a byte of it); a body over ``max_bytes`` (by
+    Content-Length, or counted) raises :class:`TooLarge`, a request past ``deadline_s``
+    :class:`Deadline`; connection errors raise ``httpx.TransportError``."""
+    start = time.monotonic()
+
+    def left() -> float:
+        remaining = deadline_s - (time.monotonic() - start)
+        if remaining <= 0:
+            raise Deadline(f"no complete answer within {deadline_s:g} s")
+        return remaining
+
+    timeout = min(left(), client.timeout.read or deadline_s)
+    req = client.build_request("GET", target.url_at(address),
+                               headers={"Host": target.host_header, "User-Agent": user_agent, "Accept": "image/*"},
+                               extensions={"sni_hostname": target.host,
+                                           "timeout": {"connect": min(timeout, client.timeout.connect or timeout),
+                                                       "read": timeout, "write": timeout, "pool": timeout}})
+    resp = client.send(req, stream=True)
+    try:
+        out = Response(resp.status_code, resp.headers)
+        if not read_body(resp.status_code, resp.headers):
+            return out
+        declared = resp.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > max_bytes:
+            raise TooLarge(f"Content-Length {declared} > {max_bytes} bytes")
+        hasher, chunks = hashlib.sha256(), []
+        for chunk in resp.iter_bytes():
+            left()
+            out.received += len(chunk)
+            if out.received > max_bytes:
+                raise TooLarge(f"body over {max_bytes} bytes")
+            hasher.update(chunk)
+            chunks.append(chunk)
+        left()
+        out.body, out.sha256 = b"".join(chunks), hasher.hexdigest()
+        return out
+    finally:
+        resp.close()

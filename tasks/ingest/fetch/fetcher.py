@@ -1,0 +1,251 @@
+"""Fetch one URL to a final outcome (or defer it): the opt-outs, the address checks on every
+redirect hop, the retries and the host's politeness, in the order that reads the least.
+
+Outcomes are the manifest's status and reason code (``filtered/robots_disallowed``,
+``filtered/opted_out``, ``error/http_status``, ``error/fetch_failed``, ``error/blocked_address``,
+``error/too_large``, ``error/not_an_image``, ``error/checksum_mismatch``), ``fetched``, or
+``error/fetch_deferred`` (Retry-After beyond the cap, or the host's circuit open). A final outcome
+is kept in the fetch store (``fetch/urls/``) and the URL is never requested again; a deferred one,
+a failure after every retry, and a robots.txt refusal because robots.txt was unreachable are
+tried again by the next run."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+from urllib.parse import urljoin
+
+import httpx
+
+from corpusforge.hashing import sha256_bytes
+from corpusforge.layout import fetch_blob_path, fetch_url_path
+from corpusforge.storage import Store
+from tasks.ingest.fetch.addresses import Blocked, Target, parse_target, resolve_checked
+from tasks.ingest.fetch.client import Deadline, TooLarge, image_magic, new_client, request
+from tasks.ingest.fetch.config import FetchConfig
+from tasks.ingest.fetch.optouts import (ROBOTS_MAX_BYTES, DenyList, OriginFile, robots_rule, tdm_header_rule,
+                                        tdmrep_rule, x_robots_rule)
+from tasks.ingest.fetch.origins import Origins
+from tasks.ingest.fetch.politeness import RETRIED_STATUSES, Hosts, HostSlots, backoff, retry_after_seconds
+
+CLOCK_ENV = "CORPUSFORGE_FETCH_CLOCK"  # an ISO time: every fetch happens "then" (tests, reproducible demos)
+FETCHED = "fetched"
+DEFERRED = "error/fetch_deferred"
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+def fetch_clock() -> datetime:
+    """Now in UTC, or the frozen time ``CORPUSFORGE_FETCH_CLOCK`` names."""
+    frozen = os.environ.get(CLOCK_ENV)
+    if frozen:
+        return datetime.fromisoformat(frozen.replace("Z", "+00:00")).astimezone(timezone.utc)
+    return datetime.now(timezone.utc)
+
+
+def iso(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def url_digest(url: str) -> str:
+    return sha256_bytes(url.encode())
+
+
+class Outcome(dict):
+    """One URL's ledger facts (the fetch ledger's columns but ``row`` and ``url``)."""
+
+    @classmethod
+    def new(cls, host: str | None) -> Outcome:
+        return cls(host=host, outcome="", detail=None, final=True, http_status=None, opt_out_rule=None,
+                   evidence=None, sha256=None, bytes=None, retrieved_at=None, requests=0, status_429=0,
+                   wait_seconds=0.0, bytes_received=0)
+
+    def end(self, outcome: str, detail: str | None = None, final: bool = True, **facts: Any) -> Outcome:
+        self.update(outcome=outcome, detail=detail, final=final, **facts)
+        return self
+
+
+class Fetcher:
+    """Fetches URLs for one unit: one HTTP client, the units' shared host and origin state."""
+
+    def __init__(self, cfg: FetchConfig, store: Store, deny: DenyList, clock: Callable[[], datetime] = fetch_clock,
+                 seed: int = 0):
+        self.cfg, self.store, self.deny, self.clock = cfg, store, deny, clock
+        self.client = new_client(cfg.connect_timeout_s)
+        self.hosts = Hosts(cfg.breaker_failures)
+        self.slots = HostSlots()
+        self.origins = Origins(store, self._origin_file, clock, cfg.robots_max_age_s)
+        self.rng = random.Random(seed)
+        self.product = cfg.product()
+
+    def close(self) -> None:
+        self.slots.close()
+        self.client.close()
+
+    # ---- the stored outcome ------------------------------------------------------------------
+    def stored(self, url: str) -> Outcome | None:
+        """The final outcome this URL got before (under the same ``fetch.refresh`` label)."""
+        rel = fetch_url_path(url_digest(url))
+        if not self.store.exists(rel):
+            return None
+        data = self.store.read_json(rel)
+        if data.get("refresh") != self.cfg.refresh:
+            return None
+        return Outcome(data["outcome"])
+
+    def _keep(self, url: str, out: Outcome) -> None:
+        if out["final"]:
+            self.store.write_json(fetch_url_path(url_digest(url)),
+                                  {"url": url, "refresh": self.cfg.refresh, "outcome": dict(out)})
+
+    # ---- one URL -----------------------------------------------------------------------------
+    def fetch(self, url: str, sha1: str | None = None) -> Outcome:
+        """The URL's final (or deferred) outcome: the stored one, else fetched now and kept."""
+        if (before := self.stored(url)) is not None:
+            return before
+        out = self._fetch(url, sha1)
+        self._keep(url, out)
+        return out
+
+    def _fetch(self, url: str, sha1: str | None) -> Outcome:
+        try:
+            target = parse_target(url)
+        except Blocked as exc:
+            return Outcome.new(None).end("error/blocked_address", str(exc))
+        out = Outcome.new(target.host)
+        if rule := self.deny.rule(url, target):
+            return out.end("filtered/opted_out", rule, opt_out_rule="deny-list", evidence=rule)
+        for _ in range(self.cfg.max_redirects + 1):
+            try:
+                address = resolve_checked(target, self.cfg.allow_private_networks)
+            except Blocked as exc:
+                return out.end("error/blocked_address", str(exc))
+            except ConnectionError as exc:
+                return out.end("error/fetch_failed", str(exc), final=False)
+            refused = self._opted_out(target, out)
+            if refused is not None:
+                return refused
+            result = self._attempts(target, address, out)
+            if isinstance(result, Outcome):
+                return self._body(result, sha1) if result["outcome"] == FETCHED else result
+            try:
+                target = parse_target(urljoin(target.origin + target.path, result))
+            except Blocked as exc:
+                return out.end("error/blocked_address", f"redirect to {result!r}: {exc}")
+        return out.end("error/fetch_failed", f"more than {self.cfg.max_redirects} redirects (last {target.origin}"
+                                             f"{target.path})")
+
+    def _opted_out(self, target: Target, out: Outcome) -> Outcome | None:
+        """robots.txt and tdmrep.json of the target's origin (before it is requested)."""
+        files = self.origins.files(target)
+        robots = files["robots.txt"]
+        if rule := robots_rule(robots, target, self.product):
+            unavailable = robots.status is None or robots.status >= 500
+            return out.end("filtered/robots_disallowed", rule, final=not unavailable, opt_out_rule="robots.txt",
+                           evidence=rule)
+        if rule := tdmrep_rule(files[".well-known/tdmrep.json"], target):
+            return out.end("filtered/opted_out", rule, opt_out_rule="tdmrep.json", evidence=rule)
+        return None
+
+    def _attempts(self, target: Target, address: str, out: Outcome) -> Outcome | str:
+        """Request ``target`` until it answers for good: a final outcome, or a redirect's Location."""
+        state = self.hosts[target.host]
+        found: dict[str, str] = {}
+
+        def read_body(status: int, headers: httpx.Headers) -> bool:
+            if status != 200:
+                return False
+            rule = x_robots_rule(headers.get_list("x-robots-tag"), self.product) or tdm_header_rule(headers)
+            if rule:
+                found["rule"] = rule
+            return not rule
+
+        for attempt in range(self.cfg.retries + 1):
+            if state.open:
+                return out.end(DEFERRED, f"circuit open: {state.failures} consecutive failures at {target.host}",
+                               final=False)
+            out["wait_seconds"] += state.wait_turn(self.cfg.min_interval(target.host))
+            try:
+                with self.slots.slot(target.host, self.cfg.connections(target.host)):
+                    out["requests"] += 1
+                    resp = request(self.client, target, address, self.cfg.user_agent or "", self.cfg.deadline_s,
+                                   self.cfg.max_bytes, read_body)
+            except TooLarge as exc:
+                return out.end("error/too_large", str(exc))
+            except httpx.InvalidURL as exc:  # a URL the client cannot send: asking again changes nothing
+                return out.end("error/fetch_failed", f"InvalidURL: {exc}")
+            except (httpx.RequestError, Deadline) as exc:  # connection, protocol, decoding errors
+                state.failed()
+                why = f"{type(exc).__name__}: {exc}"
+            else:
+                out["http_status"] = resp.status
+                out["bytes_received"] += resp.received
+                if resp.status in REDIRECTS and resp.headers.get("location"):
+                    state.succeeded()
+                    return resp.headers["location"]
+                if resp.status not in RETRIED_STATUSES:
+                    state.succeeded()
+                    return self._answer(resp, out, found.get("rule"))
+                out["status_429"] += resp.status == 429
+                if resp.status != 429:
+                    state.failed()
+                why = f"HTTP {resp.status}"
+                after = retry_after_seconds(resp.headers.get("retry-after"), datetime.now(timezone.utc))
+                if after is not None:
+                    if after > self.cfg.retry_after_cap_s:
+                        return out.end(DEFERRED, f"Retry-After {after:g} s > cap {self.cfg.retry_after_cap_s:g} s",
+                                       final=False)
+                    state.pause(after)
+                    continue
+            if attempt < self.cfg.retries:
+                pause = backoff(attempt, self.cfg.backoff_s, self.cfg.backoff_max_s, self.rng)
+                state.pause(pause)
+        return out.end("error/fetch_failed", f"{why} after {self.cfg.retries + 1} attempts", final=False)
+
+    def _answer(self, resp: Any, out: Outcome, rule: str | None) -> Outcome:
+        if rule:
+            return out.end("filtered/opted_out", rule, opt_out_rule=rule.split(":", 1)[0], evidence=rule)
+        if resp.status != 200:
+            return out.end("error/http_status", f"HTTP {resp.status}")
+        out["_body"] = resp.body
+        out["sha256"] = resp.sha256
+        return out.end(FETCHED)
+
+    def _body(self, out: Outcome, sha1: str | None) -> Outcome:
+        """A 200's body: an image by its magic bytes, matching the export's SHA-1, stored."""
+        body: bytes = out.pop("_body")
+        if image_magic(body[:16]) is None:
+            return out.end("error/not_an_image", f"no image magic bytes in {len(body)} bytes "
+                                                 f"(starts {body[:8]!r})", sha256=None)
+        if sha1 and hashlib.sha1(body).hexdigest() != sha1.lower():
+            return out.end("error/checksum_mismatch", f"SHA-1 {hashlib.sha1(body).hexdigest()} != {sha1}",
+                           sha256=None)
+        rel = fetch_blob_path(out["sha256"])
+        if not self.store.exists(rel):
+            self.store.write_bytes(rel, body)
+        return out.end(FETCHED, bytes=len(body), retrieved_at=iso(self.clock()))
+
+    # ---- origin files --------------------------------------------------------------------------
+    def _origin_file(self, target: Target) -> OriginFile:
+        """robots.txt or tdmrep.json of an origin: redirects followed (each hop checked), no retry."""
+        for _ in range(self.cfg.max_redirects + 1):
+            try:
+                address = resolve_checked(target, self.cfg.allow_private_networks)
+                with self.slots.slot(target.host, self.cfg.connections(target.host)):
+                    resp = request(self.client, target, address, self.cfg.user_agent or "", self.cfg.deadline_s,
+                                   ROBOTS_MAX_BYTES, lambda status, _: status == 200)
+            except (Blocked, ConnectionError, TooLarge, Deadline, httpx.RequestError, httpx.InvalidURL) as exc:
+                return OriginFile(None, error=f"{type(exc).__name__}: {exc}")
+            if resp.status in REDIRECTS and resp.headers.get("location"):
+                try:
+                    target = parse_target(urljoin(target.origin + target.path, resp.headers["location"]))
+                except Blocked as exc:
+                    return OriginFile(None, error=str(exc))
+                continue
+            if resp.body is None:
+                return OriginFile(resp.status)
+            return OriginFile(resp.status, resp.sha256, resp.body.decode("utf-8", "replace"))
+        return OriginFile(None, error="too many redirects")
