@@ -50,7 +50,7 @@ import xxhash
 from corpusforge.contract import Unit, UnitResult, run_unit, unit_fingerprint
 from corpusforge.layout import INGEST_SCHEMA, ingest_path, spill_path
 from corpusforge.records import Status
-from corpusforge.storage import Store, file_stamp, is_remote, with_retry_defaults
+from corpusforge.storage import Store, file_stamp, is_remote, with_s3_defaults
 from corpusforge.tarshard import HashingWriter, is_safe_key, iter_tar_samples
 from corpusforge.version import code_version
 from tasks.ingest.exact_dedup import write_dedup_tables
@@ -106,7 +106,7 @@ def _judge(record: dict[str, Any], data: bytes, cfg: ValidationConfig, scores: d
 def _chunk_rows(part: Partition, store: Store) -> list[dict[str, Any]]:
     """The normalised rows of a rows partition: its chunk lies under the output root
     (``work/input``), so it is opened with the output's storage options, not the source's."""
-    with fsspec.open(part.uri, "rb", **with_retry_defaults(part.uri, store.storage_options)) as f:
+    with fsspec.open(part.uri, "rb", **with_s3_defaults(part.uri, store.storage_options)) as f:
         return pq.read_table(f).to_pylist()
 
 
@@ -192,7 +192,7 @@ def _row_records(part: Partition, src: SourceConfig, val: ValidationConfig,
             record["source_path"] = location
             try:
                 if is_remote(location):
-                    with fsspec.open(location, "rb", **with_retry_defaults(location, src.storage_options)) as f:
+                    with fsspec.open(location, "rb", **with_s3_defaults(location, src.storage_options)) as f:
                         data = f.read(val.max_bytes + 1)
                 else:
                     data = _read_local(os.path.realpath(location), val.max_bytes + 1)
@@ -216,7 +216,7 @@ def _tar_error_reason(why: str) -> str:
 
 def _tar_records(part: Partition, src: SourceConfig, val: ValidationConfig,
                  store: Store, lic: LicenseConfig | None) -> Iterator[dict[str, Any]]:
-    with fsspec.open(part.uri, "rb", **with_retry_defaults(part.uri, src.storage_options)) as f:
+    with fsspec.open(part.uri, "rb", **with_s3_defaults(part.uri, src.storage_options)) as f:
         for i, sample in enumerate(iter_tar_samples(f)):
             record = _blank(part.index, i)
             record["source_path"] = f"{part.uri}#{sample.key}"
