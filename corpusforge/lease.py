@@ -65,6 +65,7 @@ class OutputLease:
                        "token": uuid.uuid4().hex}
         self.etag: str | None = None  # object stores: the ETag of our last put
         self.lost = False
+        self.made: list[str] = []  # local folders the lease created, removed with it when left empty
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
 
@@ -92,6 +93,10 @@ class OutputLease:
         """Create the lease exclusively; False when one is there."""
         if self.store.remote:
             return self._put(mode="create")
+        folder = os.path.dirname(self.where)
+        while not os.path.isdir(folder) and folder not in self.made:
+            self.made.append(folder)
+            folder = os.path.dirname(folder)
         os.makedirs(os.path.dirname(self.where), exist_ok=True)
         try:
             fd = os.open(self.where, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -205,6 +210,9 @@ class OutputLease:
         current = self._read()
         if current is not None and current[0].get("token") == self.holder["token"]:
             self.store.remove(OUTPUT_LEASE)
+        for folder in self.made:  # innermost first: a run that wrote nothing leaves nothing
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
 
 
 def _precondition_failed(exc: BaseException) -> bool:
