@@ -411,6 +411,47 @@ def _run_batches(t, calls: list[dict[str, Any]], flow_run: Any, progress: Any) -
     return [result for f in futures for result in f.result()]
 
 
+def root_flow_run() -> str | None:
+    """``{name} ({id})`` of the flow run this code runs under (the outermost one, which the UI
+    lists), or None outside a flow run: how an output's lease names its build."""
+    from prefect.context import FlowRunContext
+    from prefect.runtime import flow_run
+
+    if FlowRunContext.get() is None:
+        return None
+    root = flow_run.get_root_flow_run_id()
+    ctx = FlowRunContext.get()
+    parent = ctx.flow_run.name if ctx is not None and ctx.flow_run is not None else None
+    name = parent.removesuffix(" on dask") if parent else None
+    return f"{name} ({root})" if name else str(root)
+
+
+@contextlib.contextmanager
+def output_concurrency(out: str) -> Iterator[None]:
+    """Inside a flow run, hold the slot of the Prefect global concurrency limit of the output
+    root ``out`` (``output:{out}``, limit 1, created on first use), so runs of deployments into
+    one output queue in Prefect instead of meeting at the output's lease; outside a flow run,
+    nothing."""
+    from prefect.context import FlowRunContext
+
+    if FlowRunContext.get() is None:
+        yield
+        return
+    from prefect.client.orchestration import get_client
+    from prefect.concurrency.sync import concurrency
+
+    name = output_concurrency_name(out)
+    with get_client(sync_client=True) as client:
+        client.upsert_global_concurrency_limit_by_name(name, 1)
+    with concurrency(name, occupy=1, strict=True):
+        yield
+
+
+def output_concurrency_name(out: str) -> str:
+    """The name of the global concurrency limit of an output root (Prefect names allow no ``/``)."""
+    return "output:" + out.rstrip("/").replace("/", "|")
+
+
 def subflow_run_name() -> str:
     """The work subflow's run is named after the run it belongs to (the flow run of this
     context): ``{run} on dask``, so the UI shows one build as one run and its part."""
@@ -461,6 +502,50 @@ def cluster_flow(fn: Callable[[Any], Any], name: str) -> tuple[Any, Callable[[An
 
     run.__doc__ = f"Run the {name} flow from Python or the CLI, with a Prefect API available to Dask workers."
     return outer_flow, run
+
+
+def command_logging(log_file: str) -> str | None:
+    """Logging for a command-line run, set up before Prefect is imported: Prefect's own
+    configuration with tracebacks left off the console (a failure's outcome is one line
+    there) and every record, tracebacks included, written to ``log_file`` — by this process
+    and the Dask worker processes it starts, which inherit ``PREFECT_LOGGING_SETTINGS_PATH``.
+    A path the user set there is kept (None is returned); else the path of the configuration
+    written (``{log_file}.logging.yml``), for the caller to remove when the run is over."""
+    import yaml
+
+    if os.environ.get("PREFECT_LOGGING_SETTINGS_PATH"):
+        return None
+    spec = importlib.util.find_spec("prefect")
+    assert spec is not None and spec.submodule_search_locations
+    with open(os.path.join(spec.submodule_search_locations[0], "logging", "logging.yml")) as f:
+        config = yaml.safe_load(f)
+    config["formatters"]["detailed"] = dict(config["formatters"]["standard"])
+    config["formatters"]["standard"]["()"] = f"{__name__}.console_formatter"
+    config["handlers"]["file"] = {"class": "logging.FileHandler", "filename": log_file, "delay": True,
+                                  "formatter": "detailed", "level": 0}
+    config["root"]["handlers"] = [*config["root"]["handlers"], "file"]
+    path = f"{log_file}.logging.yml"
+    with open(path, "w") as f:
+        yaml.safe_dump(config, f)
+    os.environ["PREFECT_LOGGING_SETTINGS_PATH"] = path
+    return path
+
+
+def console_formatter(**kwargs: Any) -> logging.Formatter:
+    """Prefect's console format without tracebacks (``logging.config`` factory; see
+    :func:`command_logging`): the record keeps its traceback for the log file and the run log."""
+    from prefect.logging.formatters import PrefectFormatter
+
+    class OneLine(PrefectFormatter):
+        def format(self, record: logging.LogRecord) -> str:
+            saved = record.exc_info, record.exc_text, record.stack_info
+            record.exc_info = record.exc_text = record.stack_info = None
+            try:
+                return super().format(record)
+            finally:
+                record.exc_info, record.exc_text, record.stack_info = saved
+
+    return OneLine(**kwargs)
 
 
 @contextlib.contextmanager

@@ -41,6 +41,8 @@ every folder as it is.
     work/graph/index/trained.faiss     an IVF index's trained, empty index (quantiser, codebooks)
     work/graph/index/blocks/{shard}.ivf   the inverted lists of a block of staging shards from {shard} on,
                                        added to the trained index (merged into graph/index/index.ivfdata)
+    work/lease.json                    the lease of the build writing this output now (corpusforge/lease.py):
+                                       who holds it; removed when that build ends
     work/run/stage_times.{json,md}     the latest run's wall-clock seconds per stage and work done: not
                                        deterministic, so under work/ (outside every output hash)
     staging/tars/{shard}.tar           staged samples (image, txt, json) in input order
@@ -132,6 +134,7 @@ RECEIPT = "receipt.json"
 RECEIPT_OUTPUTS = "receipt_outputs.parquet"  # every output file's SHA-256, beside receipt.json (tasks/report/receipt.py)
 REPORT = "report.md"
 LISTING_SPILL_DIR = "work/.listing"  # a folder source's listing while it is planned (tasks/ingest/sources.py)
+OUTPUT_LEASE = "work/lease.json"  # one build per output (corpusforge/lease.py)
 RUN_LOG = "work/run/stage_times.json"  # the latest run's stage seconds (tasks/report/run_log.py)
 RUN_LOG_MD = "work/run/stage_times.md"
 REPORT_HTML = "report.html"  # the same report, self-contained, with charts (tasks/report/report_html.py)

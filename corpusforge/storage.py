@@ -49,16 +49,30 @@ S3_MAX_ATTEMPTS = 5
 S3_RETRIES: dict[str, Any] = {"mode": "standard", "total_max_attempts": S3_MAX_ATTEMPTS}
 
 
+# No listing outlives the call that made it. s3fs keeps every listing (and with it each
+# object's ETag) in a cache per filesystem instance, shared by every Store of the process
+# and never invalidated by writes of other processes. A build's units write on Dask worker
+# processes while the flow process reads what they wrote: a file opened through a stale
+# listing carries the old ETag, and s3fs refuses its bytes (``FileExpired``); a deleted or
+# new object is missing from, or still in, a stale listing. So every ``ls``, ``find`` and
+# ``info`` asks the store (a HEAD or a LIST request; an open file still pins the ETag it
+# was opened with, so a file replaced while read fails rather than mixing versions).
+S3_NO_LISTINGS_CACHE: dict[str, Any] = {"use_listings_cache": False}
+
+
 FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # no space left, disk quota exceeded
 
 
-def with_retry_defaults(uri: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
-    """``storage_options`` for ``uri`` with the explicit S3 retry rule added unless set."""
+def with_s3_defaults(uri: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
+    """``storage_options`` for ``uri`` with this module's S3 rules added unless set: the
+    explicit retry rule, and no listings cache (:data:`S3_NO_LISTINGS_CACHE`)."""
     options = dict(storage_options or {})
     if fsspec.utils.get_protocol(uri) in ("s3", "s3a"):
         config_kwargs = dict(options.get("config_kwargs") or {})
         config_kwargs.setdefault("retries", dict(S3_RETRIES))
         options["config_kwargs"] = config_kwargs
+        for key, value in S3_NO_LISTINGS_CACHE.items():
+            options.setdefault(key, value)
     return options
 
 
@@ -110,7 +124,7 @@ class Store:
         self.root = root.rstrip("/") if is_remote(root) else os.path.abspath(root)
         self.storage_options = dict(storage_options or {})
         self.fsync = fsync
-        self.fs, _ = fsspec.core.url_to_fs(self.root, **with_retry_defaults(self.root, self.storage_options))
+        self.fs, _ = fsspec.core.url_to_fs(self.root, **with_s3_defaults(self.root, self.storage_options))
         self.remote = is_remote(self.root)
         # atomic writes fsync each local file before its rename (writers of big files may
         # sync ahead, see corpusforge.writeback)
@@ -384,10 +398,10 @@ def file_stamp(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any] | 
 
 def uri_stamp(uri: str, storage_options: dict[str, Any] | None = None) -> str:
     """:func:`file_stamp` of a local path or URI."""
-    fs, path = fsspec.core.url_to_fs(uri, **(storage_options or {}))
+    fs, path = fsspec.core.url_to_fs(uri, **with_s3_defaults(uri, storage_options))
     return file_stamp(fs, path)
 
 
 def open_uri(uri: str, storage_options: dict[str, Any] | None = None) -> IO[bytes]:
     """Open any local path or URI for binary reading."""
-    return fsspec.open(uri, "rb", **with_retry_defaults(uri, storage_options)).open()
+    return fsspec.open(uri, "rb", **with_s3_defaults(uri, storage_options)).open()

@@ -25,10 +25,11 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from corpusforge.artifacts import publish_plan_artifact, publish_run_artifacts
-from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, run_logger
+from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, output_concurrency, root_flow_run, run_logger
 from corpusforge.config import FlowConfig
 from corpusforge.contract import count_actions, prune, remove_tree, summarise, sweep_temp_files
 from corpusforge.feature_files import prune_features
+from corpusforge.lease import held_here, holding_output
 from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_DIR, CURRENT, DEDUP_HASHES_DIR,
                                 DEDUP_KEYS_DIR, EVAL_CAPTIONS, EXACT_DIR, FETCH_LEDGER_DIR, GRAPH_DIR, GRAPH_WORK,
                                 HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR, RESOLVED_DIR, SPILL_DIR, STAGING_INDEX,
@@ -155,7 +156,14 @@ def build(config: BuildConfig) -> dict[str, Any]:
     stages = [s for s in PROGRESS_STAGES if (s[0] != "features" or config.features.models)
               and (s[0] != "fetch" or config.fetch.user_agent is not None)
               and (s[0] != "graph queries" or config.near_dedup) and (s[0] != "captioning" or config.captioning)]
-    with run_progress(BUILD_FLOW, [s[0] for s in stages]) as progress:
+    # one build per output: Prefect queues runs started another way (deployments) into one
+    # output, and the lease refuses any other build into it (the CLI took it before the flow
+    # started, refusing or with --wait waiting; a CLI run killed would hold a Prefect slot
+    # until its concurrency lease expires, so it takes none)
+    store = Store(config.out, config.storage_options)
+    queue = contextlib.nullcontext() if held_here(store) else output_concurrency(config.out)
+    with queue, holding_output(store, flow_run=root_flow_run()), \
+            run_progress(BUILD_FLOW, [s[0] for s in stages]) as progress:
         return _build(config, progress, {name: (task, unit) for name, task, unit in stages})
 
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import importlib
 import importlib.util
 import json
 import os
 import sys
+import tempfile
+import time
+import traceback
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
@@ -23,7 +27,8 @@ def _build(args: argparse.Namespace) -> int:
                          **({"previous": args.previous} if args.previous else {}))
     check_build(config)  # before any server or cluster starts; reads only
     try:
-        result = run_build(config)
+        with _output_lease(config, args.wait):
+            result = run_build(config)
     except ReleaseRefused as exc:  # the build finished; its receipt says the same
         print(f"corpusforge build: error: {exc}", file=sys.stderr)
         return 1
@@ -36,6 +41,23 @@ def _build(args: argparse.Namespace) -> int:
           f"  report          {config.out}/report.md")
     print("\n" + render_stage_times("build-corpus", result["work"].get("seconds", {})))
     return 0
+
+
+def _output_lease(config, wait: bool) -> contextlib.AbstractContextManager:
+    """The lease on the build's output root, taken before any server or cluster starts: another
+    build holding it is one line and exit code 2, or with ``--wait`` a wait announced in one
+    line. (Keys in a Prefect Secret block are read only inside the run: that run takes it.)"""
+    from corpusforge.lease import holding_output
+    from corpusforge.secrets import has_secret_blocks
+    from corpusforge.storage import Store
+
+    if has_secret_blocks(config.storage_options):
+        return contextlib.nullcontext()
+
+    def waiting(holder: dict) -> None:
+        print(f"corpusforge build: waiting for the build holding {config.out}: host {holder.get('host')} pid "
+              f"{holder.get('pid')}, started {holder.get('started')}", file=sys.stderr, flush=True)
+    return holding_output(Store(config.out, config.storage_options), wait=wait, waiting=waiting)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -159,6 +181,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
     build.add_argument("--config", help="YAML file overriding the defaults (unknown keys are rejected)")
     build.add_argument("--previous", help="output root of an earlier version: CHANGES.md and changes.parquet "
                                           "describe what changed since it (default: the version OUT held)")
+    build.add_argument("--wait", action="store_true", help="when another build holds OUT, wait until it ends "
+                                                          "(default: exit with code 2, naming it)")
     handlers["build"] = _build
 
     plan = sub.add_parser(
@@ -238,38 +262,86 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("DO_NOT_TRACK", "1")
-    from flows.preflight import UserError
-
     parser, handlers = _parser()
     args = parser.parse_args(argv)
+    log_file = os.path.join(tempfile.gettempdir(), f"corpusforge-{args.command}-"
+                            f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}.log")
+    from corpusforge.cluster import command_logging
+
+    settings = command_logging(log_file)  # before anything imports Prefect
+    from corpusforge.lease import OutputBusy
+    from flows.preflight import UserError
+
+    keep_log = False  # the run's log stays only when a failure points to it
     try:
         return handlers[args.command](args)
-    except UserError as exc:
+    except (UserError, OutputBusy) as exc:
         print(f"corpusforge {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
-        full = _full_disk(exc)
-        if full is None:
+        keep_log = True
+        line = _storage_fault(exc, "--out" if args.command == "build" else "output location")
+        if line is None:
             raise
-        what = "no space left on device" if full.errno == errno.ENOSPC else "disk quota exceeded"
-        where = "--out" if args.command == "build" else "output location"
-        print(f"corpusforge {args.command}: error: {what} writing {full.filename or 'a file'}: free space there "
-              f"or choose another {where}", file=sys.stderr)
+        with open(log_file, "a") as log:  # the detail: the whole chain, in the log only
+            traceback.print_exception(exc, file=log)
+        print(f"corpusforge {args.command}: error: {line}; details in {log_file}", file=sys.stderr)
         return 1
+    finally:
+        if settings is not None:
+            os.unlink(settings)
+        if not keep_log:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(log_file)
 
 
-def _full_disk(exc: BaseException | None) -> OSError | None:
-    """The full-disk error (ENOSPC, EDQUOT) behind ``exc``, as raised by a task or wrapped by
-    Prefect or Dask, or None: one line for it, not the run's traceback."""
+# Errors of an object store that cannot be reached (botocore's, which name the request's
+# URL), by class name: what a storage outage raises, however deep in a run.
+_UNREACHABLE = {"EndpointConnectionError": "cannot connect", "ConnectTimeoutError": "connection timed out",
+                "ReadTimeoutError": "read timed out", "ConnectionClosedError": "connection closed"}
+
+
+def _storage_fault(exc: BaseException | None, where: str) -> str | None:
+    """One line for a storage fault behind ``exc`` (as raised by a task or wrapped by Prefect
+    or Dask) naming its cause and path, or None: a full disk (ENOSPC, EDQUOT) or an object
+    store that cannot be reached."""
     from corpusforge.storage import FULL_DISK_ERRNOS
 
-    found: list[OSError] = []
-    while exc is not None and all(exc is not f for f in found):
+    full: list[OSError] = []
+    unreachable: list[BaseException] = []
+    seen: list[BaseException] = []
+    while exc is not None and all(exc is not s for s in seen):
+        seen.append(exc)
         if isinstance(exc, OSError) and exc.errno in FULL_DISK_ERRNOS:
-            found.append(exc)
+            full.append(exc)
+        elif type(exc).__name__ in _UNREACHABLE and getattr(exc, "kwargs", {}).get("endpoint_url"):
+            unreachable.append(exc)
         exc = exc.__cause__ or exc.__context__
-    named = [f for f in found if f.filename]  # the storage layer's, which names the path
-    return (named or found or [None])[0]
+    if full:
+        disk = ([f for f in full if f.filename] or full)[0]  # the storage layer's, which names the path
+        what = "no space left on device" if disk.errno == errno.ENOSPC else "disk quota exceeded"
+        return f"{what} writing {disk.filename or 'a file'}: free space there or choose another {where}"
+    if unreachable:
+        cause = _UNREACHABLE[type(unreachable[0]).__name__]
+        endpoint, uri = _object_of(unreachable[0].kwargs["endpoint_url"])
+        return f"storage unreachable ({cause} to {endpoint}) at {uri}: rerun once it answers (finished units are kept)"
+    return None
+
+
+def _object_of(url: str) -> tuple[str, str]:
+    """(endpoint, ``s3://bucket/key``) of a request URL: path-style (``endpoint/bucket/key``,
+    or a listing's ``endpoint/bucket?prefix=…``) or virtual-hosted (``bucket.s3….amazonaws.com/key``)."""
+    from urllib.parse import parse_qs, unquote, urlsplit
+
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    path = unquote(parts.path.lstrip("/"))
+    if ".s3." in host or host.endswith(".amazonaws.com") and not host.startswith("s3."):
+        path = f"{host.split('.', 1)[0]}/{path}"
+    prefix = parse_qs(parts.query).get("prefix")
+    if prefix:
+        path = f"{path.rstrip('/')}/{prefix[0]}"
+    return f"{parts.scheme}://{parts.netloc}", f"s3://{path}"
 
 
 if __name__ == "__main__":

@@ -6,12 +6,19 @@ switched off. After each change the rerun's output must be byte for byte what a 
 build of the same input and config writes into a new folder, and each stage must have
 recomputed only the units the change affects (counted from the run's work log).
 
-The builds run in-process (the stages' plain functions, no Dask): the same code a flow
-runs, minus the scheduling, which ``test_build_e2e.py`` and the kill test below cover.
+On local disk the builds run in-process (the stages' plain functions, no Dask): the same
+code a flow runs, minus the scheduling, which ``test_build_e2e.py`` and the kill test below
+cover. On S3 (the loopback SeaweedFS) the cases marked ``both`` run again as an operator's
+scheduled build does: the source uploaded, every rerun by the ``corpusforge`` CLI in a
+subprocess with a Dask worker process, so the flow process reads what another process
+wrote (an s3fs listing cache once served it stale ETags, and reruns failed). The first S3
+build is killed mid-run and resumed, and the append's rerun loses its worker mid-stage:
+each rerun must succeed on its first attempt and equal a fresh build of the same input.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -25,16 +32,23 @@ import pyarrow.parquet as pq
 import pytest
 
 import corpusforge.version as version
-from corpusforge.layout import MARKERS
+from corpusforge.faults import ENV as FAULT_ENV
+from corpusforge.faults import ONCE_ENV as FAULT_ONCE_ENV
+from corpusforge.layout import MARKERS, RUN_LOG
 from corpusforge.plans import ACTIONS
 from flows.build_corpus import BuildConfig, build
 from flows.plan import plan_build, plan_data
+from tests.cli_s3 import corpusforge, s3_env
 from tests.output_tree import tree
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 N_SOURCE = 240     # records written by the generator
 N_START = 216      # rows in the table at the first build; the rest are "appended" later
+# On S3 (every rerun a CLI process): half the corpus in smaller units, no statistics.
+N_SOURCE_S3, N_START_S3 = 120, 108
+S3_SETTINGS = {"input": {"partition_size": 20}, "staging": {"shard_size": 12}, "reference_stats": None,
+               "dask": {"n_workers": 1, "processes": True}}
 COMPARED = ("staging", "features", "graph", "shards", "manifest", "stats")
 
 
@@ -59,7 +73,7 @@ def base_config(source: Path, out: Path, **changes) -> dict:
 class History:
     """The source table, one output folder rerun after every change, fresh builds beside it."""
 
-    def __init__(self, root: Path, corpus: Path):
+    def __init__(self, root: Path, corpus: Path, n_start: int = N_START):
         self.root = root
         self.source = root / "source"
         shutil.copytree(corpus, self.source)
@@ -69,7 +83,7 @@ class History:
         # settings the later cases keep (set by the cases that change them); a case run
         # alone starts from the first build's config
         self.base_changes: dict = {}
-        self.write_rows(self.rows[:N_START])
+        self.write_rows(self.rows[:n_start])
 
     def write_rows(self, rows: list[dict]) -> None:
         import pyarrow as pa
@@ -81,27 +95,140 @@ class History:
         folder = self.out / MARKERS / "staging" / "tars"
         return {p.name.split(".")[0]: json.loads(p.read_text())["info"]["images"] for p in folder.glob("*.json")}
 
+    def config(self, out: str, **changes) -> BuildConfig:
+        return BuildConfig.model_validate(base_config(self.source, out, **changes))
+
     def rerun(self, **changes) -> dict:
         """Plan, then rerun into the lived-in folder and check the plan against what it did;
         build fresh elsewhere, assert equal bytes; return the work log."""
         self.changes = changes
-        config = BuildConfig.model_validate(base_config(self.source, self.out, **changes))
-        before = tree_with_markers(self.out)
+        config = self.config(str(self.out), **changes)
+        before = self.markers()
         plan = plan_data(config, plan_build(config))
-        assert tree_with_markers(self.out) == before, "plan wrote under the output root"
+        assert self.markers() == before, "plan wrote under the output root"
         old_records = records_of(self.out)
-        work = build(config)["work"]
-        check_plan(plan, work, set(before), set(tree_with_markers(self.out)))
+        work = self.build(config)
+        check_plan(plan, work, set(before), set(self.markers()))
         assert changes_of(self.out) == reference_changes(old_records, records_of(self.out))
         self.fresh_count += 1
         fresh = self.root / f"fresh-{self.fresh_count}"
-        fresh_work = build(BuildConfig.model_validate(base_config(self.source, fresh, **changes)))["work"]
+        fresh_work = self.build_fresh(changes, fresh)
         got, want = tree(self.out), tree(fresh)
         assert got.keys() == want.keys(), sorted(set(got) ^ set(want))
         assert [k for k in got if got[k] != want[k]] == []
-        assert any(k.startswith("stats/") for k in got) or changes.get("reference_stats", 1) is None
+        assert any(k.startswith("stats/") for k in got) or config.reference_stats is None
         shutil.rmtree(fresh)
         return {"rerun": work, "fresh": fresh_work}
+
+    def markers(self) -> dict[str, tuple[int, int]]:
+        return tree_with_markers(self.out)
+
+    def build(self, config: BuildConfig) -> dict:
+        """The rerun into the lived-in output: its work log."""
+        return build(config)["work"]
+
+    def build_fresh(self, changes: dict, fresh: Path) -> dict:
+        """A fresh build of the same input and config into ``fresh`` (a local folder): its work log."""
+        return build(self.config(str(fresh), **changes))["work"]
+
+    def worker_lost(self, point: str) -> contextlib.AbstractContextManager:
+        """The builds inside lose a Dask worker process at ``point`` (:mod:`corpusforge.faults`);
+        in-process builds have none to lose (``test_worker_kills.py`` covers local clusters)."""
+        return contextlib.nullcontext()
+
+
+class S3History(History):
+    """The same history with source and output on the loopback S3 server: every build into
+    the lived-in output is ``corpusforge build`` in a subprocess (credentials only in
+    ``AWS_*``, one Dask worker process), every fresh build an in-process build into its own
+    S3 prefix. ``source`` and ``out`` stay local folders for the cases to edit and read:
+    the source is uploaded before each build, each output mirrored back after it."""
+
+    BUCKET = "corpusforge-matrix"
+
+    def __init__(self, root: Path, corpus: Path, s3: dict, prefect_api: str):
+        import s3fs
+
+        self.fs = s3fs.S3FileSystem(**s3, skip_instance_cache=True, use_listings_cache=False)
+        self.fs.mkdir(self.BUCKET)
+        self.uri = {"source": f"s3://{self.BUCKET}/source", "out": f"s3://{self.BUCKET}/out"}
+        self.env = s3_env(s3, prefect_api)
+        self.fault: dict[str, str] = {}  # CORPUSFORGE_FAULT* for the next CLI build
+        super().__init__(root, corpus, N_START_S3)
+        self.cli_config = root / "config.json"
+
+    def config(self, out: str, **changes) -> BuildConfig:
+        data = base_config(self.source, out, **{**S3_SETTINGS, **changes})
+        return BuildConfig.model_validate({**data, "source": self.uri["source"]})
+
+    def upload(self) -> None:
+        self.fs.put(f"{self.source}/", self.uri["source"], recursive=True)
+
+    def markers(self) -> dict[str, tuple[int, int]]:
+        """Every object under the output with its size and ETag."""
+        root = self.uri["out"].removeprefix("s3://")
+        return {p[len(root) + 1:]: (info["size"], info["ETag"]) for p, info in self.fs.find(root, detail=True).items()}
+
+    def mirror(self, uri: str, folder: Path) -> None:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        self.fs.get(f"{uri}/", f"{folder}/", recursive=True)
+
+    def start_cli(self, config: BuildConfig) -> subprocess.Popen:
+        data = config.model_dump(mode="json")
+        for key in ("source", "out"):
+            data.pop(key)
+        self.cli_config.write_text(json.dumps(data))
+        argv = [corpusforge(), "build", "--source", self.uri["source"], "--out", self.uri["out"],
+                "--config", str(self.cli_config)]
+        return subprocess.Popen(argv, env={**self.env, **self.fault}, start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def build(self, config: BuildConfig) -> dict:
+        proc = self.start_cli(config)
+        _, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr[-4000:]  # the first attempt succeeds
+        self.mirror(self.uri["out"], self.out)
+        return json.loads((self.out / RUN_LOG).read_text())
+
+    def build_fresh(self, changes: dict, fresh: Path) -> dict:
+        uri = f"s3://{self.BUCKET}/{fresh.name}"
+        with aws_env(self.env):
+            work = build(self.config(uri, **changes))["work"]
+        self.mirror(uri, fresh)
+        self.fs.rm(uri, recursive=True)
+        return work
+
+    def rerun(self, **changes) -> dict:
+        self.upload()
+        with aws_env(self.env):  # the plan and the fresh build read the server in this process
+            return super().rerun(**changes)
+
+    @contextlib.contextmanager
+    def worker_lost(self, point: str):
+        fired = self.root / "faults-fired"
+        fired.mkdir(exist_ok=True)
+        self.fault = {FAULT_ENV: f"{point}@*", FAULT_ONCE_ENV: str(fired)}
+        try:
+            yield
+        finally:
+            self.fault = {}
+        assert (fired / point).exists(), f"no worker reached {point}: the fault was not injected"
+
+
+@contextlib.contextmanager
+def aws_env(env: dict[str, str]):
+    """This process's environment with the S3 server's ``AWS_*`` settings (an in-process build)."""
+    saved = {k: os.environ.get(k) for k in env if k.startswith("AWS_")}
+    os.environ.update({k: env[k] for k in saved})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def tree_with_markers(root: Path) -> dict[str, tuple[int, int]]:
@@ -211,14 +338,17 @@ def computed(work: dict, *path: str) -> int:
     return work["computed"] if isinstance(work, dict) else int(work == "computed")
 
 
-@pytest.fixture(scope="module")
-def history(tmp_path_factory, prefect_server) -> History:
+@pytest.fixture(scope="module", params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def history(request, tmp_path_factory, prefect_server) -> History:
     from sample_corpus import write_sample_corpus
 
     corpus = tmp_path_factory.mktemp("matrix-corpus")
-    write_sample_corpus(str(corpus), n=N_SOURCE, seed=3)
-    h = History(tmp_path_factory.mktemp("matrix"), corpus)
-    config = BuildConfig.model_validate(base_config(h.source, h.out))
+    write_sample_corpus(str(corpus), n=N_SOURCE if request.param == "local" else N_SOURCE_S3, seed=3)
+    root = tmp_path_factory.mktemp(f"matrix-{request.param}")
+    if request.param == "s3":
+        return s3_history(S3History(root, corpus, request.getfixturevalue("s3"), prefect_server))
+    h = History(root, corpus)
+    config = h.config(str(h.out))
     plan = plan_data(config, plan_build(config))
     assert not h.out.exists(), "plan created the output root"
     first = plan["stages"][:3]  # ingest, exact dedup, resolve: every unit new, nothing else certain
@@ -229,8 +359,39 @@ def history(tmp_path_factory, prefect_server) -> History:
     return h
 
 
+def s3_history(h: S3History) -> S3History:
+    """The first S3 build, killed (SIGKILL to the CLI's process group) once its first staging
+    shard is marked done; its rerun succeeds on the first attempt and equals a fresh build."""
+    h.upload()
+    config = h.config(h.uri["out"])
+    proc = h.start_cli(config)
+    markers = f"{h.uri['out']}/{MARKERS}/staging/tars".removeprefix("s3://")
+    deadline = time.time() + 400
+    while time.time() < deadline and proc.poll() is None and not h.fs.exists(markers):
+        time.sleep(0.2)
+    assert proc.poll() is None, "the first build ended before staging: cannot kill it there"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    assert not h.fs.exists(f"{h.uri['out']}/receipt.json")
+    work = h.build(config)
+    assert computed(work, "features", "wfd") >= 6, work
+    fresh = h.root / "fresh-0"
+    with aws_env(h.env):
+        h.build_fresh({}, fresh)
+    assert tree(h.out) == tree(fresh)
+    shutil.rmtree(fresh)
+    return h
+
+
+def local_only(case):
+    """A case of the local matrix only (the S3 matrix runs the cases an operator's scheduled
+    build meets, within the suite's time budget)."""
+    return pytest.mark.parametrize("history", ["local"], indirect=True)(case)
+
+
 # The cases run in order on one history: each starts from the previous one's output.
 
+@local_only
 def test_unchanged_rerun_recomputes_nothing(history):
     work = history.rerun()["rerun"]
     for stage in ("ingest", "exact_dedup", "resolve", "staging"):
@@ -239,6 +400,7 @@ def test_unchanged_rerun_recomputes_nothing(history):
     assert computed(work, "publish", "release_shards") == 0 and computed(work, "publish", "manifest_parts") == 0
 
 
+@local_only
 def test_every_output_folder_reads_as_it_is(history):
     """Markers live outside the data folders: dataset readers and webdataset take them whole."""
     import pyarrow.dataset as ds
@@ -257,7 +419,8 @@ def test_every_output_folder_reads_as_it_is(history):
 def test_append_ten_percent_of_rows_embeds_and_queries_only_the_new_shards(history):
     before = history.staging_images()
     history.write_rows(history.rows)
-    result = history.rerun()
+    with history.worker_lost("features.start"):
+        result = history.rerun()
     work, fresh = result["rerun"], result["fresh"]
     after = history.staging_images()
     changed = {s for s, d in after.items() if before.get(s) != d}
@@ -296,6 +459,7 @@ def test_replace_one_images_bytes_at_the_same_path(history):
     assert manifest[victim["key"]]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@local_only
 def test_replace_an_images_bytes_keeping_its_size_and_mtime(history):
     """``touch -r`` after an edit: size and mtime say nothing changed; ctime and inode do."""
     rows = history.current
@@ -328,10 +492,12 @@ def test_change_partition_size_recomputes_no_feature(history):
     assert not (history.out / "manifest" / "part-000003.parquet").exists()
 
 
+@local_only
 def test_change_a_validation_threshold(history):
     history.rerun(input={"partition_size": 100}, validation={"min_side": 300})
 
 
+@local_only
 def test_add_a_feature_model_computes_only_that_model(history):
     extra = {"name": "dinov2", "arch": "vit_small_patch14_dinov2", "image_size": 28, "random_init": True,
              "preprocessing": "dinov2_eval"}
@@ -344,6 +510,7 @@ def test_add_a_feature_model_computes_only_that_model(history):
     history.base_changes = changes
 
 
+@local_only
 def test_change_the_near_duplicate_pair_threshold_reruns_only_decisions(history):
     changes = {**history.base_changes, "near_dedup": {"pair_removal_above": 0.95,
                                                       "collision": {"fractions": [0.25, 0.5, 1.0]}}}
@@ -353,6 +520,7 @@ def test_change_the_near_duplicate_pair_threshold_reruns_only_decisions(history)
     history.base_changes = changes
 
 
+@local_only
 def test_change_the_split_seed_reshuffles_release_only(history):
     changes = {**history.base_changes, "splits": {"seed": 7}}
     work = history.rerun(**changes)["rerun"]
@@ -361,6 +529,7 @@ def test_change_the_split_seed_reshuffles_release_only(history):
     history.base_changes = changes
 
 
+@local_only
 def test_edit_a_comment_in_one_stage_module_reruns_only_that_stage(history, monkeypatch, tmp_path):
     original = version._module_file
 
@@ -386,10 +555,12 @@ def test_edit_a_comment_in_one_stage_module_reruns_only_that_stage(history, monk
     assert computed(work, "publish", "manifest_parts") == 0
 
 
+@local_only
 def test_change_the_staging_shard_size(history):
     history.rerun(**{**history.base_changes, "staging": {"shard_size": 50}})
 
 
+@local_only
 def test_switch_near_dedup_off(history):
     history.rerun(**{**history.base_changes, "near_dedup": None})
     assert not (history.out / "graph").exists() and not (history.out / "work" / "graph").exists()

@@ -11,6 +11,7 @@ import re
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -104,8 +105,6 @@ def test_whole_build_with_the_server_stopped_mid_run_then_rerun(tmp_path, prefec
     """The S3 server stops once the first staging shard is marked done: the build fails in
     bounded time (no hang, Failed in Prefect); after a restart the rerun completes and equals
     an uninterrupted build byte for byte, with only whole, readable objects."""
-    import time
-
     import pyarrow.parquet as pq
 
     from flows.build_corpus import BuildConfig, run_build
@@ -185,21 +184,66 @@ def small_disk(tmp_path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+def _one_line(proc: subprocess.CompletedProcess, pattern: str) -> str:
+    """The run failed (exit 1) with ``pattern`` as its last stderr line, no traceback printed,
+    and the log the line names holds the detail; returns the line."""
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    match = re.fullmatch(rf"{pattern}; details in (\S+\.log)", last)
+    assert match, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and '  File "' not in proc.stderr, proc.stderr[-3000:]
+    assert [line for line in proc.stderr.splitlines() if line.startswith("corpusforge build:")] == [last]
+    log = Path(match.group(1))
+    assert "Traceback (most recent call last)" in log.read_text()
+    log.unlink()
+    return last
+
+
 @pytest.mark.scenario(14)
 @pytest.mark.slow
 def test_full_disk_is_one_line_naming_the_path(small_disk, sample_corpus, tmp_path, prefect_server, cli):
     """A build whose output disk fills ends with one line naming the file it was writing and
-    a hint, exit code 1, instead of a traceback ending in ``[Errno 28]`` with no path."""
+    a hint, exit code 1, instead of ~345 lines of tracebacks ending in ``[Errno 28]``; the
+    tracebacks go to the log the line names (and the run's log in Prefect)."""
     out = small_disk / "corpus"
     config = tmp_path / "config.yaml"
     config.write_text(json.dumps({"dask": {"n_workers": 1, "processes": False}, "near_dedup": None,
                                   "features": {"models": []}, "reference_stats": None}))
     proc = subprocess.run([*cli, "build", "--source", str(sample_corpus),
                            "--out", str(out), "--config", str(config)], capture_output=True, text=True,
-                          timeout=500, env={**os.environ, "PREFECT_API_URL": prefect_server})
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    last = proc.stderr.strip().splitlines()[-1]
-    assert re.fullmatch(rf"corpusforge build: error: no space left on device writing {re.escape(str(out))}/\S+: "
-                        "free space there or choose another --out", last), proc.stderr[-3000:]
-    # the run's log records still show the failed task (Prefect logs them), but the CLI adds no traceback
-    assert 'flows/cli.py", line' not in proc.stderr, proc.stderr[-3000:]
+                          timeout=500, env={**os.environ, "PREFECT_API_URL": prefect_server,
+                                            "PREFECT_LOGGING_LEVEL": "INFO"})
+    _one_line(proc, rf"corpusforge build: error: no space left on device writing {re.escape(str(out))}/\S+: "
+                    "free space there or choose another --out")
+
+
+@pytest.mark.scenario(9)
+@pytest.mark.slow
+def test_s3_outage_mid_build_is_one_line_naming_the_endpoint_and_object(tmp_path, seaweedfs, sample_corpus,
+                                                                         prefect_server):
+    """`corpusforge build` into S3, the server stopped once the first staging shard is marked
+    done: one line naming the cause, the endpoint and the object being read or written, exit
+    code 1, instead of ~460 lines of tracebacks."""
+    from tests.cli_s3 import corpusforge, s3_env
+
+    data = tmp_path / "weed"
+    data.mkdir()
+    config = tmp_path / "config.json"  # one attempt per request: the run fails in seconds, not a minute
+    config.write_text(json.dumps({"dask": {"n_workers": 1, "processes": True}, "near_dedup": None,
+                                  "features": {"models": []}, "reference_stats": None,
+                                  "storage_options": {"config_kwargs": {"retries": {"total_max_attempts": 1}}}}))
+    with seaweedfs(data) as options:
+        endpoint = options["client_kwargs"]["endpoint_url"]
+        fs = _fs(options)
+        fs.mkdir("cf-outage")
+        proc = subprocess.Popen([corpusforge(), "build", "--source", str(sample_corpus), "--out", "s3://cf-outage/out",
+                                 "--config", str(config)], env=s3_env(options, prefect_server), text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline and not fs.find("cf-outage/out/_markers/staging"):
+            time.sleep(0.2)
+        assert proc.poll() is None, "the build ended before its first staging shard: cannot stop the server there"
+    stdout, stderr = proc.communicate(timeout=300)  # the server is down from here
+    _one_line(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr),
+              rf"corpusforge build: error: storage unreachable \(cannot connect to {re.escape(endpoint)}\) at "
+              r"s3://cf-outage/out\S*: rerun once it answers \(finished units are kept\)")

@@ -53,7 +53,7 @@ import xxhash
 from corpusforge.contract import Unit, UnitResult, require_marker, run_unit, unit_fingerprint
 from corpusforge.layout import INGEST_SCHEMA, fetch_blob_path, fetch_ledger_path, ingest_path, spill_path
 from corpusforge.records import Status
-from corpusforge.storage import Store, file_stamp, with_retry_defaults
+from corpusforge.storage import Store, file_stamp, with_s3_defaults
 from corpusforge.tarshard import HashingWriter, is_safe_key, iter_tar_samples
 from corpusforge.version import code_version
 from tasks.ingest.exact_dedup import write_dedup_tables
@@ -131,7 +131,7 @@ def _judge(record: dict[str, Any], data: bytes, cfg: ValidationConfig, scores: d
 def chunk_rows(part: Partition, store: Store) -> list[dict[str, Any]]:
     """The normalised rows of a rows partition: its chunk lies under the output root
     (``work/input``), so it is opened with the output's storage options, not the source's."""
-    with fsspec.open(part.uri, "rb", **with_retry_defaults(part.uri, store.storage_options)) as f:
+    with fsspec.open(part.uri, "rb", **with_s3_defaults(part.uri, store.storage_options)) as f:
         return pq.read_table(f).to_pylist()
 
 
@@ -244,7 +244,7 @@ def _url_records(part: Partition, src: SourceConfig, val: ValidationConfig, stor
 
 def _tar_records(part: Partition, src: SourceConfig, val: ValidationConfig,
                  store: Store, lic: LicenseConfig | None) -> Iterator[dict[str, Any]]:
-    with fsspec.open(part.uri, "rb", **with_retry_defaults(part.uri, src.storage_options)) as f:
+    with fsspec.open(part.uri, "rb", **with_s3_defaults(part.uri, src.storage_options)) as f:
         for i, sample in enumerate(iter_tar_samples(f)):
             record = _blank(part.index, i)
             record["source_path"] = f"{part.uri}#{sample.key}"

@@ -53,7 +53,7 @@ from corpusforge.contract import Unit, prune
 from corpusforge.layout import (INPUT_DIR, INPUT_SCHEMA, LISTING_SPILL_DIR, TABLE_SUFFIXES, input_path, listing_spill_path,
                                 part_name)
 from corpusforge.outofcore import spilling_duckdb
-from corpusforge.storage import Store, file_stamp, is_remote
+from corpusforge.storage import Store, file_stamp, is_remote, with_s3_defaults
 from tasks.shared.inputs import Entry, local_file_refusal, read_local, scan_folder, walk_local
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ class Partition:
 
 
 def _fs(uri: str, options: dict[str, Any]) -> tuple[fsspec.AbstractFileSystem, str]:
-    return fsspec.core.url_to_fs(uri, **options)
+    return fsspec.core.url_to_fs(uri, **with_s3_defaults(uri, options))
 
 
 def _full(fs: fsspec.AbstractFileSystem, path: str, like: str) -> str:
