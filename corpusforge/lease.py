@@ -141,6 +141,9 @@ class OutputLease:
         return self._create()
 
     def is_stale(self, lease: dict[str, Any]) -> bool:
+        if lease.get("host") == self.holder["host"] and lease.get("pid") == os.getpid():
+            with _HELD_LOCK:  # this process's own: stale unless a build here holds it now (a
+                return self.where not in _HELD  # release the storage refused, e.g. mid-outage)
         if lease.get("host") == self.holder["host"] and isinstance(lease.get("pid"), int):
             try:
                 os.kill(lease["pid"], 0)

@@ -288,8 +288,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"corpusforge {args.command}: error: {line}; details in {log_file}", file=sys.stderr)
         return 1
     finally:
-        if settings is not None:
+        if settings is not None:  # the setting was ours: an in-process caller's later runs set their own
             os.unlink(settings)
+            os.environ.pop("PREFECT_LOGGING_SETTINGS_PATH", None)
         if not keep_log:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(log_file)

@@ -338,7 +338,7 @@ def computed(work: dict, *path: str) -> int:
     return work["computed"] if isinstance(work, dict) else int(work == "computed")
 
 
-@pytest.fixture(scope="module", params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+@pytest.fixture(scope="module", params=["local", pytest.param("s3", marks=[pytest.mark.s3, pytest.mark.s3_matrix])])
 def history(request, tmp_path_factory, prefect_server) -> History:
     from sample_corpus import write_sample_corpus
 

@@ -8,6 +8,7 @@ import tarfile
 import numpy as np
 import pytest
 import s3fs
+from PIL import Image
 
 from corpusforge.storage import Store
 from tasks.stats.config import MetricsConfig, SampleConfig
@@ -42,13 +43,15 @@ def test_reference_stats_and_evaluation_inputs_on_s3(s3, tmp_path):
     assert ref.provenance["model"] == IDENTITY
     assert ref.features.shape == (written[True]["subsample"]["rows"], 6)
 
-    fs.pipe("corpusforge-stats/gen/a.png", b"png-bytes")
+    png = io.BytesIO()
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(png, "PNG")  # images are judged as the build judges them
+    fs.pipe("corpusforge-stats/gen/a.png", png.getvalue())
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name in ("x.png", "x.json", "y.png"):
+        for name, data in (("x.png", png.getvalue()), ("x.json", b"{}"), ("y.png", png.getvalue())):
             info = tarfile.TarInfo(name)
-            info.size = 3
-            tar.addfile(info, io.BytesIO(b"abc"))
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
     fs.pipe("corpusforge-stats/gen/t/part.tar", buf.getvalue())
     chunks = plan_generated(["s3://corpusforge-stats/gen"], s3)
     assert [(c.kind, c.uris) for c in chunks] == [("files", ("s3://corpusforge-stats/gen/a.png",)),
