@@ -6,6 +6,7 @@ exponential backoff with jitter, and a circuit breaker."""
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import random
 import threading
 import time
@@ -79,7 +80,8 @@ class HostSlots:
             if reused:
                 self.idle[host].pop()
             if self.reaper is None:
-                self.reaper = threading.Thread(target=self._reap, daemon=True)
+                self.reaper = threading.Thread(target=contextvars.copy_context().run, args=(self._reap,),
+                                               daemon=True)  # in this task's context: its Dask worker
                 self.reaper.start()
         if not reused:
             shared.acquire()

@@ -14,6 +14,7 @@ so that one slow host does not hold every thread.
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import json
 from collections import Counter, defaultdict
@@ -140,7 +141,12 @@ def fetch_partition(store: Store, part: Partition, cfg: FetchConfig, lic: Licens
     todo = set(first.values())
     try:
         with ThreadPoolExecutor(cfg.threads) as pool:
-            fetched = dict(pool.map(one, [i for i in interleave_hosts(rows) if i in todo]))
+            # each request thread runs in a copy of this task's context: the Dask worker it runs
+            # on is a ContextVar, and it is what makes the host limits cluster-wide (a thread
+            # without it fell back to a per-process limit: 3 in flight at one host were seen)
+            jobs = [pool.submit(contextvars.copy_context().run, one, i)
+                    for i in interleave_hosts(rows) if i in todo]
+            fetched = dict(job.result() for job in jobs)
     finally:
         fetcher.close()
     again = {"requests": 0, "status_429": 0, "wait_seconds": 0.0, "bytes_received": 0}  # a repeat asked nothing
