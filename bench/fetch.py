@@ -6,8 +6,9 @@ fetches them with every check on (robots.txt, tdmrep.json, opt-out headers, addr
 cap, magic bytes, per-host limit of 2 connections, outcomes stored); img2dataset 1.47, installed
 by this script into its own virtualenv (``--venv``), fetches the same URL list without resizing.
 Printed: images/s of each, their ratio, CPU seconds per image, peak RSS, and the most requests any
-host had in flight at once. corpusforge's units run in threads of this process (no Dask: the
-semaphores are process-wide), ``--units`` at a time.
+host had in flight at once. corpusforge's units run as a build runs them: on a Dask ``LocalCluster``
+of ``--units`` worker processes, the per-host limits held by the cluster's semaphores and the
+scheduler's host ledger (``--engine threads``: in threads of this process, the limits process-wide).
 
     python bench/fetch.py --images 2000 --hosts 32 --latency-ms 20
 """
@@ -15,8 +16,10 @@ semaphores are process-wide), ``--units`` at a time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -24,6 +27,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -86,19 +90,40 @@ class PeakRSS:
         self.thread.join()
 
 
-def run_corpusforge(tmp: Path, source: Path, units: int) -> dict:
+def _cpu_s(root: psutil.Process) -> float:
+    """CPU seconds of ``root`` and its living descendants so far."""
+    total = 0.0
+    for p in (root, *root.children(recursive=True)):
+        with contextlib.suppress(psutil.Error):
+            t = p.cpu_times()
+            total += t.user + t.system
+    return total
+
+
+def run_corpusforge(tmp: Path, source: Path, units: int, engine: str) -> dict:
     store = Store(str(tmp / "cf-out"), fsync=False)
     _, parts = plan_partitions(str(source), store, SourceConfig(partition_size=500))
     cfg = FetchConfig(user_agent=UA, allow_private_networks=True, threads=32, retries=1, backoff_s=0.05)
-    before = resource.getrusage(resource.RUSAGE_SELF)
-    start = time.perf_counter()
-    with PeakRSS(psutil.Process().pid) as rss, ThreadPoolExecutor(units) as pool:  # the server is not a child
-        results = list(pool.map(lambda p: fetch_partition(store, p, cfg), parts))
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_SELF)
+    me = psutil.Process()  # the server is not a child: its CPU is not counted
+    with contextlib.ExitStack() as stack:
+        if engine == "dask":
+            from distributed import Client, LocalCluster
+
+            cluster = stack.enter_context(LocalCluster(n_workers=units, threads_per_worker=1, processes=True,
+                                                       dashboard_address=None))
+            client = stack.enter_context(Client(cluster))
+            client.run(lambda: __import__("tasks.ingest.fetch.unit"))  # imports are not the fetch's cost
+        before, start = _cpu_s(me), time.perf_counter()
+        with PeakRSS(me.pid) as rss:
+            if engine == "dask":
+                results = client.gather(client.map(fetch_partition, [store] * len(parts), parts, [cfg] * len(parts),
+                                                   pure=False))
+            else:
+                with ThreadPoolExecutor(units) as pool:
+                    results = list(pool.map(lambda p: fetch_partition(store, p, cfg), parts))
+        wall, cpu = time.perf_counter() - start, _cpu_s(me) - before
     fetched = sum(r.info["fetched"] for r in results)
-    return {"wall_s": wall, "images": fetched, "cpu_s": (after.ru_utime + after.ru_stime)
-            - (before.ru_utime + before.ru_stime), "peak_rss_mb": rss.peak / 2**20}
+    return {"wall_s": wall, "images": fetched, "cpu_s": cpu, "peak_rss_mb": rss.peak / 2**20, "engine": engine}
 
 
 def run_img2dataset(exe: Path, tmp: Path, source: Path, processes: int, threads: int) -> dict:
@@ -126,11 +151,15 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=20_000)
     ap.add_argument("--hosts", type=int, default=32)
     ap.add_argument("--latency-ms", type=int, default=20)
-    ap.add_argument("--units", type=int, default=2, help="corpusforge fetch units at a time")
+    ap.add_argument("--units", type=int, default=2, help="corpusforge fetch units at a time (Dask worker processes)")
+    ap.add_argument("--engine", choices=("dask", "threads"), default="dask",
+                    help="corpusforge's units on a LocalCluster (as a build runs them) or in threads of this process")
     ap.add_argument("--processes", type=int, default=2, help="img2dataset processes")
     ap.add_argument("--threads", type=int, default=32, help="img2dataset threads per process")
     ap.add_argument("--venv", default=str(ROOT / ".venv-bench-img2dataset"))
+    ap.add_argument("--record", help="append the results, the date and the load average as a JSON line here")
     args = ap.parse_args()
+    started, load_before = datetime.now(timezone.utc), os.getloadavg()
     exe = img2dataset_venv(Path(args.venv))
     with tempfile.TemporaryDirectory(prefix="bench-fetch-") as tmp_dir:
         tmp = Path(tmp_dir)
@@ -141,7 +170,7 @@ def main() -> None:
             source = tmp / "urls.parquet"
             pq.write_table(pa.table({"url": urls, "license": ["CC BY 4.0"] * len(urls)}), source)
             results = {}
-            for name, run in (("corpusforge", lambda: run_corpusforge(tmp, source, args.units)),
+            for name, run in (("corpusforge", lambda: run_corpusforge(tmp, source, args.units, args.engine)),
                               ("img2dataset", lambda: run_img2dataset(exe, tmp, source, args.processes,
                                                                       args.threads))):
                 served.reset()
@@ -154,6 +183,11 @@ def main() -> None:
     cf, i2d = results["corpusforge"], results["img2dataset"]
     ratio = (cf["images"] / cf["wall_s"]) / (i2d["images"] / i2d["wall_s"])
     print(f"ratio corpusforge/img2dataset images/s: {ratio:.2f}")
+    if args.record:
+        with open(args.record, "a") as f:
+            f.write(json.dumps({"date": started.strftime("%Y-%m-%dT%H:%M:%SZ"), "args": vars(args),
+                                "load_before": load_before, "load_after": os.getloadavg(), "ratio": ratio,
+                                "results": results}) + "\n")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -77,13 +78,17 @@ def refusal(address: str, allow_private: bool) -> str | None:
     return None
 
 
-def resolve_checked(target: Target, allow_private: bool) -> str:
+def resolve_checked(target: Target, allow_private: bool, pinned: Mapping[str, str] | None = None) -> str:
     """The address to connect to for ``target``: every address its name resolves to must pass
-    :func:`refusal` (one bad address refuses the name: DNS rebinding picks among them)."""
-    try:
-        infos = socket.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise ConnectionError(f"cannot resolve {target.host}: {exc}") from None
+    :func:`refusal` (one bad address refuses the name: DNS rebinding picks among them).
+    ``pinned`` names resolved without DNS (``fetch.resolve``), checked the same way."""
+    if pinned and target.host in pinned:
+        infos = [(None, None, None, None, (pinned[target.host], target.port))]
+    else:
+        try:
+            infos = socket.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError) as exc:
+            raise ConnectionError(f"cannot resolve {target.host}: {exc}") from None
     addresses = sorted({info[4][0] for info in infos}, key=lambda a: (":" in a, a))
     for address in addresses:
         if why := refusal(address, allow_private):

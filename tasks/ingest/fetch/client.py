@@ -7,6 +7,7 @@ it, is capped while it streams, and the whole request has a deadline."""
 from __future__ import annotations
 
 import hashlib
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,9 +50,14 @@ class Response:
     extra: dict[str, str] = field(default_factory=dict)
 
 
-def new_client(connect_timeout: float) -> httpx.Client:
+def tls_context(ca_bundle: str | None) -> ssl.SSLContext:
+    """Certificates verified against the system's authorities, or ``ca_bundle``'s alone."""
+    return ssl.create_default_context(cafile=ca_bundle) if ca_bundle else httpx.create_ssl_context()
+
+
+def new_client(connect_timeout: float, tls: ssl.SSLContext) -> httpx.Client:
     """A client that verifies TLS, follows no redirect and resolves nothing but what it is given."""
-    return httpx.Client(follow_redirects=False, verify=True, trust_env=False,
+    return httpx.Client(follow_redirects=False, verify=tls, trust_env=False,
                         timeout=httpx.Timeout(connect_timeout, connect=connect_timeout),
                         limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Any
 
@@ -17,8 +18,11 @@ class HostProfile(StrictModel):
     """Politeness for one host (Wikimedia's robot policy: 2 connections to upload.wikimedia.org)."""
 
     connections: int = Field(2, ge=1, le=64, description="Requests in flight to this host, across all workers.")
-    min_interval_s: float = Field(0.0, ge=0, description="Least time between two requests to this host "
-                                                         "started by one worker process.")
+    min_interval_s: float = Field(0.0, ge=0, description="Least time between the starts of two requests to "
+                                                         "this host, across all workers.")
+    bytes_per_s: float | None = Field(None, gt=0, description="Bandwidth from this host across all workers "
+                                                              "(bytes/s, averaged over requests); default: "
+                                                              "fetch.bytes_per_s_per_host.")
 
 
 class FetchConfig(StrictModel):
@@ -40,9 +44,13 @@ class FetchConfig(StrictModel):
                            "unspecified addresses are refused even then.")
     connections_per_host: int = Field(2, ge=1, le=64, description="Requests in flight to one host across "
                                                                   "all workers, unless hosts names it.")
+    bytes_per_s_per_host: float | None = Field(
+        None, gt=0, description="Bandwidth from one host across all workers, in bytes/s averaged over requests "
+                                "(a body arrives at full speed, then the host's next request waits until its "
+                                "bytes are paid for), unless hosts names it; default: no limit.")
     hosts: dict[str, HostProfile] = Field(
         default_factory=lambda: {"upload.wikimedia.org": HostProfile(connections=2)},
-        description="Per-host profiles (connections, min_interval_s).")
+        description="Per-host profiles (connections, min_interval_s, bytes_per_s).")
     threads: int = Field(16, ge=1, le=256, description="URLs one fetch unit works on at once.")
     max_bytes: int = Field(64 << 20, gt=0, description="Body cap: a larger Content-Length or body is "
                                                        "error/too_large (nothing more is read).")
@@ -55,14 +63,30 @@ class FetchConfig(StrictModel):
     retry_after_cap_s: float = Field(
         120.0, ge=0, description="Longest Retry-After honoured by waiting; a longer one defers the URL to the "
                                  "next run.")
-    breaker_failures: int = Field(10, ge=1, description="Consecutive failed attempts at one host after which "
-                                                        "its remaining URLs are deferred to the next run.")
+    breaker_failures: int = Field(10, ge=1, description="Consecutive failed attempts at one host (across all "
+                                                        "workers) after which its URLs are deferred to the next "
+                                                        "run, for breaker_cooldown_s.")
+    breaker_cooldown_s: float = Field(60.0, ge=0, description="How long an open breaker defers a host's URLs; "
+                                                              "then attempts resume, and one more failure opens "
+                                                              "it again.")
     max_redirects: int = Field(5, ge=0, le=5, description="Redirects followed (at most 5).")
     robots_max_age_s: float = Field(86_400.0, ge=0, description="How long a fetched robots.txt and "
                                                                 "tdmrep.json are reused (RFC 9309: 24 h).")
+    resolve: dict[str, str] = Field(
+        default_factory=dict, description="Names resolved to these addresses instead of by DNS (like curl "
+                                          "--resolve: an intranet mirror, tests); the addresses are checked like "
+                                          "any other.")
+    ca_bundle: str | None = Field(None, description="A PEM file of the certificate authorities https hosts are "
+                                                    "verified against instead of the system's (an intranet "
+                                                    "mirror, tests).")
     deny_list: str | None = Field(
         None, description="An offline opt-out list: one entry a line, a URL prefix (https://host/path) or a bare "
                           "host name; '#' starts a comment. A listed URL is never requested.")
+
+    @field_validator("resolve")
+    @classmethod
+    def _addresses(cls, value: dict[str, str]) -> dict[str, str]:
+        return {name.lower(): str(ipaddress.ip_address(address)) for name, address in value.items()}
 
     @field_validator("user_agent")
     @classmethod
@@ -78,6 +102,10 @@ class FetchConfig(StrictModel):
     def min_interval(self, host: str) -> float:
         profile = self.hosts.get(host)
         return profile.min_interval_s if profile else 0.0
+
+    def bandwidth(self, host: str) -> float | None:
+        profile = self.hosts.get(host)
+        return profile.bytes_per_s if profile and profile.bytes_per_s else self.bytes_per_s_per_host
 
     def product(self) -> str:
         """The User-Agent's product token ('corpusforge' of 'corpusforge/1.0 (...)'), which scoped

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import threading
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
@@ -25,12 +26,12 @@ from corpusforge.hashing import sha256_bytes
 from corpusforge.layout import fetch_blob_path, fetch_url_path
 from corpusforge.storage import Store
 from tasks.ingest.fetch.addresses import Blocked, Target, parse_target, resolve_checked
-from tasks.ingest.fetch.client import Deadline, TooLarge, image_magic, new_client, request
+from tasks.ingest.fetch.client import Deadline, TooLarge, image_magic, new_client, request, tls_context
 from tasks.ingest.fetch.config import FetchConfig
 from tasks.ingest.fetch.optouts import (ROBOTS_MAX_BYTES, DenyList, OriginFile, robots_rule, tdm_header_rule,
                                         tdmrep_rule, x_robots_rule)
 from tasks.ingest.fetch.origins import Origins
-from tasks.ingest.fetch.politeness import RETRIED_STATUSES, Hosts, HostSlots, backoff, retry_after_seconds
+from tasks.ingest.fetch.politeness import RETRIED_STATUSES, HostSlots, HostView, backoff, retry_after_seconds
 
 CLOCK_ENV = "CORPUSFORGE_FETCH_CLOCK"  # an ISO time: every fetch happens "then" (tests, reproducible demos)
 FETCHED = "fetched"
@@ -74,16 +75,31 @@ class Fetcher:
     def __init__(self, cfg: FetchConfig, store: Store, deny: DenyList, clock: Callable[[], datetime] = fetch_clock,
                  seed: int = 0):
         self.cfg, self.store, self.deny, self.clock = cfg, store, deny, clock
-        self.client = new_client(cfg.connect_timeout_s)
-        self.hosts = Hosts(cfg.breaker_failures)
+        self.tls = tls_context(cfg.ca_bundle)
+        self.clients: dict[str, httpx.Client] = {}  # one per host name (client_for says why)
+        self.clients_lock = threading.Lock()
+        self.hosts = HostView(cfg.breaker_failures, cfg.breaker_cooldown_s)
         self.slots = HostSlots()
         self.origins = Origins(store, self._origin_file, clock, cfg.robots_max_age_s)
         self.rng = random.Random(seed)
         self.product = cfg.product()
 
     def close(self) -> None:
+        self.hosts.close()
         self.slots.close()
-        self.client.close()
+        for client in self.clients.values():
+            client.close()
+
+    def client_for(self, target: Target) -> httpx.Client:
+        """The client for ``target``'s host name. Connections are pooled by the address connected
+        to, so a TLS connection verified for one name would otherwise carry another name's
+        requests (two names on one CDN address); and a pool holds only one host's few
+        connections, where one pool for every host was scanned whole per request (1,000 URLs
+        from 32 hosts: 2 million idle checks and 60,000 polls; with a pool per host, 5,700 checks)."""
+        with self.clients_lock:
+            if target.host not in self.clients:
+                self.clients[target.host] = new_client(self.cfg.connect_timeout_s, self.tls)
+            return self.clients[target.host]
 
     # ---- the stored outcome ------------------------------------------------------------------
     def stored(self, url: str) -> Outcome | None:
@@ -120,7 +136,7 @@ class Fetcher:
             return out.end("filtered/opted_out", rule, opt_out_rule="deny-list", evidence=rule)
         for _ in range(self.cfg.max_redirects + 1):
             try:
-                address = resolve_checked(target, self.cfg.allow_private_networks)
+                address = resolve_checked(target, self.cfg.allow_private_networks, self.cfg.resolve)
             except Blocked as exc:
                 return out.end("error/blocked_address", str(exc))
             except ConnectionError as exc:
@@ -152,7 +168,8 @@ class Fetcher:
 
     def _attempts(self, target: Target, address: str, out: Outcome) -> Outcome | str:
         """Request ``target`` until it answers for good: a final outcome, or a redirect's Location."""
-        state = self.hosts[target.host]
+        host, hosts = target.host, self.hosts
+        rate = self.cfg.bandwidth(host)
         found: dict[str, str] = {}
 
         def read_body(status: int, headers: httpx.Headers) -> bool:
@@ -164,45 +181,52 @@ class Fetcher:
             return not rule
 
         for attempt in range(self.cfg.retries + 1):
-            if state.open:
-                return out.end(DEFERRED, f"circuit open: {state.failures} consecutive failures at {target.host}",
-                               final=False)
-            out["wait_seconds"] += state.wait_turn(self.cfg.min_interval(target.host))
             try:
-                with self.slots.slot(target.host, self.cfg.connections(target.host)):
+                with self.slots.slot(host, self.cfg.connections(host)):
+                    # the turn is taken in the slot: a request starts when its turn comes, so no more
+                    # than the slots' requests can start before the bytes of the earlier ones are charged
+                    waited = hosts.turn(host, self.cfg.min_interval(host), rate is not None)
+                    if waited is None:
+                        return out.end(DEFERRED, f"circuit open: {self.cfg.breaker_failures} consecutive failed "
+                                                 f"attempts at {host}", final=False)
+                    out["wait_seconds"] += waited
                     out["requests"] += 1
-                    resp = request(self.client, target, address, self.cfg.user_agent or "", self.cfg.deadline_s,
-                                   self.cfg.max_bytes, read_body)
+                    resp = request(self.client_for(target), target, address, self.cfg.user_agent or "",
+                                   self.cfg.deadline_s, self.cfg.max_bytes, read_body)
+                    if rate is not None and resp.received:
+                        hosts.charge(host, resp.received, rate)
+                    after = None
+                    if resp.status in RETRIED_STATUSES:
+                        after = retry_after_seconds(resp.headers.get("retry-after"), datetime.now(timezone.utc))
+                    if after is not None and after <= self.cfg.retry_after_cap_s:
+                        hosts.pause(host, after)  # before the slot is let go: no request slips in before it
             except TooLarge as exc:
                 return out.end("error/too_large", str(exc))
             except httpx.InvalidURL as exc:  # a URL the client cannot send: asking again changes nothing
                 return out.end("error/fetch_failed", f"InvalidURL: {exc}")
             except (httpx.RequestError, Deadline) as exc:  # connection, protocol, decoding errors
-                state.failed()
+                hosts.failed(host)
                 why = f"{type(exc).__name__}: {exc}"
             else:
                 out["http_status"] = resp.status
                 out["bytes_received"] += resp.received
                 if resp.status in REDIRECTS and resp.headers.get("location"):
-                    state.succeeded()
+                    hosts.succeeded(host)
                     return resp.headers["location"]
                 if resp.status not in RETRIED_STATUSES:
-                    state.succeeded()
+                    hosts.succeeded(host)
                     return self._answer(resp, out, found.get("rule"))
                 out["status_429"] += resp.status == 429
                 if resp.status != 429:
-                    state.failed()
+                    hosts.failed(host)
                 why = f"HTTP {resp.status}"
-                after = retry_after_seconds(resp.headers.get("retry-after"), datetime.now(timezone.utc))
                 if after is not None:
                     if after > self.cfg.retry_after_cap_s:
                         return out.end(DEFERRED, f"Retry-After {after:g} s > cap {self.cfg.retry_after_cap_s:g} s",
                                        final=False)
-                    state.pause(after)
                     continue
             if attempt < self.cfg.retries:
-                pause = backoff(attempt, self.cfg.backoff_s, self.cfg.backoff_max_s, self.rng)
-                state.pause(pause)
+                hosts.pause(host, backoff(attempt, self.cfg.backoff_s, self.cfg.backoff_max_s, self.rng))
         return out.end("error/fetch_failed", f"{why} after {self.cfg.retries + 1} attempts", final=False)
 
     def _answer(self, resp: Any, out: Outcome, rule: str | None) -> Outcome:
@@ -233,10 +257,10 @@ class Fetcher:
         """robots.txt or tdmrep.json of an origin: redirects followed (each hop checked), no retry."""
         for _ in range(self.cfg.max_redirects + 1):
             try:
-                address = resolve_checked(target, self.cfg.allow_private_networks)
+                address = resolve_checked(target, self.cfg.allow_private_networks, self.cfg.resolve)
                 with self.slots.slot(target.host, self.cfg.connections(target.host)):
-                    resp = request(self.client, target, address, self.cfg.user_agent or "", self.cfg.deadline_s,
-                                   ROBOTS_MAX_BYTES, lambda status, _: status == 200)
+                    resp = request(self.client_for(target), target, address, self.cfg.user_agent or "",
+                                   self.cfg.deadline_s, ROBOTS_MAX_BYTES, lambda status, _: status == 200)
             except (Blocked, ConnectionError, TooLarge, Deadline, httpx.RequestError, httpx.InvalidURL) as exc:
                 return OriginFile(None, error=f"{type(exc).__name__}: {exc}")
             if resp.status in REDIRECTS and resp.headers.get("location"):

@@ -15,8 +15,8 @@ from corpusforge.hashing import sha256_bytes
 from corpusforge.layout import fetch_origin_path
 from corpusforge.storage import Store
 from tasks.ingest.fetch.addresses import Target
+from tasks.ingest.fetch.hostledger import on_dask_worker
 from tasks.ingest.fetch.optouts import OriginFile
-from tasks.ingest.fetch.politeness import on_dask_worker
 
 ORIGIN_FILES = ("robots.txt", ".well-known/tdmrep.json")
 _LOCKS: dict[str, threading.Lock] = {}

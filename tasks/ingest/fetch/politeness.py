@@ -1,7 +1,8 @@
-"""Politeness towards a host: a limit on requests in flight that holds across every Dask worker
-(a ``distributed.Semaphore`` per host, or a process-wide one outside a cluster), a minimum
-interval between requests, ``Retry-After`` honoured in seconds or as an HTTP date up to a cap,
-exponential backoff with jitter, and a circuit breaker."""
+"""Politeness towards a host, all of it holding across every Dask worker of a build: a limit on
+requests in flight (a ``distributed.Semaphore`` per host), and the host's pauses (``Retry-After``
+in seconds or as an HTTP date up to a cap, exponential backoff with jitter), circuit breaker,
+minimum interval and bandwidth (the scheduler's host ledger, :mod:`.hostledger`). Outside a
+cluster the same rules hold per process."""
 
 from __future__ import annotations
 
@@ -15,20 +16,11 @@ from typing import Any
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 
+from tasks.ingest.fetch.hostledger import cluster_client, ledger_call, on_dask_worker
+
 RETRIED_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 _LOCAL: dict[tuple[str, int], threading.BoundedSemaphore] = {}
 _LOCAL_LOCK = threading.Lock()
-
-
-def on_dask_worker() -> bool:
-    """Whether this code runs in a task on a Dask worker (whose cluster then shares locks)."""
-    try:
-        from distributed import get_worker
-
-        get_worker()
-    except (ImportError, ValueError):
-        return False
-    return True
 
 
 _SHARED: dict[str, Any] = {}
@@ -137,51 +129,124 @@ def backoff(attempt: int, base: float, cap: float, rng: random.Random) -> float:
     return min(cap, base * (2 ** attempt)) * rng.uniform(0.5, 1.5)
 
 
-class HostState:
-    """One worker process's view of a host: when the next request may start (Retry-After,
-    minimum interval), consecutive failures (the breaker) and the figures the receipt reports."""
+SYNC_S = 0.2  # how often a unit on a cluster reports attempts and learns the others' pauses
 
-    def __init__(self, breaker_failures: int):
+
+class HostView:
+    """One fetch unit's view of the :class:`~tasks.ingest.fetch.hostledger.HostLedger` its
+    cluster (or process) shares. Hosts without a minimum interval or a bandwidth limit take the
+    fast path: a request waits on the locally known pause and breaker, and on a cluster a
+    background thread reports successes and learns every unit's pauses every :data:`SYNC_S`
+    (one scheduler round trip for all the unit's hosts). A pause (Retry-After, backoff) and a
+    failed attempt are sent at once (failures are rare, and the breaker must count every unit's
+    before it opens). A host with ``min_interval`` or a bandwidth limit asks the ledger for each
+    request's turn (a round trip per request, small beside the interval it waits)."""
+
+    def __init__(self, breaker_failures: int, cooldown_s: float):
+        self.breaker_failures, self.cooldown_s = breaker_failures, cooldown_s
+        self.client = cluster_client()
         self.lock = threading.Lock()
-        self.not_before = 0.0
-        self.failures = 0
-        self.breaker_failures = breaker_failures
+        self.wait_until: dict[str, float] = {}  # this process's monotonic clock
+        self.open_until: dict[str, float] = {}
+        self.floor: dict[str, float] = {}  # pauses set here (a sync answer that crossed them keeps them)
+        self.events: dict[str, list] = {}  # host -> [a success came, failures after it], not yet reported
+        self.learned: dict[str, threading.Event] = {}  # the hosts this unit works with: set once its first answer came
+        self.closed = threading.Event()
+        self.syncer: threading.Thread | None = None
 
-    def wait_turn(self, min_interval: float) -> float:
-        """Sleep until this host may be asked again; the seconds waited."""
+    def turn(self, host: str, min_interval: float, metered: bool) -> float | None:
+        """Wait for a turn at ``host``; the seconds waited, or None while its breaker is open."""
+        if min_interval or metered:
+            wait, open_left = ledger_call(self.client, "reserve", host, min_interval)
+            if open_left:
+                return None
+            time.sleep(wait)
+            return wait
+        if self.client is None:
+            self._sync([host])  # in-process: exact and cheap
+        else:
+            self._learn(host)  # on a cluster: what the other units know of a host new to this one
+        waited = 0.0
+        while True:
+            with self.lock:
+                now = time.monotonic()
+                if self.open_until.get(host, 0.0) > now:
+                    return None
+                wait = max(self.wait_until.get(host, 0.0), self.floor.get(host, 0.0)) - now
+            if wait <= 0:
+                return waited
+            time.sleep(wait)
+            waited += wait
+
+    def pause(self, host: str, seconds: float) -> None:
+        """No request to ``host`` from any unit for ``seconds``."""
         with self.lock:
-            now = time.monotonic()
-            start = max(now, self.not_before)
-            self.not_before = start + min_interval if min_interval else self.not_before
-        if start > now:
-            time.sleep(start - now)
-        return start - now
+            self.floor[host] = max(self.floor.get(host, 0.0), time.monotonic() + seconds)
+        ledger_call(self.client, "pause", host, seconds)
 
-    def pause(self, seconds: float) -> None:
+    def charge(self, host: str, nbytes: int, bytes_per_s: float) -> None:
+        ledger_call(self.client, "charge", host, nbytes, bytes_per_s)
+
+    def failed(self, host: str) -> None:
         with self.lock:
-            self.not_before = max(self.not_before, time.monotonic() + seconds)
+            self.events.setdefault(host, [False, 0])[1] += 1
+        self._sync([host])  # reported at once: the answer says whether the breaker is open now
 
-    def failed(self) -> None:
+    def succeeded(self, host: str) -> None:
         with self.lock:
-            self.failures += 1
+            self.events[host] = [True, 0]
+        if self.client is None:
+            self._sync([host])
 
-    def succeeded(self) -> None:
+    def _sync(self, hosts: list[str]) -> None:
+        """Report the attempts not yet reported; learn ``hosts``' pauses and breakers."""
         with self.lock:
-            self.failures = 0
+            events, self.events = self.events, {}
+        answer = ledger_call(self.client, "report", events, hosts, self.breaker_failures, self.cooldown_s)
+        now = time.monotonic()
+        with self.lock:
+            for host in hosts:
+                wait, open_left = answer.get(host, (0.0, 0.0))
+                self.wait_until[host] = now + wait
+                self.open_until[host] = now + open_left
 
-    @property
-    def open(self) -> bool:
-        return self.failures >= self.breaker_failures
+    def _learn(self, host: str) -> None:
+        """Before this unit's first request to ``host``, learn its pauses and breaker from the
+        ledger (and start syncing). The unit's other request threads wait for that answer: one
+        that went ahead on the empty local view slipped past another unit's Retry-After (seen
+        1.7 s into a 3 s pause on a loaded machine)."""
+        with self.lock:
+            learned = self.learned.get(host)
+            first = learned is None
+            if first:
+                learned = self.learned[host] = threading.Event()
+                start = self.syncer is None
+                if start:
+                    self.syncer = threading.Thread(target=contextvars.copy_context().run,
+                                                   args=(self._sync_loop,), daemon=True)
+        if not first:
+            learned.wait()
+            return
+        if start:
+            self.syncer.start()
+        try:
+            self._sync([host])
+        finally:
+            learned.set()  # a failed answer leaves the local view, as the syncing does
 
+    def _sync_loop(self) -> None:
+        while not self.closed.wait(SYNC_S):
+            with self.lock:
+                hosts = sorted(self.learned)
+            try:
+                self._sync(hosts)
+            except OSError:  # the scheduler is out of reach a moment: the local view holds meanwhile
+                continue
 
-class Hosts:
-    """The :class:`HostState` of every host one fetch unit talks to."""
-
-    def __init__(self, breaker_failures: int):
-        self._lock = threading.Lock()
-        self._states: dict[str, HostState] = {}
-        self.breaker_failures = breaker_failures
-
-    def __getitem__(self, host: str) -> HostState:
-        with self._lock:
-            return self._states.setdefault(host, HostState(self.breaker_failures))
+    def close(self) -> None:
+        """Stop syncing; report the last attempts."""
+        self.closed.set()
+        if self.syncer is not None:
+            self.syncer.join()
+        if self.events:
+            self._sync([])
