@@ -196,3 +196,12 @@ def test_verification_is_byte_identical_and_incremental(photos, tmp_path, monkey
     assert len(calls) == len(rows)
     assert np.all([r["inliers"] >= 16 for r in a.read_parquet("graph/verified/000000.parquet").to_pylist()
                    if r["verified"]])
+
+
+def test_an_image_too_small_for_orb_has_no_local_features():
+    """An undecodable image stands in as 1x1 px; ORB's pyramid used to fail on it."""
+    from PIL import Image
+
+    for side in (1, 8, 62):
+        xy, desc, pixels, _ = local_features(Image.new("RGB", (side, side)))
+        assert len(xy) == 0 and desc is None and pixels.shape == (side, side)

@@ -1,5 +1,4 @@
-"""Thresholds fitted to the user's own pictures: plant copies, measure, choose (the core of issue 34's
-self-calibration; the CLI, the receipt record and the HTML report are not built yet).
+"""Thresholds fitted to the user's own pictures: plant copies, measure, choose (issue 34).
 
 A threshold calibrated on one corpus holds on that corpus only: SSCD int8's 0.80 / 0.88 come
 from the synthetic sample, and on real photographs copies scored 0.74-0.89 while the closest
@@ -7,32 +6,55 @@ unrelated pair scored 0.813. So the corpus itself is the calibration set:
 
 1. a seeded sample of its pictures (:func:`planted_sample`) gets every transform of
    :mod:`tasks.graph.planted` planted on ``per_transform`` of them;
-2. the configured model embeds originals and copies (``embed``: the extraction stage's path,
-   ``model_input`` then ``embed``), and ``score`` gives the graph's similarity matrix (the
-   model's pair rule);
+2. the configured model embeds originals and copies (:func:`model_embedder`: the extraction
+   stage's path, ``model_input`` then ``embed``), and ``score`` gives the graph's similarity
+   matrix (:func:`rule_scores`: the model's pair rule);
 3. per transform, each copy's similarity to its original; the unrelated pairs are every pair of
    pictures of *different* originals (originals and copies alike): in a sample of the corpus,
-   its nearest unrelated neighbours;
+   its nearest unrelated neighbours. Two originals that score at least as close as a light
+   re-encode of one of them (the median JPEG q40 / 50 % resize copy), or above ``duplicate_above``
+   (the configured pair rule: the build removes such a pair whatever the calibration says), are a
+   duplicate the corpus already holds, not an unrelated pair: they count as one original
+   (``merged_originals``; the report shows them, since a wrong configured rule hides its false
+   pairs there);
 4. the link threshold is the closest unrelated pair plus ``margin``: zero false links on the
    sample with that margin to spare; per transform, the share of copies above it.
+   :func:`chosen_thresholds` turns it into the stage's thresholds.
 
 The result (:class:`Calibration`) carries the seed, the margin and every measured similarity,
-and a digest of them, so a record of it names exactly what it was fitted on.
+and a digest of them, so a record of it names exactly what it was fitted on. The build's unit
+(:mod:`tasks.graph.self_calibration_unit`) and ``corpusforge calibrate`` both call
+:func:`calibrate_sample`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from PIL import Image
 
 from corpusforge.hashing import canonical_json, sha256_bytes
 from tasks.graph.planted import TRANSFORMS, plant
+from tasks.shared.features.content import model_input
+from tasks.shared.pair_score import PairScore
+
+if TYPE_CHECKING:  # torch is imported by the model's module, not by the flow that plans calibration
+    from tasks.shared.features.base import FeatureModel
 
 Embed = Callable[[list[Image.Image]], np.ndarray]
 Score = Callable[[np.ndarray], np.ndarray]  # rows -> their full similarity matrix
+
+SAMPLE = 200  # originals drawn from the corpus (fewer when it is smaller)
+PER_TRANSFORM = 8  # originals each transform is planted on
+MARGIN = 0.02  # similarity between the closest unrelated pair and the link threshold
+MAX_SIDE = 1024  # px: pictures are reduced to this longer side before planting (models see 224-512)
+MIN_PICTURES = 8  # fewer pictures give no unrelated tail worth the name
+LIGHT = ("jpeg_q40", "resize_50")  # the re-encodes that say how close a duplicate original scores
+REVIEW_QUANTILE = 0.05  # the review band reaches this quantile of the copies (less the margin)
 
 
 @dataclass(frozen=True)
@@ -45,9 +67,38 @@ class Calibration:
     closest_unrelated: float
     recall: dict[str, float]  # transform -> share of its copies above link_above
     copies: dict[str, list[float]]  # transform -> each copy's similarity to its original
+    merged_originals: int = 0  # originals counted with another (a duplicate the corpus holds)
+    unrelated_top: list[float] = field(default_factory=list)  # the closest unrelated similarities, highest first
 
     def digest(self) -> str:
         return sha256_bytes(canonical_json(asdict(self)).encode())
+
+
+@dataclass
+class Measured:
+    """Everything measured on one planted sample (the report shows pairs from it)."""
+
+    plan: list[tuple[int, str, int]]  # (original index, transform, copy seed) per copy
+    images: list[Image.Image]  # originals, then the copies in plan order
+    sims: np.ndarray  # [n, n] similarity of every pair of images
+    group: np.ndarray  # per image: its original's group (merged duplicate originals share one)
+    merged: int
+
+    @property
+    def originals(self) -> int:
+        return len(self.images) - len(self.plan)
+
+    def copy_scores(self) -> dict[str, list[float]]:
+        per: dict[str, list[float]] = {name: [] for name in sorted(TRANSFORMS)}
+        for k, (i, name, _) in enumerate(self.plan):
+            per[name].append(float(self.sims[self.originals + k, i]))
+        return per
+
+    def unrelated(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(a, b, similarity) of every pair of images of different groups, a < b."""
+        a, b = np.triu_indices(len(self.images), 1)
+        keep = self.group[a] != self.group[b]
+        return a[keep], b[keep], self.sims[a[keep], b[keep]]
 
 
 def planted_sample(n: int, seed: int, per_transform: int) -> list[tuple[int, str, int]]:
@@ -60,27 +111,125 @@ def planted_sample(n: int, seed: int, per_transform: int) -> list[tuple[int, str
     return out
 
 
+def _groups(sims: np.ndarray, n: int, plan: list[tuple[int, str, int]], duplicate_above: float | None
+            ) -> tuple[np.ndarray, int]:
+    """Group of every original (duplicates merged, see module docstring), and how many merged."""
+    light = [float(sims[n + k, i]) for k, (i, name, _) in enumerate(plan) if name in LIGHT]
+    bars = ([float(np.median(light))] if light else []) + ([float(np.nextafter(duplicate_above, 2))]
+                                                           if duplicate_above is not None else [])
+    parent = list(range(n))
+
+    def root(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    if bars:
+        bar = min(bars)  # at least as close as a light re-encode, or above the configured pair rule
+        for a, b in zip(*np.nonzero(np.triu(sims[:n, :n] >= bar, 1)), strict=True):
+            parent[max(root(int(a)), root(int(b)))] = min(root(int(a)), root(int(b)))
+    roots = np.array([root(i) for i in range(n)])
+    return roots, int(n - len(np.unique(roots)))
+
+
+def measure_sample(pictures: Sequence[Image.Image], embed: Embed, score: Score, seed: int,
+                   per_transform: int, duplicate_above: float | None = None) -> Measured:
+    """Plant, embed and score one sample (steps 1-3 of the module docstring)."""
+    plan = planted_sample(len(pictures), seed, per_transform)
+    copies = [plant(pictures[i], name, copy_seed) for i, name, copy_seed in plan]
+    images = [p.convert("RGB") for p in pictures] + copies
+    sims = score(embed(images))
+    roots, merged = _groups(sims, len(pictures), plan, duplicate_above)
+    group = np.concatenate([roots, roots[[i for i, _, _ in plan]]]) if plan else roots
+    return Measured(plan, images, sims, group, merged)
+
+
 def measure(pictures: Sequence[Image.Image], embed: Embed, score: Score, seed: int, per_transform: int
             ) -> tuple[dict[str, list[float]], np.ndarray]:
     """Copy similarities per transform, and every unrelated pair's similarity (a flat array)."""
-    plan = planted_sample(len(pictures), seed, per_transform)
-    copies = [plant(pictures[i], name, copy_seed) for i, name, copy_seed in plan]
-    rows = embed(list(pictures) + copies)
-    sims = score(rows)
-    source = np.array(list(range(len(pictures))) + [i for i, _, _ in plan])
-    upper = np.triu_indices(len(source), 1)
-    unrelated = sims[upper][source[upper[0]] != source[upper[1]]]
-    per: dict[str, list[float]] = {name: [] for name in sorted(TRANSFORMS)}
-    for k, (i, name, _) in enumerate(plan):
-        per[name].append(float(sims[len(pictures) + k, i]))
-    return per, unrelated
+    m = measure_sample(pictures, embed, score, seed, per_transform)
+    return m.copy_scores(), m.unrelated()[2]
+
+
+def choose(m: Measured, seed: int, margin: float) -> Calibration:
+    """The link threshold at zero false links on the sample, plus ``margin`` (step 4)."""
+    per = m.copy_scores()
+    unrelated = np.sort(m.unrelated()[2])[::-1]
+    closest = float(unrelated[0]) if unrelated.size else -1.0
+    link = min(1.0, math.ceil((closest + margin) * 1e4) / 1e4)
+    recall = {name: float(np.mean(np.asarray(s) > link)) if s else 0.0 for name, s in per.items()}
+    return Calibration(seed, margin, link, round(closest, 6), recall,
+                       {k: [round(v, 6) for v in s] for k, s in per.items()}, m.merged,
+                       [round(float(v), 6) for v in unrelated[:20]])
 
 
 def calibrate(pictures: Sequence[Image.Image], embed: Embed, score: Score, *, seed: int = 0,
-              per_transform: int = 8, margin: float = 0.02) -> Calibration:
+              per_transform: int = PER_TRANSFORM, margin: float = MARGIN) -> Calibration:
     """Plant, embed, measure and choose the link threshold (module docstring)."""
-    per, unrelated = measure(pictures, embed, score, seed, per_transform)
-    closest = float(unrelated.max())
-    link = min(1.0, closest + margin)
-    recall = {name: float(np.mean(np.asarray(s) > link)) for name, s in per.items()}
-    return Calibration(seed, margin, link, closest, recall, {k: [round(v, 6) for v in s] for k, s in per.items()})
+    return choose(measure_sample(pictures, embed, score, seed, per_transform), seed, margin)
+
+
+def calibrate_sample(pictures: Sequence[Image.Image], model: FeatureModel, *, seed: int,
+                     duplicate_above: float | None = None, per_transform: int = PER_TRANSFORM,
+                     margin: float = MARGIN) -> tuple[Calibration, Measured]:
+    """:func:`calibrate` with ``model`` and its pair rule; the measurements too (for the report)."""
+    if len(pictures) < MIN_PICTURES:
+        raise ValueError(f"self-calibration needs at least {MIN_PICTURES} decodable pictures, found {len(pictures)}")
+    m = measure_sample(pictures, model_embedder(model), rule_scores(PairScore.from_model(model.fingerprint())),
+                       seed, per_transform, duplicate_above)
+    return choose(m, seed, margin), m
+
+
+def model_embedder(model: FeatureModel, batch: int = 32) -> Embed:
+    """The extraction stage's path for copy detection: ``model_input`` (frame cut), then ``embed``."""
+    def embed(images: list[Image.Image]) -> np.ndarray:
+        step = batch if model.fixed_input else 1
+        rows = [model.embed(np.stack([model_input(model, im) for im in images[i:i + step]]))
+                for i in range(0, len(images), step)]
+        return np.concatenate(rows).astype(np.float32)
+    return embed
+
+
+def rule_scores(rule: PairScore) -> Score:
+    """The full similarity matrix under the model's pair rule (float64, as the graph rescores)."""
+    def score(rows: np.ndarray) -> np.ndarray:
+        x = rows.astype(np.float64)
+        if not rule.active:
+            return x @ x.T
+        layout = rule.unit_layout(rows).astype(np.float64)
+        grey = rule.colourless(rows)
+        return np.where(grey[:, None] | grey[None, :], layout @ layout.T, x @ x.T)
+    return score
+
+
+def reduced(image: Image.Image) -> Image.Image:
+    """RGB, longer side at most :data:`MAX_SIDE` (a copy; the original is untouched)."""
+    out = image.convert("RGB")
+    out.thumbnail((MAX_SIDE, MAX_SIDE), Image.Resampling.BICUBIC)
+    return out
+
+
+def chosen_thresholds(cal: Calibration, *, verifying: bool, edge: float, review: float) -> dict[str, Any]:
+    """The stage's thresholds from a calibration, or ``{"fitted": False, "reason"}``.
+
+    ``verifying`` (wfd's gpic_verified): a pair above ``pair_removal_above`` removes on its own,
+    below it only verified pairs link: the calibrated link is ``pair_removal_above``, and
+    ``component_link_above`` is the closest unrelated pair (it links nothing without verification).
+    Otherwise (GPIC's rule): the calibrated link is ``component_link_above`` and
+    ``pair_removal_above`` is ``margin`` above it. ``edge_min_similarity`` never rises above the
+    component link (the configured value ``edge`` when lower). The review band's floor is the
+    copies' :data:`REVIEW_QUANTILE` less the margin, never below the configured ``review`` (which
+    bounds the search's cost) and never above the component link.
+    """
+    if verifying:
+        pair, component = cal.link_above, round(cal.closest_unrelated, 4)
+    else:
+        component, pair = cal.link_above, round(cal.link_above + cal.margin, 4)
+    if pair >= 1.0 or component >= pair:
+        return {"fitted": False, "reason": f"the closest unrelated pair scores {cal.closest_unrelated:.4f}: no "
+                                           f"threshold below 1 keeps zero false links with margin {cal.margin}"}
+    scores = [s for v in cal.copies.values() for s in v]
+    band = math.floor((float(np.quantile(scores, REVIEW_QUANTILE)) - cal.margin) * 1e4) / 1e4 if scores else review
+    return {"fitted": True, "edge_min_similarity": min(edge, component), "component_link_above": component,
+            "pair_removal_above": pair, "review_min_similarity": min(component, max(review, band))}

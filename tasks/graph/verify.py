@@ -85,6 +85,9 @@ RESULT_FIELDS = ("keypoints", "matches", "inliers", "score", "overlap", "agreeme
                  "verified")
 
 
+ORB_BORDER = 31  # OpenCV's default edgeThreshold: no keypoint this close to an edge
+
+
 def local_features(image: Image.Image) -> LocalFeatures:
     """ORB keypoint coordinates [n, 2] (float32), descriptors [n, 32], the grey image (uint8)
     and whether the picture is colourless (:func:`is_colourless`)."""
@@ -95,8 +98,10 @@ def local_features(image: Image.Image) -> LocalFeatures:
         size = (max(1, round(grey.width * scale)), max(1, round(grey.height * scale)))
         grey, image = grey.resize(size, Image.Resampling.BILINEAR), image.resize(size, Image.Resampling.BILINEAR)
     pixels = np.asarray(grey, dtype=np.uint8)
-    orb = cv2.ORB_create(nfeatures=ORB_FEATURES, fastThreshold=ORB_FAST_THRESHOLD)
-    points, desc = orb.detectAndCompute(pixels, None)
+    points, desc = (), None  # ORB finds nothing within its 31 px border, and its pyramid fails on tiny images
+    if min(pixels.shape) > 2 * ORB_BORDER:
+        orb = cv2.ORB_create(nfeatures=ORB_FEATURES, fastThreshold=ORB_FAST_THRESHOLD, edgeThreshold=ORB_BORDER)
+        points, desc = orb.detectAndCompute(pixels, None)
     xy = np.array([p.pt for p in points], dtype=np.float32).reshape(-1, 2)
     return xy, desc, pixels, is_colourless(np.asarray(image.convert("RGB"), dtype=np.uint8))
 
