@@ -202,8 +202,12 @@ class OutputLease:
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(HEARTBEAT_SECONDS):
-            with contextlib.suppress(OSError):  # a storage hiccup: the next beat tries again
+            try:
                 self.refresh()
+            except Exception as exc:  # noqa: BLE001 - an unreachable store raises botocore's own errors, not OSError
+                # a storage hiccup: the next beat tries again (a dead thread would print its traceback)
+                logging.getLogger("corpusforge").warning("lease on %s not refreshed (%s: %s); the next beat tries again",
+                                                         self.store.root, type(exc).__name__, exc)
 
     def release(self) -> None:
         """Stop refreshing and remove the lease, if it is still ours."""

@@ -189,6 +189,8 @@ _AFTER_MTIME = b"0" + b"\x00" * 100 + b"ustar\x0000" + b"\x00" * (64 + 16 + 155)
 _FIXED_SUM = 256 + sum(_MODE_IDS) + sum(_MTIME) + sum(_AFTER_MTIME)  # 8 checksum bytes count as spaces
 _PADS = tuple(bytes(n) for n in range(tarfile.BLOCKSIZE))  # zeros after a member, by length
 SMALL_MEMBER = 4096  # members below this size are joined with their headers into one written piece
+SMALL_RUN = 1 << 20  # a run of small members is written once it holds this much: a shard of small
+                     # members (thumbnails, captions) is not held whole until its end
 
 
 def ustar_header(name: str, size: int) -> bytes:
@@ -224,6 +226,7 @@ def write_tar(target: IO[bytes], samples: Iterable[Sample], sync_ahead: bool = F
     # are joined into one piece: a sample is then two pieces for writev and the hash
     # thread instead of nine (a Python call and a system-call buffer each).
     small: list[bytes | memoryview] = []
+    small_bytes = 0
     try:
         for sample in samples:
             key = sample.key
@@ -241,10 +244,15 @@ def write_tar(target: IO[bytes], samples: Iterable[Sample], sync_ahead: bool = F
                 offsets.append(position)
                 if size < SMALL_MEMBER:
                     small += (data, pad)
+                    small_bytes += tarfile.BLOCKSIZE + size + len(pad)
+                    if small_bytes >= SMALL_RUN:
+                        joined = b"".join(small)
+                        sink.add((joined,), len(joined))
+                        small, small_bytes = [], 0
                 else:
                     joined = b"".join(small)
                     sink.add((joined, data), len(joined) + size)
-                    small = [pad]
+                    small, small_bytes = [pad], len(pad)
                 position += size + len(pad)
                 keys.append(key)
                 exts.append(ext)

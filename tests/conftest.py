@@ -16,8 +16,11 @@ from typing import Any
 import pytest
 
 # Hermetic settings before anything imports prefect or a model hub client.
-_PREFECT_HOME = tempfile.mkdtemp(prefix="corpusforge-prefect-")
-os.environ.setdefault("PREFECT_HOME", _PREFECT_HOME)
+# Each pytest-xdist worker gets its own home: it inherits the main process's environment, and
+# two session servers on one home share one SQLite database (each sees the other's runs).
+if "PREFECT_HOME" not in os.environ or os.environ.get("CORPUSFORGE_TEST_PREFECT_HOME") == os.environ["PREFECT_HOME"]:
+    os.environ["PREFECT_HOME"] = os.environ["CORPUSFORGE_TEST_PREFECT_HOME"] = tempfile.mkdtemp(
+        prefix="corpusforge-prefect-")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")

@@ -55,6 +55,9 @@ def seaweedfs(data_dir: Path, s3_port: int | None = None, timeout: float = 60.0)
     proc = subprocess.Popen(
         [binary, "mini", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
          f"-s3.port={s3_port}", *(f"-{flag}={port}" for flag, port in zip(PORT_FLAGS, ports, strict=False)),
+         # The Iceberg and Lance endpoints listen on fixed default ports: two servers at
+         # once (pytest-xdist) collide there and one exits, so neither is started.
+         "-s3.port.iceberg=0", "-s3.port.lance=0",
          "-master.telemetry=false", "-admin.ui=false"],
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     options = {"key": ACCESS_KEY, "secret": SECRET_KEY,
@@ -74,10 +77,11 @@ def seaweedfs(data_dir: Path, s3_port: int | None = None, timeout: float = 60.0)
                 time.sleep(0.5)
         yield options
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if proc.poll() is None:  # a server that exited by itself must not hide why with ESRCH
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         log.close()

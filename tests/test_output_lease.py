@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import time
@@ -61,6 +62,7 @@ def _lease(store: Store) -> dict | None:
     return store.read_json(OUTPUT_LEASE) if store.exists(OUTPUT_LEASE) else None
 
 
+@pytest.mark.long
 def test_a_second_build_into_one_output_is_refused_naming_the_first_or_waits(output, tmp_path):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(CONFIG))
@@ -72,11 +74,16 @@ def test_a_second_build_into_one_output_is_refused_naming_the_first_or_waits(out
             time.sleep(0.2)  # the lease names the flow run once the flow has started
         holder = _lease(store)
         assert first.poll() is None and holder and holder["flow_run"], "the first build ended before its lease was seen"
-        waiting = _start(output, config, "--wait")
-        refused = subprocess.run([corpusforge(), "build", "--source", output["source"], "--out", output["out"],
-                                  "--config", str(config)], env=output["env"], capture_output=True, text=True,
-                                 timeout=120)
-        assert first.poll() is None, "the first build ended before the second was refused: nothing was tested"
+        # Paused (its pid alive, its lease held) while the others start, so that on a loaded
+        # machine it cannot finish before the second build has asked for the output.
+        os.killpg(first.pid, signal.SIGSTOP)
+        try:
+            waiting = _start(output, config, "--wait")
+            refused = subprocess.run([corpusforge(), "build", "--source", output["source"], "--out", output["out"],
+                                      "--config", str(config)], env=output["env"], capture_output=True, text=True,
+                                     timeout=120)
+        finally:
+            os.killpg(first.pid, signal.SIGCONT)
         assert refused.returncode == 2, refused.stderr[-3000:]
         lines = refused.stderr.strip().splitlines()
         assert len(lines) == 1, refused.stderr[-3000:]

@@ -101,6 +101,7 @@ def _outputs(fs: s3fs.S3FileSystem, root: str) -> dict[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_whole_build_with_the_server_stopped_mid_run_then_rerun(tmp_path, prefect_server, seaweedfs):
     """The S3 server stops once the first staging shard is marked done: the build fails in
     bounded time (no hang, Failed in Prefect); after a restart the rerun completes and equals
@@ -219,6 +220,7 @@ def test_full_disk_is_one_line_naming_the_path(small_disk, sample_corpus, tmp_pa
 
 @pytest.mark.scenario(9)
 @pytest.mark.slow
+@pytest.mark.long
 def test_s3_outage_mid_build_is_one_line_naming_the_endpoint_and_object(tmp_path, seaweedfs, sample_corpus,
                                                                          prefect_server):
     """`corpusforge build` into S3, the server stopped once the first staging shard is marked
