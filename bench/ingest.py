@@ -145,8 +145,9 @@ def main() -> None:
         records = sum(m.info["records"] for m in ingested)
         ingest_s = time.perf_counter() - t0
         ingest_read = CountingFileSystem.bytes_read
-        _, resolved = deduplicate(store, ingested, 4, args.shard_size)
-        shards = plan_staging([m.info for m in resolved], args.shard_size)
+        resolved: dict[int, Any] = {}
+        deduplicate(store, [m.digest for m in ingested], len(ingested), 4, args.shard_size, resolved.__setitem__)
+        shards = plan_staging([resolved[p].info for p in range(len(ingested))], args.shard_size)
 
         code_version("tasks.staging")  # hashed once per worker process: not part of the throughput
         staged = [r for s in shards for r in shard_records(store, s)]

@@ -1,16 +1,23 @@
-"""What a no-op rerun costs next to a fresh build, with one Prefect task run per unit and
-with batches of units (issue 22), side by side in one run.
+"""What a no-op rerun costs next to a fresh build, per corpus shape (issue 31, item 4: ≤ 10 %).
 
-A folder of small synthetic pictures (48–64 px, ``validation.min_side: 32``) is built on
-an embedded LocalCluster of 2 worker processes with a temporary Prefect server, as the
-issue measured it (``staging.shard_size: 25``, ``input.partition_size: 50``), then built
-again into the same output: every unit skips by its marker. "per unit" is the old
-fan-out, emulated by giving every unit its own batch (``batch_count`` returns the number
-of units); "batched" is :func:`corpusforge.cluster.batch_count`. Prints wall time and
-time in stages of each build, the rerun's share of the fresh build, and the task runs
-each build made (from the Prefect API).
+A folder of small synthetic pictures (48–64 px, ``validation.min_side: 32``) is built on an
+embedded LocalCluster of 2 worker processes with a temporary Prefect server, then built
+again into the same output with nothing changed, twice: every unit is current. The first rerun
+of a root also keeps the version it held before and describes the changes since (two task runs
+that only a root's first rebuild makes); the second is the steady no-op rerun, which makes no
+task run but a folder source's listing (``plan-inputs``: a folder is listed to see what
+changed). Shapes:
 
-    .venv/bin/python bench/noop_rerun.py [--n 2400]
+* ``tiny units``: ``input.partition_size: 50``, ``staging.shard_size: 25`` (2,400 pictures:
+  48 partitions, ~96 staging shards), where per-unit costs dominate;
+* ``default units``: the default partition and staging shard sizes (a few big units).
+
+Per build it prints wall time, CPU seconds (this process and its reaped worker processes,
+from ``getrusage``; the Prefect server's own CPU is not counted), seconds in stages (the
+run log) and the Prefect task runs made, by task (from the API); then the rerun's share
+of the fresh build, wall and CPU.
+
+    .venv/bin/python bench/noop_rerun.py [--n 2400] [--shapes tiny default]
 """
 
 from __future__ import annotations
@@ -19,16 +26,25 @@ import argparse
 import asyncio
 import io
 import logging
+import re
+import resource
 import tempfile
 import time
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
 
 import corpusforge.cluster as cluster
 from flows.build_corpus import BuildConfig, run_build
+
+SHAPES: dict[str, dict[str, Any]] = {
+    "tiny": {"input": {"partition_size": 50}, "staging": {"shard_size": 25}},
+    "default": {},
+}
 
 
 def pictures(folder: Path, n: int) -> None:
@@ -43,65 +59,73 @@ def pictures(folder: Path, n: int) -> None:
         (folder / f"{i:05d}.png").write_bytes(buf.getvalue())
 
 
-def config(source: Path, out: Path) -> BuildConfig:
+def config(source: Path, out: Path, shape: dict[str, Any]) -> BuildConfig:
     return BuildConfig.model_validate({
-        "source": str(source), "out": str(out), "input": {"partition_size": 50},
-        "staging": {"shard_size": 25}, "validation": {"min_side": 32},
+        "source": str(source), "out": str(out), "validation": {"min_side": 32},
         "splits": {"shard_size": 100, "val": 0.1, "test": 0.1},
-        "dask": {"n_workers": 2, "processes": True}, "licenses": None})
+        "dask": {"n_workers": 2, "processes": True}, "licenses": None, **shape})
 
 
-def task_runs(since: float) -> int:
-    """Task runs created on the Prefect API after ``since`` (epoch seconds)."""
+def task_runs(since: float) -> Counter[str]:
+    """Task runs created on the Prefect API after ``since`` (epoch seconds), by task."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterStartTime
 
-    async def count() -> int:
-        found, page = 0, 200
+    async def names() -> list[str]:
+        found: list[str] = []
         flt = TaskRunFilter(start_time=TaskRunFilterStartTime(after_=datetime.fromtimestamp(since, tz=timezone.utc)))
         async with get_client() as client:
-            while len(runs := await client.read_task_runs(task_run_filter=flt, offset=found, limit=page)) == page:
-                found += page
-        return found + len(runs)
+            while runs := await client.read_task_runs(task_run_filter=flt, offset=len(found), limit=200):
+                found += [r.name for r in runs]
+        return found
 
-    return asyncio.run(count())
+    return Counter(re.sub(r"( \d+/\d+|-[0-9a-f]{3})$", "", n) for n in asyncio.run(names()))
 
 
-def timed(cfg: BuildConfig) -> dict[str, float]:
-    started_at = time.time()
-    started = time.perf_counter()
-    work = run_build(cfg)["work"]
-    wall = time.perf_counter() - started
-    return {"wall": wall, "stages": sum(work["seconds"].values()), "task_runs": task_runs(started_at),
-            **{f"s.{k}": v for k, v in work["seconds"].items()}}
+def cpu_seconds() -> float:
+    """CPU time of this process and of its children that ended (the build's worker processes)."""
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+def timed(cfg: BuildConfig) -> dict[str, Any]:
+    started_at, cpu, started = time.time(), cpu_seconds(), time.perf_counter()
+    result = run_build(cfg)
+    wall, cpu = time.perf_counter() - started, cpu_seconds() - cpu
+    work = result["work"]
+    return {"wall": wall, "cpu": cpu, "stages": sum(work["seconds"].values()), "seconds": work["seconds"],
+            "runs": task_runs(started_at), "staging_shards": sum(work["staging"].values()),
+            "partitions": sum(work["ingest"].values())}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=2400, help="pictures in the source folder")
+    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=["tiny", "default"])
     args = parser.parse_args()
     logging.disable(logging.INFO)
-    batched = cluster.batch_count
-    rows: dict[str, dict[str, float]] = {}
+    print(f"{args.n} pictures, 2 worker processes; seconds (measured)")
+    print(f"{'build':<22}{'parts':>6}{'shards':>7}{'wall':>8}{'cpu':>8}{'stages':>8}{'runs':>6}  slowest stages")
     with tempfile.TemporaryDirectory(prefix="cf-noop-") as tmp, cluster.prefect_api():
         root = Path(tmp)
         pictures(root / "source", args.n)
-        for mode, count in (("per unit", lambda n_units, slots: n_units), ("batched", batched)):
-            cluster.batch_count = count
-            out = root / mode.replace(" ", "-")
-            rows[f"{mode}: fresh"] = timed(config(root / "source", out))
-            rows[f"{mode}: no-op rerun"] = timed(config(root / "source", out))
-        cluster.batch_count = batched
-    keys = sorted({k for r in rows.values() for k in r if k.startswith("s.")})
-    print(f"{args.n} pictures, 2 worker processes; seconds (measured)")
-    print(f"{'build':<24}{'wall':>8}{'stages':>8}{'runs':>7}" + "".join(f"{k[2:]:>12}" for k in keys))
-    for name, r in rows.items():
-        print(f"{name:<24}{r['wall']:>8.1f}{r['stages']:>8.1f}{r['task_runs']:>7.0f}"
-              + "".join(f"{r.get(k, 0):>12.1f}" for k in keys))
-    for mode in ("per unit", "batched"):
-        fresh, rerun = rows[f"{mode}: fresh"], rows[f"{mode}: no-op rerun"]
-        print(f"{mode}: no-op rerun / fresh build = {rerun['wall'] / fresh['wall']:.2f} (wall), "
-              f"{rerun['stages'] / fresh['stages']:.2f} (stages)")
+        for shape in args.shapes:  # each shape's lines as soon as it is measured
+            out = root / shape
+            fresh = report(f"{shape}: fresh", timed(config(root / "source", out, SHAPES[shape])))
+            print(f"{shape}: task runs of the fresh build {dict(sorted(fresh['runs'].items()))}")
+            for name in ("no-op rerun", "no-op again"):
+                rerun = report(f"{shape}: {name}", timed(config(root / "source", out, SHAPES[shape])))
+                print(f"{shape}: {name} / fresh build = {rerun['wall'] / fresh['wall']:.3f} (wall), "
+                      f"{rerun['cpu'] / fresh['cpu']:.3f} (CPU), {rerun['stages'] / fresh['stages']:.3f} (stages)")
+                print(f"{shape}: task runs of the {name} {dict(sorted(rerun['runs'].items()))}", flush=True)
+
+
+def report(name: str, r: dict[str, Any]) -> dict[str, Any]:
+    """Print one build's row; return it."""
+    slow = sorted(r["seconds"].items(), key=lambda kv: -kv[1])[:4]
+    print(f"{name:<22}{r['partitions']:>6}{r['staging_shards']:>7}{r['wall']:>8.1f}{r['cpu']:>8.1f}"
+          f"{r['stages']:>8.1f}{sum(r['runs'].values()):>6}  " + ", ".join(f"{k} {v:.1f}" for k, v in slow), flush=True)
+    return r
 
 
 if __name__ == "__main__":
