@@ -22,7 +22,8 @@ from pydantic import Field
 from corpusforge.artifacts import publish_run_artifacts
 from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, run_logger
 from corpusforge.config import FlowConfig
-from corpusforge.layout import LINEAGE, RECEIPT, RESOLVED_DIR
+from corpusforge.contract import remove_tree
+from corpusforge.layout import LEDGER_DIR, LINEAGE, RECEIPT, RESOLVED_DIR
 from corpusforge.receipts import flow_receipt
 from corpusforge.storage import Store, require_separate
 from tasks.graph.config import NearDedupConfig
@@ -106,6 +107,7 @@ def near_dedup(config: NearDedupFlowParams) -> dict[str, Any]:
         outputs=write_output_list(out),
     ))
     publish_run_artifacts(FLOW, report, written["counts"], out.root)
+    remove_tree(out, LEDGER_DIR)  # publish's ledgers: work state of this run only
     publish_version(out, sum(s["count"] for s in release["shards"].values()))  # last: what readers read
     return summary
 

@@ -7,6 +7,9 @@ import pytest
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
+from corpusforge.hashing import stable_uniform
+from corpusforge.layout import staging_records
+from tasks.graph import collision
 from tasks.graph.collision import fit_power_law, predict, removals
 from tasks.graph.config import CalibrationConfig, CollisionConfig, IndexConfig, NearDedupConfig
 from tasks.graph.stage import near_duplicate_stage
@@ -72,16 +75,10 @@ def test_removals_is_nodes_minus_components():
     assert removals(7, a, b) == 3  # {0,1,2} loses 2, {3,4} loses 1, self-pair and singletons nothing
 
 
-def test_collision_table_equals_plain_count_on_nested_subsets(tmp_path):
-    store, shards, by_key = write_corpus(str(tmp_path), n_shards=3, per_shard=60, dim=24, seed=11)
-    cfg = NearDedupConfig(index=IndexConfig(kind="flat"), calibration=CalibrationConfig(enabled=False),
-                          collision=CollisionConfig(fractions=[0.05, 0.1, 0.2, 0.5], min_fit_decades=0.75,
-                                                    thresholds=[0.75, 0.85, 0.95, 0.999], target_size=10**6))
-    near_duplicate_stage(store, cfg, shards)
-    table = store.read_parquet("graph/collision/table.parquet").to_pylist()
-    result = store.read_json("graph/collision/table.json")
-    from corpusforge.hashing import stable_uniform
-
+def _plain_counts(table: list[dict], by_key: dict[str, np.ndarray]
+                  ) -> tuple[list[str], dict[str, float], np.ndarray]:
+    """Check every row of the table against a plain count (float64 similarities, scipy's
+    components) on its subset, picked by key hash; return the keys, hashes and similarities."""
     keys = sorted(by_key)
     u = {k: stable_uniform(0, f"subset:{k}") for k in keys}
     x = np.asarray([by_key[k] for k in keys], dtype=np.float16).astype(np.float64)
@@ -95,6 +92,18 @@ def test_collision_table_equals_plain_count_on_nested_subsets(tmp_path):
         n_comp, _ = connected_components(sp.csr_matrix(sub), directed=False)
         assert row["subset_size"] == len(member)
         assert row["removed"] == len(member) - n_comp, row
+    return keys, u, sims
+
+
+def test_collision_table_equals_plain_count_on_nested_subsets(tmp_path):
+    store, shards, by_key = write_corpus(str(tmp_path), n_shards=3, per_shard=60, dim=24, seed=11)
+    cfg = NearDedupConfig(index=IndexConfig(kind="flat"), calibration=CalibrationConfig(enabled=False),
+                          collision=CollisionConfig(fractions=[0.05, 0.1, 0.2, 0.5], min_fit_decades=0.75,
+                                                    thresholds=[0.75, 0.85, 0.95, 0.999], target_size=10**6))
+    near_duplicate_stage(store, cfg, shards)
+    table = store.read_parquet("graph/collision/table.parquet").to_pylist()
+    result = store.read_json("graph/collision/table.json")
+    keys, u, sims = _plain_counts(table, by_key)
     fits = result["fits"]
     assert set(fits) == {"0.75", "0.85", "0.95", "0.999"}
     assert fits["0.999"]["fitted"] is False and fits["0.999"]["predicted_target"] is None
@@ -119,3 +128,28 @@ def test_collision_table_equals_plain_count_on_nested_subsets(tmp_path):
     assert "e+" not in text  # no astronomical number anywhere
     png = (tmp_path / "graph" / "collision" / "plot.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_past_the_cap_only_the_capped_sample_is_searched(tmp_path, monkeypatch):
+    """Past ``max_subset_vectors`` the task is O(N): one pass picks the sample by key hash,
+    and the search, its pairs and the counts see only that sample (here 40 of 180 vectors
+    and pairs rescored 7 at a time, so batches split the pairs)."""
+    monkeypatch.setattr(collision, "SCORE_BATCH", 7)
+    store, shards, by_key = write_corpus(str(tmp_path), n_shards=3, per_shard=60, dim=24, seed=11)
+    cfg = NearDedupConfig(index=IndexConfig(kind="flat"), calibration=CalibrationConfig(enabled=False),
+                          collision=CollisionConfig(fractions=[0.05, 0.1, 0.2, 0.5], thresholds=[0.75, 0.95],
+                                                    max_subset_vectors=40))
+    near_duplicate_stage(store, cfg, shards)
+    result = store.read_json("graph/collision/table.json")
+    assert not result["counted_whole"] and result["fraction_scale"] == pytest.approx(40 / 90)
+    keys, u, sims = _plain_counts(store.read_parquet("graph/collision/table.parquet").to_pylist(), by_key)
+    node_keys = [k for s in sorted(shards) for k in store.read_parquet(staging_records(s))["key"].to_pylist()]
+    largest = max(r["fraction"] for r in result["rows"])
+    sample = {k for k in keys if u[k] < largest}
+    assert 30 <= len(sample) <= 50
+    pairs = store.read_parquet("graph/collision/pairs.parquet")
+    ends = {node_keys[i] for i in pairs["src"].to_pylist() + pairs["dst"].to_pylist()}
+    assert ends and ends <= sample, ends - sample
+    inside = sims[np.ix_(*[[keys.index(k) for k in sorted(sample)]] * 2)]
+    surely, maybe = (int(np.triu(inside >= 0.75 + m, 1).sum()) for m in (1e-3, -1e-3))  # float16 rounding
+    assert result["pairs"] == pairs.num_rows and surely <= pairs.num_rows <= maybe

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -152,28 +154,38 @@ def test_gpu_search_gives_the_cpu_graph(tmp_path):
     compare(got, brute_force_edges(store, shards, by_key, 0.90), 0.90, tol=1e-4, sim_tol=1e-4)
 
 
-def test_rescoring_lookup_holds_at_most_its_budget(tmp_path):
-    """PQ rescoring reads target shards' vectors; kept past the budget, least recently used
-    go first, and every vector returned equals the shard's own (issue 22: it never evicted)."""
+def test_rescoring_lookup_reads_only_the_candidates_rows(tmp_path):
+    """PQ rescoring returns every target vector equal to its shard's own, reading only the
+    candidates' rows of other shards' feature files, never a whole file (issue 31)."""
+    from bench.scale import install_counting_fs
+    from corpusforge.layout import feature_vectors
+    from corpusforge.storage import Store
     from tasks.graph.edges import VectorLookup
     from tasks.graph.nodes import load_shard_vectors
 
-    store, shards, _ = write_corpus(str(tmp_path), n_shards=5, per_shard=40, dim=16, seed=4)
+    store, shards, _ = write_corpus(str(tmp_path), n_shards=5, per_shard=100, dim=256, seed=4, failed={"img_00003"})
     nodes = plan_nodes(store, shards)
     full = {s: load_shard_vectors(store, "wfd", s, nodes.span(s)[0]) for s in nodes.shards}
-    shard_bytes = max(ids.nbytes + x.nbytes for ids, _, x in full.values())
-    budget = 2 * shard_bytes + 1
-    lookup = VectorLookup(store, "wfd", nodes, budget_bytes=budget)
-    rng = np.random.default_rng(0)
     all_ids = np.concatenate([ids for ids, _, _ in full.values()])
     by_id = dict(zip(all_ids.tolist(), np.concatenate([x for _, _, x in full.values()]), strict=True))
-    for _ in range(6):
-        ids = rng.choice(all_ids, size=60)
+    counting = install_counting_fs()
+    try:
+        counting.reset()
+        lookup = VectorLookup(Store(store.root), "wfd", nodes)
+        own = nodes.shards[0]
+        lookup.add(0, *(full[own][i] for i in (0, 2)))
+        ids = np.random.default_rng(0).choice(all_ids, size=12, replace=False)
         got = lookup.vectors(ids)
-        assert np.array_equal(got, np.stack([by_id[i] for i in ids.tolist()]))
-        assert lookup.held <= budget
-    assert lookup.peak <= budget and lookup.peak > shard_bytes
-    assert len(lookup.loaded) <= 2
+        read = counting.bytes_read
+    finally:
+        import fsspec
+        from fsspec.implementations.local import LocalFileSystem
+
+        for protocol in ("file", "local"):
+            fsspec.register_implementation(protocol, LocalFileSystem, clobber=True)
+    assert np.array_equal(got, np.stack([by_id[i] for i in ids.tolist()]))
+    whole = sum(os.path.getsize(store.path(feature_vectors("wfd", s))) for s in nodes.shards[1:])
+    assert read < whole / 4, (read, whole)  # the keys files' ok column and 12 rows, not 4 shards of vectors
 
 
 def test_an_index_too_large_for_a_query_worker_is_refused_with_the_alternative(tmp_path):
@@ -203,3 +215,47 @@ def test_the_scale_benchmark_reports_wfd_refused_where_the_stage_refuses_it():
     with pytest.raises(ValueError, match="no compact form"):
         fx.plan_index(IndexConfig(), n + 1, 2096)
     assert refused_above(MODEL_512) == (16 << 30) // (2 * 512 + 8)
+
+
+
+def test_merge_groups_give_the_one_group_graph_opening_found_files_from_their_first_shard(tmp_path):
+    """One group per shard gives the graph of one group for every shard (k-NN with a small k
+    finds some pairs from the larger id's side only, so later shards' files count), and each
+    group opens the found files from its own first shard on: an earlier shard's pairs have
+    their smaller id there, outside the group (issue 31)."""
+    from bench.scale import install_counting_fs
+    from corpusforge.contract import marker_path
+    from corpusforge.layout import edges_path
+    from corpusforge.storage import Store
+
+    store, shards, _ = write_corpus(str(tmp_path), n_shards=4, per_shard=40, dim=24, seed=5)
+    cfg = NearDedupConfig(index=IndexConfig(kind="flat", search="knn", k=3))
+    nodes, _, one_group = run_graph(store, shards, cfg)  # the default merge_max_edges: one group
+    found = [store.read_parquet(found_path(s)) for s in nodes.shards]
+    from_small_side = {(nodes.offsets[i] + r, nodes.offsets[nodes.index_of(d)] + q)
+                       for i, t in enumerate(found)
+                       for r, d, q in zip(t["src_row"].to_pylist(), t["dst_shard"].to_pylist(),
+                                          t["dst_row"].to_pylist(), strict=True)}
+    assert any(p not in from_small_side for p in one_group)  # found by the larger id's query only
+    found_fp = found_fingerprint([read_marker(store, found_path(s)).digest for s in nodes.shards])
+    table = write_shard_table(store, nodes, feature_digests(store, cfg, nodes))
+    for s in nodes.shards:  # markers removed: each group computes
+        store.remove(marker_path(edges_path(s)))
+    counting, opened = install_counting_fs(), []
+    try:
+        counting.reset(opened)
+        for s in nodes.shards:
+            merge_edges(Store(store.root), table, (s, s), found_fp)
+    finally:
+        import fsspec
+        from fsspec.implementations.local import LocalFileSystem
+
+        for protocol in ("file", "local"):
+            fsspec.register_implementation(protocol, LocalFileSystem, clobber=True)
+    got = {}
+    for a, b, sim in iter_edges(store, nodes):
+        got.update({(x, y): z for x, y, z in zip(a.tolist(), b.tolist(), sim.tolist(), strict=True)})
+    assert got == one_group
+    n = len(nodes.shards)
+    opens = [store.path(found_path(s)) for s in nodes.shards]
+    assert sorted(p for p in opened if p in opens) == sorted(opens[i] for g in range(n) for i in range(g, n))

@@ -259,3 +259,17 @@ def test_a_task_refuses_a_digest_list_it_was_not_given(tmp_path):
     other = write_shard_digests(store, "records", NodeTable(("a",), np.array([0, 3])), ["r1"])
     with pytest.raises(ValueError, match="other shards"):
         read_shard_digests(store, "records", other, nodes)
+
+
+def test_node_degrees_count_every_edge_of_the_merged_graph(tmp_path):
+    """The k-NN cap check's degrees equal a count over all edges (read file by file)."""
+    from tasks.graph.edges import node_degrees
+    from tasks.graph.nodes import plan_nodes
+
+    store, shards, _ = write_corpus(str(tmp_path), n_shards=3, per_shard=40, dim=24, seed=7)
+    near_duplicate_stage(store, exact_cfg(), shards)
+    nodes = plan_nodes(store, shards)
+    edges = [store.read_parquet(f"graph/edges/{s}.parquet") for s in nodes.shards]
+    ends = np.concatenate([np.concatenate([t["src"].to_numpy(), t["dst"].to_numpy()]) for t in edges])
+    assert len(ends) > 0
+    assert np.array_equal(node_degrees(store, nodes), np.bincount(ends, minlength=nodes.n_nodes))

@@ -31,7 +31,7 @@ import numpy as np
 from corpusforge.contract import (FanOut, Marker, Unit, UnitResult, count_actions, digest_of, in_process, prune,
                                   remove_tree, require_marker, run_unit, unit_fingerprint)
 from corpusforge.faults import fault_point
-from corpusforge.feature_files import require_features
+from corpusforge.feature_files import require_all_features
 from corpusforge.hashing import stable_uniform
 from corpusforge.layout import (GRAPH_INDEX, GRAPH_INDEX_BLOCKS, GRAPH_INDEX_LISTS, GRAPH_INDEX_TRAINED,
                                 GRAPH_INDEX_WORK, GRAPH_RECALL_IDS, GRAPH_RECALL_VECTORS, index_block_path)
@@ -104,7 +104,7 @@ def prepare_index(source: Store, out: Store, cfg: NearDedupConfig, shard_table: 
     Returns the marker's info with its ``fingerprint``, ``digest`` and ``action``: the
     index's marker (flat) or the trained index's (IVF)."""
     nodes, _ = read_shard_table(out, shard_table)
-    markers = [require_features(source, cfg.model_id, shard).info for shard in nodes.shards]
+    markers = [m.info for m in require_all_features(source, cfg.model_id, nodes.shards)]
     plan, rule, n_vectors, dim = index_plan(cfg, markers)
     flat = plan.kind == "flat"
     fp = unit_fingerprint("graph-index" if flat else "graph-index-train", _code(),

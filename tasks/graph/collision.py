@@ -28,6 +28,14 @@ cap (a k-NN search would give different neighbours in different subsets). If the
 largest fraction would exceed ``max_subset_vectors`` all fractions are scaled down
 together (recorded). The pairs are saved for the calibration sheets' low-similarity bins.
 
+Cost at scale: the models are fitted on a seeded sample of bounded size. The search, its
+pairs and the counts cover at most ``max_subset_vectors`` vectors (:func:`subset_plan`),
+whatever N; what grows with N is one pass over the corpus, shards read side by side a
+window at a time, that hashes each key and keeps the sample's rows (O(N) time; memory of a
+window of shards plus the sample).
+Below the cap the search grows faster than N (all pairs of a set that grows with N);
+past it, the task is O(N). The sample is the same in any process (key hashes, seeded).
+
 Output: ``graph/collision/table.parquet`` (threshold, fraction, subset_size, removed),
 ``table.json`` (the same rows, the fits, actual and predicted removals with reasons),
 ``plot.png``, ``pairs.parquet``.
@@ -42,20 +50,25 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from corpusforge.contract import run_unit
-from corpusforge.feature_files import require_features
+from corpusforge.contract import run_unit, side_by_side
+from corpusforge.feature_files import require_all_features
 from corpusforge.hashing import stable_uniform
 from corpusforge.storage import Store
 from tasks.graph import index as fx
 from tasks.graph.components import UnionFind
-from tasks.graph.config import NearDedupConfig
+from tasks.graph.config import CollisionConfig, NearDedupConfig
 from tasks.graph.edges import edge_table, pair_score_of
 from tasks.graph.nodes import NodeTable, load_shard_vectors, read_shard_table
+from tasks.shared.pair_score import PairScore
 
 TABLE_PATH = "graph/collision/table.parquet"
 JSON_PATH = "graph/collision/table.json"
 PLOT_PATH = "graph/collision/plot.png"
 PAIRS_PATH = "graph/collision/pairs.parquet"
+
+GATHER_THREADS = 8  # shards read side by side by the pass over the corpus
+GATHER_WINDOW = 8  # shards in flight at once (10k records already fill it): their picks are held
+SCORE_BATCH = 1 << 14  # pairs rescored at a time: both ends' rows, in float64 (~24 KB a pair at 512-d)
 
 TABLE_SCHEMA = pa.schema([("threshold", pa.float64()), ("fraction", pa.float64()),
                           ("subset_size", pa.int64()), ("removed", pa.int64())])
@@ -114,21 +127,60 @@ def removals(n: int, a: np.ndarray, b: np.ndarray) -> int:
     return int(n - np.count_nonzero(uf.roots() == np.arange(n)))
 
 
+def subset_plan(cc: CollisionConfig, n_vectors: int) -> tuple[float, list[float], bool]:
+    """(scale, fractions, whole): the fractions scaled so the largest subset holds at most
+    ``max_subset_vectors``, and whether the corpus is small enough to be counted whole. The
+    vectors searched are N when whole, else about ``fractions[-1]``·N ≤ the cap."""
+    scale = min(1.0, cc.max_subset_vectors / max(cc.fractions[-1] * n_vectors, 1))
+    return scale, [f * scale for f in cc.fractions], n_vectors <= cc.max_subset_vectors
+
+
+def _pick(source: Store, cfg: NearDedupConfig, shard: str, offset: int, fraction: float
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """One shard's ids, vectors and key hashes with hash < ``fraction``, and its vector count."""
+    sid, keys, x = load_shard_vectors(source, cfg.model_id, shard, offset)
+    u = np.fromiter((stable_uniform(cfg.seed, f"subset:{k}") for k in keys), np.float64, len(keys))
+    pick = np.flatnonzero(u < fraction)
+    return sid[pick], x[pick], u[pick], len(sid)
+
+
 def _gather_subset(source: Store, cfg: NearDedupConfig, nodes: NodeTable, fraction: float
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """Ids, vectors and key hashes of the vectors with hash < ``fraction``, sorted by hash."""
+    """Ids, vectors and key hashes of the vectors with hash < ``fraction``, sorted by hash.
+
+    Shards are read side by side, a window at a time, and taken in order (on an object store
+    each read is a round trip of tens of ms: S of them one after the other are hours at 10⁸):
+    memory holds the window's shards and the picked rows, which are then moved into the sorted
+    array part by part (twice the sample at most, not three times)."""
     ids, xs, us, total = [], [], [], 0
-    for shard, offset in zip(nodes.shards, nodes.offsets[:-1], strict=False):
-        sid, keys, x = load_shard_vectors(source, cfg.model_id, shard, int(offset))
-        total += len(sid)
-        u = np.fromiter((stable_uniform(cfg.seed, f"subset:{k}") for k in keys), np.float64, len(keys))
-        pick = np.flatnonzero(u < fraction)
-        ids.append(sid[pick])
-        xs.append(x[pick])
-        us.append(u[pick])
-    u = np.concatenate(us)
-    order = np.lexsort((np.concatenate(ids), u))
-    return np.concatenate(ids)[order], np.concatenate(xs)[order], u[order], total
+    shards = zip(nodes.shards, (int(o) for o in nodes.offsets[:-1]), strict=False)
+    for sid, x, u, n in side_by_side(lambda so: _pick(source, cfg, *so, fraction), shards, GATHER_THREADS,
+                                     GATHER_WINDOW):
+        ids.append(sid)
+        xs.append(x)
+        us.append(u)
+        total += n
+    picked, u = np.concatenate(ids), np.concatenate(us)
+    order = np.lexsort((picked, u))
+    slot = np.empty(len(order), np.int64)
+    slot[order] = np.arange(len(order))
+    out = np.empty((len(order), xs[0].shape[1]), np.float32)
+    end = len(order)
+    while xs:  # the last part first, each freed once moved
+        part = xs.pop()
+        out[slot[end - len(part):end]] = part
+        end -= len(part)
+    return picked[order], out, u[order], total
+
+
+def _rescored(rule: PairScore, x: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Canonical scores of the pairs (src, dst), :data:`SCORE_BATCH` at a time: the rows of
+    all pairs at once would be ~24 KB per pair, and the pairs grow with the sample squared."""
+    sim = np.empty(len(src), np.float32)
+    for lo in range(0, len(src), SCORE_BATCH):
+        sel = slice(lo, lo + SCORE_BATCH)
+        sim[sel] = rule.scores(x[src[sel]], x[dst[sel]])
+    return sim
 
 
 def collision_models(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str,
@@ -146,13 +198,11 @@ def collision_models(source: Store, out: Store, cfg: NearDedupConfig, shard_tabl
 def _collision_models(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable,
                       n_vectors: int) -> tuple[dict[str, str], dict[str, Any]]:
     cc = cfg.collision
-    scale = min(1.0, cc.max_subset_vectors / max(cc.fractions[-1] * n_vectors, 1))
-    fractions = [f * scale for f in cc.fractions]
-    whole = n_vectors <= cc.max_subset_vectors  # count the corpus itself beside the prediction
+    scale, fractions, whole = subset_plan(cc, n_vectors)  # whole: the corpus counted beside the prediction
     ids, x, u, total = _gather_subset(source, cfg, nodes, 1.0 if whole else fractions[-1])
     theta_min = cc.thresholds[0]
     n_max = len(ids)
-    rule = pair_score_of([require_features(source, cfg.model_id, shard).info for shard in nodes.shards])
+    rule = pair_score_of([m.info for m in require_all_features(source, cfg.model_id, nodes.shards)])
     plan = fx.plan_index(cfg.index, n_max, rule.form_dim(x.shape[1]) if x.ndim == 2 and n_max else 1)
     local = np.arange(n_max, dtype=np.int64)
     a = b = np.zeros(0, np.int64)
@@ -164,7 +214,7 @@ def _collision_models(source: Store, out: Store, cfg: NearDedupConfig, nodes: No
         index.add_with_ids(forms, local)
         floor = theta_min - fx.EXACT_SEARCH_MARGIN - rule.search_slack
         src, dst, _ = fx.search_pairs(index, local, rule.query_forms(x), floor, "range", 0)
-        sim = rule.scores(x[src], x[dst])  # the same bytes in any process
+        sim = _rescored(rule, x, src, dst)  # the same bytes in any process
         keep = sim >= np.float32(theta_min)
         a, b, s = fx.canonical_pairs(src[keep], dst[keep], sim[keep])
     outputs = {PAIRS_PATH: out.write_parquet(PAIRS_PATH, edge_table(ids[a], ids[b], s))}

@@ -231,6 +231,14 @@ class NearDedupConfig(StrictModel):
     recall_queries: int = Field(500, ge=0, title="Recall sample size",
                                 description="Query vectors checked against exhaustive search each run.")
     seed: int = Field(0, title="Seed for every sample (training, recall, subsets, calibration)")
+    calibrate: Literal["off", "auto"] = Field(
+        "off", title="Self-calibration",
+        description="auto: before the graph is searched, plant copies on a seeded sample of this corpus's own "
+                    "pictures, embed them with model_id and set edge_min_similarity, component_link_above, "
+                    "pair_removal_above and the review floor at zero false links among the sample's unrelated pairs "
+                    "plus a margin (graph/self_calibration/: record and HTML report; the receipt records it; a "
+                    "rerun reuses it while the corpus and model are unchanged). off: the thresholds as configured. "
+                    "docs/near-duplicates.md, 'Thresholds fitted to your own pictures'.")
     index: IndexConfig = Field(default_factory=IndexConfig)
     collision: CollisionConfig = Field(default_factory=CollisionConfig)
     calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)

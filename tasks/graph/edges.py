@@ -33,9 +33,11 @@ so any change of features queries every shard again.
 
 Merge: ``merge_edges`` tasks gather, for a contiguous group of owner shards, the pairs
 whose smaller id falls in the group — the group's own ``found`` files and, from every
-other ``found`` file, the rows whose ``dst_shard`` lies in the group (pushed down to
-parquet row groups: files are sorted by dst_shard) — and keep each pair once with the
-max similarity. Groups are sized by ``merge_max_edges``, so memory per task is bounded.
+later shard's ``found`` file, the rows whose ``dst_shard`` lies in the group (pushed down
+to parquet row groups: files are sorted by dst_shard; an earlier shard's rows have their
+smaller id in that shard, outside the group) — and keep each pair once with the max
+similarity. Groups are sized by ``merge_max_edges``, so memory per task is bounded; a
+group still opens every later found file, so G groups open ~G·S/2 files.
 
 PQ codes give approximate scores: the shard's queries then search at ``threshold -
 pq_rescore_margin`` and every candidate is rescored as the exact dot product of the
@@ -45,7 +47,6 @@ two unit vectors, read from the feature files of the shards the candidates live 
 from __future__ import annotations
 
 import io
-from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
@@ -57,7 +58,7 @@ import pyarrow.parquet as pq
 from corpusforge.contract import (COMPUTED, SKIPPED, UnitResult, current_marker, finish_unit, must_compute, run_unit,
                                   unit_fingerprint)
 from corpusforge.faults import fault_point
-from corpusforge.feature_files import require_features
+from corpusforge.feature_files import read_feature_rows, require_all_features
 from corpusforge.layout import (EDGE_SCHEMA, FOUND_SCHEMA, GRAPH_INDEX, GRAPH_INDEX_LISTS, GRAPH_RECALL_IDS,
                                 GRAPH_RECALL_VECTORS, edges_path, found_path, recall_path)
 from corpusforge.storage import Store
@@ -65,7 +66,7 @@ from corpusforge.version import code_version
 from tasks.graph import index as fx
 from tasks.graph import ondisk
 from tasks.graph.config import NearDedupConfig
-from tasks.graph.nodes import NodeTable, load_shard_vectors, read_shard_table
+from tasks.graph.nodes import NodeTable, load_shard_vectors, normalize_rows, read_shard_table
 from tasks.shared.pair_score import PairScore, pair_score_of
 
 def _code() -> str:
@@ -82,7 +83,8 @@ def _load_npy(store: Store, rel: str) -> np.ndarray:
 
 def feature_digests(source: Store, cfg: NearDedupConfig, nodes: NodeTable) -> dict[str, str]:
     """The current feature digest of every shard; a clear error naming a shard without features."""
-    return {shard: require_features(source, cfg.model_id, shard).digest for shard in nodes.shards}
+    markers = require_all_features(source, cfg.model_id, nodes.shards)
+    return {shard: m.digest for shard, m in zip(nodes.shards, markers, strict=True)}
 
 
 
@@ -135,55 +137,34 @@ def query_fingerprint(cfg: NearDedupConfig, info: dict[str, Any], digest: str) -
                              cfg.index.advanced.pq_rescore_margin, plan, info.get("pair_score")], [digest, index])
 
 
-RESCORE_CACHE_BYTES = 2 << 30  # target shards' vectors one rescoring task keeps (VectorLookup)
-
-
 class VectorLookup:
-    """Exact unit vectors by node id for PQ rescoring, read from the target shards' features.
+    """Exact unit vectors by node id for PQ rescoring: the query shard's own vectors, held,
+    and for every other shard only the candidates' rows, read by ranges of its feature file
+    (:func:`corpusforge.feature_files.read_feature_rows`). A query shard's candidates reach
+    shards all over the corpus; reading each whole would move a shard's vectors per few
+    candidates (41 GB for wfd at 10⁷ images when kept), rows move only what is rescored."""
 
-    Candidates are grouped by target shard, so one call reads each shard at most once;
-    loaded shards are kept, least recently used first out, while they fit in
-    ``budget_bytes`` (a query shard's candidates reach shards all over the corpus: kept
-    forever they would grow to every vector, 41 GB for wfd at 10⁷ images). The peak held
-    is at most ``max(budget_bytes, largest shard)``: the shard being read always stays."""
-
-    def __init__(self, source: Store, model_id: str, nodes: NodeTable, budget_bytes: int = RESCORE_CACHE_BYTES):
-        self.source, self.model_id, self.nodes, self.budget = source, model_id, nodes, budget_bytes
-        self.loaded: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
-        self.held = self.peak = 0  # bytes of vectors and ids kept now, and at most so far
+    def __init__(self, source: Store, model_id: str, nodes: NodeTable):
+        self.source, self.model_id, self.nodes = source, model_id, nodes
+        self.own: tuple[int, np.ndarray, np.ndarray] | None = None
 
     def add(self, shard_index: int, ids: np.ndarray, x: np.ndarray) -> None:
-        """Keep a shard already in memory (the query shard's own vectors)."""
-        self._keep(shard_index, ids, x)
-
-    def _keep(self, shard_index: int, ids: np.ndarray, x: np.ndarray) -> None:
-        size = ids.nbytes + x.nbytes
-        while self.loaded and self.held + size > self.budget:
-            _, (old_ids, old_x) = self.loaded.popitem(last=False)
-            self.held -= old_ids.nbytes + old_x.nbytes
-        self.loaded[shard_index] = (ids, x)
-        self.held += size
-        self.peak = max(self.peak, self.held)
-
-    def _shard(self, s: int) -> tuple[np.ndarray, np.ndarray]:
-        if s in self.loaded:
-            self.loaded.move_to_end(s)
-        else:
-            sids, _, sx = load_shard_vectors(self.source, self.model_id, self.nodes.shards[s],
-                                             int(self.nodes.offsets[s]))
-            self._keep(s, sids, sx)
-        return self.loaded[s]
+        """Keep the shard already in memory (the query shard's own vectors)."""
+        self.own = (shard_index, ids, x)
 
     def vectors(self, ids: np.ndarray) -> np.ndarray:
         owner = self.nodes.shard_of(ids)
         out = None
         for s in np.unique(owner):
-            sids, sx = self._shard(int(s))
             rows = np.flatnonzero(owner == s)
-            pos = np.searchsorted(sids, ids[rows])
+            if self.own is not None and self.own[0] == s:
+                x = self.own[2][np.searchsorted(self.own[1], ids[rows])]
+            else:
+                wanted, back = np.unique(ids[rows] - self.nodes.offsets[s], return_inverse=True)
+                x = normalize_rows(read_feature_rows(self.source, self.model_id, self.nodes.shards[s], wanted))[back]
             if out is None:
-                out = np.empty((len(ids), sx.shape[1]), dtype=np.float32)
-            out[rows] = sx[pos]
+                out = np.empty((len(ids), x.shape[1]), dtype=np.float32)
+            out[rows] = x
         return out if out is not None else np.zeros((0, 1), np.float32)
 
 
@@ -315,7 +296,9 @@ def merge_edges(out: Store, shard_table: str, group: tuple[str, str], found: str
     _, hi = nodes.span(group[-1])
     members = set(group)
     parts = []
-    for shard in nodes.shards:
+    # from the group's first shard on: a pair in an earlier shard's file has its smaller id there,
+    # so another group owns it (each group opens S − its start files, not S)
+    for shard in nodes.shards[nodes.index_of(group[0]):]:
         with out.open(found_path(shard)) as f:
             if shard in members:
                 table = pq.read_table(f)
@@ -349,10 +332,12 @@ def iter_edges(out: Store, nodes: NodeTable, min_similarity: float | None = None
 
 
 def node_degrees(out: Store, nodes: NodeTable) -> np.ndarray:
-    """Edges per node in the merged graph (the k-NN cap check)."""
-    degree = np.zeros(nodes.n_nodes, dtype=np.int64)
+    """Edges per node in the merged graph (the k-NN cap check): O(edges) per edge file, never
+    O(nodes) per file (a full-length count per file was O(S·N)); int32, 0.4 GB at 10⁸ nodes."""
+    degree = np.zeros(nodes.n_nodes, dtype=np.int32)
     for src, dst, _ in iter_edges(out, nodes):
-        degree += np.bincount(src, minlength=nodes.n_nodes) + np.bincount(dst, minlength=nodes.n_nodes)
+        ids, counts = np.unique(np.concatenate([src, dst]), return_counts=True)
+        degree[ids] += counts.astype(np.int32)
     return degree
 
 

@@ -29,13 +29,14 @@ written beside an old one without touching it (``flows/near_dedup.py``).
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
 import numpy as np
 
-from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Unit, count_actions, in_process, marker_path, prune,
-                                  remove_tree, require_marker, summarise, unit_fingerprint)
+from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Unit, count_actions, in_process, keyed, marker_path,
+                                  prune, remove_tree, require_markers, step_call, summarise, unit_fingerprint)
 from corpusforge.layout import (GRAPH_DECISIONS, GRAPH_EDGES, GRAPH_FOUND, GRAPH_INDEX_DIR, GRAPH_NODES, GRAPH_RECALL,
                                 GRAPH_REVIEW, GRAPH_SUMMARY, GRAPH_VERIFIED, edges_path, found_path, graph_digests_path,
                                 review_path, staging_records, staging_tar)
@@ -50,7 +51,10 @@ from tasks.graph.edges import (feature_digests, found_fingerprint, graph_recall,
                                merge_groups, node_degrees, query_shard, recall_shard)
 from tasks.graph.nodes import plan_nodes, write_shard_digests, write_shard_table
 from tasks.graph.review import select_review_pairs
+from tasks.graph.self_calibration_unit import (calibrated, forget_self_calibration, self_calibrate,
+                                             self_calibration_call)
 from tasks.graph.verify import records_fingerprint, verify_shard
+from tasks.shared.features.config import FeaturesConfig
 
 __all__ = ["near_duplicate_stage", "read_decisions"]
 
@@ -64,18 +68,21 @@ COLLISION = Unit(collision_models, "graph-collision-models", probe=True)
 CALIBRATION = Unit(calibration_sheet, "graph-calibration-sheet", probe=True)
 REVIEW = Unit(select_review_pairs, "graph-review-pairs", probe=True)
 VERIFY = Unit(verify_shard, "graph-verify-pairs", probe=True)
+SELF_CALIBRATE = Unit(self_calibrate, "graph-self-calibration", probe=True)
 
 
 def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], *, source: Store | None = None,
-                         fan_out: FanOut = in_process) -> tuple[dict[str, Any], dict[str, Any]]:
+                         fan_out: FanOut = in_process, features: FeaturesConfig | None = None
+                         ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Build the graph, decide every image, write reports.
 
     Returns ``(summary, work)``: the stage summary (also ``graph/summary.json``) and how
     many units each step computed or skipped in this run. ``store``: output root
     (``graph/…`` is written there). ``source``: where ``staging/`` and ``features/`` are
     read (default ``store``). ``shards``: staging shard names, any order; each must have
-    completed features of ``cfg.model_id`` (else a clear error naming it). Per-key
-    decisions: :func:`read_decisions`.
+    completed features of ``cfg.model_id`` (else a clear error naming it). ``features``: the
+    feature config, for ``cfg.calibrate: auto`` (the model's spec). Per-key decisions:
+    :func:`read_decisions`.
     """
     if not shards:
         raise ValueError("near-duplicate stage needs at least one staging shard")
@@ -87,11 +94,19 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
         prune(store, folder, nodes.shards)
     prune(store, GRAPH_INDEX_DIR, {"index", "recall_ids", "recall_vectors"})  # a killed writer's temp files
     table = write_shard_table(store, nodes, digests)
+    self_calibration = None
+    if cfg.calibrate == "auto":  # every threshold below is the calibrated one (tasks/graph/self_calibration_unit.py)
+        call = self_calibration_call(source, store, cfg, features, nodes, table)
+        self_calibration = fan_out(SELF_CALIBRATE, [call])[0]
+        cfg = calibrated(cfg, self_calibration)
+    else:  # switched off: no record or report left behind (equal to a fresh build)
+        forget_self_calibration(store)
     info = build_index(source, store, cfg, table, fan_out)
     calls = shard_calls(source, store, cfg, table, digests, info)
     started = time.perf_counter()
     queried = fan_out(QUERY_SHARD, calls)
     work: dict[str, Any] = {"index": info["action"],
+                            **({"self_calibration": self_calibration.pop("action")} if self_calibration else {}),
                             "queries": count_actions("graph.queries", (q["action"] for q in queried)).counts()}
     if "blocks" in info:
         work["index_blocks"] = info["blocks"]
@@ -114,8 +129,8 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
     work["merges"] = count_actions("graph.merges", (m["action"] for m in merged)).counts()
 
     edges_digests = [d for m in merged for d in m["digests"]]
-    records = {s: require_marker(source, staging_tar(s), "staging shard").outputs[staging_records(s)]
-               for s in nodes.shards}
+    staged = require_markers(source, [staging_tar(s) for s in nodes.shards], "staging shard")
+    records = {s: m.outputs[staging_records(s)] for s, m in zip(nodes.shards, staged, strict=True)}
     records_digests = [records[s] for s in nodes.shards]
     code = code_version("tasks.graph.collision", "tasks.graph.calibration")
     cfp = unit_fingerprint("graph-collision", code, [cfg.model_id, cfg.seed, cfg.collision.model_dump(mode="json"),
@@ -128,7 +143,10 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
     lists = {kind: write_shard_digests(store, kind, nodes, d)
              for kind, d in (("edges", edges_digests), ("records", records_digests))}
     calls = single_calls(source, store, cfg, table, lists, info["n_vectors"], {"collision": cfp, "calibration": kfp})
-    recall = fan_out(RECALL, [calls["recall"]])[0]
+    recall = fan_out(keyed(RECALL), [step_call(  # keyed by what it reads: probed, no task run when current
+        store, RECALL, cfg.model_dump(mode="json"),
+        [table, info.get("fingerprint"), info.get("digest"), [r.digest for r in references], edges_digests],
+        calls["recall"])])[0]
     review = None
     if cfg.verifying:
         review = fan_out(REVIEW, [calls["review"]])[0]
@@ -178,6 +196,7 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
         "decisions": decisions,
         "collision": _collision_brief(collision),
         "calibration": calibration,
+        **({"self_calibration": self_calibration} if self_calibration else {}),
     }
     store.write_json(GRAPH_SUMMARY, summary)
     return summary, work
@@ -207,13 +226,17 @@ def single_calls(source: Store, out: Store, cfg: NearDedupConfig, table: str, li
 
 def _merge(store: Store, nodes, table: str, cfg: NearDedupConfig, fan_out: FanOut) -> list[dict[str, Any]]:
     """Symmetric edge files from the current found files; each group reports its edge digests."""
-    found = [require_marker(store, found_path(s), "graph query") for s in nodes.shards]
-    found_fp = found_fingerprint([m.digest for m in found])
-    groups = merge_groups(nodes, [m.info["pairs"] for m in found], cfg.advanced.merge_max_edges)
+    digests, pairs = [], []
+    for m in require_markers(store, [found_path(s) for s in nodes.shards], "graph query"):  # side by side
+        digests.append(m.digest)
+        pairs.append(m.info["pairs"])
+    found_fp = found_fingerprint(digests)
+    groups = merge_groups(nodes, pairs, cfg.advanced.merge_max_edges)
     merged = fan_out(MERGE_EDGES, [dict(out=store, shard_table=table, group=g, found=found_fp) for g in groups])
-    for group, m in zip(groups, merged, strict=True):
-        m["digests"] = [require_marker(store, edges_path(s), "graph edges").digest
-                        for s in group_shards(nodes, group)]
+    shards = [group_shards(nodes, group) for group in groups]
+    edges = require_markers(store, [edges_path(s) for group in shards for s in group], "graph edges")  # side by side
+    for group, m in zip(shards, merged, strict=True):
+        m["digests"] = [e.digest for e in itertools.islice(edges, len(group))]
     return merged
 
 
