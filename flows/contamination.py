@@ -40,6 +40,7 @@ from tasks.contamination.config import (EditionConfig, EvalSetConfig, ImageScanC
                                         TextCanaryConfig)
 from tasks.contamination.eval_features import corpus_decode_size, eval_features_config, scan_model_only
 from tasks.contamination.eval_set import plan_eval_set
+from tasks.contamination.image_scan import remove_sides
 from tasks.contamination.receipts import (CLAIM_BOUNDARY, benchmark_identity, build_thresholds, corpus_snapshot,
                                           output_hashes, seeds, stable_results, thresholds, write_receipt)
 from tasks.contamination.report import render_html, render_markdown
@@ -155,6 +156,7 @@ def contamination(config: ContaminationConfig) -> dict[str, Any]:
             warnings.append("the evaluation set has no readable images: no image-only rate")
         for folder in (CONTAMINATION_IMAGES, f"{CONTAMINATION_FOUND}/images"):
             remove_tree(out, folder)
+        remove_sides(out, "images")
 
     if config.judge is not None:
         es = config.eval_set
@@ -178,6 +180,7 @@ def contamination(config: ContaminationConfig) -> dict[str, Any]:
     else:
         for folder in (CONTAMINATION_LEAKAGE, f"{CONTAMINATION_FOUND}/leakage"):
             remove_tree(out, folder)
+        remove_sides(out, "leakage")
     if not results:
         remove_tree(out, CONTAMINATION_SELECT)
 

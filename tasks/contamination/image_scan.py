@@ -31,14 +31,15 @@ otherwise the scan is refused (:class:`FeatureMismatch`).
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import faiss
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from corpusforge.contract import UnitResult, run_unit, unit_fingerprint
+from corpusforge.contract import UnitResult, read_pinned, run_unit, unit_fingerprint
 from corpusforge.feature_files import read_shard_features, require_features
 from corpusforge.hashing import canonical_json, fingerprint, stable_uniform
 from corpusforge.layout import (CONTAMINATION_FOUND, MATCH_SCHEMA, contamination_index, feature_keys,
@@ -56,17 +57,41 @@ class FeatureMismatch(ValueError):
     """Query and target features were not made by the same model, weights, preprocessing and dtype."""
 
 
+SIDES = "work/contamination/sides"  # each scan side's shard list (a task reads it by its SHA-256)
+SIDE_SCHEMA = pa.schema([("shard", pa.string()), ("selection_digest", pa.string())])
+# A scan task holds the whole IVF index in its memory (read whole, not mapped) and so does
+# the task that builds it: above this an index is refused before anything is built, with
+# the alternatives named (the per-task bound; the near-duplicate graph's index refuses likewise).
+INDEX_TASK_BYTES = 16 << 30
+
+
+def side_list_path(name: str) -> str:
+    return f"{SIDES}/{name}.parquet"
+
+
 @dataclass(frozen=True)
 class ScanSide:
-    """Feature shards of one model in one store, optionally narrowed to a split selection
-    (whose files live in ``selection_store``, the run's output)."""
+    """Feature shards of one model in one store, optionally narrowed to a split selection.
+
+    The shard names (and each shard's selection digest) are a file in ``work``, the run's
+    output, named ``listing`` and pinned by its SHA-256 (:func:`write_side`): a task's
+    parameters carry the side in a few hundred bytes whatever the corpus's shard count
+    (every name would be ~1.8 MB at 10⁵ shards). ``work`` holds the selection files too."""
 
     store: Store
     model_id: str
-    shards: tuple[str, ...]
+    work: Store
+    listing: str
+    listing_sha256: str
     selection: str | None = None
-    selection_store: Store | None = None
-    selection_digests: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def shards(self) -> tuple[str, ...]:
+        return _side_rows(self)[0]
+
+    @property
+    def selection_digests(self) -> dict[str, str]:
+        return _side_rows(self)[1]
 
     def shard_digest(self, shard: str) -> list[str | None]:
         return [require_features(self.store, self.model_id, shard).digest, self.selection_digests.get(shard)]
@@ -74,6 +99,40 @@ class ScanSide:
     def digest(self) -> str:
         """Content of the whole side: every shard's feature digest and selection digest."""
         return fingerprint([self.model_id, self.selection, [[s, *self.shard_digest(s)] for s in self.shards]])
+
+
+def write_side(work: Store, listing: str, store: Store, model_id: str, shards: list[str],
+               selection: str | None = None, selection_digests: dict[str, str] | None = None) -> ScanSide:
+    """Write a side's shard list (in order, with each shard's selection digest) under
+    ``work/contamination/sides/`` and return the side that names it by its SHA-256."""
+    digests = selection_digests or {}
+    table = pa.table({"shard": list(shards), "selection_digest": [digests.get(s) for s in shards]},
+                     schema=SIDE_SCHEMA)
+    return ScanSide(store, model_id, work, listing, work.write_parquet(side_list_path(listing), table), selection)
+
+
+def remove_sides(work: Store, scan: str) -> None:
+    """Remove a switched-off scan's side lists (``{scan}-*``), as its found matches go."""
+    for name in work.listdir(SIDES):
+        if name.startswith(f"{scan}-"):
+            work.remove(f"{SIDES}/{name}")
+
+
+_SIDE_CACHE: dict[tuple[str, str], tuple[tuple[str, ...], dict[str, str]]] = {}
+
+
+def _side_rows(side: ScanSide) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The side's shard list, read once per process (a few sides are kept: a scan's two)."""
+    rel = side_list_path(side.listing)
+    key = (side.work.path(rel), side.listing_sha256)
+    if key not in _SIDE_CACHE:
+        if len(_SIDE_CACHE) >= 4:
+            _SIDE_CACHE.pop(next(iter(_SIDE_CACHE)))
+        t = pq.read_table(io.BytesIO(read_pinned(side.work, rel, side.listing_sha256, "a contamination scan")))
+        shards = t["shard"].to_pylist()
+        _SIDE_CACHE[key] = (tuple(shards), {s: d for s, d in zip(shards, t["selection_digest"].to_pylist(),
+                                                                 strict=True) if d is not None})
+    return _SIDE_CACHE[key]
 
 
 @dataclass
@@ -131,7 +190,7 @@ def load_shard(side: ScanSide, shard: str) -> ShardVectors:
                                        strict=True) if ok}
     splits: list[str | None] = [None] * len(keys)
     if side.selection is not None:
-        chosen = read_selection(side.selection_store, side.selection, shard)
+        chosen = read_selection(side.work, side.selection, shard)
         pick = [i for i, k in enumerate(keys) if k in chosen]
         keys, feats = [keys[i] for i in pick], feats[pick]
         splits = [chosen[k] for k in keys]
@@ -203,7 +262,28 @@ def scan_shard_exact(out: Store, scan: str, query: ScanSide, shard: str, target:
 def n_selected(side: ScanSide, shard: str) -> int:
     if side.selection is None:
         return int(require_features(side.store, side.model_id, shard).info["count"])
-    return side.selection_store.read_parquet(select_path(side.selection, shard), columns=["key"]).num_rows
+    return side.work.read_parquet(select_path(side.selection, shard), columns=["key"]).num_rows
+
+
+def index_bytes(n_vectors: int, form_dim: int, storage: str) -> int:
+    """Codes and ids of every vector of an ``IVF{nlist},{Flat|SQfp16}`` scan index."""
+    return n_vectors * ((4 if storage == "flat" else 2) * form_dim + 8)
+
+
+def check_index_size(scan: str, n_vectors: int, form_dim: int, storage: str, limit: int = INDEX_TASK_BYTES) -> None:
+    """Refuse, before anything is built, an index that one task could not hold (``limit``
+    bytes), naming the alternatives: the exact scan streams the training shards through a
+    bounded block (no index at all; its cost is queries × targets), or fewer targets."""
+    need = index_bytes(n_vectors, form_dim, storage)
+    if need > limit:
+        raise ValueError(
+            f"contamination scan '{scan}': an IVF index of {n_vectors:,} training vectors x {form_dim} dims "
+            f"(IVF,{'Flat' if storage == 'flat' else 'SQfp16'}) needs {need / 2**30:.1f} GiB in the task that "
+            f"builds it and in every scan task, above the {limit / 2**30:.1f} GiB one task may hold: refused. "
+            f"Use search: exact (streams the training shards, no index; cost queries x targets, fine for an "
+            f"evaluation set of thousands of images), or scan fewer training images (corpus_splits, "
+            f"leakage.train, or a smaller corpus). Contamination has no on-disk IVF-PQ index like the "
+            f"near-duplicate graph's")
 
 
 def build_scan_index(out: Store, name: str, target: ScanSide, target_digest: str, cfg: IvfConfig,
@@ -262,7 +342,8 @@ def load_scan_index(out: Store, name: str, info: dict[str, Any]) -> faiss.Index:
     key = (out.path(contamination_index(name)), info["fingerprint"])
     if key not in _INDEX_CACHE:
         _INDEX_CACHE.clear()
-        index = faiss.read_index(faiss.PyCallbackIOReader(io.BytesIO(out.read_bytes(contamination_index(name))).read))
+        with out.open(contamination_index(name)) as f:  # streamed: never the file's bytes and the index at once
+            index = faiss.read_index(faiss.PyCallbackIOReader(f.read))
         faiss.extract_index_ivf(index).nprobe = info["plan"]["nprobe"]
         _INDEX_CACHE[key] = index
     return _INDEX_CACHE[key]

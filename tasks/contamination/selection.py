@@ -6,6 +6,7 @@ of the training split(s). One unit reads the manifest once (columns key, status,
 staging_shard, streamed by batches) and writes one small file per staging shard:
 
     work/contamination/select/{name}/{shard}.parquet    key, split
+    work/contamination/select/{name}/_shards.parquet    shard (the shards covered, written by the flow)
 
 Memory: the selected keys of the corpus, ~40 bytes each (4 GB at 100M) — like the
 near-duplicate decisions, the one step that holds per-record metadata.
@@ -14,17 +15,21 @@ Fingerprint: the splits and the manifest's content digests.
 
 from __future__ import annotations
 
+import io
 from collections import defaultdict
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from corpusforge.contract import UnitResult, prune, read_marker, run_unit, unit_fingerprint
+from corpusforge.contract import UnitResult, prune, read_marker, read_pinned, run_unit, unit_fingerprint
 from corpusforge.layout import CONTAMINATION_SELECT, MANIFEST_DIR, SELECT_SCHEMA, select_path
 from corpusforge.records import Status
 from corpusforge.storage import Store
 from corpusforge.version import code_version
+
+SHARD_LIST = "_shards"  # the selection's shard list, beside its per-shard files
+SHARD_LIST_SCHEMA = pa.schema([("shard", pa.string())])
 
 
 def file_digest(store: Store, rel: str) -> str:
@@ -46,15 +51,28 @@ def selection_name(label: str, splits: list[str]) -> str:
     return f"{label}-{'-'.join(sorted(splits))}"
 
 
-def select_splits(corpus: Store, out: Store, name: str, splits: list[str], shards: list[str]) -> UnitResult:
-    """Write the per-shard key lists of ``splits`` (kept rows only) for every shard in ``shards``.
+def shard_list_path(name: str) -> str:
+    return f"{CONTAMINATION_SELECT}/{name}/{SHARD_LIST}.parquet"
+
+
+def write_shard_list(out: Store, name: str, shards: list[str]) -> str:
+    """Write the shards a selection covers, in order; return the SHA-256 :func:`select_splits`
+    gets (a task's parameters name the list, never the corpus's every shard)."""
+    return out.write_parquet(shard_list_path(name), pa.table({"shard": list(shards)}, schema=SHARD_LIST_SCHEMA))
+
+
+def select_splits(corpus: Store, out: Store, name: str, splits: list[str], shards: str) -> UnitResult:
+    """Write the per-shard key lists of ``splits`` (kept rows only) for every shard of the
+    list ``shards`` (the SHA-256 from :func:`write_shard_list`).
 
     Returns the marker of the unit (info: selected per split, per-shard digests)."""
     parts = manifest_parts(corpus)
     fp = unit_fingerprint("contamination-select", code_version(__name__), sorted(splits),
-                          [[p, file_digest(corpus, p)] for p in parts] + [sorted(shards)])
+                          [[p, file_digest(corpus, p)] for p in parts] + [shards])
     folder = f"{CONTAMINATION_SELECT}/{name}"
-    prune(out, folder, set(shards) | {"_all"})
+    listed = pq.read_table(io.BytesIO(read_pinned(out, shard_list_path(name), shards, "a split selection")))
+    shards = listed["shard"].to_pylist()
+    prune(out, folder, set(shards) | {"_all", SHARD_LIST})
     rel = f"{folder}/_all.json"
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:

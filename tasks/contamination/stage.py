@@ -23,7 +23,7 @@ from typing import Any
 
 from corpusforge.contract import (FanOut, Unit, UnitResult, completed_units, in_process, prune, remove_tree,
                                   require_marker)
-from corpusforge.feature_files import feature_marker, list_feature_shards
+from corpusforge.feature_files import feature_marker, list_feature_shards, require_features
 from corpusforge.layout import (CONTAMINATION_FOUND, CONTAMINATION_IMAGES, CONTAMINATION_ITEM_DECISIONS,
                                 CONTAMINATION_ITEMS, CONTAMINATION_JUDGE, CONTAMINATION_LEAKAGE, CONTAMINATION_TEXT,
                                 CONTAMINATION_TEXT_WORK, EDITION_DIR, STAGING_INDEX, STAGING_RECORDS, STAGING_TARS,
@@ -41,7 +41,7 @@ from tasks.contamination.eval_set import EvalPlan, stage_chunk
 from tasks.contamination.image_rates import image_rows, summarize_images
 from tasks.contamination.leakage import leakage_rows, summarize_leakage
 from tasks.contamination.receipts import file_sha256
-from tasks.contamination.selection import select_splits, selection_name
+from tasks.contamination.selection import select_splits, selection_name, write_shard_list
 from tasks.contamination.text_sources import caption_texts, item_texts, plan_table_parts, table_texts
 
 STAGE_CHUNK = Unit(stage_chunk, "contamination-stage-eval-chunk")
@@ -82,7 +82,8 @@ def _selection(corpus: Store, out: Store, label: str, splits: list[str] | None, 
     if splits is None:
         return None, {}, {}
     name = selection_name(label, splits)
-    marker = fan_out(SELECT, [dict(corpus=corpus, out=out, name=name, splits=splits, shards=shards)])[0]
+    marker = fan_out(SELECT, [dict(corpus=corpus, out=out, name=name, splits=splits,
+                                   shards=write_shard_list(out, name, shards))])[0]
     return name, marker.info["digests"], marker.info["counts"]
 
 
@@ -94,8 +95,11 @@ def run_scan(out: Store, name: str, query: scan.ScanSide, target: scan.ScanSide,
     n_q = sum(scan.n_selected(query, s) for s in query.shards)
     n_t = sum(scan.n_selected(target, s) for s in target.shards)
     mode = scan.plan_search(search, n_q, n_t, exact_max_pairs)
-    target_digest = target.digest()
     rule = scan.pair_rule(query, target)
+    if mode == "ivf":
+        dim = int(require_features(target.store, target.model_id, target.shards[0]).info["dim"])
+        scan.check_index_size(name, n_t, rule.form_dim(dim), ivf_cfg.storage)
+    target_digest = target.digest()
     result: dict[str, Any] = {"search": mode, "queries": n_q, "targets": n_t, "k": k,
                               "targets_digest": target_digest, "pair_score": rule.to_json()}
     if mode == "exact":
@@ -138,8 +142,8 @@ def image_stage(out: Store, corpus: Store, eval_store: Store, chunks: list[str],
     corpus_shards = corpus_feature_shards(corpus, cfg.model_id)
     embedded = [c for c in chunks if feature_marker(eval_store, cfg.model_id, c) is not None]
     sel, digests, counts = _selection(corpus, out, "corpus", cfg.corpus_splits, corpus_shards, fan_out=fan_out)
-    target = scan.ScanSide(corpus, cfg.model_id, tuple(corpus_shards), sel, out, digests)
-    query = scan.ScanSide(eval_store, cfg.model_id, tuple(embedded))
+    target = scan.write_side(out, "images-target", corpus, cfg.model_id, corpus_shards, sel, digests)
+    query = scan.write_side(out, "images-query", eval_store, cfg.model_id, embedded)
     identity = scan.check_same_features(query, target) if identity_check else scan.feature_identity(target)
     result = run_scan(out, "images", query, target, cfg.k, cfg.search, cfg.exact_max_pairs, cfg.ivf,
                       cfg.recall_queries, cfg.flag_above, fan_out=fan_out) if embedded else {"search": None, "queries": 0}
@@ -164,10 +168,10 @@ def leakage_stage(out: Store, corpus: Store, cfg: LeakageConfig, model_id: str, 
                                                         fan_out=fan_out)
     if against is not None and train_sel == held_sel:
         raise ValueError("held-out and training selections must differ")
-    with_held = [s for s in held_shards if scan.n_selected(
-        scan.ScanSide(corpus, model_id, (s,), held_sel, out, held_digests), s)]
-    query = scan.ScanSide(corpus, model_id, tuple(with_held), held_sel, out, held_digests)
-    target = scan.ScanSide(train_corpus, model_id, tuple(train_shards), train_sel, out, train_digests)
+    held = scan.write_side(out, "leakage-held", corpus, model_id, held_shards, held_sel, held_digests)
+    with_held = [s for s in held_shards if scan.n_selected(held, s)]
+    query = scan.write_side(out, "leakage-query", corpus, model_id, with_held, held_sel, held_digests)
+    target = scan.write_side(out, "leakage-target", train_corpus, model_id, train_shards, train_sel, train_digests)
     identity = scan.check_same_features(query, target)
     thresholds = sorted(set(cfg.thresholds or build_thresholds) | {cfg.review_min_similarity})
     result = run_scan(out, "leakage", query, target, cfg.k, cfg.search, cfg.exact_max_pairs, cfg.ivf, 200,
