@@ -17,19 +17,21 @@ import itertools
 import logging
 import math
 import os
+import queue
 import typing
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import Field, model_validator
 
 from corpusforge.config import StrictModel
 
 from corpusforge import logs
-from corpusforge.contract import Unit, in_process, tree_reduce
+from corpusforge.contract import MARKER_WINDOW, Sink, Unit, in_process, probe, tree_reduce
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Prefect tasks that run a model: they ask for ``DaskConfig.model_task_resources``
 # (e.g. GPU=1) while every other task asks for ``other_task_resources``.
@@ -271,12 +273,13 @@ def batch_count(n_units: int, slots: int) -> int:
     return min(n_units, MAX_BATCHES, max(BATCHES_PER_SLOT * slots, math.ceil(n_units / UNITS_PER_BATCH)))
 
 
-def batches(calls: list[dict[str, Any]], n: int) -> list[list[dict[str, Any]]]:
-    """``calls`` cut into ``n`` consecutive batches whose sizes differ by at most one
-    (consecutive: neighbouring shards stay together, and results keep their order)."""
-    size, extra = divmod(len(calls), n)
+def batches(items: list[T], n: int) -> list[list[T]]:
+    """``items`` (calls, or their indexes) cut into ``n`` consecutive batches whose sizes
+    differ by at most one (consecutive: neighbouring shards stay together, and results
+    keep their order)."""
+    size, extra = divmod(len(items), n)
     cuts = [i * size + min(i, extra) for i in range(n + 1)]
-    return [calls[a:b] for a, b in itertools.pairwise(cuts) if b > a]
+    return [items[a:b] for a, b in itertools.pairwise(cuts) if b > a]
 
 
 def _slots(runner: Any) -> int:
@@ -291,21 +294,30 @@ def _slots(runner: Any) -> int:
 
 
 def run_tasks(t, calls: list[dict[str, Any]]) -> list[Any]:
+    """The results of the units ``calls`` of task ``t``, in the order of ``calls`` (see
+    :func:`stream_tasks`, which runs them): for fan-outs of a few units; a fan-out over every
+    partition or shard streams its results to a ledger instead."""
+    results: list[Any] = [None] * len(calls)
+    stream_tasks(t, calls, results.__setitem__)
+    return results
+
+
+def stream_tasks(t, calls: list[dict[str, Any]], sink: Sink) -> None:
     """Run the units ``calls`` of task ``t``, in batches of units (one task run each, see
     :func:`batch_count`) fanned out by the flow run's task runner; outside a flow run, the
-    plain functions run here one after the other. Results come in the order of ``calls``.
+    plain functions run here one after the other. Each result goes to ``sink(i, result)``
+    as its batch completes, and this process keeps none of them (nor the batch's future).
     Finished units are reported to the run's progress (:mod:`corpusforge.progress`) as
     their batch completes. The first batch that fails for good (its retries spent) fails
     the stage at once and cancels the batches not yet started: with an S3 server down,
     waiting for each of them to spend its own retries would keep a doomed run going for
     minutes.
 
-    A task made with ``probe=True`` probes every unit in this process first: the current
-    ones return their result here, and only the others become task runs, so a rerun that
-    changes nothing spends no task run on them."""
+    A task made with ``probe=True`` probes every unit in this process first, a window at a
+    time in :data:`PROBE_THREADS` threads: the current ones go to ``sink`` here, and only
+    the others become task runs, so a rerun that changes nothing spends no task run on them."""
     from prefect.context import FlowRunContext
 
-    from corpusforge.contract import probe
     from corpusforge.progress import task_progress
 
     progress = task_progress()
@@ -313,37 +325,41 @@ def run_tasks(t, calls: list[dict[str, Any]]) -> list[Any]:
         progress.add(t.name, len(calls))
     flow_run = FlowRunContext.get()
     if flow_run is None:
-        results = []
-        for kwargs in calls:
-            results.append(t.fn(**kwargs))
+        for i, kwargs in enumerate(calls):
+            result = t.fn(**kwargs)
+            sink(i, result)
             if progress is not None:
-                progress.advance(t.name, results=results[-1:])
-        return results
-    if not calls:
-        return []
-    results: list[Any] = [None] * len(calls)
-    todo = list(range(len(calls)))
+                progress.advance(t.name, results=[result])
+        return
+    todo: list[int] = []
     if getattr(t, "probe", False):
-        todo = []
-        with ThreadPoolExecutor(PROBE_THREADS) as pool:
-            for i, (current, result) in enumerate(pool.map(lambda kw: probe(t.fn, kw), calls)):
-                if current:
-                    results[i] = result
-                else:
-                    todo.append(i)
+        for i, current, result in _probed(t.fn, calls):
+            if current:
+                sink(i, result)
+            else:
+                todo.append(i)
         if progress is not None and len(todo) < len(calls):
             progress.advance(t.name, len(calls) - len(todo))
-    for i, result in zip(todo, _run_batches(t, [calls[i] for i in todo], flow_run, progress), strict=True):
-        results[i] = result
-    return results
+    else:
+        todo = list(range(len(calls)))
+    _run_batches(t, calls, todo, flow_run, progress, sink)
+
+
+def _probed(fn: Callable[..., Any], calls: list[dict[str, Any]]) -> Iterator[tuple[int, bool, Any]]:
+    """``(i, current, result)`` of probing each unit (:func:`corpusforge.contract.probe`), in
+    order; at most :data:`~corpusforge.contract.MARKER_WINDOW` probes (and their results)
+    in flight at once."""
+    with ThreadPoolExecutor(PROBE_THREADS) as pool:
+        for start in range(0, len(calls), MARKER_WINDOW):
+            window = calls[start:start + MARKER_WINDOW]
+            for i, (current, result) in enumerate(pool.map(lambda kw: probe(fn, kw), window), start):
+                yield i, current, result
 
 
 def run_each(units: list[tuple[Any, dict[str, Any]]]) -> list[Any]:
     """One unit of each of several tasks (``(task, kwargs)``), side by side: a task run
     each, except the units of probed tasks that are current (see :func:`run_tasks`)."""
     from prefect.context import FlowRunContext
-
-    from corpusforge.contract import probe
 
     if FlowRunContext.get() is None:
         return [t.fn(**kw) for t, kw in units]
@@ -367,6 +383,9 @@ class FlowFanOut:
     def __call__(self, unit: Unit, calls: list[dict[str, Any]]) -> list[Any]:
         return run_tasks(task_for(unit), calls)
 
+    def stream(self, unit: Unit, calls: list[dict[str, Any]], sink: Sink) -> None:
+        stream_tasks(task_for(unit), calls, sink)
+
     def each(self, units: list[tuple[Unit, dict[str, Any]]]) -> list[Any]:
         return run_each([(task_for(u), kwargs) for u, kwargs in units])
 
@@ -387,28 +406,37 @@ class FlowFanOut:
 fan_out = FlowFanOut()
 
 
-def _run_batches(t, calls: list[dict[str, Any]], flow_run: Any, progress: Any) -> list[Any]:
-    """The units ``calls`` in batches of task runs on the flow run's task runner."""
-    from prefect.futures import as_completed
-
-    if not calls:
-        return []
-    parts = batches(calls, batch_count(len(calls), _slots(flow_run.task_runner)))
+def _run_batches(t, calls: list[dict[str, Any]], todo: list[int], flow_run: Any, progress: Any,
+                 sink: Sink) -> None:
+    """The units ``calls[i]`` for ``i`` in ``todo``, in batches of task runs on the flow run's
+    task runner; each batch's results go to ``sink`` when it completes, and the batch's
+    future is dropped then (Prefect's ``as_completed`` would keep every future, and so every
+    result, until the last batch is done)."""
+    if not todo:
+        return
+    parts = batches(todo, batch_count(len(todo), _slots(flow_run.task_runner)))
+    done: queue.SimpleQueue[int] = queue.SimpleQueue()
+    pending: dict[int, tuple[Any, list[int]]] = {}
     with annotated(t.name):
-        futures = [t.batch.submit(calls=part, part=i, parts=len(parts)) for i, part in enumerate(parts, 1)]
-    sizes = {id(f): len(part) for f, part in zip(futures, parts, strict=True)}
+        for k, indexes in enumerate(parts):
+            future = t.batch.submit(calls=[calls[i] for i in indexes], part=k + 1, parts=len(parts))
+            pending[k] = (future, indexes)
+            future.add_done_callback(lambda _, k=k: done.put(k))
     try:
-        for future in as_completed(futures):
-            done = future.result()  # a batch failed for good fails the stage now, not after every other batch
+        while pending:
+            future, indexes = pending.pop(done.get())
+            results = future.result()  # a batch failed for good fails the stage now, not after every other batch
+            for i, result in zip(indexes, results, strict=True):
+                sink(i, result)
             if progress is not None:
-                progress.advance(t.name, sizes[id(future)], done)
+                progress.advance(t.name, len(indexes), results)
+            del future, results
     except BaseException:
-        for other in futures:  # batches not started yet never start (a running one ends by itself)
+        for other, _ in pending.values():  # batches not started yet never start (a running one ends by itself)
             wrapped = getattr(other, "wrapped_future", None)
             if wrapped is not None:
                 wrapped.cancel()
         raise
-    return [result for f in futures for result in f.result()]
 
 
 def root_flow_run() -> str | None:

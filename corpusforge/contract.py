@@ -18,6 +18,10 @@
   work (:func:`must_compute`, which :func:`run_unit` calls). A current unit returns its
   result; any other raises :class:`WouldCompute` having done nothing. The flow probes cheap
   units itself, so a rerun spends no task run on a unit that skips (``corpusforge.cluster``).
+* A one-off global step (planning the inputs or the release, the recall check, a report) is
+  a unit too (:func:`step_call`, :func:`keyed`): keyed by its code version, config and input
+  digests, its small result kept in its marker ``work/steps/{name}.json``, so a rerun whose
+  key is unchanged reads the result there, probed by the flow, without a task run.
 * After planning, every per-unit folder is **pruned** to the current plan (:func:`prune`)
   before any reader lists it, together with the markers of what was removed.
 
@@ -27,14 +31,18 @@
 from __future__ import annotations
 
 import contextvars
+import itertools
+import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Self
 
 from corpusforge.hashing import canonical_json, fingerprint, sha256_bytes
 from corpusforge.layout import MARKERS
 from corpusforge.storage import Store
+from corpusforge.version import code_version
 
 @dataclass(frozen=True)
 class KeyParts:
@@ -110,6 +118,11 @@ class Unit:
     retries: int | None = None
 
 
+# Where a fan-out hands each unit's result as it finishes (:meth:`FanOut.stream`): the index
+# of its call and the result (a ledger, :class:`corpusforge.ledger.Ledger`, or a small tally).
+Sink = Callable[[int, Any], None]
+
+
 class FanOut(Protocol):
     """How a stage runs its units. Stages never import the orchestrator: a flow passes
     ``corpusforge.cluster.fan_out`` (Prefect task runs on the flow's Dask cluster); tests and
@@ -117,6 +130,12 @@ class FanOut(Protocol):
 
     def __call__(self, unit: Unit, calls: list[dict[str, Any]]) -> list[Any]:
         """``[unit.fn(**c) for c in calls]``, run as the orchestrator sees fit."""
+
+    def stream(self, unit: Unit, calls: list[dict[str, Any]], sink: Sink) -> None:
+        """Each result handed to ``sink(i, result)`` as unit ``i`` finishes (in any order) and
+        kept nowhere else: for fan-outs over every partition or shard, whose results the flow
+        process must not hold all at once (docs/architecture.md, "The flow process only
+        coordinates")."""
 
     def each(self, units: list[tuple[Unit, dict[str, Any]]]) -> list[Any]:
         """One call each of several kinds of unit, side by side."""
@@ -131,6 +150,10 @@ class InProcess:
 
     def __call__(self, unit: Unit, calls: list[dict[str, Any]]) -> list[Any]:
         return [unit.fn(**c) for c in calls]
+
+    def stream(self, unit: Unit, calls: list[dict[str, Any]], sink: Sink) -> None:
+        for i, kwargs in enumerate(calls):
+            sink(i, unit.fn(**kwargs))
 
     def each(self, units: list[tuple[Unit, dict[str, Any]]]) -> list[Any]:
         return [u.fn(**kwargs) for u, kwargs in units]
@@ -171,6 +194,39 @@ def require_marker(store: Store, rel: str, what: str) -> Marker:
     if marker is None:
         raise FileNotFoundError(f"{store.path(rel)} is not complete ({what}); run the stage that writes it")
     return marker
+
+
+# Markers read side by side (:func:`require_markers`): on an object store each read is a
+# round trip of tens of ms, so the O(P + S) markers a flow reads must never wait for each
+# other; a window bounds how many are in flight, and held, at once.
+MARKER_THREADS = 16
+MARKER_WINDOW = 1024
+
+
+def side_by_side(fn: Callable[[Any], Any], items: Iterable[Any], threads: int, window: int) -> Iterator[Any]:
+    """``fn`` of each of ``items``, in order, on ``threads`` threads, a window of ``window``
+    items at a time: reads of many small files on an object store overlap their round trips,
+    and what is held stays one window's whatever the count."""
+    pending = iter(items)
+    with ThreadPoolExecutor(threads) as pool:
+        while batch := list(itertools.islice(pending, window)):
+            yield from pool.map(fn, batch)
+
+
+def require_markers(store: Store, rels: Iterable[str], what: str) -> Iterator[Marker]:
+    """The markers of ``rels`` in order, like :func:`require_marker` for each (a clear error
+    at the first unit that is missing) but read in parallel, a window at a time. One read
+    each: a missing marker is the read's FileNotFoundError, not an ``exists`` round trip first."""
+    def read(rel: str) -> tuple[str, Marker | None]:
+        try:
+            return rel, Marker.from_json(store.read_json(marker_path(rel)))
+        except FileNotFoundError:
+            return rel, None
+
+    for rel, marker in side_by_side(read, rels, MARKER_THREADS, MARKER_WINDOW):
+        if marker is None:
+            raise FileNotFoundError(f"{store.path(rel)} is not complete ({what}); run the stage that writes it")
+        yield marker
 
 
 def read_pinned(store: Store, rel: str, sha256: str, what: str) -> bytes:
@@ -305,6 +361,71 @@ def explain(marker: Marker | None, key: str, inputs_known: bool = True) -> tuple
     return COMPUTED, "; ".join(reasons) or "fingerprint changed"
 
 
+STEPS_DIR = "work/steps"  # markers of the one-off global steps (:func:`run_step`)
+
+
+def step_path(name: str) -> str:
+    """Where the marker of the global step ``name`` is (under ``work/``: a step that runs
+    only on a rebuild, like the account of changes, leaves the output tree a fresh build's)."""
+    return f"{STEPS_DIR}/{name}.json"
+
+
+def run_step(store: Store, name: str, key: str, fn: Callable[..., Any], kwargs: dict[str, Any],
+             outputs: tuple[str, ...] = ()) -> Any:
+    """The one-off global step ``fn(**kwargs)`` as a unit keyed by ``key`` (:func:`step_call`):
+    when its marker holds ``key``, the result recorded there, with no work; else it runs and
+    records its result (JSON: the result a later run reads back is the one this run returns,
+    so a rerun and a fresh build see the same). ``outputs``: the few files it writes, which
+    must all be there for it to count as done (a report someone removed is written again)."""
+    if (done := step_result(store, name, key, outputs)) is not None:
+        return done[0]
+    must_compute()
+    return record_step(store, name, key, fn(**kwargs))
+
+
+def step_result(store: Store, name: str, key: str, outputs: tuple[str, ...] = ()) -> tuple[Any] | None:
+    """``(result,)`` of the global step ``name`` when its marker holds ``key`` and ``outputs``
+    are all there, else None (a step whose work is several fan-outs, which the flow drives
+    itself, checks this first)."""
+    try:
+        marker = Marker.from_json(store.read_json(step_path(name)))
+    except FileNotFoundError:
+        return None
+    if marker.fingerprint != key or not all(store.exists(rel) for rel in outputs):
+        return None
+    return (marker.info["result"],)
+
+
+def record_step(store: Store, name: str, key: str, result: Any) -> Any:
+    """Record the result of the global step ``name`` under ``key``; return it as a later run
+    will read it back (JSON), so this run and those see the same."""
+    result = json.loads(canonical_json(result))
+    store.write_json(step_path(name), Marker(key, {}, digest_of({}), {"result": result}).to_json())
+    return result
+
+
+def keyed(unit: Unit) -> Unit:
+    """``unit`` run through :func:`run_step` (a :func:`step_call`): probed by the flow, so a
+    current step makes no task run."""
+    return Unit(run_step, unit.name, probe=True, retries=unit.retries)
+
+
+def step_call(store: Store, unit: Unit, config: Any, inputs: Any, kwargs: dict[str, Any],
+              outputs: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The call of ``keyed(unit)`` for ``unit.fn(**kwargs)`` (its marker in ``store``), keyed by the code version
+    of ``unit.fn``'s module (and its imports), ``config`` (every setting its result depends
+    on) and ``inputs`` (the digests of everything it reads): any change runs it again.
+    ``outputs``: see :func:`run_step`."""
+    key = fingerprint(unit.name, code_version(unit.fn.__module__), config, inputs)
+    return dict(store=store, name=unit.name, key=key, fn=unit.fn, kwargs=kwargs, outputs=tuple(outputs))
+
+
+def forget_step(store: Store, name: str) -> None:
+    """Remove the marker of a global step switched off (its caller removes its outputs): were
+    it switched on again with the same key, it must not be read as done."""
+    store.remove(step_path(name))
+
+
 def prune(store: Store, folder: str, keep: Iterable[str]) -> list[str]:
     """Remove files (and their markers) in ``folder`` whose stem is not in ``keep``.
 
@@ -325,23 +446,35 @@ def prune(store: Store, folder: str, keep: Iterable[str]) -> list[str]:
     return removed
 
 
-def sweep_temp_files(store: Store) -> list[str]:
+SWEEP_NAMED = 5  # removed paths a sweep names back to the flow; it counts the rest
+
+
+def sweep_temp_files(store: Store) -> dict[str, Any]:
     """Remove every temporary file (``.name.*.part``) a killed writer left under the output.
 
     Call it when all units of the run have finished, so no writer of this run is alive:
     a worker killed mid-write leaves its temp file behind while the rescheduled unit
     writes another, and the pruning after planning would only catch it on the next run.
     On an object store nothing partial is ever listed (temp files stay on the writing
-    machine). Returns the removed paths, relative to the root."""
-    if store.remote:
-        return []
-    removed = []
-    for folder, _, names in os.walk(store.root):
-        for name in names:
-            if name.startswith(".") and name.endswith(".part"):
-                os.unlink(os.path.join(folder, name))
-                removed.append(os.path.relpath(os.path.join(folder, name), store.root))
-    return sorted(removed)
+    machine). Returns how many it removed and the first :data:`SWEEP_NAMED` of their paths
+    (relative to the root, sorted): what goes back to the flow stays small whatever was left.
+
+    It walks the whole output tree (names only, one folder's at a time). A flow probes it
+    (:data:`SWEEP_TEMP_FILES`): a tree with no temporary file, every run's but one that lost
+    a writer, makes no task run; one with some is swept by a unit on the cluster."""
+    removed, named = 0, []
+    if not store.remote:
+        for folder, _, names in os.walk(store.root):
+            for name in names:
+                if name.startswith(".") and name.endswith(".part"):
+                    must_compute()  # probed (the flow walks): a tree with none makes no task run
+                    os.unlink(os.path.join(folder, name))
+                    removed += 1
+                    named = sorted([*named, os.path.relpath(os.path.join(folder, name), store.root)])[:SWEEP_NAMED]
+    return {"removed": removed, "first": named}
+
+
+SWEEP_TEMP_FILES = Unit(sweep_temp_files, "sweep-temp-files", probe=True)
 
 
 def remove_tree(store: Store, folder: str) -> None:

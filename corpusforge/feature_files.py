@@ -18,14 +18,14 @@ through these functions, so the feature stage's internals stay its own.
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from corpusforge.contract import (Marker, completed_units, finish_unit, prune, read_marker, remove_tree,
-                                  require_marker)
+                                  require_marker, require_markers)
 from corpusforge.layout import (FEATURE_KEYS_SCHEMA, FEATURES_DIR, feature_keys, feature_subset_dir, feature_vectors,
                                 features_dir)
 from corpusforge.storage import Store
@@ -55,8 +55,17 @@ def feature_marker(store: Store, model_id: str, shard: str, subset: str | None =
 
 def require_features(store: Store, model_id: str, shard: str, subset: str | None = None) -> Marker:
     """The marker of a (model, shard) unit; a clear error when it is missing."""
-    return require_marker(store, feature_vectors(model_id, shard, subset),
-                          f"features of {model_id}: extract features first (corpusforge extract-features)")
+    return require_marker(store, feature_vectors(model_id, shard, subset), _missing(model_id))
+
+
+def require_all_features(store: Store, model_id: str, shards: Iterable[str]) -> Iterator[Marker]:
+    """:func:`require_features` of each shard, in order, the markers read side by side
+    (:func:`corpusforge.contract.require_markers`): S serial round trips on S3 are hours."""
+    return require_markers(store, (feature_vectors(model_id, shard) for shard in shards), _missing(model_id))
+
+
+def _missing(model_id: str) -> str:
+    return f"features of {model_id}: extract features first (corpusforge extract-features)"
 
 
 def read_shard_features(store: Store, model_id: str, shard: str, subset: str | None = None
@@ -69,6 +78,31 @@ def read_shard_features(store: Store, model_id: str, shard: str, subset: str | N
     if feats.shape[0] != len(keys):
         raise ValueError(f"{feature_vectors(model_id, shard, subset)}: {feats.shape[0]} rows for {len(keys)} keys")
     return keys, feats
+
+
+def read_feature_rows(store: Store, model_id: str, shard: str, records: np.ndarray) -> np.ndarray:
+    """The stored features of the shard's records at rows ``records`` (sorted, unique, each an
+    ok record), read by ranges of the vectors file: its header, then one read per run of
+    consecutive rows, never the whole file (a query rescoring a few candidates per shard
+    reaches shards all over the corpus). The keys file lists every record in shard order,
+    so a record's vector row is the count of ok records before it."""
+    ok = store.read_parquet(feature_keys(model_id, shard), columns=["ok"])["ok"].to_numpy(zero_copy_only=False)
+    if len(records) and records[-1] >= len(ok) or not ok[records].all():
+        raise ValueError(f"{feature_keys(model_id, shard)}: rows {records[:3].tolist()}… are not all embedded records")
+    rows = np.cumsum(ok)[records] - 1
+    with store.open(feature_vectors(model_id, shard)) as f:
+        version = np.lib.format.read_magic(f)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read_header(f)
+        if fortran or len(shape) != 2:
+            raise ValueError(f"{feature_vectors(model_id, shard)}: not a C-ordered 2-d array")
+        start, row_bytes = f.tell(), shape[1] * dtype.itemsize
+        out = np.empty((len(rows), shape[1]), dtype=dtype)
+        runs = np.flatnonzero(np.diff(rows) != 1) + 1  # starts of runs of consecutive rows
+        for lo, hi in zip(np.concatenate([[0], runs]), np.concatenate([runs, [len(rows)]]), strict=True):
+            f.seek(start + int(rows[lo]) * row_bytes)
+            out[lo:hi] = np.frombuffer(f.read(int(hi - lo) * row_bytes), dtype=dtype).reshape(hi - lo, shape[1])
+    return out
 
 
 def read_shard_errors(store: Store, model_id: str, shard: str, subset: str | None = None) -> dict[str, str]:

@@ -45,6 +45,9 @@ every folder as it is.
                                        who holds it; removed when that build ends
     work/run/stage_times.{json,md}     the latest run's wall-clock seconds per stage and work done: not
                                        deterministic, so under work/ (outside every output hash)
+    work/ledger/{fan-out}/{n}.parquet  the unit results of a fan-out over every partition or shard, written
+                                       as units finish (corpusforge/ledger.py): the flow process reads back
+                                       what it needs instead of holding them; rewritten by each run
     staging/tars/{shard}.tar           staged samples (image, txt, json) in input order
     staging/index/{shard}.parquet      member offsets of the tar (ranged reads)
     staging/records/{shard}.parquet    one row per staged sample, in shard order
@@ -135,6 +138,7 @@ RECEIPT_OUTPUTS = "receipt_outputs.parquet"  # every output file's SHA-256, besi
 REPORT = "report.md"
 LISTING_SPILL_DIR = "work/.listing"  # a folder source's listing while it is planned (tasks/ingest/sources.py)
 OUTPUT_LEASE = "work/lease.json"  # one build per output (corpusforge/lease.py)
+LEDGER_DIR = "work/ledger"  # unit results of this run's big fan-outs (corpusforge/ledger.py)
 RUN_LOG = "work/run/stage_times.json"  # the latest run's stage seconds (tasks/report/run_log.py)
 RUN_LOG_MD = "work/run/stage_times.md"
 REPORT_HTML = "report.html"  # the same report, self-contained, with charts (tasks/report/report_html.py)
@@ -160,6 +164,14 @@ def part_name(part: int) -> str:
 
 def bucket_name(bucket: int) -> str:
     return f"{bucket:04d}"
+
+
+def ledger_dir(fan_out: str) -> str:
+    return f"{LEDGER_DIR}/{fan_out}"
+
+
+def ledger_path(fan_out: str, n: int) -> str:
+    return f"{ledger_dir(fan_out)}/{n:06d}.parquet"
 
 
 def input_path(part: int) -> str:

@@ -32,5 +32,22 @@ def spilling_duckdb(memory_limit: str, *stores: Store) -> Iterator[Any]:
                     con.register_filesystem(store.fs)
                     registered.add(protocol)
             yield con
+        except duckdb.Error:
+            _reraise_storage_fault(stores)
+            raise
         finally:
             con.close()
+
+
+def _reraise_storage_fault(stores: tuple[Store, ...]) -> None:
+    """Raise the storage's own error when a remote store is what failed a query.
+
+    DuckDB hands a failure of a registered fsspec filesystem back as ``duckdb.Error`` carrying
+    the Python traceback as text, so the cause (an unreachable endpoint) is lost to the
+    callers that classify faults and the traceback reaches the user's terminal. Asking each
+    remote store for its root again raises the real exception when the store is down."""
+    for store in stores:
+        if store.remote:
+            store.fs.invalidate_cache()
+            with contextlib.suppress(FileNotFoundError):  # it answered: the query's error stands
+                store.fs.info(store.root)

@@ -27,18 +27,21 @@ from pydantic import Field, model_validator
 from corpusforge.artifacts import publish_plan_artifact, publish_run_artifacts
 from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, output_concurrency, root_flow_run, run_logger
 from corpusforge.config import FlowConfig
-from corpusforge.contract import count_actions, prune, remove_tree, summarise, sweep_temp_files
+from corpusforge.contract import (SWEEP_TEMP_FILES, count_actions, forget_step, keyed, prune, remove_tree,
+                                  step_call)
 from corpusforge.feature_files import prune_features
 from corpusforge.lease import held_here, holding_output
-from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_DIR, CURRENT, DEDUP_HASHES_DIR,
-                                DEDUP_KEYS_DIR, EVAL_CAPTIONS, EXACT_DIR, FETCH_LEDGER_DIR, GRAPH_DIR, GRAPH_WORK,
-                                HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR, RESOLVED_DIR, SPILL_DIR, STAGING_INDEX,
-                                STAGING_RECORDS, STAGING_TARS, STATS_DIR, bucket_name, dedup_group_name, part_name)
+from corpusforge.ledger import Ledger
+from corpusforge.layout import (CAPTIONS_DIR, CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CHANGES_MD, CHANGES_TABLE, CURRENT,
+                                DEDUP_HASHES_DIR, DEDUP_KEYS_DIR, EVAL_CAPTIONS, EXACT_DIR, FETCH_LEDGER_DIR, GRAPH_DIR,
+                                GRAPH_WORK, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR, LEDGER_DIR, PREVIOUS_RECEIPT,
+                                RECEIPT, RECEIPT_OUTPUTS, RESOLVED_DIR, SPILL_DIR, STAGING_INDEX, STAGING_RECORDS,
+                                STAGING_TARS, STATS_DIR, bucket_name, dedup_group_name, part_name)
 from corpusforge.progress import RunProgress, run_progress
 from corpusforge.receipts import BUILD_FLOW, flow_receipt
 from corpusforge.storage import Store
 from tasks.captions.config import CaptioningConfig
-from tasks.captions.eval_set import EvalCaptionsConfig, write_eval_captions
+from tasks.captions.eval_set import EVAL_PLANS, WRITE_EVAL_CAPTIONS, EvalCaptionsConfig, write_test_plan_list
 from tasks.captions.stage import captioning_stage
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.stage import near_duplicate_stage
@@ -53,14 +56,14 @@ from tasks.shared.validate import ValidationConfig
 from tasks.release.publish import publish, release_section
 from tasks.release.versions import ReleaseRefused, current_version, publish_version, refusal
 from tasks.release.splits import SplitConfig
-from tasks.report.changes import diff_versions, keep_previous_version, remove_changes
-from tasks.report.receipt import count_outcomes, input_snapshot_hash, write_output_list
+from tasks.report.changes import DIFF_VERSIONS, KEEP_PREVIOUS_VERSION, remove_changes
+from tasks.report.receipt import INPUT_SNAPSHOT, WRITE_OUTPUT_LIST, count_outcomes, output_stamp
 from tasks.report.run_log import StageClock, write_run_log
 from tasks.report.write import write_receipt
 from tasks.shared.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
 from tasks.shared.features.extract import extract_features, receipt_section
 from tasks.staging import WRITE_STAGING_SHARD, StagingConfig, plan_staging
-from tasks.stats.stage import ReferenceStatsConfig, reference_stats_stage
+from tasks.stats.stage import PARTIALS, SCAN_MANIFEST, ReferenceStatsConfig, reference_stats_stage
 
 
 class BuildConfig(FlowConfig):
@@ -144,6 +147,9 @@ PROGRESS_STAGES = [("fetch", "fetch-partition", "URL-list partitions"),
                    ("manifest", "write-manifest-part", "partitions")]
 
 
+CHANGES = (CHANGES_MD, CHANGES_TABLE)  # the account of changes since the version before
+
+
 def build(config: BuildConfig) -> dict[str, Any]:
     """Build (or bring up to date) the corpus at ``config.out``; return counts and the work done.
     With ``plan_only``, write nothing and return the plan (:mod:`flows.plan`)."""
@@ -181,7 +187,8 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     log = run_logger()
     store = Store(config.out, config.storage_options)
     work: dict[str, Any] = {}
-    kept_previous = config.previous is None and keep_previous_version(store)  # before anything is replaced
+    # before anything is replaced
+    kept_previous = config.previous is None and fan_out(KEEP_PREVIOUS_VERSION, [dict(store=store)])[0]
     kind, parts = fan_out(PLAN_INPUTS, [dict(src=config.source, store=store, cfg=config.input)])[0]
     names = {part_name(p.index) for p in parts}
     for folder in (INGEST_DIR, SPILL_DIR, HASHES_DIR, KEYS_DIR, RESOLVED_DIR):
@@ -196,32 +203,38 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     log.info("source %s: %s, %d ingest partitions", config.source, kind, len(parts))
 
     clock = StageClock()
-    fetched = []
+    # unit results go to ledgers (work/ledger/), read back for the few sums the flow keeps
+    remove_tree(store, LEDGER_DIR)
+    fetch_report = None
     if kind == "urls":
-        with stage("fetch"), clock("fetch"):
-            fetched = fan_out(FETCH_PARTITION, [dict(store=store, part=p, cfg=config.fetch, lic=config.licenses)
-                                                for p in parts])
-        work["fetch"] = summarise("fetch", fetched).counts()
-    with stage("ingest"), clock("ingest"):
-        ingested = fan_out(INGEST_PARTITION, [dict(store=store, part=p, src=config.input, val=config.validation,
-                                                n_buckets=n_buckets, lic=config.licenses,
-                                                **({"fetched": fetch_store(store, config.fetch)} if fetched else {}))
-                                           for p in parts])
-    work["ingest"] = summarise("ingest", ingested).counts()
+        with stage("fetch"), clock("fetch"), Ledger(store, "fetch") as ledger:
+            fan_out.stream(FETCH_PARTITION, [dict(store=store, part=p, cfg=config.fetch, lic=config.licenses)
+                                             for p in parts], ledger.add)
+        work["fetch"] = ledger.summary("fetch").counts()
+        fetch_report = fetch_section(ledger.infos())
+    with stage("ingest"), clock("ingest"), Ledger(store, "ingest") as ingested:
+        fan_out.stream(INGEST_PARTITION, [dict(store=store, part=p, src=config.input, val=config.validation,
+                                               n_buckets=n_buckets, lic=config.licenses,
+                                               **({"fetched": fetch_store(store, config.fetch)} if kind == "urls"
+                                                  else {}))
+                                          for p in parts], ingested.add)
+    work["ingest"] = ingested.summary("ingest").counts()
+    licenses = license_section(config.licenses, ingested.infos())
     clock.start("exact_dedup")
-    units, resolved = deduplicate(store, ingested, n_buckets, config.staging.shard_size, fan_out)
-    work["exact_dedup"] = summarise("exact_dedup", units).counts()
-    work["resolve"] = summarise("resolve", resolved).counts()
+    with Ledger(store, "resolve") as resolved:
+        work["exact_dedup"] = deduplicate(store, ingested.digests(), len(parts), n_buckets, config.staging.shard_size,
+                                          resolved.add, fan_out).counts()
+    work["resolve"] = resolved.summary("resolve").counts()
     clock.stop()
 
-    staging = plan_staging([m.info for m in resolved], config.staging.shard_size)
+    staging = plan_staging(resolved.infos(), config.staging.shard_size)
     staged = sorted(s.name for s in staging)
     for folder in (STAGING_TARS, STAGING_INDEX, STAGING_RECORDS):
         prune(store, folder, staged)
-    with stage("staging"), clock("staging"):
-        written = fan_out(WRITE_STAGING_SHARD, [dict(store=store, shard=s) for s in staging])
-    work["staging"] = summarise("staging", written).counts()
-    log.info("%d records staged in %d staging shards", sum(m.info["count"] for m in written), len(staging))
+    with stage("staging"), clock("staging"), Ledger(store, "staging") as written:
+        fan_out.stream(WRITE_STAGING_SHARD, [dict(store=store, shard=s) for s in staging], written.add)
+    work["staging"] = written.summary("staging").counts()
+    log.info("%d records staged in %d staging shards", sum(i["count"] for i in written.infos()), len(staging))
 
     with stage("features"), clock("features"):
         features = _features(store, config, staged, work)
@@ -229,7 +242,8 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     with clock("graph"):
         if config.near_dedup and staged:
             with stage("graph queries"):
-                near, work["graph"] = near_duplicate_stage(store, config.near_dedup, staged, fan_out=fan_out)
+                near, work["graph"] = near_duplicate_stage(store, config.near_dedup, staged, fan_out=fan_out,
+                                                           features=config.features)
             query_seconds = work["graph"].pop("query_seconds")
         else:
             for folder in (GRAPH_DIR, GRAPH_WORK):
@@ -247,15 +261,22 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     with stage("release"), stage("manifest"), clock("release"):
         release, manifest, work["publish"] = publish(store, staged, len(parts), config.splits,
                                                      near_dedup=bool(config.near_dedup and staged),
-                                                     captions=bool(captions), fan_out=fan_out)
+                                                     captions=bool(captions), resolved=resolved.digests(),
+                                                     fan_out=fan_out)
     samples = sum(s["count"] for s in release["shards"].values())
     before = current_version(store)  # the version readers read now
     refused = refusal(samples, before, config.splits.max_shrink)
     caption_set = None
     if config.eval_captions is not None:
-        caption_set = write_eval_captions(store, release, config.eval_captions)
+        plans = write_test_plan_list(store, release)
+        caption_set = fan_out(keyed(WRITE_EVAL_CAPTIONS), [step_call(  # reads the test plans and staging shards
+            store, WRITE_EVAL_CAPTIONS, config.eval_captions.model_dump(mode="json"),
+            [plans, {n: p["sha256"] for n, p in release["plans"].items()}, list(written.digests())],
+            dict(store=store, plans=plans, cfg=config.eval_captions), (EVAL_CAPTIONS,))])[0]
     else:
-        store.remove(EVAL_CAPTIONS)
+        for rel in (EVAL_CAPTIONS, EVAL_PLANS):
+            store.remove(rel)
+        forget_step(store, WRITE_EVAL_CAPTIONS.name)
     stats = {}
     with clock("statistics"):
         if config.reference_stats is not None:
@@ -263,14 +284,16 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
                                                                  fan_out=fan_out))
         else:
             remove_tree(store, STATS_DIR)
+            for step in (SCAN_MANIFEST, PARTIALS):
+                forget_step(store, step.name)
 
-    if leftovers := sweep_temp_files(store):
-        log.warning("removed %d temporary files of killed writers: %s", len(leftovers), leftovers[:5])
+    swept = fan_out(SWEEP_TEMP_FILES, [dict(store=store)])[0]
+    if swept["removed"]:
+        log.warning("removed %d temporary files of killed writers: %s", swept["removed"], swept["first"])
     with clock("receipt"):
-        licenses = license_section(config.licenses, [m.info for m in ingested])
-        receipt = _receipt(config, store, kind, len(parts), release, manifest, features, near, stats, licenses)
-        if fetched:
-            receipt["fetch"] = fetch_section([m.info for m in fetched])
+        receipt = _receipt(config, store, kind, ingested, release, manifest, features, near, stats, licenses)
+        if fetch_report is not None:
+            receipt["fetch"] = fetch_report
         if captions:
             receipt["captioning"] = captions
         if caption_set:
@@ -278,19 +301,27 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
         if refused:
             receipt["refused"] = refused
             receipt["warnings"].insert(0, f"not published: {refused}")
-        written_receipt, report = write_receipt(store, receipt)
+        written_receipt, report = write_receipt(store, receipt, fan_out=fan_out)
         publish_run_artifacts(BUILD_FLOW, report, written_receipt["counts"], store.root)
-    with clock("changes"):
+    with clock("changes"):  # keyed by both versions' receipts (each names its outputs' digest)
         if config.previous is not None:
-            diff_versions(Store(config.previous, config.storage_options), store, store)
+            old = Store(config.previous, config.storage_options)
+            fan_out(keyed(DIFF_VERSIONS), [step_call(store, DIFF_VERSIONS, "previous",
+                                                     [old.sha256(RECEIPT), store.sha256(RECEIPT)],
+                                                     dict(old=old, new=store, out=store), CHANGES)])
         elif kept_previous:
-            diff_versions(store, store, store, previous_kept=True)
+            fan_out(keyed(DIFF_VERSIONS), [step_call(store, DIFF_VERSIONS, "kept",
+                                                     [store.sha256(PREVIOUS_RECEIPT), store.sha256(RECEIPT)],
+                                                     dict(old=store, new=store, out=store, previous_kept=True),
+                                                     CHANGES)])
         else:
             remove_changes(store)
+            forget_step(store, DIFF_VERSIONS.name)
     work["seconds"] = clock.seconds()
     if config.near_dedup and staged:
         work["seconds"]["graph_queries"] = query_seconds
     write_run_log(store, BUILD_FLOW, work)
+    remove_tree(store, LEDGER_DIR)  # work state of this run only: a rerun's tree equals a fresh build's
     if refused:
         raise ReleaseRefused(f"{refused}; not published: " + (
             f"{store.path(CURRENT)} still names version {before['version']}" if before
@@ -318,17 +349,22 @@ def _features(store: Store, config: BuildConfig, staged: list[str], work: dict[s
     return receipt_section(results)
 
 
-def _receipt(config: BuildConfig, store: Store, kind: str, n_parts: int, release: dict[str, Any],
-             manifest: list[dict[str, Any]], features: dict[str, Any],
+def _receipt(config: BuildConfig, store: Store, kind: str, ingested: Ledger, release: dict[str, Any],
+             manifest: Ledger, features: dict[str, Any],
              near: dict[str, Any], stats: dict[str, Any], licenses: dict[str, Any]) -> dict[str, Any]:
-    return flow_receipt(
+    """The receipt; its two steps that read the whole output are units keyed by what they read
+    (the ingest markers' digests; the rest of the receipt and the stamps of the output files
+    and markers), so a rerun that changed nothing makes no task run for them."""
+    n_parts = len(ingested.digests())
+    receipt = flow_receipt(
         BUILD_FLOW, BUILD_MODULES, config,
         source=config.source,
         source_kind=kind,
         seeds={"splits": config.splits.seed, "near_dedup": config.near_dedup.seed if config.near_dedup else None},
         thresholds={"validation": config.validation.model_dump(mode="json"),
                     "near_dedup": config.near_dedup.model_dump(mode="json") if config.near_dedup else None},
-        input_snapshot_sha256=input_snapshot_hash(store, n_parts),
+        input_snapshot_sha256=fan_out(keyed(INPUT_SNAPSHOT), [step_call(
+            store, INPUT_SNAPSHOT, n_parts, list(ingested.digests()), dict(store=store, n_parts=n_parts))])[0],
         counts=count_outcomes(manifest),
         licenses=licenses,
         release=release_section(release, config.splits),
@@ -336,8 +372,11 @@ def _receipt(config: BuildConfig, store: Store, kind: str, n_parts: int, release
         near_duplicates=near,
         stats=stats,
         warnings=[w for w in (features.get("warning"), stats.get("warning")) if w],
-        outputs=write_output_list(store),
+        outputs=None,
     )
+    receipt["outputs"] = fan_out(keyed(WRITE_OUTPUT_LIST), [step_call(
+        store, WRITE_OUTPUT_LIST, receipt, output_stamp(store), dict(store=store), (RECEIPT_OUTPUTS,))])[0]
+    return receipt
 
 
 def _stable_features(summary: dict[str, Any]) -> dict[str, Any]:

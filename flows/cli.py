@@ -106,6 +106,30 @@ def _diff(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    """Self-calibration on the user's own pictures (flows/calibrate.py)."""
+    from flows.calibrate import RECORD, REPORT, THRESHOLDS, CalibrateConfig, run_calibrate
+    from flows.preflight import UserError, as_user_error, load_config, require_exists, require_writable_root
+
+    config = load_config(CalibrateConfig, args.config, source=args.source, out=args.out)
+    require_exists(config.source, config.storage_options, "source", "give a built corpus root or a folder of images")
+    require_writable_root(config.out, config.storage_options, "--out")
+    if config.out.rstrip("/") == config.source.rstrip("/"):
+        raise UserError("--out must differ from --source: the report goes beside the corpus, not into it")
+    with as_user_error():  # a model without weights, too few pictures
+        record = run_calibrate(config)
+    t = record["thresholds"]
+    where = f"{config.out.rstrip('/')}/"
+    if not t["fitted"]:
+        print(f"corpusforge calibrate: not fitted: {t['reason']}; report: {where}{REPORT}", file=sys.stderr)
+        return 1
+    print(f"{record['model_id']}: {record['sample']['pictures']} pictures, closest unrelated pair "
+          f"{record['closest_unrelated']:.4f}; component_link_above {t['component_link_above']:.4f}, "
+          f"pair_removal_above {t['pair_removal_above']:.4f} (zero false links on the sample, margin "
+          f"{record['margin']}); report {where}{REPORT}, thresholds {where}{THRESHOLDS}, record {where}{RECORD}")
+    return 0
+
+
 def _sample(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("skimage") is None:
         print("corpusforge sample needs scikit-image: pip install 'corpusforge[sample]'", file=sys.stderr)
@@ -224,6 +248,20 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
     diff.add_argument("--out", help="folder to write CHANGES.md and changes.parquet into (default: NEW)")
     diff.add_argument("--memory-limit", default="2GB", help="DuckDB's memory limit; past it, it spills to disk")
     handlers["diff"] = _diff
+
+    calibrate = sub.add_parser(
+        "calibrate", help="fit near-duplicate thresholds to your own pictures, with an HTML report",
+        description="Plant standard copies (JPEG, resize, crops, rotation, border, watermark, greyscale, "
+                    "screenshot, ...) on a seeded sample of SRC's pictures, embed them with the configured model "
+                    "and choose the thresholds at zero false links among the sample's unrelated pairs plus a "
+                    "margin. Writes OUT/calibration.json, OUT/near_dedup.yaml (paste into a build config) and "
+                    "OUT/index.html (recall per transform, contact sheets). A build does the same with "
+                    "near_dedup.calibrate: auto (docs/near-duplicates.md).")
+    calibrate.add_argument("--source", required=True, help="a built corpus root or a folder of images; local or s3://")
+    calibrate.add_argument("--out", required=True, help="folder for the record and the report; local or s3://")
+    calibrate.add_argument("--config", help="YAML with near_dedup (model_id, seed) and features (the model's spec) "
+                                            "sections, as in a build config; default wfd")
+    handlers["calibrate"] = _calibrate
 
     sample = sub.add_parser("sample", help="write the deterministic sample corpus",
                             description="Write a synthetic source corpus with planted duplicates and bad records.")

@@ -21,7 +21,7 @@ from pydantic import Field, model_validator
 
 from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, run_logger
 from corpusforge.config import FlowConfig
-from corpusforge.contract import SKIPPED
+from corpusforge.contract import SKIPPED, Unit
 from corpusforge.feature_files import prune_features
 from corpusforge.layout import EVALUATION_METRICS, EVALUATION_REPORT
 from corpusforge.storage import Store
@@ -94,6 +94,10 @@ FLOW = "evaluate"
 CODE_MODULES = ("tasks.stats.evaluate", "tasks.stats.caption_set")  # metrics.json's code_version
 
 
+# the listing of the generated images, each file resolved and stamped: a task, not the flow's work
+PLAN_GENERATED = Unit(plan_generated, "evaluate-plan-generated")
+
+
 def evaluate(config: EvaluateConfig) -> dict[str, Any]:
     """Metrics of generated images against a reference; the embedding runs on ``config.dask``;
     with ``plan_only``, write nothing and return the plan (:mod:`flows.plan_scans`)."""
@@ -104,7 +108,8 @@ def evaluate(config: EvaluateConfig) -> dict[str, Any]:
     log = run_logger()
     reference = load_reference(config.reference, config.reference_storage_options)
     check_model(reference, expected_identity(config.model), config.allow_mismatch, config.protocol)
-    chunks = plan_generated(config.generated, config.generated_storage_options, config.chunk_size)
+    chunks = fan_out(PLAN_GENERATED, [dict(sources=config.generated, storage_options=config.generated_storage_options,
+                                           chunk_size=config.chunk_size)])[0]
     if not chunks:
         raise FileNotFoundError(f"no images or tars under {config.generated}")
     log.info("%d chunks of generated images; reference %s (%d images)", len(chunks), config.reference, reference.n)

@@ -39,8 +39,8 @@ from tasks.prompts.config import (CohortConfig, DensityConfig, PromptSetConfig, 
                                   VarianceConfig)
 from tasks.prompts.outputs import output_hashes, seeds, tally, thresholds, write_outputs
 from tasks.prompts.report import CLAIM_BOUNDARY, render_markdown
-from tasks.prompts.signals import (EMBED_CAPTIONS, VARIANCE, density_signal, plan_density, plan_variance,
-                                   variance_signal)
+from tasks.prompts.signals import (EMBED_CAPTIONS, LIST_GENERATED, VARIANCE, density_signal, plan_density,
+                                   plan_variance, variance_signal)
 
 FLOW = "qualify-prompts"
 CODE_MODULES = ("tasks.prompts.captions", "tasks.prompts.density", "tasks.prompts.variance", "tasks.prompts.cohorts",
@@ -154,7 +154,9 @@ def qualify_prompts(config: PromptQualificationConfig) -> dict[str, Any]:
 
     variance_rows: list[dict[str, Any]] = []
     if config.variance is not None:
-        variance_plan = plan_variance(config.variance, out, prompts)
+        listing = fan_out(LIST_GENERATED, [dict(generated=config.variance.generated,
+                                                options=config.variance.storage_options)])[0]
+        variance_plan = plan_variance(config.variance, out, prompts, listing)
         markers = fan_out(VARIANCE, variance_plan.calls)
         work["variance_units"] = summarise("variance", markers).counts()
         results["variance"], variance_rows = variance_signal(variance_plan, markers, config.variance, out, prompts)

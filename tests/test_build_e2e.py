@@ -190,6 +190,7 @@ def test_rerun_changes_no_byte_and_redoes_no_shard(built_sample, sample_corpus, 
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_same_bytes_on_an_existing_scheduler_with_another_worker_count(built_sample, sample_corpus, tmp_path,
                                                                        prefect_server, local_cluster):
     """A build on an external scheduler (one worker process) writes the in-process build's bytes."""
@@ -204,34 +205,6 @@ def test_same_bytes_on_an_existing_scheduler_with_another_worker_count(built_sam
     for r in (ra, rb):
         r["config"].pop("out"), r["config"].pop("dask")
     assert ra == rb
-
-
-@pytest.mark.slow
-@pytest.mark.s3
-def test_s3_in_and_out_gives_the_same_shards(built_sample, sample_corpus, s3, prefect_server):
-    """Read the source from and write the corpus to a real S3 server on loopback."""
-    import s3fs
-
-    fs = s3fs.S3FileSystem(**s3)
-    fs.mkdir("corpusforge-e2e")
-    fs.put(str(sample_corpus), "corpusforge-e2e/sample", recursive=True)
-    cfg = config("s3://corpusforge-e2e/sample", "s3://corpusforge-e2e/corpus", storage_options=s3,
-                 input={"partition_size": 40, "storage_options": s3})
-    run_build(cfg)
-    out, _ = built_sample
-    local_tars = {str(p.relative_to(out)): p.read_bytes() for p in (out / "shards").rglob("*.tar")}
-    remote_tars = {p.split("corpusforge-e2e/corpus/", 1)[1]: fs.cat_file(p)
-                   for p in fs.find("corpusforge-e2e/corpus/shards") if p.endswith(".tar")}
-    current = json.loads(fs.cat_file("corpusforge-e2e/corpus/current.json"))  # published whole, server-side
-    assert {p.split(f"{current['shards']}/", 1)[1]: fs.cat_file(p) for p in fs.find(
-        f"corpusforge-e2e/corpus/{current['shards']}") if p.endswith(".tar")} == {
-        n.removeprefix("shards/"): b for n, b in remote_tars.items()}
-    assert remote_tars.keys() == local_tars.keys() and remote_tars == local_tars
-    receipt = json.loads(fs.cat_file("corpusforge-e2e/corpus/receipt.json"))
-    assert receipt["config"]["storage_options"]["secret"] == receipt["config"]["storage_options"]["key"] == "***"
-    assert not [p for p in fs.find("corpusforge-e2e/corpus") if p.endswith(".part")]
-    rows = ds.dataset("corpusforge-e2e/corpus/manifest", format="parquet", filesystem=fs).to_table()
-    assert rows.num_rows == len(manifest(out))
 
 
 # Recall of the default (weight-free) descriptor on the sample corpus's planted

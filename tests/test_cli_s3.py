@@ -18,12 +18,14 @@ import subprocess
 import pyarrow.parquet as pq
 import pytest
 
+from corpusforge.contract import step_path
 from corpusforge.layout import (CHANGES_MD, CHANGES_TABLE, CURRENT, PREVIOUS_DIR, RECEIPT_OUTPUTS, RUN_LOG, RUN_LOG_MD,
                                 VERSIONS_DIR)
+from tasks.report.changes import DIFF_VERSIONS
 from tests.cli_s3 import corpusforge, hashes, local_tree, s3_env, s3_tree
 from tests.test_build_e2e import computed_units
 
-pytestmark = [pytest.mark.s3, pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.s3, pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1800)]
 
 CONFIG = """\
 input: {partition_size: 40}
@@ -127,7 +129,8 @@ def test_rerun_into_the_same_s3_output_equals_it_and_recomputes_nothing(builds):
     assert changes.num_rows == 0 and "Records: 0 added, 0 removed, 0 changed" in account
     assert "0 rewritten, 0 added, 0 removed" in account  # release shards
     previous = [f"{PREVIOUS_DIR}/receipt.json", f"{PREVIOUS_DIR}/records.parquet",  # the version it replaced
-                f"{PREVIOUS_DIR}/receipt_outputs.parquet"]
+                f"{PREVIOUS_DIR}/receipt_outputs.parquet",
+                step_path(DIFF_VERSIONS.name)]  # and the diff against it, a step a first build has no version for
     assert sorted(again) == sorted([*first, *previous])
     assert {n for n in first if first[n] != again[n]} <= {RUN_LOG, RUN_LOG_MD}  # the stage times of this run
     assert computed_units(builds["rerun_work"]) == {} and builds["rerun_work"]["images_embedded"] == 0

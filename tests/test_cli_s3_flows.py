@@ -27,7 +27,7 @@ import yaml
 from tests.cli_s3 import corpusforge, hashes, local_tree, s3_env, s3_tree
 from tests.s3server import ACCESS_KEY, SECRET_KEY
 
-pytestmark = [pytest.mark.s3, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.s3, pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(600)]
 
 BUCKET = "corpusforge-flows"
 CORPUS = f"s3://{BUCKET}/corpus"

@@ -180,6 +180,7 @@ def build_task_runs(out: str) -> list:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(600)
 def test_a_build_runs_its_units_in_batches_and_stays_under_the_task_run_bound(sample_corpus, tmp_path, prefect_server):
     """A build of 160 records into 20 partitions and 20 staging shards on 2 worker threads:

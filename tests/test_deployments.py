@@ -158,6 +158,7 @@ def worker_log_tail(deployed) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(900)
 def test_every_flow_is_deployed(deployed):
     for name in FLOWS:
@@ -172,6 +173,7 @@ def test_every_flow_is_deployed(deployed):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(900)
 def test_build_triggered_through_the_api_runs_on_the_worker(deployed):
     import httpx
@@ -216,6 +218,7 @@ def test_build_triggered_through_the_api_runs_on_the_worker(deployed):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(900)
 def test_custom_run_from_the_prefect_ui(deployed, chromium):
     """Open the build deployment in the real UI, change one field of the form, submit, and

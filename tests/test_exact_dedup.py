@@ -16,8 +16,8 @@ from corpusforge.contract import finish_unit
 from corpusforge.layout import (INGEST_SCHEMA, MARKERS, dedup_hashes_path, dedup_keys_path, exact_path, hashes_path,
                                 ingest_path, keydup_path, keys_table_path, resolved_path)
 from corpusforge.storage import Store
-from tasks.ingest.exact_dedup import (combined_digest, deduplicate, exchange_keys, find_duplicate_keys, partition_groups,
-                               write_dedup_tables)
+from tasks.ingest.exact_dedup import (combine_digests, deduplicate, exchange_keys, find_duplicate_keys,
+                                      partition_groups, write_dedup_tables)
 
 P, PER, B = 40, 30, 4  # 40 partitions of 30 records, 4 buckets: 3 groups of (at least) 16 partitions
 N = P * PER
@@ -90,15 +90,16 @@ def test_decisions_equal_the_rules_and_each_task_opens_only_its_own_files(ingest
     assert len(groups) == 3 and len(groups[0]) == 16 and groups[-1] == range(32, 40)
     opened: dict[str, list[tuple[dict[str, Any], list[str]]]] = {}
 
-    def fan_out(unit, calls: list[dict[str, Any]]) -> list[Any]:
-        results = []
-        for call in calls:
-            result, files = _opened(unit.fn, call)
-            opened.setdefault(unit.fn.__name__, []).append((call, files))
-            results.append(result)
-        return results
+    class Counting:  # a fan-out that records the data files each unit opens
+        def stream(self, unit, calls: list[dict[str, Any]], sink) -> None:
+            for i, call in enumerate(calls):
+                result, files = _opened(unit.fn, call)
+                opened.setdefault(unit.fn.__name__, []).append((call, files))
+                sink(i, result)
 
-    units, resolved = deduplicate(store, markers, B, 1000, fan_out)
+    by_part: dict[int, Any] = {}
+    summary = deduplicate(store, [m.digest for m in markers], P, B, 1000, by_part.__setitem__, Counting())
+    resolved = [by_part[p] for p in range(P)]
     keydup_files, exact_files = [keydup_path(b) for b in range(B)], [exact_path(b) for b in range(B)]
     for call, files in opened["exchange_keys"]:
         assert files == [keys_table_path(p) for p in call["parts"]]
@@ -114,7 +115,7 @@ def test_decisions_equal_the_rules_and_each_task_opens_only_its_own_files(ingest
     # partition's tables in each bucket task and every decision file per partition took 4·B
     total = sum(len(files) for runs in opened.values() for _, files in runs)
     assert total == 3 * P + 5 * len(groups) * B < 4 * B * P
-    assert len(units) == 2 * len(groups) + 2 * B
+    assert summary.computed == 2 * len(groups) + 2 * B and summary.skipped == 0
 
     got = {(r["part"], r["row"]): (r["status"], r["duplicate_of"])
            for p in range(P) for r in store.read_parquet(resolved_path(p)).to_pylist()}
@@ -144,7 +145,7 @@ def test_a_bucket_task_reads_only_its_row_groups(tmp_path):
     assert [(s.min, s.max) for s in buckets] == [(b, b) for b in range(B)]
     store.fs = CountingFileSystem()
     CountingFileSystem.reset()
-    find_duplicate_keys(store, 1, combined_digest([keys_x]), len(parts))
+    find_duplicate_keys(store, 1, combine_digests([keys_x.digest]), len(parts))
     whole = os.path.getsize(store.path(dedup_keys_path(0)))
     assert whole > 1 << 20
     assert whole / B < CountingFileSystem.bytes_read < whole / 2

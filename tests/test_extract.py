@@ -246,12 +246,32 @@ def test_changed_dtype_code_or_model_invalidates_only_that_model(corpus, monkeyp
     monkeypatch.setattr(extract_module, "code_version", lambda *m, **kw: real_code(*m, **kw) + "-edited")
     assert actions(extract_shard(corpus, "000001", as32)) == {"wfd": "computed", "wfd_s16": "computed"}
 
-    # a changed descriptor (new frequency weighting) changes only the models whose fingerprint moves
+    # a changed descriptor (new frequency weighting) changes only the models whose fingerprint moves;
+    # its edit also moves the configured spec's key, so the markers alone no longer vouch for the
+    # units and the loaded models' fingerprints decide
     (model_16,) = [m for m in load_models(two) if m.model_id == "wfd_s16"]
     real = type(model_16).fingerprint
     monkeypatch.setattr(type(model_16), "fingerprint",
                         lambda self: {**real(self), "alpha": 0.75} if self.model_id == "wfd_s16" else real(self))
+    real_spec = extract_module.spec_key
+    monkeypatch.setattr(extract_module, "spec_key", lambda *a: real_spec(*a) + "-edited")
     assert actions(extract_shard(corpus, "000001", as32)) == {"wfd": "skipped", "wfd_s16": "computed"}
+
+
+def test_a_current_unit_is_probed_from_its_markers_without_loading_a_model(corpus):
+    """The flow's probe of a current shard returns what the unit would, and loads no model;
+    a shard whose features another dtype would change stops the probe before any load."""
+    from corpusforge.contract import probe
+    from tasks.shared.features.registry import cached_models, clear_cache
+
+    cfg = _cfg()
+    extract_shard(corpus, "000001", cfg)
+    skipped = extract_shard(corpus, "000001", cfg)
+    clear_cache()
+    assert probe(extract_shard, dict(store=corpus, shard="000001", cfg=cfg)) == (True, skipped)
+    assert probe(extract_shard, dict(store=corpus, shard="000001", cfg=cfg.model_copy(update={"dtype": "float32"}))
+                 ) == (False, None)
+    assert cached_models() == [], "a probe loaded a model"
 
 
 def test_two_dask_worker_processes_equal_one_process(corpus, tmp_path, local_cluster):

@@ -121,6 +121,32 @@ def test_a_trailing_slash_and_a_rerun_give_the_same_chunks(tmp_path):
     assert [p.digest for p in again] == [p.digest for p in first]
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fails", ["lister", "writer"])
+def test_a_listing_error_is_raised_and_every_lister_stops(tmp_path, monkeypatch, fails):
+    """A sub-folder that cannot be listed, or a spill part that cannot be written (faults
+    injected: as root no folder is unreadable), is the planner's error, not a hang on the
+    bounded queue between the listers and the writer; no spill is left behind."""
+    src = tmp_path / "src"
+    for folder in range(40):  # more sub-folders than listers, more batches than the queue holds
+        (src / f"{folder:02d}").mkdir(parents=True)
+        for i in range(3):
+            (src / f"{folder:02d}" / f"{i}.jpg").write_bytes(b"i")
+    monkeypatch.setattr(sources, "SPILL_BATCH", 1)
+    monkeypatch.setattr(sources, "SPILL_ROWS", 2)
+    if fails == "lister":
+        walk = sources.walk_local
+        monkeypatch.setattr(sources, "walk_local", lambda f: (_ for _ in ()).throw(OSError("unlistable"))
+                            if f.endswith("/17") else walk(f))
+    else:
+        write = sources._SpillWriter.flush
+        monkeypatch.setattr(sources._SpillWriter, "flush", lambda self: (
+            (_ for _ in ()).throw(OSError("unwritable")) if len(self.parts) == 5 else write(self)))
+    with pytest.raises(OSError, match="unlistable" if fails == "lister" else "unwritable"):
+        plan_partitions(str(src), Store(str(tmp_path / "out")), SourceConfig())
+    assert not (tmp_path / "out" / LISTING_SPILL_DIR).exists()
+
+
 def test_an_empty_folder_has_no_records(tmp_path):
     """Nothing listed: the planner's one clear error, no spill left behind."""
     (tmp_path / "empty").mkdir()

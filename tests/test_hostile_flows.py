@@ -37,7 +37,7 @@ from tests.loopback import serving
 from tests.operate import clean_env
 from tests.test_ingest import jpeg
 
-pytestmark = [pytest.mark.slow, pytest.mark.scenario(8), pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.scenario(8), pytest.mark.timeout(900)]
 
 THREADS = {"n_workers": 1, "threads_per_worker": 2, "processes": False}  # no worker process to start
 DINO = {"name": "dinov2", "arch": "vit_small_patch14_dinov2", "random_init": True, "image_size": 28}

@@ -35,7 +35,8 @@ def ingest_all(src: str, out, cfg: SourceConfig | None = None) -> list[dict]:
     cfg = cfg or SourceConfig(partition_size=3)
     _, parts = plan_partitions(src, store, cfg)
     ingested = [ingest_partition(store, p, cfg, ValidationConfig(), n_buckets=2) for p in parts]
-    deduplicate(store, ingested, n_buckets=2, shard_size=1000)
+    deduplicate(store, [m.digest for m in ingested], len(ingested), n_buckets=2, shard_size=1000,
+                resolved=lambda part, result: None)
     return [r for p in parts for r in store.read_parquet(resolved_path(p.index)).to_pylist()]
 
 

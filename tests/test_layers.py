@@ -59,3 +59,16 @@ def test_planted_imports_break_their_contracts(tmp_path):
     for module, _, contract in PLANTED:
         name = module.removesuffix(".py").replace("/", ".")
         assert name in sections[contract], f"{name} not reported under {contract!r}:\n{result.stdout}"
+
+
+def test_the_flow_processes_import_no_model_library():
+    """A flow process only coordinates: importing every flow (what `corpusforge` and a
+    Prefect worker do before a run starts) loads no torch, open_clip or timm, which cost
+    seconds of every run's start and belong to the workers that build a model."""
+    flows = sorted(p.stem for p in (ROOT / "flows").glob("*.py") if p.stem != "__init__")
+    code = (f"import importlib, sys\nfor m in {flows!r}: importlib.import_module('flows.' + m)\n"
+            "print(sorted(m for m in ('torch', 'open_clip', 'timm', 'onnxruntime') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "[]", result.stdout

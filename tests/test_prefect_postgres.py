@@ -13,7 +13,7 @@ import pytest
 from corpusforge.cluster import DaskConfig, as_task, dask_config, run_tasks, task_runner
 from tests.test_cluster import square
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(600)]
 
 
 async def rows(database: str, query: str) -> list[tuple]:

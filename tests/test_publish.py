@@ -122,6 +122,7 @@ def env(prefect_server) -> dict[str, str]:
     return clean_env(PREFECT_API_URL=prefect_server, PYTHONPATH=str(ROOT))
 
 
+@pytest.mark.long
 def test_readers_see_one_whole_version_while_rebuilds_are_killed(source, env, tmp_path):
     from flows.build_corpus import BuildConfig, build as build_in_process
 

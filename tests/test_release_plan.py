@@ -18,7 +18,8 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
-from corpusforge.layout import NEAR_DECISION_SCHEMA, decisions_path, release_plan_path, staging_tar
+from corpusforge.contract import finish_unit
+from corpusforge.layout import GRAPH_DECISIONS, NEAR_DECISION_SCHEMA, decisions_path, release_plan_path, staging_tar
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample
 from tasks.release.shards import plan_release_files, write_release_shard, write_staged_list
@@ -101,6 +102,33 @@ def test_a_release_writer_opens_only_its_plan_and_the_staging_tars_it_copies(tmp
     assert len(opened) == 1 + len(plan)  # one ranged read per sample
 
 
+def test_a_release_writer_holds_a_batch_of_its_plan_rows_not_its_plan(tmp_path, monkeypatch):
+    """The plan's rows alive as Python objects while the last sample is made are one batch's
+    (the old writer held every row of its plan to the end: a shard's size is a config field)."""
+    import gc
+
+    from bench.scale import Scale, write_staging
+    from tasks.release import shards as release_shards
+
+    store = Store(str(tmp_path / "corpus"), fsync=False)
+    write_staging(store, Scale(3000, 1, 2, 1))
+    cfg = SplitConfig(val=0.05, test=0.05, shard_size=10_000)
+    summary = plan_release_files(store, write_staged_list(store, ["000000", "000001"]), cfg, near_dedup=False)
+    name, shard = next((n, s) for n, s in summary["shards"].items() if s["split"] == "train")
+    made, alive = [], []
+    real_sample = release_shards.release_sample
+
+    def counting_sample(key, *args, **kwargs):
+        made.append(key)
+        if len(made) == shard["count"]:
+            alive.append(sum(1 for o in gc.get_objects() if type(o) is dict and "members" in o and "tier" in o))
+        return real_sample(key, *args, **kwargs)
+
+    monkeypatch.setattr(release_shards, "release_sample", counting_sample)
+    write_release_shard(store, "train", shard["index"], cfg, summary["plans"][name]["sha256"])
+    assert shard["count"] > 2 * 1024 and 0 < alive[0] <= 1024, (shard["count"], alive)
+
+
 class _Submitted(Exception):
     """Raised by the recording fan-out once publish has built the planning call."""
 
@@ -123,11 +151,14 @@ def test_the_planning_task_gets_a_digest_not_the_shard_list(tmp_path):
     for n in (10, 1000):
         store = Store(str(tmp_path / f"{n:06d}"), fsync=False)  # equal root lengths: equal pickles
         shards = [f"{i:06d}" for i in range(n)]
+        for rel in [*(staging_tar(s) for s in shards), GRAPH_DECISIONS]:  # the step's key reads their digests
+            finish_unit(store, rel, "fp", {}, {})
         with pytest.raises(_Submitted):
             publish(store, shards, 1, SplitConfig(), near_dedup=True, fan_out=first_call)
-        (kwargs,) = submitted.pop()
+        (call,) = submitted.pop()
+        kwargs = call["kwargs"]  # the planner's own, inside its keyed step (contract.step_call)
         assert read_staged_list(store, kwargs["staged"]) == shards
-        sizes.append(len(cloudpickle.dumps(kwargs)))
+        sizes.append(len(cloudpickle.dumps(call)))
     assert sizes[1] == sizes[0] <= 4 << 10
 
 

@@ -569,6 +569,7 @@ def test_switch_near_dedup_off(history):
 
 
 @pytest.mark.scenario(1)
+@pytest.mark.long
 @pytest.mark.parametrize("stage_marker", ["staging/tars", "features/wfd/vectors", "shards/train"])
 def test_build_killed_at_a_stage_then_rerun_equals_a_fresh_build(stage_marker, sample_corpus, tmp_path,
                                                                   prefect_server, cli):

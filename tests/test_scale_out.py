@@ -69,6 +69,7 @@ def dask_cluster(tmp_path_factory, prefect_server):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(600)
 def test_feature_tasks_run_only_on_the_gpu_worker(dask_cluster, tmp_path):
     from distributed import Client

@@ -9,6 +9,7 @@ its shard loudly without marking it done. Runs the stages' plain functions in-pr
 from __future__ import annotations
 
 import os
+from typing import Any
 from pathlib import Path
 
 import pyarrow as pa
@@ -42,8 +43,9 @@ def ingested(tmp_path: Path) -> tuple[Store, Path, list, int]:
     cfg = SourceConfig(partition_size=5)
     _, parts = plan_partitions(str(src), store, cfg)
     ing = [ingest_partition(store, p, cfg, ValidationConfig(), n_buckets=1) for p in parts]
-    _, resolved = deduplicate(store, ing, n_buckets=1, shard_size=100)
-    shards = plan_staging([m.info for m in resolved], shard_size=100)
+    resolved: dict[int, Any] = {}
+    deduplicate(store, [m.digest for m in ing], len(ing), n_buckets=1, shard_size=100, resolved=resolved.__setitem__)
+    shards = plan_staging([resolved[p].info for p in range(len(ing))], shard_size=100)
     assert len(shards) == 1
     return store, src, shards, len(parts)
 

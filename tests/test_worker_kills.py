@@ -26,7 +26,7 @@ from corpusforge.faults import ENV, ONCE_ENV
 from flows.build_corpus import BuildConfig, build, run_build
 from tests.output_tree import tree
 
-pytestmark = [pytest.mark.slow, pytest.mark.kill, pytest.mark.timeout(480)]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.kill, pytest.mark.timeout(480)]
 
 
 def config(src: Path, out: Path, processes: bool = True) -> BuildConfig:

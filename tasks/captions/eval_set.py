@@ -8,24 +8,38 @@ Written as ``eval_captions.parquet`` (key, caption type, caption, release shard)
 order; its SHA-256 goes into the receipt and the reference statistics' provenance, and
 ``corpusforge evaluate`` records which caption set the generated images claim to come from.
 
-Only the test split's release plan files are read (for model captions) and, for input
-captions, the ``.txt`` members of the chosen records in staging (ranged reads).
+One task (:data:`WRITE_EVAL_CAPTIONS`) on the cluster, never the flow process, with memory
+bounded by the set's size and a batch of plan rows, not by the test split: the flow writes
+the test split's release plan names to ``work/eval_plans.parquet`` and hands the task its
+SHA-256. The task reads the plans twice, one batch of rows at a time: first only the keys,
+keeping the N smallest priorities seen so far (:class:`_Smallest`), then the chosen rows. An input
+caption is read from staging at the ``.txt`` span the plan lists (grouped by staging shard,
+in offset order; no staging index). The file is the same bytes as a sort
+of the whole split would give.
 """
 
 from __future__ import annotations
 
-import heapq
+import io
+from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pydantic import Field
 
 from corpusforge.config import StrictModel
+from corpusforge.contract import Unit, read_pinned
 from corpusforge.hashing import stable_uniform
-from corpusforge.layout import EVAL_CAPTIONS, EVAL_CAPTIONS_SCHEMA, release_plan_path, staging_index, staging_tar
+from corpusforge.layout import EVAL_CAPTIONS, EVAL_CAPTIONS_SCHEMA, release_plan_path, staging_tar
 from corpusforge.storage import Store
 
 TEST = "test"
+EVAL_PLANS = "work/eval_plans.parquet"  # the test split's release plan names, in the release's order
+EVAL_PLANS_SCHEMA = pa.schema([("shard", pa.string())])
+_PLAN_COLUMNS = ["key", "staging_shard", "caption", "caption_type", "members"]
 
 
 class EvalCaptionsConfig(StrictModel):
@@ -37,30 +51,130 @@ class EvalCaptionsConfig(StrictModel):
 
 def sample_keys(keys: list[str], size: int, seed: int) -> set[str]:
     """The ``size`` keys with the smallest seeded priority (order-independent)."""
-    return set(heapq.nsmallest(size, set(keys), key=lambda k: (stable_uniform(seed, k), k)))
+    smallest = _Smallest(size, seed)
+    smallest.add(keys)
+    return smallest.keys()
 
 
-def write_eval_captions(store: Store, release: dict[str, Any], cfg: EvalCaptionsConfig,
-                        source: Store | None = None) -> dict[str, Any]:
-    """Write the set from the release plan (``release``: :func:`tasks.release.plan_release_files`'s
-    summary); return what the receipt records about it."""
-    source = source or store
-    entries = []
-    for name, shard in release["shards"].items():
-        if shard["split"] == TEST:
-            entries += [{**e, "shard": name} for e in store.read_parquet(release_plan_path(name)).to_pylist()]
-    chosen = sample_keys([e["key"] for e in entries], cfg.size, cfg.seed)
-    rows = sorted((e for e in entries if e["key"] in chosen), key=lambda e: e["key"])
-    spans: dict[str, dict[str, tuple[int, int]]] = {}
+class _Smallest:
+    """The ``size`` distinct keys with the smallest ``(stable_uniform(seed, key), key)`` among
+    those added, in O(size) memory: candidates at or below the current threshold are kept,
+    and cut back to ``size`` whenever they reach twice that."""
+
+    def __init__(self, size: int, seed: int):
+        self.size, self.seed = size, seed
+        self.priorities = np.empty(0, np.float64)
+        self.candidates: list[str] = []
+        self.threshold = np.inf
+
+    def add(self, keys: list[str]) -> None:
+        priorities = np.fromiter((stable_uniform(self.seed, k) for k in keys), np.float64, len(keys))
+        take = np.flatnonzero(priorities <= self.threshold)
+        self.priorities = np.concatenate([self.priorities, priorities[take]])
+        self.candidates += [keys[i] for i in take]
+        if len(self.candidates) >= 2 * self.size:
+            self._cut()
+
+    def _cut(self) -> None:
+        ranked = sorted(set(zip(self.priorities.tolist(), self.candidates, strict=True)))[:self.size]
+        self.priorities = np.array([p for p, _ in ranked], np.float64)
+        self.candidates = [k for _, k in ranked]
+        if len(ranked) == self.size:
+            self.threshold = ranked[-1][0]
+
+    def keys(self) -> set[str]:
+        self._cut()
+        return set(self.candidates)
+
+
+def write_test_plan_list(store: Store, release: dict[str, Any]) -> str:
+    """Write the test split's release plan names (``release``: :func:`tasks.release.plan_release_files`'s
+    summary) for :func:`write_eval_captions`; return the SHA-256 it is handed."""
+    names = [name for name, shard in release["shards"].items() if shard["split"] == TEST]
+    return store.write_parquet(EVAL_PLANS, pa.table({"shard": names}, schema=EVAL_PLANS_SCHEMA))
+
+
+def _plans(store: Store, plans: str) -> list[str]:
+    data = read_pinned(store, EVAL_PLANS, plans, "the evaluation caption set")
+    return pq.read_table(io.BytesIO(data))["shard"].to_pylist()
+
+
+def _plan_batches(store: Store, name: str, columns: list[str], rows: int = 4096) -> Iterator[pa.RecordBatch]:
+    """One release plan's ``columns`` in batches of ``rows``: the task holds a batch of a
+    plan, not a whole plan (a release shard's size is a config field)."""
+    with store.open(release_plan_path(name)) as f:
+        yield from pq.ParquetFile(f).iter_batches(batch_size=rows, columns=columns, use_threads=False)
+
+
+def _txt_span(members: list[dict[str, Any]]) -> tuple[int, int]:
+    span = next(m for m in members if m["ext"] == "txt")
+    return span["offset"], span["size"]
+
+
+def _input_captions(source: Store, rows: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], str]]:
+    """Each row without a model caption with its input caption, read at its ``.txt`` span:
+    per staging shard, one open file read in offset order (local) or one batch of ranged
+    reads (an object store)."""
+    by_shard: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        if r.get("caption") is None:  # the input caption, read from staging
-            shard = r["staging_shard"]
-            if shard not in spans:
-                spans[shard] = {m["key"]: (m["offset"], m["size"])
-                                for m in source.read_parquet(staging_index(shard)).to_pylist() if m["ext"] == "txt"}
-            offset, size = spans[shard][r["key"]]
-            r["caption"] = source.read_range(staging_tar(shard), offset, size).decode("utf-8", "replace")
-    sha = store.write_parquet(EVAL_CAPTIONS, pa.Table.from_pylist(rows, schema=EVAL_CAPTIONS_SCHEMA))
-    return {"path": EVAL_CAPTIONS, "sha256": sha, "captions": len(rows), "test_records": len(entries),
+        if r["caption"] is None:
+            by_shard.setdefault(r["staging_shard"], []).append(r)
+    for shard in sorted(by_shard):
+        todo = sorted(by_shard[shard], key=lambda r: _txt_span(r["members"]))
+        spans = [_txt_span(r["members"]) for r in todo]
+        for r, data in zip(todo, _read_spans(source, staging_tar(shard), spans), strict=True):
+            yield r, data.decode("utf-8", "replace")
+
+
+def _read_spans(store: Store, rel: str, spans: list[tuple[int, int]]) -> list[bytes]:
+    """The bytes at ``spans`` (offset, size) of one file."""
+    if store.remote:  # an empty span is no range an object store serves: b"" without a request
+        path = store.path(rel)
+        wanted = [(o, n) for o, n in spans if n]
+        got = iter(store.fs.cat_ranges([path] * len(wanted), [o for o, _ in wanted], [o + n for o, n in wanted],
+                                       on_error="raise") if wanted else [])
+        out = [next(got) if n else b"" for _, n in spans]
+    else:
+        with store.open(rel) as f:
+            out = []
+            for offset, size in spans:
+                f.seek(offset)
+                out.append(f.read(size))
+    for data, (offset, size) in zip(out, spans, strict=True):
+        if len(data) != size:
+            raise OSError(f"short read of {rel}: wanted {size} bytes at {offset}, got {len(data)}")
+    return out
+
+
+def write_eval_captions(store: Store, plans: str, cfg: EvalCaptionsConfig,
+                        source: Store | None = None) -> dict[str, Any]:
+    """Write the set from the test release plans named in ``work/eval_plans.parquet`` (``plans``:
+    its SHA-256, :func:`write_test_plan_list`); return what the receipt records about it.
+    ``source`` holds the staging shards (default ``store``)."""
+    source = source or store
+    names = _plans(store, plans)
+    smallest = _Smallest(cfg.size, cfg.seed)
+    test_records = 0
+    for name in names:
+        for batch in _plan_batches(store, name, ["key"]):
+            keys = batch["key"].to_pylist()
+            test_records += len(keys)
+            smallest.add(keys)
+    chosen = pa.array(sorted(smallest.keys()), pa.string())
+    rows: list[dict[str, Any]] = []
+    for name in names:
+        for batch in _plan_batches(store, name, _PLAN_COLUMNS):
+            picked = batch.filter(pc.is_in(batch["key"], value_set=chosen))
+            rows += [{**r, "shard": name} for r in picked.to_pylist()]
+    for r, caption in _input_captions(source, rows):
+        r["caption"] = caption
+    rows.sort(key=lambda r: r["key"])  # stable: a key twice keeps the plans' order
+    table = pa.Table.from_pylist([{c: r[c] for c in EVAL_CAPTIONS_SCHEMA.names} for r in rows],
+                                 schema=EVAL_CAPTIONS_SCHEMA)
+    sha = store.write_parquet(EVAL_CAPTIONS, table)
+    return {"path": EVAL_CAPTIONS, "sha256": sha, "captions": len(rows), "test_records": test_records,
             "size": cfg.size, "seed": cfg.seed,
             "rule": "the test records with the smallest blake2b(seed:key) priority, in key order"}
+
+
+WRITE_EVAL_CAPTIONS = Unit(write_eval_captions, "write-eval-captions")

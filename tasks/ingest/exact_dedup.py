@@ -40,15 +40,17 @@ smallest key; the others become ``exact_duplicate`` of it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections import Counter
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from corpusforge.chunking import cut_name
-from corpusforge.contract import (FanOut, Unit, UnitKey, UnitResult, in_process, require_marker, run_unit,
-                                  unit_fingerprint)
+from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Sink, StageSummary, Unit, UnitKey, UnitResult, in_process,
+                                  require_markers, run_unit, unit_fingerprint)
 from corpusforge.hashing import fingerprint, stable_int
 from corpusforge.layout import (DEDUP_HASHES_DIR, DEDUP_KEYS_DIR, DUPLICATE_SCHEMA, EXACT_DIR, HASH_SCHEMA, KEY_SCHEMA,
                                 KEYDUP_DIR, RESOLVED_SCHEMA, dedup_hashes_path, dedup_keys_path, exact_path,
@@ -101,13 +103,8 @@ def resolve_key(shard_size: int, ingest_digest: str, decisions: str) -> UnitKey:
     return unit_fingerprint("resolve", _code(), shard_size, [ingest_digest, decisions])
 
 
-def combined_digest(markers: list[UnitResult]) -> str:
-    """One digest over several units' outputs (a task's parameter instead of the list)."""
-    return combine_digests([m.digest for m in markers])
-
-
 def combine_digests(digests: list[str]) -> str:
-    """:func:`combined_digest` from the digests themselves (the plan reads them from markers)."""
+    """One digest over several units' output digests (a task's parameter instead of the list)."""
     return fingerprint(digests)
 
 
@@ -226,29 +223,52 @@ def find_exact_duplicates(store: Store, bucket: int, exchanged: str, group_size:
     return run_unit(store, exact_path(bucket), fp, compute)
 
 
-def deduplicate(store: Store, ingested: list[UnitResult], n_buckets: int, shard_size: int,
-                fan_out: FanOut = in_process) -> tuple[list[UnitResult], list[UnitResult]]:
-    """The whole stage over ingested partitions ``0..P-1`` (``ingested``: their markers, in
-    order): exchange and decide by bucket, then resolve. Returns the markers of the
-    exchange and decision units and those of the resolved partitions (in order)."""
-    groups = partition_groups(len(ingested), n_buckets)
+def deduplicate(store: Store, ingested: Iterable[str], n_parts: int, n_buckets: int, shard_size: int,
+                resolved: Sink, fan_out: FanOut = in_process) -> StageSummary:
+    """The whole stage over ingested partitions ``0..n_parts-1`` (``ingested``: their ingest
+    digests, in order, read once): exchange and decide by bucket, then resolve. Each resolved
+    partition's result goes to ``resolved(part, result)`` as its group finishes (a ledger:
+    the flow holds none of them). Returns what was done with the exchange and decision units,
+    of which only the digests are kept (O(groups + buckets) strings)."""
+    groups = partition_groups(n_parts, n_buckets)
     size = len(groups[0])  # partitions per group (the last may have fewer)
-    inputs = [combined_digest(ingested[ps.start:ps.stop]) for ps in groups]
-    keys_x = fan_out(EXCHANGE_KEYS, [dict(store=store, group=g, parts=ps, ingested=inputs[g])
-                                     for g, ps in enumerate(groups)])
-    exchanged = combined_digest(keys_x)
-    keydup = fan_out(DUPLICATE_KEYS, [dict(store=store, bucket=b, exchanged=exchanged, group_size=size)
-                                      for b in range(n_buckets)])
-    keydup_digest = combined_digest(keydup)
-    hashes_x = fan_out(EXCHANGE_HASHES, [dict(store=store, group=g, parts=ps, ingested=inputs[g], keydup=keydup_digest)
-                                         for g, ps in enumerate(groups)])
-    exchanged = combined_digest(hashes_x)
-    exact = fan_out(EXACT_DUPLICATES, [dict(store=store, bucket=b, exchanged=exchanged, group_size=size)
-                                       for b in range(n_buckets)])
-    decisions = combined_digest(keydup + exact)
-    by_group = fan_out(RESOLVE, [dict(store=store, parts=ps, decisions=decisions, shard_size=shard_size)
-                                 for ps in groups])
-    return keys_x + keydup + hashes_x + exact, [m for ms in by_group for m in ms]
+    digests, inputs = iter(ingested), []
+    for ps in groups:
+        if len(chunk := list(itertools.islice(digests, len(ps)))) < len(ps):
+            raise ValueError(f"ingest digests of {n_parts} partitions expected, {ps.start + len(chunk)} given")
+        inputs.append(combine_digests(chunk))
+    actions: Counter[str] = Counter()
+    keys_x = combine_digests(_digests(fan_out, EXCHANGE_KEYS, [dict(store=store, group=g, parts=ps, ingested=inputs[g])
+                                                               for g, ps in enumerate(groups)], actions))
+    keydup = _digests(fan_out, DUPLICATE_KEYS, [dict(store=store, bucket=b, exchanged=keys_x, group_size=size)
+                                                for b in range(n_buckets)], actions)
+    keydup_digest = combine_digests(keydup)
+    hashes_x = combine_digests(_digests(fan_out, EXCHANGE_HASHES, [
+        dict(store=store, group=g, parts=ps, ingested=inputs[g], keydup=keydup_digest) for g, ps in enumerate(groups)],
+        actions))
+    exact = _digests(fan_out, EXACT_DUPLICATES, [dict(store=store, bucket=b, exchanged=hashes_x, group_size=size)
+                                                 for b in range(n_buckets)], actions)
+    decisions = combine_digests(keydup + exact)
+
+    def each_partition(g: int, results: list[UnitResult]) -> None:
+        for part, result in zip(groups[g], results, strict=True):
+            resolved(part, result)
+
+    fan_out.stream(RESOLVE, [dict(store=store, parts=ps, decisions=decisions, shard_size=shard_size) for ps in groups],
+                   each_partition)
+    return StageSummary("exact_dedup", actions[COMPUTED], actions[SKIPPED])
+
+
+def _digests(fan_out: FanOut, unit: Unit, calls: list[dict[str, Any]], actions: Counter[str]) -> list[str]:
+    """The digest of each unit of a fan-out, in order (its actions counted into ``actions``)."""
+    digests = [""] * len(calls)
+
+    def keep(i: int, result: UnitResult) -> None:
+        digests[i] = result.digest
+        actions[result.action] += 1
+
+    fan_out.stream(unit, calls, keep)
+    return digests
 
 
 # (key decisions, exact-duplicate decisions) of a group: part -> row -> duplicate_of
@@ -275,8 +295,9 @@ def resolve_group(store: Store, parts: range, decisions: str, shard_size: int) -
             read.append((_decisions_by_part(store, KEYDUP_DIR, parts), _decisions_by_part(store, EXACT_DIR, parts)))
         return read[0]
 
-    return [_resolve_partition(store, p, require_marker(store, ingest_path(p), "ingest").digest, decisions,
-                               shard_size, group_decisions) for p in parts]
+    ingested = require_markers(store, [ingest_path(p) for p in parts], "ingest")  # read side by side
+    return [_resolve_partition(store, p, marker.digest, decisions, shard_size, group_decisions)
+            for p, marker in zip(parts, ingested, strict=True)]
 
 
 def _resolve_partition(store: Store, part: int, ingest_digest: str, decisions: str, shard_size: int,

@@ -50,10 +50,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
-from corpusforge.contract import Unit, UnitResult, require_marker, run_unit, unit_fingerprint
+from corpusforge.contract import Unit, UnitResult, must_compute, require_marker, run_unit, unit_fingerprint
 from corpusforge.layout import INGEST_SCHEMA, fetch_blob_path, fetch_ledger_path, ingest_path, spill_path
 from corpusforge.records import Status
-from corpusforge.storage import Store, file_stamp, with_s3_defaults
+from corpusforge.storage import Store, file_stamp, is_remote, with_s3_defaults
 from corpusforge.tarshard import HashingWriter, is_safe_key, iter_tar_samples
 from corpusforge.version import code_version
 from tasks.ingest.exact_dedup import write_dedup_tables
@@ -303,7 +303,14 @@ def ingest_partition(store: Store, part: Partition, src: SourceConfig, val: Vali
     """Ingest one partition (skipped when its fingerprint is unchanged); return its marker.
 
     ``lic``: the licence allow-list (None: every licence passes, as before the check existed).
-    ``fetched``: the fetch store a URL-list partition's bytes are read from (default ``store``)."""
+    ``fetched``: the fetch store a URL-list partition's bytes are read from (default ``store``).
+
+    The flow probes it (:data:`INGEST_PARTITION`): its key reads the partition's chunk, a small
+    table, and stats each image it names, never its bytes. Where a stamp is a request per image
+    (a remote source) or reads the image (``verify: content``), the probe stops before the key
+    and the check runs on the workers."""
+    if part.kind == "rows" and (src.verify == "content" or is_remote(part.base)):
+        must_compute()
     fp = ingest_key(store, part, src, val, n_buckets, lic)
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
@@ -333,4 +340,4 @@ def ingest_partition(store: Store, part: Partition, src: SourceConfig, val: Vali
     return run_unit(store, ingest_path(part.index), fp, compute)
 
 
-INGEST_PARTITION = Unit(ingest_partition, "ingest-partition")
+INGEST_PARTITION = Unit(ingest_partition, "ingest-partition", probe=True)

@@ -20,7 +20,7 @@ from tasks.prompts.captions import caption_embeddings_key, sample_key, sampled_k
 from tasks.prompts.config import DensityConfig, TextModelConfig, VarianceConfig
 from tasks.prompts.signals import variance_units
 from tasks.prompts.text_model import text_model_identity
-from tasks.prompts.variance import variance_key
+from tasks.prompts.variance import list_generated, variance_key
 
 
 def plan_units(out: Store, corpus: Store | None, density: DensityConfig | None, variance: VarianceConfig | None,
@@ -74,7 +74,7 @@ def _variance(out: Store, cfg: VarianceConfig | None, prompts: list[dict[str, An
     stage = StagePlan("variance")
     if cfg is None:
         return switched_off(stage, out, (PROMPTS_GENERATED,), "variance is switched off")
-    planned = variance_units(cfg, out, prompts)
+    planned = variance_units(cfg, out, prompts, list_generated(cfg.generated, cfg.storage_options))
     for call in planned.calls:
         rel = generated_variance_path(call["model"], call["chunk"])
         key = variance_key(cfg.generated, call["model"], call["prompts"], cfg)

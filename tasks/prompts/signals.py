@@ -7,7 +7,7 @@ fan-out is here, so the flow reads as a table of contents.
 * Density: :func:`plan_density` runs the caption sample (one unit) and lists the
   caption-embedding units; :func:`density_signal` embeds prompts, pool and taxonomy and
   scores every valid prompt (and pool prompt) by direct k-NN or taxonomy density.
-* Variance: :func:`plan_variance` lists the generated images and the units;
+* Variance: :data:`LIST_GENERATED` lists the generated images (a task), :func:`plan_variance` the units;
   :func:`variance_signal` flags, per model, prompts whose outputs cluster tightly.
 """
 
@@ -32,6 +32,7 @@ from tasks.prompts.text_model import text_model_identity
 # The two signals' units: a staging shard's caption sample embedded, a generated model's outputs' variance.
 EMBED_CAPTIONS = Unit(captions.embed_shard_captions, "embed-caption-sample")
 VARIANCE = Unit(variance.variance_unit, "generated-output-variance")
+LIST_GENERATED = Unit(variance.list_generated, "list-generated-images")
 
 
 @dataclass(frozen=True)
@@ -116,22 +117,26 @@ class VariancePlan:
     """The generated images found and the variance units the flow runs (``calls``)."""
 
     listed: dict[str, dict[str, Any]]  # model → prompt id → its image files
+    unusable: list[str]  # the first files found that are not {model}/{prompt_id}/{image} with safe names
     chunks: dict[str, list[str]]  # model → its units' chunk names, in order
     calls: list[dict[str, Any]]  # keyword arguments of :func:`variance.variance_unit`, one per unit
 
 
-def plan_variance(cfg: VarianceConfig, out: Store, prompts: list[dict[str, Any]]) -> VariancePlan:
+def plan_variance(cfg: VarianceConfig, out: Store, prompts: list[dict[str, Any]], listing: dict[str, Any]
+                  ) -> VariancePlan:
     """One unit per (model, chunk of ``prompts_per_unit`` valid prompts with images); outputs
-    of units no longer planned are removed."""
-    planned = variance_units(cfg, out, prompts)
+    of units no longer planned are removed. ``listing``: :func:`variance.list_generated`
+    (the :data:`LIST_GENERATED` unit)."""
+    planned = variance_units(cfg, out, prompts, listing)
     variance.prune_generated(out, planned.chunks)
     return planned
 
 
-def variance_units(cfg: VarianceConfig, out: Store, prompts: list[dict[str, Any]]) -> VariancePlan:
+def variance_units(cfg: VarianceConfig, out: Store, prompts: list[dict[str, Any]], listing: dict[str, Any]
+                   ) -> VariancePlan:
     """The units :func:`plan_variance` plans, from the listing of the generated images (writes nothing)."""
     valid = [p for p in prompts if p["status"] == "valid"]
-    listed = variance.list_generated(cfg.generated, cfg.storage_options)
+    listed = listing["found"]
     chunks: dict[str, list[str]] = {}
     calls = []
     for model in sorted(listed):
@@ -141,7 +146,7 @@ def variance_units(cfg: VarianceConfig, out: Store, prompts: list[dict[str, Any]
             chunks.setdefault(model, []).append(chunk)
             calls.append({"out": out, "generated": cfg.generated, "options": cfg.storage_options, "model": model,
                           "chunk": chunk, "prompts": chosen[lo:lo + cfg.prompts_per_unit], "cfg": cfg})
-    return VariancePlan(listed, chunks, calls)
+    return VariancePlan(listed, listing["unusable"], chunks, calls)
 
 
 def variance_signal(plan: VariancePlan, markers: list[UnitResult], cfg: VarianceConfig, out: Store,
@@ -180,6 +185,6 @@ def variance_signal(plan: VariancePlan, markers: list[UnitResult], cfg: Variance
     summary = {"image_model": identity, "sd_threshold": cfg.sd_threshold, "min_images": cfg.min_images,
                "strong_min_models": cfg.strong_min_models, "models": per_model, "strong": int(strong),
                "unknown_prompt_folders": sorted({f"{m}/{pid}" for m in listed for pid in listed[m] if pid not in ids}),
-               "unusable_files": variance.unusable_entries(cfg.generated, cfg.storage_options)[:100],
+               "unusable_files": plan.unusable,
                "image_errors": sum(r["n_images"] - r["n_embedded"] for r in rows)}
     return summary, rows

@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from corpusforge.contract import UnitKey, UnitResult, prune, run_unit, unit_fingerprint
 from corpusforge.layout import GENERATED_VARIANCE_SCHEMA, MARKERS, PROMPTS_GENERATED, generated_variance_path
-from corpusforge.storage import file_stamp
+from corpusforge.storage import file_stamp, with_s3_defaults
 from corpusforge.version import code_version
 from tasks.prompts.tables import SAFE_ID
 from tasks.shared.inputs import list_folder, read_image, resolve_input
@@ -60,39 +60,37 @@ def variance_flags(variances: np.ndarray, sd_threshold: float) -> dict[str, Any]
 
 # ---- the generated images ------------------------------------------------------------
 
-def list_generated(generated: str, options: dict[str, Any]) -> dict[str, dict[str, list[tuple[str, str]]]]:
-    """``{model: {prompt_id: [(file name, stamp), …]}}`` under ``generated`` (names sorted).
+UNUSABLE_SHOWN = 100  # unusable files named in the summary
 
-    Listed as the build lists a source (:func:`tasks.shared.inputs.list_folder`: links
-    listed, never followed); a file that may not be read (a symlink out, a FIFO) is listed
-    with its ``unsafe_path`` reason as its stamp, and is that image's error. Model and
-    prompt folder names must be safe ids; anything else is reported by
-    :func:`unusable_entries` and never read."""
-    fs, _ = fsspec.core.url_to_fs(generated, **options)
+
+def list_generated(generated: str, options: dict[str, Any]) -> dict[str, Any]:
+    """One listing of ``generated``: ``found``, ``{model: {prompt_id: [(file name, stamp), …]}}``
+    (names sorted), and ``unusable``, the first :data:`UNUSABLE_SHOWN` files that are not
+    ``{model}/{prompt_id}/{image}`` with safe names (reported, never read), with their count.
+
+    A unit of its own (the flow runs it as a task: every file is resolved and stamped there,
+    not in the flow process). Listed as the build lists a source
+    (:func:`tasks.shared.inputs.list_folder`: links listed, never followed); a file that may
+    not be read (a symlink out, a FIFO) is listed with its ``unsafe_path`` reason as its
+    stamp, and is that image's error."""
+    fs, _ = fsspec.core.url_to_fs(generated, **with_s3_defaults(generated, options))
     root = generated.rstrip("/")
     found: dict[str, dict[str, list[tuple[str, str]]]] = {}
+    unusable: list[str] = []
+    n_unusable = 0
     for rel, info in list_folder(root, options):
-        parts = rel.split("/")
-        if len(parts) != 3 or not rel.lower().endswith(IMAGE_EXTS):
-            continue
-        model, prompt, name = parts
-        if not (SAFE_ID.fullmatch(model) and SAFE_ID.fullmatch(prompt)):
-            continue
-        location, refusal = resolve_input(root, rel, [root])
-        stamp = file_stamp(fs, fsspec.core.strip_protocol(location), info) if location else refusal
-        found.setdefault(model, {}).setdefault(prompt, []).append((name, stamp))
-    return found
-
-
-def unusable_entries(generated: str, options: dict[str, Any]) -> list[str]:
-    """Files under ``generated`` that are not ``{model}/{prompt_id}/{image}`` with safe names (reported, unread)."""
-    bad = []
-    for rel, _ in list_folder(generated.rstrip("/"), options):
         parts = rel.split("/")
         if (len(parts) != 3 or not rel.lower().endswith(IMAGE_EXTS)
                 or not (SAFE_ID.fullmatch(parts[0]) and SAFE_ID.fullmatch(parts[1]))):
-            bad.append(rel)
-    return bad
+            n_unusable += 1
+            if len(unusable) < UNUSABLE_SHOWN:
+                unusable.append(rel)
+            continue
+        model, prompt, name = parts
+        location, refusal = resolve_input(root, rel, [root])
+        stamp = file_stamp(fs, fsspec.core.strip_protocol(location), info) if location else refusal
+        found.setdefault(model, {}).setdefault(prompt, []).append((name, stamp))
+    return {"found": found, "unusable": unusable, "unusable_count": n_unusable}
 
 
 def chunk_name(n: int) -> str:

@@ -6,10 +6,13 @@ version whose staging shards and ingest rows stay in the earlier version (``sour
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from corpusforge.contract import FanOut, Unit, count_actions, in_process, prune, require_marker, summarise
-from corpusforge.layout import MANIFEST_DIR, RELEASE_CARD, manifest_path, resolved_path
+from corpusforge.contract import FanOut, Unit, in_process, keyed, prune, require_marker, require_markers, step_call
+from corpusforge.layout import (GRAPH_DECISIONS, MANIFEST_DIR, RELEASE_CARD, captions_path, manifest_path,
+                                resolved_path, staging_tar)
+from corpusforge.ledger import Ledger
 from corpusforge.storage import Store
 from tasks.release.manifest import write_manifest_part
 from tasks.release.release_card import dataset_card
@@ -17,33 +20,54 @@ from tasks.release.shards import plan_release_files, write_release_shard, write_
 from tasks.release.splits import SPLITS, SplitConfig, tier_counts
 
 PLAN_RELEASE = Unit(plan_release_files, "plan-release")
-WRITE_RELEASE_SHARD = Unit(write_release_shard, "write-release-shard")
+WRITE_RELEASE_SHARD = Unit(write_release_shard, "write-release-shard", probe=True)
 WRITE_MANIFEST_PART = Unit(write_manifest_part, "write-manifest-part", probe=True)
 
 
 def publish(store: Store, staged: list[str], n_parts: int, splits: SplitConfig, near_dedup: bool,
-            source: Store | None = None, captions: bool = False, *, fan_out: FanOut = in_process
-            ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+            source: Store | None = None, captions: bool = False, *, resolved: Iterable[str] | None = None,
+            fan_out: FanOut = in_process) -> tuple[dict[str, Any], Ledger, dict[str, Any]]:
     """Write release shards and manifest.
 
-    Returns the release plan summary, the manifest part summaries and the work done
-    (units computed and skipped per step)."""
-    release = fan_out(PLAN_RELEASE, [dict(store=store, staged=write_staged_list(store, staged), cfg=splits,
-                                          near_dedup=near_dedup, source=source, captions=captions)])[0]
-    shards = fan_out(WRITE_RELEASE_SHARD, [dict(store=store, split=s["split"], shard=s["index"], cfg=splits,
-                                                plan_sha256=release["plans"][name]["sha256"], source=source)
-                                           for name, s in release["shards"].items()])
+    ``resolved``: the resolved partitions' digests in order, as the run that resolved them
+    has them (its ledger); by default they are read from their markers (in ``source``, or
+    ``store``), side by side. Returns the release plan summary, the ledger of the manifest
+    parts (each part's summary: rows, counts by status and reason, in partition order) and
+    the work done (units computed and skipped per step)."""
+    release = fan_out(keyed(PLAN_RELEASE), [step_call(
+        store, PLAN_RELEASE, [splits.model_dump(mode="json"), near_dedup, captions],
+        _plan_inputs(store, source or store, staged, near_dedup, captions),
+        dict(store=store, staged=write_staged_list(store, staged), cfg=splits, near_dedup=near_dedup, source=source,
+             captions=captions))])[0]
+    with Ledger(store, "release") as shards:
+        fan_out.stream(WRITE_RELEASE_SHARD, [dict(store=store, split=s["split"], shard=s["index"], cfg=splits,
+                                                  plan_sha256=release["plans"][name]["sha256"], source=source)
+                                             for name, s in release["shards"].items()], shards.add)
     present = [sp for sp in SPLITS if any(s["split"] == sp for s in release["shards"].values())]
     store.write_bytes(RELEASE_CARD, dataset_card(splits.layout, present, sorted(
         {e for s in release["shards"].values() for e in s["image_ext"]})))
-    resolved = [require_marker(source or store, resolved_path(p), "resolved partition").digest
-                for p in range(n_parts)]
+    if resolved is None:
+        resolved = (m.digest for m in require_markers(source or store, [resolved_path(p) for p in range(n_parts)],
+                                                      "resolved partition"))
     prune(store, MANIFEST_DIR, {manifest_path(p).rsplit("/", 1)[1].split(".", 1)[0] for p in range(n_parts)})
-    manifest = fan_out(WRITE_MANIFEST_PART, [dict(store=store, part=p, resolved_digest=resolved[p],
-                                                  late_digest=release["late"].get(p), source=source)
-                                             for p in range(n_parts)])
-    return release, manifest, {"release_shards": summarise("release", shards).counts(),
-                               "manifest_parts": count_actions("manifest", (m["action"] for m in manifest)).counts()}
+    calls = [dict(store=store, part=p, resolved_digest=digest, late_digest=release["late"].get(str(p)), source=source)
+             for p, digest in enumerate(resolved)]
+    if len(calls) != n_parts:
+        raise ValueError(f"digests of {n_parts} resolved partitions expected, {len(calls)} given")
+    with Ledger(store, "manifest") as manifest:
+        fan_out.stream(WRITE_MANIFEST_PART, calls, manifest.add)
+    return release, manifest, {"release_shards": shards.summary("release").counts(),
+                               "manifest_parts": manifest.summary("manifest").counts()}
+
+
+def _plan_inputs(store: Store, source: Store, staged: list[str], near_dedup: bool, captions: bool) -> list[Any]:
+    """The digests of what the release plan reads (its key): every staging shard's (records and
+    index), the near-duplicate decisions' and every shard's caption rows' when those stages ran.
+    Markers only, read side by side."""
+    return [staged, [m.digest for m in require_markers(source, [staging_tar(s) for s in staged], "staging shard")],
+            require_marker(store, GRAPH_DECISIONS, "near-duplicate decisions").digest if near_dedup else None,
+            [m.digest for m in require_markers(store, [captions_path(s) for s in staged], "captions")]
+            if captions else None]
 
 
 def release_section(release: dict[str, Any], splits: SplitConfig) -> dict[str, Any]:

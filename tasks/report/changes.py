@@ -26,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from corpusforge.contract import Unit, must_compute
 from corpusforge.layout import (CHANGES_MD, CHANGES_SCHEMA, CHANGES_TABLE, MANIFEST_DIR, PREVIOUS_DIR,
                                 PREVIOUS_OUTPUTS, PREVIOUS_RECEIPT, PREVIOUS_RECORDS, RECEIPT, RECEIPT_OUTPUTS,
                                 RELEASE_DIR, RELEASE_PLAN_DIR, RESOLVED_DIR, TABLE_SUFFIXES)
@@ -109,11 +110,13 @@ def keep_previous_version(store: Store, memory_limit: str = "2GB") -> bool:
     the copy it made first (the receipt it copied is still the root's). Returns whether an
     earlier version is kept."""
     if not (store.exists(RECEIPT) and _files(store, MANIFEST_DIR)):
+        must_compute()
         store.remove(PREVIOUS_DIR)
         return False
     receipt = store.read_bytes(RECEIPT)
     if store.exists(PREVIOUS_RECEIPT) and store.read_bytes(PREVIOUS_RECEIPT) == receipt:
         return True
+    must_compute()  # probed by the flow: a copy already made (every rebuild's but the first) is no task run
     store.remove(PREVIOUS_RECEIPT)
     if store.exists(RECEIPT_OUTPUTS):
         store.write_bytes(PREVIOUS_OUTPUTS, store.read_bytes(RECEIPT_OUTPUTS))
@@ -152,9 +155,11 @@ def diff_versions(old: Store, new: Store, out: Store, previous_kept: bool = Fals
                {sides}
         FROM o FULL OUTER JOIN n ON o.key IS NOT DISTINCT FROM n.key
              AND o.source_path IS NOT DISTINCT FROM n.source_path AND o.occurrence = n.occurrence
-        WHERE o.occurrence IS NULL OR n.occurrence IS NULL OR {differs}
-        ORDER BY 1 NULLS FIRST, 2 NULLS FIRST, 3"""
+        WHERE o.occurrence IS NULL OR n.occurrence IS NULL OR {differs}"""
     with spilling_duckdb(memory_limit, old, new, out) as con:
+        # every read of the table orders its rows (one row per key, source path, occurrence):
+        # the table needs no order of its own, so neither a sort nor insertion order to keep
+        con.execute("SET preserve_insertion_order = false")
         con.execute(f"CREATE TEMP TABLE changes AS {query}")
         _stream_parquet(out, CHANGES_TABLE, con.sql("SELECT * FROM changes ORDER BY 1 NULLS FIRST, 2 NULLS FIRST, 3")
                         .fetch_record_batch(BATCH_ROWS),
@@ -269,6 +274,12 @@ def _describe(row: dict[str, Any]) -> str:
         else:
             parts.append(f"{f} {old} → {new}")
     return "; ".join(parts).replace("|", "\\|")
+
+
+# Both scan whole manifests (DuckDB under its memory limit): tasks on the cluster, not the
+# flow process.
+KEEP_PREVIOUS_VERSION = Unit(keep_previous_version, "keep-previous-version", probe=True)
+DIFF_VERSIONS = Unit(diff_versions, "diff-versions")
 
 
 def remove_changes(store: Store) -> None:

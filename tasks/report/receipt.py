@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections import Counter
 from typing import Any
 
 import pyarrow as pa
 
-from corpusforge.contract import digest_of, require_marker
+from corpusforge.contract import Unit, digest_of, require_markers
 from corpusforge.layout import (CHANGES_MD, CHANGES_TABLE, CURRENT, MARKERS, RECEIPT, RECEIPT_OUTPUTS,
                                 RECEIPT_OUTPUTS_SCHEMA, REPORT, REPORT_HTML, VERSIONS_DIR, ingest_path)
 from corpusforge.receipts import BUILD_FLOW
@@ -29,21 +30,23 @@ from tasks.shared.caption_summary import mix_by_split, share_table, word_stats
 from tasks.shared.provenance import NOT_RECORDED, RANDOM_INIT_LABEL, weights_label
 
 _SKIP_PREFIXES = ("work/", f"{MARKERS}/", f"{VERSIONS_DIR}/")  # published versions: links of listed files
+MARKERS_PER_READ = 1024  # markers read by one batched ``cat`` of the output list
 _SKIP_FILES = (RECEIPT, RECEIPT_OUTPUTS, REPORT, REPORT_HTML, CHANGES_MD, CHANGES_TABLE, CURRENT)  # written after it
 
 
 def input_snapshot_hash(store: Store, n_parts: int) -> str:
     """Hash of the ingest tables (key, source path, SHA-256, size of every input record)."""
     h = hashlib.sha256()
-    for part in range(n_parts):
-        h.update(require_marker(store, ingest_path(part), "ingest").outputs[ingest_path(part)].encode())
+    rels = [ingest_path(part) for part in range(n_parts)]
+    for rel, marker in zip(rels, require_markers(store, rels, "ingest"), strict=True):  # read side by side
+        h.update(marker.outputs[rel].encode())
     return h.hexdigest()
 
 
 def output_hashes(store: Store) -> dict[str, str]:
     """SHA-256 of every output file (outside ``work/``, the markers and the receipt files).
 
-    Each comes from the marker of the unit that wrote it (read in one batched ``cat``);
+    Each comes from the marker of the unit that wrote it (read in batched ``cat`` calls);
     only a file no marker records (a small file written outside the unit protocol, such as
     the dataset card or the graph summary) is hashed here."""
     root = store.fs._strip_protocol(store.root).rstrip("/")
@@ -51,8 +54,9 @@ def output_hashes(store: Store) -> dict[str, str]:
     paths = store.fs.find(root)
     markers = [p for p in paths if p.startswith(f"{prefix}{MARKERS}/") and p.endswith(".json")]
     recorded: dict[str, str] = {}
-    for raw in (store.fs.cat(markers).values() if markers else ()):
-        recorded.update(json.loads(raw).get("outputs", {}))
+    for start in range(0, len(markers), MARKERS_PER_READ):  # never every marker's bytes at once
+        for raw in store.fs.cat(markers[start:start + MARKERS_PER_READ]).values():
+            recorded.update(json.loads(raw).get("outputs", {}))
     hashes: dict[str, str] = {}
     for path in sorted(paths):
         rel = path[len(prefix):] if path.startswith(prefix) else path
@@ -60,6 +64,35 @@ def output_hashes(store: Store) -> dict[str, str]:
             continue
         hashes[rel] = recorded[rel] if rel in recorded else store.sha256(rel)
     return hashes
+
+
+def output_stamp(store: Store) -> str:
+    """What changes when the output list would (the key of :data:`WRITE_OUTPUT_LIST`, with the
+    rest of the receipt): the path and size of every file it lists, and each marker's stamp
+    (size and modification time; an object's ETag), from one walk of names and metadata, no
+    bytes read. A unit that writes rewrites its marker; a file written outside the unit
+    protocol (the dataset card, the graph's summary) is rewritten each run from results the
+    receipt holds, so its path and size are enough."""
+    h = hashlib.sha256()
+    if not store.remote:
+        root = store.root.rstrip("/")
+        for folder, dirs, names in os.walk(root):
+            dirs.sort()
+            for name in sorted(names):
+                rel = os.path.relpath(os.path.join(folder, name), root)
+                if (rel.startswith(("work/", f"{VERSIONS_DIR}/")) or rel in _SKIP_FILES or "/." in f"/{rel}"):
+                    continue
+                st = os.stat(os.path.join(folder, name))
+                h.update(f"{rel}:{st.st_size}:{st.st_mtime_ns if rel.startswith(MARKERS) else ''}\n".encode())
+        return h.hexdigest()
+    prefix = store.fs._strip_protocol(store.root).rstrip("/") + "/"
+    for path, info in sorted(store.fs.find(prefix, detail=True).items()):
+        rel = path[len(prefix):]
+        if rel.startswith(("work/", f"{VERSIONS_DIR}/")) or rel in _SKIP_FILES or "/." in f"/{rel}":
+            continue
+        version = info.get("ETag") or info.get("LastModified") if rel.startswith(MARKERS) else ""
+        h.update(f"{rel}:{info.get('size')}:{version}\n".encode())
+    return h.hexdigest()
 
 
 def write_output_list(store: Store) -> dict[str, Any]:
@@ -70,6 +103,12 @@ def write_output_list(store: Store) -> dict[str, Any]:
     table = pa.table({"path": list(hashes), "sha256": list(hashes.values())}, schema=RECEIPT_OUTPUTS_SCHEMA)
     return {"list": RECEIPT_OUTPUTS, "files": len(hashes), "sha256": store.write_parquet(RECEIPT_OUTPUTS, table),
             "digest": digest_of(hashes)}
+
+
+# Both read the whole output (every ingest marker; every file and marker): tasks on the
+# cluster, not the flow process.
+INPUT_SNAPSHOT = Unit(input_snapshot_hash, "input-snapshot-hash")
+WRITE_OUTPUT_LIST = Unit(write_output_list, "write-output-list")
 
 
 def count_outcomes(manifest_parts: list[dict[str, Any]]) -> dict[str, Any]:

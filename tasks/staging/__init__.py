@@ -23,13 +23,20 @@ and the tar's written part is synced to disk in the background as it grows
 (:class:`corpusforge.writeback.SyncAhead`), so its final fsync waits for the tail only.
 
 Fingerprint: the content of the records it holds (every field written to the tar and
-the records file) and the stage's code version.
+the records file) and the stage's code version. The marker also keeps ``info.slices``: the
+digest of the resolved partitions the shard's slices come from, with the slices and the code
+version. Those fix the records, so a shard whose slices' digests are unchanged is current
+from its marker and the resolved markers alone: the flow probes it without reading a table
+(:data:`WRITE_STAGING_SHARD`). When a resolved partition changed elsewhere, the records are
+read and compared by content, and a shard whose content is unchanged only gets its marker's
+``info.slices`` brought up to date (the bytes a fresh build writes).
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +49,8 @@ from pydantic import Field
 
 from corpusforge.config import StrictModel
 from corpusforge.chunking import plan_cuts
-from corpusforge.contract import Unit, UnitResult, run_unit, unit_fingerprint
+from corpusforge.contract import (SKIPPED, Unit, UnitResult, finish_unit, must_compute, read_marker, require_marker,
+                                  run_unit, unit_fingerprint)
 from corpusforge.faults import fault_point
 from corpusforge.hashing import fingerprint, sha256_bytes
 from corpusforge.layout import (RESOLVED_SCHEMA, STAGING_RECORDS_SCHEMA, resolved_path, spill_path, staging_index,
@@ -76,11 +84,16 @@ class StagingShard:
     slices: tuple[tuple[int, int, int], ...]  # (part, skip, take)
 
 
-def plan_staging(resolved: list[dict[str, Any]], shard_size: int) -> list[StagingShard]:
-    """Staging shards from each partition's survivor count and cut candidates (resolve's info)."""
-    firsts, candidates, total = [], [], 0
+def plan_staging(resolved: Iterable[dict[str, Any]], shard_size: int) -> list[StagingShard]:
+    """Staging shards from each partition's survivor count and cut candidates (resolve's
+    info, in partition order, read once: a ledger's rows stream through). What is kept is
+    per partition three integers and per cut candidate one tuple: O(shards), never a record."""
+    parts, firsts, survivors = array("q"), array("q"), array("q")  # 8 bytes a partition, not a dict
+    candidates, total = [], 0
     for info in resolved:
+        parts.append(info["part"])
         firsts.append(total)
+        survivors.append(info["survivors"])
         candidates += [(total + position, name) for position, name in info["candidates"]]
         total += info["survivors"]
     shards = []
@@ -91,10 +104,10 @@ def plan_staging(resolved: list[dict[str, Any]], shard_size: int) -> list[Stagin
         while position < end:
             while part + 1 < len(firsts) and firsts[part + 1] <= position:
                 part += 1
-            available = (firsts[part] + resolved[part]["survivors"]) - position
+            available = (firsts[part] + survivors[part]) - position
             take = min(available, end - position)
             if take > 0:
-                slices.append((resolved[part]["part"], position - firsts[part], take))
+                slices.append((parts[part], position - firsts[part], take))
                 position += take
             else:
                 part += 1
@@ -195,13 +208,29 @@ def staging_key(table: pa.Table) -> str:
     return unit_fingerprint("staging", code_version("tasks.staging"), None, content)
 
 
+def slices_key(store: Store, shard: StagingShard) -> str:
+    """What fixes a shard's records without reading them: the code version, its slices and
+    the digest of each resolved partition they come from (markers only)."""
+    digests = [require_marker(store, resolved_path(part), "resolved partition").digest for part, _, _ in shard.slices]
+    return fingerprint(["staging-slices", code_version("tasks.staging"), shard.slices, digests])
+
+
 def write_staging_shard(store: Store, shard: StagingShard) -> UnitResult:
     """Write one staging shard (skipped when its records' content is unchanged).
 
     The tar, index and records file are written as one group and fsynced together
-    (:meth:`corpusforge.storage.Store.atomic_writes`), then the marker."""
+    (:meth:`corpusforge.storage.Store.atomic_writes`), then the marker. Current when its
+    marker's ``info.slices`` matches (:func:`slices_key`), before any table is read."""
+    slices = slices_key(store, shard)
+    tar = staging_tar(shard.name)
+    marker = read_marker(store, tar)
+    if marker is not None and marker.info.get("slices") == slices:
+        return UnitResult.of(marker, SKIPPED)
+    must_compute()
     table = shard_table(store, shard)
     fp = staging_key(table)
+    if marker is not None and marker.fingerprint == fp:  # same records from changed partitions
+        return UnitResult.of(finish_unit(store, tar, fp, marker.outputs, {**marker.info, "slices": slices}), SKIPPED)
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         records = table.to_pylist()
@@ -222,9 +251,9 @@ def write_staging_shard(store: Store, shard: StagingShard) -> UnitResult:
             listing_file.write(listing_bytes)
         outputs = {tar: result.sha256, index: sha256_bytes(index_bytes), listing: sha256_bytes(listing_bytes)}
         return outputs, {"shard": shard.name, "count": result.count, "bytes": result.bytes,
-                         "images": images_digest(records)}
+                         "images": images_digest(records), "slices": slices}
 
-    return run_unit(store, staging_tar(shard.name), fp, compute)
+    return run_unit(store, tar, fp, compute)
 
 
-WRITE_STAGING_SHARD = Unit(write_staging_shard, "write-staging-shard")
+WRITE_STAGING_SHARD = Unit(write_staging_shard, "write-staging-shard", probe=True)

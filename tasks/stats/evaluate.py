@@ -38,7 +38,7 @@ import posixpath
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import fsspec
 import numpy as np
@@ -47,10 +47,9 @@ from corpusforge.contract import COMPUTED, SKIPPED, Marker, Unit, explain, finis
 from corpusforge.feature_files import read_shard_errors, read_shard_features, write_shard_features
 from corpusforge.hashing import fingerprint
 from corpusforge.layout import feature_vectors
-from corpusforge.storage import Store, file_stamp, open_uri
+from corpusforge.storage import Store, file_stamp, open_uri, with_s3_defaults
 from corpusforge.tarshard import iter_tar_samples
 from corpusforge.version import code_version
-from tasks.shared.features.base import FeatureModel
 from tasks.shared.features.config import ModelSpec, RuntimeConfig
 from tasks.shared.features.decode import decode_rgb
 from tasks.shared.features.extract import prefetched
@@ -61,6 +60,9 @@ from tasks.stats.config import PROTOCOL_MODES, MetricsConfig, protocol_model
 from tasks.stats.gpic_stats import provenance_of, reference_checks, small_reference_warning, validate_arrays
 from tasks.stats.moments import Moments
 from tasks.shared.provenance import identity_mismatches, model_deviations
+
+if TYPE_CHECKING:  # torch comes with the model, not with the flows that plan an evaluation
+    from tasks.shared.features.base import FeatureModel
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 FORMAT = "corpusforge-evaluation/1"
@@ -89,7 +91,7 @@ def _read(uri: str, storage_options: dict[str, Any]) -> bytes:
 
 
 def _exists(uri: str, storage_options: dict[str, Any]) -> bool:
-    fs, path = fsspec.core.url_to_fs(uri, **storage_options)
+    fs, path = fsspec.core.url_to_fs(uri, **with_s3_defaults(uri, storage_options))
     return fs.exists(path)
 
 
@@ -190,7 +192,7 @@ def _stamp(uri: str, info: dict[str, Any] | None, roots: Sequence[str], storage_
     location, refusal = resolve_input(*_named(uri, roots), roots)
     if location is None:
         return refusal
-    fs, path = fsspec.core.url_to_fs(uri, **storage_options)
+    fs, path = fsspec.core.url_to_fs(uri, **with_s3_defaults(uri, storage_options))
     return file_stamp(fs, path, info)
 
 
@@ -203,7 +205,7 @@ def plan_generated(sources: Sequence[str], storage_options: dict[str, Any] | Non
     files: list[tuple[str, str]] = []
     tars: list[tuple[str, str]] = []
     for source in roots:
-        fs, root = fsspec.core.url_to_fs(source, **so)
+        fs, root = fsspec.core.url_to_fs(source, **with_s3_defaults(source, so))
         found = ([(posixpath.join(source, rel), info) for rel, info in list_folder(source, so)]
                  if fs.isdir(root) else [(source, None)])
         for uri, info in found:

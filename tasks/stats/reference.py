@@ -33,13 +33,13 @@ import hashlib
 import heapq
 import io
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from corpusforge.contract import Marker
@@ -150,6 +150,17 @@ def manifest_sha256(store: Store) -> str:
     return h.hexdigest()
 
 
+def _kept_rows(store: Store, files: list[str], splits: pa.Array) -> Iterator[pa.RecordBatch]:
+    """The kept rows of ``splits`` in the manifest files, in batches, one file open at a time: a
+    ``pyarrow.dataset`` over every file kept each file's metadata once read (~0.1 MB per manifest
+    part measured, O(partitions): 20 GB at 10⁸ records)."""
+    for rel in files:
+        with store.open(rel) as f:
+            for batch in pq.ParquetFile(f).iter_batches(columns=MANIFEST_COLUMNS, use_threads=False):
+                yield batch.filter(pc.and_(pc.equal(batch["status"], Status.KEPT.value),
+                                           pc.is_in(batch["split"], value_set=splits)))
+
+
 def scan_manifest(store: Store, groups: Sequence[str], sample: SampleConfig = SampleConfig(),
                   tiers: Sequence[str] = ("nano", "lite", "full"), subset_size: int = 50_000,
                   subset_seed: int = 1) -> ReferencePlan:
@@ -165,15 +176,12 @@ def scan_manifest(store: Store, groups: Sequence[str], sample: SampleConfig = Sa
     files = manifest_files(store)
     if not files:
         raise FileNotFoundError(f"no manifest parquet files under {store.path('manifest')}")
-    dataset = ds.dataset([store.fs._strip_protocol(store.path(f)) for f in files], format="parquet",
-                         filesystem=store.fs)
-    wanted = ds.field("status") == Status.KEPT.value
-    wanted &= ds.field("split").isin(sorted(base.splits()))
+    splits = pa.array(sorted(base.splits()), pa.string())
     shards: Counter[str] = Counter()
     counts: Counter[str] = Counter()
     samples = {g: _Smallest(sample.max_rows) for g in base.groups}
     subset = _Smallest(subset_size) if TEST_SUBSET in base.groups else None
-    for batch in dataset.to_batches(columns=MANIFEST_COLUMNS, filter=wanted):
+    for batch in _kept_rows(store, files, splits):
         cols = batch.to_pydict()
         shards.update(s for s in cols["staging_shard"] if s is not None)  # records per shard
         for key, split, tier in zip(cols["key"], cols["split"], cols["tier"], strict=True):

@@ -2,7 +2,7 @@
 
 Table of contents of :func:`reference_stats_stage`:
 
-    scan the manifest (groups, their staging shards, Test-50K threshold, manifest hash)
+    scan the manifest (one task: groups, their staging shards, Test-50K threshold, manifest hash)
     → features of only the groups' records in those shards (the feature stage with a
       selection: ranged reads, one task per shard submitted largest first, finished shards
       skipped; features of every image with the same fingerprint are reused where present)
@@ -18,23 +18,28 @@ so results are the same bit for bit on any number of workers.
 
 from __future__ import annotations
 
+import dataclasses
+import posixpath
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from corpusforge.config import FlowConfig
-from corpusforge.contract import FanOut, Unit, in_process, prune
+from corpusforge.contract import (FanOut, Unit, in_process, keyed, prune, record_step, require_markers, step_call,
+                                  step_result)
 from corpusforge.feature_files import prune_subset
-from corpusforge.layout import STATS_DIR
+from corpusforge.hashing import fingerprint
+from corpusforge.layout import GPIC_TEST_STATS, STATS_DIR, feature_vectors
 from corpusforge.logs import stage_logger
-from corpusforge.storage import Store
+from corpusforge.storage import Store, file_stamp
 from corpusforge.version import code_version
 from tasks.shared.features.config import FeaturesConfig, ModelSpec, RuntimeConfig
 from tasks.shared.features.extract import extract_features, receipt_section
 from tasks.stats.config import MetricsConfig, SampleConfig, protocol_model
 from tasks.shared.provenance import model_deviations
-from tasks.stats.reference import (GroupSelection, batch_partials, merge_partials, oracle_groups, oracle_metrics,
-                                   plan_batches, scan_manifest, write_group_stats)
+from tasks.stats.reference import (GroupPlan, GroupSelection, ReferencePlan, batch_partials, manifest_files,
+                                   merge_partials, oracle_groups, oracle_metrics, plan_batches, scan_manifest,
+                                   write_group_stats)
 
 ORACLE_PATH = f"{STATS_DIR}/oracle.json"
 STATS_SUBSET = "stats"  # features/{model}/subsets/stats/: features of only the summarised groups' records
@@ -91,6 +96,32 @@ class ReferenceStatsConfig(FlowConfig):
                               torchscript_allowlist=self.torchscript_allowlist)
 
 
+def scan_plan(store: Store, **kwargs: Any) -> dict[str, Any]:
+    """:func:`scan_manifest`'s plan as JSON (a global step's result is kept in its marker)."""
+    return dataclasses.asdict(scan_manifest(store, **kwargs))
+
+
+def _manifest_digests(store: Store) -> list[str]:
+    """What the scan's key takes of the manifest: each part's digest from its marker (a build
+    wrote it), else, for a manifest written without markers, each file's stamp (size, times,
+    inode or ETag: metadata only)."""
+    files = manifest_files(store)
+    try:
+        return [m.digest for m in require_markers(store, files, "manifest part")]
+    except FileNotFoundError:
+        return [f"{rel}:{file_stamp(store.fs, store.fs._strip_protocol(store.path(rel)))}" for rel in files]
+
+
+def _plan_of(data: dict[str, Any]) -> ReferencePlan:
+    plan = data["plan"]
+    return ReferencePlan(GroupPlan(**{**plan, "groups": tuple(plan["groups"]), "tiers": tuple(plan["tiers"])}),
+                         data["shards"], data["counts"], data["manifest_sha256"], data["shard_records"])
+
+
+# the manifest scan is a Python pass over every kept record and hashes the whole manifest:
+# a task on the cluster (its result, the plan, is O(staging shards)), keyed by the manifest
+# parts' digests, so a rerun over the same manifest reads the plan back (no task run)
+SCAN_MANIFEST = Unit(scan_plan, "stats-scan-manifest")
 PARTIALS = Unit(batch_partials, "stats-partials")
 MERGE = Unit(merge_partials, "stats-merge")
 
@@ -102,8 +133,12 @@ def reference_stats_stage(store: Store, config: ReferenceStatsConfig, caption_se
     ``caption_set``: the corpus's evaluation caption set (path, SHA-256, …) for the provenance."""
     log = stage_logger()
     model_id = config.model.model_id
-    plan = scan_manifest(store, config.groups(), config.sample, config.tiers, config.test_subset,
-                         config.test_subset_seed)
+    scan = dict(groups=config.groups(), sample=config.sample, tiers=config.tiers, subset_size=config.test_subset,
+                subset_seed=config.test_subset_seed)
+    manifest = _manifest_digests(store)
+    plan = _plan_of(fan_out(keyed(SCAN_MANIFEST), [step_call(
+        store, SCAN_MANIFEST, {**scan, "sample": config.sample.model_dump(mode="json")}, manifest,
+        dict(store=store, **scan))])[0])
     log.info("groups %s over %d staging shards; model %s", plan.counts, len(plan.shards), model_id)
     empty = [g for g in config.splits if plan.counts[g] < 2]
     if empty:
@@ -118,6 +153,33 @@ def reference_stats_stage(store: Store, config: ReferenceStatsConfig, caption_se
         if "warning" in extraction:
             log.warning(extraction["warning"])
         prune_subset(store, model_id, STATS_SUBSET, [s for s, sub in subsets.items() if sub == STATS_SUBSET])
+    # the partials, their merge and the files written from them: keyed by the plan, the features
+    # they read (their markers' digests) and the settings, so a rerun with none changed reads
+    # the result back and makes no task run
+    features = require_markers(store, [feature_vectors(model_id, s, subsets.get(s)) for s in plan.shards],
+                               f"features of {model_id}")
+    key = fingerprint(PARTIALS.name, code_version(__name__), config.model_dump(mode="json"),
+                      [dataclasses.asdict(plan), subsets, [m.digest for m in features], caption_set])
+    if (done := step_result(store, PARTIALS.name, key)) is not None and all(map(store.exists, _outputs(done[0]))):
+        return {**done[0], "extraction": extraction}
+    result = _summarise(store, config, plan, subsets, caption_set, fan_out)
+    return {**record_step(store, PARTIALS.name, key, result), "extraction": extraction}
+
+
+def _outputs(result: dict[str, Any]) -> list[str]:
+    """The files a recorded statistics result names (each group's files and sidecar, the
+    oracle's): one removed by hand is written again, as every keyed step's outputs are."""
+    files = [f["path"] for group in result["files"].values() for f in group.values()]
+    sidecars = [group["npz"]["path"].removesuffix(".npz") + ".json" for group in result["files"].values()]
+    return files + sidecars + ([ORACLE_PATH] if "oracle" in result else [])
+
+
+def _summarise(store: Store, config: ReferenceStatsConfig, plan: ReferencePlan, subsets: dict[str, str | None],
+               caption_set: dict[str, Any] | None, fan_out: FanOut) -> dict[str, Any]:
+    """Partials over runs of shards, merged in a fixed tree; each group's statistics (and the
+    oracle's metrics) written; statistics files of other groups removed."""
+    log = stage_logger()
+    model_id = config.model.model_id
     total = fan_out.reduce(PARTIALS, MERGE, [
         dict(store=store, model_id=model_id, shards=run, plan=plan.plan, subsets={s: subsets.get(s) for s in run})
         for run in plan_batches(plan.shards, config.max_partials, config.min_shards_per_partial)])
@@ -137,8 +199,7 @@ def reference_stats_stage(store: Store, config: ReferenceStatsConfig, caption_se
     result: dict[str, Any] = {"model_id": model_id, "model": marker["model"], "counts": plan.counts,
                               "n": {g: s["n"] for g, s in written.items()},
                               "files": {g: s["files"] for g, s in written.items()},
-                              "protocol_deviations": {g: s["protocol_deviations"] for g, s in written.items()},
-                              "extraction": extraction}
+                              "protocol_deviations": {g: s["protocol_deviations"] for g, s in written.items()}}
     if config.oracle:
         oracle = {"reference": "test", "model_id": model_id, "model": marker["model"],
                   "manifest_sha256": plan.manifest_sha256, "code_version": version,
@@ -148,5 +209,7 @@ def reference_stats_stage(store: Store, config: ReferenceStatsConfig, caption_se
         store.write_json(ORACLE_PATH, oracle)
         result["oracle"] = oracle["pairs"]
     keep = {f"{g}-{model_id}" for g in groups} | ({"oracle"} if config.oracle else set())
+    if any("gpic_npz" in w["files"] for w in written.values()):  # gpic-eval's file, named by the test sidecar
+        keep.add(posixpath.basename(GPIC_TEST_STATS).split(".", 1)[0])
     prune(store, STATS_DIR, keep)
     return result

@@ -37,11 +37,15 @@ thumbnail (``Image.reduce``), then a crop of the full image at the box scaled ba
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from PIL import Image
 
-from tasks.shared.features.base import FeatureModel
 from tasks.shared.features.config import STATISTICS_PREPROCESSING
+
+if TYPE_CHECKING:  # torch comes with the model, not with this module's callers
+    from tasks.shared.features.base import FeatureModel
 
 CONTENT_RULE = "trim_uniform_border_and_rotation_corners_v1"
 ANALYSIS_SIDE = 256  # px: the thumbnail the frame is measured on

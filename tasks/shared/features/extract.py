@@ -19,6 +19,15 @@ weights, preprocessing or dtype invalidate exactly that model's files. The decod
 is the largest model input times :data:`DRAFT_MARGIN` over *all* configured models, so
 adding a model with a larger input also recomputes the others: their pixels would differ.
 
+Checking that fingerprint needs the loaded model; the flow's probe must not load one. So
+each marker also keeps ``info.spec`` (:func:`spec_key`): the same facts as configured rather
+than as loaded (every model's spec, whose weights are named by their pinned SHA-256, the
+dtype, precision and decode setting, this code and its libraries' versions) and the images
+digest. A unit whose ``info.spec`` matches is current without loading anything, and the
+flow probes it (:data:`EXTRACT_SHARD`); any other goes to a worker, which loads the model
+and judges by the fingerprint, and when that still matches, only brings ``info.spec`` up to
+date (the marker a fresh build writes), so the next rerun probes it again.
+
 A record whose image cannot be decoded (or preprocessed) is an error row (ok=False with
 the reason) for the affected models; the shard still completes. The staging records
 file names each image's key and extension and fixes their order.
@@ -33,15 +42,16 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
+import importlib.metadata
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from PIL import Image
-from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Marker, Unit, current_marker, explain, in_process,
-                                  read_marker, require_marker, unit_fingerprint)
+from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Marker, Unit, current_marker, explain, finish_unit,
+                                  in_process, must_compute, read_marker, require_marker, unit_fingerprint)
 from corpusforge.faults import fault_point
 from corpusforge.feature_files import write_shard_features
 from corpusforge.hashing import fingerprint
@@ -49,10 +59,12 @@ from corpusforge.layout import feature_keys, feature_vectors, staging_index, sta
 from corpusforge.storage import Store
 from corpusforge.tarshard import iter_tar_samples
 from corpusforge.version import code_version
-from tasks.shared.features.base import FeatureModel
-from tasks.shared.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
+from tasks.shared.features.config import STATISTICS_PREPROCESSING, FeaturesConfig, ModelSpec
 from tasks.shared.features.content import content_rule, model_input, picture_content
 from tasks.shared.features.decode import decode_rgb
+
+if TYPE_CHECKING:  # torch comes with the models (load_models), not with the flow that imports this stage
+    from tasks.shared.features.base import FeatureModel
 
 # Decode at least this many times the model input: the final resize then still
 # downsamples, which keeps features within float16 noise of a full-size decode.
@@ -94,6 +106,69 @@ def feature_fingerprint(model: FeatureModel, dtype: str, draft: int | None, prec
     if rule is not None:  # the picture without its frame (tasks/shared/features/content.py)
         parts.append({"content": rule})
     return unit_fingerprint("features", code, parts, images)
+
+
+# Libraries whose version can change what a loaded model computes (its dim, preprocessing).
+MODEL_LIBRARIES = ("torch", "torchvision", "timm", "open_clip_torch", "onnxruntime", "pillow", "numpy")
+
+
+@functools.cache
+def _library_versions() -> tuple[str, ...]:
+    """The installed versions of :data:`MODEL_LIBRARIES` (read once per process)."""
+    versions = []
+    for name in MODEL_LIBRARIES:
+        try:
+            versions.append(f"{name}=={importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{name} absent")
+    return tuple(versions)
+
+
+def _spec_code(families: tuple[str, ...]) -> list[str]:
+    """This module's code version with the families' modules, and the model libraries' versions."""
+    return [code_version(__name__, "tasks.shared.features.base", *families, exclude=("tasks.shared.features.registry",)),
+            *_library_versions()]
+
+
+def spec_key(cfg: FeaturesConfig, spec: ModelSpec, draft: int | None | Literal["auto"], images: str) -> str:
+    """What a (model, shard) unit's features depend on, as configured: read off the config,
+    never the loaded model (weights by their pinned SHA-256), so a probe checks it for free.
+    ``draft`` "auto" depends on every configured model's input size, hence on every spec."""
+    from tasks.shared.features.registry import family_module
+
+    specs = cfg.models if draft == "auto" else [spec]
+    return fingerprint(["features-spec", _spec_code(tuple(sorted({family_module(m) for m in specs}))),
+                        spec.model_dump(mode="json"), [m.model_dump(mode="json") for m in specs], draft, cfg.dtype,
+                        cfg.runtime.precision, images])
+
+
+def current_by_spec(store: Store, shard: str, cfg: FeaturesConfig, draft: int | None | Literal["auto"],
+                    selection: Selection | None = None) -> dict[str, Any] | None:
+    """The summary of :func:`extract_shard` when every model's unit of ``shard`` is current by
+    its ``info.spec``, read from markers (and, with a selection, the shard's records file and
+    the selection's keys: small tables); None when any may not be. With a selection, features
+    of every image that are current are used instead, as :func:`judge_shard` does."""
+    staged = require_marker(store, staging_tar(shard), "staging shard").info
+    chosen = None
+    if selection is not None:
+        wanted = selection.keys(store, shard)
+        chosen = [(k, e, sha) for k, e, sha in shard_images(store, shard) if k in wanted]
+    images = staged["count"] if chosen is None else len(chosen)
+    summary: dict[str, Any] = {"shard": shard, "images": images, "models": {}}
+    for spec in cfg.models:
+        full = read_marker(store, feature_vectors(spec.model_id, shard))
+        if full is not None and full.info.get("spec") == spec_key(cfg, spec, draft, staged["images"]):
+            ok = None if chosen is None else _ok_among(store, spec.model_id, shard, {k for k, _, _ in chosen})
+            summary["models"][spec.model_id] = _summary(SKIPPED, full, images, None, ok)
+            continue
+        if chosen is None:
+            return None
+        chosen_print = fingerprint([(k, sha, e) for k, e, sha in chosen])
+        part = read_marker(store, feature_vectors(spec.model_id, shard, selection.name))
+        if part is None or part.info.get("spec") != spec_key(cfg, spec, draft, chosen_print):
+            return None
+        summary["models"][spec.model_id] = _summary(SKIPPED, part, images, selection.name)
+    return summary
 
 
 def load_models(cfg: FeaturesConfig) -> list[FeatureModel]:
@@ -301,21 +376,35 @@ def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, selection: Sele
 
     Returns ``{"shard", "images", "models": {model_id: {"action", "ok", "errors",
     "random_init", "dim", "fingerprint", "subset"}}}`` where action is ``computed`` or ``skipped``.
+    Without a selection, current units are found from their markers (:func:`current_by_spec`)
+    before any model is loaded.
     """
+    if (current := current_by_spec(store, shard, cfg, draft, selection)) is not None:
+        return current
+    must_compute()  # the models are loaded below
+    spec_of = {spec.model_id: spec for spec in cfg.models}
     models = load_models(cfg)
-    draft = decode_size(models) if draft == "auto" else draft
+    auto, draft = draft, decode_size(models) if draft == "auto" else draft
     judged = judge_shard(store, shard, cfg, models, draft, selection)
     subset = judged.subset
     chosen = judged.chosen if subset is not None else shard_images(store, shard)
+    images = require_marker(store, staging_tar(shard), "staging shard").info["images"]
+    if subset is not None:
+        images = fingerprint([(k, sha, e) for k, e, sha in chosen])  # staging's images_digest, restricted
     summary: dict[str, Any] = {"shard": shard, "images": len(chosen), "models": {}}
     todo: list[FeatureModel] = []
     for model in models:
         verdict = judged.models[model.model_id]
+        spec = spec_key(cfg, spec_of[model.model_id], auto, images)
         if verdict.reused:
             ok = _ok_among(store, model.model_id, shard, {k for k, _, _ in chosen})
-            summary["models"][model.model_id] = _model_summary(SKIPPED, verdict.marker, model, len(chosen), None, ok)
+            summary["models"][model.model_id] = _summary(SKIPPED, verdict.marker, len(chosen), None, ok)
         elif verdict.action == SKIPPED:
-            summary["models"][model.model_id] = _model_summary(SKIPPED, verdict.marker, model, len(chosen), subset)
+            marker = verdict.marker
+            if marker.info.get("spec") != spec:  # current, and now known so from its spec
+                marker = finish_unit(store, feature_vectors(model.model_id, shard, subset), verdict.fingerprint,
+                                     marker.outputs, {**marker.info, "spec": spec})
+            summary["models"][model.model_id] = _summary(SKIPPED, marker, len(chosen), subset)
         else:
             todo.append(model)
     if not todo:
@@ -349,9 +438,10 @@ def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, selection: Sele
         feats = run.features().astype(cfg.dtype)
         info = {"model": model.fingerprint(), "dtype": cfg.dtype, "decode_size": draft,
                 "random_init": bool(model.random_init)}
+        info["spec"] = spec_key(cfg, spec_of[model.model_id], auto, images)
         marker = write_shard_features(store, model.model_id, shard, keys, shas, run.ok, run.errors, feats,
                                       judged.models[model.model_id].fingerprint, info, subset)
-        summary["models"][model.model_id] = _model_summary(COMPUTED, marker, model, len(chosen), subset)
+        summary["models"][model.model_id] = _summary(COMPUTED, marker, len(chosen), subset)
     fault_point("features.done", shard)
     return summary
 
@@ -369,16 +459,18 @@ def _ok_among(store: Store, model_id: str, shard: str, keys: set[str]) -> int:
     return sum(1 for k, ok in zip(t["key"].to_pylist(), t["ok"].to_pylist(), strict=True) if ok and k in keys)
 
 
-def _model_summary(action: str, marker: Marker, model: FeatureModel, images: int,
-                   subset: str | None = None, ok: int | None = None) -> dict[str, Any]:
+def _summary(action: str, marker: Marker, images: int, subset: str | None = None,
+             ok: int | None = None) -> dict[str, Any]:
+    """One model's part of a shard's summary, from its unit's marker (the model's facts are there)."""
     count = int(marker.info["count"]) if ok is None else ok
-    return {"action": action, "ok": count, "errors": images - count, "random_init": bool(model.random_init),
-            "dim": model.dim, "fingerprint": marker.info["model"], "subset": subset}
+    return {"action": action, "ok": count, "errors": images - count, "random_init": bool(marker.info["random_init"]),
+            "dim": int(marker.info["model"]["dim"]), "fingerprint": marker.info["model"], "subset": subset}
 
 
 # One unit per staging shard; in a flow its task asks for ``dask.model_task_resources``
-# (e.g. GPU=1), see corpusforge.cluster.MODEL_TASKS.
-EXTRACT_SHARD = Unit(extract_shard, "extract-shard-features")
+# (e.g. GPU=1), see corpusforge.cluster.MODEL_TASKS. Probed: a current unit is known from
+# its markers without loading a model (:func:`current_by_spec`).
+EXTRACT_SHARD = Unit(extract_shard, "extract-shard-features", probe=True)
 
 
 def extract_features(store: Store, shards: list[str], cfg: FeaturesConfig, selection: Selection | None = None,

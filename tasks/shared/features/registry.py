@@ -16,12 +16,13 @@ import importlib
 import logging
 import threading
 from collections.abc import Sequence
-
-import torch
+from typing import TYPE_CHECKING
 
 from corpusforge.hashing import canonical_json
-from tasks.shared.features.base import FeatureModel, resolve_device
 from tasks.shared.features.config import ModelSpec, RuntimeConfig
+
+if TYPE_CHECKING:  # torch is imported where a model is built: the flow that names models never needs it
+    from tasks.shared.features.base import FeatureModel
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,10 @@ def build_model(spec: ModelSpec, runtime: RuntimeConfig,
             f"pinned file, or random_init: true to run the architecture untrained (tests, benchmarks)")
     if spec.weights is not None and spec.random_init:
         raise ValueError(f"model {spec.model_id}: weights and random_init are mutually exclusive")
+    import torch
+
+    from tasks.shared.features.base import resolve_device
+
     if resolve_device(runtime.device).type == "cpu":
         torch.set_num_threads(runtime.torch_threads or 1)  # see RuntimeConfig.torch_threads: same bits anywhere
     family = importlib.import_module(_FAMILIES[spec.name])

@@ -1,0 +1,130 @@
+"""A rerun that changes nothing makes no task run, in any stage nor any one-off global step
+(issue 31, item 4); a changed input runs again exactly what depends on it.
+
+The flow probes every unit itself (``corpusforge.cluster.run_tasks``): ingest partitions by
+their chunk and image stamps, staging shards by their slices' resolved digests, feature units
+by their configured spec (no model is loaded), release shards and manifest parts, graph and
+caption units by their markers. The one-off global steps (planning the inputs and the release,
+the graph's recall check, the statistics' scan and partials, the evaluation caption set, the
+input snapshot, the output list, the reports, the account of changes, the sweep) are units
+keyed by their code, settings and input digests (``corpusforge.contract.step_call``), probed
+the same way. So a no-op rerun is a walk over markers in the flow process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from corpusforge.contract import in_process, keyed, probe, run_step, step_call
+from corpusforge.layout import EVAL_CAPTIONS, RECEIPT, RECEIPT_OUTPUTS
+from corpusforge.storage import Store
+from flows.build_corpus import BuildConfig, build, run_build
+from tests.built_sample import config
+from tests.test_build_e2e import file_hashes
+from tasks.report.receipt import WRITE_OUTPUT_LIST
+from tests.test_cluster import build_task_runs
+
+pytestmark = [pytest.mark.timeout(600)]
+
+ON_DASK = {"n_workers": 1, "processes": False}
+
+
+def settled_copy(built: Path, tmp_path: Path, settings: BuildConfig) -> None:
+    """A copy of the built sample at ``settings.out``, rebuilt twice in this process with
+    ``settings``: its receipt then names this root and cluster, and the version it held
+    before is kept (a root's first rebuild copies that version; later ones compare it)."""
+    shutil.copytree(built, settings.out, symlinks=True)
+    build(settings)
+    build(settings)
+
+
+def task_runs(out: Path) -> Counter[str]:
+    """The flow builds' task runs into ``out`` by task (batch and retry suffixes dropped)."""
+    return Counter(re.sub(r"( \d+/\d+|-[0-9a-f]{3})$", "", r.name) for r in build_task_runs(str(out)))
+
+
+def test_a_no_op_rerun_makes_no_task_run(built_sample, sample_corpus, tmp_path, prefect_server):
+    """The session's sample corpus rebuilt as a flow on a Dask cluster with nothing changed:
+    zero task runs in every stage of units and in every global step, and the same bytes."""
+    built, _ = built_sample
+    out = tmp_path / "corpus"
+    before, receipt = file_hashes(built), json.loads((built / RECEIPT).read_text())
+    settings = config(sample_corpus, out, dask=ON_DASK)
+    settled_copy(built, tmp_path, settings)
+    run_build(settings)
+    assert task_runs(out) == Counter(), f"task runs of a no-op rerun, by task: {dict(task_runs(out))}"
+    after = file_hashes(out)
+    assert {p: h for p, h in after.items() if p != RECEIPT} == {p: h for p, h in before.items() if p != RECEIPT}
+    rerun = json.loads((out / RECEIPT).read_text())
+    for r in (receipt, rerun):  # the rebuild's own settings: where it ran (a copy) and on what cluster
+        r["config"].pop("out"), r["config"].pop("dask")
+    assert rerun == receipt
+
+
+def test_a_changed_global_step_runs_again_with_what_depends_on_it(built_sample, sample_corpus, tmp_path,
+                                                                  prefect_server):
+    """A new seed of the evaluation caption set (a setting only that step reads) runs that step
+    again, and what reads its result: the statistics' sidecars name the set, the receipt records
+    it (so the output list, the reports and the account of changes follow; the version kept
+    before the build is the same). Nothing upstream runs: not the plans, the recall check, the
+    scan, nor any unit."""
+    built, _ = built_sample
+    out = tmp_path / "corpus"
+    settled_copy(built, tmp_path, config(sample_corpus, out, dask=ON_DASK))
+    run_build(config(sample_corpus, out, dask=ON_DASK, eval_captions={"seed": 7}))
+    assert task_runs(out) == Counter({"write-eval-captions": 1, "stats-partials": 1, "write-output-list": 1,
+                                      "write-reports": 1, "diff-versions": 1})
+    receipt = json.loads((out / RECEIPT).read_text())
+    assert receipt["eval_captions"]["seed"] == 7
+    assert receipt["eval_captions"]["sha256"] == hashlib.sha256((out / EVAL_CAPTIONS).read_bytes()).hexdigest()
+    sidecar = json.loads((out / receipt["stats"]["files"]["test"]["npz"]["path"].replace(".npz", ".json")).read_text())
+    assert sidecar["eval_captions"]["seed"] == 7
+
+
+def test_a_statistics_file_removed_by_hand_is_written_again(built_sample, sample_corpus, tmp_path):
+    """The statistics' keyed step is current only while the files its result names are there:
+    a sidecar removed by hand is written again, with the same bytes."""
+    built, _ = built_sample
+    out = tmp_path / "corpus"
+    settings = config(sample_corpus, out, dask=ON_DASK)
+    settled_copy(built, tmp_path, settings)
+    files = json.loads((out / RECEIPT).read_text())["stats"]["files"]
+    named = [f["path"] for group in files.values() for f in group.values()]
+    assert "stats/test_stats.npz" in named and [p for p in named if not (out / p).exists()] == []
+    npz = files["test"]["npz"]["path"]
+    sidecar = out / npz.replace(".npz", ".json")
+    want = sidecar.read_bytes()
+    sidecar.unlink()
+    build(settings)
+    assert sidecar.read_bytes() == want
+
+
+def test_a_keyed_step_is_current_only_with_the_same_key_and_its_outputs(tmp_path):
+    """The flow's probe of a keyed step (what ``corpusforge.cluster`` does before submitting),
+    here the output list: current after it ran, with its recorded result; not current when a
+    setting or an input digest changed, nor when its output file was removed; a run of a
+    current step writes nothing."""
+    store = Store(str(tmp_path), fsync=False)
+    store.write_bytes("shards/a.txt", b"a")
+
+    def call(setting: int, digest: str) -> dict:
+        return step_call(store, WRITE_OUTPUT_LIST, setting, [digest], dict(store=store), (RECEIPT_OUTPUTS,))
+
+    assert probe(run_step, call(1, "a")) == (False, None)
+    (done,) = in_process(keyed(WRITE_OUTPUT_LIST), [call(1, "a")])
+    assert done["files"] == 1 and done["sha256"] == store.sha256(RECEIPT_OUTPUTS)
+    assert probe(run_step, call(1, "a")) == (True, done)
+    written = (tmp_path / RECEIPT_OUTPUTS).stat().st_mtime_ns
+    assert in_process(keyed(WRITE_OUTPUT_LIST), [call(1, "a")]) == [done]
+    assert (tmp_path / RECEIPT_OUTPUTS).stat().st_mtime_ns == written  # read back, not written again
+    assert probe(run_step, call(2, "a")) == (False, None)  # a setting
+    assert probe(run_step, call(1, "b")) == (False, None)  # an input's digest
+    store.remove(RECEIPT_OUTPUTS)
+    assert probe(run_step, call(1, "a")) == (False, None)  # its output is gone
