@@ -215,11 +215,21 @@ def run_reports(store: Any, sc: Scale, data: str) -> dict[str, Any]:
     return {"tasks": 1, "params": [kwargs]}
 
 
+def _records_regime(n: int) -> dict[str, Any]:
+    """Whether a version's records fill a row group of the files both steps write or read
+    (records.parquet, changes.parquet: row groups of a fixed row count): writing or reading
+    one holds a row group, whose memory grows with N up to there and not past it. Past it,
+    what is left is the steps' own: one range of keys at a time (corpusforge/key_ranges.py)."""
+    from tasks.report.changes import BATCH_ROWS
+
+    return {f"records fill a row group of {BATCH_ROWS:,d}": Scale.of(n).kept >= BATCH_ROWS}
+
+
 @step("keep_previous_version", ("staging", "release_plan", "manifest", "receipt"), "task",
-      ("tasks.report.changes", "duckdb"))
+      ("tasks.report.changes", "duckdb"), regime=_records_regime)
 def run_keep_previous_version(store: Any, sc: Scale, data: str) -> dict[str, Any]:
-    """The copy of the version a rebuild replaces (one task, DuckDB under its memory limit):
-    every manifest row joined with its caption, sorted, written to work/previous."""
+    """The copy of the version a rebuild replaces (one task): every manifest row joined with
+    its caption, one range of keys at a time, sorted, written to work/previous."""
     from corpusforge.layout import PREVIOUS_DIR
     from tasks.report.changes import keep_previous_version
 
@@ -230,10 +240,10 @@ def run_keep_previous_version(store: Any, sc: Scale, data: str) -> dict[str, Any
 
 
 @step("diff_versions", ("staging", "release_plan", "manifest", "receipt", "previous"), "task",
-      ("tasks.report.changes", "duckdb"))
+      ("tasks.report.changes", "duckdb"), regime=_records_regime)
 def run_diff_versions(store: Any, sc: Scale, data: str) -> dict[str, Any]:
-    """CHANGES.md and changes.parquet against the kept previous version (one task, DuckDB):
-    a full outer join of both versions' records."""
+    """CHANGES.md and changes.parquet against the kept previous version (one task): a full
+    outer join of both versions' records, one range of keys at a time."""
     from tasks.report.changes import diff_versions
 
     kwargs = dict(old=store, new=store, out=store, previous_kept=True)

@@ -9,9 +9,11 @@ caption (as released) or image bytes (SHA-256). ``changes.parquet`` lists every 
 ones, and adds the release shards rewritten, added and removed (from the versions' output
 lists, ``receipt_outputs.parquet``), the change in licence counts and, when the statistics changed, their provenance.
 
-The join runs in DuckDB over the manifests' parquet files with a memory limit and a
-temporary folder, so manifests of 10⁸ rows are compared out of core; rows stream from
-DuckDB into the parquet writer, whose fixed settings make the file deterministic.
+Both versions' rows are compared one range of keys at a time (:mod:`corpusforge.key_ranges`):
+each range's records are built, joined and sorted by DuckDB, and the ranges come in key
+order, so a task's memory stays the same at any size of corpus; rows stream from DuckDB into
+the parquet writer in row groups of a fixed size, whose fixed settings make the file
+deterministic.
 
 A build into a root that holds an earlier version keeps that version's records
 (``work/previous/``) before anything is replaced (:func:`keep_previous_version`), and
@@ -20,36 +22,44 @@ writes both files beside the new version when it is done (:func:`write_changes`)
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from corpusforge.contract import Unit, must_compute
-from corpusforge.layout import (CHANGES_MD, CHANGES_SCHEMA, CHANGES_TABLE, MANIFEST_DIR, PREVIOUS_DIR,
-                                PREVIOUS_OUTPUTS, PREVIOUS_RECEIPT, PREVIOUS_RECORDS, RECEIPT, RECEIPT_OUTPUTS,
-                                RELEASE_DIR, RELEASE_PLAN_DIR, RESOLVED_DIR, TABLE_SUFFIXES)
+from corpusforge.key_ranges import Table, key_ranges
+from corpusforge.layout import (CHANGES_MD, CHANGES_SCHEMA, CHANGES_TABLE, MANIFEST_DIR, MANIFEST_SCHEMA,
+                                PREVIOUS_DIR, PREVIOUS_OUTPUTS, PREVIOUS_RECEIPT, PREVIOUS_RECORDS,
+                                RELEASE_PLAN_SCHEMA, RECEIPT, RECEIPT_OUTPUTS, RELEASE_DIR, RELEASE_PLAN_DIR,
+                                RESOLVED_DIR, RESOLVED_SCHEMA, TABLE_SUFFIXES)
 from corpusforge.outofcore import spilling_duckdb
 from corpusforge.storage import PARQUET_WRITE_OPTIONS, Store
 
 FIELDS = ("status", "reason", "split", "shard", "caption", "sha256")
 RECORD_COLUMNS = ("key", "source_path", "occurrence", *FIELDS)
+RECORD_SCHEMA = pa.schema([CHANGES_SCHEMA.field(c) for c in ("key", "source_path", "occurrence")]
+                          + [pa.field(c, pa.string()) for c in FIELDS])
 LISTED = 50  # records listed per kind of change in CHANGES.md (changes.parquet has them all)
-BATCH_ROWS = 65_536
+BATCH_ROWS = PARQUET_WRITE_OPTIONS["row_group_size"]  # rows of a row group of both files
+FETCH_ROWS = 8_192  # rows DuckDB hands over at a time (it sizes each batch's buffers for this many)
+# The columns a version's records are built from (key: every table is read by ranges of it).
+_MANIFEST = pa.schema([MANIFEST_SCHEMA.field(c) for c in ("key", "source_path", "part", "row", "status", "reason",
+                                                          "split", "shard", "sha256")])
+_PLANS = pa.schema([RELEASE_PLAN_SCHEMA.field(c) for c in ("key", "caption")])
+_INPUTS = pa.schema([RESOLVED_SCHEMA.field(c) for c in ("key", "part", "row", "caption")])
 
 
 def _files(store: Store, folder: str) -> list[str]:
-    """Every parquet file under ``folder`` (recursively), as paths DuckDB opens."""
+    """Every parquet file under ``folder`` (recursively), relative to the store's root."""
     root = store.fs._strip_protocol(store.path(folder))
     if not store.fs.exists(root):
         return []
-    found = sorted(p for p in store.fs.find(root) if p.endswith(".parquet") and "/." not in p)
-    return [store.fs.unstrip_protocol(p) if store.remote else p for p in found]
-
-
-def _sql_list(paths: list[str]) -> str:
-    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
+    base = store.fs._strip_protocol(store.path(""))
+    return sorted(p[len(base) + 1:] for p in store.fs.find(root) if p.endswith(".parquet") and "/." not in p)
 
 
 def source_prefix(receipt: dict[str, Any]) -> str:
@@ -65,42 +75,92 @@ def _sql_text(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def records_query(store: Store) -> str:
-    """SQL for a version's records: manifest rows with their caption (the captioning stage's
-    for a released record it captioned, else the input's, from the resolved partitions), and
-    their source path relative to the version's source root."""
+def _version_tables(store: Store, side: str) -> dict[str, Table]:
+    """The tables a version's records are built from, named ``{side}_manifest``,
+    ``{side}_plans`` and ``{side}_inputs`` (the resolved partitions)."""
     manifest = _files(store, MANIFEST_DIR)
     if not manifest:
         raise FileNotFoundError(f"{store.path(MANIFEST_DIR)}: no manifest (not a finished corpus version)")
-    plans, resolved = _files(store, RELEASE_PLAN_DIR), _files(store, RESOLVED_DIR)
-    captioned = (f"(SELECT key, caption FROM read_parquet({_sql_list(plans)}) WHERE caption IS NOT NULL)" if plans
-                 else "(SELECT NULL::VARCHAR AS key, NULL::VARCHAR AS caption WHERE false)")
-    inputs = (f"(SELECT part, row, caption FROM read_parquet({_sql_list(resolved)}))" if resolved
-              else "(SELECT NULL::INTEGER AS part, NULL::INTEGER AS row, NULL::VARCHAR AS caption WHERE false)")
-    prefix = _sql_text(source_prefix(store.read_json(RECEIPT)))
+    return {f"{side}_manifest": Table(store, manifest, _MANIFEST),
+            f"{side}_plans": Table(store, _files(store, RELEASE_PLAN_DIR), _PLANS),
+            f"{side}_inputs": Table(store, _files(store, RESOLVED_DIR), _INPUTS)}
+
+
+def records_query(side: str, prefix: str) -> str:
+    """SQL for a version's records in one range of keys (the tables of :func:`_version_tables`):
+    manifest rows with their caption (the captioning stage's for a released record it
+    captioned, else the input's, from the resolved partitions), and their source path relative
+    to the version's source root ``prefix``."""
+    prefix = _sql_text(prefix)
     relative = (f"(SELECT * REPLACE (CASE WHEN starts_with(source_path, {prefix}) AND length({prefix}) > 0 "
                 f"THEN substr(source_path, length({prefix}) + 1) ELSE source_path END AS source_path) "
-                f"FROM read_parquet({_sql_list(manifest)}))")
+                f"FROM {side}_manifest)")
     return f"""
         SELECT m.key, m.source_path,
                row_number() OVER (PARTITION BY m.key, m.source_path ORDER BY m.part, m.row) AS occurrence,
                m.status, m.reason, m.split, m.shard, coalesce(c.caption, r.caption) AS caption, m.sha256
         FROM {relative} m
-        LEFT JOIN {inputs} r ON r.part = m.part AND r.row = m.row
-        LEFT JOIN {captioned} c ON m.status = 'kept' AND c.key = m.key"""
+        LEFT JOIN {side}_inputs r ON r.part = m.part AND r.row = m.row
+        LEFT JOIN (SELECT key, caption FROM {side}_plans WHERE caption IS NOT NULL) c
+               ON m.status = 'kept' AND c.key = m.key"""
 
 
-def _previous_records_query(store: Store) -> str:
-    return f"SELECT {', '.join(RECORD_COLUMNS)} FROM read_parquet({_sql_list(_files(store, PREVIOUS_RECORDS))})"
+class _RowGroups:
+    """Batches written as one parquet file in row groups of ``BATCH_ROWS`` rows, each column of a
+    row group one array, however the batches come: the file is the same for the same rows.
+
+    The rows wait as each column's arrays, and a row group is made one column at a time, so
+    that making it holds its rows about once, not twice."""
+
+    def __init__(self, writer: pq.ParquetWriter, schema: pa.Schema):
+        self.writer, self.schema = writer, schema
+        self.columns: list[list[pa.Array]] = [[] for _ in schema]
+        self.rows = 0
+
+    def add(self, batches: Iterable[pa.RecordBatch]) -> None:
+        for batch in batches:
+            for held, column in zip(self.columns, batch.cast(self.schema).columns, strict=True):
+                held.append(column)
+            self.rows += batch.num_rows
+            while self.rows >= BATCH_ROWS:
+                self._flush(BATCH_ROWS)
+
+    def close(self) -> None:
+        if self.rows:
+            self._flush(self.rows)
+
+    def _flush(self, rows: int) -> None:
+        group = []
+        for i, held in enumerate(self.columns):
+            head, taken = [], 0
+            while taken < rows:
+                chunk = held.pop(0)
+                if taken + len(chunk) > rows:
+                    held.insert(0, chunk.slice(rows - taken))
+                    chunk = chunk.slice(0, rows - taken)
+                head.append(chunk)
+                taken += len(chunk)
+            group.append(pa.concat_arrays(head))
+            del head
+        self.rows -= rows
+        self.writer.write_table(pa.Table.from_arrays(group, schema=self.schema), row_group_size=BATCH_ROWS)
+        del group
+        pa.default_memory_pool().release_unused()  # else the next row group can come on top of this one's
 
 
-def _stream_parquet(store: Store, rel: str, reader: pa.RecordBatchReader, schema: pa.Schema) -> None:
-    """Write a stream of batches as one parquet file with the fixed writer settings."""
-    options = dict(PARQUET_WRITE_OPTIONS)
-    row_group_size = options.pop("row_group_size")
+@contextlib.contextmanager
+def _parquet_writer(store: Store, rel: str, schema: pa.Schema) -> Iterator[_RowGroups]:
+    """Row groups written to ``rel`` (atomically, with the fixed writer settings)."""
+    options = {k: v for k, v in PARQUET_WRITE_OPTIONS.items() if k != "row_group_size"}
     with store.atomic_write(rel) as f, pq.ParquetWriter(f, schema, **options) as writer:
-        for batch in reader:
-            writer.write_table(pa.Table.from_batches([batch]).cast(schema), row_group_size=row_group_size)
+        groups = _RowGroups(writer, schema)
+        yield groups
+        groups.close()
+
+
+def _register(con: Any, tables: dict[str, pa.Table]) -> None:
+    for name, table in tables.items():
+        con.register(name, table)
 
 
 def keep_previous_version(store: Store, memory_limit: str = "2GB") -> bool:
@@ -108,7 +168,7 @@ def keep_previous_version(store: Store, memory_limit: str = "2GB") -> bool:
 
     Only a finished version counts (its receipt and manifest are there); a build killed and rerun keeps
     the copy it made first (the receipt it copied is still the root's). Returns whether an
-    earlier version is kept."""
+    earlier version is kept. ``memory_limit``: DuckDB's, for one range of keys."""
     if not (store.exists(RECEIPT) and _files(store, MANIFEST_DIR)):
         must_compute()
         store.remove(PREVIOUS_DIR)
@@ -122,11 +182,11 @@ def keep_previous_version(store: Store, memory_limit: str = "2GB") -> bool:
         store.write_bytes(PREVIOUS_OUTPUTS, store.read_bytes(RECEIPT_OUTPUTS))
     else:
         store.remove(PREVIOUS_OUTPUTS)
-    schema = pa.schema([CHANGES_SCHEMA.field(c) for c in ("key", "source_path", "occurrence")]
-                       + [pa.field(c, pa.string()) for c in FIELDS])
-    with spilling_duckdb(memory_limit, store) as con:
-        reader = con.sql(records_query(store) + " ORDER BY 1, 2, 3").fetch_record_batch(BATCH_ROWS)
-        _stream_parquet(store, PREVIOUS_RECORDS, reader, schema)
+    query = records_query("v", source_prefix(json.loads(receipt))) + " ORDER BY 1, 2, 3"
+    with spilling_duckdb(memory_limit) as con, _parquet_writer(store, PREVIOUS_RECORDS, RECORD_SCHEMA) as out:
+        for tables in key_ranges(_version_tables(store, "v")):  # null keys last, as ORDER BY puts them
+            _register(con, tables)
+            out.add(con.sql(query).to_arrow_reader(FETCH_ROWS))
     store.write_bytes(PREVIOUS_RECEIPT, receipt)  # last: the copy is whole
     return True
 
@@ -136,16 +196,22 @@ def diff_versions(old: Store, new: Store, out: Store, previous_kept: bool = Fals
     """Compare two versions; write ``changes.parquet`` and ``CHANGES.md`` under ``out``.
 
     ``previous_kept``: the old version is the copy :func:`keep_previous_version` made under
-    ``old`` (a build into the same root). Returns the summary CHANGES.md renders."""
-    old_records = _previous_records_query(old) if previous_kept else records_query(old)
+    ``old`` (a build into the same root). ``memory_limit``: DuckDB's, for one range of keys.
+    Returns the summary CHANGES.md renders."""
     old_receipt = old.read_json(PREVIOUS_RECEIPT if previous_kept else RECEIPT)
     old_outputs = PREVIOUS_OUTPUTS if previous_kept else RECEIPT_OUTPUTS
     new_receipt = new.read_json(RECEIPT)
+    if previous_kept:
+        tables = {"o_records": Table(old, [PREVIOUS_RECORDS], RECORD_SCHEMA)}
+        old_records = f"SELECT {', '.join(RECORD_COLUMNS)} FROM o_records"
+    else:
+        tables, old_records = _version_tables(old, "o"), records_query("o", source_prefix(old_receipt))
+    tables.update(_version_tables(new, "n"))
     differs = " OR ".join(f"o.{f} IS DISTINCT FROM n.{f}" for f in FIELDS)
     fields = ", ".join(f"CASE WHEN o.{f} IS DISTINCT FROM n.{f} THEN '{f}' END" for f in FIELDS)
     sides = ", ".join(f"{s}.{f} AS {'old' if s == 'o' else 'new'}_{f}" for s in ("o", "n") for f in FIELDS)
     query = f"""
-        WITH o AS ({old_records}), n AS ({records_query(new)})
+        WITH o AS ({old_records}), n AS ({records_query("n", source_prefix(new_receipt))})
         SELECT coalesce(n.key, o.key) AS key, coalesce(n.source_path, o.source_path) AS source_path,
                coalesce(n.occurrence, o.occurrence) AS occurrence,
                CASE WHEN o.occurrence IS NULL THEN 'added' WHEN n.occurrence IS NULL THEN 'removed'
@@ -156,23 +222,31 @@ def diff_versions(old: Store, new: Store, out: Store, previous_kept: bool = Fals
         FROM o FULL OUTER JOIN n ON o.key IS NOT DISTINCT FROM n.key
              AND o.source_path IS NOT DISTINCT FROM n.source_path AND o.occurrence = n.occurrence
         WHERE o.occurrence IS NULL OR n.occurrence IS NULL OR {differs}"""
-    with spilling_duckdb(memory_limit, old, new, out) as con:
+    order = "ORDER BY 1 NULLS FIRST, 2 NULLS FIRST, 3"
+    kinds = ("added", "removed", "changed")
+    tallies = ", ".join([f"count(*) FILTER (WHERE change = '{k}')" for k in kinds]
+                        + [f"count(*) FILTER (WHERE change = 'changed' AND "
+                           f"list_contains(string_split(fields, ','), '{f}'))" for f in FIELDS])
+    counts = dict.fromkeys(kinds, 0)
+    by_field = dict.fromkeys(FIELDS, 0)
+    listed: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
+    with spilling_duckdb(memory_limit) as con, _parquet_writer(out, CHANGES_TABLE, CHANGES_SCHEMA) as rows:
         # every read of the table orders its rows (one row per key, source path, occurrence):
         # the table needs no order of its own, so neither a sort nor insertion order to keep
         con.execute("SET preserve_insertion_order = false")
-        con.execute(f"CREATE TEMP TABLE changes AS {query}")
-        _stream_parquet(out, CHANGES_TABLE, con.sql("SELECT * FROM changes ORDER BY 1 NULLS FIRST, 2 NULLS FIRST, 3")
-                        .fetch_record_batch(BATCH_ROWS),
-                        CHANGES_SCHEMA)
-        counts = dict(con.sql("SELECT change, count(*) FROM changes GROUP BY 1 ORDER BY 1").fetchall())
-        by_field = {f: con.sql(f"SELECT count(*) FROM changes WHERE change = 'changed' AND "
-                                   f"list_contains(string_split(fields, ','), '{f}')").fetchall()[0][0]
-                    for f in FIELDS}
-        listed = {kind: con.sql(f"SELECT * FROM changes WHERE change = '{kind}' "
-                                f"ORDER BY 1 NULLS FIRST, 2 NULLS FIRST, 3 LIMIT {LISTED}").to_arrow_table().to_pylist()
-                  for kind in ("added", "removed", "changed")}
-    summary = {"records": {k: counts.get(k, 0) for k in ("added", "removed", "changed")},
-               "changed_fields": by_field, "listed": listed,
+        for ranged in key_ranges(tables, nulls_first=True):  # the order of the file: null keys first
+            _register(con, ranged)
+            con.execute(f"CREATE OR REPLACE TEMP TABLE changes AS {query}")
+            rows.add(con.sql(f"SELECT * FROM changes {order}").to_arrow_reader(FETCH_ROWS))
+            tally = con.sql(f"SELECT {tallies} FROM changes").fetchall()[0]
+            for i, kind in enumerate(kinds):
+                counts[kind] += tally[i]
+                if tally[i] and len(listed[kind]) < LISTED:
+                    listed[kind] += con.sql(f"SELECT * FROM changes WHERE change = '{kind}' {order} "
+                                            f"LIMIT {LISTED - len(listed[kind])}").to_arrow_table().to_pylist()
+            for i, f in enumerate(FIELDS):
+                by_field[f] += tally[len(kinds) + i]
+    summary = {"records": counts, "changed_fields": by_field, "listed": listed,
                "release_shards": _shard_changes(_release_tars(old, old_outputs), _release_tars(new, RECEIPT_OUTPUTS)),
                "licenses": _license_changes(old_receipt, new_receipt),
                "statistics": _stats_changes(old_receipt, new_receipt)}
@@ -276,8 +350,7 @@ def _describe(row: dict[str, Any]) -> str:
     return "; ".join(parts).replace("|", "\\|")
 
 
-# Both scan whole manifests (DuckDB under its memory limit): tasks on the cluster, not the
-# flow process.
+# Both read whole manifests (one range of keys at a time): tasks on the cluster, not the flow process.
 KEEP_PREVIOUS_VERSION = Unit(keep_previous_version, "keep-previous-version", probe=True)
 DIFF_VERSIONS = Unit(diff_versions, "diff-versions")
 
