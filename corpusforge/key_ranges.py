@@ -12,8 +12,8 @@ which is the whole query's output.
 A split takes boundaries from a strided sample of the keys and writes each table's rows to
 one local Arrow stream per range in one pass; a range still too big is split again the same
 way. At most ``fan_out`` streams are open at once, so N rows take
-``ceil(log_fan_out(2 N / rows_per_range))`` passes: one up to about 2M rows with the
-defaults, two up to about 500M. Every row of one key lies in one range, so the rows of one
+``ceil(log_fan_out(2 N / rows_per_range))`` passes: one up to 2.1M rows with the
+defaults, two up to 537M. Every row of one key lies in one range, so the rows of one
 key (and the rows with no key, a range of their own) are never split: a key held by more
 rows than a range is what this does not bound.
 """

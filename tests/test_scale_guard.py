@@ -77,13 +77,6 @@ BROKEN_AT_QUICK_SIZES = {
                       "the listers' spill was 65 -> 210 MB, now 65 -> 71): what grows is DuckDB's sidecar matching "
                       "and sort under its 1 GB limit, which no quick size reaches (a limit of 8 MB fails at 10k, "
                       "16 MB at 100k), so the cap is not shown",
-    # measured 2026-12-02 by bench/scale.py on issue-31rp (bench/results/scale-guard-31rp.txt; what grows:
-    # scale-31rp-duckdb.txt): DuckDB, whose scan of the manifest's part files alone grows 51 -> 71 MB from 10k
-    # to 100k and whose sort needs more memory to finish as N grows; the line allows 14 MB between the sizes
-    "keep_previous_version": "RSS 10k -> 100k: 70 -> 122 MB, 56 GB at 1e8 by the line; 428 MB at 1M; its query "
-                             "runs at 100k under a 48 MB DuckDB limit, not 32 MB, at 1M under 128 MB, not 64 MB",
-    "diff_versions": "RSS 10k -> 100k: 55 -> 100 MB, 49 GB at 1e8 by the line; 383 MB at 1M (no changes: the bench "
-                     "compares a version with itself; with 89k changes at 100k, 192 MB)",
 }
 # Within a factor of two of the bound at quick sizes, on either side, from one run to the next:
 # not strict, so the guard's verdict on it is read from the table, not from this test's outcome.
