@@ -88,8 +88,9 @@ class _Part:
 
 def key_ranges(tables: dict[str, Table], rows_per_range: int = ROWS_PER_RANGE, fan_out: int = FAN_OUT,
                nulls_first: bool = False) -> Iterator[dict[str, pa.Table]]:
-    """Each range of keys's rows of every table (by name), the ranges in key order; the rows
-    with a null key are a range of their own, first with ``nulls_first``, else last.
+    """The rows of every table (by name), one range of keys at a time, the ranges in key order.
+    Rows that fit in one range are one range, null keys included; else the rows with a null key
+    are a range of their own, first with ``nulls_first``, else last (as the caller's sort puts them).
 
     Splits are written under a local temporary folder, removed when the iteration ends."""
     top = {name: _Part(t.schema, _parquet_rows(t), table=t) for name, t in tables.items()}
