@@ -65,6 +65,20 @@ def img2dataset_venv(venv: Path) -> Path:
     return exe
 
 
+SERVER = "sample_corpus.http_hosts"  # the loopback hosts: a child of this process, not part of a fetcher
+
+
+def _ours(root: psutil.Process) -> list[psutil.Process]:
+    """``root`` and its living descendants, but the loopback server (its CPU and memory serve
+    both fetchers, and were counted as corpusforge's before)."""
+    procs = []
+    for p in (root, *root.children(recursive=True)):
+        with contextlib.suppress(psutil.Error):
+            if SERVER not in " ".join(p.cmdline()):
+                procs.append(p)
+    return procs
+
+
 class PeakRSS:
     """The most resident memory a process and its descendants held at once (sampled every 50 ms)."""
 
@@ -75,8 +89,7 @@ class PeakRSS:
     def _sample(self) -> None:
         while not self.stop.wait(0.05):
             try:
-                root = psutil.Process(self.pid)
-                procs = [root, *root.children(recursive=True)]
+                procs = _ours(psutil.Process(self.pid))
                 self.peak = max(self.peak, sum(p.memory_info().rss for p in procs if p.is_running()))
             except psutil.Error:
                 pass
@@ -91,9 +104,9 @@ class PeakRSS:
 
 
 def _cpu_s(root: psutil.Process) -> float:
-    """CPU seconds of ``root`` and its living descendants so far."""
+    """CPU seconds of ``root`` and its living descendants so far (not the loopback server's)."""
     total = 0.0
-    for p in (root, *root.children(recursive=True)):
+    for p in _ours(root):
         with contextlib.suppress(psutil.Error):
             t = p.cpu_times()
             total += t.user + t.system
@@ -104,7 +117,7 @@ def run_corpusforge(tmp: Path, source: Path, units: int, engine: str) -> dict:
     store = Store(str(tmp / "cf-out"), fsync=False)
     _, parts = plan_partitions(str(source), store, SourceConfig(partition_size=500))
     cfg = FetchConfig(user_agent=UA, allow_private_networks=True, threads=32, retries=1, backoff_s=0.05)
-    me = psutil.Process()  # the server is not a child: its CPU is not counted
+    me = psutil.Process()
     with contextlib.ExitStack() as stack:
         if engine == "dask":
             from distributed import Client, LocalCluster

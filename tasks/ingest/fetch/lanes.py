@@ -13,6 +13,7 @@ idle; 0.72 of 2 cores were kept busy)."""
 from __future__ import annotations
 
 import contextvars
+import itertools
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Hashable
@@ -22,7 +23,7 @@ from typing import TypeVar
 from tasks.ingest.fetch.politeness import HostSlots
 
 T = TypeVar("T", bound=Hashable)
-WAIT_S = 0.2  # a thread that found no free slot waits this long for one, then looks at every host again
+WAIT_S = 1.0  # a thread waits this long for the slot of the host it picked, then picks again
 
 
 def run_lanes(queues: dict[str, deque[T]], slots: HostSlots, limit: Callable[[str], int], threads: int,
@@ -34,18 +35,17 @@ def run_lanes(queues: dict[str, deque[T]], slots: HostSlots, limit: Callable[[st
     hosts = list(queues)
     stop = threading.Event()
 
-    def open_hosts(first: int) -> list[str]:
-        """Hosts with items left and room for one more lane of this unit, from ``first`` round."""
+    def pick(first: int) -> str | None:
+        """A host with items left and room for one more lane of this unit, reserved for a lane:
+        the one with the fewest of this unit's lanes, hosts taken round from ``first``."""
         with lock:
             turn = hosts[first:] + hosts[:first]
-            return [h for h in turn if queues[h] and lanes[h] < limit(h)]
-
-    def reserve(host: str) -> bool:
-        with lock:
-            if not queues[host] or lanes[host] >= limit(host):
-                return False
+            room = [h for h in turn if queues[h] and lanes[h] < limit(h)]
+            if not room:
+                return None
+            host = min(room, key=lanes.__getitem__)  # the first of the fewest
             lanes[host] += 1
-            return True
+            return host
 
     def drain(host: str) -> None:
         with slots.lane(host, limit(host)):
@@ -58,18 +58,16 @@ def run_lanes(queues: dict[str, deque[T]], slots: HostSlots, limit: Callable[[st
 
     def lane_thread(n: int) -> None:
         try:
-            while not stop.is_set() and (candidates := open_hosts(n % len(hosts))):
-                for i, host in enumerate(candidates):
-                    last = i == len(candidates) - 1  # nothing free at the others: wait a while for this one
-                    if not reserve(host):
-                        continue
-                    try:
-                        if slots.take(host, limit(host), WAIT_S if last else 0):
-                            drain(host)
-                            break
-                    finally:
-                        with lock:
-                            lanes[host] -= 1
+            for attempt in itertools.count():
+                if stop.is_set() or (host := pick((n + attempt) % len(hosts))) is None:
+                    return
+                try:
+                    # one scheduler round trip; a release of the host's slot anywhere wakes it
+                    if slots.take(host, limit(host), WAIT_S):
+                        drain(host)
+                finally:
+                    with lock:
+                        lanes[host] -= 1
         except BaseException:
             stop.set()
             raise
