@@ -6,12 +6,14 @@ or a redirect to cloud metadata (169.254.169.254), reaches nothing."""
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 CGNAT = ipaddress.ip_network("100.64.0.0/10")
+_CONTROL = re.compile(r"[\x00-\x20\x7f]")  # control characters and space
 NEVER = "link-local, multicast, reserved or unspecified"
 
 
@@ -58,7 +60,7 @@ def parse_target(url: str) -> Target:
         raise Blocked("URL without a host")
     if parts.username or parts.password:
         raise Blocked("URL with credentials")
-    if any(ord(c) < 0x21 or ord(c) == 0x7F for c in url):
+    if _CONTROL.search(url):
         raise Blocked("control character or space in URL")
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     return Target(parts.scheme, parts.hostname.lower(), port or (443 if parts.scheme == "https" else 80), path)

@@ -31,7 +31,8 @@ from tasks.ingest.fetch.config import FetchConfig
 from tasks.ingest.fetch.optouts import (ROBOTS_MAX_BYTES, DenyList, OriginFile, robots_rule, tdm_header_rule,
                                         tdmrep_rule, x_robots_rule)
 from tasks.ingest.fetch.origins import Origins
-from tasks.ingest.fetch.politeness import RETRIED_STATUSES, HostSlots, HostView, backoff, retry_after_seconds
+from tasks.ingest.fetch.politeness import (RETRIED_STATUSES, HostSlots, HostView, SlotTimeout, backoff,
+                                           retry_after_seconds)
 
 CLOCK_ENV = "CORPUSFORGE_FETCH_CLOCK"  # an ISO time: every fetch happens "then" (tests, reproducible demos)
 FETCHED = "fetched"
@@ -76,7 +77,7 @@ class Fetcher:
                  seed: int = 0):
         self.cfg, self.store, self.deny, self.clock = cfg, store, deny, clock
         self.tls = tls_context(cfg.ca_bundle)
-        self.clients: dict[str, httpx.Client] = {}  # one per host name (client_for says why)
+        self.clients: dict[str, httpx.HTTPTransport] = {}  # one per host name (client_for says why)
         self.clients_lock = threading.Lock()
         self.hosts = HostView(cfg.breaker_failures, cfg.breaker_cooldown_s)
         self.slots = HostSlots()
@@ -86,11 +87,10 @@ class Fetcher:
 
     def close(self) -> None:
         self.hosts.close()
-        self.slots.close()
         for client in self.clients.values():
             client.close()
 
-    def client_for(self, target: Target) -> httpx.Client:
+    def client_for(self, target: Target) -> httpx.HTTPTransport:
         """The client for ``target``'s host name. Connections are pooled by the address connected
         to, so a TLS connection verified for one name would otherwise carry another name's
         requests (two names on one CDN address); and a pool holds only one host's few
@@ -98,7 +98,7 @@ class Fetcher:
         from 32 hosts: 2 million idle checks and 60,000 polls; with a pool per host, 5,700 checks)."""
         with self.clients_lock:
             if target.host not in self.clients:
-                self.clients[target.host] = new_client(self.cfg.connect_timeout_s, self.tls)
+                self.clients[target.host] = new_client(self.tls)
             return self.clients[target.host]
 
     # ---- the stored outcome ------------------------------------------------------------------
@@ -182,7 +182,7 @@ class Fetcher:
 
         for attempt in range(self.cfg.retries + 1):
             try:
-                with self.slots.slot(host, self.cfg.connections(host)):
+                with self.slots.slot(host, self.cfg.connections(host), self.cfg.deadline_s):
                     # the turn is taken in the slot: a request starts when its turn comes, so no more
                     # than the slots' requests can start before the bytes of the earlier ones are charged
                     waited = hosts.turn(host, self.cfg.min_interval(host), rate is not None)
@@ -192,7 +192,7 @@ class Fetcher:
                     out["wait_seconds"] += waited
                     out["requests"] += 1
                     resp = request(self.client_for(target), target, address, self.cfg.user_agent or "",
-                                   self.cfg.deadline_s, self.cfg.max_bytes, read_body)
+                                   self.cfg.deadline_s, self.cfg.connect_timeout_s, self.cfg.max_bytes, read_body)
                     if rate is not None and resp.received:
                         hosts.charge(host, resp.received, rate)
                     after = None
@@ -204,7 +204,7 @@ class Fetcher:
                 return out.end("error/too_large", str(exc))
             except httpx.InvalidURL as exc:  # a URL the client cannot send: asking again changes nothing
                 return out.end("error/fetch_failed", f"InvalidURL: {exc}")
-            except (httpx.RequestError, Deadline) as exc:  # connection, protocol, decoding errors
+            except (httpx.RequestError, Deadline, SlotTimeout) as exc:  # connection, protocol, decoding errors
                 hosts.failed(host)
                 why = f"{type(exc).__name__}: {exc}"
             else:
@@ -258,10 +258,12 @@ class Fetcher:
         for _ in range(self.cfg.max_redirects + 1):
             try:
                 address = resolve_checked(target, self.cfg.allow_private_networks, self.cfg.resolve)
-                with self.slots.slot(target.host, self.cfg.connections(target.host)):
+                with self.slots.slot(target.host, self.cfg.connections(target.host), self.cfg.deadline_s):
                     resp = request(self.client_for(target), target, address, self.cfg.user_agent or "",
-                                   self.cfg.deadline_s, ROBOTS_MAX_BYTES, lambda status, _: status == 200)
-            except (Blocked, ConnectionError, TooLarge, Deadline, httpx.RequestError, httpx.InvalidURL) as exc:
+                                   self.cfg.deadline_s, self.cfg.connect_timeout_s, ROBOTS_MAX_BYTES,
+                                   lambda status, _: status == 200)
+            except (Blocked, ConnectionError, TooLarge, Deadline, SlotTimeout, httpx.RequestError,
+                    httpx.InvalidURL) as exc:
                 return OriginFile(None, error=f"{type(exc).__name__}: {exc}")
             if resp.status in REDIRECTS and resp.headers.get("location"):
                 try:

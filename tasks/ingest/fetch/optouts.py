@@ -5,6 +5,7 @@ Each check returns the rule that refused a URL (kept per record as evidence), or
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -38,6 +39,12 @@ class OriginFile:
         return cls(data["status"], data["sha256"], data["text"], data["error"])
 
 
+@functools.lru_cache(maxsize=64)  # at most 64 robots.txt of 500 KiB held
+def _robots_parser(text: str) -> Protego:
+    """A robots.txt parsed once per text (it was parsed again for every URL)."""
+    return Protego.parse(text)
+
+
 def robots_rule(robots: OriginFile, target: Target, product: str) -> str | None:
     """Why robots.txt disallows ``target``, or None. RFC 9309 §2.3.1: a 4xx file allows
     everything; a 5xx or an unreachable file disallows everything."""
@@ -46,8 +53,7 @@ def robots_rule(robots: OriginFile, target: Target, product: str) -> str | None:
         return f"{where} unavailable ({robots.status or robots.error}): everything disallowed (RFC 9309)"
     if robots.status >= 400:
         return None
-    parser = Protego.parse(robots.text)
-    if parser.can_fetch(target.origin + target.path, product):
+    if _robots_parser(robots.text).can_fetch(target.origin + target.path, product):
         return None
     return f"{where} sha256={robots.sha256} disallows {target.path} for {product}"
 

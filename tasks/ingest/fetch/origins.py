@@ -54,8 +54,10 @@ class Origins:
         with self._lock:
             if origin in self._seen:
                 return self._seen[origin]
-        with origin_lock(origin):
-            files = self._stored(origin) or self._fetch(target)
+        files = self._stored(origin)  # stored: no lock taken (two scheduler round trips on a cluster)
+        if files is None:
+            with origin_lock(origin):
+                files = self._stored(origin) or self._fetch(target)
         with self._lock:
             self._seen[origin] = files
         return files

@@ -38,73 +38,64 @@ def _cluster_semaphore(name: str, limit: int) -> Any:
         return _SHARED[name]
 
 
-LEASE_LINGER_S = 0.5  # an idle cluster lease is kept this long for the unit's next request to the host
-
-
 class HostSlots:
     """One fetch unit's slots on hosts: at most ``limit`` requests in flight to a host across every
-    Dask worker, held as leases of a ``distributed.Semaphore`` per host (process-wide semaphores
-    outside a cluster). A lease is kept while the unit keeps using it and returned after
-    :data:`LEASE_LINGER_S` idle, so a request costs no scheduler round trip while a unit works
-    through a host's URLs, and a lease never waits on work elsewhere for long."""
+    Dask worker, a slot being a lease of a ``distributed.Semaphore`` per host (process-wide
+    semaphores outside a cluster). A unit works through a host's URLs in lanes
+    (:mod:`.lanes`): a lane takes one slot, keeps it while it drains the unit's URLs of that host
+    (its requests, the host's robots.txt, retries and pauses) and returns it the moment none is
+    left, so a slot costs two scheduler round trips per lane, not per request, and no unit holds
+    a slot it does not use. A request outside the thread's lane (a redirect to another host) holds
+    a slot of its host for that request alone."""
 
-    def __init__(self, linger: float = LEASE_LINGER_S):
-        self.linger = linger
-        self.lock = threading.Lock()
-        self.idle: dict[str, list[float]] = {}  # host -> when each held, unused lease became idle
-        self.limits: dict[str, int] = {}
-        self.closed = threading.Event()
-        self.reaper: threading.Thread | None = None
+    def __init__(self) -> None:
+        self.mine = threading.local()  # .host: the host whose slot this thread's lane holds
+
+    def take(self, host: str, limit: int, timeout: float | None) -> bool:
+        """One of ``host``'s ``limit`` slots, waiting at most ``timeout`` s (None: as long as it takes)."""
+        shared = _cluster_semaphore(f"corpusforge-fetch:{host}:{limit}", limit)
+        if shared is not None:
+            return bool(shared.acquire(timeout=timeout))
+        with _LOCAL_LOCK:
+            local = _LOCAL.setdefault((host, limit), threading.BoundedSemaphore(limit))
+        return local.acquire(timeout=timeout)
+
+    def give(self, host: str, limit: int) -> None:
+        shared = _cluster_semaphore(f"corpusforge-fetch:{host}:{limit}", limit)
+        if shared is not None:
+            shared.release()
+        else:
+            _LOCAL[(host, limit)].release()
 
     @contextlib.contextmanager
-    def slot(self, host: str, limit: int) -> Iterator[None]:
-        """Hold one of ``limit`` slots for ``host`` while a request is in flight."""
-        shared = _cluster_semaphore(f"corpusforge-fetch:{host}:{limit}", limit)
-        if shared is None:
-            with _LOCAL_LOCK:
-                local = _LOCAL.setdefault((host, limit), threading.BoundedSemaphore(limit))
-            with local:
-                yield
-            return
-        with self.lock:
-            self.limits[host] = limit
-            reused = bool(self.idle.get(host))
-            if reused:
-                self.idle[host].pop()
-            if self.reaper is None:
-                self.reaper = threading.Thread(target=contextvars.copy_context().run, args=(self._reap,),
-                                               daemon=True)  # in this task's context: its Dask worker
-                self.reaper.start()
-        if not reused:
-            shared.acquire()
+    def lane(self, host: str, limit: int) -> Iterator[None]:
+        """This thread's requests to ``host`` use the slot it took (:meth:`take`); returned on exit."""
+        self.mine.host = host
         try:
             yield
         finally:
-            with self.lock:
-                self.idle.setdefault(host, []).append(time.monotonic())
+            self.mine.host = None
+            self.give(host, limit)
 
-    def _release_idle(self, older_than: float) -> None:
-        now = time.monotonic()
-        freed = []
-        with self.lock:
-            for host, since in self.idle.items():
-                keep = [t for t in since if now - t < older_than]
-                freed += [host] * (len(since) - len(keep))
-                self.idle[host] = keep
-        for host in freed:
-            limit = self.limits[host]
-            _cluster_semaphore(f"corpusforge-fetch:{host}:{limit}", limit).release()
+    @contextlib.contextmanager
+    def slot(self, host: str, limit: int, timeout: float) -> Iterator[None]:
+        """A slot for one request to ``host``: the thread's lane's, or one taken for the request.
+        A lane that waits for another host's slot holds its own meanwhile, so the wait is bounded
+        by ``timeout`` (then :class:`SlotTimeout`, a failed attempt): two lanes redirected to each
+        other's hosts never wait on each other for good."""
+        if getattr(self.mine, "host", None) == host:
+            yield
+            return
+        if not self.take(host, limit, timeout):
+            raise SlotTimeout(f"no free connection to {host} within {timeout:g} s")
+        try:
+            yield
+        finally:
+            self.give(host, limit)
 
-    def _reap(self) -> None:
-        while not self.closed.wait(self.linger / 2):
-            self._release_idle(self.linger)
 
-    def close(self) -> None:
-        """Return every lease (all are idle once the unit's requests are done)."""
-        self.closed.set()
-        if self.reaper is not None:
-            self.reaper.join()
-        self._release_idle(-1.0)
+class SlotTimeout(Exception):
+    """No slot of a host came free in time (see :meth:`HostSlots.slot`)."""
 
 
 def retry_after_seconds(value: str | None, now: datetime) -> float | None:
@@ -165,7 +156,7 @@ class HostView:
         if self.client is None:
             self._sync([host])  # in-process: exact and cheap
         else:
-            self._learn(host)  # on a cluster: what the other units know of a host new to this one
+            self.learn([host])  # on a cluster: what the other units know of a host new to this one
         waited = 0.0
         while True:
             with self.lock:
@@ -210,29 +201,33 @@ class HostView:
                 self.wait_until[host] = now + wait
                 self.open_until[host] = now + open_left
 
-    def _learn(self, host: str) -> None:
-        """Before this unit's first request to ``host``, learn its pauses and breaker from the
-        ledger (and start syncing). The unit's other request threads wait for that answer: one
-        that went ahead on the empty local view slipped past another unit's Retry-After (seen
-        1.7 s into a 3 s pause on a loaded machine)."""
-        with self.lock:
-            learned = self.learned.get(host)
-            first = learned is None
-            if first:
-                learned = self.learned[host] = threading.Event()
-                start = self.syncer is None
-                if start:
-                    self.syncer = threading.Thread(target=contextvars.copy_context().run,
-                                                   args=(self._sync_loop,), daemon=True)
-        if not first:
-            learned.wait()
+    def learn(self, hosts: list[str]) -> None:
+        """Before this unit's first request to any of ``hosts``, learn their pauses and breakers
+        from the ledger in one round trip (and start syncing); on a cluster only. The unit's other
+        request threads wait for that answer: one that went ahead on the empty local view slipped
+        past another unit's Retry-After (seen 1.7 s into a 3 s pause on a loaded machine). A unit
+        learns all its hosts at once before it starts (one round trip, not one per host)."""
+        if self.client is None:
             return
+        with self.lock:
+            waits = [self.learned[h] for h in hosts if h in self.learned]
+            new = [h for h in dict.fromkeys(hosts) if h not in self.learned]
+            for h in new:
+                self.learned[h] = threading.Event()
+            start = bool(new) and self.syncer is None
+            if start:
+                self.syncer = threading.Thread(target=contextvars.copy_context().run,
+                                               args=(self._sync_loop,), daemon=True)
         if start:
             self.syncer.start()
-        try:
-            self._sync([host])
-        finally:
-            learned.set()  # a failed answer leaves the local view, as the syncing does
+        if new:
+            try:
+                self._sync(new)
+            finally:
+                for h in new:
+                    self.learned[h].set()  # a failed answer leaves the local view, as the syncing does
+        for event in waits:
+            event.wait()
 
     def _sync_loop(self) -> None:
         while not self.closed.wait(SYNC_S):

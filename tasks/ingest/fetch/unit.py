@@ -8,17 +8,15 @@ Fingerprint: the partition's chunk digest, each row's licence verdict, the deny-
 and the settings that decide an outcome (User-Agent product token, private networks, body cap,
 redirects, refresh label, store). A unit whose ledger holds deferred or failed URLs runs again
 on the next build, and only those URLs are requested (the others' outcomes are stored); a killed
-unit likewise resumes from the stored outcomes. Rows are worked on with the hosts interleaved,
-so that one slow host does not hold every thread.
+unit likewise resumes from the stored outcomes. Rows are worked on host by host in lanes
+(:mod:`.lanes`), each holding one of the host's connection slots while it drains the host's
+URLs, so one slow host holds at most its connection limit's threads.
 """
 
 from __future__ import annotations
 
-import contextvars
-import itertools
 import json
-from collections import Counter, defaultdict
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter, defaultdict, deque
 from typing import Any
 
 import fsspec
@@ -35,6 +33,7 @@ from corpusforge.version import code_version
 from tasks.ingest.fetch.addresses import Blocked, parse_target
 from tasks.ingest.fetch.config import FetchConfig
 from tasks.ingest.fetch.fetcher import FETCHED, Fetcher, Outcome
+from tasks.ingest.fetch.lanes import run_lanes
 from tasks.ingest.fetch.optouts import DenyList
 from tasks.ingest.licenses import LicenseConfig, license_reason
 from tasks.ingest.partition import chunk_rows, license_verdicts
@@ -83,15 +82,12 @@ def before_request(meta: dict[str, Any], lic: LicenseConfig | None) -> Outcome |
     return None
 
 
-def interleave_hosts(rows: list[dict[str, Any]]) -> list[int]:
-    """Row indices taken one host at a time, round robin (hosts in order of first appearance)."""
-    by_host: dict[str | None, list[int]] = defaultdict(list)
-    for i, meta in enumerate(rows):
-        try:
-            by_host[parse_target(meta.get("url") or "").host].append(i)
-        except Blocked:
-            by_host[None].append(i)
-    return [i for batch in itertools.zip_longest(*by_host.values()) for i in batch if i is not None]
+def host_of(meta: dict[str, Any]) -> str | None:
+    """The host a row's URL names (None: no usable URL)."""
+    try:
+        return parse_target(meta.get("url") or "").host
+    except Blocked:
+        return None
 
 
 def _sha1(meta: dict[str, Any]) -> str | None:
@@ -133,20 +129,20 @@ def fetch_partition(store: Store, part: Partition, cfg: FetchConfig, lic: Licens
     for i, want in wanted.items():
         first.setdefault(want, i)
 
-    def one(i: int) -> tuple[tuple[str, str | None], Outcome]:
-        out = fetcher.fetch(*wanted[i])
-        fault_point("fetch.url", part.name)
-        return wanted[i], out
+    fetched: dict[tuple[str, str | None], Outcome] = {}
 
-    todo = set(first.values())
+    def one(i: int) -> None:
+        fetched[wanted[i]] = fetcher.fetch(*wanted[i])
+        fault_point("fetch.url", part.name)
+
+    queues: dict[str | None, deque[int]] = defaultdict(deque)  # by host, in order of first appearance
+    for i in sorted(set(first.values())):
+        queues[host_of(rows[i])].append(i)
     try:
-        with ThreadPoolExecutor(cfg.threads) as pool:
-            # each request thread runs in a copy of this task's context: the Dask worker it runs
-            # on is a ContextVar, and it is what makes the host limits cluster-wide (a thread
-            # without it fell back to a per-process limit: 3 in flight at one host were seen)
-            jobs = [pool.submit(contextvars.copy_context().run, one, i)
-                    for i in interleave_hosts(rows) if i in todo]
-            fetched = dict(job.result() for job in jobs)
+        for i in queues.pop(None, ()):  # no host: refused before any request
+            one(i)
+        fetcher.hosts.learn(list(queues))
+        run_lanes(queues, fetcher.slots, cfg.connections, cfg.threads, one)
     finally:
         fetcher.close()
     again = {"requests": 0, "status_429": 0, "wait_seconds": 0.0, "bytes_received": 0}  # a repeat asked nothing

@@ -1,0 +1,84 @@
+"""A fetch unit's URLs worked through host by host, in lanes: a lane takes one of a host's slots
+(:class:`~tasks.ingest.fetch.politeness.HostSlots`), fetches the unit's URLs of that host one
+after the other until none is left, and returns the slot. At most ``threads`` lanes run at once,
+at most a host's connection limit on one host (counted across every unit by the slots).
+
+So the unit owns its share of a host's politeness for as long as it has the host's URLs: a slot
+costs two scheduler round trips per lane instead of one or more per request, a thread never
+waits on a host whose slots are all busy while another host has URLs and a free slot, and a
+slot is never held idle (before, requests took slots one at a time and kept them 0.5 s after
+use: on a cluster, a unit's threads queued behind slots its own or another unit's threads held
+idle; 0.72 of 2 cores were kept busy)."""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import threading
+from collections import Counter, deque
+from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from tasks.ingest.fetch.politeness import HostSlots
+
+T = TypeVar("T", bound=Hashable)
+WAIT_S = 1.0  # a thread waits this long for the slot of the host it picked, then picks again
+
+
+def run_lanes(queues: dict[str, deque[T]], slots: HostSlots, limit: Callable[[str], int], threads: int,
+              work: Callable[[T], None]) -> None:
+    """``work(item)`` for every item of ``queues`` (host → its items, in order), in lanes; an
+    exception in ``work`` stops the other lanes after their current item and is raised here."""
+    lock = threading.Lock()
+    lanes: Counter[str] = Counter()
+    hosts = list(queues)
+    stop = threading.Event()
+
+    def pick(first: int) -> str | None:
+        """A host with items left and room for one more lane of this unit, reserved for a lane:
+        the one with the fewest of this unit's lanes, hosts taken round from ``first``."""
+        with lock:
+            turn = hosts[first:] + hosts[:first]
+            room = [h for h in turn if queues[h] and lanes[h] < limit(h)]
+            if not room:
+                return None
+            host = min(room, key=lanes.__getitem__)  # the first of the fewest
+            lanes[host] += 1
+            return host
+
+    def drain(host: str) -> None:
+        with slots.lane(host, limit(host)):
+            while not stop.is_set():
+                with lock:
+                    if not queues[host]:
+                        return
+                    item = queues[host].popleft()
+                work(item)
+
+    def lane_thread(n: int) -> None:
+        try:
+            for attempt in itertools.count():
+                if stop.is_set() or (host := pick((n + attempt) % len(hosts))) is None:
+                    return
+                try:
+                    # one scheduler round trip; a release of the host's slot anywhere wakes it
+                    if slots.take(host, limit(host), WAIT_S):
+                        drain(host)
+                finally:
+                    with lock:
+                        lanes[host] -= 1
+        except BaseException:
+            stop.set()
+            raise
+
+    useful = min(threads, sum(min(limit(h), len(q)) for h, q in queues.items()))  # lanes that can run at once
+    if not useful:
+        return
+    with ThreadPoolExecutor(useful) as pool:
+        # each thread runs in a copy of this task's context: the Dask worker it runs on is a
+        # ContextVar, and it is what makes the host slots cluster-wide (a thread without it fell
+        # back to a per-process limit: 3 in flight at one host were seen)
+        jobs = [pool.submit(contextvars.copy_context().run, lane_thread, n) for n in range(useful)]
+        for job in jobs:
+            job.result()
