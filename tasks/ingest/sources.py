@@ -16,7 +16,7 @@ fixed number of rows in input order, with columns normalised to :data:`INPUT_COL
 tars are one partition each. Partitions are the unit of parallel ingest, and their
 order is the corpus's input order. A folder's listing is spilled to the output's work
 area as it comes (``work/.listing/``) and sorted, its sidecars matched to their images,
-by one DuckDB query under a memory limit: no process holds the corpus's paths.
+one range of keys at a time (:mod:`corpusforge.key_ranges`): no process holds the corpus's paths.
 
 Each partition carries a content digest for the stage contract: the SHA-256 of its
 chunk file (rows and their metadata), or for a tar its stamp. A stamp
@@ -46,6 +46,7 @@ from typing import Any, Literal
 import fsspec
 import fsspec.asyn
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from pydantic import Field
@@ -55,7 +56,6 @@ from corpusforge.contract import Unit, current_marker, finish_unit, must_compute
 from corpusforge.key_ranges import FAN_OUT, ROWS_PER_RANGE, Table, key_ranges
 from corpusforge.layout import (INPUT_DIR, INPUT_SCHEMA, LISTING_SPILL_DIR, TABLE_SUFFIXES, input_path,
                                 listing_spill_path, part_name)
-from corpusforge.outofcore import spilling_duckdb
 from corpusforge.storage import Store, file_stamp, is_remote, with_s3_defaults
 from corpusforge.version import code_version
 from tasks.shared.inputs import Entry, local_file_refusal, read_local, scan_folder, walk_local
@@ -313,9 +313,8 @@ def parse_sidecar(data: bytes) -> tuple[dict[str, Any], str | None]:
 
 LISTING_THREADS = 16  # folder listing: top-level sub-folders listed at once (I/O-bound)
 SPILL_ROWS = 16_384  # entries of one spill part (held as Arrow columns until it is written)
-SPILL_BATCH = 1_024  # entries a lister hands to the writer at a time
+SPILL_BATCH = 256  # entries a lister hands to the writer at a time (the queue holds 32 batches, ~1 MB of paths)
 REMOTE_PAGE = 1_000  # objects taken from an S3 listing at a time (its page size)
-LISTING_MEMORY_LIMIT = "1GB"  # DuckDB's budget for matching one range's sidecars (it needs a few MB)
 LISTING_RANGE_ROWS = ROWS_PER_RANGE  # listing entries sorted or matched at a time
 LISTING_FAN_OUT = FAN_OUT  # ranges one split of the listing makes
 SPILL_SCHEMA = pa.schema([
@@ -468,42 +467,37 @@ def _spill_listing(store: Store, fs: fsspec.AbstractFileSystem, root: str, remot
     return writer.parts
 
 
-# The listing's global step, one range of stems at a time (:mod:`corpusforge.key_ranges`),
-# in DuckDB over the range's entries (table ``entries``). Stages end in tables, not one
-# query (a hash join feeding a sort in one pipeline needed memory that grew with its rows).
-# ``matched``: the stems that have an image and a readable sidecar-named entry (any case);
-# ``kept``: every entry but those sidecars, an image with the sidecars named exactly
-# {stem}.txt / {stem}.json.
-LISTING_STAGES = (
-    f"""CREATE OR REPLACE TEMP TABLE matched AS
-        SELECT key, {", ".join(f"bool_or(sidecar_ext = '{e}') AS has_{e}" for e in SIDECAR_ORDER)}
-        FROM entries GROUP BY key HAVING bool_or(image) AND bool_or(readable_sidecar)""",
-    f"""CREATE OR REPLACE TEMP TABLE kept AS
-        SELECT e.path AS key, CASE WHEN e.image THEN nullif(concat_ws(',', {
-            ", ".join(f"CASE WHEN m.has_{e} THEN '{e}' END" for e in SIDECAR_ORDER)}), '') END AS sidecars
-        FROM entries e LEFT JOIN matched m ON e.key = m.key
-        WHERE NOT (e.readable_sidecar AND m.key IS NOT NULL)""",
-)
 KEPT_SCHEMA = pa.schema([("key", pa.string()), ("sidecars", pa.string())])  # key: the path
 
 
-def _kept_parts(store: Store, parts: list[str], remote: bool) -> list[str]:
-    """The listing's kept rows (``kept`` of :data:`LISTING_STAGES`) in spill parts, one per
-    range of stems: an image and its sidecars share a stem, so they lie in one range."""
+def _kept(entries: pa.Table) -> pa.Table:
+    """The rows a range of the listing's entries keeps (by :data:`SPILL_SCHEMA`'s key, so an
+    image and its sidecars lie in one range): every entry but the sidecars matched to an image,
+    an image with the sidecars named exactly {stem}.txt / {stem}.json. A stem is matched when
+    it has an image and a readable sidecar-named entry (any case)."""
+    stems = entries.select(["key", "image", "readable_sidecar"])
+    for e in SIDECAR_ORDER:
+        stems = stems.append_column(e, pc.equal(entries["sidecar_ext"], e))
+    stems = stems.group_by("key", use_threads=False).aggregate(
+        [(c, "any") for c in ("image", "readable_sidecar", *SIDECAR_ORDER)])
+    matched = stems.filter(pc.and_(stems["image_any"], stems["readable_sidecar_any"]))
+    matched = matched.select(["key", "txt_any", "json_any"]).append_column(
+        "matched", pa.array([True] * matched.num_rows, pa.bool_()))
+    joined = entries.join(matched, "key", join_type="left outer", use_threads=False)
+    hit = pc.is_valid(joined["matched"])
+    has = {e: pc.fill_null(pc.and_(pc.and_(joined["image"], hit), joined[f"{e}_any"]), False) for e in SIDECAR_ORDER}
+    sidecars = pc.case_when(pc.make_struct(pc.and_(has["txt"], has["json"]), has["txt"], has["json"]),
+                            "txt,json", "txt", "json")
+    keep = pc.invert(pc.and_(joined["readable_sidecar"], hit))
+    return pa.table({"key": joined["path"], "sidecars": sidecars}, schema=KEPT_SCHEMA).filter(keep)
+
+
+def _kept_parts(store: Store, parts: list[str]) -> list[str]:
+    """The listing's kept rows (:func:`_kept`) in spill parts, one per range of stems."""
     kept: list[str] = []
-    with spilling_duckdb(LISTING_MEMORY_LIMIT) as con:
-        con.execute("SET preserve_insertion_order = false")  # the order is the second pass's
-        for ranged in key_ranges({"entries": Table(store, parts, SPILL_SCHEMA)}, LISTING_RANGE_ROWS,
-                                 LISTING_FAN_OUT):
-            entries = con.from_arrow(ranged["entries"])
-            if remote:  # an object may be listed twice (as a top-level object and under a prefix)
-                entries = entries.distinct()
-            entries.create("entries")
-            for stage in LISTING_STAGES:
-                con.execute(stage)
-            con.execute("DROP TABLE entries")
-            kept.append(listing_spill_path("kept", len(kept)))
-            store.write_parquet(kept[-1], con.sql("SELECT key, sidecars FROM kept").to_arrow_table().cast(KEPT_SCHEMA))
+    for ranged in key_ranges({"entries": Table(store, parts, SPILL_SCHEMA)}, LISTING_RANGE_ROWS, LISTING_FAN_OUT):
+        kept.append(listing_spill_path("kept", len(kept)))
+        store.write_parquet(kept[-1], _kept(ranged["entries"]))
     return kept
 
 
@@ -513,10 +507,14 @@ def _sorted_rows(store: Store, parts: list[str], remote: bool) -> Iterator[tuple
     Two passes of key ranges: sidecars are matched to images by ranges of stems, then the
     kept rows sorted by ranges of paths. One pass cannot do both: stems do not sort as
     their paths do ('a.jq.png' lies between 'a.jpg' and 'a.json')."""
-    kept = _kept_parts(store, parts, remote)
+    kept = _kept_parts(store, parts)
     for ranged in key_ranges({"kept": Table(store, kept, KEPT_SCHEMA)}, LISTING_RANGE_ROWS, LISTING_FAN_OUT):
-        rows = ranged["kept"].sort_by("key")  # paths are unique: no ties to order
-        yield from zip(rows["key"].to_pylist(), rows["sidecars"].to_pylist(), strict=True)
+        rows = ranged["kept"].sort_by("key")
+        paths = rows["key"].to_pylist()
+        for i, (path, sidecars) in enumerate(zip(paths, rows["sidecars"].to_pylist(), strict=True)):
+            if remote and i and paths[i - 1] == path:  # an object listed twice (top level and under a prefix)
+                continue
+            yield path, sidecars
 
 
 def _folder_rows(src: str, cfg: SourceConfig, store: Store) -> Iterator[dict[str, Any]]:
@@ -529,8 +527,8 @@ def _folder_rows(src: str, cfg: SourceConfig, store: Store) -> Iterator[dict[str
     or special file named like a sidecar.
 
     Memory stays bounded at any size: the listing is spilled to ``store``'s work area as
-    it comes, and DuckDB under a memory limit sorts it and matches sidecars to images out
-    of core; rows stream from it."""
+    it comes, then matched and sorted one range of keys at a time (:func:`_sorted_rows`);
+    rows stream from it."""
     fs, root = _fs(src, cfg.storage_options)
     remote = is_remote(src)
     if not remote:
