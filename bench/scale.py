@@ -521,7 +521,7 @@ def run_receipt(store, sc: Scale, data: str) -> dict[str, Any]:
     return {"tasks": 0, "params": [], "outputs": write_output_list(store)["files"]}
 
 
-@step("folder_listing", ("folder",), "task", ("tasks.ingest.sources", "duckdb"))
+@step("folder_listing", ("folder",), "task", ("tasks.ingest.sources",))
 def run_folder_listing(store, sc: Scale, data: str) -> dict[str, Any]:
     """Planning a source folder (one task, "plan-inputs"): its listing spilled and sorted
     out of core, the input chunks written."""

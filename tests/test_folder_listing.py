@@ -16,6 +16,7 @@ import fsspec
 import pyarrow.parquet as pq
 import pytest
 
+from corpusforge.key_ranges import key_ranges
 from corpusforge.layout import INPUT_DIR, LISTING_SPILL_DIR
 from corpusforge.storage import Store
 from tasks.ingest import sources
@@ -26,8 +27,10 @@ OLD_COMMIT = "78eb19a8741cd8f55392f958c683da62aca7ef07"  # the last commit with 
 
 # Regular files: images with a .txt, a .json, both or neither; orphaned sidecars; names that
 # sort differently by '/' and '.' (a.jpg, a/b.jpg, a-b.jpg); an upper-case image extension;
-# a sidecar in upper case (dropped, never attached, as before); no extension; non-ASCII.
+# a sidecar in upper case (dropped, never attached, as before); no extension; non-ASCII; stems
+# that do not sort as their paths do ('a.jq.png' between 'a.jpg' and 'a.json', 'a.j.jpg' before both).
 REGULAR = {
+    "a.jq.png": b"i", "a.jq.txt": b"cap a.jq", "a.j.jpg": b"i", "a.j.json": b"{}",
     "a.jpg": b"i", "a.txt": b"cap a", "a.json": b'{"license": "cc-by"}',
     "a/b.jpg": b"i", "a/b.json": b"{}", "a-b.jpg": b"i", "a-b.txt": b"cap a-b", "a0.png": b"i",
     "B.JPG": b"i", "B.json": b"{}", "c.png": b"i", "c.TXT": b"upper", "d.webp": b"i",
@@ -96,20 +99,49 @@ def assert_chunks_equal_old(src: str, tmp_path: Path, cfg: SourceConfig, new_out
     return new_parts
 
 
-@pytest.mark.parametrize("partition_size,spill_rows", [(3, 2), (500, sources.SPILL_ROWS), (1, 1)])
-def test_local_folder_chunks_equal_the_in_memory_listing(tmp_path, monkeypatch, partition_size, spill_rows):
-    """Chunks across partition boundaries and listings spilled in many parts: the old bytes."""
+@pytest.mark.parametrize("partition_size,spill_rows,range_rows", [
+    (3, 2, 4), (500, sources.SPILL_ROWS, sources.LISTING_RANGE_ROWS), (1, 1, 1)])
+def test_local_folder_chunks_equal_the_in_memory_listing(tmp_path, monkeypatch, partition_size, spill_rows,
+                                                         range_rows):
+    """Chunks across partition boundaries, listings spilled in many parts, and matched and
+    sorted in ranges of a few rows (splits two and three levels deep): the old bytes."""
     monkeypatch.setattr(sources, "SPILL_ROWS", spill_rows)
+    monkeypatch.setattr(sources, "LISTING_RANGE_ROWS", range_rows)
+    monkeypatch.setattr(sources, "LISTING_FAN_OUT", 3)
     src = local_folder(tmp_path)
     parts = assert_chunks_equal_old(str(src), tmp_path, SourceConfig(partition_size=partition_size))
     rows = [r for p in parts for r in pq.read_table(p.uri, columns=["path", "sidecars"]).to_pylist()]
     got = {r["path"]: r["sidecars"] for r in rows}
     assert got["a.jpg"] == "txt,json" and got["a/b.jpg"] == "json" and got["a-b.jpg"] == "txt"
+    assert got["a.jq.png"] == "txt" and got["a.j.jpg"] == "json" and "a.jq.txt" not in got
     assert got["links/in.jpg"] == "txt" and "links/in.txt" not in got
     assert got["links/out.jpg"] is None and "links/out.txt" in got          # a link outside: a row
     assert got["links/image.jpg"] is None and "links/image.txt" in got      # a FIFO: a row
     assert "c.TXT" not in got and got["c.png"] is None                      # as before: dropped, not attached
     assert "orphan.txt" in got and "links/folder" in got and "pipe.json" in got
+
+
+def test_every_range_of_the_listing_holds_a_bounded_number_of_entries(tmp_path, monkeypatch):
+    """Files neither images nor sidecars are keyed by their path, not one shared key (which
+    would put them all in one range, as many as the folder holds); the rows are the old ones."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(60):
+        (src / f"{i:03d}.jpg").write_bytes(b"i")
+        (src / f"{i:03d}.txt").write_bytes(b"c")
+        (src / f"{i:03d}.md").write_bytes(b"n")
+        (src / f"{i:03d}").write_bytes(b"x")
+    monkeypatch.setattr(sources, "LISTING_RANGE_ROWS", 16)
+    seen: list[int] = []
+
+    def counted(*args, **kwargs):
+        for ranged in key_ranges(*args, **kwargs):
+            seen.append(sum(t.num_rows for t in ranged.values()))
+            yield ranged
+
+    monkeypatch.setattr(sources, "key_ranges", counted)
+    assert_chunks_equal_old(str(src), tmp_path, SourceConfig(partition_size=7))
+    assert sum(seen) == 240 + 180 and max(seen) <= 16  # the entries, then the rows kept
 
 
 def test_a_trailing_slash_and_a_rerun_give_the_same_chunks(tmp_path):
@@ -168,7 +200,7 @@ def test_a_memory_filesystem_folder_equals_the_in_memory_listing(tmp_path):
 @pytest.mark.parametrize("spill_rows", [2, sources.SPILL_ROWS])
 def test_s3_folder_chunks_equal_the_in_memory_listing(tmp_path, s3, monkeypatch, spill_rows):
     """A prefix on S3 (top-level objects and sub-prefixes, listed page by page), planned
-    into a local root and into a root on S3 (the spill on S3, read by DuckDB through fsspec)."""
+    into a local root and into a root on S3 (the spill on S3, read through fsspec)."""
     import s3fs
 
     monkeypatch.setattr(sources, "SPILL_ROWS", spill_rows)
@@ -181,5 +213,5 @@ def test_s3_folder_chunks_equal_the_in_memory_listing(tmp_path, s3, monkeypatch,
     fs.pipe(f"{bucket}/src-not-this/a.jpg", b"i")  # a sibling prefix sharing the name's start
     cfg = SourceConfig(partition_size=3, storage_options=s3)
     parts = assert_chunks_equal_old(f"s3://{bucket}/src", tmp_path, cfg)
-    assert len(parts) == 6  # 17 rows (10 sidecars attached) in chunks of 3
+    assert len(parts) == 7  # 19 rows (12 sidecars attached) in chunks of 3
     assert_chunks_equal_old(f"s3://{bucket}/src/", tmp_path, cfg, new_out=Store(f"s3://{bucket}/out", s3))

@@ -16,7 +16,7 @@ fixed number of rows in input order, with columns normalised to :data:`INPUT_COL
 tars are one partition each. Partitions are the unit of parallel ingest, and their
 order is the corpus's input order. A folder's listing is spilled to the output's work
 area as it comes (``work/.listing/``) and sorted, its sidecars matched to their images,
-by one DuckDB query under a memory limit: no process holds the corpus's paths.
+one range of keys at a time (:mod:`corpusforge.key_ranges`): no process holds the corpus's paths.
 
 Each partition carries a content digest for the stage contract: the SHA-256 of its
 chunk file (rows and their metadata), or for a tar its stamp. A stamp
@@ -41,26 +41,24 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import fsspec
 import fsspec.asyn
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from pydantic import Field
 
 from corpusforge.config import StrictModel
 from corpusforge.contract import Unit, current_marker, finish_unit, must_compute, prune, read_pinned, unit_fingerprint
+from corpusforge.key_ranges import FAN_OUT, ROWS_PER_RANGE, Table, key_ranges
 from corpusforge.layout import (INPUT_DIR, INPUT_SCHEMA, LISTING_SPILL_DIR, TABLE_SUFFIXES, input_path,
                                 listing_spill_path, part_name)
-from corpusforge.outofcore import spilling_duckdb
 from corpusforge.storage import Store, file_stamp, is_remote, with_s3_defaults
 from corpusforge.version import code_version
 from tasks.shared.inputs import Entry, local_file_refusal, read_local, scan_folder, walk_local
-
-if TYPE_CHECKING:
-    import duckdb
 
 METADATA_COLUMNS = ["key", "caption", "caption_type", "source", "license", "license_url",
                     "attribution", "retrieved_at"]
@@ -315,13 +313,13 @@ def parse_sidecar(data: bytes) -> tuple[dict[str, Any], str | None]:
 
 LISTING_THREADS = 16  # folder listing: top-level sub-folders listed at once (I/O-bound)
 SPILL_ROWS = 16_384  # entries of one spill part (held as Arrow columns until it is written)
-SPILL_BATCH = 1_024  # entries a lister hands to the writer at a time
+SPILL_BATCH = 256  # entries a lister hands to the writer at a time (the queue holds 32 batches, ~1 MB of paths)
 REMOTE_PAGE = 1_000  # objects taken from an S3 listing at a time (its page size)
-LISTING_MEMORY_LIMIT = "1GB"  # DuckDB's budget for sorting the listing and matching sidecars; it spills beyond
-LISTING_BATCH_ROWS = 8_192  # sorted rows taken from DuckDB at a time
+LISTING_RANGE_ROWS = ROWS_PER_RANGE  # listing entries sorted or matched at a time
+LISTING_FAN_OUT = FAN_OUT  # ranges one split of the listing makes
 SPILL_SCHEMA = pa.schema([
     ("path", pa.string()),
-    ("stem", pa.string()),              # the path less its extension, for images and sidecars only
+    ("key", pa.string()),               # an image's or sidecar's stem (the path less its extension), else the path
     ("image", pa.bool_()),
     ("readable_sidecar", pa.bool_()),   # named like a sidecar (any case) and a regular file inside the folder
     ("sidecar_ext", pa.string()),       # 'txt' or 'json' when it is also named as an image's sidecar is
@@ -375,7 +373,7 @@ def _spill_table(entries: list[Entry], root: str) -> pa.Table:
         image, sidecar = ext.lower() in IMAGE_EXTS, ext.lower() in SIDECAR_EXTS
         readable = sidecar and (regular or local_file_refusal(path, [root]) is None)
         columns["path"].append(path)
-        columns["stem"].append(stem if image or sidecar else None)
+        columns["key"].append(stem if image or sidecar else path)
         columns["image"].append(image)
         columns["readable_sidecar"].append(readable)
         columns["sidecar_ext"].append(ext if readable and ext in SIDECAR_EXTS else None)
@@ -469,36 +467,54 @@ def _spill_listing(store: Store, fs: fsspec.AbstractFileSystem, root: str, remot
     return writer.parts
 
 
-# The listing's global step, in DuckDB over the spill parts (view ``entries``). Stages end
-# in tables, not one query: a hash join feeding a sort in one pipeline needed memory that
-# grew with the listing (300 MB did not suffice at 10⁷ entries; staged, 100 MB did).
-# ``matched``: the stems that have an image and a readable sidecar-named entry (any case);
-# ``kept``: every entry but those sidecars, an image with the sidecars named exactly
-# {stem}.txt / {stem}.json; then ``kept`` sorted by path.
-LISTING_STAGES = (
-    f"""CREATE TEMP TABLE matched AS
-        SELECT stem, {", ".join(f"bool_or(sidecar_ext = '{e}') AS has_{e}" for e in SIDECAR_ORDER)}
-        FROM entries WHERE stem IS NOT NULL GROUP BY stem HAVING bool_or(image) AND bool_or(readable_sidecar)""",
-    f"""CREATE TEMP TABLE kept AS
-        SELECT e.path, CASE WHEN e.image THEN nullif(concat_ws(',', {
-            ", ".join(f"CASE WHEN m.has_{e} THEN '{e}' END" for e in SIDECAR_ORDER)}), '') END AS sidecars
-        FROM entries e LEFT JOIN matched m ON e.stem = m.stem
-        WHERE NOT (e.readable_sidecar AND m.stem IS NOT NULL)""",
-)
+KEPT_SCHEMA = pa.schema([("key", pa.string()), ("sidecars", pa.string())])  # key: the path
 
 
-def _sorted_rows(con: duckdb.DuckDBPyConnection, files: list[str], remote: bool) -> Iterator[tuple[str, str | None]]:
-    """(path, sidecars) of every row of the listing in ``files``, sorted by path."""
-    con.execute("SET preserve_insertion_order = false")  # the order is the final sort's
-    entries = con.read_parquet(files)
-    if remote:  # an object may be listed twice (as a top-level object and under a prefix)
-        entries.distinct().create("entries")
-    else:
-        entries.create_view("entries")
-    for stage in LISTING_STAGES:
-        con.execute(stage)
-    for batch in con.sql("SELECT path, sidecars FROM kept ORDER BY path").to_arrow_reader(LISTING_BATCH_ROWS):
-        yield from zip(batch["path"].to_pylist(), batch["sidecars"].to_pylist(), strict=True)
+def _kept(entries: pa.Table) -> pa.Table:
+    """The rows a range of the listing's entries keeps (by :data:`SPILL_SCHEMA`'s key, so an
+    image and its sidecars lie in one range): every entry but the sidecars matched to an image,
+    an image with the sidecars named exactly {stem}.txt / {stem}.json. A stem is matched when
+    it has an image and a readable sidecar-named entry (any case)."""
+    stems = entries.select(["key", "image", "readable_sidecar"])
+    for e in SIDECAR_ORDER:
+        stems = stems.append_column(e, pc.equal(entries["sidecar_ext"], e))
+    stems = stems.group_by("key", use_threads=False).aggregate(
+        [(c, "any") for c in ("image", "readable_sidecar", *SIDECAR_ORDER)])
+    matched = stems.filter(pc.and_(stems["image_any"], stems["readable_sidecar_any"]))
+    matched = matched.select(["key", "txt_any", "json_any"]).append_column(
+        "matched", pa.array([True] * matched.num_rows, pa.bool_()))
+    joined = entries.join(matched, "key", join_type="left outer", use_threads=False)
+    hit = pc.is_valid(joined["matched"])
+    has = {e: pc.fill_null(pc.and_(pc.and_(joined["image"], hit), joined[f"{e}_any"]), False) for e in SIDECAR_ORDER}
+    sidecars = pc.case_when(pc.make_struct(pc.and_(has["txt"], has["json"]), has["txt"], has["json"]),
+                            "txt,json", "txt", "json")
+    keep = pc.invert(pc.and_(joined["readable_sidecar"], hit))
+    return pa.table({"key": joined["path"], "sidecars": sidecars}, schema=KEPT_SCHEMA).filter(keep)
+
+
+def _kept_parts(store: Store, parts: list[str]) -> list[str]:
+    """The listing's kept rows (:func:`_kept`) in spill parts, one per range of stems."""
+    kept: list[str] = []
+    for ranged in key_ranges({"entries": Table(store, parts, SPILL_SCHEMA)}, LISTING_RANGE_ROWS, LISTING_FAN_OUT):
+        kept.append(listing_spill_path("kept", len(kept)))
+        store.write_parquet(kept[-1], _kept(ranged["entries"]))
+    return kept
+
+
+def _sorted_rows(store: Store, parts: list[str], remote: bool) -> Iterator[tuple[str, str | None]]:
+    """(path, sidecars) of every row of the listing in the spill ``parts``, sorted by path.
+
+    Two passes of key ranges: sidecars are matched to images by ranges of stems, then the
+    kept rows sorted by ranges of paths. One pass cannot do both: stems do not sort as
+    their paths do ('a.jq.png' lies between 'a.jpg' and 'a.json')."""
+    kept = _kept_parts(store, parts)
+    for ranged in key_ranges({"kept": Table(store, kept, KEPT_SCHEMA)}, LISTING_RANGE_ROWS, LISTING_FAN_OUT):
+        rows = ranged["kept"].sort_by("key")
+        paths = rows["key"].to_pylist()
+        for i, (path, sidecars) in enumerate(zip(paths, rows["sidecars"].to_pylist(), strict=True)):
+            if remote and i and paths[i - 1] == path:  # an object listed twice (top level and under a prefix)
+                continue
+            yield path, sidecars
 
 
 def _folder_rows(src: str, cfg: SourceConfig, store: Store) -> Iterator[dict[str, Any]]:
@@ -511,8 +527,8 @@ def _folder_rows(src: str, cfg: SourceConfig, store: Store) -> Iterator[dict[str
     or special file named like a sidecar.
 
     Memory stays bounded at any size: the listing is spilled to ``store``'s work area as
-    it comes, and DuckDB under a memory limit sorts it and matches sidecars to images out
-    of core; rows stream from it."""
+    it comes, then matched and sorted one range of keys at a time (:func:`_sorted_rows`);
+    rows stream from it."""
     fs, root = _fs(src, cfg.storage_options)
     remote = is_remote(src)
     if not remote:
@@ -522,12 +538,11 @@ def _folder_rows(src: str, cfg: SourceConfig, store: Store) -> Iterator[dict[str
         parts = _spill_listing(store, fs, root, remote)
         if not parts:
             return
-        with spilling_duckdb(LISTING_MEMORY_LIMIT, store) as con:
-            for path, sidecars in _sorted_rows(con, [store.path(p) for p in parts], remote):
-                record: dict[str, Any] = dict.fromkeys(INPUT_COLUMNS)
-                record["path"] = posixpath.relpath(path, root)
-                record["sidecars"] = sidecars
-                yield record
+        for path, sidecars in _sorted_rows(store, parts, remote):
+            record: dict[str, Any] = dict.fromkeys(INPUT_COLUMNS)
+            record["path"] = posixpath.relpath(path, root)
+            record["sidecars"] = sidecars
+            yield record
     finally:
         store.remove(LISTING_SPILL_DIR)
 
