@@ -31,8 +31,9 @@ Two steps, on a small grey and colour analysis thumbnail (longer side ``ANALYSIS
    legs are the runs of that colour along the frame's edges from its corner; when the four
    triangles cover between ``MIN_CORNER_FILL`` and ``MAX_CORNER_FILL`` of the area, the
    largest axis-aligned rectangle clear of them is kept (the picture's inscribed box),
-   unless more than ``MAX_FILL_COLOURED_INSIDE`` of that box has the corners' colour too (a
-   flat backdrop, not a fill). A product shot on a white background has runs along whole
+   unless less than ``MIN_TRIANGLE_FILL`` of the triangles has that colour (a picture whose
+   own corners are dark, as a screenshot's JPEG leaves a graffiti's) or more than
+   ``MAX_FILL_COLOURED_INSIDE`` of that box has it too (a flat backdrop, not a fill). A product shot on a white background has runs along whole
    edges and is left alone.
 
 A picture with no such frame is returned unchanged (the same object), so features of
@@ -65,6 +66,7 @@ STEP_SHARE = 0.5
 MAX_CORNER_FILL = 0.25  # corner fill reachable from the corners: at most this share of the area
 MIN_CORNER_FILL = 0.002  # below this share the corners are the picture's own pixels
 MAX_FILL_COLOURED_INSIDE = 0.5  # corners of the picture's own colour (a flat backdrop) are no fill
+MIN_TRIANGLE_FILL = 0.9  # a fill covers its triangles (but for the blurred hypotenuse); a picture's corners do not
 
 
 def content_rule(model: FeatureModel) -> str | None:
@@ -189,6 +191,10 @@ def _inscribed(rgb: np.ndarray) -> tuple[int, int, int, int] | None:
     left_edge = np.ceil(np.maximum(tla * (1 - y / tlb), bla * (1 - (h - y) / blb))).clip(min=0)
     right_edge = w - np.ceil(np.maximum(tra * (1 - y / trb), bra * (1 - (h - y) / brb))).clip(min=0)
     left_edge, right_edge = left_edge.astype(np.int64), right_edge.astype(np.int64)
+    x = np.arange(w)[None, :] + 0.5
+    triangles = (x < left_edge[:, None]) | (x >= right_edge[:, None])
+    if close[triangles].mean() < MIN_TRIANGLE_FILL:  # dark or light corners of the picture's own
+        return None
     best, box = 0, None
     for y0 in range(h):
         lo = np.maximum.accumulate(left_edge[y0:])
