@@ -237,6 +237,15 @@ def crop_candidates(root: Path, records: list[dict], keys: list[str], k: int, fl
     return out, time.perf_counter() - start
 
 
+def verified_crops(found: list[tuple[int, int, float]], keys: list[str], sims: np.ndarray,
+                   feats: Callable[[str], tuple], cfg: NearDedupConfig) -> list[tuple[int, int]]:
+    """The crop candidates (i, j, region score) that pass :func:`tasks.graph.verify.verify_pair`,
+    a colourless pair's floor judged on the better of its global and its region score (the
+    layout score it was found by: a greyscale original's off-centre crop scores 0.3-0.5 globally)."""
+    return [(i, j) for i, j, region in found
+            if verify_pair(feats(keys[i]), feats(keys[j]), cfg.verification, max(float(sims[i, j]), region))["verified"]]
+
+
 def separation(checked: dict, groups: dict[str, str], cfg: NearDedupConfig) -> str:
     """How far apart the checked unrelated and related pairs lie on each verification criterion."""
     vc = cfg.verification
@@ -419,20 +428,20 @@ def main(argv: list[str] | None = None) -> int:
             found, crop_s = crop_candidates(root, records, keys, args.crop_candidates, args.crop_floor)
             path = {r["key"]: root / r["path"] for r in records}
             local = verification["features"]  # as a verify unit's cache: an image's local features computed once
+
+            def feats(key: str) -> tuple:
+                if key not in local:
+                    local[key] = local_features(decode_rgb(path[key].read_bytes(), draft_size=VERIFY_MAX_SIDE))
+                return local[key]
+
             start = time.perf_counter()
             added: dict[str, set[str]] = {k: set() for k in keys}
             fresh = [(i, j, region) for i, j, region in found  # not linked, nor checked by the review already
                      if keys[j] not in at[keys[i]] and keys[i] not in at[keys[j]]
                      and (keys[i], keys[j]) not in verification["checked"]
                      and (keys[j], keys[i]) not in verification["checked"]]
-            for i, j, region in fresh:
-                for key in (keys[i], keys[j]):
-                    if key not in local:
-                        local[key] = local_features(decode_rgb(path[key].read_bytes(), draft_size=VERIFY_MAX_SIDE))
-                # the colourless floor is judged on the layout score the pair was found by
-                r = verify_pair(local[keys[i]], local[keys[j]], cfg.verification, max(float(sims[i, j]), region))
-                if r["verified"]:
-                    added[keys[i]].add(keys[j])
+            for i, j in verified_crops(fresh, keys, sims, feats, cfg):
+                added[keys[i]].add(keys[j])
             crop_verify_s = time.perf_counter() - start
             both = {k: at[k] | added[k] for k in keys}
             results["wfd+verify+crops"] = {**score(both, groups, pairs, data.subject),

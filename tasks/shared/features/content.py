@@ -16,7 +16,8 @@ Two steps, on a small grey and colour analysis thumbnail (longer side ``ANALYSIS
 1. **Uniform borders.** From each side, lines (rows or columns) are peeled off while a
    line is uniform (all but ``LINE_OUTLIERS`` of its pixels within ``LINE_TOLERANCE`` grey
    levels, per channel, of the first line's median colour, and the band's last line
-   without exception): black, white or coloured bars, letterboxes, pillarboxes, padding of
+   without exception, then the lines of one JPEG block, ``JPEG_BLOCK`` px, within
+   ``NOISE_LEVELS``: the ringing beside the picture's edge): black, white or coloured bars, letterboxes, pillarboxes, padding of
    any colour, and a window's title bar with its text. Only a band followed by a picture of another colour or with texture is a border
    (``STEP_LEVELS``, ``STEP_SHARE``): a flat band of the picture itself (a dark, noisy sky)
    is kept, since its copies' noise would cut it differently. Rows, then columns, are
@@ -57,6 +58,8 @@ CONTENT_RULE = "trim_uniform_border_and_rotation_corners_v2"
 ANALYSIS_SIDE = 256  # px: the thumbnail the frame is measured on
 LINE_TOLERANCE = 10  # grey levels: a uniform line's pixels lie within this of its colour ...
 LINE_OUTLIERS = 0.2  # ... all but this share of them (a title bar's text: up to 15 %)
+NOISE_LEVELS = 24  # grey levels: JPEG ringing in a border beside the picture stays within this of its colour
+JPEG_BLOCK = 8  # px of the full image: how far that ringing reaches
 PEEL_ROUNDS = 3  # a frame of up to three bands on one side (title bar, margin, ...)
 MAX_SIDE_TRIM = 0.4  # at most this share of the frame is cut from one side
 MIN_KEPT = 0.2  # nothing is trimmed when less than this share of a side would remain
@@ -93,7 +96,7 @@ def content_box(image: Image.Image) -> tuple[int, int, int, int]:
         small = small.reduce(factor)
     rgb = np.asarray(small, dtype=np.int16)
     h, w = rgb.shape[:2]
-    top, bottom, left, right = _peel(rgb)
+    top, bottom, left, right = _peel(rgb, -(-JPEG_BLOCK // factor))
     if (bottom - top) < MIN_KEPT * h or (right - left) < MIN_KEPT * w:
         top, bottom, left, right = 0, h, 0, w
     inner = _inscribed(rgb[top:bottom, left:right])
@@ -114,7 +117,7 @@ def picture_content(image: Image.Image) -> Image.Image:
     return image if box == (0, 0, *image.size) else image.crop(box)
 
 
-def _peel(rgb: np.ndarray) -> tuple[int, int, int, int]:
+def _peel(rgb: np.ndarray, ringing: int) -> tuple[int, int, int, int]:
     """(top, bottom, left, right) of what is left after peeling uniform bands, rows then
     columns, in up to ``PEEL_ROUNDS`` rounds; each side loses at most ``MAX_SIDE_TRIM`` in all."""
     h, w = rgb.shape[:2]
@@ -122,23 +125,25 @@ def _peel(rgb: np.ndarray) -> tuple[int, int, int, int]:
     for _ in range(PEEL_ROUNDS):
         before = (top, bottom, left, right)
         rows = rgb[top:bottom, left:right]
-        cut_top = _border_run(rows, int(MAX_SIDE_TRIM * h) - top)
-        cut_bottom = _border_run(rows[::-1], int(MAX_SIDE_TRIM * h) - (h - bottom))
+        cut_top = _border_run(rows, int(MAX_SIDE_TRIM * h) - top, ringing)
+        cut_bottom = _border_run(rows[::-1], int(MAX_SIDE_TRIM * h) - (h - bottom), ringing)
         top, bottom = top + cut_top, max(top + cut_top, bottom - cut_bottom)
         cols = rgb[top:bottom, left:right].transpose(1, 0, 2)
-        cut_left = _border_run(cols, int(MAX_SIDE_TRIM * w) - left)
-        cut_right = _border_run(cols[::-1], int(MAX_SIDE_TRIM * w) - (w - right))
+        cut_left = _border_run(cols, int(MAX_SIDE_TRIM * w) - left, ringing)
+        cut_right = _border_run(cols[::-1], int(MAX_SIDE_TRIM * w) - (w - right), ringing)
         left, right = left + cut_left, max(left + cut_left, right - cut_right)
         if (top, bottom, left, right) == before or bottom - top < 2 or right - left < 2:
             break
     return top, bottom, left, right
 
 
-def _border_run(lines: np.ndarray, limit: int) -> int:
+def _border_run(lines: np.ndarray, limit: int, ringing: int) -> int:
     """How many of the first ``limit`` lines are a border: uniform in the colour of the first
     one (all but ``LINE_OUTLIERS`` of the pixels) up to a last line with no outlier at all (a
     title bar's text lies inside its bar; the first rows of a picture turned in its frame,
-    mostly corner fill, never end on such a line), and followed by a picture that is not (at
+    mostly corner fill, never end on such a line), then up to ``ringing`` lines within
+    ``NOISE_LEVELS`` of the colour (a JPEG block's ringing beside the picture's edge; a
+    gradient of the picture's own goes no further than that), and followed by a picture that is not (at
     least ``STEP_SHARE`` of the pixels of the next ``STEP_DEPTH`` of the lines further than
     ``STEP_LEVELS`` from that colour: another colour or texture). Without that step the flat
     band is the picture's own (a dark, noisy sky) and is kept, so copies whose noise differs
@@ -153,6 +158,10 @@ def _border_run(lines: np.ndarray, limit: int) -> int:
             break
         if off == 0:
             count = i + 1
+    for _ in range(ringing if count else 0):  # JPEG ringing beside the picture's edge
+        if count >= limit or np.abs(lines[count] - colour).max() > NOISE_LEVELS:
+            break
+        count += 1
     depth = max(2, int(STEP_DEPTH * len(lines)))
     inside = lines[count:count + depth].reshape(-1, lines.shape[-1])
     if count == 0 or not len(inside) or np.mean(np.abs(inside - colour).max(axis=1) > STEP_LEVELS) < STEP_SHARE:
