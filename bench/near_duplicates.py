@@ -242,8 +242,9 @@ def verified_crops(found: list[tuple[int, int, float]], keys: list[str], sims: n
     """The crop candidates (i, j, region score) that pass :func:`tasks.graph.verify.verify_pair`,
     a colourless pair's floor judged on the better of its global and its region score (the
     layout score it was found by: a greyscale original's off-centre crop scores 0.3-0.5 globally)."""
+    vc = cfg.verification
     return [(i, j) for i, j, region in found
-            if verify_pair(feats(keys[i]), feats(keys[j]), cfg.verification, max(float(sims[i, j]), region))["verified"]]
+            if verify_pair(feats(keys[i]), feats(keys[j]), vc, max(float(sims[i, j]), region))["verified"]]
 
 
 def separation(checked: dict, groups: dict[str, str], cfg: NearDedupConfig) -> str:

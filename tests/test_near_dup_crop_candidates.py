@@ -32,7 +32,8 @@ def corpus(tmp_path_factory) -> tuple[Path, list[dict]]:
         picture.save(root / "images" / f"{path.stem}.png")
         records.append({"key": path.stem, "path": f"images/{path.stem}.png"})
         if path.stem in CROPPED:
-            plant(picture, "offcentre_crop_70", CROPPED.index(path.stem)).save(root / "images" / f"crop_{path.stem}.png")
+            crop = plant(picture, "offcentre_crop_70", CROPPED.index(path.stem))
+            crop.save(root / "images" / f"crop_{path.stem}.png")
             records.append({"key": f"crop_{path.stem}", "path": f"images/crop_{path.stem}.png"})
     return root, records
 

@@ -15,10 +15,11 @@ Two steps, on a small grey and colour analysis thumbnail (longer side ``ANALYSIS
 
 1. **Uniform borders.** From each side, lines (rows or columns) are peeled off while a
    line is uniform (all but ``LINE_OUTLIERS`` of its pixels within ``LINE_TOLERANCE`` grey
-   levels, per channel, of the first line's median colour, and the band's last line
-   without exception, then the lines of one JPEG block, ``JPEG_BLOCK`` px, within
-   ``NOISE_LEVELS``: the ringing beside the picture's edge): black, white or coloured bars, letterboxes, pillarboxes, padding of
-   any colour, and a window's title bar with its text. Only a band followed by a picture of another colour or with texture is a border
+   levels, per channel, of the first line's median colour, and the band's first and last
+   lines without exception, then the lines of one JPEG block, ``JPEG_BLOCK`` px, within
+   ``NOISE_LEVELS``: the ringing beside the picture's edge): black, white or coloured bars,
+   letterboxes, pillarboxes, padding of any colour, and a window's title bar with its text.
+   Only a band followed by a picture of another colour or with texture is a border
    (``STEP_LEVELS``, ``STEP_SHARE``): a flat band of the picture itself (a dark, noisy sky)
    is kept, since its copies' noise would cut it differently. Rows, then columns, are
    peeled in up to ``PEEL_ROUNDS`` rounds, each on what the last one left, so a frame of
@@ -34,8 +35,8 @@ Two steps, on a small grey and colour analysis thumbnail (longer side ``ANALYSIS
    largest axis-aligned rectangle clear of them is kept (the picture's inscribed box),
    unless less than ``MIN_TRIANGLE_FILL`` of the triangles has that colour (a picture whose
    own corners are dark, as a screenshot's JPEG leaves a graffiti's) or more than
-   ``MAX_FILL_COLOURED_INSIDE`` of that box has it too (a flat backdrop, not a fill). A product shot on a white background has runs along whole
-   edges and is left alone.
+   ``MAX_FILL_COLOURED_INSIDE`` of that box has it too (a flat backdrop, not a fill). A
+   product shot on a white background has runs along whole edges and is left alone.
 
 A picture with no such frame is returned unchanged (the same object), so features of
 ordinary photographs do not change. Deterministic: integer pixel arithmetic on a Pillow
@@ -139,9 +140,9 @@ def _peel(rgb: np.ndarray, ringing: int) -> tuple[int, int, int, int]:
 
 def _border_run(lines: np.ndarray, limit: int, ringing: int) -> int:
     """How many of the first ``limit`` lines are a border: uniform in the colour of the first
-    one (all but ``LINE_OUTLIERS`` of the pixels) up to a last line with no outlier at all (a
-    title bar's text lies inside its bar; the first rows of a picture turned in its frame,
-    mostly corner fill, never end on such a line), then up to ``ringing`` lines within
+    one (all but ``LINE_OUTLIERS`` of the pixels), from a first to a last line with no outlier
+    at all (a title bar's text lies inside its bar; the first rows of a picture turned in its
+    frame, mostly corner fill, never end on such a line), then up to ``ringing`` lines within
     ``NOISE_LEVELS`` of the colour (a JPEG block's ringing beside the picture's edge; a
     gradient of the picture's own goes no further than that), and followed by a picture that is not (at
     least ``STEP_SHARE`` of the pixels of the next ``STEP_DEPTH`` of the lines further than
@@ -151,17 +152,15 @@ def _border_run(lines: np.ndarray, limit: int, ringing: int) -> int:
     if limit <= 0 or not len(lines):
         return 0
     colour = np.median(lines[0], axis=0)
-    count = 0  # one past the band's last line with no outlier at all
-    for i, line in enumerate(lines[:limit]):
-        off = np.mean(np.abs(line - colour).max(axis=1) > LINE_TOLERANCE)
-        if off > LINE_OUTLIERS:
-            break
-        if off == 0:
-            count = i + 1
-    for _ in range(ringing if count else 0):  # JPEG ringing beside the picture's edge
-        if count >= limit or np.abs(lines[count] - colour).max() > NOISE_LEVELS:
-            break
-        count += 1
+    if np.mean(np.abs(lines[0] - colour).max(axis=1) > LINE_TOLERANCE) > 0:
+        return 0  # most pictures: their first line is not even a clean one
+    deviation = np.abs(lines[:limit] - colour).max(axis=2)  # [lines, pixels]
+    off = np.mean(deviation > LINE_TOLERANCE, axis=1)
+    band = int(np.argmax(off > LINE_OUTLIERS)) if (off > LINE_OUTLIERS).any() else len(off)
+    clean = np.flatnonzero(off[:band] == 0)
+    count = int(clean[-1]) + 1 if len(clean) else 0  # one past the band's last line with no outlier at all
+    noisy = deviation[count:count + ringing].max(axis=1) > NOISE_LEVELS if count else np.ones(0, bool)
+    count += int(np.argmax(noisy)) if noisy.any() else len(noisy)  # JPEG ringing beside the picture's edge
     depth = max(2, int(STEP_DEPTH * len(lines)))
     inside = lines[count:count + depth].reshape(-1, lines.shape[-1])
     if count == 0 or not len(inside) or np.mean(np.abs(inside - colour).max(axis=1) > STEP_LEVELS) < STEP_SHARE:
