@@ -15,8 +15,8 @@ Two steps, on a small grey and colour analysis thumbnail (longer side ``ANALYSIS
 
 1. **Uniform borders.** From each side, lines (rows or columns) are peeled off while a
    line is uniform (all but ``LINE_OUTLIERS`` of its pixels within ``LINE_TOLERANCE`` grey
-   levels, per channel, of the first line's median colour, and the band's first and last
-   lines without exception, then the lines of one JPEG block, ``JPEG_BLOCK`` px, within
+   levels, per channel, of the first line's median colour, and the band's last line
+   without exception, then the lines of one JPEG block, ``JPEG_BLOCK`` px, within
    ``NOISE_LEVELS``: the ringing beside the picture's edge): black, white or coloured bars,
    letterboxes, pillarboxes, padding of any colour, and a window's title bar with its text.
    Only a band followed by a picture of another colour or with texture is a border
@@ -140,9 +140,9 @@ def _peel(rgb: np.ndarray, ringing: int) -> tuple[int, int, int, int]:
 
 def _border_run(lines: np.ndarray, limit: int, ringing: int) -> int:
     """How many of the first ``limit`` lines are a border: uniform in the colour of the first
-    one (all but ``LINE_OUTLIERS`` of the pixels), from a first to a last line with no outlier
-    at all (a title bar's text lies inside its bar; the first rows of a picture turned in its
-    frame, mostly corner fill, never end on such a line), then up to ``ringing`` lines within
+    one (all but ``LINE_OUTLIERS`` of the pixels) up to a last line with no outlier at all (a
+    title bar's text lies inside its bar; the first rows of a picture turned in its frame,
+    mostly corner fill, never end on such a line), then up to ``ringing`` lines within
     ``NOISE_LEVELS`` of the colour (a JPEG block's ringing beside the picture's edge; a
     gradient of the picture's own goes no further than that), and followed by a picture that is not (at
     least ``STEP_SHARE`` of the pixels of the next ``STEP_DEPTH`` of the lines further than
@@ -152,8 +152,8 @@ def _border_run(lines: np.ndarray, limit: int, ringing: int) -> int:
     if limit <= 0 or not len(lines):
         return 0
     colour = np.median(lines[0], axis=0)
-    if np.mean(np.abs(lines[0] - colour).max(axis=1) > LINE_TOLERANCE) > 0:
-        return 0  # most pictures: their first line is not even a clean one
+    if np.mean(np.abs(lines[0] - colour).max(axis=1) > LINE_TOLERANCE) > LINE_OUTLIERS:
+        return 0  # most pictures: their first line is no band's
     deviation = np.abs(lines[:limit] - colour).max(axis=2)  # [lines, pixels]
     off = np.mean(deviation > LINE_TOLERANCE, axis=1)
     band = int(np.argmax(off > LINE_OUTLIERS)) if (off > LINE_OUTLIERS).any() else len(off)
