@@ -104,7 +104,8 @@ def test_planted_copies_of_real_photographs_verify(wfd, name):
 
 def test_copies_of_a_greyscale_photograph_verify_above_the_colourless_floor(wfd):
     """The floor's price: a greyscale original's copies all align and agree, and those its
-    global similarity puts below the floor are refused (here heavy crops and the screenshot;
+    global similarity puts below the floor are refused (here heavy crops; the screenshot too
+    before the frame cut peeled its title bar;
     the graph reviews nothing below review_min_similarity 0.5 in any case)."""
     cfg = VerificationConfig()
     original = _photo("left01")
