@@ -179,19 +179,20 @@ def verified_band(root: Path, records: list[dict], keys: list[str], sims: np.nda
         checked[(keys[i], keys[j])] = r = verify_pair(feats(keys[i]), feats(keys[j]), vc, float(s32[i, j]))
         if r["verified"]:
             linked[keys[i]].add(keys[j])
-    return linked, {"band_pairs": int(len(a)), "checked": checked}, time.perf_counter() - start
+    return linked, {"band_pairs": int(len(a)), "checked": checked, "features": cache}, time.perf_counter() - start
 
 
 CROP_SIDE = 0.7
-CROP_ANCHORS = (0.0, 0.5, 1.0)
+CROP_ANCHORS = (0.0, 0.25, 0.5, 0.75, 1.0)  # a neutral grid (planted crops sit at 0-0.2 and 0.8-1)
 
 
 def region_layouts(model: WeightFreeDescriptor, image) -> np.ndarray:
     """wfd's layout feature (flip-symmetric squared DCT of luma, unit) of the whole picture and
-    of its ``CROP_SIDE`` crops at ``CROP_ANCHORS`` x ``CROP_ANCHORS``: [1 + 9, layout dim]."""
+    of its ``CROP_SIDE`` crops at ``CROP_ANCHORS`` x ``CROP_ANCHORS``: [1 + 25, layout dim]."""
     from PIL import Image
 
     grey = picture_content(image).convert("L")
+    grey = grey.reduce(max(1, min(grey.size) // (3 * model.thumb)))  # box-averaged: a window keeps >= 2 thumbs
     w, h = grey.size
     boxes = [(0.0, 0.0, float(w), float(h))]
     for ay in CROP_ANCHORS:
@@ -234,6 +235,16 @@ def crop_candidates(root: Path, records: list[dict], keys: list[str], k: int, fl
             if len(seen) == k:
                 break
     return out, time.perf_counter() - start
+
+
+def verified_crops(found: list[tuple[int, int, float]], keys: list[str], sims: np.ndarray,
+                   feats: Callable[[str], tuple], cfg: NearDedupConfig) -> list[tuple[int, int]]:
+    """The crop candidates (i, j, region score) that pass :func:`tasks.graph.verify.verify_pair`,
+    a colourless pair's floor judged on the better of its global and its region score (the
+    layout score it was found by: a greyscale original's off-centre crop scores 0.3-0.5 globally)."""
+    vc = cfg.verification
+    return [(i, j) for i, j, region in found
+            if verify_pair(feats(keys[i]), feats(keys[j]), vc, max(float(sims[i, j]), region))["verified"]]
 
 
 def separation(checked: dict, groups: dict[str, str], cfg: NearDedupConfig) -> str:
@@ -417,23 +428,29 @@ def main(argv: list[str] | None = None) -> int:
         if args.crop_candidates:
             found, crop_s = crop_candidates(root, records, keys, args.crop_candidates, args.crop_floor)
             path = {r["key"]: root / r["path"] for r in records}
-            local = {}
+            local = verification["features"]  # as a verify unit's cache: an image's local features computed once
+
+            def feats(key: str) -> tuple:
+                if key not in local:
+                    local[key] = local_features(decode_rgb(path[key].read_bytes(), draft_size=VERIFY_MAX_SIDE))
+                return local[key]
+
             start = time.perf_counter()
             added: dict[str, set[str]] = {k: set() for k in keys}
-            for i, j, _ in found:
-                for key in (keys[i], keys[j]):
-                    if key not in local:
-                        local[key] = local_features(decode_rgb(path[key].read_bytes(), draft_size=VERIFY_MAX_SIDE))
-                r = verify_pair(local[keys[i]], local[keys[j]], cfg.verification, float(sims[i, j]))
-                if r["verified"]:
-                    added[keys[i]].add(keys[j])
+            fresh = [(i, j, region) for i, j, region in found  # not linked, nor checked by the review already
+                     if keys[j] not in at[keys[i]] and keys[i] not in at[keys[j]]
+                     and (keys[i], keys[j]) not in verification["checked"]
+                     and (keys[j], keys[i]) not in verification["checked"]]
+            for i, j in verified_crops(fresh, keys, sims, feats, cfg):
+                added[keys[i]].add(keys[j])
             crop_verify_s = time.perf_counter() - start
             both = {k: at[k] | added[k] for k in keys}
             results["wfd+verify+crops"] = {**score(both, groups, pairs, data.subject),
                                            "ms_per_image": results["wfd+verify"]["ms_per_image"]
                                            + 1000 * (crop_s + crop_verify_s) / n_img}
             crop_note = (f"crop candidates (k={args.crop_candidates}, region score >= {args.crop_floor}): "
-                         f"{len(found)} pairs ({len(found) / n_img:.2f} per image), retrieval "
+                         f"{len(found)} pairs ({len(found) / n_img:.2f} per image), {len(fresh)} not linked or "
+                         f"checked yet ({len(fresh) / n_img:.2f} per image), retrieval "
                          f"{1000 * crop_s / n_img:.1f} ms per image, verification {1000 * crop_verify_s / n_img:.1f}")
         if not args.no_sscd:
             from tasks.shared.features.config import ModelSpec, RuntimeConfig

@@ -91,7 +91,8 @@ def test_a_pair_gives_the_same_result_whatever_ran_before(photos):
 def _build(root: Path, photos: list[Image.Image], mode: str = "auto", extra: bool = False,
            **verification) -> tuple[Store, list[str]]:
     """Staged: an original, its four edited copies and nine unrelated photos (and, with
-    ``extra``, a second shard of another photo's copies); wfd features; the graph stage.
+    ``extra``, a second shard of another photo's copies and a crop of the original, whose
+    band pairs reach the first shard's images); wfd features; the graph stage.
     The review band starts at 0.4 here: these edits are harsher than the sample's (the
     copies but the greyscale one score 0.47-0.87 with wfd), and more unrelated pairs then
     reach verification."""
@@ -101,8 +102,11 @@ def _build(root: Path, photos: list[Image.Image], mode: str = "auto", extra: boo
     images += [(f"p{i:02d}", _jpeg(p), "jpg") for i, p in enumerate([photos[0], *photos[3:11]])]
     stage_images(store, "000000", images)
     shards = ["000000"]
-    if extra:  # a later shard: copies of another photo
-        stage_images(store, "000001", [(f"d_{k}", _jpeg(c), "jpg") for k, c in edits(photos[2]).items()])
+    if extra:  # a later shard: copies of another photo, and another crop of the original
+        w, h = photos[1].size
+        later = [(f"d_{k}", _jpeg(c), "jpg") for k, c in edits(photos[2]).items()]
+        later.append(("d_orig_crop", _jpeg(photos[1].crop((0, 0, int(w * 0.8), int(h * 0.8)))), "jpg"))
+        stage_images(store, "000001", later)
         shards.append("000001")
     extract_features(store, shards, FeaturesConfig(runtime=RuntimeConfig(batch_size=8)))
     cfg = NearDedupConfig(index=IndexConfig(kind="flat", search="range"), collision=CollisionConfig(enabled=False),

@@ -8,6 +8,7 @@ Copies: :mod:`tasks.graph.planted`, the transforms of the real-picture benchmark
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ import pytest
 import skimage.data
 from PIL import Image, ImageOps
 
-from tasks.graph.config import VerificationConfig
+from tasks.graph.config import NearDedupConfig, VerificationConfig
 from tasks.graph.planted import TRANSFORMS, plant
 from tasks.graph.verify import local_features, verify_pair
 from tasks.shared.features.content import content_box, model_input, picture_content
@@ -103,7 +104,8 @@ def test_planted_copies_of_real_photographs_verify(wfd, name):
 
 def test_copies_of_a_greyscale_photograph_verify_above_the_colourless_floor(wfd):
     """The floor's price: a greyscale original's copies all align and agree, and those its
-    global similarity puts below the floor are refused (here heavy crops and the screenshot;
+    global similarity puts below the floor are refused (here heavy crops; the screenshot too
+    before the frame cut peeled its title bar;
     the graph reviews nothing below review_min_similarity 0.5 in any case)."""
     cfg = VerificationConfig()
     original = _photo("left01")
@@ -121,12 +123,20 @@ def test_copies_of_a_greyscale_photograph_verify_above_the_colourless_floor(wfd)
 
 # ---- the picture inside its frame -----------------------------------------------------------
 
+def _jpeg(image: Image.Image, quality: int) -> Image.Image:
+    buf = io.BytesIO()
+    image.save(buf, "JPEG", quality=quality)
+    return Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
+
+
 def _framings(image: Image.Image) -> dict[str, Image.Image]:
     w, h = image.size
     return {"black border 10 %": ImageOps.expand(image, border=w // 10, fill=(0, 0, 0)),
             "white padding top and bottom": ImageOps.expand(image, border=(0, h // 5, 0, h // 5), fill=(255, 255, 255)),
             "letterbox to a square": ImageOps.pad(image, (max(w, h), max(w, h)), color=(0, 0, 0)),
-            "grey pillarbox": ImageOps.pad(image, (2 * w, h), color=(128, 128, 128))}
+            "grey pillarbox": ImageOps.pad(image, (2 * w, h), color=(128, 128, 128)),
+            "uneven blue frame, JPEG 60": _jpeg(ImageOps.expand(image, border=(w // 25, h // 6, w // 8, h // 40),
+                                                                fill=(30, 80, 170)), 60)}
 
 
 @pytest.mark.parametrize("name", ["leuvenA", "graf1", "aloeL"])
@@ -138,6 +148,27 @@ def test_uniform_frames_are_cut_to_the_picture(wfd, name):
         left, top, right, bottom = content_box(framed)
         assert abs((right - left) - w) <= 0.02 * w and abs((bottom - top) - h) <= 0.02 * h, (kind, (w, h))
         assert _similarity(wfd, framed, original) > 0.99, kind
+
+
+def test_a_screenshot_is_cut_to_the_picture_and_links_only_its_own_photograph(wfd):
+    """Screenshot framing (the picture at 60-80 % in a window with a titled bar and margins,
+    JPEG 90): the bar's text once stopped the cut, and with it the side margins, which the
+    bar's colour kept from being uniform (wfd 0.09-0.47 to the original). Now the bar, the
+    margin under it and the side margins are peeled band by band, and the copy scores as a
+    resized copy; a screenshot of another photograph of the subject stays apart."""
+    cfg = NearDedupConfig()
+    for name, other in (("leuvenA", "leuvenB"), ("graf1", "graf3"), ("aloeL", "aloeR"), ("left01", "left02")):
+        original = _photo(name)
+        for seed in range(3):
+            copy = plant(original, "screenshot", seed)
+            left, top, right, bottom = content_box(copy)
+            shown = (right - left) / original.width
+            assert 0.58 < shown < 0.82 and abs((bottom - top) / original.height - shown) < 0.03, (name, seed)
+            assert _similarity(wfd, copy, original) > 0.96, (name, seed)  # before: 0.09-0.47
+            shot = plant(_photo(other), "screenshot", seed)
+            sim = _similarity(wfd, shot, original)
+            assert sim < cfg.pair_removal_above, (name, seed, sim)
+            assert not verify_pair(local_features(shot), local_features(original), cfg.verification, sim)["verified"]
 
 
 def test_rotation_corners_are_cut_and_shared_frames_link_nothing(wfd):

@@ -14,21 +14,29 @@ evaluation protocol's preprocessings, whose input is fixed by their reference
 Two steps, on a small grey and colour analysis thumbnail (longer side ``ANALYSIS_SIDE``):
 
 1. **Uniform borders.** From each side, lines (rows or columns) are peeled off while a
-   line is uniform (every pixel within ``LINE_TOLERANCE`` grey levels, per channel, of the
-   first line's median colour): black, white or coloured bars, letterboxes, pillarboxes
-   and padding of any colour. Only a band followed by a picture of another colour or with
-   texture is a border (``STEP_LEVELS``, ``STEP_SHARE``): a flat band of the picture itself
-   (a dark, noisy sky) is kept, since its copies' noise would cut it differently. A side is trimmed
-   by at most ``MAX_SIDE_TRIM`` of the frame, and nothing is trimmed when less than
-   ``MIN_KEPT`` of either side would stay (a blank or nearly blank picture keeps its frame).
+   line is uniform (all but ``LINE_OUTLIERS`` of its pixels within ``LINE_TOLERANCE`` grey
+   levels, per channel, of the first line's median colour, and the band's last line
+   without exception, then the lines of one JPEG block, ``JPEG_BLOCK`` px, within
+   ``NOISE_LEVELS``: the ringing beside the picture's edge): black, white or coloured bars,
+   letterboxes, pillarboxes, padding of any colour, and a window's title bar with its text.
+   Only a band followed by a picture of another colour or with texture is a border
+   (``STEP_LEVELS``, ``STEP_SHARE``): a flat band of the picture itself (a dark, noisy sky)
+   is kept, since its copies' noise would cut it differently. Rows, then columns, are
+   peeled in up to ``PEEL_ROUNDS`` rounds, each on what the last one left, so a frame of
+   several colours goes band by band (a screenshot: the title bar, then the window's
+   margin, then the side margins, which the bar's colour kept from being uniform before the
+   bar was off). A side is trimmed by at most ``MAX_SIDE_TRIM`` of the frame in all, and
+   nothing is trimmed when less than ``MIN_KEPT`` of either side would stay (a blank or
+   nearly blank picture keeps its frame).
 2. **Rotation corners.** A copy turned in its frame has four corner triangles of one fill
    colour. When all four corner pixels of what is left are that colour, each triangle's
    legs are the runs of that colour along the frame's edges from its corner; when the four
    triangles cover between ``MIN_CORNER_FILL`` and ``MAX_CORNER_FILL`` of the area, the
    largest axis-aligned rectangle clear of them is kept (the picture's inscribed box),
-   unless more than ``MAX_FILL_COLOURED_INSIDE`` of that box has the corners' colour too (a
-   flat backdrop, not a fill). A product shot on a white background has runs along whole
-   edges and is left alone.
+   unless less than ``MIN_TRIANGLE_FILL`` of the triangles has that colour (a picture whose
+   own corners are dark, as a screenshot's JPEG leaves a graffiti's) or more than
+   ``MAX_FILL_COLOURED_INSIDE`` of that box has it too (a flat backdrop, not a fill). A
+   product shot on a white background has runs along whole edges and is left alone.
 
 A picture with no such frame is returned unchanged (the same object), so features of
 ordinary photographs do not change. Deterministic: integer pixel arithmetic on a Pillow
@@ -47,9 +55,13 @@ from tasks.shared.features.config import STATISTICS_PREPROCESSING
 if TYPE_CHECKING:  # torch comes with the model, not with this module's callers
     from tasks.shared.features.base import FeatureModel
 
-CONTENT_RULE = "trim_uniform_border_and_rotation_corners_v1"
+CONTENT_RULE = "trim_uniform_border_and_rotation_corners_v2"
 ANALYSIS_SIDE = 256  # px: the thumbnail the frame is measured on
-LINE_TOLERANCE = 10  # grey levels: a uniform line's pixels lie within this of its colour
+LINE_TOLERANCE = 10  # grey levels: a uniform line's pixels lie within this of its colour ...
+LINE_OUTLIERS = 0.2  # ... all but this share of them (a title bar's text: up to 15 %)
+NOISE_LEVELS = 24  # grey levels: JPEG ringing in a border beside the picture stays within this of its colour
+JPEG_BLOCK = 8  # px of the full image: how far that ringing reaches
+PEEL_ROUNDS = 3  # a frame of up to three bands on one side (title bar, margin, ...)
 MAX_SIDE_TRIM = 0.4  # at most this share of the frame is cut from one side
 MIN_KEPT = 0.2  # nothing is trimmed when less than this share of a side would remain
 STEP_DEPTH = 0.05  # a border is followed by this share of lines of the picture ...
@@ -58,6 +70,7 @@ STEP_SHARE = 0.5
 MAX_CORNER_FILL = 0.25  # corner fill reachable from the corners: at most this share of the area
 MIN_CORNER_FILL = 0.002  # below this share the corners are the picture's own pixels
 MAX_FILL_COLOURED_INSIDE = 0.5  # corners of the picture's own colour (a flat backdrop) are no fill
+MIN_TRIANGLE_FILL = 0.9  # a fill covers its triangles (but for the blurred hypotenuse); a picture's corners do not
 
 
 def content_rule(model: FeatureModel) -> str | None:
@@ -84,8 +97,7 @@ def content_box(image: Image.Image) -> tuple[int, int, int, int]:
         small = small.reduce(factor)
     rgb = np.asarray(small, dtype=np.int16)
     h, w = rgb.shape[:2]
-    top, bottom = _trim(rgb, axis=0)
-    left, right = _trim(rgb, axis=1)
+    top, bottom, left, right = _peel(rgb, -(-JPEG_BLOCK // factor))
     if (bottom - top) < MIN_KEPT * h or (right - left) < MIN_KEPT * w:
         top, bottom, left, right = 0, h, 0, w
     inner = _inscribed(rgb[top:bottom, left:right])
@@ -106,30 +118,49 @@ def picture_content(image: Image.Image) -> Image.Image:
     return image if box == (0, 0, *image.size) else image.crop(box)
 
 
-def _trim(rgb: np.ndarray, axis: int) -> tuple[int, int]:
-    """First and one-past-last line along ``axis`` (0: rows, 1: columns) that are not border."""
-    lines = rgb if axis == 0 else rgb.transpose(1, 0, 2)
-    n = len(lines)
-    limit = int(MAX_SIDE_TRIM * n)
-    start = _border_run(lines, range(0, limit))
-    stop = n - _border_run(lines[::-1], range(0, limit))
-    return start, max(stop, start)
-
-
-def _border_run(lines: np.ndarray, order: range) -> int:
-    """How many lines, in ``order``, are a border: uniform in the colour of the first one, and
-    followed by a picture that is not (at least ``STEP_SHARE`` of the pixels of the next
-    ``STEP_DEPTH`` of the lines further than ``STEP_LEVELS`` from that colour: another colour
-    or texture). Without that step the flat band is the picture's own (a dark, noisy sky) and
-    is kept, so copies whose noise differs are never cut differently."""
-    if len(order) == 0:
-        return 0
-    colour = np.median(lines[order[0]], axis=0)
-    count = 0
-    for i in order:
-        if np.abs(lines[i] - colour).max() > LINE_TOLERANCE:
+def _peel(rgb: np.ndarray, ringing: int) -> tuple[int, int, int, int]:
+    """(top, bottom, left, right) of what is left after peeling uniform bands, rows then
+    columns, in up to ``PEEL_ROUNDS`` rounds; each side loses at most ``MAX_SIDE_TRIM`` in all."""
+    h, w = rgb.shape[:2]
+    top, bottom, left, right = 0, h, 0, w
+    for _ in range(PEEL_ROUNDS):
+        before = (top, bottom, left, right)
+        rows = rgb[top:bottom, left:right]
+        cut_top = _border_run(rows, int(MAX_SIDE_TRIM * h) - top, ringing)
+        cut_bottom = _border_run(rows[::-1], int(MAX_SIDE_TRIM * h) - (h - bottom), ringing)
+        top, bottom = top + cut_top, max(top + cut_top, bottom - cut_bottom)
+        cols = rgb[top:bottom, left:right].transpose(1, 0, 2)
+        cut_left = _border_run(cols, int(MAX_SIDE_TRIM * w) - left, ringing)
+        cut_right = _border_run(cols[::-1], int(MAX_SIDE_TRIM * w) - (w - right), ringing)
+        left, right = left + cut_left, max(left + cut_left, right - cut_right)
+        if (top, bottom, left, right) == before or bottom - top < 2 or right - left < 2:
             break
-        count += 1
+    return top, bottom, left, right
+
+
+def _border_run(lines: np.ndarray, limit: int, ringing: int) -> int:
+    """How many of the first ``limit`` lines are a border: uniform in the colour of the first
+    one (all but ``LINE_OUTLIERS`` of the pixels) up to a last line with no outlier at all (a
+    title bar's text lies inside its bar; the first rows of a picture turned in its frame,
+    mostly corner fill, never end on such a line), then up to ``ringing`` lines within
+    ``NOISE_LEVELS`` of the colour (a JPEG block's ringing beside the picture's edge; a
+    gradient of the picture's own goes no further than that), and followed by a picture that is not (at
+    least ``STEP_SHARE`` of the pixels of the next ``STEP_DEPTH`` of the lines further than
+    ``STEP_LEVELS`` from that colour: another colour or texture). Without that step the flat
+    band is the picture's own (a dark, noisy sky) and is kept, so copies whose noise differs
+    are never cut differently."""
+    if limit <= 0 or not len(lines):
+        return 0
+    colour = np.median(lines[0], axis=0)
+    if np.mean(np.abs(lines[0] - colour).max(axis=1) > LINE_TOLERANCE) > LINE_OUTLIERS:
+        return 0  # most pictures: their first line is no band's
+    deviation = np.abs(lines[:limit] - colour).max(axis=2)  # [lines, pixels]
+    off = np.mean(deviation > LINE_TOLERANCE, axis=1)
+    band = int(np.argmax(off > LINE_OUTLIERS)) if (off > LINE_OUTLIERS).any() else len(off)
+    clean = np.flatnonzero(off[:band] == 0)
+    count = int(clean[-1]) + 1 if len(clean) else 0  # one past the band's last line with no outlier at all
+    noisy = deviation[count:count + ringing].max(axis=1) > NOISE_LEVELS if count else np.ones(0, bool)
+    count += int(np.argmax(noisy)) if noisy.any() else len(noisy)  # JPEG ringing beside the picture's edge
     depth = max(2, int(STEP_DEPTH * len(lines)))
     inside = lines[count:count + depth].reshape(-1, lines.shape[-1])
     if count == 0 or not len(inside) or np.mean(np.abs(inside - colour).max(axis=1) > STEP_LEVELS) < STEP_SHARE:
@@ -168,6 +199,10 @@ def _inscribed(rgb: np.ndarray) -> tuple[int, int, int, int] | None:
     left_edge = np.ceil(np.maximum(tla * (1 - y / tlb), bla * (1 - (h - y) / blb))).clip(min=0)
     right_edge = w - np.ceil(np.maximum(tra * (1 - y / trb), bra * (1 - (h - y) / brb))).clip(min=0)
     left_edge, right_edge = left_edge.astype(np.int64), right_edge.astype(np.int64)
+    x = np.arange(w)[None, :] + 0.5
+    triangles = (x < left_edge[:, None]) | (x >= right_edge[:, None])
+    if close[triangles].mean() < MIN_TRIANGLE_FILL:  # dark or light corners of the picture's own
+        return None
     best, box = 0, None
     for y0 in range(h):
         lo = np.maximum.accumulate(left_edge[y0:])
