@@ -13,6 +13,7 @@ import re
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -217,6 +218,20 @@ def test_build_triggered_through_the_api_runs_on_the_worker(deployed):
         assert any(f"%: {stage}: " in m for m in logs), (stage, logs)
 
 
+def _runs_out_to(api: str, deployment_id: str, out: str, seconds: int) -> list[dict[str, Any]]:
+    """The deployment's runs whose config writes to ``out``, polled until one shows up."""
+    import httpx
+
+    mine: list[dict[str, Any]] = []
+    for _ in range(seconds):
+        runs = httpx.post(f"{api}/flow_runs/filter", json={"deployments": {"id": {"any_": [deployment_id]}}}).json()
+        mine = [r for r in runs if r["parameters"]["config"].get("out") == out]
+        if mine:
+            break
+        time.sleep(1)
+    return mine
+
+
 @pytest.mark.slow
 @pytest.mark.long
 @pytest.mark.timeout(900)
@@ -247,16 +262,17 @@ def test_custom_run_from_the_prefect_ui(deployed, chromium):
         assert field.input_value() == dep["parameters"]["config"]["out"]
         field.fill(new_out)
         page.screenshot(path=str(shots / "prefect-ui-custom-run-form.png"))
-        page.get_by_role("button", name="Submit").click()
         # the form creates the run (the UI's "scheduled to start" toast can come and go before a
         # loaded machine's browser is polled for it, so the server is asked instead)
-        mine = []
-        for _ in range(90):
-            runs = httpx.post(f"{api}/flow_runs/filter", json={"deployments": {"id": {"any_": [dep["id"]]}}}).json()
-            mine = [r for r in runs if r["parameters"]["config"].get("out") == new_out]
-            if mine:
-                break
-            time.sleep(1)
+        page.get_by_role("button", name="Submit").click()
+        mine = _runs_out_to(api, dep["id"], new_out, seconds=60)
+        locked = "database is locked" in (deployed["home"] / "server.log").read_text(errors="replace")
+        if not mine and locked:
+            # Prefect's SQLite refused the write (seen once under load: a worker's heartbeat held
+            # the lock, the UI said "Something went wrong"); a user submits again, and so does this
+            print("the Prefect server's SQLite was locked when the form was sent: submitted again")
+            page.get_by_role("button", name="Submit").click()
+            mine = _runs_out_to(api, dep["id"], new_out, seconds=90)
         if len(mine) != 1:
             page.screenshot(path=str(shots / "prefect-ui-custom-run-not-submitted.png"), full_page=True)
         assert len(mine) == 1, f"the form created {len(mine)} runs"
