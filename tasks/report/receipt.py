@@ -111,7 +111,8 @@ def _objects(fs: Any, folder: str, rel: str) -> Iterator[tuple[str, dict[str, An
     all the paths under folder ``a`` start ``a/``, so they sort after ``a-b`` and ``a.b``
     and before ``a0``, exactly where a sort of every path puts them."""
     entries = sorted(((e["name"].rstrip("/").rsplit("/", 1)[-1] + ("/" if e["type"] == "directory" else ""), e)
-                      for e in fs.ls(folder, detail=True)), key=lambda pair: pair[0])
+                      for e in fs.ls(folder, detail=True) if e["name"].rstrip("/") != folder),  # not a folder marker
+                     key=lambda pair: pair[0])
     for key, info in entries:
         if key.endswith("/"):
             if not _pruned(rel + key[:-1]):
