@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from corpusforge.contract import in_process, keyed, probe, run_step, step_call
-from corpusforge.layout import EVAL_CAPTIONS, RECEIPT, RECEIPT_OUTPUTS
+from corpusforge.layout import (EVAL_CAPTIONS, LATE_DIR, MANIFEST_DIR, RECEIPT, RECEIPT_OUTPUTS, RELEASE_DIR,
+                                RELEASE_PLAN_DIR, late_path, release_plan_path)
 from corpusforge.storage import Store
 from flows.build_corpus import BuildConfig, build, run_build
 from tests.built_sample import config
@@ -104,6 +105,27 @@ def test_a_statistics_file_removed_by_hand_is_written_again(built_sample, sample
     sidecar.unlink()
     build(settings)
     assert sidecar.read_bytes() == want
+
+
+def test_release_plans_removed_by_hand_are_written_again(built_sample, sample_corpus, tmp_path):
+    """The release plan's keyed step is current only while the plan and late files its result
+    names are there: with them removed by hand, a rerun whose new evaluation caption seed reads
+    the test plans plans again, with the same bytes, and leaves every shard and part as it was."""
+    built, _ = built_sample
+    out = tmp_path / "corpus"
+    settled_copy(built, tmp_path, config(sample_corpus, out, dask=ON_DASK))
+    name = next(n for n, s in json.loads((out / RECEIPT).read_text())["release"]["shards"].items()
+                if s["split"] == "test")
+    plans = {p: p.read_bytes() for folder in (RELEASE_PLAN_DIR, LATE_DIR) for p in sorted((out / folder).iterdir())}
+    assert out / release_plan_path(name) in plans and out / late_path(0) in plans
+    published = {p: h for p, h in file_hashes(out).items() if p.startswith((f"{RELEASE_DIR}/", f"{MANIFEST_DIR}/"))}
+    for folder in (RELEASE_PLAN_DIR, LATE_DIR):
+        shutil.rmtree(out / folder)
+    build(config(sample_corpus, out, dask=ON_DASK, eval_captions={"seed": 7}))
+    assert {p: p.read_bytes() for p in plans if p.exists()} == plans
+    assert {p: h for p, h in file_hashes(out).items() if p.startswith((f"{RELEASE_DIR}/", f"{MANIFEST_DIR}/"))} \
+        == published
+    assert json.loads((out / RECEIPT).read_text())["eval_captions"]["seed"] == 7
 
 
 def test_a_keyed_step_is_current_only_with_the_same_key_and_its_outputs(tmp_path):

@@ -6,12 +6,14 @@ version whose staging shards and ingest rows stay in the earlier version (``sour
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Iterable
 from typing import Any
 
-from corpusforge.contract import FanOut, Unit, in_process, keyed, prune, require_marker, require_markers, step_call
-from corpusforge.layout import (GRAPH_DECISIONS, MANIFEST_DIR, RELEASE_CARD, captions_path, manifest_path,
-                                resolved_path, staging_tar)
+from corpusforge.contract import (FanOut, Unit, forget_step, in_process, keyed, prune, require_marker, require_markers,
+                                 step_call, step_result)
+from corpusforge.layout import (GRAPH_DECISIONS, LATE_DIR, MANIFEST_DIR, RELEASE_CARD, RELEASE_PLAN_DIR, captions_path,
+                                late_path, manifest_path, release_plan_path, resolved_path, staging_tar)
 from corpusforge.ledger import Ledger
 from corpusforge.storage import Store
 from tasks.release.manifest import write_manifest_part
@@ -34,11 +36,13 @@ def publish(store: Store, staged: list[str], n_parts: int, splits: SplitConfig, 
     ``store``), side by side. Returns the release plan summary, the ledger of the manifest
     parts (each part's summary: rows, counts by status and reason, in partition order) and
     the work done (units computed and skipped per step)."""
-    release = fan_out(keyed(PLAN_RELEASE), [step_call(
-        store, PLAN_RELEASE, [splits.model_dump(mode="json"), near_dedup, captions],
-        _plan_inputs(store, source or store, staged, near_dedup, captions),
-        dict(store=store, staged=write_staged_list(store, staged), cfg=splits, near_dedup=near_dedup, source=source,
-             captions=captions))])[0]
+    plan = step_call(store, PLAN_RELEASE, [splits.model_dump(mode="json"), near_dedup, captions],
+                     _plan_inputs(store, source or store, staged, near_dedup, captions),
+                     dict(store=store, staged=write_staged_list(store, staged), cfg=splits, near_dedup=near_dedup,
+                          source=source, captions=captions))
+    if (done := step_result(store, PLAN_RELEASE.name, plan["key"])) is not None and not _plans_there(store, done[0]):
+        forget_step(store, PLAN_RELEASE.name)  # a plan file removed by hand: plan again (the same bytes)
+    release = fan_out(keyed(PLAN_RELEASE), [plan])[0]
     with Ledger(store, "release") as shards:
         fan_out.stream(WRITE_RELEASE_SHARD, [dict(store=store, split=s["split"], shard=s["index"], cfg=splits,
                                                   plan_sha256=release["plans"][name]["sha256"], source=source)
@@ -58,6 +62,15 @@ def publish(store: Store, staged: list[str], n_parts: int, splits: SplitConfig, 
         fan_out.stream(WRITE_MANIFEST_PART, calls, manifest.add)
     return release, manifest, {"release_shards": shards.summary("release").counts(),
                                "manifest_parts": manifest.summary("manifest").counts()}
+
+
+def _plans_there(store: Store, result: dict[str, Any]) -> bool:
+    """Whether every plan and late file a recorded release plan names is there: the release
+    shards, the manifest parts and the evaluation caption set read them when their own keys
+    change. One listing per folder (O(shards) names), not a request per file."""
+    return all(set(map(posixpath.basename, rels)) <= set(store.listdir(folder)) for folder, rels in (
+        (RELEASE_PLAN_DIR, [release_plan_path(name) for name in result["plans"]]),
+        (LATE_DIR, [late_path(int(part)) for part in result["late"]])))
 
 
 def _plan_inputs(store: Store, source: Store, staged: list[str], near_dedup: bool, captions: bool) -> list[Any]:

@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -72,27 +73,52 @@ def output_stamp(store: Store) -> str:
     (size and modification time; an object's ETag), from one walk of names and metadata, no
     bytes read. A unit that writes rewrites its marker; a file written outside the unit
     protocol (the dataset card, the graph's summary) is rewritten each run from results the
-    receipt holds, so its path and size are enough."""
+    receipt holds, so its path and size are enough.
+
+    It runs in the flow process, so it holds one folder's listing at a time (and those of the
+    folders above it), never the whole output's, and never lists ``work/``, the published
+    versions or a hidden folder, none of whose files it would count."""
     h = hashlib.sha256()
     if not store.remote:
         root = store.root.rstrip("/")
         for folder, dirs, names in os.walk(root):
-            dirs.sort()
+            dirs[:] = sorted(d for d in dirs if not _pruned(os.path.relpath(os.path.join(folder, d), root)))
             for name in sorted(names):
                 rel = os.path.relpath(os.path.join(folder, name), root)
-                if (rel.startswith(("work/", f"{VERSIONS_DIR}/")) or rel in _SKIP_FILES or "/." in f"/{rel}"):
-                    continue
-                st = os.stat(os.path.join(folder, name))
-                h.update(f"{rel}:{st.st_size}:{st.st_mtime_ns if rel.startswith(MARKERS) else ''}\n".encode())
+                if _stamped(rel):
+                    st = os.stat(os.path.join(folder, name))
+                    h.update(f"{rel}:{st.st_size}:{st.st_mtime_ns if rel.startswith(MARKERS) else ''}\n".encode())
         return h.hexdigest()
-    prefix = store.fs._strip_protocol(store.root).rstrip("/") + "/"
-    for path, info in sorted(store.fs.find(prefix, detail=True).items()):
-        rel = path[len(prefix):]
-        if rel.startswith(("work/", f"{VERSIONS_DIR}/")) or rel in _SKIP_FILES or "/." in f"/{rel}":
-            continue
-        version = info.get("ETag") or info.get("LastModified") if rel.startswith(MARKERS) else ""
-        h.update(f"{rel}:{info.get('size')}:{version}\n".encode())
+    for rel, info in _objects(store.fs, store.fs._strip_protocol(store.root).rstrip("/"), ""):
+        if _stamped(rel):
+            version = info.get("ETag") or info.get("LastModified") if rel.startswith(MARKERS) else ""
+            h.update(f"{rel}:{info.get('size')}:{version}\n".encode())
     return h.hexdigest()
+
+
+def _stamped(rel: str) -> bool:
+    return not (rel.startswith(("work/", f"{VERSIONS_DIR}/")) or rel in _SKIP_FILES or "/." in f"/{rel}")
+
+
+def _pruned(rel: str) -> bool:
+    """A folder none of whose files :func:`_stamped` counts."""
+    return rel in ("work", VERSIONS_DIR) or "/." in f"/{rel}"
+
+
+def _objects(fs: Any, folder: str, rel: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every object under ``folder`` (relative path, details) in sorted path order, one
+    ``ls`` per folder. A folder's entries are sorted by name with ``/`` after a folder's:
+    all the paths under folder ``a`` start ``a/``, so they sort after ``a-b`` and ``a.b``
+    and before ``a0``, exactly where a sort of every path puts them."""
+    entries = sorted(((e["name"].rstrip("/").rsplit("/", 1)[-1] + ("/" if e["type"] == "directory" else ""), e)
+                      for e in fs.ls(folder, detail=True) if e["name"].rstrip("/") != folder),  # not a folder marker
+                     key=lambda pair: pair[0])
+    for key, info in entries:
+        if key.endswith("/"):
+            if not _pruned(rel + key[:-1]):
+                yield from _objects(fs, f"{folder}/{key[:-1]}", rel + key)
+        else:
+            yield rel + key, info
 
 
 def write_output_list(store: Store) -> dict[str, Any]:
