@@ -11,7 +11,9 @@ resets the peak; a step of several tasks, the index build, resets it before each
 reports the largest task's), files opened and bytes read through fsspec (a counting local
 filesystem registered for ``file://`` in the child, so every ``Store`` uses it; files FAISS
 maps itself, the index's lists, are added), the number of tasks and the largest pickled
-parameters of one task. Peak RSS counts the pages of mapped files a task touched too.
+parameters of one task. Peak RSS counts the pages of mapped files a task touched too. The
+child runs Arrow on the C allocator (:func:`measure` says why), so a peak is what the step
+allocates, not what a pool keeps.
 
 The table fits time, peak memory, files opened and parameter size as ``a·N^b`` (log-log
 least squares over the sizes run) and projects them to 10⁷ and 10⁸; a step the stage refuses
@@ -354,6 +356,8 @@ INPUTS: dict[str, Callable[[Any, Scale, str], None]] = {
     "staging": lambda store, sc, src: write_staging(store, sc),
     "folder": lambda store, sc, src: write_folder(src, sc.n),
     "release_plan": lambda store, sc, src: write_release_plan(store, sc, os.path.dirname(src)),
+    # the resolved partitions, for steps that read them (the exact_dedup step writes the same)
+    "resolved": lambda store, sc, src: dedup_and_resolve(store, sc),
 }
 
 
@@ -418,10 +422,9 @@ def _dedup_regime(n: int) -> dict[str, Any]:
     return {"buckets": Scale.of(n).buckets}
 
 
-@step("exact_dedup", ("ingest",), "task", ("tasks.ingest.exact_dedup",), regime=_dedup_regime)
-def run_exact_dedup(store, sc: Scale, data: str) -> dict[str, Any]:
-    """Key uniqueness, exact duplicates and resolve, every unit in turn in the flow's order
-    (peak: the largest unit)."""
+def dedup_and_resolve(store, sc: Scale) -> dict[str, Any]:
+    """Key uniqueness, exact duplicates and resolve, every unit in turn in the flow's order:
+    its task count, largest parameters per fan-out and records removed."""
     from corpusforge.contract import remove_tree
     from corpusforge.layout import DEDUP_HASHES_DIR, DEDUP_KEYS_DIR, EXACT_DIR, KEYDUP_DIR, RESOLVED_DIR
     from tasks.ingest.exact_dedup import deduplicate
@@ -449,6 +452,12 @@ def run_exact_dedup(store, sc: Scale, data: str) -> dict[str, Any]:
     deduplicate(store, [m.digest for m in ingested], len(ingested), sc.buckets, 1000, count, Counting())
     removed = sum(m.info["records"] for m in ingested) - survivors
     return {"tasks": tasks, "params": params, "removed": removed}
+
+
+@step("exact_dedup", ("ingest",), "task", ("tasks.ingest.exact_dedup",), regime=_dedup_regime)
+def run_exact_dedup(store, sc: Scale, data: str) -> dict[str, Any]:
+    """Exact dedup (peak: the largest unit)."""
+    return dedup_and_resolve(store, sc)
 
 
 def _release_plan_path(data: str) -> str:
@@ -889,7 +898,11 @@ def measure(name: str, data: str, n: int) -> dict[str, Any]:
     from bench import opens
 
     log = f"{data}.opens-{name}.log"
-    env = dict(os.environ, **{opens.LOG_ENV: log})
+    # Arrow on the C allocator: its default pool (mimalloc) keeps freed pages for a while, an
+    # amount that varied by ±15 MB from run to run of one step at one size (graph_verify at 10k:
+    # 94-106 MB over five runs, 68.2-68.8 MB on the C allocator, 2026-12-04), and the line through
+    # two quick sizes multiplies what differs between them by ~1,000 on its way to 10⁸.
+    env = dict(os.environ, **{opens.LOG_ENV: log, "ARROW_DEFAULT_MEMORY_POOL": "system"})
     cmd = opens.traced([sys.executable, __file__, "--child", name, "--data", data, "--n", str(n)], log)
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
     if proc.returncode:

@@ -11,6 +11,7 @@ import pytest
 
 from corpusforge.layout import staging_records
 
+from tasks.graph.calibration import BinSampler
 from tasks.graph.config import VerificationConfig, CalibrationConfig, CollisionConfig, IndexConfig, NearDedupConfig
 from tasks.graph.decisions import DuplicateContentError, read_decisions
 from tasks.graph.stage import near_duplicate_stage
@@ -273,3 +274,19 @@ def test_node_degrees_count_every_edge_of_the_merged_graph(tmp_path):
     ends = np.concatenate([np.concatenate([t["src"].to_numpy(), t["dst"].to_numpy()]) for t in edges])
     assert len(ends) > 0
     assert np.array_equal(node_degrees(store, nodes), np.bincount(ends, minlength=nodes.n_nodes))
+
+
+def test_calibration_samples_the_same_pairs_batch_by_batch():
+    """The sheet reads the collision pairs a batch at a time (they grow with the subset): the
+    pairs it keeps per bin must be those it keeps from the whole table at once."""
+    rng = np.random.default_rng(3)
+    a, b = rng.integers(0, 5_000, 20_000), rng.integers(0, 5_000, 20_000)
+    s = rng.random(20_000).astype(np.float32)
+    bins = [(0.0, 0.5), (0.5, 0.9), (0.9, 1.0)]
+    whole, batched = BinSampler(bins, 7, seed=11), BinSampler(bins, 7, seed=11)
+    whole.add([0, 1, 2], a, b, s)
+    for lo in range(0, 20_000, 3_000):
+        batched.add([0, 1, 2], a[lo:lo + 3_000], b[lo:lo + 3_000], s[lo:lo + 3_000])
+    assert whole.seen == batched.seen and sum(whole.seen) == 20_000
+    for kept, got in zip(whole.kept, batched.kept, strict=True):
+        assert len(kept[0]) == 7 and all(np.array_equal(x, y) for x, y in zip(kept, got, strict=True))

@@ -158,11 +158,12 @@ def _calibration_sheet(source: Store, out: Store, cfg: NearDedupConfig, nodes: N
     pair_counts = None
     has_pairs = out.exists(PAIRS_PATH)
     if has_pairs:
-        with out.open(PAIRS_PATH) as f:
-            t = pq.read_table(f)
-        a, b, s = t["src"].to_numpy(), t["dst"].to_numpy(), t["similarity"].to_numpy()
-        pair_counts = np.histogram(np.clip(s, 0, 1), HIST_BINS)[0]
-        sampler.add(from_pairs, a, b, s)
+        pair_counts = np.zeros(len(HIST_BINS) - 1, dtype=np.int64)
+        with out.open(PAIRS_PATH) as f:  # a batch at a time: the subset's pairs grow with its size
+            for t in pq.ParquetFile(f).iter_batches(columns=["src", "dst", "similarity"]):
+                a, b, s = (t.column(c).to_numpy() for c in ("src", "dst", "similarity"))
+                pair_counts += np.histogram(np.clip(s, 0, 1), HIST_BINS)[0]
+                sampler.add(from_pairs, a, b, s)
     chosen = np.unique(np.concatenate([np.concatenate([k[0], k[1]]) for k in sampler.kept]))
     facts = _image_facts(source, nodes, chosen, cal.thumb_px)
     sections, counts = [], []
