@@ -25,6 +25,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from corpusforge.contract import UnitResult  # noqa: E402
+from corpusforge.layout import GRAPH_INDEX, GRAPH_INDEX_LISTS  # noqa: E402
 from corpusforge.storage import Store  # noqa: E402
 from tasks.graph.config import NearDedupConfig  # noqa: E402
 from tasks.graph.edges import found_fingerprint, merge_groups  # noqa: E402
@@ -50,14 +52,16 @@ def measure(n_shards: int, root: str) -> dict[str, int]:
     info = {"plan": {"kind": "ivf", "factory": "IVF4096,SQfp16", "nlist": 4096, "nprobe": 32, "n_train": 262144,
                      "n_vectors": n_shards * PER_SHARD, "storage": "sq", "exact_scores": False},
             "n_vectors": n_shards * PER_SHARD, "dim": 512, "pair_score": None, "recall_queries": 1000,
-            "gpu_build": False, "fingerprint": secrets.token_hex(16), "action": "computed"}
+            "gpu_build": False}
+    index = UnitResult(secrets.token_hex(16), {GRAPH_INDEX: secrets.token_hex(32), GRAPH_INDEX_LISTS: secrets.token_hex(32)}, secrets.token_hex(32), info,
+                       action="computed")
     table = write_shard_table(store, nodes, digests)
     shard = shards[n_shards // 2]
     common = dict(source=store, out=store, cfg=cfg, nodes=nodes)
     group = merge_groups(nodes, [1] * n_shards, 1000)[0]
     return {
         "query/recall before": _size(dict(common, shard=shard, info=info, digests=digests)),
-        "query/recall after": _size(shard_calls(store, store, cfg, table, digests, info)[n_shards // 2]),
+        "query/recall after": _size(shard_calls(store, store, cfg, table, digests, index)[n_shards // 2]),
         "merge before": _size(dict(out=store, nodes=nodes, group=list(shards[:n_shards // 1000 or 1]),
                                    digests=digests, found_digests=list(digests.values()))),
         "merge after": _size(dict(out=store, shard_table=table, group=group,

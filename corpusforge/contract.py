@@ -37,7 +37,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, Self
+from typing import Any, Generic, Literal, Protocol, Self, TypedDict, TypeVar
 
 from corpusforge.hashing import canonical_json, fingerprint, sha256_bytes
 from corpusforge.layout import MARKERS
@@ -60,20 +60,26 @@ class KeyParts:
         return {"code": self.code, "config": self.config, "inputs": self.inputs}
 
 
+# The facts a stage's units report (a marker's ``info``): a TypedDict declared beside the stage,
+# so it is a plain dict at run time (the marker's JSON as written, small and picklable) and a
+# typed one to its readers.
+InfoT = TypeVar("InfoT")
+
+
 @dataclass(frozen=True)
-class Marker:
+class Marker(Generic[InfoT]):
     """``_markers/{output}.json``: a unit's completion record. On disk it is JSON (hashed as
     written); :meth:`to_json` gives exactly that mapping and :meth:`from_json` reads it back.
-    ``info`` holds the facts the stage reports (a plain dict: its shape is the stage's)."""
+    ``info`` holds the facts the stage reports (its stage's TypedDict)."""
 
     fingerprint: str
     outputs: dict[str, str]  # path -> SHA-256
     digest: str
-    info: dict[str, Any]
+    info: InfoT
     key: KeyParts | None = None  # kept when the fingerprint was a :class:`UnitKey`
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Marker:
+    def from_json(cls, data: dict[str, Any]) -> Marker[Any]:
         key = data.get("key")
         return cls(data["fingerprint"], data["outputs"], data["digest"], data["info"],
                    None if key is None else KeyParts.from_json(key))
@@ -87,14 +93,18 @@ class Marker:
         return data
 
 
-@dataclass(frozen=True)
-class UnitResult(Marker):
-    """What a unit returns: its marker and what this run did with it (``action``, not stored)."""
+Action = Literal["computed", "skipped"]
 
-    action: Literal["computed", "skipped"] = field(kw_only=True)
+
+@dataclass(frozen=True)
+class UnitResult(Marker[InfoT]):
+    """What every unit returns: its marker, with the stage's typed ``info``, and what this run
+    did with it (``action``, not stored)."""
+
+    action: Action = field(kw_only=True)
 
     @classmethod
-    def of(cls, marker: Marker, action: Literal["computed", "skipped"], **extra: Any) -> Self:
+    def of(cls, marker: Marker[InfoT], action: Literal["computed", "skipped"], **extra: Any) -> Self:
         """``marker`` as the result of a run that took ``action`` (``extra``: a subclass's fields)."""
         return cls(marker.fingerprint, marker.outputs, marker.digest, marker.info, marker.key, action=action, **extra)
 
@@ -271,8 +281,8 @@ def probe(fn: Callable[..., Any], kwargs: dict[str, Any]) -> tuple[bool, Any]:
         _PROBING.reset(token)
 
 
-def run_unit(store: Store, rel: str, fp: str, compute: Callable[[], tuple[dict[str, str], dict[str, Any]]]
-             ) -> UnitResult:
+def run_unit(store: Store, rel: str, fp: str, compute: Callable[[], tuple[dict[str, str], InfoT]]
+             ) -> UnitResult[InfoT]:
     """Skip ``rel`` when its marker has fingerprint ``fp``; else run ``compute`` and mark it done.
 
     ``compute`` writes the unit's files and returns ``(outputs, info)``: the SHA-256 of each
@@ -286,13 +296,21 @@ def run_unit(store: Store, rel: str, fp: str, compute: Callable[[], tuple[dict[s
     return UnitResult.of(finish_unit(store, rel, fp, outputs, info), COMPUTED)
 
 
+def joint_result(fp: str, markers: Iterable[Marker[Any]], info: InfoT, action: Action) -> UnitResult[InfoT]:
+    """The result of a unit that marks several outputs done, one marker each (a merge group's
+    edge files, a shard's features of each model): their files together under the unit's
+    fingerprint ``fp``, with the unit's own ``info``."""
+    outputs = {path: sha for m in markers for path, sha in m.outputs.items()}
+    return UnitResult(str(fp), dict(sorted(outputs.items())), digest_of(outputs), info, action=action)
+
+
 def current_marker(store: Store, rel: str, fp: str) -> Marker | None:
     """The marker of ``rel`` if it was completed with fingerprint ``fp``, else None."""
     marker = read_marker(store, rel)
     return marker if marker is not None and marker.fingerprint == fp else None
 
 
-def finish_unit(store: Store, rel: str, fp: str, outputs: dict[str, str], info: dict[str, Any]) -> Marker:
+def finish_unit(store: Store, rel: str, fp: str, outputs: dict[str, str], info: InfoT) -> Marker[InfoT]:
     """Write the marker of a unit whose files are all written (for units that share work,
     like one decode feeding several models; others use :func:`run_unit`)."""
     marker = Marker(str(fp), dict(sorted(outputs.items())), digest_of(outputs), info,
@@ -504,15 +522,17 @@ class StageSummary:
         return {COMPUTED: self.computed, SKIPPED: self.skipped}
 
 
-def summarise(stage: str, results: Iterable[UnitResult]) -> StageSummary:
-    """The stage's summary over its unit results (what :func:`run_unit` returned for each)."""
-    return count_actions(stage, (r.action for r in results))
+class Outcome(TypedDict):
+    """The part of a unit's result that one of its outputs reports, where a unit writes several
+    units' worth at once (each model's features of a shard): what was done with that output."""
+
+    action: Action
 
 
-def count_actions(stage: str, actions: Iterable[str]) -> StageSummary:
-    """The stage's summary over the actions its units report, for units whose result is a
-    stage's own report (its marker's ``info`` with the ``action``) rather than a :class:`UnitResult`."""
+def summarise(stage: str, results: Iterable[UnitResult[Any] | Outcome]) -> StageSummary:
+    """The stage's summary over its unit results (what :func:`run_unit` returned for each),
+    or over one output's part of each (an :class:`Outcome`)."""
     counts = {COMPUTED: 0, SKIPPED: 0}
-    for action in actions:
-        counts[action] += 1
+    for r in results:
+        counts[r.action if isinstance(r, UnitResult) else r["action"]] += 1
     return StageSummary(stage, counts[COMPUTED], counts[SKIPPED])

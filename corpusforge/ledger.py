@@ -36,9 +36,8 @@ READ_MEMORY = "256MB"  # DuckDB's limit while it sorts a ledger back into unit o
 LEDGER_SCHEMA = pa.schema([
     ("unit", pa.int64()),        # the index of the unit's call in the fan-out
     ("action", pa.string()),     # computed | skipped
-    ("digest", pa.string()),     # the marker's digest (null for a stage's report)
-    ("marker", pa.bool_()),      # result is a marker (a UnitResult) or a stage's report dict
-    ("result", pa.string()),     # canonical JSON of the marker, or of the report
+    ("digest", pa.string()),     # the marker's digest
+    ("result", pa.string()),     # canonical JSON of the marker
 ])
 
 T = TypeVar("T")
@@ -52,7 +51,7 @@ class Ledger:
 
     def __init__(self, store: Store, name: str) -> None:
         self.store, self.name = store, name
-        self._rows: list[tuple[int, str, str | None, bool, str]] = []
+        self._rows: list[tuple[int, str, str, str]] = []
         self._files: list[str] = []
         self._actions: Counter[str] = Counter()
         self._open = True
@@ -64,17 +63,12 @@ class Ledger:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def add(self, unit: int, result: UnitResult | dict[str, Any]) -> None:
-        """Record unit ``unit``'s result: a :class:`UnitResult`, or a stage's report of one
-        unit (a dict with its ``action``, as the manifest writer returns)."""
+    def add(self, unit: int, result: UnitResult[Any]) -> None:
+        """Record unit ``unit``'s result."""
         if not self._open:
             raise RuntimeError(f"ledger {self.name} is closed")
-        if isinstance(result, UnitResult):
-            row = (unit, result.action, result.digest, True, canonical_json(result.to_json()))
-        else:
-            row = (unit, result["action"], None, False, canonical_json(result))
-        self._actions[row[1]] += 1
-        self._rows.append(row)
+        self._actions[result.action] += 1
+        self._rows.append((unit, result.action, result.digest, canonical_json(result.to_json())))
         if len(self._rows) >= BATCH_ROWS:
             self._flush()
 
@@ -103,16 +97,14 @@ class Ledger:
         """Units computed and skipped (from the counts kept while writing: nothing is read)."""
         return StageSummary(stage, self._actions[COMPUTED], self._actions[SKIPPED])
 
-    def __iter__(self) -> Iterator[UnitResult | dict[str, Any]]:
+    def __iter__(self) -> Iterator[UnitResult[Any]]:
         """Every unit's result, in unit order, as the fan-out returned it."""
-        for is_marker, action, result in self._read("marker", "action", "result"):
-            data = json.loads(result)
-            yield UnitResult.of(Marker.from_json(data), action) if is_marker else data
+        for action, result in self._read("action", "result"):
+            yield UnitResult.of(Marker.from_json(json.loads(result)), action)
 
-    def infos(self) -> Column[dict[str, Any]]:
-        """Each unit's facts in unit order (a marker's ``info``; a report as it is), readable
-        more than once."""
-        return Column(self, lambda: (r.info if isinstance(r, UnitResult) else r for r in self))
+    def infos(self) -> Column[Any]:
+        """Each unit's marker ``info`` in unit order (its stage's TypedDict), readable more than once."""
+        return Column(self, lambda: (r.info for r in self))
 
     def digests(self) -> Column[str]:
         """Each unit's marker digest in unit order, readable more than once."""

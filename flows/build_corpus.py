@@ -27,8 +27,8 @@ from pydantic import Field, model_validator
 from corpusforge.artifacts import publish_plan_artifact, publish_run_artifacts
 from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, output_concurrency, root_flow_run, run_logger
 from corpusforge.config import FlowConfig
-from corpusforge.contract import (SWEEP_TEMP_FILES, count_actions, forget_step, keyed, prune, remove_tree,
-                                  step_call)
+from corpusforge.contract import (COMPUTED, SWEEP_TEMP_FILES, forget_step, keyed, prune, remove_tree, step_call,
+                                  summarise)
 from corpusforge.feature_files import prune_features
 from corpusforge.lease import held_here, holding_output
 from corpusforge.ledger import Ledger
@@ -342,10 +342,9 @@ def _features(store: Store, config: BuildConfig, staged: list[str], work: dict[s
     if not (config.features.models and staged):
         return {}
     results = extract_features(store, staged, config.features, fan_out=fan_out)
-    work["features"] = {m: count_actions(f"features.{m}", (r["models"][m]["action"] for r in results)).counts()
-                        for m in sorted(results[0]["models"])}
-    work["images_embedded"] = sum(r["images"] for r in results
-                                  if any(v["action"] == "computed" for v in r["models"].values()))
+    work["features"] = {m: summarise(f"features.{m}", (r.info["models"][m] for r in results)).counts()
+                        for m in sorted(results[0].info["models"])}
+    work["images_embedded"] = sum(r.info["images"] for r in results if r.action == COMPUTED)
     return receipt_section(results)
 
 
@@ -365,7 +364,7 @@ def _receipt(config: BuildConfig, store: Store, kind: str, ingested: Ledger, rel
                     "near_dedup": config.near_dedup.model_dump(mode="json") if config.near_dedup else None},
         input_snapshot_sha256=fan_out(keyed(INPUT_SNAPSHOT), [step_call(
             store, INPUT_SNAPSHOT, n_parts, list(ingested.digests()), dict(store=store, n_parts=n_parts))])[0],
-        counts=count_outcomes(manifest),
+        counts=count_outcomes(manifest.infos()),
         licenses=licenses,
         release=release_section(release, config.splits),
         features=_stable_features(features),

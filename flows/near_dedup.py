@@ -100,7 +100,7 @@ def near_dedup(config: NearDedupFlowParams) -> dict[str, Any]:
         seeds={"splits": splits.seed, "near_dedup": config.near_dedup.seed},
         thresholds={"near_dedup": config.near_dedup.model_dump(mode="json")},
         input_snapshot_sha256=source_receipt["input_snapshot_sha256"],
-        counts=count_outcomes(manifest),
+        counts=count_outcomes(manifest.infos()),
         release=release_section(release, splits),
         near_duplicates=summary,
         warnings=[],

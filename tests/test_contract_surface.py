@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from corpusforge.contract import COMPUTED, SKIPPED, StageSummary, UnitResult, count_actions, summarise
+from corpusforge.contract import COMPUTED, SKIPPED, Outcome, StageSummary, UnitResult, summarise
 from corpusforge.plans import ACTIONS, DELETE, StagePlan, UnitPlan
 from corpusforge.version import module_closure
 
@@ -26,8 +26,9 @@ def test_summarise_counts_each_action_in_the_form_receipts_keep():
     # receipts and run logs keep exactly this mapping, in this key order
     assert json.dumps(summary.counts()) == '{"computed": 1, "skipped": 2}'
     assert summarise("staging", iter([])).counts() == {COMPUTED: 0, SKIPPED: 0}
-    # a stage whose units report their own dicts counts their actions the same way
-    assert count_actions("graph.queries", [COMPUTED, SKIPPED, SKIPPED]) == StageSummary("graph.queries", 1, 2)
+    # one output's part of units that write several (each model's features of a shard) the same way
+    parts = [Outcome(action=a) for a in (COMPUTED, SKIPPED, SKIPPED)]
+    assert summarise("features.m", parts) == StageSummary("features.m", 1, 2)
 
 
 def test_a_stage_plan_names_its_config_positions_in_its_reasons():
@@ -54,3 +55,35 @@ def test_planning_is_outside_the_units_code_versions():
 
     planned = set(PLAN_MODULES) & set(module_closure(*BUILD_MODULES))
     assert not planned
+
+
+# The modules that declare units (a flow's own units included).
+UNIT_MODULES = ["corpusforge.contract", "tasks.shared.features.extract", "tasks.contamination.stage", "tasks.graph.build",
+                "tasks.graph.stage", "tasks.stats.evaluate", "tasks.stats.stage", "tasks.report.receipt",
+                "tasks.report.changes", "tasks.report.write", "tasks.release.publish", "tasks.ingest.exact_dedup",
+                "tasks.ingest.partition", "tasks.ingest.sources", "tasks.ingest.fetch.unit", "tasks.prompts.signals",
+                "tasks.captions.eval_set", "tasks.captions.stage", "tasks.staging", "flows.evaluate"]
+# Units that do not return a UnitResult yet, and why (issue 32: each goes when its stage is converted).
+NOT_A_UNIT_RESULT = {
+    # one-off global steps run through contract.run_step (keyed): their result is the step marker's
+    "graph_recall": "step", "scan_recall": "step", "scan_plan": "step", "write_output_list": "step",
+    "diff_versions": "step", "write_reports": "step", "plan_release_files": "step", "input_snapshot_hash": "step",
+    "write_eval_captions": "step",
+    # partials of a reduction or of an evaluation, held in memory: no marker
+    "batch_partials": "partial", "merge_partials": "partial", "embed_chunk_unit": "partial",
+    # planning and whole-tree probes that mark nothing
+    "plan_partitions": "plan", "plan_captions": "plan", "plan_generated": "plan", "list_generated": "plan",
+    "keep_previous_version": "probe", "sweep_temp_files": "probe",
+    # marker units still to convert
+    "collision_models": "todo", "build_scan_index": "todo", "resolve_group": "todo",
+}
+
+
+def test_every_unit_returns_a_unit_result_but_the_listed_ones():
+    from corpusforge.contract import Unit
+
+    units = {v.fn.__name__: v.fn for m in UNIT_MODULES for v in vars(importlib.import_module(m)).values()
+             if isinstance(v, Unit)}
+    typed = {name for name, fn in units.items() if str(inspect.signature(fn).return_annotation).startswith(
+        ("UnitResult", "CaptionResult"))}
+    assert set(units) - typed == set(NOT_A_UNIT_RESULT), "a unit's result changed kind: update the list"

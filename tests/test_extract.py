@@ -167,7 +167,7 @@ def test_extract_shard_matches_direct_computation(corpus):
     cfg = _cfg()
     result = extract_shard(corpus, "000001", cfg)
     (model,) = load_models(cfg)
-    assert result["models"]["wfd"] == {"action": "computed", "ok": 9, "errors": 0, "random_init": False,
+    assert result.info["models"]["wfd"] == {"action": "computed", "ok": 9, "errors": 0, "random_init": False,
                                        "dim": 1072, "fingerprint": model.fingerprint(), "subset": None}
     keys, feats = read_shard_features(corpus, "wfd", "000001")
     assert keys == [f"k{s:05d}" for s in range(11, 20)] and feats.dtype == np.float16
@@ -191,7 +191,7 @@ def test_extract_shard_matches_direct_computation(corpus):
 
 def test_corrupt_image_is_a_record_error_and_the_shard_completes(corpus):
     result = extract_shard(corpus, "000000", _cfg())
-    assert result["models"]["wfd"]["ok"] == 10 and result["models"]["wfd"]["errors"] == 1
+    assert result.info["models"]["wfd"]["ok"] == 10 and result.info["models"]["wfd"]["errors"] == 1
     keys, feats = read_shard_features(corpus, "wfd", "000000")
     assert "k00004" not in keys and len(keys) == feats.shape[0] == 10
     errors = read_shard_errors(corpus, "wfd", "000000")
@@ -214,14 +214,14 @@ def test_resume_skips_done_shards_and_redoes_a_deleted_one(corpus):
     shards = completed_units(corpus, STAGING_TARS, ".tar")
     assert shards == ["000000", "000001"]
     first = [extract_shard(corpus, s, cfg) for s in shards]
-    assert {r["models"]["wfd"]["action"] for r in first} == {"computed"}
+    assert {r.info["models"]["wfd"]["action"] for r in first} == {"computed"}
     before = {s: _files(corpus, "wfd", s) for s in shards}
     mtime = os.path.getmtime(corpus.path(feature_vectors("wfd", "000000")))
     corpus.remove(marker_path(feature_vectors("wfd", "000001")))
     corpus.remove(feature_vectors("wfd", "000001"))
     second = [extract_shard(corpus, s, cfg) for s in shards]
-    assert [r["models"]["wfd"]["action"] for r in second] == ["skipped", "computed"]
-    assert second[0]["models"]["wfd"]["ok"] == 10 and second[0]["models"]["wfd"]["errors"] == 1
+    assert [r.info["models"]["wfd"]["action"] for r in second] == ["skipped", "computed"]
+    assert second[0].info["models"]["wfd"]["ok"] == 10 and second[0].info["models"]["wfd"]["errors"] == 1
     assert os.path.getmtime(corpus.path(feature_vectors("wfd", "000000"))) == mtime
     assert {s: _files(corpus, "wfd", s) for s in shards} == before
 
@@ -229,8 +229,8 @@ def test_resume_skips_done_shards_and_redoes_a_deleted_one(corpus):
 def test_changed_dtype_code_or_model_invalidates_only_that_model(corpus, monkeypatch):
     two = FeaturesConfig(models=[ModelSpec(name="wfd"), ModelSpec(name="wfd", image_size=16)],
                          runtime=RuntimeConfig(batch_size=4))
-    assert set(extract_shard(corpus, "000001", two)["models"]) == {"wfd", "wfd_s16"}
-    actions = lambda r: {m: v["action"] for m, v in r["models"].items()}  # noqa: E731
+    assert set(extract_shard(corpus, "000001", two).info["models"]) == {"wfd", "wfd_s16"}
+    actions = lambda r: {m: v["action"] for m, v in r.info["models"].items()}  # noqa: E731
     assert actions(extract_shard(corpus, "000001", two)) == {"wfd": "skipped", "wfd_s16": "skipped"}
 
     as32 = two.model_copy(update={"dtype": "float32"})
@@ -303,7 +303,7 @@ def test_truncated_tar_marks_the_missing_keys(tmp_path):
     cfg = _cfg().model_copy(update={"max_error_share": 1.0})  # past the error-rate guard
     result = extract_shard(store, "000000", cfg)
     # the sample in progress at a cut may miss members, so it is not embedded either
-    assert result["models"]["wfd"]["ok"] == 2
+    assert result.info["models"]["wfd"]["ok"] == 2
     errors = read_shard_errors(store, "wfd", "000000")
     assert sorted(errors) == keys[2:] and all("missing from staging tar" in e for e in errors.values())
 
@@ -313,8 +313,8 @@ def test_tiny_random_init_learned_model_beside_wfd(corpus):
                      image_size=28, random_init=True)
     cfg = FeaturesConfig(models=[ModelSpec(name="wfd"), dino], runtime=RuntimeConfig(batch_size=4))
     result = extract_shard(corpus, "000001", cfg)
-    assert result["models"][dino.model_id]["random_init"] is True
-    assert result["models"]["wfd"]["random_init"] is False
+    assert result.info["models"][dino.model_id]["random_init"] is True
+    assert result.info["models"]["wfd"]["random_init"] is False
     models = load_models(cfg)
     draft = decode_size(models)
     assert draft == max(32, 28) * 2
@@ -363,7 +363,7 @@ def test_variable_size_inputs_are_embedded_one_by_one(tmp_path):
     assert load_models(cfg)[0].fixed_input is False
     result = extract_shard(store, "000000", cfg)
     keys, feats = read_shard_features(store, spec.model_id, "000000")
-    assert result["models"][spec.model_id]["ok"] == len(keys) == feats.shape[0] == len(sizes)
+    assert result.info["models"][spec.model_id]["ok"] == len(keys) == feats.shape[0] == len(sizes)
     np.testing.assert_allclose(np.linalg.norm(feats.astype(np.float32), axis=1), 1.0, atol=2e-3)
 
 

@@ -58,8 +58,8 @@ def test_a_small_selection_is_read_by_ranged_reads_and_equals_the_full_rows(corp
 
     monkeypatch.setattr(extract_module, "iter_tar_samples", no_stream)
     result = extract_shard(corpus, "000001", _cfg(), _pick(s000001=[12, 15, 18]))
-    assert result["images"] == 3
-    assert result["models"]["wfd"] | {"fingerprint": None} == {
+    assert result.info["images"] == 3
+    assert result.info["models"]["wfd"] | {"fingerprint": None} == {
         "action": "computed", "ok": 3, "errors": 0, "random_init": False, "dim": 1072, "fingerprint": None,
         "subset": SUBSET}
     keys, feats = read_shard_features(corpus, "wfd", "000001", SUBSET)
@@ -71,7 +71,7 @@ def test_a_small_selection_is_read_by_ranged_reads_and_equals_the_full_rows(corp
 
 def test_a_selected_undecodable_image_is_that_record_error(corpus):
     result = extract_shard(corpus, "000000", _cfg(), _pick(s000000=[1, 4]))
-    assert (result["models"]["wfd"]["ok"], result["models"]["wfd"]["errors"]) == (1, 1)
+    assert (result.info["models"]["wfd"]["ok"], result.info["models"]["wfd"]["errors"]) == (1, 1)
     errors = read_shard_errors(corpus, "wfd", "000000", SUBSET)
     assert list(errors) == ["k00004"] and errors["k00004"].startswith("decode:")
 
@@ -88,12 +88,12 @@ def test_selecting_everything_streams_the_tar_and_equals_the_full_files(corpus, 
 
 def test_rerun_redoes_only_the_shard_whose_selection_changed_and_equals_fresh(corpus, tmp_path):
     first = _pick(s000000=[0, 2], s000001=[11, 13])
-    assert [extract_shard(corpus, s, _cfg(), first)["models"]["wfd"]["action"]
+    assert [extract_shard(corpus, s, _cfg(), first).info["models"]["wfd"]["action"]
             for s in ("000000", "000001")] == ["computed", "computed"]
-    assert [extract_shard(corpus, s, _cfg(), first)["models"]["wfd"]["action"]
+    assert [extract_shard(corpus, s, _cfg(), first).info["models"]["wfd"]["action"]
             for s in ("000000", "000001")] == ["skipped", "skipped"]
     second = _pick(s000000=[0, 2], s000001=[11, 13, 19])
-    assert [extract_shard(corpus, s, _cfg(), second)["models"]["wfd"]["action"]
+    assert [extract_shard(corpus, s, _cfg(), second).info["models"]["wfd"]["action"]
             for s in ("000000", "000001")] == ["skipped", "computed"]
     fresh = Store(str(tmp_path / "fresh"))
     _write_staging(fresh, "000000", list(range(0, 11)), corrupt={4})
@@ -103,16 +103,16 @@ def test_rerun_redoes_only_the_shard_whose_selection_changed_and_equals_fresh(co
         assert _subset_files(corpus, s) == _subset_files(fresh, s)
     prune_subset(corpus, "wfd", SUBSET, ["000001"])
     assert not corpus.exists(feature_vectors("wfd", "000000", SUBSET))
-    assert extract_shard(corpus, "000000", _cfg(), second)["models"]["wfd"]["action"] == "computed"
+    assert extract_shard(corpus, "000000", _cfg(), second).info["models"]["wfd"]["action"] == "computed"
 
 
 def test_features_of_every_image_with_the_same_fingerprint_are_reused(corpus):
     extract_shard(corpus, "000000", _cfg())
     result = extract_shard(corpus, "000000", _cfg(), _pick(s000000=[1, 4, 7]))
-    assert result["models"]["wfd"]["action"] == "skipped" and result["models"]["wfd"]["subset"] is None
-    assert (result["models"]["wfd"]["ok"], result["models"]["wfd"]["errors"]) == (2, 1)
+    assert result.info["models"]["wfd"]["action"] == "skipped" and result.info["models"]["wfd"]["subset"] is None
+    assert (result.info["models"]["wfd"]["ok"], result.info["models"]["wfd"]["errors"]) == (2, 1)
     assert not corpus.exists(feature_vectors("wfd", "000000", SUBSET))
     as32 = _cfg().model_copy(update={"dtype": "float32"})  # another fingerprint: the selection is embedded
     again = extract_shard(corpus, "000000", as32, _pick(s000000=[1, 4, 7]))
-    assert again["models"]["wfd"]["action"] == "computed" and again["models"]["wfd"]["subset"] == SUBSET
+    assert again.info["models"]["wfd"]["action"] == "computed" and again.info["models"]["wfd"]["subset"] == SUBSET
     np.testing.assert_array_equal(read_shard_features(corpus, "wfd", "000000", SUBSET)[0], ["k00001", "k00007"])

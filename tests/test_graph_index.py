@@ -24,12 +24,12 @@ def run_graph(store, shards, cfg):
     nodes = plan_nodes(store, shards)
     digests = feature_digests(store, cfg, nodes)
     table = write_shard_table(store, nodes, digests)
-    info = build_index(store, store, cfg, table)
+    info, _ = build_index(store, store, cfg, table)
     found = [query_shard(store, store, cfg, table, s, digests[s], info) for s in nodes.shards]
     for s in nodes.shards:
         recall_shard(store, store, cfg, table, s, digests[s], info)
     found_fp = found_fingerprint([read_marker(store, found_path(s)).digest for s in nodes.shards])
-    for g in merge_groups(nodes, [m["pairs"] for m in found], cfg.advanced.merge_max_edges):
+    for g in merge_groups(nodes, [m.info["pairs"] for m in found], cfg.advanced.merge_max_edges):
         merge_edges(store, table, g, found_fp)
     got = {}
     for a, b, s in iter_edges(store, nodes):
@@ -57,7 +57,7 @@ def test_exact_edges_equal_brute_force(tmp_path, search):
     cfg = NearDedupConfig(index=IndexConfig(kind="flat", search=search, k=160))
     _, info, got = run_graph(store, shards, cfg)
     want = brute_force_edges(store, shards, by_key, 0.90)
-    assert info["plan"]["kind"] == "flat" and len(want) > 50
+    assert info.info["plan"]["kind"] == "flat" and len(want) > 50
     compare(got, want, 0.90)
 
 
@@ -85,7 +85,7 @@ def test_ivf_recall_on_planted_near_duplicates(tmp_path, storage):
                                             k=16, advanced=IndexAdvanced(pq_rescore_margin=0.15)),
                           recall_queries=400, advanced=NearDedupAdvanced(recall_tolerance=1e-3))
     _, info, got = run_graph(store, shards, cfg)
-    assert info["plan"]["factory"].startswith("IVF32,")
+    assert info.info["plan"]["factory"].startswith("IVF32,")
     want = brute_force_edges(store, shards, by_key, 0.90)
     must = {p for p, s in want.items() if s >= 0.901}
     recall = len(must & set(got)) / len(must)
@@ -137,7 +137,7 @@ def test_ivf_training_sample_does_not_depend_on_shard_listing(tmp_path):
     store.remove("_markers/graph/index")
     again = plan_nodes(store, list(reversed(shards)))
     table = write_shard_table(store, again, feature_digests(store, cfg, again))
-    assert build_index(store, store, cfg, table)["action"] == "computed"
+    assert build_index(store, store, cfg, table)[0].action == "computed"
     assert store.read_bytes(GRAPH_INDEX) == first
 
 

@@ -13,7 +13,7 @@ import faiss
 import numpy as np
 import pytest
 
-from corpusforge.contract import read_marker
+from corpusforge.contract import UnitResult, read_marker
 from corpusforge.faults import ENV
 from corpusforge.hashing import stable_uniform
 from corpusforge.layout import (GRAPH_INDEX, GRAPH_INDEX_LISTS, GRAPH_INDEX_TRAINED, found_path,
@@ -57,13 +57,13 @@ def shard_table(store: Store, shards: list[str], cfg: NearDedupConfig) -> tuple[
     return write_shard_table(store, nodes, digests), digests
 
 
-def reference_index(store: Store, shards: list[str], cfg: NearDedupConfig, info: dict) -> faiss.Index:
+def reference_index(store: Store, shards: list[str], cfg: NearDedupConfig, info: UnitResult) -> faiss.Index:
     """The old build with plain FAISS: k-means and PQ trained on the seeded sample (keys by
     hash, in hash order), then every shard added to one index in memory, in shard order."""
-    plan = fx.IndexPlan.from_json(info["plan"])
+    plan = fx.IndexPlan.from_json(info.info["plan"])
     nodes = plan_nodes(store, shards)
     loaded = [load_shard_vectors(store, cfg.model_id, s, int(nodes.offsets[i])) for i, s in enumerate(nodes.shards)]
-    rate = plan.n_train / info["n_vectors"]
+    rate = plan.n_train / info.info["n_vectors"]
     drawn = sorted((u, i, r) for i, (_, keys, _) in enumerate(loaded)
                    for r, k in enumerate(keys) if (u := stable_uniform(cfg.seed, f"train:{k}")) < rate)
     sample = np.stack([loaded[i][2][r] for _, i, r in drawn]).astype(np.float32)
@@ -86,10 +86,10 @@ def test_on_disk_index_finds_the_pairs_of_one_index_built_in_memory(tmp_path, sm
     store, shards, _ = write_corpus(str(tmp_path), n_shards=5, per_shard=300, dim=32, seed=5)
     cfg = ivf_cfg(storage, search)
     table, digests = shard_table(store, shards, cfg)
-    info = build_index(store, store, cfg, table)
+    info, added = build_index(store, store, cfg, table)
     nodes = plan_nodes(store, shards)
-    assert len(index_blocks(nodes, fx.IndexPlan.from_json(info["plan"]))) >= 3
-    assert info["blocks"]["computed"] >= 3
+    assert len(index_blocks(nodes, fx.IndexPlan.from_json(info.info["plan"]))) >= 3
+    assert added.computed >= 3
     ref = reference_index(store, shards, cfg, info)
     with open(store.path(GRAPH_INDEX_TRAINED), "rb") as f:  # training as before: the same bytes
         trained = fx.read_index(f)
@@ -124,7 +124,7 @@ def test_queries_map_the_lists_and_load_none_of_them(tmp_path, small_blocks):
     store, shards, _ = write_corpus(str(tmp_path), n_shards=3, per_shard=300, dim=32, seed=2)
     cfg = ivf_cfg()
     table, _ = shard_table(store, shards, cfg)
-    info = build_index(store, store, cfg, table)
+    info, _ = build_index(store, store, cfg, table)
     cpu, _, _ = load_index(store, info, use_gpu=False)
     lists = faiss.downcast_InvertedLists(faiss.extract_index_ivf(cpu).invlists)
     assert isinstance(lists, faiss.OnDiskInvertedLists) and lists.read_only
@@ -137,8 +137,8 @@ def test_queries_map_the_lists_and_load_none_of_them(tmp_path, small_blocks):
     assert header.ntotal == 900
     marker = read_marker(store, GRAPH_INDEX)
     assert set(marker.outputs) == {GRAPH_INDEX, GRAPH_INDEX_LISTS}
-    assert marker.outputs[GRAPH_INDEX_LISTS] == info["lists_sha256"] == store.sha256(GRAPH_INDEX_LISTS)
-    blocks = index_blocks(plan_nodes(store, shards), fx.IndexPlan.from_json(info["plan"]))
+    assert marker.outputs[GRAPH_INDEX_LISTS] == info.outputs[GRAPH_INDEX_LISTS] == store.sha256(GRAPH_INDEX_LISTS)
+    blocks = index_blocks(plan_nodes(store, shards), fx.IndexPlan.from_json(info.info["plan"]))
     for first, _ in blocks:
         assert read_marker(store, index_block_path(first)).outputs[index_block_path(first)]
 
@@ -168,7 +168,7 @@ def test_a_remote_index_is_copied_once_to_the_local_cache_and_gives_the_same_pai
     found = {}
     for out in (store, remote):
         table = write_shard_table(out, nodes, digests)
-        info = build_index(store, out, cfg, table)
+        info, _ = build_index(store, out, cfg, table)
         for s in nodes.shards:
             query_shard(store, out, cfg, table, s, digests[s], info)
         found[out.root] = [out.read_bytes(found_path(s)) for s in nodes.shards]

@@ -73,7 +73,7 @@ def test_a_greyscale_copy_scores_like_its_original_in_the_graph(tmp_path, search
     cfg = GRAPH.model_copy(update={"index": IndexConfig(kind="flat", search=search, k=160)})
     _, info, got = run_graph(store, shards, cfg)
     want, greyish = reference_edges(store, shards, by_key, 0.90)
-    assert info["pair_score"] == RULE and info["plan"]["dim"] == 2 * LAYOUT + COLOUR
+    assert info.info["pair_score"] == RULE and info.info["plan"]["dim"] == 2 * LAYOUT + COLOUR
     grey_pairs = {p for p, s in want.items() if s >= 0.93}
     assert greyish.sum() >= 20 and len(grey_pairs) >= 40  # greyscale copies are in the graph ...
     cosine_max = np.sqrt(1 - WEIGHT)  # ... although their cosine is at most 0.866
@@ -90,7 +90,7 @@ def test_ivf_index_scores_by_the_rule_too(tmp_path, storage):
     cfg = GRAPH.model_copy(update={"index": IndexConfig(kind="ivf", nlist=16, nprobe=16, storage=storage)})
     _, info, got = run_graph(store, shards, cfg)
     want, _ = reference_edges(store, shards, by_key, 0.90)
-    assert info["plan"]["factory"].startswith("IVF16,") and sum(1 for s in want.values() if s > 0.93) >= 100
+    assert info.info["plan"]["factory"].startswith("IVF16,") and sum(1 for s in want.values() if s > 0.93) >= 100
     compare(got, want, 0.90)
 
 
@@ -135,8 +135,8 @@ def test_a_new_coloured_original_links_to_an_unchanged_greyscale_copy_on_rerun(t
     nodes = plan_nodes(store, shards)
     digests = feature_digests(store, cfg, nodes)
     table = write_shard_table(store, nodes, digests)
-    info = build_index(store, store, cfg, table)
-    queried = {s: query_shard(store, store, cfg, table, s, digests[s], info)["action"] for s in nodes.shards}
+    info, _ = build_index(store, store, cfg, table)
+    queried = {s: query_shard(store, store, cfg, table, s, digests[s], info).action for s in nodes.shards}
     assert sorted(queried.values()) == ["computed", "skipped", "skipped"] and queried[shards[0]] == "computed"
     _, _, got = run_graph(store, shards, cfg)
     want, _ = reference_edges(store, shards, by_key, 0.90)
@@ -250,7 +250,7 @@ def test_graph_over_ivf_finds_greyscale_copies_with_few_probes(tmp_path):
     cfg = GRAPH.model_copy(update={"index": IndexConfig(kind="ivf", nlist=32, nprobe=2)})
     _, info, got = run_graph(store, shards, cfg)
     want, greyish = reference_edges(store, shards, by_key, 0.90)
-    assert info["plan"]["factory"].startswith("IVF32,") and len(greyish) == len(x)  # node id = row
+    assert info.info["plan"]["factory"].startswith("IVF32,") and len(greyish) == len(x)  # node id = row
     grey_pairs = {p for p in want if greyish[p[0]] or greyish[p[1]]}
     assert len(grey_pairs) >= 90 and len(want) >= 100
     assert len(grey_pairs & set(got)) >= 0.95 * len(grey_pairs) and len(set(want) & set(got)) >= 0.95 * len(want)

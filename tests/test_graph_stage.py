@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from corpusforge.contract import COMPUTED, UnitResult
 from corpusforge.layout import staging_records
 
 from tasks.graph.calibration import BinSampler
@@ -189,7 +190,8 @@ def test_fan_out_parameters_stay_small_at_any_shard_count(tmp_path):
         nodes = NodeTable(tuple(shards), np.arange(n + 1, dtype=np.int64) * 10_000)
         digests = {s: hashlib.sha256(s.encode()).hexdigest() for s in shards}
         table = write_shard_table(store, nodes, digests)
-        calls = shard_calls(store, store, exact_cfg(), table, digests, {"plan": {"kind": "flat"}, "fingerprint": "f"})
+        index = UnitResult("f", {}, "d", {"plan": {"kind": "flat"}}, action=COMPUTED)
+        calls = shard_calls(store, store, exact_cfg(), table, digests, index)
         assert [c["shard"] for c in calls] == shards and calls[7]["digest"] == digests[shards[7]]
         sizes.append(max(len(cloudpickle.dumps(c)) for c in calls[:50]))
         got_nodes, got_digests = read_shard_table(store, table)

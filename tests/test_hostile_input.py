@@ -367,7 +367,7 @@ def test_feature_shard_past_the_error_rate_guard_fails_and_is_not_marked_done(tm
     with pytest.raises(RuntimeError):  # a rerun is not skipped: it fails again
         extract_shard(store, "000000", cfg)
     done = extract_shard(store, "000000", cfg.model_copy(update={"max_error_share": 0.75}))
-    assert done["models"]["wfd"]["errors"] == 3
+    assert done.info["models"]["wfd"]["errors"] == 3
 
 
 @pytest.mark.scenario(8)

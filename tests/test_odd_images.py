@@ -139,7 +139,7 @@ def test_odd_images_get_exact_verdicts_and_the_rest_is_embedded(tmp_path):
     write_staging_shard(store, "000000", rows, samples)
     done = extract_shard(store, "000000", FeaturesConfig(models=[ModelSpec(name="wfd")],
                                                          runtime=RuntimeConfig(batch_size=4)))
-    assert (done["models"]["wfd"]["ok"], done["models"]["wfd"]["errors"]) == (len(kept), 0)
+    assert (done.info["models"]["wfd"]["ok"], done.info["models"]["wfd"]["errors"]) == (len(kept), 0)
 
 
 def rgb_of(data: bytes) -> np.ndarray:

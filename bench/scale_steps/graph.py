@@ -118,7 +118,7 @@ def _near_config(model_id: str, index: dict[str, Any] | None = None):
 def run_graph_driver(store, sc: Scale, data: str) -> dict[str, Any]:
     """The graph driver's planning, shard table and fan-out parameters (query/recall, merge,
     verify) as near_duplicate_stage builds them, without running the tasks."""
-    from corpusforge.contract import require_marker
+    from corpusforge.contract import UnitResult, require_marker
     from corpusforge.layout import staging_records, staging_tar
     from tasks.graph.edges import feature_digests, found_fingerprint, merge_groups
     from tasks.graph.nodes import plan_nodes, write_shard_table
@@ -129,8 +129,9 @@ def run_graph_driver(store, sc: Scale, data: str) -> dict[str, Any]:
     nodes = plan_nodes(store, [shard_name(s) for s in range(sc.shards)])
     digests = feature_digests(store, cfg, nodes)
     table = write_shard_table(store, nodes, digests)
-    info = {"plan": {"kind": "ivf"}, "n_vectors": nodes.n_nodes, "dim": 512, "fingerprint": "0" * 64}
-    query = shard_calls(store, store, cfg, table, digests, info)
+    index = UnitResult("0" * 64, {}, "0" * 64, {"plan": {"kind": "ivf"}, "n_vectors": nodes.n_nodes, "dim": 512},
+                       action="computed")
+    query = shard_calls(store, store, cfg, table, digests, index)
     groups = merge_groups(nodes, [1] * len(nodes.shards), cfg.advanced.merge_max_edges)
     merge = [dict(out=store, shard_table=table, group=g, found=found_fingerprint(list(digests.values())))
              for g in groups]
@@ -242,12 +243,12 @@ def _faiss_build(model_id: str, index: dict[str, Any] | None = None, tag: str = 
         nodes = plan_nodes(store, [shard_name(s) for s in range(sc.shards)])
         table = write_shard_table(out, nodes, feature_digests(store, cfg, nodes))
         runs: dict[str, Any] = {"task_peaks": {}, "params": [], "files_elsewhere": 0, "bytes_elsewhere": 0}
-        info = build_index(store, out, cfg, table, _measured(runs))
+        index, added = build_index(store, out, cfg, table, _measured(runs))
         with open(os.path.join(data, f"index-{tag}.json"), "w") as f:
-            json.dump(info, f)
-        blocks = sum(info.get("blocks", {}).values())
+            json.dump(index.to_json(), f)
+        blocks = added.computed + added.skipped if added else 0
         runs["files_elsewhere"] += blocks + 1 if blocks else 0  # FAISS maps the blocks' lists and writes the merged
-        return {"tasks": 1 + blocks + (1 if blocks else 0), "plan": info["plan"]["factory"], "blocks": blocks,
+        return {"tasks": 1 + blocks + (1 if blocks else 0), "plan": index.info["plan"]["factory"], "blocks": blocks,
                 "peak_rss": max(runs["task_peaks"].values()), "train": _train_work(cfg.index, sc.kept), **runs}
     return run
 
@@ -259,21 +260,22 @@ def _faiss_query(model_id: str, index: dict[str, Any] | None = None, tag: str = 
         """One shard's queries: an IVF index's lists are mapped (their pages touched count in
         the peak RSS as file pages), a flat index read whole."""
         from bench.scale import _status_bytes  # defined after the area modules load
+        from corpusforge.contract import Marker, UnitResult
         from tasks.graph.edges import feature_digests, query_shard
         from tasks.graph.nodes import plan_nodes, write_shard_table
         from tasks.graph.stage import shard_calls
 
         with open(os.path.join(data, f"index-{tag}.json")) as f:
-            info = json.load(f)
+            index = UnitResult.of(Marker.from_json(json.load(f)), "computed")
         cfg = _near_config(model_id, index)
         out = _graph_out(data, tag)
         nodes = plan_nodes(store, [shard_name(s) for s in range(sc.shards)])
         digests = feature_digests(store, cfg, nodes)
         table = write_shard_table(out, nodes, digests)
-        kwargs = dict(shard_calls(store, out, cfg, table, digests, info)[0], force=True)
+        kwargs = dict(shard_calls(store, out, cfg, table, digests, index)[0], force=True)
         found = query_shard(**kwargs)
-        return {"tasks": sc.shards, "params": [kwargs], "pairs": found.get("pairs"),
-                "files_elsewhere": int(info["plan"]["kind"] == "ivf"),  # the lists FAISS maps
+        return {"tasks": sc.shards, "params": [kwargs], "pairs": found.info["pairs"],
+                "files_elsewhere": int(index.info["plan"]["kind"] == "ivf"),  # the lists FAISS maps
                 "rss_file": _status_bytes("RssFile:")}
     return run
 

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import io
 import tempfile
-from typing import Any
+from typing import TypedDict
 
 import faiss
 import numpy as np
 
-from corpusforge.contract import (FanOut, Marker, Unit, UnitResult, count_actions, digest_of, in_process, prune,
-                                  remove_tree, require_marker, run_unit, unit_fingerprint)
+from corpusforge.contract import (FanOut, Marker, StageSummary, Unit, UnitResult, digest_of, in_process, prune,
+                                  remove_tree, require_marker, run_unit, summarise, unit_fingerprint)
 from corpusforge.faults import fault_point
 from corpusforge.feature_files import require_all_features
 from corpusforge.hashing import stable_uniform
@@ -41,7 +41,7 @@ from corpusforge.version import code_version
 from tasks.graph import index as fx
 from tasks.graph import ondisk
 from tasks.graph.config import NearDedupConfig
-from tasks.graph.edges import group_shards, index_plan
+from tasks.graph.edges import IndexInfo, group_shards, index_plan
 from tasks.graph.nodes import NodeTable, load_shard_vectors, read_shard_table
 from tasks.shared.pair_score import PairScore
 
@@ -54,27 +54,34 @@ def _code() -> str:
     return code_version(__name__)
 
 
+class BlockInfo(TypedDict):
+    """An add unit's marker info: the shards it added and their vectors."""
+
+    shards: int
+    vectors: int
+    gpu_add: bool
+
+
 def build_index(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str,
-                fan_out: FanOut = in_process) -> dict[str, Any]:
+                fan_out: FanOut = in_process) -> tuple[UnitResult[IndexInfo], StageSummary | None]:
     """Build and save the index, each unit skipped when already built from the same inputs.
 
     ``shard_table``: SHA-256 of the stage's shard table (tasks/graph/nodes.py). Returns the
-    index marker's info (plan, vector count, dim, pair rule, recall sample size) with its
-    ``fingerprint`` and ``action``; for IVF also ``blocks`` (add units computed, skipped)
-    and ``lists_sha256``. ``fan_out`` runs each step's units (a flow: as Prefect tasks)."""
+    index's unit result (the queries read its plan, fingerprint and lists' SHA-256) and, for
+    IVF, the summary of its add units. ``fan_out`` runs each step's units (a flow: as Prefect tasks)."""
     first = fan_out(PREPARE_INDEX, [dict(source=source, out=out, cfg=cfg, shard_table=shard_table)])[0]
-    if first["plan"]["kind"] == "flat":  # an IVF build before this one leaves nothing behind
+    if first.info["plan"]["kind"] == "flat":  # an IVF build before this one leaves nothing behind
         out.remove(GRAPH_INDEX_LISTS)
         remove_tree(out, GRAPH_INDEX_WORK)
-        return first
+        return first, None
     nodes, _ = read_shard_table(out, shard_table)
-    blocks = index_blocks(nodes, fx.IndexPlan.from_json(first["plan"]))
+    blocks = index_blocks(nodes, fx.IndexPlan.from_json(first.info["plan"]))
     prune(out, GRAPH_INDEX_BLOCKS, [b[0] for b in blocks])
     added = fan_out(ADD_BLOCK, [dict(source=source, out=out, cfg=cfg, shard_table=shard_table, block=b,
-                                     trained=first["digest"]) for b in blocks])
-    merged = fan_out(MERGE_BLOCKS, [dict(out=out, shard_table=shard_table, trained=first["digest"],
-                                         blocks=blocks_digest([a["digest"] for a in added]))])[0]
-    return {**merged, "blocks": count_actions("graph.blocks", (a["action"] for a in added)).counts()}
+                                     trained=first.digest) for b in blocks])
+    merged = fan_out(MERGE_BLOCKS, [dict(out=out, shard_table=shard_table, trained=first.digest,
+                                         blocks=blocks_digest([a.digest for a in added]))])[0]
+    return merged, summarise("graph.blocks", added)
 
 
 def index_blocks(nodes: NodeTable, plan: fx.IndexPlan) -> list[tuple[str, str]]:
@@ -98,11 +105,10 @@ def blocks_digest(digests: list[str]) -> str:
     return digest_of({str(i): d for i, d in enumerate(digests)})
 
 
-def prepare_index(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str) -> dict[str, Any]:
+def prepare_index(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str) -> UnitResult[IndexInfo]:
     """Plan the index and draw the recall sample; build a flat index whole, train an IVF one.
 
-    Returns the marker's info with its ``fingerprint``, ``digest`` and ``action``: the
-    index's marker (flat) or the trained index's (IVF)."""
+    Returns the index's unit result (flat) or the trained index's (IVF)."""
     nodes, _ = read_shard_table(out, shard_table)
     markers = [m.info for m in require_all_features(source, cfg.model_id, nodes.shards)]
     plan, rule, n_vectors, dim = index_plan(cfg, markers)
@@ -110,7 +116,7 @@ def prepare_index(source: Store, out: Store, cfg: NearDedupConfig, shard_table: 
     fp = unit_fingerprint("graph-index" if flat else "graph-index-train", _code(),
                           [plan.to_json(), cfg.seed, cfg.recall_queries, rule.to_json()], shard_table)
 
-    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+    def compute() -> tuple[dict[str, str], IndexInfo]:
         fx.set_threads(cfg.index.faiss_threads)
         index = fx.new_index(plan, cfg.seed)
         train, train_keys, recall_ids, recall_vecs = [], [], [], []
@@ -145,12 +151,11 @@ def prepare_index(source: Store, out: Store, cfg: NearDedupConfig, shard_table: 
         return outputs, {"plan": plan.to_json(), "n_vectors": n_vectors, "dim": dim, "pair_score": rule.to_json(),
                          "recall_queries": int(len(q_ids)), "gpu_build": gpu}
 
-    marker = run_unit(out, GRAPH_INDEX if flat else GRAPH_INDEX_TRAINED, fp, compute)
-    return _result(marker)
+    return run_unit(out, GRAPH_INDEX if flat else GRAPH_INDEX_TRAINED, fp, compute)
 
 
 def add_block(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str, block: tuple[str, str],
-              trained: str) -> dict[str, Any]:
+              trained: str) -> UnitResult[BlockInfo]:
     """Add a block's shards, in order, to a copy of the trained index; write its lists to
     ``work/graph/index/blocks/{first}.ivf``. ``trained``: digest of the trained index's unit."""
     nodes, digests = read_shard_table(out, shard_table)
@@ -159,7 +164,7 @@ def add_block(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str,
     fp = unit_fingerprint("graph-index-block", _code(), cfg.model_id,
                           [trained, [(s, int(nodes.offsets[nodes.index_of(s)]), digests[s]) for s in shards]])
 
-    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+    def compute() -> tuple[dict[str, str], BlockInfo]:
         fault_point("graph.index.add", shards[0])  # tests only: off unless CORPUSFORGE_FAULT
         rule = PairScore.from_json(_trained_marker(out, trained).info["pair_score"])
         fx.set_threads(cfg.index.faiss_threads)
@@ -176,16 +181,16 @@ def add_block(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str,
             ondisk.write_lists(index, sink)
         return {rel: sink.sha256}, {"shards": len(shards), "vectors": int(index.ntotal), "gpu_add": gpu}
 
-    return _result(run_unit(out, rel, fp, compute))
+    return run_unit(out, rel, fp, compute)
 
 
-def merge_blocks(out: Store, shard_table: str, trained: str, blocks: str) -> dict[str, Any]:
+def merge_blocks(out: Store, shard_table: str, trained: str, blocks: str) -> UnitResult[IndexInfo]:
     """Merge every block's lists, in block order, into the index's on-disk lists; write the
     index (without its lists) to graph/index/index.faiss. ``blocks``: :func:`blocks_digest`
     of the add units. A remote store's blocks are copied to a local temp folder first."""
     fp = unit_fingerprint("graph-index", _code(), [], [trained, blocks])
 
-    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+    def compute() -> tuple[dict[str, str], IndexInfo]:
         info = _trained_marker(out, trained).info
         nodes, _ = read_shard_table(out, shard_table)
         names = [index_block_path(first) for first, _ in index_blocks(nodes, fx.IndexPlan.from_json(info["plan"]))]
@@ -204,8 +209,7 @@ def merge_blocks(out: Store, shard_table: str, trained: str, blocks: str) -> dic
         outputs = {GRAPH_INDEX_LISTS: lists_sha, GRAPH_INDEX: out.write_bytes(GRAPH_INDEX, header.getvalue())}
         return outputs, {**info, "blocks": len(names)}
 
-    marker = run_unit(out, GRAPH_INDEX, fp, compute)
-    return {**_result(marker), "lists_sha256": marker.outputs[GRAPH_INDEX_LISTS]}
+    return run_unit(out, GRAPH_INDEX, fp, compute)
 
 
 def _local_block(out: Store, name: str, sha256: str, tmp: str) -> str:
@@ -217,17 +221,12 @@ def _local_block(out: Store, name: str, sha256: str, tmp: str) -> str:
     return dest
 
 
-def _trained_marker(out: Store, trained: str) -> Marker:
+def _trained_marker(out: Store, trained: str) -> Marker[IndexInfo]:
     marker = require_marker(out, GRAPH_INDEX_TRAINED, "graph index training")
     if marker.digest != trained:
         raise ValueError(f"{out.path(GRAPH_INDEX_TRAINED)} changed while the graph stage ran: another build "
                          f"writes to the same output")
     return marker
-
-
-def _result(marker: UnitResult) -> dict[str, Any]:
-    return {**marker.info, "fingerprint": marker.fingerprint, "digest": marker.digest,
-            "action": marker.action}
 
 
 def _sample(seed: int, salt: str, keys: list[str], rate: float) -> tuple[np.ndarray, np.ndarray]:

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow.parquet as pq
 from PIL import Image, ImageOps
 
-from corpusforge.contract import run_unit
+from corpusforge.contract import UnitResult, run_unit
 from corpusforge.html import render
 from corpusforge.layout import staging_index, staging_tar
 from corpusforge.storage import Store
@@ -133,15 +133,14 @@ def _rule(s: float, cfg: NearDedupConfig) -> str:
 
 
 def calibration_sheet(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str,
-                      fp: str) -> dict[str, Any]:
-    """Sample the pairs, render ``graph/calibration/index.html``; return per-bin counts.
+                      fp: str) -> UnitResult[dict[str, Any]]:
+    """Sample the pairs, render ``graph/calibration/index.html``; per-bin counts in ``info``.
 
-    Skipped (the stored counts returned) when done before with the same fingerprint ``fp``.
+    Skipped when done before with the same fingerprint ``fp``.
     ``shard_table``: SHA-256 of the stage's shard table (tasks/graph/nodes.py).
     """
-    marker = run_unit(out, PAGE_PATH, fp, lambda: _calibration_sheet(
+    return run_unit(out, PAGE_PATH, fp, lambda: _calibration_sheet(
         source, out, cfg, read_shard_table(out, shard_table)[0]))
-    return {**marker.info, "action": marker.action}
 
 
 def _calibration_sheet(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable

@@ -48,15 +48,15 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import faiss
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from corpusforge.contract import (COMPUTED, SKIPPED, UnitResult, current_marker, finish_unit, must_compute, run_unit,
-                                  unit_fingerprint)
+from corpusforge.contract import (COMPUTED, SKIPPED, UnitResult, current_marker, finish_unit, joint_result,
+                                  must_compute, run_unit, unit_fingerprint)
 from corpusforge.faults import fault_point
 from corpusforge.feature_files import read_feature_rows, require_all_features
 from corpusforge.layout import (EDGE_SCHEMA, FOUND_SCHEMA, GRAPH_INDEX, GRAPH_INDEX_LISTS, GRAPH_RECALL_IDS,
@@ -101,40 +101,73 @@ def index_plan(cfg: NearDedupConfig, markers: list[dict[str, Any]], limit: int =
     return fx.plan_index(cfg.index, n_vectors, rule.form_dim(dim), limit), rule, n_vectors, dim
 
 
+class IndexInfo(TypedDict):
+    """The index's marker info (and the trained index's, which has no ``blocks``; tasks/graph/build.py)."""
+
+    plan: dict[str, Any]  # :class:`tasks.graph.index.IndexPlan` as JSON
+    n_vectors: int
+    dim: int
+    pair_score: dict[str, Any]
+    recall_queries: int
+    gpu_build: bool
+    blocks: NotRequired[int]  # IVF: the add units merged
+
+
+class FoundInfo(TypedDict):
+    """A query unit's marker info (``capped``: k-NN queries whose k-1 neighbours all reached the threshold)."""
+
+    shard: str
+    queries: int
+    candidates: int
+    pairs: int
+    capped: int
+    gpu_search: bool
+
+
+class RecallInfo(TypedDict):
+    recall_pairs: int
+
+
+class EdgesInfo(TypedDict):
+    """A merge unit's result: edges per owner shard of its group (each shard's marker has its own count)."""
+
+    edges: dict[str, int]
+
+
 _INDEX_CACHE: dict[tuple[str, str], Any] = {}
 
 
-def load_index(out: Store, info: dict[str, Any], use_gpu: bool) -> tuple[Any, Any, bool]:
+def load_index(out: Store, index: UnitResult[IndexInfo], use_gpu: bool) -> tuple[Any, Any, bool]:
     """The saved index (CPU copy, search copy, on GPU?), opened once per process and kept: a
     flat index read whole, an IVF index with its lists memory-mapped (tasks/graph/ondisk.py)."""
-    key = (out.root, info["fingerprint"])
+    key = (out.root, index.fingerprint)
     if key not in _INDEX_CACHE:
         _INDEX_CACHE.clear()
-        nprobe = info["plan"]["nprobe"]
+        nprobe = index.info["plan"]["nprobe"]
         with out.open(GRAPH_INDEX) as f:
-            if info["plan"]["kind"] == "flat":
+            if index.info["plan"]["kind"] == "flat":
                 cpu = fx.read_index(f, nprobe=nprobe)
             else:
-                lists = ondisk.local_file(out, GRAPH_INDEX_LISTS, info["lists_sha256"], info["fingerprint"])
+                lists = ondisk.local_file(out, GRAPH_INDEX_LISTS, index.outputs[GRAPH_INDEX_LISTS], index.fingerprint)
                 cpu = ondisk.open_mapped(f, lists, nprobe)
         search, on_gpu = fx.maybe_gpu(cpu, use_gpu)
         _INDEX_CACHE[key] = (cpu, search, on_gpu)
     return _INDEX_CACHE[key]
 
 
-def exact_reuse(info: dict[str, Any]) -> bool:
+def exact_reuse(index: UnitResult[IndexInfo]) -> bool:
     """True when a shard's query results depend only on its own and the found vectors."""
-    return info["plan"]["kind"] == "flat"
+    return index.info["plan"]["kind"] == "flat"
 
 
-def query_fingerprint(cfg: NearDedupConfig, info: dict[str, Any], digest: str) -> str:
+def query_fingerprint(cfg: NearDedupConfig, index: UnitResult[IndexInfo], digest: str) -> str:
     """A shard's query unit: its features' digest; with an approximate index, the index too."""
-    exact = exact_reuse(info)
-    plan = {k: v for k, v in info["plan"].items() if not (exact and k == "n_vectors")}
-    index = None if exact else info["fingerprint"]
+    exact = exact_reuse(index)
+    plan = {k: v for k, v in index.info["plan"].items() if not (exact and k == "n_vectors")}
     return unit_fingerprint("graph-query", _code(),
                             [cfg.search_min_similarity, cfg.index.search, cfg.index.k,
-                             cfg.index.advanced.pq_rescore_margin, plan, info.get("pair_score")], [digest, index])
+                             cfg.index.advanced.pq_rescore_margin, plan, index.info.get("pair_score")],
+                            [digest, None if exact else index.fingerprint])
 
 
 class VectorLookup:
@@ -177,29 +210,28 @@ def flat_vectors(cpu_index: Any, ids: np.ndarray) -> np.ndarray:
 
 
 def query_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str, shard: str, digest: str,
-                info: dict[str, Any], force: bool = False) -> dict[str, Any]:
+                index: UnitResult[IndexInfo], force: bool = False) -> UnitResult[FoundInfo]:
     """Search one shard's vectors against the index; write the pairs it found.
 
     ``digest``: the shard's feature digest, so a skipped unit reads nothing shared.
     Skipped while the shard's features (and, for approximate indexes, the index) are
-    unchanged, unless ``force``. Info: queries, pairs, ``capped`` (k-NN queries whose
-    k-1 neighbours all reached the threshold)."""
-    fp = query_fingerprint(cfg, info, digest)
+    unchanged, unless ``force``."""
+    fp = query_fingerprint(cfg, index, digest)
     if not force and (marker := current_marker(out, found_path(shard), fp)) is not None:
-        return {**marker.info, "action": SKIPPED}
+        return UnitResult.of(marker, SKIPPED)
     must_compute()
     fault_point("graph.query", shard)  # tests only: off unless CORPUSFORGE_FAULT
     nodes, digests = read_shard_table(out, shard_table)
     fx.set_threads(cfg.index.faiss_threads)
-    cpu, index, on_gpu = load_index(out, info, cfg.index.use_gpu)
+    cpu, search, on_gpu = load_index(out, index, cfg.index.use_gpu)
     lo, _ = nodes.span(shard)
     ids, _, x = load_shard_vectors(source, cfg.model_id, shard, lo)
-    plan = fx.IndexPlan.from_json(info["plan"])
+    plan = fx.IndexPlan.from_json(index.info["plan"])
     margin = fx.EXACT_SEARCH_MARGIN if plan.kind == "flat" else (0.0 if plan.exact_scores
                                                                else cfg.index.advanced.pq_rescore_margin)
-    rule = PairScore.from_json(info.get("pair_score"))
+    rule = PairScore.from_json(index.info.get("pair_score"))
     floor = cfg.search_min_similarity - margin - rule.search_slack
-    src, dst, sim = fx.search_pairs(index, ids, rule.query_forms(x), floor,
+    src, dst, sim = fx.search_pairs(search, ids, rule.query_forms(x), floor,
                                     cfg.index.search, cfg.index.k, range_ok=not on_gpu, rule=rule)
     candidates = len(src)
     capped = 0
@@ -227,26 +259,25 @@ def query_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: st
     }, schema=FOUND_SCHEMA)
     table = table.sort_by([("dst_shard", "ascending"), ("dst_row", "ascending"), ("src_row", "ascending")])
     sha = out.write_parquet(found_path(shard), table)
-    marker = finish_unit(out, found_path(shard), fp, {found_path(shard): sha},
-                         {"shard": shard, "queries": int(len(ids)), "candidates": int(candidates),
-                          "pairs": int(len(src)), "capped": capped, "gpu_search": bool(on_gpu)})
-    return {**marker.info, "action": COMPUTED}
+    info = FoundInfo(shard=shard, queries=int(len(ids)), candidates=int(candidates), pairs=int(len(src)),
+                     capped=capped, gpu_search=bool(on_gpu))
+    return UnitResult.of(finish_unit(out, found_path(shard), fp, {found_path(shard): sha}, info), COMPUTED)
 
 
 def recall_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str, shard: str, digest: str,
-                 info: dict[str, Any]) -> UnitResult:
+                 index: UnitResult[IndexInfo]) -> UnitResult[RecallInfo]:
     """Exhaustive pairs of the recall sample against one shard (the recall reference)."""
-    fp = unit_fingerprint("graph-recall", _code(), cfg.edge_min_similarity, [info["fingerprint"], digest])
+    fp = unit_fingerprint("graph-recall", _code(), cfg.edge_min_similarity, [index.fingerprint, digest])
 
-    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+    def compute() -> tuple[dict[str, str], RecallInfo]:
         lo, _ = read_shard_table(out, shard_table)[0].span(shard)
         ids, _, x = load_shard_vectors(source, cfg.model_id, shard, lo)
         q_ids = _load_npy(out, GRAPH_RECALL_IDS)
         q = _load_npy(out, GRAPH_RECALL_VECTORS)
-        rule = PairScore.from_json(info.get("pair_score"))
+        rule = PairScore.from_json(index.info.get("pair_score"))
         rq, rd, rs = fx.exhaustive_pairs(q_ids, q, ids, x, cfg.edge_min_similarity, rule)
         return {recall_path(shard): out.write_parquet(recall_path(shard), edge_table(rq, rd, rs))}, \
-            {"recall_pairs": int(len(rq))}
+            RecallInfo(recall_pairs=int(len(rq)))
 
     return run_unit(out, recall_path(shard), fp, compute)
 
@@ -282,15 +313,17 @@ def _valid_pairs(table: pa.Table, shard: str, nodes: NodeTable, digests: dict[st
     return src[valid], dst[valid], table["similarity"].to_numpy()[valid]
 
 
-def merge_edges(out: Store, shard_table: str, group: tuple[str, str], found: str) -> dict[str, Any]:
+def merge_edges(out: Store, shard_table: str, group: tuple[str, str], found: str) -> UnitResult[EdgesInfo]:
     """Write ``graph/edges/{shard}.parquet`` for a group of owner shards (its first and
-    last); return edge counts. ``found``: :func:`found_fingerprint` of the found files."""
+    last), one marker each; the result has every shard's edge file and count. ``found``:
+    :func:`found_fingerprint` of the found files."""
     nodes, digests = read_shard_table(out, shard_table)
     group = group_shards(nodes, group)
     fp = unit_fingerprint("graph-edges", _code(), group, [shard_table, found])
     markers = [current_marker(out, edges_path(s), fp) for s in group]
     if all(m is not None for m in markers):
-        return {"action": SKIPPED, "edges": {s: m.info["edges"] for s, m in zip(group, markers, strict=True)}}
+        return joint_result(fp, markers, EdgesInfo(edges={s: m.info["edges"] for s, m in zip(group, markers,
+                                                                                               strict=True)}), SKIPPED)
     must_compute()
     lo, _ = nodes.span(group[0])
     _, hi = nodes.span(group[-1])
@@ -310,13 +343,13 @@ def merge_edges(out: Store, shard_table: str, group: tuple[str, str], found: str
     inside = (a >= lo) & (a < hi)
     a, b, s = a[inside], b[inside], s[inside]
     owner = nodes.shard_of(a)
-    counts = {}
+    written = []
     for shard in group:
         sel = owner == nodes.index_of(shard)
         sha = out.write_parquet(edges_path(shard), edge_table(a[sel], b[sel], s[sel]))
-        finish_unit(out, edges_path(shard), fp, {edges_path(shard): sha}, {"edges": int(sel.sum())})
-        counts[shard] = int(sel.sum())
-    return {"action": COMPUTED, "edges": counts}
+        written.append(finish_unit(out, edges_path(shard), fp, {edges_path(shard): sha}, {"edges": int(sel.sum())}))
+    return joint_result(fp, written, EdgesInfo(edges={s: m.info["edges"] for s, m in zip(group, written,
+                                                                                         strict=True)}), COMPUTED)
 
 
 def iter_edges(out: Store, nodes: NodeTable, min_similarity: float | None = None

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from corpusforge.contract import remove_tree, require_marker, run_unit, unit_fingerprint
+from corpusforge.contract import UnitResult, remove_tree, require_marker, run_unit, unit_fingerprint
 from corpusforge.hashing import canonical_json, sha256_bytes
 from corpusforge.layout import staging_index, staging_records, staging_tar
 from corpusforge.storage import Store
@@ -97,8 +97,8 @@ def self_calibration_call(source: Store, out: Store, cfg: NearDedupConfig, featu
 
 
 def self_calibrate(source: Store, out: Store, cfg: NearDedupConfig, spec: ModelSpec, runtime: Any,
-                   allowlist: list[str], shard_table: str, fp: str) -> dict[str, Any]:
-    """Run (or reuse) the calibration; the record with ``action``."""
+                   allowlist: list[str], shard_table: str, fp: str) -> UnitResult[dict[str, Any]]:
+    """Run (or reuse) the calibration; the record is the result's ``info``."""
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         nodes = read_shard_table(out, shard_table)[0]
         keys, shas, pictures = read_pictures(source, nodes, sample_nodes(nodes, cfg.seed, SAMPLE))
@@ -117,8 +117,7 @@ def self_calibrate(source: Store, out: Store, cfg: NearDedupConfig, spec: ModelS
                    RECORD_PATH: out.write_json(RECORD_PATH, record)}
         return outputs, record
 
-    result = run_unit(out, RECORD_PATH, fp, compute)
-    return {**result.info, "action": result.action}
+    return run_unit(out, RECORD_PATH, fp, compute)
 
 
 def calibrated(cfg: NearDedupConfig, record: dict[str, Any]) -> NearDedupConfig:

@@ -29,14 +29,14 @@ written beside an old one without touching it (``flows/near_dedup.py``).
 
 from __future__ import annotations
 
-import itertools
 import time
 from typing import Any
 
 import numpy as np
 
-from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Unit, count_actions, in_process, keyed, marker_path,
-                                  prune, remove_tree, require_markers, step_call, summarise, unit_fingerprint)
+from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Unit, UnitResult, digest_of, in_process, keyed,
+                                  marker_path, prune, remove_tree, require_markers, step_call, summarise,
+                                  unit_fingerprint)
 from corpusforge.layout import (GRAPH_DECISIONS, GRAPH_EDGES, GRAPH_FOUND, GRAPH_INDEX_DIR, GRAPH_NODES, GRAPH_RECALL,
                                 GRAPH_REVIEW, GRAPH_SUMMARY, GRAPH_VERIFIED, edges_path, found_path, graph_digests_path,
                                 review_path, staging_records, staging_tar)
@@ -47,8 +47,8 @@ from tasks.graph.calibration import calibration_sheet
 from tasks.graph.collision import collision_models
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.decisions import decide_near_duplicates, read_decisions
-from tasks.graph.edges import (feature_digests, found_fingerprint, graph_recall, group_shards, merge_edges,
-                               merge_groups, node_degrees, query_shard, recall_shard)
+from tasks.graph.edges import (EdgesInfo, FoundInfo, IndexInfo, feature_digests, found_fingerprint, graph_recall,
+                               group_shards, merge_edges, merge_groups, node_degrees, query_shard, recall_shard)
 from tasks.graph.nodes import plan_nodes, write_shard_digests, write_shard_table
 from tasks.graph.review import select_review_pairs
 from tasks.graph.self_calibration_unit import (calibrated, forget_self_calibration, self_calibrate,
@@ -98,43 +98,42 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
     if cfg.calibrate == "auto":  # every threshold below is the calibrated one (tasks/graph/self_calibration_unit.py)
         call = self_calibration_call(source, store, cfg, features, nodes, table)
         self_calibration = fan_out(SELF_CALIBRATE, [call])[0]
-        cfg = calibrated(cfg, self_calibration)
+        cfg = calibrated(cfg, self_calibration.info)
     else:  # switched off: no record or report left behind (equal to a fresh build)
         forget_self_calibration(store)
-    info = build_index(source, store, cfg, table, fan_out)
-    calls = shard_calls(source, store, cfg, table, digests, info)
+    index, blocks = build_index(source, store, cfg, table, fan_out)
+    calls = shard_calls(source, store, cfg, table, digests, index)
     started = time.perf_counter()
     queried = fan_out(QUERY_SHARD, calls)
-    work: dict[str, Any] = {"index": info["action"],
-                            **({"self_calibration": self_calibration.pop("action")} if self_calibration else {}),
-                            "queries": count_actions("graph.queries", (q["action"] for q in queried)).counts()}
-    if "blocks" in info:
-        work["index_blocks"] = info["blocks"]
+    work: dict[str, Any] = {"index": index.action,
+                            **({"self_calibration": self_calibration.action} if self_calibration else {}),
+                            "queries": summarise("graph.queries", queried).counts()}
+    if blocks is not None:
+        work["index_blocks"] = blocks.counts()
     work["query_seconds"] = round(time.perf_counter() - started, 3)
     references = fan_out(RECALL_SHARD, calls)
-    merged = _merge(store, nodes, table, cfg, fan_out)
+    merged, edges_digests = _merge(store, nodes, table, cfg, fan_out)
     if _knn_cap_reached(store, cfg, nodes, queried):
-        reused = [c for c, q in zip(calls, queried, strict=True) if q["action"] == SKIPPED]
+        reused = [c for c, q in zip(calls, queried, strict=True) if q.action == SKIPPED]
         started = time.perf_counter()
         forced = fan_out(QUERY_SHARD, [dict(c, force=True) for c in reused])
         work["query_seconds"] += round(time.perf_counter() - started, 3)
         work["queries"][COMPUTED] += len(forced)
         work["queries"][SKIPPED] -= len(forced)
         work["queries"]["requeried_for_knn_cap"] = len(forced)
-        by_shard = {q["shard"]: q for q in forced}
-        queried = [by_shard.get(q["shard"], q) for q in queried]
-        merged = _merge(store, nodes, table, cfg, fan_out)
-    work["capped_queries"] = sum(q["capped"] for q in queried)
+        by_shard = {q.info["shard"]: q for q in forced}
+        queried = [by_shard.get(q.info["shard"], q) for q in queried]
+        merged, edges_digests = _merge(store, nodes, table, cfg, fan_out)
+    work["capped_queries"] = sum(q.info["capped"] for q in queried)
     work["recall_references"] = summarise("graph.recall_references", references).counts()
-    work["merges"] = count_actions("graph.merges", (m["action"] for m in merged)).counts()
+    work["merges"] = summarise("graph.merges", merged).counts()
 
-    edges_digests = [d for m in merged for d in m["digests"]]
     staged = require_markers(source, [staging_tar(s) for s in nodes.shards], "staging shard")
     records = {s: m.outputs[staging_records(s)] for s, m in zip(nodes.shards, staged, strict=True)}
     records_digests = [records[s] for s in nodes.shards]
     code = code_version("tasks.graph.collision", "tasks.graph.calibration")
     cfp = unit_fingerprint("graph-collision", code, [cfg.model_id, cfg.seed, cfg.collision.model_dump(mode="json"),
-                                                     cfg.index.model_dump(mode="json"), info.get("pair_score")],
+                                                     cfg.index.model_dump(mode="json"), index.info["pair_score"]],
                            [nodes.to_json(), [digests[s] for s in nodes.shards]])
     kfp = unit_fingerprint("graph-calibration", code,
                            [cfg.calibration.model_dump(mode="json"), cfg.edge_min_similarity, cfg.component_link_above,
@@ -142,10 +141,11 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
                            [edges_digests, records_digests, cfp if cfg.collision.enabled else None])
     lists = {kind: write_shard_digests(store, kind, nodes, d)
              for kind, d in (("edges", edges_digests), ("records", records_digests))}
-    calls = single_calls(source, store, cfg, table, lists, info["n_vectors"], {"collision": cfp, "calibration": kfp})
+    calls = single_calls(source, store, cfg, table, lists, index.info["n_vectors"],
+                         {"collision": cfp, "calibration": kfp})
     recall = fan_out(keyed(RECALL), [step_call(  # keyed by what it reads: probed, no task run when current
         store, RECALL, cfg.model_dump(mode="json"),
-        [table, info.get("fingerprint"), info.get("digest"), [r.digest for r in references], edges_digests],
+        [table, index.fingerprint, index.digest, [r.digest for r in references], edges_digests],
         calls["recall"])])[0]
     review = None
     if cfg.verifying:
@@ -173,19 +173,20 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
     work["decisions"] = decided.action
     calibration = None
     if cfg.calibration.enabled:
-        calibration = fan_out(CALIBRATION, [calls["calibration"]])[0]
-        work["calibration"] = calibration.pop("action")
+        calibrated_sheet = fan_out(CALIBRATION, [calls["calibration"]])[0]
+        work["calibration"], calibration = calibrated_sheet.action, calibrated_sheet.info
     if collision is not None:
         work["collision"] = collision.pop("action")
 
     summary = {
         "model_id": cfg.model_id,
         "shards": len(nodes.shards),
-        "index": {"plan": info["plan"], "vectors": info["n_vectors"], "dim": info["dim"],
-                  "gpu_build": info["gpu_build"], "gpu_search": any(q["gpu_search"] for q in queried),
+        "index": {"plan": index.info["plan"], "vectors": index.info["n_vectors"], "dim": index.info["dim"],
+                  "gpu_build": index.info["gpu_build"], "gpu_search": any(q.info["gpu_search"] for q in queried),
                   "search": cfg.index.search, "k": cfg.index.k},
         "graph": {"threshold": cfg.edge_min_similarity, "search_threshold": cfg.search_min_similarity,
-                  "pair_score": info.get("pair_score"), "edges": sum(sum(m["edges"].values()) for m in merged),
+                  "pair_score": index.info["pair_score"],
+                  "edges": sum(sum(m.info["edges"].values()) for m in merged),
                   "merge_tasks": len(merged)},
         "rule": "gpic_verified" if cfg.verifying else "gpic_exact",
         "verification": ({**cfg.verification.recorded(),
@@ -196,17 +197,17 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
         "decisions": decisions,
         "collision": _collision_brief(collision),
         "calibration": calibration,
-        **({"self_calibration": self_calibration} if self_calibration else {}),
+        **({"self_calibration": self_calibration.info} if self_calibration else {}),
     }
     store.write_json(GRAPH_SUMMARY, summary)
     return summary, work
 
 
 def shard_calls(source: Store, out: Store, cfg: NearDedupConfig, table: str, digests: dict[str, str],
-                info: dict[str, Any]) -> list[dict[str, Any]]:
+                index: UnitResult[IndexInfo]) -> list[dict[str, Any]]:
     """Parameters of the per-shard query and recall tasks: names and digests only (the
     shared tables are read from the file ``table`` names), so each stays a few KB at any S."""
-    return [dict(source=source, out=out, cfg=cfg, shard_table=table, shard=s, digest=d, info=info)
+    return [dict(source=source, out=out, cfg=cfg, shard_table=table, shard=s, digest=d, index=index)
             for s, d in sorted(digests.items())]
 
 
@@ -224,8 +225,10 @@ def single_calls(source: Store, out: Store, cfg: NearDedupConfig, table: str, li
             "calibration": dict(common, fp=fps["calibration"])}
 
 
-def _merge(store: Store, nodes, table: str, cfg: NearDedupConfig, fan_out: FanOut) -> list[dict[str, Any]]:
-    """Symmetric edge files from the current found files; each group reports its edge digests."""
+def _merge(store: Store, nodes, table: str, cfg: NearDedupConfig, fan_out: FanOut
+           ) -> tuple[list[UnitResult[EdgesInfo]], list[str]]:
+    """Symmetric edge files from the current found files: each group's result, and every edge
+    file's marker digest in node order (what the one-off units are keyed by)."""
     digests, pairs = [], []
     for m in require_markers(store, [found_path(s) for s in nodes.shards], "graph query"):  # side by side
         digests.append(m.digest)
@@ -233,27 +236,25 @@ def _merge(store: Store, nodes, table: str, cfg: NearDedupConfig, fan_out: FanOu
     found_fp = found_fingerprint(digests)
     groups = merge_groups(nodes, pairs, cfg.advanced.merge_max_edges)
     merged = fan_out(MERGE_EDGES, [dict(out=store, shard_table=table, group=g, found=found_fp) for g in groups])
-    shards = [group_shards(nodes, group) for group in groups]
-    edges = require_markers(store, [edges_path(s) for group in shards for s in group], "graph edges")  # side by side
-    for group, m in zip(shards, merged, strict=True):
-        m["digests"] = [e.digest for e in itertools.islice(edges, len(group))]
-    return merged
+    digests = [digest_of({edges_path(s): m.outputs[edges_path(s)]})  # each shard's edge marker's (one file)
+               for g, m in zip(groups, merged, strict=True) for s in group_shards(nodes, g)]
+    return merged, digests
 
 
-def _knn_cap_reached(store: Store, cfg: NearDedupConfig, nodes, queried: list[dict[str, Any]]) -> bool:
+def _knn_cap_reached(store: Store, cfg: NearDedupConfig, nodes, queried: list[UnitResult[FoundInfo]]) -> bool:
     """True when reused k-NN results may differ from a fresh build's (see tasks/graph/edges.py)."""
-    actions = {q["action"] for q in queried}
+    actions = {q.action for q in queried}
     if actions != {COMPUTED, SKIPPED}:
         return False
-    if any(q["capped"] for q in queried):
+    if any(q.info["capped"] for q in queried):
         return True
     if cfg.index.search != "knn":
         return False
     degree = node_degrees(store, nodes)
     reused = np.zeros(nodes.n_nodes, dtype=bool)
     for q in queried:
-        if q["action"] == SKIPPED:
-            lo, hi = nodes.span(q["shard"])
+        if q.action == SKIPPED:
+            lo, hi = nodes.span(q.info["shard"])
             reused[lo:hi] = True
     return bool((degree[reused] >= cfg.index.k - 1).any())
 

@@ -10,11 +10,11 @@ must have a split and a release shard: a part that would say otherwise is an err
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, TypedDict
 
 import pyarrow as pa
 
-from corpusforge.contract import run_unit, unit_fingerprint
+from corpusforge.contract import UnitResult, run_unit, unit_fingerprint
 from corpusforge.layout import MANIFEST_SCHEMA, late_path, manifest_path, resolved_path
 from corpusforge.records import Status
 from corpusforge.storage import Store
@@ -25,13 +25,22 @@ LATE_FIELDS = ("staging_shard", "duplicate_of", "component_id", "component_size"
                "release_ext", "image_encoding")
 
 
+class ManifestPartInfo(TypedDict):
+    """A manifest part's marker info: its rows, counted by status and by ``status/reason-code``."""
+
+    part: int
+    rows: int
+    by_status: dict[str, int]
+    by_reason: dict[str, int]
+
+
 def write_manifest_part(store: Store, part: int, resolved_digest: str, late_digest: str | None,
-                        source: Store | None = None) -> dict[str, Any]:
+                        source: Store | None = None) -> UnitResult[ManifestPartInfo]:
     """Write one manifest part; the marker's info has its counts by status and by reason code.
 
     The partition's resolved ingest rows come from ``source`` (default ``store``; the
     earlier version's root when a near-dedup pass writes a new version)."""
-    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+    def compute() -> tuple[dict[str, str], ManifestPartInfo]:
         rows = (source or store).read_parquet(resolved_path(part)).to_pylist()
         late = {r["row"]: r for r in store.read_parquet(late_path(part)).to_pylist()} if late_digest else {}
         for r in rows:
@@ -44,13 +53,12 @@ def write_manifest_part(store: Store, part: int, resolved_digest: str, late_dige
                 raise ValueError(f"manifest part {part}: kept record {r['key']} has no split or release shard "
                                  "(staged without a release decision)")
         sha = store.write_parquet(manifest_path(part), pa.Table.from_pylist(rows, schema=MANIFEST_SCHEMA))
-        return {manifest_path(part): sha}, {"part": part, "rows": len(rows),
-                                            "by_status": dict(Counter(r["status"] for r in rows)),
-                                            "by_reason": dict(Counter(_outcome(r) for r in rows))}
+        return {manifest_path(part): sha}, ManifestPartInfo(part=part, rows=len(rows),
+                                                            by_status=dict(Counter(r["status"] for r in rows)),
+                                                            by_reason=dict(Counter(_outcome(r) for r in rows)))
 
     fp = unit_fingerprint("manifest", code_version(__name__), None, [resolved_digest, late_digest])
-    marker = run_unit(store, manifest_path(part), fp, compute)
-    return {**marker.info, "sha256": marker.outputs[manifest_path(part)], "action": marker.action}
+    return run_unit(store, manifest_path(part), fp, compute)
 
 
 def _outcome(row: dict[str, Any]) -> str:

@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -137,7 +137,7 @@ INPUT_SNAPSHOT = Unit(input_snapshot_hash, "input-snapshot-hash")
 WRITE_OUTPUT_LIST = Unit(write_output_list, "write-output-list")
 
 
-def count_outcomes(manifest_parts: list[dict[str, Any]]) -> dict[str, Any]:
+def count_outcomes(manifest_parts: Iterable[dict[str, Any]]) -> dict[str, Any]:
     by_status: Counter[str] = Counter()
     by_reason: Counter[str] = Counter()
     for part in manifest_parts:

@@ -148,7 +148,7 @@ def reference_stats_stage(store: Store, config: ReferenceStatsConfig, caption_se
     if config.extract:
         results = extract_features(store, plan.largest_first(), config.features(),
                                    GroupSelection(STATS_SUBSET, plan.plan), fan_out=fan_out)
-        subsets = {r["shard"]: r["models"][model_id]["subset"] for r in results}
+        subsets = {r.info["shard"]: r.info["models"][model_id]["subset"] for r in results}
         extraction = receipt_section(results)
         if "warning" in extraction:
             log.warning(extraction["warning"])

@@ -46,12 +46,13 @@ import importlib.metadata
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 import numpy as np
 from PIL import Image
-from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Marker, Unit, current_marker, explain, finish_unit,
-                                  in_process, must_compute, read_marker, require_marker, unit_fingerprint)
+from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Marker, Outcome, Unit, UnitResult, current_marker,
+                                  explain, finish_unit, in_process, joint_result, must_compute, read_marker,
+                                  require_marker, unit_fingerprint)
 from corpusforge.faults import fault_point
 from corpusforge.feature_files import write_shard_features
 from corpusforge.hashing import fingerprint
@@ -142,9 +143,50 @@ def spec_key(cfg: FeaturesConfig, spec: ModelSpec, draft: int | None | Literal["
                         cfg.runtime.precision, images])
 
 
+class ModelFeatures(Outcome):
+    """One model's part of a shard's result (``action``: what was done with that model's unit)."""
+
+    ok: int
+    errors: int
+    random_init: bool
+    dim: int
+    fingerprint: dict[str, Any]  # the model's identity (its marker's ``info.model``)
+    subset: str | None  # the selection's subset folder, None for features of every image
+
+
+class ShardFeatures(TypedDict):
+    """A shard's feature unit's ``info``: its images and each model's part."""
+
+    shard: str
+    images: int
+    models: dict[str, ModelFeatures]
+
+
+class _ShardParts:
+    """Each model's part of a shard's result, with its unit's marker (the result holds their files)."""
+
+    def __init__(self, shard: str, images: int) -> None:
+        self.info = ShardFeatures(shard=shard, images=images, models={})
+        self.markers: list[Marker[Any]] = []
+
+    def add(self, model_id: str, action: Literal["computed", "skipped"], marker: Marker[Any],
+            subset: str | None = None, ok: int | None = None) -> None:
+        """The model's part, from its unit's marker (the model's facts are there)."""
+        count = int(marker.info["count"]) if ok is None else ok
+        self.info["models"][model_id] = ModelFeatures(
+            action=action, ok=count, errors=self.info["images"] - count, random_init=bool(marker.info["random_init"]),
+            dim=int(marker.info["model"]["dim"]), fingerprint=marker.info["model"], subset=subset)
+        self.markers.append(marker)
+
+    def result(self) -> UnitResult[ShardFeatures]:
+        """Computed when any model's unit was."""
+        action = COMPUTED if any(m["action"] == COMPUTED for m in self.info["models"].values()) else SKIPPED
+        return joint_result(fingerprint([m.fingerprint for m in self.markers]), self.markers, self.info, action)
+
+
 def current_by_spec(store: Store, shard: str, cfg: FeaturesConfig, draft: int | None | Literal["auto"],
-                    selection: Selection | None = None) -> dict[str, Any] | None:
-    """The summary of :func:`extract_shard` when every model's unit of ``shard`` is current by
+                    selection: Selection | None = None) -> UnitResult[ShardFeatures] | None:
+    """The result of :func:`extract_shard` when every model's unit of ``shard`` is current by
     its ``info.spec``, read from markers (and, with a selection, the shard's records file and
     the selection's keys: small tables); None when any may not be. With a selection, features
     of every image that are current are used instead, as :func:`judge_shard` does."""
@@ -154,12 +196,12 @@ def current_by_spec(store: Store, shard: str, cfg: FeaturesConfig, draft: int | 
         wanted = selection.keys(store, shard)
         chosen = [(k, e, sha) for k, e, sha in shard_images(store, shard) if k in wanted]
     images = staged["count"] if chosen is None else len(chosen)
-    summary: dict[str, Any] = {"shard": shard, "images": images, "models": {}}
+    parts = _ShardParts(shard, images)
     for spec in cfg.models:
         full = read_marker(store, feature_vectors(spec.model_id, shard))
         if full is not None and full.info.get("spec") == spec_key(cfg, spec, draft, staged["images"]):
             ok = None if chosen is None else _ok_among(store, spec.model_id, shard, {k for k, _, _ in chosen})
-            summary["models"][spec.model_id] = _summary(SKIPPED, full, images, None, ok)
+            parts.add(spec.model_id, SKIPPED, full, None, ok)
             continue
         if chosen is None:
             return None
@@ -167,8 +209,8 @@ def current_by_spec(store: Store, shard: str, cfg: FeaturesConfig, draft: int | 
         part = read_marker(store, feature_vectors(spec.model_id, shard, selection.name))
         if part is None or part.info.get("spec") != spec_key(cfg, spec, draft, chosen_print):
             return None
-        summary["models"][spec.model_id] = _summary(SKIPPED, part, images, selection.name)
-    return summary
+        parts.add(spec.model_id, SKIPPED, part, selection.name)
+    return parts.result()
 
 
 def load_models(cfg: FeaturesConfig) -> list[FeatureModel]:
@@ -361,7 +403,7 @@ def judge_shard(store: Store, shard: str, cfg: FeaturesConfig, models: Sequence[
 
 
 def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, selection: Selection | None = None,
-                  draft: int | None | Literal["auto"] = "auto") -> dict[str, Any]:
+                  draft: int | None | Literal["auto"] = "auto") -> UnitResult[ShardFeatures]:
     """Compute (or skip, when already done) every configured model's features for ``shard``.
 
     With a ``selection``, only the selected images are embedded, read by ranged reads
@@ -374,9 +416,8 @@ def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, selection: Sele
     the features it is compared with (contamination's evaluation set) passes theirs, so
     its pixels, and hence its features, are the same.
 
-    Returns ``{"shard", "images", "models": {model_id: {"action", "ok", "errors",
-    "random_init", "dim", "fingerprint", "subset"}}}`` where action is ``computed`` or ``skipped``.
-    Without a selection, current units are found from their markers (:func:`current_by_spec`)
+    Returns the shard's result: every model's files, and each model's part in ``info``
+    (:class:`ShardFeatures`); computed when any model's unit was. Without a selection, current units are found from their markers (:func:`current_by_spec`)
     before any model is loaded.
     """
     if (current := current_by_spec(store, shard, cfg, draft, selection)) is not None:
@@ -391,24 +432,24 @@ def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, selection: Sele
     images = require_marker(store, staging_tar(shard), "staging shard").info["images"]
     if subset is not None:
         images = fingerprint([(k, sha, e) for k, e, sha in chosen])  # staging's images_digest, restricted
-    summary: dict[str, Any] = {"shard": shard, "images": len(chosen), "models": {}}
+    parts = _ShardParts(shard, len(chosen))
     todo: list[FeatureModel] = []
     for model in models:
         verdict = judged.models[model.model_id]
         spec = spec_key(cfg, spec_of[model.model_id], auto, images)
         if verdict.reused:
             ok = _ok_among(store, model.model_id, shard, {k for k, _, _ in chosen})
-            summary["models"][model.model_id] = _summary(SKIPPED, verdict.marker, len(chosen), None, ok)
+            parts.add(model.model_id, SKIPPED, verdict.marker, None, ok)
         elif verdict.action == SKIPPED:
             marker = verdict.marker
             if marker.info.get("spec") != spec:  # current, and now known so from its spec
                 marker = finish_unit(store, feature_vectors(model.model_id, shard, subset), verdict.fingerprint,
                                      marker.outputs, {**marker.info, "spec": spec})
-            summary["models"][model.model_id] = _summary(SKIPPED, marker, len(chosen), subset)
+            parts.add(model.model_id, SKIPPED, marker, subset)
         else:
             todo.append(model)
     if not todo:
-        return summary
+        return parts.result()
 
     fault_point("features.start", shard)  # tests only: off unless CORPUSFORGE_FAULT
     runs = [_ModelRun(m) for m in todo]
@@ -441,9 +482,9 @@ def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, selection: Sele
         info["spec"] = spec_key(cfg, spec_of[model.model_id], auto, images)
         marker = write_shard_features(store, model.model_id, shard, keys, shas, run.ok, run.errors, feats,
                                       judged.models[model.model_id].fingerprint, info, subset)
-        summary["models"][model.model_id] = _summary(COMPUTED, marker, len(chosen), subset)
+        parts.add(model.model_id, COMPUTED, marker, subset)
     fault_point("features.done", shard)
-    return summary
+    return parts.result()
 
 
 def _selected_bytes(store: Store, shard: str, chosen: list[tuple[str, str, str]]) -> int:
@@ -459,14 +500,6 @@ def _ok_among(store: Store, model_id: str, shard: str, keys: set[str]) -> int:
     return sum(1 for k, ok in zip(t["key"].to_pylist(), t["ok"].to_pylist(), strict=True) if ok and k in keys)
 
 
-def _summary(action: str, marker: Marker, images: int, subset: str | None = None,
-             ok: int | None = None) -> dict[str, Any]:
-    """One model's part of a shard's summary, from its unit's marker (the model's facts are there)."""
-    count = int(marker.info["count"]) if ok is None else ok
-    return {"action": action, "ok": count, "errors": images - count, "random_init": bool(marker.info["random_init"]),
-            "dim": int(marker.info["model"]["dim"]), "fingerprint": marker.info["model"], "subset": subset}
-
-
 # One unit per staging shard; in a flow its task asks for ``dask.model_task_resources``
 # (e.g. GPU=1), see corpusforge.cluster.MODEL_TASKS. Probed: a current unit is known from
 # its markers without loading a model (:func:`current_by_spec`).
@@ -475,7 +508,7 @@ EXTRACT_SHARD = Unit(extract_shard, "extract-shard-features", probe=True)
 
 def extract_features(store: Store, shards: list[str], cfg: FeaturesConfig, selection: Selection | None = None,
                      draft: int | None | Literal["auto"] = "auto", *, fan_out: FanOut = in_process
-                     ) -> list[dict[str, Any]]:
+                     ) -> list[UnitResult[ShardFeatures]]:
     """The feature stage: one unit per shard through ``fan_out`` (a flow's Dask cluster);
     with a ``selection``, only its records (see :func:`extract_shard`)."""
     return fan_out(EXTRACT_SHARD, [dict(store=store, shard=s, cfg=cfg, selection=selection, draft=draft)
@@ -483,18 +516,18 @@ def extract_features(store: Store, shards: list[str], cfg: FeaturesConfig, selec
 
 
 def extract_features_on_client(client: Any, store: Store, shards: list[str], cfg: FeaturesConfig
-                               ) -> list[dict[str, Any]]:
+                               ) -> list[UnitResult[ShardFeatures]]:
     """The feature stage on a plain ``distributed.Client``: one Dask task per shard."""
     futures = client.map(extract_shard, [store] * len(shards), shards, [cfg] * len(shards), pure=False)
     return client.gather(futures)
 
 
-def receipt_section(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def receipt_section(results: Sequence[UnitResult[ShardFeatures]]) -> dict[str, Any]:
     """The receipt's features section: totals per model over shard results, with random-init
     models flagged loudly."""
     per_model: dict[str, dict[str, Any]] = {}
     for result in results:
-        for model_id, r in result["models"].items():
+        for model_id, r in result.info["models"].items():
             t = per_model.setdefault(model_id, {"shards": 0, "computed": 0, "skipped": 0, "ok": 0, "errors": 0,
                                                 "random_init": False, "dim": r.get("dim"),
                                                 "fingerprint": r.get("fingerprint")})
@@ -504,7 +537,7 @@ def receipt_section(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
             t["errors"] += r.get("errors", 0)
             t["random_init"] = t["random_init"] or bool(r.get("random_init"))
     random_init = sorted(m for m, t in per_model.items() if t["random_init"])
-    summary: dict[str, Any] = {"shards": len(results), "images": sum(r["images"] for r in results),
+    summary: dict[str, Any] = {"shards": len(results), "images": sum(r.info["images"] for r in results),
                                "models": per_model, "random_init_models": random_init}
     if random_init:
         summary["warning"] = ("RANDOM-INIT FEATURES: " + ", ".join(random_init) + " ran without trained "
