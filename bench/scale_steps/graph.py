@@ -243,12 +243,12 @@ def _faiss_build(model_id: str, index: dict[str, Any] | None = None, tag: str = 
         nodes = plan_nodes(store, [shard_name(s) for s in range(sc.shards)])
         table = write_shard_table(out, nodes, feature_digests(store, cfg, nodes))
         runs: dict[str, Any] = {"task_peaks": {}, "params": [], "files_elsewhere": 0, "bytes_elsewhere": 0}
-        index, added = build_index(store, out, cfg, table, _measured(runs))
+        built, added = build_index(store, out, cfg, table, _measured(runs))
         with open(os.path.join(data, f"index-{tag}.json"), "w") as f:
-            json.dump(index.to_json(), f)
+            json.dump(built.to_json(), f)
         blocks = added.computed + added.skipped if added else 0
         runs["files_elsewhere"] += blocks + 1 if blocks else 0  # FAISS maps the blocks' lists and writes the merged
-        return {"tasks": 1 + blocks + (1 if blocks else 0), "plan": index.info["plan"]["factory"], "blocks": blocks,
+        return {"tasks": 1 + blocks + (1 if blocks else 0), "plan": built.info["plan"]["factory"], "blocks": blocks,
                 "peak_rss": max(runs["task_peaks"].values()), "train": _train_work(cfg.index, sc.kept), **runs}
     return run
 
@@ -266,16 +266,16 @@ def _faiss_query(model_id: str, index: dict[str, Any] | None = None, tag: str = 
         from tasks.graph.stage import shard_calls
 
         with open(os.path.join(data, f"index-{tag}.json")) as f:
-            index = UnitResult.of(Marker.from_json(json.load(f)), "computed")
+            built = UnitResult.of(Marker.from_json(json.load(f)), "computed")
         cfg = _near_config(model_id, index)
         out = _graph_out(data, tag)
         nodes = plan_nodes(store, [shard_name(s) for s in range(sc.shards)])
         digests = feature_digests(store, cfg, nodes)
         table = write_shard_table(out, nodes, digests)
-        kwargs = dict(shard_calls(store, out, cfg, table, digests, index)[0], force=True)
+        kwargs = dict(shard_calls(store, out, cfg, table, digests, built)[0], force=True)
         found = query_shard(**kwargs)
         return {"tasks": sc.shards, "params": [kwargs], "pairs": found.info["pairs"],
-                "files_elsewhere": int(index.info["plan"]["kind"] == "ivf"),  # the lists FAISS maps
+                "files_elsewhere": int(built.info["plan"]["kind"] == "ivf"),  # the lists FAISS maps
                 "rss_file": _status_bytes("RssFile:")}
     return run
 
