@@ -8,7 +8,7 @@ copies of corpus vectors at cosine 0.91–0.99, the rest fresh). Flagged = best 
 
 * numpy brute force: ``Q @ X.T`` in blocks of 256 queries, max per row (every pair).
 * the stage's IVF index (``tasks/contamination/similarity.py``: IVF{nlist},Flat, k-means
-  on a seeded sample, nlist = the power of two nearest √N): build once, then search list
+  on a seeded sample, nlist = the power of two at or above √N): build once, then search list
   by list (one matrix product per probed list, one BLAS thread), for each ``--nprobe``;
   FAISS's own per-query scan is timed beside it and must flag the same queries. The
   ratio the goal is about is the search (a corpus's index is built once and reused by
@@ -335,9 +335,9 @@ CASES = {"image_brute": case_image_brute, "image_ivf": case_image_ivf, "text": c
 
 
 def image_part(a: argparse.Namespace) -> None:
-    from tasks.contamination.similarity import auto_nlist
+    from tasks.shared.ivf import auto_nlist
 
-    nlist = a.nlist or auto_nlist(a.corpus)
+    nlist = a.nlist or auto_nlist(a.corpus, per_root=1)
     bq = min(a.brute_queries, a.queries)
     print(f"images: {a.queries:,} queries × {a.corpus:,} corpus vectors, d = {a.dim}, threshold > {THRESHOLD}")
     brute = run_case("image_brute", dict(n=a.corpus, q=a.queries, dim=a.dim, brute_queries=bq))
@@ -395,7 +395,7 @@ def main() -> None:
     p.add_argument("--queries", type=int, default=10_000)
     p.add_argument("--dim", type=int, default=DIM)
     p.add_argument("--brute-queries", type=int, default=2_000, help="queries brute-forced (scaled to all)")
-    p.add_argument("--nlist", type=int, default=None, help="default: the stage's (power of two nearest sqrt(N))")
+    p.add_argument("--nlist", type=int, default=None, help="default: the stage's (power of two at or above sqrt(N))")
     p.add_argument("--nprobe", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--captions", type=int, default=1_000_000)
     p.add_argument("--items", type=int, default=10_000)

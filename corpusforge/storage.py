@@ -82,6 +82,11 @@ def with_s3_defaults(uri: str, storage_options: dict[str, Any] | None) -> dict[s
     return options
 
 
+def url_to_fs(uri: str, storage_options: dict[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The filesystem and path of a local path or URI, with :func:`with_s3_defaults`."""
+    return fsspec.core.url_to_fs(uri, **with_s3_defaults(uri, storage_options))
+
+
 def is_remote(uri: str) -> bool:
     """True for URIs with a scheme other than ``file``."""
     protocol = fsspec.utils.get_protocol(uri)
@@ -130,7 +135,7 @@ class Store:
         self.root = root.rstrip("/") if is_remote(root) else os.path.abspath(root)
         self.storage_options = dict(storage_options or {})
         self.fsync = fsync
-        self.fs, _ = fsspec.core.url_to_fs(self.root, **with_s3_defaults(self.root, self.storage_options))
+        self.fs, _ = url_to_fs(self.root, self.storage_options)
         self.remote = is_remote(self.root)
         # atomic writes fsync each local file before its rename (writers of big files may
         # sync ahead, see corpusforge.writeback)
@@ -441,8 +446,7 @@ def file_stamp(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any] | 
 
 def uri_stamp(uri: str, storage_options: dict[str, Any] | None = None) -> str:
     """:func:`file_stamp` of a local path or URI."""
-    fs, path = fsspec.core.url_to_fs(uri, **with_s3_defaults(uri, storage_options))
-    return file_stamp(fs, path)
+    return file_stamp(*url_to_fs(uri, storage_options))
 
 
 def open_uri(uri: str, storage_options: dict[str, Any] | None = None) -> IO[bytes]:

@@ -31,8 +31,9 @@ from corpusforge.contract import remove_tree
 from corpusforge.feature_files import feature_marker, prune_features
 from corpusforge.layout import (CONTAMINATION_EVAL, CONTAMINATION_FOUND, CONTAMINATION_IMAGES,
                                 CONTAMINATION_ITEM_DECISIONS, CONTAMINATION_JUDGE, CONTAMINATION_LEAKAGE,
-                                CONTAMINATION_REPORT, CONTAMINATION_REPORT_HTML, CONTAMINATION_SELECT,
-                                CONTAMINATION_SUMMARY, CONTAMINATION_TEXT, CONTAMINATION_TEXT_WORK, EDITION_DIR)
+                                CONTAMINATION_DIR, CONTAMINATION_RECEIPT, CONTAMINATION_REPORT,
+                                CONTAMINATION_REPORT_HTML, CONTAMINATION_SELECT, CONTAMINATION_SUMMARY,
+                                CONTAMINATION_TEXT, CONTAMINATION_TEXT_WORK, EDITION_DIR)
 from corpusforge.receipts import flow_receipt
 from corpusforge.storage import Store, require_separate
 from tasks.contamination.canary import NORMALIZATION_PROFILE
@@ -42,12 +43,13 @@ from tasks.contamination.eval_features import corpus_decode_size, eval_features_
 from tasks.contamination.eval_set import plan_eval_set
 from tasks.contamination.image_scan import remove_sides
 from tasks.contamination.receipts import (CLAIM_BOUNDARY, benchmark_identity, build_thresholds, corpus_snapshot,
-                                          output_hashes, seeds, stable_results, thresholds, write_receipt)
+                                          seeds, stable_results, thresholds, write_receipt)
 from tasks.contamination.report import render_html, render_markdown
 from tasks.contamination.stage import (edition_stage, image_stage, image_text_stage, leakage_stage, stage_eval_set,
                                        text_canary_stage)
 from tasks.shared.features.config import FeaturesConfig
 from tasks.shared.features.extract import extract_features, receipt_section
+from tasks.shared.output_hashes import output_hashes
 
 FLOW = "contamination"
 CODE_MODULES = ("tasks.contamination.stage", "tasks.contamination.report", "tasks.contamination.receipts",
@@ -206,7 +208,8 @@ def contamination(config: ContaminationConfig) -> dict[str, Any]:
         results=summary,
         edition=edition,
         warnings=warnings,
-        outputs=output_hashes(out),
+        outputs=output_hashes(out, (CONTAMINATION_DIR, EDITION_DIR),
+                              skip=(CONTAMINATION_RECEIPT, CONTAMINATION_REPORT, CONTAMINATION_REPORT_HTML)),
     )
     write_receipt(out, receipt)
     markdown = render_markdown(receipt)

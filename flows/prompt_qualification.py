@@ -28,8 +28,8 @@ from pydantic import Field, model_validator
 from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, run_logger
 from corpusforge.config import FlowConfig
 from corpusforge.contract import remove_tree, summarise
-from corpusforge.layout import (PROMPTS_CAPTION_SAMPLE, PROMPTS_CAPTIONS, PROMPTS_GENERATED, PROMPTS_TEXTS,
-                                QUALIFICATION_CATEGORIES, QUALIFICATION_DIR, QUALIFICATION_RECEIPT,
+from corpusforge.layout import (PROMPT_EDITION_DIR, PROMPTS_CAPTION_SAMPLE, PROMPTS_CAPTIONS, PROMPTS_GENERATED,
+                                PROMPTS_TEXTS, QUALIFICATION_CATEGORIES, QUALIFICATION_DIR, QUALIFICATION_RECEIPT,
                                 QUALIFICATION_REPORT, RECEIPT)
 from corpusforge.receipts import flow_receipt
 from corpusforge.storage import Store, require_separate
@@ -37,10 +37,11 @@ from tasks.prompts import rotation, tables
 from tasks.prompts.cohorts import cohort_divergence
 from tasks.prompts.config import (CohortConfig, DensityConfig, PromptSetConfig, RotationConfig, TextModelConfig,
                                   VarianceConfig)
-from tasks.prompts.outputs import output_hashes, seeds, tally, thresholds, write_outputs
+from tasks.prompts.outputs import seeds, tally, thresholds, write_outputs
 from tasks.prompts.report import CLAIM_BOUNDARY, render_markdown
 from tasks.prompts.signals import (EMBED_CAPTIONS, LIST_GENERATED, VARIANCE, density_signal, plan_density,
                                    plan_variance, variance_signal)
+from tasks.shared.output_hashes import output_hashes
 
 FLOW = "qualify-prompts"
 CODE_MODULES = ("tasks.prompts.captions", "tasks.prompts.density", "tasks.prompts.variance", "tasks.prompts.cohorts",
@@ -203,7 +204,8 @@ def qualify_prompts(config: PromptQualificationConfig) -> dict[str, Any]:
         seeds=seeds(config.density, config.cohorts, config.rotation),
         results=results,
         warnings=warnings,
-        outputs=output_hashes(out),
+        outputs=output_hashes(out, (QUALIFICATION_DIR, PROMPT_EDITION_DIR), skip=(QUALIFICATION_RECEIPT,
+                                                                               QUALIFICATION_REPORT)),
     )
     out.write_json(QUALIFICATION_RECEIPT, receipt)
     out.write_bytes(QUALIFICATION_REPORT, render_markdown(receipt).encode())

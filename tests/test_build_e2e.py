@@ -21,7 +21,8 @@ import webdataset as wds
 from corpusforge.layout import CHANGES_MD, CHANGES_TABLE
 from corpusforge.storage import Store
 from flows.build_corpus import run_build
-from tasks.report.receipt import output_hashes
+from tasks.report.receipt import OUTPUT_LIST_SKIPS
+from tasks.shared.output_hashes import output_hashes
 from sample_corpus.truth import related_groups
 from tests.built_sample import config
 from tests.old_release import assert_release_equals_old
@@ -128,7 +129,7 @@ def test_the_receipt_reads_no_output_a_marker_records(built_sample, opened_files
     out, _ = built_sample
     recorded = {rel for p in (out / "_markers").rglob("*.json") for rel in json.loads(p.read_text())["outputs"]}
     opened_files.clear()
-    hashes = output_hashes(Store(str(out)))
+    hashes = output_hashes(Store(str(out)), skip=OUTPUT_LIST_SKIPS, recorded=True)
     opened = list(opened_files)
     assert opened and not set(opened) & recorded
     assert set(opened) == {rel for rel in hashes if rel not in recorded}
@@ -146,6 +147,31 @@ def test_release_equals_the_old_implementation(built_sample, sample_corpus, tmp_
     near_dedup = (out / "graph" / "decisions").is_dir()
     assert near_dedup
     assert_release_equals_old(out, staged, config(sample_corpus, out).splits, near_dedup, tmp_path)
+
+
+def test_the_caption_set_and_test_50k_are_the_same_records(built_sample, tmp_path):
+    """With their default seeds, the evaluation caption set (drawn from the test release plans)
+    and the reference statistics' Test-50K (drawn from the manifest) are the same test records;
+    the size is half the test split, so the sampling decides which."""
+    import hashlib
+
+    from corpusforge.layout import EVAL_CAPTIONS
+    from tasks.captions.eval_set import EVAL_PLANS, EvalCaptionsConfig, write_eval_captions
+    from tasks.stats.reference import TEST_SUBSET, scan_manifest
+    from tasks.stats.stage import ReferenceStatsConfig
+
+    out, _ = built_sample
+    shutil.copytree(out, tmp_path / "corpus", symlinks=True)  # the caption set is written again
+    store = Store(str(tmp_path / "corpus"), fsync=False)
+    rows = ds.dataset(out / "manifest", format="parquet").to_table(columns=["key", "status", "split"]).to_pylist()
+    test_keys = [r["key"] for r in rows if r["status"] == "kept" and r["split"] == "test"]
+    size = len(test_keys) // 2
+    assert size >= 3
+    write_eval_captions(store, hashlib.sha256(store.read_bytes(EVAL_PLANS)).hexdigest(), EvalCaptionsConfig(size=size))
+    captions = set(store.read_parquet(EVAL_CAPTIONS)["key"].to_pylist())
+    seed = ReferenceStatsConfig.model_fields["test_subset_seed"].default
+    subset = scan_manifest(store, (TEST_SUBSET,), subset_size=size, subset_seed=seed).plan
+    assert len(captions) == size and captions == {k for k in test_keys if subset.groups_of(k, "test", None)}
 
 
 def computed_units(work: dict, path: str = "") -> dict[str, int | str]:

@@ -338,7 +338,7 @@ def test_build_captions_identically_on_any_cluster_and_never_writes_the_key(tmp_
     from corpusforge.secrets import split_secrets
     from flows.build_corpus import BuildConfig, build
     from sample_corpus import write_sample_corpus
-    from tasks.captions.eval_set import sample_keys
+    from tasks.shared.sampling import SmallestKeys
 
     write_sample_corpus(str(tmp_path / "source"), n=40, seed=0)
     secret = "sk-never-write-me-1234567890"
@@ -388,7 +388,9 @@ def test_build_captions_identically_on_any_cluster_and_never_writes_the_key(tmp_
     test_keys = [k for k, r in kept.items() if r["split"] == "test"]
     import pyarrow.parquet as pq
     evals = pq.read_table(tmp_path / "a" / "eval_captions.parquet").to_pylist()
-    assert {e["key"] for e in evals} == sample_keys(test_keys, 5, 1) and len(evals) == min(5, len(test_keys))
+    chosen = SmallestKeys(5, 1)
+    chosen.add(test_keys)
+    assert {e["key"] for e in evals} == chosen.keys() and len(evals) == min(5, len(test_keys))
     assert all(kept[e["key"]]["split"] == "test" and e["caption"].startswith(e["caption_type"]) for e in evals)
     assert receipt["eval_captions"]["sha256"] == hashlib.sha256(
         (tmp_path / "a" / "eval_captions.parquet").read_bytes()).hexdigest()

@@ -21,10 +21,10 @@ from corpusforge.hashing import stable_uniform
 from corpusforge.layout import EVAL_CAPTIONS, EVAL_CAPTIONS_SCHEMA, RECEIPT, REPORT, release_plan_path, staging_index, \
     staging_tar
 from corpusforge.storage import Store
-from tasks.captions.eval_set import (WRITE_EVAL_CAPTIONS, EvalCaptionsConfig, sample_keys, write_eval_captions,
-                                     write_test_plan_list)
+from tasks.captions.eval_set import WRITE_EVAL_CAPTIONS, EvalCaptionsConfig, write_eval_captions, write_test_plan_list
 from tasks.release.shards import plan_release_files, write_staged_list
 from tasks.release.splits import SplitConfig
+from tasks.shared.sampling import SmallestKeys
 
 SPLITS = SplitConfig(test=0.3, val=0.1, shard_size=40)
 
@@ -84,10 +84,16 @@ def test_the_eval_caption_unit_refuses_a_plan_list_rewritten_since(tmp_path):
 def test_streamed_sample_equals_the_sort_in_any_order_and_chunking():
     rng = random.Random(0)
     keys = [f"k{i:05d}" for i in range(3000)] + [f"k{i:05d}" for i in range(0, 3000, 7)]  # some twice
-    for size in (1, 50, 2999, 5000):
+    for size in (0, 1, 50, 2999, 5000):
         expected = set(heapq.nsmallest(size, set(keys), key=lambda k: (stable_uniform(9, k), k)))
         rng.shuffle(keys)
-        assert sample_keys(keys, size, 9) == expected
+        sample, start = SmallestKeys(size, 9), 0
+        while start < len(keys):  # batches of any size
+            step = rng.randint(1, 700)
+            sample.add(keys[start:start + step])
+            start += step
+        assert sample.keys() == expected
+        assert sample.threshold() == max((stable_uniform(9, k) for k in expected), default=-1.0)
 
 
 def test_the_eval_caption_unit_holds_memory_by_the_set_not_the_split(tmp_path):

@@ -15,6 +15,7 @@ from tasks.graph.config import IndexAdvanced, IndexConfig, NearDedupAdvanced, Ne
 from tasks.graph.edges import (feature_digests, found_fingerprint, graph_recall, iter_edges, merge_edges, merge_groups,
                                query_shard, recall_shard)
 from tasks.graph.nodes import plan_nodes, write_shard_table
+from tasks.shared.ivf import auto_nlist
 from tests.graph_corpus import at_similarity, brute_force_edges, unit, write_corpus
 
 pytestmark = pytest.mark.timeout(120)
@@ -121,9 +122,17 @@ def test_index_plan_auto_and_override():
     assert fx.plan_index(IndexConfig(kind="flat"), 10**7, 64).kind == "flat"
     with pytest.raises(ValueError, match="in every query worker"):  # 10⁹ x 64 floats: 264 GB
         fx.plan_index(IndexConfig(kind="flat"), 10**9, 64)
-    assert fx.auto_nlist(100_000_000) == 65536
+    assert auto_nlist(100_000_000, per_root=4) == 65536
     with pytest.raises(ValueError):
         fx.plan_index(IndexConfig(kind="ivf", storage="pq", pq_m=7), 10_000, 64)
+
+
+def test_one_nlist_rule_sized_by_the_workload():
+    """The graph (4·√N) and a contamination scan (√N, its benched IVF1024 at 10⁶) share one rule:
+    a power of two at or above, within [16, 65536], >= 39 vectors per list, never more lists than vectors."""
+    assert [auto_nlist(n, per_root=1) for n in (1_000_000, 200_000, 97_000, 10_000)] == [1024, 512, 512, 128]
+    assert [auto_nlist(n, per_root=4) for n in (1_000_000, 97_000, 10_000)] == [4096, 2048, 256]
+    assert auto_nlist(500, per_root=1) == auto_nlist(500, per_root=4) == 16 and auto_nlist(10, per_root=4) == 10
 
 
 def test_ivf_training_sample_does_not_depend_on_shard_listing(tmp_path):

@@ -2,8 +2,9 @@
 
 A deterministic seeded sample of N test-split captions (default 50,000, capped by the
 test split's size): the test records with the N smallest ``stable_uniform(seed, key)``,
-the same rule and default seed as the Test-50K subset of the reference statistics
-(:mod:`tasks.stats.reference`), so the caption set and Test-50K are the same images.
+by the one rule (:class:`tasks.shared.sampling.SmallestKeys`) and default seed of the Test-50K
+subset of the reference statistics (:mod:`tasks.stats.reference`), so the caption set and
+Test-50K are the same images.
 Written as ``eval_captions.parquet`` (key, caption type, caption, release shard) in key
 order; its SHA-256 goes into the receipt and the reference statistics' provenance, and
 ``corpusforge evaluate`` records which caption set the generated images claim to come from.
@@ -12,7 +13,7 @@ One task (:data:`WRITE_EVAL_CAPTIONS`) on the cluster, never the flow process, w
 bounded by the set's size and a batch of plan rows, not by the test split: the flow writes
 the test split's release plan names to ``work/eval_plans.parquet`` and hands the task its
 SHA-256. The task reads the plans twice, one batch of rows at a time: first only the keys,
-keeping the N smallest priorities seen so far (:class:`_Smallest`), then the chosen rows. An input
+keeping the N smallest priorities seen so far, then the chosen rows. An input
 caption is read from staging at the ``.txt`` span the plan lists (grouped by staging shard,
 in offset order; no staging index). The file is the same bytes as a sort
 of the whole split would give.
@@ -24,7 +25,6 @@ import io
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -32,9 +32,9 @@ from pydantic import Field
 
 from corpusforge.config import StrictModel
 from corpusforge.contract import Unit, read_pinned
-from corpusforge.hashing import stable_uniform
 from corpusforge.layout import EVAL_CAPTIONS, EVAL_CAPTIONS_SCHEMA, release_plan_path, staging_tar
 from corpusforge.storage import Store
+from tasks.shared.sampling import SmallestKeys
 
 TEST = "test"
 EVAL_PLANS = "work/eval_plans.parquet"  # the test split's release plan names, in the release's order
@@ -47,44 +47,6 @@ class EvalCaptionsConfig(StrictModel):
 
     size: int = Field(50_000, ge=1, description="Captions in the set (capped by the test split's size).")
     seed: int = Field(1, description="Seed of the sample; 1 = the reference statistics' Test-50K subset seed.")
-
-
-def sample_keys(keys: list[str], size: int, seed: int) -> set[str]:
-    """The ``size`` keys with the smallest seeded priority (order-independent)."""
-    smallest = _Smallest(size, seed)
-    smallest.add(keys)
-    return smallest.keys()
-
-
-class _Smallest:
-    """The ``size`` distinct keys with the smallest ``(stable_uniform(seed, key), key)`` among
-    those added, in O(size) memory: candidates at or below the current threshold are kept,
-    and cut back to ``size`` whenever they reach twice that."""
-
-    def __init__(self, size: int, seed: int):
-        self.size, self.seed = size, seed
-        self.priorities = np.empty(0, np.float64)
-        self.candidates: list[str] = []
-        self.threshold = np.inf
-
-    def add(self, keys: list[str]) -> None:
-        priorities = np.fromiter((stable_uniform(self.seed, k) for k in keys), np.float64, len(keys))
-        take = np.flatnonzero(priorities <= self.threshold)
-        self.priorities = np.concatenate([self.priorities, priorities[take]])
-        self.candidates += [keys[i] for i in take]
-        if len(self.candidates) >= 2 * self.size:
-            self._cut()
-
-    def _cut(self) -> None:
-        ranked = sorted(set(zip(self.priorities.tolist(), self.candidates, strict=True)))[:self.size]
-        self.priorities = np.array([p for p, _ in ranked], np.float64)
-        self.candidates = [k for _, k in ranked]
-        if len(ranked) == self.size:
-            self.threshold = ranked[-1][0]
-
-    def keys(self) -> set[str]:
-        self._cut()
-        return set(self.candidates)
 
 
 def write_test_plan_list(store: Store, release: dict[str, Any]) -> str:
@@ -153,7 +115,7 @@ def write_eval_captions(store: Store, plans: str, cfg: EvalCaptionsConfig,
     ``source`` holds the staging shards (default ``store``)."""
     source = source or store
     names = _plans(store, plans)
-    smallest = _Smallest(cfg.size, cfg.seed)
+    smallest = SmallestKeys(cfg.size, cfg.seed)
     test_records = 0
     for name in names:
         for batch in _plan_batches(store, name, ["key"]):

@@ -17,9 +17,9 @@ from pydantic import Field, field_validator, model_validator
 
 from corpusforge.config import Similarity, StrictModel
 from tasks.contamination.canary import SEED_SIGNATURE_SEEDS
+from tasks.shared.ivf import IVF_TRAIN_PER_LIST
 
 CURVE_THRESHOLDS = [round(0.80 + 0.01 * i, 2) for i in range(20)]  # 0.80 … 0.99
-IVF_TRAIN_PER_LIST = 64  # k-means training vectors per IVF list (FAISS warns below 39)
 
 
 class EvalSetConfig(StrictModel):
@@ -56,7 +56,8 @@ class IvfConfig(StrictModel):
     config_section: ClassVar[str] = "<image|leakage>.ivf"
     retired_keys: ClassVar[dict[str, Any]] = {"train_per_list": IVF_TRAIN_PER_LIST}
 
-    nlist: int | None = Field(None, ge=1, description="Empty: 4*sqrt(N) as a power of two within [16, 65536].")
+    nlist: int | None = Field(None, ge=1,
+                              description="Empty: sqrt(N) rounded up to a power of two, within [16, 65536].")
     nprobe: int = Field(16, ge=1, description="Lists probed per query.")
     storage: Literal["flat", "sqfp16"] = Field(
         "flat", description="flat: float32 vectors, exact scores; sqfp16: half the memory, scores within ~2e-4.")

@@ -37,7 +37,7 @@ from corpusforge.contract import (COMPUTED, SKIPPED, Marker, UnitKey, UnitResult
 from corpusforge.hashing import canonical_json, fingerprint
 from corpusforge.layout import (EVAL_ITEM_SCHEMA, TABLE_SUFFIXES, STAGING_RECORDS_SCHEMA, eval_items_path, staging_index,
                                 staging_records, staging_tar)
-from corpusforge.storage import Store, uri_stamp, with_s3_defaults
+from corpusforge.storage import Store, uri_stamp, url_to_fs
 from corpusforge.tarshard import Sample, iter_tar_samples, write_tar
 from corpusforge.version import code_version
 from tasks.contamination.config import EvalSetConfig
@@ -137,7 +137,7 @@ def _folder_rows(root: str, cfg: EvalSetConfig) -> list[dict[str, Any]]:
 def plan_eval_set(cfg: EvalSetConfig) -> EvalPlan:
     """List the items in a fixed order and cut them into chunks of ``cfg.chunk_size``."""
     so = cfg.storage_options
-    fs, path = fsspec.core.url_to_fs(cfg.source, **with_s3_defaults(cfg.source, so))
+    fs, path = url_to_fs(cfg.source, so)
     name = cfg.name or posixpath.basename(path.rstrip("/")).split(".")[0] or "benchmark"
     size = cfg.chunk_size
     if fs.isfile(path) and path.endswith(TABLE_SUFFIXES):

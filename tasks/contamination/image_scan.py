@@ -48,8 +48,9 @@ from corpusforge.storage import Store
 from corpusforge.tarshard import HashingWriter
 from corpusforge.version import code_version
 from tasks.contamination import similarity as sim
-from tasks.contamination.config import IVF_TRAIN_PER_LIST, IvfConfig
+from tasks.contamination.config import IvfConfig
 from tasks.contamination.selection import read_selection
+from tasks.shared.ivf import IVF_TRAIN_PER_LIST, auto_nlist
 from tasks.shared.pair_score import PairScore, pair_score_of
 
 
@@ -291,7 +292,7 @@ def build_scan_index(out: Store, name: str, target: ScanSide, target_digest: str
     """An IVF index over every target vector's candidate form under ``rule`` (ids: position
     in target-shard order)."""
     n_est = sum(n_selected(target, s) for s in target.shards)
-    nlist = cfg.nlist or sim.auto_nlist(n_est)
+    nlist = cfg.nlist or auto_nlist(n_est, per_root=1)
     n_train = min(n_est, cfg.max_train, nlist * IVF_TRAIN_PER_LIST)
     plan = {"nlist": nlist, "nprobe": min(cfg.nprobe, nlist), "storage": cfg.storage, "n_train": n_train,
             "seed": cfg.seed}

@@ -17,8 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from corpusforge.hashing import canonical_json
-from corpusforge.layout import (CONTAMINATION_DIR, CONTAMINATION_RECEIPT, CONTAMINATION_REPORT,
-                                CONTAMINATION_REPORT_HTML, EDITION_DIR, RECEIPT, eval_items_path)
+from corpusforge.layout import CONTAMINATION_RECEIPT, RECEIPT, eval_items_path
 from corpusforge.storage import Store, open_uri
 from tasks.contamination.config import ImageScanConfig, JudgeConfig, LeakageConfig, TextCanaryConfig
 
@@ -119,21 +118,6 @@ def seeds(image: ImageScanConfig | None, text: TextCanaryConfig | None, leakage:
     if leakage:
         s["leakage_ivf"] = leakage.ivf.seed
     return s
-
-
-def output_hashes(out: Store) -> dict[str, str]:
-    """SHA-256 of every result file (contamination/, edition/), except the receipt and reports."""
-    skip = {CONTAMINATION_RECEIPT, CONTAMINATION_REPORT, CONTAMINATION_REPORT_HTML}
-    hashes: dict[str, str] = {}
-    for folder in (CONTAMINATION_DIR, EDITION_DIR):
-        base = out.fs._strip_protocol(out.path(folder)).rstrip("/")
-        if not out.exists(folder):
-            continue
-        for path in sorted(out.fs.find(base)):
-            rel = f"{folder}/{path[len(base) + 1:]}"
-            if rel not in skip and "/." not in f"/{rel}":
-                hashes[rel] = out.sha256(rel)
-    return hashes
 
 
 def write_receipt(out: Store, receipt: dict[str, Any]) -> str:

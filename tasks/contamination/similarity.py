@@ -24,7 +24,6 @@ identically here and in ``graph/edges``.
 
 from __future__ import annotations
 
-import math
 
 import faiss
 import numpy as np
@@ -126,18 +125,6 @@ def rescore_topk(q: np.ndarray, found: np.ndarray, vectors: dict[int, np.ndarray
         rows = np.stack([vectors[int(i)] for i in found[qi, col]])
         exact[qi, col] = rule.scores(q[qi], rows)
     return merge_topk(sims, ids, exact, found, k)
-
-
-def auto_nlist(n_vectors: int) -> int:
-    """Nearest power of two to √N within [16, 65536], and <= N/39 (k-means needs 39 per list).
-
-    √N balances a query's two costs (nlist centroids, nprobe·N/nlist list entries) and keeps
-    the one-off build (k-means, assigning N vectors) cheap: contamination scans search a
-    corpus with far fewer queries than it has vectors (1M: 1,024 lists)."""
-    nlist = min(1 << max(4, round(math.log2(math.sqrt(max(n_vectors, 1))))), 65536)
-    while nlist > 1 and nlist * 39 > n_vectors:
-        nlist //= 2
-    return max(nlist, 1)
 
 
 def new_ivf(dim: int, nlist: int, storage: str, nprobe: int, seed: int) -> faiss.Index:

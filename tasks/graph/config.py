@@ -15,9 +15,9 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, WithJsonSchema, model_validator
 
 from corpusforge.config import Similarity, StrictModel
+from tasks.shared.ivf import IVF_TRAIN_PER_LIST
 
 GPIC_SOURCE_POOL = 110_569_761  # images in GPIC's source pool (Fig. 6 extrapolation target)
-IVF_TRAIN_PER_LIST = 64  # k-means training vectors per IVF list (FAISS warns below 39)
 
 CALIBRATION_BINS: list[tuple[float, float]] = [
     (0.75, 0.85), (0.85, 0.90), (0.90, 0.95), (0.95, 0.9625), (0.9625, 0.999), (0.999, 1.0)]
@@ -67,7 +67,7 @@ class IndexConfig(StrictModel):
                     "range: every neighbour >= edge_min_similarity (no cap per node).")
     k: int = Field(32, ge=2, title="Neighbours per query (knn)", description="Includes the query itself.")
     nlist: int | None = Field(None, ge=1, title="IVF lists",
-                              description="Empty: 4*sqrt(N) rounded to a power of two, within [16, 65536].")
+                              description="Empty: 4*sqrt(N) rounded up to a power of two, within [16, 65536].")
     nprobe: int = Field(16, ge=1, title="IVF lists probed per query")
     storage: Literal["flat", "sqfp16", "pq"] = Field(
         "sqfp16", title="IVF vector storage",

@@ -54,7 +54,6 @@ Scale: 100M × 512-d (8,000 staging shards of 12.5k images)
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import IO
@@ -62,7 +61,8 @@ from typing import IO
 import faiss
 import numpy as np
 
-from tasks.graph.config import IVF_TRAIN_PER_LIST, IndexConfig
+from tasks.graph.config import IndexConfig
+from tasks.shared.ivf import IVF_TRAIN_PER_LIST, auto_nlist
 from tasks.shared.pair_score import PairScore, united_lists
 
 SEARCH_BATCH = 4096  # queries per FAISS call: bounds the k-NN and range result buffers
@@ -118,15 +118,6 @@ class IndexPlan:
         return cls(**{k: v for k, v in obj.items() if k != "factory"})
 
 
-def auto_nlist(n_vectors: int) -> int:
-    """Next power of two >= 4·√N, within [16, 65536], and <= N/39 (k-means needs 39 per list)."""
-    target = 1 << max(4, math.ceil(math.log2(max(4 * math.sqrt(max(n_vectors, 1)), 1))))
-    nlist = min(target, 65536)
-    while nlist > 16 and nlist * 39 > n_vectors:
-        nlist //= 2
-    return nlist
-
-
 def plan_index(cfg: IndexConfig, n_vectors: int, dim: int, limit: int = INDEX_WORKER_BYTES) -> IndexPlan:
     """Pick flat or IVF (``auto`` by size) and fix the IVF parameters; a ValueError naming
     the alternative when the index would not fit in a query worker (``limit`` bytes)."""
@@ -134,7 +125,7 @@ def plan_index(cfg: IndexConfig, n_vectors: int, dim: int, limit: int = INDEX_WO
     if kind == "flat":
         plan = IndexPlan("flat", dim, n_vectors)
     else:
-        nlist = cfg.nlist or auto_nlist(n_vectors)
+        nlist = cfg.nlist or auto_nlist(n_vectors, per_root=4)
         if cfg.storage == "pq" and dim % cfg.pq_m:
             raise ValueError(f"pq_m={cfg.pq_m} must divide the feature dimension {dim}")
         n_train = min(n_vectors, cfg.advanced.max_train, nlist * IVF_TRAIN_PER_LIST)

@@ -56,7 +56,7 @@ from corpusforge.contract import Unit, current_marker, finish_unit, must_compute
 from corpusforge.key_ranges import FAN_OUT, ROWS_PER_RANGE, Table, key_ranges
 from corpusforge.layout import (INPUT_DIR, INPUT_SCHEMA, LISTING_SPILL_DIR, TABLE_SUFFIXES, input_path,
                                 listing_spill_path, part_name)
-from corpusforge.storage import Store, file_stamp, is_remote, with_s3_defaults
+from corpusforge.storage import Store, file_stamp, is_remote, url_to_fs
 from corpusforge.version import code_version
 from tasks.shared.inputs import Entry, local_file_refusal, read_local, scan_folder, walk_local
 
@@ -107,10 +107,6 @@ class Partition:
         return f"{self.index:06d}"
 
 
-def _fs(uri: str, options: dict[str, Any]) -> tuple[fsspec.AbstractFileSystem, str]:
-    return fsspec.core.url_to_fs(uri, **with_s3_defaults(uri, options))
-
-
 def _full(fs: fsspec.AbstractFileSystem, path: str, like: str) -> str:
     """A path returned by ``fs`` turned back into a URI of the same kind as ``like``."""
     return fs.unstrip_protocol(path) if is_remote(like) else path
@@ -118,7 +114,7 @@ def _full(fs: fsspec.AbstractFileSystem, path: str, like: str) -> str:
 
 def detect_kind(src: str, options: dict[str, Any]) -> tuple[str, str]:
     """(kind, resolved uri): the table file for 'table', else ``src`` itself."""
-    fs, path = _fs(src, options)
+    fs, path = url_to_fs(src, options)
     if fs.isfile(path):
         if path.endswith(TABLE_SUFFIXES):
             return "table", src
@@ -529,7 +525,7 @@ def _folder_rows(src: str, cfg: SourceConfig, store: Store) -> Iterator[dict[str
     Memory stays bounded at any size: the listing is spilled to ``store``'s work area as
     it comes, then matched and sorted one range of keys at a time (:func:`_sorted_rows`);
     rows stream from it."""
-    fs, root = _fs(src, cfg.storage_options)
+    fs, root = url_to_fs(src, cfg.storage_options)
     remote = is_remote(src)
     if not remote:
         root = root.rstrip("/") or "/"
@@ -553,7 +549,7 @@ def why_empty(src: str, cfg: SourceConfig) -> str | None:
     first rows of a table, the listing up to the first file; writes nothing, so the CLI
     can ask before anything starts. An unreadable table raises ValueError naming it."""
     kind, uri = detect_kind(src, cfg.storage_options) if cfg.kind == "auto" else (cfg.kind, src)
-    fs, path = _fs(uri, cfg.storage_options)
+    fs, path = url_to_fs(uri, cfg.storage_options)
     if kind == "table":
         if any(t.num_rows for t in _table_batches(uri, cfg.storage_options, 1)):
             return None
@@ -595,7 +591,7 @@ def _read_sidecar(location: str, options: dict[str, Any]) -> bytes:
     """A sidecar's bytes; a local one opened without blocking and refused unless it is still
     a regular file (the listing saw one, but the folder may have changed since)."""
     if is_remote(location):
-        fs, path = _fs(location, options)
+        fs, path = url_to_fs(location, options)
         return fs.cat_file(path)
     return read_local(os.path.realpath(location), sys.maxsize)
 
@@ -612,7 +608,7 @@ def plan_partitions(src: str, store: Store, cfg: SourceConfig) -> tuple[str, lis
     Chunks of an earlier plan beyond this plan's last partition are removed."""
     kind, uri = detect_kind(src, cfg.storage_options) if cfg.kind == "auto" else (cfg.kind, src)
     if kind == "tars":
-        fs, path = _fs(uri, cfg.storage_options)
+        fs, path = url_to_fs(uri, cfg.storage_options)
         content = cfg.verify == "content"
         parts = [Partition(i, "tar", _full(fs, t, uri), "", file_stamp(fs, t, info, content=content))
                  for i, (t, info) in enumerate(tar_entries(fs, path))]
@@ -640,7 +636,7 @@ def _plan_table(store: Store, uri: str, cfg: SourceConfig) -> tuple[str, list[Pa
     and the partition size. A rerun on an unchanged table reads back the chunk list
     (:data:`TABLE_PLAN`) instead of reading and rewriting every row (minutes at 10⁸),
     unless a chunk file is missing."""
-    fs, path = _fs(uri, cfg.storage_options)
+    fs, path = url_to_fs(uri, cfg.storage_options)
     base = _full(fs, posixpath.dirname(path), uri)
     fp = unit_fingerprint("plan-table", code_version(__name__), [cfg.columns, cfg.partition_size],
                           [uri, file_stamp(fs, path, content=cfg.verify == "content")])

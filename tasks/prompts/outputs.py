@@ -1,5 +1,5 @@
 """What prompt qualification writes: its tables' schemas, the files under ``qualification/``
-and ``prompt_edition/``, their hashes, and the receipt's threshold and seed sections.
+and ``prompt_edition/``, and the receipt's threshold and seed sections.
 
 Every file is written from rows the signals and the rotation computed; nothing here
 decides anything, so the files of one run are byte-identical to a fresh run's."""
@@ -44,11 +44,6 @@ COHORT_SCHEMA = pa.schema([
     ("interval_low", pa.float64()), ("interval_high", pa.float64()), ("strata_used", pa.int32()),
     ("strata_dropped", pa.int32()), ("flagged", pa.bool_()),
 ])
-OUTPUTS = (QUALIFICATION_PROMPTS, QUALIFICATION_VARIANCE, QUALIFICATION_COHORTS, QUALIFICATION_CATEGORIES,
-           QUARANTINE_LEDGER, QUALIFICATION_SUMMARY, PROMPT_EDITION_PROMPTS, PROMPT_EDITION_MAPPING,
-           PROMPT_EDITION_META, PROMPT_EDITION_NORMALIZATION)  # what the receipt hashes
-
-
 def tally(values: Iterable[str]) -> dict[str, int]:
     """How often each value occurs, sorted by value (the summary's counts)."""
     return dict(sorted(Counter(values).items()))
@@ -90,11 +85,6 @@ def write_outputs(out: Store, prompts: list[dict[str, Any]], variance_rows: list
     out.write_json(PROMPT_EDITION_META, {"edition": edition, "previous_prompt_table_sha256": previous_sha256,
                                          "prompts": len(edition_rows), "rotation": results["rotation"]})
     out.write_json(QUALIFICATION_SUMMARY, results)
-
-
-def output_hashes(out: Store) -> dict[str, str]:
-    """SHA-256 of every output file this run wrote (the receipt's ``outputs``)."""
-    return {rel: out.sha256(rel) for rel in OUTPUTS if out.exists(rel)}
 
 
 def thresholds(density: DensityConfig | None, variance: VarianceConfig | None, cohorts: CohortConfig | None,

@@ -13,7 +13,6 @@ same bytes.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -28,11 +27,12 @@ from corpusforge.receipts import BUILD_FLOW
 from tasks.report.run_log import POINTER
 from corpusforge.storage import Store
 from tasks.shared.caption_summary import mix_by_split, share_table, word_stats
+from tasks.shared.output_hashes import output_hashes
 from tasks.shared.provenance import NOT_RECORDED, RANDOM_INIT_LABEL, weights_label
 
 _SKIP_PREFIXES = ("work/", f"{MARKERS}/", f"{VERSIONS_DIR}/")  # published versions: links of listed files
-MARKERS_PER_READ = 1024  # markers read by one batched ``cat`` of the output list
 _SKIP_FILES = (RECEIPT, RECEIPT_OUTPUTS, REPORT, REPORT_HTML, CHANGES_MD, CHANGES_TABLE, CURRENT)  # written after it
+OUTPUT_LIST_SKIPS = (*_SKIP_PREFIXES, *_SKIP_FILES)  # what the output list leaves out
 
 
 def input_snapshot_hash(store: Store, n_parts: int) -> str:
@@ -42,29 +42,6 @@ def input_snapshot_hash(store: Store, n_parts: int) -> str:
     for rel, marker in zip(rels, require_markers(store, rels, "ingest"), strict=True):  # read side by side
         h.update(marker.outputs[rel].encode())
     return h.hexdigest()
-
-
-def output_hashes(store: Store) -> dict[str, str]:
-    """SHA-256 of every output file (outside ``work/``, the markers and the receipt files).
-
-    Each comes from the marker of the unit that wrote it (read in batched ``cat`` calls);
-    only a file no marker records (a small file written outside the unit protocol, such as
-    the dataset card or the graph summary) is hashed here."""
-    root = store.fs._strip_protocol(store.root).rstrip("/")
-    prefix = root + "/"
-    paths = store.fs.find(root)
-    markers = [p for p in paths if p.startswith(f"{prefix}{MARKERS}/") and p.endswith(".json")]
-    recorded: dict[str, str] = {}
-    for start in range(0, len(markers), MARKERS_PER_READ):  # never every marker's bytes at once
-        for raw in store.fs.cat(markers[start:start + MARKERS_PER_READ]).values():
-            recorded.update(json.loads(raw).get("outputs", {}))
-    hashes: dict[str, str] = {}
-    for path in sorted(paths):
-        rel = path[len(prefix):] if path.startswith(prefix) else path
-        if rel.startswith(_SKIP_PREFIXES) or rel in _SKIP_FILES or "/." in f"/{rel}":
-            continue
-        hashes[rel] = recorded[rel] if rel in recorded else store.sha256(rel)
-    return hashes
 
 
 def output_stamp(store: Store) -> str:
@@ -125,7 +102,7 @@ def write_output_list(store: Store) -> dict[str, Any]:
     """Write ``receipt_outputs.parquet`` (every output file's path and SHA-256, sorted by
     path) and return the receipt's ``outputs`` entry: where the list is, how many files,
     the list file's SHA-256 and the digest of its pairs (:func:`corpusforge.contract.digest_of`)."""
-    hashes = output_hashes(store)
+    hashes = output_hashes(store, skip=OUTPUT_LIST_SKIPS, recorded=True)
     table = pa.table({"path": list(hashes), "sha256": list(hashes.values())}, schema=RECEIPT_OUTPUTS_SCHEMA)
     return {"list": RECEIPT_OUTPUTS, "files": len(hashes), "sha256": store.write_parquet(RECEIPT_OUTPUTS, table),
             "digest": digest_of(hashes)}

@@ -34,7 +34,7 @@ from typing import IO, Any
 import fsspec
 
 from corpusforge.records import Status
-from corpusforge.storage import is_remote, with_s3_defaults
+from corpusforge.storage import is_remote, open_uri, url_to_fs
 from tasks.shared.validate import ValidationConfig, validate_image
 
 SCHEME_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")  # file:/x, local:/x, c:/x
@@ -160,7 +160,7 @@ def open_input(location: str, roots: Sequence[str], storage_options: dict[str, A
     (the folder may have changed since it was resolved). Raises :class:`InputRefused`
     (its reason as :func:`resolve_input`'s, naming ``path``), and OSError as opening does."""
     if is_remote(location):
-        return fsspec.open(location, "rb", **with_s3_defaults(location, storage_options)).open()
+        return open_uri(location, storage_options)
     if why := local_file_refusal(location, roots):
         raise InputRefused(unsafe_path_reason(path or location, why))
     return _open_local(os.path.realpath(location))
@@ -208,7 +208,7 @@ def list_folder(uri: str, storage_options: dict[str, Any]) -> list[tuple[str, di
     if not is_remote(uri):
         root = uri.rstrip("/") or "/"
         return sorted((posixpath.relpath(p, root), None) for p, _ in walk_local(root))
-    fs, root = fsspec.core.url_to_fs(uri, **with_s3_defaults(uri, storage_options))
+    fs, root = url_to_fs(uri, storage_options)
     root = root.rstrip("/")
     return [(p[len(root) + 1:], info) for p, info in sorted(fs.find(root, detail=True).items())]
 

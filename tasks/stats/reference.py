@@ -30,7 +30,6 @@ holds more than one shard's features plus the partials:
 from __future__ import annotations
 
 import hashlib
-import heapq
 import io
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -54,6 +53,7 @@ from tasks.stats.config import MetricsConfig, SampleConfig
 from tasks.stats.gpic_stats import gpic_stats_bytes
 from tasks.stats.moments import Moments
 from tasks.shared.provenance import model_deviations
+from tasks.shared.sampling import SmallestKeys
 from tasks.stats.subsample import KeyedSample
 
 SPLITS = ("train", "val", "test")
@@ -118,26 +118,6 @@ class ReferencePlan:
         return sorted(self.shards, key=lambda s: (-self.shard_records.get(s, 0), s))
 
 
-class _Smallest:
-    """The ``k`` smallest priorities seen (with an item each), in O(k) memory."""
-
-    def __init__(self, k: int):
-        self.k, self.heap = k, []  # max-heap through negation
-
-    def push(self, priority: float, item: str = "") -> None:
-        if len(self.heap) < self.k:
-            heapq.heappush(self.heap, (-priority, item))
-        elif self.k and -priority > self.heap[0][0]:
-            heapq.heapreplace(self.heap, (-priority, item))
-
-    def threshold(self) -> float:
-        """Largest kept priority (−1 when nothing is kept: no priority is that small)."""
-        return -self.heap[0][0] if self.heap else -1.0
-
-    def items(self) -> list[str]:
-        return [item for _, item in self.heap]
-
-
 def manifest_files(store: Store) -> list[str]:
     return [f"{MANIFEST_DIR}/{n}" for n in store.listdir(MANIFEST_DIR) if n.endswith(".parquet")]
 
@@ -179,26 +159,30 @@ def scan_manifest(store: Store, groups: Sequence[str], sample: SampleConfig = Sa
     splits = pa.array(sorted(base.splits()), pa.string())
     shards: Counter[str] = Counter()
     counts: Counter[str] = Counter()
-    samples = {g: _Smallest(sample.max_rows) for g in base.groups}
-    subset = _Smallest(subset_size) if TEST_SUBSET in base.groups else None
+    samples = {g: SmallestKeys(sample.max_rows, sample.seed) for g in base.groups}
+    subset = SmallestKeys(subset_size, subset_seed) if TEST_SUBSET in base.groups else None
     for batch in _kept_rows(store, files, splits):
         cols = batch.to_pydict()
         shards.update(s for s in cols["staging_shard"] if s is not None)  # records per shard
+        members: dict[str, tuple[list[str], list[float]]] = {g: ([], []) for g in base.groups}
         for key, split, tier in zip(cols["key"], cols["split"], cols["tier"], strict=True):
             in_groups = base.groups_of(key, split, tier)
             counts.update(in_groups)
             if in_groups:
-                priority = stable_uniform(sample.seed, key)
+                priority = stable_uniform(sample.seed, key)  # once per row, not once per group
                 for g in in_groups:
-                    samples[g].push(priority)
-            if subset is not None and split == "test":
-                subset.push(stable_uniform(subset_seed, key), key)
+                    members[g][0].append(key)
+                    members[g][1].append(priority)
+        for g, (keys, priorities) in members.items():
+            samples[g].add(keys, np.array(priorities, np.float64))
+        if subset is not None:
+            subset.add([k for k, split in zip(cols["key"], cols["split"], strict=True) if split == "test"])
     threshold = None
     if subset is not None:
         threshold = subset.threshold()
-        counts[TEST_SUBSET] = len(subset.heap)
-        for key in subset.items():
-            samples[TEST_SUBSET].push(stable_uniform(sample.seed, key))
+        chosen = sorted(subset.keys())
+        counts[TEST_SUBSET] = len(chosen)
+        samples[TEST_SUBSET].add(chosen)
     plan = GroupPlan(base.groups, base.tiers, subset_seed, threshold, sample.max_rows, sample.seed,
                      {g: h.threshold() for g, h in samples.items()})
     return ReferencePlan(plan, sorted(shards), {g: counts.get(g, 0) for g in plan.groups}, manifest_sha256(store),
