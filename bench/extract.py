@@ -49,7 +49,7 @@ from sample_corpus.scenes import draw_scene, render_scene  # noqa: E402
 from tasks.shared.features.config import FeaturesConfig, ModelSpec, RuntimeConfig  # noqa: E402
 from tasks.shared.features.decode import decode_rgb  # noqa: E402
 from tasks.shared.features.extract import decode_size, extract_shard, load_models  # noqa: E402
-from tasks.staging import images_digest  # noqa: E402
+from tasks.staging.stage import images_digest  # noqa: E402
 
 SHARD = "bench"
 

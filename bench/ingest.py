@@ -44,7 +44,7 @@ from sample_corpus import write_sample_corpus
 from tasks.ingest.exact_dedup import deduplicate
 from tasks.ingest.partition import ingest_partition
 from tasks.ingest.sources import SourceConfig, plan_partitions
-from tasks.staging import StagingConfig, plan_staging, shard_records, write_staging_shard
+from tasks.staging.stage import StagingConfig, plan_staging, shard_records, write_staging_shard
 from tasks.shared.validate import ValidationConfig
 
 PROTOCOL = "counted"
@@ -149,7 +149,7 @@ def main() -> None:
         deduplicate(store, [m.digest for m in ingested], len(ingested), 4, args.shard_size, resolved.__setitem__)
         shards = plan_staging([resolved[p].info for p in range(len(ingested))], args.shard_size)
 
-        code_version("tasks.staging")  # hashed once per worker process: not part of the throughput
+        code_version("tasks.staging.stage")  # hashed once per worker process: not part of the throughput
         staged = [r for s in shards for r in shard_records(store, s)]
         total_bytes = sum(r["bytes"] for r in staged)
         staging_read, pairs = 0, []

@@ -157,7 +157,7 @@ class Scale:
     @classmethod
     def of(cls, n: int) -> Scale:
         from tasks.ingest.sources import SourceConfig
-        from tasks.staging import StagingConfig
+        from tasks.staging.stage import StagingConfig
 
         parts = math.ceil(n / SourceConfig().partition_size)
         return cls(n, parts, max(1, round(n / StagingConfig().shard_size)), StagingConfig().buckets_for(parts))
@@ -263,7 +263,7 @@ def write_staging(store, sc: Scale) -> None:
     from corpusforge.layout import STAGING_RECORDS_SCHEMA, staging_index, staging_records, staging_tar
     from corpusforge.storage import parquet_bytes
     from corpusforge.tarshard import write_tar
-    from tasks.staging import to_sample
+    from tasks.staging.stage import to_sample
 
     size = math.ceil(sc.kept / sc.shards)
     part_size = math.ceil(sc.n / sc.parts)

@@ -41,7 +41,7 @@ from corpusforge.progress import RunProgress, run_progress
 from corpusforge.receipts import BUILD_FLOW, flow_receipt
 from corpusforge.storage import Store
 from tasks.captions.config import CaptioningConfig
-from tasks.captions.eval_set import EVAL_PLANS, WRITE_EVAL_CAPTIONS, EvalCaptionsConfig, write_test_plan_list
+from tasks.captions.eval_captions import EVAL_PLANS, WRITE_EVAL_CAPTIONS, EvalCaptionsConfig, write_test_plan_list
 from tasks.captions.stage import captioning_stage
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.stage import near_duplicate_stage
@@ -62,7 +62,7 @@ from tasks.report.run_log import StageClock, write_run_log
 from tasks.report.write import write_receipt
 from tasks.shared.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
 from tasks.shared.features.extract import extract_features, receipt_section
-from tasks.staging import WRITE_STAGING_SHARD, StagingConfig, plan_staging
+from tasks.staging.stage import WRITE_STAGING_SHARD, StagingConfig, plan_staging
 from tasks.stats.stage import PARTIALS, SCAN_MANIFEST, ReferenceStatsConfig, reference_stats_stage
 
 
@@ -131,7 +131,7 @@ class BuildConfig(FlowConfig):
 
 # The build's code (its receipt's code_version; `corpusforge plan` compares it): a change
 # anywhere reaches the whole stages.
-BUILD_MODULES = ("tasks.ingest.fetch.unit", "tasks.ingest.partition", "tasks.ingest.exact_dedup", "tasks.staging", "tasks.shared.features.extract",
+BUILD_MODULES = ("tasks.ingest.fetch.unit", "tasks.ingest.partition", "tasks.ingest.exact_dedup", "tasks.staging.stage", "tasks.shared.features.extract",
                  "tasks.graph.stage", "tasks.captions.stage", "tasks.release.publish", "tasks.stats.stage")
 
 

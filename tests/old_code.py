@@ -20,7 +20,7 @@ MOVED = {"tasks.sources": "tasks.ingest.sources", "tasks.validate": "tasks.share
          "tasks.manifest": "tasks.release.manifest", "tasks.release_image": "tasks.release.release_image",
          "tasks.release_card": "tasks.release.release_card", "tasks.release": "tasks.release.shards",
          "tasks.receipt": "tasks.report.receipt", "tasks.run_log": "tasks.report.run_log",
-         "tasks.changes": "tasks.report.changes"}
+         "tasks.changes": "tasks.report.changes", "tasks.staging": "tasks.staging.stage"}
 _IMPORT = re.compile(r"^(\s*from )(tasks(?:\.\w+)+)( import )", re.M)
 
 

@@ -3,7 +3,7 @@
 ``staging/tars/{shard}.tar``, ``staging/index/{shard}.parquet``,
 ``staging/records/{shard}.parquet`` and last the unit's marker
 ``_markers/staging/tars/{shard}.tar.json`` (stage contract), whose ``info.images`` is
-what the feature stage's fingerprint reads (:func:`tasks.staging.images_digest`).
+what the feature stage's fingerprint reads (:func:`tasks.staging.stage.images_digest`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from corpusforge.contract import finish_unit
 from corpusforge.layout import STAGING_RECORDS_SCHEMA, staging_index, staging_records, staging_tar
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample, write_tar
-from tasks.staging import images_digest
+from tasks.staging.stage import images_digest
 
 
 def write_staging_shard(store: Store, shard: str, records: list[dict[str, Any]], samples: list[Sample]

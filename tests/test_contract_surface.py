@@ -62,7 +62,7 @@ UNIT_MODULES = ["corpusforge.contract", "tasks.shared.features.extract", "tasks.
                 "tasks.graph.stage", "tasks.stats.evaluate", "tasks.stats.stage", "tasks.report.receipt",
                 "tasks.report.changes", "tasks.report.write", "tasks.release.publish", "tasks.ingest.exact_dedup",
                 "tasks.ingest.partition", "tasks.ingest.sources", "tasks.ingest.fetch.unit", "tasks.prompts.signals",
-                "tasks.captions.eval_set", "tasks.captions.stage", "tasks.staging", "flows.evaluate"]
+                "tasks.captions.eval_captions", "tasks.captions.stage", "tasks.staging.stage", "flows.evaluate"]
 # Units that do not return a UnitResult yet, and why (issue 32: each goes when its stage is converted).
 NOT_A_UNIT_RESULT = {
     # one-off global steps run through contract.run_step (keyed): their result is the step marker's

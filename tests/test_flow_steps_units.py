@@ -21,7 +21,7 @@ from corpusforge.hashing import stable_uniform
 from corpusforge.layout import EVAL_CAPTIONS, EVAL_CAPTIONS_SCHEMA, RECEIPT, REPORT, release_plan_path, staging_index, \
     staging_tar
 from corpusforge.storage import Store
-from tasks.captions.eval_set import WRITE_EVAL_CAPTIONS, EvalCaptionsConfig, write_eval_captions, write_test_plan_list
+from tasks.captions.eval_captions import WRITE_EVAL_CAPTIONS, EvalCaptionsConfig, write_eval_captions, write_test_plan_list
 from tasks.release.shards import plan_release_files, write_staged_list
 from tasks.release.splits import SplitConfig
 from tasks.shared.sampling import SmallestKeys
@@ -171,7 +171,7 @@ def test_the_eval_caption_set_reads_input_captions_from_s3_as_from_a_disk(tmp_pa
     from_s3 = write_eval_captions(store, write_test_plan_list(store, release), cfg, source=remote)
     assert from_s3 == local and local["captions"] == 25
     # an empty caption is an empty span: no range request (S3 refuses an empty range)
-    from tasks.captions.eval_set import _read_spans
+    from tasks.captions.eval_captions import _read_spans
 
     assert _read_spans(remote, staging_tar("000000"), [(0, 0), (512, 4), (100, 0)]) == \
         [b"", store.read_bytes(staging_tar("000000"))[512:516], b""]

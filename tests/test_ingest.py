@@ -155,7 +155,7 @@ def test_staging_copies_the_ingest_spill_and_never_rereads_the_source(tmp_path):
     from corpusforge.contract import marker_path, read_marker
     from corpusforge.layout import spill_path, staging_tar
     from corpusforge.tarshard import iter_tar_samples
-    from tasks.staging import plan_staging, write_staging_shard
+    from tasks.staging.stage import plan_staging, write_staging_shard
 
     src = tmp_path / "src"
     a, b = jpeg(300, 200, 1), jpeg(320, 200, 2)

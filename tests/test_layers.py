@@ -41,7 +41,7 @@ PLANTED = [
     ("tasks/shared/planted.py", "from tasks.release.splits import SPLITS", "The shared package imports no stage"),
     ("tasks/graph/planted.py", "from corpusforge.cluster import fan_out", "Prefect and the fan-out only in flows/"),
     ("tasks/captions/planted.py", "import prefect", "Prefect and the fan-out only in flows/"),
-    ("corpusforge/planted.py", "from tasks.staging import plan_staging", "flows -> tasks -> corpusforge"),
+    ("corpusforge/planted.py", "from tasks.staging.stage import plan_staging", "flows -> tasks -> corpusforge"),
 ]
 
 

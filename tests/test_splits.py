@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tasks.release.splits import SplitConfig, assign_splits, plan_release, tier_counts
-from tasks.staging import plan_staging
+from tasks.staging.stage import plan_staging
 
 TYPES = ["tag", "short", "medium", "long"]
 

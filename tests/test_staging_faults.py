@@ -22,7 +22,7 @@ from corpusforge.storage import Store
 from tasks.ingest.exact_dedup import deduplicate
 from tasks.ingest.partition import ingest_partition
 from tasks.ingest.sources import SourceConfig, plan_partitions
-from tasks.staging import plan_staging, write_staging_shard
+from tasks.staging.stage import plan_staging, write_staging_shard
 from tasks.shared.validate import ValidationConfig
 from tests.test_ingest import jpeg
 

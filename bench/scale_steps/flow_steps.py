@@ -121,7 +121,7 @@ def _eval_sizes(n: int) -> dict[str, int]:
     """What each run's peak follows: the probe set's, N (its set is the same size at every N, so
     any growth is the step's own: the line through N projects it); the default set's, its
     captions (min(size, test split): 970 and 9,700 at 10k and 100k, 50,000 at 10⁸)."""
-    from tasks.captions.eval_set import EvalCaptionsConfig
+    from tasks.captions.eval_captions import EvalCaptionsConfig
 
     return {"probe set": n, "default set": min(EvalCaptionsConfig().size, _test_records(n))}
 
@@ -132,7 +132,7 @@ def run_eval_captions(store: Any, sc: Scale, data: str) -> dict[str, Any]:
     first, then the default size. The probe's peak is its own; the default's is the step's
     peak over both (a process's freed memory is reused, so never less than its own)."""
     from bench.scale import _reset_peak, _status_bytes  # defined after the area modules load
-    from tasks.captions.eval_set import EvalCaptionsConfig, write_eval_captions, write_test_plan_list
+    from tasks.captions.eval_captions import EvalCaptionsConfig, write_eval_captions, write_test_plan_list
 
     plans = write_test_plan_list(store, _release(data))
     start = _reset_peak()
@@ -151,7 +151,7 @@ def run_eval_captions(store: Any, sc: Scale, data: str) -> dict[str, Any]:
 
 
 STEPS["eval_captions"] = Step("eval_captions", run_eval_captions, ("staging", "release_plan"), "task",
-                              ("tasks.captions.eval_set",), regime=_eval_regime, task_sizes=_eval_sizes)
+                              ("tasks.captions.eval_captions",), regime=_eval_regime, task_sizes=_eval_sizes)
 
 
 @step("stats_scan_manifest", ("staging", "release_plan", "manifest"), "task", ("tasks.stats.reference",))

@@ -13,7 +13,7 @@ from corpusforge.contract import Marker, explain, read_marker
 from corpusforge.layout import STAGING_TARS, staging_tar
 from corpusforge.plans import StagePlan, deletions, unknown_units
 from corpusforge.storage import Store
-from tasks.staging import images_digest, plan_staging, shard_table, staging_key
+from tasks.staging.stage import images_digest, plan_staging, shard_table, staging_key
 
 
 def plan_units(store: Store, resolved: Sequence[Marker | None], shard_size: int) -> list[StagePlan]:
