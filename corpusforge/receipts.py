@@ -8,7 +8,7 @@ sections (inputs, counts, results, output hashes):
   ``contamination``, ``qualify-prompts``), the name its runs have in the Prefect UI;
 - ``code_version``: the package version plus a hash of the source of the flow's stage
   modules and their imports (:func:`corpusforge.version.code_version`, e.g. ``0.1.0+…``);
-- ``config``: the flow's config as JSON, credentials (:func:`corpusforge.secrets.is_secret`)
+- ``config``: the flow's config as JSON, credentials (:func:`corpusforge.config.is_secret`)
   replaced by ``***``.
 
 Receipts written before issue 23 spell the flow ``build_corpus``, ``near_dedup`` and
@@ -24,14 +24,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from corpusforge.secrets import Path, is_secret
+from corpusforge.config import is_secret
 from corpusforge.version import code_version
 
 BUILD_FLOW = "build-corpus"  # the build's flow name: readers tell a build's receipt by it
 
 
-def redact(obj: Any, path: Path = ()) -> Any:
-    """``obj`` with every credential (:func:`corpusforge.secrets.is_secret`: in storage options,
+def redact(obj: Any, path: tuple[Any, ...] = ()) -> Any:
+    """``obj`` with every credential (:func:`corpusforge.config.is_secret`: in storage options,
     an endpoint's key) replaced by '***'; other values, whatever their name, are kept."""
     if isinstance(obj, dict):
         return {k: "***" if is_secret((*path, k)) else redact(v, (*path, k)) for k, v in obj.items()}

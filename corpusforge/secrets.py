@@ -30,27 +30,12 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-SECRET_BLOCK = "secret_block"
-# Credentials are options of a storage (s3fs's key, secret and token, botocore's aws_*, in any
-# ``*storage_options`` mapping) or an endpoint's api_key. Elsewhere these words name other
-# things (``input.columns.key``, a judge's ``max_tokens``), which are not secrets.
-_SECRET_WORDS = ("secret", "password", "token", "key_id", "access_key", "credential", "session_key")
-_OPTIONS = "storage_options"
-_CREDENTIALS = {"api_key"}
+from corpusforge.config import SECRET_BLOCK, is_secret
 
 M = TypeVar("M", bound=BaseModel)
 Path = tuple[Any, ...]
 
 _HELD: contextvars.ContextVar[dict[Path, Any] | None] = contextvars.ContextVar("corpusforge_secrets", default=None)
-
-
-def is_secret(path: Path) -> bool:
-    """True when the value at ``path`` in a config holds a credential (see :data:`_OPTIONS`)."""
-    name = str(path[-1]).lower()
-    if name in _CREDENTIALS:
-        return True
-    in_options = any(str(p).endswith(_OPTIONS) for p in path[:-1])
-    return in_options and name != SECRET_BLOCK and (name == "key" or any(w in name for w in _SECRET_WORDS))
 
 
 def find_secrets(obj: Any, path: Path = ()) -> dict[Path, Any]:
