@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from corpusforge.secrets import has_secret_blocks
-from corpusforge.storage import Store, is_remote, require_separate
+from corpusforge.storage import is_remote, require_separate
 
 PROBE_SECONDS = 20.0  # longest a storage probe may take before the storage counts as unreachable
 
