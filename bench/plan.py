@@ -29,7 +29,7 @@ from corpusforge.contract import finish_unit, run_unit
 from corpusforge.layout import resolved_path
 from corpusforge.plans import StagePlan, judge_unit
 from corpusforge.storage import Store
-from flows.build_corpus import BuildConfig, run_build
+from flows.build_corpus import BUILD_MODULES, BuildConfig, run_build
 from flows.plan import plan_build
 from sample_corpus import write_sample_corpus
 from tasks.ingest.exact_dedup import combine_digests, resolve_key
@@ -55,7 +55,7 @@ def real_corpus(n: int, root: Path) -> dict[str, float]:
         work = run_build(cfg)["work"]
         rerun = time.perf_counter() - started
     started = time.perf_counter()
-    plans = plan_build(cfg)
+    plans = plan_build(cfg, BUILD_MODULES)
     plan = time.perf_counter() - started
     units = sum(len(s.units) for s in plans)
     recomputed = sum(w["computed"] for w in (work["ingest"], work["staging"], work["publish"]["release_shards"]))

@@ -25,10 +25,10 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import Field, model_validator
 
-from corpusforge.config import StrictModel
-
 from corpusforge import logs
+from corpusforge.config import StrictModel
 from corpusforge.contract import MARKER_WINDOW, Sink, Unit, in_process, probe, tree_reduce
+from corpusforge.progress import task_progress
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -199,11 +199,17 @@ def as_task(fn: Callable[..., Any], name: str, *, probe: bool = False, **options
     defaults: dict[str, Any] = {"retries": 2, "retry_delay_seconds": exponential_backoff(backoff_factor=2),
                                 "retry_jitter_factor": 0.5, "retry_condition_fn": retry_transient}
     settings = {"cache_policy": NO_CACHE, "persist_result": False, **defaults, **options}
-    unit = task(fn, name=name, **settings)
+
+    @functools.wraps(fn)
+    def one(*args: Any, **kwargs: Any) -> Any:
+        logs.install(run_logger)  # a task run's start on its worker: the stage's lines reach the run's log
+        return fn(*args, **kwargs)
+
+    unit = task(one, name=name, **settings)
 
     def units(calls: list[dict[str, Any]], part: int, parts: int) -> list[Any]:
         # a retried batch calls every unit again: the finished ones skip by their markers
-        return [fn(**kwargs) for kwargs in calls]
+        return [one(**kwargs) for kwargs in calls]
 
     units.__qualname__ = units.__name__ = f"{fn.__name__}_batch"
     unit.batch = task(units, name=name, task_run_name=f"{name} {{part}}/{{parts}}", **settings)
@@ -220,9 +226,6 @@ def run_logger() -> logging.Logger | logging.LoggerAdapter:
     if FlowRunContext.get() is None and TaskRunContext.get() is None:
         return logging.getLogger("corpusforge")
     return get_run_logger()
-
-
-logs.install(run_logger)
 
 
 _RESOURCES: contextvars.ContextVar[DaskConfig | None] = contextvars.ContextVar("corpusforge_dask", default=None)
@@ -317,8 +320,6 @@ def stream_tasks(t, calls: list[dict[str, Any]], sink: Sink) -> None:
     time in :data:`PROBE_THREADS` threads: the current ones go to ``sink`` here, and only
     the others become task runs, so a rerun that changes nothing spends no task run on them."""
     from prefect.context import FlowRunContext
-
-    from corpusforge.progress import task_progress
 
     progress = task_progress()
     if progress is not None:
@@ -503,6 +504,7 @@ def cluster_flow(fn: Callable[[Any], Any], name: str) -> tuple[Any, Callable[[An
 
     def on_dask(config: Any) -> Any:
         # (module-level helpers only: Prefect pickles this function with the run context)
+        logs.install(run_logger)  # the flow run's start: the stages' lines reach its log
         with dask_config(config.dask):
             return fn(with_secrets(config))  # credentials in memory only, never a parameter
 

@@ -1,4 +1,5 @@
-"""The base of every configuration model: strict pydantic, loadable from YAML, old keys mapped.
+"""The base of every configuration model: strict pydantic, loadable from YAML, old keys mapped;
+and which of a config's values are credentials (:func:`is_secret`).
 
 Strict (unknown keys are errors) so a misspelt setting fails loudly instead of silently
 keeping its default; field titles and descriptions become the Prefect UI's form. A model
@@ -19,6 +20,25 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 log = logging.getLogger(__name__)
 _warned: set[str] = set()
+
+SECRET_BLOCK = "secret_block"  # names a Prefect Secret block in storage options (corpusforge.secrets)
+# Credentials are options of a storage (s3fs's key, secret and token, botocore's aws_*, in any
+# ``*storage_options`` mapping) or an endpoint's api_key. Elsewhere these words name other
+# things (``input.columns.key``, a judge's ``max_tokens``), which are not secrets.
+_SECRET_WORDS = ("secret", "password", "token", "key_id", "access_key", "credential", "session_key")
+_OPTIONS = "storage_options"
+_CREDENTIALS = {"api_key"}
+
+
+def is_secret(path: tuple[Any, ...]) -> bool:
+    """True when the value at ``path`` in a config dumped as JSON holds a credential: what
+    receipts redact (:func:`corpusforge.receipts.redact`) and flow parameters must not carry
+    (:mod:`corpusforge.secrets`)."""
+    name = str(path[-1]).lower()
+    if name in _CREDENTIALS:
+        return True
+    in_options = any(str(p).endswith(_OPTIONS) for p in path[:-1])
+    return in_options and name != SECRET_BLOCK and (name == "key" or any(w in name for w in _SECRET_WORDS))
 
 
 def _move(data: dict[str, Any], old: str, new: str) -> bool:

@@ -26,6 +26,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from corpusforge.logs import stage_logger
+
 # What a stage measures of each finished unit's result (e.g. the fetch: URLs and bytes), shown
 # with its units as totals and, for bytes, a rate.
 Measure = Callable[[Any], dict[str, float]]
@@ -123,11 +125,6 @@ class RunProgress:
         done = [s for s in self.stages if s in self.finished]
         return current.line() + (f"; finished: {', '.join(done)}" if done else "")
 
-    def _logger(self) -> logging.Logger | logging.LoggerAdapter:
-        from corpusforge.cluster import run_logger
-
-        return run_logger()
-
     def _push(self, force: bool = False) -> None:
         now = time.monotonic()
         if self._bar is not None:
@@ -148,7 +145,7 @@ class RunProgress:
                 log.debug("progress artifact not updated: %s", exc)
         if self._bar is None and (force or now - self._last_log >= self.log_every):
             self._last_log = now
-            self._logger().info("progress %.0f%%: %s", self.percent, self.describe())
+            stage_logger().info("progress %.0f%%: %s", self.percent, self.describe())
 
     # ---- stages ----------------------------------------------------------------------
     @contextlib.contextmanager
@@ -197,7 +194,7 @@ class RunProgress:
             except Exception as exc:  # noqa: BLE001
                 log.debug("progress artifact not updated: %s", exc)
         if self._bar is None:
-            self._logger().info("progress 100%%: %s done", self.flow)
+            stage_logger().info("progress 100%%: %s done", self.flow)
 
     def _start_bar(self) -> None:
         """A rich progress bar on stderr when it is a terminal (the CLI runs flows in-process)."""

@@ -8,7 +8,8 @@ sections (inputs, counts, results, output hashes):
   ``contamination``, ``qualify-prompts``), the name its runs have in the Prefect UI;
 - ``code_version``: the package version plus a hash of the source of the flow's stage
   modules and their imports (:func:`corpusforge.version.code_version`, e.g. ``0.1.0+…``);
-- ``config``: the flow's config as JSON, values of secret-looking keys replaced by ``***``.
+- ``config``: the flow's config as JSON, credentials (:func:`corpusforge.config.is_secret`)
+  replaced by ``***``.
 
 Receipts written before issue 23 spell the flow ``build_corpus``, ``near_dedup`` and
 ``prompt-qualification``, and a contamination receipt names its code version
@@ -23,21 +24,19 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from corpusforge.config import is_secret
 from corpusforge.version import code_version
 
 BUILD_FLOW = "build-corpus"  # the build's flow name: readers tell a build's receipt by it
 
-_SECRET_WORDS = ("secret", "password", "token", "key_id", "access_key", "credential")
-_SECRET_NAMES = {"key", "api_key"}  # s3fs's name for the access key id; a chat endpoint's key
 
-
-def redact(obj: Any) -> Any:
-    """Replace values of secret-looking keys (credentials in storage options) by '***'."""
+def redact(obj: Any, path: tuple[Any, ...] = ()) -> Any:
+    """``obj`` with every credential (:func:`corpusforge.config.is_secret`: in storage options,
+    an endpoint's key) replaced by '***'; other values, whatever their name, are kept."""
     if isinstance(obj, dict):
-        return {k: "***" if str(k).lower() in _SECRET_NAMES or any(w in str(k).lower() for w in _SECRET_WORDS)
-                else redact(v) for k, v in obj.items()}
+        return {k: "***" if is_secret((*path, k)) else redact(v, (*path, k)) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [redact(v) for v in obj]
+        return [redact(v, (*path, i)) for i, v in enumerate(obj)]
     return obj
 
 

@@ -30,9 +30,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-SECRET_BLOCK = "secret_block"
-_SECRET_WORDS = ("secret", "password", "token", "key_id", "access_key", "credential", "session_key")
-_SECRET_NAMES = {"key", "api_key", "aws_access_key_id", "aws_secret_access_key", "aws_session_token"}
+from corpusforge.config import SECRET_BLOCK, is_secret
 
 M = TypeVar("M", bound=BaseModel)
 Path = tuple[Any, ...]
@@ -40,20 +38,12 @@ Path = tuple[Any, ...]
 _HELD: contextvars.ContextVar[dict[Path, Any] | None] = contextvars.ContextVar("corpusforge_secrets", default=None)
 
 
-def is_secret_name(name: Any) -> bool:
-    """True for option names that hold credentials (s3fs's ``key``/``secret``, tokens, …)."""
-    lowered = str(name).lower()
-    if lowered == SECRET_BLOCK:
-        return False
-    return lowered in _SECRET_NAMES or any(w in lowered for w in _SECRET_WORDS)
-
-
 def find_secrets(obj: Any, path: Path = ()) -> dict[Path, Any]:
-    """Every non-empty value under a secret-looking name, by its path in ``obj``."""
+    """Every non-empty credential (:func:`is_secret`), by its path in ``obj``."""
     found: dict[Path, Any] = {}
     if isinstance(obj, dict):
         for k, v in obj.items():
-            if is_secret_name(k) and v not in (None, "", {}, []):
+            if is_secret((*path, k)) and v not in (None, "", {}, []):
                 found[(*path, k)] = v
             else:
                 found.update(find_secrets(v, (*path, k)))

@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from corpusforge.artifacts import publish_plan_artifact, publish_run_artifacts
+from corpusforge.artifacts import publish_run_artifacts
 from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, output_concurrency, root_flow_run, run_logger
 from corpusforge.config import FlowConfig
 from corpusforge.contract import (COMPUTED, SWEEP_TEMP_FILES, forget_step, keyed, prune, remove_tree, step_call,
@@ -40,6 +40,7 @@ from corpusforge.layout import (CAPTIONS_DIR, CAPTION_JOURNAL_DIR, CAPTION_PLAN_
 from corpusforge.progress import RunProgress, run_progress
 from corpusforge.receipts import BUILD_FLOW, flow_receipt
 from corpusforge.storage import Store
+from flows.plan import plan_build, plan_data, plan_only
 from tasks.captions.config import CaptioningConfig
 from tasks.captions.eval_captions import EVAL_PLANS, WRITE_EVAL_CAPTIONS, EvalCaptionsConfig, write_test_plan_list
 from tasks.captions.stage import captioning_stage
@@ -150,15 +151,17 @@ PROGRESS_STAGES = [("fetch", "fetch-partition", "URL-list partitions"),
 CHANGES = (CHANGES_MD, CHANGES_TABLE)  # the account of changes since the version before
 
 
+def plan_run(config: BuildConfig) -> dict[str, Any]:
+    """The build's plan hook (``corpusforge plan``, ``plan_only``): what it would skip,
+    recompute or delete, and why (:mod:`flows.plan`); writes nothing."""
+    return plan_data(config, plan_build(config, BUILD_MODULES))
+
+
 def build(config: BuildConfig) -> dict[str, Any]:
     """Build (or bring up to date) the corpus at ``config.out``; return counts and the work done.
-    With ``plan_only``, write nothing and return the plan (:mod:`flows.plan`)."""
+    With ``plan_only``, write nothing and return the plan."""
     if config.plan_only:
-        from flows.plan import plan_build, plan_data, render_plan
-
-        data = plan_data(config, plan_build(config))
-        publish_plan_artifact(BUILD_FLOW, render_plan(data), config.out)
-        return data
+        return plan_only(BUILD_FLOW, plan_run(config))
     stages = [s for s in PROGRESS_STAGES if (s[0] != "features" or config.features.models)
               and (s[0] != "fetch" or config.fetch.user_agent is not None)
               and (s[0] != "graph queries" or config.near_dedup) and (s[0] != "captioning" or config.captioning)]

@@ -14,6 +14,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import NoReturn
 
 
@@ -62,31 +63,28 @@ def _output_lease(config, wait: bool) -> contextlib.AbstractContextManager:
 
 def _plan(args: argparse.Namespace) -> int:
     """A build's plan (``--source``, ``--out``), or a flow's on a built corpus (``plan FLOW --config``)."""
-    from flows.preflight import UserError, as_user_error, check_build, check_flow, load_config
+    from flows.plan import render_plan
+    from flows.preflight import UserError, as_user_error, check_build, load_config
 
     if args.flow is not None:
         if args.source or args.out or args.config:
             raise UserError(f"plan {args.flow} takes its flow's --config only (after the flow's name); "
                             "--source and --out plan a build")
-        from flows.plan import render_plan
-        from flows.plan_corpus import flow_plan_data
-
-        module, config_class, _, _ = FLOW_COMMANDS[args.flow]
-        config = load_config(getattr(importlib.import_module(module), config_class), args.flow_config)
-        check_flow(args.flow, config)  # the flow's own preflight: reads only
+        flow = flow_module(args.flow)
+        config = load_config(getattr(flow, FLOW_COMMANDS[args.flow][1]), args.flow_config)
+        flow.preflight(config)  # reads only
         with as_user_error():  # what the run would refuse (a shard without features, an empty split)
-            data = flow_plan_data(args.flow, config)
+            data = flow.plan_run(config)
         print(json.dumps(data, indent=2, sort_keys=True) if args.flow_json or args.json else render_plan(data))
         return 0
     if not (args.source and args.out):
         raise UserError("plan needs --source and --out (a build), or a flow: plan {"
                         + ",".join(PLANNED_FLOWS) + "} --config FILE")
-    from flows.build_corpus import BuildConfig
-    from flows.plan import plan_build, plan_data, render_plan
+    from flows.build_corpus import BuildConfig, plan_run
 
     config = load_config(BuildConfig, args.config, source=args.source, out=args.out)
     check_build(config)
-    data = plan_data(config, plan_build(config))
+    data = plan_run(config)
     print(json.dumps(data, indent=2, sort_keys=True) if args.json else render_plan(data))
     return 0
 
@@ -152,10 +150,13 @@ def _sample(args: argparse.Namespace) -> int:
     return 0
 
 
-# The flows on a built corpus that `corpusforge plan FLOW --config FILE` plans (flows/plan_corpus.py).
+# The flows on a built corpus that `corpusforge plan FLOW --config FILE` plans (each module's plan_run).
 PLANNED_FLOWS = ("extract-features", "reference-stats", "near-dedup", "contamination", "qualify-prompts", "evaluate")
 
-# Flows that run on an existing corpus: subcommand -> (module, config class, runner, help).
+# The registry of the flows that run on an existing corpus: subcommand -> (module, config
+# class, runner, help). Each module owns its config, its `preflight(config)` (read-only
+# checks before anything starts) and its `plan_run(config)` (the plan, writing nothing);
+# only this CLI lists them, so no flow imports another.
 FLOW_COMMANDS = {
     "extract-features": ("flows.extract_features", "ExtractFeaturesConfig", "run_extract_features",
                          "extract features of a built corpus's staging shards (resumable)"),
@@ -173,13 +174,18 @@ FLOW_COMMANDS = {
 }
 
 
+def flow_module(command: str) -> ModuleType:
+    """The module of the flow run by ``command`` (a key of :data:`FLOW_COMMANDS`)."""
+    return importlib.import_module(FLOW_COMMANDS[command][0])
+
+
 def _flow_command(module: str, config_class: str, runner: str) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
-        from flows.preflight import check_flow, load_config
+        from flows.preflight import load_config
 
         mod = importlib.import_module(module)
         config = load_config(getattr(mod, config_class), args.config)
-        check_flow(args.command, config)  # before any server or cluster starts; reads only
+        mod.preflight(config)  # before any server or cluster starts; reads only
         result = getattr(mod, runner)(config)
         print(json.dumps(result, indent=2, sort_keys=True, default=str))
         return 0

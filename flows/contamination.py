@@ -27,15 +27,21 @@ from pydantic import Field, model_validator
 
 from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, run_logger
 from corpusforge.config import FlowConfig
-from corpusforge.contract import remove_tree
+from corpusforge.contract import COMPUTED, MAYBE, SKIPPED, remove_tree
 from corpusforge.feature_files import feature_marker, prune_features
-from corpusforge.layout import (CONTAMINATION_EVAL, CONTAMINATION_FOUND, CONTAMINATION_IMAGES,
+from corpusforge.layout import (CONTAMINATION_EVAL, CONTAMINATION_FOUND, CONTAMINATION_IMAGES, CONTAMINATION_INDEX,
                                 CONTAMINATION_ITEM_DECISIONS, CONTAMINATION_JUDGE, CONTAMINATION_LEAKAGE,
                                 CONTAMINATION_DIR, CONTAMINATION_RECEIPT, CONTAMINATION_REPORT,
                                 CONTAMINATION_REPORT_HTML, CONTAMINATION_SELECT, CONTAMINATION_SUMMARY,
-                                CONTAMINATION_TEXT, CONTAMINATION_TEXT_WORK, EDITION_DIR)
-from corpusforge.receipts import flow_receipt
+                                CONTAMINATION_TEXT, CONTAMINATION_TEXT_WORK, EDITION_DIR, MARKERS, features_dir)
+from corpusforge.plans import (DELETE, EVERY_RUN, WHOLE, StagePlan, changed_fields, changes, marker_files, mtime,
+                               newest_marker)
+from corpusforge.receipts import flow_receipt, redact
 from corpusforge.storage import Store, require_separate
+from corpusforge.version import code_version
+from flows.plan import flow_plan_data, plan_only, size_estimate
+from flows.preflight import as_user_error, check_corpus, check_models, require_exists
+from tasks.contamination import plan as contamination_plan
 from tasks.contamination.canary import NORMALIZATION_PROFILE
 from tasks.contamination.config import (EditionConfig, EvalSetConfig, ImageScanConfig, JudgeConfig, LeakageConfig,
                                         TextCanaryConfig)
@@ -103,6 +109,18 @@ def check_separate(config: ContaminationConfig) -> None:
     require_separate(config.out, reads)
 
 
+def preflight(config: ContaminationConfig) -> None:
+    """The CLI's checks before anything starts (read only): the corpus and the evaluation set
+    exist, the output root is apart from everything read, the models have weights."""
+    check_corpus(config.corpus, config.corpus_storage_options)
+    if config.eval_set is not None:
+        require_exists(config.eval_set.source, config.eval_set.storage_options, "evaluation set",
+                       "a table, a folder of images or tars")
+    with as_user_error():
+        check_separate(config)
+    check_models(config)
+
+
 def embed_eval_set(eval_store: Store, chunks: list[str], config: ContaminationConfig, corpus: Store) -> list[str]:
     """The feature stage over the staged evaluation chunks, for the image scan's model only,
     at the corpus's decode size (:mod:`tasks.contamination.eval_features`); returns the
@@ -117,11 +135,9 @@ def embed_eval_set(eval_store: Store, chunks: list[str], config: ContaminationCo
 
 def contamination(config: ContaminationConfig) -> dict[str, Any]:
     """Contamination rates of an evaluation set against a corpus; results under ``config.out``;
-    with ``plan_only``, write nothing and return the plan (:mod:`flows.plan_scans`)."""
+    with ``plan_only``, write nothing and return the plan (:func:`plan_run`)."""
     if config.plan_only:
-        from flows.plan_corpus import plan_only
-
-        return plan_only(FLOW, config)
+        return plan_only(FLOW, plan_run(config))
     log = run_logger()
     check_separate(config)
     corpus = Store(config.corpus, config.corpus_storage_options)
@@ -221,3 +237,133 @@ def contamination(config: ContaminationConfig) -> dict[str, Any]:
 
 
 contamination_flow, run_contamination = cluster_flow(contamination, FLOW)
+
+
+# ---- the plan (`corpusforge plan contamination`, plan_only) -------------------------------
+
+def plan_run(config: ContaminationConfig) -> dict[str, Any]:
+    """What a run would skip or recompute, and why; writes nothing. Per unit for the evaluation
+    set's staging chunks and their features for the image scan's model
+    (:mod:`tasks.contamination.plan`), the GPU work. The stages after it (image scan,
+    image–text judge, text canaries, cross-split leakage, per-item decisions and edition) are
+    judged per stage: their units are planned from the scans' own outputs (matches,
+    selections, LSH buckets), known only after the run. A stage is skipped when nothing it
+    reads changed (no upstream unit recomputes, its config sections and the flow's code
+    version equal the last receipt's, the corpus's receipt and features are those it scanned,
+    the last run completed); "recompute" when it has no completed output; otherwise
+    "recompute if upstream output changes", with the reasons; switched off, its units are
+    deleted. The estimate is the size of the work (no run log): units, and the images of the
+    evaluation chunks to embed."""
+    corpus = Store(config.corpus, config.corpus_storage_options)
+    out = Store(config.out, config.out_storage_options)
+    eval_stages = contamination_plan.plan_units(out, corpus, config.eval_set, config.image, config.features)
+    receipt = out.read_json(CONTAMINATION_RECEIPT) if out.exists(CONTAMINATION_RECEIPT) else None
+    judged = _ContaminationJudge(config, corpus, out, receipt, code_version(*CODE_MODULES))
+    es = config.eval_set
+    image = judged.stage("image", config.image is not None and es is not None,
+                         _scan_folders("images", ("corpus",)) + (CONTAMINATION_IMAGES,), ("image", "features"),
+                         eval_stages, model=config.image.model_id if config.image else None)
+    judge = judged.stage("image_text", config.judge is not None, (CONTAMINATION_JUDGE,), ("judge", "eval_set"),
+                         [*eval_stages, image])
+    text = judged.stage("text", config.text is not None and es is not None and bool(es.text_fields),
+                        (CONTAMINATION_TEXT_WORK, CONTAMINATION_TEXT, *_selections(("captions",))),
+                        ("text", "eval_set"), eval_stages[:1], table=config.text.corpus.path if config.text and
+                        config.text.corpus.kind == "table" else None)
+    leakage_model = (config.leakage.model_id if config.leakage and config.leakage.model_id
+                     else config.image.model_id if config.image else "wfd")
+    leakage = judged.stage("leakage", config.leakage is not None,
+                           _scan_folders("leakage", ("held-out", "train", "against-train")) + (CONTAMINATION_LEAKAGE,),
+                           ("leakage", "image"), [], model=leakage_model,
+                           against=config.leakage.against if config.leakage else None)
+    edition = judged.stage("edition", es is not None, (CONTAMINATION_ITEM_DECISIONS, EDITION_DIR),
+                           ("edition", "image"), [*eval_stages, image, judge, text, leakage])
+    report = StagePlan("report")
+    report.add("summary, receipt, reports", COMPUTED, EVERY_RUN)
+    staged = out.sub(CONTAMINATION_EVAL)
+    return flow_plan_data(FLOW, config.out, f"{config.corpus} into {config.out}", [
+        (s, size_estimate(s, staged if s.stage.startswith("eval.features.") else None))
+        for s in [*eval_stages, image, judge, text, leakage, edition, report]])
+
+
+def _scan_folders(scan: str, selections: tuple[str, ...]) -> tuple[str, ...]:
+    return (f"{CONTAMINATION_FOUND}/{scan}", f"{CONTAMINATION_INDEX}/{scan}.faiss", *_selections(selections))
+
+
+def _selections(labels: tuple[str, ...]) -> tuple[str, ...]:
+    """Marker prefixes of the split selections a stage writes (``{label}-{splits}``)."""
+    return tuple(f"{CONTAMINATION_SELECT}/{label}-" for label in labels)
+
+
+class _ContaminationJudge:
+    """Judges the contamination stages after the evaluation set's features as a whole."""
+
+    def __init__(self, config: Any, corpus: Store, out: Store, receipt: dict[str, Any] | None, code: str):
+        self.config, self.corpus, self.out, self.receipt, self.code = config, corpus, out, receipt, code
+        self.now = redact(config.model_dump(mode="json"))  # as the receipt keeps it
+        self.finished = mtime(out, CONTAMINATION_RECEIPT)
+
+    def _markers(self, prefixes: tuple[str, ...]) -> list[str]:
+        """Output paths of the units under ``prefixes`` (folders, files, or name prefixes)."""
+        found: list[str] = []
+        for prefix in prefixes:
+            folder = prefix.rsplit("/", 1)[0] if prefix.endswith("-") or prefix.endswith(".faiss") else prefix
+            found += [rel for rel in marker_files(self.out, folder) if rel.startswith(prefix)]
+        return found
+
+    def stage(self, name: str, active: bool, prefixes: tuple[str, ...], sections: tuple[str, ...],
+              upstream: list[StagePlan], model: str | None = None, against: str | None = None,
+              table: str | None = None) -> StagePlan:
+        stage = StagePlan(name)
+        units = self._markers(prefixes)
+        if not active:
+            for rel in units:
+                stage.add(rel, DELETE, f"{name} is switched off")
+            return stage
+        if not units:
+            stage.add(WHOLE, COMPUTED, "no completed output")
+            return stage
+        reasons = []
+        if changes(upstream):
+            reasons.append("an upstream unit is recomputed or deleted")
+        if self.receipt is None:
+            reasons.append("no earlier completed run")
+        else:
+            old = self.receipt.get("config", {})
+            if fields := changed_fields({s: old.get(s) for s in sections}, {s: self.now.get(s) for s in sections}):
+                reasons.append("config " + ", ".join(fields))
+            if self.receipt.get("code_version") != self.code:
+                reasons.append("the flow's code version changed")
+            reasons += self._inputs_changed(model, against, table)
+            if self.finished is None or newest_marker(self.out, units) > self.finished:
+                reasons.append("the last run did not complete")
+        if reasons:
+            stage.add(WHOLE, MAYBE, "; ".join(reasons))
+            stage.open = True
+        else:
+            stage.add(WHOLE, SKIPPED, "unchanged")
+        return stage
+
+    def _inputs_changed(self, model: str | None, against: str | None, table: str | None) -> list[str]:
+        """What the stage reads outside this output that changed since the last receipt."""
+        reasons = []
+        for label, root, options, recorded in (
+                ("corpus", self.config.corpus, self.config.corpus_storage_options, self.receipt.get("corpus")),
+                ("training corpus", against, self.config.leakage.against_storage_options if against else {},
+                 self.receipt.get("against"))):
+            if root is None:
+                continue
+            store = Store(root, options)
+            if corpus_snapshot(store) != recorded:
+                reasons.append(f"the {label}'s receipt changed")
+            elif model is not None and self._newer(store, f"{features_dir(model)}/vectors"):
+                reasons.append(f"the {label}'s {model} features were rewritten since")
+        if table is not None:
+            stamp = mtime(Store(table.rsplit("/", 1)[0], self.config.text.corpus.storage_options),
+                          table.rsplit("/", 1)[1])
+            if stamp is None or stamp > self.finished:
+                reasons.append("the text table changed since")
+        return reasons
+
+    def _newer(self, store: Store, folder: str) -> bool:
+        return any((mtime(store, f"{MARKERS}/{rel}.json") or 0.0) > self.finished
+                   for rel in marker_files(store, folder))

@@ -26,9 +26,12 @@ from corpusforge.feature_files import prune_features
 from corpusforge.layout import EVALUATION_METRICS, EVALUATION_REPORT
 from corpusforge.storage import Store
 from corpusforge.version import code_version
+from flows.plan import flow_plan_data, plan_only, size_estimate
+from flows.preflight import check_models, require_exists, require_writable_root
 from tasks.shared.features.config import STATISTICS_PREPROCESSING, ModelSpec, RuntimeConfig
 from tasks.stats.caption_set import caption_set_claim
 from tasks.stats.config import PROTOCOL_MODES, MetricsConfig, protocol_model
+from tasks.stats import evaluate_plan
 from tasks.stats.evaluate import (EMBED_CHUNK, check_model, evaluate_features, expected_identity,
                                   load_reference, plan_generated, render_report)
 from tasks.shared.provenance import public_spec
@@ -98,13 +101,40 @@ CODE_MODULES = ("tasks.stats.evaluate", "tasks.stats.caption_set")  # metrics.js
 PLAN_GENERATED = Unit(plan_generated, "evaluate-plan-generated")
 
 
+def preflight(config: EvaluateConfig) -> None:
+    """The CLI's checks before anything starts (read only): the generated images and the
+    reference exist, the feature store can be written, the model has weights."""
+    for g in config.generated:
+        require_exists(g, config.generated_storage_options, "generated images", "a folder of images or tars")
+    require_exists(config.reference, config.reference_storage_options, "reference statistics",
+                   "the .npz written by `corpusforge reference-stats` (stats/{split}-{model}.npz)")
+    if config.feature_store is not None:
+        require_writable_root(config.feature_store, config.out_storage_options, "feature store")
+    check_models(config)
+
+
+def plan_run(config: EvaluateConfig) -> dict[str, Any]:
+    """The plan (``corpusforge plan evaluate``, ``plan_only``): every chunk of generated images
+    read back or embedded, and why, then the metrics (:mod:`tasks.stats.evaluate_plan`);
+    writes nothing."""
+    reference = load_reference(config.reference, config.reference_storage_options)
+    check_model(reference, expected_identity(config.model), config.allow_mismatch, config.protocol)
+    chunks = plan_generated(config.generated, config.generated_storage_options, config.chunk_size)
+    if not chunks:
+        raise FileNotFoundError(f"no images or tars under {config.generated}")
+    out = Store(config.out, config.out_storage_options)
+    features = None if config.feature_store is None else Store(config.feature_store, config.out_storage_options)
+    plans = evaluate_plan.plan_units(out, features, chunks, config.model, config.runtime.precision,
+                                     config.generated_storage_options)
+    return flow_plan_data(FLOW, config.out, f"{', '.join(config.generated)} into {config.out}",
+                          [(s, size_estimate(s)) for s in plans])
+
+
 def evaluate(config: EvaluateConfig) -> dict[str, Any]:
     """Metrics of generated images against a reference; the embedding runs on ``config.dask``;
-    with ``plan_only``, write nothing and return the plan (:mod:`flows.plan_scans`)."""
+    with ``plan_only``, write nothing and return the plan."""
     if config.plan_only:
-        from flows.plan_corpus import plan_only
-
-        return plan_only(FLOW, config)
+        return plan_only(FLOW, plan_run(config))
     log = run_logger()
     reference = load_reference(config.reference, config.reference_storage_options)
     check_model(reference, expected_identity(config.model), config.allow_mismatch, config.protocol)

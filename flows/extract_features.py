@@ -21,8 +21,13 @@ from corpusforge.config import FlowConfig
 from corpusforge.contract import completed_units
 from corpusforge.layout import STAGING_TARS
 from corpusforge.storage import Store
+from flows.plan import feature_estimates, flow_plan_data, plan_only
+from flows.preflight import check_corpus, check_models
 from tasks.shared.features.config import FeaturesConfig
 from tasks.shared.features.extract import extract_features, receipt_section
+from tasks.shared.features.plan import plan_shard_units
+
+FLOW = "extract-features"
 
 
 class ExtractFeaturesConfig(FlowConfig):
@@ -43,13 +48,26 @@ class ExtractFeaturesConfig(FlowConfig):
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
 
+def preflight(config: ExtractFeaturesConfig) -> None:
+    """The CLI's checks before anything starts (read only): the corpus exists, the models have weights."""
+    check_corpus(config.corpus, config.storage_options)
+    check_models(config)
+
+
+def plan_run(config: ExtractFeaturesConfig) -> dict[str, Any]:
+    """The plan (``corpusforge plan extract-features``, ``plan_only``): per model, every
+    completed staging shard skipped or recomputed, exactly as ``extract_shard`` will decide
+    (:func:`tasks.shared.features.plan.plan_shard_units`); writes nothing."""
+    store = Store(config.corpus, config.storage_options)
+    plans = plan_shard_units(store, completed_units(store, STAGING_TARS, ".tar"), config.features)
+    return flow_plan_data(FLOW, config.corpus, config.corpus, feature_estimates(store, plans))
+
+
 def extract(config: ExtractFeaturesConfig) -> dict[str, Any]:
     """Features for every completed staging shard of ``config.corpus``; with ``plan_only``,
-    write nothing and return the plan (:mod:`flows.plan_corpus`)."""
+    write nothing and return the plan."""
     if config.plan_only:
-        from flows.plan_corpus import plan_only
-
-        return plan_only("extract-features", config)
+        return plan_only(FLOW, plan_run(config))
     log = run_logger()
     store = Store(config.corpus, config.storage_options)
     shards = completed_units(store, STAGING_TARS, ".tar")
@@ -64,4 +82,4 @@ def extract(config: ExtractFeaturesConfig) -> dict[str, Any]:
     return summary
 
 
-extract_features_flow, run_extract_features = cluster_flow(extract, "extract-features")
+extract_features_flow, run_extract_features = cluster_flow(extract, FLOW)

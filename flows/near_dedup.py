@@ -22,12 +22,17 @@ from pydantic import Field
 from corpusforge.artifacts import publish_run_artifacts
 from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, run_logger
 from corpusforge.config import FlowConfig
-from corpusforge.contract import remove_tree
-from corpusforge.layout import LEDGER_DIR, LINEAGE, RECEIPT, RESOLVED_DIR
+from corpusforge.contract import COMPUTED, MAYBE, SKIPPED, remove_tree
+from corpusforge.layout import LEDGER_DIR, LINEAGE, MANIFEST_DIR, RECEIPT, RELEASE_DIR, RELEASE_PLAN_DIR, RESOLVED_DIR
+from corpusforge.plans import WHOLE, StagePlan, changed_fields, unfinished
 from corpusforge.receipts import flow_receipt
 from corpusforge.storage import Store, require_separate
+from corpusforge.version import code_version
+from flows.plan import feature_estimates, flow_plan_data, plan_only
+from flows.preflight import as_user_error, check_corpus, check_models
+from tasks.graph import plan as graph_plan
 from tasks.graph.config import NearDedupConfig
-from tasks.graph.derived import lineage, staged_with_features
+from tasks.graph.derived import check_index_size, lineage, staged_with_features
 from tasks.graph.stage import near_duplicate_stage
 from tasks.release.publish import publish, release_section
 from tasks.release.splits import SplitConfig
@@ -65,13 +70,80 @@ def check_separate(config: NearDedupFlowParams) -> None:
     require_separate(config.out, [("source corpus", config.source)], "a new version must not write into the old one")
 
 
+def preflight(config: NearDedupFlowParams) -> None:
+    """The CLI's checks before anything starts (read only): the source exists, the output
+    root is apart from it, the index fits, the model has weights."""
+    check_corpus(config.source, config.storage_options, "source corpus")
+    with as_user_error():
+        check_separate(config)
+        check_index_size(Store(config.source, config.storage_options), config.near_dedup)
+    check_models(config)
+
+
+def plan_run(config: NearDedupFlowParams) -> dict[str, Any]:
+    """The plan (``corpusforge plan near-dedup``, ``plan_only``): the graph and the release
+    of the new version, each judged as a whole; writes nothing."""
+    source = Store(config.source, config.storage_options)
+    return flow_plan_data(FLOW, config.source, f"{config.source} into {config.out}",
+                          feature_estimates(source, _stage_plans(config, source)))
+
+
+def _stage_plans(config: NearDedupFlowParams, source: Store) -> list[StagePlan]:
+    """Like the build's graph stage: the graph is skipped when the new version's root holds a
+    completed graph over the same staging shards with the same feature digests
+    (:mod:`tasks.graph.plan`), the same ``near_dedup`` settings and code version (its
+    lineage and receipt, judged here); the release (shards, manifest, receipt) likewise
+    against the source's receipt and the ``splits``."""
+    out = Store(config.out, config.storage_options if config.out_storage_options is None
+                else config.out_storage_options)
+    receipt = out.read_json(RECEIPT) if out.exists(RECEIPT) else None
+    built = out.read_json(LINEAGE) if out.exists(LINEAGE) else None
+    code_changed = receipt is not None and receipt.get("code_version") != code_version(*CODE_MODULES)
+
+    recorded = []  # what changed since the graph in out was built, by the flow's record of it
+    if built is not None and (fields := changed_fields(built.get("near_dedup"),
+                                                        config.near_dedup.model_dump(mode="json"), "near_dedup")):
+        recorded.append("config " + ", ".join(fields))
+    if code_changed:
+        recorded.append("the flow's code version changed")
+    plans = graph_plan.plan_units(source, out, config.near_dedup.model_id, recorded)
+    graph = plans[0]
+
+    release = StagePlan("release")
+    if not source.exists(RECEIPT):
+        plans.append(release)  # the flow writes the graph only
+        return plans
+    source_receipt = source.read_json(RECEIPT)
+    reasons = []
+    if receipt is None:
+        reasons.append("no completed release in the new version's root")
+    else:
+        if built is None or built.get("source_receipt_sha256") != source.sha256(RECEIPT):
+            reasons.append("the source's receipt changed")
+        splits = config.splits or SplitConfig.model_validate(source_receipt["config"]["splits"])
+        # splits given, or else the source's (whose receipt is compared above)
+        before = receipt.get("config", {}).get("splits") or source_receipt["config"]["splits"]
+        if fields := changed_fields(before, splits.model_dump(mode="json"), "splits"):
+            reasons.append("config " + ", ".join(fields))
+        if code_changed:
+            reasons.append("the flow's code version changed")
+        if unfinished(out, (RELEASE_PLAN_DIR, RELEASE_DIR, MANIFEST_DIR), RECEIPT):
+            reasons.append("the last near-dedup run did not complete")
+    if reasons:
+        release.add(WHOLE, COMPUTED, "; ".join(reasons))
+    elif graph.units[0].action != SKIPPED:
+        release.add(WHOLE, MAYBE, "the graph is recomputed first; the release changes where its decisions do")
+    else:
+        release.add(WHOLE, SKIPPED, "unchanged")
+    plans.append(release)
+    return plans
+
+
 def near_dedup(config: NearDedupFlowParams) -> dict[str, Any]:
     """Near-duplicate removal on a built corpus, written as a new version under ``config.out``;
-    with ``plan_only``, write nothing and return the plan (:mod:`flows.plan_corpus`)."""
+    with ``plan_only``, write nothing and return the plan."""
     if config.plan_only:
-        from flows.plan_corpus import plan_only
-
-        return plan_only(FLOW, config)
+        return plan_only(FLOW, plan_run(config))
     log = run_logger()
     source = Store(config.source, config.storage_options)
     out_options = config.storage_options if config.out_storage_options is None else config.out_storage_options

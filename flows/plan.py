@@ -1,4 +1,6 @@
-"""``corpusforge plan``: what a build would skip, recompute or delete, and why, before it runs.
+"""``corpusforge plan``: what a build would skip, recompute or delete, and why, before it runs;
+and the plan's data, estimates, text and ``plan_only`` run that every flow's plan hook
+(``plan_run`` in its own module) shares. It imports no flow: the flows import it.
 
 Like ``dvc status`` or ``terraform plan``, it writes nothing. It asks the build's stages in
 order to plan their units (``plan_units`` of :mod:`tasks.ingest.plan`, :mod:`tasks.staging.plan`,
@@ -30,15 +32,16 @@ from __future__ import annotations
 import tempfile
 from typing import Any
 
+from corpusforge.artifacts import publish_plan_artifact
+from corpusforge.config import FlowConfig
 from corpusforge.contract import COMPUTED, MAYBE, SKIPPED
 from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_DIR, GRAPH_DIR, GRAPH_WORK,
                                 MANIFEST_DIR, RECEIPT, RELEASE_DIR, RELEASE_PLAN_DIR, RUN_LOG,
                                 STATS_DIR, features_dir, part_name)
 from corpusforge.plans import (ACTIONS, DELETE, StagePlan, UnitPlan, changed_fields, marker_files, mtime,
-                               newest_marker)
+                               newest_marker, staged_size)
 from corpusforge.storage import Store
 from corpusforge.version import code_version
-from flows.build_corpus import BUILD_MODULES, BuildConfig
 from tasks.ingest import plan as ingest_plan
 from tasks.ingest.fetch import plan as fetch_plan
 from tasks.ingest.sources import plan_partitions
@@ -56,8 +59,9 @@ WHOLE_STAGES = [
 ]
 
 
-def plan_build(config: BuildConfig) -> list[StagePlan]:
-    """The build's plan, stage by stage, from the markers under ``config.out``; writes nothing.
+def plan_build(config: FlowConfig, code_modules: tuple[str, ...]) -> list[StagePlan]:
+    """The plan of the build ``config`` (a :class:`flows.build_corpus.BuildConfig`) whose code is
+    ``code_modules``, stage by stage, from the markers under ``config.out``; writes nothing.
     Each stage package plans its own units (``plan_units``); upstream plans hand the next
     their ``outputs`` (digests and markers of the units that skip)."""
     store = Store(config.out, config.storage_options)
@@ -74,15 +78,16 @@ def plan_build(config: BuildConfig) -> list[StagePlan]:
     staging = plans[-1]
     keep = [config.reference_stats.model.model_id] if config.reference_stats is not None else []
     plans += features_plan.plan_units(store, config.features, None if staging.open else staging.outputs, keep)
-    plans += _whole_stages(store, config, plans)
+    plans += _whole_stages(store, config, plans, code_modules)
     return plans
 
 
-def _whole_stages(store: Store, config: BuildConfig, upstream: list[StagePlan]) -> list[StagePlan]:
+def _whole_stages(store: Store, config: FlowConfig, upstream: list[StagePlan],
+                  code_modules: tuple[str, ...]) -> list[StagePlan]:
     """The stages after features, judged as a whole (see the module docstring)."""
     receipt = store.read_json(RECEIPT) if store.exists(RECEIPT) else None
     now = config.model_dump(mode="json")
-    code_changed = receipt is not None and receipt.get("code_version") != code_version(*BUILD_MODULES)
+    code_changed = receipt is not None and receipt.get("code_version") != code_version(*code_modules)
     upstream_changes = any(u.action != SKIPPED for s in upstream for u in s.units)
     run_log_time = mtime(store, RUN_LOG)
     plans = []
@@ -132,17 +137,71 @@ def estimate(stage: StagePlan, run_log: dict[str, Any] | None) -> dict[str, Any]
             "basis": "the last run log's stage time per unit"}
 
 
-def plan_data(config: BuildConfig, plans: list[StagePlan]) -> dict[str, Any]:
-    """The plan as data (``--json``): per stage, counts, estimate and every unit."""
+def plan_data(config: FlowConfig, plans: list[StagePlan]) -> dict[str, Any]:
+    """The build's plan as data (``--json``): per stage, counts, estimate and every unit."""
     store = Store(config.out, config.storage_options)
     run_log = store.read_json(RUN_LOG) if store.exists(RUN_LOG) else None
-    return {"out": config.out, "stages": [
-        {"stage": s.stage, "counts": s.counts(), "units_may_be_added": s.open, "estimate": estimate(s, run_log),
-         **({"facts": s.facts} if s.facts else {}), "units": [_unit_data(u) for u in s.units]} for s in plans]}
+    return {"out": config.out, "stages": [_stage_data(s, estimate(s, run_log)) for s in plans]}
+
+
+def flow_plan_data(flow: str, root: str, where: str, stages: list[tuple[StagePlan, dict[str, Any]]]
+                   ) -> dict[str, Any]:
+    """The plan of a flow on a built corpus as data: per stage (with its estimate), counts and
+    every unit; ``root`` is where its markers are read, ``where`` how the title names the run."""
+    return {"flow": flow, "corpus": root, "where": where, "title": f"Plan for {flow} on {where}:",
+            "stages": [_stage_data(s, e) for s, e in stages]}
+
+
+def _stage_data(stage: StagePlan, estimate: dict[str, Any]) -> dict[str, Any]:
+    return {"stage": stage.stage, "counts": stage.counts(), "units_may_be_added": stage.open, "estimate": estimate,
+            **({"facts": stage.facts} if stage.facts else {}), "units": [_unit_data(u) for u in stage.units]}
 
 
 def _unit_data(unit: UnitPlan) -> dict[str, str]:
     return {"unit": unit.unit, "action": ACTIONS[unit.action], "reason": unit.reason}
+
+
+def feature_estimates(store: Store, plans: list[StagePlan]) -> list[tuple[StagePlan, dict[str, Any]]]:
+    """Each stage of a flow on the built corpus ``store`` with its cost: for feature units,
+    the seconds per unit the last build's run log measured (its features seconds over the
+    feature units it computed) and their size (images and bytes to read, from the staging
+    markers). Stages judged as a whole: none."""
+    run_log = store.read_json(RUN_LOG) if store.exists(RUN_LOG) else None
+    return [(s, _feature_estimate(store, s, run_log)) for s in plans]
+
+
+def _feature_estimate(store: Store, stage: StagePlan, run_log: dict[str, Any] | None) -> dict[str, Any]:
+    if not stage.stage.startswith("features."):
+        return {"seconds": None, "seconds_if_upstream_changes": None, "basis": "not estimated (judged per stage)"}
+    todo = [u.unit for u in stage.units if u.action == COMPUTED]
+    size = staged_size(store, todo)
+    seconds = (run_log or {}).get("seconds", {}).get("features")
+    computed = sum(c.get(COMPUTED, 0) for c in (run_log or {}).get("features", {}).values() if isinstance(c, dict))
+    if not (seconds and computed):
+        return {"seconds": None, "seconds_if_upstream_changes": None, **size,
+                "basis": "no times recorded: the size of the work (all images of each shard, at most)"}
+    return {"seconds": round(seconds / computed * len(todo), 1), "seconds_if_upstream_changes": None, **size,
+            "basis": "the last run log's seconds per feature unit computed"}
+
+
+def size_estimate(stage: StagePlan, staged: Store | None = None) -> dict[str, Any]:
+    """The size of a scan's stage (these flows keep no run log): units to compute, and with
+    ``staged``, the images of the staged chunks they read."""
+    todo = [u.unit for u in stage.units if u.action == COMPUTED]
+    maybe = [u.unit for u in stage.units if u.action == MAYBE]
+    basis = "no times recorded (no run log for this flow): the size of the work"
+    estimate: dict[str, Any] = {"seconds": None, "seconds_if_upstream_changes": None, "basis": basis,
+                                "units": len(todo), "units_if_upstream_changes": len(maybe)}
+    if staged is not None:
+        estimate.update(staged_size(staged, todo))
+    return estimate
+
+
+def plan_only(flow: str, data: dict[str, Any]) -> dict[str, Any]:
+    """A ``plan_only`` run of ``flow``: its plan ``data`` as the result and as the ``{flow}-plan``
+    artifact (described by where the run reads and writes: ``where``, a build's ``out``); writes nothing."""
+    publish_plan_artifact(flow, render_plan(data), data.get("where") or data["out"])
+    return data
 
 
 def render_plan(data: dict[str, Any], listed: int = 20) -> str:

@@ -2,7 +2,9 @@
 one clear line (and exit code 2) instead of a Prefect run's traceback.
 
 Each check raises :class:`UserError` with what is wrong and what to do. They only read:
-nothing is created or written, locally or on object storage, before they all pass.
+nothing is created or written, locally or on object storage, before they all pass. The
+build's checks are :func:`check_build`; every other flow's are its module's ``preflight``,
+made of the checks here (this module imports no flow).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from corpusforge.secrets import has_secret_blocks
-from corpusforge.storage import Store, is_remote, require_separate
+from corpusforge.storage import is_remote, require_separate
 
 PROBE_SECONDS = 20.0  # longest a storage probe may take before the storage counts as unreachable
 
@@ -350,38 +352,3 @@ def require_fetch_identity(config: Any) -> None:
 
 def check_corpus(uri: str, options: dict[str, Any], what: str = "corpus") -> None:
     require_exists(uri, options, what, "give the output root of a finished `corpusforge build`")
-
-
-def check_flow(command: str, config: Any) -> None:
-    """Preflight of the subcommands that run on an existing corpus."""
-    if command in ("extract-features", "reference-stats"):
-        check_corpus(config.corpus, config.storage_options)
-    elif command == "near-dedup":
-        check_corpus(config.source, config.storage_options, "source corpus")
-        from flows.near_dedup import check_separate
-        from tasks.graph.derived import check_index_size
-
-        with as_user_error():
-            check_separate(config)
-            check_index_size(Store(config.source, config.storage_options), config.near_dedup)
-    elif command == "evaluate":
-        for g in config.generated:
-            require_exists(g, config.generated_storage_options, "generated images", "a folder of images or tars")
-        require_exists(config.reference, config.reference_storage_options, "reference statistics",
-                       "the .npz written by `corpusforge reference-stats` (stats/{split}-{model}.npz)")
-        if config.feature_store is not None:
-            require_writable_root(config.feature_store, config.out_storage_options, "feature store")
-    elif command == "contamination":
-        check_corpus(config.corpus, config.corpus_storage_options)
-        if config.eval_set is not None:
-            require_exists(config.eval_set.source, config.eval_set.storage_options, "evaluation set",
-                           "a table, a folder of images or tars")
-        from flows.contamination import check_separate
-
-        with as_user_error():
-            check_separate(config)
-    elif command == "qualify-prompts":
-        from flows.prompt_qualification import preflight
-
-        preflight(config)
-    check_models(config)

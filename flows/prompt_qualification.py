@@ -33,6 +33,9 @@ from corpusforge.layout import (PROMPT_EDITION_DIR, PROMPTS_CAPTION_SAMPLE, PROM
                                 QUALIFICATION_REPORT, RECEIPT)
 from corpusforge.receipts import flow_receipt
 from corpusforge.storage import Store, require_separate
+from flows.plan import flow_plan_data, plan_only, size_estimate
+from flows.preflight import as_user_error, check_corpus, check_models, require_exists, require_writable_root
+from tasks.prompts import plan as prompts_plan
 from tasks.prompts import rotation, tables
 from tasks.prompts.cohorts import cohort_divergence
 from tasks.prompts.config import (CohortConfig, DensityConfig, PromptSetConfig, RotationConfig, TextModelConfig,
@@ -113,11 +116,9 @@ def read_prompts(config: PromptQualificationConfig) -> tuple[Any, list[dict[str,
 
 def qualify_prompts(config: PromptQualificationConfig) -> dict[str, Any]:
     """Qualify a prompt set; results under ``config.out`` (see the module docstring); with
-    ``plan_only``, write nothing and return the plan (:mod:`flows.plan_scans`)."""
+    ``plan_only``, write nothing and return the plan (:func:`plan_run`)."""
     if config.plan_only:
-        from flows.plan_corpus import plan_only
-
-        return plan_only(FLOW, config)
+        return plan_only(FLOW, plan_run(config))
     log = run_logger()
     check_separate(config)
     out = Store(config.out, config.out_storage_options)
@@ -218,11 +219,22 @@ def qualify_prompts(config: PromptQualificationConfig) -> dict[str, Any]:
 prompt_qualification_flow, run_qualify_prompts = cluster_flow(qualify_prompts, FLOW)
 
 
+def plan_run(config: PromptQualificationConfig) -> dict[str, Any]:
+    """The plan (``corpusforge plan qualify-prompts``, ``plan_only``): every unit of the two
+    signals with a model, then the decisions (every run), per unit (:mod:`tasks.prompts.plan`);
+    writes nothing. The estimate is the size of the work (no run log)."""
+    out = Store(config.out, config.out_storage_options)
+    corpus = Store(config.corpus, config.corpus_storage_options) if config.corpus else None
+    _, prompts, _, pool = read_prompts(config)
+    plans = prompts_plan.plan_units(out, corpus, config.density, config.variance, config.text_model, prompts, pool)
+    return flow_plan_data(FLOW, config.out, f"{config.prompts.path} into {config.out}",
+                          [(s, size_estimate(s)) for s in plans])
+
+
 def preflight(config: PromptQualificationConfig) -> None:
     """The CLI's checks before anything starts (read only): every input exists, the output
-    root is clear of them, the prompt table has its columns, the taxonomy parses."""
-    from flows.preflight import as_user_error, check_corpus, require_exists, require_writable_root
-
+    root is clear of them, the prompt table has its columns, the taxonomy parses, the models
+    have weights."""
     require_exists(config.prompts.path, config.prompts.storage_options, "prompt table", "a .parquet/.jsonl/.csv file")
     if config.corpus:
         check_corpus(config.corpus, config.corpus_storage_options)
@@ -246,3 +258,4 @@ def preflight(config: PromptQualificationConfig) -> None:
                                                          config.density.taxonomy_storage_options))
         if config.cohorts:
             tables.score_rows(tables.read_input(config.cohorts.scores, config.cohorts.storage_options), config.cohorts)
+    check_models(config)

@@ -12,7 +12,12 @@ from pydantic import Field
 
 from corpusforge.cluster import DaskConfig, cluster_flow
 from corpusforge.storage import Store
+from flows.plan import feature_estimates, flow_plan_data, plan_only
+from flows.preflight import check_corpus, check_models
+from tasks.stats import plan as stats_plan
 from tasks.stats.stage import ReferenceStatsConfig, reference_stats_stage
+
+FLOW = "reference-stats"
 
 
 class ReferenceStatsFlowParams(ReferenceStatsConfig):
@@ -30,14 +35,27 @@ class ReferenceStatsFlowParams(ReferenceStatsConfig):
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
 
+def preflight(config: ReferenceStatsFlowParams) -> None:
+    """The CLI's checks before anything starts (read only): the corpus exists, the model has weights."""
+    check_corpus(config.corpus, config.storage_options)
+    check_models(config)
+
+
+def plan_run(config: ReferenceStatsFlowParams) -> dict[str, Any]:
+    """The plan (``corpusforge plan reference-stats``, ``plan_only``): the statistics' feature
+    units (with their selection), the subset files the run removes, and the statistics, which
+    every run recomputes (:mod:`tasks.stats.plan`); writes nothing."""
+    store = Store(config.corpus, config.storage_options)
+    plans = stats_plan.plan_units(store, config)
+    return flow_plan_data(FLOW, config.corpus, config.corpus, feature_estimates(store, plans))
+
+
 def reference_stats(config: ReferenceStatsFlowParams) -> dict[str, Any]:
     """Reference statistics of ``config.splits`` of the corpus at ``config.corpus``; with
-    ``plan_only``, write nothing and return the plan (:mod:`flows.plan_corpus`)."""
+    ``plan_only``, write nothing and return the plan."""
     if config.plan_only:
-        from flows.plan_corpus import plan_only
-
-        return plan_only("reference-stats", config)
+        return plan_only(FLOW, plan_run(config))
     return reference_stats_stage(Store(config.corpus, config.storage_options), config)
 
 
-reference_stats_flow, run_reference_stats = cluster_flow(reference_stats, "reference-stats")
+reference_stats_flow, run_reference_stats = cluster_flow(reference_stats, FLOW)

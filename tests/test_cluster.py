@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+from pydantic import BaseModel
 
 from corpusforge.cluster import DaskConfig, task_runner, visible_gpus
 
@@ -229,3 +230,59 @@ def test_a_build_runs_its_units_in_batches_and_stays_under_the_task_run_bound(sa
               "graph-decisions", "write-manifest-part"}
     assert rerun and not rerun & probed, sorted(rerun)
     print("task runs of a no-op rerun:", sorted(rerun))
+
+
+def say(x: int, tag: str) -> int:
+    """A unit that writes a line through the stage logger (as stages do)."""
+    from corpusforge.logs import stage_logger
+
+    stage_logger().warning("%s unit %d", tag, x)  # the tests log warnings and up
+    return x
+
+
+class _SayConfig(BaseModel):
+    tag: str
+    dask: DaskConfig
+
+
+def _say_all(config: _SayConfig) -> int:
+    from corpusforge.cluster import fan_out
+    from corpusforge.contract import Unit
+    from corpusforge.logs import stage_logger
+
+    stage_logger().warning("%s flow", config.tag)
+    return sum(fan_out(Unit(say, "say"), [dict(x=x, tag=config.tag) for x in range(2)]))
+
+
+def test_importing_the_adapter_installs_no_logger():
+    """Importing modules has no side effect: the run logger is installed where a run starts."""
+    import subprocess
+    import sys
+
+    code = ("import corpusforge.cluster, corpusforge.progress, flows.build_corpus, flows.cli, corpusforge.logs as l\n"
+            "print(l._provider)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "None", done.stderr[-2000:]
+
+
+@pytest.mark.timeout(180)
+def test_stage_lines_reach_the_run_logs_from_the_flow_and_from_worker_processes(tmp_path, prefect_server):
+    """The flow's entry and each task run on a worker process install the run logger: a
+    stage's lines are in the flow run's log and in each task run's log."""
+    import time
+
+    from corpusforge.cluster import cluster_flow
+    from tests.operate import child_runs, run_logs
+
+    flow, _ = cluster_flow(_say_all, "say-hello")
+    tag = f"hello-{tmp_path.name}"
+    state = flow(_SayConfig(tag=tag, dask=DaskConfig(n_workers=1, processes=True, gpu="off")), return_state=True)
+    assert state.result() == 1
+    parent = str(state.state_details.flow_run_id)
+    ids = [parent, *(r["id"] for r in child_runs(prefect_server, parent))]
+    for _ in range(30):  # the workers ship their logs in batches
+        said = {m for m in run_logs(prefect_server, ids) if m.startswith(tag)}
+        if len(said) == 3:
+            break
+        time.sleep(1)
+    assert said == {f"{tag} flow", f"{tag} unit 0", f"{tag} unit 1"}

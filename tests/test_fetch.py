@@ -302,7 +302,8 @@ def test_plan_says_how_many_urls_and_hosts_a_build_would_fetch(tmp_path):
     import pyarrow.parquet as pq
 
     from flows.build_corpus import BuildConfig
-    from flows.plan import plan_build, plan_data, render_plan
+    from flows.build_corpus import plan_run
+    from flows.plan import render_plan
 
     urls = [f"http://127.0.0.{2 + i % 3}:9/img{i}.jpg" for i in range(7)] + ["file:///etc/passwd"]
     licences = ["CC BY 4.0"] * 6 + ["All rights reserved", "CC0"]
@@ -310,7 +311,7 @@ def test_plan_says_how_many_urls_and_hosts_a_build_would_fetch(tmp_path):
     config = BuildConfig.model_validate({"source": str(tmp_path / "urls.parquet"), "out": str(tmp_path / "out"),
                                          "fetch": {"user_agent": UA}, "features": {"models": []},
                                          "near_dedup": None})
-    data = plan_data(config, plan_build(config))
+    data = plan_run(config)
     fetch = data["stages"][0]
     assert fetch["stage"] == "fetch" and fetch["facts"] == {"urls": 6, "hosts": 3}
     assert fetch["counts"]["recompute"] == 1 and data["stages"][1]["stage"] == "ingest"

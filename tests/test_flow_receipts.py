@@ -63,6 +63,29 @@ def test_flow_receipt_identity_fields():
         flow_receipt("x", ("tasks.release.publish",), _Config(), code_version="mine")
 
 
+def test_a_receipt_hides_credentials_and_only_them():
+    """A build's receipt shows its input.columns mapping (``key`` names the key column there)
+    and a judge's max_tokens, and hides every credential: storage options' key and secret, a
+    chat endpoint's api_key. The same rule keeps them out of the flow's parameters."""
+    from corpusforge.secrets import find_secrets
+    from flows.build_corpus import BuildConfig
+
+    config = BuildConfig.model_validate({
+        "source": "/src", "out": "/out", "input": {"columns": {"key": "id", "caption": "text"},
+                                                    "storage_options": {"key": "AKIA", "secret": "s"}},
+        "storage_options": {"secret_block": "creds", "client_kwargs": {"aws_secret_access_key": "x"}},
+        "captioning": {"endpoint": {"base_url": "http://vlm", "model": "m", "api_key": "sk-1"}}})
+    shown = flow_receipt("build-corpus", ("tasks.release.publish",), config)["config"]
+    assert shown["input"]["columns"] == {"key": "id", "caption": "text"}
+    assert shown["input"]["storage_options"] == {"key": "***", "secret": "***"}
+    assert shown["storage_options"] == {"secret_block": "creds", "client_kwargs": {"aws_secret_access_key": "***"}}
+    assert shown["captioning"]["endpoint"]["api_key"] == "***"
+    assert sorted(find_secrets(config.model_dump(mode="json"))) == [
+        ("captioning", "endpoint", "api_key"), ("input", "storage_options", "key"),
+        ("input", "storage_options", "secret"), ("storage_options", "client_kwargs", "aws_secret_access_key")]
+    assert find_secrets({"judge": {"max_tokens": 128}, "columns": {"key": "id"}}) == {}
+
+
 def test_every_receipt_names_its_prefect_flow():
     """The identity string is the Prefect flow's name (one spelling: "build-corpus", not "build_corpus")."""
     from corpusforge.receipts import BUILD_FLOW

@@ -155,13 +155,14 @@ def test_plan_writes_nothing_and_predicts_the_rerun(versions, tmp_path, cli):
 def test_plan_names_regrouped_partitions_not_a_config_change(versions, tmp_path):
     """Fewer rows, fewer input partitions: exact dedup's groups and buckets are cut anew. No
     setting changed, so no reason may say "config [1]" (the partition range in a unit's key)."""
+    from flows.build_corpus import BUILD_MODULES
     from flows.plan import plan_build
 
     source = tmp_path / "source"
     shutil.copytree(versions["source"], source)
     rows = pq.read_table(source / "metadata.parquet").to_pylist()
     pq.write_table(pa.Table.from_pylist(rows[:100]), source / "metadata.parquet")
-    reasons = {u.reason for s in plan_build(small_config(source, versions["out"])) for u in s.units}
+    reasons = {u.reason for s in plan_build(small_config(source, versions["out"]), BUILD_MODULES) for u in s.units}
     assert not [r for r in reasons if "config" in r], reasons
     assert "the input's partitions were regrouped (partitions added or removed)" in reasons
 

@@ -17,10 +17,9 @@ import httpx
 import pytest
 
 from flows.build_corpus import build
-from flows.cli import main
+from flows.cli import flow_module, main
 from flows.extract_features import ExtractFeaturesConfig, extract, extract_features_flow
 from flows.near_dedup import NearDedupFlowParams, near_dedup
-from flows.plan_corpus import flow_plan_data
 from flows.reference_stats import ReferenceStatsFlowParams, reference_stats
 from tasks.shared.features.config import ModelSpec
 from tests.test_plan import small_config
@@ -47,7 +46,7 @@ def planned(flow: str, config) -> dict[str, dict[str, tuple[str, str]]]:
     """``{stage: {unit: (action, reason)}}``, checking that planning wrote nothing."""
     root = Path(config.source if flow == "near-dedup" else config.corpus)
     before = tree_with_markers(root)
-    data = flow_plan_data(flow, config)
+    data = flow_module(flow).plan_run(config)
     assert tree_with_markers(root) == before
     return {s["stage"]: {u["unit"]: (u["action"], u["reason"]) for u in s["units"]} for s in data["stages"]}
 

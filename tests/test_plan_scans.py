@@ -15,8 +15,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from flows.cli import main
-from flows.plan_corpus import flow_plan_data
+from flows.cli import flow_module, main
 from tests.test_rerun_matrix import tree_with_markers
 
 pytestmark = pytest.mark.timeout(600)
@@ -25,7 +24,7 @@ pytestmark = pytest.mark.timeout(600)
 def planned(flow: str, config, *roots: Path) -> dict[str, dict[str, tuple[str, str]]]:
     """``{stage: {unit: (action, reason)}}``, checking that planning wrote nothing under ``roots``."""
     before = [tree_with_markers(r) for r in roots]
-    data = flow_plan_data(flow, config)
+    data = flow_module(flow).plan_run(config)
     assert [tree_with_markers(r) for r in roots] == before
     return {s["stage"]: {u["unit"]: (u["action"], u["reason"]) for u in s["units"]} for s in data["stages"]}
 

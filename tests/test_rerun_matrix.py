@@ -36,8 +36,7 @@ from corpusforge.faults import ENV as FAULT_ENV
 from corpusforge.faults import ONCE_ENV as FAULT_ONCE_ENV
 from corpusforge.layout import MARKERS, RUN_LOG
 from corpusforge.plans import ACTIONS
-from flows.build_corpus import BuildConfig, build
-from flows.plan import plan_build, plan_data
+from flows.build_corpus import BuildConfig, build, plan_run
 from tests.cli_s3 import corpusforge, s3_env
 from tests.output_tree import tree
 
@@ -104,7 +103,7 @@ class History:
         self.changes = changes
         config = self.config(str(self.out), **changes)
         before = self.markers()
-        plan = plan_data(config, plan_build(config))
+        plan = plan_run(config)
         assert self.markers() == before, "plan wrote under the output root"
         old_records = records_of(self.out)
         work = self.build(config)
@@ -349,7 +348,7 @@ def history(request, tmp_path_factory, prefect_server) -> History:
         return s3_history(S3History(root, corpus, request.getfixturevalue("s3"), prefect_server))
     h = History(root, corpus)
     config = h.config(str(h.out))
-    plan = plan_data(config, plan_build(config))
+    plan = plan_run(config)
     assert not h.out.exists(), "plan created the output root"
     first = plan["stages"][:3]  # ingest, exact dedup, resolve: every unit new, nothing else certain
     assert [s["stage"] for s in first] == ["ingest", "exact_dedup", "resolve"]

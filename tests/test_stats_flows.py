@@ -255,7 +255,8 @@ def test_evaluating_the_same_images_again_embeds_nothing(built, tmp_path):
 
 
 def test_evaluate_preflight_refuses_a_feature_store_it_cannot_write(tmp_path):
-    from flows.preflight import UserError, check_flow
+    from flows.evaluate import preflight
+    from flows.preflight import UserError
 
     write_generated(tmp_path / "gen")
     (tmp_path / "ref.npz").write_bytes(b"")
@@ -263,5 +264,5 @@ def test_evaluate_preflight_refuses_a_feature_store_it_cannot_write(tmp_path):
     cfg = EvaluateConfig(generated=[str(tmp_path / "gen")], reference=str(tmp_path / "ref.npz"),
                          out=str(tmp_path / "eval"), feature_store=str(tmp_path / "a-file" / "features"), model=SPEC)
     with pytest.raises(UserError, match="feature store"):
-        check_flow("evaluate", cfg)
-    check_flow("evaluate", cfg.model_copy(update={"feature_store": str(tmp_path / "features")}))
+        preflight(cfg)
+    preflight(cfg.model_copy(update={"feature_store": str(tmp_path / "features")}))
