@@ -146,7 +146,7 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
     recall = fan_out(keyed(RECALL), [step_call(  # keyed by what it reads: probed, no task run when current
         store, RECALL, cfg.model_dump(mode="json"),
         [table, index.fingerprint, index.digest, [r.digest for r in references], edges_digests],
-        calls["recall"])])[0]
+        calls["recall"])])[0].info
     review = None
     if cfg.verifying:
         review = fan_out(REVIEW, [calls["review"]])[0]

@@ -40,9 +40,9 @@ def publish(store: Store, staged: list[str], n_parts: int, splits: SplitConfig, 
                      _plan_inputs(store, source or store, staged, near_dedup, captions),
                      dict(store=store, staged=write_staged_list(store, staged), cfg=splits, near_dedup=near_dedup,
                           source=source, captions=captions))
-    if (done := step_result(store, PLAN_RELEASE.name, plan["key"])) is not None and not _plans_there(store, done[0]):
+    if (done := step_result(store, PLAN_RELEASE.name, plan["key"])) is not None and not _plans_there(store, done.info):
         forget_step(store, PLAN_RELEASE.name)  # a plan file removed by hand: plan again (the same bytes)
-    release = fan_out(keyed(PLAN_RELEASE), [plan])[0]
+    release = fan_out(keyed(PLAN_RELEASE), [plan])[0].info
     with Ledger(store, "release") as shards:
         fan_out.stream(WRITE_RELEASE_SHARD, [dict(store=store, split=s["split"], shard=s["index"], cfg=splits,
                                                   plan_sha256=release["plans"][name]["sha256"], source=source)
