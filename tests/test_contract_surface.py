@@ -71,8 +71,7 @@ STEPS = {"graph_recall", "scan_plan", "write_output_list", "diff_versions", "wri
 # Units that do not return a typed UnitResult yet, and why (issue 32: each goes when its stage is converted).
 NOT_A_UNIT_RESULT = {
     # one-off global steps whose result (their UnitResult's info) is still an untyped dict
-    "graph_recall": "step", "scan_plan": "step", "write_output_list": "step", "diff_versions": "step",
-    "plan_release_files": "step", "write_eval_captions": "step",
+    "scan_plan": "step", "diff_versions": "step",
     # partials of a reduction or of an evaluation, held in memory: no marker
     "batch_partials": "partial", "merge_partials": "partial", "embed_chunk_unit": "partial",
     # planning and whole-tree probes that mark nothing
