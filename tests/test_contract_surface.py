@@ -78,7 +78,7 @@ NOT_A_UNIT_RESULT = {
     "plan_partitions": "plan", "plan_captions": "plan", "plan_generated": "plan", "list_generated": "plan",
     "keep_previous_version": "probe", "sweep_temp_files": "probe",
     # marker units still to convert
-    "collision_models": "todo", "resolve_group": "todo",
+    "resolve_group": "todo",
 }
 
 

@@ -526,7 +526,7 @@ def _collision(cap: int | None) -> Callable[[Any, Scale, str], dict[str, Any]]:
         state = _graph_state(data)
         kwargs = dict(source=store, out=_graph_out(data, GRAPH_TAG), cfg=_collision_config(cap),
                       shard_table=state["table"], n_vectors=state["n_vectors"], fp=os.urandom(32).hex())
-        result = collision_models(**kwargs)
+        result = collision_models(**kwargs).info
         return {"tasks": 1, "params": [kwargs], "full_size": result["full_size"], "pairs": result["pairs"],
                 "searched": result["full_size"] if result["counted_whole"]
                 else max(r["subset_size"] for r in result["rows"])}
