@@ -33,10 +33,11 @@ from corpusforge.feature_files import prune_features
 from corpusforge.lease import held_here, holding_output
 from corpusforge.ledger import Ledger
 from corpusforge.layout import (CAPTIONS_DIR, CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CHANGES_MD, CHANGES_TABLE, CURRENT,
-                                DEDUP_HASHES_DIR, DEDUP_KEYS_DIR, EVAL_CAPTIONS, EXACT_DIR, FETCH_LEDGER_DIR, GRAPH_DIR,
-                                GRAPH_WORK, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR, LEDGER_DIR, PREVIOUS_RECEIPT,
-                                RECEIPT, RECEIPT_OUTPUTS, RESOLVED_DIR, SPILL_DIR, STAGING_INDEX, STAGING_RECORDS,
-                                STAGING_TARS, STATS_DIR, bucket_name, dedup_group_name, part_name)
+                                DEDUP_HASHES_DIR, DEDUP_KEYS_DIR, EVAL_CAPTIONS, EXACT_DIR, FETCH_LEDGER_DIR,
+                                HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR, LEDGER_DIR, PREVIOUS_RECEIPT, RECEIPT,
+                                RECEIPT_OUTPUTS, RESOLVED_DIR, SPILL_DIR, STAGING_INDEX, STAGING_RECORDS, STAGING_TARS,
+                                STATS_DIR, bucket_name, dedup_group_name, part_name)
+from tasks.graph.files import GRAPH_DIR, GRAPH_WORK
 from corpusforge.progress import RunProgress, run_progress
 from corpusforge.receipts import BUILD_FLOW, flow_receipt
 from corpusforge.storage import Store

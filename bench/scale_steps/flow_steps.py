@@ -76,7 +76,7 @@ def write_edges(store: Any, sc: Scale) -> None:
     """Graph edge files, one per staging shard: NEAR_DUP_RATE of its records paired."""
     import pyarrow as pa
 
-    from corpusforge.layout import EDGE_SCHEMA, edges_path
+    from tasks.graph.files import EDGE_SCHEMA, edges_path
 
     size = math.ceil(sc.kept / sc.shards)
     rng = np.random.default_rng(5)
