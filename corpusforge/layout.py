@@ -57,10 +57,7 @@ every folder as it is.
     versions/{version}/shards/…, versions/{version}/manifest/…   a published version: the working copies
                                        linked (local) or copied (object store) once whole
     current.json                       the published version, written last: what readers read first
-    work/captions/plan/{shard}.parquet     per staging shard: who the model captions, and in which format
-    work/captions/journal/{shard}/{n}.parquet  completed chat requests (the resume state; never asked twice)
-    captions/{shard}.parquet           per staged record: caption, origin, filter answers, status
-    eval_captions.parquet              the fixed evaluation caption set (test split)
+    work/captions/…, captions/…, eval_captions.parquet   the captions: tasks/captions/files.py
     stats/{group}-{model}.{npz,features.npy,json}, stats/oracle.json
     stats/test_stats.npz               gpic-eval's dino_mu, dino_sigma, dino_embeddings (DINOv2 models)
     receipt.json, report.md
@@ -105,10 +102,6 @@ MANIFEST_DIR = "manifest"
 VERSIONS_DIR = "versions"  # versions/{version}/shards/…, versions/{version}/manifest/…
 CURRENT = "current.json"  # the published version: written last, the one switch a reader sees
 STATS_DIR = "stats"
-CAPTION_PLAN_DIR = "work/captions/plan"
-CAPTION_JOURNAL_DIR = "work/captions/journal"
-CAPTIONS_DIR = "captions"
-EVAL_CAPTIONS = "eval_captions.parquet"
 GPIC_TEST_STATS = "stats/test_stats.npz"  # gpic-eval's reference file (tasks/stats/gpic_stats.py)
 
 RECEIPT = "receipt.json"
@@ -250,18 +243,6 @@ def feature_keys(model_id: str, shard: str, subset: str | None = None) -> str:
     return f"{feature_subset_dir(model_id, subset)}/keys/{shard}.parquet"
 
 
-def caption_plan_path(shard: str) -> str:
-    return f"{CAPTION_PLAN_DIR}/{shard}.parquet"
-
-
-def caption_journal_dir(shard: str) -> str:
-    return f"{CAPTION_JOURNAL_DIR}/{shard}"
-
-
-def captions_path(shard: str) -> str:
-    return f"{CAPTIONS_DIR}/{shard}.parquet"
-
-
 def release_shard_name(split: str, shard: int, layout: str = "default") -> str:
     """A release shard's name: ``train-000000`` (default) or GPIC's ``gpic_train_00000``."""
     if layout == "gpic":
@@ -336,30 +317,6 @@ STAGING_RECORDS_SCHEMA = pa.schema([RESOLVED_SCHEMA.field(c) for c in (
 FEATURE_KEYS_SCHEMA = pa.schema([("key", pa.string()), ("sha256", pa.string()), ("ok", pa.bool_()),
                                  ("error", pa.string())])
 
-
-# Captioning (tasks/captions/): who is captioned in which format, the completed requests, the results.
-CAPTION_PLAN_SCHEMA = pa.schema([
-    ("key", pa.string()), ("sha256", pa.string()),
-    ("caption_type", pa.string()),    # assigned (model captions) or the input's
-    ("model_caption", pa.bool_()),    # false: the input caption is kept
-])
-CAPTION_JOURNAL_SCHEMA = pa.schema([
-    ("request", pa.string()),         # SHA-256 of (image SHA-256, prompt SHA-256, model, sampling, image size)
-    ("content", pa.string()), ("finish_reason", pa.string()), ("error", pa.string()), ("attempts", pa.int16()),
-])
-CAPTIONS_SCHEMA = pa.schema([
-    ("key", pa.string()), ("sha256", pa.string()),
-    ("status", pa.string()),          # kept | filtered | error
-    ("reason", pa.string()),          # not_visible, a question's name, caption_error: …, question_error: …
-    ("caption_type", pa.string()),
-    ("caption", pa.string()),         # the model's caption (null: the input caption is kept)
-    ("caption_origin", pa.string()),  # input | model:{model}@{prompt SHA-256[:12]}
-    ("words", pa.int32()),
-    ("vlm_model", pa.string()),       # the model that answered the questions (null: none asked)
-    ("vlm_answers", pa.string()),     # JSON {question: {"answer": yes|no|null, "prompt_sha256": …}}
-])
-EVAL_CAPTIONS_SCHEMA = pa.schema([("key", pa.string()), ("caption_type", pa.string()), ("caption", pa.string()),
-                                  ("shard", pa.string())])
 
 # GPIC_FORMAT.md: a release sample's JSON in the gpic layout, these fields in this order
 # (strings, except img_width/img_height: int and split: the list of tiers holding the sample).
