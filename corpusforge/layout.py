@@ -58,8 +58,7 @@ every folder as it is.
                                        linked (local) or copied (object store) once whole
     current.json                       the published version, written last: what readers read first
     work/captions/…, captions/…, eval_captions.parquet   the captions: tasks/captions/files.py
-    stats/{group}-{model}.{npz,features.npy,json}, stats/oracle.json
-    stats/test_stats.npz               gpic-eval's dino_mu, dino_sigma, dino_embeddings (DINOv2 models)
+    stats/…                            reference statistics: tasks/stats/files.py
     receipt.json, report.md
     receipt_outputs.parquet            (path, sha256) of every output file, from the markers
     CHANGES.md, changes.parquet        what changed since the version this root held before (or --previous)
@@ -101,8 +100,6 @@ MANIFEST_DIR = "manifest"
 # Published versions (tasks/release/versions.py): readers read current.json, then its folders.
 VERSIONS_DIR = "versions"  # versions/{version}/shards/…, versions/{version}/manifest/…
 CURRENT = "current.json"  # the published version: written last, the one switch a reader sees
-STATS_DIR = "stats"
-GPIC_TEST_STATS = "stats/test_stats.npz"  # gpic-eval's reference file (tasks/stats/gpic_stats.py)
 
 RECEIPT = "receipt.json"
 RECEIPT_OUTPUTS = "receipt_outputs.parquet"  # every output file's SHA-256, beside receipt.json (tasks/report/receipt.py)
@@ -382,10 +379,3 @@ FETCH_LEDGER_SCHEMA = pa.schema([
     ("requests", pa.int32()), ("status_429", pa.int32()), ("wait_seconds", pa.float64()),
     ("bytes_received", pa.int64()),
 ])
-
-
-# ---- evaluation (tasks/stats/evaluate.py, flows/evaluate.py) ------------------------
-# Under an evaluation's output folder, beside the generated images' features/{model}/…
-# (the feature stage's layout) unless a separate feature store holds those.
-EVALUATION_METRICS = "metrics.json"  # FD, PRDC, MMD, the protocol and its deviations
-EVALUATION_REPORT = "report.md"

@@ -35,7 +35,8 @@ from corpusforge.ledger import Ledger
 from corpusforge.layout import (CHANGES_MD, CHANGES_TABLE, CURRENT, DEDUP_HASHES_DIR, DEDUP_KEYS_DIR, EXACT_DIR,
                                 FETCH_LEDGER_DIR, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR, LEDGER_DIR,
                                 PREVIOUS_RECEIPT, RECEIPT, RECEIPT_OUTPUTS, RESOLVED_DIR, SPILL_DIR, STAGING_INDEX,
-                                STAGING_RECORDS, STAGING_TARS, STATS_DIR, bucket_name, dedup_group_name, part_name)
+                                STAGING_RECORDS, STAGING_TARS, bucket_name, dedup_group_name, part_name)
+from tasks.stats.files import STATS_DIR
 from tasks.captions.files import CAPTIONS_DIR, CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, EVAL_CAPTIONS
 from tasks.graph.files import GRAPH_DIR, GRAPH_WORK
 from corpusforge.progress import RunProgress, run_progress
