@@ -35,8 +35,7 @@ every folder as it is.
     work/graph/…, graph/…              the near-duplicate graph: tasks/graph/files.py
     work/lease.json                    the lease of the build writing this output now (corpusforge/lease.py):
                                        who holds it; removed when that build ends
-    work/run/stage_times.{json,md}     the latest run's wall-clock seconds per stage and work done: not
-                                       deterministic, so under work/ (outside every output hash)
+    work/run/stage_times.{json,md}     the latest run's stage seconds: tasks/report/files.py
     work/ledger/{fan-out}/{n}.parquet  the unit results of a fan-out over every partition or shard, written
                                        as units finish (corpusforge/ledger.py): the flow process reads back
                                        what it needs instead of holding them; rewritten by each run
@@ -59,11 +58,7 @@ every folder as it is.
     current.json                       the published version, written last: what readers read first
     work/captions/…, captions/…, eval_captions.parquet   the captions: tasks/captions/files.py
     stats/…                            reference statistics: tasks/stats/files.py
-    receipt.json, report.md
-    receipt_outputs.parquet            (path, sha256) of every output file, from the markers
-    CHANGES.md, changes.parquet        what changed since the version this root held before (or --previous)
-    work/previous/records.parquet, receipt.json   that earlier version's records, kept before a build
-                                       replaces them (tasks/report/changes.py)
+    receipt.json, report.md, CHANGES.md, work/previous/…   the receipt and reports: tasks/report/files.py
     _markers/{path}.json               completion marker of the unit whose main output is {path}
 """
 
@@ -101,29 +96,9 @@ MANIFEST_DIR = "manifest"
 VERSIONS_DIR = "versions"  # versions/{version}/shards/…, versions/{version}/manifest/…
 CURRENT = "current.json"  # the published version: written last, the one switch a reader sees
 
-RECEIPT = "receipt.json"
-RECEIPT_OUTPUTS = "receipt_outputs.parquet"  # every output file's SHA-256, beside receipt.json (tasks/report/receipt.py)
-REPORT = "report.md"
 LISTING_SPILL_DIR = "work/.listing"  # a folder source's listing while it is planned (tasks/ingest/sources.py)
 OUTPUT_LEASE = "work/lease.json"  # one build per output (corpusforge/lease.py)
 LEDGER_DIR = "work/ledger"  # unit results of this run's big fan-outs (corpusforge/ledger.py)
-RUN_LOG = "work/run/stage_times.json"  # the latest run's stage seconds (tasks/report/run_log.py)
-RUN_LOG_MD = "work/run/stage_times.md"
-REPORT_HTML = "report.html"  # the same report, self-contained, with charts (tasks/report/report_html.py)
-LINEAGE = "lineage.json"
-CHANGES_MD = "CHANGES.md"  # what changed since the previous version (tasks/report/changes.py)
-CHANGES_TABLE = "changes.parquet"
-PREVIOUS_DIR = "work/previous"  # the version a build replaces, read before it does
-PREVIOUS_RECORDS = f"{PREVIOUS_DIR}/records.parquet"
-PREVIOUS_RECEIPT = f"{PREVIOUS_DIR}/receipt.json"
-PREVIOUS_OUTPUTS = f"{PREVIOUS_DIR}/receipt_outputs.parquet"  # its output list: the release shards it shipped
-CHANGES_SCHEMA = pa.schema([
-    ("key", pa.string()), ("source_path", pa.string()), ("occurrence", pa.int64()), ("change", pa.string()),
-    ("fields", pa.string()),
-    *[(f"{side}_{c}", t) for side in ("old", "new") for c, t in (
-        ("status", pa.string()), ("reason", pa.string()), ("split", pa.string()), ("shard", pa.string()),
-        ("caption", pa.string()), ("sha256", pa.string()))],
-])
 
 
 def part_name(part: int) -> str:
@@ -339,7 +314,6 @@ LATE_SCHEMA = pa.schema([
     ("release_ext", pa.string()), ("image_encoding", pa.string()),
 ])
 
-RECEIPT_OUTPUTS_SCHEMA = pa.schema([("path", pa.string()), ("sha256", pa.string())])
 
 MANIFEST_SCHEMA = pa.schema([
     *[INGEST_SCHEMA.field(n) for n in (

@@ -28,7 +28,7 @@ from pydantic import Field, model_validator
 from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, run_logger
 from corpusforge.config import FlowConfig
 from corpusforge.contract import remove_tree, summarise
-from corpusforge.layout import RECEIPT
+from tasks.report.files import RECEIPT
 from tasks.prompts.files import (PROMPTS_CAPTIONS, PROMPTS_CAPTION_SAMPLE, PROMPTS_GENERATED, PROMPTS_TEXTS,
                                  PROMPT_EDITION_DIR, QUALIFICATION_CATEGORIES, QUALIFICATION_DIR, QUALIFICATION_RECEIPT,
                                  QUALIFICATION_REPORT)

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import webdataset as wds
 
-from corpusforge.layout import CHANGES_MD, CHANGES_TABLE
+from tasks.report.files import CHANGES_MD, CHANGES_TABLE
 from corpusforge.storage import Store
 from flows.build_corpus import run_build
 from tasks.report.receipt import OUTPUT_LIST_SKIPS

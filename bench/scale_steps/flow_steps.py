@@ -56,7 +56,7 @@ def _release(data: str) -> dict[str, Any]:
 def write_receipt_file(store: Any, sc: Scale, data: str) -> None:
     """receipt.json with the sections the reports read: counts, the release of the plan, a
     near-duplicate section (so the HTML report draws the edge histogram)."""
-    from corpusforge.layout import RECEIPT
+    from tasks.report.files import RECEIPT
     from tasks.release.publish import release_section
     from tasks.release.splits import SplitConfig
 
@@ -207,7 +207,7 @@ def run_sweep(store: Any, sc: Scale, data: str) -> dict[str, Any]:
 def run_reports(store: Any, sc: Scale, data: str) -> dict[str, Any]:
     """report.md and report.html from receipt.json (one task): the HTML report reads every
     graph edge file for its histogram."""
-    from corpusforge.layout import RECEIPT
+    from tasks.report.files import RECEIPT
     from tasks.report.write import write_reports
 
     kwargs = dict(store=store, receipt_sha256=store.sha256(RECEIPT))
@@ -233,7 +233,7 @@ def _records_regime(n: int) -> dict[str, Any]:
 def run_keep_previous_version(store: Any, sc: Scale, data: str) -> dict[str, Any]:
     """The copy of the version a rebuild replaces (one task): every manifest row joined with
     its caption, one range of keys at a time, sorted, written to work/previous."""
-    from corpusforge.layout import PREVIOUS_DIR
+    from tasks.report.files import PREVIOUS_DIR
     from tasks.report.changes import keep_previous_version
 
     store.remove(PREVIOUS_DIR)

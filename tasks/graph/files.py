@@ -45,6 +45,7 @@ GRAPH_RECALL_VECTORS = "graph/index/recall_vectors.npy"
 GRAPH_NODES = "graph/nodes.json"
 GRAPH_SUMMARY = "graph/summary.json"
 GRAPH_COMPONENTS_REPORT = "graph/components_report.json"
+LINEAGE = "lineage.json"  # a graph derived from a built corpus: which corpus, shards, config (tasks/graph/derived.py)
 
 
 def index_block_path(first_shard: str) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from corpusforge.html import Markup, render
-from corpusforge.layout import RECEIPT, RUN_LOG_MD
+from tasks.report.files import RECEIPT, RUN_LOG_MD
 from tasks.graph.files import GRAPH_EDGES
 from corpusforge.receipts import BUILD_FLOW
 from corpusforge.storage import Store
