@@ -499,7 +499,7 @@ def run_release_writer(store, sc: Scale, data: str) -> dict[str, Any]:
     it reads its plan and the staging spans it ships. The peak is the writer's own: the
     plan's summary, which the flow holds, is read before it is reset."""
     from corpusforge.contract import marker_path
-    from corpusforge.layout import release_tar
+    from tasks.release.files import release_tar
     from tasks.release.shards import write_release_shard
     from tasks.release.splits import SplitConfig
 

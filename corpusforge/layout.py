@@ -27,11 +27,7 @@ every folder as it is.
     work/keydup/{bucket}.parquet       records reusing an earlier key, one row group per partition group
     work/exact/{bucket}.parquet        byte-identical copies and what they duplicate, one row group per group
     work/resolved/{part}.parquet       ingest rows with key/exact-dedup decisions folded in
-    work/release/{split}-{n}.parquet   the samples of one release shard, in order, with the staging
-                                       spans (shard, offset, size, SHA-256) its writer copies
-    work/late/{part}.parquet           facts decided after staging, joined into the manifest
-    work/release_staged.parquet        the staging shards a release is planned from: written by the
-                                       publishing flow, read by the planner, which gets only its SHA-256
+    work/release/…, work/late/…, shards/…, versions/…, current.json   the release: tasks/release/files.py
     work/graph/…, graph/…              the near-duplicate graph: tasks/graph/files.py
     work/lease.json                    the lease of the build writing this output now (corpusforge/lease.py):
                                        who holds it; removed when that build ends
@@ -46,16 +42,9 @@ every folder as it is.
     features/{model}/keys/{shard}.parquet      key, sha256, ok, error per image of the shard
     features/{model}/subsets/{subset}/{vectors,keys}/{shard}.…   the same for only the records one
                                        consumer selected (e.g. ``stats``: the held-out splits)
-    shards/{split}/{split}-{n}.tar     release shards (splits.layout: default)
-    shards/{split}/gpic_{split}_{n}.tar   release shards in GPIC's layout (splits.layout: gpic);
-                                       shards/ is then a GPIC release root
-    shards/README.md                   Hugging Face dataset card: splits and features (tasks/release/release_card.py)
     manifest/part-{part}.parquet       one row per input record: its fate and the reason
                                        (shards/ and manifest/ are the build's working copies: they change
                                        while a build runs)
-    versions/{version}/shards/…, versions/{version}/manifest/…   a published version: the working copies
-                                       linked (local) or copied (object store) once whole
-    current.json                       the published version, written last: what readers read first
     work/captions/…, captions/…, eval_captions.parquet   the captions: tasks/captions/files.py
     stats/…                            reference statistics: tasks/stats/files.py
     receipt.json, report.md, CHANGES.md, work/previous/…   the receipt and reports: tasks/report/files.py
@@ -82,19 +71,11 @@ DEDUP_HASHES_DIR = "work/dedup/hashes"
 KEYDUP_DIR = "work/keydup"
 EXACT_DIR = "work/exact"
 RESOLVED_DIR = "work/resolved"
-RELEASE_PLAN_DIR = "work/release"
-LATE_DIR = "work/late"
-RELEASE_STAGED = "work/release_staged.parquet"  # the planner's staging shards (tasks/release/shards.py)
 STAGING_TARS = "staging/tars"
 STAGING_INDEX = "staging/index"
 STAGING_RECORDS = "staging/records"
 FEATURES_DIR = "features"
-RELEASE_DIR = "shards"
-RELEASE_CARD = "shards/README.md"
 MANIFEST_DIR = "manifest"
-# Published versions (tasks/release/versions.py): readers read current.json, then its folders.
-VERSIONS_DIR = "versions"  # versions/{version}/shards/…, versions/{version}/manifest/…
-CURRENT = "current.json"  # the published version: written last, the one switch a reader sees
 
 LISTING_SPILL_DIR = "work/.listing"  # a folder source's listing while it is planned (tasks/ingest/sources.py)
 OUTPUT_LEASE = "work/lease.json"  # one build per output (corpusforge/lease.py)
@@ -182,10 +163,6 @@ def resolved_path(part: int) -> str:
     return f"{RESOLVED_DIR}/{part_name(part)}.parquet"
 
 
-def late_path(part: int) -> str:
-    return f"{LATE_DIR}/{part_name(part)}.parquet"
-
-
 def staging_tar(shard: str) -> str:
     return f"{STAGING_TARS}/{shard}.tar"
 
@@ -213,25 +190,6 @@ def feature_vectors(model_id: str, shard: str, subset: str | None = None) -> str
 
 def feature_keys(model_id: str, shard: str, subset: str | None = None) -> str:
     return f"{feature_subset_dir(model_id, subset)}/keys/{shard}.parquet"
-
-
-def release_shard_name(split: str, shard: int, layout: str = "default") -> str:
-    """A release shard's name: ``train-000000`` (default) or GPIC's ``gpic_train_00000``."""
-    if layout == "gpic":
-        return f"gpic_{split}_{shard:05d}"
-    return f"{split}-{shard:06d}"
-
-
-def release_plan_path(name: str) -> str:
-    return f"{RELEASE_PLAN_DIR}/{name}.parquet"
-
-
-def release_tar(split: str, shard: int, layout: str = "default") -> str:
-    return f"{RELEASE_DIR}/{split}/{release_shard_name(split, shard, layout)}.tar"
-
-
-def version_dir(version: str) -> str:
-    return f"{VERSIONS_DIR}/{version}"
 
 
 def manifest_path(part: int) -> str:
@@ -288,31 +246,6 @@ STAGING_RECORDS_SCHEMA = pa.schema([RESOLVED_SCHEMA.field(c) for c in (
     "key", "part", "row", "sha256", "width", "height", "source", "caption_type", "ext", "bytes")])
 FEATURE_KEYS_SCHEMA = pa.schema([("key", pa.string()), ("sha256", pa.string()), ("ok", pa.bool_()),
                                  ("error", pa.string())])
-
-
-# GPIC_FORMAT.md: a release sample's JSON in the gpic layout, these fields in this order
-# (strings, except img_width/img_height: int and split: the list of tiers holding the sample).
-GPIC_JSON_FIELDS = ("retrieved_at", "license", "license_url", "attribution", "key", "img_width", "img_height",
-                    "split", "caption_type", "caption")
-
-# Where one staged member lies in its staging tar (from the staging index): a release
-# writer copies these spans and nothing else.
-MEMBER_SPAN = pa.struct([("ext", pa.string()), ("offset", pa.int64()), ("size", pa.int64()),
-                         ("sha256", pa.string())])
-RELEASE_STAGED_SCHEMA = pa.schema([("shard", pa.string())])  # work/release_staged.parquet, in the order given
-RELEASE_PLAN_SCHEMA = pa.schema([("key", pa.string()), ("staging_shard", pa.string()), ("tier", pa.string()),
-                                 ("caption", pa.string()), ("caption_type", pa.string()),
-                                 ("caption_origin", pa.string()), ("release_ext", pa.string()),
-                                 ("image_encoding", pa.string()),
-                                 ("members", pa.list_(MEMBER_SPAN))])  # the sample's staged members, by ext
-LATE_SCHEMA = pa.schema([
-    ("row", pa.int32()), ("staging_shard", pa.string()), ("status", pa.string()), ("reason", pa.string()),
-    ("duplicate_of", pa.string()), ("component_id", pa.int64()), ("component_size", pa.int32()),
-    ("max_similarity", pa.float32()), ("split", pa.string()), ("shard", pa.string()), ("tier", pa.string()),
-    ("caption_type", pa.string()), ("caption_origin", pa.string()), ("vlm_model", pa.string()),
-    ("vlm_answers", pa.string()),
-    ("release_ext", pa.string()), ("image_encoding", pa.string()),
-])
 
 
 MANIFEST_SCHEMA = pa.schema([

@@ -35,7 +35,8 @@ from typing import Any
 from corpusforge.artifacts import publish_plan_artifact
 from corpusforge.config import FlowConfig
 from corpusforge.contract import COMPUTED, MAYBE, SKIPPED
-from corpusforge.layout import MANIFEST_DIR, RELEASE_DIR, RELEASE_PLAN_DIR, features_dir, part_name
+from corpusforge.layout import MANIFEST_DIR, features_dir, part_name
+from tasks.release.files import RELEASE_DIR, RELEASE_PLAN_DIR
 from tasks.report.files import RECEIPT, RUN_LOG
 from tasks.stats.files import STATS_DIR
 from tasks.captions.files import CAPTIONS_DIR, CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR

@@ -18,7 +18,8 @@ import pytest
 from bench.scale import Scale, write_staging
 from corpusforge.contract import SWEEP_TEMP_FILES, in_process, sweep_temp_files
 from corpusforge.hashing import stable_uniform
-from corpusforge.layout import release_plan_path, staging_index, staging_tar
+from corpusforge.layout import staging_index, staging_tar
+from tasks.release.files import release_plan_path
 from tasks.report.files import RECEIPT, REPORT
 from tasks.captions.files import EVAL_CAPTIONS, EVAL_CAPTIONS_SCHEMA
 from corpusforge.storage import Store

@@ -30,7 +30,8 @@ def write_manifest(store: Any, sc: Scale) -> None:
     files of the release plan), in the manifest's schema (built column by column)."""
     import pyarrow as pa
 
-    from corpusforge.layout import MANIFEST_SCHEMA, late_path, manifest_path
+    from corpusforge.layout import MANIFEST_SCHEMA, manifest_path
+    from tasks.release.files import late_path
 
     part_size = math.ceil(sc.n / sc.parts)
     for part in range(sc.parts):
