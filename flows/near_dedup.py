@@ -23,7 +23,8 @@ from corpusforge.artifacts import publish_run_artifacts
 from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, run_logger
 from corpusforge.config import FlowConfig
 from corpusforge.contract import COMPUTED, MAYBE, SKIPPED, remove_tree
-from corpusforge.layout import LEDGER_DIR, MANIFEST_DIR, RESOLVED_DIR
+from corpusforge.layout import LEDGER_DIR, MANIFEST_DIR
+from tasks.ingest.files import RESOLVED_DIR
 from tasks.release.files import RELEASE_DIR, RELEASE_PLAN_DIR
 from tasks.graph.files import LINEAGE
 from tasks.report.files import RECEIPT

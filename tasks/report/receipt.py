@@ -21,7 +21,8 @@ from typing import Any
 import pyarrow as pa
 
 from corpusforge.contract import Unit, digest_of, require_markers
-from corpusforge.layout import MARKERS, ingest_path
+from corpusforge.layout import MARKERS
+from tasks.ingest.files import ingest_path
 from tasks.release.files import CURRENT, VERSIONS_DIR
 from tasks.report.files import (CHANGES_MD, CHANGES_TABLE, RECEIPT, RECEIPT_OUTPUTS, RECEIPT_OUTPUTS_SCHEMA, REPORT,
                                 REPORT_HTML)
