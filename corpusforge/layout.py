@@ -1,7 +1,10 @@
-"""Every path under the output root and every schema that more than one stage reads.
+"""The shared root layout: the folders and schemas that several stages and the ground floor read.
 
-Stages import their paths and shared schemas from here and nothing from each other, so
-a newcomer finds any file's writer and readers by grepping one name. Data folders hold
+Each stage's own files (paths, path functions, schemas) are in its public ``tasks/<stage>/files.py``,
+which other stages may import (and nothing else of that stage; ``.importlinter``). What stays here
+is what no single stage owns: the completion markers, staging and feature files (every downstream
+stage, :mod:`corpusforge.plans` and ``tasks/shared`` read them), the manifest every stage reads,
+the lease and the unit ledger, and the ingest row schema the others derive from. Data folders hold
 only data: completion markers live in a parallel ``_markers/`` tree (see
 :mod:`corpusforge.contract`) and temporary files start with ``.``, so
 ``pyarrow.dataset.dataset("OUT/graph/edges")``, DuckDB globs and ``webdataset`` read
