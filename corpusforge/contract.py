@@ -388,38 +388,41 @@ def step_path(name: str) -> str:
     return f"{STEPS_DIR}/{name}.json"
 
 
-def run_step(store: Store, name: str, key: str, fn: Callable[..., Any], kwargs: dict[str, Any],
-             outputs: tuple[str, ...] = ()) -> Any:
+def run_step(store: Store, name: str, key: str, fn: Callable[..., InfoT], kwargs: dict[str, Any],
+             outputs: tuple[str, ...] = ()) -> UnitResult[InfoT]:
     """The one-off global step ``fn(**kwargs)`` as a unit keyed by ``key`` (:func:`step_call`):
     when its marker holds ``key``, the result recorded there, with no work; else it runs and
     records its result (JSON: the result a later run reads back is the one this run returns,
-    so a rerun and a fresh build see the same). ``outputs``: the few files it writes, which
-    must all be there for it to count as done (a report someone removed is written again)."""
+    so a rerun and a fresh build see the same). Returns the step's marker with its result as
+    ``info`` (on disk the marker's info is ``{"result": …}``). ``outputs``: the few files it
+    writes, which must all be there for it to count as done (a report someone removed is
+    written again)."""
     if (done := step_result(store, name, key, outputs)) is not None:
-        return done[0]
+        return done
     must_compute()
     return record_step(store, name, key, fn(**kwargs))
 
 
-def step_result(store: Store, name: str, key: str, outputs: tuple[str, ...] = ()) -> tuple[Any] | None:
-    """``(result,)`` of the global step ``name`` when its marker holds ``key`` and ``outputs``
-    are all there, else None (a step whose work is several fan-outs, which the flow drives
-    itself, checks this first)."""
+def step_result(store: Store, name: str, key: str, outputs: tuple[str, ...] = ()) -> UnitResult[Any] | None:
+    """The result of the global step ``name`` (skipped) when its marker holds ``key`` and
+    ``outputs`` are all there, else None (a step whose work is several fan-outs, which the
+    flow drives itself, checks this first)."""
     try:
         marker = Marker.from_json(store.read_json(step_path(name)))
     except FileNotFoundError:
         return None
     if marker.fingerprint != key or not all(store.exists(rel) for rel in outputs):
         return None
-    return (marker.info["result"],)
+    return UnitResult(marker.fingerprint, marker.outputs, marker.digest, marker.info["result"], action=SKIPPED)
 
 
-def record_step(store: Store, name: str, key: str, result: Any) -> Any:
-    """Record the result of the global step ``name`` under ``key``; return it as a later run
-    will read it back (JSON), so this run and those see the same."""
+def record_step(store: Store, name: str, key: str, result: InfoT) -> UnitResult[InfoT]:
+    """Record the result of the global step ``name`` under ``key``; return it (computed) as a
+    later run will read it back (JSON), so this run and those see the same."""
     result = json.loads(canonical_json(result))
-    store.write_json(step_path(name), Marker(key, {}, digest_of({}), {"result": result}).to_json())
-    return result
+    marker = Marker(key, {}, digest_of({}), {"result": result})
+    store.write_json(step_path(name), marker.to_json())
+    return UnitResult(marker.fingerprint, marker.outputs, marker.digest, result, action=COMPUTED)
 
 
 def keyed(unit: Unit) -> Unit:

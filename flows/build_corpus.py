@@ -278,7 +278,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
         caption_set = fan_out(keyed(WRITE_EVAL_CAPTIONS), [step_call(  # reads the test plans and staging shards
             store, WRITE_EVAL_CAPTIONS, config.eval_captions.model_dump(mode="json"),
             [plans, {n: p["sha256"] for n, p in release["plans"].items()}, list(written.digests())],
-            dict(store=store, plans=plans, cfg=config.eval_captions), (EVAL_CAPTIONS,))])[0]
+            dict(store=store, plans=plans, cfg=config.eval_captions), (EVAL_CAPTIONS,))])[0].info
     else:
         for rel in (EVAL_CAPTIONS, EVAL_PLANS):
             store.remove(rel)
@@ -369,7 +369,7 @@ def _receipt(config: BuildConfig, store: Store, kind: str, ingested: Ledger, rel
         thresholds={"validation": config.validation.model_dump(mode="json"),
                     "near_dedup": config.near_dedup.model_dump(mode="json") if config.near_dedup else None},
         input_snapshot_sha256=fan_out(keyed(INPUT_SNAPSHOT), [step_call(
-            store, INPUT_SNAPSHOT, n_parts, list(ingested.digests()), dict(store=store, n_parts=n_parts))])[0],
+            store, INPUT_SNAPSHOT, n_parts, list(ingested.digests()), dict(store=store, n_parts=n_parts))])[0].info,
         counts=count_outcomes(manifest.infos()),
         licenses=licenses,
         release=release_section(release, config.splits),
@@ -380,7 +380,7 @@ def _receipt(config: BuildConfig, store: Store, kind: str, ingested: Ledger, rel
         outputs=None,
     )
     receipt["outputs"] = fan_out(keyed(WRITE_OUTPUT_LIST), [step_call(
-        store, WRITE_OUTPUT_LIST, receipt, output_stamp(store), dict(store=store), (RECEIPT_OUTPUTS,))])[0]
+        store, WRITE_OUTPUT_LIST, receipt, output_stamp(store), dict(store=store), (RECEIPT_OUTPUTS,))])[0].info
     return receipt
 
 

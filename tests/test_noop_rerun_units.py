@@ -13,6 +13,7 @@ the same way. So a no-op rerun is a walk over markers in the flow process.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from corpusforge.contract import in_process, keyed, probe, run_step, step_call
+from corpusforge.contract import COMPUTED, SKIPPED, in_process, keyed, probe, run_step, step_call
 from corpusforge.layout import MANIFEST_DIR
 from tasks.release.files import LATE_DIR, RELEASE_DIR, RELEASE_PLAN_DIR, late_path, release_plan_path
 from tasks.report.files import RECEIPT, RECEIPT_OUTPUTS
@@ -143,10 +144,11 @@ def test_a_keyed_step_is_current_only_with_the_same_key_and_its_outputs(tmp_path
 
     assert probe(run_step, call(1, "a")) == (False, None)
     (done,) = in_process(keyed(WRITE_OUTPUT_LIST), [call(1, "a")])
-    assert done["files"] == 1 and done["sha256"] == store.sha256(RECEIPT_OUTPUTS)
-    assert probe(run_step, call(1, "a")) == (True, done)
+    assert done.action == COMPUTED and done.info["files"] == 1 and done.info["sha256"] == store.sha256(RECEIPT_OUTPUTS)
+    current = dataclasses.replace(done, action=SKIPPED)  # the recorded result, read back
+    assert probe(run_step, call(1, "a")) == (True, current)
     written = (tmp_path / RECEIPT_OUTPUTS).stat().st_mtime_ns
-    assert in_process(keyed(WRITE_OUTPUT_LIST), [call(1, "a")]) == [done]
+    assert in_process(keyed(WRITE_OUTPUT_LIST), [call(1, "a")]) == [current]
     assert (tmp_path / RECEIPT_OUTPUTS).stat().st_mtime_ns == written  # read back, not written again
     assert probe(run_step, call(2, "a")) == (False, None)  # a setting
     assert probe(run_step, call(1, "b")) == (False, None)  # an input's digest

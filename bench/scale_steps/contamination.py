@@ -115,8 +115,8 @@ def run_contamination_index_ivf(store, sc: Scale, data: str) -> dict[str, Any]:
     rule = scan.pair_rule(query, target)
     store.remove(marker_path(contamination_index("images")))
     kwargs = dict(out=store, name="images", target=target, target_digest=target.digest(), cfg=IvfConfig(), rule=rule)
-    info = scan.build_scan_index(**kwargs)
-    return {"tasks": 1, "params": [kwargs], "nlist": info["plan"]["nlist"], "vectors": info["n_vectors"]}
+    built = scan.build_scan_index(**kwargs).info
+    return {"tasks": 1, "params": [kwargs], "nlist": built["plan"]["nlist"], "vectors": built["n_vectors"]}
 
 
 FIXED += ["contamination_driver", "contamination_scan_exact"]

@@ -392,6 +392,17 @@ INPUTS["graph512"] = lambda store, sc, src: write_graph(store, sc, os.path.dirna
 _GRAPH_NEEDS = ("staging", "features512", "graph512")
 
 
+def write_review(store, sc: Scale, data: str) -> None:
+    """The review pairs, graph_verify's input, as graph_review chooses them (the same files)."""
+    from tasks.graph.review import select_review_pairs
+
+    state = _graph_state(data)
+    select_review_pairs(_graph_out(data, GRAPH_TAG), _near_config(MODEL_512), state["table"], state["edges"])
+
+
+INPUTS["review512"] = lambda store, sc, src: write_review(store, sc, os.path.dirname(src))
+
+
 def _merge_sizes(n: int) -> dict[str, int]:
     """What a merge task's memory follows: the found pairs of its group, here the planted
     pairs over :data:`MERGE_GROUPS`; projected (10⁷, 10⁸) at a full group, merge_max_edges."""
@@ -457,7 +468,7 @@ def run_review(store, sc: Scale, data: str) -> dict[str, Any]:
     return {"tasks": 1, "params": [kwargs], "review_pairs": marker.info["pairs"]}
 
 
-@step("graph_verify", _GRAPH_NEEDS, "task", ("tasks.graph.stage",))
+@step("graph_verify", (*_GRAPH_NEEDS, "review512"), "task", ("tasks.graph.stage",))
 def run_verify(store, sc: Scale, data: str) -> dict[str, Any]:
     """One verification task (the shard owning the most review pairs), as the stage calls it."""
     from corpusforge.contract import marker_path, require_marker
@@ -468,7 +479,7 @@ def run_verify(store, sc: Scale, data: str) -> dict[str, Any]:
     from tasks.graph.verify import records_fingerprint, verify_shard
 
     out, state, cfg = _graph_out(data, GRAPH_TAG), _graph_state(data), _near_config(MODEL_512)
-    review = select_review_pairs(out, cfg, state["table"], state["edges"])  # its input: current after graph_review
+    review = select_review_pairs(out, cfg, state["table"], state["edges"])  # current: written as an input
     nodes = plan_nodes(store, [shard_name(s) for s in range(sc.shards)])
     shard = max(nodes.shards, key=lambda s: out.read_parquet(review_path(s)).num_rows)
     records = {s: require_marker(store, staging_tar(s), "staging shard").outputs[staging_records(s)]
@@ -528,7 +539,7 @@ def _collision(cap: int | None) -> Callable[[Any, Scale, str], dict[str, Any]]:
         state = _graph_state(data)
         kwargs = dict(source=store, out=_graph_out(data, GRAPH_TAG), cfg=_collision_config(cap),
                       shard_table=state["table"], n_vectors=state["n_vectors"], fp=os.urandom(32).hex())
-        result = collision_models(**kwargs)
+        result = collision_models(**kwargs).info
         return {"tasks": 1, "params": [kwargs], "full_size": result["full_size"], "pairs": result["pairs"],
                 "searched": result["full_size"] if result["counted_whole"]
                 else max(r["subset_size"] for r in result["rows"])}

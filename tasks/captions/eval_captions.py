@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -110,8 +110,20 @@ def _read_spans(store: Store, rel: str, spans: list[tuple[int, int]]) -> list[by
     return out
 
 
+class CaptionSet(TypedDict):
+    """What the receipt records about the set (:func:`write_eval_captions`)."""
+
+    path: str
+    sha256: str
+    captions: int
+    test_records: int
+    size: int
+    seed: int
+    rule: str
+
+
 def write_eval_captions(store: Store, plans: str, cfg: EvalCaptionsConfig,
-                        source: Store | None = None) -> dict[str, Any]:
+                        source: Store | None = None) -> CaptionSet:
     """Write the set from the test release plans named in ``work/eval_plans.parquet`` (``plans``:
     its SHA-256, :func:`write_test_plan_list`); return what the receipt records about it.
     ``source`` holds the staging shards (default ``store``)."""

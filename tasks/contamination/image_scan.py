@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import faiss
 import numpy as np
@@ -288,8 +288,30 @@ def check_index_size(scan: str, n_vectors: int, form_dim: int, storage: str, lim
             f"near-duplicate graph's")
 
 
+class ScanIndexInfo(TypedDict):
+    """A built scan index's marker info (:func:`build_scan_index`); ``offsets``: each target shard's first id."""
+
+    plan: dict[str, Any]
+    dim: int
+    n_vectors: int
+    offsets: list[int]
+    pair_score: dict[str, Any]
+
+
+class ScanRecall(TypedDict):
+    """The index's recall on a sample of queries (:func:`scan_recall`), as the receipt keeps it."""
+
+    sampled_queries: int
+    flagged_exact: int
+    flagged_found: int
+    recall_flagged: float | None
+    top1_agreement: float | None
+    threshold: float
+    pair_score: dict[str, Any]
+
+
 def build_scan_index(out: Store, name: str, target: ScanSide, target_digest: str, cfg: IvfConfig,
-                     rule: PairScore) -> dict[str, Any]:
+                     rule: PairScore) -> UnitResult[ScanIndexInfo]:
     """An IVF index over every target vector's candidate form under ``rule`` (ids: position
     in target-shard order)."""
     n_est = sum(n_selected(target, s) for s in target.shards)
@@ -300,7 +322,7 @@ def build_scan_index(out: Store, name: str, target: ScanSide, target_digest: str
     fp = unit_fingerprint("contamination-index", _code(), [plan, rule.to_json()], target_digest)
     rel = contamination_index(name)
 
-    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+    def compute() -> tuple[dict[str, str], ScanIndexInfo]:
         if cfg.faiss_threads:
             faiss.omp_set_num_threads(cfg.faiss_threads)
         rate = n_train / max(n_est, 1)
@@ -332,27 +354,26 @@ def build_scan_index(out: Store, name: str, target: ScanSide, target_digest: str
         return {rel: sink.sha256}, {"plan": plan, "dim": int(dim), "n_vectors": int(offsets[-1]),
                                     "offsets": offsets, "pair_score": rule.to_json()}
 
-    marker = run_unit(out, rel, fp, compute)
-    return {**marker.info, "fingerprint": marker.fingerprint, "action": marker.action}
+    return run_unit(out, rel, fp, compute)
 
 
 _INDEX_CACHE: dict[tuple[str, str], faiss.Index] = {}
 
 
-def load_scan_index(out: Store, name: str, info: dict[str, Any]) -> faiss.Index:
+def load_scan_index(out: Store, name: str, built: UnitResult[ScanIndexInfo]) -> faiss.Index:
     """The saved index, read once per process (keyed by its fingerprint)."""
-    key = (out.path(contamination_index(name)), info["fingerprint"])
+    key = (out.path(contamination_index(name)), built.fingerprint)
     if key not in _INDEX_CACHE:
         _INDEX_CACHE.clear()
         with out.open(contamination_index(name)) as f:  # streamed: never the file's bytes and the index at once
             index = faiss.read_index(faiss.PyCallbackIOReader(f.read))
-        faiss.extract_index_ivf(index).nprobe = info["plan"]["nprobe"]
+        faiss.extract_index_ivf(index).nprobe = built.info["plan"]["nprobe"]
         _INDEX_CACHE[key] = index
     return _INDEX_CACHE[key]
 
 
 def scan_shard_ivf(out: Store, scan: str, query: ScanSide, shard: str, target: ScanSide, index_name: str,
-                   index_info: dict[str, Any], k: int, rule: PairScore) -> UnitResult:
+                   built: UnitResult[ScanIndexInfo], k: int, rule: PairScore) -> UnitResult:
     """Top-k targets of one query shard from the IVF index, by their exact scores under ``rule``.
 
     The index ranks by the forms' inner product: the rule up to float rounding, except that a
@@ -370,16 +391,16 @@ def scan_shard_ivf(out: Store, scan: str, query: ScanSide, shard: str, target: S
     form chooses its own ``nprobe`` lists (up to twice as many lists probed); every list
     is scored with the whole query form."""
     fp = unit_fingerprint("contamination-scan", _code(), ["ivf", k, rule.to_json()],
-                          [query.shard_digest(shard), index_info["fingerprint"]])
+                          [query.shard_digest(shard), built.fingerprint])
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         v = load_shard(query, shard)
-        index = load_scan_index(out, index_name, index_info)
+        index = load_scan_index(out, index_name, built)
         depth = k + sim.RESCORE_EXTRA
         forms = rule.query_forms(v.x)
         _, found = (sim.ivf_search_by_list(index, forms, depth, probes=rule.probe_parts(forms))
                     if len(v.keys) else sim.empty_topk(0, depth))
-        offsets = np.asarray(index_info["offsets"], dtype=np.int64)
+        offsets = np.asarray(built.info["offsets"], dtype=np.int64)
         lookup, vectors = _resolve(target, offsets, found)
         sims, ids = sim.rescore_topk(v.x, found, vectors, k, rule)
         table = match_table(v.keys, sims, ids, lookup)
@@ -396,7 +417,7 @@ def recall_path(scan: str) -> str:
 
 def scan_recall(out: Store, scan: str, query: ScanSide, target: ScanSide, target_digest: str, k: int,
                 threshold: float, n_sample: int, seed: int, found_digests: list[str], rule: PairScore
-                ) -> dict[str, Any]:
+                ) -> UnitResult[ScanRecall]:
     """Recall of the index on a seeded sample of queries, against an exact scan of every target.
 
     ``recall_flagged``: share of sampled queries flagged by the exact scan (best > threshold)
@@ -407,7 +428,7 @@ def scan_recall(out: Store, scan: str, query: ScanSide, target: ScanSide, target
                           [[query.shard_digest(s) for s in query.shards], target_digest, found_digests])
     rel = recall_path(scan)
 
-    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+    def compute() -> tuple[dict[str, str], ScanRecall]:
         n_total = sum(n_selected(query, s) for s in query.shards)
         rate = n_sample / max(n_total, 1)
         keys, xs = [], []
@@ -430,13 +451,13 @@ def scan_recall(out: Store, scan: str, query: ScanSide, target: ScanSide, target
         flagged = [key for key, (s, _) in exact.items() if s > threshold]
         found = [key for key in flagged if approx.get(key, (-np.inf, None))[0] > threshold]
         same = sum(1 for key, (_, i) in exact.items() if i >= 0 and approx.get(key, (0, None))[1] == lookup[i][1])
-        result = {"sampled_queries": len(keys), "flagged_exact": len(flagged), "flagged_found": len(found),
+        result: ScanRecall = {"sampled_queries": len(keys), "flagged_exact": len(flagged), "flagged_found": len(found),
                   "recall_flagged": (len(found) / len(flagged)) if flagged else None,
                   "top1_agreement": (same / len(keys)) if keys else None, "threshold": threshold,
                   "pair_score": rule.to_json()}
         return {rel: out.write_json(rel, result)}, result
 
-    return run_unit(out, rel, fp, compute).info
+    return run_unit(out, rel, fp, compute)
 
 
 def plan_search(mode: str, n_queries: int, n_targets: int, exact_max_pairs: float) -> str:

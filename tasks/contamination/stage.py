@@ -22,7 +22,7 @@ import math
 from typing import Any
 
 from corpusforge.contract import (FanOut, Unit, UnitResult, completed_units, in_process, prune, remove_tree,
-                                  require_marker)
+                                  require_marker, summarise)
 from corpusforge.feature_files import feature_marker, list_feature_shards, require_features
 from corpusforge.layout import STAGING_INDEX, STAGING_RECORDS, STAGING_TARS, staging_tar
 from tasks.contamination.files import (CONTAMINATION_FOUND, CONTAMINATION_IMAGES, CONTAMINATION_ITEMS,
@@ -109,18 +109,17 @@ def run_scan(out: Store, name: str, query: scan.ScanSide, target: scan.ScanSide,
                                               for s in query.shards])
         result["recall"] = {"recall_flagged": 1.0, "method": "exhaustive scan: every pair compared"}
     else:
-        info = fan_out(BUILD_INDEX, [dict(out=out, name=name, target=target, target_digest=target_digest,
-                                                 cfg=ivf_cfg, rule=rule)])[0]
+        built = fan_out(BUILD_INDEX, [dict(out=out, name=name, target=target, target_digest=target_digest,
+                                                  cfg=ivf_cfg, rule=rule)])[0]
         markers = fan_out(SCAN_IVF, [dict(out=out, scan=name, query=query, shard=s, target=target,
-                                                 index_name=name, index_info=info, k=k, rule=rule)
+                                                 index_name=name, built=built, k=k, rule=rule)
                                             for s in query.shards])
-        result["index"] = {k2: info[k2] for k2 in ("plan", "dim", "n_vectors")}
+        result["index"] = {k2: built.info[k2] for k2 in ("plan", "dim", "n_vectors")}
         result["recall"] = fan_out(RECALL, [dict(
             out=out, scan=name, query=query, target=target, target_digest=target_digest, k=k, threshold=threshold,
             n_sample=recall_queries, seed=ivf_cfg.seed, found_digests=[m.digest for m in markers],
-            rule=rule)])[0]
-    result["units"] = {"computed": sum(m.action == "computed" for m in markers),
-                       "skipped": sum(m.action == "skipped" for m in markers)}
+            rule=rule)])[0].info
+    result["units"] = summarise(f"contamination.{name}", markers).counts()
     return result
 
 

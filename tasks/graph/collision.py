@@ -43,6 +43,7 @@ Output: ``graph/collision/table.parquet`` (threshold, fraction, subset_size, rem
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 from typing import Any
@@ -50,7 +51,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from corpusforge.contract import run_unit, side_by_side
+from corpusforge.contract import UnitResult, run_unit, side_by_side
 from corpusforge.feature_files import require_all_features
 from corpusforge.hashing import stable_uniform
 from corpusforge.storage import Store
@@ -184,15 +185,16 @@ def _rescored(rule: PairScore, x: np.ndarray, src: np.ndarray, dst: np.ndarray) 
 
 
 def collision_models(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str,
-                     n_vectors: int, fp: str) -> dict[str, Any]:
-    """Run the subsets, fit per threshold, write table, JSON, plot and pairs; return the JSON.
+                     n_vectors: int, fp: str) -> UnitResult[dict[str, Any]]:
+    """Run the subsets, fit per threshold, write table, JSON, plot and pairs; return the
+    marker with the JSON as its info (the marker on disk keeps none: the JSON is the report).
 
     Skipped (the stored JSON returned) when done before with the same fingerprint ``fp``.
     ``shard_table``: SHA-256 of the stage's shard table (tasks/graph/nodes.py).
     """
     marker = run_unit(out, JSON_PATH, fp, lambda: _collision_models(
         source, out, cfg, read_shard_table(out, shard_table)[0], n_vectors))
-    return {**out.read_json(JSON_PATH), "action": marker.action}
+    return dataclasses.replace(marker, info=out.read_json(JSON_PATH))
 
 
 def _collision_models(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable,

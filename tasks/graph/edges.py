@@ -128,6 +128,16 @@ class RecallInfo(TypedDict):
     recall_pairs: int
 
 
+class GraphRecall(TypedDict):
+    """The recall step's result (:func:`graph_recall`), the receipt's ``near_duplicates.recall``."""
+
+    queries: int
+    reference_pairs: int
+    found: int
+    recall: float | None
+    tolerance: float
+
+
 class EdgesInfo(TypedDict):
     """A merge unit's result: edges per owner shard of its group (each shard's marker has its own count)."""
 
@@ -374,7 +384,7 @@ def node_degrees(out: Store, nodes: NodeTable) -> np.ndarray:
     return degree
 
 
-def graph_recall(out: Store, shard_table: str, cfg: NearDedupConfig) -> dict[str, Any]:
+def graph_recall(out: Store, shard_table: str, cfg: NearDedupConfig) -> GraphRecall:
     """Share of exhaustive-search pairs of the recall sample that the graph holds
     (``shard_table``: SHA-256 of the stage's shard table).
 

@@ -147,7 +147,7 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
     recall = fan_out(keyed(RECALL), [step_call(  # keyed by what it reads: probed, no task run when current
         store, RECALL, cfg.model_dump(mode="json"),
         [table, index.fingerprint, index.digest, [r.digest for r in references], edges_digests],
-        calls["recall"])])[0]
+        calls["recall"])])[0].info
     review = None
     if cfg.verifying:
         review = fan_out(REVIEW, [calls["review"]])[0]
@@ -177,7 +177,7 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
         calibrated_sheet = fan_out(CALIBRATION, [calls["calibration"]])[0]
         work["calibration"], calibration = calibrated_sheet.action, calibrated_sheet.info
     if collision is not None:
-        work["collision"] = collision.pop("action")
+        work["collision"] = collision.action
 
     summary = {
         "model_id": cfg.model_id,
@@ -196,7 +196,7 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
                           "verified": sum(m.info["verified"] for m in verified)} if cfg.verifying else None),
         "recall": recall,
         "decisions": decisions,
-        "collision": _collision_brief(collision),
+        "collision": _collision_brief(collision.info) if collision else None,
         "calibration": calibration,
         **({"self_calibration": self_calibration.info} if self_calibration else {}),
     }
@@ -260,9 +260,7 @@ def _knn_cap_reached(store: Store, cfg: NearDedupConfig, nodes, queried: list[Un
     return bool((degree[reused] >= cfg.index.k - 1).any())
 
 
-def _collision_brief(result: dict[str, Any] | None) -> dict[str, Any] | None:
-    if result is None:
-        return None
+def _collision_brief(result: dict[str, Any]) -> dict[str, Any]:
     return {"full_size": result["full_size"], "target_size": result["target_size"],
             "fraction_scale": result["fraction_scale"],
             "counted_whole": result.get("counted_whole", False),

@@ -43,7 +43,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypedDict
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -284,7 +284,15 @@ def _decisions_by_part(store: Store, folder: str, parts: range) -> dict[int, dic
     return found
 
 
-def resolve_group(store: Store, parts: range, decisions: str, shard_size: int) -> list[UnitResult]:
+class ResolvedInfo(TypedDict):
+    """A resolved partition's marker info: what the staging planner reads instead of rows."""
+
+    part: int
+    survivors: int
+    candidates: list[list[Any]]  # [position among the survivors, staging shard name]
+
+
+def resolve_group(store: Store, parts: range, decisions: str, shard_size: int) -> list[UnitResult[ResolvedInfo]]:
     """Fold the key and exact-duplicate decisions into each partition of a group (one unit
     per partition, fingerprinted with its ingest digest from its marker; ``decisions``: the
     combined digest of every decision file). The group's rows of the decision files are
@@ -302,14 +310,14 @@ def resolve_group(store: Store, parts: range, decisions: str, shard_size: int) -
 
 
 def _resolve_partition(store: Store, part: int, ingest_digest: str, decisions: str, shard_size: int,
-                       group_decisions: Callable[[], GroupDecisions]) -> UnitResult:
+                       group_decisions: Callable[[], GroupDecisions]) -> UnitResult[ResolvedInfo]:
     """Fold key and exact-duplicate decisions into a partition's rows.
 
     The marker's info gives the staging planner what it needs without reading rows: the
     number of surviving records (valid, unique key, not a duplicate) and the staging cut
     candidates among them (:mod:`corpusforge.chunking`), as (position, name).
     """
-    def compute() -> tuple[dict[str, str], dict[str, Any]]:
+    def compute() -> tuple[dict[str, str], ResolvedInfo]:
         rows = store.read_parquet(ingest_path(part)).to_pylist()
         keydups, exacts = group_decisions()
         dup_keys, dup_bytes = keydups.get(part, {}), exacts.get(part, {})

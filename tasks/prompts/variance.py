@@ -31,7 +31,7 @@ import pyarrow as pa
 from corpusforge.contract import UnitKey, UnitResult, prune, run_unit, unit_fingerprint
 from corpusforge.layout import MARKERS
 from tasks.prompts.files import GENERATED_VARIANCE_SCHEMA, PROMPTS_GENERATED, generated_variance_path
-from corpusforge.storage import file_stamp, with_s3_defaults
+from corpusforge.storage import file_stamp, url_to_fs
 from corpusforge.version import code_version
 from tasks.prompts.tables import SAFE_ID
 from tasks.shared.inputs import list_folder, read_image, resolve_input
@@ -74,7 +74,7 @@ def list_generated(generated: str, options: dict[str, Any]) -> dict[str, Any]:
     (:func:`tasks.shared.inputs.list_folder`: links listed, never followed); a file that may
     not be read (a symlink out, a FIFO) is listed with its ``unsafe_path`` reason as its
     stamp, and is that image's error."""
-    fs, _ = fsspec.core.url_to_fs(generated, **with_s3_defaults(generated, options))
+    fs, _ = url_to_fs(generated, options)
     root = generated.rstrip("/")
     found: dict[str, dict[str, list[tuple[str, str]]]] = {}
     unusable: list[str] = []

@@ -21,7 +21,7 @@ from corpusforge.ledger import Ledger
 from corpusforge.storage import Store
 from tasks.release.manifest import write_manifest_part
 from tasks.release.release_card import dataset_card
-from tasks.release.shards import plan_release_files, write_release_shard, write_staged_list
+from tasks.release.shards import ReleasePlan, plan_release_files, write_release_shard, write_staged_list
 from tasks.release.splits import SPLITS, SplitConfig, tier_counts
 
 PLAN_RELEASE = Unit(plan_release_files, "plan-release")
@@ -31,7 +31,7 @@ WRITE_MANIFEST_PART = Unit(write_manifest_part, "write-manifest-part", probe=Tru
 
 def publish(store: Store, staged: list[str], n_parts: int, splits: SplitConfig, near_dedup: bool,
             source: Store | None = None, captions: bool = False, *, resolved: Iterable[str] | None = None,
-            fan_out: FanOut = in_process) -> tuple[dict[str, Any], Ledger, dict[str, Any]]:
+            fan_out: FanOut = in_process) -> tuple[ReleasePlan, Ledger, dict[str, Any]]:
     """Write release shards and manifest.
 
     ``resolved``: the resolved partitions' digests in order, as the run that resolved them
@@ -43,9 +43,9 @@ def publish(store: Store, staged: list[str], n_parts: int, splits: SplitConfig, 
                      _plan_inputs(store, source or store, staged, near_dedup, captions),
                      dict(store=store, staged=write_staged_list(store, staged), cfg=splits, near_dedup=near_dedup,
                           source=source, captions=captions))
-    if (done := step_result(store, PLAN_RELEASE.name, plan["key"])) is not None and not _plans_there(store, done[0]):
+    if (done := step_result(store, PLAN_RELEASE.name, plan["key"])) is not None and not _plans_there(store, done.info):
         forget_step(store, PLAN_RELEASE.name)  # a plan file removed by hand: plan again (the same bytes)
-    release = fan_out(keyed(PLAN_RELEASE), [plan])[0]
+    release = fan_out(keyed(PLAN_RELEASE), [plan])[0].info
     with Ledger(store, "release") as shards:
         fan_out.stream(WRITE_RELEASE_SHARD, [dict(store=store, split=s["split"], shard=s["index"], cfg=splits,
                                                   plan_sha256=release["plans"][name]["sha256"], source=source)
@@ -67,7 +67,7 @@ def publish(store: Store, staged: list[str], n_parts: int, splits: SplitConfig, 
                                "manifest_parts": manifest.summary("manifest").counts()}
 
 
-def _plans_there(store: Store, result: dict[str, Any]) -> bool:
+def _plans_there(store: Store, result: ReleasePlan) -> bool:
     """Whether every plan and late file a recorded release plan names is there: the release
     shards, the manifest parts and the evaluation caption set read them when their own keys
     change. One listing per folder (O(shards) names), not a request per file."""
@@ -86,7 +86,7 @@ def _plan_inputs(store: Store, source: Store, staged: list[str], near_dedup: boo
             if captions else None]
 
 
-def release_section(release: dict[str, Any], splits: SplitConfig) -> dict[str, Any]:
+def release_section(release: ReleasePlan, splits: SplitConfig) -> dict[str, Any]:
     """The receipt's release section: split sizes, tiers and every shard's size and caption mix."""
     shards = release["shards"]
     n_train = sum(1 for s in shards.values() if s["split"] == "train")

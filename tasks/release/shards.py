@@ -37,7 +37,7 @@ import os
 import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 import duckdb
 import pyarrow as pa
@@ -233,9 +233,20 @@ def read_staged_list(store: Store, digest: str) -> list[str]:
     return pq.read_table(io.BytesIO(data))["shard"].to_pylist()
 
 
+class ReleasePlan(TypedDict):
+    """The release plan step's result (:func:`plan_release_files`), as its marker keeps it (JSON)."""
+
+    shards: dict[str, dict[str, Any]]
+    plans: dict[str, dict[str, str]]
+    late: dict[str, str]
+    removed_near_duplicates: int
+    split_rule: str
+    images: dict[str, Any]
+
+
 def plan_release_files(store: Store, staged: str, cfg: SplitConfig, near_dedup: bool,
                        source: Store | None = None, captions: bool = False,
-                       memory_limit: str = PLAN_MEMORY_LIMIT) -> dict[str, Any]:
+                       memory_limit: str = PLAN_MEMORY_LIMIT) -> ReleasePlan:
     """Plan splits/shards/tiers and write the plan files; return each release shard's size,
     caption mix and plan digest, and each partition's late-facts digest.
 

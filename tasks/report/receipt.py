@@ -16,7 +16,7 @@ import hashlib
 import os
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 import pyarrow as pa
 
@@ -101,7 +101,16 @@ def _objects(fs: Any, folder: str, rel: str) -> Iterator[tuple[str, dict[str, An
             yield rel + key, info
 
 
-def write_output_list(store: Store) -> dict[str, Any]:
+class OutputList(TypedDict):
+    """The receipt's ``outputs`` entry (:func:`write_output_list`)."""
+
+    list: str
+    files: int
+    sha256: str
+    digest: str
+
+
+def write_output_list(store: Store) -> OutputList:
     """Write ``receipt_outputs.parquet`` (every output file's path and SHA-256, sorted by
     path) and return the receipt's ``outputs`` entry: where the list is, how many files,
     the list file's SHA-256 and the digest of its pairs (:func:`corpusforge.contract.digest_of`)."""

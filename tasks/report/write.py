@@ -38,4 +38,4 @@ def write_receipt(store: Store, receipt: dict[str, Any], *, fan_out: FanOut = in
     # keyed by the receipt (which names every output's digest, the edge files the HTML reads too)
     return written, fan_out(keyed(WRITE_REPORTS), [step_call(store, WRITE_REPORTS, None, sha,
                                                              dict(store=store, receipt_sha256=sha),
-                                                             (REPORT, REPORT_HTML))])[0]
+                                                             (REPORT, REPORT_HTML))])[0].info

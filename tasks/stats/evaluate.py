@@ -40,14 +40,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-import fsspec
 import numpy as np
 
 from corpusforge.contract import COMPUTED, SKIPPED, Marker, Unit, explain, finish_unit, read_marker, unit_fingerprint
 from corpusforge.feature_files import read_shard_errors, read_shard_features, write_shard_features
 from corpusforge.hashing import fingerprint
 from corpusforge.layout import feature_vectors
-from corpusforge.storage import Store, file_stamp, open_uri, with_s3_defaults
+from corpusforge.storage import Store, file_stamp, open_uri, url_to_fs
 from corpusforge.tarshard import iter_tar_samples
 from corpusforge.version import code_version
 from tasks.shared.features.config import ModelSpec, RuntimeConfig
@@ -91,7 +90,7 @@ def _read(uri: str, storage_options: dict[str, Any]) -> bytes:
 
 
 def _exists(uri: str, storage_options: dict[str, Any]) -> bool:
-    fs, path = fsspec.core.url_to_fs(uri, **with_s3_defaults(uri, storage_options))
+    fs, path = url_to_fs(uri, storage_options)
     return fs.exists(path)
 
 
@@ -192,7 +191,7 @@ def _stamp(uri: str, info: dict[str, Any] | None, roots: Sequence[str], storage_
     location, refusal = resolve_input(*_named(uri, roots), roots)
     if location is None:
         return refusal
-    fs, path = fsspec.core.url_to_fs(uri, **with_s3_defaults(uri, storage_options))
+    fs, path = url_to_fs(uri, storage_options)
     return file_stamp(fs, path, info)
 
 
@@ -205,7 +204,7 @@ def plan_generated(sources: Sequence[str], storage_options: dict[str, Any] | Non
     files: list[tuple[str, str]] = []
     tars: list[tuple[str, str]] = []
     for source in roots:
-        fs, root = fsspec.core.url_to_fs(source, **with_s3_defaults(source, so))
+        fs, root = url_to_fs(source, so)
         found = ([(posixpath.join(source, rel), info) for rel, info in list_folder(source, so)]
                  if fs.isdir(root) else [(source, None)])
         for uri, info in found:

@@ -139,7 +139,7 @@ def reference_stats_stage(store: Store, config: ReferenceStatsConfig, caption_se
     manifest = _manifest_digests(store)
     plan = _plan_of(fan_out(keyed(SCAN_MANIFEST), [step_call(
         store, SCAN_MANIFEST, {**scan, "sample": config.sample.model_dump(mode="json")}, manifest,
-        dict(store=store, **scan))])[0])
+        dict(store=store, **scan))])[0].info)
     log.info("groups %s over %d staging shards; model %s", plan.counts, len(plan.shards), model_id)
     empty = [g for g in config.splits if plan.counts[g] < 2]
     if empty:
@@ -161,10 +161,10 @@ def reference_stats_stage(store: Store, config: ReferenceStatsConfig, caption_se
                                f"features of {model_id}")
     key = fingerprint(PARTIALS.name, code_version(__name__), config.model_dump(mode="json"),
                       [dataclasses.asdict(plan), subsets, [m.digest for m in features], caption_set])
-    if (done := step_result(store, PARTIALS.name, key)) is not None and all(map(store.exists, _outputs(done[0]))):
-        return {**done[0], "extraction": extraction}
+    if (done := step_result(store, PARTIALS.name, key)) is not None and all(map(store.exists, _outputs(done.info))):
+        return {**done.info, "extraction": extraction}
     result = _summarise(store, config, plan, subsets, caption_set, fan_out)
-    return {**record_step(store, PARTIALS.name, key, result), "extraction": extraction}
+    return {**record_step(store, PARTIALS.name, key, result).info, "extraction": extraction}
 
 
 def _outputs(result: dict[str, Any]) -> list[str]:
