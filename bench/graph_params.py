@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from corpusforge.contract import UnitResult  # noqa: E402
-from corpusforge.layout import GRAPH_INDEX, GRAPH_INDEX_LISTS  # noqa: E402
+from tasks.graph.files import GRAPH_INDEX, GRAPH_INDEX_LISTS
 from corpusforge.storage import Store  # noqa: E402
 from tasks.graph.config import NearDedupConfig  # noqa: E402
 from tasks.graph.edges import found_fingerprint, merge_groups  # noqa: E402

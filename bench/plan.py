@@ -26,7 +26,7 @@ from pathlib import Path
 
 from corpusforge.cluster import prefect_api
 from corpusforge.contract import finish_unit, run_unit
-from corpusforge.layout import resolved_path
+from tasks.ingest.files import resolved_path
 from corpusforge.plans import StagePlan, judge_unit
 from corpusforge.storage import Store
 from flows.build_corpus import BUILD_MODULES, BuildConfig, run_build

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from corpusforge.layout import (NEAR_DECISION_SCHEMA, STAGING_RECORDS_SCHEMA, decisions_path, staging_index,
-                                staging_records)
+from corpusforge.layout import STAGING_RECORDS_SCHEMA, staging_index, staging_records
+from tasks.graph.files import NEAR_DECISION_SCHEMA, decisions_path
 from corpusforge.storage import Store
 from tasks.release.shards import PLAN_MEMORY_LIMIT
 

@@ -229,7 +229,8 @@ def write_ingest(store, sc: Scale) -> None:
     import pyarrow as pa
 
     from corpusforge.contract import finish_unit
-    from corpusforge.layout import INGEST_SCHEMA, ingest_path
+    from corpusforge.layout import INGEST_SCHEMA
+    from tasks.ingest.files import ingest_path
     from tasks.ingest.exact_dedup import write_dedup_tables
 
     content = _content(sc.n)
@@ -413,7 +414,7 @@ def step(name: str, needs: tuple[str, ...], role: str, modules: tuple[str, ...],
 
 def _ingest_markers(store, sc: Scale) -> list[dict[str, Any]]:
     from corpusforge.contract import require_marker
-    from corpusforge.layout import ingest_path
+    from tasks.ingest.files import ingest_path
 
     return [require_marker(store, ingest_path(p), "ingest") for p in range(sc.parts)]
 
@@ -428,7 +429,7 @@ def dedup_and_resolve(store, sc: Scale) -> dict[str, Any]:
     """Key uniqueness, exact duplicates and resolve, every unit in turn in the flow's order:
     its task count, largest parameters per fan-out and records removed."""
     from corpusforge.contract import remove_tree
-    from corpusforge.layout import DEDUP_HASHES_DIR, DEDUP_KEYS_DIR, EXACT_DIR, KEYDUP_DIR, RESOLVED_DIR
+    from tasks.ingest.files import DEDUP_HASHES_DIR, DEDUP_KEYS_DIR, EXACT_DIR, KEYDUP_DIR, RESOLVED_DIR
     from tasks.ingest.exact_dedup import deduplicate
 
     for folder in (DEDUP_KEYS_DIR, DEDUP_HASHES_DIR, KEYDUP_DIR, EXACT_DIR, RESOLVED_DIR):
@@ -499,7 +500,7 @@ def run_release_writer(store, sc: Scale, data: str) -> dict[str, Any]:
     it reads its plan and the staging spans it ships. The peak is the writer's own: the
     plan's summary, which the flow holds, is read before it is reset."""
     from corpusforge.contract import marker_path
-    from corpusforge.layout import release_tar
+    from tasks.release.files import release_tar
     from tasks.release.shards import write_release_shard
     from tasks.release.splits import SplitConfig
 
@@ -538,7 +539,7 @@ def run_folder_listing(store, sc: Scale, data: str) -> dict[str, Any]:
     out of core, the input chunks written."""
     import pyarrow.parquet as pq
 
-    from corpusforge.layout import input_path
+    from tasks.ingest.files import input_path
     from tasks.ingest.sources import SourceConfig, plan_partitions
 
     cfg = SourceConfig()

@@ -1,7 +1,10 @@
-"""Every path under the output root and every schema that more than one stage reads.
+"""The shared root layout: the folders and schemas that several stages and the ground floor read.
 
-Stages import their paths and shared schemas from here and nothing from each other, so
-a newcomer finds any file's writer and readers by grepping one name. Data folders hold
+Each stage's own files (paths, path functions, schemas) are in its public ``tasks/<stage>/files.py``,
+which other stages may import (and nothing else of that stage; ``.importlinter``). What stays here
+is what no single stage owns: the completion markers, staging and feature files (every downstream
+stage, :mod:`corpusforge.plans` and ``tasks/shared`` read them), the manifest every stage reads,
+the lease and the unit ledger, and the ingest row schema the others derive from. Data folders hold
 only data: completion markers live in a parallel ``_markers/`` tree (see
 :mod:`corpusforge.contract`) and temporary files start with ``.``, so
 ``pyarrow.dataset.dataset("OUT/graph/edges")``, DuckDB globs and ``webdataset`` read
@@ -9,42 +12,13 @@ every folder as it is.
 
 ::
 
-    work/input/{part}.parquet          normalised input rows (table/folder sources)
-    work/.listing/{lister}-{n}.parquet a folder source's entries while it is planned (removed after): the
-                                       listing spilled, for DuckDB to sort and match sidecars out of core
-    work/fetch/{part}.parquet          a URL-list partition's fetch ledger: one row per input row, its
-                                       outcome, URL, HTTP status, opt-out rule and evidence (tasks/ingest/fetch/)
-    fetch/blobs/{sha[:2]}/{sha256}     fetched bytes, content-addressed (under OUT, or fetch.store)
-    fetch/urls/{h[:2]}/{h}.json        the final outcome of one URL (h: SHA-256 of the URL): never fetched again
-    fetch/origins/{h}.json             robots.txt and /.well-known/tdmrep.json of one origin, as fetched
-    work/ingest/{part}.parquet         one row per input record, facts from its bytes
-    work/spill/{part}.bin              the valid records' image bytes as ingest read them, concatenated
-                                       (staging copies from here: the source is read once)
-    work/hashes/{part}.parquet         (bucket, sha256, key, part, row, pixels) of valid records
-    work/keys/{part}.parquet           (bucket, key, part, row) of every record with a safe key
-    work/dedup/keys/{group}.parquet    the key rows of a group of partitions, one row group per bucket
-    work/dedup/hashes/{group}.parquet  the hash rows of a group (reused keys dropped), one row group per bucket
-    work/keydup/{bucket}.parquet       records reusing an earlier key, one row group per partition group
-    work/exact/{bucket}.parquet        byte-identical copies and what they duplicate, one row group per group
-    work/resolved/{part}.parquet       ingest rows with key/exact-dedup decisions folded in
-    work/release/{split}-{n}.parquet   the samples of one release shard, in order, with the staging
-                                       spans (shard, offset, size, SHA-256) its writer copies
-    work/late/{part}.parquet           facts decided after staging, joined into the manifest
-    work/release_staged.parquet        the staging shards a release is planned from: written by the
-                                       publishing flow, read by the planner, which gets only its SHA-256
-    work/graph/found/{shard}.parquet   pairs one staging shard's graph queries found (reused by reruns)
-    work/graph/shards.parquet          the graph stage's shard table (node offsets, feature digests): read by
-                                       its tasks, which get only its SHA-256 as a parameter
-    work/graph/digests/{kind}.parquet  one digest per staging shard, in node order, of the graph files
-                                       of a kind (edges, records, verified) that the one-off graph tasks
-                                       fingerprint: written once by the stage, passed as its SHA-256
-    work/graph/index/trained.faiss     an IVF index's trained, empty index (quantiser, codebooks)
-    work/graph/index/blocks/{shard}.ivf   the inverted lists of a block of staging shards from {shard} on,
-                                       added to the trained index (merged into graph/index/index.ivfdata)
+    work/input/…, work/ingest/…, work/spill/…, …, work/resolved/…, fetch/…   ingest and exact dedup:
+                                       tasks/ingest/files.py
+    work/release/…, work/late/…, shards/…, versions/…, current.json   the release: tasks/release/files.py
+    work/graph/…, graph/…              the near-duplicate graph: tasks/graph/files.py
     work/lease.json                    the lease of the build writing this output now (corpusforge/lease.py):
                                        who holds it; removed when that build ends
-    work/run/stage_times.{json,md}     the latest run's wall-clock seconds per stage and work done: not
-                                       deterministic, so under work/ (outside every output hash)
+    work/run/stage_times.{json,md}     the latest run's stage seconds: tasks/report/files.py
     work/ledger/{fan-out}/{n}.parquet  the unit results of a fan-out over every partition or shard, written
                                        as units finish (corpusforge/ledger.py): the flow process reads back
                                        what it needs instead of holding them; rewritten by each run
@@ -55,31 +29,12 @@ every folder as it is.
     features/{model}/keys/{shard}.parquet      key, sha256, ok, error per image of the shard
     features/{model}/subsets/{subset}/{vectors,keys}/{shard}.…   the same for only the records one
                                        consumer selected (e.g. ``stats``: the held-out splits)
-    graph/index/index.faiss            the near-duplicate index; for IVF without its inverted lists, which are
-    graph/index/index.ivfdata          in FAISS's on-disk format here (memory-mapped by the query tasks)
-    graph/index/recall_{ids,vectors}.npy, graph/recall/{shard}, graph/edges/{shard},
-    graph/decisions/{shard}, graph/nodes.json, graph/summary.json, graph/collision/, graph/calibration/
-    shards/{split}/{split}-{n}.tar     release shards (splits.layout: default)
-    shards/{split}/gpic_{split}_{n}.tar   release shards in GPIC's layout (splits.layout: gpic);
-                                       shards/ is then a GPIC release root
-    shards/README.md                   Hugging Face dataset card: splits and features (tasks/release/release_card.py)
     manifest/part-{part}.parquet       one row per input record: its fate and the reason
                                        (shards/ and manifest/ are the build's working copies: they change
                                        while a build runs)
-    versions/{version}/shards/…, versions/{version}/manifest/…   a published version: the working copies
-                                       linked (local) or copied (object store) once whole
-    current.json                       the published version, written last: what readers read first
-    work/captions/plan/{shard}.parquet     per staging shard: who the model captions, and in which format
-    work/captions/journal/{shard}/{n}.parquet  completed chat requests (the resume state; never asked twice)
-    captions/{shard}.parquet           per staged record: caption, origin, filter answers, status
-    eval_captions.parquet              the fixed evaluation caption set (test split)
-    stats/{group}-{model}.{npz,features.npy,json}, stats/oracle.json
-    stats/test_stats.npz               gpic-eval's dino_mu, dino_sigma, dino_embeddings (DINOv2 models)
-    receipt.json, report.md
-    receipt_outputs.parquet            (path, sha256) of every output file, from the markers
-    CHANGES.md, changes.parquet        what changed since the version this root held before (or --previous)
-    work/previous/records.parquet, receipt.json   that earlier version's records, kept before a build
-                                       replaces them (tasks/report/changes.py)
+    work/captions/…, captions/…, eval_captions.parquet   the captions: tasks/captions/files.py
+    stats/…                            reference statistics: tasks/stats/files.py
+    receipt.json, report.md, CHANGES.md, work/previous/…   the receipt and reports: tasks/report/files.py
     _markers/{path}.json               completion marker of the unit whose main output is {path}
 """
 
@@ -91,79 +46,18 @@ MARKERS = "_markers"
 # A source that is one metadata table, by its suffix (the others are folders).
 TABLE_SUFFIXES = (".parquet", ".jsonl", ".csv")
 
-# ---- folders that hold exactly the current plan's units ------------------------------
-INPUT_DIR = "work/input"
-INGEST_DIR = "work/ingest"
-FETCH_LEDGER_DIR = "work/fetch"
-SPILL_DIR = "work/spill"
-HASHES_DIR = "work/hashes"
-KEYS_DIR = "work/keys"
-DEDUP_KEYS_DIR = "work/dedup/keys"
-DEDUP_HASHES_DIR = "work/dedup/hashes"
-KEYDUP_DIR = "work/keydup"
-EXACT_DIR = "work/exact"
-RESOLVED_DIR = "work/resolved"
-RELEASE_PLAN_DIR = "work/release"
-LATE_DIR = "work/late"
-RELEASE_STAGED = "work/release_staged.parquet"  # the planner's staging shards (tasks/release/shards.py)
 STAGING_TARS = "staging/tars"
 STAGING_INDEX = "staging/index"
 STAGING_RECORDS = "staging/records"
 FEATURES_DIR = "features"
-GRAPH_DIR = "graph"
-GRAPH_WORK = "work/graph"  # the graph stage's rerun state: removed with graph/ when near-dedup is off
-GRAPH_FOUND = "work/graph/found"  # query results: a cache of the rerun, not an output
-GRAPH_SHARD_TABLE = "work/graph/shards.parquet"  # shared by the graph tasks (tasks/graph/nodes.py)
-GRAPH_DIGESTS_DIR = "work/graph/digests"  # per-shard digest lists of the one-off graph tasks (tasks/graph/nodes.py)
-GRAPH_RECALL = "graph/recall"
-GRAPH_EDGES = "graph/edges"
-GRAPH_DECISIONS = "graph/decisions"
-GRAPH_VERIFIED = "graph/verified"  # geometric verification of review-band pairs (tasks/graph/verify.py)
-GRAPH_REVIEW = "graph/review"  # review-band pairs chosen for verification, per owner shard (tasks/graph/review.py)
-RELEASE_DIR = "shards"
-RELEASE_CARD = "shards/README.md"
 MANIFEST_DIR = "manifest"
-# Published versions (tasks/release/versions.py): readers read current.json, then its folders.
-VERSIONS_DIR = "versions"  # versions/{version}/shards/…, versions/{version}/manifest/…
-CURRENT = "current.json"  # the published version: written last, the one switch a reader sees
-STATS_DIR = "stats"
-CAPTION_PLAN_DIR = "work/captions/plan"
-CAPTION_JOURNAL_DIR = "work/captions/journal"
-CAPTIONS_DIR = "captions"
-EVAL_CAPTIONS = "eval_captions.parquet"
-GPIC_TEST_STATS = "stats/test_stats.npz"  # gpic-eval's reference file (tasks/stats/gpic_stats.py)
 
-RECEIPT = "receipt.json"
-RECEIPT_OUTPUTS = "receipt_outputs.parquet"  # every output file's SHA-256, beside receipt.json (tasks/report/receipt.py)
-REPORT = "report.md"
-LISTING_SPILL_DIR = "work/.listing"  # a folder source's listing while it is planned (tasks/ingest/sources.py)
 OUTPUT_LEASE = "work/lease.json"  # one build per output (corpusforge/lease.py)
 LEDGER_DIR = "work/ledger"  # unit results of this run's big fan-outs (corpusforge/ledger.py)
-RUN_LOG = "work/run/stage_times.json"  # the latest run's stage seconds (tasks/report/run_log.py)
-RUN_LOG_MD = "work/run/stage_times.md"
-REPORT_HTML = "report.html"  # the same report, self-contained, with charts (tasks/report/report_html.py)
-LINEAGE = "lineage.json"
-CHANGES_MD = "CHANGES.md"  # what changed since the previous version (tasks/report/changes.py)
-CHANGES_TABLE = "changes.parquet"
-PREVIOUS_DIR = "work/previous"  # the version a build replaces, read before it does
-PREVIOUS_RECORDS = f"{PREVIOUS_DIR}/records.parquet"
-PREVIOUS_RECEIPT = f"{PREVIOUS_DIR}/receipt.json"
-PREVIOUS_OUTPUTS = f"{PREVIOUS_DIR}/receipt_outputs.parquet"  # its output list: the release shards it shipped
-CHANGES_SCHEMA = pa.schema([
-    ("key", pa.string()), ("source_path", pa.string()), ("occurrence", pa.int64()), ("change", pa.string()),
-    ("fields", pa.string()),
-    *[(f"{side}_{c}", t) for side in ("old", "new") for c, t in (
-        ("status", pa.string()), ("reason", pa.string()), ("split", pa.string()), ("shard", pa.string()),
-        ("caption", pa.string()), ("sha256", pa.string()))],
-])
 
 
 def part_name(part: int) -> str:
     return f"{part:06d}"
-
-
-def bucket_name(bucket: int) -> str:
-    return f"{bucket:04d}"
 
 
 def ledger_dir(fan_out: str) -> str:
@@ -172,75 +66,6 @@ def ledger_dir(fan_out: str) -> str:
 
 def ledger_path(fan_out: str, n: int) -> str:
     return f"{ledger_dir(fan_out)}/{n:06d}.parquet"
-
-
-def input_path(part: int) -> str:
-    return f"{INPUT_DIR}/{part_name(part)}.parquet"
-
-
-def listing_spill_path(lister: str, n: int) -> str:
-    return f"{LISTING_SPILL_DIR}/{lister}-{n:06d}.parquet"
-
-
-def fetch_ledger_path(part: int) -> str:
-    return f"{FETCH_LEDGER_DIR}/{part_name(part)}.parquet"
-
-
-# The fetch store (tasks/ingest/fetch/), under OUT or ``fetch.store``: shared by every build that names it.
-def fetch_blob_path(sha256: str) -> str:
-    return f"fetch/blobs/{sha256[:2]}/{sha256}"
-
-
-def fetch_url_path(url_sha256: str) -> str:
-    return f"fetch/urls/{url_sha256[:2]}/{url_sha256}.json"
-
-
-def fetch_origin_path(origin_sha256: str) -> str:
-    return f"fetch/origins/{origin_sha256}.json"
-
-
-def ingest_path(part: int) -> str:
-    return f"{INGEST_DIR}/{part_name(part)}.parquet"
-
-
-def spill_path(part: int) -> str:
-    return f"{SPILL_DIR}/{part_name(part)}.bin"
-
-
-def hashes_path(part: int) -> str:
-    return f"{HASHES_DIR}/{part_name(part)}.parquet"
-
-
-def keys_table_path(part: int) -> str:
-    return f"{KEYS_DIR}/{part_name(part)}.parquet"
-
-
-def dedup_group_name(group: int) -> str:
-    return f"{group:06d}"
-
-
-def dedup_keys_path(group: int) -> str:
-    return f"{DEDUP_KEYS_DIR}/{dedup_group_name(group)}.parquet"
-
-
-def dedup_hashes_path(group: int) -> str:
-    return f"{DEDUP_HASHES_DIR}/{dedup_group_name(group)}.parquet"
-
-
-def keydup_path(bucket: int) -> str:
-    return f"{KEYDUP_DIR}/{bucket_name(bucket)}.parquet"
-
-
-def exact_path(bucket: int) -> str:
-    return f"{EXACT_DIR}/{bucket_name(bucket)}.parquet"
-
-
-def resolved_path(part: int) -> str:
-    return f"{RESOLVED_DIR}/{part_name(part)}.parquet"
-
-
-def late_path(part: int) -> str:
-    return f"{LATE_DIR}/{part_name(part)}.parquet"
 
 
 def staging_tar(shard: str) -> str:
@@ -272,92 +97,11 @@ def feature_keys(model_id: str, shard: str, subset: str | None = None) -> str:
     return f"{feature_subset_dir(model_id, subset)}/keys/{shard}.parquet"
 
 
-GRAPH_INDEX_DIR = "graph/index"
-GRAPH_INDEX = "graph/index/index.faiss"
-GRAPH_INDEX_LISTS = "graph/index/index.ivfdata"  # an IVF index's inverted lists (tasks/graph/ondisk.py)
-GRAPH_INDEX_WORK = "work/graph/index"
-GRAPH_INDEX_TRAINED = "work/graph/index/trained.faiss"
-GRAPH_INDEX_BLOCKS = "work/graph/index/blocks"
-GRAPH_RECALL_IDS = "graph/index/recall_ids.npy"
-GRAPH_RECALL_VECTORS = "graph/index/recall_vectors.npy"
-GRAPH_NODES = "graph/nodes.json"
-GRAPH_SUMMARY = "graph/summary.json"
-GRAPH_COMPONENTS_REPORT = "graph/components_report.json"
-
-
-def index_block_path(first_shard: str) -> str:
-    return f"{GRAPH_INDEX_BLOCKS}/{first_shard}.ivf"
-
-
-def found_path(shard: str) -> str:
-    return f"{GRAPH_FOUND}/{shard}.parquet"
-
-
-def recall_path(shard: str) -> str:
-    return f"{GRAPH_RECALL}/{shard}.parquet"
-
-
-def edges_path(shard: str) -> str:
-    return f"{GRAPH_EDGES}/{shard}.parquet"
-
-
-def verified_path(shard: str) -> str:
-    return f"{GRAPH_VERIFIED}/{shard}.parquet"
-
-
-def review_path(shard: str) -> str:
-    return f"{GRAPH_REVIEW}/{shard}.parquet"
-
-
-def graph_digests_path(kind: str) -> str:
-    return f"{GRAPH_DIGESTS_DIR}/{kind}.parquet"
-
-
-def decisions_path(shard: str) -> str:
-    return f"{GRAPH_DECISIONS}/{shard}.parquet"
-
-
-def caption_plan_path(shard: str) -> str:
-    return f"{CAPTION_PLAN_DIR}/{shard}.parquet"
-
-
-def caption_journal_dir(shard: str) -> str:
-    return f"{CAPTION_JOURNAL_DIR}/{shard}"
-
-
-def captions_path(shard: str) -> str:
-    return f"{CAPTIONS_DIR}/{shard}.parquet"
-
-
-def release_shard_name(split: str, shard: int, layout: str = "default") -> str:
-    """A release shard's name: ``train-000000`` (default) or GPIC's ``gpic_train_00000``."""
-    if layout == "gpic":
-        return f"gpic_{split}_{shard:05d}"
-    return f"{split}-{shard:06d}"
-
-
-def release_plan_path(name: str) -> str:
-    return f"{RELEASE_PLAN_DIR}/{name}.parquet"
-
-
-def release_tar(split: str, shard: int, layout: str = "default") -> str:
-    return f"{RELEASE_DIR}/{split}/{release_shard_name(split, shard, layout)}.tar"
-
-
-def version_dir(version: str) -> str:
-    return f"{VERSIONS_DIR}/{version}"
-
-
 def manifest_path(part: int) -> str:
     return f"{MANIFEST_DIR}/part-{part_name(part)}.parquet"
 
 
-# ---- shared schemas ------------------------------------------------------------------
-_INPUT_COLUMNS = ["key", "path", "url", "caption", "caption_type", "source", "license", "license_url",
-                  "attribution", "retrieved_at", "extra", "warning",  # warning: a sidecar that was not usable
-                  "sidecars"]  # folder input: an image's sidecar extensions ("txt,json"), read at ingest
-INPUT_SCHEMA = pa.schema([(c, pa.string()) for c in _INPUT_COLUMNS])
-
+# ---- schemas the ground floor and several stages derive from ----------------------
 # Facts known after ingest: one row per input record, no image bytes.
 INGEST_SCHEMA = pa.schema([
     ("part", pa.int32()),
@@ -391,11 +135,6 @@ INGEST_SCHEMA = pa.schema([
     ("opt_out_rule", pa.string()),    # the rule that refused a URL (robots.txt, X-Robots-Tag, TDMRep, deny-list)
 ])
 
-HASH_SCHEMA = pa.schema([("bucket", pa.int32()), ("sha256", pa.string()), ("key", pa.string()),
-                         ("part", pa.int32()), ("row", pa.int32()), ("pixels", pa.int64())])
-KEY_SCHEMA = pa.schema([("bucket", pa.int32()), ("key", pa.string()),
-                        ("part", pa.int32()), ("row", pa.int32())])
-DUPLICATE_SCHEMA = pa.schema([("part", pa.int32()), ("row", pa.int32()), ("duplicate_of", pa.string())])
 RESOLVED_SCHEMA = INGEST_SCHEMA.append(pa.field("duplicate_of", pa.string()))
 
 STAGING_RECORDS_SCHEMA = pa.schema([RESOLVED_SCHEMA.field(c) for c in (
@@ -403,82 +142,6 @@ STAGING_RECORDS_SCHEMA = pa.schema([RESOLVED_SCHEMA.field(c) for c in (
 FEATURE_KEYS_SCHEMA = pa.schema([("key", pa.string()), ("sha256", pa.string()), ("ok", pa.bool_()),
                                  ("error", pa.string())])
 
-EDGE_SCHEMA = pa.schema([("src", pa.int64()), ("dst", pa.int64()), ("similarity", pa.float32())])
-# Review-band pairs of one owner shard's edge file and their geometric verification.
-VERIFIED_SCHEMA = pa.schema([
-    ("src", pa.int64()), ("dst", pa.int64()), ("key_a", pa.string()), ("key_b", pa.string()),
-    ("sha_a", pa.string()), ("sha_b", pa.string()), ("similarity", pa.float32()), ("keypoints", pa.int32()),
-    ("matches", pa.int32()), ("inliers", pa.int32()), ("score", pa.float32()), ("overlap", pa.float32()),
-    ("agreement", pa.float32()), ("agreeing", pa.float32()), ("colourless", pa.bool_()), ("verified", pa.bool_()),
-])
-# The graph stage's shard table: one row per staging shard in node-id order.
-SHARD_TABLE_SCHEMA = pa.schema([("shard", pa.string()), ("start", pa.int64()), ("stop", pa.int64()),
-                                ("features", pa.string())])
-# A digest per staging shard in node-id order (edges, records or verified files of the graph stage).
-SHARD_DIGESTS_SCHEMA = pa.schema([("shard", pa.string()), ("digest", pa.string())])
-# Pairs one shard's queries found, addressed by (shard, row) so they stay valid while the
-# shards they point at are unchanged (dst_digest: the vectors' digest they were found in).
-FOUND_SCHEMA = pa.schema([("src_row", pa.int32()), ("dst_shard", pa.string()), ("dst_row", pa.int32()),
-                          ("dst_digest", pa.string()), ("similarity", pa.float32())])
-NEAR_DECISION_SCHEMA = pa.schema([
-    ("key", pa.string()),
-    ("status", pa.string()),
-    ("reason", pa.string()),
-    ("duplicate_of", pa.string()),
-    ("component_id", pa.int64()),
-    ("component_size", pa.int32()),
-    ("max_similarity", pa.float32()),
-])
-
-# Captioning (tasks/captions/): who is captioned in which format, the completed requests, the results.
-CAPTION_PLAN_SCHEMA = pa.schema([
-    ("key", pa.string()), ("sha256", pa.string()),
-    ("caption_type", pa.string()),    # assigned (model captions) or the input's
-    ("model_caption", pa.bool_()),    # false: the input caption is kept
-])
-CAPTION_JOURNAL_SCHEMA = pa.schema([
-    ("request", pa.string()),         # SHA-256 of (image SHA-256, prompt SHA-256, model, sampling, image size)
-    ("content", pa.string()), ("finish_reason", pa.string()), ("error", pa.string()), ("attempts", pa.int16()),
-])
-CAPTIONS_SCHEMA = pa.schema([
-    ("key", pa.string()), ("sha256", pa.string()),
-    ("status", pa.string()),          # kept | filtered | error
-    ("reason", pa.string()),          # not_visible, a question's name, caption_error: …, question_error: …
-    ("caption_type", pa.string()),
-    ("caption", pa.string()),         # the model's caption (null: the input caption is kept)
-    ("caption_origin", pa.string()),  # input | model:{model}@{prompt SHA-256[:12]}
-    ("words", pa.int32()),
-    ("vlm_model", pa.string()),       # the model that answered the questions (null: none asked)
-    ("vlm_answers", pa.string()),     # JSON {question: {"answer": yes|no|null, "prompt_sha256": …}}
-])
-EVAL_CAPTIONS_SCHEMA = pa.schema([("key", pa.string()), ("caption_type", pa.string()), ("caption", pa.string()),
-                                  ("shard", pa.string())])
-
-# GPIC_FORMAT.md: a release sample's JSON in the gpic layout, these fields in this order
-# (strings, except img_width/img_height: int and split: the list of tiers holding the sample).
-GPIC_JSON_FIELDS = ("retrieved_at", "license", "license_url", "attribution", "key", "img_width", "img_height",
-                    "split", "caption_type", "caption")
-
-# Where one staged member lies in its staging tar (from the staging index): a release
-# writer copies these spans and nothing else.
-MEMBER_SPAN = pa.struct([("ext", pa.string()), ("offset", pa.int64()), ("size", pa.int64()),
-                         ("sha256", pa.string())])
-RELEASE_STAGED_SCHEMA = pa.schema([("shard", pa.string())])  # work/release_staged.parquet, in the order given
-RELEASE_PLAN_SCHEMA = pa.schema([("key", pa.string()), ("staging_shard", pa.string()), ("tier", pa.string()),
-                                 ("caption", pa.string()), ("caption_type", pa.string()),
-                                 ("caption_origin", pa.string()), ("release_ext", pa.string()),
-                                 ("image_encoding", pa.string()),
-                                 ("members", pa.list_(MEMBER_SPAN))])  # the sample's staged members, by ext
-LATE_SCHEMA = pa.schema([
-    ("row", pa.int32()), ("staging_shard", pa.string()), ("status", pa.string()), ("reason", pa.string()),
-    ("duplicate_of", pa.string()), ("component_id", pa.int64()), ("component_size", pa.int32()),
-    ("max_similarity", pa.float32()), ("split", pa.string()), ("shard", pa.string()), ("tier", pa.string()),
-    ("caption_type", pa.string()), ("caption_origin", pa.string()), ("vlm_model", pa.string()),
-    ("vlm_answers", pa.string()),
-    ("release_ext", pa.string()), ("image_encoding", pa.string()),
-])
-
-RECEIPT_OUTPUTS_SCHEMA = pa.schema([("path", pa.string()), ("sha256", pa.string())])
 
 MANIFEST_SCHEMA = pa.schema([
     *[INGEST_SCHEMA.field(n) for n in (
@@ -505,241 +168,4 @@ MANIFEST_SCHEMA = pa.schema([
     INGEST_SCHEMA.field("http_status"),
     INGEST_SCHEMA.field("opt_out_rule"),
     INGEST_SCHEMA.field("retrieved_at"),
-])
-
-# A URL-list partition's fetch ledger (work/fetch/{part}.parquet): one row per input row, in order.
-# ``outcome``: fetched, not_requested (the licence or the URL refused it before any request),
-# deferred (Retry-After beyond the cap, the host's circuit open: tried again next run), or the
-# manifest's status/reason code (filtered/robots_disallowed, error/http_status, …).
-FETCH_LEDGER_SCHEMA = pa.schema([
-    ("row", pa.int32()), ("url", pa.string()), ("host", pa.string()), ("outcome", pa.string()),
-    ("detail", pa.string()), ("final", pa.bool_()), ("http_status", pa.int32()), ("opt_out_rule", pa.string()),
-    ("evidence", pa.string()), ("sha256", pa.string()), ("bytes", pa.int64()), ("retrieved_at", pa.string()),
-    ("requests", pa.int32()), ("status_429", pa.int32()), ("wait_seconds", pa.float64()),
-    ("bytes_received", pa.int64()),
-])
-
-
-# ---- contamination rates (tasks/contamination/, flows/contamination.py) ---------------
-# Under a contamination run's own output root; the corpora and the evaluation set it
-# reads are never written to.
-#
-#   eval/                                  the evaluation set staged for the feature stage: under this
-#                                          sub-root, staging/… and features/… as in a corpus
-#   eval/items/{chunk}.parquet             one row per evaluation item (ids, hashes, texts)
-#   work/contamination/select/{name}/{shard}.parquet   corpus keys a scan may match (e.g. split train)
-#   work/contamination/index/{name}.faiss  IVF index over a scan's target vectors
-#   work/contamination/found/{scan}/{chunk}.parquet    top-k target matches per query
-#   work/contamination/text/…              text canary state: docs, queries, bands, candidates, scores
-#   contamination/images/{chunk}.parquet   per evaluation image: best match, similarity, flag
-#   contamination/leakage/{shard}.parquet  held-out/train pairs above the review threshold
-#   contamination/text/{chunk}.parquet     per (item, text field): canary evidence and decision
-#   contamination/judge/{chunk}.parquet    per item: image–text judge verdict and its judge
-#   contamination/items/{chunk}.parquet    per item: every decision, the edition outcome
-#   contamination/summary.json, receipt.json, report.md, report.html
-#   edition/items.parquet, edition/mapping.parquet, edition/edition.json   the new benchmark edition
-CONTAMINATION_EVAL = "eval"
-CONTAMINATION_ITEMS = "eval/items"
-CONTAMINATION_SELECT = "work/contamination/select"
-CONTAMINATION_INDEX = "work/contamination/index"
-CONTAMINATION_FOUND = "work/contamination/found"
-CONTAMINATION_TEXT_WORK = "work/contamination/text"
-CONTAMINATION_DIR = "contamination"
-CONTAMINATION_IMAGES = "contamination/images"
-CONTAMINATION_LEAKAGE = "contamination/leakage"
-CONTAMINATION_TEXT = "contamination/text"
-CONTAMINATION_JUDGE = "contamination/judge"
-CONTAMINATION_ITEM_DECISIONS = "contamination/items"
-CONTAMINATION_SUMMARY = "contamination/summary.json"
-CONTAMINATION_RECEIPT = "contamination/receipt.json"
-CONTAMINATION_REPORT = "contamination/report.md"
-CONTAMINATION_REPORT_HTML = "contamination/report.html"
-EDITION_DIR = "edition"
-EDITION_ITEMS = "edition/items.parquet"
-EDITION_MAPPING = "edition/mapping.parquet"
-EDITION_META = "edition/edition.json"
-
-
-def eval_items_path(chunk: str) -> str:
-    return f"{CONTAMINATION_ITEMS}/{chunk}.parquet"
-
-
-def select_path(name: str, shard: str) -> str:
-    return f"{CONTAMINATION_SELECT}/{name}/{shard}.parquet"
-
-
-def contamination_index(name: str) -> str:
-    return f"{CONTAMINATION_INDEX}/{name}.faiss"
-
-
-def found_matches_path(scan: str, chunk: str) -> str:
-    return f"{CONTAMINATION_FOUND}/{scan}/{chunk}.parquet"
-
-
-def text_work_path(kind: str, unit: str) -> str:
-    """``kind``: docs, queries, doc_bands, query_bands, candidates, scores, brute."""
-    return f"{CONTAMINATION_TEXT_WORK}/{kind}/{unit}.parquet"
-
-
-def image_rows_path(chunk: str) -> str:
-    return f"{CONTAMINATION_IMAGES}/{chunk}.parquet"
-
-
-def leakage_path(shard: str) -> str:
-    return f"{CONTAMINATION_LEAKAGE}/{shard}.parquet"
-
-
-def text_rows_path(chunk: str) -> str:
-    return f"{CONTAMINATION_TEXT}/{chunk}.parquet"
-
-
-def judge_rows_path(chunk: str) -> str:
-    return f"{CONTAMINATION_JUDGE}/{chunk}.parquet"
-
-
-def item_decisions_path(chunk: str) -> str:
-    return f"{CONTAMINATION_ITEM_DECISIONS}/{chunk}.parquet"
-
-
-# One row per evaluation item, in input order. ``item_sha256`` hashes the item's content
-# (id, texts, image bytes' SHA-256): what a receipt lists per item.
-EVAL_ITEM_SCHEMA = pa.schema([
-    ("item_id", pa.string()), ("row", pa.int64()), ("key", pa.string()), ("item_sha256", pa.string()),
-    ("image_source", pa.string()), ("image_sha256", pa.string()), ("image_bytes", pa.int64()),
-    ("image_error", pa.string()), ("category", pa.string()), ("answer", pa.string()),
-    ("texts", pa.string()),           # JSON object {field: text} of the scanned text fields
-])
-# Top-k matches of one query against a scan's targets (similarity: float64 dot product
-# of the two unit vectors, rounded to float32).
-MATCH_SCHEMA = pa.schema([
-    ("query_key", pa.string()), ("rank", pa.int16()), ("target_shard", pa.string()),
-    ("target_key", pa.string()), ("target_sha256", pa.string()), ("similarity", pa.float32()),
-])
-SELECT_SCHEMA = pa.schema([("key", pa.string()), ("split", pa.string())])
-# Per evaluation image (contamination/images/): its best training match and the flag.
-IMAGE_ROW_SCHEMA = pa.schema([
-    ("item_id", pa.string()), ("key", pa.string()), ("image_sha256", pa.string()),
-    ("status", pa.string()),          # embedded | image_error | no_image
-    ("error", pa.string()), ("max_similarity", pa.float32()), ("match_key", pa.string()),
-    ("match_shard", pa.string()), ("match_sha256", pa.string()),
-    ("exact_copy", pa.bool_()),       # byte-identical to its best match (same SHA-256)
-    ("flagged", pa.bool_()),          # max_similarity strictly above the threshold
-    ("matches", pa.string()),         # JSON [[key, similarity], …] of the top-k
-])
-# Held-out/training pairs at or above the review threshold (contamination/leakage/).
-LEAKAGE_SCHEMA = pa.schema([
-    ("held_out_key", pa.string()), ("held_out_split", pa.string()), ("rank", pa.int16()),
-    ("train_key", pa.string()), ("train_shard", pa.string()), ("similarity", pa.float32()),
-])
-# Per (evaluation item, text field) (contamination/text/): both texts' hashes, every
-# canary score of the best corpus match and the decision derived from them in this row.
-TEXT_ROW_SCHEMA = pa.schema([
-    ("item_id", pa.string()), ("field", pa.string()), ("empty", pa.bool_()),
-    ("text_sha256", pa.string()), ("normalized_sha256", pa.string()), ("n_shingles", pa.int32()),
-    ("signature", pa.list_(pa.uint32())),
-    ("match_doc_id", pa.string()), ("match_unit", pa.string()), ("match_text", pa.string()),
-    ("match_sha256", pa.string()), ("match_normalized_sha256", pa.string()),
-    ("match_signature", pa.list_(pa.uint32())),
-    ("exact", pa.bool_()), ("normalized", pa.bool_()), ("direct_jaccard", pa.float64()),
-    ("signature_estimate", pa.float64()), ("intersection", pa.int32()), ("union", pa.int32()),
-    ("compared", pa.int64()),         # corpus texts this item was compared with
-    ("decision", pa.string()),        # quarantine | review | retain
-    ("rule", pa.string()),            # the declared threshold that fired ("" for retain)
-])
-# Per evaluation item (contamination/judge/): the image–text judge's verdict and which judge.
-JUDGE_SCHEMA = pa.schema([
-    ("item_id", pa.string()),
-    ("status", pa.string()),          # judged | no_answer | no_image
-    ("verdict", pa.string()),         # inferable | not_inferable | unresolved (null unless judged)
-    ("judge", pa.string()), ("judge_sha256", pa.string()),
-    ("captions", pa.string()),        # JSON [[training key, image similarity], …] shown to the judge
-    ("evidence", pa.string()), ("error", pa.string()), ("attempts", pa.int16()),
-])
-# Per evaluation item (contamination/items/): every finding and its fate in the new edition.
-ITEM_DECISION_SCHEMA = pa.schema([
-    ("item_id", pa.string()), ("row", pa.int64()), ("item_sha256", pa.string()), ("category", pa.string()),
-    ("text_decision", pa.string()),   # worst over the scanned fields: quarantine > review > retain
-    ("text_rules", pa.string()),      # JSON {field: rule that fired}
-    ("image_status", pa.string()), ("image_similarity", pa.float32()), ("image_match_key", pa.string()),
-    ("image_flagged", pa.bool_()), ("image_exact_copy", pa.bool_()),
-    ("image_text_verdict", pa.string()),
-    ("edition_status", pa.string()),  # retained | quarantined
-    ("reasons", pa.string()),         # JSON list: text:<rule>, image:>threshold, image_text:inferable
-])
-EDITION_ITEM_SCHEMA = pa.schema([
-    ("new_id", pa.string()), ("previous_id", pa.string()), ("item_sha256", pa.string()),
-    ("image_source", pa.string()), ("image_sha256", pa.string()), ("category", pa.string()),
-    ("answer", pa.string()), ("texts", pa.string()),
-])
-EDITION_MAPPING_SCHEMA = pa.schema([
-    ("previous_id", pa.string()), ("new_id", pa.string()), ("status", pa.string()), ("reasons", pa.string()),
-])
-
-
-# ---- evaluation (tasks/stats/evaluate.py, flows/evaluate.py) ------------------------
-# Under an evaluation's output folder, beside the generated images' features/{model}/…
-# (the feature stage's layout) unless a separate feature store holds those.
-EVALUATION_METRICS = "metrics.json"  # FD, PRDC, MMD, the protocol and its deviations
-EVALUATION_REPORT = "report.md"
-
-
-# ---- prompt qualification (tasks/prompts/, flows/prompt_qualification.py) -------------
-# Under a qualification run's own output root; the corpus, the prompt set, the generated
-# images, the scores and the pool it reads are never written to.
-#
-#   work/prompts/caption_sample.parquet        seeded sample of the corpus's kept captions (key, staging shard)
-#   work/prompts/captions/{shard}.npy          text embeddings of the sampled captions of one staging shard
-#   work/prompts/captions/{shard}.keys.parquet their keys, in row order
-#   work/prompts/texts/{name}.npy              text embeddings of the prompt set, the pool, the taxonomy
-#   work/prompts/generated/{model}/{chunk}.parquet   per prompt: images read, their SHA-256, variance
-#   qualification/prompts.parquet              one row per prompt: every signal, the decision
-#   qualification/variance.parquet             one row per (prompt, generating model)
-#   qualification/cohorts.parquet              one row per generating model: cohort divergence
-#   qualification/categories.parquet           taxonomy mode: per category, corpus density, prompt share
-#   qualification/quarantine.parquet           the quarantine ledger: flagged prompts, evidence, rule fired
-#   qualification/summary.json, receipt.json, report.md
-#   prompt_edition/prompts.parquet, mapping.parquet, edition.json, normalization.json
-PROMPTS_CAPTION_SAMPLE = "work/prompts/caption_sample.parquet"
-PROMPTS_CAPTIONS = "work/prompts/captions"
-PROMPTS_TEXTS = "work/prompts/texts"
-PROMPTS_GENERATED = "work/prompts/generated"
-QUALIFICATION_DIR = "qualification"
-QUALIFICATION_PROMPTS = "qualification/prompts.parquet"
-QUALIFICATION_VARIANCE = "qualification/variance.parquet"
-QUALIFICATION_COHORTS = "qualification/cohorts.parquet"
-QUALIFICATION_CATEGORIES = "qualification/categories.parquet"
-QUARANTINE_LEDGER = "qualification/quarantine.parquet"
-QUALIFICATION_SUMMARY = "qualification/summary.json"
-QUALIFICATION_RECEIPT = "qualification/receipt.json"
-QUALIFICATION_REPORT = "qualification/report.md"
-PROMPT_EDITION_DIR = "prompt_edition"
-PROMPT_EDITION_PROMPTS = "prompt_edition/prompts.parquet"
-PROMPT_EDITION_MAPPING = "prompt_edition/mapping.parquet"
-PROMPT_EDITION_META = "prompt_edition/edition.json"
-PROMPT_EDITION_NORMALIZATION = "prompt_edition/normalization.json"
-
-
-def caption_embeddings_path(shard: str) -> str:
-    return f"{PROMPTS_CAPTIONS}/{shard}.npy"
-
-
-def caption_keys_path(shard: str) -> str:
-    return f"{PROMPTS_CAPTIONS}/{shard}.keys.parquet"
-
-
-def text_embeddings_path(name: str) -> str:
-    return f"{PROMPTS_TEXTS}/{name}.npy"
-
-
-def generated_variance_path(model: str, chunk: str) -> str:
-    return f"{PROMPTS_GENERATED}/{model}/{chunk}.parquet"
-
-
-# Per (prompt, generating model): what was read and the feature-space variance of it.
-GENERATED_VARIANCE_SCHEMA = pa.schema([
-    ("prompt_id", pa.string()), ("model", pa.string()),
-    ("n_images", pa.int32()),         # image files found in the prompt's folder
-    ("n_embedded", pa.int32()),       # of those, decoded and embedded
-    ("images", pa.string()),          # JSON [[file name, sha256 or null, error or null], …] in name order
-    ("variance", pa.float64()),       # trace of the covariance (ddof 1) of the embeddings; null below min_images
 ])

@@ -32,11 +32,14 @@ from corpusforge.contract import (COMPUTED, SWEEP_TEMP_FILES, forget_step, keyed
 from corpusforge.feature_files import prune_features
 from corpusforge.lease import held_here, holding_output
 from corpusforge.ledger import Ledger
-from corpusforge.layout import (CAPTIONS_DIR, CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CHANGES_MD, CHANGES_TABLE, CURRENT,
-                                DEDUP_HASHES_DIR, DEDUP_KEYS_DIR, EVAL_CAPTIONS, EXACT_DIR, FETCH_LEDGER_DIR, GRAPH_DIR,
-                                GRAPH_WORK, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR, LEDGER_DIR, PREVIOUS_RECEIPT,
-                                RECEIPT, RECEIPT_OUTPUTS, RESOLVED_DIR, SPILL_DIR, STAGING_INDEX, STAGING_RECORDS,
-                                STAGING_TARS, STATS_DIR, bucket_name, dedup_group_name, part_name)
+from corpusforge.layout import LEDGER_DIR, STAGING_INDEX, STAGING_RECORDS, STAGING_TARS, part_name
+from tasks.ingest.files import (DEDUP_HASHES_DIR, DEDUP_KEYS_DIR, EXACT_DIR, FETCH_LEDGER_DIR, HASHES_DIR, INGEST_DIR,
+                                KEYDUP_DIR, KEYS_DIR, RESOLVED_DIR, SPILL_DIR, bucket_name, dedup_group_name)
+from tasks.release.files import CURRENT
+from tasks.report.files import CHANGES_MD, CHANGES_TABLE, PREVIOUS_RECEIPT, RECEIPT, RECEIPT_OUTPUTS
+from tasks.stats.files import STATS_DIR
+from tasks.captions.files import CAPTIONS_DIR, CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, EVAL_CAPTIONS
+from tasks.graph.files import GRAPH_DIR, GRAPH_WORK
 from corpusforge.progress import RunProgress, run_progress
 from corpusforge.receipts import BUILD_FLOW, flow_receipt
 from corpusforge.storage import Store

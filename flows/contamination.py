@@ -29,11 +29,12 @@ from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, run_logger
 from corpusforge.config import FlowConfig
 from corpusforge.contract import COMPUTED, MAYBE, SKIPPED, remove_tree
 from corpusforge.feature_files import feature_marker, prune_features
-from corpusforge.layout import (CONTAMINATION_EVAL, CONTAMINATION_FOUND, CONTAMINATION_IMAGES, CONTAMINATION_INDEX,
-                                CONTAMINATION_ITEM_DECISIONS, CONTAMINATION_JUDGE, CONTAMINATION_LEAKAGE,
-                                CONTAMINATION_DIR, CONTAMINATION_RECEIPT, CONTAMINATION_REPORT,
-                                CONTAMINATION_REPORT_HTML, CONTAMINATION_SELECT, CONTAMINATION_SUMMARY,
-                                CONTAMINATION_TEXT, CONTAMINATION_TEXT_WORK, EDITION_DIR, MARKERS, features_dir)
+from corpusforge.layout import MARKERS, features_dir
+from tasks.contamination.files import (CONTAMINATION_DIR, CONTAMINATION_EVAL, CONTAMINATION_FOUND, CONTAMINATION_IMAGES,
+                                       CONTAMINATION_INDEX, CONTAMINATION_ITEM_DECISIONS, CONTAMINATION_JUDGE,
+                                       CONTAMINATION_LEAKAGE, CONTAMINATION_RECEIPT, CONTAMINATION_REPORT,
+                                       CONTAMINATION_REPORT_HTML, CONTAMINATION_SELECT, CONTAMINATION_SUMMARY,
+                                       CONTAMINATION_TEXT, CONTAMINATION_TEXT_WORK, EDITION_DIR)
 from corpusforge.plans import (DELETE, EVERY_RUN, WHOLE, StagePlan, changed_fields, changes, marker_files, mtime,
                                newest_marker)
 from corpusforge.receipts import flow_receipt, redact

@@ -23,7 +23,7 @@ from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, run_logger
 from corpusforge.config import FlowConfig
 from corpusforge.contract import SKIPPED, Unit
 from corpusforge.feature_files import prune_features
-from corpusforge.layout import EVALUATION_METRICS, EVALUATION_REPORT
+from tasks.stats.files import EVALUATION_METRICS, EVALUATION_REPORT
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from flows.plan import flow_plan_data, plan_only, size_estimate

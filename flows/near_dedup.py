@@ -23,7 +23,11 @@ from corpusforge.artifacts import publish_run_artifacts
 from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, run_logger
 from corpusforge.config import FlowConfig
 from corpusforge.contract import COMPUTED, MAYBE, SKIPPED, remove_tree
-from corpusforge.layout import LEDGER_DIR, LINEAGE, MANIFEST_DIR, RECEIPT, RELEASE_DIR, RELEASE_PLAN_DIR, RESOLVED_DIR
+from corpusforge.layout import LEDGER_DIR, MANIFEST_DIR
+from tasks.ingest.files import RESOLVED_DIR
+from tasks.release.files import RELEASE_DIR, RELEASE_PLAN_DIR
+from tasks.graph.files import LINEAGE
+from tasks.report.files import RECEIPT
 from corpusforge.plans import WHOLE, StagePlan, changed_fields, unfinished
 from corpusforge.receipts import flow_receipt
 from corpusforge.storage import Store, require_separate

@@ -35,9 +35,12 @@ from typing import Any
 from corpusforge.artifacts import publish_plan_artifact
 from corpusforge.config import FlowConfig
 from corpusforge.contract import COMPUTED, MAYBE, SKIPPED
-from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, CAPTIONS_DIR, GRAPH_DIR, GRAPH_WORK,
-                                MANIFEST_DIR, RECEIPT, RELEASE_DIR, RELEASE_PLAN_DIR, RUN_LOG,
-                                STATS_DIR, features_dir, part_name)
+from corpusforge.layout import MANIFEST_DIR, features_dir, part_name
+from tasks.release.files import RELEASE_DIR, RELEASE_PLAN_DIR
+from tasks.report.files import RECEIPT, RUN_LOG
+from tasks.stats.files import STATS_DIR
+from tasks.captions.files import CAPTIONS_DIR, CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR
+from tasks.graph.files import GRAPH_DIR, GRAPH_WORK
 from corpusforge.plans import (ACTIONS, DELETE, StagePlan, UnitPlan, changed_fields, marker_files, mtime,
                                newest_marker, staged_size)
 from corpusforge.storage import Store

@@ -28,9 +28,10 @@ from pydantic import Field, model_validator
 from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, run_logger
 from corpusforge.config import FlowConfig
 from corpusforge.contract import remove_tree, summarise
-from corpusforge.layout import (PROMPT_EDITION_DIR, PROMPTS_CAPTION_SAMPLE, PROMPTS_CAPTIONS, PROMPTS_GENERATED,
-                                PROMPTS_TEXTS, QUALIFICATION_CATEGORIES, QUALIFICATION_DIR, QUALIFICATION_RECEIPT,
-                                QUALIFICATION_REPORT, RECEIPT)
+from tasks.report.files import RECEIPT
+from tasks.prompts.files import (PROMPTS_CAPTIONS, PROMPTS_CAPTION_SAMPLE, PROMPTS_GENERATED, PROMPTS_TEXTS,
+                                 PROMPT_EDITION_DIR, QUALIFICATION_CATEGORIES, QUALIFICATION_DIR, QUALIFICATION_RECEIPT,
+                                 QUALIFICATION_REPORT)
 from corpusforge.receipts import flow_receipt
 from corpusforge.storage import Store, require_separate
 from flows.plan import flow_plan_data, plan_only, size_estimate

@@ -3,6 +3,7 @@ compared with byte for byte (release planning, the folder listing)."""
 
 from __future__ import annotations
 
+import importlib
 import re
 import subprocess
 import sys
@@ -22,6 +23,17 @@ MOVED = {"tasks.sources": "tasks.ingest.sources", "tasks.validate": "tasks.share
          "tasks.receipt": "tasks.report.receipt", "tasks.run_log": "tasks.report.run_log",
          "tasks.changes": "tasks.report.changes", "tasks.staging": "tasks.staging.stage"}
 _IMPORT = re.compile(r"^(\s*from )(tasks(?:\.\w+)+)( import )", re.M)
+# Old code imports every file name from corpusforge.layout; most now live in a stage's files.py.
+_LAYOUT = re.compile(r"^(\s*from )corpusforge\.layout( import )", re.M)
+
+
+def __getattr__(name: str) -> object:
+    """A name old code imported from corpusforge.layout, from wherever it is now (``from tests.old_code import``)."""
+    stages = sorted(p.parent.name for p in ROOT.glob("tasks/*/files.py"))
+    for module in ("corpusforge.layout", *(f"tasks.{stage}.files" for stage in stages)):
+        if hasattr(found := importlib.import_module(module), name):
+            return getattr(found, name)
+    raise AttributeError(name)
 
 
 def _moved(source: str) -> str:
@@ -30,7 +42,7 @@ def _moved(source: str) -> str:
         if name.startswith("tasks.features"):
             name = "tasks.shared" + name[len("tasks"):]
         return m.group(1) + MOVED.get(name, name) + m.group(3)
-    return _IMPORT.sub(repoint, source)
+    return _LAYOUT.sub(r"\1tests.old_code\2", _IMPORT.sub(repoint, source))
 
 
 def module_at(commit: str, path: str, name: str) -> types.ModuleType:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from corpusforge.layout import LATE_DIR, RELEASE_DIR, RELEASE_PLAN_DIR
+from tasks.release.files import LATE_DIR, RELEASE_DIR, RELEASE_PLAN_DIR
 from corpusforge.storage import Store
 from tasks.release.shards import plan_release_files, write_staged_list
 from tasks.release.splits import SplitConfig

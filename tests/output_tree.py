@@ -11,7 +11,9 @@ import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from corpusforge.layout import CHANGES_MD, CHANGES_TABLE, CURRENT, MARKERS, VERSIONS_DIR
+from corpusforge.layout import MARKERS
+from tasks.release.files import CURRENT, VERSIONS_DIR
+from tasks.report.files import CHANGES_MD, CHANGES_TABLE
 
 
 def compared_hashes(paths: Iterable[str], read: Callable[[str], bytes],

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import webdataset as wds
 
-from corpusforge.layout import CHANGES_MD, CHANGES_TABLE
+from tasks.report.files import CHANGES_MD, CHANGES_TABLE
 from corpusforge.storage import Store
 from flows.build_corpus import run_build
 from tasks.report.receipt import OUTPUT_LIST_SKIPS
@@ -155,7 +155,7 @@ def test_the_caption_set_and_test_50k_are_the_same_records(built_sample, tmp_pat
     the size is half the test split, so the sampling decides which."""
     import hashlib
 
-    from corpusforge.layout import EVAL_CAPTIONS
+    from tasks.captions.files import EVAL_CAPTIONS
     from tasks.captions.eval_captions import EVAL_PLANS, EvalCaptionsConfig, write_eval_captions
     from tasks.stats.reference import TEST_SUBSET, scan_manifest
     from tasks.stats.stage import ReferenceStatsConfig

@@ -25,7 +25,7 @@ from PIL import Image
 from pydantic import ValidationError
 
 from corpusforge.contract import read_marker
-from corpusforge.layout import captions_path
+from tasks.captions.files import captions_path
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample
 from tasks.captions.client import encode_image

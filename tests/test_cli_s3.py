@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from corpusforge.contract import step_path
-from corpusforge.layout import (CHANGES_MD, CHANGES_TABLE, CURRENT, PREVIOUS_DIR, RECEIPT_OUTPUTS, RUN_LOG, RUN_LOG_MD,
-                                VERSIONS_DIR)
+from tasks.release.files import CURRENT, VERSIONS_DIR
+from tasks.report.files import CHANGES_MD, CHANGES_TABLE, PREVIOUS_DIR, RECEIPT_OUTPUTS, RUN_LOG, RUN_LOG_MD
 from tasks.report.changes import DIFF_VERSIONS
 from tests.cli_s3 import corpusforge, hashes, local_tree, s3_env, s3_tree
 from tests.test_build_e2e import computed_units

@@ -779,7 +779,7 @@ def _scan_reference(corpus, out) -> dict[str, tuple[float, str, float]]:
     import pyarrow.dataset as ds
 
     from corpusforge.feature_files import list_feature_shards, read_shard_features, require_features
-    from corpusforge.layout import CONTAMINATION_EVAL
+    from tasks.contamination.files import CONTAMINATION_EVAL
 
     corpus, evals = Store(str(corpus)), Store(str(out)).sub(CONTAMINATION_EVAL)
     train = {r["key"] for r in ds.dataset(f"{corpus.root}/manifest").to_table().to_pylist() if r["split"] == "train"}

@@ -13,8 +13,9 @@ import pytest
 
 from bench.scale import CountingFileSystem
 from corpusforge.contract import finish_unit
-from corpusforge.layout import (INGEST_SCHEMA, MARKERS, dedup_hashes_path, dedup_keys_path, exact_path, hashes_path,
-                                ingest_path, keydup_path, keys_table_path, resolved_path)
+from corpusforge.layout import INGEST_SCHEMA, MARKERS
+from tasks.ingest.files import (dedup_hashes_path, dedup_keys_path, exact_path, hashes_path, ingest_path, keydup_path,
+                                keys_table_path, resolved_path)
 from corpusforge.storage import Store
 from tasks.ingest.exact_dedup import (combine_digests, deduplicate, exchange_keys, find_duplicate_keys,
                                       partition_groups, write_dedup_tables)

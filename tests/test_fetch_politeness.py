@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from corpusforge.layout import fetch_ledger_path
+from tasks.ingest.files import fetch_ledger_path
 from corpusforge.storage import Store
 from tasks.ingest.fetch.config import FetchConfig
 from tasks.ingest.fetch.unit import fetch_partition

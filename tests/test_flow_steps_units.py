@@ -18,8 +18,10 @@ import pytest
 from bench.scale import Scale, write_staging
 from corpusforge.contract import SWEEP_TEMP_FILES, in_process, sweep_temp_files
 from corpusforge.hashing import stable_uniform
-from corpusforge.layout import EVAL_CAPTIONS, EVAL_CAPTIONS_SCHEMA, RECEIPT, REPORT, release_plan_path, staging_index, \
-    staging_tar
+from corpusforge.layout import staging_index, staging_tar
+from tasks.release.files import release_plan_path
+from tasks.report.files import RECEIPT, REPORT
+from tasks.captions.files import EVAL_CAPTIONS, EVAL_CAPTIONS_SCHEMA
 from corpusforge.storage import Store
 from tasks.captions.eval_captions import WRITE_EVAL_CAPTIONS, EvalCaptionsConfig, write_eval_captions, write_test_plan_list
 from tasks.release.shards import plan_release_files, write_staged_list

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from corpusforge.key_ranges import key_ranges
-from corpusforge.layout import INPUT_DIR, LISTING_SPILL_DIR
+from tasks.ingest.files import INPUT_DIR, LISTING_SPILL_DIR
 from corpusforge.storage import Store
 from tasks.ingest import sources
 from tasks.ingest.sources import SourceConfig, plan_partitions

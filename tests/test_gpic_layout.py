@@ -17,7 +17,7 @@ import pytest
 import webdataset as wds
 from PIL import Image
 
-from corpusforge.layout import GPIC_JSON_FIELDS
+from tasks.release.files import GPIC_JSON_FIELDS
 from flows.build_corpus import BuildConfig, run_build
 from tasks.release.splits import SplitConfig
 from tests.gpic_data import mixed_folder, read_tar

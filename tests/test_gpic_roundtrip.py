@@ -13,7 +13,7 @@ import pyarrow.dataset as ds
 import pytest
 from pydantic import ValidationError
 
-from corpusforge.layout import GPIC_JSON_FIELDS
+from tasks.release.files import GPIC_JSON_FIELDS
 from flows.build_corpus import BuildConfig, run_build
 from tasks.release.splits import (
     GPIC_TEST,

@@ -20,7 +20,7 @@ import pytest
 
 from corpusforge.contract import read_marker
 from corpusforge.faults import ENV
-from corpusforge.layout import GRAPH_SUMMARY, found_path
+from tasks.graph.files import GRAPH_SUMMARY, found_path
 from tasks.graph.stage import near_duplicate_stage
 from tests.graph_corpus import write_corpus
 from tests.test_graph_stage import exact_cfg, tree_bytes

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from corpusforge.contract import read_marker
-from corpusforge.layout import GRAPH_INDEX, GRAPH_SHARD_TABLE, found_path
+from tasks.graph.files import GRAPH_INDEX, GRAPH_SHARD_TABLE, found_path
 from tasks.graph import index as fx
 from tasks.graph.build import build_index
 from tasks.graph.config import IndexAdvanced, IndexConfig, NearDedupAdvanced, NearDedupConfig, VerificationConfig
@@ -234,7 +234,7 @@ def test_merge_groups_give_the_one_group_graph_opening_found_files_from_their_fi
     their smaller id there, outside the group (issue 31)."""
     from bench.scale import install_counting_fs
     from corpusforge.contract import marker_path
-    from corpusforge.layout import edges_path
+    from tasks.graph.files import edges_path
     from corpusforge.storage import Store
 
     store, shards, _ = write_corpus(str(tmp_path), n_shards=4, per_shard=40, dim=24, seed=5)

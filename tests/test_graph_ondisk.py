@@ -16,8 +16,7 @@ import pytest
 from corpusforge.contract import UnitResult, read_marker
 from corpusforge.faults import ENV
 from corpusforge.hashing import stable_uniform
-from corpusforge.layout import (GRAPH_INDEX, GRAPH_INDEX_LISTS, GRAPH_INDEX_TRAINED, found_path,
-                                index_block_path)
+from tasks.graph.files import GRAPH_INDEX, GRAPH_INDEX_LISTS, GRAPH_INDEX_TRAINED, found_path, index_block_path
 from corpusforge.storage import Store
 from corpusforge.feature_files import write_shard_features
 from tasks.graph import build, edges, ondisk

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from corpusforge.layout import ingest_path
+from tasks.ingest.files import ingest_path
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample, is_safe_key, iter_tar_samples, write_tar
 from tasks.ingest.partition import ingest_partition

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from corpusforge.layout import resolved_path
+from tasks.ingest.files import resolved_path
 from corpusforge.storage import Store
 from tasks.ingest.exact_dedup import deduplicate
 from tasks.ingest.partition import ingest_partition
@@ -153,7 +153,8 @@ def test_staging_copies_the_ingest_spill_and_never_rereads_the_source(tmp_path):
     import shutil
 
     from corpusforge.contract import marker_path, read_marker
-    from corpusforge.layout import spill_path, staging_tar
+    from corpusforge.layout import staging_tar
+    from tasks.ingest.files import spill_path
     from corpusforge.tarshard import iter_tar_samples
     from tasks.staging.stage import plan_staging, write_staging_shard
 

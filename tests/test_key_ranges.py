@@ -17,9 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from corpusforge.key_ranges import Table, key_ranges
-from corpusforge.layout import (CHANGES_MD, CHANGES_TABLE, MANIFEST_SCHEMA, PREVIOUS_RECORDS, RECEIPT,
-                                RELEASE_PLAN_SCHEMA, RESOLVED_SCHEMA, manifest_path, release_plan_path,
-                                resolved_path)
+from corpusforge.layout import MANIFEST_SCHEMA, RESOLVED_SCHEMA, manifest_path
+from tasks.ingest.files import resolved_path
+from tasks.release.files import RELEASE_PLAN_SCHEMA, release_plan_path
+from tasks.report.files import CHANGES_MD, CHANGES_TABLE, PREVIOUS_RECORDS, RECEIPT
 from corpusforge.storage import Store
 from tasks.report import changes
 

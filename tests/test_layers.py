@@ -1,6 +1,7 @@
 """The layer contract (.importlinter): flows → tasks → corpusforge, no stage package imports
-another, the shared package imports no stage, Prefect stays in flows/ and the ground
-floor's orchestration adapter, and no package's modules import each other in a circle. The
+another but for a stage's public files.py, which imports nothing but the ground floor, the
+shared package imports no stage, Prefect stays in flows/ and the ground floor's orchestration
+adapter, and no package's modules import each other in a circle. The
 linter runs on the code as it is, and on a copy with a planted violation, which it must
 refuse (a test of the configuration itself). No module imports itself through others,
 checked from the source (every import statement, in function bodies too)."""
@@ -42,6 +43,9 @@ def test_the_code_keeps_every_layer_contract():
 PLANTED = [
     ("tasks/stats/planted.py", "from tasks.graph.stage import near_duplicate_stage", "No stage package imports another"),
     ("tasks/shared/planted.py", "from tasks.release.splits import SPLITS", "The shared package imports no stage"),
+    # a stage's files.py, which other stages may import, is a leaf: no back door to its stage
+    ("tasks/contamination/files.py", "from tasks.contamination.stage import run_scan",
+     "A stage's files.py imports nothing but the ground floor"),
     ("tasks/graph/planted.py", "from corpusforge.cluster import fan_out", "Prefect and the fan-out only in flows/"),
     ("tasks/captions/planted.py", "import prefect", "Prefect and the fan-out only in flows/"),
     ("corpusforge/planted.py", "from tasks.staging.stage import plan_staging", "flows -> tasks -> corpusforge"),

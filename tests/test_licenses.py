@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 from pydantic import ValidationError
 
-from corpusforge.layout import ingest_path
+from tasks.ingest.files import ingest_path
 from corpusforge.storage import Store
 from tasks.ingest.partition import ingest_partition
 from tasks.ingest.licenses import License, LicenseConfig, license_family, license_reason, normalize_license

@@ -24,8 +24,10 @@ from pathlib import Path
 import pytest
 
 from corpusforge.contract import COMPUTED, SKIPPED, in_process, keyed, probe, run_step, step_call
-from corpusforge.layout import (EVAL_CAPTIONS, LATE_DIR, MANIFEST_DIR, RECEIPT, RECEIPT_OUTPUTS, RELEASE_DIR,
-                                RELEASE_PLAN_DIR, late_path, release_plan_path)
+from corpusforge.layout import MANIFEST_DIR
+from tasks.release.files import LATE_DIR, RELEASE_DIR, RELEASE_PLAN_DIR, late_path, release_plan_path
+from tasks.report.files import RECEIPT, RECEIPT_OUTPUTS
+from tasks.captions.files import EVAL_CAPTIONS
 from corpusforge.storage import Store
 from flows.build_corpus import BuildConfig, build, run_build
 from tests.built_sample import config

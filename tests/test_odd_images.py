@@ -178,7 +178,7 @@ BOMB_SCRIPT = textwrap.dedent("""
     from tasks.ingest.partition import ingest_partition
     from tasks.ingest.sources import SourceConfig, plan_partitions
     from tasks.shared.validate import ValidationConfig
-    from corpusforge.layout import ingest_path
+    from tasks.ingest.files import ingest_path
 
     src, out, headroom, max_pixels = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     store, cfg = Store(out), SourceConfig(partition_size=10)

@@ -26,7 +26,9 @@ import pytest
 import yaml
 
 from corpusforge.faults import ENV, ONCE_ENV
-from corpusforge.layout import CHANGES_MD, CURRENT, MANIFEST_DIR, RELEASE_DIR
+from corpusforge.layout import MANIFEST_DIR
+from tasks.release.files import CURRENT, RELEASE_DIR
+from tasks.report.files import CHANGES_MD
 from tests.cli_s3 import corpusforge
 from tests.operate import clean_env
 

@@ -19,7 +19,9 @@ import pytest
 from PIL import Image
 
 from corpusforge.contract import finish_unit
-from corpusforge.layout import GRAPH_DECISIONS, NEAR_DECISION_SCHEMA, decisions_path, release_plan_path, staging_tar
+from corpusforge.layout import staging_tar
+from tasks.release.files import release_plan_path
+from tasks.graph.files import GRAPH_DECISIONS, NEAR_DECISION_SCHEMA, decisions_path
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample
 from tasks.release.shards import plan_release_files, write_release_shard, write_staged_list

@@ -34,7 +34,8 @@ import pytest
 import corpusforge.version as version
 from corpusforge.faults import ENV as FAULT_ENV
 from corpusforge.faults import ONCE_ENV as FAULT_ONCE_ENV
-from corpusforge.layout import MARKERS, RUN_LOG
+from corpusforge.layout import MARKERS
+from tasks.report.files import RUN_LOG
 from corpusforge.plans import ACTIONS
 from flows.build_corpus import BuildConfig, build, plan_run
 from tests.cli_s3 import corpusforge, s3_env

@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from corpusforge.contract import read_marker
-from corpusforge.layout import hashes_path, spill_path, staging_index, staging_records, staging_tar
+from corpusforge.layout import staging_index, staging_records, staging_tar
+from tasks.ingest.files import hashes_path, spill_path
 from corpusforge.storage import Store
 from tasks.ingest.exact_dedup import deduplicate
 from tasks.ingest.partition import ingest_partition

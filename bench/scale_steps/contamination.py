@@ -89,7 +89,7 @@ def run_contamination_scan_exact(store, sc: Scale, data: str) -> dict[str, Any]:
     """One exact scan task (scan_shard_exact): the evaluation chunk against every corpus
     shard, streamed through a bounded block."""
     from corpusforge.contract import marker_path
-    from corpusforge.layout import found_matches_path
+    from tasks.contamination.files import found_matches_path
     from tasks.contamination import image_scan as scan
 
     query, target = _sides(store, data)
@@ -107,7 +107,7 @@ def run_contamination_index_ivf(store, sc: Scale, data: str) -> dict[str, Any]:
     lists held in the task's memory). Refused above 16 GiB of lists (8.3M 512-d vectors,
     check_index_size), so its 10⁸ projection is what the refusal prevents, not a cost."""
     from corpusforge.contract import marker_path
-    from corpusforge.layout import contamination_index
+    from tasks.contamination.files import contamination_index
     from tasks.contamination import image_scan as scan
     from tasks.contamination.config import IvfConfig
 

@@ -30,7 +30,8 @@ def write_manifest(store: Any, sc: Scale) -> None:
     files of the release plan), in the manifest's schema (built column by column)."""
     import pyarrow as pa
 
-    from corpusforge.layout import MANIFEST_SCHEMA, late_path, manifest_path
+    from corpusforge.layout import MANIFEST_SCHEMA, manifest_path
+    from tasks.release.files import late_path
 
     part_size = math.ceil(sc.n / sc.parts)
     for part in range(sc.parts):
@@ -56,7 +57,7 @@ def _release(data: str) -> dict[str, Any]:
 def write_receipt_file(store: Any, sc: Scale, data: str) -> None:
     """receipt.json with the sections the reports read: counts, the release of the plan, a
     near-duplicate section (so the HTML report draws the edge histogram)."""
-    from corpusforge.layout import RECEIPT
+    from tasks.report.files import RECEIPT
     from tasks.release.publish import release_section
     from tasks.release.splits import SplitConfig
 
@@ -76,7 +77,7 @@ def write_edges(store: Any, sc: Scale) -> None:
     """Graph edge files, one per staging shard: NEAR_DUP_RATE of its records paired."""
     import pyarrow as pa
 
-    from corpusforge.layout import EDGE_SCHEMA, edges_path
+    from tasks.graph.files import EDGE_SCHEMA, edges_path
 
     size = math.ceil(sc.kept / sc.shards)
     rng = np.random.default_rng(5)
@@ -207,7 +208,7 @@ def run_sweep(store: Any, sc: Scale, data: str) -> dict[str, Any]:
 def run_reports(store: Any, sc: Scale, data: str) -> dict[str, Any]:
     """report.md and report.html from receipt.json (one task): the HTML report reads every
     graph edge file for its histogram."""
-    from corpusforge.layout import RECEIPT
+    from tasks.report.files import RECEIPT
     from tasks.report.write import write_reports
 
     kwargs = dict(store=store, receipt_sha256=store.sha256(RECEIPT))
@@ -233,7 +234,7 @@ def _records_regime(n: int) -> dict[str, Any]:
 def run_keep_previous_version(store: Any, sc: Scale, data: str) -> dict[str, Any]:
     """The copy of the version a rebuild replaces (one task): every manifest row joined with
     its caption, one range of keys at a time, sorted, written to work/previous."""
-    from corpusforge.layout import PREVIOUS_DIR
+    from tasks.report.files import PREVIOUS_DIR
     from tasks.report.changes import keep_previous_version
 
     store.remove(PREVIOUS_DIR)

@@ -231,7 +231,7 @@ def _faiss_build(model_id: str, index: dict[str, Any] | None = None, tag: str = 
         """Every unit of the index build in turn, each in a process of its own (prepare; for
         IVF the block adds and the merge): the step's peak is its largest task's."""
         from corpusforge.contract import remove_tree
-        from corpusforge.layout import GRAPH_INDEX_DIR, GRAPH_INDEX_WORK
+        from tasks.graph.files import GRAPH_INDEX_DIR, GRAPH_INDEX_WORK
         from tasks.graph.build import build_index
         from tasks.graph.edges import feature_digests
         from tasks.graph.nodes import plan_nodes, write_shard_table
@@ -324,8 +324,9 @@ def write_graph(store, sc: Scale, data: str) -> None:
     import pyarrow as pa
 
     from corpusforge.contract import finish_unit, require_marker
-    from corpusforge.layout import (FOUND_SCHEMA, GRAPH_RECALL_IDS, GRAPH_RECALL_VECTORS, edges_path, found_path,
-                                    recall_path, staging_records, staging_tar)
+    from corpusforge.layout import staging_records, staging_tar
+    from tasks.graph.files import (FOUND_SCHEMA, GRAPH_RECALL_IDS, GRAPH_RECALL_VECTORS, edges_path, found_path,
+                                   recall_path)
     from tasks.graph.edges import edge_table, feature_digests, found_fingerprint, merge_edges, merge_groups
     from tasks.graph.nodes import load_shard_vectors, plan_nodes, write_shard_digests, write_shard_table
 
@@ -415,7 +416,7 @@ def _merge_sizes(n: int) -> dict[str, int]:
 def run_merge(store, sc: Scale, data: str) -> dict[str, Any]:
     """Every merge group's task, each in a process of its own (markers removed: they compute)."""
     from corpusforge.contract import marker_path
-    from corpusforge.layout import edges_path
+    from tasks.graph.files import edges_path
     from tasks.graph.stage import MERGE_EDGES
 
     out, state = _graph_out(data, GRAPH_TAG), _graph_state(data)
@@ -457,7 +458,7 @@ def run_recall(store, sc: Scale, data: str) -> dict[str, Any]:
 def run_review(store, sc: Scale, data: str) -> dict[str, Any]:
     """The review-pair choice (one task) over the edge files."""
     from corpusforge.contract import marker_path
-    from corpusforge.layout import GRAPH_REVIEW
+    from tasks.graph.files import GRAPH_REVIEW
     from tasks.graph.review import select_review_pairs
 
     out, state = _graph_out(data, GRAPH_TAG), _graph_state(data)
@@ -471,7 +472,8 @@ def run_review(store, sc: Scale, data: str) -> dict[str, Any]:
 def run_verify(store, sc: Scale, data: str) -> dict[str, Any]:
     """One verification task (the shard owning the most review pairs), as the stage calls it."""
     from corpusforge.contract import marker_path, require_marker
-    from corpusforge.layout import review_path, staging_records, staging_tar, verified_path
+    from corpusforge.layout import staging_records, staging_tar
+    from tasks.graph.files import review_path, verified_path
     from tasks.graph.nodes import plan_nodes
     from tasks.graph.review import select_review_pairs
     from tasks.graph.verify import records_fingerprint, verify_shard
@@ -493,7 +495,7 @@ def run_verify(store, sc: Scale, data: str) -> dict[str, Any]:
 def run_decisions(store, sc: Scale, data: str) -> dict[str, Any]:
     """The decisions task (one), as the stage calls it in mode gpic_exact."""
     from corpusforge.contract import marker_path
-    from corpusforge.layout import GRAPH_DECISIONS
+    from tasks.graph.files import GRAPH_DECISIONS
     from tasks.graph.decisions import decide_near_duplicates
 
     out, state = _graph_out(data, GRAPH_TAG), _graph_state(data)

@@ -32,7 +32,9 @@ from pydantic import Field
 
 from corpusforge.config import StrictModel
 from corpusforge.contract import Unit, read_pinned
-from corpusforge.layout import EVAL_CAPTIONS, EVAL_CAPTIONS_SCHEMA, release_plan_path, staging_tar
+from corpusforge.layout import staging_tar
+from tasks.release.files import release_plan_path
+from tasks.captions.files import EVAL_CAPTIONS, EVAL_CAPTIONS_SCHEMA
 from corpusforge.storage import Store
 from tasks.shared.sampling import SmallestKeys
 

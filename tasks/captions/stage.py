@@ -40,9 +40,11 @@ import pyarrow as pa
 from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Unit, UnitResult, current_marker, finish_unit, in_process,
                                   must_compute, prune, require_marker, summarise, unit_fingerprint)
 from corpusforge.hashing import canonical_json, sha256_bytes
-from corpusforge.layout import (CAPTION_JOURNAL_DIR, CAPTION_JOURNAL_SCHEMA, CAPTION_PLAN_DIR, CAPTION_PLAN_SCHEMA,
-                                CAPTIONS_DIR, CAPTIONS_SCHEMA, caption_journal_dir, caption_plan_path,
-                                captions_path, decisions_path, staging_index, staging_records, staging_tar)
+from corpusforge.layout import staging_index, staging_records, staging_tar
+from tasks.captions.files import (CAPTIONS_DIR, CAPTIONS_SCHEMA, CAPTION_JOURNAL_DIR, CAPTION_JOURNAL_SCHEMA,
+                                  CAPTION_PLAN_DIR, CAPTION_PLAN_SCHEMA, caption_journal_dir, caption_plan_path,
+                                  captions_path)
+from tasks.graph.files import decisions_path
 from corpusforge.records import Status
 from corpusforge.storage import Store
 from corpusforge.version import code_version

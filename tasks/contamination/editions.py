@@ -27,9 +27,9 @@ import pyarrow as pa
 
 from corpusforge.contract import UnitResult, read_marker, require_marker, run_unit, unit_fingerprint
 from corpusforge.hashing import canonical_json
-from corpusforge.layout import (EDITION_ITEM_SCHEMA, EDITION_ITEMS, EDITION_MAPPING, EDITION_MAPPING_SCHEMA,
-                                EDITION_META, ITEM_DECISION_SCHEMA, eval_items_path, image_rows_path,
-                                item_decisions_path, judge_rows_path, text_rows_path)
+from tasks.contamination.files import (EDITION_ITEMS, EDITION_ITEM_SCHEMA, EDITION_MAPPING, EDITION_MAPPING_SCHEMA,
+                                       EDITION_META, ITEM_DECISION_SCHEMA, eval_items_path, image_rows_path,
+                                       item_decisions_path, judge_rows_path, text_rows_path)
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.contamination.config import EditionConfig

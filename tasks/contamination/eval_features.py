@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Literal
 
 from corpusforge.feature_files import feature_marker, list_feature_shards
-from corpusforge.layout import RECEIPT
+from tasks.report.files import RECEIPT
 from corpusforge.storage import Store
 from tasks.shared.features.config import FeaturesConfig
 

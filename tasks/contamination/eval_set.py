@@ -35,8 +35,8 @@ import pyarrow.parquet as pq
 from corpusforge.contract import (COMPUTED, SKIPPED, Marker, UnitKey, UnitResult, current_marker, explain,
                                   finish_unit, read_marker, unit_fingerprint)
 from corpusforge.hashing import canonical_json, fingerprint
-from corpusforge.layout import (EVAL_ITEM_SCHEMA, TABLE_SUFFIXES, STAGING_RECORDS_SCHEMA, eval_items_path, staging_index,
-                                staging_records, staging_tar)
+from corpusforge.layout import STAGING_RECORDS_SCHEMA, TABLE_SUFFIXES, staging_index, staging_records, staging_tar
+from tasks.contamination.files import EVAL_ITEM_SCHEMA, eval_items_path
 from corpusforge.storage import Store, uri_stamp, url_to_fs
 from corpusforge.tarshard import Sample, iter_tar_samples, write_tar
 from corpusforge.version import code_version

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from corpusforge.contract import UnitResult, require_marker, run_unit, unit_fingerprint
 from corpusforge.feature_files import feature_marker, read_shard_errors
-from corpusforge.layout import IMAGE_ROW_SCHEMA, eval_items_path, found_matches_path, image_rows_path
+from tasks.contamination.files import IMAGE_ROW_SCHEMA, eval_items_path, found_matches_path, image_rows_path
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 

@@ -42,8 +42,9 @@ import pyarrow.parquet as pq
 from corpusforge.contract import UnitResult, read_pinned, run_unit, unit_fingerprint
 from corpusforge.feature_files import read_shard_features, require_features
 from corpusforge.hashing import canonical_json, fingerprint, stable_uniform
-from corpusforge.layout import (CONTAMINATION_FOUND, MATCH_SCHEMA, contamination_index, feature_keys,
-                                found_matches_path, select_path)
+from corpusforge.layout import feature_keys
+from tasks.contamination.files import (CONTAMINATION_FOUND, MATCH_SCHEMA, contamination_index, found_matches_path,
+                                       select_path)
 from corpusforge.storage import Store
 from corpusforge.tarshard import HashingWriter
 from corpusforge.version import code_version

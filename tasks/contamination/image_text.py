@@ -21,8 +21,8 @@ from typing import Any
 import pyarrow as pa
 
 from corpusforge.contract import UnitResult, require_marker, run_unit, unit_fingerprint
-from corpusforge.layout import JUDGE_SCHEMA, eval_items_path, found_matches_path, judge_rows_path, staging_index, \
-    staging_tar
+from corpusforge.layout import staging_index, staging_tar
+from tasks.contamination.files import JUDGE_SCHEMA, eval_items_path, found_matches_path, judge_rows_path
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.contamination.config import JudgeConfig

@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from corpusforge.contract import UnitResult, require_marker, run_unit, unit_fingerprint
-from corpusforge.layout import LEAKAGE_SCHEMA, found_matches_path, leakage_path
+from tasks.contamination.files import LEAKAGE_SCHEMA, found_matches_path, leakage_path
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.contamination.image_rates import rate

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from corpusforge.contract import MAYBE, SKIPPED, explain, read_marker
-from corpusforge.layout import (CONTAMINATION_EVAL, CONTAMINATION_ITEMS, FEATURES_DIR, eval_items_path, feature_vectors,
-                                features_dir)
+from corpusforge.layout import FEATURES_DIR, feature_vectors, features_dir
+from tasks.contamination.files import CONTAMINATION_EVAL, CONTAMINATION_ITEMS, eval_items_path
 from corpusforge.plans import StagePlan, deletions, switched_off
 from corpusforge.storage import Store
 from tasks.contamination.config import EvalSetConfig, ImageScanConfig

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from corpusforge.hashing import canonical_json
-from corpusforge.layout import CONTAMINATION_RECEIPT, RECEIPT, eval_items_path
+from tasks.report.files import RECEIPT
+from tasks.contamination.files import CONTAMINATION_RECEIPT, eval_items_path
 from corpusforge.storage import Store, open_uri
 from tasks.contamination.config import ImageScanConfig, JudgeConfig, LeakageConfig, TextCanaryConfig
 

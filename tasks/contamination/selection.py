@@ -23,7 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from corpusforge.contract import UnitResult, prune, read_marker, read_pinned, run_unit, unit_fingerprint
-from corpusforge.layout import CONTAMINATION_SELECT, MANIFEST_DIR, SELECT_SCHEMA, select_path
+from corpusforge.layout import MANIFEST_DIR
+from tasks.contamination.files import CONTAMINATION_SELECT, SELECT_SCHEMA, select_path
 from corpusforge.records import Status
 from corpusforge.storage import Store
 from corpusforge.version import code_version

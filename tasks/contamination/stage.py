@@ -24,10 +24,11 @@ from typing import Any
 from corpusforge.contract import (FanOut, Unit, UnitResult, completed_units, in_process, prune, remove_tree,
                                   require_marker, summarise)
 from corpusforge.feature_files import feature_marker, list_feature_shards, require_features
-from corpusforge.layout import (CONTAMINATION_FOUND, CONTAMINATION_IMAGES, CONTAMINATION_ITEM_DECISIONS,
-                                CONTAMINATION_ITEMS, CONTAMINATION_JUDGE, CONTAMINATION_LEAKAGE, CONTAMINATION_TEXT,
-                                CONTAMINATION_TEXT_WORK, EDITION_DIR, STAGING_INDEX, STAGING_RECORDS, STAGING_TARS,
-                                eval_items_path, staging_tar, text_work_path)
+from corpusforge.layout import STAGING_INDEX, STAGING_RECORDS, STAGING_TARS, staging_tar
+from tasks.contamination.files import (CONTAMINATION_FOUND, CONTAMINATION_IMAGES, CONTAMINATION_ITEMS,
+                                       CONTAMINATION_ITEM_DECISIONS, CONTAMINATION_JUDGE, CONTAMINATION_LEAKAGE,
+                                       CONTAMINATION_TEXT, CONTAMINATION_TEXT_WORK, EDITION_DIR, eval_items_path,
+                                       text_work_path)
 from corpusforge.hashing import fingerprint
 from corpusforge.storage import Store
 from tasks.contamination import image_scan as scan

@@ -36,7 +36,7 @@ import scipy.sparse as sp
 
 from corpusforge.contract import UnitResult, require_marker, run_unit, unit_fingerprint
 from corpusforge.hashing import stable_uniform
-from corpusforge.layout import TEXT_ROW_SCHEMA, text_rows_path, text_work_path
+from tasks.contamination.files import TEXT_ROW_SCHEMA, text_rows_path, text_work_path
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.contamination.canary import CanaryThresholds, PairScores, decide, round3

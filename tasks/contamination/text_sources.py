@@ -24,7 +24,8 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from corpusforge.contract import UnitResult, prune, run_unit, unit_fingerprint
-from corpusforge.layout import eval_items_path, staging_index, staging_tar, text_work_path
+from corpusforge.layout import staging_index, staging_tar
+from tasks.contamination.files import eval_items_path, text_work_path
 from corpusforge.storage import Store, uri_stamp
 from corpusforge.version import code_version
 from tasks.contamination.config import TextCorpusConfig

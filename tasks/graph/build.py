@@ -33,8 +33,8 @@ from corpusforge.contract import (FanOut, Marker, StageSummary, Unit, UnitResult
 from corpusforge.faults import fault_point
 from corpusforge.feature_files import require_all_features
 from corpusforge.hashing import stable_uniform
-from corpusforge.layout import (GRAPH_INDEX, GRAPH_INDEX_BLOCKS, GRAPH_INDEX_LISTS, GRAPH_INDEX_TRAINED,
-                                GRAPH_INDEX_WORK, GRAPH_RECALL_IDS, GRAPH_RECALL_VECTORS, index_block_path)
+from tasks.graph.files import (GRAPH_INDEX, GRAPH_INDEX_BLOCKS, GRAPH_INDEX_LISTS, GRAPH_INDEX_TRAINED,
+                               GRAPH_INDEX_WORK, GRAPH_RECALL_IDS, GRAPH_RECALL_VECTORS, index_block_path)
 from corpusforge.storage import Store
 from corpusforge.tarshard import HashingWriter
 from corpusforge.version import code_version

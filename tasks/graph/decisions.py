@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from corpusforge.contract import UnitResult, read_marker, run_unit, unit_fingerprint
-from corpusforge.layout import GRAPH_COMPONENTS_REPORT, GRAPH_DECISIONS, NEAR_DECISION_SCHEMA, decisions_path
+from tasks.graph.files import GRAPH_COMPONENTS_REPORT, GRAPH_DECISIONS, NEAR_DECISION_SCHEMA, decisions_path
 from corpusforge.records import Status
 from corpusforge.storage import Store
 from corpusforge.version import code_version

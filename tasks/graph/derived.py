@@ -9,7 +9,8 @@ from typing import Any
 from corpusforge.contract import completed_units
 from corpusforge.feature_files import feature_marker
 from corpusforge.hashing import fingerprint
-from corpusforge.layout import RECEIPT, STAGING_TARS
+from corpusforge.layout import STAGING_TARS
+from tasks.report.files import RECEIPT
 from corpusforge.storage import Store
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.edges import index_plan

@@ -59,8 +59,8 @@ from corpusforge.contract import (COMPUTED, SKIPPED, UnitResult, current_marker,
                                   must_compute, run_unit, unit_fingerprint)
 from corpusforge.faults import fault_point
 from corpusforge.feature_files import read_feature_rows, require_all_features
-from corpusforge.layout import (EDGE_SCHEMA, FOUND_SCHEMA, GRAPH_INDEX, GRAPH_INDEX_LISTS, GRAPH_RECALL_IDS,
-                                GRAPH_RECALL_VECTORS, edges_path, found_path, recall_path)
+from tasks.graph.files import (EDGE_SCHEMA, FOUND_SCHEMA, GRAPH_INDEX, GRAPH_INDEX_LISTS, GRAPH_RECALL_IDS,
+                               GRAPH_RECALL_VECTORS, edges_path, found_path, recall_path)
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.graph import index as fx

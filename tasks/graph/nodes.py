@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from corpusforge.contract import read_pinned
 from corpusforge.feature_files import read_shard_features
-from corpusforge.layout import GRAPH_SHARD_TABLE, SHARD_DIGESTS_SCHEMA, SHARD_TABLE_SCHEMA, graph_digests_path
+from tasks.graph.files import GRAPH_SHARD_TABLE, SHARD_DIGESTS_SCHEMA, SHARD_TABLE_SCHEMA, graph_digests_path
 from corpusforge.layout import staging_records as records_path
 from corpusforge.storage import Store
 

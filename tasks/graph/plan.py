@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from corpusforge.contract import COMPUTED, SKIPPED, require_marker
 from corpusforge.feature_files import feature_marker
-from corpusforge.layout import (GRAPH_DIR, GRAPH_FOUND, GRAPH_INDEX_WORK, GRAPH_SHARD_TABLE, GRAPH_SUMMARY,
-                                graph_digests_path, staging_records, staging_tar)
+from corpusforge.layout import staging_records, staging_tar
+from tasks.graph.files import (GRAPH_DIR, GRAPH_FOUND, GRAPH_INDEX_WORK, GRAPH_SHARD_TABLE, GRAPH_SUMMARY,
+                               graph_digests_path)
 from corpusforge.plans import WHOLE, StagePlan, names, unfinished
 from corpusforge.storage import Store
 from tasks.graph.derived import staged_with_features

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from corpusforge.contract import UnitResult, run_unit, unit_fingerprint
-from corpusforge.layout import GRAPH_REVIEW, review_path
+from tasks.graph.files import GRAPH_REVIEW, review_path
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.graph.config import NearDedupConfig

@@ -37,9 +37,10 @@ import numpy as np
 from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Unit, UnitResult, digest_of, in_process, keyed,
                                   marker_path, prune, remove_tree, require_markers, step_call, summarise,
                                   unit_fingerprint)
-from corpusforge.layout import (GRAPH_DECISIONS, GRAPH_EDGES, GRAPH_FOUND, GRAPH_INDEX_DIR, GRAPH_NODES, GRAPH_RECALL,
-                                GRAPH_REVIEW, GRAPH_SUMMARY, GRAPH_VERIFIED, edges_path, found_path, graph_digests_path,
-                                review_path, staging_records, staging_tar)
+from corpusforge.layout import staging_records, staging_tar
+from tasks.graph.files import (GRAPH_DECISIONS, GRAPH_EDGES, GRAPH_FOUND, GRAPH_INDEX_DIR, GRAPH_NODES, GRAPH_RECALL,
+                               GRAPH_REVIEW, GRAPH_SUMMARY, GRAPH_VERIFIED, edges_path, found_path, graph_digests_path,
+                               review_path)
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.graph.build import build_index

@@ -38,7 +38,7 @@ pair's result never depends on which pairs ran before it, on the worker or on th
 
 The stage unit (one per owner shard) verifies the pairs chosen for review
 (``graph/review/{shard}.parquet``, :mod:`tasks.graph.review`) and writes
-``graph/verified/{shard}.parquet`` (see :data:`corpusforge.layout.VERIFIED_SCHEMA`): both
+``graph/verified/{shard}.parquet`` (see :data:`tasks.graph.files.VERIFIED_SCHEMA`): both
 keys and SHA-256s, the similarity, keypoints, matches, inliers, score, overlap, agreement,
 agreeing, colourless and the verdict. Results are reused per pair across reruns: a row whose two SHA-256s and
 verification settings are unchanged is copied from the previous file instead of recomputed.
@@ -54,7 +54,8 @@ import pyarrow as pa
 from PIL import Image
 
 from corpusforge.contract import UnitResult, read_marker, run_unit, unit_fingerprint
-from corpusforge.layout import VERIFIED_SCHEMA, review_path, staging_index, staging_tar, verified_path
+from corpusforge.layout import staging_index, staging_tar
+from tasks.graph.files import VERIFIED_SCHEMA, review_path, verified_path
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.shared.features.decode import DecodeError, decode_rgb

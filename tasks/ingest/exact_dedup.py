@@ -52,9 +52,10 @@ from corpusforge.chunking import cut_name
 from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Sink, StageSummary, Unit, UnitKey, UnitResult, in_process,
                                   require_markers, run_unit, unit_fingerprint)
 from corpusforge.hashing import fingerprint, stable_int
-from corpusforge.layout import (DEDUP_HASHES_DIR, DEDUP_KEYS_DIR, DUPLICATE_SCHEMA, EXACT_DIR, HASH_SCHEMA, KEY_SCHEMA,
-                                KEYDUP_DIR, RESOLVED_SCHEMA, dedup_hashes_path, dedup_keys_path, exact_path,
-                                hashes_path, ingest_path, keydup_path, keys_table_path, resolved_path)
+from corpusforge.layout import RESOLVED_SCHEMA
+from tasks.ingest.files import (DEDUP_HASHES_DIR, DEDUP_KEYS_DIR, DUPLICATE_SCHEMA, EXACT_DIR, HASH_SCHEMA, KEYDUP_DIR,
+                                KEY_SCHEMA, dedup_hashes_path, dedup_keys_path, exact_path, hashes_path, ingest_path,
+                                keydup_path, keys_table_path, resolved_path)
 from corpusforge.records import Status
 from corpusforge.storage import Store
 from corpusforge.tarshard import folded_key, is_safe_key

@@ -51,7 +51,8 @@ import pyarrow.parquet as pq
 import xxhash
 
 from corpusforge.contract import Unit, UnitResult, must_compute, require_marker, run_unit, unit_fingerprint
-from corpusforge.layout import INGEST_SCHEMA, fetch_blob_path, fetch_ledger_path, ingest_path, spill_path
+from corpusforge.layout import INGEST_SCHEMA
+from tasks.ingest.files import fetch_blob_path, fetch_ledger_path, ingest_path, spill_path
 from corpusforge.records import Status
 from corpusforge.storage import Store, file_stamp, is_remote, with_s3_defaults
 from corpusforge.tarshard import HashingWriter, is_safe_key, iter_tar_samples

@@ -9,9 +9,10 @@ own code or config changed (:func:`corpusforge.plans.judge_unit`).
 from __future__ import annotations
 
 from corpusforge.contract import SKIPPED, explain, read_marker
-from corpusforge.layout import (DEDUP_HASHES_DIR, DEDUP_KEYS_DIR, EXACT_DIR, INGEST_DIR, KEYDUP_DIR, RESOLVED_DIR,
+from corpusforge.layout import part_name
+from tasks.ingest.files import (DEDUP_HASHES_DIR, DEDUP_KEYS_DIR, EXACT_DIR, INGEST_DIR, KEYDUP_DIR, RESOLVED_DIR,
                                 bucket_name, dedup_group_name, dedup_hashes_path, dedup_keys_path, exact_path,
-                                ingest_path, keydup_path, part_name, resolved_path)
+                                ingest_path, keydup_path, resolved_path)
 from corpusforge.plans import StagePlan, deletions, judge_unit
 from corpusforge.storage import Store
 from tasks.ingest.exact_dedup import (combine_digests, duplicate_keys_key, exact_duplicates_key, exchange_hashes_key,

@@ -54,8 +54,8 @@ from pydantic import Field
 from corpusforge.config import StrictModel
 from corpusforge.contract import Unit, current_marker, finish_unit, must_compute, prune, read_pinned, unit_fingerprint
 from corpusforge.key_ranges import FAN_OUT, ROWS_PER_RANGE, Table, key_ranges
-from corpusforge.layout import (INPUT_DIR, INPUT_SCHEMA, LISTING_SPILL_DIR, TABLE_SUFFIXES, input_path,
-                                listing_spill_path, part_name)
+from corpusforge.layout import TABLE_SUFFIXES, part_name
+from tasks.ingest.files import INPUT_DIR, INPUT_SCHEMA, LISTING_SPILL_DIR, input_path, listing_spill_path
 from corpusforge.storage import Store, file_stamp, is_remote, url_to_fs
 from corpusforge.version import code_version
 from tasks.shared.inputs import Entry, local_file_refusal, read_local, scan_folder, walk_local

@@ -24,8 +24,9 @@ import pyarrow as pa
 
 from corpusforge.contract import UnitKey, UnitResult, digest_of, prune, read_marker, run_unit, unit_fingerprint
 from corpusforge.hashing import canonical_json, sha256_bytes, stable_uniform
-from corpusforge.layout import (MANIFEST_DIR, PROMPTS_CAPTION_SAMPLE, PROMPTS_CAPTIONS, caption_embeddings_path,
-                                caption_keys_path, staging_index, staging_tar, text_embeddings_path)
+from corpusforge.layout import MANIFEST_DIR, staging_index, staging_tar
+from tasks.prompts.files import (PROMPTS_CAPTIONS, PROMPTS_CAPTION_SAMPLE, caption_embeddings_path, caption_keys_path,
+                                 text_embeddings_path)
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.prompts.text_model import embed_texts

@@ -13,10 +13,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from corpusforge.layout import (GENERATED_VARIANCE_SCHEMA, PROMPT_EDITION_MAPPING, PROMPT_EDITION_META,
-                                PROMPT_EDITION_NORMALIZATION, PROMPT_EDITION_PROMPTS, QUALIFICATION_CATEGORIES,
-                                QUALIFICATION_COHORTS, QUALIFICATION_PROMPTS, QUALIFICATION_SUMMARY,
-                                QUALIFICATION_VARIANCE, QUARANTINE_LEDGER)
+from tasks.prompts.files import (GENERATED_VARIANCE_SCHEMA, PROMPT_EDITION_MAPPING, PROMPT_EDITION_META,
+                                 PROMPT_EDITION_NORMALIZATION, PROMPT_EDITION_PROMPTS, QUALIFICATION_CATEGORIES,
+                                 QUALIFICATION_COHORTS, QUALIFICATION_PROMPTS, QUALIFICATION_SUMMARY,
+                                 QUALIFICATION_VARIANCE, QUARANTINE_LEDGER)
 from corpusforge.storage import Store
 from tasks.prompts.config import CohortConfig, DensityConfig, RotationConfig, VarianceConfig
 

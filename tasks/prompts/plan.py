@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from corpusforge.contract import COMPUTED, SKIPPED, completed_units, explain, read_marker
-from corpusforge.layout import (PROMPTS_CAPTION_SAMPLE, PROMPTS_CAPTIONS, PROMPTS_GENERATED, PROMPTS_TEXTS,
-                                QUALIFICATION_CATEGORIES, caption_embeddings_path, generated_variance_path,
-                                text_embeddings_path)
+from tasks.prompts.files import (PROMPTS_CAPTIONS, PROMPTS_CAPTION_SAMPLE, PROMPTS_GENERATED, PROMPTS_TEXTS,
+                                 QUALIFICATION_CATEGORIES, caption_embeddings_path, generated_variance_path,
+                                 text_embeddings_path)
 from corpusforge.plans import EVERY_RUN, StagePlan, deletions, switched_off
 from corpusforge.storage import Store
 from tasks.prompts import tables

@@ -20,7 +20,7 @@ import numpy as np
 
 from corpusforge.contract import Unit, UnitResult
 from corpusforge.hashing import canonical_json, sha256_bytes
-from corpusforge.layout import generated_variance_path
+from tasks.prompts.files import generated_variance_path
 from corpusforge.storage import Store
 from tasks.prompts import captions, density, tables, variance
 from tasks.prompts.config import DensityConfig, TextModelConfig, VarianceConfig

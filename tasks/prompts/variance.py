@@ -29,7 +29,8 @@ import numpy as np
 import pyarrow as pa
 
 from corpusforge.contract import UnitKey, UnitResult, prune, run_unit, unit_fingerprint
-from corpusforge.layout import GENERATED_VARIANCE_SCHEMA, MARKERS, PROMPTS_GENERATED, generated_variance_path
+from corpusforge.layout import MARKERS
+from tasks.prompts.files import GENERATED_VARIANCE_SCHEMA, PROMPTS_GENERATED, generated_variance_path
 from corpusforge.storage import file_stamp, url_to_fs
 from corpusforge.version import code_version
 from tasks.prompts.tables import SAFE_ID

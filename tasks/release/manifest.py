@@ -15,7 +15,9 @@ from typing import Any, TypedDict
 import pyarrow as pa
 
 from corpusforge.contract import UnitResult, run_unit, unit_fingerprint
-from corpusforge.layout import MANIFEST_SCHEMA, late_path, manifest_path, resolved_path
+from corpusforge.layout import MANIFEST_SCHEMA, manifest_path
+from tasks.ingest.files import resolved_path
+from tasks.release.files import late_path
 from corpusforge.records import Status
 from corpusforge.storage import Store
 from corpusforge.version import code_version

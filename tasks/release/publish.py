@@ -12,8 +12,11 @@ from typing import Any
 
 from corpusforge.contract import (FanOut, Unit, forget_step, in_process, keyed, prune, require_marker, require_markers,
                                  step_call, step_result)
-from corpusforge.layout import (GRAPH_DECISIONS, LATE_DIR, MANIFEST_DIR, RELEASE_CARD, RELEASE_PLAN_DIR, captions_path,
-                                late_path, manifest_path, release_plan_path, resolved_path, staging_tar)
+from corpusforge.layout import MANIFEST_DIR, manifest_path, staging_tar
+from tasks.ingest.files import resolved_path
+from tasks.release.files import LATE_DIR, RELEASE_CARD, RELEASE_PLAN_DIR, late_path, release_plan_path
+from tasks.captions.files import captions_path
+from tasks.graph.files import GRAPH_DECISIONS
 from corpusforge.ledger import Ledger
 from corpusforge.storage import Store
 from tasks.release.manifest import write_manifest_part

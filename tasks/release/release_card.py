@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from corpusforge.layout import GPIC_JSON_FIELDS
+from tasks.release.files import GPIC_JSON_FIELDS
 from tasks.shared.samples import SAMPLE_JSON_FIELDS
 
 HF_SPLIT = {"train": "train", "val": "validation", "test": "test"}

@@ -48,10 +48,12 @@ from corpusforge.contract import (SKIPPED, UnitResult, must_compute, prune, read
                                   unit_fingerprint)
 from corpusforge.faults import fault_point
 from corpusforge.hashing import stable_uniform
-from corpusforge.layout import (GPIC_JSON_FIELDS, LATE_DIR, LATE_SCHEMA, MEMBER_SPAN, RELEASE_DIR, RELEASE_PLAN_DIR,
-                                RELEASE_PLAN_SCHEMA, RELEASE_STAGED, RELEASE_STAGED_SCHEMA, captions_path,
-                                decisions_path, late_path, part_name, release_plan_path, release_shard_name,
-                                release_tar, staging_index, staging_records, staging_tar)
+from corpusforge.layout import part_name, staging_index, staging_records, staging_tar
+from tasks.release.files import (GPIC_JSON_FIELDS, LATE_DIR, LATE_SCHEMA, MEMBER_SPAN, RELEASE_DIR, RELEASE_PLAN_DIR,
+                                 RELEASE_PLAN_SCHEMA, RELEASE_STAGED, RELEASE_STAGED_SCHEMA, late_path,
+                                 release_plan_path, release_shard_name, release_tar)
+from tasks.captions.files import captions_path
+from tasks.graph.files import decisions_path
 from corpusforge.records import Status
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample, write_tar

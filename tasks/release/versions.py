@@ -23,7 +23,9 @@ from typing import Any
 
 from corpusforge.contract import digest_of
 from corpusforge.faults import fault_point
-from corpusforge.layout import CURRENT, MANIFEST_DIR, RECEIPT_OUTPUTS, RELEASE_DIR, VERSIONS_DIR, version_dir
+from corpusforge.layout import MANIFEST_DIR
+from tasks.release.files import CURRENT, RELEASE_DIR, VERSIONS_DIR, version_dir
+from tasks.report.files import RECEIPT_OUTPUTS
 from corpusforge.storage import Store
 
 PUBLISHED = (RELEASE_DIR, MANIFEST_DIR)  # the folders a version holds

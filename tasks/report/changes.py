@@ -32,10 +32,11 @@ import pyarrow.parquet as pq
 
 from corpusforge.contract import Unit, must_compute
 from corpusforge.key_ranges import Table, key_ranges
-from corpusforge.layout import (CHANGES_MD, CHANGES_SCHEMA, CHANGES_TABLE, MANIFEST_DIR, MANIFEST_SCHEMA,
-                                PREVIOUS_DIR, PREVIOUS_OUTPUTS, PREVIOUS_RECEIPT, PREVIOUS_RECORDS,
-                                RELEASE_PLAN_SCHEMA, RECEIPT, RECEIPT_OUTPUTS, RELEASE_DIR, RELEASE_PLAN_DIR,
-                                RESOLVED_DIR, RESOLVED_SCHEMA, TABLE_SUFFIXES)
+from corpusforge.layout import MANIFEST_DIR, MANIFEST_SCHEMA, RESOLVED_SCHEMA, TABLE_SUFFIXES
+from tasks.ingest.files import RESOLVED_DIR
+from tasks.release.files import RELEASE_DIR, RELEASE_PLAN_DIR, RELEASE_PLAN_SCHEMA
+from tasks.report.files import (CHANGES_MD, CHANGES_SCHEMA, CHANGES_TABLE, PREVIOUS_DIR, PREVIOUS_OUTPUTS,
+                                PREVIOUS_RECEIPT, PREVIOUS_RECORDS, RECEIPT, RECEIPT_OUTPUTS)
 from corpusforge.outofcore import spilling_duckdb
 from corpusforge.storage import PARQUET_WRITE_OPTIONS, Store
 

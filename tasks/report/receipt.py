@@ -21,8 +21,11 @@ from typing import Any, TypedDict
 import pyarrow as pa
 
 from corpusforge.contract import Unit, digest_of, require_markers
-from corpusforge.layout import (CHANGES_MD, CHANGES_TABLE, CURRENT, MARKERS, RECEIPT, RECEIPT_OUTPUTS,
-                                RECEIPT_OUTPUTS_SCHEMA, REPORT, REPORT_HTML, VERSIONS_DIR, ingest_path)
+from corpusforge.layout import MARKERS
+from tasks.ingest.files import ingest_path
+from tasks.release.files import CURRENT, VERSIONS_DIR
+from tasks.report.files import (CHANGES_MD, CHANGES_TABLE, RECEIPT, RECEIPT_OUTPUTS, RECEIPT_OUTPUTS_SCHEMA, REPORT,
+                                REPORT_HTML)
 from corpusforge.receipts import BUILD_FLOW
 from tasks.report.run_log import POINTER
 from corpusforge.storage import Store

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from corpusforge.html import Markup, render
-from corpusforge.layout import GRAPH_EDGES, RECEIPT, RUN_LOG_MD
+from tasks.report.files import RECEIPT, RUN_LOG_MD
+from tasks.graph.files import GRAPH_EDGES
 from corpusforge.receipts import BUILD_FLOW
 from corpusforge.storage import Store
 from tasks.shared.caption_summary import mix_by_split, share_table, word_chart_png, word_stats

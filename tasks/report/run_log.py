@@ -2,7 +2,7 @@
 
 The receipt and reports must be equal byte for byte between a rerun and a fresh build,
 and wall-clock seconds never are. So a run's timings go to ``work/run/stage_times.json``
-and ``.md`` (:data:`corpusforge.layout.RUN_LOG`), outside every output hash; report.md
+and ``.md`` (:data:`tasks.report.files.RUN_LOG`), outside every output hash; report.md
 and report.html point there with a fixed sentence.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from corpusforge.layout import RUN_LOG, RUN_LOG_MD
+from tasks.report.files import RUN_LOG, RUN_LOG_MD
 from corpusforge.storage import Store
 
 # The build's stages as the report names them, in pipeline order.

@@ -7,7 +7,7 @@ from typing import Any
 
 from corpusforge.contract import FanOut, Unit, in_process, keyed, read_pinned, step_call
 from corpusforge.hashing import canonical_json
-from corpusforge.layout import RECEIPT, REPORT, REPORT_HTML
+from tasks.report.files import RECEIPT, REPORT, REPORT_HTML
 from corpusforge.storage import Store
 from tasks.report.receipt import render_report
 from tasks.report.report_html import render_html_report

@@ -53,8 +53,8 @@ from corpusforge.contract import (SKIPPED, Unit, UnitResult, finish_unit, must_c
                                   run_unit, unit_fingerprint)
 from corpusforge.faults import fault_point
 from corpusforge.hashing import fingerprint, sha256_bytes
-from corpusforge.layout import (RESOLVED_SCHEMA, STAGING_RECORDS_SCHEMA, resolved_path, spill_path, staging_index,
-                                staging_records, staging_tar)
+from corpusforge.layout import RESOLVED_SCHEMA, STAGING_RECORDS_SCHEMA, staging_index, staging_records, staging_tar
+from tasks.ingest.files import resolved_path, spill_path
 from corpusforge.records import Status
 from corpusforge.storage import Store, parquet_bytes
 from corpusforge.tarshard import Sample, write_tar

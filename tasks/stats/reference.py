@@ -44,7 +44,8 @@ import pyarrow.parquet as pq
 from corpusforge.contract import Marker
 from corpusforge.feature_files import read_shard_errors, read_shard_features, require_features
 from corpusforge.hashing import fingerprint, stable_uniform
-from corpusforge.layout import GPIC_TEST_STATS, MANIFEST_DIR, manifest_path, staging_records
+from corpusforge.layout import MANIFEST_DIR, manifest_path, staging_records
+from tasks.stats.files import GPIC_TEST_STATS
 from corpusforge.records import Status
 from corpusforge.storage import Store
 from tasks.shared.features.extract import Selection

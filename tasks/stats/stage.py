@@ -29,7 +29,8 @@ from corpusforge.contract import (FanOut, Unit, in_process, keyed, prune, record
                                   step_result)
 from corpusforge.feature_files import prune_subset
 from corpusforge.hashing import fingerprint
-from corpusforge.layout import GPIC_TEST_STATS, STATS_DIR, feature_vectors
+from corpusforge.layout import feature_vectors
+from tasks.stats.files import GPIC_TEST_STATS, STATS_DIR
 from corpusforge.logs import stage_logger
 from corpusforge.storage import Store, file_stamp
 from corpusforge.version import code_version

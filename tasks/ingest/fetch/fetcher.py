@@ -23,7 +23,7 @@ from urllib.parse import urljoin
 import httpx
 
 from corpusforge.hashing import sha256_bytes
-from corpusforge.layout import fetch_blob_path, fetch_url_path
+from tasks.ingest.files import fetch_blob_path, fetch_url_path
 from corpusforge.storage import Store
 from tasks.ingest.fetch.addresses import Blocked, Target, parse_target, resolve_checked
 from tasks.ingest.fetch.client import Deadline, TooLarge, image_magic, new_client, request, tls_context

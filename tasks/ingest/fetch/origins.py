@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 
 from corpusforge.hashing import sha256_bytes
-from corpusforge.layout import fetch_origin_path
+from tasks.ingest.files import fetch_origin_path
 from corpusforge.storage import Store
 from tasks.ingest.fetch.addresses import Target
 from tasks.ingest.fetch.hostledger import on_dask_worker

@@ -6,7 +6,8 @@ requested). A unit that is current but holds deferred or failed URLs runs again.
 from __future__ import annotations
 
 from corpusforge.contract import COMPUTED, SKIPPED, explain, read_marker
-from corpusforge.layout import FETCH_LEDGER_DIR, fetch_ledger_path, fetch_url_path, part_name
+from corpusforge.layout import part_name
+from tasks.ingest.files import FETCH_LEDGER_DIR, fetch_ledger_path, fetch_url_path
 from corpusforge.plans import StagePlan, deletions
 from corpusforge.storage import Store
 from tasks.ingest.fetch.addresses import Blocked, parse_target

@@ -1,6 +1,6 @@
 """The fetch unit: one URL-list input partition's URLs fetched, its fetch ledger written.
 
-Output: ``work/fetch/{part}.parquet`` (:data:`corpusforge.layout.FETCH_LEDGER_SCHEMA`), one row
+Output: ``work/fetch/{part}.parquet`` (:data:`tasks.ingest.files.FETCH_LEDGER_SCHEMA`), one row
 per input row in input order; the bytes go to the fetch store (``fetch/blobs/``), each URL's
 final outcome to ``fetch/urls/``. Ingest reads the ledger and the bytes like any other source.
 
@@ -26,7 +26,7 @@ from corpusforge.contract import (COMPUTED, SKIPPED, Unit, UnitResult, current_m
                                   unit_fingerprint)
 from corpusforge.faults import fault_point
 from corpusforge.hashing import sha256_bytes
-from corpusforge.layout import FETCH_LEDGER_SCHEMA, fetch_ledger_path
+from tasks.ingest.files import FETCH_LEDGER_SCHEMA, fetch_ledger_path
 from corpusforge.storage import Store
 from corpusforge.tarshard import is_safe_key
 from corpusforge.version import code_version
