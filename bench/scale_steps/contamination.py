@@ -9,7 +9,6 @@ written as one embedded evaluation chunk under ``{data}/eval``.
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -65,6 +64,7 @@ def run_contamination_driver(store, sc: Scale, data: str) -> dict[str, Any]:
     run_scan): the corpus's shards listed, the sides written, the counts, the target digest,
     the pair rule, the search chosen (and an index refused when too big), the scan tasks'
     parameters built; the tasks themselves are not run."""
+    from corpusforge.contract import UnitResult
     from tasks.contamination.config import ImageScanConfig
     from tasks.contamination.stage import run_scan
 
@@ -77,7 +77,7 @@ def run_contamination_driver(store, sc: Scale, data: str) -> dict[str, Any]:
         nonlocal tasks
         tasks += len(calls)
         params.extend(calls)
-        return [SimpleNamespace(action="skipped", digest="0" * 64, info={}) for _ in calls]
+        return [UnitResult("0" * 64, {}, "0" * 64, {}, action="skipped") for _ in calls]
 
     result = run_scan(store, "images", query, target, cfg.k, cfg.search, cfg.exact_max_pairs, cfg.ivf,
                       cfg.recall_queries, cfg.flag_above, fan_out=fan_out)
