@@ -33,7 +33,8 @@ from tasks.shared.caption_summary import mix_by_split, share_table, word_stats
 from tasks.shared.output_hashes import output_hashes
 from tasks.shared.provenance import NOT_RECORDED, RANDOM_INIT_LABEL, weights_label
 
-_SKIP_PREFIXES = ("work/", f"{MARKERS}/", f"{VERSIONS_DIR}/")  # published versions: links of listed files
+_UNLISTED = ("work/", f"{VERSIONS_DIR}/")  # neither listed nor stamped (published versions: links of listed files)
+_SKIP_PREFIXES = (*_UNLISTED, f"{MARKERS}/")
 _SKIP_FILES = (RECEIPT, RECEIPT_OUTPUTS, REPORT, REPORT_HTML, CHANGES_MD, CHANGES_TABLE, CURRENT)  # written after it
 OUTPUT_LIST_SKIPS = (*_SKIP_PREFIXES, *_SKIP_FILES)  # what the output list leaves out
 
@@ -77,12 +78,12 @@ def output_stamp(store: Store) -> str:
 
 
 def _stamped(rel: str) -> bool:
-    return not (rel.startswith(("work/", f"{VERSIONS_DIR}/")) or rel in _SKIP_FILES or "/." in f"/{rel}")
+    return not (rel.startswith(_UNLISTED) or rel in _SKIP_FILES or "/." in f"/{rel}")
 
 
 def _pruned(rel: str) -> bool:
     """A folder none of whose files :func:`_stamped` counts."""
-    return rel in ("work", VERSIONS_DIR) or "/." in f"/{rel}"
+    return f"{rel}/".startswith(_UNLISTED) or "/." in f"/{rel}"
 
 
 def _objects(fs: Any, folder: str, rel: str) -> Iterator[tuple[str, dict[str, Any]]]:
