@@ -26,6 +26,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -44,7 +45,7 @@ READ_BUFFER = 1 << 20  # bytes of a column read at a time (not a whole row group
 @dataclass(frozen=True)
 class Table:
     """A table's parquet files in a store, read by key range: the columns of ``schema``, which
-    holds a string column ``key``."""
+    holds the column the ranges are by (``key`` unless :func:`key_ranges` is told another)."""
 
     store: Store
     files: list[str]  # relative to the store's root
@@ -60,14 +61,14 @@ class _Part:
     table: Table | None = None
     stream: str | None = None
 
-    def batches(self, keys_only: bool = False) -> Iterator[pa.RecordBatch]:
-        """Its rows (``keys_only``: at least the key column)."""
+    def batches(self, key_only: str | None = None) -> Iterator[pa.RecordBatch]:
+        """Its rows (``key_only``: at least that column)."""
         if self.stream is not None:
             with pa.OSFile(self.stream, "rb") as f:
                 yield from pa.ipc.open_stream(f)
             return
         assert self.table is not None
-        schema = pa.schema([self.schema.field("key")]) if keys_only else self.schema
+        schema = pa.schema([self.schema.field(key_only)]) if key_only else self.schema
         for rel in self.table.files:
             with self.table.store.open(rel) as f:
                 file = pq.ParquetFile(f, buffer_size=READ_BUFFER)
@@ -87,15 +88,16 @@ class _Part:
 
 
 def key_ranges(tables: dict[str, Table], rows_per_range: int = ROWS_PER_RANGE, fan_out: int = FAN_OUT,
-               nulls_first: bool = False) -> Iterator[dict[str, pa.Table]]:
+               nulls_first: bool = False, key: str = "key") -> Iterator[dict[str, pa.Table]]:
     """The rows of every table (by name), one range of keys at a time, the ranges in key order.
     Rows that fit in one range are one range, null keys included; else the rows with a null key
     are a range of their own, first with ``nulls_first``, else last (as the caller's sort puts them).
+    ``key``: the column the tables are ranged by (any type Python orders: strings, numbers).
 
     Splits are written under a local temporary folder, removed when the iteration ends."""
     top = {name: _Part(t.schema, _parquet_rows(t), table=t) for name, t in tables.items()}
     with tempfile.TemporaryDirectory(prefix="corpusforge-ranges-") as spill:
-        yield from _ranges(top, spill, rows_per_range, fan_out, nulls_first)
+        yield from _ranges(top, spill, rows_per_range, fan_out, nulls_first, key)
 
 
 def _parquet_rows(table: Table) -> int:
@@ -107,19 +109,20 @@ def _parquet_rows(table: Table) -> int:
 
 
 def _ranges(parts: dict[str, _Part], spill: str, rows_per_range: int, fan_out: int,
-            nulls_first: bool) -> Iterator[dict[str, pa.Table]]:
+            nulls_first: bool, key: str) -> Iterator[dict[str, pa.Table]]:
     """The ranges of ``parts`` in key order (the null keys split off at the first split: none
     is left in a range below it)."""
     rows = sum(p.rows for p in parts.values())
-    bounds = _boundaries(parts, min(fan_out, math.ceil(2 * rows / rows_per_range))) if rows > rows_per_range else []
+    bounds = (_boundaries(parts, min(fan_out, math.ceil(2 * rows / rows_per_range)), key) if rows > rows_per_range
+              else [])
     if not bounds:  # small enough, or one key: one range
         yield from _whole(parts)
         return
-    *split, nulls = _split(parts, bounds, spill)
+    *split, nulls = _split(parts, bounds, spill, key)
     if nulls_first:
         yield from _whole(nulls)
     for sub in split:
-        yield from _ranges(sub, spill, rows_per_range, fan_out, nulls_first)
+        yield from _ranges(sub, spill, rows_per_range, fan_out, nulls_first, key)
     if not nulls_first:
         yield from _whole(nulls)
 
@@ -133,18 +136,18 @@ def _whole(parts: dict[str, _Part]) -> Iterator[dict[str, pa.Table]]:
     pa.default_memory_pool().release_unused()
 
 
-def _boundaries(parts: dict[str, _Part], ranges: int) -> list[str]:
+def _boundaries(parts: dict[str, _Part], ranges: int, key: str) -> list[Any]:
     """Up to ``ranges - 1`` keys that cut the rows into ranges of about equal size: quantiles of
     every ``stride``-th key. All are above the smallest key sampled, so the first range and the
     last both hold rows, and each range is smaller than the whole (no empty list: one key)."""
     total = sum(p.rows for p in parts.values())
     stride = max(1, total // (ranges * SAMPLE_PER_RANGE))
-    sample: list[str] = []
+    sample: list[Any] = []
     seen = 0
     for part in parts.values():
-        for batch in part.batches(keys_only=True):
+        for batch in part.batches(key_only=key):
             first = (-seen) % stride
-            keys = batch.column("key").slice(first)[::stride] if first < batch.num_rows else None
+            keys = batch.column(key).slice(first)[::stride] if first < batch.num_rows else None
             if keys is not None:
                 sample += [k for k in keys.to_pylist() if k is not None]
             seen += batch.num_rows
@@ -155,7 +158,7 @@ def _boundaries(parts: dict[str, _Part], ranges: int) -> list[str]:
     return cuts
 
 
-def _split(parts: dict[str, _Part], bounds: list[str], spill: str) -> list[dict[str, _Part]]:
+def _split(parts: dict[str, _Part], bounds: list[Any], spill: str, key: str) -> list[dict[str, _Part]]:
     """The rows of ``parts`` in ``len(bounds) + 1`` ranges (range i: keys from ``bounds[i-1]``
     up to ``bounds[i]``), then a last of the null keys; each table's rows in one pass, a local
     Arrow stream per range."""
@@ -170,7 +173,7 @@ def _split(parts: dict[str, _Part], bounds: list[str], spill: str) -> list[dict[
             writers = [stack.enter_context(pa.ipc.new_stream(stack.enter_context(pa.OSFile(p, "wb")), part.schema))
                        for p in paths]
             for batch in part.batches():
-                keys = batch.column("key")
+                keys = batch.column(key)
                 which = np.full(batch.num_rows, n - 1, dtype=np.int64)
                 valid = pc.is_valid(keys).to_numpy(zero_copy_only=False)
                 which[valid] = np.searchsorted(edges, keys.filter(valid).to_numpy(zero_copy_only=False), side="right")

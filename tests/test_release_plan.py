@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import random
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,8 +20,9 @@ import pytest
 from PIL import Image
 
 from corpusforge.contract import finish_unit
+from corpusforge.key_ranges import key_ranges
 from corpusforge.layout import staging_tar
-from tasks.release.files import release_plan_path
+from tasks.release.files import LATE_DIR, RELEASE_PLAN_DIR, release_plan_path
 from tasks.graph.files import GRAPH_DECISIONS, NEAR_DECISION_SCHEMA, decisions_path
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample
@@ -86,6 +88,35 @@ def test_plan_and_shards_equal_the_old_implementation(tmp_path, name, near_dedup
         write_release_shard(store, s["split"], s["index"], cfg, summary["plans"][shard_name]["sha256"])
     assert {s["split"] for s in summary["shards"].values()} == {"train", "val", "test"}
     assert_release_equals_old(tmp_path / "corpus", shards, cfg, near_dedup, tmp_path)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_a_plan_made_in_many_ranges_is_the_plan_made_in_one(tmp_path, monkeypatch, name):
+    """The planner's passes by key range carry their running sums and shard counters from one
+    range to the next: ranges of 16 rows (every pass cut into several) give the plan files,
+    late files and summary that one range holding every record gives, byte for byte."""
+    from tasks.release import shards as release_shards
+
+    cfg = SplitConfig.model_validate(CONFIGS[name])
+    ranges: Counter[str] = Counter()
+
+    def counted(tables, key, **kwargs):
+        for ranged in key_ranges(tables, key=key, **kwargs):
+            ranges[key] += 1
+            yield ranged
+
+    monkeypatch.setattr(release_shards, "key_ranges", counted)
+    made = {}
+    for label, rows in (("one", 10**9), ("many", 16)):
+        store, shards = synthetic_corpus(tmp_path / label)
+        summary = plan_release_files(store, write_staged_list(store, shards), cfg, near_dedup=True, rows_per_range=rows)
+        files = sorted(p for folder in (RELEASE_PLAN_DIR, LATE_DIR) for p in (tmp_path / label / folder).iterdir())
+        made[label] = (json.dumps(summary), [(p.name, p.read_bytes()) for p in files])
+        if label == "one":  # one range per pass (by shard: one per split)
+            assert ranges == Counter(grp=1, gu=1, u1=1, shard=3, part=1), ranges
+            ranges.clear()
+    assert set(ranges) == {"grp", "gu", "u1", "shard", "part"} and min(ranges.values()) > 3, ranges
+    assert made["many"] == made["one"]
 
 
 def test_a_release_writer_opens_only_its_plan_and_the_staging_tars_it_copies(tmp_path, opened_files):

@@ -19,13 +19,19 @@ A release shard's fingerprint holds its plan file's bytes, and so the SHA-256 of
 staging member it copies: a caption edited in staging reaches exactly the release tar
 holding it.
 
-Planning is columnar and out of core: one pass over the staging shards writes each
-shard's facts (strata, group, seeded priorities, member spans) to a local parquet file;
-DuckDB, under a memory limit and spilling to a temporary folder, places the kept records
-exactly as :func:`tasks.release.splits.plan_release` does (window sums for the split quotas, row
-numbers for the round-robin deal) and streams the plan back in release-shard and
-partition order. No per-record Python object outlives its staging shard, release shard
-or partition.
+Planning is columnar and out of core, one range of keys at a time
+(:mod:`corpusforge.key_ranges`): one pass over the staging shards writes each shard's facts
+(strata, group, seeded priorities, member spans) to a local parquet file; then five passes,
+each over the last one's local files by ranges of its own order, place the kept records
+exactly as :func:`tasks.release.splits.plan_release` does. By group: each group's size,
+smallest key and priority. By group priority: the split quotas, from window sums of group
+sizes plus the sums of earlier ranges carried per stratum. By deal priority: the round-robin
+deal, from row numbers plus where each (split, stratum) starts and what earlier ranges dealt
+to it. By shard, one split after the other: each release shard's plan file, its samples in
+seeded order. By partition: the late files. Each range is a DuckDB query under a memory
+limit; what passes from one range to the next is a few counters per stratum, so a planning
+task's memory follows the range size (and a release shard's, which one range holds whole),
+not N. No per-record Python object outlives its staging shard, release shard or partition.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from corpusforge.contract import (SKIPPED, UnitResult, must_compute, prune, read
                                   unit_fingerprint)
 from corpusforge.faults import fault_point
 from corpusforge.hashing import stable_uniform
+from corpusforge.key_ranges import ROWS_PER_RANGE, Table, key_ranges
 from corpusforge.layout import part_name, staging_index, staging_records, staging_tar
 from tasks.release.files import (GPIC_JSON_FIELDS, LATE_DIR, LATE_SCHEMA, MEMBER_SPAN, RELEASE_DIR, RELEASE_PLAN_DIR,
                                  RELEASE_PLAN_SCHEMA, RELEASE_STAGED, RELEASE_STAGED_SCHEMA, late_path,
@@ -62,10 +69,9 @@ from tasks.release.release_image import COPIED, FORMAT_OF_EXT, member_for, pillo
 from tasks.release.splits import SPLITS, SplitConfig, apportion, held_out_sizes, tier_counts, tiers_of
 from tasks.shared.samples import sample_json
 
-# DuckDB's budget for the whole-corpus sorts and window sums; beyond it, it spills to disk.
-# The planner's memory grows with N only through this buffer pool (at 1M records, 0.93 of the
-# 1.12 GB above start was DuckDB's; Python objects peak at ~50 MB at 100k and 1M alike), so a
-# planning task stays near this limit plus ~0.2 GB at any N (bench/results/scale-after-params.txt).
+# DuckDB's budget for one range's queries (beyond it, it spills to disk): a ceiling a range of
+# key_ranges.ROWS_PER_RANGE records stays far below. Before the ranged passes one query over every
+# record filled it as N grew (1.12 GB above start at 1M records; 94 GB at 1e8 by the line).
 PLAN_MEMORY_LIMIT = "2GB"
 _CAPTION_FIELDS = ("caption", "caption_type", "caption_origin", "vlm_model", "vlm_answers")
 
@@ -175,50 +181,133 @@ def _runs(con: duckdb.DuckDBPyConnection, sql: str, key: tuple[str, ...]) -> Ite
         yield run
 
 
-def _place(con: duckdb.DuckDBPyConnection, cfg: SplitConfig, strata: list[str]) -> int:
-    """Create table ``placed`` (key, split, shard, position) of the kept records, equal to
-    :func:`tasks.release.splits.plan_release`; return the number of kept records.
+# The kept records' columns the passes carry to the plan files (and ``part``, to the late files).
+_CARRIED = "key, part, staging_shard, ext, caption, caption_type, caption_origin, members"
+# Each placed record, for the late files (:func:`_write_late`).
+_PLACED = pa.schema([("key", pa.string()), ("part", pa.int32()), ("split", pa.string()), ("shard", pa.int32())])
 
-    Splits: per stratum, groups in seeded order take test while the test sizes before
-    them are under the test quota, then val likewise (a window sum of group sizes)."""
-    s_cols = ", ".join(["s_c", *strata])
-    con.execute(f"""CREATE TEMP TABLE groups AS SELECT grp, {", ".join(f"arg_min({c}, key) AS {c}" for c in
-                                                                  ["s_c", *strata])},
-                    count(*) AS n, min(key) AS gkey, arg_min(u0, key) AS gu FROM kept GROUP BY grp""")
-    sizes = {tuple(r[2:]): int(r[0]) for r in con.execute(f"SELECT sum(n), {s_cols} FROM groups GROUP BY {s_cols}"
-                                                          ).fetchall()}
-    n_kept = sum(sizes.values())
-    val_n, test_n, _ = held_out_sizes(n_kept, cfg)
-    test_q, val_q = apportion(test_n, sizes), apportion(val_n, sizes)
-    quotas = pa.table({"s_c": [""] * len(sizes), **{c: [s[i] for s in sizes] for i, c in enumerate(strata)},
-                       "tq": [test_q[s] for s in sizes], "vq": [val_q[s] for s in sizes]},
-                      schema=pa.schema([(c, pa.string()) for c in ["s_c", *strata]] + [("tq", pa.int64()),
-                                                                                        ("vq", pa.int64())]))
-    con.register("quotas", quotas)
-    con.execute(f"""CREATE TEMP TABLE group_split AS
-        WITH ordered AS (
-            SELECT grp, n, tq, vq, {s_cols}, sum(n) OVER (PARTITION BY {s_cols} ORDER BY gu, gkey
-                                                        ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) - n AS before
-            FROM groups JOIN quotas USING ({s_cols})),
-        tested AS (SELECT *, before < tq AS is_test FROM ordered),
-        totals AS (SELECT *, sum(CASE WHEN is_test THEN n ELSE 0 END) OVER (PARTITION BY {s_cols}) AS test_total
-                   FROM tested)
-        SELECT grp, CASE WHEN is_test THEN 'test' WHEN before - test_total < vq THEN 'val' ELSE 'train' END AS split
-        FROM totals""")
-    counts = dict(con.execute("SELECT split, count(*) FROM kept JOIN group_split USING (grp) GROUP BY split"
-                              ).fetchall())
-    con.register("deal", pa.table({"split": list(counts), "n_shards": [max(1, math.ceil(n / cfg.shard_size))
-                                                                       for n in counts.values()]},
-                                  schema=pa.schema([("split", pa.string()), ("n_shards", pa.int64())])))
-    order = ", ".join([*strata, "u1", "key"])
-    con.execute(f"""CREATE TEMP TABLE placed AS
-        WITH dealt AS (
-            SELECT key, u2, split, (row_number() OVER (PARTITION BY split ORDER BY {order}) - 1) % n_shards AS shard
-            FROM kept JOIN group_split USING (grp) JOIN deal USING (split))
-        SELECT key, split, shard::INTEGER AS shard,
-               (row_number() OVER (PARTITION BY split, shard ORDER BY u2, key) - 1)::INTEGER AS position
-        FROM dealt""")
-    return n_kept
+
+class _Pass:
+    """One ranged pass's output, the next pass's input: a local parquet file per range."""
+
+    def __init__(self, local: Store, name: str, schema: pa.Schema = pa.schema([])):
+        self.local, self.name, self.files, self.schema = local, name, [], schema
+
+    def add(self, table: pa.Table) -> None:
+        self.files.append(f"{self.name}/{len(self.files):08d}.parquet")
+        self.local.write_parquet(self.files[-1], table)
+        self.schema = table.schema
+
+    def table(self) -> Table:
+        return Table(self.local, self.files, self.schema)
+
+
+def _ranges(con: duckdb.DuckDBPyConnection, tables: dict[str, Table], key: str, rows: int) -> Iterator[None]:
+    """Each range of ``tables`` by ``key`` (:func:`corpusforge.key_ranges.key_ranges`), in key
+    order, registered in ``con`` under the tables' names while the caller's loop body runs."""
+    for ranged in key_ranges(tables, rows_per_range=rows, key=key):
+        for name, table in ranged.items():
+            con.register(name, table)
+        yield
+        for name in ranged:
+            con.unregister(name)
+
+
+def _register_counters(con: duckdb.DuckDBPyConnection, name: str, keys: list[str], values: list[str],
+                       state: dict[tuple[str, ...], list[int]]) -> None:
+    """Register carried counters as table ``name``: per key of ``state``, its ``keys`` columns and ``values``."""
+    schema = pa.schema([(c, pa.string()) for c in keys] + [(c, pa.int64()) for c in values])
+    con.register(name, pa.Table.from_pylist([dict(zip(keys + values, (*k, *v), strict=True))
+                                             for k, v in state.items()], schema=schema))
+
+
+def _grouped(con: duckdb.DuckDBPyConnection, facts: Table, local: Store, s_cols: list[str],
+             rows: int) -> tuple[Table, Counter[tuple[str, ...]]]:
+    """Pass 1, by group: each kept record with its group's size ``n``, smallest key ``gkey``,
+    seeded priority ``gu`` and strata ``g_s_…`` (those of its smallest key's record); and the
+    kept records per group stratum (without ``s_c``, as :func:`tasks.release.splits.apportion` keys them)."""
+    out = _Pass(local, "grouped")
+    sizes: Counter[tuple[str, ...]] = Counter()
+    g_cols = [f"g_{c}" for c in s_cols]
+    sql = f"""WITH kept AS (SELECT *, '' AS s_c FROM facts WHERE status = '{Status.KEPT.value}'),
+                   groups AS (SELECT grp, count(*) AS n, min(key) AS gkey, arg_min(u0, key) AS gu,
+                                     {", ".join(f"arg_min({c}, key) AS g_{c}" for c in s_cols)}
+                              FROM kept GROUP BY grp)
+              SELECT {_CARRIED}, {", ".join(s_cols)}, u1, u2, grp, n, gkey, gu, {", ".join(g_cols)}
+              FROM kept JOIN groups USING (grp)"""
+    for _ in _ranges(con, {"facts": facts}, "grp", rows):
+        table = con.sql(sql).to_arrow_table()
+        out.add(table)
+        for r in table.group_by(g_cols).aggregate([("key", "count")]).to_pylist():
+            sizes[tuple(r[c] for c in g_cols[1:])] += r["key_count"]
+    return out.table(), sizes
+
+
+def _split_groups(con: duckdb.DuckDBPyConnection, grouped: Table, local: Store, s_cols: list[str],
+                  quotas: dict[tuple[str, ...], tuple[int, int]], rows: int) -> tuple[Table, Counter[tuple[str, ...]]]:
+    """Pass 2, by group priority: per group stratum, groups in (``gu``, ``gkey``) order take test
+    while the sizes of the stratum's groups before them are under its test quota (``quotas``:
+    test, val), then val likewise (a window sum of group sizes, plus ``done`` and ``tested``: the
+    sizes of the stratum's groups in earlier ranges, and of those in test). Returns the records
+    with their split, and the count per split and record stratum (``s_c`` left out)."""
+    out = _Pass(local, "split")
+    g_cols = [f"g_{c}" for c in s_cols]
+    g = ", ".join(g_cols)
+    state = {("", *s): [tq, vq, 0, 0] for s, (tq, vq) in quotas.items()}  # tq, vq, done, tested
+    counts: Counter[tuple[str, ...]] = Counter()
+    groups_sql = f"""WITH groups AS (SELECT DISTINCT grp, n, gkey, gu, {g} FROM grouped),
+        ordered AS (
+            SELECT grp, n, tq, vq, tested, {g}, done + sum(n) OVER (PARTITION BY {g} ORDER BY gu, gkey
+                                                  ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) - n AS before
+            FROM groups JOIN quota USING ({g})),
+        flagged AS (SELECT *, before < tq AS is_test FROM ordered),
+        totals AS (SELECT *, tested + sum(CASE WHEN is_test THEN n ELSE 0 END) OVER (PARTITION BY {g}) AS test_total
+                   FROM flagged)
+        SELECT grp, n, is_test, {g},
+               CASE WHEN is_test THEN 'test' WHEN before - test_total < vq THEN 'val' ELSE 'train' END AS split
+        FROM totals"""
+    records_sql = f"SELECT {_CARRIED}, {', '.join(s_cols)}, u1, u2, split FROM grouped JOIN group_split USING (grp)"
+    for _ in _ranges(con, {"grouped": grouped}, "gu", rows):
+        _register_counters(con, "quota", g_cols, ["tq", "vq", "done", "tested"], state)
+        con.register("group_split", con.sql(groups_sql).to_arrow_table())
+        table = con.sql(records_sql).to_arrow_table()
+        out.add(table)
+        for *key, n, tested in con.execute(f"""SELECT {g}, sum(n), sum(CASE WHEN is_test THEN n ELSE 0 END)
+                                               FROM group_split GROUP BY {g}""").fetchall():
+            counters = state[tuple(key)]
+            counters[2] += n
+            counters[3] += tested
+        for r in table.group_by(["split", *s_cols[1:]]).aggregate([("key", "count")]).to_pylist():
+            counts[(r["split"], *(r[c] for c in s_cols[1:]))] += r["key_count"]
+    return out.table(), counts
+
+
+def _deal(con: duckdb.DuckDBPyConnection, records: Table, local: Store, s_cols: list[str],
+          counts: Counter[tuple[str, ...]], n_shards: dict[str, int], rows: int) -> dict[str, Table]:
+    """Pass 3, by deal priority: each split's records in (stratum, ``u1``, key) order are dealt
+    round-robin to its ``n_shards`` shards. A record's place in that order is where its split's
+    stratum starts (the split's records in smaller strata, from ``counts``) plus the records of
+    its split and stratum in earlier ranges, plus its rank in this range: ``start`` carries the sum.
+    Returns each split's dealt records."""
+    out = {split: _Pass(local, f"dealt-{split}") for split in sorted(n_shards)}
+    state: dict[tuple[str, ...], list[int]] = {}
+    start: Counter[str] = Counter()
+    for split, *stratum in sorted(counts):
+        state[(split, "", *stratum)] = [start[split], n_shards[split]]
+        start[split] += counts[(split, *stratum)]
+    s = ", ".join(s_cols)
+    sql = f"""SELECT {_CARRIED}, u2, split,
+                     ((start + row_number() OVER (PARTITION BY split, {s} ORDER BY u1, key) - 1) % n_shards)::INTEGER
+                         AS shard
+              FROM records JOIN deal USING (split, {s})"""
+    for _ in _ranges(con, {"records": records}, "u1", rows):
+        _register_counters(con, "deal", ["split", *s_cols], ["start", "n_shards"], state)
+        table = con.sql(sql).to_arrow_table()
+        for split, dealt in out.items():
+            dealt.add(table.filter(pc.equal(table["split"], split)))
+        for *key, n in con.execute(f"SELECT split, {s}, count(*) FROM records GROUP BY split, {s}").fetchall():
+            state[tuple(key)][0] += n
+    return {split: dealt.table() for split, dealt in out.items()}
 
 
 def write_staged_list(store: Store, shards: list[str]) -> str:
@@ -246,44 +335,53 @@ class ReleasePlan(TypedDict):
 
 def plan_release_files(store: Store, staged: str, cfg: SplitConfig, near_dedup: bool,
                        source: Store | None = None, captions: bool = False,
-                       memory_limit: str = PLAN_MEMORY_LIMIT) -> ReleasePlan:
+                       memory_limit: str = PLAN_MEMORY_LIMIT, rows_per_range: int = ROWS_PER_RANGE) -> ReleasePlan:
     """Plan splits/shards/tiers and write the plan files; return each release shard's size,
     caption mix and plan digest, and each partition's late-facts digest.
 
     ``staged``: SHA-256 of the staging-shard list (:func:`write_staged_list`, in ``store``).
     ``source`` holds the staging shards (default ``store``; another corpus version's root
     when a near-dedup pass writes a new version). ``memory_limit``: DuckDB's budget for
-    the whole-corpus step (it spills to a local temporary folder beyond it)."""
+    one range's queries (it spills to a local temporary folder beyond it). ``rows_per_range``:
+    the records (of every table a pass reads) one range holds at most, unless one key holds more."""
     source = source or store
     shards = read_staged_list(store, staged)
+    s_cols = ["s_c", *(f"s_{i}" for i in range(len(cfg.stratify_by)))]
     with tempfile.TemporaryDirectory(prefix="corpusforge-plan-") as tmp:
-        facts_dir = os.path.join(tmp, "facts")
-        os.makedirs(facts_dir)
+        local = Store(tmp, fsync=False)
+        facts = _Pass(local, "facts", _facts_schema(len(cfg.stratify_by)))
         exts: set[str] = set()
-        for i, shard in enumerate(shards or [None]):
-            table = (shard_facts(store, shard, source, near_dedup, captions, cfg) if shard is not None
-                     else _facts_schema(len(cfg.stratify_by)).empty_table())
-            kept_exts = table.filter(pc.equal(table["status"], Status.KEPT.value))["ext"]
-            exts.update(kept_exts.unique().to_pylist())
-            pq.write_table(table, os.path.join(facts_dir, f"{i:08d}.parquet"))
+        n_records = 0
+        for shard in shards:
+            table = shard_facts(store, shard, source, near_dedup, captions, cfg)
+            exts.update(table.filter(pc.equal(table["status"], Status.KEPT.value))["ext"].unique().to_pylist())
+            n_records += table.num_rows
+            facts.add(table)
         with duckdb.connect() as con:
             con.execute(f"SET memory_limit = '{memory_limit}'")
             con.execute(f"SET temp_directory = '{os.path.join(tmp, 'spill')}'")
             con.execute("SET preserve_insertion_order = false")
             con.execute("SET enable_progress_bar = false")
-            con.execute(f"CREATE VIEW facts AS SELECT *, '' AS s_c FROM read_parquet('{facts_dir}/*.parquet')")
-            con.execute(f"CREATE VIEW kept AS SELECT * FROM facts WHERE status = '{Status.KEPT.value}'")
-            strata = [f"s_{i}" for i in range(len(cfg.stratify_by))]
-            n_kept = _place(con, cfg, strata)
-            n_records = con.execute("SELECT count(*) FROM facts").fetchone()[0]
+            con.execute("SET threads = 1")  # a range is small: more threads only add their buffers (~9 MB)
+            grouped, sizes = _grouped(con, facts.table(), local, s_cols, rows_per_range)
+            n_kept = sum(sizes.values())
+            val_n, test_n, _ = held_out_sizes(n_kept, cfg)
+            test_q, val_q = apportion(test_n, sizes), apportion(val_n, sizes)
+            records, counts = _split_groups(con, grouped, local, s_cols, {s: (test_q[s], val_q[s]) for s in sizes},
+                                            rows_per_range)
+            per_split: Counter[str] = Counter()
+            for (split, *_), n in counts.items():
+                per_split[split] += n
+            n_shards = {split: max(1, math.ceil(n / cfg.shard_size)) for split, n in per_split.items()}
+            dealt = _deal(con, records, local, s_cols, counts, n_shards, rows_per_range)
             rule = resolve_rule(sorted(exts), cfg.layout, cfg.image_format)
             image_of = {e: dict(zip(("release_ext", "image_encoding"),
                                     member_for(e, cfg.layout, rule, cfg.jpeg_quality))) for e in exts}
-            n_shards = dict(con.execute("SELECT split, max(shard) + 1 FROM placed GROUP BY split").fetchall())
             tier_of = {split: tier_counts(n, cfg.tiers, cfg.preset == "gpic") if split == "train" else []
                        for split, n in n_shards.items()}
-            shards_info, plans = _write_plans(store, con, cfg, image_of, tier_of)
-            late_digests = _write_late(store, con, cfg, image_of, tier_of)
+            shards_info, plans, placed = _write_plans(store, con, dealt, local, cfg, image_of, tier_of,
+                                                      rows_per_range)
+            late_digests = _write_late(store, con, facts.table(), placed, cfg, image_of, tier_of, rows_per_range)
     prune(store, RELEASE_PLAN_DIR, plans)
     prune(store, LATE_DIR, {part_name(p) for p in late_digests})
     for split in SPLITS:
@@ -333,49 +431,57 @@ def _by_ext(ext: pa.ChunkedArray, image_of: dict[str, dict[str, str]], field: st
     return pa.array([image_of[e][field] for e in exts], pa.string()).take(pc.index_in(ext, pa.array(exts)))
 
 
-def _write_plans(store: Store, con: duckdb.DuckDBPyConnection, cfg: SplitConfig, image_of: dict[str, dict[str, str]],
-                 tier_of: dict[str, list[tuple[str, int]]]) -> tuple[dict[str, Any], dict[str, str]]:
-    """One plan file per release shard, its samples in order; (summary, digest) per shard.
+def _write_plans(store: Store, con: duckdb.DuckDBPyConnection, dealt: dict[str, Table], local: Store,
+                 cfg: SplitConfig, image_of: dict[str, dict[str, str]], tier_of: dict[str, list[tuple[str, int]]],
+                 rows: int) -> tuple[dict[str, Any], dict[str, str], Table]:
+    """Pass 4, each split's records by shard: one plan file per release shard, its samples in
+    (``u2``, key) order; (summary, digest) per shard in split and shard order, and each placed
+    record's (key, part, split, shard) for the late files.
     A shard's rows stay Arrow columns (~0.2 KB a row; Python dicts of them took ~4 KB)."""
     info: dict[str, Any] = {}
     plans: dict[str, str] = {}
-    sql = """SELECT p.split, p.shard, f.key, f.staging_shard, f.caption, f.caption_type, f.caption_origin, f.ext,
-                    f.members
-             FROM placed p JOIN kept f USING (key) ORDER BY p.split, p.shard, p.position"""
-    for run in _arrow_runs(con, sql, ("split", "shard")):
-        split, shard = run["split"][0].as_py(), run["shard"][0].as_py()
-        name = release_shard_name(split, shard, cfg.layout)
-        tier = _tier(tier_of[split], shard)
-        columns = {"tier": pa.array([tier] * len(run), pa.string()),
-                   "release_ext": _by_ext(run["ext"], image_of, "release_ext"),
-                   "image_encoding": _by_ext(run["ext"], image_of, "image_encoding")}
-        plan = pa.table({f.name: columns[f.name] if f.name in columns else run[f.name].cast(f.type)
-                         for f in RELEASE_PLAN_SCHEMA}, schema=RELEASE_PLAN_SCHEMA)
-        plans[name] = store.write_parquet(release_plan_path(name), plan)
-        info[name] = {"split": split, "index": shard, "count": len(run),
-                      "caption_type": dict(sorted(Counter(plan["caption_type"].to_pylist()).items())),
-                      "image_ext": dict(sorted(Counter(plan["release_ext"].to_pylist()).items())),
-                      "encodings": Counter(plan["image_encoding"].to_pylist())}
-    return info, plans
+    placed = _Pass(local, "placed", _PLACED)
+    sql = """SELECT shard, key, staging_shard, caption, caption_type, caption_origin, ext, members
+             FROM dealt ORDER BY shard, u2, key"""
+    for split in sorted(dealt):
+        for _ in _ranges(con, {"dealt": dealt[split]}, "shard", rows):
+            placed.add(con.sql("SELECT key, part, split, shard FROM dealt").to_arrow_table().cast(_PLACED))
+            for run in _arrow_runs(con, sql, ("shard",)):
+                shard = run["shard"][0].as_py()
+                name = release_shard_name(split, shard, cfg.layout)
+                tier = _tier(tier_of[split], shard)
+                columns = {"tier": pa.array([tier] * len(run), pa.string()),
+                           "release_ext": _by_ext(run["ext"], image_of, "release_ext"),
+                           "image_encoding": _by_ext(run["ext"], image_of, "image_encoding")}
+                plan = pa.table({f.name: columns[f.name] if f.name in columns else run[f.name].cast(f.type)
+                                 for f in RELEASE_PLAN_SCHEMA}, schema=RELEASE_PLAN_SCHEMA)
+                plans[name] = store.write_parquet(release_plan_path(name), plan)
+                info[name] = {"split": split, "index": shard, "count": len(run),
+                              "caption_type": dict(sorted(Counter(plan["caption_type"].to_pylist()).items())),
+                              "image_ext": dict(sorted(Counter(plan["release_ext"].to_pylist()).items())),
+                              "encodings": Counter(plan["image_encoding"].to_pylist())}
+    return info, plans, placed.table()
 
 
-def _write_late(store: Store, con: duckdb.DuckDBPyConnection, cfg: SplitConfig, image_of: dict[str, dict[str, str]],
-                tier_of: dict[str, list[tuple[str, int]]]) -> dict[int, str]:
-    """One late-facts file per ingest partition, in row order; its digest per partition."""
+def _write_late(store: Store, con: duckdb.DuckDBPyConnection, facts: Table, placed: Table, cfg: SplitConfig,
+                image_of: dict[str, dict[str, str]], tier_of: dict[str, list[tuple[str, int]]],
+                rows: int) -> dict[int, str]:
+    """Pass 5, by ingest partition: one late-facts file per partition, in row order; its digest per partition."""
     digests: dict[int, str] = {}
     columns = ", ".join(f"f.{c}" for c in LATE_SCHEMA.names if c not in ("split", "shard", "tier", "release_ext",
                                                                         "image_encoding"))
     sql = f"""SELECT f.part, f.ext, {columns}, p.split, p.shard AS shard_index
               FROM facts f LEFT JOIN placed p USING (key) ORDER BY f.part, f.row"""
-    for run in _runs(con, sql, ("part",)):
-        for r in run:
-            split, index = r.pop("split"), r.pop("shard_index")
-            placed = split is not None
-            r.update(image_of[r["ext"]] if placed else {"release_ext": None, "image_encoding": None},
-                     split=split, tier=_tier(tier_of[split], index) if placed else None,
-                     shard=release_shard_name(split, index, cfg.layout) if placed else None)
-        digests[run[0]["part"]] = store.write_parquet(late_path(run[0]["part"]),
-                                                      pa.Table.from_pylist(run, schema=LATE_SCHEMA))
+    for _ in _ranges(con, {"facts": facts, "placed": placed}, "part", rows):
+        for run in _runs(con, sql, ("part",)):
+            for r in run:
+                split, index = r.pop("split"), r.pop("shard_index")
+                is_placed = split is not None
+                r.update(image_of[r["ext"]] if is_placed else {"release_ext": None, "image_encoding": None},
+                         split=split, tier=_tier(tier_of[split], index) if is_placed else None,
+                         shard=release_shard_name(split, index, cfg.layout) if is_placed else None)
+            digests[run[0]["part"]] = store.write_parquet(late_path(run[0]["part"]),
+                                                          pa.Table.from_pylist(run, schema=LATE_SCHEMA))
     return digests
 
 
