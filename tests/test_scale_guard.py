@@ -66,14 +66,10 @@ def test_every_bounded_step_is_guarded():
     assert set(FIXED) - set(GUARDED) == set(NOT_GUARDED)
 
 
-# Steps whose line through their quick sizes breaks a bound today (measured 2026-12-02, bench/results/
-# scale-issue31-quick.txt): strict, so a fix that makes one pass fails here until it is taken off.
-BROKEN_AT_QUICK_SIZES = {
-    "release_plan": "RSS 10k -> 100k: 182 -> 298 MB, 126 GB at 1e8 by the line; 1,118 MB at 1M (2026-12-02, "
-                    "issue-31rp, bench/results/scale-guard-31rp.txt): its plan files are built from Arrow columns now "
-                    "(Python dicts were ~4 KB a row); what grows is DuckDB's join and sorts filling its 2 GB limit "
-                    "(bench/results/scale-31rp-duckdb.txt); bounded at quick sizes only by a sort of its own",
-}
+# Steps whose line through their quick sizes breaks a bound today: strict, so a fix that makes one
+# pass fails here until it is taken off. (release_plan left on 2026-12-05: one range of keys at a
+# time, issue-31r; 116 -> 124 MB from 10k to 100k, 138 MB at 1M, bench/results/scale-31r.txt.)
+BROKEN_AT_QUICK_SIZES: dict[str, str] = {}
 # Within a factor of two of the bound at quick sizes, on either side, from one run to the next:
 # not strict, so the guard's verdict on it is read from the table, not from this test's outcome.
 # (graph_verify and folder_listing left this list on 2026-12-04: their run-to-run spread was Arrow's
