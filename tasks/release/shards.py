@@ -202,15 +202,21 @@ class _Pass:
         return Table(self.local, self.files, self.schema)
 
 
-def _ranges(con: duckdb.DuckDBPyConnection, tables: dict[str, Table], key: str, rows: int) -> Iterator[None]:
+def _ranges(con: duckdb.DuckDBPyConnection, tables: dict[str, Table], key: str, rows: int,
+            drop: bool = True) -> Iterator[None]:
     """Each range of ``tables`` by ``key`` (:func:`corpusforge.key_ranges.key_ranges`), in key
-    order, registered in ``con`` under the tables' names while the caller's loop body runs."""
+    order, registered in ``con`` under the tables' names while the caller's loop body runs.
+    ``drop``: then delete the tables' files, which no later pass reads (so the local disk holds
+    the facts and two passes' rows, not every pass's)."""
     for ranged in key_ranges(tables, rows_per_range=rows, key=key):
-        for name, table in ranged.items():
-            con.register(name, table)
+        for name, rows_in_range in ranged.items():
+            con.register(name, rows_in_range)
         yield
         for name in ranged:
             con.unregister(name)
+    for table in tables.values() if drop else ():
+        for rel in table.files:
+            table.store.remove(rel)
 
 
 def _register_counters(con: duckdb.DuckDBPyConnection, name: str, keys: list[str], values: list[str],
@@ -235,7 +241,7 @@ def _grouped(con: duckdb.DuckDBPyConnection, facts: Table, local: Store, s_cols:
                               FROM kept GROUP BY grp)
               SELECT {_CARRIED}, {", ".join(s_cols)}, u1, u2, grp, n, gkey, gu, {", ".join(g_cols)}
               FROM kept JOIN groups USING (grp)"""
-    for _ in _ranges(con, {"facts": facts}, "grp", rows):
+    for _ in _ranges(con, {"facts": facts}, "grp", rows, drop=False):  # the late files read the facts again
         table = con.sql(sql).to_arrow_table()
         out.add(table)
         for r in table.group_by(g_cols).aggregate([("key", "count")]).to_pylist():
