@@ -382,6 +382,33 @@ def calibrated_link(sims: np.ndarray, keys: list[str], groups: dict[str, str], m
     return float(sims[upper][g[upper[0]] != g[upper[1]]].max()) + margin
 
 
+def calibrated_verifying(sims: np.ndarray, keys: list[str], groups: dict[str, str],
+                         pairs: list[tuple[str, str, str]], margin: float) -> NearDedupConfig:
+    """The stage's thresholds for a learned model run with verification (``verification.mode:
+    gpic_verified``), from a planted sample by the stage's own rule
+    (:func:`tasks.graph.self_calibration.chosen_thresholds`): pairs above the closest unrelated
+    pair plus ``margin`` remove on their own, band pairs down to the copies' 5 % quantile less
+    the margin are verified."""
+    from tasks.graph.self_calibration import Calibration, chosen_thresholds
+
+    index = {k: i for i, k in enumerate(keys)}
+    link = calibrated_link(sims, keys, groups, margin)
+    copies: dict[str, list[float]] = {}
+    for copy, original, edit in pairs:
+        if edit != "natural" and copy in index and original in index:
+            copies.setdefault(edit, []).append(float(sims[index[copy], index[original]]))
+    cal = Calibration(0, margin, round(link, 4), link - margin, {}, copies)
+    base = NearDedupConfig(verification={"mode": "gpic_verified"})
+    t = chosen_thresholds(cal, verifying=True, edge=base.edge_min_similarity,
+                          review=base.verification.review_min_similarity)
+    if not t["fitted"]:
+        raise SystemExit(f"SSCD self-calibration did not fit: {t['reason']}")
+    return base.model_copy(update={k: t[k] for k in ("edge_min_similarity", "component_link_above",
+                                                     "pair_removal_above")}
+                           | {"verification": base.verification.model_copy(
+                               update={"review_min_similarity": t["review_min_similarity"]})})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=2000, help="sample corpus rows (default 2000)")
@@ -403,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         data = real_set(Path(tmp) / "real", args, args.seed) if args.real else sample_set(Path(tmp) / "sample", args)
         root, records, pairs = data.root, data.records, data.pairs
+        sscd_note = ""
 
         linked, wfd_data, wfd_enc, wfd_search = wfd_pairs(root, records, min(GPIC_THRESHOLDS))
         keys, feats = wfd_data["keys"], wfd_data["feats"]
@@ -468,11 +496,21 @@ def main(argv: list[str] | None = None) -> int:
             if args.real:  # self-calibration: thresholds from another planted seed of the same originals
                 held = real_set(Path(tmp) / "calibration", args, args.seed + 1)
                 c_keys, c_feats, _ = embed_all(held.root, held.records, sscd)
-                t = calibrated_link(c_feats @ c_feats.T, c_keys, held.group(c_keys), args.margin)
+                c_sims = c_feats @ c_feats.T
+                t = calibrated_link(c_sims, c_keys, held.group(c_keys), args.margin)
                 thresholds[f"sscd224>{t:.3f}(cal)"] = t
             for name, threshold in thresholds.items():
                 results[name] = {**score(linked_at(s_keys, s_sims, threshold), s_groups, pairs, data.subject),
                                  "ms_per_image": 1000 * s_enc / len(s_keys)}
+            if args.real:  # the learned path with verification, thresholds from the held seed
+                s_cfg = calibrated_verifying(c_sims, c_keys, held.group(c_keys), held.pairs, args.margin)
+                s_band, _, s_verify = verified_band(root, records, s_keys, s_sims, s_cfg)
+                s_at = {k: set(linked_at(s_keys, s_sims, s_cfg.link_above)[k]) | s_band.get(k, set())
+                        for k in s_keys}
+                results["sscd(cal)+verify"] = {**score(s_at, s_groups, pairs, data.subject),
+                                               "ms_per_image": 1000 * (s_enc + s_verify) / len(s_keys)}
+                sscd_note = (f"sscd(cal)+verify: pairs > {s_cfg.pair_removal_above} link, verified band "
+                             f"[{s_cfg.verification.review_min_similarity}, {s_cfg.pair_removal_above}]")
             zero_fp["sscd224"] = found_without_false_pairs(lambda a, b: s_sims[s_index[a], s_index[b]], s_keys,
                                                            s_sims, s_groups, pairs)
         python = None if args.no_hashes else imagededup_python(Path(args.imagededup_venv))
@@ -506,6 +544,8 @@ def main(argv: list[str] | None = None) -> int:
     print("  " + separation(verification["checked"], groups, cfg))
     if args.crop_candidates:
         print("  " + crop_note)
+    if sscd_note:
+        print(sscd_note)
 
     print("\nat zero false pairs (threshold just past the closest unrelated pair):")
     for name, (found, best) in zero_fp.items():

@@ -4,11 +4,13 @@ Table of contents of :func:`evaluate_on_dask`:
 
     load the reference (µ, Σ, feature subsample, provenance) → refuse a model or
     preprocessing other than the reference's (unless ``allow_mismatch``)
-    → list generated images (folders, WebDataset tars) in a fixed order, in chunks
+    → list generated images (folders, WebDataset tars) in a fixed order, in chunks (a task:
+      the listing goes to ``out``'s work/evaluate/listing.parquet, the flow gets the chunks' names)
     → embed each chunk (a Prefect task on Dask; the model loads once per worker), or read
       its features back from the feature store when the same files were embedded before
       with the same model (stage contract)
-    → metrics against the reference → metrics.json and report.md in ``out``
+    → metrics against the reference (a task reading the features back) → metrics.json and
+      report.md in ``out``
 
 From Python: ``run_evaluate(config)``.
 """
@@ -21,9 +23,8 @@ from pydantic import Field, model_validator
 
 from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, run_logger
 from corpusforge.config import FlowConfig
-from corpusforge.contract import SKIPPED, Unit
+from corpusforge.contract import SKIPPED
 from corpusforge.feature_files import prune_features
-from tasks.stats.files import EVALUATION_METRICS, EVALUATION_REPORT
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from flows.plan import flow_plan_data, plan_only, size_estimate
@@ -32,8 +33,8 @@ from tasks.shared.features.config import STATISTICS_PREPROCESSING, ModelSpec, Ru
 from tasks.stats.caption_set import caption_set_claim
 from tasks.stats.config import PROTOCOL_MODES, MetricsConfig, protocol_model
 from tasks.stats import evaluate_plan
-from tasks.stats.evaluate import (EMBED_CHUNK, check_model, evaluate_features, expected_identity,
-                                  load_reference, plan_generated, render_report)
+from tasks.stats.evaluate import (EMBED_CHUNK, EVALUATE_METRICS, LIST_GENERATED, check_model, expected_identity,
+                                  load_reference, plan_generated)
 from tasks.shared.provenance import public_spec
 
 
@@ -97,9 +98,6 @@ FLOW = "evaluate"
 CODE_MODULES = ("tasks.stats.evaluate", "tasks.stats.caption_set")  # metrics.json's code_version
 
 
-# the listing of the generated images, each file resolved and stamped: a task, not the flow's work
-PLAN_GENERATED = Unit(plan_generated, "evaluate-plan-generated")
-
 
 def preflight(config: EvaluateConfig) -> None:
     """The CLI's checks before anything starts (read only): the generated images and the
@@ -138,33 +136,34 @@ def evaluate(config: EvaluateConfig) -> dict[str, Any]:
     log = run_logger()
     reference = load_reference(config.reference, config.reference_storage_options)
     check_model(reference, expected_identity(config.model), config.allow_mismatch, config.protocol)
-    chunks = fan_out(PLAN_GENERATED, [dict(sources=config.generated, storage_options=config.generated_storage_options,
+    out = Store(config.out, config.out_storage_options)
+    chunks = fan_out(LIST_GENERATED, [dict(out=out, sources=config.generated,
+                                           storage_options=config.generated_storage_options,
                                            chunk_size=config.chunk_size)])[0]
     if not chunks:
         raise FileNotFoundError(f"no images or tars under {config.generated}")
     log.info("%d chunks of generated images; reference %s (%d images)", len(chunks), config.reference, reference.n)
-    out = Store(config.out, config.out_storage_options)
     features = out if config.feature_store is None else Store(config.feature_store, config.out_storage_options)
     if config.feature_store is None:
         prune_features(out, {config.model.model_id}, [c.name for c in chunks])
-    embedded = fan_out(EMBED_CHUNK, [dict(features=features, chunk=c, spec=config.model, runtime=config.runtime,
+    embedded = fan_out(EMBED_CHUNK, [dict(out=out, features=features, chunk=c.index, sources=config.generated,
+                                           spec=config.model, runtime=config.runtime,
                                            torchscript_allowlist=config.torchscript_allowlist,
                                            storage_options=config.generated_storage_options) for c in chunks])
-    reused = sum(c.action == SKIPPED for c in embedded)
+    reused = sum(e.action == SKIPPED for e in embedded)
     log.info("generated features: %d chunks embedded, %d read back from %s", len(chunks) - reused, reused,
              features.root)
-    result = evaluate_features(embedded, reference, config.metrics, config.allow_mismatch, config.protocol)
-    result["generated"]["sources"] = list(config.generated)
-    result["model_spec"] = public_spec(config.model)
-    result["code_version"] = code_version(*CODE_MODULES)
-    result["caption_set"] = caption_set_claim(config.caption_set, config.generated_storage_options,
-                                              (reference.provenance or {}).get("eval_captions"))
-    if result["caption_set"] and result["caption_set"].get("deviation"):
-        result["protocol"]["deviations"].append(result["caption_set"]["deviation"])
+    claims = {"sources": list(config.generated), "model_spec": public_spec(config.model),
+              "code_version": code_version(*CODE_MODULES),
+              "caption_set": caption_set_claim(config.caption_set, config.generated_storage_options,
+                                               (reference.provenance or {}).get("eval_captions"))}
+    result = fan_out(EVALUATE_METRICS, [dict(out=out, features=features, model_id=config.model.model_id,
+                                             reference=config.reference,
+                                             reference_options=config.reference_storage_options,
+                                             cfg=config.metrics, allow_mismatch=config.allow_mismatch,
+                                             mode=config.protocol, claims=claims)])[0]
     for d in result["protocol"]["deviations"]:
         log.warning("protocol deviation: %s", d)
-    out.write_json(EVALUATION_METRICS, result)
-    out.write_bytes(EVALUATION_REPORT, render_report(result).encode())
     return {**result, "work": {"chunks_embedded": len(chunks) - reused, "chunks_reused": reused}}
 
 

@@ -72,10 +72,12 @@ STEPS = {"graph_recall", "scan_plan", "write_output_list", "diff_versions", "wri
 NOT_A_UNIT_RESULT = {
     # one-off global steps whose result (their UnitResult's info) is still an untyped dict
     "scan_plan": "step", "diff_versions": "step",
-    # partials of a reduction or of an evaluation, held in memory: no marker
-    "batch_partials": "partial", "merge_partials": "partial", "embed_chunk_unit": "partial",
+    # partials of a reduction, held in memory: no marker
+    "batch_partials": "partial", "merge_partials": "partial",
+    # an evaluation's metrics, recomputed on every run from the stored features: no marker
+    "evaluate_unit": "metrics",
     # planning and whole-tree probes that mark nothing
-    "plan_partitions": "plan", "plan_captions": "plan", "plan_generated": "plan", "list_generated": "plan",
+    "plan_partitions": "plan", "plan_captions": "plan", "write_generated_listing": "plan", "list_generated": "plan",
     "keep_previous_version": "probe", "sweep_temp_files": "probe",
 }
 

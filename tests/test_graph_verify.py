@@ -209,3 +209,15 @@ def test_an_image_too_small_for_orb_has_no_local_features():
     for side in (1, 8, 62):
         xy, desc, pixels, _ = local_features(Image.new("RGB", (side, side)))
         assert len(xy) == 0 and desc is None and pixels.shape == (side, side)
+
+
+def test_mode_auto_verifies_for_wfd_and_for_a_self_calibrated_learned_model():
+    """A self-calibrated threshold alone finds about half of a learned model's copies on real
+    photographs at zero false links (bench/near_dup_build.py): calibrate auto verifies."""
+    from tasks.graph.config import NearDedupConfig
+
+    assert NearDedupConfig().verifying
+    assert not NearDedupConfig(model_id="sscd_onnx_s224").verifying
+    assert NearDedupConfig(model_id="sscd_onnx_s224", calibrate="auto").verifying
+    assert not NearDedupConfig(model_id="sscd_onnx_s224", calibrate="auto",
+                               verification={"mode": "gpic_exact"}).verifying

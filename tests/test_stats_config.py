@@ -85,3 +85,29 @@ def test_reference_without_rows_gives_fd_only(tmp_path):
                            "preprocessing": "gpic_eval"})
     result = evaluate_features([chunk], load_reference(path), MetricsConfig())
     assert "precision" not in result["metrics"] and result["metrics"]["notes"]
+
+
+def test_the_flow_holds_chunk_names_and_each_task_reads_its_chunk_from_the_listing(tmp_path):
+    """Evaluate's listing task writes the files to the output folder; an embedding task reads
+    back exactly the chunk plan_generated cut, and what the flow gets is a few bytes a chunk."""
+    import pickle
+
+    from corpusforge.storage import Store
+    from tasks.stats.evaluate import listed_chunk_names, plan_generated, read_listed_chunk, write_generated_listing
+
+    gen = tmp_path / "gen"
+    for i in range(2_500):
+        folder = gen / f"m{i % 3}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{i:05d}.png").write_bytes(b"x" * (i % 7))
+    (gen / "a.tar").write_bytes(b"")
+    out = Store(str(tmp_path / "out"))
+    expected = plan_generated([str(gen)], {}, chunk_size=1_000)
+    listed = write_generated_listing(out, [str(gen) + "/"], {}, chunk_size=1_000)
+    assert [c.kind for c in expected] == ["files"] * 3 + ["tar"]
+    assert [(c.name, c.files) for c in listed] == [(c.name, len(c.uris)) for c in expected]
+    assert [read_listed_chunk(out, c.index, [str(gen)]) for c in listed] == expected
+    assert listed_chunk_names(out) == [c.name for c in expected]
+    assert len(pickle.dumps(listed)) < 100 * len(listed) < len(pickle.dumps(expected)) / 100
+    with pytest.raises(FileNotFoundError, match="no chunk 4"):
+        read_listed_chunk(out, 4, [str(gen)])

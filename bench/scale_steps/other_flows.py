@@ -1,12 +1,14 @@
 """The other flows' planning that reads data, at scale: evaluate's listing of the generated
-images and qualify-prompts' listing of its generated images, each a task now
-(flows/evaluate.py PLAN_GENERATED, tasks/prompts/signals.py LIST_GENERATED).
+images and qualify-prompts' listing of its generated images, each a task
+(tasks/stats/evaluate.py LIST_GENERATED, tasks/prompts/signals.py LIST_GENERATED).
 
 Evaluate lists the benchmark's source folder (N small image files and a tenth as many
-caption sidecars, which it skips); qualify-prompts a ``{model}/{prompt_id}/{image}`` tree
-of N images (4 models, 4 images a prompt). Both return what they found to the flow
-process, O(N) there: the listing's result size is reported (``result_bytes``), and for
-evaluate the embedding tasks' parameters (one chunk of ``chunk_size`` file names each).
+caption sidecars, which it skips) into its listing file and returns the chunks' names
+(O(chunks) to the flow), and each embedding task reads its chunk's files from that file:
+the listing's result size is reported (``result_bytes``) with the largest embedding
+task's parameters. Qualify-prompts lists a ``{model}/{prompt_id}/{image}`` tree of N
+images (4 models, 4 images a prompt) and still returns what it found to the flow process,
+O(N) there (``result_bytes``).
 """
 
 from __future__ import annotations
@@ -42,13 +44,17 @@ INPUTS["generated"] = write_generated
 
 @step("evaluate_plan", ("folder",), "task", ("tasks.stats.evaluate",), max_n=100_000)
 def run_evaluate_plan(store, sc: Scale, data: str) -> dict[str, Any]:
-    """Evaluate's listing task (plan_generated): every file listed, resolved and stamped,
-    cut into chunks; params: the listing task's and the largest embedding task's."""
-    from tasks.stats.evaluate import plan_generated
+    """Evaluate's listing task (write_generated_listing): every file listed, resolved and
+    stamped, cut into chunks, written to the listing file; then each chunk's files read back
+    as its embedding task reads them. Params: the listing task's and an embedding task's."""
+    from tasks.stats.evaluate import read_listed_chunk, write_generated_listing
 
-    kwargs = dict(sources=[os.path.join(data, "src")], storage_options={}, chunk_size=1000)
-    chunks = plan_generated(**kwargs)
-    embed = max(({"chunk": c} for c in chunks), key=lambda c: len(pickle.dumps(c)))
+    sources = [os.path.join(data, "src")]
+    kwargs = dict(out=store, sources=sources, storage_options={}, chunk_size=1000)
+    chunks = write_generated_listing(**kwargs)
+    for c in chunks:
+        read_listed_chunk(store, c.index, sources)
+    embed = {"out": store, "chunk": chunks[-1].index, "sources": sources}
     return {"tasks": 1 + len(chunks), "params": [kwargs, embed], "chunks": len(chunks),
             "result_bytes": len(pickle.dumps(chunks))}
 

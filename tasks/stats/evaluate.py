@@ -7,6 +7,11 @@ resolution (no JPEG draft: the protocol resizes from the original pixels), prepr
 by the model ("gpic_eval" by default) and embedded. An image that cannot be decoded is
 counted with its reason and left out; it never stops the run.
 
+The listing is a task (:func:`write_generated_listing`): it writes every chunk's files to the
+output folder's listing file and hands the flow only the chunks' names, so the flow process
+holds O(chunks) whatever the number of images; the metrics are a task too
+(:func:`evaluate_unit`), reading the features back from the feature store.
+
 Each chunk is a unit of the stage contract (:func:`embed_chunk_unit`): its features are
 kept as ``features/{model_id}/{vectors,keys}/{chunk}.*`` (the feature stage's layout,
 float32) under a feature store — the output folder by default — fingerprinted by the
@@ -38,11 +43,15 @@ import posixpath
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from corpusforge.contract import COMPUTED, SKIPPED, Marker, Unit, explain, finish_unit, read_marker, unit_fingerprint
+from corpusforge.contract import (COMPUTED, SKIPPED, Marker, Unit, UnitResult, explain, finish_unit, read_marker,
+                                  unit_fingerprint)
 from corpusforge.feature_files import read_shard_errors, read_shard_features, write_shard_features
 from corpusforge.hashing import fingerprint
 from corpusforge.layout import feature_vectors
@@ -56,6 +65,7 @@ from tasks.shared.inputs import (InputRefused, image_refusal, list_folder, open_
                                  tar_member_reason)
 from tasks.stats.compare import compare
 from tasks.stats.config import PROTOCOL_MODES, MetricsConfig, protocol_model
+from tasks.stats.files import EVALUATION_METRICS, EVALUATION_REPORT, GENERATED_LISTING
 from tasks.stats.gpic_stats import provenance_of, reference_checks, small_reference_warning, validate_arrays
 from tasks.stats.moments import Moments
 from tasks.shared.provenance import identity_mismatches, model_deviations
@@ -195,12 +205,16 @@ def _stamp(uri: str, info: dict[str, Any] | None, roots: Sequence[str], storage_
     return file_stamp(fs, path, info)
 
 
+def _roots(sources: Sequence[str]) -> tuple[str, ...]:
+    return tuple(s.rstrip("/") for s in sources)
+
+
 def plan_generated(sources: Sequence[str], storage_options: dict[str, Any] | None = None,
                    chunk_size: int = 1000) -> list[GeneratedChunk]:
     """Chunks over every image file and tar under ``sources`` (folders or files), sorted.
     Folders are listed as the build lists a source (links listed, never followed)."""
     so = dict(storage_options or {})
-    roots = tuple(s.rstrip("/") for s in sources)
+    roots = _roots(sources)
     files: list[tuple[str, str]] = []
     tars: list[tuple[str, str]] = []
     for source in roots:
@@ -216,6 +230,50 @@ def plan_generated(sources: Sequence[str], storage_options: dict[str, Any] | Non
     chunks = [GeneratedChunk("files", *map(tuple, zip(*files[i:i + chunk_size], strict=True)), roots=roots)
               for i in range(0, len(files), chunk_size)]
     return chunks + [GeneratedChunk("tar", (t,), (stamp,), roots) for t, stamp in tars]
+
+
+LISTING_SCHEMA = pa.schema([("chunk", pa.int32()), ("name", pa.string()), ("kind", pa.string()),
+                            ("uri", pa.string()), ("stamp", pa.string())])
+
+
+@dataclass(frozen=True)
+class ListedChunk:
+    """A chunk as the flow holds it: its unit's name, its label in the listing file
+    (``GENERATED_LISTING``) and how many files it has; the files themselves stay in that file."""
+
+    name: str
+    index: int
+    files: int
+
+
+def write_generated_listing(out: Store, sources: Sequence[str], storage_options: dict[str, Any] | None = None,
+                            chunk_size: int = 1000) -> list[ListedChunk]:
+    """:func:`plan_generated` as a task: the listing goes to ``out``'s listing file, one row
+    group a chunk, so each embedding task reads its own files and the flow holds their names."""
+    chunks = plan_generated(sources, storage_options, chunk_size)
+    names = [c.name for c in chunks]
+    labels = [i for i, c in enumerate(chunks) for _ in c.uris]
+    table = pa.table({"chunk": pa.array(labels, pa.int32()), "name": [names[i] for i in labels],
+                      "kind": [chunks[i].kind for i in labels], "uri": [u for c in chunks for u in c.uris],
+                      "stamp": [t for c in chunks for t in c.stamps]}, schema=LISTING_SCHEMA)
+    out.write_parquet(GENERATED_LISTING, table, row_groups=labels)
+    return [ListedChunk(name, i, len(c.uris)) for i, (name, c) in enumerate(zip(names, chunks, strict=True))]
+
+
+def read_listed_chunk(out: Store, index: int, sources: Sequence[str]) -> GeneratedChunk:
+    """Chunk ``index`` of the listing file (its row group alone), as :func:`plan_generated` cut it."""
+    with out.open(GENERATED_LISTING) as f:
+        table = pq.read_table(f, columns=["kind", "uri", "stamp"], filters=[("chunk", "=", index)])
+    if not table.num_rows:
+        raise FileNotFoundError(f"{out.path(GENERATED_LISTING)} has no chunk {index}")
+    return GeneratedChunk(table["kind"][0].as_py(), tuple(table["uri"].to_pylist()),
+                          tuple(table["stamp"].to_pylist()), _roots(sources))
+
+
+def listed_chunk_names(out: Store) -> list[str]:
+    """Every chunk's name in the listing file, in order."""
+    with out.open(GENERATED_LISTING) as f:
+        return pc.unique(pq.read_table(f, columns=["name"])["name"]).to_pylist()
 
 
 def iter_chunk_images(chunk: GeneratedChunk, storage_options: dict[str, Any] | None = None
@@ -253,7 +311,6 @@ class ChunkFeatures:
     identity: dict[str, Any] = field(default_factory=dict)
     # every image in order: (name, SHA-256 of its bytes or None, error or None), what the unit stores
     items: list[tuple[str, str | None, str | None]] = field(default_factory=list)
-    action: str = "computed"  # or "skipped": read back from the feature store
 
 
 def _prepare(item: tuple[str, bytes | None, str | None], model: FeatureModel
@@ -384,35 +441,52 @@ def judge_generated_chunk(features: Store, chunk: GeneratedChunk, spec: ModelSpe
     return ChunkVerdict(action, reason, marker, listing, fp)
 
 
-def embed_chunk_unit(features: Store, chunk: GeneratedChunk, spec: ModelSpec, runtime: RuntimeConfig,
-                     torchscript_allowlist: Sequence[str] = (), storage_options: dict[str, Any] | None = None
-                     ) -> ChunkFeatures:
-    """:func:`embed_chunk` as a unit of the stage contract in the ``features`` store: read
-    back when its files are unchanged, else embedded and stored (float32, so what a rerun
-    reads is exactly what a fresh run computed).
+class GeneratedInfo(TypedDict, total=False):
+    """A chunk's feature marker: the loaded model's identity, the chunk, the listing it was
+    embedded from; the feature files' count, dim and dtype."""
+
+    model: dict[str, Any]
+    chunk: dict[str, Any]  # kind, files
+    listing: str
+    count: int
+    dim: int
+    dtype: str
+
+
+def embed_chunk_unit(out: Store, features: Store, chunk: int, sources: Sequence[str], spec: ModelSpec,
+                     runtime: RuntimeConfig, torchscript_allowlist: Sequence[str] = (),
+                     storage_options: dict[str, Any] | None = None) -> UnitResult[GeneratedInfo]:
+    """:func:`embed_chunk` of chunk ``chunk`` of ``out``'s listing file as a unit of the stage
+    contract in the ``features`` store: read back when its files are unchanged, else embedded
+    and stored (float32, so what the metrics read is exactly what a fresh run computed).
 
     Files are identified by content: when the listing (sizes, mtimes) matches the one the
     marker recorded, nothing is read; otherwise the chunk's files are hashed, and equal
     contents (a ``touch``, a copy) re-embed nothing, only the marker's listing is updated.
     Neither path loads the model: its fingerprint comes from the spec."""
-    rel = feature_vectors(spec.model_id, chunk.name)
-    judged = judge_generated_chunk(features, chunk, spec, runtime.precision, storage_options)
-    marker = judged.marker
-    if judged.fingerprint is not None:  # the listing changed: files were hashed
-        fp = judged.fingerprint
-        if judged.action == SKIPPED:  # same bytes, new stamps
-            marker = finish_unit(features, rel, fp, marker.outputs, {**marker.info, "listing": judged.listing})
-        else:
-            result = embed_chunk(chunk, spec, runtime, torchscript_allowlist, storage_options)
-            names, shas, errors = zip(*result.items, strict=True) if result.items else ((), (), ())
-            write_shard_features(features, spec.model_id, chunk.name, names, shas, [e is None for e in errors],
-                                 list(errors), result.features.astype(np.float32), fp,
-                                 {"model": result.identity, "chunk": {"kind": chunk.kind, "files": len(chunk.uris)},
-                                  "listing": judged.listing})
-            return result
-    keys, feats = read_shard_features(features, spec.model_id, chunk.name)
-    errors = read_shard_errors(features, spec.model_id, chunk.name)
-    return ChunkFeatures(keys, feats.astype(np.float32), errors, marker.info["model"], action=SKIPPED)
+    listed = read_listed_chunk(out, chunk, sources)
+    judged = judge_generated_chunk(features, listed, spec, runtime.precision, storage_options)
+    if judged.fingerprint is None:  # the listing is the one embedded: nothing read
+        return UnitResult.of(judged.marker, SKIPPED)
+    if judged.action == SKIPPED:  # same bytes, new stamps
+        marker = finish_unit(features, feature_vectors(spec.model_id, listed.name), judged.fingerprint,
+                             judged.marker.outputs, {**judged.marker.info, "listing": judged.listing})
+        return UnitResult.of(marker, SKIPPED)
+    result = embed_chunk(listed, spec, runtime, torchscript_allowlist, storage_options)
+    names, shas, errors = zip(*result.items, strict=True) if result.items else ((), (), ())
+    marker = write_shard_features(features, spec.model_id, listed.name, names, shas, [e is None for e in errors],
+                                  list(errors), result.features.astype(np.float32), judged.fingerprint,
+                                  {"model": result.identity, "chunk": {"kind": listed.kind, "files": len(listed.uris)},
+                                   "listing": judged.listing})
+    return UnitResult.of(marker, COMPUTED)
+
+
+def stored_chunk_features(features: Store, model_id: str, chunk: str) -> ChunkFeatures:
+    """A chunk's features, errors and model identity as its unit stored them."""
+    keys, feats = read_shard_features(features, model_id, chunk)
+    marker = read_marker(features, feature_vectors(model_id, chunk))
+    return ChunkFeatures(keys, feats.astype(np.float32), read_shard_errors(features, model_id, chunk),
+                         marker.info["model"])
 
 
 # ---- metrics -----------------------------------------------------------------------
@@ -467,6 +541,23 @@ def evaluate_features(chunks: Sequence[ChunkFeatures], reference: Reference, cfg
     }
 
 
+
+def evaluate_unit(out: Store, features: Store, model_id: str, reference: str, reference_options: dict[str, Any],
+                  cfg: MetricsConfig, allow_mismatch: bool, mode: str, claims: dict[str, Any]) -> dict[str, Any]:
+    """The metrics as a task: every listed chunk's features read back from ``features`` (the
+    flow process holds none of them), compared with ``reference``; ``claims`` (the run's
+    sources, model spec, code version and caption set) added; ``metrics.json`` and
+    ``report.md`` written to ``out``. Returns what metrics.json holds."""
+    chunks = [stored_chunk_features(features, model_id, name) for name in listed_chunk_names(out)]
+    result = evaluate_features(chunks, load_reference(reference, reference_options), cfg, allow_mismatch, mode)
+    result["generated"]["sources"] = claims["sources"]
+    result.update({k: v for k, v in claims.items() if k != "sources"})
+    if (claims.get("caption_set") or {}).get("deviation"):
+        result["protocol"]["deviations"].append(claims["caption_set"]["deviation"])
+    out.write_json(EVALUATION_METRICS, result)
+    out.write_bytes(EVALUATION_REPORT, render_report(result).encode())
+    return result
+
 def render_report(result: dict[str, Any]) -> str:
     """A short human-readable ``report.md``."""
     m = result["metrics"]
@@ -492,3 +583,5 @@ def render_report(result: dict[str, Any]) -> str:
 
 # In a flow its task asks for the model workers' resources (corpusforge.cluster.MODEL_TASKS).
 EMBED_CHUNK = Unit(embed_chunk_unit, "embed-generated-chunk")
+LIST_GENERATED = Unit(write_generated_listing, "evaluate-list-generated")
+EVALUATE_METRICS = Unit(evaluate_unit, "evaluate-metrics")
