@@ -3,7 +3,9 @@
 For each size N it writes synthetic inputs in the real formats with the real writers and
 markers (ingest rows and their dedup tables with ~3 % exact duplicates, staging tars,
 indexes and records, float16 features with ~5 % planted near-duplicates in a 512-d
-learned-model shape and the wfd shape, a source folder), with P = N / partition_size
+learned-model shape and the wfd shape, near-duplicate decisions with ~5 % of the staged
+records in components of 2 to 5 spread over the corpus, which release planning reads as a
+default build's does, a source folder), with P = N / partition_size
 ingest partitions and S = N / shard_size staging shards as the defaults set them. Then
 each step runs in its own process (``--child``) and reports wall time, CPU time, peak
 RSS above the process's resident size when the step started (``/proc/self/clear_refs``
@@ -38,6 +40,7 @@ tests/test_scale_guard.py, runs it over :data:`GUARDED`).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -65,6 +68,7 @@ QUICK_SIZES = (10_000, 100_000)
 PROJECT = (10**8, 10**9)  # projected to; the bounds hold at 10⁸ (PROJECT[0]), 10⁹ is shown
 EXACT_DUP_RATE = 0.03
 NEAR_DUP_RATE = 0.05
+NEAR_DUP_SIZES = (2, 3, 4, 5)  # the near-duplicate decisions' components, sizes in turn (write_decisions)
 MODEL_512 = "bench512"
 MODEL_WFD = "wfd"
 FLOW_BOUND = 2 << 30
@@ -167,10 +171,16 @@ class Scale:
         return self.n - int(self.n * EXACT_DUP_RATE)
 
     @property
+    def released(self) -> int:
+        """The staged records the release plans: those near-duplicate decisions keep."""
+        components, members = near_dup_components(self.kept)
+        return self.kept - members + components
+
+    @property
     def release_shards(self) -> int:
         from tasks.release.splits import SplitConfig
 
-        return math.ceil(self.kept / SplitConfig().shard_size)
+        return math.ceil(self.released / SplitConfig().shard_size)
 
     def fan_outs(self) -> dict[str, int]:
         """Units of each fan-out of a build (flows/build_corpus.py, tasks/ingest/exact_dedup.py,
@@ -203,6 +213,15 @@ class Scale:
 
         units = self.fan_outs()
         return sum(units.values()) + 2, sum(batch_count(n, slots) for n in units.values()) + 2
+
+
+def near_dup_components(kept: int) -> tuple[int, int]:
+    """The near-duplicate components among ``kept`` staged records and the records in them:
+    sizes NEAR_DUP_SIZES in turn, as many as NEAR_DUP_RATE of the records fill."""
+    cycles, rest = divmod(int(kept * NEAR_DUP_RATE), sum(NEAR_DUP_SIZES))
+    last = sum(1 for filled in itertools.accumulate(NEAR_DUP_SIZES) if filled <= rest)
+    return (cycles * len(NEAR_DUP_SIZES) + last,
+            cycles * sum(NEAR_DUP_SIZES) + sum(NEAR_DUP_SIZES[:last]))
 
 
 def _key(i: int) -> str:
@@ -339,17 +358,65 @@ def write_folder(path: str, n: int) -> None:
                 f.write(f"caption {i}")
 
 
+def write_decisions(store, sc: Scale) -> None:
+    """Near-duplicate decisions of every staged record, as the graph stage's decisions task
+    writes them (tasks/graph/decisions.py: a file per staging shard in its schema, one row per
+    record in shard order, component ids the root's node id and every record in a component,
+    alone in one of size 1, then the stage's marker). NEAR_DUP_RATE of the records lie in
+    components of 2 to 5 drawn over the whole corpus, so a component's members are in
+    different staging shards; its first member is kept, the others are removed as tier-1
+    pairs of it. Written once per size (the marker is written last)."""
+    import pyarrow as pa
+
+    from corpusforge.contract import finish_unit, read_marker
+    from corpusforge.records import Status
+    from tasks.graph.config import NearDedupConfig
+    from tasks.graph.files import GRAPH_DECISIONS, NEAR_DECISION_SCHEMA, decisions_path
+    from tasks.graph.two_tier import TIER1, reason_texts
+
+    if read_marker(store, GRAPH_DECISIONS) is not None:
+        return
+    rng = np.random.default_rng(5)
+    sizes = np.resize(np.array(NEAR_DUP_SIZES, np.int32), near_dup_components(sc.kept)[0])
+    members = rng.permutation(sc.kept)[:int(sizes.sum())]
+    comp = np.repeat(np.arange(len(sizes)), sizes)
+    root, size = np.arange(sc.kept), np.ones(sc.kept, np.int32)
+    root[members] = members[np.cumsum(sizes) - sizes][comp]
+    size[members] = sizes[comp]
+    sim = np.zeros(sc.kept, np.float32)
+    sim[members] = rng.uniform(0.97, 0.99, len(members))
+    cfg = NearDedupConfig()
+    removed_reason = reason_texts(cfg.pair_removal_above, cfg.min_component_size)[TIER1]
+    per_shard = math.ceil(sc.kept / sc.shards)  # as write_staging deals the records
+    outputs = {}
+    for s in range(sc.shards):
+        ids = np.arange(s * per_shard, min(sc.kept, (s + 1) * per_shard))
+        removed = (root[ids] != ids).tolist()
+        table = pa.table({
+            "key": [_key(i) for i in ids.tolist()],
+            "status": [Status.NEAR_DUPLICATE.value if r else Status.KEPT.value for r in removed],
+            "reason": [removed_reason if r else None for r in removed],
+            "duplicate_of": [_key(k) if r else None for k, r in zip(root[ids].tolist(), removed, strict=True)],
+            "component_id": root[ids], "component_size": size[ids], "max_similarity": sim[ids],
+        }, schema=NEAR_DECISION_SCHEMA)
+        outputs[decisions_path(shard_name(s))] = store.write_parquet(decisions_path(shard_name(s)), table)
+    finish_unit(store, GRAPH_DECISIONS, "bench-decisions", outputs,
+                {"images": sc.kept, "removed": sc.kept - sc.released})
+
+
 def write_release_plan(store, sc: Scale, data: str) -> None:
-    """The release plan files and summary, for the release writer (as the release_plan step writes them:
-    when that step ran at this size first, its plan is this input, and planning is not repeated)."""
+    """The release plan files and summary, for the release writer (as the release_plan step writes them,
+    with the near-duplicate decisions: when that step ran at this size first, its plan is this
+    input, and planning is not repeated)."""
     from tasks.release.shards import plan_release_files, write_staged_list
     from tasks.release.splits import SplitConfig
 
     if os.path.exists(_release_plan_path(data)):  # written after the plan's files: they are complete
         return
 
+    write_decisions(store, sc)
     staged = write_staged_list(store, [shard_name(s) for s in range(sc.shards)])
-    plan = plan_release_files(store, staged, SplitConfig(), near_dedup=False)
+    plan = plan_release_files(store, staged, SplitConfig(), near_dedup=True)
     with open(_release_plan_path(data), "w") as f:
         json.dump(plan, f)
 
@@ -358,6 +425,7 @@ INPUTS: dict[str, Callable[[Any, Scale, str], None]] = {
     "ingest": lambda store, sc, src: write_ingest(store, sc),
     "staging": lambda store, sc, src: write_staging(store, sc),
     "folder": lambda store, sc, src: write_folder(src, sc.n),
+    "decisions": lambda store, sc, src: write_decisions(store, sc),
     "release_plan": lambda store, sc, src: write_release_plan(store, sc, os.path.dirname(src)),
     # the resolved partitions, for steps that read them (the exact_dedup step writes the same)
     "resolved": lambda store, sc, src: dedup_and_resolve(store, sc),
@@ -467,15 +535,16 @@ def _release_plan_path(data: str) -> str:
     return os.path.join(data, "release-plan.json")
 
 
-@step("release_plan", ("staging",), "task", ("tasks.release.shards", "tasks.release.splits"))
+@step("release_plan", ("staging", "decisions"), "task", ("tasks.release.shards", "tasks.release.splits"))
 def run_release_plan(store, sc: Scale, data: str) -> dict[str, Any]:
-    """Release planning (one task) over every staging shard, as tasks/release/publish.py calls it:
-    the staging-shard list goes to a file and the task gets its SHA-256."""
+    """Release planning (one task) over every staging shard with their near-duplicate decisions,
+    as tasks/release/publish.py calls it in a default build: the staging-shard list goes to a
+    file and the task gets its SHA-256."""
     from tasks.release.shards import plan_release_files, write_staged_list
     from tasks.release.splits import SplitConfig
 
     kwargs = dict(store=store, staged=write_staged_list(store, [shard_name(s) for s in range(sc.shards)]),
-                  cfg=SplitConfig(), near_dedup=False)
+                  cfg=SplitConfig(), near_dedup=True)
     plan = plan_release_files(**kwargs)
     with open(_release_plan_path(data), "w") as f:
         json.dump(plan, f)
@@ -490,7 +559,7 @@ def _writer_regime(n: int) -> dict[str, Any]:
     from tasks.release.splits import SplitConfig
 
     cfg = SplitConfig()
-    return {"train shard full": Scale.of(n).kept * (1 - cfg.val - cfg.test) >= cfg.shard_size}
+    return {"train shard full": Scale.of(n).released * (1 - cfg.val - cfg.test) >= cfg.shard_size}
 
 
 @step("release_writer", ("staging", "release_plan"), "task", ("tasks.release.shards", "tasks.release.splits"),

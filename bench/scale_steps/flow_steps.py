@@ -64,11 +64,12 @@ def write_receipt_file(store: Any, sc: Scale, data: str) -> None:
     release = _release(data)
     near = {"model_id": "bench512", "index": {"plan": {"factory": "IVF,PQ"}, "vectors": sc.kept},
             "graph": {"edges": 0, "threshold": 0.9}, "recall": {"recall": 1.0},
-            "decisions": {"removed": 0, "images": sc.kept, "removed_by_rule": {}, "flagged_components": 0,
-                          "largest_components": []}}
+            "decisions": {"removed": sc.kept - sc.released, "images": sc.kept, "removed_by_rule": {},
+                          "flagged_components": 0, "largest_components": []}}
+    by_status = {"kept": sc.released, "near_duplicate": sc.kept - sc.released}
     store.write_json(RECEIPT, {"corpusforge": "build-corpus", "code_version": "bench", "config": {},
                                "source": "/src", "source_kind": "table", "input_snapshot_sha256": "0" * 64,
-                               "counts": {"records": sc.n, "by_status": {"kept": sc.kept}, "by_reason": {}},
+                               "counts": {"records": sc.n, "by_status": by_status, "by_reason": {}},
                                "release": release_section(release, SplitConfig()), "near_duplicates": near,
                                "warnings": []})
 
@@ -101,7 +102,7 @@ INPUTS["edges"] = lambda store, sc, src: write_edges(store, sc)
 INPUTS["previous"] = lambda store, sc, src: keep_previous(store)
 
 
-# The caption set's probe size: below the test split at every size run (970 test records at
+# The caption set's probe size: below the test split at every size run (935 test records at
 # 10k), so the probe set is at its cap at every N measured and at 10⁸.
 EVAL_PROBE_SIZE = 500
 
@@ -110,7 +111,7 @@ def _test_records(n: int) -> int:
     """The test split's records at N (the split's own rule, on the records kept at N)."""
     from tasks.release.splits import SplitConfig, held_out_sizes
 
-    return held_out_sizes(Scale.of(n).kept, SplitConfig())[1]
+    return held_out_sizes(Scale.of(n).released, SplitConfig())[1]
 
 
 def _eval_regime(n: int) -> dict[str, Any]:
@@ -121,7 +122,7 @@ def _eval_regime(n: int) -> dict[str, Any]:
 def _eval_sizes(n: int) -> dict[str, int]:
     """What each run's peak follows: the probe set's, N (its set is the same size at every N, so
     any growth is the step's own: the line through N projects it); the default set's, its
-    captions (min(size, test split): 970 and 9,700 at 10k and 100k, 50,000 at 10⁸)."""
+    captions (min(size, test split): 935 and 9,354 at 10k and 100k, 50,000 at 10⁸)."""
     from tasks.captions.eval_captions import EvalCaptionsConfig
 
     return {"probe set": n, "default set": min(EvalCaptionsConfig().size, _test_records(n))}
