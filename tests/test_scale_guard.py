@@ -68,7 +68,9 @@ def test_every_bounded_step_is_guarded():
 
 # Steps whose line through their quick sizes breaks a bound today: strict, so a fix that makes one
 # pass fails here until it is taken off. (release_plan left on 2026-12-05: one range of keys at a
-# time, issue-31r; 116 -> 124 MB from 10k to 100k, 138 MB at 1M, bench/results/scale-31r.txt.)
+# time, issue-31r; 116 -> 124 MB from 10k to 100k, 138 MB at 1M, bench/results/scale-31r.txt. Planning
+# with near-duplicate decisions since issue-31d: 116 -> 124-127 MB, 9.2-11.5 GB at 1e8 by the quick
+# line in three runs, bench/results/scale-guard-31d.txt.)
 BROKEN_AT_QUICK_SIZES: dict[str, str] = {}
 # Within a factor of two of the bound at quick sizes, on either side, from one run to the next:
 # not strict, so the guard's verdict on it is read from the table, not from this test's outcome.
