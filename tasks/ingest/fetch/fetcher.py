@@ -20,13 +20,15 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urljoin
 
+import httpcore
 import httpx
 
 from corpusforge.hashing import sha256_bytes
 from tasks.ingest.files import fetch_blob_path, fetch_url_path
 from corpusforge.storage import Store
 from tasks.ingest.fetch.addresses import Blocked, Target, parse_target, resolve_checked
-from tasks.ingest.fetch.client import Deadline, TooLarge, image_magic, new_client, request, tls_context
+from tasks.ingest.fetch.client import (REQUEST_ERRORS, Deadline, TooLarge, image_magic, new_client, request,
+                                       tls_context)
 from tasks.ingest.fetch.config import FetchConfig
 from tasks.ingest.fetch.optouts import (ROBOTS_MAX_BYTES, DenyList, OriginFile, robots_rule, tdm_header_rule,
                                         tdmrep_rule, x_robots_rule)
@@ -77,7 +79,7 @@ class Fetcher:
                  seed: int = 0):
         self.cfg, self.store, self.deny, self.clock = cfg, store, deny, clock
         self.tls = tls_context(cfg.ca_bundle)
-        self.clients: dict[str, httpx.HTTPTransport] = {}  # one per host name (client_for says why)
+        self.clients: dict[str, httpcore.ConnectionPool] = {}  # one per host name (client_for says why)
         self.clients_lock = threading.Lock()
         self.hosts = HostView(cfg.breaker_failures, cfg.breaker_cooldown_s)
         self.slots = HostSlots()
@@ -90,7 +92,7 @@ class Fetcher:
         for client in self.clients.values():
             client.close()
 
-    def client_for(self, target: Target) -> httpx.HTTPTransport:
+    def client_for(self, target: Target) -> httpcore.ConnectionPool:
         """The client for ``target``'s host name. Connections are pooled by the address connected
         to, so a TLS connection verified for one name would otherwise carry another name's
         requests (two names on one CDN address); and a pool holds only one host's few
@@ -202,9 +204,9 @@ class Fetcher:
                         hosts.pause(host, after)  # before the slot is let go: no request slips in before it
             except TooLarge as exc:
                 return out.end("error/too_large", str(exc))
-            except httpx.InvalidURL as exc:  # a URL the client cannot send: asking again changes nothing
-                return out.end("error/fetch_failed", f"InvalidURL: {exc}")
-            except (httpx.RequestError, Deadline, SlotTimeout) as exc:  # connection, protocol, decoding errors
+            except httpcore.LocalProtocolError as exc:  # a request it cannot send: asking again changes nothing
+                return out.end("error/fetch_failed", f"LocalProtocolError: {exc}")
+            except (*REQUEST_ERRORS, Deadline, SlotTimeout) as exc:  # connection and protocol errors
                 hosts.failed(host)
                 why = f"{type(exc).__name__}: {exc}"
             else:
@@ -262,8 +264,7 @@ class Fetcher:
                     resp = request(self.client_for(target), target, address, self.cfg.user_agent or "",
                                    self.cfg.deadline_s, self.cfg.connect_timeout_s, ROBOTS_MAX_BYTES,
                                    lambda status, _: status == 200)
-            except (Blocked, ConnectionError, TooLarge, Deadline, SlotTimeout, httpx.RequestError,
-                    httpx.InvalidURL) as exc:
+            except (Blocked, ConnectionError, TooLarge, Deadline, SlotTimeout, *REQUEST_ERRORS) as exc:
                 return OriginFile(None, error=f"{type(exc).__name__}: {exc}")
             if resp.status in REDIRECTS and resp.headers.get("location"):
                 try:
