@@ -171,7 +171,9 @@ class Store:
 
     def path(self, rel: str) -> str:
         """Absolute path (or full URI) of ``rel`` under the root."""
-        return join_uri(self.root, *rel.split("/")) if rel else self.root
+        if not rel:
+            return self.root
+        return (posixpath.join if self.remote else os.path.join)(self.root, *rel.split("/"))
 
     def _fs_path(self, rel: str) -> str:
         return self.fs._strip_protocol(self.path(rel))
@@ -182,6 +184,8 @@ class Store:
 
     # ---- reads -------------------------------------------------------------
     def exists(self, rel: str) -> bool:
+        if not self.remote:  # what fsspec's local exists() does, without its path handling (a fetch asks per URL)
+            return os.path.exists(self.path(rel))
         with self._naming(rel):
             return self.fs.exists(self._fs_path(rel))
 
