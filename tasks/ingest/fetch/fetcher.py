@@ -141,10 +141,11 @@ class Fetcher:
         self.kept = KeptOutcomes(store, cfg.refresh)
 
     def close(self) -> None:
-        self.kept.flush()
+        """Stop syncing with the host ledger, close the connections, write the last outcomes."""
         self.hosts.close()
         for client in self.clients.values():
             client.close()
+        self.kept.flush()
 
     def client_for(self, target: Target) -> httpcore.ConnectionPool:
         """The client for ``target``'s host name. Connections are pooled by the address connected
