@@ -171,7 +171,9 @@ class Store:
 
     def path(self, rel: str) -> str:
         """Absolute path (or full URI) of ``rel`` under the root."""
-        return join_uri(self.root, *rel.split("/")) if rel else self.root
+        if not rel:
+            return self.root
+        return (posixpath.join if self.remote else os.path.join)(self.root, *rel.split("/"))
 
     def _fs_path(self, rel: str) -> str:
         return self.fs._strip_protocol(self.path(rel))
@@ -182,6 +184,8 @@ class Store:
 
     # ---- reads -------------------------------------------------------------
     def exists(self, rel: str) -> bool:
+        if not self.remote:  # what fsspec's local exists() does, without its path handling (a fetch asks per URL)
+            return os.path.exists(self.path(rel))
         with self._naming(rel):
             return self.fs.exists(self._fs_path(rel))
 
@@ -309,22 +313,25 @@ class Store:
         else:
             os.replace(tmp, self.path(rel))  # made readable (0644) when it was created
 
+    def _temp_name(self, rel: str) -> str:
+        """A new local name beside ``rel`` (``.name.*.part``, so a rename onto ``rel`` is atomic),
+        unique by process, thread and count (mkstemp's random names, its folder made first and a
+        chmod cost 2.4x the CPU of the whole write of a small file: a fetched image)."""
+        final = self.path(rel)
+        return os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.{_TEMP_TOKEN}-{os.getpid()}-"
+                                                    f"{threading.get_ident()}-{next(_TEMP_NAMES)}.part")
+
     def _temp_file(self, rel: str) -> tuple[int, str]:
-        """A new temporary file for ``rel``: beside it locally (``.name.*.part``, so the
-        rename is atomic), anywhere local for an upload."""
+        """A new temporary file for ``rel``: beside it locally (:meth:`_temp_name`), anywhere
+        local for an upload."""
         if self.remote:
             return tempfile.mkstemp(prefix="corpusforge-", suffix=".part")
-        final = self.path(rel)
-        folder = os.path.dirname(final)
-        # unique by process, thread and count (mkstemp's random names, its folder made first
-        # and a chmod cost 2.4x the CPU of the whole write of a small file: a fetched image)
-        tmp = os.path.join(folder, f".{os.path.basename(final)}.{_TEMP_TOKEN}-{os.getpid()}-"
-                                   f"{threading.get_ident()}-{next(_TEMP_NAMES)}.part")
+        tmp = self._temp_name(rel)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         try:
             fd = os.open(tmp, flags, 0o600)
         except FileNotFoundError:  # its folder is new
-            os.makedirs(folder, exist_ok=True)
+            os.makedirs(os.path.dirname(tmp), exist_ok=True)
             fd = os.open(tmp, flags, 0o600)
         os.fchmod(fd, 0o644)  # whatever the umask: published files are readable as mkstemp's were made
         return fd, tmp
@@ -339,26 +346,70 @@ class Store:
         return hashlib.sha256(data).hexdigest()
 
     def _write_local(self, rel: str, data: bytes) -> None:
-        """:meth:`atomic_write` of bytes in hand, by plain system calls: a fetch writes two small
-        files per image, and the file object and context managers were half of their CPU."""
-        tmp = None
+        """:meth:`atomic_write` of bytes in hand, by plain system calls: a fetch writes a small
+        file per image, and the file object and context managers were half of its CPU."""
+        tmp = self._write_temp(rel, data)
         try:
-            with self._naming_full_disk((rel,), None):
-                fd, tmp = self._temp_file(rel)
-                try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view):]
-                    if self.durable:
-                        os.fsync(fd)
-                finally:
-                    os.close(fd)
             os.replace(tmp, self.path(rel))
-            tmp = None
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+    def _write_temp(self, rel: str, data: bytes) -> str:
+        """A whole temporary file beside ``rel`` holding ``data`` (synced when durable); its path."""
+        with self._naming_full_disk((rel,), None):
+            fd, tmp = self._temp_file(rel)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                if self.durable:
+                    os.fsync(fd)
+            except BaseException:
+                os.close(fd)
+                os.unlink(tmp)
+                raise
+            os.close(fd)
+            return tmp
+
+    def write_linked(self, rels: Sequence[str], data: bytes) -> None:
+        """``data`` under every name of ``rels``, each appearing whole or not at all (an existing
+        one replaced): one file written and synced, the names hard links to it (on an object
+        store, one object copied server-side). For many small records that are each looked up by
+        their own name (a fetch unit's URL outcomes): a link each instead of a file each (a
+        create, a chmod, a write, a sync and a rename)."""
+        if self.remote:
+            self.write_bytes(rels[0], data)
+            for rel in rels[1:]:
+                with self._naming(rel):
+                    self.fs.copy(self._fs_path(rels[0]), self._fs_path(rel))
+            return
+        tmp = self._write_temp(rels[0], data)
+        try:
+            with self._naming_full_disk(tuple(rels), None):
+                for rel in rels:
+                    try:
+                        self._link_local(tmp, rel)
+                    except OSError as exc:
+                        if exc.errno not in (errno.EPERM, errno.EXDEV, errno.ENOTSUP):
+                            raise
+                        self._write_local(rel, data)  # a file system without hard links
         finally:
-            if tmp is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
+            os.unlink(tmp)
+
+    def _link_local(self, src: str, rel: str) -> None:
+        """The local file ``src`` also at ``rel``, atomically (an existing ``rel`` replaced)."""
+        final = self.path(rel)
+        try:
+            os.link(src, final)
+        except FileNotFoundError:  # its folder is new
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            os.link(src, final)
+        except FileExistsError:  # another link renamed over it
+            spare = self._temp_name(rel)
+            os.link(src, spare)
+            os.replace(spare, final)
 
     def write_json(self, rel: str, obj: Any) -> str:
         return self.write_bytes(rel, canonical_json(obj).encode() + b"\n")

@@ -180,6 +180,27 @@ def test_atomic_writes_publish_all_files_or_none(tmp_path):
     assert not [p for p in tmp_path.rglob("*.part")]
 
 
+def _one_write_under_many_names(store: Store) -> None:
+    store.write_bytes("u/b.json", b"old\n")
+    store.write_linked(["u/a.json", "u/b.json", "v/c.json"], b"batch\n")
+    assert [store.read_bytes(f"{p}.json") for p in ("u/a", "u/b", "v/c")] == [b"batch\n"] * 3
+
+
+def test_one_write_under_many_names(tmp_path):
+    """``write_linked``: every name holds the bytes, one file hard-linked, an existing name
+    replaced, no temporary file left."""
+    _one_write_under_many_names(Store(str(tmp_path)))
+    assert len({(tmp_path / f"{p}.json").stat().st_ino for p in ("u/a", "u/b", "v/c")}) == 1
+    assert not [p for p in tmp_path.rglob("*.part")]
+
+
+def test_one_write_under_many_names_on_s3(s3):
+    """``write_linked`` on an object store: one upload, copied server-side to the other names."""
+    store = Store("s3://linked/corpus", s3)
+    store.fs.mkdir("linked")
+    _one_write_under_many_names(store)
+
+
 def test_webdataset_reads_our_tars(tmp_path):
     path = tmp_path / "s.tar"
     with open(path, "wb") as f:

@@ -11,7 +11,8 @@ derives from, is corpusforge/layout.py's.
     work/fetch/{part}.parquet          a URL-list partition's fetch ledger: one row per input row, its
                                        outcome, URL, HTTP status, opt-out rule and evidence (tasks/ingest/fetch/)
     fetch/blobs/{sha[:2]}/{sha256}     fetched bytes, content-addressed (under OUT, or fetch.store)
-    fetch/urls/{h[:2]}/{h}.json        the final outcome of one URL (h: SHA-256 of the URL): never fetched again
+    fetch/urls/{h[:2]}/{h}.json        the final outcome of one URL (h: SHA-256 of the URL): never fetched again;
+                                       a JSON line of a batch, hard-linked under each of its URLs' names
     fetch/origins/{h}.json             robots.txt and /.well-known/tdmrep.json of one origin, as fetched
     work/ingest/{part}.parquet         one row per input record, facts from its bytes
     work/spill/{part}.bin              the valid records' image bytes as ingest read them, concatenated
