@@ -100,7 +100,7 @@ def decide_near_duplicates(source: Store, out: Store, cfg: NearDedupConfig, shar
     fp = unit_fingerprint("graph-decisions", code_version(__name__, "tasks.graph.two_tier"),
                           [cfg.component_link_above, cfg.pair_removal_above, cfg.min_component_size,
                            adv.chain_min_hop1_fraction, adv.chain_max_hops, adv.report_top, cfg.verifying,
-                           cfg.verification.min_inliers if cfg.verifying else None],
+                           cfg.verification.min_inliers if cfg.verifying else None, cfg.cropping],
                           [nodes.to_json(), *lists])
     return run_unit(out, GRAPH_DECISIONS, fp, lambda: _decide(source, out, cfg, nodes))
 
@@ -183,7 +183,7 @@ def _decide(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable
     check_unique_sha(source, nodes, d.code == 0, sha_prefix)
 
     reasons = reason_texts(cfg.pair_removal_above, cfg.min_component_size,
-                           cfg.verification.min_inliers if cfg.verifying else None)
+                           cfg.verification.min_inliers if cfg.verifying else None, cfg.cropping)
     outputs = {}
     for i, shard in enumerate(nodes.shards):
         lo, hi = int(nodes.offsets[i]), int(nodes.offsets[i + 1])
@@ -209,7 +209,8 @@ def _decide(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable
         "images": n, "edges": n_edges, "candidate_edges": n_candidate,
         "images_with_candidate_edges": int(involved.sum()),
         "kept": int((d.code == 0).sum()), "removed": int((d.code != 0).sum()),
-        "removed_by_rule": {reasons[c]: int((d.code == c).sum()) for c in (TIER1, COMPONENT, VERIFIED, VERIFIED_CROP)
+        "removed_by_rule": {reasons[c]: int((d.code == c).sum())
+                            for c in (TIER1, COMPONENT, VERIFIED, VERIFIED_CROP)
                             if c in reasons},
         "components_with_edges": int(((roots == np.arange(n)) & (sizes > 1)).sum()),
         "big_components": report["big_components"], "flagged_components": report["flagged_components"],
