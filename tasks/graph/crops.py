@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import functools
 import io
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -56,8 +56,10 @@ from tasks.graph.nodes import load_shard_vectors, read_shard_digests, read_shard
 from tasks.shared.features.content import picture_content
 from tasks.shared.features.decode import DecodeError, decode_rgb
 from tasks.shared.features.extract import decode_size, shard_images, stream_shard_images
-from tasks.shared.features.wfd import WeightFreeDescriptor
 from tasks.shared.pair_score import PairScore
+
+if TYPE_CHECKING:  # torch comes with the feature models' base class, not with the flow that imports this stage
+    from tasks.shared.features.wfd import WeightFreeDescriptor
 
 CROP_SIDE = 0.7
 CROP_ANCHORS = (0.0, 0.25, 0.5, 0.75, 1.0)  # a neutral grid (planted crops sit at 0-0.2 and 0.8-1)
@@ -84,6 +86,8 @@ def _code() -> str:
 
 @functools.cache
 def region_model() -> WeightFreeDescriptor:
+    from tasks.shared.features.wfd import WeightFreeDescriptor
+
     return WeightFreeDescriptor()
 
 

@@ -37,7 +37,9 @@ reseeded (``cv2.setRNGSeed(seed)``) before every pair, with OpenCV on one thread
 pair's result never depends on which pairs ran before it, on the worker or on the run.
 
 The stage unit (one per owner shard) verifies the pairs chosen for review
-(``graph/review/{shard}.parquet``, :mod:`tasks.graph.review`) and writes
+(``graph/review/{shard}.parquet``, :mod:`tasks.graph.review`), then the shard's off-centre crop
+candidates (``graph/crops/{shard}.parquet``, :mod:`tasks.graph.crops`; their colourless floor is
+judged by :func:`floor_similarity`, and their ``region`` score is kept), and writes
 ``graph/verified/{shard}.parquet`` (see :data:`tasks.graph.files.VERIFIED_SCHEMA`): both
 keys and SHA-256s, the similarity, keypoints, matches, inliers, score, overlap, agreement,
 agreeing, colourless and the verdict. Results are reused per pair across reruns: a row whose two SHA-256s and
