@@ -408,8 +408,8 @@ def main(argv: list[str] | None = None) -> int:
                                            "ms_per_image": results["wfd+verify"]["ms_per_image"]
                                            + 1000 * (crop_s + crop_verify_s) / n_img}
             crop_note = (f"crop candidates (tasks/graph/crops.py, k={crop_cfg.crop_candidates}, region score >= "
-                         f"{crop_cfg.crop_floor}): {scored} pairs ({scored / n_img:.2f} per image), {len(found)} the graph "
-                         f"does not hold, verified ({len(found) / n_img:.2f} per image); retrieval "
+                         f"{crop_cfg.crop_floor}): {scored} pairs ({scored / n_img:.2f} per image), {len(found)} "
+                         f"the graph does not hold, verified ({len(found) / n_img:.2f} per image); retrieval "
                          f"{1000 * crop_s / n_img:.1f} ms per image (decoding included), verification "
                          f"{1000 * crop_verify_s / n_img:.1f}; time x"
                          f"{results['wfd+verify+crops']['ms_per_image'] / results['wfd+verify']['ms_per_image']:.2f}"
