@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from corpusforge.storage import Store
-from tasks.graph.config import CalibrationConfig, CollisionConfig, NearDedupConfig
+from tasks.graph.config import CalibrationConfig, CollisionConfig, IndexConfig, NearDedupConfig
 from tasks.graph.crops import WINDOWS, BestPartners, best_windows, region_parts
 from tasks.graph.decisions import read_decisions
 from tasks.graph.planted import plant
@@ -88,6 +88,18 @@ def test_off_centre_crops_are_removed_in_a_build_and_other_photos_of_the_subject
     near_duplicate_stage(fresh, NearDedupConfig(**QUIET), shards)
     folders = ("graph", "work/graph/regions", "_markers/graph", "_markers/work/graph/regions")
     assert _tree(tmp_path / "a", *folders) == _tree(tmp_path / "b", *folders)
+
+
+def test_an_ivf_index_leaves_crop_candidates_off_and_says_so(tmp_path):
+    """The search is exhaustive: above flat_max_vectors (an IVF plan) the stage does not run it."""
+    store, shards = _stage(tmp_path)
+    near_duplicate_stage(store, NearDedupConfig(**QUIET), shards)
+    assert store.exists("graph/crops/000001.parquet")
+    summary, work = near_duplicate_stage(store, NearDedupConfig(index=IndexConfig(kind="ivf"), **QUIET), shards)
+    assert summary["verification"]["crop_candidates"].startswith("off: the search is exhaustive")
+    assert "crop_regions" not in work
+    assert not store.exists("graph/crops") and not store.exists("work/graph/regions")
+    assert all(d["reason"] != "verified_crop:inliers>=10" for d in read_decisions(store, shards).to_pylist())
 
 
 def test_best_partners_do_not_depend_on_the_blocks():
