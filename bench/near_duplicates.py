@@ -8,7 +8,7 @@ folder unless ``--corpus`` points at one):
   the graph's score (:mod:`tasks.shared.pair_score`: cosine, or the layout-only cosine when
   either image is colourless), at the pipeline's graph threshold (> 0.90) and GPIC's pair
   threshold (> 0.9625); ``wfd-cosine`` is the plain cosine at > 0.90, for comparison;
-* ``wfd+verify``: the pipeline's mode ``gpic_verified`` with default settings: pairs above
+* ``wfd+verify``: the pipeline's mode ``gpic_verified`` without crop candidates: pairs above
   GPIC's pair threshold (0.9625), plus band pairs (similarity in [review_min_similarity, 0.9625])
   chosen by :mod:`tasks.graph.review` (each image's ``review_k`` best) that pass
   :func:`tasks.graph.verify.verify_pair` (ORB + RANSAC + pixel agreement after alignment);
@@ -31,12 +31,13 @@ examples and scikit-image's photographs, each transform of ``tasks/graph/planted
 ``--per-transform`` originals, natural variants as kind ``natural``); false pairs between
 different photographs of one subject are also counted apart (``one subject``), and SSCD int8
 is also run at a *self-calibrated* threshold: the closest unrelated pair of another planted
-seed of the same originals plus ``--margin``. ``--crop-candidates k`` adds the off-centre crop
-retrieval prototype (each picture's whole frame searched among the other pictures' 70 %
-crops, the k best verified)::
+seed of the same originals plus ``--margin``. ``wfd+verify+crops`` is the pipeline's default:
+``wfd+verify`` plus the graph stage's off-centre crop candidates (:mod:`tasks.graph.crops`, each
+picture's whole frame searched among the other pictures' 70 % windows, the
+``--crop-candidates`` best that the graph does not hold verified; 0 leaves the column out)::
 
     HF_HUB_OFFLINE=1 python bench/near_duplicates.py            # n=2000: ~10 min on 2 busy cores
-    HF_HUB_OFFLINE=1 python bench/near_duplicates.py --real --crop-candidates 3
+    HF_HUB_OFFLINE=1 python bench/near_duplicates.py --real --per-transform 18 --no-sscd --no-hashes
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ from tasks.shared.features.extract import decode_size  # noqa: E402
 from tasks.shared.features.wfd import WeightFreeDescriptor  # noqa: E402
 from tasks.graph.config import VERIFY_MAX_SIDE, NearDedupConfig  # noqa: E402
 from tasks.shared.pair_score import PairScore  # noqa: E402
+from tasks.graph.crops import QUERY_BATCH, BestPartners, best_windows, region_model, region_parts  # noqa: E402
 from tasks.graph.review import chosen, in_band, update_top_k  # noqa: E402
-from tasks.graph.verify import local_features, verify_pair  # noqa: E402
+from tasks.graph.verify import floor_similarity, local_features, verify_pair  # noqa: E402
 
 GPIC_THRESHOLDS = (0.90, 0.9625)
 
@@ -182,69 +184,26 @@ def verified_band(root: Path, records: list[dict], keys: list[str], sims: np.nda
     return linked, {"band_pairs": int(len(a)), "checked": checked, "features": cache}, time.perf_counter() - start
 
 
-CROP_SIDE = 0.7
-CROP_ANCHORS = (0.0, 0.25, 0.5, 0.75, 1.0)  # a neutral grid (planted crops sit at 0-0.2 and 0.8-1)
-
-
-def region_layouts(model: WeightFreeDescriptor, image) -> np.ndarray:
-    """wfd's layout feature (flip-symmetric squared DCT of luma, unit) of the whole picture and
-    of its ``CROP_SIDE`` crops at ``CROP_ANCHORS`` x ``CROP_ANCHORS``: [1 + 25, layout dim]."""
-    from PIL import Image
-
-    grey = picture_content(image).convert("L")
-    grey = grey.reduce(max(1, min(grey.size) // (3 * model.thumb)))  # box-averaged: a window keeps >= 2 thumbs
-    w, h = grey.size
-    boxes = [(0.0, 0.0, float(w), float(h))]
-    for ay in CROP_ANCHORS:
-        for ax in CROP_ANCHORS:
-            cw, ch = w * CROP_SIDE, h * CROP_SIDE
-            x0, y0 = (w - cw) * ax, (h - ch) * ay
-            boxes.append((x0, y0, x0 + cw, y0 + ch))
-    thumbs = np.stack([np.asarray(grey.resize((model.thumb, model.thumb), Image.Resampling.BILINEAR, box=b),
-                                  dtype=np.float64) / 255.0 for b in boxes])
-    rows = model._layout(thumbs[:, None])  # one region each: not summed
-    return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
-
-
-def crop_candidates(root: Path, records: list[dict], keys: list[str], k: int, floor: float
-                    ) -> tuple[list[tuple[int, int, float]], float]:
-    """Candidate retrieval for off-centre crops (a prototype, not in the pipeline): each
-    picture's whole-frame layout searched among every other picture's crop regions; the
-    ``k`` best partners per picture scoring >= ``floor``: (i, j, score) with i the query
-    (the crop) and j the picture whose region it matched; and seconds spent."""
-    import faiss
-
-    model = WeightFreeDescriptor()
+def crop_candidates(root: Path, records: list[dict], keys: list[str], sims: np.ndarray, cfg: NearDedupConfig
+                    ) -> tuple[list[tuple[int, int, float]], int, float]:
+    """The graph stage's off-centre crop candidates (:mod:`tasks.graph.crops`) in memory: each
+    picture's whole frame among every other picture's 70 % windows (float16 as stored), the
+    ``cfg.crop_candidates`` best >= ``cfg.crop_floor``, of which the pairs the graph does not
+    hold (global similarity below the review band): (i, j, region score) with i the query, how
+    many candidates scored >= the floor, and seconds spent (decoding included)."""
     path = {r["key"]: root / r["path"] for r in records}
+    draft = decode_size([region_model()])
     start = time.perf_counter()
-    layouts = np.stack([region_layouts(model, decode_rgb(path[key].read_bytes(), draft_size=decode_size([model])))
-                        for key in keys]).astype(np.float32)
-    n, r, d = layouts.shape
-    index = faiss.IndexFlatIP(d)
-    index.add(np.ascontiguousarray(layouts[:, 1:].reshape(-1, d)))
-    scores, ids = index.search(np.ascontiguousarray(layouts[:, 0]), k * (r - 1) + r)
-    out = []
-    for i in range(n):
-        seen: set[int] = set()
-        for sc, hit in zip(scores[i].tolist(), ids[i].tolist(), strict=True):
-            j = hit // (r - 1)
-            if j == i or j in seen or sc < floor:
-                continue
-            seen.add(j)
-            out.append((i, j, float(sc)))
-            if len(seen) == k:
-                break
-    return out, time.perf_counter() - start
-
-
-def verified_crops(found: list[tuple[int, int, float]], keys: list[str], sims: np.ndarray,
-                   feats: Callable[[str], tuple], cfg: NearDedupConfig) -> list[tuple[int, int]]:
-    """The crop candidates (i, j, region score) that pass :func:`tasks.graph.verify.verify_pair`,
-    a colourless pair's floor judged on the better of its global and its region score (the
-    layout score it was found by: a greyscale original's off-centre crop scores 0.3-0.5 globally)."""
-    vc = cfg.verification
-    return [(i, j) for i, j, region in found
-            if verify_pair(feats(keys[i]), feats(keys[j]), vc, max(float(sims[i, j]), region))["verified"]]
+    parts = np.stack([region_parts(decode_rgb(path[key].read_bytes(), draft_size=draft)) for key in keys])
+    parts = parts.astype(np.float16)
+    best = BestPartners(np.arange(len(keys)), cfg.crop_candidates, cfg.crop_floor)
+    for q in range(0, len(keys), QUERY_BATCH):
+        rows = slice(q, q + QUERY_BATCH)
+        best.add(rows, np.arange(len(keys)), best_windows(parts[rows, 0], parts[:, 1:]))
+    src, dst, region = best.pairs()
+    fresh = sims[src, dst].astype(np.float32) < np.float32(cfg.search_min_similarity)
+    found = list(zip(src[fresh].tolist(), dst[fresh].tolist(), region[fresh].tolist(), strict=True))
+    return found, len(src), time.perf_counter() - start
 
 
 def separation(checked: dict, groups: dict[str, str], cfg: NearDedupConfig) -> str:
@@ -420,9 +379,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-transform", type=int, default=24, help="--real: originals per transform (default 24)")
     parser.add_argument("--debian-cache", default=str(IMAGEDEDUP_VENV.parent / "debian"),
                         help="--real: where opencv-doc is fetched and unpacked")
-    parser.add_argument("--crop-candidates", type=int, default=0,
-                        help="k: also verify each picture's k best matches among other pictures' 70 %% crops")
-    parser.add_argument("--crop-floor", type=float, default=0.5, help="least region score of a crop candidate")
+    defaults = NearDedupConfig()
+    parser.add_argument("--crop-candidates", type=int, default=defaults.crop_candidates,
+                        help="near_dedup.crop_candidates of wfd+verify+crops (0: that column is left out)")
+    parser.add_argument("--crop-floor", type=float, default=defaults.crop_floor, help="near_dedup.crop_floor")
     parser.add_argument("--margin", type=float, default=0.01, help="--real: SSCD self-calibration margin")
     parser.add_argument("--imagededup-venv", default=str(IMAGEDEDUP_VENV), help="imagededup's own venv (created)")
     args = parser.parse_args(argv)
@@ -454,32 +414,34 @@ def main(argv: list[str] | None = None) -> int:
         results["wfd+verify"] = {**score(at, groups, pairs, data.subject),
                                  "ms_per_image": per_image + 1000 * verify_s / n_img}
         if args.crop_candidates:
-            found, crop_s = crop_candidates(root, records, keys, args.crop_candidates, args.crop_floor)
+            crop_cfg = NearDedupConfig(crop_candidates=args.crop_candidates, crop_floor=args.crop_floor)
+            found, scored, crop_s = crop_candidates(root, records, keys, sims, crop_cfg)
             path = {r["key"]: root / r["path"] for r in records}
             local = verification["features"]  # as a verify unit's cache: an image's local features computed once
 
-            def feats(key: str) -> tuple:
+            def local_of(key: str) -> tuple:
                 if key not in local:
                     local[key] = local_features(decode_rgb(path[key].read_bytes(), draft_size=VERIFY_MAX_SIDE))
                 return local[key]
 
             start = time.perf_counter()
             added: dict[str, set[str]] = {k: set() for k in keys}
-            fresh = [(i, j, region) for i, j, region in found  # not linked, nor checked by the review already
-                     if keys[j] not in at[keys[i]] and keys[i] not in at[keys[j]]
-                     and (keys[i], keys[j]) not in verification["checked"]
-                     and (keys[j], keys[i]) not in verification["checked"]]
-            for i, j in verified_crops(fresh, keys, sims, feats, cfg):
-                added[keys[i]].add(keys[j])
+            for i, j, region in found:
+                if verify_pair(local_of(keys[i]), local_of(keys[j]), crop_cfg.verification,
+                               floor_similarity(float(sims[i, j]), region))["verified"]:
+                    added[keys[i]].add(keys[j])
             crop_verify_s = time.perf_counter() - start
             both = {k: at[k] | added[k] for k in keys}
             results["wfd+verify+crops"] = {**score(both, groups, pairs, data.subject),
                                            "ms_per_image": results["wfd+verify"]["ms_per_image"]
                                            + 1000 * (crop_s + crop_verify_s) / n_img}
-            crop_note = (f"crop candidates (k={args.crop_candidates}, region score >= {args.crop_floor}): "
-                         f"{len(found)} pairs ({len(found) / n_img:.2f} per image), {len(fresh)} not linked or "
-                         f"checked yet ({len(fresh) / n_img:.2f} per image), retrieval "
-                         f"{1000 * crop_s / n_img:.1f} ms per image, verification {1000 * crop_verify_s / n_img:.1f}")
+            crop_note = (f"crop candidates (tasks/graph/crops.py, k={crop_cfg.crop_candidates}, region score >= "
+                         f"{crop_cfg.crop_floor}): {scored} pairs ({scored / n_img:.2f} per image), {len(found)} "
+                         f"the graph does not hold, verified ({len(found) / n_img:.2f} per image); retrieval "
+                         f"{1000 * crop_s / n_img:.1f} ms per image (decoding included), verification "
+                         f"{1000 * crop_verify_s / n_img:.1f}; time x"
+                         f"{results['wfd+verify+crops']['ms_per_image'] / results['wfd+verify']['ms_per_image']:.2f}"
+                         f" of wfd+verify")
         if not args.no_sscd:
             from tasks.shared.features.config import ModelSpec, RuntimeConfig
             from tasks.shared.features.registry import build_model

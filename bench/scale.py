@@ -186,7 +186,8 @@ class Scale:
         """Units of each fan-out of a build (flows/build_corpus.py, tasks/ingest/exact_dedup.py,
         tasks/graph/stage.py, tasks/release/publish.py): one entry per ``run_tasks`` call; graph merge
         at its most, one group per shard (merge_groups sizes groups by found pairs); the index
-        as a 512-d model's 10⁸ build plans it (IVF-PQ above flat_max_vectors: add blocks, merge)."""
+        as a 512-d model's 10⁸ build plans it (IVF-PQ above flat_max_vectors: add blocks, merge);
+        the off-centre crop candidates' two units per shard with the flat index only (tasks/graph/crops.py)."""
         from tasks.ingest.exact_dedup import partition_groups
         from tasks.graph import build
         from tasks.graph.config import IndexConfig
@@ -202,7 +203,9 @@ class Scale:
                 "staging": self.shards, "features": self.shards, "graph index": 1, "graph index add": blocks,
                 "graph index merge": int(blocks > 0), "graph query": self.shards,
                 "graph recall refs": self.shards, "graph merge": self.shards, "graph recall": 1,
-                "graph review": 1, "graph verify": self.shards, "graph calibration": 1,
+                "graph review": 1, "graph crop regions": self.shards * (plan.kind == "flat"),
+                "graph crop candidates": self.shards * (plan.kind == "flat"), "graph verify": self.shards,
+                "graph calibration": 1,
                 "release plan": 1, "release": self.release_shards, "manifest": self.parts}
 
     def prefect_runs(self, slots: int = PREFECT_SLOTS) -> tuple[int, int]:

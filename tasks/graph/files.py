@@ -9,13 +9,15 @@ stages (captions, release, report) import this module, and no other of the stage
     work/graph/digests/{kind}.parquet  one digest per staging shard, in node order, of the graph files
                                        of a kind (edges, records, verified) that the one-off graph tasks
                                        fingerprint: written once by the stage, passed as its SHA-256
+    work/graph/regions/{shard}.npy     each picture's whole frame and 70 % windows as compact layout
+                                       coefficients (float16 [n, 26, 63]; tasks/graph/crops.py)
     work/graph/index/trained.faiss     an IVF index's trained, empty index (quantiser, codebooks)
     work/graph/index/blocks/{shard}.ivf   the inverted lists of a block of staging shards from {shard} on,
                                        added to the trained index (merged into graph/index/index.ivfdata)
     graph/index/index.faiss            the near-duplicate index; for IVF without its inverted lists, which are
     graph/index/index.ivfdata          in FAISS's on-disk format here (memory-mapped by the query tasks)
     graph/index/recall_{ids,vectors}.npy, graph/recall/{shard}, graph/edges/{shard}, graph/review/{shard},
-    graph/verified/{shard}, graph/decisions/{shard}, graph/nodes.json, graph/summary.json,
+    graph/crops/{shard}, graph/verified/{shard}, graph/decisions/{shard}, graph/nodes.json, graph/summary.json,
     graph/components_report.json, graph/collision/, graph/calibration/
 """
 
@@ -33,6 +35,8 @@ GRAPH_EDGES = "graph/edges"
 GRAPH_DECISIONS = "graph/decisions"
 GRAPH_VERIFIED = "graph/verified"  # geometric verification of review-band pairs (tasks/graph/verify.py)
 GRAPH_REVIEW = "graph/review"  # review-band pairs chosen for verification, per owner shard (tasks/graph/review.py)
+GRAPH_REGIONS = "work/graph/regions"  # whole-frame and window layouts per shard (tasks/graph/crops.py)
+GRAPH_CROPS = "graph/crops"  # off-centre crop candidates per query shard, verified with the review's pairs
 
 GRAPH_INDEX_DIR = "graph/index"
 GRAPH_INDEX = "graph/index/index.faiss"
@@ -72,6 +76,14 @@ def review_path(shard: str) -> str:
     return f"{GRAPH_REVIEW}/{shard}.parquet"
 
 
+def regions_path(shard: str) -> str:
+    return f"{GRAPH_REGIONS}/{shard}.npy"
+
+
+def crops_path(shard: str) -> str:
+    return f"{GRAPH_CROPS}/{shard}.parquet"
+
+
 def graph_digests_path(kind: str) -> str:
     return f"{GRAPH_DIGESTS_DIR}/{kind}.parquet"
 
@@ -87,7 +99,12 @@ VERIFIED_SCHEMA = pa.schema([
     ("sha_a", pa.string()), ("sha_b", pa.string()), ("similarity", pa.float32()), ("keypoints", pa.int32()),
     ("matches", pa.int32()), ("inliers", pa.int32()), ("score", pa.float32()), ("overlap", pa.float32()),
     ("agreement", pa.float32()), ("agreeing", pa.float32()), ("colourless", pa.bool_()), ("verified", pa.bool_()),
+    ("region", pa.float32()),  # a crop candidate's region score (tasks/graph/crops.py); null for a review pair
 ])
+# Off-centre crop candidates of one query shard: src is the query (the crop), region the best
+# score of its whole frame among dst's windows, similarity the pair's global score.
+CROP_SCHEMA = pa.schema([("src", pa.int64()), ("dst", pa.int64()), ("similarity", pa.float32()),
+                         ("region", pa.float32())])
 # The graph stage's shard table: one row per staging shard in node-id order.
 SHARD_TABLE_SCHEMA = pa.schema([("shard", pa.string()), ("start", pa.int64()), ("stop", pa.int64()),
                                 ("features", pa.string())])

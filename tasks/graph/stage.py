@@ -4,7 +4,9 @@
     shards, merge 1 task; tasks/graph/build.py) → query (1 task per staging shard whose
     features changed) → recall reference (1 task per shard) → merge edges (1 task per
     owner-shard group) → [k-NN cap check] → recall (1 task) → [mode gpic_verified: review
-    pairs chosen (1 task), verified (1 task per owner shard)] → decisions (1 task)
+    pairs chosen (1 task); with crop_candidates > 0 and a flat index: region layouts (1 task
+    per shard), off-centre crop candidates (1 task per shard; tasks/graph/crops.py); verified
+    (1 task per shard)] → decisions (1 task)
     ∥ collision models (1 task) → calibration sheet (1 task) → graph/summary.json
 
 Inside a flow run the tasks go to the flow's task runner (a ``DaskTaskRunner``: one
@@ -38,15 +40,16 @@ from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Unit, UnitResult, d
                                   marker_path, prune, remove_tree, require_markers, step_call, summarise,
                                   unit_fingerprint)
 from corpusforge.layout import staging_records, staging_tar
-from tasks.graph.files import (GRAPH_DECISIONS, GRAPH_EDGES, GRAPH_FOUND, GRAPH_INDEX_DIR, GRAPH_NODES, GRAPH_RECALL,
-                               GRAPH_REVIEW, GRAPH_SUMMARY, GRAPH_VERIFIED, edges_path, found_path, graph_digests_path,
-                               review_path)
+from tasks.graph.files import (GRAPH_CROPS, GRAPH_DECISIONS, GRAPH_EDGES, GRAPH_FOUND, GRAPH_INDEX_DIR, GRAPH_NODES,
+                               GRAPH_RECALL, GRAPH_REGIONS, GRAPH_REVIEW, GRAPH_SUMMARY, GRAPH_VERIFIED, crops_path,
+                               edges_path, found_path, graph_digests_path, regions_path, review_path)
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.graph.build import build_index
 from tasks.graph.calibration import calibration_sheet
 from tasks.graph.collision import collision_models
 from tasks.graph.config import NearDedupConfig
+from tasks.graph.crops import crop_candidates_shard, describe_shard
 from tasks.graph.decisions import decide_near_duplicates, read_decisions
 from tasks.graph.edges import (EdgesInfo, FoundInfo, IndexInfo, feature_digests, found_fingerprint, graph_recall,
                                group_shards, merge_edges, merge_groups, node_degrees, query_shard, recall_shard)
@@ -70,6 +73,8 @@ CALIBRATION = Unit(calibration_sheet, "graph-calibration-sheet", probe=True)
 REVIEW = Unit(select_review_pairs, "graph-review-pairs", probe=True)
 VERIFY = Unit(verify_shard, "graph-verify-pairs", probe=True)
 SELF_CALIBRATE = Unit(self_calibrate, "graph-self-calibration", probe=True)
+REGIONS = Unit(describe_shard, "graph-crop-regions", probe=True)
+CROPS = Unit(crop_candidates_shard, "graph-crop-candidates", probe=True)
 
 
 def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], *, source: Store | None = None,
@@ -91,7 +96,8 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
     nodes = plan_nodes(source, shards)
     digests = feature_digests(source, cfg, nodes)
     store.write_json(GRAPH_NODES, nodes.to_json())
-    for folder in (GRAPH_FOUND, GRAPH_RECALL, GRAPH_EDGES, GRAPH_DECISIONS, GRAPH_REVIEW, GRAPH_VERIFIED):
+    for folder in (GRAPH_FOUND, GRAPH_RECALL, GRAPH_EDGES, GRAPH_DECISIONS, GRAPH_REVIEW, GRAPH_VERIFIED, GRAPH_REGIONS,
+                   GRAPH_CROPS):
         prune(store, folder, nodes.shards)
     prune(store, GRAPH_INDEX_DIR, {"index", "recall_ids", "recall_vectors"})  # a killed writer's temp files
     table = write_shard_table(store, nodes, digests)
@@ -153,9 +159,11 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
         review = fan_out(REVIEW, [calls["review"]])[0]
         work["review"] = review.action
         records_fp = records_fingerprint(records)
+        crops, cropped = _crop_candidates(source, store, cfg, nodes, table, digests, records, index, fan_out, work)
         verified = fan_out(VERIFY, [dict(source=source, out=store, cfg=cfg, shard_table=table, shard=s,
-                                                review_digest=review.outputs[review_path(s)], records=records_fp)
-                                           for s in nodes.shards])
+                                         review_digest=review.outputs[review_path(s)], records=records_fp,
+                                         crops_digest=crops[s] if crops else None)
+                                    for s in nodes.shards])
         work["verification"] = summarise("graph.verification", verified).counts()
         calls["decisions"]["verified"] = write_shard_digests(store, "verified", nodes,
                                                              [m.digest for m in verified])
@@ -164,6 +172,7 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
             remove_tree(store, folder)
         store.remove(marker_path(GRAPH_REVIEW))
         store.remove(graph_digests_path("verified"))
+        _forget_crops(store)
     later = [(DECIDE, calls["decisions"])]
     if cfg.collision.enabled:
         later.append((COLLISION, calls["collision"]))
@@ -193,7 +202,8 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
         "verification": ({**cfg.verification.recorded(),
                           "band_pairs": review.info["band_pairs"],
                           "pairs": sum(m.info["pairs"] for m in verified),
-                          "verified": sum(m.info["verified"] for m in verified)} if cfg.verifying else None),
+                          "verified": sum(m.info["verified"] for m in verified),
+                          "crop_candidates": cropped} if cfg.verifying else None),
         "recall": recall,
         "decisions": decisions,
         "collision": _collision_brief(collision.info) if collision else None,
@@ -224,6 +234,36 @@ def single_calls(source: Store, out: Store, cfg: NearDedupConfig, table: str, li
             "decisions": dict(common, edges=lists["edges"], records=lists["records"], verified=None),
             "collision": dict(common, n_vectors=n_vectors, fp=fps["collision"]),
             "calibration": dict(common, fp=fps["calibration"])}
+
+
+def _crop_candidates(source: Store, store: Store, cfg: NearDedupConfig, nodes, table: str, digests: dict[str, str],
+                     records: dict[str, str], index: UnitResult[IndexInfo], fan_out: FanOut, work: dict[str, Any]
+                     ) -> tuple[dict[str, str] | None, dict[str, Any] | str]:
+    """Each shard's crop candidates file digest, and what graph/summary.json says of them: how
+    many candidates and pairs to verify, or why there are none. Off (no region or candidate
+    file left behind, as in a fresh build) with crop_candidates 0, and with an IVF index: the
+    search is exhaustive (tasks/graph/crops.py). ``work`` gets the units computed and skipped."""
+    if not cfg.cropping or index.info["plan"]["kind"] != "flat":
+        _forget_crops(store)
+        return None, ("off: crop_candidates 0" if not cfg.cropping else
+                      "off: the search is exhaustive, only with the flat index (index.flat_max_vectors)")
+    described = fan_out(REGIONS, [dict(source=source, out=store, cfg=cfg, shard=s, records=records[s],
+                                       features=digests[s]) for s in nodes.shards])
+    regions = write_shard_digests(store, "regions", nodes, [m.outputs[regions_path(s)]
+                                                            for s, m in zip(nodes.shards, described, strict=True)])
+    found = fan_out(CROPS, [dict(source=source, out=store, cfg=cfg, shard_table=table, shard=s, regions=regions,
+                                 index=index) for s in nodes.shards])
+    work["crop_regions"] = summarise("graph.crop_regions", described).counts()
+    work["crop_candidates"] = summarise("graph.crop_candidates", found).counts()
+    return ({s: m.outputs[crops_path(s)] for s, m in zip(nodes.shards, found, strict=True)},
+            {"k": cfg.crop_candidates, "floor": cfg.crop_floor, "candidates": sum(m.info["candidates"] for m in found),
+             "pairs": sum(m.info["pairs"] for m in found)})
+
+
+def _forget_crops(store: Store) -> None:
+    for folder in (GRAPH_REGIONS, GRAPH_CROPS):
+        remove_tree(store, folder)
+    store.remove(graph_digests_path("regions"))
 
 
 def _merge(store: Store, nodes, table: str, cfg: NearDedupConfig, fan_out: FanOut

@@ -37,7 +37,9 @@ reseeded (``cv2.setRNGSeed(seed)``) before every pair, with OpenCV on one thread
 pair's result never depends on which pairs ran before it, on the worker or on the run.
 
 The stage unit (one per owner shard) verifies the pairs chosen for review
-(``graph/review/{shard}.parquet``, :mod:`tasks.graph.review`) and writes
+(``graph/review/{shard}.parquet``, :mod:`tasks.graph.review`), then the shard's off-centre crop
+candidates (``graph/crops/{shard}.parquet``, :mod:`tasks.graph.crops`; their colourless floor is
+judged by :func:`floor_similarity`, and their ``region`` score is kept), and writes
 ``graph/verified/{shard}.parquet`` (see :data:`tasks.graph.files.VERIFIED_SCHEMA`): both
 keys and SHA-256s, the similarity, keypoints, matches, inliers, score, overlap, agreement,
 agreeing, colourless and the verdict. Results are reused per pair across reruns: a row whose two SHA-256s and
@@ -55,7 +57,7 @@ from PIL import Image
 
 from corpusforge.contract import UnitResult, read_marker, run_unit, unit_fingerprint
 from corpusforge.layout import staging_index, staging_tar
-from tasks.graph.files import VERIFIED_SCHEMA, review_path, verified_path
+from tasks.graph.files import VERIFIED_SCHEMA, crops_path, review_path, verified_path
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.shared.features.decode import DecodeError, decode_rgb
@@ -200,6 +202,13 @@ def verify_pair(a: LocalFeatures, b: LocalFeatures, cfg: VerificationConfig, sim
     return out
 
 
+def floor_similarity(similarity: float, region: float | None) -> float:
+    """What a pair's colourless floor is judged on: its global similarity, or for an off-centre
+    crop candidate (tasks/graph/crops.py) the better of that and the region score that found it
+    (a greyscale original's corner crop scores low globally for the same reason any corner crop does)."""
+    return similarity if region is None else max(similarity, region)
+
+
 def settings_fingerprint(cfg: VerificationConfig) -> str:
     """What a pair's verdict depends on besides the two images' bytes."""
     fields = {k: v for k, v in cfg.recorded().items() if k not in {"mode", "review_low", "review_k"}}
@@ -260,35 +269,39 @@ def records_fingerprint(records_digests: dict[str, str]) -> str:
 
 
 def verify_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str, shard: str,
-                 review_digest: str, records: str) -> UnitResult:
-    """Verify the review pairs owned by ``shard`` (one unit); returns the marker.
-    ``records``: :func:`records_fingerprint` of the corpus."""
+                 review_digest: str, records: str, crops_digest: str | None = None) -> UnitResult:
+    """Verify the review pairs owned by ``shard`` and, with ``crops_digest`` (the SHA-256 of
+    its crop candidates file), the shard's off-centre crop candidates (one unit); returns the
+    marker. ``records``: :func:`records_fingerprint` of the corpus."""
     fp = unit_fingerprint("graph-verify", code_version(__name__), [settings_fingerprint(cfg.verification)],
-                          [review_digest, records])
+                          [review_digest, records, crops_digest])
     return run_unit(out, verified_path(shard), fp,
-                    lambda: _verify(source, out, cfg, read_shard_table(out, shard_table)[0], shard))
+                    lambda: _verify(source, out, cfg, read_shard_table(out, shard_table)[0], shard,
+                                    crops_digest is not None))
 
 
-def _previous(out: Store, shard: str, settings: str) -> dict[tuple[str, str], dict[str, Any]]:
-    """Rows of the last verification of this shard made with the same settings, by SHA pair."""
+def _previous(out: Store, shard: str, settings: str) -> dict[tuple[str, str, bool], dict[str, Any]]:
+    """Rows of the last verification of this shard made with the same settings, by SHA pair
+    and whether the pair was a crop candidate (its colourless floor is judged otherwise)."""
     path = verified_path(shard)
     marker = read_marker(out, path)
     if (marker is None or marker.info.get("settings") != settings or not out.exists(path)
             or out.sha256(path) != marker.outputs.get(path)):
         return {}
     rows = out.read_parquet(verified_path(shard)).to_pylist()
-    return {(r["sha_a"], r["sha_b"]): r for r in rows}
+    return {(r["sha_a"], r["sha_b"], r["region"] is not None): r for r in rows}
 
 
-def _verify(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable, shard: str
+def _verify(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable, shard: str, crops: bool
             ) -> tuple[dict[str, str], dict[str, Any]]:
     vc = cfg.verification
     settings = settings_fingerprint(vc)
     previous = _previous(out, shard, settings)
     pairs = out.read_parquet(review_path(shard)).to_pydict()
-    src = np.asarray(pairs["src"], dtype=np.int64)
-    dst = np.asarray(pairs["dst"], dtype=np.int64)
-    sim = np.asarray(pairs["similarity"], dtype=np.float32)
+    pairs["region"] = [None] * len(pairs["src"])
+    if crops:  # after the review's pairs, which it never repeats (tasks/graph/crops.py)
+        for name, values in out.read_parquet(crops_path(shard)).to_pydict().items():
+            pairs[name] += values
     images = _Images(source, nodes, vc)
     meta: dict[str, tuple[list[str], list[str]]] = {}
 
@@ -300,25 +313,27 @@ def _verify(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable, s
         return meta[s][0][row], meta[s][1][row]
 
     rows = []
-    for a, b, s in zip(src.tolist(), dst.tolist(), sim.tolist(), strict=True):
+    for a, b, s, region in zip(pairs["src"], pairs["dst"], pairs["similarity"], pairs["region"], strict=True):
         (ka, ha), (kb, hb) = key_sha(a), key_sha(b)
-        old = previous.get((ha, hb))
+        old = previous.get((ha, hb, region is not None))
         if old is not None:
             result = {k: old[k] for k in RESULT_FIELDS}
         else:
-            result = verify_pair(images.features(a), images.features(b), vc, s)
+            result = verify_pair(images.features(a), images.features(b), vc, floor_similarity(s, region))
             result = {k: result[k] for k in RESULT_FIELDS}
         rows.append({"src": a, "dst": b, "key_a": ka, "key_b": kb, "sha_a": ha, "sha_b": hb, "similarity": s,
-                     **result})
+                     **result, "region": region})
     table = pa.Table.from_pylist(rows, schema=VERIFIED_SCHEMA)
     outputs = {verified_path(shard): out.write_parquet(verified_path(shard), table)}
     return outputs, {"settings": settings, "pairs": len(rows), "verified": int(sum(r["verified"] for r in rows))}
 
 
 def iter_verified(out: Store, nodes: NodeTable):
-    """(src, dst) global ids of verified pairs, one owner shard at a time."""
+    """(src, dst, crop) of verified pairs, one shard at a time: global ids, and whether the
+    pair was an off-centre crop candidate."""
     for shard in nodes.shards:
-        t = out.read_parquet(verified_path(shard), columns=["src", "dst", "verified"])
+        t = out.read_parquet(verified_path(shard), columns=["src", "dst", "verified", "region"])
         ok = t["verified"].to_numpy(zero_copy_only=False)
-        yield (t["src"].to_numpy()[ok].astype(np.int64), t["dst"].to_numpy()[ok].astype(np.int64))
+        crop = t["region"].is_valid().to_numpy(zero_copy_only=False)
+        yield (t["src"].to_numpy()[ok].astype(np.int64), t["dst"].to_numpy()[ok].astype(np.int64), crop[ok])
 

@@ -293,7 +293,7 @@ def prefetched(items: Iterable[Any], work: Callable[[Any], Any], threads: int, w
             yield pending.popleft().result()
 
 
-def _shard_images(store: Store, shard: str,
+def stream_shard_images(store: Store, shard: str,
                   expected: list[tuple[str, str]]) -> Iterator[tuple[str, bytes | None, str | None]]:
     """Stream ``(key, image bytes, error)`` in shard order; keys the tar lacks are errors."""
     wanted = dict(expected)
@@ -460,7 +460,7 @@ def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, selection: Sele
     if subset is not None and _selected_bytes(store, shard, chosen) < store.size(staging_tar(shard)) * SEQUENTIAL_SHARE:
         source = _ranged_images(store, shard, chosen)
     else:
-        source = _shard_images(store, shard, [(k, e) for k, e, _ in chosen])
+        source = stream_shard_images(store, shard, [(k, e) for k, e, _ in chosen])
     for key, prepared in prefetched(source, work, rt.prefetch_threads, window):
         keys.append(key)
         for run, (array, error) in zip(runs, prepared, strict=True):

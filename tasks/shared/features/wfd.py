@@ -170,6 +170,15 @@ class WeightFreeDescriptor(FeatureModel):
 
     def _layout(self, thumbs: np.ndarray) -> np.ndarray:
         """Summed flip-symmetric squared-DCT features of the region thumbnails [B, R, t, t]."""
+        even, odd = self.layout_parts(thumbs)
+        feats = np.concatenate([_sym_square(even, self._tri_e), _sym_square(odd, self._tri_o)], axis=-1)
+        return feats.sum(axis=1)
+
+    def layout_parts(self, thumbs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each region thumbnail's ([B, R, t, t]) weighted DCT coefficients of even and of odd
+        horizontal frequency, scaled to unit norm together (zero for a flat region). A region's
+        layout feature is their squares, so two regions' layout features have the inner product
+        <even_a, even_b>^2 + <odd_a, odd_b>^2: 63 numbers stand for 1,024 (tasks/graph/crops.py)."""
         coef = np.einsum("kn,brnm,lm->brkl", self._dct, thumbs, self._dct, optimize=False)
         coef = coef.reshape(*coef.shape[:2], K * K)
         even = coef[..., self._even] * self._even_w
@@ -177,9 +186,7 @@ class WeightFreeDescriptor(FeatureModel):
         norm = np.sqrt(np.einsum("...i,...i->...", even, even) + np.einsum("...i,...i->...", odd, odd))
         # a flat region (no structure beyond rounding noise) contributes nothing
         scale = np.where(norm > FLAT_FLOOR, 1.0 / np.maximum(norm, FLAT_FLOOR), 0.0)[..., None]
-        feats = np.concatenate([_sym_square(even * scale, self._tri_e), _sym_square(odd * scale, self._tri_o)],
-                               axis=-1)
-        return feats.sum(axis=1)
+        return even * scale, odd * scale
 
     def fingerprint(self) -> dict[str, Any]:
         return {"model_id": self.model_id, "arch": "wfd", "weights": "none (weight-free)",
