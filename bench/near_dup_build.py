@@ -5,8 +5,10 @@ photographs of one subject) with the defaults (but the licence check: the folder
 licence column), off-centre crop candidates on (the default) and off
 (``near_dedup.crop_candidates: 0``), and, asked for, SSCD int8 self-calibrated on the set
 (``calibrate: auto``, which verifies) and the same with GPIC's rule; alternated, in this one run. Reads each build's
-manifest: a planted copy is found when the removals (``duplicate_of``) join it to its
-original; a removal is false when it joins two different pictures. Prints found copies per
+manifest: a planted copy is found when it and its original are linked (one near-duplicate
+component) and not both kept, as the in-memory bench counts a pair, and joined when the removals
+(``duplicate_of``) join it to its original; a removal is false when it joins two different
+pictures. Prints found copies per
 transform, false removals, and the build's CPU time (this process and the embedded
 cluster's workers) with crops over without, wall time beside it.
 
@@ -40,22 +42,30 @@ import real_photos  # noqa: E402
 from flows.build_corpus import BuildConfig, build  # noqa: E402
 
 
-def manifest(out: Path) -> tuple[dict[str, str], list[tuple[str, str]]]:
-    """Every picture's status, and (removed picture, the picture it duplicates) of every
-    removal, by file stem."""
-    table = ds.dataset(str(out / "manifest")).to_table(columns=["key", "source_path", "status", "duplicate_of"])
-    stem = {k: Path(p).stem for k, p in zip(table["key"].to_pylist(), table["source_path"].to_pylist(), strict=True)}
-    status = {stem[k]: s for k, s in zip(table["key"].to_pylist(), table["status"].to_pylist(), strict=True)}
-    return status, [(stem[k], stem[d]) for k, d in zip(table["key"].to_pylist(), table["duplicate_of"].to_pylist(),
-                                                        strict=True) if d is not None]
+def manifest(out: Path) -> tuple[dict[str, str], list[tuple[str, str]], dict[str, int | None]]:
+    """Every picture's status; (removed picture, the picture it duplicates) of every removal;
+    every picture's near-duplicate component (an exact duplicate's is its kept twin's), by file stem."""
+    rows = ds.dataset(str(out / "manifest")).to_table(
+        columns=["key", "source_path", "status", "duplicate_of", "component_id"]).to_pylist()
+    stem = {r["key"]: Path(r["source_path"]).stem for r in rows}
+    component = {r["key"]: r["component_id"] for r in rows}
+    status = {stem[r["key"]]: r["status"] for r in rows}
+    removed = [(stem[r["key"]], stem[r["duplicate_of"]]) for r in rows if r["duplicate_of"] is not None]
+    twin = {r["key"]: r["duplicate_of"] for r in rows if r["status"] == "exact_duplicate"}
+    return status, removed, {stem[k]: component[twin.get(k, k)] for k in stem}
 
 
 BEFORE_THE_GRAPH = ("filtered", "error")  # statuses of pictures the graph never saw (e.g. too small)
 
 
-def judged(truth: dict, status: dict[str, str], removed: list[tuple[str, str]]) -> dict:
-    """Planted copies found per transform (of those whose copy and original both reached the
-    graph), natural variants found, false removals, copies the build filtered before."""
+def judged(truth: dict, status: dict[str, str], removed: list[tuple[str, str]],
+           component: dict[str, int | None]) -> dict:
+    """Planted copies found per transform, of those whose copy and original both reached the
+    graph, two ways: ``found``, the pair linked (one near-duplicate component) and not both
+    kept, as the in-memory bench and the issue count a pair; ``joined``, the copy joined to its
+    original through the removals, so no other copy of the picture stays beside it (GPIC's
+    pairwise rule can keep a copy whose original went for another copy). Natural variants
+    found, false removals, copies the build filtered before."""
     group = {}
     for r in truth["records"]:
         group[r["key"]] = r["group"] if r["transform"] is None else None
@@ -72,7 +82,12 @@ def judged(truth: dict, status: dict[str, str], removed: list[tuple[str, str]]) 
 
     for a, b in removed:
         parent[root(a)] = root(b)
+
+    def linked(a: str, b: str) -> bool:
+        return component[a] is not None and component[a] == component[b] and not status[a] == status[b] == "kept"
+
     found: Counter[str] = Counter()
+    joined: Counter[str] = Counter()
     total: Counter[str] = Counter()
     before: Counter[str] = Counter()
     for r in truth["records"]:
@@ -81,11 +96,14 @@ def judged(truth: dict, status: dict[str, str], removed: list[tuple[str, str]]) 
         if status[r["key"]] in BEFORE_THE_GRAPH or status[r["copy_of"]] in BEFORE_THE_GRAPH:
             before[f"{r['transform']}: {status[r['key']]}/{status[r['copy_of']]}"] += 1
             continue
+        copy, original = r["key"], r["copy_of"]
         total[r["transform"]] += 1
-        found[r["transform"]] += root(r["key"]) == root(r["copy_of"])
-    natural = sum(root(a) == root(b) for a, b in truth["natural"])
+        joined[r["transform"]] += root(copy) == root(original)
+        found[r["transform"]] += linked(copy, original)
+    natural = sum(linked(a, b) for a, b in truth["natural"])
     false = [(a, b) for a, b in removed if group[a] != group[b]]
-    return {"found": dict(found), "total": dict(total), "natural": natural, "natural_total": len(truth["natural"]),
+    return {"found": dict(found), "joined": dict(joined), "total": dict(total), "natural": natural,
+            "natural_total": len(truth["natural"]),
             "false": false, "statuses": dict(Counter(status.values())), "before_the_graph": dict(before)}
 
 
@@ -163,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     for run in args.runs:
         r = results[run]
         share = sum(r["found"].values()) / planted
-        print(f"{run}: {sum(r['found'].values())} of {planted} planted copies found ({share:.1%}), natural "
+        print(f"{run}: {sum(r['found'].values())} of {planted} planted copies found ({share:.1%}; joined to their "
+              f"original through the removals: {sum(r['joined'].values())}), natural "
               f"{r['natural']} of {r['natural_total']}, false removals {len(r['false'])} {r['false'][:5]}, "
               f"statuses {r['statuses']}, build wall s {', '.join(f'{s:.1f}' for s in times[run])}, "
               f"CPU s {', '.join(f'{s:.1f}' for s in cpus[run])}")
