@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image, ImageDraw
@@ -221,3 +222,26 @@ def test_mode_auto_verifies_for_wfd_and_for_a_self_calibrated_learned_model():
     assert NearDedupConfig(model_id="sscd_onnx_s224", calibrate="auto").verifying
     assert not NearDedupConfig(model_id="sscd_onnx_s224", calibrate="auto",
                                verification={"mode": "gpic_exact"}).verifying
+
+
+def test_a_pair_whose_floor_similarity_moved_is_verified_again(photos, tmp_path, monkeypatch):
+    """A verdict depends on the images, the settings and the similarity its colourless floor is
+    judged on: a reused row must have all three unchanged (a crop's region or a model's scores
+    can move while the bytes stay)."""
+    from tasks.graph.nodes import NodeTable
+
+    store, _ = _build(tmp_path / "a", photos)
+    cfg = NearDedupConfig(verification=VerificationConfig(review_min_similarity=0.4))
+    nodes = NodeTable.from_json(store.read_json("graph/nodes.json"))
+    review = store.read_parquet("graph/review/000000.parquet").to_pydict()
+    assert len(review["src"]) > 1
+    calls = []
+    real = verify_module.verify_pair
+    monkeypatch.setattr(verify_module, "verify_pair", lambda *x: calls.append(x[3]) or real(*x))
+    verify_module._verify(store, store, cfg, nodes, "000000", False)
+    assert calls == []  # every pair's images, settings and similarity as before: all reused
+    review["similarity"][0] = min(0.99, review["similarity"][0] + 0.05)
+    schema = store.read_parquet("graph/review/000000.parquet").schema
+    store.write_parquet("graph/review/000000.parquet", pa.Table.from_pydict(review, schema=schema))
+    verify_module._verify(store, store, cfg, nodes, "000000", False)
+    assert calls == [pytest.approx(review["similarity"][0], abs=1e-6)]

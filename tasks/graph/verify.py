@@ -42,8 +42,8 @@ candidates (``graph/crops/{shard}.parquet``, :mod:`tasks.graph.crops`; their col
 judged by :func:`floor_similarity`, and their ``region`` score is kept), and writes
 ``graph/verified/{shard}.parquet`` (see :data:`tasks.graph.files.VERIFIED_SCHEMA`): both
 keys and SHA-256s, the similarity, keypoints, matches, inliers, score, overlap, agreement,
-agreeing, colourless and the verdict. Results are reused per pair across reruns: a row whose two SHA-256s and
-verification settings are unchanged is copied from the previous file instead of recomputed.
+agreeing, colourless and the verdict. Results are reused per pair across reruns: a row whose two SHA-256s,
+floor similarity and verification settings are unchanged is copied from the previous file instead of recomputed.
 """
 
 from __future__ import annotations
@@ -280,16 +280,18 @@ def verify_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: s
                                     crops_digest is not None))
 
 
-def _previous(out: Store, shard: str, settings: str) -> dict[tuple[str, str, bool], dict[str, Any]]:
-    """Rows of the last verification of this shard made with the same settings, by SHA pair
-    and whether the pair was a crop candidate (its colourless floor is judged otherwise)."""
+def _previous(out: Store, shard: str, settings: str) -> dict[tuple[str, str, float], dict[str, Any]]:
+    """Rows of the last verification of this shard made with the same settings, by SHA pair and
+    the similarity its colourless floor was judged on (:func:`floor_similarity`): what a verdict
+    depends on besides the settings, so a pair whose score moved (a crop candidate's region, a
+    feature model's new scores) is verified again, as a fresh build would."""
     path = verified_path(shard)
     marker = read_marker(out, path)
     if (marker is None or marker.info.get("settings") != settings or not out.exists(path)
             or out.sha256(path) != marker.outputs.get(path)):
         return {}
     rows = out.read_parquet(verified_path(shard)).to_pylist()
-    return {(r["sha_a"], r["sha_b"], r["region"] is not None): r for r in rows}
+    return {(r["sha_a"], r["sha_b"], floor_similarity(r["similarity"], r["region"])): r for r in rows}
 
 
 def _verify(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable, shard: str, crops: bool
@@ -315,7 +317,7 @@ def _verify(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable, s
     rows = []
     for a, b, s, region in zip(pairs["src"], pairs["dst"], pairs["similarity"], pairs["region"], strict=True):
         (ka, ha), (kb, hb) = key_sha(a), key_sha(b)
-        old = previous.get((ha, hb, region is not None))
+        old = previous.get((ha, hb, floor_similarity(s, region)))
         if old is not None:
             result = {k: old[k] for k in RESULT_FIELDS}
         else:
