@@ -349,6 +349,7 @@ def calibrated_verifying(sims: np.ndarray, keys: list[str], groups: dict[str, st
     pair plus ``margin`` remove on their own, band pairs down to the copies' 5 % quantile less
     the margin are verified."""
     from tasks.graph.self_calibration import Calibration, chosen_thresholds
+    from tasks.graph.self_calibration_unit import calibrated
 
     index = {k: i for i, k in enumerate(keys)}
     link = calibrated_link(sims, keys, groups, margin)
@@ -362,10 +363,7 @@ def calibrated_verifying(sims: np.ndarray, keys: list[str], groups: dict[str, st
                           review=base.verification.review_min_similarity)
     if not t["fitted"]:
         raise SystemExit(f"SSCD self-calibration did not fit: {t['reason']}")
-    return base.model_copy(update={k: t[k] for k in ("edge_min_similarity", "component_link_above",
-                                                     "pair_removal_above")}
-                           | {"verification": base.verification.model_copy(
-                               update={"review_min_similarity": t["review_min_similarity"]})})
+    return calibrated(base, {"thresholds": t})  # as the stage applies a calibration record
 
 
 def main(argv: list[str] | None = None) -> int:
