@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import pickle
 
+import numpy as np
 import pytest
 
+from corpusforge.feature_files import write_shard_features
 from corpusforge.storage import Store
 from tasks.contamination import image_scan as scan
+from tasks.contamination.config import IvfConfig
+from tasks.contamination.files import found_matches_path
 from tasks.contamination.selection import select_splits, write_shard_list
 from tasks.shared.features.wfd import WeightFreeDescriptor
 from tasks.shared.pair_score import PairScore
@@ -49,6 +53,37 @@ def test_a_scan_task_names_its_sides_by_digest_whatever_the_shard_count(tmp_path
     scan._SIDE_CACHE.clear()
     with pytest.raises(ValueError, match="changed while a contamination scan ran"):
         target.shards
+
+
+def _features(store: Store, shards: int, per_shard: int, seed: int) -> list[str]:
+    """``shards`` feature shards of a 16-d model, ``per_shard`` random unit vectors each."""
+    rng = np.random.default_rng(seed)
+    names = [f"{i:06d}" for i in range(shards)]
+    for shard in names:
+        keys = [f"{shard}-{j}" for j in range(per_shard)]
+        x = rng.standard_normal((per_shard, 16)).astype(np.float16)
+        write_shard_features(store, "m16", shard, keys, ["0" * 64] * per_shard, [True] * per_shard,
+                             [None] * per_shard, x, "fp", {"model": {"model_id": "m16", "arch": "test"}})
+    return names
+
+
+def test_an_ivf_scan_task_carries_the_index_in_constant_bytes_and_finds_each_shards_keys(tmp_path):
+    # each target shard's first id lived in the built index's result, a parameter of every scan
+    # task: O(shards), ~0.9 MB at 10⁵ shards; now a file beside the index, pinned by its SHA-256
+    size = {}
+    for shards in (20, 600):
+        out, corpus = Store(str(tmp_path / f"out{shards}")), Store(str(tmp_path / f"corpus{shards}"))
+        target = scan.write_side(out, "images-target", corpus, "m16", _features(corpus, shards, 8, shards))
+        rule = scan.pair_rule(target, target)
+        built = scan.build_scan_index(out, "images", target, target.digest(), IvfConfig(nlist=4, nprobe=4), rule)
+        size[shards] = len(pickle.dumps(built, protocol=pickle.HIGHEST_PROTOCOL))
+        last = target.shards[-1]
+        query = scan.write_side(out, "images-query", corpus, "m16", [last])  # the target's own vectors
+        scan.scan_shard_ivf(out, "images", query, last, target, "images", built, 1, rule)
+        found = out.read_parquet(found_matches_path("images", last))
+        assert found["target_key"].to_pylist() == found["query_key"].to_pylist()  # each finds itself
+        assert set(found["target_shard"].to_pylist()) == {last}
+    assert size[600] - size[20] < 64, size  # the digits of a count, not a list of shards
 
 
 def test_a_split_selection_reads_its_shards_from_the_list_it_is_given(tmp_path):

@@ -59,6 +59,12 @@ def contamination_index(name: str) -> str:
     return f"{CONTAMINATION_INDEX}/{name}.faiss"
 
 
+def contamination_index_offsets(name: str) -> str:
+    """Each target shard's first id in the index (``first_id``, one row a shard and a last row
+    of the total): a file beside the index, so a scan task's parameters stay O(1) in shards."""
+    return f"{CONTAMINATION_INDEX}/{name}.offsets.parquet"
+
+
 def found_matches_path(scan: str, chunk: str) -> str:
     return f"{CONTAMINATION_FOUND}/{scan}/{chunk}.parquet"
 

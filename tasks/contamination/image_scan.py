@@ -43,8 +43,8 @@ from corpusforge.contract import UnitResult, read_pinned, run_unit, unit_fingerp
 from corpusforge.feature_files import read_shard_features, require_features
 from corpusforge.hashing import canonical_json, fingerprint, stable_uniform
 from corpusforge.layout import feature_keys
-from tasks.contamination.files import (CONTAMINATION_FOUND, MATCH_SCHEMA, contamination_index, found_matches_path,
-                                       select_path)
+from tasks.contamination.files import (CONTAMINATION_FOUND, MATCH_SCHEMA, contamination_index,
+                                       contamination_index_offsets, found_matches_path, select_path)
 from corpusforge.storage import Store
 from corpusforge.tarshard import HashingWriter
 from corpusforge.version import code_version
@@ -289,12 +289,13 @@ def check_index_size(scan: str, n_vectors: int, form_dim: int, storage: str, lim
 
 
 class ScanIndexInfo(TypedDict):
-    """A built scan index's marker info (:func:`build_scan_index`); ``offsets``: each target shard's first id."""
+    """A built scan index's marker info (:func:`build_scan_index`); each target shard's first id
+    is a file beside the index (:func:`contamination_index_offsets`), not info: the result is
+    every scan task's parameter."""
 
     plan: dict[str, Any]
     dim: int
     n_vectors: int
-    offsets: list[int]
     pair_score: dict[str, Any]
 
 
@@ -351,24 +352,30 @@ def build_scan_index(out: Store, name: str, target: ScanSide, target_digest: str
         with out.atomic_write(rel) as f:
             sink = HashingWriter(f)
             faiss.write_index(index, faiss.PyCallbackIOWriter(sink.write))
-        return {rel: sink.sha256}, {"plan": plan, "dim": int(dim), "n_vectors": int(offsets[-1]),
-                                    "offsets": offsets, "pair_score": rule.to_json()}
+        first = contamination_index_offsets(name)
+        first_sha = out.write_parquet(first, pa.table({"first_id": pa.array(offsets, pa.int64())}))
+        return {rel: sink.sha256, first: first_sha}, {"plan": plan, "dim": int(dim), "n_vectors": int(offsets[-1]),
+                                                      "pair_score": rule.to_json()}
 
     return run_unit(out, rel, fp, compute)
 
 
-_INDEX_CACHE: dict[tuple[str, str], faiss.Index] = {}
+_INDEX_CACHE: dict[tuple[str, str], tuple[faiss.Index, np.ndarray]] = {}
 
 
-def load_scan_index(out: Store, name: str, built: UnitResult[ScanIndexInfo]) -> faiss.Index:
-    """The saved index, read once per process (keyed by its fingerprint)."""
+def load_scan_index(out: Store, name: str, built: UnitResult[ScanIndexInfo]) -> tuple[faiss.Index, np.ndarray]:
+    """The saved index and each target shard's first id in it, read once per process (keyed
+    by the index's fingerprint; the ids pinned by their SHA-256)."""
     key = (out.path(contamination_index(name)), built.fingerprint)
     if key not in _INDEX_CACHE:
         _INDEX_CACHE.clear()
         with out.open(contamination_index(name)) as f:  # streamed: never the file's bytes and the index at once
             index = faiss.read_index(faiss.PyCallbackIOReader(f.read))
         faiss.extract_index_ivf(index).nprobe = built.info["plan"]["nprobe"]
-        _INDEX_CACHE[key] = index
+        first = contamination_index_offsets(name)
+        data = read_pinned(out, first, built.outputs[first], f"the contamination scan '{name}'")
+        offsets = pq.read_table(io.BytesIO(data))["first_id"].to_numpy()
+        _INDEX_CACHE[key] = index, offsets
     return _INDEX_CACHE[key]
 
 
@@ -395,12 +402,11 @@ def scan_shard_ivf(out: Store, scan: str, query: ScanSide, shard: str, target: S
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         v = load_shard(query, shard)
-        index = load_scan_index(out, index_name, built)
+        index, offsets = load_scan_index(out, index_name, built)
         depth = k + sim.RESCORE_EXTRA
         forms = rule.query_forms(v.x)
         _, found = (sim.ivf_search_by_list(index, forms, depth, probes=rule.probe_parts(forms))
                     if len(v.keys) else sim.empty_topk(0, depth))
-        offsets = np.asarray(built.info["offsets"], dtype=np.int64)
         lookup, vectors = _resolve(target, offsets, found)
         sims, ids = sim.rescore_topk(v.x, found, vectors, k, rule)
         table = match_table(v.keys, sims, ids, lookup)
