@@ -465,6 +465,9 @@ class Step:
     linear: bool = True
     max_n: int | None = None  # larger sizes are not run (too slow here): reported as unmeasured there
     refused: str | None = None  # the feature model whose index the graph stage refuses above a size
+    # the build runs the step only up to this many vectors (documented); sizes above it are not
+    # run, the largest size run is this one, and there is no projection past it
+    off_above: int | None = None
     # N -> what each of the step's task kinds grows with (default: N); its peak is projected by that
     task_sizes: Callable[[int], dict[str, int]] | None = None
     # N -> the facts that set the step's growth law (a count that stops at a cap, ...), computed by
@@ -809,16 +812,20 @@ def analyse(name: str, runs: list[dict[str, Any]], expected: list[int], acceptan
     (with ``acceptance``, also fewer than 3 sizes or none at 1M)."""
     st = STEPS[name]
     ns = [r["n"] for r in runs]
+    off = st.off_above
     unmeasured = [f"not run at N={_n(n)}" + (f" (max_n {_n(st.max_n)})" if st.max_n and n > st.max_n else "")
-                  for n in expected if n not in ns]
-    if acceptance and (len(ns) < 3 or max(ns) < 1_000_000):
-        unmeasured.append(f"measured at {len(ns)} size(s) up to N={_n(max(ns))}: needs 3 or more, up to 1M")
+                  for n in expected if n not in ns and not (off and n > off)]
+    top = min(1_000_000, off or 1_000_000)
+    if acceptance and (len(ns) < 3 or max(ns) < top):
+        unmeasured.append(f"measured at {len(ns)} size(s) up to N={_n(max(ns))}: needs 3 or more, up to {_n(top)}")
     base = max(r["base_rss"] for r in runs)
     out: dict[str, Any] = {"sizes": ns, "projections": {}, "broken": [], "unmeasured": unmeasured}
     refused = refused_above(st.refused) if st.refused else None
     out["refused_above"], out["refused_at"], out["notes"] = refused, set(), []
+    if off:
+        out["notes"].append(f"off above {off:,d} vectors (documented)")
     for n in PROJECT:
-        if refused is not None and n > refused:  # nothing is built above it: no projection is a step's cost
+        if (refused is not None and n > refused) or (off and n > off):  # not run there: no projection is its cost
             out["refused_at"].add(n)
             continue
         try:
@@ -921,7 +928,8 @@ def report(results: dict[str, list[dict[str, Any]]], expected: list[int], markdo
         rows.append((name, STEPS[name].role, ", ".join(_n(n) for n in a["sizes"]),
                      " / ".join(_b(b) for b in a.get("b_cpu_s", (None, None))),
                      " / ".join(_b(b) for b in a.get("b_files_opened", (None, None))),
-                     *(("refused" if n in a["refused_at"] else pr[n][key].show(fmt))
+                     *((("off" if STEPS[name].off_above else "refused") if n in a["refused_at"]
+                        else pr[n][key].show(fmt))
                        for n, key, fmt in ((p8, "cpu", _secs), (p9, "cpu", _secs), (p8, "rss", _size),
                                            (p9, "rss", _size), (p8, "params", _size))),
                      bound,
@@ -954,7 +962,9 @@ def sizes_for(name: str, sizes: list[int]) -> list[int]:
     also the size where the regime of 10⁸ starts (rounded up) when fewer than two of the sizes
     asked for are in it and it starts below the largest, so its projections have two points."""
     st = STEPS[name]
-    chosen = [n for n in sizes if st.max_n is None or n <= st.max_n]
+    chosen = [n for n in sizes if (st.max_n is None or n <= st.max_n) and (st.off_above is None or n <= st.off_above)]
+    if st.off_above and any(n > st.off_above for n in sizes):
+        chosen = sorted({*chosen, st.off_above})
     if st.regime is None or not chosen:
         return chosen
     target, top = st.regime(PROJECT[0]), max(chosen)

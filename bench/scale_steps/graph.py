@@ -23,13 +23,16 @@ removed): ``graph_merge`` (every group, each in a process of its own), ``graph_k
 (the k-NN cap check's node degrees), ``graph_recall``, ``graph_review``, ``graph_verify``
 (the shard owning the most review pairs; the bench's images are a few bytes, so this is
 the task's reads and bookkeeping, not its decoding), ``graph_decisions``,
-``graph_collision`` and ``graph_calibration``; ``graph_collision_guard`` is the
+``graph_collision``, ``graph_calibration`` and ``graph_crop_candidates`` (one shard's
+off-centre crop search on planted region files; the build runs it only up to the flat
+index's size, so neither does the bench); ``graph_collision_guard`` is the
 collision models task with its sample capped small (:data:`COLLISION_GUARD_CAP`), so the
 scale guard's sizes lie in the regime of 10⁸.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -564,7 +567,79 @@ def run_calibration(store, sc: Scale, data: str) -> dict[str, Any]:
 STEPS["graph_collision_guard"] = Step("graph_collision_guard", _collision(COLLISION_GUARD_CAP), _GRAPH_NEEDS, "task",
                                       ("tasks.graph.stage",), regime=_collision_regime(COLLISION_GUARD_CAP))
 
-_ONE_OFF = ["graph_merge", "graph_knn_cap", "graph_recall", "graph_review", "graph_verify", "graph_decisions"]
+CROP_LINK_RATE = 0.04  # windows that are a noisy copy of another picture's whole frame: ~1 partner a picture
+
+
+def write_regions(store, sc: Scale, data: str) -> None:
+    """Every shard's region file in the crops' format (float16 [n, 1 + WINDOWS, 63], each
+    region scaled as region_parts scales it) and their digest list: random layouts, and
+    :data:`CROP_LINK_RATE` of the windows a noisy copy of the whole frame of a picture anywhere
+    in the corpus, so each picture has about one candidate and a shard's partners lie in
+    every shard, as a corpus's crops and their originals do. The list's digest goes to
+    ``regions-512g.json``."""
+    from tasks.graph.crops import WINDOWS, region_dims
+    from tasks.graph.files import regions_path
+    from tasks.graph.nodes import plan_nodes, write_shard_digests
+
+    split, dims = region_dims()
+    out = _graph_out(data, GRAPH_TAG)
+    nodes = plan_nodes(store, [shard_name(s) for s in range(sc.shards)])
+    frames = np.random.default_rng(11).standard_normal((nodes.n_nodes, dims)).astype(np.float32)
+
+    def scaled(x: np.ndarray) -> np.ndarray:
+        norm = ((x[..., :split] ** 2).sum(-1) ** 2 + (x[..., split:] ** 2).sum(-1) ** 2) ** 0.25
+        return (x / norm[..., None]).astype(np.float16)
+
+    digests = []
+    for i, shard in enumerate(nodes.shards):
+        rng = np.random.default_rng(1000 + i)
+        lo, hi = int(nodes.offsets[i]), int(nodes.offsets[i + 1])
+        windows = rng.standard_normal((hi - lo, WINDOWS, dims)).astype(np.float32)
+        linked = rng.random((hi - lo, WINDOWS)) < CROP_LINK_RATE
+        of = rng.integers(0, nodes.n_nodes, int(linked.sum()))
+        windows[linked] = frames[of] + 0.3 * rng.standard_normal((len(of), dims)).astype(np.float32)
+        parts = scaled(np.concatenate([frames[lo:hi, None], windows], axis=1))
+        with out.atomic_write(regions_path(shard)) as f:
+            np.save(f, parts, allow_pickle=False)
+        digests.append(out.sha256(regions_path(shard)))
+    with open(os.path.join(data, f"regions-{GRAPH_TAG}.json"), "w") as f:
+        json.dump({"regions": write_shard_digests(out, "regions", nodes, digests)}, f)
+
+
+INPUTS["regions512"] = lambda store, sc, src: write_regions(store, sc, os.path.dirname(src))
+
+
+@step("graph_crop_candidates", (*_GRAPH_NEEDS, "regions512"), "task", ("tasks.graph.stage",))
+def run_crop_candidates(store, sc: Scale, data: str) -> dict[str, Any]:
+    """One crop-candidates task (the middle shard), as the stage calls it: its frames against
+    every shard's windows, its partners' features read to score them. The build runs these
+    units only with the flat index (``index.flat_max_vectors``, 200k vectors by default): the
+    search is exhaustive, so a task's work grows with N and the S tasks' with N² (it is off
+    above, where an index over the windows would be needed; tasks/graph/crops.py)."""
+    from corpusforge.contract import UnitResult, marker_path
+    from tasks.graph.crops import crop_candidates_shard
+    from tasks.graph.files import crops_path
+    from tasks.graph.nodes import plan_nodes
+    from tasks.shared.pair_score import PairScore
+
+    out, state = _graph_out(data, GRAPH_TAG), _graph_state(data)
+    with open(os.path.join(data, f"regions-{GRAPH_TAG}.json")) as f:
+        regions = json.load(f)["regions"]
+    shard = plan_nodes(store, [shard_name(s) for s in range(sc.shards)]).shards[sc.shards // 2]
+    rule = PairScore.from_model(_model(MODEL_512)[1]).to_json()
+    index = UnitResult("0" * 64, {}, "0" * 64, {"pair_score": rule, "plan": {"kind": "flat"}}, action="skipped")
+    out.remove(marker_path(crops_path(shard)))
+    kwargs = dict(source=store, out=out, cfg=_near_config(MODEL_512), shard_table=state["table"], shard=shard,
+                  regions=regions, index=index)
+    found = crop_candidates_shard(**kwargs).info
+    return {"tasks": sc.shards, "params": [kwargs], "candidates": found["candidates"], "pairs": found["pairs"]}
+
+
+STEPS["graph_crop_candidates"] = dataclasses.replace(STEPS["graph_crop_candidates"],
+                                                     off_above=_near_config(MODEL_WFD).index.flat_max_vectors)
+
+_ONE_OFF = ["graph_merge", "graph_knn_cap", "graph_recall", "graph_review", "graph_verify", "graph_decisions",
+            "graph_crop_candidates"]
 FIXED.extend(["graph_driver", "faiss_build_512pq", "faiss_query_512pq", "faiss_build_512pq_guard",
               "faiss_query_512pq_guard", *_ONE_OFF, "graph_collision", "graph_calibration", "graph_collision_guard"])
 # graph_collision's 10⁸ regime (the default cap) is out of reach at quick sizes: the guard runs its capped form
