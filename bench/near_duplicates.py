@@ -69,7 +69,7 @@ from tasks.graph.config import VERIFY_MAX_SIDE, NearDedupConfig  # noqa: E402
 from tasks.shared.pair_score import PairScore  # noqa: E402
 from tasks.graph.crops import QUERY_BATCH, BestPartners, best_windows, region_model, region_parts  # noqa: E402
 from tasks.graph.review import chosen, in_band, update_top_k  # noqa: E402
-from tasks.graph.verify import floor_similarity, local_features, verify_pair  # noqa: E402
+from tasks.graph.verify import floor_similarity, local_features, mirrored, verify_pair, verify_with_mirror  # noqa: E402
 
 GPIC_THRESHOLDS = (0.90, 0.9625)
 
@@ -159,7 +159,8 @@ def verified_band(root: Path, records: list[dict], keys: list[str], sims: np.nda
                   ) -> tuple[dict[str, set[str]], dict, float]:
     """The pipeline's mode gpic_verified on a similarity matrix: band pairs in [review_min_similarity,
     pair_removal_above] chosen by :mod:`tasks.graph.review` (review_k best of either image) and
-    verified with :func:`tasks.graph.verify.verify_pair`; verified links, per-pair results, seconds."""
+    verified with :func:`tasks.graph.verify.verify_with_mirror` (the mirrored try for a model that is not
+    flip-symmetric, ``cfg.mirroring``); verified links, per-pair results, seconds."""
     vc = cfg.verification
     path = {r["key"]: root / r["path"] for r in records}
     s32 = sims.astype(np.float32)
@@ -178,7 +179,9 @@ def verified_band(root: Path, records: list[dict], keys: list[str], sims: np.nda
     linked: dict[str, set[str]] = {k: set() for k in keys}
     checked = {}
     for i, j in zip(a[pick].tolist(), b[pick].tolist(), strict=True):
-        checked[(keys[i], keys[j])] = r = verify_pair(feats(keys[i]), feats(keys[j]), vc, float(s32[i, j]))
+        flipped = (lambda j=j: mirrored(feats(keys[j]))) if cfg.mirroring else None
+        checked[(keys[i], keys[j])] = r = verify_with_mirror(feats(keys[i]), feats(keys[j]), flipped, vc,
+                                                             float(s32[i, j]))
         if r["verified"]:
             linked[keys[i]].add(keys[j])
     return linked, {"band_pairs": int(len(a)), "checked": checked, "features": cache}, time.perf_counter() - start
@@ -342,7 +345,7 @@ def calibrated_link(sims: np.ndarray, keys: list[str], groups: dict[str, str], m
 
 
 def calibrated_verifying(sims: np.ndarray, keys: list[str], groups: dict[str, str],
-                         pairs: list[tuple[str, str, str]], margin: float) -> NearDedupConfig:
+                         pairs: list[tuple[str, str, str]], margin: float, model_id: str) -> NearDedupConfig:
     """The stage's thresholds for a learned model run with verification (``verification.mode:
     gpic_verified``), from a planted sample by the stage's own rule
     (:func:`tasks.graph.self_calibration.chosen_thresholds`): pairs above the closest unrelated
@@ -358,7 +361,7 @@ def calibrated_verifying(sims: np.ndarray, keys: list[str], groups: dict[str, st
         if edit != "natural" and copy in index and original in index:
             copies.setdefault(edit, []).append(float(sims[index[copy], index[original]]))
     cal = Calibration(0, margin, round(link, 4), link - margin, {}, copies)
-    base = NearDedupConfig(verification={"mode": "gpic_verified"})
+    base = NearDedupConfig(model_id=model_id, verification={"mode": "gpic_verified"})
     t = chosen_thresholds(cal, verifying=True, edge=base.edge_min_similarity,
                           review=base.verification.review_min_similarity)
     if not t["fitted"]:
@@ -463,7 +466,8 @@ def main(argv: list[str] | None = None) -> int:
                 results[name] = {**score(linked_at(s_keys, s_sims, threshold), s_groups, pairs, data.subject),
                                  "ms_per_image": 1000 * s_enc / len(s_keys)}
             if args.real:  # the learned path with verification, thresholds from the held seed
-                s_cfg = calibrated_verifying(c_sims, c_keys, held.group(c_keys), held.pairs, args.margin)
+                s_cfg = calibrated_verifying(c_sims, c_keys, held.group(c_keys), held.pairs, args.margin,
+                                             spec.model_id)
                 s_band, _, s_verify = verified_band(root, records, s_keys, s_sims, s_cfg)
                 s_at = {k: set(linked_at(s_keys, s_sims, s_cfg.link_above)[k]) | s_band.get(k, set())
                         for k in s_keys}

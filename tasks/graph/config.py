@@ -15,6 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, WithJsonSchema, model_validator
 
 from corpusforge.config import Similarity, StrictModel
+from tasks.shared.features.config import flip_symmetric
 from tasks.shared.ivf import IVF_TRAIN_PER_LIST
 
 GPIC_SOURCE_POOL = 110_569_761  # images in GPIC's source pool (Fig. 6 extrapolation target)
@@ -261,6 +262,14 @@ class NearDedupConfig(StrictModel):
         mode = self.verification.mode
         return mode == "gpic_verified" or (mode == "auto" and (self.model_id.startswith("wfd")
                                                                  or self.calibrate == "auto"))
+
+    @property
+    def mirroring(self) -> bool:
+        """Whether a review pair that fails verification is tried once more with its second picture
+        mirrored (tasks/graph/verify.py): for a model that is not flip-symmetric, whose band holds
+        mirrored copies that local features do not match. wfd's mirrored copies score above the
+        pair threshold."""
+        return self.verifying and not flip_symmetric(self.model_id)
 
     @property
     def cropping(self) -> bool:

@@ -34,8 +34,8 @@ from tasks.graph.components import UnionFind, component_sizes
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.edges import iter_edges
 from tasks.graph.nodes import NodeTable, read_shard_digests, read_shard_table, records_path
-from tasks.graph.two_tier import (COMPONENT, TIER1, VERIFIED, VERIFIED_CROP, TierOnePartners, decide,
-                                  keys_as_bytes, priority_rank, reason_texts)
+from tasks.graph.two_tier import (COMPONENT, TIER1, VERIFIED, VERIFIED_CROP, VERIFIED_MIRROR, TierOnePartners,
+                                  decide, keys_as_bytes, priority_rank, reason_texts)
 from tasks.graph.verify import iter_verified
 
 DECISION_SCHEMA = NEAR_DECISION_SCHEMA
@@ -100,7 +100,7 @@ def decide_near_duplicates(source: Store, out: Store, cfg: NearDedupConfig, shar
     fp = unit_fingerprint("graph-decisions", code_version(__name__, "tasks.graph.two_tier"),
                           [cfg.component_link_above, cfg.pair_removal_above, cfg.min_component_size,
                            adv.chain_min_hop1_fraction, adv.chain_max_hops, adv.report_top, cfg.verifying,
-                           cfg.verification.min_inliers if cfg.verifying else None, cfg.cropping],
+                           cfg.verification.min_inliers if cfg.verifying else None, cfg.cropping, cfg.mirroring],
                           [nodes.to_json(), *lists])
     return run_unit(out, GRAPH_DECISIONS, fp, lambda: _decide(source, out, cfg, nodes))
 
@@ -126,7 +126,7 @@ def _decide(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable
         involved[src[cand]] = involved[dst[cand]] = True
         uf.union(src[cand], dst[cand])
     if cfg.verifying:
-        for src, dst, _ in iter_verified(out, nodes):
+        for src, dst, _, _ in iter_verified(out, nodes):
             involved[src] = involved[dst] = True
             uf.union(src, dst)
     roots = uf.roots()
@@ -157,14 +157,15 @@ def _decide(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable
         big = sizes[src] >= cfg.min_component_size
         big_edges.append((src[big], dst[big], sim[big]))
     verified = None
-    if cfg.verifying:  # verified pairs: tier-1 partners of their own (any score passes; a review pair before a crop)
-        verified = TierOnePartners(n, -np.inf)
-        for src, dst, crop in iter_verified(out, nodes):
-            verified.add(src, dst, np.where(crop, 0, 1).astype(np.float32), rank)
+    if cfg.verifying:  # verified pairs: tier-1 partners of their own (any score passes; a review pair
+        verified = TierOnePartners(n, -np.inf)  # before a mirrored one, before a crop)
+        for src, dst, crop, flip in iter_verified(out, nodes):
+            verified.add(src, dst, np.where(crop, 0, np.where(flip, 0.5, 1)).astype(np.float32), rank)
     d = decide(roots, sizes, rank, tier1.partner, cfg.min_component_size,
                None if verified is None else verified.partner)
-    if verified is not None:  # removed through a verified crop candidate (tasks/graph/crops.py)
+    if verified is not None:  # removed through a crop candidate (tasks/graph/crops.py) or a mirrored pair
         d.code[(d.code == VERIFIED) & (verified.partner_sim == 0)] = VERIFIED_CROP
+        d.code[(d.code == VERIFIED) & (verified.partner_sim == 0.5)] = VERIFIED_MIRROR
     del tier1, verified
 
     def key_of(ids: np.ndarray) -> list[str]:
@@ -183,7 +184,7 @@ def _decide(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable
     check_unique_sha(source, nodes, d.code == 0, sha_prefix)
 
     reasons = reason_texts(cfg.pair_removal_above, cfg.min_component_size,
-                           cfg.verification.min_inliers if cfg.verifying else None, cfg.cropping)
+                           cfg.verification.min_inliers if cfg.verifying else None, cfg.cropping, cfg.mirroring)
     outputs = {}
     for i, shard in enumerate(nodes.shards):
         lo, hi = int(nodes.offsets[i]), int(nodes.offsets[i + 1])
@@ -210,7 +211,7 @@ def _decide(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable
         "images_with_candidate_edges": int(involved.sum()),
         "kept": int((d.code == 0).sum()), "removed": int((d.code != 0).sum()),
         "removed_by_rule": {reasons[c]: int((d.code == c).sum())
-                            for c in (TIER1, COMPONENT, VERIFIED, VERIFIED_CROP)
+                            for c in (TIER1, COMPONENT, VERIFIED, VERIFIED_CROP, VERIFIED_MIRROR)
                             if c in reasons},
         "components_with_edges": int(((roots == np.arange(n)) & (sizes > 1)).sum()),
         "big_components": report["big_components"], "flagged_components": report["flagged_components"],

@@ -100,6 +100,7 @@ VERIFIED_SCHEMA = pa.schema([
     ("matches", pa.int32()), ("inliers", pa.int32()), ("score", pa.float32()), ("overlap", pa.float32()),
     ("agreement", pa.float32()), ("agreeing", pa.float32()), ("colourless", pa.bool_()), ("verified", pa.bool_()),
     ("region", pa.float32()),  # a crop candidate's region score (tasks/graph/crops.py); null for a review pair
+    ("mirrored", pa.bool_()),  # verified against the second picture mirrored (a model not flip-symmetric)
 ])
 # Off-centre crop candidates of one query shard: src is the query (the crop), region the best
 # score of its whole frame among dst's windows, similarity the pair's global score.

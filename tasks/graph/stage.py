@@ -203,6 +203,8 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
                           "band_pairs": review.info["band_pairs"],
                           "pairs": sum(m.info["pairs"] for m in verified),
                           "verified": sum(m.info["verified"] for m in verified),
+                          "mirror_try": cfg.mirroring,  # review pairs tried again mirrored (tasks/graph/verify.py)
+                          "verified_mirrored": sum(m.info["mirrored"] for m in verified),
                           "crop_candidates": cropped} if cfg.verifying else None),
         "recall": recall,
         "decisions": decisions,

@@ -37,17 +37,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-KEPT, TIER1, COMPONENT, VERIFIED, VERIFIED_CROP = 0, 1, 2, 3, 4
+KEPT, TIER1, COMPONENT, VERIFIED, VERIFIED_CROP, VERIFIED_MIRROR = 0, 1, 2, 3, 4, 5
 
 
 def reason_texts(pair_threshold: float, min_component_size: int, min_inliers: int | None = None,
-                 crops: bool = False) -> dict[int, str | None]:
+                 crops: bool = False, mirror: bool = False) -> dict[int, str | None]:
     """Reason strings by decision code, naming the thresholds that applied."""
     reasons = {KEPT: None, TIER1: f"tier1_pair>{pair_threshold:g}", COMPONENT: f"component>={min_component_size}"}
     if min_inliers is not None:  # mode gpic_verified (tasks/graph/verify.py)
         reasons[VERIFIED] = f"verified_pair:inliers>={min_inliers}"
         if crops:  # off-centre crop candidates (tasks/graph/crops.py)
             reasons[VERIFIED_CROP] = f"verified_crop:inliers>={min_inliers}"
+        if mirror:  # a review pair verified as a mirror image (a model that is not flip-symmetric)
+            reasons[VERIFIED_MIRROR] = f"verified_mirror:inliers>={min_inliers}"
     return reasons
 
 

@@ -32,6 +32,13 @@ A pair is *verified* with at least ``min_inliers`` inliers, ``overlap >= min_ove
 either side, ``similarity > colourless_min_similarity``. Evidence and thresholds: see
 docs/near-duplicates.md (synthetic held-out sample, seed 1, and real photographs).
 
+A model that is not flip-symmetric (a learned one: :func:`tasks.shared.features.config.flip_symmetric`)
+puts mirrored copies in the review band, and ORB's descriptors do not match a mirrored picture. So for
+such a model a review pair that fails is verified once more against B mirrored left to right
+(:func:`verify_with_mirror`: same thresholds, same floor; ``mirrored`` in the evidence, reason
+``verified_mirror`` in the decisions). wfd scores a mirrored copy like its original (above the pair
+threshold), so its pairs get no second try.
+
 Deterministic: ORB has no randomness; RANSAC draws from OpenCV's global RNG, which is
 reseeded (``cv2.setRNGSeed(seed)``) before every pair, with OpenCV on one thread, so a
 pair's result never depends on which pairs ran before it, on the worker or on the run.
@@ -42,13 +49,15 @@ candidates (``graph/crops/{shard}.parquet``, :mod:`tasks.graph.crops`; their col
 judged by :func:`floor_similarity`, and their ``region`` score is kept), and writes
 ``graph/verified/{shard}.parquet`` (see :data:`tasks.graph.files.VERIFIED_SCHEMA`): both
 keys and SHA-256s, the similarity, keypoints, matches, inliers, score, overlap, agreement,
-agreeing, colourless and the verdict. Results are reused per pair across reruns: a row whose two SHA-256s,
-floor similarity and verification settings are unchanged is copied from the previous file instead of recomputed.
+agreeing, colourless, the verdict and whether it was the mirrored try. Results are reused per pair
+across reruns: a row whose two SHA-256s, floor similarity and verification settings are unchanged
+is copied from the previous file instead of recomputed.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -85,7 +94,7 @@ COLOURED_SHARE = 0.01
 CACHED_IMAGES = 2048  # local features kept per unit: about 0.6 GB at VERIFY_MAX_SIDE 512
 CACHED_INDEXES = 16  # staging indexes kept per unit: a few MB each at 10,000 images per shard
 RESULT_FIELDS = ("keypoints", "matches", "inliers", "score", "overlap", "agreement", "agreeing", "colourless",
-                 "verified")
+                 "verified", "mirrored")
 
 
 ORB_BORDER = 31  # OpenCV's default edgeThreshold: no keypoint this close to an edge
@@ -94,19 +103,28 @@ ORB_BORDER = 31  # OpenCV's default edgeThreshold: no keypoint this close to an 
 def local_features(image: Image.Image) -> LocalFeatures:
     """ORB keypoint coordinates [n, 2] (float32), descriptors [n, 32], the grey image (uint8)
     and whether the picture is colourless (:func:`is_colourless`)."""
-    cv2 = _cv2()
     grey = image.convert("L")
     scale = VERIFY_MAX_SIDE / max(grey.size)
     if scale < 1:
         size = (max(1, round(grey.width * scale)), max(1, round(grey.height * scale)))
         grey, image = grey.resize(size, Image.Resampling.BILINEAR), image.resize(size, Image.Resampling.BILINEAR)
     pixels = np.asarray(grey, dtype=np.uint8)
+    return (*_keypoints(pixels), pixels, is_colourless(np.asarray(image.convert("RGB"), dtype=np.uint8)))
+
+
+def mirrored(features: LocalFeatures) -> LocalFeatures:
+    """The local features of the same picture mirrored left to right (ORB run on the flipped pixels)."""
+    pixels = np.ascontiguousarray(features[2][:, ::-1])
+    return (*_keypoints(pixels), pixels, features[3])
+
+
+def _keypoints(pixels: np.ndarray) -> tuple[np.ndarray, "np.ndarray | None"]:
+    cv2 = _cv2()
     points, desc = (), None  # ORB finds nothing within its 31 px border, and its pyramid fails on tiny images
     if min(pixels.shape) > 2 * ORB_BORDER:
         orb = cv2.ORB_create(nfeatures=ORB_FEATURES, fastThreshold=ORB_FAST_THRESHOLD, edgeThreshold=ORB_BORDER)
         points, desc = orb.detectAndCompute(pixels, None)
-    xy = np.array([p.pt for p in points], dtype=np.float32).reshape(-1, 2)
-    return xy, desc, pixels, is_colourless(np.asarray(image.convert("RGB"), dtype=np.uint8))
+    return np.array([p.pt for p in points], dtype=np.float32).reshape(-1, 2), desc
 
 
 def is_colourless(rgb: np.ndarray) -> bool:
@@ -202,6 +220,18 @@ def verify_pair(a: LocalFeatures, b: LocalFeatures, cfg: VerificationConfig, sim
     return out
 
 
+def verify_with_mirror(a: LocalFeatures, b: LocalFeatures, b_mirrored: Callable[[], LocalFeatures] | None,
+                       cfg: VerificationConfig, similarity: float) -> dict[str, Any]:
+    """:func:`verify_pair`, and when that fails and ``b_mirrored`` is given (a model that is not
+    flip-symmetric), once more against B mirrored: the first verdict that passes, else the plain
+    try's evidence; ``mirrored`` says which."""
+    plain = verify_pair(a, b, cfg, similarity)
+    if plain["verified"] or b_mirrored is None:
+        return {**plain, "mirrored": False}
+    flipped = verify_pair(a, b_mirrored(), cfg, similarity)
+    return {**flipped, "mirrored": True} if flipped["verified"] else {**plain, "mirrored": False}
+
+
 def floor_similarity(similarity: float, region: float | None) -> float:
     """What a pair's colourless floor is judged on: its global similarity, or for an off-centre
     crop candidate (tasks/graph/crops.py) the better of that and the region score that found it
@@ -209,10 +239,11 @@ def floor_similarity(similarity: float, region: float | None) -> float:
     return similarity if region is None else max(similarity, region)
 
 
-def settings_fingerprint(cfg: VerificationConfig) -> str:
-    """What a pair's verdict depends on besides the two images' bytes."""
+def settings_fingerprint(cfg: VerificationConfig, mirror: bool) -> str:
+    """What a pair's verdict depends on besides the two images' bytes (``mirror``: review pairs
+    get the mirrored try, :attr:`NearDedupConfig.mirroring`)."""
     fields = {k: v for k, v in cfg.recorded().items() if k not in {"mode", "review_low", "review_k"}}
-    return unit_fingerprint("verify-pair", code_version(__name__), [fields], [])
+    return unit_fingerprint("verify-pair", code_version(__name__), [fields, mirror], [])
 
 
 class _Images:
@@ -227,15 +258,18 @@ class _Images:
     def __init__(self, source: Store, nodes: NodeTable, cfg: VerificationConfig):
         self.source, self.nodes, self.cfg = source, nodes, cfg
         self._index: OrderedDict[str, dict[int, dict[str, Any]]] = OrderedDict()
-        self._feats: OrderedDict[int, LocalFeatures] = OrderedDict()
+        self._feats: OrderedDict[tuple[int, bool], LocalFeatures] = OrderedDict()
 
     def row(self, node: int) -> tuple[str, int]:
         s = int(self.nodes.shard_of(np.array([node]))[0])
         return self.nodes.shards[s], node - int(self.nodes.offsets[s])
 
-    def features(self, node: int) -> LocalFeatures:
-        if node in self._feats:
-            self._feats.move_to_end(node)
+    def features(self, node: int, flipped: bool = False) -> LocalFeatures:
+        """The node's local features, or (``flipped``) those of its mirror image."""
+        if (node, flipped) in self._feats:
+            self._feats.move_to_end((node, flipped))
+        elif flipped:
+            self._feats[(node, True)] = mirrored(self.features(node))
         else:
             shard, row = self.row(node)
             entry = self._shard_index(shard)[row]
@@ -244,10 +278,10 @@ class _Images:
                 image = decode_rgb(data, draft_size=VERIFY_MAX_SIDE)
             except DecodeError:
                 image = Image.new("RGB", (1, 1))
-            self._feats[node] = local_features(image)
-            if len(self._feats) > CACHED_IMAGES:
-                self._feats.popitem(last=False)
-        return self._feats[node]
+            self._feats[(node, False)] = local_features(image)
+        if len(self._feats) > CACHED_IMAGES:
+            self._feats.popitem(last=False)
+        return self._feats[(node, flipped)]
 
     def _shard_index(self, shard: str) -> dict[int, dict[str, Any]]:
         """Row in the shard's records -> its image's staging index entry (offset, size)."""
@@ -273,8 +307,8 @@ def verify_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: s
     """Verify the review pairs owned by ``shard`` and, with ``crops_digest`` (the SHA-256 of
     its crop candidates file), the shard's off-centre crop candidates (one unit); returns the
     marker. ``records``: :func:`records_fingerprint` of the corpus."""
-    fp = unit_fingerprint("graph-verify", code_version(__name__), [settings_fingerprint(cfg.verification)],
-                          [review_digest, records, crops_digest])
+    settings = settings_fingerprint(cfg.verification, cfg.mirroring)
+    fp = unit_fingerprint("graph-verify", code_version(__name__), [settings], [review_digest, records, crops_digest])
     return run_unit(out, verified_path(shard), fp,
                     lambda: _verify(source, out, cfg, read_shard_table(out, shard_table)[0], shard,
                                     crops_digest is not None))
@@ -297,7 +331,7 @@ def _previous(out: Store, shard: str, settings: str) -> dict[tuple[str, str, flo
 def _verify(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable, shard: str, crops: bool
             ) -> tuple[dict[str, str], dict[str, Any]]:
     vc = cfg.verification
-    settings = settings_fingerprint(vc)
+    settings = settings_fingerprint(vc, cfg.mirroring)
     previous = _previous(out, shard, settings)
     pairs = out.read_parquet(review_path(shard)).to_pydict()
     pairs["region"] = [None] * len(pairs["src"])
@@ -321,21 +355,27 @@ def _verify(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable, s
         if old is not None:
             result = {k: old[k] for k in RESULT_FIELDS}
         else:
-            result = verify_pair(images.features(a), images.features(b), vc, floor_similarity(s, region))
+            mirror = cfg.mirroring and region is None  # the model's own band: not flip-symmetric
+            result = verify_with_mirror(images.features(a), images.features(b),
+                                        (lambda b=b: images.features(b, flipped=True)) if mirror else None,
+                                        vc, floor_similarity(s, region))
             result = {k: result[k] for k in RESULT_FIELDS}
         rows.append({"src": a, "dst": b, "key_a": ka, "key_b": kb, "sha_a": ha, "sha_b": hb, "similarity": s,
                      **result, "region": region})
     table = pa.Table.from_pylist(rows, schema=VERIFIED_SCHEMA)
     outputs = {verified_path(shard): out.write_parquet(verified_path(shard), table)}
-    return outputs, {"settings": settings, "pairs": len(rows), "verified": int(sum(r["verified"] for r in rows))}
+    return outputs, {"settings": settings, "pairs": len(rows), "verified": int(sum(r["verified"] for r in rows)),
+                     "mirrored": int(sum(r["verified"] and r["mirrored"] for r in rows))}
 
 
 def iter_verified(out: Store, nodes: NodeTable):
-    """(src, dst, crop) of verified pairs, one shard at a time: global ids, and whether the
-    pair was an off-centre crop candidate."""
+    """(src, dst, crop, mirrored) of verified pairs, one shard at a time: global ids, whether the
+    pair was an off-centre crop candidate and whether it passed as a mirror image."""
     for shard in nodes.shards:
-        t = out.read_parquet(verified_path(shard), columns=["src", "dst", "verified", "region"])
+        t = out.read_parquet(verified_path(shard), columns=["src", "dst", "verified", "region", "mirrored"])
         ok = t["verified"].to_numpy(zero_copy_only=False)
         crop = t["region"].is_valid().to_numpy(zero_copy_only=False)
-        yield (t["src"].to_numpy()[ok].astype(np.int64), t["dst"].to_numpy()[ok].astype(np.int64), crop[ok])
+        flip = t["mirrored"].to_numpy(zero_copy_only=False)
+        yield (t["src"].to_numpy()[ok].astype(np.int64), t["dst"].to_numpy()[ok].astype(np.int64), crop[ok],
+               flip[ok])
 

@@ -16,9 +16,11 @@ from corpusforge.config import StrictModel
 
 # Registry names and, per learned family, the default architecture and the preprocessings
 # it accepts (the first one is the default). "wfd" (the weight-free descriptor) owns its
-# own preprocessing and takes no architecture.
+# own preprocessing and takes no architecture. ``flip_symmetric``: a mirrored copy scores like
+# its original by construction (wfd squares a flip-symmetric layout); verification then needs no
+# mirrored try (tasks/graph/verify.py). Learned models are not, whatever their training saw.
 FAMILIES: dict[str, dict[str, Any]] = {
-    "wfd": {"arch": None, "preprocessing": ()},
+    "wfd": {"arch": None, "preprocessing": (), "flip_symmetric": True},
     "sscd_disc_mixup": {"arch": "resnet50", "preprocessing": ("sscd_square320", "sscd_short288")},
     "sscd_disc_large": {"arch": "resnext101_32x4d", "preprocessing": ("sscd_square320", "sscd_short288")},
     "clip": {"arch": "ViT-L-14", "preprocessing": ("clip_eval",)},
@@ -34,6 +36,13 @@ FAMILIES: dict[str, dict[str, Any]] = {
 # statistics model: defined on full-resolution decodes, and their models return raw
 # (un-normalised) features for the statistics.
 STATISTICS_PREPROCESSING = frozenset({"gpic_eval", "gpic_eval_port", "inception_299"})
+
+
+def flip_symmetric(model_id: str) -> bool:
+    """Whether the family of a feature folder's ``model_id`` (:attr:`ModelSpec.model_id`, which
+    starts with its family's name) scores a horizontally mirrored picture exactly like the picture."""
+    family = max((f for f in FAMILIES if model_id == f or model_id.startswith(f"{f}_")), key=len, default=None)
+    return family is not None and bool(FAMILIES[family].get("flip_symmetric", False))
 
 
 class WeightsSpec(StrictModel):
