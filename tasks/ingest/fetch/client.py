@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import socket
 import ssl
 import string
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import quote
 
 import httpcore
 import httpx
+from httpcore._backends.sync import SyncStream  # not exported; httpcore is pinned (constraints.txt)
 
 from tasks.ingest.fetch.addresses import Target
 
@@ -68,6 +71,48 @@ def tls_context(ca_bundle: str | None) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=ca_bundle) if ca_bundle else httpx.create_ssl_context()
 
 
+class _Stream(SyncStream):
+    """httpcore's socket stream, but a socket's timeout is set only when it changes: httpcore sets
+    it before every read and write, each time two ``fcntl`` calls that let go of the GIL (three
+    hand-offs among a unit's threads per request; a request's timeouts are all one value)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__(sock)
+        self._timeout = sock.gettimeout()
+
+    def _settimeout(self, timeout: float | None) -> None:
+        if timeout != self._timeout:
+            self._sock.settimeout(timeout)
+            self._timeout = timeout
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        try:
+            self._settimeout(timeout)
+            return self._sock.recv(max_bytes)
+        except socket.timeout as exc:
+            raise httpcore.ReadTimeout(exc) from exc
+        except OSError as exc:
+            raise httpcore.ReadError(exc) from exc
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        try:
+            while buffer:
+                self._settimeout(timeout)
+                buffer = buffer[self._sock.send(buffer):]
+        except socket.timeout as exc:
+            raise httpcore.WriteTimeout(exc) from exc
+        except OSError as exc:
+            raise httpcore.WriteError(exc) from exc
+
+
+class _Backend(httpcore.SyncBackend):
+    """httpcore's blocking backend, its plain (not TLS) connections as :class:`_Stream`."""
+
+    def connect_tcp(self, *args: Any, **kwargs: Any) -> httpcore.NetworkStream:
+        stream = super().connect_tcp(*args, **kwargs)
+        return _Stream(stream.get_extra_info("socket"))
+
+
 def new_client(tls: ssl.SSLContext) -> httpcore.ConnectionPool:
     """A connection pool that verifies TLS, uses no proxy, follows no redirect and resolves nothing
     but what it is given. Requests go to httpcore's pool itself: ``httpx.Client``'s layers (URL
@@ -75,7 +120,7 @@ def new_client(tls: ssl.SSLContext) -> httpcore.ConnectionPool:
     the CPU of a fetched image, and ``httpx``'s transport (its URL parsing, request and
     response models, exception mapping, content decoding) about a tenth (cProfile)."""
     return httpcore.ConnectionPool(ssl_context=tls, max_connections=None, max_keepalive_connections=64,
-                                   keepalive_expiry=5.0)
+                                   keepalive_expiry=5.0, network_backend=_Backend())
 
 
 def request(client: httpcore.ConnectionPool, target: Target, address: str, user_agent: str, deadline_s: float,

@@ -291,7 +291,7 @@ class Fetcher:
                            sha256=None)
         rel = fetch_blob_path(out["sha256"])
         if not self.store.exists(rel):
-            self.store.write_bytes(rel, body)
+            self.store.write_bytes(rel, body, out["sha256"])
         return out.end(FETCHED, bytes=len(body), retrieved_at=iso(self.clock()))
 
     # ---- origin files --------------------------------------------------------------------------
