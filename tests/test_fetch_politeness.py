@@ -182,3 +182,18 @@ def test_redirects_between_two_hosts_never_wait_on_each_others_slot(tmp_path, ht
     assert took < cfg.deadline_s, f"{took:.1f} s: a lane waited for a slot another lane held"
     assert peak[one] == peak[two] == 1
 
+
+def test_the_request_deadline_holds_while_headers_drip(tmp_path, http_hosts):
+    """A host that sends its status line and headers a byte every 0.2 s (each read well inside
+    the read timeout) is given up at the request's deadline, as a dripping body is (before, the
+    deadline was checked only while the body streamed: 36 s here, days with 16 KiB of headers)."""
+    host = "127.0.0.50"
+    write_images(tmp_path / "images", 1)
+    with http_hosts(tmp_path, {host: {"robots": "404"}}, tmp_path / "images") as h:
+        store, [part] = _units(tmp_path, [[h.url(host, "/dripheaders/img0.jpg")]])
+        start = time.monotonic()
+        fetch_partition(store, part, _config(deadline_s=2.0, connect_timeout_s=1.0))
+        took = time.monotonic() - start
+    [row] = _ledger(store, part.index)
+    assert row["outcome"] == "error/fetch_failed" and "deadline" in row["detail"].lower(), row["detail"]
+    assert took < 6, f"{took:.1f} s for a request with a 2 s deadline"
