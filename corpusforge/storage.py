@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import itertools
 import json
@@ -67,6 +68,18 @@ _TEMP_NAMES = itertools.count()  # this process's temporary files, numbered
 # and told apart from other machines' on a shared file system, where containers' pids and
 # thread idents coincide (a task run twice writes the same file from two workers)
 _TEMP_TOKEN = os.urandom(4).hex()
+
+
+@functools.cache
+def _umask() -> int:
+    """This process's umask, read once (Linux's /proc; elsewhere all bits: a chmod after each
+    create). A created file's mode needs no chmod when the umask leaves 0644 whole (a system call
+    per file a fetch writes)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return 0o777
 
 
 def with_s3_defaults(uri: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
@@ -329,21 +342,23 @@ class Store:
         tmp = self._temp_name(rel)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         try:
-            fd = os.open(tmp, flags, 0o600)
+            fd = os.open(tmp, flags, 0o644)
         except FileNotFoundError:  # its folder is new
             os.makedirs(os.path.dirname(tmp), exist_ok=True)
-            fd = os.open(tmp, flags, 0o600)
-        os.fchmod(fd, 0o644)  # whatever the umask: published files are readable as mkstemp's were made
+            fd = os.open(tmp, flags, 0o644)
+        if _umask() & 0o644:  # whatever the umask: published files are readable as mkstemp's were made
+            os.fchmod(fd, 0o644)
         return fd, tmp
 
-    def write_bytes(self, rel: str, data: bytes) -> str:
-        """Write atomically; return the SHA-256 of ``data``."""
+    def write_bytes(self, rel: str, data: bytes, sha256: str | None = None) -> str:
+        """Write atomically; return the SHA-256 of ``data`` (``sha256``: the caller's, returned as it
+        is: a fetch hashed the body as it came)."""
         if self.remote:
             with self.atomic_write(rel) as f:
                 f.write(data)
         else:
             self._write_local(rel, data)
-        return hashlib.sha256(data).hexdigest()
+        return sha256 or hashlib.sha256(data).hexdigest()
 
     def _write_local(self, rel: str, data: bytes) -> None:
         """:meth:`atomic_write` of bytes in hand, by plain system calls: a fetch writes a small

@@ -13,6 +13,7 @@ robots.txt and tdmrep.json. A control server on 127.0.0.1 reports per host the r
     /to/LOCATION              a redirect to LOCATION (quoted, e.g. http%3A//169.254.169.254/ or file%3A/etc/passwd)
     /huge/NAME                Content-Length: 10^12          /endless/NAME       an endless chunked body
     /drip/NAME                the image, a byte every 0.2 s  /html/NAME          HTML served as image/jpeg
+    /dripheaders/NAME         the status line and headers, a byte every 0.2 s, then the image
 
 Run: ``python -m sample_corpus.http_hosts --config hosts.json --ready ready.json``; the config
 is ``{"images": DIR, "hosts": {"127.0.0.2": {"robots": "allow"|"disallow:/PATH"|"scoped:/PATH"|
@@ -182,6 +183,18 @@ def _handler(host: str, spec: dict[str, Any], images: Path, ledger: Ledger, late
                 chunk = b"\xff" * 65536
                 while True:
                     self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+            if head == "dripheaders":
+                data = (images / Path(rest[-1]).name).read_bytes()
+                head_bytes = (f"HTTP/1.1 200 OK\r\nContent-Type: image/jpeg\r\nContent-Length: {len(data)}\r\n"
+                              f"X-Padding: {'x' * 100}\r\n\r\n").encode()
+                self.close_connection = True
+                for i in range(len(head_bytes)):
+                    self.wfile.write(head_bytes[i:i + 1])
+                    self.wfile.flush()
+                    if self.hung_up(0.2):
+                        return
+                self.wfile.write(data)
+                return
             if head == "drip":
                 data = (images / Path(rest[-1]).name).read_bytes()
                 self.send_response(200)

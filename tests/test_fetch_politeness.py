@@ -6,7 +6,9 @@ test)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -153,3 +155,45 @@ def test_pauses_breaker_and_interval_hold_across_workers(tmp_path, http_hosts, l
     # 0.4 s apart when granted; the server's arrival times can lag a grant on a loaded machine
     # (without the shared interval two units' requests arrive together: gaps near 0)
     assert len(starts) == 12 and min(gaps) >= 0.2, gaps
+
+
+def test_redirects_between_two_hosts_never_wait_on_each_others_slot(tmp_path, http_hosts, local_cluster):
+    """Two hosts of one connection each whose URLs redirect to each other, in one unit on a
+    worker process: a lane that meets a redirect to a host it holds no slot of hands the URL to
+    that host's queue instead of waiting for the slot while it keeps its own (before, the two
+    lanes waited on each other until the request deadline, and both URLs failed)."""
+    from distributed import Client
+
+    one, two = "127.0.0.48", "127.0.0.49"
+    write_images(tmp_path / "images", 4)
+    with http_hosts(tmp_path, {one: {"robots": "allow"}, two: {"robots": "allow"}}, tmp_path / "images",
+                    latency_ms=20) as h:
+        to = lambda host, name: "/to/" + quote(h.url(host, f"/img/{name}"), safe="")  # noqa: E731
+        store, [part] = _units(tmp_path, [[h.url(one, to(two, "img0.jpg")), h.url(two, to(one, "img1.jpg")),
+                                           h.url(one, "/img/img2.jpg"), h.url(two, "/img/img3.jpg")]])
+        cfg = _config(threads=4, deadline_s=3.0, hosts={one: {"connections": 1}, two: {"connections": 1}})
+        with local_cluster(n_workers=1, threads_per_worker=1) as cluster, Client(cluster) as client:
+            start = time.monotonic()
+            client.submit(fetch_partition, store, part, cfg, pure=False).result()
+            took = time.monotonic() - start
+        peak = h.seen()["peak"]
+    rows = _ledger(store, part.index)
+    assert [r["outcome"] for r in rows] == ["fetched"] * 4, [(r["outcome"], r["detail"]) for r in rows]
+    assert took < cfg.deadline_s, f"{took:.1f} s: a lane waited for a slot another lane held"
+    assert peak[one] == peak[two] == 1
+
+
+def test_the_request_deadline_holds_while_headers_drip(tmp_path, http_hosts):
+    """A host that sends its status line and headers a byte every 0.2 s (each read well inside
+    the read timeout) is given up at the request's deadline, as a dripping body is (before, the
+    deadline was checked only while the body streamed: 36 s here, days with 16 KiB of headers)."""
+    host = "127.0.0.50"
+    write_images(tmp_path / "images", 1)
+    with http_hosts(tmp_path, {host: {"robots": "404"}}, tmp_path / "images") as h:
+        store, [part] = _units(tmp_path, [[h.url(host, "/dripheaders/img0.jpg")]])
+        start = time.monotonic()
+        fetch_partition(store, part, _config(deadline_s=2.0, connect_timeout_s=1.0))
+        took = time.monotonic() - start
+    [row] = _ledger(store, part.index)
+    assert row["outcome"] == "error/fetch_failed" and "deadline" in row["detail"].lower(), row["detail"]
+    assert took < 6, f"{took:.1f} s for a request with a 2 s deadline"

@@ -7,7 +7,10 @@ import hashlib
 import io
 import os
 import random
+import subprocess
+import sys
 import tarfile
+from pathlib import Path
 
 import pytest
 import webdataset as wds
@@ -25,6 +28,18 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path):
             raise RuntimeError("killed mid-write")
     assert not store.exists("a/b.bin")
     assert list((tmp_path / "a").iterdir()) == []  # no temp file left behind either
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o027])
+def test_written_files_are_readable_whatever_the_umask(tmp_path, umask):
+    """A written file is 0644 (as mkstemp's were made readable): created so when the process's
+    umask allows it (no chmod), chmodded when it does not. A fresh process: the umask is read once."""
+    code = ("import os, sys; os.umask(int(sys.argv[2], 8)); from corpusforge.storage import Store; "
+            "s = Store(sys.argv[1]); s.write_bytes('a/b.bin', b'x'); s.write_linked(['c/d', 'e/f'], b'y'); "
+            "print(*(oct(os.stat(os.path.join(sys.argv[1], p)).st_mode & 0o777) for p in ('a/b.bin', 'c/d', 'e/f')))")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path), oct(umask)], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[1]).stdout
+    assert out.split() == ["0o644"] * 3
 
 
 def test_markers_and_fingerprints(tmp_path):

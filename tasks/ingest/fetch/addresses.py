@@ -80,12 +80,23 @@ def refusal(address: str, allow_private: bool) -> str | None:
     return None
 
 
+def _is_address(host: str) -> bool:
+    """Whether ``host`` is an IP address in its canonical form (``127.1`` and the like are not:
+    they are left to the resolver, which reads them as it always did)."""
+    try:
+        return str(ipaddress.ip_address(host)) == host
+    except ValueError:
+        return False
+
+
 def resolve_checked(target: Target, allow_private: bool, pinned: Mapping[str, str] | None = None) -> str:
     """The address to connect to for ``target``: every address its name resolves to must pass
     :func:`refusal` (one bad address refuses the name: DNS rebinding picks among them).
     ``pinned`` names resolved without DNS (``fetch.resolve``), checked the same way."""
     if pinned and target.host in pinned:
         infos = [(None, None, None, None, (pinned[target.host], target.port))]
+    elif _is_address(target.host):  # an address as written: nothing to look up (a lookup lets go of the GIL)
+        infos = [(None, None, None, None, (target.host, target.port))]
     else:
         try:
             infos = socket.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)

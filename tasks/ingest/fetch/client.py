@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import socket
 import ssl
 import string
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import quote
 
 import httpcore
 import httpx
+from httpcore._backends.sync import SyncStream  # not exported; httpcore is pinned (constraints.txt)
 
 from tasks.ingest.fetch.addresses import Target
 
@@ -68,6 +72,64 @@ def tls_context(ca_bundle: str | None) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=ca_bundle) if ca_bundle else httpx.create_ssl_context()
 
 
+_DEADLINE = threading.local()  # .at: when the request this thread makes must be answered (monotonic)
+
+
+class _Stream(SyncStream):
+    """httpcore's socket stream, with two changes. Each read and write waits at most until the
+    request's deadline (:func:`request`): headers that drip a byte at a time, each inside the
+    read timeout, held a request for as long as the host liked (the deadline was checked only
+    while the body streamed). And the socket's timeout is set only when it changes: httpcore set
+    it before every read and write, each time two ``fcntl`` calls that let go of the GIL (three
+    hand-offs among a unit's threads per request)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__(sock)
+        self._timeout = sock.gettimeout()
+
+    def _settimeout(self, timeout: float | None) -> None:
+        at = getattr(_DEADLINE, "at", None)
+        if at is not None:
+            left = at - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("past the request's deadline")
+            timeout = left if timeout is None else min(timeout, left)
+        if timeout != self._timeout:
+            self._sock.settimeout(timeout)
+            self._timeout = timeout
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        try:
+            self._settimeout(timeout)
+            return self._sock.recv(max_bytes)
+        except socket.timeout as exc:
+            raise httpcore.ReadTimeout(exc) from exc
+        except OSError as exc:
+            raise httpcore.ReadError(exc) from exc
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        try:
+            while buffer:
+                self._settimeout(timeout)
+                buffer = buffer[self._sock.send(buffer):]
+        except socket.timeout as exc:
+            raise httpcore.WriteTimeout(exc) from exc
+        except OSError as exc:
+            raise httpcore.WriteError(exc) from exc
+
+    def start_tls(self, *args: Any, **kwargs: Any) -> httpcore.NetworkStream:
+        stream = super().start_tls(*args, **kwargs)
+        return _Stream(stream.get_extra_info("socket")) if type(stream) is SyncStream else stream
+
+
+class _Backend(httpcore.SyncBackend):
+    """httpcore's blocking backend, its connections as :class:`_Stream`."""
+
+    def connect_tcp(self, *args: Any, **kwargs: Any) -> httpcore.NetworkStream:
+        stream = super().connect_tcp(*args, **kwargs)
+        return _Stream(stream.get_extra_info("socket"))
+
+
 def new_client(tls: ssl.SSLContext) -> httpcore.ConnectionPool:
     """A connection pool that verifies TLS, uses no proxy, follows no redirect and resolves nothing
     but what it is given. Requests go to httpcore's pool itself: ``httpx.Client``'s layers (URL
@@ -75,7 +137,7 @@ def new_client(tls: ssl.SSLContext) -> httpcore.ConnectionPool:
     the CPU of a fetched image, and ``httpx``'s transport (its URL parsing, request and
     response models, exception mapping, content decoding) about a tenth (cProfile)."""
     return httpcore.ConnectionPool(ssl_context=tls, max_connections=None, max_keepalive_connections=64,
-                                   keepalive_expiry=5.0)
+                                   keepalive_expiry=5.0, network_backend=_Backend())
 
 
 def request(client: httpcore.ConnectionPool, target: Target, address: str, user_agent: str, deadline_s: float,
@@ -102,7 +164,19 @@ def request(client: httpcore.ConnectionPool, target: Target, address: str, user_
                  (b"Accept", b"image/*"), (b"Accept-Encoding", b"identity")],
         extensions={"sni_hostname": target.host,
                     "timeout": {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}})
-    resp = client.handle_request(req)
+    _DEADLINE.at = start + deadline_s
+    try:
+        return _answer(client.handle_request(req), left, max_bytes, read_body)
+    except httpcore.TimeoutException:
+        left()  # past the deadline: say so
+        raise
+    finally:
+        _DEADLINE.at = None
+
+
+def _answer(resp: httpcore.Response, left: Callable[[], float], max_bytes: int,
+            read_body: Callable[[int, httpx.Headers], bool]) -> Response:
+    """What :func:`request` returns: the status, the headers and (when ``read_body`` lets it) the body."""
     try:
         out = Response(resp.status, httpx.Headers(resp.headers))
         if not read_body(out.status, out.headers):

@@ -18,6 +18,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urljoin
@@ -72,6 +73,18 @@ class Outcome(dict):
     def end(self, outcome: str, detail: str | None = None, final: bool = True, **facts: Any) -> Outcome:
         self.update(outcome=outcome, detail=detail, final=final, **facts)
         return self
+
+
+@dataclass
+class Hop:
+    """A URL's fetch that a redirect took to a host whose slot the lane that met it does not hold:
+    it goes on in a lane of that host (:mod:`.lanes`). Before, the lane waited for a slot of the
+    other host while it held its own: two lanes whose URLs redirected to each other's hosts waited
+    on each other until the request deadline (60 s), and both URLs failed."""
+
+    target: Target
+    out: Outcome
+    left: int  # redirects still allowed
 
 
 class KeptOutcomes:
@@ -159,16 +172,20 @@ class Fetcher:
             return self.clients[target.host]
 
     # ---- one URL -----------------------------------------------------------------------------
-    def fetch(self, url: str, sha1: str | None = None) -> Outcome:
-        """The URL's final (or deferred) outcome: the stored one, else fetched now and kept."""
-        if (before := self.kept.stored(url)) is not None:
+    def fetch(self, url: str, sha1: str | None = None, hop: Hop | None = None) -> Outcome | Hop:
+        """The URL's final (or deferred) outcome: the stored one, else fetched now and kept; or,
+        in a lane, a :class:`Hop` to another host (``hop``: where such a fetch goes on)."""
+        if hop is not None:
+            out = self._hops(hop.target, hop.out, sha1, hop.left)
+        elif (before := self.kept.stored(url)) is not None:
             return before
-        out = self._fetch(url, sha1)
-        if out["final"]:
+        else:
+            out = self._fetch(url, sha1)
+        if isinstance(out, Outcome) and out["final"]:
             self.kept.add(url, out)
         return out
 
-    def _fetch(self, url: str, sha1: str | None) -> Outcome:
+    def _fetch(self, url: str, sha1: str | None) -> Outcome | Hop:
         try:
             target = parse_target(url)
         except Blocked as exc:
@@ -176,7 +193,13 @@ class Fetcher:
         out = Outcome.new(target.host)
         if rule := self.deny.rule(url, target):
             return out.end("filtered/opted_out", rule, opt_out_rule="deny-list", evidence=rule)
-        for _ in range(self.cfg.max_redirects + 1):
+        return self._hops(target, out, sha1, self.cfg.max_redirects)
+
+    def _hops(self, target: Target, out: Outcome, sha1: str | None, left: int) -> Outcome | Hop:
+        """Request ``target`` and follow its redirects (``left`` more at most), each hop checked;
+        a redirect to a host other than the one whose slot this thread's lane holds is handed back
+        as a :class:`Hop`, so that a lane never waits for a slot while it holds one."""
+        while True:
             try:
                 address = resolve_checked(target, self.cfg.allow_private_networks, self.cfg.resolve)
             except Blocked as exc:
@@ -193,8 +216,12 @@ class Fetcher:
                 target = parse_target(urljoin(target.origin + target.path, result))
             except Blocked as exc:
                 return out.end("error/blocked_address", f"redirect to {result!r}: {exc}")
-        return out.end("error/fetch_failed", f"more than {self.cfg.max_redirects} redirects (last {target.origin}"
-                                             f"{target.path})")
+            if not left:
+                return out.end("error/fetch_failed", f"more than {self.cfg.max_redirects} redirects (last "
+                                                     f"{target.origin}{target.path})")
+            left -= 1
+            if self.slots.lane_elsewhere(target.host):
+                return Hop(target, out, left)
 
     def _opted_out(self, target: Target, out: Outcome) -> Outcome | None:
         """robots.txt and tdmrep.json of the target's origin (before it is requested)."""
@@ -291,7 +318,7 @@ class Fetcher:
                            sha256=None)
         rel = fetch_blob_path(out["sha256"])
         if not self.store.exists(rel):
-            self.store.write_bytes(rel, body)
+            self.store.write_bytes(rel, body, out["sha256"])
         return out.end(FETCHED, bytes=len(body), retrieved_at=iso(self.clock()))
 
     # ---- origin files --------------------------------------------------------------------------

@@ -27,9 +27,11 @@ WAIT_S = 1.0  # a thread waits this long for the slot of the host it picked, the
 
 
 def run_lanes(queues: dict[str, deque[T]], slots: HostSlots, limit: Callable[[str], int], threads: int,
-              work: Callable[[T], None]) -> None:
+              work: Callable[[T], tuple[str, T] | None]) -> None:
     """``work(item)`` for every item of ``queues`` (host → its items, in order), in lanes; an
-    exception in ``work`` stops the other lanes after their current item and is raised here."""
+    item ``work`` hands back as ``(host, item)`` (a redirect to another host) joins that host's
+    queue, so a lane never waits for a slot while it holds one. An exception in ``work`` stops
+    the other lanes after their current item and is raised here."""
     lock = threading.Lock()
     lanes: Counter[str] = Counter()
     hosts = list(queues)
@@ -54,7 +56,13 @@ def run_lanes(queues: dict[str, deque[T]], slots: HostSlots, limit: Callable[[st
                     if not queues[host]:
                         return
                     item = queues[host].popleft()
-                work(item)
+                handed = work(item)
+                if handed is not None:  # the lane that drains the queue it joins, or the next, takes it
+                    with lock:
+                        if handed[0] not in queues:
+                            queues[handed[0]] = deque()
+                            hosts.append(handed[0])
+                        queues[handed[0]].append(handed[1])
 
     def lane_thread(n: int) -> None:
         try:

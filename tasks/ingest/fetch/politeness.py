@@ -45,8 +45,9 @@ class HostSlots:
     (:mod:`.lanes`): a lane takes one slot, keeps it while it drains the unit's URLs of that host
     (its requests, the host's robots.txt, retries and pauses) and returns it the moment none is
     left, so a slot costs two scheduler round trips per lane, not per request, and no unit holds
-    a slot it does not use. A request outside the thread's lane (a redirect to another host) holds
-    a slot of its host for that request alone."""
+    a slot it does not use. A redirect to another host goes on in a lane of that host (a
+    :class:`~tasks.ingest.fetch.fetcher.Hop`): a lane never waits for a slot while it holds one.
+    A request outside any lane holds a slot of its host for that request alone."""
 
     def __init__(self) -> None:
         self.mine = threading.local()  # .host: the host whose slot this thread's lane holds
@@ -77,12 +78,14 @@ class HostSlots:
             self.mine.host = None
             self.give(host, limit)
 
+    def lane_elsewhere(self, host: str) -> bool:
+        """Whether this thread's lane holds a slot of a host other than ``host``."""
+        return getattr(self.mine, "host", None) not in (None, host)
+
     @contextlib.contextmanager
     def slot(self, host: str, limit: int, timeout: float) -> Iterator[None]:
-        """A slot for one request to ``host``: the thread's lane's, or one taken for the request.
-        A lane that waits for another host's slot holds its own meanwhile, so the wait is bounded
-        by ``timeout`` (then :class:`SlotTimeout`, a failed attempt): two lanes redirected to each
-        other's hosts never wait on each other for good."""
+        """A slot for one request to ``host``: the thread's lane's, or (outside a lane) one taken
+        for the request, waiting at most ``timeout`` (then :class:`SlotTimeout`, a failed attempt)."""
         if getattr(self.mine, "host", None) == host:
             yield
             return

@@ -32,7 +32,7 @@ from corpusforge.tarshard import is_safe_key
 from corpusforge.version import code_version
 from tasks.ingest.fetch.addresses import Blocked, parse_target
 from tasks.ingest.fetch.config import FetchConfig
-from tasks.ingest.fetch.fetcher import FETCHED, Fetcher, Outcome
+from tasks.ingest.fetch.fetcher import FETCHED, Fetcher, Hop, Outcome
 from tasks.ingest.fetch.lanes import run_lanes
 from tasks.ingest.fetch.optouts import DenyList
 from tasks.ingest.licenses import LicenseConfig, license_reason
@@ -131,11 +131,18 @@ def fetch_partition(store: Store, part: Partition, cfg: FetchConfig, lic: Licens
 
     fetched: dict[tuple[str, str | None], Outcome] = {}
 
-    def one(i: int) -> None:
-        fetched[wanted[i]] = fetcher.fetch(*wanted[i])
+    def one(item: int | tuple[int, Hop]) -> tuple[str, tuple[int, Hop]] | None:
+        """Fetch row ``item`` (or go on with its :class:`Hop`); a hop to another host is handed back."""
+        i, hop = item if isinstance(item, tuple) else (item, None)
+        result = fetcher.fetch(*wanted[i], hop=hop)
+        if isinstance(result, Hop):
+            return result.target.host, (i, result)
+        fetched[wanted[i]] = result
         fault_point("fetch.url", part.name)
+        return None
 
-    queues: dict[str | None, deque[int]] = defaultdict(deque)  # by host, in order of first appearance
+    # by host, in order of first appearance
+    queues: dict[str | None, deque[int | tuple[int, Hop]]] = defaultdict(deque)
     for i in sorted(set(first.values())):
         queues[host_of(rows[i])].append(i)
     try:
