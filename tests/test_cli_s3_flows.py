@@ -39,7 +39,7 @@ RUNTIME = {"batch_size": 16, "torch_threads": 1}
 MODEL_ID = "dinov2_vits14_gpic_eval_s28"
 TEXT = (".json", ".md", ".html")  # outputs that may name their roots
 # work files that list input files with their stamps: an ETag on S3, size, times and inode locally
-STAMPED = ("work/prompts/listing.parquet",)
+STAMPED = "work/prompts/listing/"
 DIGEST = re.compile(r"\b[0-9a-f]{64}\b|\b[0-9a-f]{32}\b")  # SHA-256s and fingerprints in text files
 THREADS = {"n_workers": 1, "threads_per_worker": 2, "processes": False}  # tasks in the CLI's process: no worker start
 PROCESS = {"n_workers": 1, "processes": True}  # tasks (and their S3 stores) pickled to a worker process, as by default
@@ -84,7 +84,7 @@ def same_outputs(remote: dict[str, bytes], local: dict[str, bytes], remote_roots
     for name in local:
         if name.startswith("work/run/"):
             continue
-        if name in STAMPED:
+        if name.startswith(STAMPED):
             rows_a, rows_b = (pq.read_table(io.BytesIO(x)).drop_columns(["stamp"]) for x in (remote[name], local[name]))
             assert rows_a.equals(rows_b), name
             continue

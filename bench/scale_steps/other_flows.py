@@ -18,7 +18,7 @@ import os
 import pickle
 from typing import Any
 
-from bench.scale import INPUTS, Scale, step
+from bench.scale import FIXED, GUARDED, INPUTS, Scale, step
 
 MODELS = 4
 IMAGES_PER_PROMPT = 4
@@ -83,3 +83,7 @@ def run_prompts_listing(store, sc: Scale, data: str) -> dict[str, Any]:
     unit = {"out": store, "generated": kwargs["generated"], "options": {}, "model": "model0", "unit": 0, "cfg": cfg}
     return {"tasks": 1 + sum(listing["units"].values()), "params": [kwargs, unit], "images": found,
             "result_bytes": len(pickle.dumps(listing))}
+
+
+FIXED += ["evaluate_plan", "prompts_listing"]
+GUARDED += ["evaluate_plan", "prompts_listing"]

@@ -9,8 +9,7 @@ stamp, and is that image's error). The images are joined to the valid prompts' o
 (:data:`~tasks.prompts.files.PROMPTS_ORDER`, written by the flow) one range of prompt ids at
 a time, then read back sorted by (model, the prompt's place in the set, file name) one range
 at a time and cut: per model, ``prompts_per_unit`` prompts with images to a unit, each unit
-one row group of :data:`~tasks.prompts.files.PROMPTS_LISTING`. A unit reads its own row group
-(:func:`unit_prompts`). The flow gets the models, each model's unit count and what the tree
+a file of :data:`~tasks.prompts.files.PROMPTS_LISTING`, which the unit reads (:func:`unit_prompts`). The flow gets the models, each model's unit count and what the tree
 holds that no unit reads.
 """
 
@@ -24,11 +23,11 @@ from typing import Any, TypedDict
 import fsspec
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from corpusforge.key_ranges import Table, key_ranges
 from corpusforge.storage import Store, file_stamp, is_remote, url_to_fs
-from tasks.prompts.files import GENERATED_LISTING_SCHEMA, PROMPT_ORDER_SCHEMA, PROMPTS_LISTING, PROMPTS_ORDER
+from tasks.prompts.files import (GENERATED_LISTING_SCHEMA, PROMPT_ORDER_SCHEMA, PROMPTS_LISTING, PROMPTS_ORDER,
+                                 generated_listing_path)
 from tasks.prompts.tables import SAFE_ID
 from tasks.shared import listing
 from tasks.shared.inputs import resolve_input
@@ -119,10 +118,16 @@ def _placed(spill: Store, parts: list[str], order: Table, unknown: set[str]) -> 
     return placed
 
 
+def chunk_name(unit: int) -> str:
+    """A model's variance unit's name: its output's and its listing file's."""
+    return f"{unit:06d}"
+
+
 def list_generated(out: Store, generated: str, options: dict[str, Any], prompts_per_unit: int) -> GeneratedListing:
     """One listing of ``generated`` into ``out``'s :data:`PROMPTS_LISTING`, cut into units of
     ``prompts_per_unit`` valid prompts (in :data:`PROMPTS_ORDER`'s order) with images per
-    model, one row group a unit; what the flow gets is :class:`GeneratedListing`.
+    model, a file a unit (one file, not a row group of one: a unit would read the footer of
+    every unit's, O(units²) over the run); what the flow gets is :class:`GeneratedListing`.
 
     A unit of its own (the flow runs it as a task: every file is resolved and stamped there,
     not in the flow process); nothing but a unit's rows and a range of the listing is held."""
@@ -132,16 +137,17 @@ def list_generated(out: Store, generated: str, options: dict[str, Any], prompts_
     root = root.rstrip("/") if remote else root.rstrip("/") or "/"
     seen, unknown = _Seen(), set()
     units: dict[str, int] = {}
-    with tempfile.TemporaryDirectory(prefix="corpusforge-generated-") as tmp, \
-            out.write_row_groups(PROMPTS_LISTING, GENERATED_LISTING_SCHEMA) as write:
+    out.remove(PROMPTS_LISTING)
+    with tempfile.TemporaryDirectory(prefix="corpusforge-generated-") as tmp:
         spill = Store(tmp, fsync=False)
         parts = spill_listing(spill, "listing", fs, root, remote, lambda e: _spilled(e, root, uri, remote, fs, seen))
         placed = _placed(spill, parts, Table(out, [PROMPTS_ORDER], PROMPT_ORDER_SCHEMA), unknown) if parts else []
-        unit: dict[str, list[Any]] = {name: [] for name in GENERATED_LISTING_SCHEMA.names}
+        unit: dict[str, list[str]] = {name: [] for name in GENERATED_LISTING_SCHEMA.names}
 
         def flush() -> None:
             if unit["name"]:
-                write(pa.table(unit, schema=GENERATED_LISTING_SCHEMA))
+                out.write_parquet(generated_listing_path(model, chunk_name(units[model] - 1)),
+                                  pa.table(unit, schema=GENERATED_LISTING_SCHEMA))
                 for held in unit.values():
                     held.clear()
 
@@ -150,13 +156,14 @@ def list_generated(out: Store, generated: str, options: dict[str, Any], prompts_
             for m, p, name, stamp in zip(*(rows[c].to_pylist() for c in ("model", "prompt_id", "name", "stamp")),
                                          strict=True):
                 if m != model:
+                    flush()
                     model, prompt, prompts = m, None, 0
                 if p != prompt:
                     prompt, prompts = p, prompts + 1
                     if (prompts - 1) % prompts_per_unit == 0:  # a unit's first prompt
                         flush()
                         units[m] = units.get(m, 0) + 1
-                for column, value in zip(unit.values(), (m, units[m] - 1, p, name, stamp), strict=True):
+                for column, value in zip(unit.values(), (p, name, stamp), strict=True):
                     column.append(value)
         flush()
     return {"models": sorted(seen.models), "units": units, "unknown_prompt_folders": sorted(unknown),
@@ -166,14 +173,10 @@ def list_generated(out: Store, generated: str, options: dict[str, Any], prompts_
 def unit_prompts(out: Store, model: str, unit: int) -> list[tuple[str, list[tuple[str, str]]]]:
     """Unit ``unit`` of ``model`` in the listing: its prompts in the set's order, each with its
     image files (name, stamp) in name order."""
-    with out.open(PROMPTS_LISTING) as f:
-        rows = pq.read_table(f, columns=["prompt_id", "name", "stamp"],
-                             filters=[("model", "=", model), ("unit", "=", unit)])
+    rows = out.read_parquet(generated_listing_path(model, chunk_name(unit)))
     prompts: list[tuple[str, list[tuple[str, str]]]] = []
     for p, name, stamp in zip(*(rows[c].to_pylist() for c in ("prompt_id", "name", "stamp")), strict=True):
         if not prompts or prompts[-1][0] != p:
             prompts.append((p, []))
         prompts[-1][1].append((name, stamp))
-    if not prompts:
-        raise FileNotFoundError(f"{out.path(PROMPTS_LISTING)} has no unit {unit} of model {model}")
     return prompts

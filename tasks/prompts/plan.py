@@ -21,8 +21,8 @@ from tasks.prompts.captions import caption_embeddings_key, sample_key, sampled_k
 from tasks.prompts.config import DensityConfig, TextModelConfig, VarianceConfig
 from tasks.prompts.signals import variance_units
 from tasks.prompts.text_model import text_model_identity
-from tasks.prompts.generated import list_generated, unit_prompts, write_prompt_order
-from tasks.prompts.variance import chunk_name, variance_key
+from tasks.prompts.generated import chunk_name, list_generated, unit_prompts, write_prompt_order
+from tasks.prompts.variance import variance_key
 
 
 def plan_units(out: Store, corpus: Store | None, density: DensityConfig | None, variance: VarianceConfig | None,

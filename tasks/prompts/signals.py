@@ -136,7 +136,7 @@ def plan_variance(cfg: VarianceConfig, out: Store, listing: generated.GeneratedL
 
 def variance_units(cfg: VarianceConfig, out: Store, listing: generated.GeneratedListing) -> VariancePlan:
     """The units :func:`plan_variance` plans, from the listing's unit counts (writes nothing)."""
-    chunks = {model: [variance.chunk_name(n) for n in range(units)] for model, units in listing["units"].items()}
+    chunks = {model: [generated.chunk_name(n) for n in range(units)] for model, units in listing["units"].items()}
     calls = [{"out": out, "generated": cfg.generated, "options": cfg.storage_options, "model": model, "unit": n,
               "cfg": cfg} for model, units in listing["units"].items() for n in range(units)]
     return VariancePlan(listing["models"], listing["unknown_prompt_folders"], listing["unusable"], chunks, calls)

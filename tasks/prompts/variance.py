@@ -32,7 +32,7 @@ from corpusforge.contract import UnitKey, UnitResult, prune, run_unit, unit_fing
 from corpusforge.layout import MARKERS
 from tasks.prompts.files import GENERATED_VARIANCE_SCHEMA, PROMPTS_GENERATED, generated_variance_path
 from corpusforge.version import code_version
-from tasks.prompts.generated import unit_prompts
+from tasks.prompts.generated import chunk_name, unit_prompts
 from tasks.shared.inputs import read_image
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # object addresses in error messages differ between runs
@@ -55,10 +55,6 @@ def variance_flags(variances: np.ndarray, sd_threshold: float) -> dict[str, Any]
     cut = mean - sd_threshold * sd
     return {"mean": mean, "sd": sd, "cut": cut, "flags": ok & (np.nan_to_num(variances, nan=np.inf) < cut),
             "n": len(values)}
-
-
-def chunk_name(n: int) -> str:
-    return f"{n:06d}"
 
 
 def variance_key(generated: str, model: str, prompts: list[tuple[str, list[tuple[str, str]]]], cfg: Any) -> UnitKey:
