@@ -19,7 +19,7 @@ import os
 import posixpath
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
@@ -436,6 +436,13 @@ class Store:
         own row group(s), so a reader filtering on the labelling column reads only its rows."""
         return self.write_bytes(rel, parquet_bytes(table, row_groups))
 
+    @contextlib.contextmanager
+    def write_row_groups(self, rel: str, schema: pa.Schema) -> Iterator[Callable[[pa.Table], None]]:
+        """:meth:`write_parquet` a table at a time (:func:`row_group_writer`), for a file too
+        big to hold: it appears at ``rel`` whole on clean exit, else not at all."""
+        with self.atomic_write(rel) as f, row_group_writer(f, schema) as write:
+            yield write
+
     def link(self, src: str, dst: str) -> None:
         """Make ``dst`` hold the bytes of ``src`` at once, moving none through this process:
         a hard link locally (the same inode, so no disk space; a later atomic replace of
@@ -468,18 +475,26 @@ def parquet_bytes(table: pa.Table, row_groups: Sequence[int] | None = None) -> b
         if row_groups is None:
             pq.write_table(table, buf, **PARQUET_WRITE_OPTIONS)
         else:
-            options = dict(PARQUET_WRITE_OPTIONS)
-            size = options.pop("row_group_size")
             labels = np.asarray(row_groups)
             if len(labels) != table.num_rows or (np.diff(labels) < 0).any():
                 raise ValueError("row_groups must give a non-decreasing label per row")
             cuts = [0, *(np.flatnonzero(np.diff(labels)) + 1).tolist(), table.num_rows]
-            with pq.ParquetWriter(buf, table.schema, **options) as writer:
+            with row_group_writer(buf, table.schema) as write:
                 for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
                     if hi > lo:
-                        writer.write_table(table.slice(lo, hi - lo), row_group_size=size)
+                        write(table.slice(lo, hi - lo))
         buf.seek(0)
         return buf.read()
+
+
+@contextlib.contextmanager
+def row_group_writer(f: IO[bytes], schema: pa.Schema) -> Iterator[Callable[[pa.Table], None]]:
+    """A parquet file written to ``f`` a table at a time, each its own row group(s), with the
+    fixed writer settings: the same bytes as :func:`parquet_bytes` with a label per table."""
+    options = dict(PARQUET_WRITE_OPTIONS)
+    size = options.pop("row_group_size")
+    with pq.ParquetWriter(f, schema, **options) as writer:
+        yield lambda table: writer.write_table(table, row_group_size=size)
 
 
 def file_stamp(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any] | None = None,

@@ -17,6 +17,7 @@ From Python: ``run_evaluate(config)``.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -114,15 +115,17 @@ def preflight(config: EvaluateConfig) -> None:
 def plan_run(config: EvaluateConfig) -> dict[str, Any]:
     """The plan (``corpusforge plan evaluate``, ``plan_only``): every chunk of generated images
     read back or embedded, and why, then the metrics (:mod:`tasks.stats.evaluate_plan`);
-    writes nothing."""
+    writes nothing. The chunks are listed as the listing task lists them, out of core, and
+    judged as they come: this process holds their names."""
     reference = load_reference(config.reference, config.reference_storage_options)
     check_model(reference, expected_identity(config.model), config.allow_mismatch, config.protocol)
     chunks = plan_generated(config.generated, config.generated_storage_options, config.chunk_size)
-    if not chunks:
+    first = next(chunks, None)
+    if first is None:
         raise FileNotFoundError(f"no images or tars under {config.generated}")
     out = Store(config.out, config.out_storage_options)
     features = None if config.feature_store is None else Store(config.feature_store, config.out_storage_options)
-    plans = evaluate_plan.plan_units(out, features, chunks, config.model, config.runtime.precision,
+    plans = evaluate_plan.plan_units(out, features, itertools.chain([first], chunks), config.model, config.runtime.precision,
                                      config.generated_storage_options)
     return flow_plan_data(FLOW, config.out, f"{', '.join(config.generated)} into {config.out}",
                           [(s, size_estimate(s)) for s in plans])

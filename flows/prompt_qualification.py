@@ -6,7 +6,8 @@ Table of contents of :func:`qualify_prompts`:
     read the prompt set (and the pool) → per-row errors, nothing dropped silently
     → signal 1, density: sample the corpus's kept captions (1 unit) → embed them (1 task
       per staging shard) → embed prompts, pool, taxonomy → direct k-NN or taxonomy density
-    → signal 2, output variance: generated images, 1 task per (model, chunk of prompts)
+    → signal 2, output variance: generated images listed and cut into units (1 task), 1 task per
+      (model, chunk of prompts)
       → trace of covariance per (prompt, model) → per-model flags, strong cases
     → signal 3, cohort divergence: scores per (prompt, model) → stratified old − new, bootstrap
     → decisions → quarantine ledger → rotation plan → new edition + mapping → anchor normalisation
@@ -39,6 +40,7 @@ from flows.preflight import as_user_error, check_corpus, check_models, require_e
 from tasks.prompts import plan as prompts_plan
 from tasks.prompts import rotation, tables
 from tasks.prompts.cohorts import cohort_divergence
+from tasks.prompts.generated import write_prompt_order
 from tasks.prompts.config import (CohortConfig, DensityConfig, PromptSetConfig, RotationConfig, TextModelConfig,
                                   VarianceConfig)
 from tasks.prompts.outputs import seeds, tally, thresholds, write_outputs
@@ -157,9 +159,11 @@ def qualify_prompts(config: PromptQualificationConfig) -> dict[str, Any]:
 
     variance_rows: list[dict[str, Any]] = []
     if config.variance is not None:
-        listing = fan_out(LIST_GENERATED, [dict(generated=config.variance.generated,
-                                                options=config.variance.storage_options)])[0]
-        variance_plan = plan_variance(config.variance, out, prompts, listing)
+        write_prompt_order(out, prompts)  # what the listing cuts units by: it returns O(models + units)
+        listing = fan_out(LIST_GENERATED, [dict(out=out, generated=config.variance.generated,
+                                                options=config.variance.storage_options,
+                                                prompts_per_unit=config.variance.prompts_per_unit)])[0]
+        variance_plan = plan_variance(config.variance, out, listing)
         markers = fan_out(VARIANCE, variance_plan.calls)
         work["variance_units"] = summarise("variance", markers).counts()
         results["variance"], variance_rows = variance_signal(variance_plan, markers, config.variance, out, prompts)

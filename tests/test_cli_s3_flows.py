@@ -38,6 +38,8 @@ DINO = {"name": "dinov2", "arch": "vit_small_patch14_dinov2", "random_init": Tru
 RUNTIME = {"batch_size": 16, "torch_threads": 1}
 MODEL_ID = "dinov2_vits14_gpic_eval_s28"
 TEXT = (".json", ".md", ".html")  # outputs that may name their roots
+# work files that list input files with their stamps: an ETag on S3, size, times and inode locally
+STAMPED = "work/prompts/listing/"
 DIGEST = re.compile(r"\b[0-9a-f]{64}\b|\b[0-9a-f]{32}\b")  # SHA-256s and fingerprints in text files
 THREADS = {"n_workers": 1, "threads_per_worker": 2, "processes": False}  # tasks in the CLI's process: no worker start
 PROCESS = {"n_workers": 1, "processes": True}  # tasks (and their S3 stores) pickled to a worker process, as by default
@@ -76,10 +78,15 @@ def same_outputs(remote: dict[str, bytes], local: dict[str, bytes], remote_roots
     """The same files, data files with the same bytes. Text files (.json, .md, .html) are
     compared with their roots replaced by their roles and digests masked: markers and
     receipts hold digests of inputs that include their URIs; every data file those digests
-    describe is compared byte for byte here. The run log (work/run/) differs by its timings."""
+    describe is compared byte for byte here. The run log (work/run/) differs by its timings, a
+    listing of input files (:data:`STAMPED`) by their stamps: its other columns are compared."""
     assert sorted(remote) == sorted(local)
     for name in local:
         if name.startswith("work/run/"):
+            continue
+        if name.startswith(STAMPED):
+            rows_a, rows_b = (pq.read_table(io.BytesIO(x)).drop_columns(["stamp"]) for x in (remote[name], local[name]))
+            assert rows_a.equals(rows_b), name
             continue
         if name.endswith("receipt_outputs.parquet"):  # hashes of every output: text files name their roots
             rows_a, rows_b = (pq.read_table(io.BytesIO(x)).to_pylist() for x in (remote[name], local[name]))

@@ -21,6 +21,7 @@ from tasks.ingest.files import INPUT_DIR, LISTING_SPILL_DIR
 from corpusforge.storage import Store
 from tasks.ingest import sources
 from tasks.ingest.sources import SourceConfig, plan_partitions
+from tasks.shared import listing
 from tests.old_code import module_at
 
 OLD_COMMIT = "78eb19a8741cd8f55392f958c683da62aca7ef07"  # the last commit with the in-memory listing
@@ -100,14 +101,14 @@ def assert_chunks_equal_old(src: str, tmp_path: Path, cfg: SourceConfig, new_out
 
 
 @pytest.mark.parametrize("partition_size,spill_rows,range_rows", [
-    (3, 2, 4), (500, sources.SPILL_ROWS, sources.LISTING_RANGE_ROWS), (1, 1, 1)])
+    (3, 2, 4), (500, listing.SPILL_ROWS, listing.LISTING_RANGE_ROWS), (1, 1, 1)])
 def test_local_folder_chunks_equal_the_in_memory_listing(tmp_path, monkeypatch, partition_size, spill_rows,
                                                          range_rows):
     """Chunks across partition boundaries, listings spilled in many parts, and matched and
     sorted in ranges of a few rows (splits two and three levels deep): the old bytes."""
-    monkeypatch.setattr(sources, "SPILL_ROWS", spill_rows)
-    monkeypatch.setattr(sources, "LISTING_RANGE_ROWS", range_rows)
-    monkeypatch.setattr(sources, "LISTING_FAN_OUT", 3)
+    monkeypatch.setattr(listing, "SPILL_ROWS", spill_rows)
+    monkeypatch.setattr(listing, "LISTING_RANGE_ROWS", range_rows)
+    monkeypatch.setattr(listing, "LISTING_FAN_OUT", 3)
     src = local_folder(tmp_path)
     parts = assert_chunks_equal_old(str(src), tmp_path, SourceConfig(partition_size=partition_size))
     rows = [r for p in parts for r in pq.read_table(p.uri, columns=["path", "sidecars"]).to_pylist()]
@@ -131,7 +132,7 @@ def test_every_range_of_the_listing_holds_a_bounded_number_of_entries(tmp_path, 
         (src / f"{i:03d}.txt").write_bytes(b"c")
         (src / f"{i:03d}.md").write_bytes(b"n")
         (src / f"{i:03d}").write_bytes(b"x")
-    monkeypatch.setattr(sources, "LISTING_RANGE_ROWS", 16)
+    monkeypatch.setattr(listing, "LISTING_RANGE_ROWS", 16)
     seen: list[int] = []
 
     def counted(*args, **kwargs):
@@ -139,7 +140,8 @@ def test_every_range_of_the_listing_holds_a_bounded_number_of_entries(tmp_path, 
             seen.append(sum(t.num_rows for t in ranged.values()))
             yield ranged
 
-    monkeypatch.setattr(sources, "key_ranges", counted)
+    monkeypatch.setattr(sources, "key_ranges", counted)  # the sidecars matched
+    monkeypatch.setattr(listing, "key_ranges", counted)  # the kept rows sorted
     assert_chunks_equal_old(str(src), tmp_path, SourceConfig(partition_size=7))
     assert sum(seen) == 240 + 180 and max(seen) <= 16  # the entries, then the rows kept
 
@@ -164,15 +166,15 @@ def test_a_listing_error_is_raised_and_every_lister_stops(tmp_path, monkeypatch,
         (src / f"{folder:02d}").mkdir(parents=True)
         for i in range(3):
             (src / f"{folder:02d}" / f"{i}.jpg").write_bytes(b"i")
-    monkeypatch.setattr(sources, "SPILL_BATCH", 1)
-    monkeypatch.setattr(sources, "SPILL_ROWS", 2)
+    monkeypatch.setattr(listing, "SPILL_BATCH", 1)
+    monkeypatch.setattr(listing, "SPILL_ROWS", 2)
     if fails == "lister":
-        walk = sources.walk_local
-        monkeypatch.setattr(sources, "walk_local", lambda f: (_ for _ in ()).throw(OSError("unlistable"))
+        walk = listing.walk_local
+        monkeypatch.setattr(listing, "walk_local", lambda f: (_ for _ in ()).throw(OSError("unlistable"))
                             if f.endswith("/17") else walk(f))
     else:
-        write = sources._SpillWriter.flush
-        monkeypatch.setattr(sources._SpillWriter, "flush", lambda self: (
+        write = listing.SpillWriter.flush
+        monkeypatch.setattr(listing.SpillWriter, "flush", lambda self: (
             (_ for _ in ()).throw(OSError("unwritable")) if len(self.parts) == 5 else write(self)))
     with pytest.raises(OSError, match="unlistable" if fails == "lister" else "unwritable"):
         plan_partitions(str(src), Store(str(tmp_path / "out")), SourceConfig())
@@ -197,14 +199,14 @@ def test_a_memory_filesystem_folder_equals_the_in_memory_listing(tmp_path):
 
 
 @pytest.mark.s3
-@pytest.mark.parametrize("spill_rows", [2, sources.SPILL_ROWS])
+@pytest.mark.parametrize("spill_rows", [2, listing.SPILL_ROWS])
 def test_s3_folder_chunks_equal_the_in_memory_listing(tmp_path, s3, monkeypatch, spill_rows):
     """A prefix on S3 (top-level objects and sub-prefixes, listed page by page), planned
     into a local root and into a root on S3 (the spill on S3, read through fsspec)."""
     import s3fs
 
-    monkeypatch.setattr(sources, "SPILL_ROWS", spill_rows)
-    monkeypatch.setattr(sources, "REMOTE_PAGE", 3)
+    monkeypatch.setattr(listing, "SPILL_ROWS", spill_rows)
+    monkeypatch.setattr(listing, "REMOTE_PAGE", 3)
     fs = s3fs.S3FileSystem(**s3)
     bucket = f"listing-{uuid.uuid4().hex[:12]}"
     fs.mkdir(bucket)

@@ -376,8 +376,10 @@ def test_parallel_folder_listing_equals_a_sequential_walk(tmp_path, outside):
     os.walk's, links not followed, a link or special file never taken for a regular file."""
     from fsspec.implementations.local import LocalFileSystem
 
-    from tasks.ingest.sources import _spill_listing
+    from tasks.ingest.files import LISTING_SPILL_DIR
+    from tasks.ingest.sources import _spill_table
     from tasks.shared.inputs import walk_local
+    from tasks.shared.listing import spill_listing
 
     src = tmp_path / "imgs"
     for folder in ("", "a", "a/b", "c", "c/d/e", "f"):
@@ -396,8 +398,9 @@ def test_parallel_folder_listing_equals_a_sequential_walk(tmp_path, outside):
     assert {os.path.relpath(p, src) for p, regular in walked if not regular} == {"a/dir_link", "link.jpg",
                                                                                  "c/d/pipe.txt"}
     store = Store(str(tmp_path / "out"))
-    spilled = [r for part in _spill_listing(store, LocalFileSystem(), str(src), remote=False)
-               for r in store.read_parquet(part).to_pylist()]
+    parts = spill_listing(store, LISTING_SPILL_DIR, LocalFileSystem(), str(src), False,
+                          lambda e: _spill_table(e, str(src)))
+    spilled = [r for part in parts for r in store.read_parquet(part).to_pylist()]
     assert sorted(r["path"] for r in spilled) == sorted(want)
     assert {os.path.relpath(r["path"], src) for r in spilled if r["sidecar_ext"] is None and
             r["path"].endswith(".txt")} == {"c/d/pipe.txt"}

@@ -102,7 +102,7 @@ def test_the_flow_holds_chunk_names_and_each_task_reads_its_chunk_from_the_listi
         (folder / f"{i:05d}.png").write_bytes(b"x" * (i % 7))
     (gen / "a.tar").write_bytes(b"")
     out = Store(str(tmp_path / "out"))
-    expected = plan_generated([str(gen)], {}, chunk_size=1_000)
+    expected = list(plan_generated([str(gen)], {}, chunk_size=1_000))
     listed = write_generated_listing(out, [str(gen) + "/"], {}, chunk_size=1_000)
     assert [c.kind for c in expected] == ["files"] * 3 + ["tar"]
     assert [(c.name, c.files) for c in listed] == [(c.name, len(c.uris)) for c in expected]

@@ -15,6 +15,7 @@ from tasks.stats.config import MetricsConfig, SampleConfig
 from tasks.stats.evaluate import (ChunkFeatures, evaluate_features, iter_chunk_images, load_reference,
                                   plan_generated)
 from tasks.stats.reference import batch_partials, scan_manifest, stats_path, write_group_stats
+from tests.test_generated_listing import in_memory_chunks
 from tests.test_stats_reference import IDENTITY, MODEL_ID, write_corpus
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(180)]
@@ -53,7 +54,8 @@ def test_reference_stats_and_evaluation_inputs_on_s3(s3, tmp_path):
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     fs.pipe("corpusforge-stats/gen/t/part.tar", buf.getvalue())
-    chunks = plan_generated(["s3://corpusforge-stats/gen"], s3)
+    chunks = list(plan_generated(["s3://corpusforge-stats/gen"], s3))
+    assert chunks == in_memory_chunks(["s3://corpusforge-stats/gen"], s3, 1000)  # the stamps from the listing too
     assert [(c.kind, c.uris) for c in chunks] == [("files", ("s3://corpusforge-stats/gen/a.png",)),
                                                   ("tar", ("s3://corpusforge-stats/gen/t/part.tar",))]
     names = [n for c in chunks for n, data, err in iter_chunk_images(c, s3) if err is None and data]

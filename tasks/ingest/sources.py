@@ -35,16 +35,12 @@ import itertools
 import json
 import os
 import posixpath
-import queue
 import sys
-import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import fsspec
-import fsspec.asyn
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
@@ -53,12 +49,14 @@ from pydantic import Field
 
 from corpusforge.config import StrictModel
 from corpusforge.contract import Unit, current_marker, finish_unit, must_compute, prune, read_pinned, unit_fingerprint
-from corpusforge.key_ranges import FAN_OUT, ROWS_PER_RANGE, Table, key_ranges
+from corpusforge.key_ranges import Table, key_ranges
 from corpusforge.layout import TABLE_SUFFIXES, part_name
 from tasks.ingest.files import INPUT_DIR, INPUT_SCHEMA, LISTING_SPILL_DIR, input_path, listing_spill_path
 from corpusforge.storage import Store, file_stamp, is_remote, url_to_fs
 from corpusforge.version import code_version
-from tasks.shared.inputs import Entry, local_file_refusal, read_local, scan_folder, walk_local
+from tasks.shared.inputs import local_file_refusal, read_local
+from tasks.shared import listing
+from tasks.shared.listing import Listed, sorted_ranges, spill_listing
 
 METADATA_COLUMNS = ["key", "caption", "caption_type", "source", "license", "license_url",
                     "attribution", "retrieved_at"]
@@ -307,12 +305,6 @@ def parse_sidecar(data: bytes) -> tuple[dict[str, Any], str | None]:
     return loaded, None
 
 
-LISTING_THREADS = 16  # folder listing: top-level sub-folders listed at once (I/O-bound)
-SPILL_ROWS = 16_384  # entries of one spill part (held as Arrow columns until it is written)
-SPILL_BATCH = 256  # entries a lister hands to the writer at a time (the queue holds 32 batches, ~1 MB of paths)
-REMOTE_PAGE = 1_000  # objects taken from an S3 listing at a time (its page size)
-LISTING_RANGE_ROWS = ROWS_PER_RANGE  # listing entries sorted or matched at a time
-LISTING_FAN_OUT = FAN_OUT  # ranges one split of the listing makes
 SPILL_SCHEMA = pa.schema([
     ("path", pa.string()),
     ("key", pa.string()),               # an image's or sidecar's stem (the path less its extension), else the path
@@ -322,49 +314,12 @@ SPILL_SCHEMA = pa.schema([
 ])
 
 
-def _s3_entries(fs: fsspec.AbstractFileSystem, path: str, delimiter: str) -> Iterator[dict[str, Any]]:
-    """An S3 listing's entries a page at a time: s3fs's ``find`` and ``ls`` return (and
-    cache) the whole listing."""
-    bucket, key, _ = fs.split_path(path)
-    listing = fs._iterdir(bucket, delimiter=delimiter, prefix=f"{key}/" if key else "")
-
-    async def page() -> list[dict[str, Any]]:
-        entries: list[dict[str, Any]] = []
-        async for entry in listing:
-            entries.append(entry)
-            if len(entries) == REMOTE_PAGE:
-                break
-        return entries
-
-    while entries := fsspec.asyn.sync(fs.loop, page):
-        yield from entries
-
-
-def _remote_scan(fs: fsspec.AbstractFileSystem, path: str, prefixes: list[str] | None) -> Iterator[Entry]:
-    """Every object under a prefix, or with ``prefixes`` a list only those directly under
-    it, its sub-prefixes appended to the list. Streamed from S3; other object stores list
-    with ``find``/``ls``. An object is a regular file."""
-    import s3fs  # only for remote sources (it takes a quarter of a second to import)
-
-    if isinstance(fs, s3fs.S3FileSystem):
-        entries = _s3_entries(fs, path, "" if prefixes is None else "/")
-    elif prefixes is None:
-        entries = ({"name": name, "type": "file"} for name in fs.find(path))
-    else:
-        entries = fs.ls(path, detail=True)
-    for entry in entries:
-        if entry["type"] == "directory":
-            prefixes.append(entry["name"])
-        else:
-            yield entry["name"], True
-
-
-def _spill_table(entries: list[Entry], root: str) -> pa.Table:
+def _spill_table(entries: list[Listed], root: str) -> pa.Table:
     """A spill part: each entry with what matching sidecars to images needs. A sidecar is
     readable when it is a regular file, or (the rare link or special file named like one)
     when :func:`local_file_refusal` lets it be read."""
     columns: dict[str, list[Any]] = {name: [] for name in SPILL_SCHEMA.names}
-    for path, regular in entries:
+    for path, regular, _ in entries:
         stem, _, ext = path.rpartition(".")
         image, sidecar = ext.lower() in IMAGE_EXTS, ext.lower() in SIDECAR_EXTS
         readable = sidecar and (regular or local_file_refusal(path, [root]) is None)
@@ -374,93 +329,6 @@ def _spill_table(entries: list[Entry], root: str) -> pa.Table:
         columns["readable_sidecar"].append(readable)
         columns["sidecar_ext"].append(ext if readable and ext in SIDECAR_EXTS else None)
     return pa.table(columns, schema=SPILL_SCHEMA)
-
-
-class _SpillWriter:
-    """Spill parts of :data:`SPILL_ROWS` entries, written from one thread: Arrow's allocator
-    (mimalloc) keeps a heap per thread that builds tables, so parts written by the listers
-    themselves held ~14 MB per lister (measured at 100k files in 10 sub-folders: the spill held
-    210 MB above the start, 71 MB from one writer)."""
-
-    def __init__(self, store: Store, root: str) -> None:
-        self.store, self.root = store, root
-        self.parts: list[str] = []
-        self.pending: list[pa.Table] = []
-        self.held = 0
-
-    def add(self, entries: list[Entry]) -> None:
-        while entries:
-            take = entries[:SPILL_ROWS - self.held]
-            entries = entries[len(take):]
-            self.pending.append(_spill_table(take, self.root))
-            self.held += len(take)
-            if self.held == SPILL_ROWS:
-                self.flush()
-
-    def flush(self) -> None:
-        if self.held:
-            self.parts.append(listing_spill_path("part", len(self.parts)))
-            self.store.write_parquet(self.parts[-1], pa.concat_tables(self.pending))
-            self.pending, self.held = [], 0
-
-
-def _batched(entries: Iterator[Entry]) -> Iterator[list[Entry]]:
-    """``entries`` in lists of :data:`SPILL_BATCH`."""
-    return iter(lambda: list(itertools.islice(entries, SPILL_BATCH)), [])
-
-
-def _spill_listing(store: Store, fs: fsspec.AbstractFileSystem, root: str, remote: bool) -> list[str]:
-    """List a folder (local) or prefix (remote) into spill parts; their paths. The top level
-    first, then its sub-folders on :data:`LISTING_THREADS` listers, which hand batches of
-    :data:`SPILL_BATCH` entries (a bounded queue of them) to this thread, the one writer."""
-    folders: list[str] = []
-    writer = _SpillWriter(store, root)
-    for batch in _batched(_remote_scan(fs, root, folders) if remote else scan_folder(root, folders)):
-        writer.add(batch)
-    listings = ((_remote_scan(fs, f, None) if remote else walk_local(f)) for f in folders)
-    lock = threading.Lock()
-    batches: queue.Queue[list[Entry] | None] = queue.Queue(2 * LISTING_THREADS)
-    stop = threading.Event()
-
-    def lister() -> None:
-        try:
-            while not stop.is_set():
-                with lock:
-                    listing = next(listings, None)
-                if listing is None:
-                    return
-                for batch in _batched(listing):
-                    if stop.is_set():
-                        return
-                    batches.put(batch)
-        except BaseException:
-            stop.set()  # the others stop too: the error is raised once they have
-            raise
-        finally:
-            batches.put(None)
-
-    with ThreadPoolExecutor(LISTING_THREADS) as pool:
-        listers = [pool.submit(lister) for _ in range(LISTING_THREADS)]
-        running = len(listers)
-        try:
-            while running:
-                batch = batches.get()
-                if batch is None:
-                    running -= 1
-                elif not stop.is_set():
-                    writer.add(batch)
-        except BaseException:
-            stop.set()
-            while running:  # let every lister see the stop and finish
-                if batches.get() is None:
-                    running -= 1
-            raise
-        finally:
-            stop.set()
-        for done in listers:
-            done.result()
-    writer.flush()
-    return writer.parts
 
 
 KEPT_SCHEMA = pa.schema([("key", pa.string()), ("sidecars", pa.string())])  # key: the path
@@ -491,7 +359,8 @@ def _kept(entries: pa.Table) -> pa.Table:
 def _kept_parts(store: Store, parts: list[str]) -> list[str]:
     """The listing's kept rows (:func:`_kept`) in spill parts, one per range of stems."""
     kept: list[str] = []
-    for ranged in key_ranges({"entries": Table(store, parts, SPILL_SCHEMA)}, LISTING_RANGE_ROWS, LISTING_FAN_OUT):
+    for ranged in key_ranges({"entries": Table(store, parts, SPILL_SCHEMA)}, listing.LISTING_RANGE_ROWS,
+                             listing.LISTING_FAN_OUT):
         kept.append(listing_spill_path("kept", len(kept)))
         store.write_parquet(kept[-1], _kept(ranged["entries"]))
     return kept
@@ -504,13 +373,8 @@ def _sorted_rows(store: Store, parts: list[str], remote: bool) -> Iterator[tuple
     kept rows sorted by ranges of paths. One pass cannot do both: stems do not sort as
     their paths do ('a.jq.png' lies between 'a.jpg' and 'a.json')."""
     kept = _kept_parts(store, parts)
-    for ranged in key_ranges({"kept": Table(store, kept, KEPT_SCHEMA)}, LISTING_RANGE_ROWS, LISTING_FAN_OUT):
-        rows = ranged["kept"].sort_by("key")
-        paths = rows["key"].to_pylist()
-        for i, (path, sidecars) in enumerate(zip(paths, rows["sidecars"].to_pylist(), strict=True)):
-            if remote and i and paths[i - 1] == path:  # an object listed twice (top level and under a prefix)
-                continue
-            yield path, sidecars
+    for rows in sorted_ranges(store, kept, KEPT_SCHEMA, "key", remote):
+        yield from zip(rows["key"].to_pylist(), rows["sidecars"].to_pylist(), strict=True)
 
 
 def _folder_rows(src: str, cfg: SourceConfig, store: Store) -> Iterator[dict[str, Any]]:
@@ -531,7 +395,7 @@ def _folder_rows(src: str, cfg: SourceConfig, store: Store) -> Iterator[dict[str
         root = root.rstrip("/") or "/"
     store.remove(LISTING_SPILL_DIR)
     try:
-        parts = _spill_listing(store, fs, root, remote)
+        parts = spill_listing(store, LISTING_SPILL_DIR, fs, root, remote, lambda e: _spill_table(e, root))
         if not parts:
             return
         for path, sidecars in _sorted_rows(store, parts, remote):

@@ -9,6 +9,9 @@ images, the scores and the pool it reads are never written to.
     work/prompts/captions/{shard}.npy          text embeddings of the sampled captions of one staging shard
     work/prompts/captions/{shard}.keys.parquet their keys, in row order
     work/prompts/texts/{name}.npy              text embeddings of the prompt set, the pool, the taxonomy
+    work/prompts/order.parquet                 the valid prompts' ids in the set's order (what units are cut by)
+    work/prompts/listing/{model}/{chunk}.parquet   the generated images one variance unit reads (prompt id,
+                                               file name, stamp), rewritten by every listing (tasks/prompts/generated.py)
     work/prompts/generated/{model}/{chunk}.parquet   per prompt: images read, their SHA-256, variance
     qualification/prompts.parquet              one row per prompt: every signal, the decision
     qualification/variance.parquet             one row per (prompt, generating model)
@@ -27,6 +30,8 @@ PROMPTS_CAPTION_SAMPLE = "work/prompts/caption_sample.parquet"
 PROMPTS_CAPTIONS = "work/prompts/captions"
 PROMPTS_TEXTS = "work/prompts/texts"
 PROMPTS_GENERATED = "work/prompts/generated"
+PROMPTS_ORDER = "work/prompts/order.parquet"
+PROMPTS_LISTING = "work/prompts/listing"
 QUALIFICATION_DIR = "qualification"
 QUALIFICATION_PROMPTS = "qualification/prompts.parquet"
 QUALIFICATION_VARIANCE = "qualification/variance.parquet"
@@ -55,6 +60,10 @@ def text_embeddings_path(name: str) -> str:
     return f"{PROMPTS_TEXTS}/{name}.npy"
 
 
+def generated_listing_path(model: str, chunk: str) -> str:
+    return f"{PROMPTS_LISTING}/{model}/{chunk}.parquet"
+
+
 def generated_variance_path(model: str, chunk: str) -> str:
     return f"{PROMPTS_GENERATED}/{model}/{chunk}.parquet"
 
@@ -66,4 +75,12 @@ GENERATED_VARIANCE_SCHEMA = pa.schema([
     ("n_embedded", pa.int32()),       # of those, decoded and embedded
     ("images", pa.string()),          # JSON [[file name, sha256 or null, error or null], …] in name order
     ("variance", pa.float64()),       # trace of the covariance (ddof 1) of the embeddings; null below min_images
+])
+
+
+PROMPT_ORDER_SCHEMA = pa.schema([("prompt_id", pa.string()), ("place", pa.int64())])
+# One row per generated image a variance unit reads, its prompts in the set's order, names sorted.
+GENERATED_LISTING_SCHEMA = pa.schema([
+    ("prompt_id", pa.string()), ("name", pa.string()),
+    ("stamp", pa.string()),           # corpusforge.storage.file_stamp, or why the file may not be read
 ])

@@ -7,6 +7,7 @@ recomputed on every run from those units' outputs (no model).
 
 from __future__ import annotations
 
+import tempfile
 from typing import Any
 
 from corpusforge.contract import COMPUTED, SKIPPED, completed_units, explain, read_marker
@@ -20,7 +21,8 @@ from tasks.prompts.captions import caption_embeddings_key, sample_key, sampled_k
 from tasks.prompts.config import DensityConfig, TextModelConfig, VarianceConfig
 from tasks.prompts.signals import variance_units
 from tasks.prompts.text_model import text_model_identity
-from tasks.prompts.variance import list_generated, variance_key
+from tasks.prompts.generated import chunk_name, list_generated, unit_prompts, write_prompt_order
+from tasks.prompts.variance import variance_key
 
 
 def plan_units(out: Store, corpus: Store | None, density: DensityConfig | None, variance: VarianceConfig | None,
@@ -70,15 +72,21 @@ def _density(out: Store, corpus: Store, cfg: DensityConfig, tm: TextModelConfig,
 
 
 def _variance(out: Store, cfg: VarianceConfig | None, prompts: list[dict[str, Any]]) -> StagePlan:
-    """One unit per (model, chunk of prompts) of the generated images' listing."""
+    """One unit per (model, chunk of prompts) of the generated images' listing, listed as the
+    run lists them (:mod:`tasks.prompts.generated`) into a local temporary folder."""
     stage = StagePlan("variance")
     if cfg is None:
         return switched_off(stage, out, (PROMPTS_GENERATED,), "variance is switched off")
-    planned = variance_units(cfg, out, prompts, list_generated(cfg.generated, cfg.storage_options))
-    for call in planned.calls:
-        rel = generated_variance_path(call["model"], call["chunk"])
-        key = variance_key(cfg.generated, call["model"], call["prompts"], cfg)
-        stage.add(f"{call['model']}/{call['chunk']}", *explain(read_marker(out, rel), key))
+    with tempfile.TemporaryDirectory(prefix="corpusforge-plan-") as tmp:
+        listed = Store(tmp, fsync=False)
+        write_prompt_order(listed, prompts)
+        planned = variance_units(cfg, out, list_generated(listed, cfg.generated, cfg.storage_options,
+                                                          cfg.prompts_per_unit))
+        for call in planned.calls:
+            chunk = chunk_name(call["unit"])
+            key = variance_key(cfg.generated, call["model"], unit_prompts(listed, call["model"], call["unit"]), cfg)
+            stage.add(f"{call['model']}/{chunk}",
+                      *explain(read_marker(out, generated_variance_path(call["model"], chunk)), key))
     for model in out.listdir(PROMPTS_GENERATED):
         deletions(stage, out, f"{PROMPTS_GENERATED}/{model}", ".parquet", planned.chunks.get(model, []),
                   "no longer planned (prompts or generated images changed)", f"{model}/")

@@ -7,7 +7,8 @@ fan-out is here, so the flow reads as a table of contents.
 * Density: :func:`plan_density` runs the caption sample (one unit) and lists the
   caption-embedding units; :func:`density_signal` embeds prompts, pool and taxonomy and
   scores every valid prompt (and pool prompt) by direct k-NN or taxonomy density.
-* Variance: :data:`LIST_GENERATED` lists the generated images (a task), :func:`plan_variance` the units;
+* Variance: :data:`LIST_GENERATED` lists the generated images and cuts them into units (a task:
+  :mod:`tasks.prompts.generated`), :func:`plan_variance` plans those units;
   :func:`variance_signal` flags, per model, prompts whose outputs cluster tightly.
 """
 
@@ -22,7 +23,7 @@ from corpusforge.contract import Unit, UnitResult
 from corpusforge.hashing import canonical_json, sha256_bytes
 from tasks.prompts.files import generated_variance_path
 from corpusforge.storage import Store
-from tasks.prompts import captions, density, tables, variance
+from tasks.prompts import captions, density, generated, tables, variance
 from tasks.prompts.config import DensityConfig, TextModelConfig, VarianceConfig
 from tasks.prompts.text_model import text_model_identity
 
@@ -32,7 +33,7 @@ from tasks.prompts.text_model import text_model_identity
 # The two signals' units: a staging shard's caption sample embedded, a generated model's outputs' variance.
 EMBED_CAPTIONS = Unit(captions.embed_shard_captions, "embed-caption-sample")
 VARIANCE = Unit(variance.variance_unit, "generated-output-variance")
-LIST_GENERATED = Unit(variance.list_generated, "list-generated-images")
+LIST_GENERATED = Unit(generated.list_generated, "list-generated-images")
 
 
 @dataclass(frozen=True)
@@ -114,39 +115,31 @@ def density_signal(plan: DensityPlan, out: Store, cfg: DensityConfig, tm: TextMo
 
 @dataclass(frozen=True)
 class VariancePlan:
-    """The generated images found and the variance units the flow runs (``calls``)."""
+    """The generated images found and the variance units the flow runs (``calls``): O(models +
+    units), the images themselves stay in the listing file."""
 
-    listed: dict[str, dict[str, Any]]  # model → prompt id → its image files
+    models: list[str]  # every model with images, sorted
+    unknown: list[str]  # {model}/{prompt_id} folders of prompts not in the valid set
     unusable: list[str]  # the first files found that are not {model}/{prompt_id}/{image} with safe names
     chunks: dict[str, list[str]]  # model → its units' chunk names, in order
     calls: list[dict[str, Any]]  # keyword arguments of :func:`variance.variance_unit`, one per unit
 
 
-def plan_variance(cfg: VarianceConfig, out: Store, prompts: list[dict[str, Any]], listing: dict[str, Any]
-                  ) -> VariancePlan:
-    """One unit per (model, chunk of ``prompts_per_unit`` valid prompts with images); outputs
-    of units no longer planned are removed. ``listing``: :func:`variance.list_generated`
-    (the :data:`LIST_GENERATED` unit)."""
-    planned = variance_units(cfg, out, prompts, listing)
+def plan_variance(cfg: VarianceConfig, out: Store, listing: generated.GeneratedListing) -> VariancePlan:
+    """One unit per (model, chunk of ``prompts_per_unit`` valid prompts with images), as the
+    listing (the :data:`LIST_GENERATED` unit) cut them; outputs of units no longer planned are
+    removed."""
+    planned = variance_units(cfg, out, listing)
     variance.prune_generated(out, planned.chunks)
     return planned
 
 
-def variance_units(cfg: VarianceConfig, out: Store, prompts: list[dict[str, Any]], listing: dict[str, Any]
-                   ) -> VariancePlan:
-    """The units :func:`plan_variance` plans, from the listing of the generated images (writes nothing)."""
-    valid = [p for p in prompts if p["status"] == "valid"]
-    listed = listing["found"]
-    chunks: dict[str, list[str]] = {}
-    calls = []
-    for model in sorted(listed):
-        chosen = [(p["prompt_id"], listed[model][p["prompt_id"]]) for p in valid if p["prompt_id"] in listed[model]]
-        for n, lo in enumerate(range(0, len(chosen), cfg.prompts_per_unit)):
-            chunk = variance.chunk_name(n)
-            chunks.setdefault(model, []).append(chunk)
-            calls.append({"out": out, "generated": cfg.generated, "options": cfg.storage_options, "model": model,
-                          "chunk": chunk, "prompts": chosen[lo:lo + cfg.prompts_per_unit], "cfg": cfg})
-    return VariancePlan(listed, listing["unusable"], chunks, calls)
+def variance_units(cfg: VarianceConfig, out: Store, listing: generated.GeneratedListing) -> VariancePlan:
+    """The units :func:`plan_variance` plans, from the listing's unit counts (writes nothing)."""
+    chunks = {model: [generated.chunk_name(n) for n in range(units)] for model, units in listing["units"].items()}
+    calls = [{"out": out, "generated": cfg.generated, "options": cfg.storage_options, "model": model, "unit": n,
+              "cfg": cfg} for model, units in listing["units"].items() for n in range(units)]
+    return VariancePlan(listing["models"], listing["unknown_prompt_folders"], listing["unusable"], chunks, calls)
 
 
 def variance_signal(plan: VariancePlan, markers: list[UnitResult], cfg: VarianceConfig, out: Store,
@@ -154,15 +147,13 @@ def variance_signal(plan: VariancePlan, markers: list[UnitResult], cfg: Variance
     """Per (prompt, model) variance and flags from the units' outputs (``markers``: the
     units' markers); sets ``variance`` on valid prompt rows; returns the summary and rows."""
     valid = [p for p in prompts if p["status"] == "valid"]
-    listed = plan.listed
-    ids = {p["prompt_id"] for p in valid}
     identities = {canonical_json(m.info["identity"]): m.info["identity"] for m in markers}
     identity = next(iter(identities.values()), {"model_id": cfg.model.model_id})
     rows = [r for model, chunks in plan.chunks.items() for c in chunks
             for r in out.read_parquet(generated_variance_path(model, c)).to_pylist()]
     per_model = []
     by_prompt: dict[str, dict[str, Any]] = {p["prompt_id"]: {} for p in valid}
-    for model in sorted(listed):
+    for model in plan.models:
         model_rows = {r["prompt_id"]: r for r in rows if r["model"] == model}
         values = np.array([np.nan if model_rows.get(p["prompt_id"], {}).get("variance") is None
                            else model_rows[p["prompt_id"]]["variance"] for p in valid], dtype=np.float64)
@@ -184,7 +175,7 @@ def variance_signal(plan: VariancePlan, markers: list[UnitResult], cfg: Variance
     strong = sum(sum(v["flagged"] for v in p["variance"].values()) >= cfg.strong_min_models for p in valid)
     summary = {"image_model": identity, "sd_threshold": cfg.sd_threshold, "min_images": cfg.min_images,
                "strong_min_models": cfg.strong_min_models, "models": per_model, "strong": int(strong),
-               "unknown_prompt_folders": sorted({f"{m}/{pid}" for m in listed for pid in listed[m] if pid not in ids}),
+               "unknown_prompt_folders": plan.unknown,
                "unusable_files": plan.unusable,
                "image_errors": sum(r["n_images"] - r["n_embedded"] for r in rows)}
     return summary, rows

@@ -8,7 +8,8 @@ below that model's mean over all its prompts minus ``sd_threshold`` sample stand
 deviations (ddof 1); flagged for ``strong_min_models`` models or more, it is the strong
 case (the seed: "consistent across multiple models").
 
-Work: one unit per (model, chunk of ``prompts_per_unit`` prompts); its fingerprint holds
+Work: one unit per (model, chunk of ``prompts_per_unit`` prompts), cut by the listing
+(:mod:`tasks.prompts.generated`, a task) and read from it by the unit; its fingerprint holds
 the feature model's identity and each file's name and stamp (:func:`corpusforge.storage.file_stamp`), and its
 output records every image's SHA-256 (what the receipt lists). A bad image is that
 image's error; a prompt with fewer than ``min_images`` embedded images has no variance
@@ -24,19 +25,16 @@ import posixpath
 import re
 from typing import Any
 
-import fsspec
 import numpy as np
 import pyarrow as pa
 
 from corpusforge.contract import UnitKey, UnitResult, prune, run_unit, unit_fingerprint
 from corpusforge.layout import MARKERS
 from tasks.prompts.files import GENERATED_VARIANCE_SCHEMA, PROMPTS_GENERATED, generated_variance_path
-from corpusforge.storage import file_stamp, url_to_fs
 from corpusforge.version import code_version
-from tasks.prompts.tables import SAFE_ID
-from tasks.shared.inputs import list_folder, read_image, resolve_input
+from tasks.prompts.generated import chunk_name, unit_prompts
+from tasks.shared.inputs import read_image
 
-IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp")
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # object addresses in error messages differ between runs
 
 
@@ -59,45 +57,6 @@ def variance_flags(variances: np.ndarray, sd_threshold: float) -> dict[str, Any]
             "n": len(values)}
 
 
-# ---- the generated images ------------------------------------------------------------
-
-UNUSABLE_SHOWN = 100  # unusable files named in the summary
-
-
-def list_generated(generated: str, options: dict[str, Any]) -> dict[str, Any]:
-    """One listing of ``generated``: ``found``, ``{model: {prompt_id: [(file name, stamp), …]}}``
-    (names sorted), and ``unusable``, the first :data:`UNUSABLE_SHOWN` files that are not
-    ``{model}/{prompt_id}/{image}`` with safe names (reported, never read), with their count.
-
-    A unit of its own (the flow runs it as a task: every file is resolved and stamped there,
-    not in the flow process). Listed as the build lists a source
-    (:func:`tasks.shared.inputs.list_folder`: links listed, never followed); a file that may
-    not be read (a symlink out, a FIFO) is listed with its ``unsafe_path`` reason as its
-    stamp, and is that image's error."""
-    fs, _ = url_to_fs(generated, options)
-    root = generated.rstrip("/")
-    found: dict[str, dict[str, list[tuple[str, str]]]] = {}
-    unusable: list[str] = []
-    n_unusable = 0
-    for rel, info in list_folder(root, options):
-        parts = rel.split("/")
-        if (len(parts) != 3 or not rel.lower().endswith(IMAGE_EXTS)
-                or not (SAFE_ID.fullmatch(parts[0]) and SAFE_ID.fullmatch(parts[1]))):
-            n_unusable += 1
-            if len(unusable) < UNUSABLE_SHOWN:
-                unusable.append(rel)
-            continue
-        model, prompt, name = parts
-        location, refusal = resolve_input(root, rel, [root])
-        stamp = file_stamp(fs, fsspec.core.strip_protocol(location), info) if location else refusal
-        found.setdefault(model, {}).setdefault(prompt, []).append((name, stamp))
-    return {"found": found, "unusable": unusable, "unusable_count": n_unusable}
-
-
-def chunk_name(n: int) -> str:
-    return f"{n:06d}"
-
-
 def variance_key(generated: str, model: str, prompts: list[tuple[str, list[tuple[str, str]]]], cfg: Any) -> UnitKey:
     """One variance unit's fingerprint: what the unit and ``corpusforge plan`` key it by."""
     config = {"variance": {"model": cfg.model.model_dump(mode="json"), "min_images": cfg.min_images}}
@@ -105,11 +64,12 @@ def variance_key(generated: str, model: str, prompts: list[tuple[str, list[tuple
                             [generated.rstrip("/"), model, prompts])
 
 
-def variance_unit(out: Any, generated: str, options: dict[str, Any], model: str, chunk: str,
-                  prompts: list[tuple[str, list[tuple[str, str]]]], cfg: Any) -> UnitResult:
-    """One unit: the variance of every prompt of ``chunk`` for generating ``model``.
+def variance_unit(out: Any, generated: str, options: dict[str, Any], model: str, unit: int, cfg: Any) -> UnitResult:
+    """One unit: the variance of every prompt of unit ``unit`` of generating ``model``, its
+    prompts and their images read from the listing (:func:`tasks.prompts.generated.unit_prompts`).
     ``cfg`` is a :class:`~tasks.prompts.config.VarianceConfig`."""
-    rel = generated_variance_path(model, chunk)
+    rel = generated_variance_path(model, chunk_name(unit))
+    prompts = unit_prompts(out, model, unit)
     fp = variance_key(generated, model, prompts, cfg)
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:

@@ -39,7 +39,9 @@ import functools
 import hashlib
 import io
 import json
+import os
 import posixpath
+import tempfile
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -55,14 +57,14 @@ from corpusforge.contract import (COMPUTED, SKIPPED, Marker, Unit, UnitResult, e
 from corpusforge.feature_files import read_shard_errors, read_shard_features, write_shard_features
 from corpusforge.hashing import fingerprint
 from corpusforge.layout import feature_vectors
-from corpusforge.storage import Store, file_stamp, open_uri, url_to_fs
+from corpusforge.storage import Store, file_stamp, is_remote, open_uri, url_to_fs
 from corpusforge.tarshard import iter_tar_samples
 from corpusforge.version import code_version
 from tasks.shared.features.config import ModelSpec, RuntimeConfig
 from tasks.shared.features.decode import decode_rgb
 from tasks.shared.features.extract import prefetched
-from tasks.shared.inputs import (InputRefused, image_refusal, list_folder, open_input, read_image, resolve_input,
-                                 tar_member_reason)
+from tasks.shared.inputs import InputRefused, image_refusal, open_input, read_image, resolve_input, tar_member_reason
+from tasks.shared.listing import Listed, sorted_ranges, spill_listing
 from tasks.stats.compare import compare
 from tasks.stats.config import PROTOCOL_MODES, MetricsConfig, protocol_model
 from tasks.stats.files import EVALUATION_METRICS, EVALUATION_REPORT, GENERATED_LISTING
@@ -209,27 +211,78 @@ def _roots(sources: Sequence[str]) -> tuple[str, ...]:
     return tuple(s.rstrip("/") for s in sources)
 
 
+SPILL_SCHEMA = pa.schema([("uri", pa.string()), ("tar", pa.bool_()), ("stamp", pa.string())])
+SPILL_FOLDER = "listing"
+
+
+def _spilled(entries: list[Listed], source: str, root: str, remote: bool, roots: Sequence[str],
+             storage_options: dict[str, Any]) -> pa.Table:
+    """A spill part of a folder's listing: its image files and tars, each with its stamp or
+    the reason it may not be read."""
+    uris, tars, stamps = [], [], []
+    for path, _, info in entries:
+        uri = posixpath.join(source, path[len(root) + 1:] if remote else posixpath.relpath(path, root))
+        ext = _ext(uri)
+        if ext in IMAGE_EXTS or ext == "tar":
+            uris.append(uri)
+            tars.append(ext == "tar")
+            stamps.append(_stamp(uri, info, roots, storage_options))
+    return pa.table({"uri": uris, "tar": tars, "stamp": stamps}, schema=SPILL_SCHEMA)
+
+
+def _listed(source: str, spill: Store, roots: Sequence[str], storage_options: dict[str, Any]
+            ) -> Iterator[pa.Table]:
+    """A source's image files and tars (:data:`SPILL_SCHEMA`) sorted by URI, a key range at a
+    time: a folder spilled to ``spill`` as it is listed (links listed, never followed, as the
+    build lists a source: :mod:`tasks.shared.listing`), or the file itself."""
+    fs, root = url_to_fs(source, storage_options)
+    if not fs.isdir(root):
+        ext = _ext(source)
+        if ext in IMAGE_EXTS or ext == "tar":
+            yield pa.table({"uri": [source], "tar": [ext == "tar"], "stamp": [_stamp(source, None, roots,
+                                                                                    storage_options)]},
+                           schema=SPILL_SCHEMA)
+        return
+    remote = is_remote(source)
+    root = root.rstrip("/") if remote else root.rstrip("/") or "/"
+    parts = spill_listing(spill, SPILL_FOLDER, fs, root, remote,
+                          lambda e: _spilled(e, source, root, remote, roots, storage_options))
+    if parts:
+        yield from sorted_ranges(spill, parts, SPILL_SCHEMA, "uri", remote)
+    spill.remove(SPILL_FOLDER)
+
+
 def plan_generated(sources: Sequence[str], storage_options: dict[str, Any] | None = None,
-                   chunk_size: int = 1000) -> list[GeneratedChunk]:
-    """Chunks over every image file and tar under ``sources`` (folders or files), sorted.
-    Folders are listed as the build lists a source (links listed, never followed)."""
+                   chunk_size: int = 1000) -> Iterator[GeneratedChunk]:
+    """Chunks over every image file and tar under ``sources`` (folders or files), in order:
+    the image files sorted, source by source, ``chunk_size`` to a chunk, then each tar.
+    Out of core: a folder's listing is spilled to a local temporary folder and read back
+    sorted a key range at a time; a chunk is held until it is handed on, the tars wait in a
+    local file. Each file is resolved and stamped as it is listed."""
     so = dict(storage_options or {})
     roots = _roots(sources)
-    files: list[tuple[str, str]] = []
-    tars: list[tuple[str, str]] = []
-    for source in roots:
-        fs, root = url_to_fs(source, so)
-        found = ([(posixpath.join(source, rel), info) for rel, info in list_folder(source, so)]
-                 if fs.isdir(root) else [(source, None)])
-        for uri, info in found:
-            ext = _ext(uri)
-            if ext in IMAGE_EXTS:
-                files.append((uri, _stamp(uri, info, roots, so)))
-            elif ext == "tar":
-                tars.append((uri, _stamp(uri, info, roots, so)))
-    chunks = [GeneratedChunk("files", *map(tuple, zip(*files[i:i + chunk_size], strict=True)), roots=roots)
-              for i in range(0, len(files), chunk_size)]
-    return chunks + [GeneratedChunk("tar", (t,), (stamp,), roots) for t, stamp in tars]
+    with tempfile.TemporaryDirectory(prefix="corpusforge-generated-") as tmp:
+        spill = Store(tmp, fsync=False)
+        tars = os.path.join(tmp, "tars.arrow")
+        uris: list[str] = []
+        stamps: list[str] = []
+        with pa.OSFile(tars, "wb") as sink, pa.ipc.new_stream(sink, SPILL_SCHEMA) as later:
+            for source in roots:
+                for listed in _listed(source, spill, roots, so):
+                    later.write_table(listed.filter(listed["tar"]))
+                    files = listed.filter(pc.invert(listed["tar"]))
+                    for uri, stamp in zip(files["uri"].to_pylist(), files["stamp"].to_pylist(), strict=True):
+                        uris.append(uri)
+                        stamps.append(stamp)
+                        if len(uris) == chunk_size:
+                            yield GeneratedChunk("files", tuple(uris), tuple(stamps), roots)
+                            uris, stamps = [], []
+        if uris:
+            yield GeneratedChunk("files", tuple(uris), tuple(stamps), roots)
+        with pa.OSFile(tars, "rb") as source, pa.ipc.open_stream(source) as reader:
+            for batch in reader:
+                for uri, stamp in zip(batch["uri"].to_pylist(), batch["stamp"].to_pylist(), strict=True):
+                    yield GeneratedChunk("tar", (uri,), (stamp,), roots)
 
 
 LISTING_SCHEMA = pa.schema([("chunk", pa.int32()), ("name", pa.string()), ("kind", pa.string()),
@@ -249,15 +302,17 @@ class ListedChunk:
 def write_generated_listing(out: Store, sources: Sequence[str], storage_options: dict[str, Any] | None = None,
                             chunk_size: int = 1000) -> list[ListedChunk]:
     """:func:`plan_generated` as a task: the listing goes to ``out``'s listing file, one row
-    group a chunk, so each embedding task reads its own files and the flow holds their names."""
-    chunks = plan_generated(sources, storage_options, chunk_size)
-    names = [c.name for c in chunks]
-    labels = [i for i, c in enumerate(chunks) for _ in c.uris]
-    table = pa.table({"chunk": pa.array(labels, pa.int32()), "name": [names[i] for i in labels],
-                      "kind": [chunks[i].kind for i in labels], "uri": [u for c in chunks for u in c.uris],
-                      "stamp": [t for c in chunks for t in c.stamps]}, schema=LISTING_SCHEMA)
-    out.write_parquet(GENERATED_LISTING, table, row_groups=labels)
-    return [ListedChunk(name, i, len(c.uris)) for i, (name, c) in enumerate(zip(names, chunks, strict=True))]
+    group a chunk as it is cut, so each embedding task reads its own files and the flow
+    holds their names; no chunk but the one being written is held."""
+    listed: list[ListedChunk] = []
+    with out.write_row_groups(GENERATED_LISTING, LISTING_SCHEMA) as write:
+        for index, chunk in enumerate(plan_generated(sources, storage_options, chunk_size)):
+            n = len(chunk.uris)
+            write(pa.table({"chunk": pa.array([index] * n, pa.int32()), "name": [chunk.name] * n,
+                            "kind": [chunk.kind] * n, "uri": list(chunk.uris), "stamp": list(chunk.stamps)},
+                           schema=LISTING_SCHEMA))
+            listed.append(ListedChunk(chunk.name, index, n))
+    return listed
 
 
 def read_listed_chunk(out: Store, index: int, sources: Sequence[str]) -> GeneratedChunk:

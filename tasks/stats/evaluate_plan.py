@@ -7,7 +7,7 @@ features (no model).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import Any
 
 from corpusforge.contract import COMPUTED
@@ -19,7 +19,7 @@ from tasks.shared.features.plan import feature_stage
 from tasks.stats.evaluate import GeneratedChunk, judge_generated_chunk
 
 
-def plan_units(out: Store, features: Store | None, chunks: Sequence[GeneratedChunk], spec: ModelSpec,
+def plan_units(out: Store, features: Store | None, chunks: Iterable[GeneratedChunk], spec: ModelSpec,
                precision: str, storage_options: dict[str, Any]) -> list[StagePlan]:
     """An evaluation's chunks of generated images, then the metrics (every run). ``features``:
     a shared feature store the chunks are embedded into, which is never pruned (None: ``out``,
@@ -27,11 +27,13 @@ def plan_units(out: Store, features: Store | None, chunks: Sequence[GeneratedChu
     model_id = spec.model_id
     pruned, features = features is None, out if features is None else features
     stage = feature_stage(model_id)
-    for chunk in chunks:
+    names: list[str] = []
+    for chunk in chunks:  # judged as they come: only their names are kept
         verdict = judge_generated_chunk(features, chunk, spec, precision, storage_options, hash_new=False)
         stage.add(chunk.name, verdict.action, verdict.reason)
+        names.append(chunk.name)
     if pruned:
-        deletions(stage, out, f"{features_dir(model_id)}/vectors", ".npy", [c.name for c in chunks],
+        deletions(stage, out, f"{features_dir(model_id)}/vectors", ".npy", names,
                   "no longer among the generated images")
         for name in out.listdir(FEATURES_DIR):
             if name != model_id:
