@@ -464,7 +464,8 @@ class Step:
     modules: tuple[str, ...]  # imported before the measurement starts
     linear: bool = True
     max_n: int | None = None  # larger sizes are not run (too slow here): reported as unmeasured there
-    refused: str | None = None  # the feature model whose index the graph stage refuses above a size
+    # the feature model whose index the graph stage refuses above a size (refused_above), or the size
+    refused: str | int | None = None
     # the build runs the step only up to this many vectors (documented); sizes above it are not
     # run, the largest size run is this one, and there is no projection past it
     off_above: int | None = None
@@ -820,7 +821,7 @@ def analyse(name: str, runs: list[dict[str, Any]], expected: list[int], acceptan
         unmeasured.append(f"measured at {len(ns)} size(s) up to N={_n(max(ns))}: needs 3 or more, up to {_n(top)}")
     base = max(r["base_rss"] for r in runs)
     out: dict[str, Any] = {"sizes": ns, "projections": {}, "broken": [], "unmeasured": unmeasured}
-    refused = refused_above(st.refused) if st.refused else None
+    refused = st.refused if isinstance(st.refused, int) else refused_above(st.refused) if st.refused else None
     out["refused_above"], out["refused_at"], out["notes"] = refused, set(), []
     if off:
         out["notes"].append(f"off above {off:,d} vectors (documented)")

@@ -56,7 +56,6 @@ def quick_table(request, tmp_path_factory) -> dict[str, str]:
 NOT_GUARDED = {
     "faiss_build_512pq": "guarded as faiss_build_512pq_guard: the same train, add and merge code with 64 lists",
     "faiss_query_512pq": "guarded as faiss_query_512pq_guard: the same rescored query code with 64 lists",
-    "contamination_scan_exact": "one exact scan at 100k takes minutes here; the full benchmark runs it",
     "graph_collision": "its 1e8 regime, the sample capped at max_subset_vectors (2M), starts at 6.9M records: guarded "
                        "as graph_collision_guard, the same code with the cap at 2,000 vectors, so quick sizes lie past it",
 }

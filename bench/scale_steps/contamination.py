@@ -8,12 +8,13 @@ written as one embedded evaluation chunk under ``{data}/eval``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
 import numpy as np
 
-from bench.scale import FIXED, GUARDED, INPUTS, MODEL_512, Scale, _model, step
+from bench.scale import FIXED, GUARDED, INPUTS, MODEL_512, STEPS, Scale, _model, step
 
 EVAL_QUERIES = 1000
 EVAL_CHUNK = "000000"
@@ -105,7 +106,7 @@ def run_contamination_scan_exact(store, sc: Scale, data: str) -> dict[str, Any]:
 def run_contamination_index_ivf(store, sc: Scale, data: str) -> dict[str, Any]:
     """The IVF index over every corpus vector (build_scan_index, default IvfConfig: Flat
     lists held in the task's memory). Refused above 16 GiB of lists (8.3M 512-d vectors,
-    check_index_size), so its 10⁸ projection is what the refusal prevents, not a cost."""
+    check_index_size), so nothing is projected past it (:func:`index_refused_above`)."""
     from corpusforge.contract import marker_path
     from tasks.contamination.files import contamination_index
     from tasks.contamination import image_scan as scan
@@ -119,7 +120,22 @@ def run_contamination_index_ivf(store, sc: Scale, data: str) -> dict[str, Any]:
     return {"tasks": 1, "params": [kwargs], "nlist": built["plan"]["nlist"], "vectors": built["n_vectors"]}
 
 
-FIXED += ["contamination_driver", "contamination_scan_exact"]
-# the scale guard's 10-minute budget: one exact scan at 100k takes minutes here, so the full
-# benchmark alone enforces contamination_scan_exact
-GUARDED += ["contamination_driver"]
+def index_refused_above() -> int:
+    """The most 512-d vectors whose scan index the stage builds with the default IvfConfig."""
+    from tasks.contamination.config import IvfConfig
+    from tasks.contamination.image_scan import check_index_size
+
+    lo, hi = 1, 10**9  # check_index_size passes at lo, refuses at hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        try:
+            check_index_size("images", mid, 512, IvfConfig().storage)
+            lo = mid
+        except ValueError:
+            hi = mid
+    return lo
+
+
+STEPS["contamination_index_ivf"] = dataclasses.replace(STEPS["contamination_index_ivf"], refused=index_refused_above())
+FIXED += ["contamination_driver", "contamination_scan_exact", "contamination_index_ivf"]
+GUARDED += ["contamination_driver", "contamination_scan_exact", "contamination_index_ivf"]
