@@ -553,19 +553,21 @@ STEPS["graph_collision"] = Step("graph_collision", _collision(None), _GRAPH_NEED
                                 max_n=COLLISION_MAX_N, regime=_collision_regime(None))
 
 
-@step("graph_calibration", _GRAPH_NEEDS, "task", ("tasks.graph.stage",), max_n=COLLISION_MAX_N)
+STEPS["graph_collision_guard"] = Step("graph_collision_guard", _collision(COLLISION_GUARD_CAP), _GRAPH_NEEDS, "task",
+                                      ("tasks.graph.stage",), regime=_collision_regime(COLLISION_GUARD_CAP))
+
+
+@step("graph_calibration", _GRAPH_NEEDS, "task", ("tasks.graph.stage",))
 def run_calibration(store, sc: Scale, data: str) -> dict[str, Any]:
-    """The calibration sheet task (one; after graph_collision, whose pairs it samples)."""
+    """The calibration sheet task (one), after the collision models, whose pairs it samples:
+    registered after graph_collision_guard, so it samples a capped sample's pairs, as at 10⁸
+    (and runs at 1M, where graph_collision, counted whole, is not run)."""
     from tasks.graph.calibration import calibration_sheet
 
     kwargs = dict(source=store, out=_graph_out(data, GRAPH_TAG), cfg=_near_config(MODEL_512),
                   shard_table=_graph_state(data)["table"], fp=os.urandom(32).hex())
     calibration_sheet(**kwargs)
     return {"tasks": 1, "params": [kwargs]}
-
-
-STEPS["graph_collision_guard"] = Step("graph_collision_guard", _collision(COLLISION_GUARD_CAP), _GRAPH_NEEDS, "task",
-                                      ("tasks.graph.stage",), regime=_collision_regime(COLLISION_GUARD_CAP))
 
 CROP_LINK_RATE = 0.04  # windows that are a noisy copy of another picture's whole frame: ~1 partner a picture
 
