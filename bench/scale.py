@@ -925,7 +925,7 @@ def report(results: dict[str, list[dict[str, Any]]], expected: list[int], markdo
             failures += [f"{name}: {b}" for b in a["broken"] + (a["unmeasured"] if strict else [])]
         pr = a["projections"]
         flow = STEPS[name].role == "flow"
-        bound = f"{'flow' if flow else 'task'} ≤ {_size(FLOW_BOUND if flow else TASK_BOUND)}"
+        bound = ("" if markdown else f"{'flow' if flow else 'task'} ≤ ") + _size(FLOW_BOUND if flow else TASK_BOUND)
         rows.append((name, STEPS[name].role, ", ".join(_n(n) for n in a["sizes"]),
                      " / ".join(_b(b) for b in a.get("b_cpu_s", (None, None))),
                      " / ".join(_b(b) for b in a.get("b_files_opened", (None, None))),
