@@ -22,15 +22,28 @@ under one transform, and the median tile agrees (0.62 and 0.68 on real photograp
 agrees everywhere its pixels were not painted over, so ``agreeing`` is the share of the
 textured tiles of a finer 8 x 8 grid whose correlation is at least ``TILE_AGREES``: copies
 of real photographs 0.81 and up (JPEG 40, half size, greyscale, rotation, borders, crops,
-watermark), other photographs of one subject 0.62 at most. And when either picture has no
-colour (``colourless``, read off the pixels), the global similarity must also exceed
-``colourless_min_similarity``: a greyscale copy keeps its original's layout (wfd 1.00), a
-different photograph of the same subject does not (0.50 for the calf).
+watermark), other photographs of one subject 0.62 at most. A crop of one stereo photograph,
+though, can keep just the part of the scene that aligns with the other (agreeing 0.70 and up on
+real photographs): what gives a second viewpoint away is *parallax*. A copy is one planar
+transform of its original, so once aligned every tile agrees where it was put; a scene seen from
+elsewhere aligns on one depth, and its other tiles agree only a few pixels off. ``parallax`` is
+the share of the fine tiles that agree somewhere within ``PARALLAX_PX`` whose best match lies
+``PARALLAX_SHIFT`` px or more away and beats the aligned correlation by ``PARALLAX_GAIN``
+(planted copies 0.02 at most, a stereo photograph against crops of the other 0.34 and up).
+
+When either picture has no colour (``colourless``, read off the pixels), the global similarity
+must also exceed ``colourless_min_similarity``: a greyscale copy keeps its original's layout (wfd
+1.00), a different photograph of the same subject does not (0.50 for the calf). The floor is
+waived when the pixels agree near-perfectly (``agreement >= colourless_waiver_agreement`` and
+``agreeing >= colourless_waiver_agreeing``): a greyscale original's crop or turn scores low
+globally for the same reason any crop or turn does, while the unrelated colourless pairs that
+align on real photographs reach 0.80 and 0.72 (the calf 0.68 median).
 
 A pair is *verified* with at least ``min_inliers`` inliers, ``overlap >= min_overlap``,
-``agreement >= min_agreement``, ``agreeing >= min_agreeing_tiles`` and, without colour on
-either side, ``similarity > colourless_min_similarity``. Evidence and thresholds: see
-docs/near-duplicates.md (synthetic held-out sample, seed 1, and real photographs).
+``agreement >= min_agreement``, ``agreeing >= min_agreeing_tiles``, ``parallax <= max_parallax``
+and, without colour on either side, ``similarity > colourless_min_similarity`` or the waiver
+(:func:`colour_ok`). Evidence and thresholds: see docs/near-duplicates.md (synthetic held-out
+sample, seed 1, and real photographs).
 
 A model that is not flip-symmetric (a learned one: :func:`tasks.shared.features.config.flip_symmetric`)
 puts mirrored copies in the review band, and ORB's descriptors do not match a mirrored picture. So for
@@ -49,7 +62,7 @@ candidates (``graph/crops/{shard}.parquet``, :mod:`tasks.graph.crops`; their col
 judged by :func:`floor_similarity`, and their ``region`` score is kept), and writes
 ``graph/verified/{shard}.parquet`` (see :data:`tasks.graph.files.VERIFIED_SCHEMA`): both
 keys and SHA-256s, the similarity, keypoints, matches, inliers, score, overlap, agreement,
-agreeing, colourless, the verdict and whether it was the mirrored try. Results are reused per pair
+agreeing, parallax, colourless, the verdict and whether it was the mirrored try. Results are reused per pair
 across reruns: a row whose two SHA-256s, floor similarity and verification settings are unchanged
 is copied from the previous file instead of recomputed.
 """
