@@ -193,10 +193,10 @@ class VerificationConfig(StrictModel):
         description="Of the fine tiles that agree within 4 px of where the alignment puts them, the share whose "
                     "best match lies >= 2 px away and beats the aligned NCC by >= 0.1: a copy is one planar "
                     "transform, two viewpoints of a 3-D scene (a stereo pair) differ by parallax. Real photographs, "
-                    "seeds 0-4: planted copies and their originals 0.02 at most; a stereo pair's left photograph and "
-                    "70 % crops of its right one 0.34-0.64 (those that pass every other criterion). Pictures of one "
-                    "group related by more than a similarity (a stretched copy and a crop, a mirrored one, video "
-                    "frames) reach 0.43 and are refused, linked through their original.")
+                    "seeds 0-4, both ways: planted copies 0.18 at most but one at 0.36; a stereo pair's left "
+                    "photograph and 70 % crops of its right one 0.34-0.64 (those that pass every other criterion). "
+                    "Pictures of one group related by more than a similarity (a stretched copy and a crop, a mirrored "
+                    "one, video frames) reach 0.43 and are refused, linked through their original.")
 
     def recorded(self) -> dict[str, Any]:
         """The settings and the fixed local-feature values under the names graph/summary.json and

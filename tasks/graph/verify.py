@@ -29,7 +29,7 @@ transform of its original, so once aligned every tile agrees where it was put; a
 elsewhere aligns on one depth, and its other tiles agree only a few pixels off. ``parallax`` is
 the share of the fine tiles that agree somewhere within ``PARALLAX_PX`` whose best match lies
 ``PARALLAX_SHIFT`` px or more away and beats the aligned correlation by ``PARALLAX_GAIN``
-(planted copies 0.02 at most, a stereo photograph against crops of the other 0.34 and up).
+(planted copies 0.18 at most but one at 0.36, a stereo photograph against crops of the other 0.34 and up).
 
 When either picture has no colour (``colourless``, read off the pixels), the global similarity
 must also exceed ``colourless_min_similarity``: a greyscale copy keeps its original's layout (wfd
