@@ -226,7 +226,11 @@ def separation(checked: dict, groups: dict[str, str], cfg: NearDedupConfig) -> s
             f"min agreement {min((r['agreement'] for r in rel), default=0):.3f}, "
             f"min agreeing {min((r['agreeing'] for r in rel), default=0):.2f} (threshold {vc.min_agreeing_tiles}; "
             f"unrelated with overlap >= {vc.min_overlap}: max {max((r['agreeing'] for r in inside), default=0):.2f}), "
-            f"min overlap {min((r['overlap'] for r in rel), default=0):.2f} (threshold {vc.min_overlap})")
+            f"min overlap {min((r['overlap'] for r in rel), default=0):.2f} (threshold {vc.min_overlap}); "
+            f"parallax: related verified max {max((r['parallax'] for r in rel), default=0):.2f}, unrelated with "
+            f"overlap >= {vc.min_overlap} and agreeing >= {vc.min_agreeing_tiles}: "
+            f"{sorted(round(r['parallax'], 2) for r in inside if r['agreeing'] >= vc.min_agreeing_tiles)} "
+            f"(threshold {vc.max_parallax})")
 
 
 def wfd_pairs(root: Path, records: list[dict], threshold: float) -> tuple[dict[str, set[str]], dict, float, float]:

@@ -90,7 +90,7 @@ def test_aligned_agreement_matches_a_direct_tile_correlation():
     b = np.clip(0.6 * a + 50 + rng.normal(0, 8, a.shape), 0, 255).astype(np.uint8)  # contrast, brightness, noise
     b[80:] = 0  # a bar over the bottom: its tiles are flat in b and have no say
     identity = np.float64([[1, 0, 0], [0, 1, 0]])
-    overlap, agreement, agreeing = aligned_agreement(identity, a, b)
+    overlap, agreement, agreeing, _ = aligned_agreement(identity, a, b)
     assert overlap == pytest.approx(1.0)
     assert agreement == pytest.approx(_tile_ncc_reference(a, b), abs=1e-6)
     assert agreement > 0.9
@@ -102,3 +102,19 @@ def test_aligned_agreement_matches_a_direct_tile_correlation():
     assert aligned_agreement(shifted, a, b)[0] == pytest.approx(0.5)
     noise = aligned_agreement(identity, a, rng.integers(0, 255, a.shape).astype(np.uint8))
     assert abs(noise[1]) < 0.2 and noise[2] < 0.2
+
+
+def test_parallax_is_the_share_of_tiles_that_agree_only_shifted():
+    """A copy agrees where the transform puts each tile; a second viewpoint shifts part of the
+    scene by its depth (here the right half by 3 px), and those tiles agree only shifted."""
+    import cv2
+
+    from tasks.graph.verify import aligned_agreement
+
+    rng = np.random.default_rng(4)
+    a = cv2.GaussianBlur(rng.integers(0, 255, (256, 256)).astype(np.uint8), (5, 5), 1.5)
+    identity = np.float64([[1, 0, 0], [0, 1, 0]])
+    assert aligned_agreement(identity, a, a)[3] == 0
+    b = a.copy()
+    b[:, 128:] = np.roll(a, 3, axis=1)[:, 128:]  # the right half lies 3 px further away
+    assert aligned_agreement(identity, a, b)[3] == pytest.approx(0.5, abs=0.1)

@@ -176,7 +176,27 @@ class VerificationConfig(StrictModel):
         0.6, ge=-1, le=1, title="Least similarity of a verified pair without colour",
         description="When either picture has no colour, a pair is verified only above this global similarity as "
                     "well: with the colour gone, local geometry of one subject under one light is weak evidence. "
-                    "wfd scale; real photographs: greyscale copies 1.00, other photographs of one subject 0.50.")
+                    "wfd scale; real photographs: greyscale copies 1.00, other photographs of one subject 0.50. "
+                    "Waived at near-perfect pixel agreement (colourless_waiver_agreement and _agreeing).")
+    colourless_waiver_agreement: float = Field(
+        0.95, ge=-1, le=1, title="Colourless floor waived: least median agreement",
+        description="A colourless pair whose median tile NCC is >= this and whose agreeing share is >= "
+                    "colourless_waiver_agreeing is verified whatever its global similarity: an aligned copy of a "
+                    "greyscale original (crop, turn). Real photographs, seeds 0-4: such copies 0.95 and up, unrelated "
+                    "colourless pairs that align 0.80 at most, two photographs of one calf 0.68.")
+    colourless_waiver_agreeing: float = Field(
+        0.9, ge=0, le=1, title="Colourless floor waived: least agreeing share",
+        description="See colourless_waiver_agreement. Real photographs, seeds 0-4: copies the floor refused 1.00 "
+                    "(0.86 for copies of copies), unrelated colourless pairs that align 0.72 at most.")
+    max_parallax: float = Field(
+        0.25, ge=0, le=1, title="Most share of tiles that agree only shifted",
+        description="Of the fine tiles that agree within 4 px of where the alignment puts them, the share whose "
+                    "best match lies >= 2 px away and beats the aligned NCC by >= 0.1: a copy is one planar "
+                    "transform, two viewpoints of a 3-D scene (a stereo pair) differ by parallax. Real photographs, "
+                    "seeds 0-4, both ways: planted copies 0.18 at most but one at 0.36; a stereo pair's left "
+                    "photograph and 70 % crops of its right one 0.34-0.64 (those that pass every other criterion). "
+                    "Pictures of one group related by more than a similarity (a stretched copy and a crop, a mirrored "
+                    "one, video frames) reach 0.43 and are refused, linked through their original.")
 
     def recorded(self) -> dict[str, Any]:
         """The settings and the fixed local-feature values under the names graph/summary.json and

@@ -98,7 +98,9 @@ VERIFIED_SCHEMA = pa.schema([
     ("src", pa.int64()), ("dst", pa.int64()), ("key_a", pa.string()), ("key_b", pa.string()),
     ("sha_a", pa.string()), ("sha_b", pa.string()), ("similarity", pa.float32()), ("keypoints", pa.int32()),
     ("matches", pa.int32()), ("inliers", pa.int32()), ("score", pa.float32()), ("overlap", pa.float32()),
-    ("agreement", pa.float32()), ("agreeing", pa.float32()), ("colourless", pa.bool_()), ("verified", pa.bool_()),
+    ("agreement", pa.float32()), ("agreeing", pa.float32()),
+    ("parallax", pa.float32()),  # share of agreeing tiles that agree only shifted (tasks/graph/verify.py)
+    ("colourless", pa.bool_()), ("verified", pa.bool_()),
     ("region", pa.float32()),  # a crop candidate's region score (tasks/graph/crops.py); null for a review pair
     ("mirrored", pa.bool_()),  # verified against the second picture mirrored (a model not flip-symmetric)
 ])

@@ -22,15 +22,28 @@ under one transform, and the median tile agrees (0.62 and 0.68 on real photograp
 agrees everywhere its pixels were not painted over, so ``agreeing`` is the share of the
 textured tiles of a finer 8 x 8 grid whose correlation is at least ``TILE_AGREES``: copies
 of real photographs 0.81 and up (JPEG 40, half size, greyscale, rotation, borders, crops,
-watermark), other photographs of one subject 0.62 at most. And when either picture has no
-colour (``colourless``, read off the pixels), the global similarity must also exceed
-``colourless_min_similarity``: a greyscale copy keeps its original's layout (wfd 1.00), a
-different photograph of the same subject does not (0.50 for the calf).
+watermark), other photographs of one subject 0.62 at most. A crop of one stereo photograph,
+though, can keep just the part of the scene that aligns with the other (agreeing 0.70 and up on
+real photographs): what gives a second viewpoint away is *parallax*. A copy is one planar
+transform of its original, so once aligned every tile agrees where it was put; a scene seen from
+elsewhere aligns on one depth, and its other tiles agree only a few pixels off. ``parallax`` is
+the share of the fine tiles that agree somewhere within ``PARALLAX_PX`` whose best match lies
+``PARALLAX_SHIFT`` px or more away and beats the aligned correlation by ``PARALLAX_GAIN``
+(planted copies 0.18 at most but one at 0.36, a stereo photograph against crops of the other 0.34 and up).
+
+When either picture has no colour (``colourless``, read off the pixels), the global similarity
+must also exceed ``colourless_min_similarity``: a greyscale copy keeps its original's layout (wfd
+1.00), a different photograph of the same subject does not (0.50 for the calf). The floor is
+waived when the pixels agree near-perfectly (``agreement >= colourless_waiver_agreement`` and
+``agreeing >= colourless_waiver_agreeing``): a greyscale original's crop or turn scores low
+globally for the same reason any crop or turn does, while the unrelated colourless pairs that
+align on real photographs reach 0.80 and 0.72 (the calf 0.68 median).
 
 A pair is *verified* with at least ``min_inliers`` inliers, ``overlap >= min_overlap``,
-``agreement >= min_agreement``, ``agreeing >= min_agreeing_tiles`` and, without colour on
-either side, ``similarity > colourless_min_similarity``. Evidence and thresholds: see
-docs/near-duplicates.md (synthetic held-out sample, seed 1, and real photographs).
+``agreement >= min_agreement``, ``agreeing >= min_agreeing_tiles``, ``parallax <= max_parallax``
+and, without colour on either side, ``similarity > colourless_min_similarity`` or the waiver
+(:func:`colour_ok`). Evidence and thresholds: see docs/near-duplicates.md (synthetic held-out
+sample, seed 1, and real photographs).
 
 A model that is not flip-symmetric (a learned one: :func:`tasks.shared.features.config.flip_symmetric`)
 puts mirrored copies in the review band, and ORB's descriptors do not match a mirrored picture. So for
@@ -49,7 +62,7 @@ candidates (``graph/crops/{shard}.parquet``, :mod:`tasks.graph.crops`; their col
 judged by :func:`floor_similarity`, and their ``region`` score is kept), and writes
 ``graph/verified/{shard}.parquet`` (see :data:`tasks.graph.files.VERIFIED_SCHEMA`): both
 keys and SHA-256s, the similarity, keypoints, matches, inliers, score, overlap, agreement,
-agreeing, colourless, the verdict and whether it was the mirrored try. Results are reused per pair
+agreeing, parallax, colourless, the verdict and whether it was the mirrored try. Results are reused per pair
 across reruns: a row whose two SHA-256s, floor similarity and verification settings are unchanged
 is copied from the previous file instead of recomputed.
 """
@@ -87,14 +100,20 @@ TILES = 4          # agreement: the overlap is cut into TILES x TILES tiles
 FINE_TILES = 8     # agreeing: the share of FINE_TILES x FINE_TILES tiles that agree
 TILE_AGREES = 0.5  # NCC of an agreeing tile
 TILE_MIN_STD = 2.0  # grey levels: a tile flatter than this in either image has no say
+# parallax: a fine tile fully inside the overlap is searched within PARALLAX_PX pixels of where the
+# transform puts it; it "agrees only shifted" when its best match, at least TILE_AGREES, lies
+# PARALLAX_SHIFT px or more away and beats the aligned correlation by PARALLAX_GAIN
+PARALLAX_PX = 4
+PARALLAX_SHIFT = 2.0
+PARALLAX_GAIN = 0.1
 # colourless: fewer than COLOURED_SHARE of the pixels have a channel spread above
 # CHROMA_LEVELS (the JPEG chroma noise of a greyscale copy stays below it)
 CHROMA_LEVELS = 24
 COLOURED_SHARE = 0.01
 CACHED_IMAGES = 2048  # local features kept per unit: about 0.6 GB at VERIFY_MAX_SIDE 512
 CACHED_INDEXES = 16  # staging indexes kept per unit: a few MB each at 10,000 images per shard
-RESULT_FIELDS = ("keypoints", "matches", "inliers", "score", "overlap", "agreement", "agreeing", "colourless",
-                 "verified", "mirrored")
+RESULT_FIELDS = ("keypoints", "matches", "inliers", "score", "overlap", "agreement", "agreeing", "parallax",
+                 "colourless", "verified", "mirrored")
 
 
 ORB_BORDER = 31  # OpenCV's default edgeThreshold: no keypoint this close to an edge
@@ -135,14 +154,14 @@ def is_colourless(rgb: np.ndarray) -> bool:
 
 
 def aligned_agreement(transform: np.ndarray, grey_a: np.ndarray, grey_b: np.ndarray
-                      ) -> tuple[float, float, float]:
-    """(overlap, agreement, agreeing) of A warped onto B by ``transform`` (2 x 3, A's pixels to B's).
+                      ) -> tuple[float, float, float, float]:
+    """(overlap, agreement, agreeing, parallax) of A warped onto B by ``transform`` (2 x 3, A's pixels to B's).
 
     overlap: pixels of B covered by A over the smaller picture's area (A's area scaled by
     the transform). agreement: median normalised cross-correlation over the textured tiles
     of a ``TILES`` grid over the overlap's bounding box (0 when none is textured). agreeing:
     the share of the textured tiles of a ``FINE_TILES`` grid whose correlation is at least
-    ``TILE_AGREES`` (0 when none is textured)."""
+    ``TILE_AGREES`` (0 when none is textured). parallax: :func:`_parallax` on the same fine grid."""
     cv2 = _cv2()
     h, w = grey_b.shape
     warped = cv2.warpAffine(grey_a.astype(np.float32), transform, (w, h), flags=cv2.INTER_LINEAR)
@@ -151,14 +170,47 @@ def aligned_agreement(transform: np.ndarray, grey_a: np.ndarray, grey_b: np.ndar
     overlap = float(cover.sum()) / max(1.0, min(h * w, grey_a.size * scale2))
     inside = cv2.erode(cover, np.ones((5, 5), np.uint8)) > 0  # no interpolated border pixels
     if inside.sum() < 100:
-        return min(overlap, 1.0), 0.0, 0.0
+        return min(overlap, 1.0), 0.0, 0.0, 0.0
     ys, xs = np.nonzero(inside)
     box = (int(ys.min()), int(ys.max()) + 1, int(xs.min()), int(xs.max()) + 1)
     target = grey_b.astype(np.float32)
     coarse = _tile_correlations(warped, target, inside, box, TILES)
     fine = _tile_correlations(warped, target, inside, box, FINE_TILES)
     agreeing = float(np.mean(np.asarray(fine) >= TILE_AGREES)) if fine else 0.0
-    return min(overlap, 1.0), float(np.median(coarse)) if coarse else 0.0, agreeing
+    parallax = _parallax(warped, target, inside, box)
+    return min(overlap, 1.0), float(np.median(coarse)) if coarse else 0.0, agreeing, parallax
+
+
+def _parallax(warped: np.ndarray, target: np.ndarray, inside: np.ndarray, box: tuple[int, int, int, int]) -> float:
+    """The share of the ``FINE_TILES`` grid's textured tiles (fully inside the overlap) that agree
+    with the target somewhere within ``PARALLAX_PX`` px, whose best match lies ``PARALLAX_SHIFT`` px
+    or more from where the transform put them and beats the aligned correlation by ``PARALLAX_GAIN``.
+
+    A copy is one planar transform of its original: once aligned, every tile agrees where it is
+    put (the transform's error is a pixel or so). Two photographs of a 3-D scene from two
+    viewpoints (a stereo pair) align on one depth and differ by parallax elsewhere: their tiles
+    agree, but shifted by depth-dependent amounts. 0 when no tile qualifies."""
+    cv2 = _cv2()
+    y0, y1, x0, x1 = box
+    n, r = FINE_TILES, PARALLAX_PX
+    agree = shifted = 0
+    for ty in range(n):
+        for tx in range(n):
+            ys = slice(y0 + (y1 - y0) * ty // n, y0 + (y1 - y0) * (ty + 1) // n)
+            xs = slice(x0 + (x1 - x0) * tx // n, x0 + (x1 - x0) * (tx + 1) // n)
+            if min(ys.stop - ys.start, xs.stop - xs.start) < 4 * r or not inside[ys, xs].all():
+                continue
+            template = warped[ys.start + r:ys.stop - r, xs.start + r:xs.stop - r]
+            if template.std() < TILE_MIN_STD or target[ys, xs].std() < TILE_MIN_STD:
+                continue
+            scores = cv2.matchTemplate(target[ys, xs], template, cv2.TM_CCOEFF_NORMED)
+            dy, dx = np.unravel_index(int(np.argmax(scores)), scores.shape)
+            best = float(scores[dy, dx])
+            if best < TILE_AGREES:
+                continue
+            agree += 1
+            shifted += bool(np.hypot(dx - r, dy - r) >= PARALLAX_SHIFT and best - float(scores[r, r]) >= PARALLAX_GAIN)
+    return shifted / agree if agree else 0.0
 
 
 def _tile_correlations(warped: np.ndarray, target: np.ndarray, inside: np.ndarray, box: tuple[int, int, int, int],
@@ -187,7 +239,7 @@ def verify_pair(a: LocalFeatures, b: LocalFeatures, cfg: VerificationConfig, sim
     cv2 = _cv2()
     (xa, da, ga, ca), (xb, db, gb, cb) = a, b
     out = {"keypoints": int(min(len(xa), len(xb))), "matches": 0, "inliers": 0, "score": 0.0, "overlap": 0.0,
-           "agreement": 0.0, "agreeing": 0.0, "colourless": bool(ca or cb), "verified": False}
+           "agreement": 0.0, "agreeing": 0.0, "parallax": 0.0, "colourless": bool(ca or cb), "verified": False}
     if da is None or db is None or len(xa) < 2 or len(xb) < 2:
         return out
     matcher = cv2.BFMatcher(cv2.NORM_HAMMING)
@@ -211,13 +263,22 @@ def verify_pair(a: LocalFeatures, b: LocalFeatures, cfg: VerificationConfig, sim
     # similarity transform [[s cos, -s sin, tx], [s sin, s cos, ty]]
     out["angle"] = float(np.degrees(np.arctan2(transform[1, 0], transform[0, 0])))
     out["scale"] = float(np.hypot(transform[0, 0], transform[1, 0]))
-    overlap, agreement, agreeing = aligned_agreement(transform, ga, gb)
+    overlap, agreement, agreeing, parallax = aligned_agreement(transform, ga, gb)
     out["overlap"], out["agreement"] = float(np.float32(overlap)), float(np.float32(agreement))
-    out["agreeing"] = float(np.float32(agreeing))
-    colour_ok = not out["colourless"] or similarity > cfg.colourless_min_similarity
+    out["agreeing"], out["parallax"] = float(np.float32(agreeing)), float(np.float32(parallax))
     out["verified"] = bool(overlap >= cfg.min_overlap and agreement >= cfg.min_agreement
-                           and agreeing >= cfg.min_agreeing_tiles and colour_ok)
+                           and agreeing >= cfg.min_agreeing_tiles and parallax <= cfg.max_parallax
+                           and colour_ok(out, cfg, similarity))
     return out
+
+
+def colour_ok(result: dict[str, Any], cfg: VerificationConfig, similarity: float) -> bool:
+    """The colourless floor: a pair with colour on both sides passes; without, its global
+    similarity must exceed ``colourless_min_similarity`` unless its pixels agree near-perfectly
+    (median ``agreement`` and ``agreeing`` share at or above the waiver's bars: an aligned copy)."""
+    waived = (result["agreement"] >= cfg.colourless_waiver_agreement
+              and result["agreeing"] >= cfg.colourless_waiver_agreeing)
+    return not result["colourless"] or similarity > cfg.colourless_min_similarity or waived
 
 
 def verify_with_mirror(a: LocalFeatures, b: LocalFeatures, b_mirrored: Callable[[], LocalFeatures] | None,
