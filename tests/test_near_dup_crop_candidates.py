@@ -5,7 +5,6 @@ Photographs: ``tests/data/real_photos`` (Debian's opencv-doc, see its README).""
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,7 @@ from tasks.graph.planted import plant
 from tasks.graph.stage import near_duplicate_stage
 from tasks.shared.features.config import FeaturesConfig, RuntimeConfig
 from tasks.shared.features.extract import extract_features
-from tests.staging_files import stage_images
+from tests.staging_files import stage_photo_copies
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -30,20 +29,10 @@ SAME_SUBJECT = {"leuvenA": "leuvenB", "aloeL": "aloeR", "graf1": "graf3", "left0
 QUIET = dict(collision=CollisionConfig(enabled=False), calibration=CalibrationConfig(enabled=False))
 
 
-def _png(image: Image.Image) -> bytes:
-    buf = io.BytesIO()
-    image.save(buf, "PNG")
-    return buf.getvalue()
-
-
 def _stage(root: Path) -> tuple[Store, list[str]]:
     """Every fixture photograph in one shard, an off-centre 70 % crop of four of them in another."""
     store = Store(str(root))
-    photos = {p.stem: Image.open(p).convert("RGB") for p in sorted(PHOTOS.glob("*.jpg"))}
-    stage_images(store, "000000", [(name, _png(p), "png") for name, p in photos.items()])
-    stage_images(store, "000001", [(f"crop_{name}", _png(plant(photos[name], "offcentre_crop_70", i)), "png")
-                                   for i, name in enumerate(CROPPED)])
-    shards = ["000000", "000001"]
+    shards = stage_photo_copies(store, PHOTOS, "offcentre_crop_70", CROPPED, "crop_")
     extract_features(store, shards, FeaturesConfig(runtime=RuntimeConfig(batch_size=8)))
     return store, shards
 

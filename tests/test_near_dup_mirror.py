@@ -7,7 +7,6 @@ comes from ``make install`` (see tests/test_sscd_onnx.py)."""
 
 from __future__ import annotations
 
-import io
 import os
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from tasks.graph.verify import local_features, mirrored, verify_pair, verify_wit
 from tasks.shared.features.config import FeaturesConfig, ModelSpec, RuntimeConfig, flip_symmetric
 from tasks.shared.features.extract import extract_features
 from tasks.shared.features.sscd_onnx import SSCD_INT8_SHA256, WHEEL_MEMBER, default_wheel
-from tests.staging_files import stage_images
+from tests.staging_files import stage_photo_copies
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytestmark = pytest.mark.timeout(600)
@@ -36,12 +35,6 @@ QUIET = dict(collision=CollisionConfig(enabled=False), calibration=CalibrationCo
 
 def _photo(name: str) -> Image.Image:
     return Image.open(PHOTOS / f"{name}.jpg").convert("RGB")
-
-
-def _png(image: Image.Image) -> bytes:
-    buf = io.BytesIO()
-    image.save(buf, "PNG")
-    return buf.getvalue()
 
 
 def _sscd() -> ModelSpec:
@@ -85,11 +78,7 @@ def test_the_mirrored_try_still_refuses_another_photograph_of_the_subject():
 
 def test_flipped_copies_are_removed_in_a_sscd_build_and_wfd_builds_as_before(tmp_path):
     store = Store(str(tmp_path))
-    photos = {p.stem: Image.open(p).convert("RGB") for p in sorted(PHOTOS.glob("*.jpg"))}
-    stage_images(store, "000000", [(name, _png(p), "png") for name, p in photos.items()])
-    stage_images(store, "000001", [(f"flip_{n}", _png(plant(photos[n], "hflip", i)), "png")
-                                   for i, n in enumerate(FLIPPED)])
-    shards = ["000000", "000001"]
+    shards = stage_photo_copies(store, PHOTOS, "hflip", FLIPPED, "flip_")
     sscd = _sscd()
     extract_features(store, shards, FeaturesConfig(models=[ModelSpec(name="wfd"), sscd],
                                                    runtime=RuntimeConfig(batch_size=8)))
