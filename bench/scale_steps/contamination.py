@@ -138,4 +138,4 @@ def index_refused_above() -> int:
 
 STEPS["contamination_index_ivf"] = dataclasses.replace(STEPS["contamination_index_ivf"], refused=index_refused_above())
 FIXED += ["contamination_driver", "contamination_scan_exact", "contamination_index_ivf"]
-GUARDED += ["contamination_driver", "contamination_scan_exact", "contamination_index_ivf"]
+GUARDED += ["contamination_driver", "contamination_scan_exact"]
