@@ -375,18 +375,20 @@ def verify_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: s
                                     crops_digest is not None))
 
 
-def _previous(out: Store, shard: str, settings: str) -> dict[tuple[str, str, float], dict[str, Any]]:
-    """Rows of the last verification of this shard made with the same settings, by SHA pair and
-    the similarity its colourless floor was judged on (:func:`floor_similarity`): what a verdict
-    depends on besides the settings, so a pair whose score moved (a crop candidate's region, a
-    feature model's new scores) is verified again, as a fresh build would."""
+def _previous(out: Store, shard: str, settings: str) -> dict[tuple[str, str, float, bool], dict[str, Any]]:
+    """Rows of the last verification of this shard made with the same settings, by SHA pair, the
+    similarity its colourless floor was judged on (:func:`floor_similarity`) and whether it was a
+    crop candidate (which gets no mirrored try): what a verdict depends on besides the settings,
+    so a pair whose score or kind moved (a crop candidate's region, a feature model's new scores)
+    is verified again, as a fresh build would."""
     path = verified_path(shard)
     marker = read_marker(out, path)
     if (marker is None or marker.info.get("settings") != settings or not out.exists(path)
             or out.sha256(path) != marker.outputs.get(path)):
         return {}
     rows = out.read_parquet(verified_path(shard)).to_pylist()
-    return {(r["sha_a"], r["sha_b"], floor_similarity(r["similarity"], r["region"])): r for r in rows}
+    return {(r["sha_a"], r["sha_b"], floor_similarity(r["similarity"], r["region"]), r["region"] is not None): r
+            for r in rows}
 
 
 def _verify(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable, shard: str, crops: bool
@@ -412,7 +414,7 @@ def _verify(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable, s
     rows = []
     for a, b, s, region in zip(pairs["src"], pairs["dst"], pairs["similarity"], pairs["region"], strict=True):
         (ka, ha), (kb, hb) = key_sha(a), key_sha(b)
-        old = previous.get((ha, hb, floor_similarity(s, region)))
+        old = previous.get((ha, hb, floor_similarity(s, region), region is not None))
         if old is not None:
             result = {k: old[k] for k in RESULT_FIELDS}
         else:
