@@ -23,9 +23,10 @@ Planning is columnar and out of core, one range of keys at a time
 (:mod:`corpusforge.key_ranges`): one pass over the staging shards writes each shard's facts
 (strata, group, seeded priorities, member spans) to a local parquet file; then five passes,
 each over the last one's local files by ranges of its own order, place the kept records
-exactly as :func:`tasks.release.splits.plan_release` does. By group: each group's size,
-smallest key and priority. By group priority: the split quotas, from window sums of group
-sizes plus the sums of earlier ranges carried per stratum. By deal priority: the round-robin
+exactly as :mod:`tasks.release.splits` states the rule (tests/release_reference.py places
+them record by record). By group: each group's size, smallest key and priority. By group
+priority: the split quotas, from window sums of group sizes plus the sums of earlier ranges
+carried per stratum. By deal priority: the round-robin
 deal, from row numbers plus where each (split, stratum) starts and what earlier ranges dealt
 to it. By shard, one split after the other: each release shard's plan file, its samples in
 seeded order. By partition: the late files. Each range is a DuckDB query under a memory
@@ -112,7 +113,7 @@ def release_sample(key: str, data: dict[str, bytes], split: str, tiers: list[str
 
 def _facts_schema(n_strata: int) -> pa.Schema:
     """One staged record's facts in the planning pass: everything the plan and late files
-    need, its strata (``s_0``…, as :func:`tasks.release.splits.stratum_of` renders them), its group
+    need, its strata (``s_0``…: each stratify field as a string, "" when empty), its group
     and its seeded priorities (``u0``: split order, ``u1``: shard deal, ``u2``: order in shard)."""
     return pa.schema([
         ("key", pa.string()), ("part", pa.int32()), ("row", pa.int32()), ("staging_shard", pa.string()),
