@@ -33,8 +33,7 @@ the reason) for the affected models; the shard still completes. The staging reco
 file names each image's key and extension and fixes their order.
 
 :func:`extract_features` fans shards out as one Prefect task per shard (one Dask task
-on a ``DaskTaskRunner``); :func:`extract_features_on_client` is the same fan-out on a
-plain ``distributed.Client``.
+on a ``DaskTaskRunner``).
 """
 
 from __future__ import annotations
@@ -513,13 +512,6 @@ def extract_features(store: Store, shards: list[str], cfg: FeaturesConfig, selec
     with a ``selection``, only its records (see :func:`extract_shard`)."""
     return fan_out(EXTRACT_SHARD, [dict(store=store, shard=s, cfg=cfg, selection=selection, draft=draft)
                                    for s in shards])
-
-
-def extract_features_on_client(client: Any, store: Store, shards: list[str], cfg: FeaturesConfig
-                               ) -> list[UnitResult[ShardFeatures]]:
-    """The feature stage on a plain ``distributed.Client``: one Dask task per shard."""
-    futures = client.map(extract_shard, [store] * len(shards), shards, [cfg] * len(shards), pure=False)
-    return client.gather(futures)
 
 
 def receipt_section(results: Sequence[UnitResult[ShardFeatures]]) -> dict[str, Any]:
