@@ -366,10 +366,12 @@ class UnitVerdict:
 @dataclass(frozen=True)
 class ShardVerdicts:
     """The verdict per model for one staging shard. ``chosen``: the selected images (empty
-    without a selection, so that judging reads markers only)."""
+    without a selection, so that judging reads markers only); ``images``: the digest of the
+    images the units embed (staging's ``images``, restricted to ``chosen`` with a selection)."""
 
     subset: str | None
     chosen: list[tuple[str, str, str]]
+    images: str
     models: dict[str, UnitVerdict]
 
 
@@ -398,7 +400,7 @@ def judge_shard(store: Store, shard: str, cfg: FeaturesConfig, models: Sequence[
         marker = read_marker(store, feature_vectors(model.model_id, shard, subset))
         action, reason = explain(marker, fp)
         verdicts[model.model_id] = UnitVerdict(action, reason, fp, marker)
-    return ShardVerdicts(subset, chosen, verdicts)
+    return ShardVerdicts(subset, chosen, chosen_print, verdicts)
 
 
 def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, selection: Selection | None = None,
@@ -428,9 +430,7 @@ def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, selection: Sele
     judged = judge_shard(store, shard, cfg, models, draft, selection)
     subset = judged.subset
     chosen = judged.chosen if subset is not None else shard_images(store, shard)
-    images = require_marker(store, staging_tar(shard), "staging shard").info["images"]
-    if subset is not None:
-        images = fingerprint([(k, sha, e) for k, e, sha in chosen])  # staging's images_digest, restricted
+    images = judged.images
     parts = _ShardParts(shard, len(chosen))
     todo: list[FeatureModel] = []
     for model in models:
