@@ -73,9 +73,6 @@ def load(spec: ModelSpec, runtime: RuntimeConfig, torchscript_allowlist: Sequenc
     size = clip.visual.image_size
     size = size[0] if isinstance(size, (tuple, list)) else size
     fn = partial(pp.clip_eval, size=int(size), mean=tuple(cfg["mean"]), std=tuple(cfg["std"]))
-    model = CLIPModel(_ImageTower(clip), model_id=spec.model_id, arch=arch, dim=int(clip.visual.output_dim),
-                      preprocessing=spec.resolved_preprocessing, preprocess_fn=fn, runtime=runtime,
-                      random_init=spec.weights is None,
-                      weights_sha256=spec.weights.sha256 if spec.weights else None)
+    model = CLIPModel(_ImageTower(clip), spec, dim=int(clip.visual.output_dim), preprocess_fn=fn, runtime=runtime)
     model.tokenizer = open_clip.get_tokenizer(arch)
     return model

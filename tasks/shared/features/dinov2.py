@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from tasks.shared.features import preprocess as pp
 from tasks.shared.features.base import TorchFeatureModel
 from tasks.shared.features.config import ModelSpec, RuntimeConfig
-from tasks.shared.features.weights import WeightsError, load_state_dict
+from tasks.shared.features.weights import load_state_dict
 
 DEFAULT_SIZE = 224
 
@@ -99,12 +99,8 @@ def load(spec: ModelSpec, runtime: RuntimeConfig, torchscript_allowlist: Sequenc
     size = spec.image_size or DEFAULT_SIZE
     net = timm.create_model(arch, pretrained=False, num_classes=0, img_size=size)
     if spec.weights is not None:
-        if spec.weights.format != "state_dict":
-            raise WeightsError("dinov2 takes state dicts only")
         net.load_state_dict(to_timm_keys(load_state_dict(spec.weights), net), strict=True)
     fn = partial({"gpic_eval": pp.gpic_eval, "gpic_eval_port": pp.gpic_eval_port}.get(prep, pp.dinov2_eval),
                  size=size)
-    return DINOv2Model(net, model_id=spec.model_id, arch=arch, dim=int(net.num_features), preprocessing=prep,
-                       preprocess_fn=fn, runtime=runtime, random_init=spec.weights is None,
-                       weights_sha256=spec.weights.sha256 if spec.weights else None,
+    return DINOv2Model(net, spec, dim=int(net.num_features), preprocess_fn=fn, runtime=runtime,
                        normalized=prep not in ("gpic_eval", "gpic_eval_port"))

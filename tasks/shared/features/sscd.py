@@ -133,7 +133,5 @@ def load(spec: ModelSpec, runtime: RuntimeConfig, torchscript_allowlist: Sequenc
         if spec.weights is not None:
             net.load_state_dict(to_sscdnet_keys(load_state_dict(spec.weights)), strict=True)
     fn = partial(pp.sscd_square if prep == "sscd_square320" else pp.sscd_short, size=size)
-    return SSCDModel(net, model_id=spec.model_id, arch=arch, dim=dim, preprocessing=prep, preprocess_fn=fn,
-                     runtime=runtime, random_init=spec.weights is None,
-                     weights_sha256=spec.weights.sha256 if spec.weights else None,
-                     cnn=True, fixed_input=prep == "sscd_square320")
+    return SSCDModel(net, spec, dim=dim, preprocess_fn=fn, runtime=runtime, cnn=True,
+                     fixed_input=prep == "sscd_square320")
