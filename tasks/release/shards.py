@@ -162,26 +162,6 @@ def shard_facts(store: Store, shard: str, source: Store, near_dedup: bool, capti
     return pa.Table.from_pylist(rows, schema=_facts_schema(len(cfg.stratify_by)))
 
 
-def _batches(con: duckdb.DuckDBPyConnection, sql: str, rows: int = 4096) -> Iterator[list[dict[str, Any]]]:
-    """A query's rows in batches of Python dicts (only one batch alive at a time)."""
-    reader = con.sql(sql).to_arrow_reader(rows)
-    for batch in reader:
-        yield batch.to_pylist()
-
-
-def _runs(con: duckdb.DuckDBPyConnection, sql: str, key: tuple[str, ...]) -> Iterator[list[dict[str, Any]]]:
-    """A query ordered by ``key``: its rows grouped into runs of equal ``key``."""
-    run: list[dict[str, Any]] = []
-    for batch in _batches(con, sql):
-        for r in batch:
-            if run and tuple(run[-1][k] for k in key) != tuple(r[k] for k in key):
-                yield run
-                run = []
-            run.append(r)
-    if run:
-        yield run
-
-
 # The kept records' columns the passes carry to the plan files (and ``part``, to the late files).
 _CARRIED = "key, part, staging_shard, ext, caption, caption_type, caption_origin, members"
 # Each placed record, for the late files (:func:`_write_late`).
@@ -411,13 +391,12 @@ def _tier(tiers: list[tuple[str, int]], shard: int) -> str | None:
     return next((name for name, count in tiers if shard < count), None)
 
 
-def _arrow_runs(con: duckdb.DuckDBPyConnection, sql: str, key: tuple[str, ...],
-                rows: int = 4096) -> Iterator[pa.Table]:
+def _arrow_runs(con: duckdb.DuckDBPyConnection, sql: str, key: tuple[str, ...]) -> Iterator[pa.Table]:
     """A query ordered by ``key``: its rows as one Arrow table per run of equal ``key`` (one
-    chunk per column), read in batches of ``rows``: only the run being gathered is held."""
+    chunk per column), read in batches of 4096 rows: only the run being gathered is held."""
     parts: list[pa.Table] = []
     current: tuple[Any, ...] | None = None
-    for batch in con.sql(sql).to_arrow_reader(rows):
+    for batch in con.sql(sql).to_arrow_reader(4096):
         table = pa.Table.from_batches([batch])
         start = 0
         for i, k in enumerate(zip(*(table[c].to_pylist() for c in key), strict=True)):
@@ -480,7 +459,7 @@ def _write_late(store: Store, con: duckdb.DuckDBPyConnection, facts: Table, plac
     sql = f"""SELECT f.part, f.ext, {columns}, p.split, p.shard AS shard_index
               FROM facts f LEFT JOIN placed p USING (key) ORDER BY f.part, f.row"""
     for _ in _ranges(con, {"facts": facts, "placed": placed}, "part", rows):
-        for run in _runs(con, sql, ("part",)):
+        for run in map(pa.Table.to_pylist, _arrow_runs(con, sql, ("part",))):
             for r in run:
                 split, index = r.pop("split"), r.pop("shard_index")
                 is_placed = split is not None
