@@ -56,10 +56,6 @@ DIM = 2048
 DROPPED_PREFIXES = ("AuxLogits.", "fc.")
 
 
-class InceptionModel(TorchFeatureModel):
-    """Raw 2048-d Inception-v3 pool features (see module doc; not the FID network)."""
-
-
 def build_net() -> nn.Module:
     """torchvision Inception3 without auxiliary classifier and head: NCHW -> [N, 2048]."""
     net = inception_v3(weights=None, aux_logits=False, init_weights=False, transform_input=True)
@@ -72,7 +68,7 @@ def to_feature_keys(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor
     return {k: v for k, v in state.items() if not k.startswith(DROPPED_PREFIXES)}
 
 
-def load(spec: ModelSpec, runtime: RuntimeConfig, torchscript_allowlist: Sequence[str] = ()) -> InceptionModel:
+def load(spec: ModelSpec, runtime: RuntimeConfig, torchscript_allowlist: Sequence[str] = ()) -> TorchFeatureModel:
     arch = spec.resolved_arch
     if arch != "inception_v3":
         raise ValueError(f"unknown Inception architecture {arch!r}")
@@ -83,4 +79,4 @@ def load(spec: ModelSpec, runtime: RuntimeConfig, torchscript_allowlist: Sequenc
     if spec.weights is not None:
         net.load_state_dict(to_feature_keys(load_state_dict(spec.weights)), strict=True)
     fn = partial(pp.inception_299, size=size)
-    return InceptionModel(net, spec, dim=DIM, preprocess_fn=fn, runtime=runtime, normalized=False, cnn=True)
+    return TorchFeatureModel(net, spec, dim=DIM, preprocess_fn=fn, runtime=runtime, normalized=False, cnn=True)
