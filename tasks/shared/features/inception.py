@@ -69,9 +69,6 @@ def to_feature_keys(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor
 
 
 def load(spec: ModelSpec, runtime: RuntimeConfig, torchscript_allowlist: Sequence[str] = ()) -> TorchFeatureModel:
-    arch = spec.resolved_arch
-    if arch != "inception_v3":
-        raise ValueError(f"unknown Inception architecture {arch!r}")
     size = spec.image_size or DEFAULT_SIZE
     if size < MIN_SIZE:
         raise ValueError(f"{spec.model_id}: Inception-v3 needs inputs of at least {MIN_SIZE} px, got {size}")
