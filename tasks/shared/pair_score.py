@@ -188,5 +188,4 @@ def pair_score_of(markers: list[dict[str, Any]]) -> PairScore:
     rules = {repr(PairScore.from_model(m.get("model")).to_json()) for m in markers if int(m.get("count", 0))}
     if len(rules) > 1:
         raise ValueError(f"feature shards disagree on their pair rule: {sorted(rules)}")
-    rule = PairScore.from_model(next((m.get("model") for m in markers if int(m.get("count", 0))), None))
-    return rule
+    return PairScore.from_model(next((m.get("model") for m in markers if int(m.get("count", 0))), None))
