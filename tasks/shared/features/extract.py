@@ -190,10 +190,7 @@ def current_by_spec(store: Store, shard: str, cfg: FeaturesConfig, draft: int | 
     the selection's keys: small tables); None when any may not be. With a selection, features
     of every image that are current are used instead, as :func:`judge_shard` does."""
     staged = require_marker(store, staging_tar(shard), "staging shard").info
-    chosen = None
-    if selection is not None:
-        wanted = selection.keys(store, shard)
-        chosen = [(k, e, sha) for k, e, sha in shard_images(store, shard) if k in wanted]
+    chosen, chosen_print = (None, None) if selection is None else _selected(store, shard, selection)
     images = staged["count"] if chosen is None else len(chosen)
     parts = _ShardParts(shard, images)
     for spec in cfg.models:
@@ -204,7 +201,6 @@ def current_by_spec(store: Store, shard: str, cfg: FeaturesConfig, draft: int | 
             continue
         if chosen is None:
             return None
-        chosen_print = fingerprint([(k, sha, e) for k, e, sha in chosen])
         part = read_marker(store, feature_vectors(spec.model_id, shard, selection.name))
         if part is None or part.info.get("spec") != spec_key(cfg, spec, draft, chosen_print):
             return None
@@ -350,6 +346,14 @@ class Selection:
         raise NotImplementedError
 
 
+def _selected(store: Store, shard: str, selection: Selection) -> tuple[list[tuple[str, str, str]], str]:
+    """The selection's images of ``shard`` (:func:`shard_images`) and their digest: staging's
+    images digest restricted to them, what a selection's units are keyed by."""
+    wanted = selection.keys(store, shard)
+    chosen = [(k, e, sha) for k, e, sha in shard_images(store, shard) if k in wanted]
+    return chosen, fingerprint([(k, sha, e) for k, e, sha in chosen])
+
+
 @dataclass(frozen=True)
 class UnitVerdict:
     """What the contract does with one (model, shard) unit, and why (:func:`corpusforge.contract.explain`).
@@ -382,12 +386,7 @@ def judge_shard(store: Store, shard: str, cfg: FeaturesConfig, models: Sequence[
     feature markers (and, with a selection, the shard's records file and the selection's keys)."""
     images = require_marker(store, staging_tar(shard), "staging shard").info["images"]
     subset = None if selection is None else selection.name
-    chosen: list[tuple[str, str, str]] = []
-    chosen_print = images
-    if selection is not None:
-        wanted = selection.keys(store, shard)
-        chosen = [(k, e, sha) for k, e, sha in shard_images(store, shard) if k in wanted]
-        chosen_print = fingerprint([(k, sha, e) for k, e, sha in chosen])  # staging's images_digest, restricted
+    chosen, chosen_print = ([], images) if selection is None else _selected(store, shard, selection)
     verdicts = {}
     for model in models:
         fp = feature_fingerprint(model, cfg.dtype, draft, cfg.runtime.precision, chosen_print)
