@@ -113,8 +113,7 @@ class PairScore:
         grey = self.colourless(x)
         u = self.unit_layout(x)
         a = np.sqrt(1.0 - self.colour_weight)
-        colour_width = self.colour_dims
-        grey_head = np.concatenate([u / a, np.zeros((len(x), colour_width))], axis=1)
+        grey_head = np.concatenate([u / a, np.zeros((len(x), self.colour_dims))], axis=1)
         head = np.where(grey[:, None], grey_head, x)
         return np.concatenate([head, u], axis=1).astype(np.float32)
 
