@@ -119,7 +119,8 @@ def _facts_schema(n_strata: int) -> pa.Schema:
         ("key", pa.string()), ("part", pa.int32()), ("row", pa.int32()), ("staging_shard", pa.string()),
         ("ext", pa.string()), *[LATE_SCHEMA.field(c) for c in (
             "status", "reason", "duplicate_of", "component_id", "component_size", "max_similarity")],
-        *[(f, pa.string()) for f in _CAPTION_FIELDS], ("grp", pa.string()), *[(f"s_{i}", pa.string()) for i in range(n_strata)],
+        *[(f, pa.string()) for f in _CAPTION_FIELDS],
+        ("grp", pa.string()), *[(f"s_{i}", pa.string()) for i in range(n_strata)],
         ("u0", pa.float64()), ("u1", pa.float64()), ("u2", pa.float64()), ("members", pa.list_(MEMBER_SPAN))])
 
 
