@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MOVED = {"tasks.sources": "tasks.ingest.sources", "tasks.validate": "tasks.shared.validate",
          "tasks.ingest.validate": "tasks.shared.validate",
          "tasks.licenses": "tasks.ingest.licenses", "tasks.exact_dedup": "tasks.ingest.exact_dedup",
-         "tasks.ingest": "tasks.ingest.partition", "tasks.splits": "tasks.release.splits",
+         "tasks.ingest": "tasks.ingest.partition", "tasks.splits": "tests.release_reference",
          "tasks.manifest": "tasks.release.manifest", "tasks.release_image": "tasks.release.release_image",
          "tasks.release_card": "tasks.release.release_card", "tasks.release": "tasks.release.shards",
          "tasks.receipt": "tasks.report.receipt", "tasks.run_log": "tasks.report.run_log",

@@ -25,7 +25,7 @@ from corpusforge.tarshard import Sample
 from tasks.shared.features.content import model_input
 from tasks.shared.features.config import FeaturesConfig, ModelSpec, RuntimeConfig
 from tasks.shared.features.decode import DecodeError, decode_rgb
-from tasks.shared.features.extract import (decode_size, extract_features_on_client, extract_shard, feature_fingerprint,
+from tasks.shared.features.extract import (decode_size, extract_shard, feature_fingerprint,
                                            load_models, receipt_section)
 from tests.staging_files import write_staging_shard
 
@@ -283,7 +283,9 @@ def test_two_dask_worker_processes_equal_one_process(corpus, tmp_path, local_clu
     _write_staging(other, "000000", list(range(0, 11)), corrupt={4})
     _write_staging(other, "000001", list(range(11, 20)))
     with Client(local_cluster(n_workers=2, threads_per_worker=1)) as client:
-        remote = extract_features_on_client(client, other, completed_units(other, STAGING_TARS, ".tar"), cfg)
+        shards = completed_units(other, STAGING_TARS, ".tar")
+        remote = client.gather(client.map(extract_shard, [other] * len(shards), shards, [cfg] * len(shards),
+                                          pure=False))
         workers = {w["name"] for w in client.scheduler_info()["workers"].values()}
     assert len(workers) == 2
     assert remote == local

@@ -11,9 +11,14 @@ import pytest
 from PIL import Image
 
 from corpusforge.records import Status
-from tasks.shared.validate import ValidationConfig, reason_code, validate_image
+from tasks.shared.validate import ValidationConfig, validate_image
 
 CFG = ValidationConfig()
+
+
+def reason_code(reason: str) -> str:
+    """The stable code of a reason string (the part before ':', docs/outcomes.md)."""
+    return reason.split(":", 1)[0]
 
 
 def encode(size=(400, 300), fmt="JPEG", mode="RGB", **kw) -> bytes:

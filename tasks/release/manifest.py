@@ -17,14 +17,13 @@ import pyarrow as pa
 from corpusforge.contract import UnitResult, run_unit, unit_fingerprint
 from corpusforge.layout import MANIFEST_SCHEMA, manifest_path
 from tasks.ingest.files import resolved_path
-from tasks.release.files import late_path
+from tasks.release.files import LATE_SCHEMA, late_path
 from corpusforge.records import Status
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 
-LATE_FIELDS = ("staging_shard", "duplicate_of", "component_id", "component_size", "max_similarity",
-               "split", "shard", "tier", "caption_type", "caption_origin", "vlm_model", "vlm_answers",
-               "release_ext", "image_encoding")
+# The late facts a manifest row takes (its status and reason only when they changed).
+LATE_FIELDS = tuple(f for f in LATE_SCHEMA.names if f not in ("row", "status", "reason"))
 
 
 class ManifestPartInfo(TypedDict):

@@ -23,9 +23,10 @@ Planning is columnar and out of core, one range of keys at a time
 (:mod:`corpusforge.key_ranges`): one pass over the staging shards writes each shard's facts
 (strata, group, seeded priorities, member spans) to a local parquet file; then five passes,
 each over the last one's local files by ranges of its own order, place the kept records
-exactly as :func:`tasks.release.splits.plan_release` does. By group: each group's size,
-smallest key and priority. By group priority: the split quotas, from window sums of group
-sizes plus the sums of earlier ranges carried per stratum. By deal priority: the round-robin
+exactly as :mod:`tasks.release.splits` states the rule (tests/release_reference.py places
+them record by record). By group: each group's size, smallest key and priority. By group
+priority: the split quotas, from window sums of group sizes plus the sums of earlier ranges
+carried per stratum. By deal priority: the round-robin
 deal, from row numbers plus where each (split, stratum) starts and what earlier ranges dealt
 to it. By shard, one split after the other: each release shard's plan file, its samples in
 seeded order. By partition: the late files. Each range is a DuckDB query under a memory
@@ -112,14 +113,13 @@ def release_sample(key: str, data: dict[str, bytes], split: str, tiers: list[str
 
 def _facts_schema(n_strata: int) -> pa.Schema:
     """One staged record's facts in the planning pass: everything the plan and late files
-    need, its strata (``s_0``…, as :func:`tasks.release.splits.stratum_of` renders them), its group
+    need, its strata (``s_0``…: each stratify field as a string, "" when empty), its group
     and its seeded priorities (``u0``: split order, ``u1``: shard deal, ``u2``: order in shard)."""
     return pa.schema([
         ("key", pa.string()), ("part", pa.int32()), ("row", pa.int32()), ("staging_shard", pa.string()),
         ("ext", pa.string()), *[LATE_SCHEMA.field(c) for c in (
             "status", "reason", "duplicate_of", "component_id", "component_size", "max_similarity")],
-        ("caption", pa.string()), ("caption_type", pa.string()), ("caption_origin", pa.string()),
-        ("vlm_model", pa.string()), ("vlm_answers", pa.string()),
+        *[(f, pa.string()) for f in _CAPTION_FIELDS],
         ("grp", pa.string()), *[(f"s_{i}", pa.string()) for i in range(n_strata)],
         ("u0", pa.float64()), ("u1", pa.float64()), ("u2", pa.float64()), ("members", pa.list_(MEMBER_SPAN))])
 
@@ -159,26 +159,6 @@ def shard_facts(store: Store, shard: str, source: Store, near_dedup: bool, capti
                      u2=stable_uniform(cfg.seed + 2, r["key"]), members=spans[r["key"]])
         rows.append(r)
     return pa.Table.from_pylist(rows, schema=_facts_schema(len(cfg.stratify_by)))
-
-
-def _batches(con: duckdb.DuckDBPyConnection, sql: str, rows: int = 4096) -> Iterator[list[dict[str, Any]]]:
-    """A query's rows in batches of Python dicts (only one batch alive at a time)."""
-    reader = con.sql(sql).to_arrow_reader(rows)
-    for batch in reader:
-        yield batch.to_pylist()
-
-
-def _runs(con: duckdb.DuckDBPyConnection, sql: str, key: tuple[str, ...]) -> Iterator[list[dict[str, Any]]]:
-    """A query ordered by ``key``: its rows grouped into runs of equal ``key``."""
-    run: list[dict[str, Any]] = []
-    for batch in _batches(con, sql):
-        for r in batch:
-            if run and tuple(run[-1][k] for k in key) != tuple(r[k] for k in key):
-                yield run
-                run = []
-            run.append(r)
-    if run:
-        yield run
 
 
 # The kept records' columns the passes carry to the plan files (and ``part``, to the late files).
@@ -410,13 +390,12 @@ def _tier(tiers: list[tuple[str, int]], shard: int) -> str | None:
     return next((name for name, count in tiers if shard < count), None)
 
 
-def _arrow_runs(con: duckdb.DuckDBPyConnection, sql: str, key: tuple[str, ...],
-                rows: int = 4096) -> Iterator[pa.Table]:
+def _arrow_runs(con: duckdb.DuckDBPyConnection, sql: str, key: tuple[str, ...]) -> Iterator[pa.Table]:
     """A query ordered by ``key``: its rows as one Arrow table per run of equal ``key`` (one
-    chunk per column), read in batches of ``rows``: only the run being gathered is held."""
+    chunk per column), read in batches of 4096 rows: only the run being gathered is held."""
     parts: list[pa.Table] = []
     current: tuple[Any, ...] | None = None
-    for batch in con.sql(sql).to_arrow_reader(rows):
+    for batch in con.sql(sql).to_arrow_reader(4096):
         table = pa.Table.from_batches([batch])
         start = 0
         for i, k in enumerate(zip(*(table[c].to_pylist() for c in key), strict=True)):
@@ -479,7 +458,7 @@ def _write_late(store: Store, con: duckdb.DuckDBPyConnection, facts: Table, plac
     sql = f"""SELECT f.part, f.ext, {columns}, p.split, p.shard AS shard_index
               FROM facts f LEFT JOIN placed p USING (key) ORDER BY f.part, f.row"""
     for _ in _ranges(con, {"facts": facts, "placed": placed}, "part", rows):
-        for run in _runs(con, sql, ("part",)):
+        for run in map(pa.Table.to_pylist, _arrow_runs(con, sql, ("part",))):
             for r in run:
                 split, index = r.pop("split"), r.pop("shard_index")
                 is_placed = split is not None

@@ -1,7 +1,8 @@
 """Release planning (GPIC §2.5): stratified splits, balanced shards, nested tiers.
 
-Everything here is a pure function of the kept records' keys, strata and near-duplicate
-components plus a seed, so the plan does not depend on shard order or worker count.
+The rule is a pure function of the kept records' keys, strata and near-duplicate components
+plus a seed, so the plan does not depend on shard order or worker count. tasks/release/shards.py
+applies it out of core; tests/release_reference.py, record by record, is its reference.
 
 * **Splits.** Groups (a near-duplicate component, or a single record) are the unit: a
   component never straddles two splits. Per stratum (source × caption_type by default)
@@ -20,14 +21,11 @@ components plus a seed, so the plan does not depend on shard order or worker cou
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from corpusforge.config import StrictModel
-from corpusforge.hashing import stable_uniform
 
 SPLITS = ("train", "val", "test")
 
@@ -74,14 +72,6 @@ class SplitConfig(StrictModel):
         return self
 
 
-@dataclass(frozen=True)
-class Placement:
-    split: str
-    shard: int      # index within the split
-    position: int   # order within the shard
-    tier: str | None
-
-
 def _quota(size: float, total: int) -> int:
     return min(total, int(round(size * total)) if size < 1 else int(size))
 
@@ -119,41 +109,6 @@ def apportion(quota: int, sizes: dict[Any, int]) -> dict[Any, int]:
     return shares
 
 
-def stratum_of(record: dict[str, Any], fields: list[str]) -> tuple[str, ...]:
-    return tuple(str(record.get(f) or "") for f in fields)
-
-
-def assign_splits(records: list[dict[str, Any]], cfg: SplitConfig) -> dict[str, str]:
-    """key -> split. ``records`` need key, the stratify fields and ``group`` (component)."""
-    groups: dict[Any, list[dict[str, Any]]] = defaultdict(list)
-    for r in records:
-        groups[r["group"]].append(r)
-    by_stratum: dict[tuple[str, ...], list[list[dict[str, Any]]]] = defaultdict(list)
-    for members in groups.values():
-        members.sort(key=lambda r: r["key"])
-        by_stratum[stratum_of(members[0], cfg.stratify_by)].append(members)
-    sizes = {s: sum(len(g) for g in gs) for s, gs in by_stratum.items()}
-    val_n, test_n, _ = held_out_sizes(len(records), cfg)
-    test_q = apportion(test_n, sizes)
-    val_q = apportion(val_n, sizes)
-    split_of: dict[str, str] = {}
-    for stratum, stratum_groups in by_stratum.items():
-        stratum_groups.sort(key=lambda g: (stable_uniform(cfg.seed, g[0]["key"]), g[0]["key"]))
-        filled = {"test": 0, "val": 0}
-        for members in stratum_groups:
-            if filled["test"] < test_q[stratum]:
-                split = "test"
-            elif filled["val"] < val_q[stratum]:
-                split = "val"
-            else:
-                split = "train"
-            if split != "train":
-                filled[split] += len(members)
-            for r in members:
-                split_of[r["key"]] = split
-    return split_of
-
-
 def tier_counts(n_train_shards: int, tiers: dict[str, int], fixed: bool = False) -> list[tuple[str, int]]:
     """(tier, shard count) from the smallest to the largest tier; the largest is always every
     train shard. ``fixed`` (gpic preset): the others are their stated shard counts, capped
@@ -165,29 +120,6 @@ def tier_counts(n_train_shards: int, tiers: dict[str, int], fixed: bool = False)
     counts = [(name, max(1, min(n_train_shards, count if fixed else round(count * n_train_shards / largest))))
               for name, count in ordered[:-1]]
     return counts + [(ordered[-1][0], n_train_shards)]
-
-
-def plan_release(records: list[dict[str, Any]], cfg: SplitConfig) -> dict[str, Placement]:
-    """key -> Placement for every kept record."""
-    split_of = assign_splits(records, cfg)
-    placements: dict[str, Placement] = {}
-    for split in SPLITS:
-        members = [r for r in records if split_of[r["key"]] == split]
-        if not members:
-            continue
-        n_shards = max(1, math.ceil(len(members) / cfg.shard_size))
-        order = sorted(members, key=lambda r: (stratum_of(r, cfg.stratify_by),
-                                               stable_uniform(cfg.seed + 1, r["key"]), r["key"]))
-        shard_members: list[list[str]] = [[] for _ in range(n_shards)]
-        for i, r in enumerate(order):
-            shard_members[i % n_shards].append(r["key"])
-        tiers = tier_counts(n_shards, cfg.tiers, cfg.preset == "gpic") if split == "train" else []
-        for shard, keys in enumerate(shard_members):
-            tier = next((name for name, count in tiers if shard < count), None)
-            keys.sort(key=lambda k: (stable_uniform(cfg.seed + 2, k), k))
-            for position, key in enumerate(keys):
-                placements[key] = Placement(split, shard, position, tier)
-    return placements
 
 
 def tiers_of(tier: str | None, cfg: SplitConfig) -> list[str]:

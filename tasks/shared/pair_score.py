@@ -113,8 +113,7 @@ class PairScore:
         grey = self.colourless(x)
         u = self.unit_layout(x)
         a = np.sqrt(1.0 - self.colour_weight)
-        colour_width = self.colour_dims
-        grey_head = np.concatenate([u / a, np.zeros((len(x), colour_width))], axis=1)
+        grey_head = np.concatenate([u / a, np.zeros((len(x), self.colour_dims))], axis=1)
         head = np.where(grey[:, None], grey_head, x)
         return np.concatenate([head, u], axis=1).astype(np.float32)
 
@@ -188,5 +187,4 @@ def pair_score_of(markers: list[dict[str, Any]]) -> PairScore:
     rules = {repr(PairScore.from_model(m.get("model")).to_json()) for m in markers if int(m.get("count", 0))}
     if len(rules) > 1:
         raise ValueError(f"feature shards disagree on their pair rule: {sorted(rules)}")
-    rule = PairScore.from_model(next((m.get("model") for m in markers if int(m.get("count", 0))), None))
-    return rule
+    return PairScore.from_model(next((m.get("model") for m in markers if int(m.get("count", 0))), None))

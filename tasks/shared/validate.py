@@ -158,8 +158,3 @@ def validate_image(data: bytes, cfg: ValidationConfig, scores: dict[str, Any] | 
     if scores is not None and (reason := _score_verdict(scores, cfg)):
         return Verdict(Status.FILTERED, reason, **facts)
     return Verdict(Status.KEPT, "", **facts)
-
-
-def reason_code(reason: str) -> str:
-    """The stable code of a reason string (the part before ':')."""
-    return reason.split(":", 1)[0]

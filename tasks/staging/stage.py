@@ -168,10 +168,10 @@ def spilled_bytes(store: Store, records: Iterable[dict[str, Any]]) -> Iterator[b
             spill.close()
 
 
-def to_sample(record: dict[str, Any], image: bytes | memoryview, extra: dict[str, Any] | None = None) -> Sample:
+def to_sample(record: dict[str, Any], image: bytes | memoryview) -> Sample:
     """The staged sample; ``image`` must be the bytes ingest hashed (its SHA-256 goes to the index)."""
     return Sample(record["key"], {record["ext"]: image, "txt": (record.get("caption") or "").encode(),
-                                  "json": sample_json(record, extra)}, digests={record["ext"]: record["sha256"]})
+                                  "json": sample_json(record)}, digests={record["ext"]: record["sha256"]})
 
 
 # What a staging shard's output depends on, per record: every field written to its tar or

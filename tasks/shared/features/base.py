@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from tasks.shared.features.config import RuntimeConfig
+from tasks.shared.features.config import ModelSpec, RuntimeConfig
 
 class FeatureModel(ABC):
     """A loaded feature model; instances are cached per process by the registry."""
@@ -75,16 +75,17 @@ class TorchFeatureModel(FeatureModel):
 
     ``net`` maps a float32 NCHW batch to raw (un-normalised) features. This class owns
     everything about running it: device, autocast precision, channels-last, pinned host
-    memory with non-blocking copies on CUDA, and ``inference_mode``.
+    memory with non-blocking copies on CUDA, and ``inference_mode``. Id, architecture,
+    preprocessing and weights are ``spec``'s (no weights: random init).
     """
 
-    def __init__(self, net: torch.nn.Module, *, model_id: str, arch: str, dim: int, preprocessing: str,
+    def __init__(self, net: torch.nn.Module, spec: ModelSpec, *, dim: int,
                  preprocess_fn: Callable[[Image.Image], np.ndarray], runtime: RuntimeConfig,
-                 random_init: bool, weights_sha256: str | None, normalized: bool = True,
-                 cnn: bool = False, fixed_input: bool = True):
-        self.model_id, self.arch, self.dim = model_id, arch, dim
-        self.preprocessing, self._preprocess_fn = preprocessing, preprocess_fn
-        self.random_init, self.weights_sha256 = random_init, weights_sha256
+                 normalized: bool = True, cnn: bool = False, fixed_input: bool = True):
+        self.model_id, self.arch, self.dim = spec.model_id, spec.resolved_arch, dim
+        self.preprocessing, self._preprocess_fn = spec.resolved_preprocessing, preprocess_fn
+        self.random_init = spec.weights is None
+        self.weights_sha256 = spec.weights.sha256 if spec.weights else None
         self.normalized, self.fixed_input = normalized, fixed_input
         self.runtime = runtime
         self.device = resolve_device(runtime.device)

@@ -1,4 +1,4 @@
-"""CLIP image (and text) embeddings through open_clip, for semantic search and contamination checks.
+"""CLIP image embeddings through open_clip, for semantic search and contamination checks.
 
 The architecture is an open_clip model name (default ``ViT-L-14``). Weights are a pinned
 open_clip state dict (``.safetensors``, ``.bin``, ``.pt``), verified and then handed to
@@ -10,10 +10,9 @@ original TorchScript ``.pt`` archives are refused (convert them to a state dict 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 
-import numpy as np
 import open_clip
 import torch
 from torch import nn
@@ -35,20 +34,6 @@ class _ImageTower(nn.Module):
         return self.clip.encode_image(x)
 
 
-class CLIPModel(TorchFeatureModel):
-    """Unit-norm CLIP image embeddings, plus :meth:`embed_text` in the same space."""
-
-    tokenizer: Callable[[list[str]], torch.Tensor]  # open_clip's tokenizer for the arch
-
-    def embed_text(self, texts: list[str]) -> np.ndarray:
-        """[len(texts), dim] float32 unit rows; texts longer than the context are truncated."""
-        tokens = self.tokenizer(list(texts)).to(self.device)
-        with torch.inference_mode(), torch.autocast(self.device.type, dtype=self.autocast_dtype,
-                                                    enabled=self.autocast_dtype is not None):
-            y = self.net.clip.encode_text(tokens)
-        return torch.nn.functional.normalize(y.float(), dim=1).cpu().numpy()
-
-
 def _checkpoint_path(spec: ModelSpec) -> str | None:
     if spec.weights is None:
         return None
@@ -63,7 +48,7 @@ def _checkpoint_path(spec: ModelSpec) -> str | None:
     return str(path)
 
 
-def load(spec: ModelSpec, runtime: RuntimeConfig, torchscript_allowlist: Sequence[str] = ()) -> CLIPModel:
+def load(spec: ModelSpec, runtime: RuntimeConfig, torchscript_allowlist: Sequence[str] = ()) -> TorchFeatureModel:
     arch = spec.resolved_arch
     clip, _, _ = open_clip.create_model_and_transforms(arch, pretrained=_checkpoint_path(spec),
                                                        force_image_size=spec.image_size)
@@ -73,9 +58,5 @@ def load(spec: ModelSpec, runtime: RuntimeConfig, torchscript_allowlist: Sequenc
     size = clip.visual.image_size
     size = size[0] if isinstance(size, (tuple, list)) else size
     fn = partial(pp.clip_eval, size=int(size), mean=tuple(cfg["mean"]), std=tuple(cfg["std"]))
-    model = CLIPModel(_ImageTower(clip), model_id=spec.model_id, arch=arch, dim=int(clip.visual.output_dim),
-                      preprocessing=spec.resolved_preprocessing, preprocess_fn=fn, runtime=runtime,
-                      random_init=spec.weights is None,
-                      weights_sha256=spec.weights.sha256 if spec.weights else None)
-    model.tokenizer = open_clip.get_tokenizer(arch)
-    return model
+    return TorchFeatureModel(_ImageTower(clip), spec, dim=int(clip.visual.output_dim), preprocess_fn=fn,
+                             runtime=runtime)

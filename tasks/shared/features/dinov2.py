@@ -13,8 +13,6 @@ Two purposes, chosen by the preprocessing:
   (``normalized = False``);
 * ``dinov2_eval``: DINOv2's own eval transform, unit rows for similarity search.
 
-:meth:`DINOv2Model.embed_raw` gives the raw features under either preprocessing.
-
 Weights: a pinned state dict with timm key names (``timm/vit_large_patch14_dinov2.lvd142m``)
 or the original DINOv2 ones (``dinov2_vitl14_pretrain.pth``: ``mask_token``,
 ``register_tokens``, SwiGLU ``w12``/``w3``), mapped here. Position embeddings stored for
@@ -31,7 +29,6 @@ import re
 from collections.abc import Mapping, Sequence
 from functools import partial
 
-import numpy as np
 import timm
 import torch
 import torch.nn.functional as F
@@ -39,17 +36,9 @@ import torch.nn.functional as F
 from tasks.shared.features import preprocess as pp
 from tasks.shared.features.base import TorchFeatureModel
 from tasks.shared.features.config import ModelSpec, RuntimeConfig
-from tasks.shared.features.weights import WeightsError, load_state_dict
+from tasks.shared.features.weights import load_state_dict
 
 DEFAULT_SIZE = 224
-
-
-class DINOv2Model(TorchFeatureModel):
-    """DINOv2 CLS features; unit rows unless the preprocessing is gpic_eval (see module doc)."""
-
-    def embed_raw(self, batch: np.ndarray) -> np.ndarray:
-        """Un-normalised CLS features [B, dim] float32, whatever ``normalized`` says."""
-        return self.forward_raw(batch).cpu().numpy()
 
 
 def resample_patch_pos(pos: torch.Tensor, grid: int, registers: bool) -> torch.Tensor:
@@ -92,19 +81,15 @@ def to_timm_keys(state: Mapping[str, torch.Tensor], model: torch.nn.Module) -> d
     return sd
 
 
-def load(spec: ModelSpec, runtime: RuntimeConfig, torchscript_allowlist: Sequence[str] = ()) -> DINOv2Model:
+def load(spec: ModelSpec, runtime: RuntimeConfig, torchscript_allowlist: Sequence[str] = ()) -> TorchFeatureModel:
     arch, prep = spec.resolved_arch, spec.resolved_preprocessing
     if not re.fullmatch(r"vit_(small|base|large|giant)_patch14(_reg4)?_dinov2", arch):
         raise ValueError(f"unknown DINOv2 architecture {arch!r}")
     size = spec.image_size or DEFAULT_SIZE
     net = timm.create_model(arch, pretrained=False, num_classes=0, img_size=size)
     if spec.weights is not None:
-        if spec.weights.format != "state_dict":
-            raise WeightsError("dinov2 takes state dicts only")
         net.load_state_dict(to_timm_keys(load_state_dict(spec.weights), net), strict=True)
     fn = partial({"gpic_eval": pp.gpic_eval, "gpic_eval_port": pp.gpic_eval_port}.get(prep, pp.dinov2_eval),
                  size=size)
-    return DINOv2Model(net, model_id=spec.model_id, arch=arch, dim=int(net.num_features), preprocessing=prep,
-                       preprocess_fn=fn, runtime=runtime, random_init=spec.weights is None,
-                       weights_sha256=spec.weights.sha256 if spec.weights else None,
-                       normalized=prep not in ("gpic_eval", "gpic_eval_port"))
+    return TorchFeatureModel(net, spec, dim=int(net.num_features), preprocess_fn=fn, runtime=runtime,
+                             normalized=prep not in ("gpic_eval", "gpic_eval_port"))

@@ -33,8 +33,7 @@ the reason) for the affected models; the shard still completes. The staging reco
 file names each image's key and extension and fixes their order.
 
 :func:`extract_features` fans shards out as one Prefect task per shard (one Dask task
-on a ``DaskTaskRunner``); :func:`extract_features_on_client` is the same fan-out on a
-plain ``distributed.Client``.
+on a ``DaskTaskRunner``).
 """
 
 from __future__ import annotations
@@ -191,10 +190,7 @@ def current_by_spec(store: Store, shard: str, cfg: FeaturesConfig, draft: int | 
     the selection's keys: small tables); None when any may not be. With a selection, features
     of every image that are current are used instead, as :func:`judge_shard` does."""
     staged = require_marker(store, staging_tar(shard), "staging shard").info
-    chosen = None
-    if selection is not None:
-        wanted = selection.keys(store, shard)
-        chosen = [(k, e, sha) for k, e, sha in shard_images(store, shard) if k in wanted]
+    chosen, chosen_print = (None, None) if selection is None else _selected(store, shard, selection)
     images = staged["count"] if chosen is None else len(chosen)
     parts = _ShardParts(shard, images)
     for spec in cfg.models:
@@ -205,7 +201,6 @@ def current_by_spec(store: Store, shard: str, cfg: FeaturesConfig, draft: int | 
             continue
         if chosen is None:
             return None
-        chosen_print = fingerprint([(k, sha, e) for k, e, sha in chosen])
         part = read_marker(store, feature_vectors(spec.model_id, shard, selection.name))
         if part is None or part.info.get("spec") != spec_key(cfg, spec, draft, chosen_print):
             return None
@@ -351,6 +346,14 @@ class Selection:
         raise NotImplementedError
 
 
+def _selected(store: Store, shard: str, selection: Selection) -> tuple[list[tuple[str, str, str]], str]:
+    """The selection's images of ``shard`` (:func:`shard_images`) and their digest: staging's
+    images digest restricted to them, what a selection's units are keyed by."""
+    wanted = selection.keys(store, shard)
+    chosen = [(k, e, sha) for k, e, sha in shard_images(store, shard) if k in wanted]
+    return chosen, fingerprint([(k, sha, e) for k, e, sha in chosen])
+
+
 @dataclass(frozen=True)
 class UnitVerdict:
     """What the contract does with one (model, shard) unit, and why (:func:`corpusforge.contract.explain`).
@@ -367,10 +370,12 @@ class UnitVerdict:
 @dataclass(frozen=True)
 class ShardVerdicts:
     """The verdict per model for one staging shard. ``chosen``: the selected images (empty
-    without a selection, so that judging reads markers only)."""
+    without a selection, so that judging reads markers only); ``images``: the digest of the
+    images the units embed (staging's ``images``, restricted to ``chosen`` with a selection)."""
 
     subset: str | None
     chosen: list[tuple[str, str, str]]
+    images: str
     models: dict[str, UnitVerdict]
 
 
@@ -381,12 +386,7 @@ def judge_shard(store: Store, shard: str, cfg: FeaturesConfig, models: Sequence[
     feature markers (and, with a selection, the shard's records file and the selection's keys)."""
     images = require_marker(store, staging_tar(shard), "staging shard").info["images"]
     subset = None if selection is None else selection.name
-    chosen: list[tuple[str, str, str]] = []
-    chosen_print = images
-    if selection is not None:
-        wanted = selection.keys(store, shard)
-        chosen = [(k, e, sha) for k, e, sha in shard_images(store, shard) if k in wanted]
-        chosen_print = fingerprint([(k, sha, e) for k, e, sha in chosen])  # staging's images_digest, restricted
+    chosen, chosen_print = ([], images) if selection is None else _selected(store, shard, selection)
     verdicts = {}
     for model in models:
         fp = feature_fingerprint(model, cfg.dtype, draft, cfg.runtime.precision, chosen_print)
@@ -399,7 +399,7 @@ def judge_shard(store: Store, shard: str, cfg: FeaturesConfig, models: Sequence[
         marker = read_marker(store, feature_vectors(model.model_id, shard, subset))
         action, reason = explain(marker, fp)
         verdicts[model.model_id] = UnitVerdict(action, reason, fp, marker)
-    return ShardVerdicts(subset, chosen, verdicts)
+    return ShardVerdicts(subset, chosen, chosen_print, verdicts)
 
 
 def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, selection: Selection | None = None,
@@ -429,9 +429,7 @@ def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, selection: Sele
     judged = judge_shard(store, shard, cfg, models, draft, selection)
     subset = judged.subset
     chosen = judged.chosen if subset is not None else shard_images(store, shard)
-    images = require_marker(store, staging_tar(shard), "staging shard").info["images"]
-    if subset is not None:
-        images = fingerprint([(k, sha, e) for k, e, sha in chosen])  # staging's images_digest, restricted
+    images = judged.images
     parts = _ShardParts(shard, len(chosen))
     todo: list[FeatureModel] = []
     for model in models:
@@ -513,13 +511,6 @@ def extract_features(store: Store, shards: list[str], cfg: FeaturesConfig, selec
     with a ``selection``, only its records (see :func:`extract_shard`)."""
     return fan_out(EXTRACT_SHARD, [dict(store=store, shard=s, cfg=cfg, selection=selection, draft=draft)
                                    for s in shards])
-
-
-def extract_features_on_client(client: Any, store: Store, shards: list[str], cfg: FeaturesConfig
-                               ) -> list[UnitResult[ShardFeatures]]:
-    """The feature stage on a plain ``distributed.Client``: one Dask task per shard."""
-    futures = client.map(extract_shard, [store] * len(shards), shards, [cfg] * len(shards), pure=False)
-    return client.gather(futures)
 
 
 def receipt_section(results: Sequence[UnitResult[ShardFeatures]]) -> dict[str, Any]:

@@ -47,17 +47,13 @@ from torchvision.models import inception_v3
 from tasks.shared.features import preprocess as pp
 from tasks.shared.features.base import TorchFeatureModel
 from tasks.shared.features.config import ModelSpec, RuntimeConfig
-from tasks.shared.features.weights import WeightsError, load_state_dict
+from tasks.shared.features.weights import load_state_dict
 
 DEFAULT_SIZE = 299
 MIN_SIZE = 75
 DIM = 2048
 # Parts of the published torchvision file that the feature network leaves out.
 DROPPED_PREFIXES = ("AuxLogits.", "fc.")
-
-
-class InceptionModel(TorchFeatureModel):
-    """Raw 2048-d Inception-v3 pool features (see module doc; not the FID network)."""
 
 
 def build_net() -> nn.Module:
@@ -72,20 +68,12 @@ def to_feature_keys(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor
     return {k: v for k, v in state.items() if not k.startswith(DROPPED_PREFIXES)}
 
 
-def load(spec: ModelSpec, runtime: RuntimeConfig, torchscript_allowlist: Sequence[str] = ()) -> InceptionModel:
-    arch, prep = spec.resolved_arch, spec.resolved_preprocessing
-    if arch != "inception_v3":
-        raise ValueError(f"unknown Inception architecture {arch!r}")
+def load(spec: ModelSpec, runtime: RuntimeConfig, torchscript_allowlist: Sequence[str] = ()) -> TorchFeatureModel:
     size = spec.image_size or DEFAULT_SIZE
     if size < MIN_SIZE:
         raise ValueError(f"{spec.model_id}: Inception-v3 needs inputs of at least {MIN_SIZE} px, got {size}")
     net = build_net()
     if spec.weights is not None:
-        if spec.weights.format != "state_dict":
-            raise WeightsError("inception takes state dicts only")
         net.load_state_dict(to_feature_keys(load_state_dict(spec.weights)), strict=True)
     fn = partial(pp.inception_299, size=size)
-    return InceptionModel(net, model_id=spec.model_id, arch=arch, dim=DIM, preprocessing=prep, preprocess_fn=fn,
-                          runtime=runtime, random_init=spec.weights is None,
-                          weights_sha256=spec.weights.sha256 if spec.weights else None,
-                          normalized=False, cnn=True)
+    return TorchFeatureModel(net, spec, dim=DIM, preprocess_fn=fn, runtime=runtime, normalized=False, cnn=True)

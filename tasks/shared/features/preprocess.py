@@ -106,7 +106,6 @@ def gpic_eval_port(image: Image.Image, size: int = 224) -> np.ndarray:
 
 
 def inception_299(image: Image.Image, size: int = 299) -> np.ndarray:
-    """Whole image to ``size`` x ``size`` (Pillow bicubic on uint8), ImageNet mean/std."""
-    rgb = image if image.mode == "RGB" else image.convert("RGB")
-    resized = rgb if rgb.size == (size, size) else rgb.resize((size, size), Image.BICUBIC)
-    return to_chw_float(resized, IMAGENET_MEAN, IMAGENET_STD)
+    """Whole image to ``size`` x ``size`` (Pillow bicubic on uint8), ImageNet mean/std: the
+    steps of :func:`gpic_eval_port` at Inception's input size."""
+    return gpic_eval_port(image, size)

@@ -119,11 +119,7 @@ def to_sscdnet_keys(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor
     raise KeyError(f"unrecognised SSCD state dict (first keys: {keys[:3]})")
 
 
-class SSCDModel(TorchFeatureModel):
-    """SSCD descriptors; unit rows, cosine > ~0.75 suggests a copy."""
-
-
-def load(spec: ModelSpec, runtime: RuntimeConfig, torchscript_allowlist: Sequence[str] = ()) -> SSCDModel:
+def load(spec: ModelSpec, runtime: RuntimeConfig, torchscript_allowlist: Sequence[str] = ()) -> TorchFeatureModel:
     arch, dim, prep = spec.resolved_arch, DIMS[spec.name], spec.resolved_preprocessing
     size = spec.image_size or DEFAULT_SIZES[prep]
     if spec.weights is not None and spec.weights.format == "torchscript":
@@ -133,7 +129,5 @@ def load(spec: ModelSpec, runtime: RuntimeConfig, torchscript_allowlist: Sequenc
         if spec.weights is not None:
             net.load_state_dict(to_sscdnet_keys(load_state_dict(spec.weights)), strict=True)
     fn = partial(pp.sscd_square if prep == "sscd_square320" else pp.sscd_short, size=size)
-    return SSCDModel(net, model_id=spec.model_id, arch=arch, dim=dim, preprocessing=prep, preprocess_fn=fn,
-                     runtime=runtime, random_init=spec.weights is None,
-                     weights_sha256=spec.weights.sha256 if spec.weights else None,
-                     cnn=True, fixed_input=prep == "sscd_square320")
+    return TorchFeatureModel(net, spec, dim=dim, preprocess_fn=fn, runtime=runtime, cnn=True,
+                             fixed_input=prep == "sscd_square320")

