@@ -26,7 +26,7 @@ from tasks.ingest.files import ingest_path
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample, is_safe_key, iter_tar_samples, write_tar
 from tasks.ingest.partition import ingest_partition
-from tasks.ingest.sources import SourceConfig, normalise_rows, plan_partitions
+from tasks.ingest.sources import SourceConfig, normalise_table, plan_partitions
 from tasks.shared.inputs import locate
 from tasks.shared.validate import ValidationConfig
 from tests.loopback import serving
@@ -262,7 +262,7 @@ scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan
 def test_fuzz_metadata_row_parser(rows, paths):
     rows = [{**r, "path": paths[i]} for i, r in enumerate(rows)]
     table = pa.Table.from_pylist([{k: None if v is None else str(v) for k, v in r.items()} for r in rows])
-    out = normalise_rows(table, {})
+    out = normalise_table(table, {}).to_pylist()
     assert len(out) == len(rows)
     for record in out:
         assert all(v is None or isinstance(v, str) for v in record.values())

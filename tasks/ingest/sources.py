@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import itertools
 import json
 import os
 import posixpath
@@ -125,18 +124,14 @@ def detect_kind(src: str, options: dict[str, Any]) -> tuple[str, str]:
         candidate = posixpath.join(path, f"metadata{suffix}")
         if fs.isfile(candidate):
             return "table", _full(fs, candidate, src)
-    if fs.glob(posixpath.join(path, "*.tar")) or gpic_tars(fs, path):
+    if fs.glob(posixpath.join(path, "*.tar")) or _gpic_entries(fs, path):
         return "tars", src
     return "folder", src
 
 
-def gpic_tars(fs: fsspec.AbstractFileSystem, path: str) -> list[str]:
+def _gpic_entries(fs: fsspec.AbstractFileSystem, path: str) -> list[tuple[str, dict[str, Any]]]:
     """The tars of a GPIC-layout release root (``train/``, ``val/``, ``test/`` folders of
     ``gpic_{split}_NNNNN.tar``), split by split in GPIC's order, shards in index order."""
-    return [t for t, _ in _gpic_entries(fs, path)]
-
-
-def _gpic_entries(fs: fsspec.AbstractFileSystem, path: str) -> list[tuple[str, dict[str, Any]]]:
     return [e for split in GPIC_SPLITS for e in _glob(fs, posixpath.join(path, split, "*.tar"))]
 
 
@@ -146,13 +141,9 @@ def _glob(fs: fsspec.AbstractFileSystem, pattern: str) -> list[tuple[str, dict[s
     return sorted(fs.glob(pattern, detail=True).items())
 
 
-def tar_list(fs: fsspec.AbstractFileSystem, path: str) -> list[str]:
-    """A tar source's tars: the file itself, the folder's ``*.tar``, or a GPIC release root's."""
-    return [t for t, _ in tar_entries(fs, path)]
-
-
 def tar_entries(fs: fsspec.AbstractFileSystem, path: str) -> list[tuple[str, dict[str, Any] | None]]:
-    """:func:`tar_list` with each tar's listing entry (None for a single file)."""
+    """A tar source's tars: the file itself, the folder's ``*.tar``, or a GPIC release root's,
+    each with its listing entry (None for a single file)."""
     if fs.isfile(path):
         return [(path, None)]
     return [*_glob(fs, posixpath.join(path, "*.tar")), *_gpic_entries(fs, path)]
@@ -234,18 +225,6 @@ def normalise_table(table: pa.Table, mapping: dict[str, str], urls: bool = False
         columns["extra"] = pa.array([_EXTRA_JSON(dict(zip(names, values, strict=True)))
                                      for values in zip(*extra.values(), strict=True)], pa.string())
     return pa.table([columns.get(c, pa.nulls(n, pa.string())) for c in INPUT_COLUMNS], schema=INPUT_SCHEMA)
-
-
-def normalise_rows(table: pa.Table, mapping: dict[str, str], urls: bool = False) -> list[dict[str, str | None]]:
-    """:func:`normalise_table` as a list of rows."""
-    return normalise_table(table, mapping, urls).to_pylist()
-
-
-def _write_chunks(store: Store, rows: Iterator[dict[str, Any]], size: int, base: str,
-                  kind: Literal["rows", "urls"] = "rows") -> list[Partition]:
-    """Rows in chunk files of ``size`` rows, in order (a folder's listing)."""
-    batches = iter(lambda: list(itertools.islice(rows, size)), [])
-    return _write_tables(store, (pa.Table.from_pylist(b, schema=INPUT_SCHEMA) for b in batches), size, base, kind)
 
 
 def _write_tables(store: Store, tables: Iterator[pa.Table], size: int, base: str,
@@ -356,30 +335,23 @@ def _kept(entries: pa.Table) -> pa.Table:
     return pa.table({"key": joined["path"], "sidecars": sidecars}, schema=KEPT_SCHEMA).filter(keep)
 
 
-def _kept_parts(store: Store, parts: list[str]) -> list[str]:
-    """The listing's kept rows (:func:`_kept`) in spill parts, one per range of stems."""
+def _sorted_kept(store: Store, parts: list[str], remote: bool) -> Iterator[pa.Table]:
+    """The listing's kept rows (:data:`KEPT_SCHEMA`) in the spill ``parts``, in ranges sorted by path.
+
+    Two passes of key ranges: sidecars are matched to images by ranges of stems (:func:`_kept`,
+    one spill part per range), then the kept rows sorted by ranges of paths. One pass cannot do
+    both: stems do not sort as their paths do ('a.jq.png' lies between 'a.jpg' and 'a.json')."""
     kept: list[str] = []
     for ranged in key_ranges({"entries": Table(store, parts, SPILL_SCHEMA)}, listing.LISTING_RANGE_ROWS,
                              listing.LISTING_FAN_OUT):
         kept.append(listing_spill_path("kept", len(kept)))
         store.write_parquet(kept[-1], _kept(ranged["entries"]))
-    return kept
+    return sorted_ranges(store, kept, KEPT_SCHEMA, "key", remote)
 
 
-def _sorted_rows(store: Store, parts: list[str], remote: bool) -> Iterator[tuple[str, str | None]]:
-    """(path, sidecars) of every row of the listing in the spill ``parts``, sorted by path.
-
-    Two passes of key ranges: sidecars are matched to images by ranges of stems, then the
-    kept rows sorted by ranges of paths. One pass cannot do both: stems do not sort as
-    their paths do ('a.jq.png' lies between 'a.jpg' and 'a.json')."""
-    kept = _kept_parts(store, parts)
-    for rows in sorted_ranges(store, kept, KEPT_SCHEMA, "key", remote):
-        yield from zip(rows["key"].to_pylist(), rows["sidecars"].to_pylist(), strict=True)
-
-
-def _folder_rows(src: str, cfg: SourceConfig, store: Store) -> Iterator[dict[str, Any]]:
-    """Every file of a bare folder in sorted order; an image's caption/metadata sidecars are
-    named in its row (``sidecars``) and read at ingest, in parallel over partitions.
+def _folder_tables(src: str, cfg: SourceConfig, store: Store) -> Iterator[pa.Table]:
+    """Every file of a bare folder in sorted order, as input rows; an image's caption/metadata
+    sidecars are named in its row (``sidecars``) and read at ingest, in parallel over partitions.
 
     Nothing is skipped silently: links and special files become rows (and error records
     at ingest); a sidecar is attached only when it is a regular file inside the folder —
@@ -387,7 +359,7 @@ def _folder_rows(src: str, cfg: SourceConfig, store: Store) -> Iterator[dict[str
     or special file named like a sidecar.
 
     Memory stays bounded at any size: the listing is spilled to ``store``'s work area as
-    it comes, then matched and sorted one range of keys at a time (:func:`_sorted_rows`);
+    it comes, then matched and sorted one range of keys at a time (:func:`_sorted_kept`);
     rows stream from it."""
     fs, root = url_to_fs(src, cfg.storage_options)
     remote = is_remote(src)
@@ -398,11 +370,11 @@ def _folder_rows(src: str, cfg: SourceConfig, store: Store) -> Iterator[dict[str
         parts = spill_listing(store, LISTING_SPILL_DIR, fs, root, remote, lambda e: _spill_table(e, root))
         if not parts:
             return
-        for path, sidecars in _sorted_rows(store, parts, remote):
-            record: dict[str, Any] = dict.fromkeys(INPUT_COLUMNS)
-            record["path"] = posixpath.relpath(path, root)
-            record["sidecars"] = sidecars
-            yield record
+        for kept in _sorted_kept(store, parts, remote):
+            paths = pa.array([posixpath.relpath(p, root) for p in kept["key"].to_pylist()], pa.string())
+            given = {"path": paths, "sidecars": kept["sidecars"]}
+            yield pa.table([given.get(c, pa.nulls(len(paths), pa.string())) for c in INPUT_COLUMNS],
+                           schema=INPUT_SCHEMA)
     finally:
         store.remove(LISTING_SPILL_DIR)
 
@@ -419,7 +391,7 @@ def why_empty(src: str, cfg: SourceConfig) -> str | None:
             return None
         return f"table {uri} has no rows"
     if kind == "tars":
-        return None if tar_list(fs, path) else f"folder {uri} holds no .tar"
+        return None if tar_entries(fs, path) else f"folder {uri} holds no .tar"
     if fs.isfile(path):
         return None
     for folder, dirs, files in fs.walk(path):
@@ -480,8 +452,8 @@ def plan_partitions(src: str, store: Store, cfg: SourceConfig) -> tuple[str, lis
         kind, parts = _plan_table(store, uri, cfg)
     else:
         must_compute()  # a folder is listed to see what changed: a task on the cluster, never probed
-        with contextlib.closing(_folder_rows(uri, cfg, store)) as rows:
-            parts = _write_chunks(store, rows, cfg.partition_size, uri.rstrip("/"))
+        with contextlib.closing(_folder_tables(uri, cfg, store)) as tables:
+            parts = _write_tables(store, tables, cfg.partition_size, uri.rstrip("/"))
     if not parts:
         raise ValueError(f"source {src}: no input records (empty {kind}); nothing to build")
     kept = {TABLE_PLAN_STEM} if kind in ("table", "urls") else set()
