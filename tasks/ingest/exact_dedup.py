@@ -40,6 +40,7 @@ smallest key; the others become ``exact_duplicate`` of it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -127,19 +128,13 @@ def write_dedup_tables(store: Store, part: int, records: list[dict[str, Any]], n
                                                        pa.Table.from_pylist(keys, schema=KEY_SCHEMA))}
 
 
-def _read_rows(store: Store, folder: str, schema: pa.Schema, expr: pc.Expression,
-               columns: list[str] | None = None) -> pa.Table:
-    """The rows of every file under ``folder`` matching ``expr`` (row groups whose statistics
-    exclude it are not read)."""
-    return store.dataset(folder, schema).to_table(filter=expr, columns=columns)
-
-
 def _in_group(group: range) -> pc.Expression:
     return (pc.field("part") >= group.start) & (pc.field("part") < group.stop)
 
 
-def _by_bucket(store: Store, rel: str, table: pa.Table, order: list[tuple[str, str]]) -> dict[str, str]:
-    table = table.sort_by(order)
+def _by_bucket(store: Store, rel: str, table: pa.Table, within: str) -> dict[str, str]:
+    """``table`` sorted by bucket, then ``within`` and input order, one row group per bucket."""
+    table = table.sort_by([(c, "ascending") for c in ("bucket", within, "part", "row")])
     return {rel: store.write_parquet(rel, table, row_groups=table["bucket"].to_numpy())}
 
 
@@ -157,8 +152,7 @@ def exchange_keys(store: Store, group: int, parts: range, ingested: str) -> Unit
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         table = pa.concat_tables([store.read_parquet(keys_table_path(p)) for p in parts])
-        return _by_bucket(store, rel, table, [("bucket", "ascending"), ("key", "ascending"), ("part", "ascending"),
-                                              ("row", "ascending")]), {"rows": table.num_rows}
+        return _by_bucket(store, rel, table, "key"), {"rows": table.num_rows}
 
     return run_unit(store, rel, exchange_keys_key(parts, ingested), compute)
 
@@ -167,7 +161,7 @@ def find_duplicate_keys(store: Store, bucket: int, exchanged: str, group_size: i
     """Records reusing a key seen earlier in input order, or one differing only in case from
     it (``exchanged``: the combined digest of every group's key file, what this bucket reads)."""
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
-        table = _read_rows(store, DEDUP_KEYS_DIR, KEY_SCHEMA, pc.field("bucket") == bucket).to_pylist()
+        table = store.dataset(DEDUP_KEYS_DIR, KEY_SCHEMA).to_table(filter=pc.field("bucket") == bucket).to_pylist()
         table.sort(key=lambda r: (folded_key(r["key"]), r["part"], r["row"]))
         decisions: list[dict[str, Any]] = []
         first, seen = None, set()
@@ -181,8 +175,7 @@ def find_duplicate_keys(store: Store, bucket: int, exchanged: str, group_size: i
             seen.add(r["key"])
         return _write_decisions(store, keydup_path(bucket), decisions, group_size), {"duplicates": len(decisions)}
 
-    fp = duplicate_keys_key(bucket, group_size, exchanged)
-    return run_unit(store, keydup_path(bucket), fp, compute)
+    return run_unit(store, keydup_path(bucket), duplicate_keys_key(bucket, group_size, exchanged), compute)
 
 
 def exchange_hashes(store: Store, group: int, parts: range, ingested: str, keydup: str) -> UnitResult:
@@ -193,13 +186,9 @@ def exchange_hashes(store: Store, group: int, parts: range, ingested: str, keydu
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         table = pa.concat_tables([store.read_parquet(hashes_path(p)) for p in parts])
-        bad = _read_rows(store, KEYDUP_DIR, DUPLICATE_SCHEMA, _in_group(parts), ["part", "row"])
-        if bad.num_rows:
-            bad_ids = pc.add(pc.multiply(bad["part"].cast(pa.int64()), 1 << 32), bad["row"].cast(pa.int64()))
-            ids = pc.add(pc.multiply(table["part"].cast(pa.int64()), 1 << 32), table["row"].cast(pa.int64()))
-            table = table.filter(pc.invert(pc.is_in(ids, value_set=bad_ids)))
-        return _by_bucket(store, rel, table, [("bucket", "ascending"), ("sha256", "ascending"),
-                                              ("part", "ascending"), ("row", "ascending")]), {"rows": table.num_rows}
+        bad = store.dataset(KEYDUP_DIR, DUPLICATE_SCHEMA).to_table(filter=_in_group(parts), columns=["part", "row"])
+        table = table.join(bad, ["part", "row"], join_type="left anti", use_threads=False)  # _by_bucket sorts it
+        return _by_bucket(store, rel, table, "sha256"), {"rows": table.num_rows}
 
     return run_unit(store, rel, exchange_hashes_key(parts, ingested, keydup), compute)
 
@@ -209,7 +198,7 @@ def find_exact_duplicates(store: Store, bucket: int, exchanged: str, group_size:
     group's hash file; records with a reused key were dropped there)."""
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         by_hash: dict[str, list[dict[str, Any]]] = {}
-        for r in _read_rows(store, DEDUP_HASHES_DIR, HASH_SCHEMA, pc.field("bucket") == bucket).to_pylist():
+        for r in store.dataset(DEDUP_HASHES_DIR, HASH_SCHEMA).to_table(filter=pc.field("bucket") == bucket).to_pylist():
             by_hash.setdefault(r["sha256"], []).append(r)
         decisions = []
         for group in by_hash.values():
@@ -220,8 +209,7 @@ def find_exact_duplicates(store: Store, bucket: int, exchanged: str, group_size:
                           for r in group if r is not winner]
         return _write_decisions(store, exact_path(bucket), decisions, group_size), {"duplicates": len(decisions)}
 
-    fp = exact_duplicates_key(bucket, group_size, exchanged)
-    return run_unit(store, exact_path(bucket), fp, compute)
+    return run_unit(store, exact_path(bucket), exact_duplicates_key(bucket, group_size, exchanged), compute)
 
 
 def deduplicate(store: Store, ingested: Iterable[str], n_parts: int, n_buckets: int, shard_size: int,
@@ -277,7 +265,7 @@ GroupDecisions = tuple[dict[int, dict[int, str]], dict[int, dict[int, str]]]
 
 
 def _decisions_by_part(store: Store, folder: str, parts: range) -> dict[int, dict[int, str]]:
-    t = _read_rows(store, folder, DUPLICATE_SCHEMA, _in_group(parts))
+    t = store.dataset(folder, DUPLICATE_SCHEMA).to_table(filter=_in_group(parts))
     found: dict[int, dict[int, str]] = {}
     for part, row, of in zip(t["part"].to_pylist(), t["row"].to_pylist(), t["duplicate_of"].to_pylist(), strict=True):
         found.setdefault(part, {})[row] = of
@@ -297,12 +285,9 @@ def resolve_group(store: Store, parts: range, decisions: str, shard_size: int) -
     per partition, fingerprinted with its ingest digest from its marker; ``decisions``: the
     combined digest of every decision file). The group's rows of the decision files are
     read once, and only when some partition is not current."""
-    read: list[GroupDecisions] = []
-
+    @functools.cache
     def group_decisions() -> GroupDecisions:
-        if not read:
-            read.append((_decisions_by_part(store, KEYDUP_DIR, parts), _decisions_by_part(store, EXACT_DIR, parts)))
-        return read[0]
+        return _decisions_by_part(store, KEYDUP_DIR, parts), _decisions_by_part(store, EXACT_DIR, parts)
 
     ingested = require_markers(store, [ingest_path(p) for p in parts], "ingest")  # read side by side
     return [_resolve_partition(store, p, marker.digest, decisions, shard_size, group_decisions)
@@ -342,8 +327,7 @@ def _resolve_partition(store: Store, part: int, ingest_digest: str, decisions: s
         sha = store.write_parquet(rel, pa.Table.from_pylist(rows, schema=RESOLVED_SCHEMA))
         return {rel: sha}, {"part": part, "survivors": survivors, "candidates": candidates}
 
-    fp = resolve_key(shard_size, ingest_digest, decisions)
-    return run_unit(store, resolved_path(part), fp, compute)
+    return run_unit(store, resolved_path(part), resolve_key(shard_size, ingest_digest, decisions), compute)
 
 
 # The units of the stage, in the order :func:`deduplicate` runs them (all probed: their checks
