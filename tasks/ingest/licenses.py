@@ -113,9 +113,7 @@ def _from_url(text: str) -> License | None:
 @functools.lru_cache(maxsize=65536)  # a corpus repeats a few dozen spellings millions of times
 def normalize_license(raw: str | None) -> License | None:
     """The licence a name or URL means, or None when it is not recognised (never guessed)."""
-    if raw is None:
-        return None
-    text = unicodedata.normalize("NFKC", raw).strip().lower()
+    text = unicodedata.normalize("NFKC", raw or "").strip().lower()
     if not text:
         return None
     if "://" in text or text.startswith("www.") or "creativecommons.org" in text:

@@ -61,7 +61,6 @@ METADATA_COLUMNS = ["key", "caption", "caption_type", "source", "license", "lice
                     "attribution", "retrieved_at"]
 INPUT_COLUMNS = INPUT_SCHEMA.names
 IMAGE_EXTS = {"jpg", "jpeg", "png", "webp"}
-SIDECAR_EXTS = {"txt", "json"}
 SIDECAR_ORDER = ("txt", "json")  # a caption from .txt comes first and wins over the JSON's
 GPIC_SPLITS = ("train", "val", "test")
 
@@ -300,13 +299,13 @@ def _spill_table(entries: list[Listed], root: str) -> pa.Table:
     columns: dict[str, list[Any]] = {name: [] for name in SPILL_SCHEMA.names}
     for path, regular, _ in entries:
         stem, _, ext = path.rpartition(".")
-        image, sidecar = ext.lower() in IMAGE_EXTS, ext.lower() in SIDECAR_EXTS
+        image, sidecar = ext.lower() in IMAGE_EXTS, ext.lower() in SIDECAR_ORDER
         readable = sidecar and (regular or local_file_refusal(path, [root]) is None)
         columns["path"].append(path)
         columns["key"].append(stem if image or sidecar else path)
         columns["image"].append(image)
         columns["readable_sidecar"].append(readable)
-        columns["sidecar_ext"].append(ext if readable and ext in SIDECAR_EXTS else None)
+        columns["sidecar_ext"].append(ext if readable and ext in SIDECAR_ORDER else None)
     return pa.table(columns, schema=SPILL_SCHEMA)
 
 
@@ -481,20 +480,19 @@ def _plan_table(store: Store, uri: str, cfg: SourceConfig) -> tuple[str, list[Pa
         listed = pq.read_table(io.BytesIO(read_pinned(store, TABLE_PLAN, marker.outputs[TABLE_PLAN], "input planning")))
         present = set(store.listdir(INPUT_DIR))
         if all(f"{part_name(i)}.parquet" in present for i in listed["index"].to_pylist()):
-            return marker.info["kind"], [Partition(i, "urls" if marker.info["kind"] == "urls" else "rows",
-                                                   store.path(input_path(i)), base, d)
-                                         for i, d in zip(listed["index"].to_pylist(), listed["digest"].to_pylist(),
-                                                         strict=True)]
+            kind = marker.info["kind"]
+            return kind, [Partition(i, "urls" if kind == "urls" else "rows", store.path(input_path(i)), base, d)
+                          for i, d in zip(listed["index"].to_pylist(), listed["digest"].to_pylist(), strict=True)]
     must_compute()  # the table is read: a task on the cluster (a current plan is read back when probed)
     urls = is_url_list(uri, cfg)
+    kind = "urls" if urls else "table"
     parts = _write_tables(store, _table_rows(uri, cfg, urls), cfg.partition_size, base, "urls" if urls else "rows")
-    if not parts:  # refused by the caller before any output exists
-        return ("urls" if urls else "table"), parts
-    listed = pa.table({"index": [p.index for p in parts], "digest": [p.digest for p in parts]},
-                      schema=TABLE_PLAN_SCHEMA)
-    finish_unit(store, TABLE_PLAN, fp, {TABLE_PLAN: store.write_parquet(TABLE_PLAN, listed)},
-                {"kind": "urls" if urls else "table", "partitions": len(parts)})
-    return ("urls" if urls else "table"), parts
+    if parts:  # none: refused by the caller before any output exists
+        listed = pa.table({"index": [p.index for p in parts], "digest": [p.digest for p in parts]},
+                          schema=TABLE_PLAN_SCHEMA)
+        finish_unit(store, TABLE_PLAN, fp, {TABLE_PLAN: store.write_parquet(TABLE_PLAN, listed)},
+                    {"kind": kind, "partitions": len(parts)})
+    return kind, parts
 
 
 # probed: a table's current plan is read back, and a folder of tars listed, by the flow (no
