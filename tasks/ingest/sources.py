@@ -123,15 +123,9 @@ def detect_kind(src: str, options: dict[str, Any]) -> tuple[str, str]:
         candidate = posixpath.join(path, f"metadata{suffix}")
         if fs.isfile(candidate):
             return "table", _full(fs, candidate, src)
-    if fs.glob(posixpath.join(path, "*.tar")) or _gpic_entries(fs, path):
+    if tar_entries(fs, path):
         return "tars", src
     return "folder", src
-
-
-def _gpic_entries(fs: fsspec.AbstractFileSystem, path: str) -> list[tuple[str, dict[str, Any]]]:
-    """The tars of a GPIC-layout release root (``train/``, ``val/``, ``test/`` folders of
-    ``gpic_{split}_NNNNN.tar``), split by split in GPIC's order, shards in index order."""
-    return [e for split in GPIC_SPLITS for e in _glob(fs, posixpath.join(path, split, "*.tar"))]
 
 
 def _glob(fs: fsspec.AbstractFileSystem, pattern: str) -> list[tuple[str, dict[str, Any]]]:
@@ -141,11 +135,13 @@ def _glob(fs: fsspec.AbstractFileSystem, pattern: str) -> list[tuple[str, dict[s
 
 
 def tar_entries(fs: fsspec.AbstractFileSystem, path: str) -> list[tuple[str, dict[str, Any] | None]]:
-    """A tar source's tars: the file itself, the folder's ``*.tar``, or a GPIC release root's,
-    each with its listing entry (None for a single file)."""
+    """A tar source's tars, each with its listing entry (None for a single file): the file itself,
+    the folder's ``*.tar``, or a GPIC release root's (``train/``, ``val/``, ``test/`` folders of
+    ``gpic_{split}_NNNNN.tar``), split by split in GPIC's order, shards in index order."""
     if fs.isfile(path):
         return [(path, None)]
-    return [*_glob(fs, posixpath.join(path, "*.tar")), *_gpic_entries(fs, path)]
+    gpic = [e for split in GPIC_SPLITS for e in _glob(fs, posixpath.join(path, split, "*.tar"))]
+    return [*_glob(fs, posixpath.join(path, "*.tar")), *gpic]
 
 
 def source_split_of(tar_uri: str) -> str | None:
