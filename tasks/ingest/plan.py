@@ -43,12 +43,9 @@ def plan_units(store: Store, scratch: Store, parts: list[Partition], src: Source
     ingest = StagePlan("ingest", names=INGEST_NAMES)
     for p in parts:
         marker = read_marker(store, ingest_path(p.index))
-        if p.kind == "urls":
-            fetched = fetch.outputs.get(names[p.index]) if fetch else None
-            key = ingest_key(scratch, p, src, val, n_buckets, lic, fetched or "?")
-            action, reason = explain(marker, key, inputs_known=fetched is not None)
-        else:
-            action, reason = explain(marker, ingest_key(scratch, p, src, val, n_buckets, lic))
+        fetched = fetch.outputs.get(names[p.index]) if fetch else None  # "?" while a URL list's ledger is unknown
+        key = ingest_key(scratch, p, src, val, n_buckets, lic, fetched or "?")  # only a URL list's key reads it
+        action, reason = explain(marker, key, inputs_known=p.kind != "urls" or fetched is not None)
         ingest.add(names[p.index], action, reason)
         if action == SKIPPED and marker is not None:
             ingest.outputs[names[p.index]] = marker.digest
