@@ -90,9 +90,6 @@ class Payload:
     gram_offsets: np.ndarray
     gram_ids: np.ndarray
 
-    def grams_of(self, i: int) -> np.ndarray:
-        return self.gram_ids[self.gram_offsets[i]:self.gram_offsets[i + 1]]
-
     def __len__(self) -> int:
         return len(self.ids)
 
