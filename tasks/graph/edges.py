@@ -69,9 +69,6 @@ from tasks.graph.config import NearDedupConfig
 from tasks.graph.nodes import NodeTable, load_shard_vectors, normalize_rows, read_shard_table
 from tasks.shared.pair_score import PairScore, pair_score_of
 
-def _code() -> str:
-    return code_version(__name__)
-
 
 def edge_table(src: np.ndarray, dst: np.ndarray, sim: np.ndarray) -> pa.Table:
     return pa.table({"src": src, "dst": dst, "similarity": sim}, schema=EDGE_SCHEMA)
@@ -174,7 +171,7 @@ def query_fingerprint(cfg: NearDedupConfig, index: UnitResult[IndexInfo], digest
     """A shard's query unit: its features' digest; with an approximate index, the index too."""
     exact = exact_reuse(index)
     plan = {k: v for k, v in index.info["plan"].items() if not (exact and k == "n_vectors")}
-    return unit_fingerprint("graph-query", _code(),
+    return unit_fingerprint("graph-query", code_version(__name__),
                             [cfg.search_min_similarity, cfg.index.search, cfg.index.k,
                              cfg.index.advanced.pq_rescore_margin, plan, index.info.get("pair_score")],
                             [digest, None if exact else index.fingerprint])
@@ -277,7 +274,7 @@ def query_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: st
 def recall_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str, shard: str, digest: str,
                  index: UnitResult[IndexInfo]) -> UnitResult[RecallInfo]:
     """Exhaustive pairs of the recall sample against one shard (the recall reference)."""
-    fp = unit_fingerprint("graph-recall", _code(), cfg.edge_min_similarity, [index.fingerprint, digest])
+    fp = unit_fingerprint("graph-recall", code_version(__name__), cfg.edge_min_similarity, [index.fingerprint, digest])
 
     def compute() -> tuple[dict[str, str], RecallInfo]:
         lo, _ = read_shard_table(out, shard_table)[0].span(shard)
@@ -329,7 +326,7 @@ def merge_edges(out: Store, shard_table: str, group: tuple[str, str], found: str
     :func:`found_fingerprint` of the found files."""
     nodes, digests = read_shard_table(out, shard_table)
     group = group_shards(nodes, group)
-    fp = unit_fingerprint("graph-edges", _code(), group, [shard_table, found])
+    fp = unit_fingerprint("graph-edges", code_version(__name__), group, [shard_table, found])
     markers = [current_marker(out, edges_path(s), fp) for s in group]
     if all(m is not None for m in markers):
         return joint_result(fp, markers, EdgesInfo(edges={s: m.info["edges"] for s, m in zip(group, markers,
