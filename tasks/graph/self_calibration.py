@@ -145,13 +145,6 @@ def measure_sample(pictures: Sequence[Image.Image], embed: Embed, score: Score, 
     return Measured(plan, images, sims, group, merged)
 
 
-def measure(pictures: Sequence[Image.Image], embed: Embed, score: Score, seed: int, per_transform: int
-            ) -> tuple[dict[str, list[float]], np.ndarray]:
-    """Copy similarities per transform, and every unrelated pair's similarity (a flat array)."""
-    m = measure_sample(pictures, embed, score, seed, per_transform)
-    return m.copy_scores(), m.unrelated()[2]
-
-
 def choose(m: Measured, seed: int, margin: float) -> Calibration:
     """The link threshold at zero false links on the sample, plus ``margin`` (step 4)."""
     per = m.copy_scores()
@@ -164,16 +157,11 @@ def choose(m: Measured, seed: int, margin: float) -> Calibration:
                        [round(float(v), 6) for v in unrelated[:20]])
 
 
-def calibrate(pictures: Sequence[Image.Image], embed: Embed, score: Score, *, seed: int = 0,
-              per_transform: int = PER_TRANSFORM, margin: float = MARGIN) -> Calibration:
-    """Plant, embed, measure and choose the link threshold (module docstring)."""
-    return choose(measure_sample(pictures, embed, score, seed, per_transform), seed, margin)
-
-
 def calibrate_sample(pictures: Sequence[Image.Image], model: FeatureModel, *, seed: int,
                      duplicate_above: float | None = None, per_transform: int = PER_TRANSFORM,
                      margin: float = MARGIN) -> tuple[Calibration, Measured]:
-    """:func:`calibrate` with ``model`` and its pair rule; the measurements too (for the report)."""
+    """Plant, embed with ``model``, score by its pair rule, measure and choose the link threshold
+    (module docstring); the measurements too (for the report)."""
     if len(pictures) < MIN_PICTURES:
         raise ValueError(f"self-calibration needs at least {MIN_PICTURES} decodable pictures, found {len(pictures)}")
     m = measure_sample(pictures, model_embedder(model), rule_scores(PairScore.from_model(model.fingerprint())),
