@@ -461,7 +461,7 @@ def rule_pairs(q: Payload, d: Payload, t: CanaryThresholds, block: int = 20_000)
     found: list[tuple[int, int, str]] = []
     for lo in range(0, len(d), block):
         hi = min(len(d), lo + block)
-        dm = gram_matrix(_slice(d, lo, hi), vocab)
+        dm = gram_matrix(_take(d, np.arange(lo, hi)), vocab)
         inter = (qm @ dm.T).toarray().astype(np.int64)
         union = q.n_grams[:, None].astype(np.int64) + d.n_grams[None, lo:hi] - inter
         direct = _round3_all((inter / np.maximum(union, 1)).ravel()).reshape(inter.shape)
@@ -489,13 +489,6 @@ def rule_pairs(q: Payload, d: Payload, t: CanaryThresholds, block: int = 20_000)
                 found.append((int(a), int(b) + lo, name))
             taken |= mask
     return sorted(found)
-
-
-def _slice(p: Payload, lo: int, hi: int) -> Payload:
-    a, b = p.gram_offsets[lo], p.gram_offsets[hi]
-    return Payload(p.ids[lo:hi], p.fields[lo:hi], p.texts[lo:hi], p.sha256[lo:hi], p.normalized_sha256[lo:hi],
-                   p.normalized_empty[lo:hi], p.n_grams[lo:hi], p.signature[lo:hi], p.gram_offsets[lo:hi + 1] - a,
-                   p.gram_ids[a:b])
 
 
 def brute_unit(out: Store, d_unit: str, d_digest: str, sample_digest: str, cfg: TextCanaryConfig) -> UnitResult:

@@ -162,14 +162,9 @@ def load_index(out: Store, index: UnitResult[IndexInfo], use_gpu: bool) -> tuple
     return _INDEX_CACHE[key]
 
 
-def exact_reuse(index: UnitResult[IndexInfo]) -> bool:
-    """True when a shard's query results depend only on its own and the found vectors."""
-    return index.info["plan"]["kind"] == "flat"
-
-
 def query_fingerprint(cfg: NearDedupConfig, index: UnitResult[IndexInfo], digest: str) -> str:
     """A shard's query unit: its features' digest; with an approximate index, the index too."""
-    exact = exact_reuse(index)
+    exact = index.info["plan"]["kind"] == "flat"  # results depend only on its own and the found vectors
     plan = {k: v for k, v in index.info["plan"].items() if not (exact and k == "n_vectors")}
     return unit_fingerprint("graph-query", code_version(__name__),
                             [cfg.search_min_similarity, cfg.index.search, cfg.index.k,
