@@ -199,22 +199,13 @@ def merge_blocks(out: Store, shard_table: str, trained: str, blocks: str) -> Uni
         header = io.BytesIO()
         with tempfile.TemporaryDirectory(prefix="corpusforge-blocks-") as tmp, \
                 out.atomic_local_file(GRAPH_INDEX_LISTS) as lists_path:
-            paths = [_local_block(out, name, m.outputs[name], tmp) for name, m in zip(names, markers, strict=True)]
+            paths = [ondisk.local_file(out, name, m.outputs[name], tmp) for name, m in zip(names, markers, strict=True)]
             fx.write_index(ondisk.merge_lists(index, paths, lists_path, GRAPH_INDEX_LISTS.rsplit("/", 1)[-1]), header)
             lists_sha = ondisk.file_sha256(lists_path)
         outputs = {GRAPH_INDEX_LISTS: lists_sha, GRAPH_INDEX: out.write_bytes(GRAPH_INDEX, header.getvalue())}
         return outputs, {**info, "blocks": len(names)}
 
     return run_unit(out, GRAPH_INDEX, fp, compute)
-
-
-def _local_block(out: Store, name: str, sha256: str, tmp: str) -> str:
-    """A local path of a block's file to map: in place, or copied from an object store."""
-    if not out.remote:
-        return out.path(name)
-    dest = f"{tmp}/{name.rsplit('/', 1)[-1]}"
-    ondisk.download(out, name, dest, sha256)
-    return dest
 
 
 def _trained_marker(out: Store, trained: str) -> Marker[IndexInfo]:

@@ -47,6 +47,7 @@ two unit vectors, read from the feature files of the shards the candidates live 
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Iterator
 from typing import Any, NotRequired, TypedDict
 
@@ -155,7 +156,8 @@ def load_index(out: Store, index: UnitResult[IndexInfo], use_gpu: bool) -> tuple
             if index.info["plan"]["kind"] == "flat":
                 cpu = fx.read_index(f, nprobe=nprobe)
             else:
-                lists = ondisk.local_file(out, GRAPH_INDEX_LISTS, index.outputs[GRAPH_INDEX_LISTS], index.fingerprint)
+                lists = ondisk.local_file(out, GRAPH_INDEX_LISTS, index.outputs[GRAPH_INDEX_LISTS],
+                                          os.path.join(ondisk.cache_dir(), index.fingerprint))
                 cpu = ondisk.open_mapped(f, lists, nprobe)
         search, on_gpu = fx.maybe_gpu(cpu, use_gpu)
         _INDEX_CACHE[key] = (cpu, search, on_gpu)
