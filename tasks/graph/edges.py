@@ -179,22 +179,18 @@ class VectorLookup:
     and for every other shard only the candidates' rows, read by ranges of its feature file
     (:func:`corpusforge.feature_files.read_feature_rows`). A query shard's candidates reach
     shards all over the corpus; reading each whole would move a shard's vectors per few
-    candidates (41 GB for wfd at 10⁷ images when kept), rows move only what is rescored."""
+    candidates (41 GB for wfd at 10⁷ images when kept), rows move only what is rescored.
+    ``own``: the query shard's index in ``nodes``, its ids and vectors, already in memory."""
 
-    def __init__(self, source: Store, model_id: str, nodes: NodeTable):
-        self.source, self.model_id, self.nodes = source, model_id, nodes
-        self.own: tuple[int, np.ndarray, np.ndarray] | None = None
-
-    def add(self, shard_index: int, ids: np.ndarray, x: np.ndarray) -> None:
-        """Keep the shard already in memory (the query shard's own vectors)."""
-        self.own = (shard_index, ids, x)
+    def __init__(self, source: Store, model_id: str, nodes: NodeTable, own: tuple[int, np.ndarray, np.ndarray]):
+        self.source, self.model_id, self.nodes, self.own = source, model_id, nodes, own
 
     def vectors(self, ids: np.ndarray) -> np.ndarray:
         owner = self.nodes.shard_of(ids)
         out = None
         for s in np.unique(owner):
             rows = np.flatnonzero(owner == s)
-            if self.own is not None and self.own[0] == s:
+            if self.own[0] == s:
                 x = self.own[2][np.searchsorted(self.own[1], ids[rows])]
             else:
                 wanted, back = np.unique(ids[rows] - self.nodes.offsets[s], return_inverse=True)
@@ -247,8 +243,7 @@ def query_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: st
         if plan.kind == "flat":
             sim = rule.scores_vs_forms(mine, flat_vectors(cpu, dst))
         else:
-            lookup = VectorLookup(source, cfg.model_id, nodes)
-            lookup.add(nodes.index_of(shard), ids, x)
+            lookup = VectorLookup(source, cfg.model_id, nodes, (nodes.index_of(shard), ids, x))
             sim = rule.scores(mine, lookup.vectors(dst))
         keep = sim >= np.float32(cfg.search_min_similarity)
         src, dst, sim = src[keep], dst[keep], sim[keep]
