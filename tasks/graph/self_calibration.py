@@ -38,6 +38,7 @@ import numpy as np
 from PIL import Image
 
 from corpusforge.hashing import canonical_json, sha256_bytes
+from tasks.graph.components import UnionFind
 from tasks.graph.planted import TRANSFORMS, plant
 from tasks.shared.features.content import model_input
 from tasks.shared.pair_score import PairScore
@@ -117,19 +118,11 @@ def _groups(sims: np.ndarray, n: int, plan: list[tuple[int, str, int]], duplicat
     light = [float(sims[n + k, i]) for k, (i, name, _) in enumerate(plan) if name in LIGHT]
     bars = ([float(np.median(light))] if light else []) + ([float(np.nextafter(duplicate_above, 2))]
                                                            if duplicate_above is not None else [])
-    parent = list(range(n))
-
-    def root(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
+    merged = UnionFind(n)  # each group's root is its smallest original
     if bars:
         bar = min(bars)  # at least as close as a light re-encode, or above the configured pair rule
-        for a, b in zip(*np.nonzero(np.triu(sims[:n, :n] >= bar, 1)), strict=True):
-            parent[max(root(int(a)), root(int(b)))] = min(root(int(a)), root(int(b)))
-    roots = np.array([root(i) for i in range(n)])
+        merged.union(*np.nonzero(np.triu(sims[:n, :n] >= bar, 1)))
+    roots = merged.roots()
     return roots, int(n - len(np.unique(roots)))
 
 
