@@ -180,9 +180,8 @@ def test_rescoring_lookup_reads_only_the_candidates_rows(tmp_path):
     counting = install_counting_fs()
     try:
         counting.reset()
-        lookup = VectorLookup(Store(store.root), "wfd", nodes)
         own = nodes.shards[0]
-        lookup.add(0, *(full[own][i] for i in (0, 2)))
+        lookup = VectorLookup(Store(store.root), "wfd", nodes, (0, *(full[own][i] for i in (0, 2))))
         ids = np.random.default_rng(0).choice(all_ids, size=12, replace=False)
         got = lookup.vectors(ids)
         read = counting.bytes_read

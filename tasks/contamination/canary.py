@@ -153,11 +153,6 @@ class PairScores:
     intersection: int
     union: int
 
-    @property
-    def rank(self) -> tuple[float, bool, bool]:
-        """Best-match order: the seed's max(direct, signature), then exact, then normalised."""
-        return (max(self.direct, self.signature), self.exact, self.normalized)
-
 
 def compare(item: TextFacts, doc: TextFacts) -> PairScores:
     """Every canary score of one pair; an empty normalised text never matches by normalisation."""
@@ -185,13 +180,3 @@ def decide(scores: PairScores | None, t: CanaryThresholds) -> tuple[str, str]:
     if t.review_signature is not None and scores.signature >= t.review_signature:
         return "review", f"signature>={t.review_signature}"
     return "retain", ""
-
-
-def best_match(item: TextFacts, docs: Sequence[TextFacts]) -> tuple[int, PairScores] | None:
-    """Index and scores of the best corpus text (first in corpus order on ties), or None."""
-    best: tuple[int, PairScores] | None = None
-    for i, doc in enumerate(docs):
-        s = compare(item, doc)
-        if best is None or s.rank > best[1].rank:
-            best = (i, s)
-    return best

@@ -110,18 +110,13 @@ def _wanted_fields(cfg: EvalSetConfig) -> list[str]:
     return names
 
 
-def eval_roots(base: str, cfg: EvalSetConfig) -> list[str]:
-    """Where an evaluation set's paths may point: its own folder and ``cfg.allow_roots``."""
-    return allowed_roots(base, cfg.allow_roots)
-
-
 def _folder_rows(root: str, cfg: EvalSetConfig) -> list[dict[str, Any]]:
     """A folder's images as rows, each resolved as the build resolves a listing's paths (a
     symlink out or a FIFO named like an image is that item's ``unsafe_path`` error); a
     ``{stem}.txt`` / ``{stem}.json`` sidecar is attached only when it may be read."""
     entries = [rel for rel, _ in list_folder(root, cfg.storage_options)]
     present = set(entries)
-    roots = eval_roots(root, cfg)
+    roots = allowed_roots(root, cfg.allow_roots)
     rows = []
     for rel in entries:
         if not rel.lower().endswith(IMAGE_SUFFIXES):
@@ -143,7 +138,7 @@ def plan_eval_set(cfg: EvalSetConfig) -> EvalPlan:
     if fs.isfile(path) and path.endswith(TABLE_SUFFIXES):
         table = read_table(cfg.source, so)
         base = posixpath.dirname(cfg.source.rstrip("/"))
-        roots = eval_roots(base, cfg)
+        roots = allowed_roots(base, cfg.allow_roots)
         columns = set(table.column_names)
         rows = []
         for i, row in enumerate(table.to_pylist()):
@@ -165,7 +160,7 @@ def plan_eval_set(cfg: EvalSetConfig) -> EvalPlan:
     root = cfg.source.rstrip("/")
     tars = [rel for rel, _ in list_folder(root, so) if rel.endswith(".tar")]
     if tars:
-        roots = eval_roots(root, cfg)
+        roots = allowed_roots(root, cfg.allow_roots)
         chunks = []
         for i, rel in enumerate(tars):
             uri, error = resolve_input(root, rel, roots)
@@ -220,7 +215,7 @@ def _chunk_items(chunk: EvalChunk, cfg: EvalSetConfig) -> Iterator[tuple[dict[st
                 yield {"item_id": item_id, "image_source": f"{chunk.uri}#{sample.key}",
                        "error": error, "fields": fields}, None if error else data
         return
-    roots = eval_roots(chunk.base, cfg)
+    roots = allowed_roots(chunk.base, cfg.allow_roots)
     for row in chunk.rows:
         item = {k: row[k] for k in ("item_id", "image_source", "error")}
         item["fields"] = dict(row.get("fields") or {})

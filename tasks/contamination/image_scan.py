@@ -145,10 +145,6 @@ class ShardVectors:
     splits: list[str | None]
 
 
-def _code() -> str:
-    return code_version(__name__)
-
-
 def feature_identity(side: ScanSide) -> dict[str, Any]:
     """The one (model fingerprint, dtype, decode size) every shard of ``side`` was made with."""
     seen: dict[str, dict[str, Any]] = {}
@@ -250,7 +246,7 @@ def scan_exact_topk(q: np.ndarray, target: ScanSide, k: int, rule: PairScore
 def scan_shard_exact(out: Store, scan: str, query: ScanSide, shard: str, target: ScanSide, target_digest: str,
                      k: int, rule: PairScore) -> UnitResult:
     """Exact top-k targets of one query shard (skipped when query and target content are unchanged)."""
-    fp = unit_fingerprint("contamination-scan", _code(), ["exact", k, rule.to_json()],
+    fp = unit_fingerprint("contamination-scan", code_version(__name__), ["exact", k, rule.to_json()],
                           [query.shard_digest(shard), target_digest])
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
@@ -323,7 +319,7 @@ def build_scan_index(out: Store, name: str, target: ScanSide, target_digest: str
     n_train = min(n_est, cfg.max_train, nlist * IVF_TRAIN_PER_LIST)
     plan = {"nlist": nlist, "nprobe": min(cfg.nprobe, nlist), "storage": cfg.storage, "n_train": n_train,
             "seed": cfg.seed}
-    fp = unit_fingerprint("contamination-index", _code(), [plan, rule.to_json()], target_digest)
+    fp = unit_fingerprint("contamination-index", code_version(__name__), [plan, rule.to_json()], target_digest)
     rel = contamination_index(name)
 
     def compute() -> tuple[dict[str, str], ScanIndexInfo]:
@@ -400,7 +396,7 @@ def scan_shard_ivf(out: Store, scan: str, query: ScanSide, shard: str, target: S
     its coloured original (``bench/contamination_probes.py``). So each part of the query
     form chooses its own ``nprobe`` lists (up to twice as many lists probed); every list
     is scored with the whole query form."""
-    fp = unit_fingerprint("contamination-scan", _code(), ["ivf", k, rule.to_json()],
+    fp = unit_fingerprint("contamination-scan", code_version(__name__), ["ivf", k, rule.to_json()],
                           [query.shard_digest(shard), built.fingerprint])
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
@@ -433,7 +429,8 @@ def scan_recall(out: Store, scan: str, query: ScanSide, target: ScanSide, target
     that the index also flagged; ``top1_agreement``: share whose best target is the same.
     Both score by ``rule``.
     """
-    fp = unit_fingerprint("contamination-recall", _code(), [k, threshold, n_sample, seed, rule.to_json()],
+    fp = unit_fingerprint("contamination-recall", code_version(__name__),
+                          [k, threshold, n_sample, seed, rule.to_json()],
                           [[query.shard_digest(s) for s in query.shards], target_digest, found_digests])
     rel = recall_path(scan)
 

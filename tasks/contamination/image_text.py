@@ -21,25 +21,19 @@ from typing import Any
 import pyarrow as pa
 
 from corpusforge.contract import UnitResult, require_marker, run_unit, unit_fingerprint
-from corpusforge.layout import staging_index, staging_tar
 from tasks.contamination.files import JUDGE_SCHEMA, eval_items_path, found_matches_path, judge_rows_path
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.contamination.config import JudgeConfig
 from tasks.contamination.judge import UNRESOLVED, JudgeInput, identity_sha256, make_judge
+from tasks.contamination.text_sources import staged_captions
 
 
 def read_captions(corpus: Store, wanted: dict[str, set[str]]) -> dict[str, str]:
     """Captions (``.txt`` members) of ``wanted`` keys per staging shard, by ranged reads."""
     out: dict[str, str] = {}
     for shard, keys in sorted(wanted.items()):
-        index = corpus.read_parquet(staging_index(shard), columns=["key", "ext", "offset", "size"])
-        with corpus.open(staging_tar(shard)) as f:
-            for key, ext, offset, size in zip(*(index.column(c).to_pylist() for c in ("key", "ext", "offset", "size")),
-                                              strict=True):
-                if ext == "txt" and key in keys:
-                    f.seek(offset)
-                    out[key] = f.read(size).decode("utf-8", "replace")
+        out.update(zip(*staged_captions(corpus, shard, keys), strict=True))
     return out
 
 

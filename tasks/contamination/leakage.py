@@ -14,6 +14,7 @@ anyway: a non-zero count means the build's index missed pairs or the splits were
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,9 +52,7 @@ def leakage_rows(out: Store, scan: str, selection: str, shard: str, thresholds: 
             if s >= review_threshold:
                 for n, v in zip(LEAKAGE_SCHEMA.names, (q, split_of.get(q), rank, tkey, tshard, s), strict=True):
                     rows[n].append(v)
-        held: dict[str, int] = {}
-        for split in split_of.values():
-            held[split] = held.get(split, 0) + 1
+        held = Counter(split_of.values())
         leaking = {_key(th): {} for th in thresholds}
         for q, split in split_of.items():
             for th in thresholds:
@@ -69,10 +68,9 @@ def leakage_rows(out: Store, scan: str, selection: str, shard: str, thresholds: 
 def summarize_leakage(markers: Sequence[UnitResult], thresholds: Sequence[float], review_threshold: float,
                       source: dict[str, Any]) -> dict[str, Any]:
     """Rates per threshold and split over every held-out shard."""
-    held: dict[str, int] = {}
+    held: Counter[str] = Counter()
     for m in markers:
-        for split, n in m.info["held_out"].items():
-            held[split] = held.get(split, 0) + n
+        held.update(m.info["held_out"])
     table = []
     for th in thresholds:
         per_split = {}

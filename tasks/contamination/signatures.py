@@ -47,9 +47,6 @@ class TextBatch:
     def has_signature(self) -> np.ndarray:
         return self.n_grams > 0
 
-    def grams_of(self, i: int) -> np.ndarray:
-        return self.gram_ids[self.gram_offsets[i]:self.gram_offsets[i + 1]]
-
     def __len__(self) -> int:
         return len(self.sha256)
 

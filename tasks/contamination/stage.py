@@ -19,6 +19,8 @@ read, and every unit follows the stage contract (:mod:`corpusforge.contract`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from corpusforge.contract import (FanOut, Unit, UnitResult, completed_units, in_process, prune, remove_tree,
@@ -193,7 +195,7 @@ def _doc_units(out: Store, corpus: Store | None, cfg: TextCanaryConfig, *, fan_o
     c = cfg.corpus
     if c.kind == "table":
         marker = fan_out(TEXT_PLAN, [dict(out=out, cfg=c)])[0]
-        calls = [dict(out=out, kind=ts.DOCS, unit=p, read=_TableReader(out, p), cfg=cfg,
+        calls = [dict(out=out, kind=ts.DOCS, unit=p, read=partial(_no_fields, table_texts, out, p), cfg=cfg,
                       inputs=marker.outputs[text_work_path("source", p)]) for p in marker.info["parts"]]
         return calls, {"kind": "table", "path": c.path, "texts": marker.info["texts"],
                        "sha256": file_sha256(c.path, c.storage_options)}
@@ -201,38 +203,18 @@ def _doc_units(out: Store, corpus: Store | None, cfg: TextCanaryConfig, *, fan_o
         raise ValueError("text corpus kind corpus_captions needs a built corpus")
     shards = completed_units(corpus, STAGING_TARS, ".tar")
     sel, digests, counts = _selection(corpus, out, "captions", c.splits, shards, fan_out=fan_out)
-    calls = [dict(out=out, kind=ts.DOCS, unit=s, read=_CaptionReader(corpus, s, out, sel), cfg=cfg,
+    calls = [dict(out=out, kind=ts.DOCS, unit=s, read=partial(_no_fields, caption_texts, corpus, s, out, sel), cfg=cfg,
                   inputs=[require_marker(corpus, staging_tar(s), "staging shard").digest, digests.get(s)])
              for s in shards]
     return calls, {"kind": "corpus_captions", "corpus": corpus.root, "splits": c.splits, "captions_by_split": counts}
 
 
-class _CaptionReader:
-    """Picklable reader of one staging shard's captions (for Dask workers)."""
-
-    def __init__(self, corpus: Store, shard: str, out: Store, selection: str | None):
-        self.args = (corpus, shard, out, selection)
-
-    def __call__(self) -> tuple[list[str], list[str | None], list[str]]:
-        ids, texts = caption_texts(*self.args)
-        return ids, [None] * len(ids), texts
-
-
-class _TableReader:
-    def __init__(self, out: Store, part: str):
-        self.args = (out, part)
-
-    def __call__(self) -> tuple[list[str], list[str | None], list[str]]:
-        ids, texts = table_texts(*self.args)
-        return ids, [None] * len(ids), texts
-
-
-class _ItemReader:
-    def __init__(self, out: Store, chunk: str, fields: list[str]):
-        self.args = (out, chunk, list(fields))
-
-    def __call__(self) -> tuple[list[str], list[str | None], list[str]]:
-        return item_texts(*self.args)
+def _no_fields(read: Callable[..., tuple[list[str], list[str]]], *args: Any
+               ) -> tuple[list[str], list[str | None], list[str]]:
+    """A corpus side's ``read(*args)`` as a text unit reads it: its texts belong to no field.
+    Bound with :func:`functools.partial`, it pickles to the Dask workers."""
+    ids, texts = read(*args)
+    return ids, [None] * len(ids), texts
 
 
 def text_canary_stage(out: Store, corpus: Store | None, chunks: list[str], fields: list[str],
@@ -246,7 +228,7 @@ def text_canary_stage(out: Store, corpus: Store | None, chunks: list[str], field
         prune(out, f"{CONTAMINATION_TEXT_WORK}/{kind}", doc_units)
     for kind in (ts.QUERIES, ts.QUERY_BANDS):
         prune(out, f"{CONTAMINATION_TEXT_WORK}/{kind}", chunks)
-    q_calls = [dict(out=out, kind=ts.QUERIES, unit=ch, read=_ItemReader(out, ch, fields), cfg=cfg,
+    q_calls = [dict(out=out, kind=ts.QUERIES, unit=ch, read=partial(item_texts, out, ch, list(fields)), cfg=cfg,
                     inputs=[require_marker(out, eval_items_path(ch), "evaluation items").digest, fields])
                for ch in chunks]
     doc_markers = fan_out(TEXT_UNIT, doc_calls)

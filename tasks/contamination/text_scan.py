@@ -63,10 +63,6 @@ SCORE_SCHEMA = pa.schema([
 BRUTE_SCHEMA = PAIR_SCHEMA.append(pa.field("rule", pa.string()))
 
 
-def _code() -> str:
-    return code_version(__name__)
-
-
 def thresholds_of(cfg: TextCanaryConfig) -> CanaryThresholds:
     return CanaryThresholds(cfg.exact, cfg.normalized, cfg.direct_jaccard, cfg.signature, cfg.review_direct_jaccard,
                             cfg.review_signature)
@@ -89,9 +85,6 @@ class Payload:
     signature: np.ndarray          # uint32 [n, seeds]
     gram_offsets: np.ndarray
     gram_ids: np.ndarray
-
-    def grams_of(self, i: int) -> np.ndarray:
-        return self.gram_ids[self.gram_offsets[i]:self.gram_offsets[i + 1]]
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -132,7 +125,7 @@ def text_unit(out: Store, kind: str, unit: str, read: Callable[[], tuple[list[st
               inputs: Any, cfg: TextCanaryConfig) -> UnitResult:
     """Facts and band keys of one unit's texts (``kind``: docs or queries)."""
     plan = plan_bands(cfg)
-    fp = unit_fingerprint(f"contamination-text-{kind}", _code(),
+    fp = unit_fingerprint(f"contamination-text-{kind}", code_version(__name__),
                           [cfg.seeds, cfg.lsh.num_perm, cfg.lsh.seed, plan.to_json()], inputs)
     bands_kind = DOC_BANDS if kind == DOCS else QUERY_BANDS
 
@@ -194,7 +187,7 @@ def _band_rows(out: Store, kind: str, units: Sequence[str], lo: int, hi: int) ->
 def join_bucket(out: Store, bucket: int, buckets: int, doc_units: dict[str, str], query_units: dict[str, str],
                 max_docs_per_key: int) -> UnitResult:
     """Candidate pairs of one key range: texts sharing a band value (``*_units``: unit → band digest)."""
-    fp = unit_fingerprint("contamination-text-join", _code(), [bucket, buckets, max_docs_per_key],
+    fp = unit_fingerprint("contamination-text-join", code_version(__name__), [bucket, buckets, max_docs_per_key],
                           [sorted(doc_units.items()), sorted(query_units.items())])
     rel = text_work_path(CANDIDATES, f"{bucket:05d}")
 
@@ -299,9 +292,9 @@ def verify_group(out: Store, group: str, d_units: dict[str, str], q_units: dict[
                  candidates: dict[str, str] | None) -> UnitResult:
     """Best pair per query among one group's corpus texts (``candidates``: bucket file →
     digest, or None to compare every query with every text of the group)."""
-    fp = unit_fingerprint("contamination-text-verify", _code(), ["exhaustive" if candidates is None else "lsh"],
-                          [sorted(d_units.items()), sorted(q_units.items()),
-                           sorted((candidates or {}).items())])
+    fp = unit_fingerprint("contamination-text-verify", code_version(__name__),
+                          ["exhaustive" if candidates is None else "lsh"],
+                          [sorted(d_units.items()), sorted(q_units.items()), sorted((candidates or {}).items())])
     rel = text_work_path(SCORES, group)
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
@@ -379,7 +372,7 @@ def _best_per_query(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def decide_chunk(out: Store, chunk: str, groups: dict[str, str], cfg: TextCanaryConfig) -> UnitResult:
     """Per (item, field) of one evaluation chunk: the best corpus text and the decision."""
     t = thresholds_of(cfg)
-    fp = unit_fingerprint("contamination-text-decide", _code(), [t.__dict__],
+    fp = unit_fingerprint("contamination-text-decide", code_version(__name__), [t.__dict__],
                           [require_marker(out, text_work_path(QUERIES, chunk), "text queries").digest,
                            sorted(groups.items())])
     rel = text_rows_path(chunk)
@@ -431,7 +424,8 @@ def _doc_rows(out: Store, unit: str, rows: list[int]) -> dict[int, dict[str, Any
 def sample_queries(out: Store, q_units: dict[str, str], n_sample: int, seed: int) -> UnitResult:
     """A seeded sample of non-empty queries (by hash of item id and field), in one file."""
     rel = text_work_path(SAMPLE, "_sample")
-    fp = unit_fingerprint("contamination-text-sample", _code(), [n_sample, seed], sorted(q_units.items()))
+    fp = unit_fingerprint("contamination-text-sample", code_version(__name__), [n_sample, seed],
+                          sorted(q_units.items()))
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         total = sum(require_marker(out, text_work_path(QUERIES, u), "text queries").info["texts"]
@@ -467,7 +461,7 @@ def rule_pairs(q: Payload, d: Payload, t: CanaryThresholds, block: int = 20_000)
     found: list[tuple[int, int, str]] = []
     for lo in range(0, len(d), block):
         hi = min(len(d), lo + block)
-        dm = gram_matrix(_slice(d, lo, hi), vocab)
+        dm = gram_matrix(_take(d, np.arange(lo, hi)), vocab)
         inter = (qm @ dm.T).toarray().astype(np.int64)
         union = q.n_grams[:, None].astype(np.int64) + d.n_grams[None, lo:hi] - inter
         direct = _round3_all((inter / np.maximum(union, 1)).ravel()).reshape(inter.shape)
@@ -497,18 +491,11 @@ def rule_pairs(q: Payload, d: Payload, t: CanaryThresholds, block: int = 20_000)
     return sorted(found)
 
 
-def _slice(p: Payload, lo: int, hi: int) -> Payload:
-    a, b = p.gram_offsets[lo], p.gram_offsets[hi]
-    return Payload(p.ids[lo:hi], p.fields[lo:hi], p.texts[lo:hi], p.sha256[lo:hi], p.normalized_sha256[lo:hi],
-                   p.normalized_empty[lo:hi], p.n_grams[lo:hi], p.signature[lo:hi], p.gram_offsets[lo:hi + 1] - a,
-                   p.gram_ids[a:b])
-
-
 def brute_unit(out: Store, d_unit: str, d_digest: str, sample_digest: str, cfg: TextCanaryConfig) -> UnitResult:
     """Rule-meeting pairs of the sampled queries against every text of one corpus unit."""
     t = thresholds_of(cfg)
     rel = text_work_path(BRUTE, d_unit)
-    fp = unit_fingerprint("contamination-text-brute", _code(), [t.__dict__], [d_digest, sample_digest])
+    fp = unit_fingerprint("contamination-text-brute", code_version(__name__), [t.__dict__], [d_digest, sample_digest])
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         sample = out.read_parquet(text_work_path(SAMPLE, "_sample"))

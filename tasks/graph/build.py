@@ -50,10 +50,6 @@ from tasks.shared.pair_score import PairScore
 ADD_BLOCK_BYTES = 64 << 20
 
 
-def _code() -> str:
-    return code_version(__name__)
-
-
 class BlockInfo(TypedDict):
     """An add unit's marker info: the shards it added and their vectors."""
 
@@ -113,7 +109,7 @@ def prepare_index(source: Store, out: Store, cfg: NearDedupConfig, shard_table: 
     markers = [m.info for m in require_all_features(source, cfg.model_id, nodes.shards)]
     plan, rule, n_vectors, dim = index_plan(cfg, markers)
     flat = plan.kind == "flat"
-    fp = unit_fingerprint("graph-index" if flat else "graph-index-train", _code(),
+    fp = unit_fingerprint("graph-index" if flat else "graph-index-train", code_version(__name__),
                           [plan.to_json(), cfg.seed, cfg.recall_queries, rule.to_json()], shard_table)
 
     def compute() -> tuple[dict[str, str], IndexInfo]:
@@ -161,7 +157,7 @@ def add_block(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str,
     nodes, digests = read_shard_table(out, shard_table)
     shards = group_shards(nodes, block)
     rel = index_block_path(shards[0])
-    fp = unit_fingerprint("graph-index-block", _code(), cfg.model_id,
+    fp = unit_fingerprint("graph-index-block", code_version(__name__), cfg.model_id,
                           [trained, [(s, int(nodes.offsets[nodes.index_of(s)]), digests[s]) for s in shards]])
 
     def compute() -> tuple[dict[str, str], BlockInfo]:
@@ -188,7 +184,7 @@ def merge_blocks(out: Store, shard_table: str, trained: str, blocks: str) -> Uni
     """Merge every block's lists, in block order, into the index's on-disk lists; write the
     index (without its lists) to graph/index/index.faiss. ``blocks``: :func:`blocks_digest`
     of the add units. A remote store's blocks are copied to a local temp folder first."""
-    fp = unit_fingerprint("graph-index", _code(), [], [trained, blocks])
+    fp = unit_fingerprint("graph-index", code_version(__name__), [], [trained, blocks])
 
     def compute() -> tuple[dict[str, str], IndexInfo]:
         info = _trained_marker(out, trained).info
@@ -203,22 +199,13 @@ def merge_blocks(out: Store, shard_table: str, trained: str, blocks: str) -> Uni
         header = io.BytesIO()
         with tempfile.TemporaryDirectory(prefix="corpusforge-blocks-") as tmp, \
                 out.atomic_local_file(GRAPH_INDEX_LISTS) as lists_path:
-            paths = [_local_block(out, name, m.outputs[name], tmp) for name, m in zip(names, markers, strict=True)]
+            paths = [ondisk.local_file(out, name, m.outputs[name], tmp) for name, m in zip(names, markers, strict=True)]
             fx.write_index(ondisk.merge_lists(index, paths, lists_path, GRAPH_INDEX_LISTS.rsplit("/", 1)[-1]), header)
             lists_sha = ondisk.file_sha256(lists_path)
         outputs = {GRAPH_INDEX_LISTS: lists_sha, GRAPH_INDEX: out.write_bytes(GRAPH_INDEX, header.getvalue())}
         return outputs, {**info, "blocks": len(names)}
 
     return run_unit(out, GRAPH_INDEX, fp, compute)
-
-
-def _local_block(out: Store, name: str, sha256: str, tmp: str) -> str:
-    """A local path of a block's file to map: in place, or copied from an object store."""
-    if not out.remote:
-        return out.path(name)
-    dest = f"{tmp}/{name.rsplit('/', 1)[-1]}"
-    ondisk.download(out, name, dest, sha256)
-    return dest
 
 
 def _trained_marker(out: Store, trained: str) -> Marker[IndexInfo]:

@@ -18,7 +18,6 @@ with ``pairs_per_bin``.
 
 from __future__ import annotations
 
-import base64
 import io
 from typing import Any
 
@@ -30,6 +29,7 @@ from corpusforge.contract import UnitResult, run_unit
 from corpusforge.html import render
 from corpusforge.layout import staging_index, staging_tar
 from corpusforge.storage import Store
+from tasks.graph.calibration_report import png_uri, thumb
 from tasks.graph.collision import PAIRS_PATH
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.edges import iter_edges
@@ -76,11 +76,7 @@ class BinSampler:
 
 def _thumb(data: bytes, px: int) -> str:
     with Image.open(io.BytesIO(data)) as im:
-        im = ImageOps.exif_transpose(im).convert("RGB")
-        im.thumbnail((px, px))
-        buf = io.BytesIO()
-        im.save(buf, format="JPEG", quality=85)
-    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+        return thumb(ImageOps.exif_transpose(im), px)
 
 
 def _image_facts(source: Store, nodes: NodeTable, ids: np.ndarray, px: int) -> dict[int, dict[str, Any]]:
@@ -118,10 +114,7 @@ def _histogram_png(graph_counts: np.ndarray, pair_counts: np.ndarray | None, gra
     ax.set_xlabel("similarity")
     ax.set_ylabel("pairs")
     ax.legend(fontsize=8)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={"Software": None}, bbox_inches="tight")
-    plt.close(fig)
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    return png_uri(fig)
 
 
 def _rule(s: float, cfg: NearDedupConfig) -> str:

@@ -40,6 +40,16 @@ def thumb(image: Image.Image, px: int = THUMB_PX) -> str:
     return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def png_uri(fig: Any) -> str:
+    """A matplotlib figure as a PNG data URI without a software tag (same bytes every run); closes it."""
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None}, bbox_inches="tight")
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
 def _recall_png(cal: Calibration, link: float) -> str:
     import matplotlib
 
@@ -56,10 +66,7 @@ def _recall_png(cal: Calibration, link: float) -> str:
     ax.set_xlabel("threshold (similarity)")
     ax.set_ylabel("share of planted copies above")
     ax.legend(fontsize=7, ncol=2, loc="lower left")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={"Software": None}, bbox_inches="tight")
-    plt.close(fig)
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    return png_uri(fig)
 
 
 def _label(m: Measured, i: int, names: list[str]) -> str:

@@ -215,8 +215,7 @@ def crop_candidates_shard(source: Store, out: Store, cfg: NearDedupConfig, shard
                     best.add(rows, ids, best_windows(frames[rows], block))
         src, dst, region = best.pairs()
         own_ids, _, own = load_shard_vectors(source, cfg.model_id, shard, lo)
-        vectors = VectorLookup(source, cfg.model_id, nodes)
-        vectors.add(nodes.index_of(shard), own_ids, own)
+        vectors = VectorLookup(source, cfg.model_id, nodes, (nodes.index_of(shard), own_ids, own))
         sim = (PairScore.from_json(rule).scores(vectors.vectors(src), vectors.vectors(dst)) if len(src)
                else np.zeros(0, np.float32))
         fresh = sim < np.float32(cfg.search_min_similarity)  # pairs the graph holds are the review's

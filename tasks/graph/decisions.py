@@ -38,8 +38,6 @@ from tasks.graph.two_tier import (COMPONENT, TIER1, VERIFIED, VERIFIED_CROP, VER
                                   decide, keys_as_bytes, priority_rank, reason_texts)
 from tasks.graph.verify import iter_verified
 
-DECISION_SCHEMA = NEAR_DECISION_SCHEMA
-
 
 class DuplicateContentError(RuntimeError):
     """Two kept images have the same SHA-256: exact dedup upstream did not hold."""
@@ -203,7 +201,7 @@ def _decide(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable
             "component_id": roots[lo:hi],
             "component_size": sizes[lo:hi],
             "max_similarity": max_sim[lo:hi],
-        }, schema=DECISION_SCHEMA)
+        }, schema=NEAR_DECISION_SCHEMA)
         outputs[decisions_path(shard)] = out.write_parquet(decisions_path(shard), table)
     outputs[GRAPH_COMPONENTS_REPORT] = out.write_json(GRAPH_COMPONENTS_REPORT, report)
     summary = {

@@ -47,6 +47,7 @@ two unit vectors, read from the feature files of the shards the candidates live 
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Iterator
 from typing import Any, NotRequired, TypedDict
 
@@ -68,9 +69,6 @@ from tasks.graph import ondisk
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.nodes import NodeTable, load_shard_vectors, normalize_rows, read_shard_table
 from tasks.shared.pair_score import PairScore, pair_score_of
-
-def _code() -> str:
-    return code_version(__name__)
 
 
 def edge_table(src: np.ndarray, dst: np.ndarray, sim: np.ndarray) -> pa.Table:
@@ -158,23 +156,19 @@ def load_index(out: Store, index: UnitResult[IndexInfo], use_gpu: bool) -> tuple
             if index.info["plan"]["kind"] == "flat":
                 cpu = fx.read_index(f, nprobe=nprobe)
             else:
-                lists = ondisk.local_file(out, GRAPH_INDEX_LISTS, index.outputs[GRAPH_INDEX_LISTS], index.fingerprint)
+                lists = ondisk.local_file(out, GRAPH_INDEX_LISTS, index.outputs[GRAPH_INDEX_LISTS],
+                                          os.path.join(ondisk.cache_dir(), index.fingerprint))
                 cpu = ondisk.open_mapped(f, lists, nprobe)
         search, on_gpu = fx.maybe_gpu(cpu, use_gpu)
         _INDEX_CACHE[key] = (cpu, search, on_gpu)
     return _INDEX_CACHE[key]
 
 
-def exact_reuse(index: UnitResult[IndexInfo]) -> bool:
-    """True when a shard's query results depend only on its own and the found vectors."""
-    return index.info["plan"]["kind"] == "flat"
-
-
 def query_fingerprint(cfg: NearDedupConfig, index: UnitResult[IndexInfo], digest: str) -> str:
     """A shard's query unit: its features' digest; with an approximate index, the index too."""
-    exact = exact_reuse(index)
+    exact = index.info["plan"]["kind"] == "flat"  # results depend only on its own and the found vectors
     plan = {k: v for k, v in index.info["plan"].items() if not (exact and k == "n_vectors")}
-    return unit_fingerprint("graph-query", _code(),
+    return unit_fingerprint("graph-query", code_version(__name__),
                             [cfg.search_min_similarity, cfg.index.search, cfg.index.k,
                              cfg.index.advanced.pq_rescore_margin, plan, index.info.get("pair_score")],
                             [digest, None if exact else index.fingerprint])
@@ -185,22 +179,18 @@ class VectorLookup:
     and for every other shard only the candidates' rows, read by ranges of its feature file
     (:func:`corpusforge.feature_files.read_feature_rows`). A query shard's candidates reach
     shards all over the corpus; reading each whole would move a shard's vectors per few
-    candidates (41 GB for wfd at 10⁷ images when kept), rows move only what is rescored."""
+    candidates (41 GB for wfd at 10⁷ images when kept), rows move only what is rescored.
+    ``own``: the query shard's index in ``nodes``, its ids and vectors, already in memory."""
 
-    def __init__(self, source: Store, model_id: str, nodes: NodeTable):
-        self.source, self.model_id, self.nodes = source, model_id, nodes
-        self.own: tuple[int, np.ndarray, np.ndarray] | None = None
-
-    def add(self, shard_index: int, ids: np.ndarray, x: np.ndarray) -> None:
-        """Keep the shard already in memory (the query shard's own vectors)."""
-        self.own = (shard_index, ids, x)
+    def __init__(self, source: Store, model_id: str, nodes: NodeTable, own: tuple[int, np.ndarray, np.ndarray]):
+        self.source, self.model_id, self.nodes, self.own = source, model_id, nodes, own
 
     def vectors(self, ids: np.ndarray) -> np.ndarray:
         owner = self.nodes.shard_of(ids)
         out = None
         for s in np.unique(owner):
             rows = np.flatnonzero(owner == s)
-            if self.own is not None and self.own[0] == s:
+            if self.own[0] == s:
                 x = self.own[2][np.searchsorted(self.own[1], ids[rows])]
             else:
                 wanted, back = np.unique(ids[rows] - self.nodes.offsets[s], return_inverse=True)
@@ -253,8 +243,7 @@ def query_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: st
         if plan.kind == "flat":
             sim = rule.scores_vs_forms(mine, flat_vectors(cpu, dst))
         else:
-            lookup = VectorLookup(source, cfg.model_id, nodes)
-            lookup.add(nodes.index_of(shard), ids, x)
+            lookup = VectorLookup(source, cfg.model_id, nodes, (nodes.index_of(shard), ids, x))
             sim = rule.scores(mine, lookup.vectors(dst))
         keep = sim >= np.float32(cfg.search_min_similarity)
         src, dst, sim = src[keep], dst[keep], sim[keep]
@@ -277,7 +266,7 @@ def query_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: st
 def recall_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str, shard: str, digest: str,
                  index: UnitResult[IndexInfo]) -> UnitResult[RecallInfo]:
     """Exhaustive pairs of the recall sample against one shard (the recall reference)."""
-    fp = unit_fingerprint("graph-recall", _code(), cfg.edge_min_similarity, [index.fingerprint, digest])
+    fp = unit_fingerprint("graph-recall", code_version(__name__), cfg.edge_min_similarity, [index.fingerprint, digest])
 
     def compute() -> tuple[dict[str, str], RecallInfo]:
         lo, _ = read_shard_table(out, shard_table)[0].span(shard)
@@ -329,7 +318,7 @@ def merge_edges(out: Store, shard_table: str, group: tuple[str, str], found: str
     :func:`found_fingerprint` of the found files."""
     nodes, digests = read_shard_table(out, shard_table)
     group = group_shards(nodes, group)
-    fp = unit_fingerprint("graph-edges", _code(), group, [shard_table, found])
+    fp = unit_fingerprint("graph-edges", code_version(__name__), group, [shard_table, found])
     markers = [current_marker(out, edges_path(s), fp) for s in group]
     if all(m is not None for m in markers):
         return joint_result(fp, markers, EdgesInfo(edges={s: m.info["edges"] for s, m in zip(group, markers,

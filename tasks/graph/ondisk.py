@@ -111,14 +111,15 @@ def open_mapped(f: IO[bytes], lists_path: str, nprobe: int) -> faiss.Index:
     return index
 
 
-def local_file(store: Store, rel: str, sha256: str, key: str) -> str:
+def local_file(store: Store, rel: str, sha256: str, folder: str) -> str:
     """A local path of ``rel`` to map: the store's own file when it is local, else a copy in
-    ``cache_dir()/key/`` made once (streamed to disk, SHA-256 checked, renamed into place)."""
+    ``folder`` made once (streamed to disk, SHA-256 checked, renamed into place): for a query
+    host ``cache_dir()/{index fingerprint}``, for a merge its temporary folder."""
     if not store.remote:
         return store.path(rel)
-    dest = os.path.join(cache_dir(), key, os.path.basename(rel))
+    dest = os.path.join(folder, os.path.basename(rel))
     if not os.path.exists(dest):
-        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        os.makedirs(folder, exist_ok=True)
         download(store, rel, dest, sha256)
     return dest
 

@@ -38,6 +38,7 @@ import numpy as np
 from PIL import Image
 
 from corpusforge.hashing import canonical_json, sha256_bytes
+from tasks.graph.components import UnionFind
 from tasks.graph.planted import TRANSFORMS, plant
 from tasks.shared.features.content import model_input
 from tasks.shared.pair_score import PairScore
@@ -117,19 +118,11 @@ def _groups(sims: np.ndarray, n: int, plan: list[tuple[int, str, int]], duplicat
     light = [float(sims[n + k, i]) for k, (i, name, _) in enumerate(plan) if name in LIGHT]
     bars = ([float(np.median(light))] if light else []) + ([float(np.nextafter(duplicate_above, 2))]
                                                            if duplicate_above is not None else [])
-    parent = list(range(n))
-
-    def root(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
+    merged = UnionFind(n)  # each group's root is its smallest original
     if bars:
         bar = min(bars)  # at least as close as a light re-encode, or above the configured pair rule
-        for a, b in zip(*np.nonzero(np.triu(sims[:n, :n] >= bar, 1)), strict=True):
-            parent[max(root(int(a)), root(int(b)))] = min(root(int(a)), root(int(b)))
-    roots = np.array([root(i) for i in range(n)])
+        merged.union(*np.nonzero(np.triu(sims[:n, :n] >= bar, 1)))
+    roots = merged.roots()
     return roots, int(n - len(np.unique(roots)))
 
 
@@ -145,13 +138,6 @@ def measure_sample(pictures: Sequence[Image.Image], embed: Embed, score: Score, 
     return Measured(plan, images, sims, group, merged)
 
 
-def measure(pictures: Sequence[Image.Image], embed: Embed, score: Score, seed: int, per_transform: int
-            ) -> tuple[dict[str, list[float]], np.ndarray]:
-    """Copy similarities per transform, and every unrelated pair's similarity (a flat array)."""
-    m = measure_sample(pictures, embed, score, seed, per_transform)
-    return m.copy_scores(), m.unrelated()[2]
-
-
 def choose(m: Measured, seed: int, margin: float) -> Calibration:
     """The link threshold at zero false links on the sample, plus ``margin`` (step 4)."""
     per = m.copy_scores()
@@ -164,16 +150,11 @@ def choose(m: Measured, seed: int, margin: float) -> Calibration:
                        [round(float(v), 6) for v in unrelated[:20]])
 
 
-def calibrate(pictures: Sequence[Image.Image], embed: Embed, score: Score, *, seed: int = 0,
-              per_transform: int = PER_TRANSFORM, margin: float = MARGIN) -> Calibration:
-    """Plant, embed, measure and choose the link threshold (module docstring)."""
-    return choose(measure_sample(pictures, embed, score, seed, per_transform), seed, margin)
-
-
 def calibrate_sample(pictures: Sequence[Image.Image], model: FeatureModel, *, seed: int,
                      duplicate_above: float | None = None, per_transform: int = PER_TRANSFORM,
                      margin: float = MARGIN) -> tuple[Calibration, Measured]:
-    """:func:`calibrate` with ``model`` and its pair rule; the measurements too (for the report)."""
+    """Plant, embed with ``model``, score by its pair rule, measure and choose the link threshold
+    (module docstring); the measurements too (for the report)."""
     if len(pictures) < MIN_PICTURES:
         raise ValueError(f"self-calibration needs at least {MIN_PICTURES} decodable pictures, found {len(pictures)}")
     m = measure_sample(pictures, model_embedder(model), rule_scores(PairScore.from_model(model.fingerprint())),

@@ -316,8 +316,8 @@ class _Images:
     images are kept the same way, for the ``CACHED_INDEXES`` most recently used shards:
     at 8,000 shards a unit's pairs can reach thousands of them."""
 
-    def __init__(self, source: Store, nodes: NodeTable, cfg: VerificationConfig):
-        self.source, self.nodes, self.cfg = source, nodes, cfg
+    def __init__(self, source: Store, nodes: NodeTable):
+        self.source, self.nodes = source, nodes
         self._index: OrderedDict[str, dict[int, dict[str, Any]]] = OrderedDict()
         self._feats: OrderedDict[tuple[int, bool], LocalFeatures] = OrderedDict()
 
@@ -401,7 +401,7 @@ def _verify(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable, s
     if crops:  # after the review's pairs, which it never repeats (tasks/graph/crops.py)
         for name, values in out.read_parquet(crops_path(shard)).to_pydict().items():
             pairs[name] += values
-    images = _Images(source, nodes, vc)
+    images = _Images(source, nodes)
     meta: dict[str, tuple[list[str], list[str]]] = {}
 
     def key_sha(node: int) -> tuple[str, str]:

@@ -16,7 +16,6 @@ from corpusforge.config import StrictModel
 from tasks.shared.features.config import ModelSpec
 from tasks.shared.provenance import PROTOCOL_ARCH, PROTOCOL_MODES
 
-PROTOCOL_PREPROCESSING = "gpic_eval"
 RECOMMENDED_GENERATED = 50_000
 
 

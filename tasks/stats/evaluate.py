@@ -121,19 +121,13 @@ def load_reference(npz_uri: str, storage_options: dict[str, Any] | None = None) 
                          n, None if feats is None else feats.astype(np.float32), provenance,
                          reference_checks(arrays, provenance))
     stem = npz_uri.removesuffix(".npz")
-    provenance = None
-    if _exists(f"{stem}.json", so):
-        provenance = json.loads(_read(f"{stem}.json", so))
+    if not _exists(f"{stem}.json", so):
+        raise FileNotFoundError(f"{stem}.json: reference statistics without their provenance sidecar")
+    provenance = json.loads(_read(f"{stem}.json", so))
     feats = None
     if _exists(f"{stem}.features.npy", so):
         feats = np.load(io.BytesIO(_read(f"{stem}.features.npy", so)), allow_pickle=False)
-    if provenance is None:
-        raise FileNotFoundError(f"{stem}.json: reference statistics without their provenance sidecar")
     return Reference(npz_uri, arrays["mu"], arrays["sigma"], int(arrays["n"]), feats, provenance)
-
-
-def reference_identity(reference: Reference) -> dict[str, Any] | None:
-    return None if reference.provenance is None else reference.provenance["model"]
 
 
 def expected_identity(spec: ModelSpec) -> dict[str, Any]:
@@ -150,10 +144,10 @@ def check_model(reference: Reference, identity: dict[str, Any], allow_mismatch: 
     A GPIC release file is assumed to use the protocol model of ``mode`` (on GPIC's own
     256x256 images both modes give the same input).
     """
-    ref = reference_identity(reference)
-    if ref is None:
-        ref = expected_identity(protocol_model(mode))
-        ref = {k: v for k, v in ref.items() if k != "weights"}  # the release does not say which file
+    if reference.provenance is not None:
+        ref = reference.provenance["model"]
+    else:  # the release does not say which weights file
+        ref = {k: v for k, v in expected_identity(protocol_model(mode)).items() if k != "weights"}
     mismatches = identity_mismatches({k: ref.get(k) for k in identity if k in ref},
                                      {k: identity[k] for k in identity if k in ref})
     if mismatches and not allow_mismatch:

@@ -17,7 +17,7 @@ The only hard part is ``tr √(Σ1 Σ2)``. Two methods:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -37,9 +37,6 @@ class FrechetDistance:
     fd_sigma: float  # tr Σ1 + tr Σ2 − 2 tr √(Σ1 Σ2)
     method: str
     diagonal_offset: float  # 0, or the fallback's offset when sqrtm was not finite
-
-    def as_dict(self) -> dict[str, float | str]:
-        return asdict(self)
 
 
 def trace_sqrt_product(sigma1: np.ndarray, sigma2: np.ndarray,

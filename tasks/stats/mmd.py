@@ -55,9 +55,6 @@ class MMDResult:
     subset_size: int
     kernel: dict
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
 
 def mmd2_unbiased(x: np.ndarray, y: np.ndarray, kernel: KernelSpec = KernelSpec()) -> float:
     """Unbiased MMD² between the rows of ``x`` and ``y`` (equal sizes)."""

@@ -27,10 +27,6 @@ class KeyedSample:
     features: np.ndarray  # float32 [m, dim]
 
     @classmethod
-    def empty(cls, size: int, dim: int) -> KeyedSample:
-        return cls(size, (), np.zeros(0, np.float64), np.zeros((0, dim), np.float32))
-
-    @classmethod
     def of(cls, keys: Sequence[str], features: np.ndarray, size: int, seed: int) -> KeyedSample:
         """Sample rows of ``features`` (one per key)."""
         if len(keys) != features.shape[0]:
