@@ -105,43 +105,23 @@ def task_runner(cfg: DaskConfig):
 
     if cfg.address:
         return DaskTaskRunner(address=cfg.address)
+    cluster_class = "distributed.LocalCluster"
+    kwargs: dict[str, Any] = {"n_workers": cfg.n_workers, "processes": cfg.processes}
     if cfg.gpu == "on" or (cfg.gpu == "auto" and visible_gpus() > 0):
-        if importlib.util.find_spec("dask_cuda") is None:
-            if cfg.gpu == "on":
-                raise RuntimeError("dask.gpu=on needs dask-cuda: pip install 'corpusforge[gpu]'")
+        if importlib.util.find_spec("dask_cuda") is not None:
+            # Each worker owns one GPU (CUDA_VISIBLE_DEVICES set per worker by dask-cuda),
+            # so a model loaded once per worker lives on its own device.
+            cluster_class, kwargs = "dask_cuda.LocalCUDACluster", {}
+        elif cfg.gpu == "on":
+            raise RuntimeError("dask.gpu=on needs dask-cuda: pip install 'corpusforge[gpu]'")
+        else:
             log.warning("GPUs visible but dask-cuda is not installed: a CPU LocalCluster runs, and its "
                         "workers share the first GPU (pip install 'corpusforge[gpu]' for one worker per GPU)")
-            return _local_cluster(cfg)
-        # Each worker owns one GPU (CUDA_VISIBLE_DEVICES set per worker by dask-cuda),
-        # so a model loaded once per worker lives on its own device.
-        kwargs = {"threads_per_worker": cfg.threads_per_worker, "memory_limit": cfg.memory_limit,
-                  "dashboard_address": None}
-        if cfg.worker_resources():
-            kwargs["resources"] = cfg.worker_resources()
-        return DaskTaskRunner(cluster_class="dask_cuda.LocalCUDACluster", cluster_kwargs=kwargs,
-                              adapt_kwargs=_adapt(cfg))
-    return _local_cluster(cfg)
-
-
-def _adapt(cfg: DaskConfig) -> dict[str, int] | None:
-    if cfg.adapt_minimum is None:
-        return None
-    return {"minimum": cfg.adapt_minimum, "maximum": cfg.adapt_maximum}
-
-
-def _local_cluster(cfg: DaskConfig):
-    from prefect_dask import DaskTaskRunner
-
-    kwargs: dict[str, Any] = {
-        "n_workers": cfg.n_workers,
-        "threads_per_worker": cfg.threads_per_worker,
-        "processes": cfg.processes,
-        "memory_limit": cfg.memory_limit,
-        "dashboard_address": None,
-    }
+    kwargs.update(threads_per_worker=cfg.threads_per_worker, memory_limit=cfg.memory_limit, dashboard_address=None)
     if cfg.worker_resources():
         kwargs["resources"] = cfg.worker_resources()
-    return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs=kwargs, adapt_kwargs=_adapt(cfg))
+    adapt = None if cfg.adapt_minimum is None else {"minimum": cfg.adapt_minimum, "maximum": cfg.adapt_maximum}
+    return DaskTaskRunner(cluster_class=cluster_class, cluster_kwargs=kwargs, adapt_kwargs=adapt)
 
 
 # Exceptions worth a retry: the network, an object store or a worker hiccuped. Anything

@@ -129,13 +129,6 @@ def require_separate(out: str, reads: Iterable[tuple[str, str]], why: str = "not
             raise ValueError(f"output root {out} overlaps the {what} {uri}: {why}")
 
 
-def join_uri(base: str, *parts: str) -> str:
-    """Join path parts onto a local path or URI, with forward slashes."""
-    if is_remote(base):
-        return posixpath.join(base, *parts)
-    return os.path.join(base, *parts)
-
-
 class Store:
     """A folder (local path or URI) with atomic writes.
 
