@@ -40,7 +40,7 @@ from corpusforge.plans import (DELETE, EVERY_RUN, WHOLE, StagePlan, changed_fiel
 from corpusforge.receipts import flow_receipt, redact
 from corpusforge.storage import Store, require_separate
 from corpusforge.version import code_version
-from flows.plan import flow_plan_data, plan_only, size_estimate
+from flows.plan import flow_plan_data, plan_only, plan_only_field, size_estimate
 from flows.preflight import as_user_error, check_corpus, check_models, require_exists
 from tasks.contamination import plan as contamination_plan
 from tasks.contamination.canary import NORMALIZATION_PROFILE
@@ -84,11 +84,7 @@ class ContaminationConfig(FlowConfig):
                                           description="Runs when eval_set.text_fields is set.")
     leakage: LeakageConfig | None = Field(default_factory=LeakageConfig, title="Cross-split leakage")
     edition: EditionConfig = Field(default_factory=EditionConfig, title="New benchmark edition")
-    plan_only: bool = Field(
-        False, title="Plan only",
-        description="Write nothing: report which units a run would skip or recompute, why, and what they "
-                    "cost (the run's result and its 'contamination-plan' markdown artifact), like "
-                    "`corpusforge plan contamination`.")
+    plan_only: bool = plan_only_field(FLOW)
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
     @model_validator(mode="after")

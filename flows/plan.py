@@ -32,6 +32,8 @@ from __future__ import annotations
 import tempfile
 from typing import Any
 
+from pydantic import Field
+
 from corpusforge.artifacts import publish_plan_artifact
 from corpusforge.config import FlowConfig
 from corpusforge.contract import COMPUTED, MAYBE, SKIPPED
@@ -198,6 +200,14 @@ def size_estimate(stage: StagePlan, staged: Store | None = None) -> dict[str, An
     if staged is not None:
         estimate.update(staged_size(staged, todo))
     return estimate
+
+
+def plan_only_field(flow: str, units: str = "units", verb: str = "skip or recompute") -> Any:
+    """The ``plan_only`` parameter of a flow on a built corpus, as its deployment form shows it."""
+    return Field(False, title="Plan only",
+                 description=f"Write nothing: report which {units} a run would {verb}, why, and what they cost "
+                             f"(the run's result and its '{flow}-plan' markdown artifact), like "
+                             f"`corpusforge plan {flow}`.")
 
 
 def plan_only(flow: str, data: dict[str, Any]) -> dict[str, Any]:

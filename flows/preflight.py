@@ -21,7 +21,8 @@ from pydantic import BaseModel, ValidationError
 from corpusforge.secrets import has_secret_blocks
 from corpusforge.storage import is_remote, require_separate
 
-PROBE_SECONDS = 20.0  # longest a storage probe may take before the storage counts as unreachable
+PROBE_SECONDS = 20.0
+CORPUS_HINT = "give the output root of a finished `corpusforge build`"  # what a flow's corpus must be  # longest a storage probe may take before the storage counts as unreachable
 
 
 class UserError(Exception):
@@ -351,4 +352,4 @@ def require_fetch_identity(config: Any) -> None:
 
 
 def check_corpus(uri: str, options: dict[str, Any], what: str = "corpus") -> None:
-    require_exists(uri, options, what, "give the output root of a finished `corpusforge build`")
+    require_exists(uri, options, what, CORPUS_HINT)
