@@ -13,6 +13,7 @@ import contextlib
 import errno
 import functools
 import hashlib
+import io
 import itertools
 import json
 import os
@@ -216,6 +217,9 @@ class Store:
 
     def read_json(self, rel: str) -> Any:
         return json.loads(self.read_bytes(rel))
+
+    def read_npy(self, rel: str) -> np.ndarray:
+        return np.load(io.BytesIO(self.read_bytes(rel)), allow_pickle=False)
 
     def read_parquet(self, rel: str, columns: list[str] | None = None) -> pa.Table:
         with self.open(rel) as f:
@@ -421,6 +425,12 @@ class Store:
 
     def write_json(self, rel: str, obj: Any) -> str:
         return self.write_bytes(rel, canonical_json(obj).encode() + b"\n")
+
+    def write_npy(self, rel: str, array: np.ndarray) -> str:
+        """Write ``array`` as a ``.npy`` file (C order, no pickled objects); return its SHA-256."""
+        buf = io.BytesIO()
+        np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
+        return self.write_bytes(rel, buf.getvalue())
 
     def write_parquet(self, rel: str, table: pa.Table, row_groups: Sequence[int] | None = None) -> str:
         """Write a table with fixed writer settings; return the file's SHA-256.
