@@ -488,21 +488,17 @@ def cluster_flow(fn: Callable[[Any], Any], name: str) -> tuple[Any, Callable[[An
         with dask_config(config.dask):
             return fn(with_secrets(config))  # credentials in memory only, never a parameter
 
-    on_dask.__name__, on_dask.__qualname__, on_dask.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
-    on_dask.__module__ = fn.__module__
-    on_dask.__annotations__ = typing.get_type_hints(fn)
-    inner = flow(name=f"{name}-on-dask",
-                 description=f"The {name} work itself, as a subflow of {name} with the Dask cluster of its "
-                             "config as task runner.")(on_dask)
-
     def outer(config: Any) -> Any:
         refuse_inline_secrets(config)
         return inner.with_options(task_runner=task_runner(config.dask), flow_run_name=subflow_run_name())(config)
 
-    # the flow's parameter schema (the deployment form) is the config model of ``fn``
-    outer.__name__, outer.__qualname__, outer.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
-    outer.__module__ = fn.__module__
-    outer.__annotations__ = typing.get_type_hints(fn)
+    # both flows' parameter schema (the deployment form) is the config model of ``fn``
+    for wrapper in (on_dask, outer):
+        wrapper.__name__, wrapper.__qualname__, wrapper.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+        wrapper.__module__, wrapper.__annotations__ = fn.__module__, typing.get_type_hints(fn)
+    inner = flow(name=f"{name}-on-dask",
+                 description=f"The {name} work itself, as a subflow of {name} with the Dask cluster of its "
+                             "config as task runner.")(on_dask)
     outer_flow = flow(name=name)(outer)
 
     def run(config: Any) -> Any:

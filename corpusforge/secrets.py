@@ -57,16 +57,11 @@ def _dump(config: BaseModel) -> dict[str, Any]:
     return config.model_dump(mode="json", exclude_unset=False)
 
 
-def _set(data: Any, path: Path, value: Any) -> None:
+def _parent(data: Any, path: Path) -> Any:
+    """The mapping or list that holds the value at ``path``."""
     for k in path[:-1]:
         data = data[k]
-    data[path[-1]] = value
-
-
-def _delete(data: Any, path: Path) -> None:
-    for k in path[:-1]:
-        data = data[k]
-    del data[path[-1]]
+    return data
 
 
 def split_secrets(config: M) -> tuple[M, dict[Path, Any]]:
@@ -76,7 +71,7 @@ def split_secrets(config: M) -> tuple[M, dict[Path, Any]]:
     if not found:
         return config, {}
     for path in found:
-        _delete(data, path)
+        del _parent(data, path)[path[-1]]
     return type(config).model_validate(data), found
 
 
@@ -153,5 +148,5 @@ def with_secrets(config: M) -> M:
     if not held and not has_secret_blocks(data):
         return config
     for path, value in (held or {}).items():
-        _set(data, path, value)
+        _parent(data, path)[path[-1]] = value
     return type(config).model_validate(_resolve_blocks(data))
