@@ -498,10 +498,11 @@ def sweep_temp_files(store: Store) -> dict[str, Any]:
 SWEEP_TEMP_FILES = Unit(sweep_temp_files, "sweep-temp-files", probe=True)
 
 
-def remove_tree(store: Store, folder: str) -> None:
-    """Remove a whole output folder and its markers (a stage switched off)."""
-    store.remove(folder)
-    store.remove(f"{MARKERS}/{folder}")
+def remove_tree(store: Store, *folders: str) -> None:
+    """Remove whole output folders and their markers (a stage switched off)."""
+    for folder in folders:
+        store.remove(folder)
+        store.remove(f"{MARKERS}/{folder}")
 
 
 def completed_units(store: Store, folder: str, suffix: str) -> list[str]:

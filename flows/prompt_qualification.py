@@ -154,8 +154,7 @@ def qualify_prompts(config: PromptQualificationConfig) -> dict[str, Any]:
             tax = tables.read_input(config.density.taxonomy, config.density.taxonomy_storage_options)
             inputs["taxonomy"] = {"uri": tax.uri, "sha256": tax.sha256}
     else:
-        for folder in (PROMPTS_CAPTION_SAMPLE, PROMPTS_CAPTIONS, PROMPTS_TEXTS, QUALIFICATION_CATEGORIES):
-            remove_tree(out, folder)
+        remove_tree(out, PROMPTS_CAPTION_SAMPLE, PROMPTS_CAPTIONS, PROMPTS_TEXTS, QUALIFICATION_CATEGORIES)
 
     variance_rows: list[dict[str, Any]] = []
     if config.variance is not None:
