@@ -28,7 +28,7 @@ from pydantic import Field, model_validator
 from corpusforge import logs
 from corpusforge.config import StrictModel
 from corpusforge.contract import MARKER_WINDOW, Sink, Unit, in_process, probe, tree_reduce
-from corpusforge.progress import task_progress
+from corpusforge.progress import in_flow_run, task_progress
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -340,9 +340,7 @@ def _probed(fn: Callable[..., Any], calls: list[dict[str, Any]]) -> Iterator[tup
 def run_each(units: list[tuple[Any, dict[str, Any]]]) -> list[Any]:
     """One unit of each of several tasks (``(task, kwargs)``), side by side: a task run
     each, except the units of probed tasks that are current (see :func:`run_tasks`)."""
-    from prefect.context import FlowRunContext
-
-    if FlowRunContext.get() is None:
+    if not in_flow_run():
         return [t.fn(**kw) for t, kw in units]
     probed = [probe(t.fn, kw) if getattr(t, "probe", False) else (False, None) for t, kw in units]
     futures = {i: t.submit(**kw) for i, ((t, kw), (current, _)) in enumerate(zip(units, probed, strict=True))
@@ -374,9 +372,7 @@ class FlowFanOut:
         """A task run per call, merged by task runs in the fixed tree of
         :func:`~corpusforge.contract.tree_reduce`: partial results stay on the workers (as
         futures) until the root's result comes back here."""
-        from prefect.context import FlowRunContext
-
-        if FlowRunContext.get() is None:
+        if not in_flow_run():
             return in_process.reduce(unit, merge, calls)
         part, join = task_for(unit), task_for(merge)
         with annotated(unit.name):
@@ -426,11 +422,11 @@ def root_flow_run() -> str | None:
     from prefect.context import FlowRunContext
     from prefect.runtime import flow_run
 
-    if FlowRunContext.get() is None:
+    ctx = FlowRunContext.get()
+    if ctx is None:
         return None
     root = flow_run.get_root_flow_run_id()
-    ctx = FlowRunContext.get()
-    parent = ctx.flow_run.name if ctx is not None and ctx.flow_run is not None else None
+    parent = ctx.flow_run.name if ctx.flow_run is not None else None
     name = parent.removesuffix(" on dask") if parent else None
     return f"{name} ({root})" if name else str(root)
 
@@ -441,9 +437,7 @@ def output_concurrency(out: str) -> Iterator[None]:
     root ``out`` (``output:{out}``, limit 1, created on first use), so runs of deployments into
     one output queue in Prefect instead of meeting at the output's lease; outside a flow run,
     nothing."""
-    from prefect.context import FlowRunContext
-
-    if FlowRunContext.get() is None:
+    if not in_flow_run():
         yield
         return
     from prefect.client.orchestration import get_client

@@ -37,7 +37,8 @@ log = logging.getLogger("corpusforge")
 _ACTIVE: contextvars.ContextVar[RunProgress | None] = contextvars.ContextVar("corpusforge_progress", default=None)
 
 
-def _in_flow_run() -> bool:
+def in_flow_run() -> bool:
+    """True inside a Prefect flow run (outside one, tests and notebooks get no artifact)."""
     from prefect.context import FlowRunContext
 
     return FlowRunContext.get() is not None
@@ -130,7 +131,7 @@ class RunProgress:
         if self._bar is not None:
             for stage in self.open.values():
                 self._bar.update(stage.bar, total=max(stage.total, 1), completed=stage.done)
-        if _in_flow_run() and (force or now - self._last_push >= self.interval):
+        if in_flow_run() and (force or now - self._last_push >= self.interval):
             self._last_push = now
             self._publish(self.percent, self.describe())
         if self._bar is None and (force or now - self._last_log >= self.log_every):
@@ -185,7 +186,7 @@ class RunProgress:
     def finish(self) -> None:
         self.finished.update(self.stages)
         self.open.clear()
-        if _in_flow_run():
+        if in_flow_run():
             self._publish(100.0, f"{self.flow}: done")
         if self._bar is None:
             stage_logger().info("progress 100%%: %s done", self.flow)
