@@ -20,14 +20,13 @@ import os
 import queue
 import typing
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
 
 from pydantic import Field, model_validator
 
 from corpusforge import logs
 from corpusforge.config import StrictModel
-from corpusforge.contract import MARKER_WINDOW, Sink, Unit, in_process, probe, tree_reduce
+from corpusforge.contract import MARKER_WINDOW, Sink, Unit, in_process, probe, side_by_side, tree_reduce
 from corpusforge.progress import in_flow_run, task_progress
 
 log = logging.getLogger(__name__)
@@ -314,7 +313,8 @@ def stream_tasks(t, calls: list[dict[str, Any]], sink: Sink) -> None:
         return
     todo: list[int] = []
     if getattr(t, "probe", False):
-        for i, current, result in _probed(t.fn, calls):
+        probes = side_by_side(lambda kwargs: probe(t.fn, kwargs), calls, PROBE_THREADS, MARKER_WINDOW)
+        for i, (current, result) in enumerate(probes):  # at most a window of probes (and results) held
             if current:
                 sink(i, result)
             else:
@@ -324,17 +324,6 @@ def stream_tasks(t, calls: list[dict[str, Any]], sink: Sink) -> None:
     else:
         todo = list(range(len(calls)))
     _run_batches(t, calls, todo, flow_run, progress, sink)
-
-
-def _probed(fn: Callable[..., Any], calls: list[dict[str, Any]]) -> Iterator[tuple[int, bool, Any]]:
-    """``(i, current, result)`` of probing each unit (:func:`corpusforge.contract.probe`), in
-    order; at most :data:`~corpusforge.contract.MARKER_WINDOW` probes (and their results)
-    in flight at once."""
-    with ThreadPoolExecutor(PROBE_THREADS) as pool:
-        for start in range(0, len(calls), MARKER_WINDOW):
-            window = calls[start:start + MARKER_WINDOW]
-            for i, (current, result) in enumerate(pool.map(lambda kw: probe(fn, kw), window), start):
-                yield i, current, result
 
 
 def run_each(units: list[tuple[Any, dict[str, Any]]]) -> list[Any]:
