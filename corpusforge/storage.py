@@ -243,12 +243,9 @@ class Store:
     def size(self, rel: str) -> int:
         return int(self.fs.size(self._fs_path(rel)))
 
-    def sha256(self, rel: str, chunk: int = 1 << 20) -> str:
-        h = hashlib.sha256()
+    def sha256(self, rel: str) -> str:
         with self.open(rel) as f:
-            while block := f.read(chunk):
-                h.update(block)
-        return h.hexdigest()
+            return hashlib.file_digest(f, "sha256").hexdigest()
 
     # ---- writes ------------------------------------------------------------
     @contextlib.contextmanager
@@ -520,11 +517,8 @@ def file_stamp(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any] | 
         version = info.get("ETag") or info.get("mtime") or info.get("LastModified") or info.get("created")
         stamp = f"{info.get('size')}:{version}"
     if content:
-        h = hashlib.sha256()
         with fs.open(path, "rb") as f:
-            while block := f.read(1 << 20):
-                h.update(block)
-        stamp += f":sha256={h.hexdigest()}"
+            stamp += f":sha256={hashlib.file_digest(f, 'sha256').hexdigest()}"
     return stamp
 
 
