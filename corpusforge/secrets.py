@@ -41,15 +41,12 @@ _HELD: contextvars.ContextVar[dict[Path, Any] | None] = contextvars.ContextVar("
 def find_secrets(obj: Any, path: Path = ()) -> dict[Path, Any]:
     """Every non-empty credential (:func:`is_secret`), by its path in ``obj``."""
     found: dict[Path, Any] = {}
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            if is_secret((*path, k)) and v not in (None, "", {}, []):
-                found[(*path, k)] = v
-            else:
-                found.update(find_secrets(v, (*path, k)))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            found.update(find_secrets(v, (*path, i)))
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for k, v in items:  # a list's index is never a credential's name
+        if is_secret((*path, k)) and v not in (None, "", {}, []):
+            found[(*path, k)] = v
+        else:
+            found.update(find_secrets(v, (*path, k)))
     return found
 
 
