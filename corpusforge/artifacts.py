@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from corpusforge.progress import in_flow_run
+
 log = logging.getLogger("corpusforge")
 
 
@@ -31,9 +33,7 @@ def outcome_rows(counts: dict[str, Any]) -> list[dict[str, Any]]:
 
 def publish_run_artifacts(flow: str, summary_markdown: str, counts: dict[str, Any], where: str) -> bool:
     """Create the summary and outcomes artifacts of the current flow run; False outside one."""
-    from prefect.context import FlowRunContext
-
-    if FlowRunContext.get() is None:
+    if not in_flow_run():
         return False
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
@@ -51,9 +51,7 @@ def publish_run_artifacts(flow: str, summary_markdown: str, counts: dict[str, An
 
 def publish_plan_artifact(flow: str, plan_text: str, where: str) -> bool:
     """The plan of a ``plan_only`` run as the markdown artifact ``{flow}-plan``; False outside a run."""
-    from prefect.context import FlowRunContext
-
-    if FlowRunContext.get() is None:
+    if not in_flow_run():
         return False
     from prefect.artifacts import create_markdown_artifact
 

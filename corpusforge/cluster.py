@@ -20,15 +20,14 @@ import os
 import queue
 import typing
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
 
 from pydantic import Field, model_validator
 
 from corpusforge import logs
 from corpusforge.config import StrictModel
-from corpusforge.contract import MARKER_WINDOW, Sink, Unit, in_process, probe, tree_reduce
-from corpusforge.progress import task_progress
+from corpusforge.contract import MARKER_WINDOW, Sink, Unit, in_process, probe, side_by_side, tree_reduce
+from corpusforge.progress import in_flow_run, task_progress
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -105,43 +104,23 @@ def task_runner(cfg: DaskConfig):
 
     if cfg.address:
         return DaskTaskRunner(address=cfg.address)
+    cluster_class = "distributed.LocalCluster"
+    kwargs: dict[str, Any] = {"n_workers": cfg.n_workers, "processes": cfg.processes}
     if cfg.gpu == "on" or (cfg.gpu == "auto" and visible_gpus() > 0):
-        if importlib.util.find_spec("dask_cuda") is None:
-            if cfg.gpu == "on":
-                raise RuntimeError("dask.gpu=on needs dask-cuda: pip install 'corpusforge[gpu]'")
+        if importlib.util.find_spec("dask_cuda") is not None:
+            # Each worker owns one GPU (CUDA_VISIBLE_DEVICES set per worker by dask-cuda),
+            # so a model loaded once per worker lives on its own device.
+            cluster_class, kwargs = "dask_cuda.LocalCUDACluster", {}
+        elif cfg.gpu == "on":
+            raise RuntimeError("dask.gpu=on needs dask-cuda: pip install 'corpusforge[gpu]'")
+        else:
             log.warning("GPUs visible but dask-cuda is not installed: a CPU LocalCluster runs, and its "
                         "workers share the first GPU (pip install 'corpusforge[gpu]' for one worker per GPU)")
-            return _local_cluster(cfg)
-        # Each worker owns one GPU (CUDA_VISIBLE_DEVICES set per worker by dask-cuda),
-        # so a model loaded once per worker lives on its own device.
-        kwargs = {"threads_per_worker": cfg.threads_per_worker, "memory_limit": cfg.memory_limit,
-                  "dashboard_address": None}
-        if cfg.worker_resources():
-            kwargs["resources"] = cfg.worker_resources()
-        return DaskTaskRunner(cluster_class="dask_cuda.LocalCUDACluster", cluster_kwargs=kwargs,
-                              adapt_kwargs=_adapt(cfg))
-    return _local_cluster(cfg)
-
-
-def _adapt(cfg: DaskConfig) -> dict[str, int] | None:
-    if cfg.adapt_minimum is None:
-        return None
-    return {"minimum": cfg.adapt_minimum, "maximum": cfg.adapt_maximum}
-
-
-def _local_cluster(cfg: DaskConfig):
-    from prefect_dask import DaskTaskRunner
-
-    kwargs: dict[str, Any] = {
-        "n_workers": cfg.n_workers,
-        "threads_per_worker": cfg.threads_per_worker,
-        "processes": cfg.processes,
-        "memory_limit": cfg.memory_limit,
-        "dashboard_address": None,
-    }
+    kwargs.update(threads_per_worker=cfg.threads_per_worker, memory_limit=cfg.memory_limit, dashboard_address=None)
     if cfg.worker_resources():
         kwargs["resources"] = cfg.worker_resources()
-    return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs=kwargs, adapt_kwargs=_adapt(cfg))
+    adapt = None if cfg.adapt_minimum is None else {"minimum": cfg.adapt_minimum, "maximum": cfg.adapt_maximum}
+    return DaskTaskRunner(cluster_class=cluster_class, cluster_kwargs=kwargs, adapt_kwargs=adapt)
 
 
 # Exceptions worth a retry: the network, an object store or a worker hiccuped. Anything
@@ -334,7 +313,8 @@ def stream_tasks(t, calls: list[dict[str, Any]], sink: Sink) -> None:
         return
     todo: list[int] = []
     if getattr(t, "probe", False):
-        for i, current, result in _probed(t.fn, calls):
+        probes = side_by_side(lambda kwargs: probe(t.fn, kwargs), calls, PROBE_THREADS, MARKER_WINDOW)
+        for i, (current, result) in enumerate(probes):  # at most a window of probes (and results) held
             if current:
                 sink(i, result)
             else:
@@ -346,23 +326,10 @@ def stream_tasks(t, calls: list[dict[str, Any]], sink: Sink) -> None:
     _run_batches(t, calls, todo, flow_run, progress, sink)
 
 
-def _probed(fn: Callable[..., Any], calls: list[dict[str, Any]]) -> Iterator[tuple[int, bool, Any]]:
-    """``(i, current, result)`` of probing each unit (:func:`corpusforge.contract.probe`), in
-    order; at most :data:`~corpusforge.contract.MARKER_WINDOW` probes (and their results)
-    in flight at once."""
-    with ThreadPoolExecutor(PROBE_THREADS) as pool:
-        for start in range(0, len(calls), MARKER_WINDOW):
-            window = calls[start:start + MARKER_WINDOW]
-            for i, (current, result) in enumerate(pool.map(lambda kw: probe(fn, kw), window), start):
-                yield i, current, result
-
-
 def run_each(units: list[tuple[Any, dict[str, Any]]]) -> list[Any]:
     """One unit of each of several tasks (``(task, kwargs)``), side by side: a task run
     each, except the units of probed tasks that are current (see :func:`run_tasks`)."""
-    from prefect.context import FlowRunContext
-
-    if FlowRunContext.get() is None:
+    if not in_flow_run():
         return [t.fn(**kw) for t, kw in units]
     probed = [probe(t.fn, kw) if getattr(t, "probe", False) else (False, None) for t, kw in units]
     futures = {i: t.submit(**kw) for i, ((t, kw), (current, _)) in enumerate(zip(units, probed, strict=True))
@@ -394,9 +361,7 @@ class FlowFanOut:
         """A task run per call, merged by task runs in the fixed tree of
         :func:`~corpusforge.contract.tree_reduce`: partial results stay on the workers (as
         futures) until the root's result comes back here."""
-        from prefect.context import FlowRunContext
-
-        if FlowRunContext.get() is None:
+        if not in_flow_run():
             return in_process.reduce(unit, merge, calls)
         part, join = task_for(unit), task_for(merge)
         with annotated(unit.name):
@@ -446,11 +411,11 @@ def root_flow_run() -> str | None:
     from prefect.context import FlowRunContext
     from prefect.runtime import flow_run
 
-    if FlowRunContext.get() is None:
+    ctx = FlowRunContext.get()
+    if ctx is None:
         return None
     root = flow_run.get_root_flow_run_id()
-    ctx = FlowRunContext.get()
-    parent = ctx.flow_run.name if ctx is not None and ctx.flow_run is not None else None
+    parent = ctx.flow_run.name if ctx.flow_run is not None else None
     name = parent.removesuffix(" on dask") if parent else None
     return f"{name} ({root})" if name else str(root)
 
@@ -461,9 +426,7 @@ def output_concurrency(out: str) -> Iterator[None]:
     root ``out`` (``output:{out}``, limit 1, created on first use), so runs of deployments into
     one output queue in Prefect instead of meeting at the output's lease; outside a flow run,
     nothing."""
-    from prefect.context import FlowRunContext
-
-    if FlowRunContext.get() is None:
+    if not in_flow_run():
         yield
         return
     from prefect.client.orchestration import get_client
@@ -508,21 +471,17 @@ def cluster_flow(fn: Callable[[Any], Any], name: str) -> tuple[Any, Callable[[An
         with dask_config(config.dask):
             return fn(with_secrets(config))  # credentials in memory only, never a parameter
 
-    on_dask.__name__, on_dask.__qualname__, on_dask.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
-    on_dask.__module__ = fn.__module__
-    on_dask.__annotations__ = typing.get_type_hints(fn)
-    inner = flow(name=f"{name}-on-dask",
-                 description=f"The {name} work itself, as a subflow of {name} with the Dask cluster of its "
-                             "config as task runner.")(on_dask)
-
     def outer(config: Any) -> Any:
         refuse_inline_secrets(config)
         return inner.with_options(task_runner=task_runner(config.dask), flow_run_name=subflow_run_name())(config)
 
-    # the flow's parameter schema (the deployment form) is the config model of ``fn``
-    outer.__name__, outer.__qualname__, outer.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
-    outer.__module__ = fn.__module__
-    outer.__annotations__ = typing.get_type_hints(fn)
+    # both flows' parameter schema (the deployment form) is the config model of ``fn``
+    for wrapper in (on_dask, outer):
+        wrapper.__name__, wrapper.__qualname__, wrapper.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+        wrapper.__module__, wrapper.__annotations__ = fn.__module__, typing.get_type_hints(fn)
+    inner = flow(name=f"{name}-on-dask",
+                 description=f"The {name} work itself, as a subflow of {name} with the Dask cluster of its "
+                             "config as task runner.")(on_dask)
     outer_flow = flow(name=name)(outer)
 
     def run(config: Any) -> Any:

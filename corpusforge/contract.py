@@ -337,16 +337,12 @@ def config_hashes(config: Any, path: str = "") -> dict[str, str]:
     """A short hash per leaf of a config (``path`` → hash), so a changed field can be named
     without keeping its value (a config may hold endpoints or names users keep private)."""
     if isinstance(config, dict) and config:
-        out: dict[str, str] = {}
-        for name in sorted(config):
-            out.update(config_hashes(config[name], f"{path}.{name}" if path else str(name)))
-        return out
-    if isinstance(config, list | tuple) and config and path == "":
-        out = {}
-        for i, item in enumerate(config):
-            out.update(config_hashes(item, f"[{i}]"))
-        return out
-    return {path or "config": fingerprint(config)[:12]}
+        parts = [(f"{path}.{name}" if path else str(name), config[name]) for name in sorted(config)]
+    elif isinstance(config, list | tuple) and config and path == "":
+        parts = [(f"[{i}]", item) for i, item in enumerate(config)]
+    else:
+        return {path or "config": fingerprint(config)[:12]}
+    return {field: h for part, value in parts for field, h in config_hashes(value, part).items()}
 
 
 def explain(marker: Marker | None, key: str, inputs_known: bool = True) -> tuple[str, str]:
@@ -498,10 +494,11 @@ def sweep_temp_files(store: Store) -> dict[str, Any]:
 SWEEP_TEMP_FILES = Unit(sweep_temp_files, "sweep-temp-files", probe=True)
 
 
-def remove_tree(store: Store, folder: str) -> None:
-    """Remove a whole output folder and its markers (a stage switched off)."""
-    store.remove(folder)
-    store.remove(f"{MARKERS}/{folder}")
+def remove_tree(store: Store, *folders: str) -> None:
+    """Remove whole output folders and their markers (a stage switched off)."""
+    for folder in folders:
+        store.remove(folder)
+        store.remove(f"{MARKERS}/{folder}")
 
 
 def completed_units(store: Store, folder: str, suffix: str) -> list[str]:

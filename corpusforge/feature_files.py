@@ -17,7 +17,6 @@ through these functions, so the feature stage's internals stay its own.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -37,12 +36,10 @@ def write_shard_features(store: Store, model_id: str, shard: str, keys: Sequence
     """Write one shard's features and keys atomically, then the unit's marker; return it."""
     if features.shape[0] != int(np.sum(ok)):
         raise ValueError(f"{features.shape[0]} feature rows for {int(np.sum(ok))} ok records")
-    buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(features), allow_pickle=False)
     table = pa.table({"key": list(keys), "sha256": list(shas), "ok": list(ok), "error": list(errors)},
                      schema=FEATURE_KEYS_SCHEMA)
     vectors, keys_path = feature_vectors(model_id, shard, subset), feature_keys(model_id, shard, subset)
-    outputs = {vectors: store.write_bytes(vectors, buf.getvalue()), keys_path: store.write_parquet(keys_path, table)}
+    outputs = {vectors: store.write_npy(vectors, features), keys_path: store.write_parquet(keys_path, table)}
     info = {**info, "count": int(features.shape[0]), "dim": int(features.shape[1]) if features.ndim == 2 else 0,
             "dtype": str(features.dtype)}
     return finish_unit(store, vectors, fp, outputs, info)
@@ -73,8 +70,7 @@ def read_shard_features(store: Store, model_id: str, shard: str, subset: str | N
     """Keys of the ok records and their features (as stored, usually float16)."""
     table = store.read_parquet(feature_keys(model_id, shard, subset))
     keys = [k for k, ok in zip(table["key"].to_pylist(), table["ok"].to_pylist(), strict=True) if ok]
-    with store.open(feature_vectors(model_id, shard, subset)) as f:
-        feats = np.load(io.BytesIO(f.read()), allow_pickle=False)
+    feats = store.read_npy(feature_vectors(model_id, shard, subset))
     if feats.shape[0] != len(keys):
         raise ValueError(f"{feature_vectors(model_id, shard, subset)}: {feats.shape[0]} rows for {len(keys)} keys")
     return keys, feats

@@ -154,8 +154,7 @@ def _boundaries(parts: dict[str, _Part], ranges: int, key: str) -> list[Any]:
     sample.sort()
     if not sample:
         return []
-    cuts = sorted({sample[i * len(sample) // ranges] for i in range(1, ranges)} - {sample[0]})
-    return cuts
+    return sorted({sample[i * len(sample) // ranges] for i in range(1, ranges)} - {sample[0]})
 
 
 def _split(parts: dict[str, _Part], bounds: list[Any], spill: str, key: str) -> list[dict[str, _Part]]:

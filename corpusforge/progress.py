@@ -37,7 +37,8 @@ log = logging.getLogger("corpusforge")
 _ACTIVE: contextvars.ContextVar[RunProgress | None] = contextvars.ContextVar("corpusforge_progress", default=None)
 
 
-def _in_flow_run() -> bool:
+def in_flow_run() -> bool:
+    """True inside a Prefect flow run (outside one, tests and notebooks get no artifact)."""
     from prefect.context import FlowRunContext
 
     return FlowRunContext.get() is not None
@@ -130,22 +131,26 @@ class RunProgress:
         if self._bar is not None:
             for stage in self.open.values():
                 self._bar.update(stage.bar, total=max(stage.total, 1), completed=stage.done)
-        if _in_flow_run() and (force or now - self._last_push >= self.interval):
+        if in_flow_run() and (force or now - self._last_push >= self.interval):
             self._last_push = now
-            try:
-                from prefect.artifacts import create_progress_artifact, update_progress_artifact
-
-                if self._artifact is None:
-                    self._artifact = create_progress_artifact(
-                        progress=self.percent, key=f"{self.flow}-progress", description=self.describe())
-                else:
-                    update_progress_artifact(self._artifact, progress=self.percent, description=self.describe())
-                self.updates += 1
-            except Exception as exc:  # noqa: BLE001 - progress must never fail a build
-                log.debug("progress artifact not updated: %s", exc)
+            self._publish(self.percent, self.describe())
         if self._bar is None and (force or now - self._last_log >= self.log_every):
             self._last_log = now
             stage_logger().info("progress %.0f%%: %s", self.percent, self.describe())
+
+    def _publish(self, progress: float, description: str) -> None:
+        """The run's progress artifact, created on the first call and updated after."""
+        try:
+            from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+            if self._artifact is None:
+                self._artifact = create_progress_artifact(progress=progress, key=f"{self.flow}-progress",
+                                                          description=description)
+            else:
+                update_progress_artifact(self._artifact, progress=progress, description=description)
+            self.updates += 1
+        except Exception as exc:  # noqa: BLE001 - progress must never fail a build
+            log.debug("progress artifact not updated: %s", exc)
 
     # ---- stages ----------------------------------------------------------------------
     @contextlib.contextmanager
@@ -181,18 +186,8 @@ class RunProgress:
     def finish(self) -> None:
         self.finished.update(self.stages)
         self.open.clear()
-        if _in_flow_run():
-            try:
-                from prefect.artifacts import create_progress_artifact, update_progress_artifact
-
-                if self._artifact is None:
-                    self._artifact = create_progress_artifact(progress=100.0, key=f"{self.flow}-progress",
-                                                              description=f"{self.flow}: done")
-                else:
-                    update_progress_artifact(self._artifact, progress=100.0, description=f"{self.flow}: done")
-                self.updates += 1
-            except Exception as exc:  # noqa: BLE001
-                log.debug("progress artifact not updated: %s", exc)
+        if in_flow_run():
+            self._publish(100.0, f"{self.flow}: done")
         if self._bar is None:
             stage_logger().info("progress 100%%: %s done", self.flow)
 

@@ -41,15 +41,12 @@ _HELD: contextvars.ContextVar[dict[Path, Any] | None] = contextvars.ContextVar("
 def find_secrets(obj: Any, path: Path = ()) -> dict[Path, Any]:
     """Every non-empty credential (:func:`is_secret`), by its path in ``obj``."""
     found: dict[Path, Any] = {}
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            if is_secret((*path, k)) and v not in (None, "", {}, []):
-                found[(*path, k)] = v
-            else:
-                found.update(find_secrets(v, (*path, k)))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            found.update(find_secrets(v, (*path, i)))
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for k, v in items:  # a list's index is never a credential's name
+        if is_secret((*path, k)) and v not in (None, "", {}, []):
+            found[(*path, k)] = v
+        else:
+            found.update(find_secrets(v, (*path, k)))
     return found
 
 
@@ -57,16 +54,11 @@ def _dump(config: BaseModel) -> dict[str, Any]:
     return config.model_dump(mode="json", exclude_unset=False)
 
 
-def _set(data: Any, path: Path, value: Any) -> None:
+def _parent(data: Any, path: Path) -> Any:
+    """The mapping or list that holds the value at ``path``."""
     for k in path[:-1]:
         data = data[k]
-    data[path[-1]] = value
-
-
-def _delete(data: Any, path: Path) -> None:
-    for k in path[:-1]:
-        data = data[k]
-    del data[path[-1]]
+    return data
 
 
 def split_secrets(config: M) -> tuple[M, dict[Path, Any]]:
@@ -76,7 +68,7 @@ def split_secrets(config: M) -> tuple[M, dict[Path, Any]]:
     if not found:
         return config, {}
     for path in found:
-        _delete(data, path)
+        del _parent(data, path)[path[-1]]
     return type(config).model_validate(data), found
 
 
@@ -153,5 +145,5 @@ def with_secrets(config: M) -> M:
     if not held and not has_secret_blocks(data):
         return config
     for path, value in (held or {}).items():
-        _set(data, path, value)
+        _parent(data, path)[path[-1]] = value
     return type(config).model_validate(_resolve_blocks(data))

@@ -13,6 +13,7 @@ import contextlib
 import errno
 import functools
 import hashlib
+import io
 import itertools
 import json
 import os
@@ -129,13 +130,6 @@ def require_separate(out: str, reads: Iterable[tuple[str, str]], why: str = "not
             raise ValueError(f"output root {out} overlaps the {what} {uri}: {why}")
 
 
-def join_uri(base: str, *parts: str) -> str:
-    """Join path parts onto a local path or URI, with forward slashes."""
-    if is_remote(base):
-        return posixpath.join(base, *parts)
-    return os.path.join(base, *parts)
-
-
 class Store:
     """A folder (local path or URI) with atomic writes.
 
@@ -224,6 +218,9 @@ class Store:
     def read_json(self, rel: str) -> Any:
         return json.loads(self.read_bytes(rel))
 
+    def read_npy(self, rel: str) -> np.ndarray:
+        return np.load(io.BytesIO(self.read_bytes(rel)), allow_pickle=False)
+
     def read_parquet(self, rel: str, columns: list[str] | None = None) -> pa.Table:
         with self.open(rel) as f:
             return pq.read_table(f, columns=columns)
@@ -246,12 +243,9 @@ class Store:
     def size(self, rel: str) -> int:
         return int(self.fs.size(self._fs_path(rel)))
 
-    def sha256(self, rel: str, chunk: int = 1 << 20) -> str:
-        h = hashlib.sha256()
+    def sha256(self, rel: str) -> str:
         with self.open(rel) as f:
-            while block := f.read(chunk):
-                h.update(block)
-        return h.hexdigest()
+            return hashlib.file_digest(f, "sha256").hexdigest()
 
     # ---- writes ------------------------------------------------------------
     @contextlib.contextmanager
@@ -429,6 +423,12 @@ class Store:
     def write_json(self, rel: str, obj: Any) -> str:
         return self.write_bytes(rel, canonical_json(obj).encode() + b"\n")
 
+    def write_npy(self, rel: str, array: np.ndarray) -> str:
+        """Write ``array`` as a ``.npy`` file (C order, no pickled objects); return its SHA-256."""
+        buf = io.BytesIO()
+        np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
+        return self.write_bytes(rel, buf.getvalue())
+
     def write_parquet(self, rel: str, table: pa.Table, row_groups: Sequence[int] | None = None) -> str:
         """Write a table with fixed writer settings; return the file's SHA-256.
 
@@ -517,11 +517,8 @@ def file_stamp(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any] | 
         version = info.get("ETag") or info.get("mtime") or info.get("LastModified") or info.get("created")
         stamp = f"{info.get('size')}:{version}"
     if content:
-        h = hashlib.sha256()
         with fs.open(path, "rb") as f:
-            while block := f.read(1 << 20):
-                h.update(block)
-        stamp += f":sha256={h.hexdigest()}"
+            stamp += f":sha256={hashlib.file_digest(f, 'sha256').hexdigest()}"
     return stamp
 
 

@@ -29,7 +29,7 @@ from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, run_logger
 from corpusforge.config import FlowConfig
 from corpusforge.contract import COMPUTED, MAYBE, SKIPPED, remove_tree
 from corpusforge.feature_files import feature_marker, prune_features
-from corpusforge.layout import MARKERS, features_dir
+from corpusforge.layout import features_dir
 from tasks.contamination.files import (CONTAMINATION_DIR, CONTAMINATION_EVAL, CONTAMINATION_FOUND, CONTAMINATION_IMAGES,
                                        CONTAMINATION_INDEX, CONTAMINATION_ITEM_DECISIONS, CONTAMINATION_JUDGE,
                                        CONTAMINATION_LEAKAGE, CONTAMINATION_RECEIPT, CONTAMINATION_REPORT,
@@ -40,7 +40,7 @@ from corpusforge.plans import (DELETE, EVERY_RUN, WHOLE, StagePlan, changed_fiel
 from corpusforge.receipts import flow_receipt, redact
 from corpusforge.storage import Store, require_separate
 from corpusforge.version import code_version
-from flows.plan import flow_plan_data, plan_only, size_estimate
+from flows.plan import flow_plan_data, plan_only, plan_only_field, size_estimate
 from flows.preflight import as_user_error, check_corpus, check_models, require_exists
 from tasks.contamination import plan as contamination_plan
 from tasks.contamination.canary import NORMALIZATION_PROFILE
@@ -84,11 +84,7 @@ class ContaminationConfig(FlowConfig):
                                           description="Runs when eval_set.text_fields is set.")
     leakage: LeakageConfig | None = Field(default_factory=LeakageConfig, title="Cross-split leakage")
     edition: EditionConfig = Field(default_factory=EditionConfig, title="New benchmark edition")
-    plan_only: bool = Field(
-        False, title="Plan only",
-        description="Write nothing: report which units a run would skip or recompute, why, and what they "
-                    "cost (the run's result and its 'contamination-plan' markdown artifact), like "
-                    "`corpusforge plan contamination`.")
+    plan_only: bool = plan_only_field(FLOW)
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
     @model_validator(mode="after")
@@ -173,8 +169,7 @@ def contamination(config: ContaminationConfig) -> dict[str, Any]:
     else:
         if config.image is not None and config.eval_set:
             warnings.append("the evaluation set has no readable images: no image-only rate")
-        for folder in (CONTAMINATION_IMAGES, f"{CONTAMINATION_FOUND}/images"):
-            remove_tree(out, folder)
+        remove_tree(out, CONTAMINATION_IMAGES, f"{CONTAMINATION_FOUND}/images")
         remove_sides(out, "images")
 
     if config.judge is not None:
@@ -189,16 +184,14 @@ def contamination(config: ContaminationConfig) -> dict[str, Any]:
         results["text"] = text_canary_stage(out, corpus, chunks, config.eval_set.text_fields, config.text,
                                             fan_out=fan_out)
     else:
-        for folder in (CONTAMINATION_TEXT, CONTAMINATION_TEXT_WORK):
-            remove_tree(out, folder)
+        remove_tree(out, CONTAMINATION_TEXT, CONTAMINATION_TEXT_WORK)
 
     if config.leakage is not None:
         model = config.leakage.model_id or (config.image.model_id if config.image else "wfd")
         results["leakage"] = leakage_stage(out, corpus, config.leakage, model, against, build_thresholds(corpus),
                                              fan_out=fan_out)
     else:
-        for folder in (CONTAMINATION_LEAKAGE, f"{CONTAMINATION_FOUND}/leakage"):
-            remove_tree(out, folder)
+        remove_tree(out, CONTAMINATION_LEAKAGE, f"{CONTAMINATION_FOUND}/leakage")
         remove_sides(out, "leakage")
     if not results:
         remove_tree(out, CONTAMINATION_SELECT)
@@ -208,8 +201,7 @@ def contamination(config: ContaminationConfig) -> dict[str, Any]:
         edition = edition_stage(out, chunks, config.edition, config.image.flag_above if config.image else None,
                                 benchmark, fan_out=fan_out)
     else:
-        for folder in (CONTAMINATION_ITEM_DECISIONS, EDITION_DIR):
-            remove_tree(out, folder)
+        remove_tree(out, CONTAMINATION_ITEM_DECISIONS, EDITION_DIR)
 
     summary = stable_results(results)
     out.write_json(CONTAMINATION_SUMMARY, summary)
@@ -356,7 +348,8 @@ class _ContaminationJudge:
             store = Store(root, options)
             if corpus_snapshot(store) != recorded:
                 reasons.append(f"the {label}'s receipt changed")
-            elif model is not None and self._newer(store, f"{features_dir(model)}/vectors"):
+            elif model is not None and (newest_marker(store, marker_files(store, f"{features_dir(model)}/vectors"))
+                                        > self.finished):
                 reasons.append(f"the {label}'s {model} features were rewritten since")
         if table is not None:
             stamp = mtime(Store(table.rsplit("/", 1)[0], self.config.text.corpus.storage_options),
@@ -364,7 +357,3 @@ class _ContaminationJudge:
             if stamp is None or stamp > self.finished:
                 reasons.append("the text table changed since")
         return reasons
-
-    def _newer(self, store: Store, folder: str) -> bool:
-        return any((mtime(store, f"{MARKERS}/{rel}.json") or 0.0) > self.finished
-                   for rel in marker_files(store, folder))

@@ -9,7 +9,6 @@ their resources).
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import os
 import platform
 import sys
@@ -162,18 +161,15 @@ def _keys(path: str) -> set[str]:
 def _config_class(path: str) -> type:
     """The flow config a YAML file is for: the first whose required keys it has."""
     from flows.build_corpus import BuildConfig
+    from flows.contamination import ContaminationConfig
     from flows.evaluate import EvaluateConfig
     from flows.extract_features import ExtractFeaturesConfig
     from flows.near_dedup import NearDedupFlowParams
     from flows.reference_stats import ReferenceStatsFlowParams
 
     keys = _keys(path)
-    candidates: list[type] = [EvaluateConfig, NearDedupFlowParams, ReferenceStatsFlowParams, ExtractFeaturesConfig]
-    if importlib.util.find_spec("flows.contamination") is not None:
-        from flows.contamination import ContaminationConfig
-
-        candidates.insert(0, ContaminationConfig)
-    for cls in candidates:
+    for cls in (ContaminationConfig, EvaluateConfig, NearDedupFlowParams, ReferenceStatsFlowParams,
+                ExtractFeaturesConfig):
         required = {n for n, f in cls.model_fields.items() if f.is_required()}
         if required and required <= keys and keys <= set(cls.model_fields):
             return cls

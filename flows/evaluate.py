@@ -28,7 +28,7 @@ from corpusforge.contract import SKIPPED
 from corpusforge.feature_files import prune_features
 from corpusforge.storage import Store
 from corpusforge.version import code_version
-from flows.plan import flow_plan_data, plan_only, size_estimate
+from flows.plan import flow_plan_data, plan_only, plan_only_field, size_estimate
 from flows.preflight import check_models, require_exists, require_writable_root
 from tasks.shared.features.config import STATISTICS_PREPROCESSING, ModelSpec, RuntimeConfig
 from tasks.stats.caption_set import caption_set_claim
@@ -37,6 +37,9 @@ from tasks.stats import evaluate_plan
 from tasks.stats.evaluate import (EMBED_CHUNK, EVALUATE_METRICS, LIST_GENERATED, check_model, expected_identity,
                                   load_reference, plan_generated)
 from tasks.shared.provenance import public_spec
+
+FLOW = "evaluate"
+CODE_MODULES = ("tasks.stats.evaluate", "tasks.stats.caption_set")  # metrics.json's code_version
 
 
 class EvaluateConfig(FlowConfig):
@@ -76,11 +79,7 @@ class EvaluateConfig(FlowConfig):
         description="The evaluation caption set the generated images were made from (a corpus's "
                     "eval_captions.parquet, local or s3://); its SHA-256 is recorded and checked against the one "
                     "the reference names.")
-    plan_only: bool = Field(
-        False, title="Plan only",
-        description="Write nothing: report which chunks a run would embed or read back, why, and what they "
-                    "cost (the run's result and its 'evaluate-plan' markdown artifact), like "
-                    "`corpusforge plan evaluate`.")
+    plan_only: bool = plan_only_field(FLOW, "chunks", "embed or read back")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
     @model_validator(mode="after")
@@ -93,11 +92,6 @@ class EvaluateConfig(FlowConfig):
             raise ValueError(f"protocol {self.protocol!r} uses preprocessing {PROTOCOL_MODES[self.protocol]!r}, "
                              f"model.preprocessing is {self.model.resolved_preprocessing!r}")
         return self
-
-
-FLOW = "evaluate"
-CODE_MODULES = ("tasks.stats.evaluate", "tasks.stats.caption_set")  # metrics.json's code_version
-
 
 
 def preflight(config: EvaluateConfig) -> None:

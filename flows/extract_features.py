@@ -21,7 +21,7 @@ from corpusforge.config import FlowConfig
 from corpusforge.contract import completed_units
 from corpusforge.layout import STAGING_TARS
 from corpusforge.storage import Store
-from flows.plan import feature_estimates, flow_plan_data, plan_only
+from flows.plan import feature_estimates, flow_plan_data, plan_only, plan_only_field
 from flows.preflight import check_corpus, check_models
 from tasks.shared.features.config import FeaturesConfig
 from tasks.shared.features.extract import extract_features, receipt_section
@@ -40,11 +40,7 @@ class ExtractFeaturesConfig(FlowConfig):
                                                         "Prefect Secret block holding the keys).")
     features: FeaturesConfig = Field(default_factory=FeaturesConfig, title="Features",
                                      description="Models, stored dtype, runtime, TorchScript allow-list.")
-    plan_only: bool = Field(
-        False, title="Plan only",
-        description="Write nothing: report which (model, shard) units a run would skip or recompute, why, and "
-                    "what they cost (the run's result and its 'extract-features-plan' markdown artifact), like "
-                    "`corpusforge plan extract-features`.")
+    plan_only: bool = plan_only_field(FLOW, "(model, shard) units")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
 

@@ -32,7 +32,7 @@ from corpusforge.plans import WHOLE, StagePlan, changed_fields, unfinished
 from corpusforge.receipts import flow_receipt
 from corpusforge.storage import Store, require_separate
 from corpusforge.version import code_version
-from flows.plan import feature_estimates, flow_plan_data, plan_only
+from flows.plan import feature_estimates, flow_plan_data, plan_only, plan_only_field
 from flows.preflight import as_user_error, check_corpus, check_models
 from tasks.graph import plan as graph_plan
 from tasks.graph.config import NearDedupConfig
@@ -61,11 +61,7 @@ class NearDedupFlowParams(FlowConfig):
     near_dedup: NearDedupConfig = Field(default_factory=NearDedupConfig, title="Near-duplicate removal")
     splits: SplitConfig | None = Field(None, title="Splits, release shards, tiers",
                                        description="Empty: the source build's settings (from its receipt).")
-    plan_only: bool = Field(
-        False, title="Plan only",
-        description="Write nothing: report which stages a run would skip or recompute, why, and "
-                    "what they cost (the run's result and its 'near-dedup-plan' markdown artifact), like "
-                    "`corpusforge plan near-dedup`.")
+    plan_only: bool = plan_only_field(FLOW, "stages")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
 

@@ -32,6 +32,8 @@ from __future__ import annotations
 import tempfile
 from typing import Any
 
+from pydantic import Field
+
 from corpusforge.artifacts import publish_plan_artifact
 from corpusforge.config import FlowConfig
 from corpusforge.contract import COMPUTED, MAYBE, SKIPPED
@@ -41,8 +43,8 @@ from tasks.report.files import RECEIPT, RUN_LOG
 from tasks.stats.files import STATS_DIR
 from tasks.captions.files import CAPTIONS_DIR, CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR
 from tasks.graph.files import GRAPH_DIR, GRAPH_WORK
-from corpusforge.plans import (ACTIONS, DELETE, StagePlan, UnitPlan, changed_fields, marker_files, mtime,
-                               newest_marker, staged_size)
+from corpusforge.plans import (ACTIONS, DELETE, StagePlan, changed_fields, marker_files, mtime, newest_marker,
+                               staged_size)
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.ingest import plan as ingest_plan
@@ -157,11 +159,8 @@ def flow_plan_data(flow: str, root: str, where: str, stages: list[tuple[StagePla
 
 def _stage_data(stage: StagePlan, estimate: dict[str, Any]) -> dict[str, Any]:
     return {"stage": stage.stage, "counts": stage.counts(), "units_may_be_added": stage.open, "estimate": estimate,
-            **({"facts": stage.facts} if stage.facts else {}), "units": [_unit_data(u) for u in stage.units]}
-
-
-def _unit_data(unit: UnitPlan) -> dict[str, str]:
-    return {"unit": unit.unit, "action": ACTIONS[unit.action], "reason": unit.reason}
+            **({"facts": stage.facts} if stage.facts else {}),
+            "units": [{"unit": u.unit, "action": ACTIONS[u.action], "reason": u.reason} for u in stage.units]}
 
 
 def feature_estimates(store: Store, plans: list[StagePlan]) -> list[tuple[StagePlan, dict[str, Any]]]:
@@ -198,6 +197,14 @@ def size_estimate(stage: StagePlan, staged: Store | None = None) -> dict[str, An
     if staged is not None:
         estimate.update(staged_size(staged, todo))
     return estimate
+
+
+def plan_only_field(flow: str, units: str = "units", verb: str = "skip or recompute") -> Any:
+    """The ``plan_only`` parameter of a flow on a built corpus, as its deployment form shows it."""
+    return Field(False, title="Plan only",
+                 description=f"Write nothing: report which {units} a run would {verb}, why, and what they cost "
+                             f"(the run's result and its '{flow}-plan' markdown artifact), like "
+                             f"`corpusforge plan {flow}`.")
 
 
 def plan_only(flow: str, data: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from corpusforge.secrets import has_secret_blocks
 from corpusforge.storage import is_remote, require_separate
 
 PROBE_SECONDS = 20.0  # longest a storage probe may take before the storage counts as unreachable
+CORPUS_HINT = "give the output root of a finished `corpusforge build`"  # what a flow's corpus must be
 
 
 class UserError(Exception):
@@ -240,35 +241,29 @@ def require_writable_root(uri: str, options: dict[str, Any], what: str) -> None:
 
 # ---- models and weights -------------------------------------------------------------------
 
+def _walk(obj: Any, name: str = "") -> Iterator[tuple[str, Any]]:
+    """(field name, value) of ``obj`` and of everything in it, depth first; a list's items
+    go under their list's field name."""
+    yield name, obj
+    if isinstance(obj, BaseModel):
+        for field in type(obj).model_fields:
+            yield from _walk(getattr(obj, field), field)
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from _walk(item, name)
+
+
 def model_specs(obj: Any) -> list[Any]:
     """Every feature ModelSpec anywhere in a config."""
     from tasks.shared.features.config import ModelSpec
 
-    found: list[Any] = []
-    if isinstance(obj, ModelSpec):
-        return [obj]
-    if isinstance(obj, BaseModel):
-        for name in type(obj).model_fields:
-            found += model_specs(getattr(obj, name))
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
-            found += model_specs(item)
-    return found
+    return [value for _, value in _walk(obj) if isinstance(value, ModelSpec)]
 
 
 def allowlists(obj: Any) -> set[str]:
-    found: set[str] = set()
-    if isinstance(obj, BaseModel):
-        for name in type(obj).model_fields:
-            value = getattr(obj, name)
-            if name == "torchscript_allowlist":
-                found |= {str(v).lower() for v in value}
-            else:
-                found |= allowlists(value)
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
-            found |= allowlists(item)
-    return found
+    """Every SHA-256 of a ``torchscript_allowlist`` anywhere in a config, lower case."""
+    return {str(v).lower() for name, v in _walk(obj)
+            if name == "torchscript_allowlist" and not isinstance(v, (list, tuple))}
 
 
 def check_models(config: BaseModel) -> None:
@@ -351,4 +346,4 @@ def require_fetch_identity(config: Any) -> None:
 
 
 def check_corpus(uri: str, options: dict[str, Any], what: str = "corpus") -> None:
-    require_exists(uri, options, what, "give the output root of a finished `corpusforge build`")
+    require_exists(uri, options, what, CORPUS_HINT)

@@ -35,8 +35,8 @@ from tasks.prompts.files import (PROMPTS_CAPTIONS, PROMPTS_CAPTION_SAMPLE, PROMP
                                  QUALIFICATION_REPORT)
 from corpusforge.receipts import flow_receipt
 from corpusforge.storage import Store, require_separate
-from flows.plan import flow_plan_data, plan_only, size_estimate
-from flows.preflight import as_user_error, check_corpus, check_models, require_exists, require_writable_root
+from flows.plan import flow_plan_data, plan_only, plan_only_field, size_estimate
+from flows.preflight import CORPUS_HINT, as_user_error, check_models, require_exists, require_writable_root
 from tasks.prompts import plan as prompts_plan
 from tasks.prompts import rotation, tables
 from tasks.prompts.cohorts import cohort_divergence
@@ -71,11 +71,7 @@ class PromptQualificationConfig(FlowConfig):
     variance: VarianceConfig | None = Field(None, title="Signal 2: output variance")
     cohorts: CohortConfig | None = Field(None, title="Signal 3: cohort divergence")
     rotation: RotationConfig = Field(default_factory=RotationConfig, title="Rotation plan")
-    plan_only: bool = Field(
-        False, title="Plan only",
-        description="Write nothing: report which units a run would skip or recompute, why, and what they "
-                    "cost (the run's result and its 'qualify-prompts-plan' markdown artifact), like "
-                    "`corpusforge plan qualify-prompts`.")
+    plan_only: bool = plan_only_field(FLOW)
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
     @model_validator(mode="after")
@@ -84,25 +80,29 @@ class PromptQualificationConfig(FlowConfig):
             raise ValueError("the density signal needs corpus (a built corpus root); set density: null to skip it")
         return self
 
-    def reads(self) -> list[tuple[str, str]]:
-        """Everything this run reads (what its output root must stay clear of)."""
-        found = [("prompt table", self.prompts.path)]
+    def reads(self) -> list[tuple[str, str, dict[str, Any], str]]:
+        """Everything this run reads, as (what, uri, storage options, what it must be): the
+        preflight checks each exists, and the output root must stay clear of them all."""
+        found = [("prompt table", self.prompts.path, self.prompts.storage_options, "a .parquet/.jsonl/.csv file")]
         if self.corpus:
-            found.append(("corpus", self.corpus))
+            found.append(("corpus", self.corpus, self.corpus_storage_options, CORPUS_HINT))
         if self.density and self.density.taxonomy:
-            found.append(("taxonomy", self.density.taxonomy))
+            found.append(("taxonomy", self.density.taxonomy, self.density.taxonomy_storage_options,
+                          "a YAML/JSON file with categories: [{name, description}]"))
         if self.variance:
-            found.append(("generated images", self.variance.generated))
+            found.append(("generated images", self.variance.generated, self.variance.storage_options,
+                          "a folder laid out {model}/{prompt_id}/*.png"))
         if self.cohorts:
-            found.append(("score table", self.cohorts.scores))
+            found.append(("score table", self.cohorts.scores, self.cohorts.storage_options, "a .parquet/.jsonl/.csv"))
         if self.rotation.pool:
-            found.append(("qualification pool", self.rotation.pool))
+            found.append(("qualification pool", self.rotation.pool, self.rotation.pool_storage_options,
+                          "a prompt table like the prompt set's"))
         return found
 
 
 def check_separate(config: PromptQualificationConfig) -> None:
     """Refuse an output root equal to, inside or around anything this run reads."""
-    require_separate(config.out, config.reads())
+    require_separate(config.out, [(what, uri) for what, uri, _, _ in config.reads()])
 
 
 def read_prompts(config: PromptQualificationConfig) -> tuple[Any, list[dict[str, Any]], Any, list[dict[str, Any]]]:
@@ -154,8 +154,7 @@ def qualify_prompts(config: PromptQualificationConfig) -> dict[str, Any]:
             tax = tables.read_input(config.density.taxonomy, config.density.taxonomy_storage_options)
             inputs["taxonomy"] = {"uri": tax.uri, "sha256": tax.sha256}
     else:
-        for folder in (PROMPTS_CAPTION_SAMPLE, PROMPTS_CAPTIONS, PROMPTS_TEXTS, QUALIFICATION_CATEGORIES):
-            remove_tree(out, folder)
+        remove_tree(out, PROMPTS_CAPTION_SAMPLE, PROMPTS_CAPTIONS, PROMPTS_TEXTS, QUALIFICATION_CATEGORIES)
 
     variance_rows: list[dict[str, Any]] = []
     if config.variance is not None:
@@ -240,20 +239,8 @@ def preflight(config: PromptQualificationConfig) -> None:
     """The CLI's checks before anything starts (read only): every input exists, the output
     root is clear of them, the prompt table has its columns, the taxonomy parses, the models
     have weights."""
-    require_exists(config.prompts.path, config.prompts.storage_options, "prompt table", "a .parquet/.jsonl/.csv file")
-    if config.corpus:
-        check_corpus(config.corpus, config.corpus_storage_options)
-    if config.density and config.density.taxonomy:
-        require_exists(config.density.taxonomy, config.density.taxonomy_storage_options, "taxonomy",
-                       "a YAML/JSON file with categories: [{name, description}]")
-    if config.variance:
-        require_exists(config.variance.generated, config.variance.storage_options, "generated images",
-                       "a folder laid out {model}/{prompt_id}/*.png")
-    if config.cohorts:
-        require_exists(config.cohorts.scores, config.cohorts.storage_options, "score table", "a .parquet/.jsonl/.csv")
-    if config.rotation.pool:
-        require_exists(config.rotation.pool, config.rotation.pool_storage_options, "qualification pool",
-                       "a prompt table like the prompt set's")
+    for what, uri, options, hint in config.reads():
+        require_exists(uri, options, what, hint)
     require_writable_root(config.out, config.out_storage_options, "output root")
     with as_user_error():
         check_separate(config)

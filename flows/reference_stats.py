@@ -12,7 +12,7 @@ from pydantic import Field
 
 from corpusforge.cluster import DaskConfig, cluster_flow
 from corpusforge.storage import Store
-from flows.plan import feature_estimates, flow_plan_data, plan_only
+from flows.plan import feature_estimates, flow_plan_data, plan_only, plan_only_field
 from flows.preflight import check_corpus, check_models
 from tasks.stats import plan as stats_plan
 from tasks.stats.stage import ReferenceStatsConfig, reference_stats_stage
@@ -27,11 +27,7 @@ class ReferenceStatsFlowParams(ReferenceStatsConfig):
     storage_options: dict[str, Any] = Field(default_factory=dict, title="Storage options",
                                             description="fsspec options for the corpus root (endpoint, secret_block: a "
                                                         "Prefect Secret block holding the keys).")
-    plan_only: bool = Field(
-        False, title="Plan only",
-        description="Write nothing: report which feature units a run would skip or recompute, why, and "
-                    "what they cost (the run's result and its 'reference-stats-plan' markdown artifact), like "
-                    "`corpusforge plan reference-stats`.")
+    plan_only: bool = plan_only_field(FLOW, "feature units")
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
 

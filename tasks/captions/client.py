@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 from PIL import Image, ImageOps
 
-from corpusforge.chat import Endpoint, RetryPolicy, acomplete
+from corpusforge.chat import Completion, Endpoint, RetryPolicy, acomplete
 from tasks.captions.config import EndpointConfig, SamplingConfig
 from tasks.captions.prompts import Prompt
 
@@ -45,13 +45,10 @@ class Request:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class Outcome(Completion):
+    """What one request came to (``transient``: ask it again in a later run), by its key."""
+
     key: str
-    content: str | None           # the answer's text (None: no usable answer)
-    finish_reason: str | None
-    error: str | None             # why there is no usable answer
-    transient: bool               # gave up on transient errors: ask again in a later run
-    attempts: int
 
 
 _MIME = {"JPEG": "image/jpeg", "PNG": "image/png", "WEBP": "image/webp"}
@@ -123,15 +120,15 @@ async def ask_all(requests: list[Request], endpoint: EndpointConfig, sampling: S
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
         async def ask(r: Request, url: str) -> Outcome:
             c = await acomplete(http, chat, request_body(endpoint.model, r.prompt, url, sampling), retry)
-            return Outcome(r.key, c.content, c.finish_reason, c.error, c.transient, c.attempts)
+            return Outcome(c.content, c.finish_reason, c.error, c.transient, c.attempts, key=r.key)
 
         async def worker() -> None:
             for r in queue:  # a shared iterator: each request is taken by exactly one worker
                 try:
                     url = await image_url(r)
                 except Exception as exc:  # noqa: BLE001 - an unreadable image is that request's error
-                    on_done(Outcome(r.key, None, None, f"image not encodable: {type(exc).__name__}: {exc}",
-                                    False, 0))
+                    on_done(Outcome(None, None, f"image not encodable: {type(exc).__name__}: {exc}", False, 0,
+                                    key=r.key))
                     continue
                 on_done(await ask(r, url))
 

@@ -127,17 +127,17 @@ class Journal:
         if len(self.buffer) >= self.every or time.monotonic() - self.first_unsaved >= self.seconds:
             self.flush()
 
-    def _next_name(self) -> str:
+    def _write(self, rows: list[dict[str, Any]]) -> str:
+        """A new segment after the last one, holding ``rows``; its name."""
         last = int(self.segments[-1].split(".", 1)[0]) if self.segments else -1
-        return f"{last + 1:06d}.parquet"
+        name = f"{last + 1:06d}.parquet"
+        self.store.write_parquet(f"{self.folder}/{name}", pa.Table.from_pylist(rows, schema=CAPTION_JOURNAL_SCHEMA))
+        return name
 
     def flush(self) -> None:
         if not self.buffer:
             return
-        name = self._next_name()
-        self.store.write_parquet(f"{self.folder}/{name}", pa.Table.from_pylist(self.buffer,
-                                                                                schema=CAPTION_JOURNAL_SCHEMA))
-        self.segments.append(name)
+        self.segments.append(self._write(self.buffer))
         self.buffer = []
 
     def compact(self, keep: dict[str, dict[str, Any]]) -> None:
@@ -146,9 +146,7 @@ class Journal:
         old = list(self.segments)
         if len(old) == 1 and not self.buffer:
             return
-        rows = [keep[k] for k in sorted(keep)]
-        name = self._next_name()
-        self.store.write_parquet(f"{self.folder}/{name}", pa.Table.from_pylist(rows, schema=CAPTION_JOURNAL_SCHEMA))
+        name = self._write([keep[k] for k in sorted(keep)])
         for n in old:
             self.store.remove(f"{self.folder}/{n}")
         self.segments = [name]

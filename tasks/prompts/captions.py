@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from corpusforge.contract import UnitKey, UnitResult, digest_of, prune, read_marker, run_unit, unit_fingerprint
+from corpusforge.contract import UnitKey, UnitResult, digest_of, read_marker, run_unit, unit_fingerprint
 from corpusforge.hashing import canonical_json, sha256_bytes, stable_uniform
 from corpusforge.layout import MANIFEST_DIR, staging_index, staging_tar
-from tasks.prompts.files import (PROMPTS_CAPTIONS, PROMPTS_CAPTION_SAMPLE, caption_embeddings_path, caption_keys_path,
+from tasks.prompts.files import (PROMPTS_CAPTION_SAMPLE, caption_embeddings_path, caption_keys_path,
                                  text_embeddings_path)
 from corpusforge.storage import Store
 from corpusforge.version import code_version
@@ -140,33 +140,15 @@ def embed_shard_captions(corpus: Store, out: Store, shard: str, keys: list[str],
         vectors = embed_texts(texts, text_model.name, text_model.batch_size, text_model.chunk_size)
         outputs = {caption_keys_path(shard): out.write_parquet(caption_keys_path(shard),
                                                                pa.table({"key": found}, schema=KEYS_SCHEMA))}
-        outputs[caption_embeddings_path(shard)] = _write_npy(out, caption_embeddings_path(shard), vectors)
+        outputs[caption_embeddings_path(shard)] = out.write_npy(caption_embeddings_path(shard), vectors)
         return outputs, {"sampled": len(keys), "captions": len(found), "without_caption": len(keys) - len(found)}
 
     return run_unit(out, caption_embeddings_path(shard), fp, compute)
 
 
-def _write_npy(out: Store, rel: str, array: np.ndarray) -> str:
-    import io
-
-    buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
-    return out.write_bytes(rel, buf.getvalue())
-
-
-def read_npy(out: Store, rel: str) -> np.ndarray:
-    import io
-
-    return np.load(io.BytesIO(out.read_bytes(rel)), allow_pickle=False)
-
-
-def prune_caption_embeddings(out: Store, shards: list[str]) -> None:
-    prune(out, PROMPTS_CAPTIONS, shards)
-
-
 def load_caption_embeddings(out: Store, shards: list[str]) -> np.ndarray:
     """Every sampled caption's embedding, shards in order (the sample is at most ``sample_size`` rows)."""
-    arrays = [read_npy(out, caption_embeddings_path(s)) for s in shards]
+    arrays = [out.read_npy(caption_embeddings_path(s)) for s in shards]
     return np.concatenate(arrays) if arrays else np.zeros((0, 384), np.float32)
 
 
@@ -185,7 +167,7 @@ def embed_text_list(out: Store, name: str, texts: list[str], text_model: Any, id
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         vectors = embed_texts(texts, text_model.name, text_model.batch_size, text_model.chunk_size)
-        return {rel: _write_npy(out, rel, vectors)}, {"texts": len(texts)}
+        return {rel: out.write_npy(rel, vectors)}, {"texts": len(texts)}
 
     run_unit(out, rel, fp, compute)
-    return read_npy(out, rel)
+    return out.read_npy(rel)

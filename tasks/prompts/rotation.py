@@ -49,10 +49,6 @@ def decide(prompt: dict[str, Any], strong_min_models: int) -> dict[str, Any]:
             "n_variance_flags": len(flagged)}
 
 
-def _tiebreak(seed: int, pid: str) -> float:
-    return stable_uniform(seed, pid)
-
-
 def plan_rotation(prompts: list[dict[str, Any]], pool: list[dict[str, Any]], cfg: Any) -> dict[str, Any]:
     """Which prompts leave (and why), which pool prompts join, and what is deferred.
 
@@ -63,12 +59,12 @@ def plan_rotation(prompts: list[dict[str, Any]], pool: list[dict[str, Any]], cfg
     candidates = [p for p in active if p["decision"] == QUARANTINED and p["strong"] and not p["anchor"]]
     candidates.sort(key=lambda p: (-p["n_variance_flags"], -int(bool((p.get("density") or {}).get("flagged"))),
                                    -((p.get("density") or {}).get("score") or 0.0),
-                                   _tiebreak(cfg.seed, p["prompt_id"])))
+                                   stable_uniform(cfg.seed, p["prompt_id"])))
     leaving = [(p, "contamination") for p in candidates[:budget]]
     deferred = {p["prompt_id"]: "over_budget" for p in candidates[budget:]}
     if cfg.diversity_cycling and len(leaving) < budget:
         cycling = [p for p in active if p["decision"] == QUALIFIED and not p["anchor"]]
-        cycling.sort(key=lambda p: (p["cohort"] is None, p["cohort"] or "", _tiebreak(cfg.seed, p["prompt_id"])))
+        cycling.sort(key=lambda p: (p["cohort"] is None, p["cohort"] or "", stable_uniform(cfg.seed, p["prompt_id"])))
         leaving += [(p, "diversity_cycling") for p in cycling[:budget - len(leaving)]]
 
     taken = {p["prompt_id"] for p in active}
@@ -90,7 +86,7 @@ def _choose_replacements(eligible: list[dict[str, Any]], remaining: list[dict[st
     known), then the lowest density score, then a seeded tie-break."""
     counts = Counter(p.get("category") for p in remaining)
     left = sorted(eligible, key=lambda q: (((q.get("density") or {}).get("score") or 0.0),
-                                            _tiebreak(seed, q["prompt_id"])))
+                                            stable_uniform(seed, q["prompt_id"])))
     chosen = []
     while left and len(chosen) < n:
         best = min(range(len(left)), key=lambda i: (counts[left[i].get("category")], i))

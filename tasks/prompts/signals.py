@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from corpusforge.contract import Unit, UnitResult
+from corpusforge.contract import Unit, UnitResult, prune
 from corpusforge.hashing import canonical_json, sha256_bytes
-from tasks.prompts.files import generated_variance_path
+from tasks.prompts.files import PROMPTS_CAPTIONS, generated_variance_path
 from corpusforge.storage import Store
 from tasks.prompts import captions, density, generated, tables, variance
 from tasks.prompts.config import DensityConfig, TextModelConfig, VarianceConfig
@@ -53,7 +53,7 @@ def plan_density(corpus: Store, out: Store, cfg: DensityConfig, tm: TextModelCon
     sample = captions.sample_captions(corpus, out, cfg.sample_size, cfg.sample_seed, cfg.splits)
     by_shard = captions.sampled_keys_by_shard(out)
     shards = sorted(by_shard)
-    captions.prune_caption_embeddings(out, shards)
+    prune(out, PROMPTS_CAPTIONS, shards)
     calls = [{"corpus": corpus, "out": out, "shard": s, "keys": by_shard[s], "text_model": tm, "identity": identity}
              for s in shards]
     return DensityPlan(identity, sample.info, shards, calls)

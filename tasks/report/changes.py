@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from corpusforge.contract import Unit, must_compute
 from corpusforge.key_ranges import Table, key_ranges
@@ -113,8 +112,8 @@ class _RowGroups:
     The rows wait as each column's arrays, and a row group is made one column at a time, so
     that making it holds its rows about once, not twice."""
 
-    def __init__(self, writer: pq.ParquetWriter, schema: pa.Schema):
-        self.writer, self.schema = writer, schema
+    def __init__(self, write: Callable[[pa.Table], None], schema: pa.Schema):
+        self.write, self.schema = write, schema
         self.columns: list[list[pa.Array]] = [[] for _ in schema]
         self.rows = 0
 
@@ -144,7 +143,7 @@ class _RowGroups:
             group.append(pa.concat_arrays(head))
             del head
         self.rows -= rows
-        self.writer.write_table(pa.Table.from_arrays(group, schema=self.schema), row_group_size=BATCH_ROWS)
+        self.write(pa.Table.from_arrays(group, schema=self.schema))
         del group
         pa.default_memory_pool().release_unused()  # else the next row group can come on top of this one's
 
@@ -152,9 +151,8 @@ class _RowGroups:
 @contextlib.contextmanager
 def _parquet_writer(store: Store, rel: str, schema: pa.Schema) -> Iterator[_RowGroups]:
     """Row groups written to ``rel`` (atomically, with the fixed writer settings)."""
-    options = {k: v for k, v in PARQUET_WRITE_OPTIONS.items() if k != "row_group_size"}
-    with store.atomic_write(rel) as f, pq.ParquetWriter(f, schema, **options) as writer:
-        groups = _RowGroups(writer, schema)
+    with store.write_row_groups(rel, schema) as write:
+        groups = _RowGroups(write, schema)
         yield groups
         groups.close()
 

@@ -168,10 +168,8 @@ def render_report(receipt: dict[str, Any]) -> str:
         out += ["", f"Layout `{release.get('layout', 'default')}`; image members: rule `{images['rule']}` "
                 f"(splits.image_format `{images['image_format']}`), encodings " +
                 ", ".join(f"{e} = {n}" for e, n in images["encodings"].items()) + f". {release.get('loaders', '')}"]
-    rows = []
-    for name, shard in release["shards"].items():
-        mix = [f"{100 * shard['caption_type'].get(t, 0) / max(1, shard['count']):.1f}%" for t in types]
-        rows.append([name, shard["count"], *mix])
+    rows = [[name, s["count"], *[f"{100 * s['caption_type'].get(t, 0) / max(1, s['count']):.1f}%" for t in types]]
+            for name, s in release["shards"].items()]
     out += ["", "## Release shards", "", _table(["shard", "samples", *types], rows)]
     out += _captions_section(receipt, types)
     out += _features_section(receipt.get("features") or {})
