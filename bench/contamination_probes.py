@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from tasks.contamination import similarity as sim
-from tasks.shared.pair_score import PairScore
+from tasks.shared.pair_score import PairScore, unit_rows
 
 LAYOUT, COLOUR, WEIGHT = 96, 48, 0.25
 
@@ -50,7 +50,7 @@ def main() -> None:
         layout = layout / np.linalg.norm(layout, axis=1, keepdims=True)
         c = np.zeros((len(layout), COLOUR)) if colour is None else colour
         x = np.concatenate([np.sqrt(1 - WEIGHT) * layout, np.sqrt(WEIGHT) * c], axis=1)
-        return sim.unit_rows(x.astype(np.float16))
+        return unit_rows(x.astype(np.float16))
 
     def layouts(n: int) -> np.ndarray:
         return base_l * 0.8 + rng.standard_normal((n, LAYOUT))

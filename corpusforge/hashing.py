@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from typing import Any
 
 
@@ -21,6 +22,12 @@ def canonical_json(obj: Any) -> str:
     if _C_ENCODER is None:  # an interpreter without the C accelerator
         return _CANONICAL.encode(obj)
     return "".join(_C_ENCODER(obj, 0))
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a local file, streamed (weights and index lists can be gigabytes)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -25,6 +25,7 @@ from tasks.contamination.eval_set import plan_eval_set
 from tasks.contamination.lsh import band_plan
 from tasks.contamination.signatures import text_batch
 from tasks.contamination.stage import stage_eval_set, text_canary_stage
+from tasks.shared.pair_score import unit_rows
 from tests.contamination_data import captions, noise_png, planted_queries, write_eval_set
 
 pytestmark = pytest.mark.timeout(300)
@@ -729,7 +730,7 @@ def test_plain_cosine_models_are_unchanged():
     rule = PairScore.from_model({"arch": "sscd", "dim": 32})
     assert not rule.active and rule.to_json() == {"name": "cosine"}
     rng = np.random.default_rng(5)
-    q, t = sim.unit_rows(rng.standard_normal((60, 32))), sim.unit_rows(rng.standard_normal((700, 32)))
+    q, t = unit_rows(rng.standard_normal((60, 32))), unit_rows(rng.standard_normal((700, 32)))
     assert np.array_equal(sim.rule_matrix(rule, q, t), q @ t.T)
     ref = _rule_reference(q, t, None)
     for r in (None, rule):
@@ -758,8 +759,8 @@ def test_a_greyscale_copy_is_ranked_by_the_rule_not_by_the_index_forms():
         targets += [_wfd_like(_near(grey, 0.9, rng), colour, 0.55) for _ in range(6)]  # decoys
         queries.append(_wfd_like(grey, colour, 0.0))                                     # its greyscale copy
     targets += [_wfd_like(rng.standard_normal(LAYOUT), rng.standard_normal(COLOUR), 1.0) for _ in range(200)]
-    q = sim.unit_rows(np.asarray(queries, np.float16))
-    t = sim.unit_rows(np.asarray(targets, np.float16))
+    q = unit_rows(np.asarray(queries, np.float16))
+    t = unit_rows(np.asarray(targets, np.float16))
     ref = _rule_reference(q, t, WFD_RULE)
     s, i = sim.exact_topk(q, t, 1, 0, rule)
     originals = np.arange(12) * 7
@@ -870,7 +871,7 @@ def test_ivf_probes_lists_for_coloured_and_colourless_members_alike():
     picks = np.concatenate([np.arange(m), n - 1 - np.arange(m)])   # coloured originals, greyscale ones
     q = np.stack([_wfd_like(_near(layouts[j] / np.linalg.norm(layouts[j]), 0.97, rng), colours[j],
                             0.0 if j < 0.9 * n else 1.0) for j in picks])  # the other kind of copy
-    t, q = sim.unit_rows(t.astype(np.float16)), sim.unit_rows(q.astype(np.float16))
+    t, q = unit_rows(t.astype(np.float16)), unit_rows(q.astype(np.float16))
     assert (rule.scores(q, t[picks]) > 0.95).all()
     index = sim.new_ivf(rule.form_dim(t.shape[1]), 32, "flat", 1, 0)
     index.train(rule.candidate_forms(t))

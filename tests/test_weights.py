@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from corpusforge.hashing import sha256_file
 from tasks.shared.features.config import FeaturesConfig, ModelSpec, WeightsSpec
 from tasks.shared.features.weights import (
     WeightsError,
@@ -21,7 +22,6 @@ from tasks.shared.features.weights import (
     load_torchscript,
     read_state_dict,
     resolve_hf_cache,
-    sha256_file,
     sniff_format,
 )
 

@@ -52,7 +52,7 @@ from tasks.contamination import similarity as sim
 from tasks.contamination.config import IvfConfig
 from tasks.contamination.selection import read_selection
 from tasks.shared.ivf import IVF_TRAIN_PER_LIST, auto_nlist
-from tasks.shared.pair_score import PairScore, pair_score_of
+from tasks.shared.pair_score import PairScore, pair_score_of, unit_rows
 
 
 class FeatureMismatch(ValueError):
@@ -192,7 +192,7 @@ def load_shard(side: ScanSide, shard: str) -> ShardVectors:
         pick = [i for i, k in enumerate(keys) if k in chosen]
         keys, feats = [keys[i] for i in pick], feats[pick]
         splits = [chosen[k] for k in keys]
-    x = sim.unit_rows(feats) if len(keys) else np.zeros((0, feats.shape[-1] if feats.ndim == 2 else 1), np.float32)
+    x = unit_rows(feats) if len(keys) else np.zeros((0, feats.shape[-1] if feats.ndim == 2 else 1), np.float32)
     return ShardVectors(keys, [sha_of[k] for k in keys], x, splits)
 
 

@@ -29,11 +29,8 @@ CLAIM_BOUNDARY = ("These results measure overlap between the supplied evaluation
 
 
 def file_sha256(uri: str, options: dict[str, Any]) -> str:
-    h = hashlib.sha256()
     with open_uri(uri, options) as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def benchmark_identity(out: Store, name: str, source: str, kind: str, chunks: Sequence[str],

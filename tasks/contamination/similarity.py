@@ -36,15 +36,6 @@ RESCORE_ENTRIES = 1 << 22   # values gathered for rescoring per block (32 MB as 
                             # the wfd rule peaks at ~140 MB with its float64 copies, measured)
 
 
-def unit_rows(x: np.ndarray) -> np.ndarray:
-    """float32 rows of unit L2 norm (float16 storage leaves norms off by ~1e-3)."""
-    x = np.asarray(x, dtype=np.float32)
-    if x.ndim != 2:
-        raise ValueError(f"expected a 2-d feature array, got shape {x.shape}")
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return np.ascontiguousarray(x / np.maximum(norms, 1e-12))
-
-
 def empty_topk(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.full((n, k), -np.inf, dtype=np.float32), np.full((n, k), -1, dtype=np.int64)
 

@@ -32,7 +32,7 @@ from corpusforge.contract import (FanOut, Marker, StageSummary, Unit, UnitResult
                                   remove_tree, require_marker, run_unit, summarise, unit_fingerprint)
 from corpusforge.faults import fault_point
 from corpusforge.feature_files import require_all_features
-from corpusforge.hashing import stable_uniform
+from corpusforge.hashing import sha256_file, stable_uniform
 from tasks.graph.files import (GRAPH_INDEX, GRAPH_INDEX_BLOCKS, GRAPH_INDEX_LISTS, GRAPH_INDEX_TRAINED,
                                GRAPH_INDEX_WORK, GRAPH_RECALL_IDS, GRAPH_RECALL_VECTORS, index_block_path)
 from corpusforge.storage import Store
@@ -138,8 +138,8 @@ def prepare_index(source: Store, out: Store, cfg: NearDedupConfig, shard_table: 
         q = np.concatenate(recall_vecs) if recall_vecs else np.zeros((0, dim), np.float32)
         order = np.argsort(q_ids)
         main = GRAPH_INDEX if flat else GRAPH_INDEX_TRAINED
-        outputs = {GRAPH_RECALL_IDS: out.write_bytes(GRAPH_RECALL_IDS, _npy_bytes(q_ids[order])),
-                   GRAPH_RECALL_VECTORS: out.write_bytes(GRAPH_RECALL_VECTORS, _npy_bytes(q[order]))}
+        outputs = {GRAPH_RECALL_IDS: out.write_npy(GRAPH_RECALL_IDS, q_ids[order]),
+                   GRAPH_RECALL_VECTORS: out.write_npy(GRAPH_RECALL_VECTORS, q[order])}
         with out.atomic_write(main) as f:
             sink = HashingWriter(f)
             fx.write_index(index, sink)
@@ -201,7 +201,7 @@ def merge_blocks(out: Store, shard_table: str, trained: str, blocks: str) -> Uni
                 out.atomic_local_file(GRAPH_INDEX_LISTS) as lists_path:
             paths = [ondisk.local_file(out, name, m.outputs[name], tmp) for name, m in zip(names, markers, strict=True)]
             fx.write_index(ondisk.merge_lists(index, paths, lists_path, GRAPH_INDEX_LISTS.rsplit("/", 1)[-1]), header)
-            lists_sha = ondisk.file_sha256(lists_path)
+            lists_sha = sha256_file(lists_path)
         outputs = {GRAPH_INDEX_LISTS: lists_sha, GRAPH_INDEX: out.write_bytes(GRAPH_INDEX, header.getvalue())}
         return outputs, {**info, "blocks": len(names)}
 
@@ -236,12 +236,6 @@ def _in_key_order(parts: list[np.ndarray], keys: list[np.ndarray], dim: int) -> 
         rows[dest[start:start + len(part)]] = part
         start += len(part)
     return rows
-
-
-def _npy_bytes(a: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
-    return buf.getvalue()
 
 
 PREPARE_INDEX = Unit(prepare_index, "graph-build-index", probe=True)

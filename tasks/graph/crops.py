@@ -178,9 +178,7 @@ def describe_shard(source: Store, out: Store, cfg: NearDedupConfig, shard: str, 
                     parts[row] = region_parts(decode_rgb(data, draft_size=draft))
                 except DecodeError:
                     continue
-        buf = io.BytesIO()
-        np.save(buf, parts, allow_pickle=False)
-        sha = out.write_bytes(regions_path(shard), buf.getvalue())
+        sha = out.write_npy(regions_path(shard), parts)
         return {regions_path(shard): sha}, RegionsInfo(shard=shard, pictures=len(expected),
                                                        described=int(parts.any(axis=(1, 2)).sum()))
 

@@ -46,7 +46,6 @@ two unit vectors, read from the feature files of the shards the candidates live 
 
 from __future__ import annotations
 
-import io
 import os
 from collections.abc import Iterator
 from typing import Any, NotRequired, TypedDict
@@ -67,16 +66,12 @@ from corpusforge.version import code_version
 from tasks.graph import index as fx
 from tasks.graph import ondisk
 from tasks.graph.config import NearDedupConfig
-from tasks.graph.nodes import NodeTable, load_shard_vectors, normalize_rows, read_shard_table
-from tasks.shared.pair_score import PairScore, pair_score_of
+from tasks.graph.nodes import NodeTable, load_shard_vectors, read_shard_table
+from tasks.shared.pair_score import PairScore, pair_score_of, unit_rows
 
 
 def edge_table(src: np.ndarray, dst: np.ndarray, sim: np.ndarray) -> pa.Table:
     return pa.table({"src": src, "dst": dst, "similarity": sim}, schema=EDGE_SCHEMA)
-
-
-def _load_npy(store: Store, rel: str) -> np.ndarray:
-    return np.load(io.BytesIO(store.read_bytes(rel)), allow_pickle=False)
 
 
 def feature_digests(source: Store, cfg: NearDedupConfig, nodes: NodeTable) -> dict[str, str]:
@@ -194,7 +189,7 @@ class VectorLookup:
                 x = self.own[2][np.searchsorted(self.own[1], ids[rows])]
             else:
                 wanted, back = np.unique(ids[rows] - self.nodes.offsets[s], return_inverse=True)
-                x = normalize_rows(read_feature_rows(self.source, self.model_id, self.nodes.shards[s], wanted))[back]
+                x = unit_rows(read_feature_rows(self.source, self.model_id, self.nodes.shards[s], wanted))[back]
             if out is None:
                 out = np.empty((len(ids), x.shape[1]), dtype=np.float32)
             out[rows] = x
@@ -271,8 +266,8 @@ def recall_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: s
     def compute() -> tuple[dict[str, str], RecallInfo]:
         lo, _ = read_shard_table(out, shard_table)[0].span(shard)
         ids, _, x = load_shard_vectors(source, cfg.model_id, shard, lo)
-        q_ids = _load_npy(out, GRAPH_RECALL_IDS)
-        q = _load_npy(out, GRAPH_RECALL_VECTORS)
+        q_ids = out.read_npy(GRAPH_RECALL_IDS)
+        q = out.read_npy(GRAPH_RECALL_VECTORS)
         rule = PairScore.from_json(index.info.get("pair_score"))
         rq, rd, rs = fx.exhaustive_pairs(q_ids, q, ids, x, cfg.edge_min_similarity, rule)
         return {recall_path(shard): out.write_parquet(recall_path(shard), edge_table(rq, rd, rs))}, \
@@ -384,7 +379,7 @@ def graph_recall(out: Store, shard_table: str, cfg: NearDedupConfig) -> GraphRec
     graph, not of the index.
     """
     nodes = read_shard_table(out, shard_table)[0]
-    q_ids = _load_npy(out, GRAPH_RECALL_IDS)
+    q_ids = out.read_npy(GRAPH_RECALL_IDS)
     ref = pa.concat_tables([out.read_parquet(recall_path(s)) for s in nodes.shards])
     rs = ref["similarity"].to_numpy()
     must = rs >= np.float32(cfg.edge_min_similarity + cfg.advanced.recall_tolerance)

@@ -35,6 +35,7 @@ from corpusforge.feature_files import read_shard_features
 from tasks.graph.files import GRAPH_SHARD_TABLE, SHARD_DIGESTS_SCHEMA, SHARD_TABLE_SCHEMA, graph_digests_path
 from corpusforge.layout import staging_records as records_path
 from corpusforge.storage import Store
+from tasks.shared.pair_score import unit_rows
 
 
 @dataclass(frozen=True)
@@ -123,13 +124,6 @@ def read_shard_digests(out: Store, kind: str, digest: str, nodes: NodeTable) -> 
     return t["digest"].to_pylist()
 
 
-def normalize_rows(x: np.ndarray) -> np.ndarray:
-    """float32 rows of unit L2 norm: float16 storage leaves norms off by ~1e-3."""
-    x = np.asarray(x, dtype=np.float32)
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return np.ascontiguousarray(x / np.maximum(norms, 1e-12))
-
-
 def load_shard_vectors(store: Store, model_id: str, shard: str, offset: int
                        ) -> tuple[np.ndarray, list[str], np.ndarray]:
     """Node ids, keys and unit float32 vectors of one shard's embedded images, in shard order."""
@@ -140,7 +134,7 @@ def load_shard_vectors(store: Store, model_id: str, shard: str, offset: int
     if missing:
         raise ValueError(f"features/{model_id}/{shard}: keys not in {records_path(shard)}: {missing[:3]}")
     ids = offset + np.fromiter((row_of[k] for k in keys), dtype=np.int64, count=len(keys))
-    x = normalize_rows(feats) if len(keys) else np.zeros((0, feats.shape[-1]), np.float32)
+    x = unit_rows(feats) if len(keys) else np.zeros((0, feats.shape[-1]), np.float32)
     if np.any(np.diff(ids) <= 0):  # lookups by id need them ascending
         order = np.argsort(ids, kind="stable")
         ids, keys, x = ids[order], [keys[i] for i in order], x[order]

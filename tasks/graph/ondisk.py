@@ -143,9 +143,3 @@ def download(store: Store, rel: str, dest: str, sha256: str | None = None) -> No
             os.unlink(tmp)
 
 
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()

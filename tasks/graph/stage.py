@@ -168,8 +168,7 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
         calls["decisions"]["verified"] = write_shard_digests(store, "verified", nodes,
                                                              [m.digest for m in verified])
     else:  # a rerun in gpic_exact leaves no review or verification files behind (equal to a fresh build)
-        for folder in (GRAPH_REVIEW, GRAPH_VERIFIED):
-            remove_tree(store, folder)
+        remove_tree(store, GRAPH_REVIEW, GRAPH_VERIFIED)
         store.remove(marker_path(GRAPH_REVIEW))
         store.remove(graph_digests_path("verified"))
         _forget_crops(store)
@@ -263,8 +262,7 @@ def _crop_candidates(source: Store, store: Store, cfg: NearDedupConfig, nodes, t
 
 
 def _forget_crops(store: Store) -> None:
-    for folder in (GRAPH_REGIONS, GRAPH_CROPS):
-        remove_tree(store, folder)
+    remove_tree(store, GRAPH_REGIONS, GRAPH_CROPS)
     store.remove(graph_digests_path("regions"))
 
 

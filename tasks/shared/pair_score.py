@@ -33,6 +33,15 @@ from typing import Any
 import numpy as np
 
 
+def unit_rows(x: np.ndarray) -> np.ndarray:
+    """float32 rows of unit L2 norm (float16 storage leaves norms off by ~1e-3)."""
+    x = np.asarray(x, dtype=np.float32)
+    if x.ndim != 2:
+        raise ValueError(f"expected a 2-d feature array, got shape {x.shape}")
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return np.ascontiguousarray(x / np.maximum(norms, 1e-12))
+
+
 @dataclass(frozen=True)
 class PairScore:
     """The pair rule of one feature model: plain cosine when ``colour_dims == 0``."""

@@ -433,15 +433,12 @@ def content_digests(chunk: GeneratedChunk, storage_options: dict[str, Any] | Non
     """SHA-256 of each file of a chunk (None for one that cannot or may not be read), streamed."""
     out: list[str | None] = []
     for uri in chunk.uris:
-        h = hashlib.sha256()
         try:
             with open_input(uri, chunk.roots, dict(storage_options or {}), path=uri) as f:
-                while block := f.read(1 << 20):
-                    h.update(block)
+                digest = hashlib.file_digest(f, "sha256").hexdigest()
         except OSError:
-            out.append(None)
-            continue
-        out.append(h.hexdigest())
+            digest = None
+        out.append(digest)
     return out
 
 

@@ -305,12 +305,6 @@ def _npz_bytes(**arrays: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def _npy_bytes(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
-    return buf.getvalue()
-
-
 def reference_deviations(marker: dict[str, Any], plan: GroupPlan, missing: int) -> list[str]:
     """How a reference departs from GPIC's protocol, beyond the model itself."""
     out = model_deviations(marker["model"])
@@ -336,7 +330,7 @@ def write_group_stats(store: Store, group: str, model_id: str, partial: GroupPar
         raise ValueError(f"group {group}: {m.n} feature rows, need at least 2 for a covariance")
     stem = stats_path(group, model_id)
     npz_sha = store.write_bytes(f"{stem}.npz", _npz_bytes(mu=m.mean, sigma=m.covariance(), n=np.int64(m.n)))
-    feats_sha = store.write_bytes(f"{stem}.features.npy", _npy_bytes(partial.sample.features.astype(np.float32)))
+    feats_sha = store.write_npy(f"{stem}.features.npy", partial.sample.features.astype(np.float32))
     missing = sum(partial.missing.values())
     sidecar = {
         "format": FORMAT,

@@ -39,6 +39,7 @@ from typing import BinaryIO
 import fsspec
 import torch
 
+from corpusforge.hashing import sha256_file
 from corpusforge.storage import is_remote
 from tasks.shared.features.config import WeightsSpec
 
@@ -48,15 +49,6 @@ WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".onnx")
 
 class WeightsError(RuntimeError):
     """A weights file that is missing, not the pinned bytes, or not safe to load."""
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    """Hex SHA-256 of a file, read in chunks (weights can be gigabytes)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def verify_sha256(path: str | os.PathLike, expected: str, label: str) -> None:
