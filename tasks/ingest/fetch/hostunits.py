@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import duckdb
 import pyarrow as pa
@@ -32,6 +32,14 @@ from tasks.ingest.files import FETCH_PLAN, FETCH_PLAN_SCHEMA, FETCH_UNIT_SCHEMA,
 from tasks.ingest.licenses import LicenseConfig
 from tasks.ingest.partition import chunk_rows
 from tasks.ingest.sources import Partition
+
+class HostUnits(TypedDict):
+    """The planning unit's result: each host unit file's SHA-256, in unit order, and the counts."""
+
+    units: list[str]
+    urls: int
+    hosts: int
+
 
 DUCKDB_MEMORY = "512MB"  # beyond this DuckDB sorts on disk (the scratch folder)
 BATCH_ROWS = 65_536
@@ -66,7 +74,7 @@ def host_assignment(counts: list[tuple[str | None, int]], cap: int) -> tuple[lis
 
 
 def plan_host_units(store: Store, parts: list[Partition], lic: LicenseConfig | None, unit_urls: int
-                    ) -> dict[str, Any]:
+                    ) -> HostUnits:
     """Write the host units of ``parts`` (see the module docstring); their SHA-256s and counts."""
     with tempfile.TemporaryDirectory(prefix="corpusforge-fetch-plan-") as tmp:
         spill = Path(tmp) / "rows"
