@@ -150,11 +150,11 @@ class _DaskFanOut(_ThreadFanOut):
         return self.client.gather([self.client.submit(_call, unit.fn, c, pure=False) for c in calls])
 
 
-def run_corpusforge(tmp: Path, source: Path, units: int, engine: str) -> dict:
+def run_corpusforge(tmp: Path, source: Path, units: int, engine: str, unit_urls: int) -> dict:
     store = Store(str(tmp / "cf-out"), fsync=False)
     _, parts = plan_partitions(str(source), store, SourceConfig(partition_size=500))
     cfg = FetchConfig(user_agent=UA, allow_private_networks=True, threads=32, retries=1, backoff_s=0.05,
-                      connections_per_host=LIMIT)
+                      connections_per_host=LIMIT, unit_urls=unit_urls)
     me = psutil.Process()
     with contextlib.ExitStack() as stack:
         fan_out: Any = _ThreadFanOut(units)
@@ -202,6 +202,8 @@ def main() -> None:
     ap.add_argument("--units", type=int, default=2, help="corpusforge fetch units at a time (Dask worker processes)")
     ap.add_argument("--engine", choices=("dask", "threads"), default="dask",
                     help="corpusforge's units on a LocalCluster (as a build runs them) or in threads of this process")
+    ap.add_argument("--unit-urls", type=int, default=FetchConfig().unit_urls,
+                    help="fetch.unit_urls: URLs in one host unit at most (small hosts packed up to it)")
     ap.add_argument("--processes", type=int, default=2, help="img2dataset processes")
     ap.add_argument("--threads", type=int, default=32, help="img2dataset threads per process")
     ap.add_argument("--venv", default=str(ROOT / ".venv-bench-img2dataset"))
@@ -220,7 +222,8 @@ def main() -> None:
             source = tmp / "urls.parquet"
             pq.write_table(pa.table({"url": urls, "license": ["CC BY 4.0"] * len(urls)}), source)
             results = {}
-            for name, run in (("corpusforge", lambda: run_corpusforge(tmp, source, args.units, args.engine)),
+            for name, run in (("corpusforge", lambda: run_corpusforge(tmp, source, args.units, args.engine,
+                                                                      args.unit_urls)),
                               ("img2dataset", lambda: run_img2dataset(exe, tmp, source, args.processes,
                                                                       args.threads))):
                 served.reset()
