@@ -34,9 +34,8 @@ from corpusforge.feature_files import prune_features
 from corpusforge.lease import held_here, holding_output
 from corpusforge.ledger import Ledger
 from corpusforge.layout import LEDGER_DIR, STAGING_INDEX, STAGING_RECORDS, STAGING_TARS, part_name
-from tasks.ingest.files import (DEDUP_HASHES_DIR, DEDUP_KEYS_DIR, EXACT_DIR, FETCH_LEDGER_DIR, FETCH_OUTCOMES_DIR,
-                                FETCH_PLAN, FETCH_UNITS_DIR, HASHES_DIR, INGEST_DIR, KEYDUP_DIR, KEYS_DIR,
-                                RESOLVED_DIR, SPILL_DIR, bucket_name, dedup_group_name)
+from tasks.ingest.files import (DEDUP_HASHES_DIR, DEDUP_KEYS_DIR, EXACT_DIR, FETCH_LEDGER_DIR, HASHES_DIR, INGEST_DIR,
+                                KEYDUP_DIR, KEYS_DIR, RESOLVED_DIR, SPILL_DIR, bucket_name, dedup_group_name)
 from tasks.release.files import CURRENT
 from tasks.report.files import CHANGES_MD, CHANGES_TABLE, PREVIOUS_RECEIPT, RECEIPT, RECEIPT_OUTPUTS
 from tasks.stats.files import STATS_DIR
@@ -53,8 +52,7 @@ from tasks.graph.config import NearDedupConfig
 from tasks.graph.stage import near_duplicate_stage
 from tasks.ingest.exact_dedup import deduplicate, partition_groups
 from tasks.ingest.fetch.config import FetchConfig
-from tasks.ingest.fetch.hostunits import PLAN_HOST_UNITS
-from tasks.ingest.fetch.stage import fetch_stage
+from tasks.ingest.fetch.stage import fetch_stage, remove_fetch_work
 from tasks.ingest.fetch.unit import fetch_store
 from tasks.ingest.licenses import LicenseConfig, license_section
 from tasks.ingest.partition import INGEST_PARTITION
@@ -219,10 +217,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
         with stage("fetch"), clock("fetch"):
             work["fetch"], fetch_report = fetch_stage(store, parts, config.fetch, config.licenses, fan_out)
     else:
-        for folder in (FETCH_UNITS_DIR, FETCH_OUTCOMES_DIR):
-            remove_tree(store, folder)
-        store.remove(FETCH_PLAN)
-        forget_step(store, PLAN_HOST_UNITS.name)
+        remove_fetch_work(store)
     with stage("ingest"), clock("ingest"), Ledger(store, "ingest") as ingested:
         fan_out.stream(INGEST_PARTITION, [dict(store=store, part=p, src=config.input, val=config.validation,
                                                n_buckets=n_buckets, lic=config.licenses,

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from corpusforge.contract import FanOut, keyed, prune
+from corpusforge.contract import FanOut, forget_step, keyed, prune, remove_tree
 from corpusforge.ledger import Ledger
 from corpusforge.storage import Store
 from tasks.ingest.fetch.config import FetchConfig
 from tasks.ingest.fetch.hostunits import PLAN_HOST_UNITS, plan_host_units_call
 from tasks.ingest.fetch.report import fetch_section
 from tasks.ingest.fetch.unit import FETCH_HOST_UNIT, FETCH_LEDGER
-from tasks.ingest.files import FETCH_OUTCOMES_DIR, FETCH_UNITS_DIR, fetch_unit_name
+from tasks.ingest.files import FETCH_OUTCOMES_DIR, FETCH_PLAN, FETCH_UNITS_DIR, fetch_unit_name
 from tasks.ingest.licenses import LicenseConfig
 from tasks.ingest.sources import Partition
 
@@ -34,3 +34,11 @@ def fetch_stage(store: Store, parts: list[Partition], cfg: FetchConfig, lic: Lic
     work = {"plan": planned.action, "host_units": fetched.summary("fetch").counts(),
             "ledgers": ledgers.summary("fetch-ledger").counts()}
     return work, fetch_section(ledgers.infos())
+
+
+def remove_fetch_work(store: Store) -> None:
+    """The host units' files and the planning step's marker, for a build whose source is not a URL list."""
+    for folder in (FETCH_UNITS_DIR, FETCH_OUTCOMES_DIR):
+        remove_tree(store, folder)
+    store.remove(FETCH_PLAN)
+    forget_step(store, PLAN_HOST_UNITS.name)
