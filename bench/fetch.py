@@ -6,9 +6,10 @@ fetches them with every check on (robots.txt, tdmrep.json, opt-out headers, addr
 cap, magic bytes, per-host limit of 2 connections, outcomes stored); img2dataset 1.47, installed
 by this script into its own virtualenv (``--venv``), fetches the same URL list without resizing.
 Printed: images/s of each, their ratio, CPU seconds per image, peak RSS, and the most requests any
-host had in flight at once. corpusforge's units run as a build runs them: on a Dask ``LocalCluster``
-of ``--units`` worker processes, the per-host limits held by the cluster's semaphores and the
-scheduler's host ledger (``--engine threads``: in threads of this process, the limits process-wide).
+host had in flight at once. corpusforge's fetch stage runs as a build runs it (host units planned,
+fetched, each partition's ledger written): its units on a Dask ``LocalCluster`` of ``--units``
+worker processes, the per-host limits held by the cluster's semaphores and the scheduler's host
+ledger (``--engine threads``: in threads of this process, the limits process-wide).
 Enforced (exit 1): corpusforge fetched every image, never had more than 2 requests in flight at
 one host, and did at least ``--goal`` times img2dataset's images/s (the issue's goal: 1.0). The
 loopback server's CPU and memory are counted for neither. Both tools share the machine with
@@ -33,6 +34,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -45,7 +47,8 @@ sys.path.insert(0, str(ROOT))
 
 from corpusforge.storage import Store  # noqa: E402
 from tasks.ingest.fetch.config import FetchConfig  # noqa: E402
-from tasks.ingest.fetch.unit import fetch_partition  # noqa: E402
+from tasks.ingest.fetch.stage import fetch_stage  # noqa: E402
+from tasks.ingest.licenses import LicenseConfig  # noqa: E402
 from tasks.ingest.sources import SourceConfig, plan_partitions  # noqa: E402
 from tests.http_hosts import serving  # noqa: E402
 
@@ -118,31 +121,57 @@ def _cpu_s(root: psutil.Process) -> float:
     return total
 
 
-def run_corpusforge(tmp: Path, source: Path, units: int, engine: str) -> dict:
+class _ThreadFanOut:
+    """The fetch stage's units in ``n`` threads of this process (``--engine threads``)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __call__(self, unit: Any, calls: list[dict[str, Any]]) -> list[Any]:
+        with ThreadPoolExecutor(self.n) as pool:
+            return list(pool.map(lambda c: unit.fn(**c), calls))
+
+    def stream(self, unit: Any, calls: list[dict[str, Any]], sink: Any) -> None:
+        for i, result in enumerate(self(unit, calls)):
+            sink(i, result)
+
+
+def _call(fn: Any, kwargs: dict[str, Any]) -> Any:
+    return fn(**kwargs)
+
+
+class _DaskFanOut(_ThreadFanOut):
+    """The fetch stage's units as tasks on a LocalCluster's worker processes (as a build runs them)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def __call__(self, unit: Any, calls: list[dict[str, Any]]) -> list[Any]:
+        return self.client.gather([self.client.submit(_call, unit.fn, c, pure=False) for c in calls])
+
+
+def run_corpusforge(tmp: Path, source: Path, units: int, engine: str, unit_urls: int) -> dict:
     store = Store(str(tmp / "cf-out"), fsync=False)
     _, parts = plan_partitions(str(source), store, SourceConfig(partition_size=500))
     cfg = FetchConfig(user_agent=UA, allow_private_networks=True, threads=32, retries=1, backoff_s=0.05,
-                      connections_per_host=LIMIT)
+                      connections_per_host=LIMIT, unit_urls=unit_urls)
     me = psutil.Process()
     with contextlib.ExitStack() as stack:
+        fan_out: Any = _ThreadFanOut(units)
         if engine == "dask":
             from distributed import Client, LocalCluster
 
             cluster = stack.enter_context(LocalCluster(n_workers=units, threads_per_worker=1, processes=True,
                                                        dashboard_address=None))
             client = stack.enter_context(Client(cluster))
-            client.run(lambda: __import__("tasks.ingest.fetch.unit"))  # imports are not the fetch's cost
+            client.run(lambda: __import__("tasks.ingest.fetch.stage"))  # imports are not the fetch's cost
+            fan_out = _DaskFanOut(client)
         before, start = _cpu_s(me), time.perf_counter()
-        with PeakRSS(me.pid) as rss:
-            if engine == "dask":
-                results = client.gather(client.map(fetch_partition, [store] * len(parts), parts, [cfg] * len(parts),
-                                                   pure=False))
-            else:
-                with ThreadPoolExecutor(units) as pool:
-                    results = list(pool.map(lambda p: fetch_partition(store, p, cfg), parts))
+        with PeakRSS(me.pid) as rss:  # the whole stage: host units planned, fetched, the ledgers written
+            work, section = fetch_stage(store, parts, cfg, LicenseConfig(), fan_out)
         wall, cpu = time.perf_counter() - start, _cpu_s(me) - before
-    fetched = sum(r.info["fetched"] for r in results)
-    return {"wall_s": wall, "images": fetched, "cpu_s": cpu, "peak_rss_mb": rss.peak / 2**20, "engine": engine}
+    return {"wall_s": wall, "images": section["fetched"], "cpu_s": cpu, "peak_rss_mb": rss.peak / 2**20,
+            "engine": engine, "host_units": sum(work["host_units"].values())}
 
 
 def run_img2dataset(exe: Path, tmp: Path, source: Path, processes: int, threads: int) -> dict:
@@ -173,6 +202,8 @@ def main() -> None:
     ap.add_argument("--units", type=int, default=2, help="corpusforge fetch units at a time (Dask worker processes)")
     ap.add_argument("--engine", choices=("dask", "threads"), default="dask",
                     help="corpusforge's units on a LocalCluster (as a build runs them) or in threads of this process")
+    ap.add_argument("--unit-urls", type=int, default=FetchConfig().unit_urls,
+                    help="fetch.unit_urls: URLs in one host unit at most (small hosts packed up to it)")
     ap.add_argument("--processes", type=int, default=2, help="img2dataset processes")
     ap.add_argument("--threads", type=int, default=32, help="img2dataset threads per process")
     ap.add_argument("--venv", default=str(ROOT / ".venv-bench-img2dataset"))
@@ -191,7 +222,8 @@ def main() -> None:
             source = tmp / "urls.parquet"
             pq.write_table(pa.table({"url": urls, "license": ["CC BY 4.0"] * len(urls)}), source)
             results = {}
-            for name, run in (("corpusforge", lambda: run_corpusforge(tmp, source, args.units, args.engine)),
+            for name, run in (("corpusforge", lambda: run_corpusforge(tmp, source, args.units, args.engine,
+                                                                      args.unit_urls)),
                               ("img2dataset", lambda: run_img2dataset(exe, tmp, source, args.processes,
                                                                       args.threads))):
                 served.reset()

@@ -2,7 +2,8 @@
 
 Read top to bottom, :func:`build` is the pipeline's table of contents:
 
-    plan inputs → fetch (per partition, a URL list only) → ingest (per partition) → duplicate keys, exact duplicates (per hash bucket,
+    plan inputs → fetch (a URL list only: host units planned, fetched per host unit, a ledger per
+    partition) → ingest (per partition) → duplicate keys, exact duplicates (per hash bucket,
     through a bucketed exchange per partition group) → resolve (per partition group) →
     staging shards (per content-defined shard) → features (per staging shard) →
     near-duplicate graph and two-tier removal (queries per staging shard)
@@ -51,8 +52,8 @@ from tasks.graph.config import NearDedupConfig
 from tasks.graph.stage import near_duplicate_stage
 from tasks.ingest.exact_dedup import deduplicate, partition_groups
 from tasks.ingest.fetch.config import FetchConfig
-from tasks.ingest.fetch.report import fetch_section
-from tasks.ingest.fetch.unit import FETCH_PARTITION, fetch_store
+from tasks.ingest.fetch.stage import fetch_stage, remove_fetch_work
+from tasks.ingest.fetch.unit import fetch_store
 from tasks.ingest.licenses import LicenseConfig, license_section
 from tasks.ingest.partition import INGEST_PARTITION
 from tasks.ingest.sources import PLAN_INPUTS, SourceConfig
@@ -135,13 +136,13 @@ class BuildConfig(FlowConfig):
 
 # The build's code (its receipt's code_version; `corpusforge plan` compares it): a change
 # anywhere reaches the whole stages.
-BUILD_MODULES = ("tasks.ingest.fetch.unit", "tasks.ingest.partition", "tasks.ingest.exact_dedup", "tasks.staging.stage", "tasks.shared.features.extract",
+BUILD_MODULES = ("tasks.ingest.fetch.stage", "tasks.ingest.partition", "tasks.ingest.exact_dedup", "tasks.staging.stage", "tasks.shared.features.extract",
                  "tasks.graph.stage", "tasks.captions.stage", "tasks.release.publish", "tasks.stats.stage")
 
 
 # The long stages whose progress people watch (corpusforge.progress): (stage, the Prefect
 # task whose finished runs are its units, unit name).
-PROGRESS_STAGES = [("fetch", "fetch-partition", "URL-list partitions"),
+PROGRESS_STAGES = [("fetch", "fetch-host-unit", "host units"),
                    ("ingest", "ingest-partition", "partitions"),
                    ("staging", "write-staging-shard", "staging shards"),
                    ("features", "extract-shard-features", "staging shards"),
@@ -213,11 +214,10 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     remove_tree(store, LEDGER_DIR)
     fetch_report = None
     if kind == "urls":
-        with stage("fetch"), clock("fetch"), Ledger(store, "fetch") as ledger:
-            fan_out.stream(FETCH_PARTITION, [dict(store=store, part=p, cfg=config.fetch, lic=config.licenses)
-                                             for p in parts], ledger.add)
-        work["fetch"] = ledger.summary("fetch").counts()
-        fetch_report = fetch_section(ledger.infos())
+        with stage("fetch"), clock("fetch"):
+            work["fetch"], fetch_report = fetch_stage(store, parts, config.fetch, config.licenses, fan_out)
+    else:
+        remove_fetch_work(store)
     with stage("ingest"), clock("ingest"), Ledger(store, "ingest") as ingested:
         fan_out.stream(INGEST_PARTITION, [dict(store=store, part=p, src=config.input, val=config.validation,
                                                n_buckets=n_buckets, lic=config.licenses,

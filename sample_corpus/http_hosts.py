@@ -48,10 +48,14 @@ class Ledger:
         self.active: dict[str, int] = defaultdict(int)
         self.peak: dict[str, int] = defaultdict(int)
         self.requests: dict[str, list[tuple[str, float]]] = defaultdict(list)
+        self.ports: dict[str, set[int]] = defaultdict(set)  # client ports (connections) of each host's image
+        # requests (not robots.txt's, tdmrep.json's: an answer whose body a client does not read closes its connection)
         self.once: set[tuple[str, str]] = set()
 
-    def enter(self, host: str, path: str) -> None:
+    def enter(self, host: str, path: str, port: int) -> None:
         with self.lock:
+            if not path.startswith(("/robots.txt", "/.well-known/")):
+                self.ports[host].add(port)
             self.active[host] += 1
             self.peak[host] = max(self.peak[host], self.active[host])
             self.requests[host].append((path, time.time()))
@@ -70,12 +74,14 @@ class Ledger:
 
     def report(self) -> dict[str, Any]:
         with self.lock:
-            return {"peak": dict(self.peak), "requests": {h: list(r) for h, r in self.requests.items()}}
+            return {"peak": dict(self.peak), "requests": {h: list(r) for h, r in self.requests.items()},
+                    "ports": {h: sorted(p) for h, p in self.ports.items()}}
 
     def reset(self) -> None:
         with self.lock:
             self.peak.clear()
             self.requests.clear()
+            self.ports.clear()
             self.once.clear()
 
 
@@ -122,7 +128,7 @@ def _handler(host: str, spec: dict[str, Any], images: Path, ledger: Ledger, late
                 ledger.leave(host)
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            ledger.enter(host, self.path)
+            ledger.enter(host, self.path, self.client_address[1])
             self.left = False
             try:
                 if latency:

@@ -62,12 +62,13 @@ def test_planning_is_outside_the_units_code_versions():
 UNIT_MODULES = ["corpusforge.contract", "tasks.shared.features.extract", "tasks.contamination.stage", "tasks.graph.build",
                 "tasks.graph.stage", "tasks.stats.evaluate", "tasks.stats.stage", "tasks.report.receipt",
                 "tasks.report.changes", "tasks.report.write", "tasks.release.publish", "tasks.ingest.exact_dedup",
-                "tasks.ingest.partition", "tasks.ingest.sources", "tasks.ingest.fetch.unit", "tasks.prompts.signals",
+                "tasks.ingest.partition", "tasks.ingest.sources", "tasks.ingest.fetch.unit", "tasks.ingest.fetch.hostunits",
+                "tasks.prompts.signals",
                 "tasks.captions.eval_captions", "tasks.captions.stage", "tasks.staging.stage", "flows.evaluate"]
 # One-off global steps: contract.run_step (keyed) returns a UnitResult whose info is the step's
 # result, typed when that result is (a TypedDict, or a plain str).
 STEPS = {"graph_recall", "scan_plan", "write_output_list", "diff_versions", "write_reports", "plan_release_files",
-         "input_snapshot_hash", "write_eval_captions"}
+         "input_snapshot_hash", "write_eval_captions", "plan_host_units"}
 # Units that do not return a typed UnitResult yet, and why (issue 32: each goes when its stage is converted).
 NOT_A_UNIT_RESULT = {
     # one-off global steps whose result (their UnitResult's info) is still an untyped dict

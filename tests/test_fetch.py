@@ -333,8 +333,8 @@ def test_fetch_progress_shows_urls_fetched_and_bytes_per_second():
     progress = RunProgress("build-corpus", ["fetch"], log_every=1e9)
     progress._push = lambda force=False: None  # no logger, no artifact: only the line is checked
     unit = SimpleNamespace(info={"fetched": 40, "hosts": {"a": {"bytes": 3_000_000}, "b": {"bytes": 1_000_000}}})
-    with progress.stage("fetch", "fetch-partition", "URL-list partitions", measure=_fetch_measure) as stage:
-        progress.add("fetch-partition", 2)
-        progress.advance("fetch-partition", 1, [unit])
+    with progress.stage("fetch", "fetch-host-unit", "host units", measure=_fetch_measure) as stage:
+        progress.add("fetch-host-unit", 2)
+        progress.advance("fetch-host-unit", 1, [unit])
         line = stage.line()
-    assert line.startswith("fetch: 1/2 URL-list partitions (50%), 40 URLs fetched, 4.0 MB (") and "MB/s)" in line
+    assert line.startswith("fetch: 1/2 host units (50%), 40 URLs fetched, 4.0 MB (") and "MB/s)" in line

@@ -1,4 +1,4 @@
-"""Fetch units against real loopback servers, one rule each: the circuit breaker, a bandwidth
+"""Host units of the fetch stage against real loopback servers, one rule each: the circuit breaker, a bandwidth
 limit, https with SNI and a verified name, a name resolving to a private address, and, on a
 2-worker Dask cluster, the host's pauses, breaker and minimum interval held across workers.
 Every 127.0.0.x host here is used by this file alone (the in-process host ledger outlives a
@@ -14,29 +14,30 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.ingest.files import fetch_ledger_path
+from tasks.ingest.files import FETCH_UNIT_SCHEMA, fetch_outcomes_path, fetch_unit_path
 from corpusforge.storage import Store
 from tasks.ingest.fetch.config import FetchConfig
-from tasks.ingest.fetch.unit import fetch_partition
-from tasks.ingest.sources import SourceConfig, plan_partitions
+from tasks.ingest.fetch.unit import fetch_host_unit, host_of
 from tests.http_hosts import tls_host, write_images
 
 UA = "corpusforge/1.0 (+https://example.org/bot; bot@example.org)"
 
 
-def _units(tmp: Path, parts: list[list[str]]) -> tuple[Store, list]:
-    """One URL-list partition per list of URLs (all CC BY 4.0)."""
-    urls = [u for part in parts for u in part]
-    assert len({len(p) for p in parts}) == 1, "partitions of equal size"
-    source = tmp / "urls.parquet"
-    pq.write_table(pa.table({"url": urls, "license": ["CC BY 4.0"] * len(urls)}), source)
+def _units(tmp: Path, units: list[list[str]]) -> tuple[Store, list[tuple[int, str]]]:
+    """One host unit per list of URLs, as the planner writes them (its rows numbered in list
+    order); (unit, its file's SHA-256) each."""
     store = Store(str(tmp / "out"), fsync=False)
-    _, partitions = plan_partitions(str(source), store, SourceConfig(partition_size=len(parts[0])))
-    return store, partitions
+    made = []
+    for u, urls in enumerate(units):
+        rows = [{"part": u, "row": i, "url": url, "sha1": None, "host": host_of({"url": url})}
+                for i, url in enumerate(urls)]
+        made.append((u, store.write_parquet(fetch_unit_path(u), pa.Table.from_pylist(rows, schema=FETCH_UNIT_SCHEMA))))
+    return store, made
 
 
-def _ledger(store: Store, part: int) -> list[dict]:
-    return pq.read_table(Path(store.root) / fetch_ledger_path(part)).to_pylist()
+def _ledger(store: Store, unit: int) -> list[dict]:
+    """The unit's outcomes, in its list's order."""
+    return pq.read_table(Path(store.root) / fetch_outcomes_path(unit)).to_pylist()
 
 
 def _config(**fetch) -> FetchConfig:
@@ -49,9 +50,9 @@ def test_breaker_defers_a_failing_hosts_urls(tmp_path, http_hosts):
     write_images(tmp_path / "images", 1)
     with http_hosts(tmp_path, {host: {"robots": "404"}}, tmp_path / "images") as h:
         store, [part] = _units(tmp_path, [[h.url(host, f"/503always/x{i}.jpg") for i in range(8)]])
-        result = fetch_partition(store, part, _config(breaker_failures=3, threads=1))
+        result = fetch_host_unit(store, *part, _config(breaker_failures=3, threads=1))
         asked = [p for p, _ in h.seen()["requests"][host] if p.startswith("/503always/")]
-    rows = _ledger(store, part.index)
+    rows = _ledger(store, part[0])
     assert [r["outcome"] for r in rows] == ["error/fetch_failed"] * 3 + ["error/fetch_deferred"] * 5
     assert all(r["detail"] == f"circuit open: 3 consecutive failed attempts at {host}" for r in rows[3:])
     assert len(asked) == 3 and all(r["requests"] == 0 for r in rows[3:])
@@ -63,9 +64,9 @@ def test_bandwidth_limit_per_host(tmp_path, http_hosts):
     files = write_images(tmp_path / "images", 8)
     with http_hosts(tmp_path, {host: {"robots": "404"}}, tmp_path / "images") as h:
         store, [part] = _units(tmp_path, [[h.url(host, f"/img/img{i}.jpg") for i in range(8)]])
-        fetch_partition(store, part, _config(bytes_per_s_per_host=rate, threads=4))
+        fetch_host_unit(store, *part, _config(bytes_per_s_per_host=rate, threads=4))
         starts = sorted(t for p, t in h.seen()["requests"][host] if p.startswith("/img/"))
-    rows = _ledger(store, part.index)
+    rows = _ledger(store, part[0])
     assert [r["outcome"] for r in rows] == ["fetched"] * 8
     sizes = sorted(len(files[f"img{i}.jpg"]) for i in range(8))
     # a body arrives at full speed, then the host waits until it is paid for: all but the bodies
@@ -82,9 +83,9 @@ def test_https_with_sni_and_a_verified_name(tmp_path):
         store, [part] = _units(tmp_path, [urls])
         cfg = _config(resolve={"images.test": "127.0.0.1", "other.test": "127.0.0.1"}, ca_bundle=str(tls.cert),
                       threads=1)
-        fetch_partition(store, part, cfg)
+        fetch_host_unit(store, *part, cfg)
         seen = list(tls.seen)
-    good, other = _ledger(store, part.index)
+    good, other = _ledger(store, part[0])
     assert good["outcome"] == "fetched" and good["http_status"] == 200
     # the name is sent as SNI and Host, and the certificate is checked against it: other.test,
     # on the same address (whose pooled connection was verified for images.test), is refused
@@ -102,9 +103,9 @@ def test_a_name_resolving_to_a_private_address(tmp_path, allow):
         store, [part] = _units(tmp_path, [[url, url.replace("intranet", "cgnat")]])
         cfg = _config(resolve={"intranet.test": "127.0.0.1", "cgnat.test": "100.64.0.9"}, ca_bundle=str(tls.cert),
                       allow_private_networks=allow, threads=1, connect_timeout_s=0.5, deadline_s=1.0)
-        fetch_partition(store, part, cfg)
+        fetch_host_unit(store, *part, cfg)
         seen = list(tls.seen)
-    loopback, cgnat = _ledger(store, part.index)
+    loopback, cgnat = _ledger(store, part[0])
     if allow:
         assert loopback["outcome"] == "fetched" and seen
         assert cgnat["outcome"] != "error/blocked_address"
@@ -133,7 +134,7 @@ def test_pauses_breaker_and_interval_hold_across_workers(tmp_path, http_hosts, l
         cfg = _config(breaker_failures=4, threads=4, hosts={spaced: {"min_interval_s": 0.4}})
         with local_cluster(n_workers=2, threads_per_worker=2) as cluster, Client(cluster) as client:
             first, second = sorted(client.scheduler_info()["workers"])
-            run = lambda part, worker: client.submit(fetch_partition, store, part, cfg,  # noqa: E731
+            run = lambda part, worker: client.submit(fetch_host_unit, store, *part, cfg,  # noqa: E731
                                                      workers=[worker], pure=False)
             run(units[0], first).result()
             run(units[1], second).result()
@@ -174,10 +175,10 @@ def test_redirects_between_two_hosts_never_wait_on_each_others_slot(tmp_path, ht
         cfg = _config(threads=4, deadline_s=3.0, hosts={one: {"connections": 1}, two: {"connections": 1}})
         with local_cluster(n_workers=1, threads_per_worker=1) as cluster, Client(cluster) as client:
             start = time.monotonic()
-            client.submit(fetch_partition, store, part, cfg, pure=False).result()
+            client.submit(fetch_host_unit, store, *part, cfg, pure=False).result()
             took = time.monotonic() - start
         peak = h.seen()["peak"]
-    rows = _ledger(store, part.index)
+    rows = _ledger(store, part[0])
     assert [r["outcome"] for r in rows] == ["fetched"] * 4, [(r["outcome"], r["detail"]) for r in rows]
     assert took < cfg.deadline_s, f"{took:.1f} s: a lane waited for a slot another lane held"
     assert peak[one] == peak[two] == 1
@@ -192,8 +193,8 @@ def test_the_request_deadline_holds_while_headers_drip(tmp_path, http_hosts):
     with http_hosts(tmp_path, {host: {"robots": "404"}}, tmp_path / "images") as h:
         store, [part] = _units(tmp_path, [[h.url(host, "/dripheaders/img0.jpg")]])
         start = time.monotonic()
-        fetch_partition(store, part, _config(deadline_s=2.0, connect_timeout_s=1.0))
+        fetch_host_unit(store, *part, _config(deadline_s=2.0, connect_timeout_s=1.0))
         took = time.monotonic() - start
-    [row] = _ledger(store, part.index)
+    [row] = _ledger(store, part[0])
     assert row["outcome"] == "error/fetch_failed" and "deadline" in row["detail"].lower(), row["detail"]
     assert took < 6, f"{took:.1f} s for a request with a 2 s deadline"

@@ -8,6 +8,10 @@ derives from, is corpusforge/layout.py's.
     work/input/{part}.parquet          normalised input rows (table/folder sources)
     work/.listing/{lister}-{n}.parquet a folder source's entries while it is planned (removed after): the
                                        listing spilled, for DuckDB to sort and match sidecars out of core
+    work/fetch_plan.parquet            a URL list's host units: (part, unit) of every partition that has URLs
+                                       in a host unit, sorted (tasks/ingest/fetch/hostunits.py)
+    work/fetch_units/{unit}.parquet    one host unit's URLs to request: (part, row, url, sha1, host) by host
+    work/fetch_outcomes/{unit}.parquet one host unit's outcome of each of its URLs, by (part, row)
     work/fetch/{part}.parquet          a URL-list partition's fetch ledger: one row per input row, its
                                        outcome, URL, HTTP status, opt-out rule and evidence (tasks/ingest/fetch/)
     fetch/blobs/{sha[:2]}/{sha256}     fetched bytes, content-addressed (under OUT, or fetch.store)
@@ -35,6 +39,9 @@ from corpusforge.layout import part_name
 INPUT_DIR = "work/input"
 INGEST_DIR = "work/ingest"
 FETCH_LEDGER_DIR = "work/fetch"
+FETCH_PLAN = "work/fetch_plan.parquet"
+FETCH_UNITS_DIR = "work/fetch_units"
+FETCH_OUTCOMES_DIR = "work/fetch_outcomes"
 SPILL_DIR = "work/spill"
 HASHES_DIR = "work/hashes"
 KEYS_DIR = "work/keys"
@@ -61,6 +68,18 @@ def listing_spill_path(lister: str, n: int) -> str:
 
 def fetch_ledger_path(part: int) -> str:
     return f"{FETCH_LEDGER_DIR}/{part_name(part)}.parquet"
+
+
+def fetch_unit_name(unit: int) -> str:
+    return f"{unit:06d}"
+
+
+def fetch_unit_path(unit: int) -> str:
+    return f"{FETCH_UNITS_DIR}/{fetch_unit_name(unit)}.parquet"
+
+
+def fetch_outcomes_path(unit: int) -> str:
+    return f"{FETCH_OUTCOMES_DIR}/{fetch_unit_name(unit)}.parquet"
 
 
 # The fetch store (tasks/ingest/fetch/), under OUT or ``fetch.store``: shared by every build that names it.
@@ -138,3 +157,11 @@ FETCH_LEDGER_SCHEMA = pa.schema([
     ("requests", pa.int32()), ("status_429", pa.int32()), ("wait_seconds", pa.float64()),
     ("bytes_received", pa.int64()),
 ])
+
+# A host unit's URLs (work/fetch_units/{unit}.parquet): the rows that would be requested, by host,
+# then in input order; and which host units each partition's rows went to (work/fetch_plan.parquet).
+FETCH_UNIT_SCHEMA = pa.schema([("part", pa.int32()), ("row", pa.int32()), ("url", pa.string()),
+                               ("sha1", pa.string()), ("host", pa.string())])
+FETCH_PLAN_SCHEMA = pa.schema([("part", pa.int32()), ("unit", pa.int32())])
+# A host unit's outcomes (work/fetch_outcomes/{unit}.parquet): the ledger's columns and the partition.
+FETCH_OUTCOMES_SCHEMA = pa.schema([("part", pa.int32()), *FETCH_LEDGER_SCHEMA])

@@ -52,6 +52,8 @@ class FetchConfig(StrictModel):
         default_factory=lambda: {"upload.wikimedia.org": HostProfile(connections=2)},
         description="Per-host profiles (connections, min_interval_s, bytes_per_s).")
     threads: int = Field(16, ge=1, le=256, description="URLs one fetch unit works on at once.")
+    unit_urls: int = Field(10_000, ge=1, description="URLs in one host unit at most: a host with more is cut "
+                                                     "into several units, small hosts are packed together.")
     max_bytes: int = Field(64 << 20, gt=0, description="Body cap: a larger Content-Length or body is "
                                                        "error/too_large (nothing more is read).")
     deadline_s: float = Field(60.0, gt=0, description="Total time one request may take, body included.")

@@ -1,7 +1,9 @@
 """The fetch stage planned before a run (``corpusforge plan``): each URL-list partition's fetch
-unit judged with the key it computes, and how many URLs the run would request and from how many
+ledger judged with the key it computes, and how many URLs the run would request and from how many
 hosts (rows the licence or the URL already refuse, and URLs with a stored final outcome, are not
-requested). A unit that is current but holds deferred or failed URLs runs again."""
+requested). A ledger that is current but holds deferred or failed URLs is written again. The host
+units (:mod:`.hostunits`) are not listed: they are cut from the whole list when it runs, and a
+host unit whose URLs all have a stored outcome requests nothing."""
 
 from __future__ import annotations
 

@@ -1,16 +1,22 @@
-"""The fetch unit: one URL-list input partition's URLs fetched, its fetch ledger written.
+"""The fetch stage's work units: a host unit's URLs fetched, and each partition's fetch ledger.
 
-Output: ``work/fetch/{part}.parquet`` (:data:`tasks.ingest.files.FETCH_LEDGER_SCHEMA`), one row
-per input row in input order; the bytes go to the fetch store (``fetch/blobs/``), each URL's
-final outcome to ``fetch/urls/``. Ingest reads the ledger and the bytes like any other source.
+A host unit (:func:`fetch_host_unit`, planned by :mod:`.hostunits`) requests the URLs of its
+file, host by host in lanes (:mod:`.lanes`): a lane holds one of the host's connection slots while
+it drains the unit's URLs of that host, so one slow host holds at most its connection limit's
+threads, and a host with no more URLs than ``fetch.unit_urls`` is worked by this unit alone. The
+bytes go to the fetch store (``fetch/blobs/``), each URL's final outcome to ``fetch/urls/`` (never
+requested again), every URL's outcome to ``work/fetch_outcomes/{unit}.parquet``. A unit holding
+deferred or failed URLs runs again on the next build and requests only those; a killed unit
+resumes from the stored outcomes. Fingerprint: its URL file's SHA-256, the deny-list's and the
+settings that decide an outcome (User-Agent product token, private networks, body cap,
+redirects, refresh label, store).
 
-Fingerprint: the partition's chunk digest, each row's licence verdict, the deny-list's SHA-256
-and the settings that decide an outcome (User-Agent product token, private networks, body cap,
-redirects, refresh label, store). A unit whose ledger holds deferred or failed URLs runs again
-on the next build, and only those URLs are requested (the others' outcomes are stored); a killed
-unit likewise resumes from the stored outcomes. Rows are worked on host by host in lanes
-(:mod:`.lanes`), each holding one of the host's connection slots while it drains the host's
-URLs, so one slow host holds at most its connection limit's threads.
+The ledger of a partition (:func:`write_fetch_ledger`, ``work/fetch/{part}.parquet``,
+:data:`tasks.ingest.files.FETCH_LEDGER_SCHEMA`): one row per input row in input order, assembled
+from the host units' outcomes without a request, so ingest reads it as before. Fingerprint: the
+partition's chunk digest, each row's licence verdict, the deny-list's SHA-256 and the same
+settings (:func:`fetch_key`); current with nothing deferred, it is the same bytes whatever the
+host units hold now, and is skipped.
 """
 
 from __future__ import annotations
@@ -21,12 +27,14 @@ from typing import Any
 
 import fsspec
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from corpusforge.contract import (COMPUTED, SKIPPED, Unit, UnitResult, current_marker, finish_unit, must_compute,
                                   unit_fingerprint)
 from corpusforge.faults import fault_point
 from corpusforge.hashing import sha256_bytes
-from tasks.ingest.files import FETCH_LEDGER_SCHEMA, fetch_ledger_path
+from tasks.ingest.files import (FETCH_LEDGER_SCHEMA, FETCH_OUTCOMES_SCHEMA, FETCH_PLAN, fetch_ledger_path,
+                                fetch_outcomes_path, fetch_unit_name, fetch_unit_path)
 from corpusforge.storage import Store
 from corpusforge.tarshard import is_safe_key
 from corpusforge.version import code_version
@@ -58,10 +66,13 @@ def fetch_key(chunks: Store, part: Partition, cfg: FetchConfig, lic: LicenseConf
               deny_sha256: str | None, store_root: str) -> str:
     """The fingerprint of one partition's fetch (the run and ``corpusforge plan`` share it);
     ``chunks``: the store the partition's chunk is read with, ``store_root``: the fetch store's."""
-    decisive = [cfg.product(), cfg.allow_private_networks, cfg.max_bytes, cfg.max_redirects, cfg.refresh,
-                store_root]
-    return unit_fingerprint("fetch", code_version(__name__), decisive,
+    return unit_fingerprint("fetch", code_version(__name__), _decisive(cfg, store_root),
                             [part.digest, license_verdicts(part, chunks, lic), deny_sha256])
+
+
+def _decisive(cfg: FetchConfig, store_root: str) -> list[Any]:
+    """The settings that decide a URL's outcome."""
+    return [cfg.product(), cfg.allow_private_networks, cfg.max_bytes, cfg.max_redirects, cfg.refresh, store_root]
 
 
 def before_request(meta: dict[str, Any], lic: LicenseConfig | None) -> Outcome | None:
@@ -90,7 +101,8 @@ def host_of(meta: dict[str, Any]) -> str | None:
         return None
 
 
-def _sha1(meta: dict[str, Any]) -> str | None:
+def row_sha1(meta: dict[str, Any]) -> str | None:
+    """The SHA-1 an export gives for a row's bytes (Commons), None if none."""
     extra = json.loads(meta["extra"]) if meta.get("extra") else {}
     value = extra.get("sha1")
     return value if isinstance(value, str) and value else None
@@ -110,25 +122,31 @@ def host_figures(ledger: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             for host, c in sorted(hosts.items())}
 
 
-def fetch_partition(store: Store, part: Partition, cfg: FetchConfig, lic: LicenseConfig | None = None
-                    ) -> UnitResult:
-    """Fetch one URL-list partition (skipped when current with nothing deferred); its marker."""
+def _ledger_info(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a unit's marker keeps of its outcome rows: counts by outcome and figures per host."""
+    by_outcome = Counter(r["outcome"] for r in rows)
+    return {"urls": len(rows), "fetched": by_outcome.get(FETCHED, 0), "pending": sum(not r["final"] for r in rows),
+            "by_outcome": dict(sorted(by_outcome.items())), "hosts": host_figures(rows)}
+
+
+def fetch_host_unit(store: Store, unit: int, sha256: str, cfg: FetchConfig) -> UnitResult:
+    """Fetch host unit ``unit`` (its URL file's SHA-256 ``sha256``), skipped when current with
+    nothing deferred; its marker."""
     deny, deny_sha = read_deny_list(cfg)
-    fp = fetch_key(store, part, cfg, lic, deny_sha, fetch_store(store, cfg).root)
-    rel = fetch_ledger_path(part.index)
+    fetched_store = fetch_store(store, cfg)
+    fp = unit_fingerprint("fetch-hosts", code_version(__name__), _decisive(cfg, fetched_store.root),
+                          [sha256, deny_sha])
+    rel = fetch_outcomes_path(unit)
     marker = current_marker(store, rel, fp)
     if marker is not None and marker.info["pending"] == 0:
         return UnitResult.of(marker, SKIPPED)
     must_compute()
-    rows = chunk_rows(part, store)
-    fetcher = Fetcher(cfg, fetch_store(store, cfg), deny, seed=part.index)
-
-    refused = {i: out for i, meta in enumerate(rows) if (out := before_request(meta, lic)) is not None}
-    wanted = {i: (meta["url"], _sha1(meta)) for i, meta in enumerate(rows) if i not in refused}
+    rows = store.read_parquet(fetch_unit_path(unit)).to_pylist()
+    fetcher = Fetcher(cfg, fetched_store, deny, seed=unit)
+    wanted = [(r["url"], r["sha1"]) for r in rows]
     first: dict[tuple[str, str | None], int] = {}  # a URL listed twice is fetched once
-    for i, want in wanted.items():
+    for i, want in enumerate(wanted):
         first.setdefault(want, i)
-
     fetched: dict[tuple[str, str | None], Outcome] = {}
 
     def one(item: int | tuple[int, Hop]) -> tuple[str, tuple[int, Hop]] | None:
@@ -138,13 +156,13 @@ def fetch_partition(store: Store, part: Partition, cfg: FetchConfig, lic: Licens
         if isinstance(result, Hop):
             return result.target.host, (i, result)
         fetched[wanted[i]] = result
-        fault_point("fetch.url", part.name)
+        fault_point("fetch.url", fetch_unit_name(unit))
         return None
 
-    # by host, in order of first appearance
+    # by host, in the file's order (hosts by name, each host's URLs in input order)
     queues: dict[str | None, deque[int | tuple[int, Hop]]] = defaultdict(deque)
     for i in sorted(set(first.values())):
-        queues[host_of(rows[i])].append(i)
+        queues[rows[i]["host"]].append(i)
     try:
         for i in queues.pop(None, ()):  # no host: refused before any request
             one(i)
@@ -153,15 +171,50 @@ def fetch_partition(store: Store, part: Partition, cfg: FetchConfig, lic: Licens
     finally:
         fetcher.close()
     again = {"requests": 0, "status_429": 0, "wait_seconds": 0.0, "bytes_received": 0}  # a repeat asked nothing
-    outcomes = {**refused, **{i: fetched[want] if first[want] == i else Outcome({**fetched[want], **again})
-                              for i, want in wanted.items()}}
-    ledger = [{"row": i, "url": meta.get("url"), **outcomes[i]} for i, meta in enumerate(rows)]
+    outcomes = sorted(({"part": r["part"], "row": r["row"], "url": r["url"],
+                        **(fetched[want] if first[want] == i else {**fetched[want], **again})}
+                       for i, (r, want) in enumerate(zip(rows, wanted, strict=True))),
+                      key=lambda r: (r["part"], r["row"]))
+    sha = store.write_parquet(rel, pa.Table.from_pylist(outcomes, schema=FETCH_OUTCOMES_SCHEMA))
+    return UnitResult.of(finish_unit(store, rel, fp, {rel: sha}, {"unit": unit, **_ledger_info(outcomes)}),
+                         COMPUTED)
+
+
+FETCH_HOST_UNIT = Unit(fetch_host_unit, "fetch-host-unit", probe=True)
+
+
+def _unit_outcomes(store: Store, part: int) -> dict[int, dict[str, Any]]:
+    """Row → outcome of partition ``part``'s requested rows, from the host units that hold them."""
+    where = pc.field("part") == part
+    units = store.dataset(FETCH_PLAN).to_table(filter=where, columns=["unit"]).column("unit").to_pylist()
+    got: dict[int, dict[str, Any]] = {}
+    for unit in units:
+        for r in store.dataset(fetch_outcomes_path(unit)).to_table(filter=where).to_pylist():
+            got[r.pop("row")] = r
+    return got
+
+
+def write_fetch_ledger(store: Store, part: Partition, cfg: FetchConfig, lic: LicenseConfig | None = None
+                       ) -> UnitResult:
+    """A URL-list partition's fetch ledger from its rows' outcomes (skipped when current with
+    nothing deferred); its marker. No request: the host units ran before."""
+    _, deny_sha = read_deny_list(cfg)
+    fp = fetch_key(store, part, cfg, lic, deny_sha, fetch_store(store, cfg).root)
+    rel = fetch_ledger_path(part.index)
+    marker = current_marker(store, rel, fp)
+    if marker is not None and marker.info["pending"] == 0:
+        return UnitResult.of(marker, SKIPPED)
+    must_compute()
+    got = _unit_outcomes(store, part.index)
+    ledger = []
+    for i, meta in enumerate(chunk_rows(part, store)):
+        out = before_request(meta, lic)
+        if out is None and i not in got:
+            raise ValueError(f"no host unit holds row {i} of partition {part.name}: plan the host units first")
+        ledger.append({**(got[i] if out is None else out), "row": i, "url": meta.get("url")})
     sha = store.write_parquet(rel, pa.Table.from_pylist(ledger, schema=FETCH_LEDGER_SCHEMA))
-    by_outcome = Counter(r["outcome"] for r in ledger)
-    info = {"part": part.index, "urls": len(ledger), "fetched": by_outcome.get(FETCHED, 0),
-            "pending": sum(not r["final"] for r in ledger), "by_outcome": dict(sorted(by_outcome.items())),
-            "hosts": host_figures(ledger)}
-    return UnitResult.of(finish_unit(store, rel, fp, {rel: sha}, info), COMPUTED)
+    return UnitResult.of(finish_unit(store, rel, fp, {rel: sha}, {"part": part.index, **_ledger_info(ledger)}),
+                         COMPUTED)
 
 
-FETCH_PARTITION = Unit(fetch_partition, "fetch-partition")
+FETCH_LEDGER = Unit(write_fetch_ledger, "write-fetch-ledger", probe=True)
