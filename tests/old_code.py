@@ -3,6 +3,7 @@ compared with byte for byte (release planning, the folder listing)."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import re
 import subprocess
@@ -25,6 +26,10 @@ MOVED = {"tasks.sources": "tasks.ingest.sources", "tasks.validate": "tasks.share
 _IMPORT = re.compile(r"^(\s*from )(tasks(?:\.\w+)+)( import )", re.M)
 # Old code imports every file name from corpusforge.layout; most now live in a stage's files.py.
 _LAYOUT = re.compile(r"^(\s*from )corpusforge\.layout( import )", re.M)
+# Names renamed since (issue 32: one word per meaning): an old module importing one gets
+# today's object under its old name.
+RENAMED = {"RELEASE_PLAN_DIR": "RELEASE_ASSIGNMENT_DIR", "RELEASE_PLAN_SCHEMA": "RELEASE_ASSIGNMENT_SCHEMA",
+           "release_plan_path": "release_assignment_path", "plan_release": "assign_release"}
 
 
 def __getattr__(name: str) -> object:
@@ -45,6 +50,21 @@ def _moved(source: str) -> str:
     return _LAYOUT.sub(r"\1tests.old_code\2", _IMPORT.sub(repoint, source))
 
 
+def _renamed(source: str) -> str:
+    """Old imports of a name that its module no longer has but has under :data:`RENAMED`'s
+    new name, made ``new as old``."""
+    lines = source.splitlines(keepends=True)
+    imports = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom) and n.module]
+    for node in imports:
+        module = importlib.import_module(node.module)
+        for alias in reversed(node.names):
+            new = RENAMED.get(alias.name)
+            if new and alias.asname is None and not hasattr(module, alias.name):
+                line = lines[alias.lineno - 1]
+                lines[alias.lineno - 1] = f"{line[:alias.col_offset]}{new} as {alias.name}{line[alias.end_col_offset:]}"
+    return "".join(lines)
+
+
 def module_at(commit: str, path: str, name: str) -> types.ModuleType:
     """The module ``name`` as file ``path`` was at ``commit``, not registered in ``sys.modules``."""
     source = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=ROOT, check=True, capture_output=True,
@@ -55,7 +75,7 @@ def module_at(commit: str, path: str, name: str) -> types.ModuleType:
     previous = sys.modules.get(name)
     sys.modules[name] = module
     try:
-        exec(compile(_moved(source), f"{commit[:7]}:{path}", "exec"), module.__dict__)
+        exec(compile(_renamed(_moved(source)), f"{commit[:7]}:{path}", "exec"), module.__dict__)
     finally:
         if previous is None:
             del sys.modules[name]

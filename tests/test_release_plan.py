@@ -1,9 +1,9 @@
-"""The columnar release planner and the span-reading writers against the old code.
+"""The columnar release assignment and the span-reading writers against the old code.
 
 Synthetic staging shards (real tars, indexes, records; near-duplicate decisions with
-components across shards) under several split configs: the plan, late facts, release
+components across shards) under several split configs: the assignment files, late facts, release
 tars and summary equal the old implementation's byte for byte (tests/old_release.py),
-and a release writer opens its plan file and the staging tars it copies from, nothing else.
+and a release writer opens its assignment file and the staging tars it copies from, nothing else.
 """
 
 from __future__ import annotations
@@ -92,8 +92,8 @@ def test_plan_and_shards_equal_the_old_implementation(tmp_path, name, near_dedup
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_a_plan_made_in_many_ranges_is_the_plan_made_in_one(tmp_path, monkeypatch, name):
-    """The planner's passes by key range carry their running sums and shard counters from one
-    range to the next: ranges of 16 rows (every pass cut into several) give the plan files,
+    """The assignment's passes by key range carry their running sums and shard counters from one
+    range to the next: ranges of 16 rows (every pass cut into several) give the assignment files,
     late files and summary that one range holding every record gives, byte for byte."""
     from tasks.release import shards as release_shards
 
@@ -136,8 +136,8 @@ def test_a_release_writer_opens_only_its_plan_and_the_staging_tars_it_copies(tmp
 
 
 def test_a_release_writer_holds_a_batch_of_its_plan_rows_not_its_plan(tmp_path, monkeypatch):
-    """The plan's rows alive as Python objects while the last sample is made are one batch's
-    (the old writer held every row of its plan to the end: a shard's size is a config field)."""
+    """The assignment file's rows alive as Python objects while the last sample is made are one batch's
+    (the old writer held every row of its file to the end: a shard's size is a config field)."""
     import gc
 
     from bench.scale import Scale, write_staging
@@ -163,13 +163,13 @@ def test_a_release_writer_holds_a_batch_of_its_plan_rows_not_its_plan(tmp_path, 
 
 
 class _Submitted(Exception):
-    """Raised by the recording fan-out once publish has built the planning call."""
+    """Raised by the recording fan-out once publish has built the assignment call."""
 
 
 def test_the_planning_task_gets_a_digest_not_the_shard_list(tmp_path):
-    """publish hands the planner the staging-shard list's SHA-256 (issue 22: the list itself
+    """publish hands the assignment task the staging-shard list's SHA-256 (issue 22: the list itself
     was 134 KB per task projected at 10⁸ images): its pickled parameters are the same size
-    for 10 and 1000 staging shards, and the planner reads the list back."""
+    for 10 and 1000 staging shards, and the assignment task reads the list back."""
     import cloudpickle
 
     from tasks.release.publish import publish
@@ -189,7 +189,7 @@ def test_the_planning_task_gets_a_digest_not_the_shard_list(tmp_path):
         with pytest.raises(_Submitted):
             publish(store, shards, 1, SplitConfig(), near_dedup=True, fan_out=first_call)
         (call,) = submitted.pop()
-        kwargs = call["kwargs"]  # the planner's own, inside its keyed step (contract.step_call)
+        kwargs = call["kwargs"]  # the assignment task's own, inside its keyed step (contract.step_call)
         assert read_staged_list(store, kwargs["staged"]) == shards
         sizes.append(len(cloudpickle.dumps(call)))
     assert sizes[1] == sizes[0] <= 4 << 10
@@ -199,5 +199,5 @@ def test_the_planner_refuses_a_shard_list_it_was_not_given(tmp_path):
     store, shards = synthetic_corpus(tmp_path / "corpus", n_shards=2, per_shard=10)
     staged = write_staged_list(store, shards)
     write_staged_list(store, shards[:1])
-    with pytest.raises(ValueError, match="changed while release planning ran"):
+    with pytest.raises(ValueError, match="changed while release assignment ran"):
         plan_release_files(store, staged, SplitConfig(), near_dedup=True)

@@ -10,11 +10,11 @@ order; its SHA-256 goes into the receipt and the reference statistics' provenanc
 ``corpusforge evaluate`` records which caption set the generated images claim to come from.
 
 One task (:data:`WRITE_EVAL_CAPTIONS`) on the cluster, never the flow process, with memory
-bounded by the set's size and a batch of plan rows, not by the test split: the flow writes
-the test split's release plan names to ``work/eval_plans.parquet`` and hands the task its
-SHA-256. The task reads the plans twice, one batch of rows at a time: first only the keys,
+bounded by the set's size and a batch of assignment rows, not by the test split: the flow writes
+the names of the test split's release assignment files to ``work/eval_plans.parquet`` and hands the task its
+SHA-256. The task reads those files twice, one batch of rows at a time: first only the keys,
 keeping the N smallest priorities seen so far, then the chosen rows. An input
-caption is read from staging at the ``.txt`` span the plan lists (grouped by staging shard,
+caption is read from staging at the ``.txt`` span the assignment file lists (grouped by staging shard,
 in offset order; no staging index). The file is the same bytes as a sort
 of the whole split would give.
 """
@@ -52,8 +52,9 @@ class EvalCaptionsConfig(StrictModel):
 
 
 def write_test_plan_list(store: Store, release: dict[str, Any]) -> str:
-    """Write the test split's release plan names (``release``: :func:`tasks.release.plan_release_files`'s
-    summary) for :func:`write_eval_captions`; return the SHA-256 it is handed."""
+    """Write the names of the test split's release assignment files (``release``: the summary of
+    :func:`tasks.release.plan_release_files`) for :func:`write_eval_captions`; return the SHA-256
+    it is handed."""
     names = [name for name, shard in release["shards"].items() if shard["split"] == TEST]
     return store.write_parquet(EVAL_PLANS, pa.table({"shard": names}, schema=EVAL_PLANS_SCHEMA))
 
@@ -64,8 +65,8 @@ def _plans(store: Store, plans: str) -> list[str]:
 
 
 def _plan_batches(store: Store, name: str, columns: list[str], rows: int = 4096) -> Iterator[pa.RecordBatch]:
-    """One release plan's ``columns`` in batches of ``rows``: the task holds a batch of a
-    plan, not a whole plan (a release shard's size is a config field)."""
+    """One release assignment file's ``columns`` in batches of ``rows``: the task holds a batch
+    of a file, not a whole file (a release shard's size is a config field)."""
     with store.open(release_plan_path(name)) as f:
         yield from pq.ParquetFile(f).iter_batches(batch_size=rows, columns=columns, use_threads=False)
 
@@ -124,8 +125,9 @@ class CaptionSet(TypedDict):
 
 def write_eval_captions(store: Store, plans: str, cfg: EvalCaptionsConfig,
                         source: Store | None = None) -> CaptionSet:
-    """Write the set from the test release plans named in ``work/eval_plans.parquet`` (``plans``:
-    its SHA-256, :func:`write_test_plan_list`); return what the receipt records about it.
+    """Write the set from the test split's release assignment files named in
+    ``work/eval_plans.parquet`` (``plans``: its SHA-256, :func:`write_test_plan_list`); return
+    what the receipt records about it.
     ``source`` holds the staging shards (default ``store``)."""
     source = source or store
     names = _plans(store, plans)
@@ -144,7 +146,7 @@ def write_eval_captions(store: Store, plans: str, cfg: EvalCaptionsConfig,
             rows += [{**r, "shard": name} for r in picked.to_pylist()]
     for r, caption in _input_captions(source, rows):
         r["caption"] = caption
-    rows.sort(key=lambda r: r["key"])  # stable: a key twice keeps the plans' order
+    rows.sort(key=lambda r: r["key"])  # stable: a key twice keeps the files' order
     table = pa.Table.from_pylist([{c: r[c] for c in EVAL_CAPTIONS_SCHEMA.names} for r in rows],
                                  schema=EVAL_CAPTIONS_SCHEMA)
     sha = store.write_parquet(EVAL_CAPTIONS, table)

@@ -1,18 +1,18 @@
 """The captioning and VLM-filter stage, between near-duplicate removal and release (GPIC §2.2, §2.4).
 
-1. **Plan** (one task): every staged record that survived near-duplicate removal is
+1. **Assign** (one task): every staged record that survived near-duplicate removal is
    either captioned by the model (no input caption, or ``recaption``) or keeps its input
    caption. Model-captioned images get a caption type by :mod:`tasks.captions.mix` — the
    mix within integer rounding over the whole corpus. Written per staging shard to
    ``work/captions/plan/{shard}.parquet``.
-2. **Ask** (one task per staging shard): for each planned image, one request per caption
+2. **Ask** (one task per staging shard): for each assigned image, one request per caption
    (the type's prompt) and per filter question. A request's key is the SHA-256 of (image
    SHA-256, prompt SHA-256, model, sampling parameters, image size and quality): a
    completed request is journaled under ``work/captions/journal/{shard}/`` as soon as a
    batch is full (``journal_every``) or old enough (``journal_seconds``) and on any exit,
    and never asked again — not after a crash, a config change elsewhere or a rerun. A
    killed run loses only the requests in flight and the unsaved batch.
-3. **Decide**: ``captions/{shard}.parquet``, one row per planned record: a question
+3. **Decide**: ``captions/{shard}.parquet``, one row per assigned record: a question
    answered with its ``filter_on`` answer filters the image (reason: the question's name),
    then an answer of exactly ``NOT VISIBLE.`` (reason ``not_visible``); an empty,
    over-long (more than ``max_words``, or cut by ``max_tokens``) or malformed answer, an
@@ -75,9 +75,9 @@ def caption_origin(model: str, prompt: Prompt) -> str:
     return f"model:{model}@{prompt.sha256[:12]}"
 
 
-# ---- 1. plan --------------------------------------------------------------------------
+# ---- 1. assign ------------------------------------------------------------------------
 def plan_captions(store: Store, shards: list[str], cfg: CaptioningConfig, near_dedup: bool) -> dict[str, str]:
-    """Write every staging shard's caption plan; return shard -> plan file SHA-256.
+    """Write every staging shard's caption assignment; return shard -> assignment file SHA-256.
 
     Holds (key, shard) of the surviving records in one process, like the release plan."""
     survivors: dict[str, list[dict[str, Any]]] = {}
@@ -223,7 +223,7 @@ class CaptionResult(UnitResult):
 
 
 def caption_shard(store: Store, shard: str, cfg: CaptioningConfig, plan_digest: str) -> CaptionResult:
-    """Caption and question one staging shard's planned images (see the module docstring)."""
+    """Caption and question one staging shard's assigned images (see the module docstring)."""
     prompts, questions = caption_prompts(cfg), question_prompts(cfg)
     staging_digest = require_marker(store, staging_tar(shard), "staging shard").digest
     fp = unit_fingerprint("captions", code_version(__name__), identity(cfg), [plan_digest, staging_digest])
@@ -298,7 +298,7 @@ CAPTION_SHARD = Unit(caption_shard, "caption-shard", probe=True)
 
 def captioning_stage(store: Store, cfg: CaptioningConfig, staged: list[str], near_dedup: bool, *,
                      fan_out: FanOut = in_process) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Plan, then caption every staging shard through ``fan_out``; return (summary, work done)."""
+    """Assign, then caption every staging shard through ``fan_out``; return (summary, work done)."""
     for folder in (CAPTION_PLAN_DIR, CAPTIONS_DIR, CAPTION_JOURNAL_DIR):
         prune(store, folder, staged)
     digests = fan_out(PLAN, [dict(store=store, shards=staged, cfg=cfg, near_dedup=near_dedup)])[0]

@@ -69,7 +69,7 @@ class EvalPlan:
     kind: str
     name: str
     chunks: list[EvalChunk] = field(default_factory=list)
-    input_files: list[str] = field(default_factory=list)   # every file read for the plan (table, tars)
+    input_files: list[str] = field(default_factory=list)   # every file read for the cuts (table, tars)
 
 
 def item_key(item_id: str) -> str:

@@ -5,7 +5,7 @@
           → add (1 task per block of staging shards, about ADD_BLOCK_BYTES of lists each)
           → merge (1 task: every block's lists into graph/index/index.ivfdata)
 
-The prepare task also plans the index and draws the recall sample (it reads every shard
+The prepare task also chooses the index and draws the recall sample (it reads every shard
 once), so the driver reads no feature marker. Every step is a unit of the stage contract.
 A block's fingerprint holds the trained index's digest and its shards' names, first node
 ids and feature digests: a rerun whose training gives the same bytes adds again only the
@@ -63,7 +63,7 @@ def build_index(source: Store, out: Store, cfg: NearDedupConfig, shard_table: st
     """Build and save the index, each unit skipped when already built from the same inputs.
 
     ``shard_table``: SHA-256 of the stage's shard table (tasks/graph/nodes.py). Returns the
-    index's unit result (the queries read its plan, fingerprint and lists' SHA-256) and, for
+    index's unit result (the queries read its choice, fingerprint and lists' SHA-256) and, for
     IVF, the summary of its add units. ``fan_out`` runs each step's units (a flow: as Prefect tasks)."""
     first = fan_out(PREPARE_INDEX, [dict(source=source, out=out, cfg=cfg, shard_table=shard_table)])[0]
     if first.info["plan"]["kind"] == "flat":  # an IVF build before this one leaves nothing behind

@@ -31,7 +31,7 @@ Units (both per staging shard, on the engine):
   (cheap next to decoding and verification; verified pairs are reused per SHA pair).
 
 The search is exhaustive: every unit reads every shard's windows, O(N²·25) scores. The
-stage runs it with the exact (flat) graph index only; with an IVF plan (above
+stage runs it with the exact (flat) graph index only; with an IVF index (above
 ``index.flat_max_vectors``) crop candidates are off and graph/summary.json says so.
 """
 

@@ -2,7 +2,7 @@
 
 Files under the output root (inputs — features, records — come from the source root):
 
-    graph/index/index.faiss                  the index with global node ids (marker: plan, counts;
+    graph/index/index.faiss                  the index with global node ids (marker: choice, counts;
                                              built by tasks/graph/build.py); an IVF index's lists
     graph/index/index.ivfdata                are in this file, which queries memory-map
     graph/index/recall_ids.npy, recall_vectors.npy   the recall sample (seeded by key hash)

@@ -1,4 +1,4 @@
-"""FAISS similarity index for the near-duplicate graph: plan, build, search, save.
+"""FAISS similarity index for the near-duplicate graph: choose, build, search, save.
 
 Cosine similarity is the inner product of unit float32 rows (``METRIC_INNER_PRODUCT``);
 a model with a pair rule (wfd: layout alone when either image is colourless) is indexed

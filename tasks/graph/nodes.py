@@ -11,7 +11,7 @@ as parameters they would be O(S) bytes per task, O(S²) through the scheduler pe
 instead the driver writes them once to ``work/graph/shards.parquet``
 (:func:`write_shard_table`) and each task gets only that file's SHA-256, reading the file
 once per worker process (:func:`read_shard_table`, which refuses a file whose digest
-differs: a task never works from another plan's table).
+differs: a task never works from another run's table).
 
 The one-off tasks (recall, review pairs, decisions, collision models, calibration) also
 fingerprint per-shard digest lists (edges, records, verified files): the driver writes

@@ -1,6 +1,6 @@
 """The near-duplicate stage: one entry point, built from thin Prefect tasks.
 
-    plan node ids → build index (flat: 1 task; IVF: train 1 task, add 1 task per block of
+    number nodes → build index (flat: 1 task; IVF: train 1 task, add 1 task per block of
     shards, merge 1 task; tasks/graph/build.py) → query (1 task per staging shard whose
     features changed) → recall reference (1 task per shard) → merge edges (1 task per
     owner-shard group) → [k-NN cap check] → recall (1 task) → [mode gpic_verified: review

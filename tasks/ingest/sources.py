@@ -436,7 +436,7 @@ def sidecar_locations(location: str, exts: str) -> list[str]:
 def plan_partitions(src: str, store: Store, cfg: SourceConfig) -> tuple[str, list[Partition]]:
     """Detect the source kind and return it with the ingest partitions in input order.
 
-    Chunks of an earlier plan beyond this plan's last partition are removed."""
+    Chunks of an earlier cut beyond this cut's last partition are removed."""
     kind, uri = detect_kind(src, cfg.storage_options) if cfg.kind == "auto" else (cfg.kind, src)
     if kind == "tars":
         fs, path = url_to_fs(uri, cfg.storage_options)
@@ -479,7 +479,7 @@ def _plan_table(store: Store, uri: str, cfg: SourceConfig) -> tuple[str, list[Pa
             kind = marker.info["kind"]
             return kind, [Partition(i, "urls" if kind == "urls" else "rows", store.path(input_path(i)), base, d)
                           for i, d in zip(listed["index"].to_pylist(), listed["digest"].to_pylist(), strict=True)]
-    must_compute()  # the table is read: a task on the cluster (a current plan is read back when probed)
+    must_compute()  # the table is read: a task on the cluster (current cuts are read back when probed)
     urls = is_url_list(uri, cfg)
     kind = "urls" if urls else "table"
     parts = _write_tables(store, _table_rows(uri, cfg, urls), cfg.partition_size, base, "urls" if urls else "rows")
@@ -491,6 +491,6 @@ def _plan_table(store: Store, uri: str, cfg: SourceConfig) -> tuple[str, list[Pa
     return kind, parts
 
 
-# probed: a table's current plan is read back, and a folder of tars listed, by the flow (no
+# probed: a table's current cuts are read back, and a folder of tars listed, by the flow (no
 # task run); a folder of images is listed, and a changed table read, by a task
 PLAN_INPUTS = Unit(plan_partitions, "plan-inputs", probe=True)

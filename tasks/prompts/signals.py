@@ -1,4 +1,4 @@
-"""Signals 1 and 2 as a flow runs them: plan the units, then summarise what they wrote.
+"""Signals 1 and 2 as a flow runs them: cut the units, then summarise what they wrote.
 
 The flow fans out the units between the two calls (one caption-embedding unit per staging
 shard, one variance unit per (model, chunk of prompts)); everything before and after the
@@ -8,7 +8,7 @@ fan-out is here, so the flow reads as a table of contents.
   caption-embedding units; :func:`density_signal` embeds prompts, pool and taxonomy and
   scores every valid prompt (and pool prompt) by direct k-NN or taxonomy density.
 * Variance: :data:`LIST_GENERATED` lists the generated images and cuts them into units (a task:
-  :mod:`tasks.prompts.generated`), :func:`plan_variance` plans those units;
+  :mod:`tasks.prompts.generated`), :func:`plan_variance` lists those units;
   :func:`variance_signal` flags, per model, prompts whose outputs cluster tightly.
 """
 
@@ -47,7 +47,7 @@ class DensityPlan:
 
 
 def plan_density(corpus: Store, out: Store, cfg: DensityConfig, tm: TextModelConfig) -> DensityPlan:
-    """Sample the corpus's kept captions (one unit) and plan one embedding unit per staging
+    """Sample the corpus's kept captions (one unit) and cut one embedding unit per staging
     shard they lie in; embeddings of shards no longer sampled are removed."""
     identity = text_model_identity(tm.name)
     sample = captions.sample_captions(corpus, out, cfg.sample_size, cfg.sample_seed, cfg.splits)
@@ -127,7 +127,7 @@ class VariancePlan:
 
 def plan_variance(cfg: VarianceConfig, out: Store, listing: generated.GeneratedListing) -> VariancePlan:
     """One unit per (model, chunk of ``prompts_per_unit`` valid prompts with images), as the
-    listing (the :data:`LIST_GENERATED` unit) cut them; outputs of units no longer planned are
+    listing (the :data:`LIST_GENERATED` unit) cut them; outputs of units no longer cut are
     removed."""
     planned = variance_units(cfg, out, listing)
     variance.prune_generated(out, planned.chunks)
@@ -135,7 +135,7 @@ def plan_variance(cfg: VarianceConfig, out: Store, listing: generated.GeneratedL
 
 
 def variance_units(cfg: VarianceConfig, out: Store, listing: generated.GeneratedListing) -> VariancePlan:
-    """The units :func:`plan_variance` plans, from the listing's unit counts (writes nothing)."""
+    """The units :func:`plan_variance` cuts, from the listing's unit counts (writes nothing)."""
     chunks = {model: [generated.chunk_name(n) for n in range(units)] for model, units in listing["units"].items()}
     calls = [{"out": out, "generated": cfg.generated, "options": cfg.storage_options, "model": model, "unit": n,
               "cfg": cfg} for model, units in listing["units"].items() for n in range(units)]

@@ -106,7 +106,7 @@ def variance_unit(out: Any, generated: str, options: dict[str, Any], model: str,
 
 
 def prune_generated(out: Any, plan: dict[str, list[str]]) -> None:
-    """Keep only the current plan's units (``{model: [chunk, …]}``) and models."""
+    """Keep only the units of the current cuts (``{model: [chunk, …]}``) and models."""
     for model in out.listdir(PROMPTS_GENERATED):
         if model not in plan:
             remove_tree(out, f"{PROMPTS_GENERATED}/{model}")

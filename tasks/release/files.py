@@ -1,4 +1,4 @@
-"""The release's files (tasks/release/): its plan, the facts decided after staging, the release
+"""The release's files (tasks/release/): its assignment, the facts decided after staging, the release
 shards, the dataset card and the published versions. The captions stage and the report read
 these through this module; the manifest, which every stage reads, is corpusforge/layout.py's.
 
@@ -7,8 +7,8 @@ these through this module; the manifest, which every stage reads, is corpusforge
     work/release/{split}-{n}.parquet   the samples of one release shard, in order, with the staging
                                        spans (shard, offset, size, SHA-256) its writer copies
     work/late/{part}.parquet           facts decided after staging, joined into the manifest
-    work/release_staged.parquet        the staging shards a release is planned from: written by the
-                                       publishing flow, read by the planner, which gets only its SHA-256
+    work/release_staged.parquet        the staging shards a release is assigned from: written by the
+                                       publishing flow, read by the assignment task, which gets only its SHA-256
     shards/{split}/{split}-{n}.tar     release shards (splits.layout: default)
     shards/{split}/gpic_{split}_{n}.tar   release shards in GPIC's layout (splits.layout: gpic);
                                        shards/ is then a GPIC release root
@@ -26,7 +26,7 @@ from corpusforge.layout import part_name
 
 RELEASE_PLAN_DIR = "work/release"
 LATE_DIR = "work/late"
-RELEASE_STAGED = "work/release_staged.parquet"  # the planner's staging shards (tasks/release/shards.py)
+RELEASE_STAGED = "work/release_staged.parquet"  # the assignment's staging shards (tasks/release/shards.py)
 RELEASE_DIR = "shards"
 RELEASE_CARD = "shards/README.md"
 

@@ -44,7 +44,7 @@ def publish(store: Store, staged: list[str], n_parts: int, splits: SplitConfig, 
                      dict(store=store, staged=write_staged_list(store, staged), cfg=splits, near_dedup=near_dedup,
                           source=source, captions=captions))
     if (done := step_result(store, PLAN_RELEASE.name, plan["key"])) is not None and not _plans_there(store, done.info):
-        forget_step(store, PLAN_RELEASE.name)  # a plan file removed by hand: plan again (the same bytes)
+        forget_step(store, PLAN_RELEASE.name)  # an assignment file removed by hand: assign again (the same bytes)
     release = fan_out(keyed(PLAN_RELEASE), [plan])[0].info
     with Ledger(store, "release") as shards:
         fan_out.stream(WRITE_RELEASE_SHARD, [dict(store=store, split=s["split"], shard=s["index"], cfg=splits,
@@ -68,7 +68,7 @@ def publish(store: Store, staged: list[str], n_parts: int, splits: SplitConfig, 
 
 
 def _plans_there(store: Store, result: ReleasePlan) -> bool:
-    """Whether every plan and late file a recorded release plan names is there: the release
+    """Whether every assignment and late file a recorded release assignment names is there: the release
     shards, the manifest parts and the evaluation caption set read them when their own keys
     change. One listing per folder (O(shards) names), not a request per file."""
     return all(set(map(posixpath.basename, rels)) <= set(store.listdir(folder)) for folder, rels in (

@@ -15,7 +15,7 @@ member missing from its inferred schema comes back empty. The rule (``splits.ima
 * ``jpg``: every image that is not JPEG is re-encoded as JPEG at ``jpeg_quality`` (lossy:
   alpha is dropped; recorded per record).
 
-The decision for every record is made at planning time from the staged formats and
+The decision for every record is made when the release is assigned, from the staged formats and
 recorded in the manifest (``release_ext``, ``image_encoding``) and the receipt.
 """
 

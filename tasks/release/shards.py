@@ -1,8 +1,8 @@
 """Release shards: the kept records, placed by :mod:`tasks.release.splits`, read back from staging.
 
 :func:`plan_release_files` gathers every staged record's fate (kept, or removed as a
-near-duplicate by the graph stage when it ran), plans splits/shards/tiers for the kept
-ones and writes two kinds of small plan files:
+near-duplicate by the graph stage when it ran), assigns splits/shards/tiers to the kept
+ones and writes two kinds of small files:
 
 * ``work/release/{split}-{shard}.parquet`` — the samples of one release shard in order,
   with the (staging shard, offset, size, SHA-256) spans of their members and the shard's
@@ -11,15 +11,15 @@ ones and writes two kinds of small plan files:
   (staging shard, near-duplicate decision, component, split, shard, tier), joined into
   the manifest by row.
 
-The staging shards to plan from are a file too, ``work/release_staged.parquet``, which
-the publishing flow writes (:func:`write_staged_list`) and the planner reads back by its
-SHA-256: the planning task's parameters stay a few names and digests at any shard count.
+The staging shards to assign from are a file too, ``work/release_staged.parquet``, which
+the publishing flow writes (:func:`write_staged_list`) and the assignment task reads back by
+its SHA-256: that task's parameters stay a few names and digests at any shard count.
 
 A release shard's fingerprint holds its plan file's bytes, and so the SHA-256 of each
 staging member it copies: a caption edited in staging reaches exactly the release tar
 holding it.
 
-Planning is columnar and out of core, one range of keys at a time
+The assignment is columnar and out of core, one range of keys at a time
 (:mod:`corpusforge.key_ranges`): one pass over the staging shards writes each shard's facts
 (strata, group, seeded priorities, member spans) to a local parquet file; then five passes,
 each over the last one's local files by ranges of its own order, place the kept records
@@ -30,8 +30,8 @@ carried per stratum. By deal priority: the round-robin
 deal, from row numbers plus where each (split, stratum) starts and what earlier ranges dealt
 to it. By shard, one split after the other: each release shard's plan file, its samples in
 seeded order. By partition: the late files. Each range is a DuckDB query under a memory
-limit; what passes from one range to the next is a few counters per stratum, so a planning
-task's memory follows the range size (and a release shard's, which one range holds whole),
+limit; what passes from one range to the next is a few counters per stratum, so the
+assignment task's memory follows the range size (and a release shard's, which one range holds whole),
 not N. No per-record Python object outlives its staging shard, release shard or partition.
 """
 
@@ -92,7 +92,7 @@ def release_sample(key: str, data: dict[str, bytes], split: str, tiers: list[str
                    encoding: str, layout: str, captioned: dict[str, Any] | None = None) -> Sample:
     """One release sample from its staged members. Default layout: image, .txt, .json (the
     staged JSON plus split, tiers and the image member's true format); gpic: .json first,
-    then the image, caption inside the JSON. ``captioned`` (a release-plan row): when the
+    then the image, caption inside the JSON. ``captioned`` (a row of its assignment file): when the
     captioning stage ran, its caption replaces the staged one and its type and origin go
     into the JSON."""
     staged_ext = next(e for e in data if e not in ("txt", "json"))
@@ -112,7 +112,7 @@ def release_sample(key: str, data: dict[str, bytes], split: str, tiers: list[str
 
 
 def _facts_schema(n_strata: int) -> pa.Schema:
-    """One staged record's facts in the planning pass: everything the plan and late files
+    """One staged record's facts in the assignment's first pass: everything the assignment and late files
     need, its strata (``s_0``…: each stratify field as a string, "" when empty), its group
     and its seeded priorities (``u0``: split order, ``u1``: shard deal, ``u2``: order in shard)."""
     return pa.schema([
@@ -297,19 +297,19 @@ def _deal(con: duckdb.DuckDBPyConnection, records: Table, local: Store, s_cols: 
 
 
 def write_staged_list(store: Store, shards: list[str]) -> str:
-    """Write the staging shards a release is planned from, in order; return the SHA-256
+    """Write the staging shards a release is assigned from, in order; return the SHA-256
     that :func:`plan_release_files` gets."""
     return store.write_parquet(RELEASE_STAGED, pa.table({"shard": list(shards)}, schema=RELEASE_STAGED_SCHEMA))
 
 
 def read_staged_list(store: Store, digest: str) -> list[str]:
     """The staging shards written as ``digest`` (refused if the file changed since)."""
-    data = read_pinned(store, RELEASE_STAGED, digest, "release planning")
+    data = read_pinned(store, RELEASE_STAGED, digest, "release assignment")
     return pq.read_table(io.BytesIO(data))["shard"].to_pylist()
 
 
 class ReleasePlan(TypedDict):
-    """The release plan step's result (:func:`plan_release_files`), as its marker keeps it (JSON)."""
+    """The release assignment step's result (:func:`plan_release_files`), as its marker keeps it (JSON)."""
 
     shards: dict[str, dict[str, Any]]
     plans: dict[str, dict[str, str]]
@@ -322,8 +322,8 @@ class ReleasePlan(TypedDict):
 def plan_release_files(store: Store, staged: str, cfg: SplitConfig, near_dedup: bool,
                        source: Store | None = None, captions: bool = False,
                        memory_limit: str = PLAN_MEMORY_LIMIT, rows_per_range: int = ROWS_PER_RANGE) -> ReleasePlan:
-    """Plan splits/shards/tiers and write the plan files; return each release shard's size,
-    caption mix and plan digest, and each partition's late-facts digest.
+    """Assign splits/shards/tiers and write the assignment files; return each release shard's
+    size, caption mix and assignment-file digest, and each partition's late-facts digest.
 
     ``staged``: SHA-256 of the staging-shard list (:func:`write_staged_list`, in ``store``).
     ``source`` holds the staging shards (default ``store``; another corpus version's root
@@ -480,9 +480,9 @@ def write_release_shard(store: Store, split: str, shard: int, cfg: SplitConfig, 
     fingerprint is that digest, so the shard is skipped unless one of its own samples or
     their order changed.
 
-    Whether the shard re-encodes (and so depends on Pillow's version) is a fact of the plan
-    file, fixed by its digest: a marker whose fingerprint is the key for either answer is
-    current, so the check reads the marker alone and the flow probes it (no plan is read)."""
+    Whether the shard re-encodes (and so depends on Pillow's version) is a fact of the
+    assignment file, fixed by its digest: a marker whose fingerprint is the key for either answer is
+    current, so the check reads the marker alone and the flow probes it (no assignment file is read)."""
     source = source or store
     name = release_shard_name(split, shard, cfg.layout)
     tar = release_tar(split, shard, cfg.layout)
@@ -524,7 +524,7 @@ def _plan_rows(plan: pq.ParquetFile, rows: int = 1024) -> Iterator[dict[str, Any
 
 
 def _release_key(cfg: SplitConfig, plan_sha256: str, reencodes: bool) -> str:
-    """A release shard's fingerprint: its plan's digest, tiers, layout and, when it
+    """A release shard's fingerprint: its assignment file's digest, tiers, layout and, when it
     re-encodes images, Pillow's version."""
     return unit_fingerprint("release", code_version(__name__),
                             [cfg.tiers, cfg.layout, pillow_version() if reencodes else None], [plan_sha256])

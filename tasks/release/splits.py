@@ -1,7 +1,7 @@
-"""Release planning (GPIC §2.5): stratified splits, balanced shards, nested tiers.
+"""Release assignment (GPIC §2.5): stratified splits, balanced shards, nested tiers.
 
 The rule is a pure function of the kept records' keys, strata and near-duplicate components
-plus a seed, so the plan does not depend on shard order or worker count. tasks/release/shards.py
+plus a seed, so the assignment does not depend on shard order or worker count. tasks/release/shards.py
 applies it out of core; tests/release_reference.py, record by record, is its reference.
 
 * **Splits.** Groups (a near-duplicate component, or a single record) are the unit: a

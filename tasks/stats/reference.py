@@ -249,7 +249,7 @@ def _marker_facts(marker: Marker) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class GroupSelection(Selection):
-    """The records of a shard in some group of ``plan``: what the statistics embed."""
+    """The records of a shard in some group of the rule ``plan``: what the statistics embed."""
 
     plan: GroupPlan = field(default_factory=lambda: GroupPlan(()))
 

@@ -98,7 +98,7 @@ class ReferenceStatsConfig(FlowConfig):
 
 
 def scan_plan(store: Store, **kwargs: Any) -> dict[str, Any]:
-    """:func:`scan_manifest`'s plan as JSON (a global step's result is kept in its marker)."""
+    """:func:`scan_manifest`'s result as JSON (a global step's result is kept in its marker)."""
     return dataclasses.asdict(scan_manifest(store, **kwargs))
 
 
@@ -120,8 +120,8 @@ def _plan_of(data: dict[str, Any]) -> ReferencePlan:
 
 
 # the manifest scan is a Python pass over every kept record and hashes the whole manifest:
-# a task on the cluster (its result, the plan, is O(staging shards)), keyed by the manifest
-# parts' digests, so a rerun over the same manifest reads the plan back (no task run)
+# a task on the cluster (its result, the scan, is O(staging shards)), keyed by the manifest
+# parts' digests, so a rerun over the same manifest reads the scan back (no task run)
 SCAN_MANIFEST = Unit(scan_plan, "stats-scan-manifest")
 PARTIALS = Unit(batch_partials, "stats-partials")
 MERGE = Unit(merge_partials, "stats-merge")
@@ -154,7 +154,7 @@ def reference_stats_stage(store: Store, config: ReferenceStatsConfig, caption_se
         if "warning" in extraction:
             log.warning(extraction["warning"])
         prune_subset(store, model_id, STATS_SUBSET, [s for s, sub in subsets.items() if sub == STATS_SUBSET])
-    # the partials, their merge and the files written from them: keyed by the plan, the features
+    # the partials, their merge and the files written from them: keyed by the scan, the features
     # they read (their markers' digests) and the settings, so a rerun with none changed reads
     # the result back and makes no task run
     features = require_markers(store, [feature_vectors(model_id, s, subsets.get(s)) for s in plan.shards],
