@@ -40,7 +40,7 @@ from corpusforge.tarshard import Sample
 from tasks.captions.client import encode_image, request_body
 from tasks.captions.config import CaptioningConfig
 from tasks.captions.prompts import caption_prompts
-from tasks.captions.stage import caption_shard, plan_captions
+from tasks.captions.stage import caption_shard, assign_captions
 from tests.staging_files import write_staging_shard
 
 
@@ -77,7 +77,7 @@ def run_stage(root: Path, n: int, base_url: str, concurrency: int) -> float:
     """Seconds the stage takes for ``n`` fresh requests (a new output root: nothing journaled)."""
     store = staging(root, n)
     cfg = config(base_url, concurrency)
-    digest = plan_captions(store, ["s"], cfg, near_dedup=False)["s"]
+    digest = assign_captions(store, ["s"], cfg, near_dedup=False)["s"]
     started = time.perf_counter()
     result = caption_shard(store, "s", cfg, digest)
     elapsed = time.perf_counter() - started

@@ -211,9 +211,9 @@ def case_text(captions: int, items: int, brute_items: int, part_size: int) -> di
     from corpusforge.storage import Store
     from tasks.contamination import text_scan as ts
     from tasks.contamination.config import EvalSetConfig, LshConfig, TextCanaryConfig, TextCorpusConfig
-    from tasks.contamination.eval_set import plan_eval_set
+    from tasks.contamination.eval_set import cut_eval_set
     from tasks.contamination.stage import _groups, stage_eval_set
-    from tasks.contamination.text_sources import item_texts, plan_table_parts
+    from tasks.contamination.text_sources import item_texts, cut_table_parts
 
     tmp = tempfile.mkdtemp(prefix="bench-contamination-")
     try:
@@ -227,14 +227,14 @@ def case_text(captions: int, items: int, brute_items: int, part_size: int) -> di
         ecfg = EvalSetConfig(source=f"{tmp}/items.parquet", text_fields=["prompt"], image_column=None,
                              chunk_size=max(1000, items // 10))
         out = Store(f"{tmp}/out", fsync=False)
-        plan = plan_eval_set(ecfg)
-        stage_eval_set(out, out.sub("eval"), plan, ecfg)
-        chunks = [c.name for c in plan.chunks]
+        cuts = cut_eval_set(ecfg)
+        stage_eval_set(out, out.sub("eval"), cuts, ecfg)
+        chunks = [c.name for c in cuts.chunks]
         times: dict[str, float] = {}
         cpu: dict[str, float] = {}
 
         with Clock() as c:  # once per corpus (kept by the stage contract), like an index build
-            parts = plan_table_parts(out, cfg.corpus).info["parts"]
+            parts = cut_table_parts(out, cfg.corpus).info["parts"]
             doc = [ts.text_unit(out, ts.DOCS, p, _reader(out, p), p, cfg) for p in parts]
         times["corpus_facts"], cpu["corpus_facts"] = c.wall, c.cpu
         with Clock() as c:

@@ -49,7 +49,7 @@ from corpusforge.storage import Store  # noqa: E402
 from tasks.ingest.fetch.config import FetchConfig  # noqa: E402
 from tasks.ingest.fetch.stage import fetch_stage  # noqa: E402
 from tasks.ingest.licenses import LicenseConfig  # noqa: E402
-from tasks.ingest.sources import SourceConfig, plan_partitions  # noqa: E402
+from tasks.ingest.sources import SourceConfig, cut_partitions  # noqa: E402
 from tests.http_hosts import serving  # noqa: E402
 
 LIMIT = 2  # connections per host (FetchConfig's default), enforced on corpusforge
@@ -152,7 +152,7 @@ class _DaskFanOut(_ThreadFanOut):
 
 def run_corpusforge(tmp: Path, source: Path, units: int, engine: str, unit_urls: int) -> dict:
     store = Store(str(tmp / "cf-out"), fsync=False)
-    _, parts = plan_partitions(str(source), store, SourceConfig(partition_size=500))
+    _, parts = cut_partitions(str(source), store, SourceConfig(partition_size=500))
     cfg = FetchConfig(user_agent=UA, allow_private_networks=True, threads=32, retries=1, backoff_s=0.05,
                       connections_per_host=LIMIT, unit_urls=unit_urls)
     me = psutil.Process()

@@ -1,7 +1,7 @@
 """Benchmark: building the near-duplicate graph at 10k, 100k and 1M 512-d vectors.
 
 One run, side by side: exact FAISS search (IndexFlatIP), the IVF index the stage picks
-for that size (``plan_index`` with the stage's defaults), and a numpy brute-force
+for that size (``choose_index`` with the stage's defaults), and a numpy brute-force
 baseline (blocked matrix product). "Build the graph" = index build (train + add) +
 k-NN search of every vector (k = 32) + pairs >= 0.90, canonical and deduplicated.
 
@@ -102,16 +102,16 @@ def run_case(method: str, n: int) -> dict:
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     t0 = time.perf_counter()
-    plan = None
+    choice = None
     if method == "numpy":
         t_build = 0.0
         src, dst, sim = numpy_pairs(x, x[q_ids], q_ids)
     else:
         cfg = IndexConfig(kind="flat" if method == "flat" else "ivf")
-        plan = fx.plan_index(cfg, n, DIM)
-        index = fx.new_index(plan, SEED)
-        if plan.kind == "ivf":
-            train = x[np.sort(np.random.default_rng(SEED + 2).choice(n, plan.n_train, replace=False))]
+        choice = fx.choose_index(cfg, n, DIM)
+        index = fx.new_index(choice, SEED)
+        if choice.kind == "ivf":
+            train = x[np.sort(np.random.default_rng(SEED + 2).choice(n, choice.n_train, replace=False))]
             fx.train_index(index, train)
             del train
         index.add_with_ids(x, ids)
@@ -121,7 +121,7 @@ def run_case(method: str, n: int) -> dict:
     total = time.perf_counter() - t0
     scale = n / len(q_ids)
     return {"method": method, "n": n, "sampled": sampled, "queries": int(len(q_ids)),
-            "plan": plan.factory if plan else "numpy", "build_s": t_build,
+            "plan": choice.factory if choice else "numpy", "build_s": t_build,
             "search_s": total - t_build, "total_s": t_build + (total - t_build) * scale,
             "peak_mb": (_status("VmHWM") - rss0) / 2**20, "pairs": int(len(a)),
             "directed": {"q": q_ids.tolist() if sampled else None,

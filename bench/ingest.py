@@ -43,8 +43,8 @@ from corpusforge.version import code_version
 from sample_corpus import write_sample_corpus
 from tasks.ingest.exact_dedup import deduplicate
 from tasks.ingest.partition import ingest_partition
-from tasks.ingest.sources import SourceConfig, plan_partitions
-from tasks.staging.stage import StagingConfig, plan_staging, shard_records, write_staging_shard
+from tasks.ingest.sources import SourceConfig, cut_partitions
+from tasks.staging.stage import StagingConfig, cut_staging, shard_records, write_staging_shard
 from tasks.shared.validate import ValidationConfig
 
 PROTOCOL = "counted"
@@ -140,14 +140,14 @@ def main() -> None:
         cfg, val = SourceConfig(partition_size=250), ValidationConfig()
 
         t0 = time.perf_counter()
-        _, parts = plan_partitions(source, store, cfg)
+        _, parts = cut_partitions(source, store, cfg)
         ingested = [ingest_partition(store, p, cfg, val, 4) for p in parts]
         records = sum(m.info["records"] for m in ingested)
         ingest_s = time.perf_counter() - t0
         ingest_read = CountingFileSystem.bytes_read
         resolved: dict[int, Any] = {}
         deduplicate(store, [m.digest for m in ingested], len(ingested), 4, args.shard_size, resolved.__setitem__)
-        shards = plan_staging([resolved[p].info for p in range(len(ingested))], args.shard_size)
+        shards = cut_staging([resolved[p].info for p in range(len(ingested))], args.shard_size)
 
         code_version("tasks.staging.stage")  # hashed once per worker process: not part of the throughput
         staged = [r for s in shards for r in shard_records(store, s)]

@@ -1,4 +1,4 @@
-"""Release planning at N synthetic records: the old planner (a Python dict per record, from
+"""Release assignment at N synthetic records: the old planner (a Python dict per record, from
 git, tests/old_release.py) against the columnar one (DuckDB under a memory limit).
 
 Writes N staging records in S = N / shard_size staging shards (records, index with three
@@ -26,7 +26,7 @@ import pyarrow as pa
 from corpusforge.layout import STAGING_RECORDS_SCHEMA, staging_index, staging_records
 from tasks.graph.files import NEAR_DECISION_SCHEMA, decisions_path
 from corpusforge.storage import Store
-from tasks.release.shards import PLAN_MEMORY_LIMIT
+from tasks.release.shards import ASSIGN_MEMORY_LIMIT
 
 INDEX_SCHEMA = pa.schema([("key", pa.string()), ("ext", pa.string()), ("offset", pa.int64()), ("size", pa.int64()),
                           ("sha256", pa.string())])
@@ -73,11 +73,11 @@ def _run(which: str, root: str, shards: list[str], memory_limit: str, queue: mp.
 
         plan = old_release_module().plan_release_files
     else:
-        from tasks.release.shards import plan_release_files, write_staged_list
+        from tasks.release.shards import assign_release_files, write_staged_list
 
         def plan(store, shards, cfg, near_dedup):
-            return plan_release_files(store, write_staged_list(store, shards), cfg, near_dedup,
-                                      memory_limit=memory_limit)
+            return assign_release_files(store, write_staged_list(store, shards), cfg, near_dedup,
+                                        memory_limit=memory_limit)
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.perf_counter()
     summary = plan(Store(root), shards, SplitConfig(), near_dedup=True)
@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--shard-size", type=int, default=1000)
     parser.add_argument("--old", action="store_true", help="also run the old planner (from git)")
-    parser.add_argument("--memory-limit", default=PLAN_MEMORY_LIMIT, help="DuckDB's budget in the new planner")
+    parser.add_argument("--memory-limit", default=ASSIGN_MEMORY_LIMIT, help="DuckDB's budget in the new planner")
     args = parser.parse_args()
     rows = []
     for n in args.n:

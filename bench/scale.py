@@ -4,7 +4,7 @@ For each size N it writes synthetic inputs in the real formats with the real wri
 markers (ingest rows and their dedup tables with ~3 % exact duplicates, staging tars,
 indexes and records, float16 features with ~5 % planted near-duplicates in a 512-d
 learned-model shape and the wfd shape, near-duplicate decisions with ~5 % of the staged
-records in components of 2 to 5 spread over the corpus, which release planning reads as a
+records in components of 2 to 5 spread over the corpus, which release assignment reads as a
 default build's does, a source folder), with P = N / partition_size
 ingest partitions and S = N / shard_size staging shards as the defaults set them. Then
 each step runs in its own process (``--child``) and reports wall time, CPU time, peak
@@ -172,7 +172,7 @@ class Scale:
 
     @property
     def released(self) -> int:
-        """The staged records the release plans: those near-duplicate decisions keep."""
+        """The staged records the release assigns: those near-duplicate decisions keep."""
         components, members = near_dup_components(self.kept)
         return self.kept - members + components
 
@@ -192,19 +192,19 @@ class Scale:
         from tasks.graph import build
         from tasks.graph.config import IndexConfig
         from bench.scale_steps.graph import IVF_PQ
-        from tasks.graph.index import plan_index
+        from tasks.graph.index import choose_index
 
         groups = len(partition_groups(self.parts, self.buckets))
-        plan = plan_index(IndexConfig(**IVF_PQ) if self.kept > IndexConfig().flat_max_vectors else IndexConfig(),
-                          self.kept, 512)
-        blocks = math.ceil(self.kept * plan.bytes_per_vector / build.ADD_BLOCK_BYTES) if plan.kind == "ivf" else 0
+        choice = choose_index(IndexConfig(**IVF_PQ) if self.kept > IndexConfig().flat_max_vectors else IndexConfig(),
+                              self.kept, 512)
+        blocks = math.ceil(self.kept * choice.bytes_per_vector / build.ADD_BLOCK_BYTES) if choice.kind == "ivf" else 0
         return {"plan inputs": 1, "ingest": self.parts, "exchange keys": groups, "duplicate keys": self.buckets,
                 "exchange hashes": groups, "exact duplicates": self.buckets, "resolve": groups,
                 "staging": self.shards, "features": self.shards, "graph index": 1, "graph index add": blocks,
                 "graph index merge": int(blocks > 0), "graph query": self.shards,
                 "graph recall refs": self.shards, "graph merge": self.shards, "graph recall": 1,
-                "graph review": 1, "graph crop regions": self.shards * (plan.kind == "flat"),
-                "graph crop candidates": self.shards * (plan.kind == "flat"), "graph verify": self.shards,
+                "graph review": 1, "graph crop regions": self.shards * (choice.kind == "flat"),
+                "graph crop candidates": self.shards * (choice.kind == "flat"), "graph verify": self.shards,
                 "graph calibration": 1,
                 "release plan": 1, "release": self.release_shards, "manifest": self.parts}
 
@@ -323,9 +323,9 @@ def _model(model_id: str) -> tuple[int, dict[str, Any]]:
 
 def refused_above(model_id: str) -> int | None:
     """The most vectors of ``model_id``'s features whose index the graph stage plans with the
-    default index settings; it refuses more before building anything (plan_index in
+    default index settings; it refuses more before building anything (choose_index in
     tasks/graph/index.py, documented in docs/near-duplicates.md). None: it plans every size to 10⁸."""
-    from tasks.graph.index import plan_index
+    from tasks.graph.index import choose_index
     from bench.scale_steps.graph import _near_config
     from tasks.shared.pair_score import PairScore
 
@@ -334,7 +334,7 @@ def refused_above(model_id: str) -> int | None:
 
     def planned(n: int) -> bool:
         try:
-            plan_index(cfg, n, form)
+            choose_index(cfg, n, form)
         except ValueError:
             return False
         return True
@@ -407,21 +407,21 @@ def write_decisions(store, sc: Scale) -> None:
                 {"images": sc.kept, "removed": sc.kept - sc.released})
 
 
-def write_release_plan(store, sc: Scale, data: str) -> None:
-    """The release plan files and summary, for the release writer (as the release_plan step writes them,
+def write_release_assignment(store, sc: Scale, data: str) -> None:
+    """The release assignment files and summary, for the release writer (as the release_plan step writes them,
     with the near-duplicate decisions: when that step ran at this size first, its plan is this
     input, and planning is not repeated)."""
-    from tasks.release.shards import plan_release_files, write_staged_list
+    from tasks.release.shards import assign_release_files, write_staged_list
     from tasks.release.splits import SplitConfig
 
-    if os.path.exists(_release_plan_path(data)):  # written after the plan's files: they are complete
+    if os.path.exists(_release_assignment_path(data)):  # written after the plan's files: they are complete
         return
 
     write_decisions(store, sc)
     staged = write_staged_list(store, [shard_name(s) for s in range(sc.shards)])
-    plan = plan_release_files(store, staged, SplitConfig(), near_dedup=True)
-    with open(_release_plan_path(data), "w") as f:
-        json.dump(plan, f)
+    assignment = assign_release_files(store, staged, SplitConfig(), near_dedup=True)
+    with open(_release_assignment_path(data), "w") as f:
+        json.dump(assignment, f)
 
 
 INPUTS: dict[str, Callable[[Any, Scale, str], None]] = {
@@ -429,7 +429,7 @@ INPUTS: dict[str, Callable[[Any, Scale, str], None]] = {
     "staging": lambda store, sc, src: write_staging(store, sc),
     "folder": lambda store, sc, src: write_folder(src, sc.n),
     "decisions": lambda store, sc, src: write_decisions(store, sc),
-    "release_plan": lambda store, sc, src: write_release_plan(store, sc, os.path.dirname(src)),
+    "release_plan": lambda store, sc, src: write_release_assignment(store, sc, os.path.dirname(src)),
     # the resolved partitions, for steps that read them (the exact_dedup step writes the same)
     "resolved": lambda store, sc, src: dedup_and_resolve(store, sc),
 }
@@ -538,23 +538,23 @@ def run_exact_dedup(store, sc: Scale, data: str) -> dict[str, Any]:
     return dedup_and_resolve(store, sc)
 
 
-def _release_plan_path(data: str) -> str:
+def _release_assignment_path(data: str) -> str:
     return os.path.join(data, "release-plan.json")
 
 
 @step("release_plan", ("staging", "decisions"), "task", ("tasks.release.shards", "tasks.release.splits"))
 def run_release_plan(store, sc: Scale, data: str) -> dict[str, Any]:
-    """Release planning (one task) over every staging shard with their near-duplicate decisions,
+    """Release assignment (one task) over every staging shard with their near-duplicate decisions,
     as tasks/release/publish.py calls it in a default build: the staging-shard list goes to a
     file and the task gets its SHA-256."""
-    from tasks.release.shards import plan_release_files, write_staged_list
+    from tasks.release.shards import assign_release_files, write_staged_list
     from tasks.release.splits import SplitConfig
 
     kwargs = dict(store=store, staged=write_staged_list(store, [shard_name(s) for s in range(sc.shards)]),
                   cfg=SplitConfig(), near_dedup=True)
-    plan = plan_release_files(**kwargs)
-    with open(_release_plan_path(data), "w") as f:
-        json.dump(plan, f)
+    assignment = assign_release_files(**kwargs)
+    with open(_release_assignment_path(data), "w") as f:
+        json.dump(assignment, f)
     return {"tasks": 1, "params": [kwargs]}
 
 
@@ -572,7 +572,7 @@ def _writer_regime(n: int) -> dict[str, Any]:
 @step("release_writer", ("staging", "release_plan"), "task", ("tasks.release.shards", "tasks.release.splits"),
       regime=_writer_regime)
 def run_release_writer(store, sc: Scale, data: str) -> dict[str, Any]:
-    """One release writer (the first train shard), from the plan file release_plan wrote:
+    """One release writer (the first train shard), from the assignment file release_plan wrote:
     it reads its plan and the staging spans it ships. The peak is the writer's own: the
     plan's summary, which the flow holds, is read before it is reset."""
     from corpusforge.contract import marker_path
@@ -580,14 +580,15 @@ def run_release_writer(store, sc: Scale, data: str) -> dict[str, Any]:
     from tasks.release.shards import write_release_shard
     from tasks.release.splits import SplitConfig
 
-    with open(_release_plan_path(data)) as f:
-        plan = json.load(f)
+    with open(_release_assignment_path(data)) as f:
+        assignment = json.load(f)
     cfg = SplitConfig()
-    name = sorted(n for n in plan["shards"] if plan["shards"][n]["split"] == "train")[0]
-    shard, tasks = plan["shards"][name], len(plan["shards"])
+    name = sorted(n for n in assignment["shards"] if assignment["shards"][n]["split"] == "train")[0]
+    shard, tasks = assignment["shards"][name], len(assignment["shards"])
     store.remove(marker_path(release_tar("train", shard["index"], cfg.layout)))
-    kwargs = dict(store=store, split="train", shard=shard["index"], cfg=cfg, plan_sha256=plan["plans"][name]["sha256"])
-    del plan
+    kwargs = dict(store=store, split="train", shard=shard["index"], cfg=cfg,
+                  assignment_sha256=assignment["plans"][name]["sha256"])
+    del assignment
     start = _reset_peak()
     write_release_shard(**kwargs)
     return {"tasks": tasks, "params": [kwargs], "records": shard["count"],
@@ -616,11 +617,11 @@ def run_folder_listing(store, sc: Scale, data: str) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
     from tasks.ingest.files import input_path
-    from tasks.ingest.sources import SourceConfig, plan_partitions
+    from tasks.ingest.sources import SourceConfig, cut_partitions
 
     cfg = SourceConfig()
     kwargs = dict(src=os.path.join(data, "src"), store=store, cfg=cfg)
-    _, parts = plan_partitions(**kwargs)
+    _, parts = cut_partitions(**kwargs)
     # the others are full; read natively: a parquet read through a Python file object can
     # leave an arrow I/O thread that aborts the child at exit
     last = pq.read_metadata(store.path(input_path(parts[-1].index))).num_rows

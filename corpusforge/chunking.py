@@ -49,7 +49,7 @@ class Cut:
     count: int
 
 
-def plan_cuts(total: int, candidates: list[tuple[int, str]], shard_size: int) -> list[Cut]:
+def cut_survivors(total: int, candidates: list[tuple[int, str]], shard_size: int) -> list[Cut]:
     """Cut ``total`` survivors (numbered in input order) at the candidates ``(position, name)``."""
     smallest, largest = cut_sizes(shard_size)
     cuts: list[Cut] = []

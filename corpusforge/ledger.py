@@ -7,7 +7,7 @@ whole build. A :class:`Ledger` is the sink such a fan-out hands each result to
 (:meth:`corpusforge.contract.FanOut.stream`): it counts the actions, buffers a few rows and
 writes them to ``work/ledger/{fan-out}/{n}.parquet``. The flow then reads back, in unit
 order and a window at a time, only what it needs (the digests a later unit is keyed by,
-the facts the staging plan or the receipt sums), through DuckDB, which sorts out of core.
+the facts the staging cuts or the receipt sums), through DuckDB, which sorts out of core.
 
 The ledger is work state of one run (``work/`` is outside every output hash): each run
 rewrites it, and nothing a unit writes depends on it.

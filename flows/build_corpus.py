@@ -7,7 +7,7 @@ Read top to bottom, :func:`build` is the pipeline's table of contents:
     through a bucketed exchange per partition group) → resolve (per partition group) →
     staging shards (per content-defined shard) → features (per staging shard) →
     near-duplicate graph and two-tier removal (queries per staging shard)
-    → release plan → release shards (per shard) → manifest (per partition) → reference
+    → release assignment → release shards (per shard) → manifest (per partition) → reference
     statistics → receipt and report
 
 Each "per X" step is one Prefect task per X on the Dask cluster from ``config.dask``.
@@ -39,14 +39,15 @@ from tasks.ingest.files import (DEDUP_HASHES_DIR, DEDUP_KEYS_DIR, EXACT_DIR, FET
 from tasks.release.files import CURRENT
 from tasks.report.files import CHANGES_MD, CHANGES_TABLE, PREVIOUS_RECEIPT, RECEIPT, RECEIPT_OUTPUTS
 from tasks.stats.files import STATS_DIR
-from tasks.captions.files import CAPTIONS_DIR, CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR, EVAL_CAPTIONS
+from tasks.captions.files import CAPTIONS_DIR, CAPTION_JOURNAL_DIR, CAPTION_ASSIGNMENT_DIR, EVAL_CAPTIONS
 from tasks.graph.files import GRAPH_DIR, GRAPH_WORK
 from corpusforge.progress import RunProgress, run_progress
 from corpusforge.receipts import BUILD_FLOW, flow_receipt
 from corpusforge.storage import Store
 from flows.plan import plan_build, plan_data, plan_only
 from tasks.captions.config import CaptioningConfig
-from tasks.captions.eval_captions import EVAL_PLANS, WRITE_EVAL_CAPTIONS, EvalCaptionsConfig, write_test_plan_list
+from tasks.captions.eval_captions import (EVAL_ASSIGNMENTS, WRITE_EVAL_CAPTIONS, EvalCaptionsConfig,
+                                          write_test_assignment_list)
 from tasks.captions.stage import captioning_stage
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.stage import near_duplicate_stage
@@ -56,7 +57,7 @@ from tasks.ingest.fetch.stage import fetch_stage, remove_fetch_work
 from tasks.ingest.fetch.unit import fetch_store
 from tasks.ingest.licenses import LicenseConfig, license_section
 from tasks.ingest.partition import INGEST_PARTITION
-from tasks.ingest.sources import PLAN_INPUTS, SourceConfig
+from tasks.ingest.sources import CUT_INPUTS, SourceConfig
 from tasks.shared.validate import ValidationConfig
 from tasks.release.publish import publish, release_section
 from tasks.release.versions import ReleaseRefused, current_version, publish_version, refusal
@@ -67,7 +68,7 @@ from tasks.report.run_log import StageClock, write_run_log
 from tasks.report.write import write_receipt
 from tasks.shared.features.config import STATISTICS_PREPROCESSING, FeaturesConfig
 from tasks.shared.features.extract import extract_features, receipt_section
-from tasks.staging.stage import WRITE_STAGING_SHARD, StagingConfig, plan_staging
+from tasks.staging.stage import WRITE_STAGING_SHARD, StagingConfig, cut_staging
 from tasks.stats.stage import PARTIALS, SCAN_MANIFEST, ReferenceStatsConfig, reference_stats_stage
 
 
@@ -196,7 +197,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     work: dict[str, Any] = {}
     # before anything is replaced
     kept_previous = config.previous is None and fan_out(KEEP_PREVIOUS_VERSION, [dict(store=store)])[0]
-    kind, parts = fan_out(PLAN_INPUTS, [dict(src=config.source, store=store, cfg=config.input)])[0]
+    kind, parts = fan_out(CUT_INPUTS, [dict(src=config.source, store=store, cfg=config.input)])[0]
     names = {part_name(p.index) for p in parts}
     for folder in (INGEST_DIR, SPILL_DIR, HASHES_DIR, KEYS_DIR, RESOLVED_DIR):
         prune(store, folder, names)
@@ -233,7 +234,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     work["resolve"] = resolved.summary("resolve").counts()
     clock.stop()
 
-    staging = plan_staging(resolved.infos(), config.staging.shard_size)
+    staging = cut_staging(resolved.infos(), config.staging.shard_size)
     staged = sorted(s.name for s in staging)
     for folder in (STAGING_TARS, STAGING_INDEX, STAGING_RECORDS):
         prune(store, folder, staged)
@@ -261,7 +262,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
             captions, work["captioning"] = captioning_stage(store, config.captioning, staged,
                                                             near_dedup=bool(config.near_dedup), fan_out=fan_out)
     else:
-        for folder in (CAPTIONS_DIR, CAPTION_PLAN_DIR, CAPTION_JOURNAL_DIR):
+        for folder in (CAPTIONS_DIR, CAPTION_ASSIGNMENT_DIR, CAPTION_JOURNAL_DIR):
             remove_tree(store, folder)
 
     with stage("release"), stage("manifest"), clock("release"):
@@ -274,13 +275,13 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
     refused = refusal(samples, before, config.splits.max_shrink)
     caption_set = None
     if config.eval_captions is not None:
-        plans = write_test_plan_list(store, release)
+        assignments = write_test_assignment_list(store, release)
         caption_set = fan_out(keyed(WRITE_EVAL_CAPTIONS), [step_call(  # reads the test plans and staging shards
             store, WRITE_EVAL_CAPTIONS, config.eval_captions.model_dump(mode="json"),
-            [plans, {n: p["sha256"] for n, p in release["plans"].items()}, list(written.digests())],
-            dict(store=store, plans=plans, cfg=config.eval_captions), (EVAL_CAPTIONS,))])[0].info
+            [assignments, {n: p["sha256"] for n, p in release["plans"].items()}, list(written.digests())],
+            dict(store=store, assignments=assignments, cfg=config.eval_captions), (EVAL_CAPTIONS,))])[0].info
     else:
-        for rel in (EVAL_CAPTIONS, EVAL_PLANS):
+        for rel in (EVAL_CAPTIONS, EVAL_ASSIGNMENTS):
             store.remove(rel)
         forget_step(store, WRITE_EVAL_CAPTIONS.name)
     stats = {}

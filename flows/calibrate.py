@@ -30,7 +30,7 @@ from corpusforge.layout import STAGING_TARS
 from corpusforge.storage import Store
 from tasks.graph.calibration_report import report_page
 from tasks.graph.config import NearDedupConfig
-from tasks.graph.nodes import plan_nodes
+from tasks.graph.nodes import number_nodes
 from tasks.graph.self_calibration import PER_TRANSFORM, SAMPLE, calibrate_sample, chosen_thresholds, reduced
 from tasks.graph.self_calibration_unit import model_spec, read_pictures, sample_nodes
 from tasks.shared.features.config import FeaturesConfig
@@ -59,7 +59,7 @@ def corpus_pictures(source: Store, seed: int) -> tuple[list[str], list[str], lis
     shards = completed_units(source, STAGING_TARS, ".tar")
     if not shards:
         return None
-    nodes = plan_nodes(source, shards)
+    nodes = number_nodes(source, shards)
     return read_pictures(source, nodes, sample_nodes(nodes, seed, SAMPLE))
 
 

@@ -47,7 +47,7 @@ from tasks.contamination.canary import NORMALIZATION_PROFILE
 from tasks.contamination.config import (EditionConfig, EvalSetConfig, ImageScanConfig, JudgeConfig, LeakageConfig,
                                         TextCanaryConfig)
 from tasks.contamination.eval_features import corpus_decode_size, eval_features_config, scan_model_only
-from tasks.contamination.eval_set import plan_eval_set
+from tasks.contamination.eval_set import cut_eval_set
 from tasks.contamination.image_scan import remove_sides
 from tasks.contamination.receipts import (CLAIM_BOUNDARY, benchmark_identity, build_thresholds, corpus_snapshot,
                                           seeds, stable_results, thresholds, write_receipt)
@@ -148,15 +148,15 @@ def contamination(config: ContaminationConfig) -> dict[str, Any]:
 
     if config.eval_set:
         es = config.eval_set
-        plan = plan_eval_set(es)
-        chunks = [c.name for c in plan.chunks]
-        staged = stage_eval_set(out, eval_store, plan, es, fan_out=fan_out)
+        cuts = cut_eval_set(es)
+        chunks = [c.name for c in cuts.chunks]
+        staged = stage_eval_set(out, eval_store, cuts, es, fan_out=fan_out)
         log.info("evaluation set %s: %d items in %d chunks", es.source, sum(m.info["items"] for m in staged),
                  len(chunks))
         with_images = [c for c, m in zip(chunks, staged, strict=True) if m.info["staged"]]
         if config.image is not None and with_images:
             warnings += embed_eval_set(eval_store, with_images, config, corpus)
-        benchmark = benchmark_identity(out, plan.name, es.source, plan.kind, chunks, plan.input_files,
+        benchmark = benchmark_identity(out, cuts.name, es.source, cuts.kind, chunks, cuts.input_files,
                                        es.storage_options)
     else:
         remove_tree(out, CONTAMINATION_EVAL)

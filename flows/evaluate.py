@@ -35,7 +35,7 @@ from tasks.stats.caption_set import caption_set_claim
 from tasks.stats.config import PROTOCOL_MODES, MetricsConfig, protocol_model
 from tasks.stats import evaluate_plan
 from tasks.stats.evaluate import (EMBED_CHUNK, EVALUATE_METRICS, LIST_GENERATED, check_model, expected_identity,
-                                  load_reference, plan_generated)
+                                  load_reference, cut_generated)
 from tasks.shared.provenance import public_spec
 
 FLOW = "evaluate"
@@ -113,7 +113,7 @@ def plan_run(config: EvaluateConfig) -> dict[str, Any]:
     judged as they come: this process holds their names."""
     reference = load_reference(config.reference, config.reference_storage_options)
     check_model(reference, expected_identity(config.model), config.allow_mismatch, config.protocol)
-    chunks = plan_generated(config.generated, config.generated_storage_options, config.chunk_size)
+    chunks = cut_generated(config.generated, config.generated_storage_options, config.chunk_size)
     first = next(chunks, None)
     if first is None:
         raise FileNotFoundError(f"no images or tars under {config.generated}")

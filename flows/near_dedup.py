@@ -25,7 +25,7 @@ from corpusforge.config import FlowConfig
 from corpusforge.contract import COMPUTED, MAYBE, SKIPPED, remove_tree
 from corpusforge.layout import LEDGER_DIR, MANIFEST_DIR
 from tasks.ingest.files import RESOLVED_DIR
-from tasks.release.files import RELEASE_DIR, RELEASE_PLAN_DIR
+from tasks.release.files import RELEASE_DIR, RELEASE_ASSIGNMENT_DIR
 from tasks.graph.files import LINEAGE
 from tasks.report.files import RECEIPT
 from corpusforge.plans import WHOLE, StagePlan, changed_fields, unfinished
@@ -127,7 +127,7 @@ def _stage_plans(config: NearDedupFlowParams, source: Store) -> list[StagePlan]:
             reasons.append("config " + ", ".join(fields))
         if code_changed:
             reasons.append("the flow's code version changed")
-        if unfinished(out, (RELEASE_PLAN_DIR, RELEASE_DIR, MANIFEST_DIR), RECEIPT):
+        if unfinished(out, (RELEASE_ASSIGNMENT_DIR, RELEASE_DIR, MANIFEST_DIR), RECEIPT):
             reasons.append("the last near-dedup run did not complete")
     if reasons:
         release.add(WHOLE, COMPUTED, "; ".join(reasons))

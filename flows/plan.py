@@ -38,10 +38,10 @@ from corpusforge.artifacts import publish_plan_artifact
 from corpusforge.config import FlowConfig
 from corpusforge.contract import COMPUTED, MAYBE, SKIPPED
 from corpusforge.layout import MANIFEST_DIR, features_dir, part_name
-from tasks.release.files import RELEASE_DIR, RELEASE_PLAN_DIR
+from tasks.release.files import RELEASE_DIR, RELEASE_ASSIGNMENT_DIR
 from tasks.report.files import RECEIPT, RUN_LOG
 from tasks.stats.files import STATS_DIR
-from tasks.captions.files import CAPTIONS_DIR, CAPTION_JOURNAL_DIR, CAPTION_PLAN_DIR
+from tasks.captions.files import CAPTIONS_DIR, CAPTION_JOURNAL_DIR, CAPTION_ASSIGNMENT_DIR
 from tasks.graph.files import GRAPH_DIR, GRAPH_WORK
 from corpusforge.plans import (ACTIONS, DELETE, StagePlan, changed_fields, marker_files, mtime, newest_marker,
                                staged_size)
@@ -49,7 +49,7 @@ from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.ingest import plan as ingest_plan
 from tasks.ingest.fetch import plan as fetch_plan
-from tasks.ingest.sources import plan_partitions
+from tasks.ingest.sources import cut_partitions
 from tasks.shared.features import plan as features_plan
 from tasks.staging import plan as staging_plan
 
@@ -57,8 +57,9 @@ from tasks.staging import plan as staging_plan
 # the marker folders of its units, the config section whose null switches it off).
 WHOLE_STAGES = [
     ("graph", ("near_dedup", "features"), (GRAPH_DIR, GRAPH_WORK), "near_dedup"),
-    ("captioning", ("captioning", "near_dedup"), (CAPTIONS_DIR, CAPTION_PLAN_DIR, CAPTION_JOURNAL_DIR), "captioning"),
-    ("release", ("splits", "near_dedup", "captioning"), (RELEASE_PLAN_DIR, RELEASE_DIR), None),
+    ("captioning", ("captioning", "near_dedup"), (CAPTIONS_DIR, CAPTION_ASSIGNMENT_DIR, CAPTION_JOURNAL_DIR),
+     "captioning"),
+    ("release", ("splits", "near_dedup", "captioning"), (RELEASE_ASSIGNMENT_DIR, RELEASE_DIR), None),
     ("manifest", ("splits", "near_dedup", "captioning"), (MANIFEST_DIR,), None),
     ("statistics", ("reference_stats",), (STATS_DIR,), "reference_stats"),
 ]
@@ -72,7 +73,7 @@ def plan_build(config: FlowConfig, code_modules: tuple[str, ...]) -> list[StageP
     store = Store(config.out, config.storage_options)
     with tempfile.TemporaryDirectory(prefix="corpusforge-plan-") as scratch_dir:
         scratch = Store(scratch_dir)  # input chunks are keyed by their bytes: written here, not under out
-        kind, parts = plan_partitions(config.source, scratch, config.input)
+        kind, parts = cut_partitions(config.source, scratch, config.input)
         fetch = fetch_plan.plan_units(store, scratch, parts, config.fetch, config.licenses) if kind == "urls" else None
         plans = [fetch] if fetch else []
         plans += ingest_plan.plan_units(store, scratch, parts, config.input, config.validation, config.licenses,

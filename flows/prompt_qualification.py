@@ -1,5 +1,5 @@
 """Prompt qualification for image-generation benchmarks (seed 000): three risk signals,
-a quarantine ledger and an anchor-safe rotation plan.
+a quarantine ledger and an anchor-safe rotation choice.
 
 Table of contents of :func:`qualify_prompts`:
 
@@ -10,7 +10,7 @@ Table of contents of :func:`qualify_prompts`:
       (model, chunk of prompts)
       → trace of covariance per (prompt, model) → per-model flags, strong cases
     → signal 3, cohort divergence: scores per (prompt, model) → stratified old − new, bootstrap
-    → decisions → quarantine ledger → rotation plan → new edition + mapping → anchor normalisation
+    → decisions → quarantine ledger → rotation choice → new edition + mapping → anchor normalisation
     → summary.json, receipt.json, report.md under qualification/
 
 Reads the corpus, the prompt table, the generated images, the scores, the taxonomy and the
@@ -45,8 +45,8 @@ from tasks.prompts.config import (CohortConfig, DensityConfig, PromptSetConfig, 
                                   VarianceConfig)
 from tasks.prompts.outputs import seeds, tally, thresholds, write_outputs
 from tasks.prompts.report import CLAIM_BOUNDARY, render_markdown
-from tasks.prompts.signals import (EMBED_CAPTIONS, LIST_GENERATED, VARIANCE, density_signal, plan_density,
-                                   plan_variance, variance_signal)
+from tasks.prompts.signals import (EMBED_CAPTIONS, LIST_GENERATED, VARIANCE, density_signal, cut_density_units,
+                                   cut_variance_units, variance_signal)
 from tasks.shared.output_hashes import output_hashes
 
 FLOW = "qualify-prompts"
@@ -143,10 +143,10 @@ def qualify_prompts(config: PromptQualificationConfig) -> dict[str, Any]:
 
     if config.density is not None:
         corpus = Store(config.corpus, config.corpus_storage_options)
-        density_plan = plan_density(corpus, out, config.density, config.text_model)
-        embedded = fan_out(EMBED_CAPTIONS, density_plan.calls)
+        density_cuts = cut_density_units(corpus, out, config.density, config.text_model)
+        embedded = fan_out(EMBED_CAPTIONS, density_cuts.calls)
         work["caption_shards"] = summarise("density.caption_embeddings", embedded).counts()
-        results["density"], category_rows = density_signal(density_plan, out, config.density, config.text_model,
+        results["density"], category_rows = density_signal(density_cuts, out, config.density, config.text_model,
                                                            prompts, pool)
         inputs["corpus"] = {"root": corpus.root, "manifest_digest": results["density"]["sample"]["manifest_digest"],
                             "receipt_sha256": corpus.sha256(RECEIPT) if corpus.exists(RECEIPT) else None}
@@ -162,10 +162,10 @@ def qualify_prompts(config: PromptQualificationConfig) -> dict[str, Any]:
         listing = fan_out(LIST_GENERATED, [dict(out=out, generated=config.variance.generated,
                                                 options=config.variance.storage_options,
                                                 prompts_per_unit=config.variance.prompts_per_unit)])[0]
-        variance_plan = plan_variance(config.variance, out, listing)
-        markers = fan_out(VARIANCE, variance_plan.calls)
+        variance_cuts = cut_variance_units(config.variance, out, listing)
+        markers = fan_out(VARIANCE, variance_cuts.calls)
         work["variance_units"] = summarise("variance", markers).counts()
-        results["variance"], variance_rows = variance_signal(variance_plan, markers, config.variance, out, prompts)
+        results["variance"], variance_rows = variance_signal(variance_cuts, markers, config.variance, out, prompts)
         inputs["generated"] = {"root": config.variance.generated,
                                "images_digest": {m["model"]: m["images_digest"] for m in results["variance"]["models"]}}
         if results["variance"]["image_model"].get("random_init"):
@@ -187,14 +187,14 @@ def qualify_prompts(config: PromptQualificationConfig) -> dict[str, Any]:
     strong_min = config.variance.strong_min_models if config.variance else 1
     for p in prompts:
         p.update(rotation.decide(p, strong_min))
-    plan = rotation.plan_rotation(prompts, pool, config.rotation)
-    edition_rows, mapping = rotation.edition_tables(prompts, pool, plan, config.rotation.edition)
-    ledger = rotation.ledger_rows(prompts, plan)
+    choice = rotation.choose_rotation(prompts, pool, config.rotation)
+    edition_rows, mapping = rotation.edition_tables(prompts, pool, choice, config.rotation.edition)
+    ledger = rotation.ledger_rows(prompts, choice)
     normalization = (rotation.anchor_normalization(prompts, scores) if config.cohorts is not None
                      else {"computed": False, "reason": "no score table (cohorts section)"})
     results["decisions"] = {**tally(p["decision"] for p in prompts), "strong": sum(p["strong"] for p in prompts)}
-    results["rotation"] = {**plan, "edition": config.rotation.edition,
-                           "reasons": tally(why for _, why in plan["leaving"])}
+    results["rotation"] = {**choice, "edition": config.rotation.edition,
+                           "reasons": tally(why for _, why in choice["leaving"])}
     results["normalization"] = normalization
 
     write_outputs(out, prompts, variance_rows, results, category_rows, ledger, edition_rows, mapping, normalization,
@@ -216,7 +216,7 @@ def qualify_prompts(config: PromptQualificationConfig) -> dict[str, Any]:
     out.write_bytes(QUALIFICATION_REPORT, render_markdown(receipt).encode())
     log.info("prompt qualification results in %s/%s (ledger, receipt, report.md)", config.out, QUALIFICATION_DIR)
     return {"out": config.out, "decisions": results["decisions"], "rotation": {
-        "leaving": len(plan["leaving"]), "joining": len(plan["joining"]), "deferred": len(plan["deferred"])},
+        "leaving": len(choice["leaving"]), "joining": len(choice["joining"]), "deferred": len(choice["deferred"])},
         "warnings": warnings, "work": work}
 
 

@@ -1,5 +1,5 @@
 """Earlier versions of a module, read from git: the reference that a rewrite's outputs are
-compared with byte for byte (release planning, the folder listing)."""
+compared with byte for byte (release assignment, the folder listing)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The release planning and writers as they were before the columnar planner: the
+"""The release assignment and writers as they were before the columnar planner: the
 reference the new ones must equal byte for byte (release tars, late facts, plan order,
 the summary the receipt is built from).
 
@@ -15,9 +15,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from tasks.release.files import LATE_DIR, RELEASE_DIR, RELEASE_PLAN_DIR
+from tasks.release.files import LATE_DIR, RELEASE_DIR, RELEASE_ASSIGNMENT_DIR
 from corpusforge.storage import Store
-from tasks.release.shards import plan_release_files, write_staged_list
+from tasks.release.shards import assign_release_files, write_staged_list
 from tasks.release.splits import SplitConfig
 from tests.old_code import module_at
 
@@ -33,9 +33,9 @@ def _files(root: Path, folder: str) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted((root / folder).rglob("*")) if p.is_file()}
 
 
-def _plans_without_spans(root: Path) -> dict[str, list[dict[str, Any]]]:
+def _assignments_without_spans(root: Path) -> dict[str, list[dict[str, Any]]]:
     return {str(p.relative_to(root)): pq.read_table(p).drop_columns(["members"]).to_pylist()
-            for p in sorted((root / RELEASE_PLAN_DIR).glob("*.parquet"))}
+            for p in sorted((root / RELEASE_ASSIGNMENT_DIR).glob("*.parquet"))}
 
 
 def assert_release_equals_old(out: Path, staged: list[str], cfg: SplitConfig, near_dedup: bool, tmp: Path,
@@ -54,10 +54,10 @@ def assert_release_equals_old(out: Path, staged: list[str], cfg: SplitConfig, ne
     for name, shard in old_summary["shards"].items():
         old.write_release_shard(store, shard["split"], shard["index"], cfg, old_summary["plans"][name])
     new = Store(str(copies["new"]))
-    new_summary = plan_release_files(new, write_staged_list(new, staged), cfg, near_dedup, captions=captions)
+    new_summary = assign_release_files(new, write_staged_list(new, staged), cfg, near_dedup, captions=captions)
     drop = [{k: v for k, v in s.items() if k != "plans"} for s in (old_summary, new_summary)]
     assert drop[0] == drop[1]
     assert _files(copies["old"], LATE_DIR) == _files(copies["new"], LATE_DIR) == _files(out, LATE_DIR)
     assert _files(copies["old"], RELEASE_DIR) == _files(out, RELEASE_DIR)
-    assert _plans_without_spans(copies["old"]) == _plans_without_spans(copies["new"])
+    assert _assignments_without_spans(copies["old"]) == _assignments_without_spans(copies["new"])
     return new_summary

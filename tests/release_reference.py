@@ -1,6 +1,6 @@
 """The release placement rule record by record (GPIC §2.5, tasks/release/splits.py): the
 reference that the columnar planner (tasks/release/shards.py) and the planner it replaced
-(tests/old_release.py, which imports it as ``tasks.splits.plan_release``) place records as.
+(tests/old_release.py, which imports it as ``tasks.splits.assign_release``) place records as.
 It holds every record as a dict, so the product never runs it; the tests do."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from corpusforge.hashing import stable_uniform
 from tasks.release.splits import SPLITS, SplitConfig, apportion, held_out_sizes, tier_counts, tiers_of
 
-__all__ = ["SPLITS", "SplitConfig", "Placement", "assign_splits", "held_out_sizes", "plan_release", "tiers_of"]
+__all__ = ["SPLITS", "SplitConfig", "Placement", "assign_splits", "held_out_sizes", "assign_release", "tiers_of"]
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def assign_splits(records: list[dict[str, Any]], cfg: SplitConfig) -> dict[str, 
     return split_of
 
 
-def plan_release(records: list[dict[str, Any]], cfg: SplitConfig) -> dict[str, Placement]:
+def assign_release(records: list[dict[str, Any]], cfg: SplitConfig) -> dict[str, Placement]:
     """key -> Placement for every kept record."""
     split_of = assign_splits(records, cfg)
     placements: dict[str, Placement] = {}

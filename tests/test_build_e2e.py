@@ -150,13 +150,13 @@ def test_release_equals_the_old_implementation(built_sample, sample_corpus, tmp_
 
 
 def test_the_caption_set_and_test_50k_are_the_same_records(built_sample, tmp_path):
-    """With their default seeds, the evaluation caption set (drawn from the test release plans)
+    """With their default seeds, the evaluation caption set (drawn from the test release assignments)
     and the reference statistics' Test-50K (drawn from the manifest) are the same test records;
     the size is half the test split, so the sampling decides which."""
     import hashlib
 
     from tasks.captions.files import EVAL_CAPTIONS
-    from tasks.captions.eval_captions import EVAL_PLANS, EvalCaptionsConfig, write_eval_captions
+    from tasks.captions.eval_captions import EVAL_ASSIGNMENTS, EvalCaptionsConfig, write_eval_captions
     from tasks.stats.reference import TEST_SUBSET, scan_manifest
     from tasks.stats.stage import ReferenceStatsConfig
 
@@ -167,7 +167,8 @@ def test_the_caption_set_and_test_50k_are_the_same_records(built_sample, tmp_pat
     test_keys = [r["key"] for r in rows if r["status"] == "kept" and r["split"] == "test"]
     size = len(test_keys) // 2
     assert size >= 3
-    write_eval_captions(store, hashlib.sha256(store.read_bytes(EVAL_PLANS)).hexdigest(), EvalCaptionsConfig(size=size))
+    write_eval_captions(store, hashlib.sha256(store.read_bytes(EVAL_ASSIGNMENTS)).hexdigest(),
+                        EvalCaptionsConfig(size=size))
     captions = set(store.read_parquet(EVAL_CAPTIONS)["key"].to_pylist())
     seed = ReferenceStatsConfig.model_fields["test_subset_seed"].default
     subset = scan_manifest(store, (TEST_SUBSET,), subset_size=size, subset_seed=seed).plan

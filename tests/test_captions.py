@@ -32,7 +32,7 @@ from tasks.captions.client import encode_image
 from tasks.captions.config import CaptioningConfig
 from tasks.captions.mix import assign_types, quotas
 from tasks.captions.prompts import caption_prompts, load_prompt, question_prompts
-from tasks.captions.stage import INCOMPLETE, caption_shard, plan_captions
+from tasks.captions.stage import INCOMPLETE, caption_shard, assign_captions
 from tests.chat_stub import chat_stub, image_digest, system_prompt
 from tests.staging_files import write_staging_shard
 
@@ -180,7 +180,7 @@ def test_statuses_retries_and_concurrency(tmp_path):
             (d[10], "unsafe"): [("text", "Yes.")],
             (d[11], "question"): [("text", "maybe"), ("text", "No")],
         }
-        digests = plan_captions(store, ["s1"], cfg, near_dedup=False)
+        digests = assign_captions(store, ["s1"], cfg, near_dedup=False)
         result = caption_shard(store, "s1", cfg, digests["s1"])
         rows = {r["key"]: r for r in store.read_parquet(captions_path("s1")).to_pylist()}
         counts = stub.image_counts()
@@ -218,7 +218,7 @@ def test_rerun_never_asks_twice_and_equals_a_fresh_run(tmp_path):
     staged(store, "s1", list(range(6)))
     with chat_stub(default=Script()) as stub:
         cfg = config(stub, journal_every=4)
-        digests = plan_captions(store, ["s1"], cfg, near_dedup=False)
+        digests = assign_captions(store, ["s1"], cfg, near_dedup=False)
         caption_shard(store, "s1", cfg, digests["s1"])
         first = len(stub.requests)
         assert first == 6 * 3
@@ -235,7 +235,7 @@ def test_rerun_never_asks_twice_and_equals_a_fresh_run(tmp_path):
         mine.write_text("You check images, strictly.\nUSER MESSAGE\nUnsafe? yes or no.\n")
         other = config(stub, journal_every=4, questions=[{"name": "low_quality", "prompt": "low_quality"},
                                                          {"name": "unsafe", "prompt": str(mine)}])
-        caption_shard(store, "s1", other, plan_captions(store, ["s1"], other, near_dedup=False)["s1"])
+        caption_shard(store, "s1", other, assign_captions(store, ["s1"], other, near_dedup=False)["s1"])
         assert len(stub.requests) == first + 6
 
 
@@ -248,7 +248,7 @@ def test_given_up_requests_are_asked_again_next_run(tmp_path):
                                      "backoff_s": 0.01})
         d1 = sent_digest(images[1], cfg)
         script.steps = {(d1, "caption"): ["503", "503"]}
-        digest = plan_captions(store, ["s1"], cfg, near_dedup=False)["s1"]
+        digest = assign_captions(store, ["s1"], cfg, near_dedup=False)["s1"]
         caption_shard(store, "s1", cfg, digest)
         row = next(r for r in store.read_parquet(captions_path("s1")).to_pylist() if r["key"] == "i001")
         assert row["status"] == "error" and "gave up after 2 attempts: HTTP 503" in row["reason"]
@@ -276,7 +276,7 @@ def test_a_killed_run_loses_only_requests_in_flight(tmp_path):
     staged(store, "s1", list(range(24)))
     with chat_stub(default=Script(), latency_s=0.3) as stub:  # 24 requests, 3 at a time: ≥ 2.4 s
         cfg = config(stub, questions=[], recaption=True)
-        digest = plan_captions(store, ["s1"], cfg, near_dedup=False)["s1"]
+        digest = assign_captions(store, ["s1"], cfg, near_dedup=False)["s1"]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         proc = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(tmp_path / "out"), cfg.model_dump_json(),
                                  digest], env=env, start_new_session=True)
@@ -297,7 +297,7 @@ def test_a_killed_run_loses_only_requests_in_flight(tmp_path):
     staged(fresh, "s1", list(range(24)))
     with chat_stub(default=Script()) as stub2:
         cfg2 = config(stub2, questions=[], recaption=True)
-        caption_shard(fresh, "s1", cfg2, plan_captions(fresh, ["s1"], cfg2, near_dedup=False)["s1"])
+        caption_shard(fresh, "s1", cfg2, assign_captions(fresh, ["s1"], cfg2, near_dedup=False)["s1"])
     assert (tmp_path / "out" / captions_path("s1")).read_bytes() == (tmp_path / "fresh" / captions_path("s1")
                                                                       ).read_bytes()
 

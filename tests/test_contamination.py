@@ -21,8 +21,8 @@ import pytest
 from corpusforge.storage import Store
 from tasks.contamination import canary
 from tasks.contamination.config import EvalSetConfig, LshConfig, TextCanaryConfig, TextCorpusConfig
-from tasks.contamination.eval_set import plan_eval_set
-from tasks.contamination.lsh import band_plan
+from tasks.contamination.eval_set import cut_eval_set
+from tasks.contamination.lsh import choose_bands
 from tasks.contamination.signatures import text_batch
 from tasks.contamination.stage import stage_eval_set, text_canary_stage
 from tasks.shared.pair_score import unit_rows
@@ -134,12 +134,12 @@ def test_vectorised_facts_equal_the_reference():
 
 
 def test_signature_bands_catch_every_pair_at_the_signature_threshold():
-    plan = band_plan(8, 0.375, 64, 2)
-    assert len(plan.signature_subsets) == 56 and plan.lsh_bands == 32
-    assert plan.jaccard_candidate_probability(0.4) > 0.996
+    choice = choose_bands(8, 0.375, 64, 2)
+    assert len(choice.signature_subsets) == 56 and choice.lsh_bands == 32
+    assert choice.jaccard_candidate_probability(0.4) > 0.996
     # any 3 agreeing positions contain a whole band
     for agree in [(0, 3, 7), (1, 2, 6), (4, 5, 6)]:
-        assert tuple(sorted(agree)) in plan.signature_subsets
+        assert tuple(sorted(agree)) in choice.signature_subsets
 
 
 def test_band_keys_pair_what_datasketch_minhash_lsh_pairs():
@@ -156,8 +156,8 @@ def test_band_keys_pair_what_datasketch_minhash_lsh_pairs():
     base = [" ".join(rng.choice(words, 9)) for _ in range(12)]
     texts = base + [" ".join(w if rng.random() > 0.25 else "tide" for w in t.split()) for t in base for _ in range(3)]
     batch = text_batch(texts, num_perm=64)
-    plan = band_plan(8, 0.375, 64, 2)
-    rows, bands, keys = band_keys(batch, plan, np.zeros(len(texts), dtype=bool))
+    choice = choose_bands(8, 0.375, 64, 2)
+    rows, bands, keys = band_keys(batch, choice, np.zeros(len(texts), dtype=bool))
     ours = set()
     for band, key in {(int(b), int(k)) for b, k in zip(bands, keys, strict=True) if b >= 2}:
         members = sorted(rows[(bands == band) & (keys == np.uint64(key))].tolist())
@@ -170,10 +170,10 @@ def test_band_keys_pair_what_datasketch_minhash_lsh_pairs():
             lsh.insert(i, sketches[-1])
         return {(min(i, j), max(i, j)) for i, m in enumerate(sketches) for j in lsh.query(m) if j != i}
 
-    m = len(plan.signature_subsets[0])
-    subsets = np.concatenate([batch.signature[:, list(s)] for s in plan.signature_subsets], axis=1)
-    expected = (datasketch_pairs(subsets, len(plan.signature_subsets), m)
-                | datasketch_pairs(batch.lsh, plan.lsh_bands, plan.rows_per_band))
+    m = len(choice.signature_subsets[0])
+    subsets = np.concatenate([batch.signature[:, list(s)] for s in choice.signature_subsets], axis=1)
+    expected = (datasketch_pairs(subsets, len(choice.signature_subsets), m)
+                | datasketch_pairs(batch.lsh, choice.lsh_bands, choice.rows_per_band))
     assert len(ours) > 20 and ours == expected
 
 
@@ -187,9 +187,9 @@ def _text_run(tmp_path, bench: list[str], corpus: list[str], mode: str, **lsh) -
     tcfg = TextCanaryConfig(corpus=TextCorpusConfig(kind="table", path=str(tmp_path / "corpus.txt"), part_size=997),
                             lsh=LshConfig(mode=mode, **lsh))
     out = Store(str(tmp_path / "out"))
-    plan = plan_eval_set(ecfg)
-    stage_eval_set(out, out.sub("eval"), plan, ecfg)
-    return out, text_canary_stage(out, None, [c.name for c in plan.chunks], ["prompt"], tcfg)
+    cuts = cut_eval_set(ecfg)
+    stage_eval_set(out, out.sub("eval"), cuts, ecfg)
+    return out, text_canary_stage(out, None, [c.name for c in cuts.chunks], ["prompt"], tcfg)
 
 
 def _rows(out: Store) -> list[dict]:
@@ -592,7 +592,7 @@ def test_evaluation_folders_and_tars_with_sidecars_and_bad_items(tmp_path):
     (folder / "sub/a.json").write_text(json.dumps({"answer": "forty two", "ignored": 1}))
     (folder / "b.png").write_bytes(b"")
     cfg = EvalSetConfig(source=str(folder), text_fields=["caption"], answer_field="answer")
-    plan = plan_eval_set(cfg)
+    plan = cut_eval_set(cfg)
     out = Store(str(tmp_path / "out"))
     stage_chunk(out, out.sub("eval"), plan.chunks[0], cfg)
     rows = {r["item_id"]: r for r in out.read_parquet("eval/items/000000.parquet").to_pylist()}
@@ -607,20 +607,20 @@ def test_evaluation_folders_and_tars_with_sidecars_and_bad_items(tmp_path):
             tar.addfile(info, io.BytesIO(data))
     (tmp_path / "set.tar").write_bytes(buf.getvalue())
     cfg = EvalSetConfig(source=str(tmp_path / "set.tar"), text_fields=["caption"])
-    stage_chunk(out, out.sub("eval"), plan_eval_set(cfg).chunks[0], cfg)
+    stage_chunk(out, out.sub("eval"), cut_eval_set(cfg).chunks[0], cfg)
     rows = {r["item_id"]: r for r in out.read_parquet("eval/items/000000.parquet").to_pylist()}
     assert set(rows) == {"set/x1", "set/x2"} and rows["set/x2"]["image_error"] == "no_image_member"
     table = tmp_path / "t.jsonl"
     table.write_text("\n".join(json.dumps(r) for r in [{"id": "p", "path": "../escape.png"},
                                                       {"id": "q", "path": "missing.png"}]))
     cfg = EvalSetConfig(source=str(table))
-    stage_chunk(out, out.sub("eval"), plan_eval_set(cfg).chunks[0], cfg)
+    stage_chunk(out, out.sub("eval"), cut_eval_set(cfg).chunks[0], cfg)
     rows = {r["item_id"]: r for r in out.read_parquet("eval/items/000000.parquet").to_pylist()}
     assert rows["p"]["image_error"] == "unsafe_path: '../escape.png': path escapes the source folder"
     assert rows["q"]["image_error"] == "missing_file: missing.png"  # the build's reasons
     table.write_text("\n".join(json.dumps({"id": "same", "path": None}) for _ in range(2)))
     with pytest.raises(ValueError, match="unique"):
-        plan_eval_set(EvalSetConfig(source=str(table)))
+        cut_eval_set(EvalSetConfig(source=str(table)))
 
 
 @pytest.mark.parametrize("where", ["corpus", "corpus/inside", "bench", "."])

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import corpusforge.version as version
-from corpusforge.chunking import cut_name, plan_cuts
+from corpusforge.chunking import cut_name, cut_survivors
 from corpusforge.contract import (COMPUTED, SKIPPED, KeyParts, Marker, UnitResult, completed_units, finish_unit,
                                   marker_path, prune, read_marker, require_marker, run_unit, unit_fingerprint)
 from corpusforge.storage import Store
@@ -160,7 +160,7 @@ def test_imports_read_from_bytecode_equal_the_syntax_tree_for_every_project_modu
 
 def _cuts(keys: list[str], size: int) -> dict[str, tuple[str, ...]]:
     candidates = [(i, n) for i, k in enumerate(keys) if (n := cut_name(k, size)) is not None]
-    return {c.name: tuple(keys[c.start:c.start + c.count]) for c in plan_cuts(len(keys), candidates, size)}
+    return {c.name: tuple(keys[c.start:c.start + c.count]) for c in cut_survivors(len(keys), candidates, size)}
 
 
 def test_cuts_cover_every_record_once_within_bounds():

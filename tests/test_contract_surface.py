@@ -67,18 +67,19 @@ UNIT_MODULES = ["corpusforge.contract", "tasks.shared.features.extract", "tasks.
                 "tasks.captions.eval_captions", "tasks.captions.stage", "tasks.staging.stage", "flows.evaluate"]
 # One-off global steps: contract.run_step (keyed) returns a UnitResult whose info is the step's
 # result, typed when that result is (a TypedDict, or a plain str).
-STEPS = {"graph_recall", "scan_plan", "write_output_list", "diff_versions", "write_reports", "plan_release_files",
+STEPS = {"graph_recall", "scan_manifest_json", "write_output_list", "diff_versions", "write_reports",
+         "assign_release_files",
          "input_snapshot_hash", "write_eval_captions", "plan_host_units"}
 # Units that do not return a typed UnitResult yet, and why (issue 32: each goes when its stage is converted).
 NOT_A_UNIT_RESULT = {
     # one-off global steps whose result (their UnitResult's info) is still an untyped dict
-    "scan_plan": "step", "diff_versions": "step",
+    "scan_manifest_json": "step", "diff_versions": "step",
     # partials of a reduction, held in memory: no marker
     "batch_partials": "partial", "merge_partials": "partial",
     # an evaluation's metrics, recomputed on every run from the stored features: no marker
     "evaluate_unit": "metrics",
     # planning and whole-tree probes that mark nothing
-    "plan_partitions": "plan", "plan_captions": "plan", "write_generated_listing": "plan", "list_generated": "plan",
+    "cut_partitions": "plan", "assign_captions": "plan", "write_generated_listing": "plan", "list_generated": "plan",
     "keep_previous_version": "probe", "sweep_temp_files": "probe",
 }
 

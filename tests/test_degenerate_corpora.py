@@ -70,7 +70,7 @@ def test_empty_input_is_one_clear_error_and_writes_nothing(tmp_path, name, conte
     """An empty source is one clear error, raised while planning, before any output exists.
     (Planning runs in-process here: it is the first stage of the flow.)"""
     from corpusforge.storage import Store
-    from tasks.ingest.sources import SourceConfig, plan_partitions
+    from tasks.ingest.sources import SourceConfig, cut_partitions
 
     src = tmp_path / "src"
     src.mkdir()
@@ -79,7 +79,7 @@ def test_empty_input_is_one_clear_error_and_writes_nothing(tmp_path, name, conte
     elif name:
         (src / name).write_bytes(content)
     with pytest.raises(ValueError, match=error):
-        plan_partitions(str(src), Store(str(tmp_path / "out")), SourceConfig())
+        cut_partitions(str(src), Store(str(tmp_path / "out")), SourceConfig())
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*.parquet"))
 
 

@@ -19,7 +19,7 @@ from tasks.ingest.fetch.hostunits import host_assignment, plan_host_units
 from tasks.ingest.fetch.stage import fetch_stage
 from tasks.ingest.files import FETCH_PLAN, fetch_ledger_path, fetch_unit_path
 from tasks.ingest.licenses import LicenseConfig
-from tasks.ingest.sources import SourceConfig, plan_partitions
+from tasks.ingest.sources import SourceConfig, cut_partitions
 from tests.http_hosts import write_images
 
 UA = "corpusforge/1.0 (+https://example.org/bot; bot@example.org)"
@@ -48,7 +48,7 @@ class DaskFanOut:
 def _parts(tmp: Path, out: Store, urls: list[str], licences: list[str] | None = None) -> list:
     source = tmp / f"urls-{len(urls)}.parquet"
     pq.write_table(pa.table({"url": urls, "license": licences or ["CC BY 4.0"] * len(urls)}), source)
-    return plan_partitions(str(source), out, SourceConfig(partition_size=8))[1]
+    return cut_partitions(str(source), out, SourceConfig(partition_size=8))[1]
 
 
 def _urls(h: Any, images: range) -> list[str]:

@@ -4,7 +4,7 @@ the reference statistics' manifest scan, the receipt's hashes, the sweep, the re
 the previous-version copy and diff.
 
 Fast tier: small corpora written with the benchmark's real writers (staging shards,
-release plans), no server."""
+release assignments), no server."""
 
 from __future__ import annotations
 
@@ -19,12 +19,12 @@ from bench.scale import Scale, write_staging
 from corpusforge.contract import SWEEP_TEMP_FILES, in_process, sweep_temp_files
 from corpusforge.hashing import stable_uniform
 from corpusforge.layout import staging_index, staging_tar
-from tasks.release.files import release_plan_path
+from tasks.release.files import release_assignment_path
 from tasks.report.files import RECEIPT, REPORT
 from tasks.captions.files import EVAL_CAPTIONS, EVAL_CAPTIONS_SCHEMA
 from corpusforge.storage import Store
-from tasks.captions.eval_captions import WRITE_EVAL_CAPTIONS, EvalCaptionsConfig, write_eval_captions, write_test_plan_list
-from tasks.release.shards import plan_release_files, write_staged_list
+from tasks.captions.eval_captions import WRITE_EVAL_CAPTIONS, EvalCaptionsConfig, write_eval_captions, write_test_assignment_list
+from tasks.release.shards import assign_release_files, write_staged_list
 from tasks.release.splits import SplitConfig
 from tasks.shared.sampling import SmallestKeys
 
@@ -36,7 +36,7 @@ def _corpus(tmp_path, n: int = 600, shards: int = 4) -> tuple[Store, dict]:
     sc = Scale(n, 1, shards, 1)
     write_staging(store, sc)
     staged = write_staged_list(store, [f"{s:06d}" for s in range(shards)])
-    return store, plan_release_files(store, staged, SPLITS, near_dedup=False)
+    return store, assign_release_files(store, staged, SPLITS, near_dedup=False)
 
 
 def _old_eval_captions(store: Store, release: dict, cfg: EvalCaptionsConfig) -> pa.Table:
@@ -45,7 +45,7 @@ def _old_eval_captions(store: Store, release: dict, cfg: EvalCaptionsConfig) -> 
     entries = []
     for name, shard in release["shards"].items():
         if shard["split"] == "test":
-            entries += [{**e, "shard": name} for e in store.read_parquet(release_plan_path(name)).to_pylist()]
+            entries += [{**e, "shard": name} for e in store.read_parquet(release_assignment_path(name)).to_pylist()]
     chosen = set(heapq.nsmallest(cfg.size, {e["key"] for e in entries}, key=lambda k: (stable_uniform(cfg.seed, k), k)))
     rows = sorted((e for e in entries if e["key"] in chosen), key=lambda e: e["key"])
     for r in rows:
@@ -57,13 +57,13 @@ def _old_eval_captions(store: Store, release: dict, cfg: EvalCaptionsConfig) -> 
                                 schema=EVAL_CAPTIONS_SCHEMA)
 
 
-@pytest.mark.parametrize("size", [7, 100, 10_000])  # fewer, more than a plan file, more than the split
+@pytest.mark.parametrize("size", [7, 100, 10_000])  # fewer, more than an assignment file, more than the split
 def test_the_eval_caption_unit_writes_the_bytes_the_flow_process_wrote(tmp_path, size):
     store, release = _corpus(tmp_path)
     cfg = EvalCaptionsConfig(size=size, seed=3)
     tests = [n for n, s in release["shards"].items() if s["split"] == "test"]
-    assert len(tests) >= 3  # several plan files: the running threshold crosses files
-    result = in_process(WRITE_EVAL_CAPTIONS, [dict(store=store, plans=write_test_plan_list(store, release),
+    assert len(tests) >= 3  # several assignment files: the running threshold crosses files
+    result = in_process(WRITE_EVAL_CAPTIONS, [dict(store=store, assignments=write_test_assignment_list(store, release),
                                                    cfg=cfg)])[0]
     expected = _old_eval_captions(store, release, cfg)
     written = store.read_parquet(EVAL_CAPTIONS)
@@ -71,14 +71,14 @@ def test_the_eval_caption_unit_writes_the_bytes_the_flow_process_wrote(tmp_path,
     assert result["test_records"] == sum(release["shards"][n]["count"] for n in tests)
     assert result["sha256"] == Store(str(tmp_path / "ref"), fsync=False).write_parquet("e.parquet", expected)
     # a rerun writes the same bytes
-    again = write_eval_captions(store, write_test_plan_list(store, release), cfg)
+    again = write_eval_captions(store, write_test_assignment_list(store, release), cfg)
     assert again == result
 
 
 def test_the_eval_caption_unit_refuses_a_plan_list_rewritten_since(tmp_path):
     store, release = _corpus(tmp_path, n=200, shards=2)
-    digest = write_test_plan_list(store, release)
-    write_test_plan_list(store, {"shards": {}})
+    digest = write_test_assignment_list(store, release)
+    write_test_assignment_list(store, {"shards": {}})
     with pytest.raises(ValueError, match="changed while the evaluation caption set ran"):
         write_eval_captions(store, digest, EvalCaptionsConfig(size=5))
 
@@ -100,13 +100,13 @@ def test_streamed_sample_equals_the_sort_in_any_order_and_chunking():
 
 def test_the_eval_caption_unit_holds_memory_by_the_set_not_the_split(tmp_path):
     """The task's peak Python allocation does not follow the test split: 4× the records, same
-    set size, at most a plan file's worth more (the old code held every test row: ~1.9 KB each)."""
+    set size, at most an assignment file's worth more (the old code held every test row: ~1.9 KB each)."""
     peaks = []
     for n in (500, 2000):
         store, release = _corpus(tmp_path / str(n), n=n, shards=4)
-        plans = write_test_plan_list(store, release)
+        assignments = write_test_assignment_list(store, release)
         tracemalloc.start()
-        write_eval_captions(store, plans, EvalCaptionsConfig(size=20))
+        write_eval_captions(store, assignments, EvalCaptionsConfig(size=20))
         peaks.append(tracemalloc.get_traced_memory()[1])
         tracemalloc.stop()
     test_rows = 0.3 * 1500
@@ -169,8 +169,8 @@ def test_the_eval_caption_set_reads_input_captions_from_s3_as_from_a_disk(tmp_pa
     for s in range(3):
         remote.write_bytes(staging_tar(f"{s:06d}"), store.read_bytes(staging_tar(f"{s:06d}")))
     cfg = EvalCaptionsConfig(size=25)
-    local = write_eval_captions(store, write_test_plan_list(store, release), cfg)
-    from_s3 = write_eval_captions(store, write_test_plan_list(store, release), cfg, source=remote)
+    local = write_eval_captions(store, write_test_assignment_list(store, release), cfg)
+    from_s3 = write_eval_captions(store, write_test_assignment_list(store, release), cfg, source=remote)
     assert from_s3 == local and local["captions"] == 25
     # an empty caption is an empty span: no range request (S3 refuses an empty range)
     from tasks.captions.eval_captions import _read_spans

@@ -3,7 +3,7 @@ listing wrote: same rows, same chunking, byte-identical files (so the same SHA-2
 partitions and markers), locally, on S3 and on another object store.
 
 The old listing is ``tasks/sources.py`` at :data:`OLD_COMMIT`, read from git and run under
-its old name (as tests/old_release.py does for release planning)."""
+its old name (as tests/old_release.py does for release assignment)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from corpusforge.key_ranges import key_ranges
 from tasks.ingest.files import INPUT_DIR, LISTING_SPILL_DIR
 from corpusforge.storage import Store
 from tasks.ingest import sources
-from tasks.ingest.sources import SourceConfig, plan_partitions
+from tasks.ingest.sources import SourceConfig, cut_partitions
 from tasks.shared import listing
 from tests.old_code import module_at
 
@@ -83,7 +83,7 @@ def assert_chunks_equal_old(src: str, tmp_path: Path, cfg: SourceConfig, new_out
     old_root, new_root = tmp_path / f"old-{uuid.uuid4().hex}", tmp_path / f"new-{uuid.uuid4().hex}"
     new_store = new_out or Store(str(new_root))
     kind, old_parts = old_sources().plan_partitions(src, Store(str(old_root)), cfg)
-    new_kind, new_parts = plan_partitions(src, new_store, cfg)
+    new_kind, new_parts = cut_partitions(src, new_store, cfg)
     assert kind == new_kind == "folder"
 
     def plain(parts: list, root: str) -> list[tuple]:
@@ -150,8 +150,8 @@ def test_a_trailing_slash_and_a_rerun_give_the_same_chunks(tmp_path):
     """A rerun into the same root removes the spill it finds and writes the same chunks."""
     src = local_folder(tmp_path)
     store = Store(str(tmp_path / "out"))
-    _, first = plan_partitions(str(src), store, SourceConfig(partition_size=4))
-    _, again = plan_partitions(f"{src}/", store, SourceConfig(partition_size=4))
+    _, first = cut_partitions(str(src), store, SourceConfig(partition_size=4))
+    _, again = cut_partitions(f"{src}/", store, SourceConfig(partition_size=4))
     assert [p.digest for p in again] == [p.digest for p in first]
 
 
@@ -177,7 +177,7 @@ def test_a_listing_error_is_raised_and_every_lister_stops(tmp_path, monkeypatch,
         monkeypatch.setattr(listing.SpillWriter, "flush", lambda self: (
             (_ for _ in ()).throw(OSError("unwritable")) if len(self.parts) == 5 else write(self)))
     with pytest.raises(OSError, match="unlistable" if fails == "lister" else "unwritable"):
-        plan_partitions(str(src), Store(str(tmp_path / "out")), SourceConfig())
+        cut_partitions(str(src), Store(str(tmp_path / "out")), SourceConfig())
     assert not (tmp_path / "out" / LISTING_SPILL_DIR).exists()
 
 
@@ -185,7 +185,7 @@ def test_an_empty_folder_has_no_records(tmp_path):
     """Nothing listed: the planner's one clear error, no spill left behind."""
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no input records"):
-        plan_partitions(str(tmp_path / "empty"), Store(str(tmp_path / "out")), SourceConfig())
+        cut_partitions(str(tmp_path / "empty"), Store(str(tmp_path / "out")), SourceConfig())
     assert not (tmp_path / "out" / LISTING_SPILL_DIR).exists()
 
 

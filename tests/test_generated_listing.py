@@ -19,7 +19,7 @@ from corpusforge.storage import Store, url_to_fs
 from tasks.shared import listing
 from tasks.shared.inputs import list_folder
 from tasks.stats import evaluate
-from tasks.stats.evaluate import (GENERATED_LISTING, LISTING_SCHEMA, GeneratedChunk, plan_generated,
+from tasks.stats.evaluate import (GENERATED_LISTING, LISTING_SCHEMA, GeneratedChunk, cut_generated,
                                   write_generated_listing)
 
 
@@ -85,7 +85,7 @@ def test_the_streamed_listing_equals_the_in_memory_one(tmp_path, monkeypatch, sp
     gen = hostile_tree(tmp_path)
     sources = [gen + "/", os.path.join(gen, "a", "b", "2.jpg")]
     expected = in_memory_chunks(sources, {}, chunk_size)
-    assert list(plan_generated(sources, {}, chunk_size)) == expected
+    assert list(cut_generated(sources, {}, chunk_size)) == expected
     refused = {u: s for c in expected for u, s in zip(c.uris, c.stamps, strict=True) if s.startswith("unsafe_path")}
     assert {posixpath.relpath(u, gen) for u in refused} == {"a/link-out.png", "folder-link.png", "m/pipe.jpg"}
     assert sum(len(c.uris) for c in expected) == 40 + 7 + 3 + 1 + 1 + 2  # the link in is an image too

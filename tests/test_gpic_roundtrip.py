@@ -122,7 +122,7 @@ def test_gpic_release_read_from_s3_streaming(tmp_path, s3):
 
     from corpusforge.storage import Store
     from tasks.ingest.partition import ingest_partition
-    from tasks.ingest.sources import SourceConfig, plan_partitions
+    from tasks.ingest.sources import SourceConfig, cut_partitions
     from tasks.shared.validate import ValidationConfig
 
     local = gpic_release(tmp_path / "gpic", train_shards=2, per_shard=3)
@@ -130,7 +130,7 @@ def test_gpic_release_read_from_s3_streaming(tmp_path, s3):
     fs.mkdir("gpic-input")
     fs.put(str(local), "gpic-input/release", recursive=True)
     cfg = SourceConfig(storage_options=s3)
-    kind, parts = plan_partitions("s3://gpic-input/release", Store(str(tmp_path / "out")), cfg)
+    kind, parts = cut_partitions("s3://gpic-input/release", Store(str(tmp_path / "out")), cfg)
     assert kind == "tars"
     assert [p.uri.split("release/", 1)[1] for p in parts] == [
         "train/gpic_train_00000.tar", "train/gpic_train_00001.tar", "val/gpic_val_00000.tar",

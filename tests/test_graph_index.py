@@ -14,7 +14,7 @@ from tasks.graph.build import build_index
 from tasks.graph.config import IndexAdvanced, IndexConfig, NearDedupAdvanced, NearDedupConfig, VerificationConfig
 from tasks.graph.edges import (feature_digests, found_fingerprint, graph_recall, iter_edges, merge_edges, merge_groups,
                                query_shard, recall_shard)
-from tasks.graph.nodes import plan_nodes, write_shard_table
+from tasks.graph.nodes import number_nodes, write_shard_table
 from tasks.shared.ivf import auto_nlist
 from tests.graph_corpus import at_similarity, brute_force_edges, unit, write_corpus
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def run_graph(store, shards, cfg):
-    nodes = plan_nodes(store, shards)
+    nodes = number_nodes(store, shards)
     digests = feature_digests(store, cfg, nodes)
     table = write_shard_table(store, nodes, digests)
     info, _ = build_index(store, store, cfg, table)
@@ -111,20 +111,20 @@ def test_canonical_pairs_keep_max_of_both_directions():
     assert (a2.tolist(), b2.tolist(), s2.tolist()) == (a.tolist(), b.tolist(), s.tolist())
 
 
-def test_index_plan_auto_and_override():
+def test_index_choice_auto_and_override():
     cfg = IndexConfig(flat_max_vectors=1000)
-    assert fx.plan_index(cfg, 1000, 64).kind == "flat"
-    p = fx.plan_index(cfg, 100_000, 64)
+    assert fx.choose_index(cfg, 1000, 64).kind == "flat"
+    p = fx.choose_index(cfg, 100_000, 64)
     assert p.kind == "ivf" and p.nlist == 2048 and p.factory == "IVF2048,SQfp16"
     assert p.n_train == 100_000  # capped by N
-    assert fx.plan_index(cfg, 1_000_000, 64).n_train == 4096 * 64
-    assert fx.plan_index(IndexConfig(kind="ivf"), 500, 64).nlist == 16
-    assert fx.plan_index(IndexConfig(kind="flat"), 10**7, 64).kind == "flat"
+    assert fx.choose_index(cfg, 1_000_000, 64).n_train == 4096 * 64
+    assert fx.choose_index(IndexConfig(kind="ivf"), 500, 64).nlist == 16
+    assert fx.choose_index(IndexConfig(kind="flat"), 10**7, 64).kind == "flat"
     with pytest.raises(ValueError, match="in every query worker"):  # 10⁹ x 64 floats: 264 GB
-        fx.plan_index(IndexConfig(kind="flat"), 10**9, 64)
+        fx.choose_index(IndexConfig(kind="flat"), 10**9, 64)
     assert auto_nlist(100_000_000, per_root=4) == 65536
     with pytest.raises(ValueError):
-        fx.plan_index(IndexConfig(kind="ivf", storage="pq", pq_m=7), 10_000, 64)
+        fx.choose_index(IndexConfig(kind="ivf", storage="pq", pq_m=7), 10_000, 64)
 
 
 def test_one_nlist_rule_sized_by_the_workload():
@@ -138,13 +138,13 @@ def test_one_nlist_rule_sized_by_the_workload():
 def test_ivf_training_sample_does_not_depend_on_shard_listing(tmp_path):
     store, shards, _ = write_corpus(str(tmp_path / "a"), n_shards=3, per_shard=300, dim=16, seed=2)
     cfg = NearDedupConfig(index=IndexConfig(kind="ivf", nlist=16, nprobe=4))
-    nodes = plan_nodes(store, shards[::-1])
+    nodes = number_nodes(store, shards[::-1])
     assert nodes.shards == tuple(sorted(shards))
     build_index(store, store, cfg, write_shard_table(store, nodes, feature_digests(store, cfg, nodes)))
     first = store.read_bytes(GRAPH_INDEX)
     store.remove("graph/index")
     store.remove("_markers/graph/index")
-    again = plan_nodes(store, list(reversed(shards)))
+    again = number_nodes(store, list(reversed(shards)))
     table = write_shard_table(store, again, feature_digests(store, cfg, again))
     assert build_index(store, store, cfg, table)[0].action == "computed"
     assert store.read_bytes(GRAPH_INDEX) == first
@@ -173,7 +173,7 @@ def test_rescoring_lookup_reads_only_the_candidates_rows(tmp_path):
     from tasks.graph.nodes import load_shard_vectors
 
     store, shards, _ = write_corpus(str(tmp_path), n_shards=5, per_shard=100, dim=256, seed=4, failed={"img_00003"})
-    nodes = plan_nodes(store, shards)
+    nodes = number_nodes(store, shards)
     full = {s: load_shard_vectors(store, "wfd", s, nodes.span(s)[0]) for s in nodes.shards}
     all_ids = np.concatenate([ids for ids, _, _ in full.values()])
     by_id = dict(zip(all_ids.tolist(), np.concatenate([x for _, _, x in full.values()]), strict=True))
@@ -202,10 +202,10 @@ def test_an_index_too_large_for_a_query_worker_is_refused_with_the_alternative(t
     from tasks.graph.derived import check_index_size
 
     with pytest.raises(ValueError, match=r"needs 39\.\d GiB .*learned copy detector.*storage: pq"):
-        fx.plan_index(IndexConfig(), 10_000_000, 2096)  # wfd forms, SQfp16: 41.9 GB
+        fx.choose_index(IndexConfig(), 10_000_000, 2096)  # wfd forms, SQfp16: 41.9 GB
     with pytest.raises(ValueError, match="IVF65536,SQfp16"):
-        fx.plan_index(IndexConfig(), 100_000_000, 512)  # SSCD, SQfp16: 103 GB
-    assert fx.plan_index(IndexConfig(storage="pq"), 100_000_000, 512).bytes_per_vector == 72  # 7.2 GB
+        fx.choose_index(IndexConfig(), 100_000_000, 512)  # SSCD, SQfp16: 103 GB
+    assert fx.choose_index(IndexConfig(storage="pq"), 100_000_000, 512).bytes_per_vector == 72  # 7.2 GB
     store, _, _ = write_corpus(str(tmp_path / "corpus"), n_shards=2, per_shard=30, dim=16, seed=1)
     cfg = NearDedupConfig()
     check_index_size(store, cfg)  # 60 vectors: fine
@@ -214,14 +214,14 @@ def test_an_index_too_large_for_a_query_worker_is_refused_with_the_alternative(t
 
 
 def test_the_scale_benchmark_reports_wfd_refused_where_the_stage_refuses_it():
-    """bench/scale.py projects the wfd index steps only up to the size plan_index accepts."""
+    """bench/scale.py projects the wfd index steps only up to the size choose_index accepts."""
     from bench.scale import MODEL_512, MODEL_WFD, refused_above
 
     n = refused_above(MODEL_WFD)
     assert n == (16 << 30) // (2 * 2096 + 8)  # SQfp16 codes and an id per wfd form, 16 GiB per query host
-    fx.plan_index(IndexConfig(), n, 2096)
+    fx.choose_index(IndexConfig(), n, 2096)
     with pytest.raises(ValueError, match="no compact form"):
-        fx.plan_index(IndexConfig(), n + 1, 2096)
+        fx.choose_index(IndexConfig(), n + 1, 2096)
     assert refused_above(MODEL_512) == (16 << 30) // (2 * 512 + 8)
 
 

@@ -25,7 +25,7 @@ from tasks.graph.build import build_index, index_blocks
 from tasks.graph.config import (CalibrationConfig, CollisionConfig, IndexAdvanced, IndexConfig, NearDedupConfig,
                                 VerificationConfig)
 from tasks.graph.edges import feature_digests, load_index, query_shard
-from tasks.graph.nodes import load_shard_vectors, plan_nodes, write_shard_table
+from tasks.graph.nodes import load_shard_vectors, number_nodes, write_shard_table
 from tasks.graph.stage import near_duplicate_stage
 from tests.graph_corpus import write_corpus
 from tests.test_graph_stage import tree_bytes
@@ -51,7 +51,7 @@ def ivf_cfg(storage: str = "pq", search: str = "range") -> NearDedupConfig:
 
 
 def shard_table(store: Store, shards: list[str], cfg: NearDedupConfig) -> tuple[str, dict[str, str]]:
-    nodes = plan_nodes(store, shards)
+    nodes = number_nodes(store, shards)
     digests = feature_digests(store, cfg, nodes)
     return write_shard_table(store, nodes, digests), digests
 
@@ -59,23 +59,23 @@ def shard_table(store: Store, shards: list[str], cfg: NearDedupConfig) -> tuple[
 def reference_index(store: Store, shards: list[str], cfg: NearDedupConfig, info: UnitResult) -> faiss.Index:
     """The old build with plain FAISS: k-means and PQ trained on the seeded sample (keys by
     hash, in hash order), then every shard added to one index in memory, in shard order."""
-    plan = fx.IndexPlan.from_json(info.info["plan"])
-    nodes = plan_nodes(store, shards)
+    choice = fx.IndexChoice.from_json(info.info["plan"])
+    nodes = number_nodes(store, shards)
     loaded = [load_shard_vectors(store, cfg.model_id, s, int(nodes.offsets[i])) for i, s in enumerate(nodes.shards)]
-    rate = plan.n_train / info.info["n_vectors"]
+    rate = choice.n_train / info.info["n_vectors"]
     drawn = sorted((u, i, r) for i, (_, keys, _) in enumerate(loaded)
                    for r, k in enumerate(keys) if (u := stable_uniform(cfg.seed, f"train:{k}")) < rate)
     sample = np.stack([loaded[i][2][r] for _, i, r in drawn]).astype(np.float32)
-    index = faiss.index_factory(plan.dim, plan.factory, faiss.METRIC_INNER_PRODUCT)
+    index = faiss.index_factory(choice.dim, choice.factory, faiss.METRIC_INNER_PRODUCT)
     ivf = faiss.extract_index_ivf(index)
     ivf.cp.seed = cfg.seed
-    if plan.storage == "pq":
+    if choice.storage == "pq":
         index.pq.cp.seed = cfg.seed
         index.do_polysemous_training = False
     index.train(sample)
     for ids, _, x in loaded:
         index.add_with_ids(x, ids)
-    ivf.nprobe = plan.nprobe
+    ivf.nprobe = choice.nprobe
     return index
 
 
@@ -86,8 +86,8 @@ def test_on_disk_index_finds_the_pairs_of_one_index_built_in_memory(tmp_path, sm
     cfg = ivf_cfg(storage, search)
     table, digests = shard_table(store, shards, cfg)
     info, added = build_index(store, store, cfg, table)
-    nodes = plan_nodes(store, shards)
-    assert len(index_blocks(nodes, fx.IndexPlan.from_json(info.info["plan"]))) >= 3
+    nodes = number_nodes(store, shards)
+    assert len(index_blocks(nodes, fx.IndexChoice.from_json(info.info["plan"]))) >= 3
     assert added.computed >= 3
     ref = reference_index(store, shards, cfg, info)
     with open(store.path(GRAPH_INDEX_TRAINED), "rb") as f:  # training as before: the same bytes
@@ -137,7 +137,7 @@ def test_queries_map_the_lists_and_load_none_of_them(tmp_path, small_blocks):
     marker = read_marker(store, GRAPH_INDEX)
     assert set(marker.outputs) == {GRAPH_INDEX, GRAPH_INDEX_LISTS}
     assert marker.outputs[GRAPH_INDEX_LISTS] == info.outputs[GRAPH_INDEX_LISTS] == store.sha256(GRAPH_INDEX_LISTS)
-    blocks = index_blocks(plan_nodes(store, shards), fx.IndexPlan.from_json(info.info["plan"]))
+    blocks = index_blocks(number_nodes(store, shards), fx.IndexChoice.from_json(info.info["plan"]))
     for first, _ in blocks:
         assert read_marker(store, index_block_path(first)).outputs[index_block_path(first)]
 
@@ -150,7 +150,7 @@ def test_merging_by_ranges_of_lists_writes_the_file_one_merge_writes(tmp_path, m
     for budget in (1 << 30, 200 * 16, 1):  # one range, a few, one list each
         monkeypatch.setattr(ondisk, "MERGE_RANGE_BYTES", budget)
         out = Store(str(tmp_path / f"out-{budget}"))
-        nodes = plan_nodes(store, shards)
+        nodes = number_nodes(store, shards)
         build_index(store, out, cfg, write_shard_table(out, nodes, feature_digests(store, cfg, nodes)))
         files.append((out.read_bytes(GRAPH_INDEX), out.read_bytes(GRAPH_INDEX_LISTS)))
     assert files[0] == files[1] == files[2]
@@ -162,7 +162,7 @@ def test_a_remote_index_is_copied_once_to_the_local_cache_and_gives_the_same_pai
     cfg = ivf_cfg()
     monkeypatch.setenv("CORPUSFORGE_INDEX_CACHE", str(tmp_path / "cache"))
     remote = Store(f"memory://{tmp_path.name}/out")
-    nodes = plan_nodes(store, shards)
+    nodes = number_nodes(store, shards)
     digests = feature_digests(store, cfg, nodes)
     found = {}
     for out in (store, remote):
@@ -211,7 +211,7 @@ near_duplicate_stage(Store(sys.argv[1]), ivf_cfg(), json.loads(sys.argv[2]))
 def test_index_build_killed_mid_blocks_resumes_to_the_uninterrupted_index(tmp_path, small_blocks):
     crashed, shards, _ = write_corpus(str(tmp_path / "crashed"), n_shards=4, per_shard=300, dim=32, seed=3)
     clean, _, _ = write_corpus(str(tmp_path / "clean"), n_shards=4, per_shard=300, dim=32, seed=3)
-    blocks = [f for f, _ in index_blocks(plan_nodes(clean, shards), fx.plan_index(ivf_cfg().index, 1200, 32))]
+    blocks = [f for f, _ in index_blocks(number_nodes(clean, shards), fx.choose_index(ivf_cfg().index, 1200, 32))]
     env = {**os.environ, ENV: f"graph.index.add@{blocks[1]}", "PYTHONPATH": os.getcwd()}
     done = subprocess.run([sys.executable, "-c", CRASH, crashed.root, json.dumps(shards)], env=env,
                           capture_output=True, text=True, timeout=240)

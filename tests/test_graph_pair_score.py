@@ -17,7 +17,7 @@ from tasks.graph import index as fx
 from tasks.graph.build import build_index
 from tasks.graph.config import IndexConfig, NearDedupConfig, VerificationConfig
 from tasks.graph.edges import feature_digests, query_shard
-from tasks.graph.nodes import plan_nodes, write_shard_table
+from tasks.graph.nodes import number_nodes, write_shard_table
 from tasks.shared.pair_score import PairScore
 from tests.graph_corpus import at_similarity, node_vectors, unit, write_corpus
 from tests.test_graph_index import compare, run_graph
@@ -132,7 +132,7 @@ def test_a_new_coloured_original_links_to_an_unchanged_greyscale_copy_on_rerun(t
     run_graph(store, shards, cfg)
     _, _, by_key = write_corpus(str(tmp_path / "a"), n_shards, per_shard, LAYOUT + COLOUR, vectors=changed,
                                 model=MODEL)
-    nodes = plan_nodes(store, shards)
+    nodes = number_nodes(store, shards)
     digests = feature_digests(store, cfg, nodes)
     table = write_shard_table(store, nodes, digests)
     info, _ = build_index(store, store, cfg, table)
@@ -165,9 +165,9 @@ def crowded(n: int, n_grey: int, n_queries: int, seed: int) -> tuple[np.ndarray,
 
 
 def ivf_over(x: np.ndarray, rule: PairScore, nlist: int, nprobe: int, storage: str = "flat"):
-    plan = fx.plan_index(IndexConfig(kind="ivf", nlist=nlist, nprobe=nprobe, storage=storage, pq_m=4),
-                         len(x), rule.form_dim(x.shape[1]))
-    index = fx.new_index(plan, seed=0)
+    choice = fx.choose_index(IndexConfig(kind="ivf", nlist=nlist, nprobe=nprobe, storage=storage, pq_m=4),
+                             len(x), rule.form_dim(x.shape[1]))
+    index = fx.new_index(choice, seed=0)
     fx.train_index(index, rule.candidate_forms(x))
     index.add_with_ids(rule.candidate_forms(x), np.arange(len(x), dtype=np.int64))
     return index
@@ -234,7 +234,7 @@ def test_cosine_models_and_flat_indexes_keep_faiss_own_search():
         with_rule = fx.search_pairs(index, ids, x, 0.8, search, 10, rule=cosine)
         assert all(np.array_equal(a, b) for a, b in zip(base, with_rule, strict=True)) and len(base[0]) > 100
     rule = PairScore.from_json(RULE)
-    flat = fx.new_index(fx.plan_index(IndexConfig(kind="flat"), len(x), rule.form_dim(x.shape[1])), seed=0)
+    flat = fx.new_index(fx.choose_index(IndexConfig(kind="flat"), len(x), rule.form_dim(x.shape[1])), seed=0)
     flat.add_with_ids(rule.candidate_forms(x), ids)
     q = rule.query_forms(x)
     base = fx.search_pairs(flat, ids, q, 0.9, "range", 10)

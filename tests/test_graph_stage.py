@@ -267,11 +267,11 @@ def test_a_task_refuses_a_digest_list_it_was_not_given(tmp_path):
 def test_node_degrees_count_every_edge_of_the_merged_graph(tmp_path):
     """The k-NN cap check's degrees equal a count over all edges (read file by file)."""
     from tasks.graph.edges import node_degrees
-    from tasks.graph.nodes import plan_nodes
+    from tasks.graph.nodes import number_nodes
 
     store, shards, _ = write_corpus(str(tmp_path), n_shards=3, per_shard=40, dim=24, seed=7)
     near_duplicate_stage(store, exact_cfg(), shards)
-    nodes = plan_nodes(store, shards)
+    nodes = number_nodes(store, shards)
     edges = [store.read_parquet(f"graph/edges/{s}.parquet") for s in nodes.shards]
     ends = np.concatenate([np.concatenate([t["src"].to_numpy(), t["dst"].to_numpy()]) for t in edges])
     assert len(ends) > 0

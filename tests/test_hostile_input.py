@@ -26,7 +26,7 @@ from tasks.ingest.files import ingest_path
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample, is_safe_key, iter_tar_samples, write_tar
 from tasks.ingest.partition import ingest_partition
-from tasks.ingest.sources import SourceConfig, normalise_table, plan_partitions
+from tasks.ingest.sources import SourceConfig, normalise_table, cut_partitions
 from tasks.shared.inputs import locate
 from tasks.shared.validate import ValidationConfig
 from tests.loopback import serving
@@ -42,7 +42,7 @@ def ingest_records(src: str, out: Path, cfg: SourceConfig | None = None) -> list
     result: list[dict] = []
 
     def run() -> None:
-        _, parts = plan_partitions(src, store, cfg)
+        _, parts = cut_partitions(src, store, cfg)
         for p in parts:
             ingest_partition(store, p, cfg, ValidationConfig(min_side=1), n_buckets=2)
             result.extend(store.read_parquet(ingest_path(p.index)).to_pylist())

@@ -17,7 +17,7 @@ from tasks.ingest.files import resolved_path
 from corpusforge.storage import Store
 from tasks.ingest.exact_dedup import deduplicate
 from tasks.ingest.partition import ingest_partition
-from tasks.ingest.sources import SourceConfig, plan_partitions
+from tasks.ingest.sources import SourceConfig, cut_partitions
 from tasks.shared.inputs import locate
 from tasks.shared.validate import ValidationConfig
 
@@ -33,7 +33,7 @@ def ingest_all(src: str, out, cfg: SourceConfig | None = None) -> list[dict]:
     """Run ingest → key check → exact dedup → resolve in-process; return resolved rows."""
     store = Store(str(out))
     cfg = cfg or SourceConfig(partition_size=3)
-    _, parts = plan_partitions(src, store, cfg)
+    _, parts = cut_partitions(src, store, cfg)
     ingested = [ingest_partition(store, p, cfg, ValidationConfig(), n_buckets=2) for p in parts]
     deduplicate(store, [m.digest for m in ingested], len(ingested), n_buckets=2, shard_size=1000,
                 resolved=lambda part, result: None)
@@ -156,7 +156,7 @@ def test_staging_copies_the_ingest_spill_and_never_rereads_the_source(tmp_path):
     from corpusforge.layout import staging_tar
     from tasks.ingest.files import spill_path
     from corpusforge.tarshard import iter_tar_samples
-    from tasks.staging.stage import plan_staging, write_staging_shard
+    from tasks.staging.stage import cut_staging, write_staging_shard
 
     src = tmp_path / "src"
     a, b = jpeg(300, 200, 1), jpeg(320, 200, 2)
@@ -174,7 +174,7 @@ def test_staging_copies_the_ingest_spill_and_never_rereads_the_source(tmp_path):
 
     shutil.rmtree(src)
     parts = sorted({r["part"] for r in rows})
-    (shard,) = plan_staging([read_marker(store, resolved_path(p)).info for p in parts], 1000)
+    (shard,) = cut_staging([read_marker(store, resolved_path(p)).info for p in parts], 1000)
     write_staging_shard(store, shard)
     with store.open(staging_tar(shard.name)) as f:
         staged = {s.key: s.members["jpg"] for s in iter_tar_samples(f)}
@@ -203,11 +203,11 @@ def test_verify_content_stamps_every_file_with_its_sha256(tmp_path):
     (tars / "00000.tar").write_bytes(_tar_bytes([("k1.jpg", jpeg(400, 300, 2))]))
     cfg = SourceConfig(verify="content")
     store = Store(str(tmp_path / "out"))
-    _, [table_part] = plan_partitions(str(src), store, cfg)
+    _, [table_part] = cut_partitions(str(src), store, cfg)
     [stamp] = image_stamps(table_part, cfg, store)
     assert stamp.endswith(f":sha256={hashlib.sha256((src / 'a.jpg').read_bytes()).hexdigest()}")
     assert image_stamps(table_part, SourceConfig(), store)[0] == stamp.rsplit(":sha256=", 1)[0]
-    _, [tar_part] = plan_partitions(str(tars), Store(str(tmp_path / "out-tars")), cfg)
+    _, [tar_part] = cut_partitions(str(tars), Store(str(tmp_path / "out-tars")), cfg)
     assert tar_part.digest.endswith(f":sha256={hashlib.sha256((tars / '00000.tar').read_bytes()).hexdigest()}")
     first = ingest_partition(store, table_part, cfg, ValidationConfig(), n_buckets=2)
     again = ingest_partition(store, table_part, cfg, ValidationConfig(), n_buckets=2)
@@ -287,7 +287,7 @@ def test_folder_sidecars_are_read_at_ingest_and_their_changes_noticed(tmp_path):
                 for r in store.read_parquet(f"work/ingest/{p.name}.parquet").to_pylist()}
         return actions, rows
 
-    _, parts = plan_partitions(str(src), store, cfg)
+    _, parts = cut_partitions(str(src), store, cfg)
     (src / "a.txt").write_bytes(b"second")  # after planning: ingest reads what is there now
     actions, rows = ingest(parts)
     assert set(rows) == {"a.jpg", "b/c.jpg"} and actions == ["computed"]
@@ -295,7 +295,7 @@ def test_folder_sidecars_are_read_at_ingest_and_their_changes_noticed(tmp_path):
     assert rows["b/c.jpg"]["caption"] == "from json"
 
     (src / "b" / "c.json").write_bytes(b'{"caption": "changed after the build"}')
-    _, again = plan_partitions(str(src), store, cfg)
+    _, again = cut_partitions(str(src), store, cfg)
     assert again == parts  # the chunk names sidecars, not their content
     actions, rows = ingest(again)
     assert actions == ["computed"] and rows["b/c.jpg"]["caption"] == "changed after the build"

@@ -19,7 +19,7 @@ import pytest
 from corpusforge.key_ranges import Table, key_ranges
 from corpusforge.layout import MANIFEST_SCHEMA, RESOLVED_SCHEMA, manifest_path
 from tasks.ingest.files import resolved_path
-from tasks.release.files import RELEASE_PLAN_SCHEMA, release_plan_path
+from tasks.release.files import RELEASE_ASSIGNMENT_SCHEMA, release_assignment_path
 from tasks.report.files import CHANGES_MD, CHANGES_TABLE, PREVIOUS_RECORDS, RECEIPT
 from corpusforge.storage import Store
 from tasks.report import changes
@@ -72,7 +72,7 @@ def test_ranges_give_every_row_once_in_key_order(tmp_path):
 
 
 def _version(root: Path, seed: int, source: str) -> Store:
-    """A finished version's tables: manifest parts, release plans, resolved partitions, receipt."""
+    """A finished version's tables: manifest parts, release assignments, resolved partitions, receipt."""
     rng = random.Random(seed)
     store = Store(str(root), fsync=False)
     plans: list[dict] = []
@@ -96,8 +96,8 @@ def _version(root: Path, seed: int, source: str) -> Store:
         store.write_parquet(resolved_path(part), pa.Table.from_pylist(resolved, schema=RESOLVED_SCHEMA))
     unique = list({p["key"]: p for p in plans}.values())
     for i in range(3):
-        store.write_parquet(release_plan_path(f"train-{i:06d}"),
-                            pa.Table.from_pylist(unique[i::3], schema=RELEASE_PLAN_SCHEMA))
+        store.write_parquet(release_assignment_path(f"train-{i:06d}"),
+                            pa.Table.from_pylist(unique[i::3], schema=RELEASE_ASSIGNMENT_SCHEMA))
     store.write_json(RECEIPT, {"source": source})
     return store
 

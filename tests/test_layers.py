@@ -48,7 +48,7 @@ PLANTED = [
      "A stage's files.py imports nothing but the ground floor"),
     ("tasks/graph/planted.py", "from corpusforge.cluster import fan_out", "Prefect and the fan-out only in flows/"),
     ("tasks/captions/planted.py", "import prefect", "Prefect and the fan-out only in flows/"),
-    ("corpusforge/planted.py", "from tasks.staging.stage import plan_staging", "flows -> tasks -> corpusforge"),
+    ("corpusforge/planted.py", "from tasks.staging.stage import cut_staging", "flows -> tasks -> corpusforge"),
     ("flows/planted_a.py", "def a():\n    from flows.planted_b import b", "No import cycles"),  # the linter
     ("flows/planted_b.py", "def b():\n    from flows.planted_a import a", "No import cycles"),  # names .planted_b
 ]

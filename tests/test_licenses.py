@@ -18,7 +18,7 @@ from tasks.ingest.files import ingest_path
 from corpusforge.storage import Store
 from tasks.ingest.partition import ingest_partition
 from tasks.ingest.licenses import License, LicenseConfig, license_family, license_reason, normalize_license
-from tasks.ingest.sources import SourceConfig, plan_partitions
+from tasks.ingest.sources import SourceConfig, cut_partitions
 from tasks.shared.validate import ValidationConfig
 
 # (spelling found in real metadata, what it means) — Flickr API names, Wikimedia
@@ -212,7 +212,7 @@ def table_source(tmp_path, rows=ROWS, urls=None):
 def ingest(src, out, lic):
     store = Store(str(out))
     cfg = SourceConfig(partition_size=3)
-    _, parts = plan_partitions(str(src), store, cfg)
+    _, parts = cut_partitions(str(src), store, cfg)
     markers = [ingest_partition(store, p, cfg, ValidationConfig(), 2, lic) for p in parts]
     rows = [r for p in parts for r in store.read_parquet(ingest_path(p.index)).to_pylist()]
     return markers, {r["key"]: r for r in rows}

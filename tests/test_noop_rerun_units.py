@@ -25,7 +25,7 @@ import pytest
 
 from corpusforge.contract import COMPUTED, SKIPPED, in_process, keyed, probe, run_step, step_call
 from corpusforge.layout import MANIFEST_DIR
-from tasks.release.files import LATE_DIR, RELEASE_DIR, RELEASE_PLAN_DIR, late_path, release_plan_path
+from tasks.release.files import LATE_DIR, RELEASE_DIR, RELEASE_ASSIGNMENT_DIR, late_path, release_assignment_path
 from tasks.report.files import RECEIPT, RECEIPT_OUTPUTS
 from tasks.captions.files import EVAL_CAPTIONS
 from corpusforge.storage import Store
@@ -110,8 +110,8 @@ def test_a_statistics_file_removed_by_hand_is_written_again(built_sample, sample
     assert sidecar.read_bytes() == want
 
 
-def test_release_plans_removed_by_hand_are_written_again(built_sample, sample_corpus, tmp_path):
-    """The release plan's keyed step is current only while the plan and late files its result
+def test_release_assignments_removed_by_hand_are_written_again(built_sample, sample_corpus, tmp_path):
+    """The release assignment's keyed step is current only while the plan and late files its result
     names are there: with them removed by hand, a rerun whose new evaluation caption seed reads
     the test plans plans again, with the same bytes, and leaves every shard and part as it was."""
     built, _ = built_sample
@@ -119,13 +119,14 @@ def test_release_plans_removed_by_hand_are_written_again(built_sample, sample_co
     settled_copy(built, tmp_path, config(sample_corpus, out, dask=ON_DASK))
     name = next(n for n, s in json.loads((out / RECEIPT).read_text())["release"]["shards"].items()
                 if s["split"] == "test")
-    plans = {p: p.read_bytes() for folder in (RELEASE_PLAN_DIR, LATE_DIR) for p in sorted((out / folder).iterdir())}
-    assert out / release_plan_path(name) in plans and out / late_path(0) in plans
+    assignments = {p: p.read_bytes() for folder in (RELEASE_ASSIGNMENT_DIR,
+                                                    LATE_DIR) for p in sorted((out / folder).iterdir())}
+    assert out / release_assignment_path(name) in assignments and out / late_path(0) in assignments
     published = {p: h for p, h in file_hashes(out).items() if p.startswith((f"{RELEASE_DIR}/", f"{MANIFEST_DIR}/"))}
-    for folder in (RELEASE_PLAN_DIR, LATE_DIR):
+    for folder in (RELEASE_ASSIGNMENT_DIR, LATE_DIR):
         shutil.rmtree(out / folder)
     build(config(sample_corpus, out, dask=ON_DASK, eval_captions={"seed": 7}))
-    assert {p: p.read_bytes() for p in plans if p.exists()} == plans
+    assert {p: p.read_bytes() for p in assignments if p.exists()} == assignments
     assert {p: h for p, h in file_hashes(out).items() if p.startswith((f"{RELEASE_DIR}/", f"{MANIFEST_DIR}/"))} \
         == published
     assert json.loads((out / RECEIPT).read_text())["eval_captions"]["seed"] == 7

@@ -176,13 +176,13 @@ BOMB_SCRIPT = textwrap.dedent("""
     from PIL import Image
     from corpusforge.storage import Store
     from tasks.ingest.partition import ingest_partition
-    from tasks.ingest.sources import SourceConfig, plan_partitions
+    from tasks.ingest.sources import SourceConfig, cut_partitions
     from tasks.shared.validate import ValidationConfig
     from tasks.ingest.files import ingest_path
 
     src, out, headroom, max_pixels = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     store, cfg = Store(out), SourceConfig(partition_size=10)
-    _, parts = plan_partitions(src, store, cfg)   # imports and planning done before the cap
+    _, parts = cut_partitions(src, store, cfg)   # imports and planning done before the cap
     with open("/proc/self/status") as f:
         vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
     resource.setrlimit(resource.RLIMIT_AS, (vm + headroom, vm + headroom))

@@ -202,24 +202,24 @@ def _pool(n: int, flagged_every: int = 4):
 @pytest.mark.parametrize("fraction", [0.0, 0.05, 0.08, 0.3])
 def test_rotation_size_follows_the_fraction_and_never_touches_anchors(fraction):
     prompts = _decided_set()
-    plan = rotation.plan_rotation(prompts, _pool(60), RotationConfig(fraction=fraction))
+    choice = rotation.choose_rotation(prompts, _pool(60), RotationConfig(fraction=fraction))
     anchors = {p["prompt_id"] for p in prompts if p["anchor"]}
-    leaving = dict(plan["leaving"])
-    assert len(leaving) == len(plan["joining"]) == round(fraction * 100)
+    leaving = dict(choice["leaving"])
+    assert len(leaving) == len(choice["joining"]) == round(fraction * 100)
     assert not anchors & set(leaving)
     strong = [p["prompt_id"] for p in prompts if p["strong"] and not p["anchor"]]
-    assert all(why == "contamination" for pid, why in plan["leaving"][:min(len(strong), len(leaving))])
+    assert all(why == "contamination" for pid, why in choice["leaving"][:min(len(strong), len(leaving))])
     if fraction == 0.3:  # 20 strong cases, then 10 prompts of planned diversity cycling
-        assert sorted(pid for pid, why in plan["leaving"] if why == "contamination") == sorted(strong)
+        assert sorted(pid for pid, why in choice["leaving"] if why == "contamination") == sorted(strong)
         assert sum(why == "diversity_cycling" for why in leaving.values()) == 10
     joining = {q["prompt_id"]: q for q in _pool(60)}
-    assert not any(joining[q]["density"]["flagged"] for q in plan["joining"])  # density-flagged pool never joins
+    assert not any(joining[q]["density"]["flagged"] for q in choice["joining"])  # density-flagged pool never joins
 
-    rows, mapping = rotation.edition_tables(prompts, _pool(60), plan, "2026-Q1")
+    rows, mapping = rotation.edition_tables(prompts, _pool(60), choice, "2026-Q1")
     assert len(rows) == len(prompts) and anchors <= {r["prompt_id"] for r in rows}
     assert {m["previous_id"] for m in mapping if m["previous_id"]} == {p["prompt_id"] for p in prompts}
-    assert {m["new_id"] for m in mapping if m["status"] == "added"} == set(plan["joining"])
-    ledger = rotation.ledger_rows(prompts, plan)
+    assert {m["new_id"] for m in mapping if m["status"] == "added"} == set(choice["joining"])
+    ledger = rotation.ledger_rows(prompts, choice)
     fates = {r["prompt_id"]: r["fate"] for r in ledger}
     assert all(fates[a] == "kept: anchor, never rotated" for a in anchors if a in fates)
     assert len(ledger) == sum(p["decision"] == "quarantined" for p in prompts)
@@ -227,9 +227,9 @@ def test_rotation_size_follows_the_fraction_and_never_touches_anchors(fraction):
 
 def test_rotation_without_pool_replacements_defers_instead_of_shrinking():
     prompts = _decided_set()
-    plan = rotation.plan_rotation(prompts, _pool(8, flagged_every=2), RotationConfig(fraction=0.08))
-    assert len(plan["leaving"]) == len(plan["joining"]) == 4  # 4 of 8 pool prompts are density-flagged
-    assert sum(v == "no_pool_replacement" for v in plan["deferred"].values()) == 4
+    choice = rotation.choose_rotation(prompts, _pool(8, flagged_every=2), RotationConfig(fraction=0.08))
+    assert len(choice["leaving"]) == len(choice["joining"]) == 4  # 4 of 8 pool prompts are density-flagged
+    assert sum(v == "no_pool_replacement" for v in choice["deferred"].values()) == 4
 
 
 def test_anchor_normalisation_is_mean_equating():

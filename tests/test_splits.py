@@ -1,4 +1,4 @@
-"""Release planning: stratified splits, components kept together, balanced shards, tiers."""
+"""Release assignment: stratified splits, components kept together, balanced shards, tiers."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tasks.release.splits import SplitConfig, tier_counts
-from tests.release_reference import assign_splits, plan_release
-from tasks.staging.stage import plan_staging
+from tests.release_reference import assign_splits, assign_release
+from tasks.staging.stage import cut_staging
 
 TYPES = ["tag", "short", "medium", "long"]
 
@@ -30,7 +30,7 @@ def make_records(n: int, seed: int = 0, component_every: int = 0) -> list[dict]:
 def test_shards_are_balanced_in_size_and_caption_mix(n, shard_size, seed):
     records = make_records(n, seed)
     cfg = SplitConfig(val=0.1, test=0.1, shard_size=shard_size, seed=seed)
-    placements = plan_release(records, cfg)
+    placements = assign_release(records, cfg)
     assert set(placements) == {r["key"] for r in records}
     by_key = {r["key"]: r for r in records}
     for split in ("train", "val", "test"):
@@ -79,7 +79,7 @@ def test_components_never_straddle_splits():
 def test_plan_does_not_depend_on_record_order():
     records = make_records(300)
     cfg = SplitConfig(shard_size=25)
-    assert plan_release(records, cfg) == plan_release(list(reversed(records)), cfg)
+    assert assign_release(records, cfg) == assign_release(list(reversed(records)), cfg)
 
 
 def test_tiers_are_nested_prefixes_scaled_for_small_corpora():
@@ -87,19 +87,19 @@ def test_tiers_are_nested_prefixes_scaled_for_small_corpora():
     assert tier_counts(8000, tiers) == [("nano", 80), ("lite", 800), ("full", 8000)]
     assert tier_counts(100, tiers) == [("nano", 1), ("lite", 10), ("full", 100)]
     assert tier_counts(3, tiers) == [("nano", 1), ("lite", 1), ("full", 3)]
-    placements = plan_release(make_records(400), SplitConfig(val=0, test=0, shard_size=10))
+    placements = assign_release(make_records(400), SplitConfig(val=0, test=0, shard_size=10))
     for p in placements.values():
         expected = "nano" if p.shard < 1 else "lite" if p.shard < 4 else "full"
         assert p.tier == expected
 
 
-def test_staging_plan_numbers_survivors_in_input_order():
+def test_staging_cuts_number_survivors_in_input_order():
     # survivors per partition 3, 0, 5, 2; cut candidates (position in partition, name) from resolve
     resolved = [{"part": 0, "survivors": 3, "candidates": [[0, "early"]]},  # too soon after the start: no cut
                 {"part": 1, "survivors": 0, "candidates": []},
                 {"part": 2, "survivors": 5, "candidates": [[0, "aaaa"], [4, "bbbb"]]},
                 {"part": 3, "survivors": 2, "candidates": []}]
-    shards = plan_staging(resolved, shard_size=4)
+    shards = cut_staging(resolved, shard_size=4)
     names = [s.name for s in shards]
     assert len(set(names)) == len(names) == 3 and "early" not in names  # named by the cuts taken
     assert [s.slices for s in shards] == [((0, 0, 3), (2, 0, 1)), ((2, 1, 4),), ((3, 0, 2),)]

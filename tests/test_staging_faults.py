@@ -22,8 +22,8 @@ from tasks.ingest.files import hashes_path, spill_path
 from corpusforge.storage import Store
 from tasks.ingest.exact_dedup import deduplicate
 from tasks.ingest.partition import ingest_partition
-from tasks.ingest.sources import SourceConfig, plan_partitions
-from tasks.staging.stage import plan_staging, write_staging_shard
+from tasks.ingest.sources import SourceConfig, cut_partitions
+from tasks.staging.stage import cut_staging, write_staging_shard
 from tasks.shared.validate import ValidationConfig
 from tests.test_ingest import jpeg
 
@@ -33,7 +33,7 @@ N = 10
 
 def ingested(tmp_path: Path) -> tuple[Store, Path, list, int]:
     """A 10-image table source ingested and resolved; returns the store, source folder,
-    the staging plan and the number of partitions."""
+    the staging cuts and the number of partitions."""
     src = tmp_path / "src"
     src.mkdir()
     for i in range(N):
@@ -42,11 +42,11 @@ def ingested(tmp_path: Path) -> tuple[Store, Path, list, int]:
                    src / "metadata.parquet")
     store = Store(str(tmp_path / "out"))
     cfg = SourceConfig(partition_size=5)
-    _, parts = plan_partitions(str(src), store, cfg)
+    _, parts = cut_partitions(str(src), store, cfg)
     ing = [ingest_partition(store, p, cfg, ValidationConfig(), n_buckets=1) for p in parts]
     resolved: dict[int, Any] = {}
     deduplicate(store, [m.digest for m in ing], len(ing), n_buckets=1, shard_size=100, resolved=resolved.__setitem__)
-    shards = plan_staging([resolved[p].info for p in range(len(ing))], shard_size=100)
+    shards = cut_staging([resolved[p].info for p in range(len(ing))], shard_size=100)
     assert len(shards) == 1
     return store, src, shards, len(parts)
 

@@ -89,11 +89,11 @@ def test_reference_without_rows_gives_fd_only(tmp_path):
 
 def test_the_flow_holds_chunk_names_and_each_task_reads_its_chunk_from_the_listing(tmp_path):
     """Evaluate's listing task writes the files to the output folder; an embedding task reads
-    back exactly the chunk plan_generated cut, and what the flow gets is a few bytes a chunk."""
+    back exactly the chunk cut_generated cut, and what the flow gets is a few bytes a chunk."""
     import pickle
 
     from corpusforge.storage import Store
-    from tasks.stats.evaluate import listed_chunk_names, plan_generated, read_listed_chunk, write_generated_listing
+    from tasks.stats.evaluate import listed_chunk_names, cut_generated, read_listed_chunk, write_generated_listing
 
     gen = tmp_path / "gen"
     for i in range(2_500):
@@ -102,7 +102,7 @@ def test_the_flow_holds_chunk_names_and_each_task_reads_its_chunk_from_the_listi
         (folder / f"{i:05d}.png").write_bytes(b"x" * (i % 7))
     (gen / "a.tar").write_bytes(b"")
     out = Store(str(tmp_path / "out"))
-    expected = list(plan_generated([str(gen)], {}, chunk_size=1_000))
+    expected = list(cut_generated([str(gen)], {}, chunk_size=1_000))
     listed = write_generated_listing(out, [str(gen) + "/"], {}, chunk_size=1_000)
     assert [c.kind for c in expected] == ["files"] * 3 + ["tar"]
     assert [(c.name, c.files) for c in listed] == [(c.name, len(c.uris)) for c in expected]

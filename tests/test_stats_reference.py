@@ -19,8 +19,8 @@ from corpusforge.layout import MANIFEST_SCHEMA, STAGING_RECORDS_SCHEMA, manifest
 from corpusforge.storage import Store
 from tasks.stats.config import SampleConfig
 from tasks.stats.moments import Moments
-from tasks.stats.reference import (GroupPlan, ReferencePlan, batch_partials, merge_partials, oracle_groups,
-                                   plan_batches, scan_manifest, shard_partials, stats_path, write_group_stats)
+from tasks.stats.reference import (GroupRule, ManifestScan, batch_partials, merge_partials, oracle_groups,
+                                   cut_batches, scan_manifest, shard_partials, stats_path, write_group_stats)
 
 MODEL_ID = "dinov2_vits14_gpic_eval_s28"
 IDENTITY = {"model_id": MODEL_ID, "arch": "vit_small_patch14_dinov2", "weights": "random-init",
@@ -29,7 +29,7 @@ FEATURE_INFO = {"model": IDENTITY, "dtype": "float32", "decode_size": None, "ran
 DIM = 6
 
 
-def _plan_rows() -> list[dict]:
+def _corpus_rows() -> list[dict]:
     """60 input records in 2 ingest parts; kept ones go to 3 staging shards of 16."""
     rows, kept = [], 0
     rng = np.random.default_rng(5)
@@ -49,12 +49,12 @@ def _plan_rows() -> list[dict]:
     return rows
 
 
-BROKEN = next(r["key"] for r in _plan_rows() if r.get("split") == "test")
+BROKEN = next(r["key"] for r in _corpus_rows() if r.get("split") == "test")
 
 
 def write_corpus(store: Store) -> tuple[list[dict], dict[str, np.ndarray]]:
     """Manifest parts, staging records and feature files of the plan above; key -> feature row."""
-    rows = _plan_rows()
+    rows = _corpus_rows()
     for part in (0, 1):
         table = pa.Table.from_pylist([r for r in rows if r["part"] == part], schema=MANIFEST_SCHEMA)
         store.write_parquet(manifest_path(part), table)
@@ -82,8 +82,8 @@ def corpus(tmp_path_factory) -> tuple[Store, list[dict], dict[str, np.ndarray]]:
     return store, rows, feats
 
 
-def _expected_members(rows, group, plan: GroupPlan) -> list[str]:
-    return [r["key"] for r in rows if r["status"] == "kept" and group in plan.groups_of(r["key"], r["split"], r.get("tier"))]
+def _expected_members(rows, group, rule: GroupRule) -> list[str]:
+    return [r["key"] for r in rows if r["status"] == "kept" and group in rule.groups_of(r["key"], r["split"], r.get("tier"))]
 
 
 GROUPS = ("test", "val", "train", *oracle_groups(("nano", "lite", "full"))[1:])
@@ -91,41 +91,41 @@ GROUPS = ("test", "val", "train", *oracle_groups(("nano", "lite", "full"))[1:])
 
 def test_scan_counts_shards_and_test_subset(corpus):
     store, rows, _ = corpus
-    plan = scan_manifest(store, GROUPS, SampleConfig(max_rows=3, seed=2), subset_size=4, subset_seed=3)
+    scan = scan_manifest(store, GROUPS, SampleConfig(max_rows=3, seed=2), subset_size=4, subset_seed=3)
     kept = [r for r in rows if r["status"] == "kept"]
-    assert plan.shards == ["000000", "000001", "000002", "000003"]  # 52 kept records, 16 per shard
-    assert plan.counts["test"] == sum(r["split"] == "test" for r in kept)
-    assert plan.counts["train_lite"] == sum(r["split"] == "train" and r["tier"] in ("nano", "lite") for r in kept)
-    assert plan.counts["train_full"] == plan.counts["train"]
+    assert scan.shards == ["000000", "000001", "000002", "000003"]  # 52 kept records, 16 per shard
+    assert scan.counts["test"] == sum(r["split"] == "test" for r in kept)
+    assert scan.counts["train_lite"] == sum(r["split"] == "train" and r["tier"] in ("nano", "lite") for r in kept)
+    assert scan.counts["train_full"] == scan.counts["train"]
     test_keys = sorted((r["key"] for r in kept if r["split"] == "test"), key=lambda k: stable_uniform(3, k))
-    assert _expected_members(rows, "test_subset", plan.plan) == sorted(test_keys[:4])
-    assert plan.counts["test_subset"] == 4
+    assert _expected_members(rows, "test_subset", scan.plan) == sorted(test_keys[:4])
+    assert scan.counts["test_subset"] == 4
     for group in GROUPS:  # exactly the 3 smallest sample priorities of each group pass its threshold
-        members = _expected_members(rows, group, plan.plan)
-        passing = [k for k in members if stable_uniform(2, k) <= plan.plan.sample_thresholds[group]]
+        members = _expected_members(rows, group, scan.plan)
+        passing = [k for k in members if stable_uniform(2, k) <= scan.plan.sample_thresholds[group]]
         assert sorted(passing) == sorted(sorted(members, key=lambda k: stable_uniform(2, k))[:3])
-    assert len(plan.manifest_sha256) == 64
+    assert len(scan.manifest_sha256) == 64
 
 
 def test_extraction_goes_largest_shard_first(corpus):
     """The statistics' extraction is submitted by decreasing records per shard (ties by
     name), so the largest shard is not the one a worker embeds last while others idle."""
     store, rows, _ = corpus
-    plan = scan_manifest(store, ("test",))
+    scan = scan_manifest(store, ("test",))
     test_rows = [r["staging_shard"] for r in rows if r["status"] == "kept" and r["split"] == "test"]
-    assert plan.shard_records == {s: test_rows.count(s) for s in sorted(set(test_rows))}
-    assert plan.largest_first() == sorted(plan.shards, key=lambda s: (-test_rows.count(s), s))
-    assert sorted(plan.largest_first()) == plan.shards
+    assert scan.shard_records == {s: test_rows.count(s) for s in sorted(set(test_rows))}
+    assert scan.largest_first() == sorted(scan.shards, key=lambda s: (-test_rows.count(s), s))
+    assert sorted(scan.largest_first()) == scan.shards
 
 
 def test_partials_equal_numpy_for_every_group_and_merge_order(corpus):
     store, rows, feats = corpus
-    plan = scan_manifest(store, GROUPS, SampleConfig(max_rows=5, seed=9), subset_size=4, subset_seed=3)
-    parts = [shard_partials(store, MODEL_ID, s, plan.plan) for s in plan.shards]
+    scan = scan_manifest(store, GROUPS, SampleConfig(max_rows=5, seed=9), subset_size=4, subset_seed=3)
+    parts = [shard_partials(store, MODEL_ID, s, scan.plan) for s in scan.shards]
     forward = merge_partials(merge_partials(merge_partials(parts[0], parts[1]), parts[2]), parts[3])
     backward = merge_partials(parts[3], merge_partials(parts[2], merge_partials(parts[1], parts[0])))
     for group in GROUPS:
-        members = _expected_members(rows, group, plan.plan)
+        members = _expected_members(rows, group, scan.plan)
         keys = [k for k in members if k in feats]
         x = np.stack([feats[k] for k in keys]).astype(np.float64)
         for total in (forward, backward):
@@ -146,15 +146,15 @@ def test_partials_equal_numpy_for_every_group_and_merge_order(corpus):
 
 def test_written_files_carry_provenance_and_are_deterministic(corpus, tmp_path):
     store, _, _ = corpus
-    plan: ReferencePlan = scan_manifest(store, ("test",), SampleConfig(max_rows=8, seed=0))
-    runs = plan_batches(plan.shards, 2)
+    scan: ManifestScan = scan_manifest(store, ("test",), SampleConfig(max_rows=8, seed=0))
+    runs = cut_batches(scan.shards, 2)
     assert runs == [["000000", "000001"], ["000002", "000003"]]
-    total = merge_partials(*[batch_partials(store, MODEL_ID, run, plan.plan) for run in runs])
+    total = merge_partials(*[batch_partials(store, MODEL_ID, run, scan.plan) for run in runs])
     marker = next(iter(total.markers.values()))
-    side = write_group_stats(store, "test", MODEL_ID, total.groups["test"], marker, plan, "cv-1")
+    side = write_group_stats(store, "test", MODEL_ID, total.groups["test"], marker, scan, "cv-1")
     stem = stats_path("test", MODEL_ID)
     first = {ext: store.read_bytes(stem + ext) for ext in (".npz", ".json", ".features.npy")}
-    write_group_stats(store, "test", MODEL_ID, total.groups["test"], marker, plan, "cv-1")
+    write_group_stats(store, "test", MODEL_ID, total.groups["test"], marker, scan, "cv-1")
     assert first == {ext: store.read_bytes(stem + ext) for ext in first}
     with np.load(io.BytesIO(first[".npz"])) as npz:
         m: Moments = total.groups["test"].moments
@@ -165,28 +165,28 @@ def test_written_files_carry_provenance_and_are_deterministic(corpus, tmp_path):
     assert feats.dtype == np.float32 and feats.shape[1] == DIM and 7 <= feats.shape[0] <= 8
     assert side["subsample"]["rows"] == feats.shape[0] and side["subsample"]["max_rows"] == 8
     assert side["model"] == IDENTITY and side["random_init"] is True
-    assert side["manifest_sha256"] == plan.manifest_sha256 and side["code_version"] == "cv-1"
+    assert side["manifest_sha256"] == scan.manifest_sha256 and side["code_version"] == "cv-1"
     assert side["missing_features"] == {"decode": 1}
     devs = " | ".join(side["protocol_deviations"])
     assert "RANDOM-INIT" in devs and "vit_small_patch14_dinov2" in devs and "no features" in devs
     assert side["files"]["npz"]["sha256"] == Store.sha256(store, f"{stem}.npz")
 
 
-def test_plan_batches_are_contiguous_and_balanced():
+def test_cut_batches_are_contiguous_and_balanced():
     shards = [f"{i:06d}" for i in range(10)]
-    runs = plan_batches(shards, 4)
+    runs = cut_batches(shards, 4)
     assert [len(r) for r in runs] == [2, 3, 2, 3] and sum(runs, []) == shards
-    assert plan_batches(shards, 50) == [[s] for s in shards]
-    assert plan_batches(shards, 50, min_shards=4) == [shards[:5], shards[5:]]  # few shards: few tasks
-    assert plan_batches(shards, 50, min_shards=16) == [shards]
-    assert [len(r) for r in plan_batches(shards, 2, min_shards=3)] == [5, 5]  # max_tasks still bounds
+    assert cut_batches(shards, 50) == [[s] for s in shards]
+    assert cut_batches(shards, 50, min_shards=4) == [shards[:5], shards[5:]]  # few shards: few tasks
+    assert cut_batches(shards, 50, min_shards=16) == [shards]
+    assert [len(r) for r in cut_batches(shards, 2, min_shards=3)] == [5, 5]  # max_tasks still bounds
 
 
 def test_missing_features_are_reported_not_guessed(corpus, tmp_path):
     store, _, _ = corpus
-    plan = scan_manifest(store, ("test",))
+    scan = scan_manifest(store, ("test",))
     with pytest.raises(FileNotFoundError, match="other_model.*is not complete"):
-        shard_partials(store, "other_model", plan.shards[0], plan.plan)
+        shard_partials(store, "other_model", scan.shards[0], scan.plan)
 
 
 def test_gpic_eval_file_beside_the_sidecar(corpus):
@@ -195,10 +195,10 @@ def test_gpic_eval_file_beside_the_sidecar(corpus):
     from tasks.stats.evaluate import load_reference
 
     store, _, _ = corpus
-    plan: ReferencePlan = scan_manifest(store, ("test",), SampleConfig(max_rows=6, seed=1))
-    total = merge_partials(*[batch_partials(store, MODEL_ID, run, plan.plan) for run in plan_batches(plan.shards, 2)])
+    scan: ManifestScan = scan_manifest(store, ("test",), SampleConfig(max_rows=6, seed=1))
+    total = merge_partials(*[batch_partials(store, MODEL_ID, run, scan.plan) for run in cut_batches(scan.shards, 2)])
     marker = next(iter(total.markers.values()))
-    side = write_group_stats(store, "test", MODEL_ID, total.groups["test"], marker, plan, "cv-1")
+    side = write_group_stats(store, "test", MODEL_ID, total.groups["test"], marker, scan, "cv-1")
     stem = stats_path("test", MODEL_ID)
     data = store.read_bytes("stats/test_stats.npz")
     with np.load(io.BytesIO(data), allow_pickle=False) as gpic, np.load(io.BytesIO(store.read_bytes(stem + ".npz"))) as own:

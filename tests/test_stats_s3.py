@@ -13,7 +13,7 @@ from PIL import Image
 from corpusforge.storage import Store
 from tasks.stats.config import MetricsConfig, SampleConfig
 from tasks.stats.evaluate import (ChunkFeatures, evaluate_features, iter_chunk_images, load_reference,
-                                  plan_generated)
+                                  cut_generated)
 from tasks.stats.reference import batch_partials, scan_manifest, stats_path, write_group_stats
 from tests.test_generated_listing import in_memory_chunks
 from tests.test_stats_reference import IDENTITY, MODEL_ID, write_corpus
@@ -31,10 +31,10 @@ def test_reference_stats_and_evaluation_inputs_on_s3(s3, tmp_path):
 
     written = {}
     for st in (store, local):
-        plan = scan_manifest(st, ("test", "val"), SampleConfig(max_rows=6))
-        total = batch_partials(st, MODEL_ID, plan.shards, plan.plan)
+        scan = scan_manifest(st, ("test", "val"), SampleConfig(max_rows=6))
+        total = batch_partials(st, MODEL_ID, scan.shards, scan.plan)
         marker = next(iter(total.markers.values()))
-        written[st.remote] = write_group_stats(st, "test", MODEL_ID, total.groups["test"], marker, plan, "cv")
+        written[st.remote] = write_group_stats(st, "test", MODEL_ID, total.groups["test"], marker, scan, "cv")
     stem = stats_path("test", MODEL_ID)
     for ext in (".npz", ".features.npy"):  # same bytes on S3 as locally
         assert store.read_bytes(stem + ext) == local.read_bytes(stem + ext)
@@ -54,7 +54,7 @@ def test_reference_stats_and_evaluation_inputs_on_s3(s3, tmp_path):
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     fs.pipe("corpusforge-stats/gen/t/part.tar", buf.getvalue())
-    chunks = list(plan_generated(["s3://corpusforge-stats/gen"], s3))
+    chunks = list(cut_generated(["s3://corpusforge-stats/gen"], s3))
     assert chunks == in_memory_chunks(["s3://corpusforge-stats/gen"], s3, 1000)  # the stamps from the listing too
     assert [(c.kind, c.uris) for c in chunks] == [("files", ("s3://corpusforge-stats/gen/a.png",)),
                                                   ("tar", ("s3://corpusforge-stats/gen/t/part.tar",))]

@@ -5,7 +5,7 @@ the reports, and the previous-version copy and diff. Each calls the step's real 
 the flow's unit does; each is one task ("task": the 16 GB bound).
 
 Inputs added here: ``manifest`` (a manifest part per ingest partition in the real schema,
-its rows the staged records with the splits, shards and tiers the release plan gave them,
+its rows the staged records with the splits, shards and tiers the release assignment gave them,
 from the plan's late files), ``receipt`` (a receipt.json of the build's shape, with the
 release section of the plan and a near-duplicate section), ``edges`` (graph edge files,
 about 5 % of the records paired, similarity in [0.9, 1]) and ``previous`` (the copy of
@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from bench.scale import (FIXED, GUARDED, INPUTS, NEAR_DUP_RATE, STEPS, Scale, Step, _key, _release_plan_path,
+from bench.scale import (FIXED, GUARDED, INPUTS, NEAR_DUP_RATE, STEPS, Scale, Step, _key, _release_assignment_path,
                          shard_name, step)
 
 
 def write_manifest(store: Any, sc: Scale) -> None:
     """One manifest part per partition: every staged record with its placement (from the late
-    files of the release plan), in the manifest's schema (built column by column)."""
+    files of the release assignment), in the manifest's schema (built column by column)."""
     import pyarrow as pa
 
     from corpusforge.layout import MANIFEST_SCHEMA, manifest_path
@@ -50,7 +50,7 @@ def write_manifest(store: Any, sc: Scale) -> None:
 
 
 def _release(data: str) -> dict[str, Any]:
-    with open(_release_plan_path(data)) as f:
+    with open(_release_assignment_path(data)) as f:
         return json.load(f)
 
 
@@ -129,18 +129,18 @@ def _eval_sizes(n: int) -> dict[str, int]:
 
 
 def run_eval_captions(store: Any, sc: Scale, data: str) -> dict[str, Any]:
-    """The evaluation caption set from the test release plans, as the build flow runs it: the
+    """The evaluation caption set from the test release assignments, as the build flow runs it: the
     plan names to a file (flow), the set written by one task; twice, with the probe size
     first, then the default size. The probe's peak is its own; the default's is the step's
     peak over both (a process's freed memory is reused, so never less than its own)."""
     from bench.scale import _reset_peak, _status_bytes  # defined after the area modules load
-    from tasks.captions.eval_captions import EvalCaptionsConfig, write_eval_captions, write_test_plan_list
+    from tasks.captions.eval_captions import EvalCaptionsConfig, write_eval_captions, write_test_assignment_list
 
-    plans = write_test_plan_list(store, _release(data))
+    assignments = write_test_assignment_list(store, _release(data))
     start = _reset_peak()
     peaks, params, captions = {}, [], {}
     for kind, size in (("probe set", EVAL_PROBE_SIZE), ("default set", EvalCaptionsConfig().size)):
-        kwargs = dict(store=store, plans=plans, cfg=EvalCaptionsConfig(size=size))
+        kwargs = dict(store=store, assignments=assignments, cfg=EvalCaptionsConfig(size=size))
         result = write_eval_captions(**kwargs)
         peaks[kind] = _status_bytes("VmHWM:") - start
         params.append(kwargs)

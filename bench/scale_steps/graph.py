@@ -124,12 +124,12 @@ def run_graph_driver(store, sc: Scale, data: str) -> dict[str, Any]:
     from corpusforge.contract import UnitResult, require_marker
     from corpusforge.layout import staging_records, staging_tar
     from tasks.graph.edges import feature_digests, found_fingerprint, merge_groups
-    from tasks.graph.nodes import plan_nodes, write_shard_table
+    from tasks.graph.nodes import number_nodes, write_shard_table
     from tasks.graph.stage import shard_calls
     from tasks.graph.verify import records_fingerprint
 
     cfg = _near_config(MODEL_512)
-    nodes = plan_nodes(store, [shard_name(s) for s in range(sc.shards)])
+    nodes = number_nodes(store, [shard_name(s) for s in range(sc.shards)])
     digests = feature_digests(store, cfg, nodes)
     table = write_shard_table(store, nodes, digests)
     index = UnitResult("0" * 64, {}, "0" * 64, {"plan": {"kind": "ivf"}, "n_vectors": nodes.n_nodes, "dim": 512},
@@ -204,25 +204,25 @@ def _index_task_sizes(index: dict[str, Any]) -> Callable[[int], dict[str, int]]:
     def sizes(n: int) -> dict[str, int]:
         from tasks.graph import build, ondisk
         from tasks.graph.config import IndexConfig
-        from tasks.graph.index import plan_index
+        from tasks.graph.index import choose_index
 
         kept = Scale.of(n).kept
-        plan = plan_index(IndexConfig(**index), kept, 512)
-        return {"prepare_index": plan.n_train,
-                "add_block": min(kept, max(1, build.ADD_BLOCK_BYTES // plan.bytes_per_vector)),
-                "merge_blocks": min(kept, max(1, ondisk.MERGE_RANGE_BYTES // plan.bytes_per_vector))}
+        choice = choose_index(IndexConfig(**index), kept, 512)
+        return {"prepare_index": choice.n_train,
+                "add_block": min(kept, max(1, build.ADD_BLOCK_BYTES // choice.bytes_per_vector)),
+                "merge_blocks": min(kept, max(1, ondisk.MERGE_RANGE_BYTES // choice.bytes_per_vector))}
     return sizes
 
 
 def _train_work(index, kept: int) -> dict[str, Any]:
     """The IVF training sample and lists (k-means work ∝ their product) at ``kept`` vectors
-    and at a 10⁸ build, as plan_index plans them: the training task's CPU time grows with
+    and at a 10⁸ build, as choose_index chooses them: the training task's CPU time grows with
     that product, not with N (issue 31: ×122 from 1M to 10⁸ for IVF-PQ)."""
-    from tasks.graph.index import plan_index
+    from tasks.graph.index import choose_index
 
     def work(n: int) -> dict[str, int]:
-        plan = plan_index(index, n, 512)
-        return {"n_train": plan.n_train, "nlist": plan.nlist, "work": plan.n_train * plan.nlist}
+        choice = choose_index(index, n, 512)
+        return {"n_train": choice.n_train, "nlist": choice.nlist, "work": choice.n_train * choice.nlist}
 
     return {"here": work(kept), "1e8": work(Scale.of(10**8).kept)} if index.kind == "ivf" else {}
 
@@ -237,13 +237,13 @@ def _faiss_build(model_id: str, index: dict[str, Any] | None = None, tag: str = 
         from tasks.graph.files import GRAPH_INDEX_DIR, GRAPH_INDEX_WORK
         from tasks.graph.build import build_index
         from tasks.graph.edges import feature_digests
-        from tasks.graph.nodes import plan_nodes, write_shard_table
+        from tasks.graph.nodes import number_nodes, write_shard_table
 
         out = _graph_out(data, tag)
         for folder in (GRAPH_INDEX_DIR, GRAPH_INDEX_WORK):
             remove_tree(out, folder)
         cfg = _near_config(model_id, index)
-        nodes = plan_nodes(store, [shard_name(s) for s in range(sc.shards)])
+        nodes = number_nodes(store, [shard_name(s) for s in range(sc.shards)])
         table = write_shard_table(out, nodes, feature_digests(store, cfg, nodes))
         runs: dict[str, Any] = {"task_peaks": {}, "params": [], "files_elsewhere": 0, "bytes_elsewhere": 0}
         built, added = build_index(store, out, cfg, table, _measured(runs))
@@ -265,14 +265,14 @@ def _faiss_query(model_id: str, index: dict[str, Any] | None = None, tag: str = 
         from bench.scale import _status_bytes  # defined after the area modules load
         from corpusforge.contract import Marker, UnitResult
         from tasks.graph.edges import feature_digests, query_shard
-        from tasks.graph.nodes import plan_nodes, write_shard_table
+        from tasks.graph.nodes import number_nodes, write_shard_table
         from tasks.graph.stage import shard_calls
 
         with open(os.path.join(data, f"index-{tag}.json")) as f:
             built = UnitResult.of(Marker.from_json(json.load(f)), "computed")
         cfg = _near_config(model_id, index)
         out = _graph_out(data, tag)
-        nodes = plan_nodes(store, [shard_name(s) for s in range(sc.shards)])
+        nodes = number_nodes(store, [shard_name(s) for s in range(sc.shards)])
         digests = feature_digests(store, cfg, nodes)
         table = write_shard_table(out, nodes, digests)
         kwargs = dict(shard_calls(store, out, cfg, table, digests, built)[0], force=True)
@@ -331,11 +331,11 @@ def write_graph(store, sc: Scale, data: str) -> None:
     from tasks.graph.files import (FOUND_SCHEMA, GRAPH_RECALL_IDS, GRAPH_RECALL_VECTORS, edges_path, found_path,
                                    recall_path)
     from tasks.graph.edges import edge_table, feature_digests, found_fingerprint, merge_edges, merge_groups
-    from tasks.graph.nodes import load_shard_vectors, plan_nodes, write_shard_digests, write_shard_table
+    from tasks.graph.nodes import load_shard_vectors, number_nodes, write_shard_digests, write_shard_table
 
     out = _graph_out(data, GRAPH_TAG)
     cfg = _near_config(MODEL_512)
-    nodes = plan_nodes(store, [shard_name(s) for s in range(sc.shards)])
+    nodes = number_nodes(store, [shard_name(s) for s in range(sc.shards)])
     digests = feature_digests(store, cfg, nodes)
     table = write_shard_table(out, nodes, digests)
     planted = np.load(_planted_path(data, MODEL_512))
@@ -440,9 +440,9 @@ STEPS["graph_merge"] = Step("graph_merge", run_merge, _GRAPH_NEEDS, "task", ("ta
 def run_knn_cap(store, sc: Scale, data: str) -> dict[str, Any]:
     """The k-NN cap check after a partial rerun: every node's degree from the edge files."""
     from tasks.graph.edges import node_degrees
-    from tasks.graph.nodes import plan_nodes
+    from tasks.graph.nodes import number_nodes
 
-    nodes = plan_nodes(store, [shard_name(s) for s in range(sc.shards)])
+    nodes = number_nodes(store, [shard_name(s) for s in range(sc.shards)])
     degree = node_degrees(_graph_out(data, GRAPH_TAG), nodes)
     return {"tasks": 0, "params": [], "max_degree": int(degree.max())}
 
@@ -477,13 +477,13 @@ def run_verify(store, sc: Scale, data: str) -> dict[str, Any]:
     from corpusforge.contract import marker_path, require_marker
     from corpusforge.layout import staging_records, staging_tar
     from tasks.graph.files import review_path, verified_path
-    from tasks.graph.nodes import plan_nodes
+    from tasks.graph.nodes import number_nodes
     from tasks.graph.review import select_review_pairs
     from tasks.graph.verify import records_fingerprint, verify_shard
 
     out, state, cfg = _graph_out(data, GRAPH_TAG), _graph_state(data), _near_config(MODEL_512)
     review = select_review_pairs(out, cfg, state["table"], state["edges"])  # current: written as an input
-    nodes = plan_nodes(store, [shard_name(s) for s in range(sc.shards)])
+    nodes = number_nodes(store, [shard_name(s) for s in range(sc.shards)])
     shard = max(nodes.shards, key=lambda s: out.read_parquet(review_path(s)).num_rows)
     records = {s: require_marker(store, staging_tar(s), "staging shard").outputs[staging_records(s)]
                for s in nodes.shards}
@@ -526,10 +526,10 @@ def _collision_config(cap: int | None):
 def _collision_regime(cap: int | None) -> Callable[[int], dict[str, Any]]:
     def regime(n: int) -> dict[str, Any]:
         """Whether the corpus is counted whole and whether the sample is capped (the task's
-        subset_plan): the search grows with N below the cap and stays fixed past it."""
-        from tasks.graph.collision import subset_plan
+        choose_subsets): the search grows with N below the cap and stays fixed past it."""
+        from tasks.graph.collision import choose_subsets
 
-        scale, _, whole = subset_plan(_collision_config(cap).collision, Scale.of(n).kept)
+        scale, _, whole = choose_subsets(_collision_config(cap).collision, Scale.of(n).kept)
         return {"counted whole": whole, "sample capped": scale < 1}
     return regime
 
@@ -581,11 +581,11 @@ def write_regions(store, sc: Scale, data: str) -> None:
     ``regions-512g.json``."""
     from tasks.graph.crops import WINDOWS, region_dims
     from tasks.graph.files import regions_path
-    from tasks.graph.nodes import plan_nodes, write_shard_digests
+    from tasks.graph.nodes import number_nodes, write_shard_digests
 
     split, dims = region_dims()
     out = _graph_out(data, GRAPH_TAG)
-    nodes = plan_nodes(store, [shard_name(s) for s in range(sc.shards)])
+    nodes = number_nodes(store, [shard_name(s) for s in range(sc.shards)])
     frames = np.random.default_rng(11).standard_normal((nodes.n_nodes, dims)).astype(np.float32)
 
     def scaled(x: np.ndarray) -> np.ndarray:
@@ -621,13 +621,13 @@ def run_crop_candidates(store, sc: Scale, data: str) -> dict[str, Any]:
     from corpusforge.contract import UnitResult, marker_path
     from tasks.graph.crops import crop_candidates_shard
     from tasks.graph.files import crops_path
-    from tasks.graph.nodes import plan_nodes
+    from tasks.graph.nodes import number_nodes
     from tasks.shared.pair_score import PairScore
 
     out, state = _graph_out(data, GRAPH_TAG), _graph_state(data)
     with open(os.path.join(data, f"regions-{GRAPH_TAG}.json")) as f:
         regions = json.load(f)["regions"]
-    shard = plan_nodes(store, [shard_name(s) for s in range(sc.shards)]).shards[sc.shards // 2]
+    shard = number_nodes(store, [shard_name(s) for s in range(sc.shards)]).shards[sc.shards // 2]
     rule = PairScore.from_model(_model(MODEL_512)[1]).to_json()
     index = UnitResult("0" * 64, {}, "0" * 64, {"pair_score": rule, "plan": {"kind": "flat"}}, action="skipped")
     out.remove(marker_path(crops_path(shard)))

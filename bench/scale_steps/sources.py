@@ -1,5 +1,5 @@
 """Planning a table source and a tar (GPIC) source at scale: the "plan-inputs" task
-(tasks.ingest.sources.plan_partitions), as the build runs it, on inputs of N records.
+(tasks.ingest.sources.cut_partitions), as the build runs it, on inputs of N records.
 
 * table: ``{data}/table/metadata.parquet`` with path, caption, key and one unmapped column
   (which goes to every row's ``extra`` JSON), streamed into chunk files of
@@ -76,14 +76,14 @@ MODULES = ("tasks.ingest.sources", "pyarrow.parquet")
 def run_table_source_plan(store, sc: Scale, data: str) -> dict[str, Any]:
     """Planning a metadata table (the "plan-inputs" task): read in batches, normalised
     column by column, written as input chunks. (A rerun on the unchanged table reads back
-    the chunk list instead: tests/test_source_planning.py.)"""
+    the chunk list instead: tests/test_source_cuts.py.)"""
     from corpusforge.contract import marker_path
-    from tasks.ingest.sources import TABLE_PLAN, SourceConfig, plan_partitions
+    from tasks.ingest.sources import TABLE_CUTS, SourceConfig, cut_partitions
 
     out = _out(data, "table")
-    out.remove(marker_path(TABLE_PLAN))  # planned in full, as a first run or a changed table is
+    out.remove(marker_path(TABLE_CUTS))  # planned in full, as a first run or a changed table is
     kwargs = dict(src=_table_dir(data), store=out, cfg=SourceConfig())
-    kind, parts = plan_partitions(**kwargs)
+    kind, parts = cut_partitions(**kwargs)
     assert kind == "table" and len(parts) == sc.parts, (kind, len(parts), sc.parts)
     return {"tasks": 1, "params": [kwargs], "partitions": len(parts)}
 
@@ -92,10 +92,10 @@ def run_table_source_plan(store, sc: Scale, data: str) -> dict[str, Any]:
 def run_tar_source_plan(store, sc: Scale, data: str) -> dict[str, Any]:
     """Planning a GPIC release root (the "plan-inputs" task): its tars listed split by split,
     each stamped from the listing, one partition each."""
-    from tasks.ingest.sources import SourceConfig, plan_partitions
+    from tasks.ingest.sources import SourceConfig, cut_partitions
 
     kwargs = dict(src=_tars_dir(data), store=_out(data, "gpic"), cfg=SourceConfig())
-    kind, parts = plan_partitions(**kwargs)
+    kind, parts = cut_partitions(**kwargs)
     assert kind == "tars" and len(parts) == math.ceil(sc.n / RECORDS_PER_TAR)
     return {"tasks": 1, "params": [kwargs], "partitions": len(parts)}
 

@@ -33,15 +33,15 @@ from pydantic import Field
 from corpusforge.config import StrictModel
 from corpusforge.contract import Unit, read_pinned
 from corpusforge.layout import staging_tar
-from tasks.release.files import release_plan_path
+from tasks.release.files import release_assignment_path
 from tasks.captions.files import EVAL_CAPTIONS, EVAL_CAPTIONS_SCHEMA
 from corpusforge.storage import Store
 from tasks.shared.sampling import SmallestKeys
 
 TEST = "test"
-EVAL_PLANS = "work/eval_plans.parquet"  # the test split's release plan names, in the release's order
-EVAL_PLANS_SCHEMA = pa.schema([("shard", pa.string())])
-_PLAN_COLUMNS = ["key", "staging_shard", "caption", "caption_type", "members"]
+EVAL_ASSIGNMENTS = "work/eval_plans.parquet"  # the test split's release assignment names, in the release's order
+EVAL_ASSIGNMENTS_SCHEMA = pa.schema([("shard", pa.string())])
+_ASSIGNMENT_COLUMNS = ["key", "staging_shard", "caption", "caption_type", "members"]
 
 
 class EvalCaptionsConfig(StrictModel):
@@ -51,23 +51,23 @@ class EvalCaptionsConfig(StrictModel):
     seed: int = Field(1, description="Seed of the sample; 1 = the reference statistics' Test-50K subset seed.")
 
 
-def write_test_plan_list(store: Store, release: dict[str, Any]) -> str:
+def write_test_assignment_list(store: Store, release: dict[str, Any]) -> str:
     """Write the names of the test split's release assignment files (``release``: the summary of
-    :func:`tasks.release.plan_release_files`) for :func:`write_eval_captions`; return the SHA-256
+    :func:`tasks.release.assign_release_files`) for :func:`write_eval_captions`; return the SHA-256
     it is handed."""
     names = [name for name, shard in release["shards"].items() if shard["split"] == TEST]
-    return store.write_parquet(EVAL_PLANS, pa.table({"shard": names}, schema=EVAL_PLANS_SCHEMA))
+    return store.write_parquet(EVAL_ASSIGNMENTS, pa.table({"shard": names}, schema=EVAL_ASSIGNMENTS_SCHEMA))
 
 
-def _plans(store: Store, plans: str) -> list[str]:
-    data = read_pinned(store, EVAL_PLANS, plans, "the evaluation caption set")
+def _assignments(store: Store, assignments: str) -> list[str]:
+    data = read_pinned(store, EVAL_ASSIGNMENTS, assignments, "the evaluation caption set")
     return pq.read_table(io.BytesIO(data))["shard"].to_pylist()
 
 
-def _plan_batches(store: Store, name: str, columns: list[str], rows: int = 4096) -> Iterator[pa.RecordBatch]:
+def _assignment_batches(store: Store, name: str, columns: list[str], rows: int = 4096) -> Iterator[pa.RecordBatch]:
     """One release assignment file's ``columns`` in batches of ``rows``: the task holds a batch
     of a file, not a whole file (a release shard's size is a config field)."""
-    with store.open(release_plan_path(name)) as f:
+    with store.open(release_assignment_path(name)) as f:
         yield from pq.ParquetFile(f).iter_batches(batch_size=rows, columns=columns, use_threads=False)
 
 
@@ -123,25 +123,25 @@ class CaptionSet(TypedDict):
     rule: str
 
 
-def write_eval_captions(store: Store, plans: str, cfg: EvalCaptionsConfig,
+def write_eval_captions(store: Store, assignments: str, cfg: EvalCaptionsConfig,
                         source: Store | None = None) -> CaptionSet:
     """Write the set from the test split's release assignment files named in
-    ``work/eval_plans.parquet`` (``plans``: its SHA-256, :func:`write_test_plan_list`); return
+    ``work/eval_plans.parquet`` (``assignments``: its SHA-256, :func:`write_test_assignment_list`); return
     what the receipt records about it.
     ``source`` holds the staging shards (default ``store``)."""
     source = source or store
-    names = _plans(store, plans)
+    names = _assignments(store, assignments)
     smallest = SmallestKeys(cfg.size, cfg.seed)
     test_records = 0
     for name in names:
-        for batch in _plan_batches(store, name, ["key"]):
+        for batch in _assignment_batches(store, name, ["key"]):
             keys = batch["key"].to_pylist()
             test_records += len(keys)
             smallest.add(keys)
     chosen = pa.array(sorted(smallest.keys()), pa.string())
     rows: list[dict[str, Any]] = []
     for name in names:
-        for batch in _plan_batches(store, name, _PLAN_COLUMNS):
+        for batch in _assignment_batches(store, name, _ASSIGNMENT_COLUMNS):
             picked = batch.filter(pc.is_in(batch["key"], value_set=chosen))
             rows += [{**r, "shard": name} for r in picked.to_pylist()]
     for r, caption in _input_captions(source, rows):

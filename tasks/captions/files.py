@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-CAPTION_PLAN_DIR = "work/captions/plan"
+CAPTION_ASSIGNMENT_DIR = "work/captions/plan"
 CAPTION_JOURNAL_DIR = "work/captions/journal"
 CAPTIONS_DIR = "captions"
 EVAL_CAPTIONS = "eval_captions.parquet"
 
 
-def caption_plan_path(shard: str) -> str:
-    return f"{CAPTION_PLAN_DIR}/{shard}.parquet"
+def caption_assignment_path(shard: str) -> str:
+    return f"{CAPTION_ASSIGNMENT_DIR}/{shard}.parquet"
 
 
 def caption_journal_dir(shard: str) -> str:
@@ -32,7 +32,7 @@ def captions_path(shard: str) -> str:
     return f"{CAPTIONS_DIR}/{shard}.parquet"
 
 
-CAPTION_PLAN_SCHEMA = pa.schema([
+CAPTION_ASSIGNMENT_SCHEMA = pa.schema([
     ("key", pa.string()), ("sha256", pa.string()),
     ("caption_type", pa.string()),    # assigned (model captions) or the input's
     ("model_caption", pa.bool_()),    # false: the input caption is kept

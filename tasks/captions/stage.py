@@ -20,7 +20,7 @@
    ``question_error: …``).
 
 A shard unit's fingerprint holds the stage's identity (model, prompts' SHA-256,
-questions, sampling, image size — never the URL, concurrency or key), its plan file's and
+questions, sampling, image size — never the URL, concurrency or key), its assignment file's and
 staging tar's digests. A unit where some request gave up on transient errors is marked
 with an *incomplete* fingerprint, so the next run recomputes it — asking only those.
 """
@@ -42,7 +42,8 @@ from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Unit, UnitResult, c
 from corpusforge.hashing import canonical_json, sha256_bytes
 from corpusforge.layout import staging_index, staging_records, staging_tar
 from tasks.captions.files import (CAPTIONS_DIR, CAPTIONS_SCHEMA, CAPTION_JOURNAL_DIR, CAPTION_JOURNAL_SCHEMA,
-                                  CAPTION_PLAN_DIR, CAPTION_PLAN_SCHEMA, caption_journal_dir, caption_plan_path,
+                                  CAPTION_ASSIGNMENT_DIR, CAPTION_ASSIGNMENT_SCHEMA, caption_journal_dir,
+                                  caption_assignment_path,
                                   captions_path)
 from tasks.graph.files import decisions_path
 from corpusforge.records import Status
@@ -76,10 +77,10 @@ def caption_origin(model: str, prompt: Prompt) -> str:
 
 
 # ---- 1. assign ------------------------------------------------------------------------
-def plan_captions(store: Store, shards: list[str], cfg: CaptioningConfig, near_dedup: bool) -> dict[str, str]:
+def assign_captions(store: Store, shards: list[str], cfg: CaptioningConfig, near_dedup: bool) -> dict[str, str]:
     """Write every staging shard's caption assignment; return shard -> assignment file SHA-256.
 
-    Holds (key, shard) of the surviving records in one process, like the release plan."""
+    Holds (key, shard) of the surviving records in one process, like the release assignment."""
     survivors: dict[str, list[dict[str, Any]]] = {}
     for shard in shards:
         removed = {d["key"] for d in store.read_parquet(decisions_path(shard)).to_pylist()
@@ -97,8 +98,8 @@ def plan_captions(store: Store, shards: list[str], cfg: CaptioningConfig, near_d
         for r in rows:
             if r["model_caption"]:
                 r["caption_type"] = types[r["key"]]
-        digests[shard] = store.write_parquet(caption_plan_path(shard),
-                                             pa.Table.from_pylist(rows, schema=CAPTION_PLAN_SCHEMA))
+        digests[shard] = store.write_parquet(caption_assignment_path(shard),
+                                             pa.Table.from_pylist(rows, schema=CAPTION_ASSIGNMENT_SCHEMA))
     return digests
 
 
@@ -170,11 +171,11 @@ def _yes_no(content: str | None) -> str | None:
     return token if token in ("yes", "no") else None
 
 
-def decide(plan_row: dict[str, Any], answers: dict[str, dict[str, Any] | None], cfg: CaptioningConfig,
+def decide(assignment_row: dict[str, Any], answers: dict[str, dict[str, Any] | None], cfg: CaptioningConfig,
            prompts: dict[str, Prompt], questions: dict[str, Prompt]) -> dict[str, Any]:
     """One record's captions row from its answers (None: no answer yet: a transient failure)."""
-    row = {"key": plan_row["key"], "sha256": plan_row["sha256"], "status": Status.KEPT.value, "reason": "",
-           "caption_type": plan_row["caption_type"], "caption": None, "caption_origin": "input", "words": None,
+    row = {"key": assignment_row["key"], "sha256": assignment_row["sha256"], "status": Status.KEPT.value, "reason": "",
+           "caption_type": assignment_row["caption_type"], "caption": None, "caption_origin": "input", "words": None,
            "vlm_model": cfg.endpoint.model if questions else None, "vlm_answers": None}
     errors: list[str] = []
     filtered: list[str] = []
@@ -191,12 +192,12 @@ def decide(plan_row: dict[str, Any], answers: dict[str, dict[str, Any] | None], 
             filtered.append(q.name)
     if questions:
         row["vlm_answers"] = canonical_json(verdicts)
-    if plan_row["model_caption"]:
-        prompt = prompts[plan_row["caption_type"]]
+    if assignment_row["model_caption"]:
+        prompt = prompts[assignment_row["caption_type"]]
         row["caption_origin"] = caption_origin(cfg.endpoint.model, prompt)
         got = answers["caption"]
         text = (got["content"] or "").strip() if got and got["error"] is None else None
-        limit = cfg.max_words.get(plan_row["caption_type"], 10**9)
+        limit = cfg.max_words.get(assignment_row["caption_type"], 10**9)
         if got is None or got["error"] is not None:
             errors.append(f"caption_error: {got['error'] if got else 'no answer'}")
         elif text == NOT_VISIBLE:
@@ -222,23 +223,23 @@ class CaptionResult(UnitResult):
     requests_asked: int = field(default=0, kw_only=True)
 
 
-def caption_shard(store: Store, shard: str, cfg: CaptioningConfig, plan_digest: str) -> CaptionResult:
+def caption_shard(store: Store, shard: str, cfg: CaptioningConfig, assignment_digest: str) -> CaptionResult:
     """Caption and question one staging shard's assigned images (see the module docstring)."""
     prompts, questions = caption_prompts(cfg), question_prompts(cfg)
     staging_digest = require_marker(store, staging_tar(shard), "staging shard").digest
-    fp = unit_fingerprint("captions", code_version(__name__), identity(cfg), [plan_digest, staging_digest])
+    fp = unit_fingerprint("captions", code_version(__name__), identity(cfg), [assignment_digest, staging_digest])
     if (marker := current_marker(store, captions_path(shard), fp)) is not None:
         return CaptionResult.of(marker, SKIPPED)
     must_compute()
 
-    plan = store.read_parquet(caption_plan_path(shard)).to_pylist()
+    assignment = store.read_parquet(caption_assignment_path(shard)).to_pylist()
     journal = Journal(store, shard, cfg.journal_every, cfg.journal_seconds)
     done = journal.load()
     load = _image_loader(store, shard)
     wanted: dict[str, dict[str, str]] = {}   # key -> {caption|question name: request key}
     requests: list[Request] = []
     asked: set[str] = set()
-    for r in plan:
+    for r in assignment:
         asks = dict(questions)
         if r["model_caption"]:
             asks["caption"] = prompts[r["caption_type"]]
@@ -273,7 +274,7 @@ def caption_shard(store: Store, shard: str, cfg: CaptioningConfig, plan_digest: 
         return done.get(k)
 
     rows = [decide(r, {what: answer(k) for what, k in wanted[r["key"]].items()}, cfg, prompts, questions)
-            for r in plan]
+            for r in assignment]
     used = {k: done[k] for asks in wanted.values() for k in asks.values() if k in done}
     journal.compact(used)
     sha = store.write_parquet(captions_path(shard), pa.Table.from_pylist(rows, schema=CAPTIONS_SCHEMA))
@@ -281,7 +282,7 @@ def caption_shard(store: Store, shard: str, cfg: CaptioningConfig, plan_digest: 
     for row in rows:
         if row["words"] is not None:
             words[row["caption_type"]][row["words"]] += 1
-    info = {"shard": shard, "planned": len(plan), "gave_up": len(gave_up),
+    info = {"shard": shard, "planned": len(assignment), "gave_up": len(gave_up),
             "by_status": dict(sorted(Counter(r["status"] for r in rows).items())),
             "by_reason": dict(sorted(Counter(r["reason"].split(":", 1)[0] for r in rows if r["reason"]).items())),
             "words": {t: {str(n): c for n, c in sorted(w.items())} for t, w in sorted(words.items())}}
@@ -292,17 +293,18 @@ def caption_shard(store: Store, shard: str, cfg: CaptioningConfig, plan_digest: 
     return CaptionResult.of(marker, COMPUTED, requests_asked=len(requests))
 
 
-PLAN = Unit(plan_captions, "plan-captions")
+ASSIGN_CAPTIONS = Unit(assign_captions, "plan-captions")
 CAPTION_SHARD = Unit(caption_shard, "caption-shard", probe=True)
 
 
 def captioning_stage(store: Store, cfg: CaptioningConfig, staged: list[str], near_dedup: bool, *,
                      fan_out: FanOut = in_process) -> tuple[dict[str, Any], dict[str, Any]]:
     """Assign, then caption every staging shard through ``fan_out``; return (summary, work done)."""
-    for folder in (CAPTION_PLAN_DIR, CAPTIONS_DIR, CAPTION_JOURNAL_DIR):
+    for folder in (CAPTION_ASSIGNMENT_DIR, CAPTIONS_DIR, CAPTION_JOURNAL_DIR):
         prune(store, folder, staged)
-    digests = fan_out(PLAN, [dict(store=store, shards=staged, cfg=cfg, near_dedup=near_dedup)])[0]
-    results = fan_out(CAPTION_SHARD, [dict(store=store, shard=s, cfg=cfg, plan_digest=digests[s]) for s in staged])
+    digests = fan_out(ASSIGN_CAPTIONS, [dict(store=store, shards=staged, cfg=cfg, near_dedup=near_dedup)])[0]
+    results = fan_out(CAPTION_SHARD, [dict(store=store, shard=s, cfg=cfg,
+                                           assignment_digest=digests[s]) for s in staged])
     return receipt_section(cfg, results), {
         **summarise("captioning", results).counts(),
         "requests_asked": sum(r.requests_asked for r in results),

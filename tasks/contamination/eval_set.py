@@ -65,7 +65,7 @@ class EvalChunk:
 
 
 @dataclass
-class EvalPlan:
+class EvalCuts:
     kind: str
     name: str
     chunks: list[EvalChunk] = field(default_factory=list)
@@ -129,7 +129,7 @@ def _folder_rows(root: str, cfg: EvalSetConfig) -> list[dict[str, Any]]:
     return rows
 
 
-def plan_eval_set(cfg: EvalSetConfig) -> EvalPlan:
+def cut_eval_set(cfg: EvalSetConfig) -> EvalCuts:
     """List the items in a fixed order and cut them into chunks of ``cfg.chunk_size``."""
     so = cfg.storage_options
     fs, path = url_to_fs(cfg.source, so)
@@ -151,10 +151,10 @@ def plan_eval_set(cfg: EvalSetConfig) -> EvalPlan:
         _check_unique([r["item_id"] for r in rows], cfg.source)
         chunks = [EvalChunk(f"{c:06d}", "table", s, tuple(rows[s:s + size]), base=base)
                   for c, s in enumerate(range(0, len(rows), size))]
-        return EvalPlan("table", name, chunks, [cfg.source])
+        return EvalCuts("table", name, chunks, [cfg.source])
     if fs.isfile(path) and path.endswith(".tar"):
         prefix = posixpath.basename(path)[:-4]
-        return EvalPlan("tars", name, [EvalChunk("000000", "tar", 0, uri=cfg.source, prefix=prefix)], [cfg.source])
+        return EvalCuts("tars", name, [EvalChunk("000000", "tar", 0, uri=cfg.source, prefix=prefix)], [cfg.source])
     if not fs.isdir(path):
         raise FileNotFoundError(f"evaluation set {cfg.source} does not exist")
     root = cfg.source.rstrip("/")
@@ -165,11 +165,11 @@ def plan_eval_set(cfg: EvalSetConfig) -> EvalPlan:
         for i, rel in enumerate(tars):
             uri, error = resolve_input(root, rel, roots)
             chunks.append(EvalChunk(f"{i:06d}", "tar", 0, uri=uri or "", prefix=rel[:-4], base=root, error=error))
-        return EvalPlan("tars", name, chunks, [c.uri for c in chunks if c.uri])
+        return EvalCuts("tars", name, chunks, [c.uri for c in chunks if c.uri])
     rows = _folder_rows(root, cfg)
     chunks = [EvalChunk(f"{c:06d}", "folder", s, tuple(rows[s:s + size]), base=root)
               for c, s in enumerate(range(0, len(rows), size))]
-    return EvalPlan("folder", name, chunks, [])
+    return EvalCuts("folder", name, chunks, [])
 
 
 def _check_unique(ids: list[str], where: str) -> None:

@@ -317,9 +317,9 @@ def build_scan_index(out: Store, name: str, target: ScanSide, target_digest: str
     n_est = sum(n_selected(target, s) for s in target.shards)
     nlist = cfg.nlist or auto_nlist(n_est, per_root=1)
     n_train = min(n_est, cfg.max_train, nlist * IVF_TRAIN_PER_LIST)
-    plan = {"nlist": nlist, "nprobe": min(cfg.nprobe, nlist), "storage": cfg.storage, "n_train": n_train,
-            "seed": cfg.seed}
-    fp = unit_fingerprint("contamination-index", code_version(__name__), [plan, rule.to_json()], target_digest)
+    choice = {"nlist": nlist, "nprobe": min(cfg.nprobe, nlist), "storage": cfg.storage, "n_train": n_train,
+              "seed": cfg.seed}
+    fp = unit_fingerprint("contamination-index", code_version(__name__), [choice, rule.to_json()], target_digest)
     rel = contamination_index(name)
 
     def compute() -> tuple[dict[str, str], ScanIndexInfo]:
@@ -337,9 +337,9 @@ def build_scan_index(out: Store, name: str, target: ScanSide, target_digest: str
         if dim is None:
             raise ValueError(f"scan {name}: the target side has no vectors")
         train = np.concatenate(sample)[np.argsort(np.concatenate(order), kind="stable")]
-        if len(train) < plan["nlist"]:
-            raise ValueError(f"scan {name}: {len(train)} training vectors for {plan['nlist']} IVF lists")
-        index = sim.new_ivf(rule.form_dim(dim), plan["nlist"], cfg.storage, plan["nprobe"], cfg.seed)
+        if len(train) < choice["nlist"]:
+            raise ValueError(f"scan {name}: {len(train)} training vectors for {choice['nlist']} IVF lists")
+        index = sim.new_ivf(rule.form_dim(dim), choice["nlist"], cfg.storage, choice["nprobe"], cfg.seed)
         index.train(train)
         del train, sample
         offsets = [0]
@@ -353,7 +353,7 @@ def build_scan_index(out: Store, name: str, target: ScanSide, target_digest: str
             faiss.write_index(index, faiss.PyCallbackIOWriter(sink.write))
         first = contamination_index_offsets(name)
         first_sha = out.write_parquet(first, pa.table({"first_id": pa.array(offsets, pa.int64())}))
-        return {rel: sink.sha256, first: first_sha}, {"plan": plan, "dim": int(dim), "n_vectors": int(offsets[-1]),
+        return {rel: sink.sha256, first: first_sha}, {"plan": choice, "dim": int(dim), "n_vectors": int(offsets[-1]),
                                                       "pair_score": rule.to_json()}
 
     return run_unit(out, rel, fp, compute)
@@ -466,7 +466,7 @@ def scan_recall(out: Store, scan: str, query: ScanSide, target: ScanSide, target
     return run_unit(out, rel, fp, compute)
 
 
-def plan_search(mode: str, n_queries: int, n_targets: int, exact_max_pairs: float) -> str:
+def choose_search(mode: str, n_queries: int, n_targets: int, exact_max_pairs: float) -> str:
     """exact or ivf: ``auto`` is exact while queries × targets stays within ``exact_max_pairs``
     (and whenever the targets are too few to train an index)."""
     if mode != "auto":

@@ -30,7 +30,7 @@ _C1, _C2, _GOLD = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), 
 
 
 @dataclass(frozen=True)
-class BandPlan:
+class BandChoice:
     """The bands every text of one run is keyed on."""
 
     signature_subsets: tuple[tuple[int, ...], ...]
@@ -48,10 +48,10 @@ class BandPlan:
         return 1.0 - (1.0 - j ** self.rows_per_band) ** self.lsh_bands
 
 
-def band_plan(n_seeds: int, signature_threshold: float, num_perm: int, rows_per_band: int) -> BandPlan:
+def choose_bands(n_seeds: int, signature_threshold: float, num_perm: int, rows_per_band: int) -> BandChoice:
     m = signature_bands_needed(signature_threshold, n_seeds)
     subsets = tuple(itertools.combinations(range(n_seeds), m)) if m <= n_seeds else ()
-    return BandPlan(subsets, rows_per_band, num_perm // rows_per_band)
+    return BandChoice(subsets, rows_per_band, num_perm // rows_per_band)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -75,7 +75,7 @@ def _sha_prefix(hexes: list[str]) -> np.ndarray:
     return np.fromiter((int(h[:16], 16) for h in hexes), dtype=np.uint64, count=len(hexes))
 
 
-def band_keys(batch: TextBatch, plan: BandPlan, empty: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def band_keys(batch: TextBatch, choice: BandChoice, empty: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(row, band, key)`` arrays: every band key of every text of ``batch``.
 
     ``empty`` marks texts that are empty as given: they get no key at all. A text whose
@@ -92,12 +92,12 @@ def band_keys(batch: TextBatch, plan: BandPlan, empty: np.ndarray) -> tuple[np.n
     has = live & batch.has_signature
     sig, lsh, sub = batch.signature[has], batch.lsh[has], idx[has]
     band = 2
-    for subset in plan.signature_subsets:
+    for subset in choice.signature_subsets:
         rows.append(sub); bands.append(np.full(len(sub), band, np.int16))
         keys.append(_chain(band, sig[:, list(subset)]))
         band += 1
-    r = plan.rows_per_band
-    for b in range(plan.lsh_bands):
+    r = choice.rows_per_band
+    for b in range(choice.lsh_bands):
         rows.append(sub); bands.append(np.full(len(sub), band, np.int16))
         keys.append(_chain(band, lsh[:, b * r:(b + 1) * r]))
         band += 1

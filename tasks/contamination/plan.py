@@ -17,7 +17,7 @@ from corpusforge.plans import StagePlan, deletions, switched_off
 from corpusforge.storage import Store
 from tasks.contamination.config import EvalSetConfig, ImageScanConfig
 from tasks.contamination.eval_features import corpus_decode_size, eval_features_config, scan_model_only
-from tasks.contamination.eval_set import judge_eval_chunk, plan_eval_set
+from tasks.contamination.eval_set import judge_eval_chunk, cut_eval_set
 from tasks.shared.features.config import FeaturesConfig
 from tasks.shared.features.extract import decode_size, feature_fingerprint, judge_shard, load_models
 
@@ -31,7 +31,7 @@ def plan_units(out: Store, corpus: Store, eval_set: EvalSetConfig | None, image:
     eval_store = out.sub(CONTAMINATION_EVAL)
     staging = StagePlan("eval.staging")
     staged: dict[str, dict[str, Any] | None] = {}
-    for chunk in plan_eval_set(eval_set).chunks:
+    for chunk in cut_eval_set(eval_set).chunks:
         action, reason, _, _ = judge_eval_chunk(out, eval_store, chunk, eval_set)
         staging.add(chunk.name, action, reason)
         staged[chunk.name] = read_marker(out, eval_items_path(chunk.name)) if action == SKIPPED else None

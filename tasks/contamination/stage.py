@@ -40,12 +40,12 @@ from tasks.contamination.config import (EditionConfig, EvalSetConfig, ImageScanC
 from tasks.contamination.editions import item_decisions, write_edition
 from tasks.contamination.image_text import judge_chunk, summarize_judge
 from tasks.contamination.judge import make_judge
-from tasks.contamination.eval_set import EvalPlan, stage_chunk
+from tasks.contamination.eval_set import EvalCuts, stage_chunk
 from tasks.contamination.image_rates import image_rows, summarize_images
 from tasks.contamination.leakage import leakage_rows, summarize_leakage
 from tasks.contamination.receipts import file_sha256
 from tasks.contamination.selection import select_splits, selection_name, write_shard_list
-from tasks.contamination.text_sources import caption_texts, item_texts, plan_table_parts, table_texts
+from tasks.contamination.text_sources import caption_texts, item_texts, cut_table_parts, table_texts
 
 STAGE_CHUNK = Unit(stage_chunk, "contamination-stage-eval-chunk")
 SELECT = Unit(select_splits, "contamination-select-splits")
@@ -55,7 +55,7 @@ SCAN_IVF = Unit(scan.scan_shard_ivf, "contamination-scan-ivf")
 RECALL = Unit(scan.scan_recall, "contamination-scan-recall")
 IMAGE_ROWS = Unit(image_rows, "contamination-image-rows")
 LEAKAGE_ROWS = Unit(leakage_rows, "contamination-leakage-rows")
-TEXT_PLAN = Unit(plan_table_parts, "contamination-text-table-parts")
+CUT_TEXT_TABLE = Unit(cut_table_parts, "contamination-text-table-parts")
 TEXT_UNIT = Unit(ts.text_unit, "contamination-text-unit")
 JOIN = Unit(ts.join_bucket, "contamination-text-join")
 VERIFY = Unit(ts.verify_group, "contamination-text-verify")
@@ -70,14 +70,14 @@ BAND_ROWS_PER_BUCKET = 4_000_000
 TEXTS_PER_VERIFY_GROUP = 500_000
 
 
-def stage_eval_set(out: Store, eval_store: Store, plan: EvalPlan, cfg: EvalSetConfig, *,
+def stage_eval_set(out: Store, eval_store: Store, cuts: EvalCuts, cfg: EvalSetConfig, *,
                    fan_out: FanOut = in_process) -> list[UnitResult]:
     """Stage every chunk of the evaluation set (images → staging shard, rows → items)."""
-    names = [c.name for c in plan.chunks]
+    names = [c.name for c in cuts.chunks]
     prune(out, CONTAMINATION_ITEMS, names)
     for folder in (STAGING_TARS, STAGING_INDEX, STAGING_RECORDS):
         prune(eval_store, folder, names)
-    return fan_out(STAGE_CHUNK, [dict(out=out, eval_store=eval_store, chunk=c, cfg=cfg) for c in plan.chunks])
+    return fan_out(STAGE_CHUNK, [dict(out=out, eval_store=eval_store, chunk=c, cfg=cfg) for c in cuts.chunks])
 
 
 def _selection(corpus: Store, out: Store, label: str, splits: list[str] | None, shards: list[str], *,
@@ -97,7 +97,7 @@ def run_scan(out: Store, name: str, query: scan.ScanSide, target: scan.ScanSide,
     prune(out, f"{CONTAMINATION_FOUND}/{name}", query.shards)
     n_q = sum(scan.n_selected(query, s) for s in query.shards)
     n_t = sum(scan.n_selected(target, s) for s in target.shards)
-    mode = scan.plan_search(search, n_q, n_t, exact_max_pairs)
+    mode = scan.choose_search(search, n_q, n_t, exact_max_pairs)
     rule = scan.pair_rule(query, target)
     if mode == "ivf":
         dim = int(require_features(target.store, target.model_id, target.shards[0]).info["dim"])
@@ -194,7 +194,7 @@ def _doc_units(out: Store, corpus: Store | None, cfg: TextCanaryConfig, *, fan_o
     """The corpus side's text units: one per staging shard (captions) or table part."""
     c = cfg.corpus
     if c.kind == "table":
-        marker = fan_out(TEXT_PLAN, [dict(out=out, cfg=c)])[0]
+        marker = fan_out(CUT_TEXT_TABLE, [dict(out=out, cfg=c)])[0]
         calls = [dict(out=out, kind=ts.DOCS, unit=p, read=partial(_no_fields, table_texts, out, p), cfg=cfg,
                       inputs=marker.outputs[text_work_path("source", p)]) for p in marker.info["parts"]]
         return calls, {"kind": "table", "path": c.path, "texts": marker.info["texts"],

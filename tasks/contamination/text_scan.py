@@ -41,7 +41,7 @@ from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.contamination.canary import CanaryThresholds, PairScores, decide, round3
 from tasks.contamination.config import TextCanaryConfig
-from tasks.contamination.lsh import BandPlan, band_keys, band_plan
+from tasks.contamination.lsh import BandChoice, band_keys, choose_bands
 from tasks.contamination.signatures import TextBatch, text_batch
 
 DOCS, QUERIES, DOC_BANDS, QUERY_BANDS = "docs", "queries", "doc_bands", "query_bands"
@@ -68,8 +68,8 @@ def thresholds_of(cfg: TextCanaryConfig) -> CanaryThresholds:
                             cfg.review_signature)
 
 
-def plan_bands(cfg: TextCanaryConfig) -> BandPlan:
-    return band_plan(len(cfg.seeds), cfg.signature, cfg.lsh.num_perm, cfg.lsh.rows_per_band)
+def choose_text_bands(cfg: TextCanaryConfig) -> BandChoice:
+    return choose_bands(len(cfg.seeds), cfg.signature, cfg.lsh.num_perm, cfg.lsh.rows_per_band)
 
 
 # ---- payloads: the facts of a unit's texts, as stored --------------------------------
@@ -124,16 +124,16 @@ def read_payload(store: Store, kind: str, unit: str) -> Payload:
 def text_unit(out: Store, kind: str, unit: str, read: Callable[[], tuple[list[str], list[str | None], list[str]]],
               inputs: Any, cfg: TextCanaryConfig) -> UnitResult:
     """Facts and band keys of one unit's texts (``kind``: docs or queries)."""
-    plan = plan_bands(cfg)
+    choice = choose_text_bands(cfg)
     fp = unit_fingerprint(f"contamination-text-{kind}", code_version(__name__),
-                          [cfg.seeds, cfg.lsh.num_perm, cfg.lsh.seed, plan.to_json()], inputs)
+                          [cfg.seeds, cfg.lsh.num_perm, cfg.lsh.seed, choice.to_json()], inputs)
     bands_kind = DOC_BANDS if kind == DOCS else QUERY_BANDS
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         ids, fields, texts = read()
         batch = text_batch(texts, cfg.seeds, cfg.lsh.num_perm, cfg.lsh.seed)
         empty = np.array([not t for t in texts], dtype=bool)
-        rows, bands, keys = band_keys(batch, plan, empty)
+        rows, bands, keys = band_keys(batch, choice, empty)
         order = np.argsort(keys, kind="stable")  # ties keep (band, row) order: deterministic
         band_table = pa.table({"key": keys[order], "band": bands[order], "row": rows[order]}, schema=BAND_SCHEMA)
         p_rel, b_rel = text_work_path(kind, unit), text_work_path(bands_kind, unit)
@@ -551,8 +551,8 @@ def sample_rel() -> str:
 
 
 def canary_receipt_fields(cfg: TextCanaryConfig) -> dict[str, Any]:
-    plan = plan_bands(cfg)
-    return {"seeds": list(cfg.seeds), "thresholds": thresholds_of(cfg).__dict__, "bands": plan.to_json(),
+    choice = choose_text_bands(cfg)
+    return {"seeds": list(cfg.seeds), "thresholds": thresholds_of(cfg).__dict__, "bands": choice.to_json(),
             "lsh": cfg.lsh.model_dump(mode="json"),
-            "jaccard_candidate_probability": {str(j): round(plan.jaccard_candidate_probability(j), 6)
+            "jaccard_candidate_probability": {str(j): round(choice.jaccard_candidate_probability(j), 6)
                                               for j in (0.2, 0.3, cfg.direct_jaccard, 0.5, 0.7)}}

@@ -79,7 +79,7 @@ def _read_table(cfg: TextCorpusConfig) -> tuple[list[str | None], list[str]]:
     return ids, texts
 
 
-def plan_table_parts(out: Store, cfg: TextCorpusConfig) -> UnitResult:
+def cut_table_parts(out: Store, cfg: TextCorpusConfig) -> UnitResult:
     """Copy a text table into parts of ``part_size`` texts (skipped while its stamp is unchanged)."""
     fp = unit_fingerprint("contamination-text-source", code_version(__name__),
                           [cfg.text_column, cfg.id_column, cfg.part_size], [cfg.path, uri_stamp(cfg.path,

@@ -41,7 +41,7 @@ from corpusforge.version import code_version
 from tasks.graph import index as fx
 from tasks.graph import ondisk
 from tasks.graph.config import NearDedupConfig
-from tasks.graph.edges import IndexInfo, group_shards, index_plan
+from tasks.graph.edges import IndexInfo, group_shards, index_choice
 from tasks.graph.nodes import NodeTable, load_shard_vectors, read_shard_table
 from tasks.shared.pair_score import PairScore
 
@@ -71,7 +71,7 @@ def build_index(source: Store, out: Store, cfg: NearDedupConfig, shard_table: st
         remove_tree(out, GRAPH_INDEX_WORK)
         return first, None
     nodes, _ = read_shard_table(out, shard_table)
-    blocks = index_blocks(nodes, fx.IndexPlan.from_json(first.info["plan"]))
+    blocks = index_blocks(nodes, fx.IndexChoice.from_json(first.info["plan"]))
     prune(out, GRAPH_INDEX_BLOCKS, [b[0] for b in blocks])
     added = fan_out(ADD_BLOCK, [dict(source=source, out=out, cfg=cfg, shard_table=shard_table, block=b,
                                      trained=first.digest) for b in blocks])
@@ -80,10 +80,10 @@ def build_index(source: Store, out: Store, cfg: NearDedupConfig, shard_table: st
     return merged, summarise("graph.blocks", added)
 
 
-def index_blocks(nodes: NodeTable, plan: fx.IndexPlan) -> list[tuple[str, str]]:
+def index_blocks(nodes: NodeTable, choice: fx.IndexChoice) -> list[tuple[str, str]]:
     """Contiguous groups of shards, (first, last), each with at most ADD_BLOCK_BYTES of lists
     (or one shard): fixed by the node table, so every task derives the same blocks."""
-    most = max(1, ADD_BLOCK_BYTES // plan.bytes_per_vector)
+    most = max(1, ADD_BLOCK_BYTES // choice.bytes_per_vector)
     counts = np.diff(nodes.offsets)
     blocks, start, held = [], 0, 0
     for i, count in enumerate(counts.tolist()):
@@ -102,21 +102,21 @@ def blocks_digest(digests: list[str]) -> str:
 
 
 def prepare_index(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str) -> UnitResult[IndexInfo]:
-    """Plan the index and draw the recall sample; build a flat index whole, train an IVF one.
+    """Choose the index and draw the recall sample; build a flat index whole, train an IVF one.
 
     Returns the index's unit result (flat) or the trained index's (IVF)."""
     nodes, _ = read_shard_table(out, shard_table)
     markers = [m.info for m in require_all_features(source, cfg.model_id, nodes.shards)]
-    plan, rule, n_vectors, dim = index_plan(cfg, markers)
-    flat = plan.kind == "flat"
+    choice, rule, n_vectors, dim = index_choice(cfg, markers)
+    flat = choice.kind == "flat"
     fp = unit_fingerprint("graph-index" if flat else "graph-index-train", code_version(__name__),
-                          [plan.to_json(), cfg.seed, cfg.recall_queries, rule.to_json()], shard_table)
+                          [choice.to_json(), cfg.seed, cfg.recall_queries, rule.to_json()], shard_table)
 
     def compute() -> tuple[dict[str, str], IndexInfo]:
         fx.set_threads(cfg.index.faiss_threads)
-        index = fx.new_index(plan, cfg.seed)
+        index = fx.new_index(choice, cfg.seed)
         train, train_keys, recall_ids, recall_vecs = [], [], [], []
-        train_rate, recall_rate = plan.n_train / max(n_vectors, 1), cfg.recall_queries / max(n_vectors, 1)
+        train_rate, recall_rate = choice.n_train / max(n_vectors, 1), cfg.recall_queries / max(n_vectors, 1)
         for shard, offset in zip(nodes.shards, nodes.offsets[:-1], strict=False):
             ids, keys, x = load_shard_vectors(source, cfg.model_id, shard, int(offset))
             if flat and len(ids):
@@ -131,7 +131,7 @@ def prepare_index(source: Store, out: Store, cfg: NearDedupConfig, shard_table: 
         gpu = False
         if not flat:
             index, gpu = fx.maybe_gpu(index, cfg.index.use_gpu)
-            fx.train_index(index, _in_key_order(train, train_keys, plan.dim))
+            fx.train_index(index, _in_key_order(train, train_keys, choice.dim))
             if gpu:
                 index = faiss.index_gpu_to_cpu(index)
         q_ids = np.concatenate(recall_ids) if recall_ids else np.zeros(0, np.int64)
@@ -144,7 +144,7 @@ def prepare_index(source: Store, out: Store, cfg: NearDedupConfig, shard_table: 
             sink = HashingWriter(f)
             fx.write_index(index, sink)
         outputs[main] = sink.sha256
-        return outputs, {"plan": plan.to_json(), "n_vectors": n_vectors, "dim": dim, "pair_score": rule.to_json(),
+        return outputs, {"plan": choice.to_json(), "n_vectors": n_vectors, "dim": dim, "pair_score": rule.to_json(),
                          "recall_queries": int(len(q_ids)), "gpu_build": gpu}
 
     return run_unit(out, GRAPH_INDEX if flat else GRAPH_INDEX_TRAINED, fp, compute)
@@ -189,7 +189,7 @@ def merge_blocks(out: Store, shard_table: str, trained: str, blocks: str) -> Uni
     def compute() -> tuple[dict[str, str], IndexInfo]:
         info = _trained_marker(out, trained).info
         nodes, _ = read_shard_table(out, shard_table)
-        names = [index_block_path(first) for first, _ in index_blocks(nodes, fx.IndexPlan.from_json(info["plan"]))]
+        names = [index_block_path(first) for first, _ in index_blocks(nodes, fx.IndexChoice.from_json(info["plan"]))]
         markers = [require_marker(out, name, "graph index block") for name in names]
         if blocks_digest([m.digest for m in markers]) != blocks:
             raise ValueError(f"{out.path(GRAPH_INDEX_BLOCKS)} changed while the graph stage ran: another build "

@@ -29,7 +29,7 @@ largest fraction would exceed ``max_subset_vectors`` all fractions are scaled do
 together (recorded). The pairs are saved for the calibration sheets' low-similarity bins.
 
 Cost at scale: the models are fitted on a seeded sample of bounded size. The search, its
-pairs and the counts cover at most ``max_subset_vectors`` vectors (:func:`subset_plan`),
+pairs and the counts cover at most ``max_subset_vectors`` vectors (:func:`choose_subsets`),
 whatever N; what grows with N is one pass over the corpus, shards read side by side a
 window at a time, that hashes each key and keeps the sample's rows (O(N) time; memory of a
 window of shards plus the sample).
@@ -128,7 +128,7 @@ def removals(n: int, a: np.ndarray, b: np.ndarray) -> int:
     return int(n - np.count_nonzero(uf.roots() == np.arange(n)))
 
 
-def subset_plan(cc: CollisionConfig, n_vectors: int) -> tuple[float, list[float], bool]:
+def choose_subsets(cc: CollisionConfig, n_vectors: int) -> tuple[float, list[float], bool]:
     """(scale, fractions, whole): the fractions scaled so the largest subset holds at most
     ``max_subset_vectors``, and whether the corpus is small enough to be counted whole. The
     vectors searched are N when whole, else about ``fractions[-1]``·N ≤ the cap."""
@@ -200,19 +200,19 @@ def collision_models(source: Store, out: Store, cfg: NearDedupConfig, shard_tabl
 def _collision_models(source: Store, out: Store, cfg: NearDedupConfig, nodes: NodeTable,
                       n_vectors: int) -> tuple[dict[str, str], dict[str, Any]]:
     cc = cfg.collision
-    scale, fractions, whole = subset_plan(cc, n_vectors)  # whole: the corpus counted beside the prediction
+    scale, fractions, whole = choose_subsets(cc, n_vectors)  # whole: the corpus counted beside the prediction
     ids, x, u, total = _gather_subset(source, cfg, nodes, 1.0 if whole else fractions[-1])
     theta_min = cc.thresholds[0]
     n_max = len(ids)
     rule = pair_score_of([m.info for m in require_all_features(source, cfg.model_id, nodes.shards)])
-    plan = fx.plan_index(cfg.index, n_max, rule.form_dim(x.shape[1]) if x.ndim == 2 and n_max else 1)
+    choice = fx.choose_index(cfg.index, n_max, rule.form_dim(x.shape[1]) if x.ndim == 2 and n_max else 1)
     local = np.arange(n_max, dtype=np.int64)
     a = b = np.zeros(0, np.int64)
     s = np.zeros(0, np.float32)
     if n_max > 1:
-        index = fx.new_index(plan, cfg.seed)
+        index = fx.new_index(choice, cfg.seed)
         forms = rule.candidate_forms(x)
-        fx.train_index(index, forms[: plan.n_train] if plan.kind == "ivf" else forms)
+        fx.train_index(index, forms[: choice.n_train] if choice.kind == "ivf" else forms)
         index.add_with_ids(forms, local)
         floor = theta_min - fx.EXACT_SEARCH_MARGIN - rule.search_slack
         src, dst, _ = fx.search_pairs(index, local, rule.query_forms(x), floor, "range", 0)
@@ -240,7 +240,7 @@ def _collision_models(source: Store, out: Store, cfg: NearDedupConfig, nodes: No
         fit["predicted_target"], fit["predicted_target_note"] = predict(fit, cc.target_size, cc.max_extrapolation)
         fits[f"{theta:g}"] = fit
     result = {"rows": rows, "fits": fits, "full_size": total, "target_size": cc.target_size,
-              "fraction_scale": scale, "search": plan.to_json(), "pairs": len(a),
+              "fraction_scale": scale, "search": choice.to_json(), "pairs": len(a),
               "lowest_threshold": theta_min, "counted_whole": whole,
               "rules": {"min_fit_points": cc.min_fit_points, "min_fit_decades": cc.min_fit_decades,
                         "max_extrapolation": cc.max_extrapolation}}

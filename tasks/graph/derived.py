@@ -13,7 +13,7 @@ from corpusforge.layout import STAGING_TARS
 from tasks.report.files import RECEIPT
 from corpusforge.storage import Store
 from tasks.graph.config import NearDedupConfig
-from tasks.graph.edges import index_plan
+from tasks.graph.edges import index_choice
 from tasks.graph.index import INDEX_WORKER_BYTES
 
 
@@ -36,7 +36,7 @@ def check_index_size(source: Store, cfg: NearDedupConfig, limit: int = INDEX_WOR
     markers = [m.info for s in completed_units(source, STAGING_TARS, ".tar")
                if (m := feature_marker(source, cfg.model_id, s)) is not None]
     if markers:
-        index_plan(cfg, markers, limit)
+        index_choice(cfg, markers, limit)
 
 
 def lineage(source: Store, shards: list[str], cfg: NearDedupConfig) -> dict[str, Any]:

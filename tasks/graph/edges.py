@@ -81,8 +81,8 @@ def feature_digests(source: Store, cfg: NearDedupConfig, nodes: NodeTable) -> di
 
 
 
-def index_plan(cfg: NearDedupConfig, markers: list[dict[str, Any]], limit: int = fx.INDEX_WORKER_BYTES
-               ) -> tuple[fx.IndexPlan, PairScore, int, int]:
+def index_choice(cfg: NearDedupConfig, markers: list[dict[str, Any]], limit: int = fx.INDEX_WORKER_BYTES
+                 ) -> tuple[fx.IndexChoice, PairScore, int, int]:
     """(plan, pair rule, vector count, feature dim) from the feature shards' marker infos;
     a ValueError when the index would exceed ``limit`` bytes in a query worker."""
     n_vectors = sum(int(m["count"]) for m in markers)
@@ -91,13 +91,13 @@ def index_plan(cfg: NearDedupConfig, markers: list[dict[str, Any]], limit: int =
         raise ValueError(f"features/{cfg.model_id}: shards disagree on the dimension: {sorted(dims)}")
     dim = dims.pop() if dims else 1
     rule = pair_score_of(markers)
-    return fx.plan_index(cfg.index, n_vectors, rule.form_dim(dim), limit), rule, n_vectors, dim
+    return fx.choose_index(cfg.index, n_vectors, rule.form_dim(dim), limit), rule, n_vectors, dim
 
 
 class IndexInfo(TypedDict):
     """The index's marker info (and the trained index's, which has no ``blocks``; tasks/graph/build.py)."""
 
-    plan: dict[str, Any]  # :class:`tasks.graph.index.IndexPlan` as JSON
+    plan: dict[str, Any]  # :class:`tasks.graph.index.IndexChoice` as JSON
     n_vectors: int
     dim: int
     pair_score: dict[str, Any]
@@ -162,10 +162,10 @@ def load_index(out: Store, index: UnitResult[IndexInfo], use_gpu: bool) -> tuple
 def query_fingerprint(cfg: NearDedupConfig, index: UnitResult[IndexInfo], digest: str) -> str:
     """A shard's query unit: its features' digest; with an approximate index, the index too."""
     exact = index.info["plan"]["kind"] == "flat"  # results depend only on its own and the found vectors
-    plan = {k: v for k, v in index.info["plan"].items() if not (exact and k == "n_vectors")}
+    choice = {k: v for k, v in index.info["plan"].items() if not (exact and k == "n_vectors")}
     return unit_fingerprint("graph-query", code_version(__name__),
                             [cfg.search_min_similarity, cfg.index.search, cfg.index.k,
-                             cfg.index.advanced.pq_rescore_margin, plan, index.info.get("pair_score")],
+                             cfg.index.advanced.pq_rescore_margin, choice, index.info.get("pair_score")],
                             [digest, None if exact else index.fingerprint])
 
 
@@ -221,8 +221,8 @@ def query_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: st
     cpu, search, on_gpu = load_index(out, index, cfg.index.use_gpu)
     lo, _ = nodes.span(shard)
     ids, _, x = load_shard_vectors(source, cfg.model_id, shard, lo)
-    plan = fx.IndexPlan.from_json(index.info["plan"])
-    margin = fx.EXACT_SEARCH_MARGIN if plan.kind == "flat" else (0.0 if plan.exact_scores
+    choice = fx.IndexChoice.from_json(index.info["plan"])
+    margin = fx.EXACT_SEARCH_MARGIN if choice.kind == "flat" else (0.0 if choice.exact_scores
                                                                else cfg.index.advanced.pq_rescore_margin)
     rule = PairScore.from_json(index.info.get("pair_score"))
     floor = cfg.search_min_similarity - margin - rule.search_slack
@@ -233,9 +233,9 @@ def query_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: st
     if cfg.index.search == "knn" or on_gpu:
         per_query = np.bincount(np.searchsorted(ids, src), minlength=len(ids)) if len(ids) else np.zeros(0)
         capped = int((per_query >= cfg.index.k - 1).sum())
-    if len(src) and (plan.kind == "flat" or not plan.exact_scores or rule.active):
+    if len(src) and (choice.kind == "flat" or not choice.exact_scores or rule.active):
         mine = x[np.searchsorted(ids, src)]
-        if plan.kind == "flat":
+        if choice.kind == "flat":
             sim = rule.scores_vs_forms(mine, flat_vectors(cpu, dst))
         else:
             lookup = VectorLookup(source, cfg.model_id, nodes, (nodes.index_of(shard), ids, x))

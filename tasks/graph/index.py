@@ -77,7 +77,7 @@ INDEX_WORKER_BYTES = 16 << 30
 
 
 @dataclass(frozen=True)
-class IndexPlan:
+class IndexChoice:
     """Everything that determines the index's content, fixed before it is built."""
 
     kind: str          # "flat" | "ivf"
@@ -114,42 +114,42 @@ class IndexPlan:
         return {**asdict(self), "factory": self.factory}
 
     @classmethod
-    def from_json(cls, obj: dict) -> IndexPlan:
+    def from_json(cls, obj: dict) -> IndexChoice:
         return cls(**{k: v for k, v in obj.items() if k != "factory"})
 
 
-def plan_index(cfg: IndexConfig, n_vectors: int, dim: int, limit: int = INDEX_WORKER_BYTES) -> IndexPlan:
+def choose_index(cfg: IndexConfig, n_vectors: int, dim: int, limit: int = INDEX_WORKER_BYTES) -> IndexChoice:
     """Pick flat or IVF (``auto`` by size) and fix the IVF parameters; a ValueError naming
     the alternative when the index would not fit in a query worker (``limit`` bytes)."""
     kind = cfg.kind if cfg.kind != "auto" else ("flat" if n_vectors <= cfg.flat_max_vectors else "ivf")
     if kind == "flat":
-        plan = IndexPlan("flat", dim, n_vectors)
+        choice = IndexChoice("flat", dim, n_vectors)
     else:
         nlist = cfg.nlist or auto_nlist(n_vectors, per_root=4)
         if cfg.storage == "pq" and dim % cfg.pq_m:
             raise ValueError(f"pq_m={cfg.pq_m} must divide the feature dimension {dim}")
         n_train = min(n_vectors, cfg.advanced.max_train, nlist * IVF_TRAIN_PER_LIST)
-        plan = IndexPlan("ivf", dim, n_vectors, nlist, cfg.storage, cfg.pq_m if cfg.storage == "pq" else 0,
-                         min(cfg.nprobe, nlist), n_train)
-    need = n_vectors * plan.bytes_per_vector
+        choice = IndexChoice("ivf", dim, n_vectors, nlist, cfg.storage, cfg.pq_m if cfg.storage == "pq" else 0,
+                             min(cfg.nprobe, nlist), n_train)
+    need = n_vectors * choice.bytes_per_vector
     if need > limit:
         raise ValueError(
-            f"near-duplicate index of {n_vectors:,} vectors x {dim} dims ({plan.factory}) needs {need / 2**30:.1f} GiB "
-            f"in every query worker, above the {limit / 2**30:.1f} GiB one may hold: use a learned copy detector "
+            f"near-duplicate index of {n_vectors:,} vectors x {dim} dims ({choice.factory}) needs "
+            f"{need / 2**30:.1f} GiB in every query worker, above the {limit / 2**30:.1f} GiB one may hold: use a learned copy detector "
             f"(near_dedup.model_id, e.g. SSCD, 512 dims) with near_dedup.index.storage: pq (IVF-PQ, pq_m bytes "
             f"per vector, rescored exactly); wfd indexes 2,096 floats per image for its pair rule and has no "
             f"compact form")
-    return plan
+    return choice
 
 
-def new_index(plan: IndexPlan, seed: int) -> faiss.Index:
-    """An empty index for ``plan``; k-means and PQ training seeded with ``seed``."""
-    index = faiss.index_factory(plan.dim, plan.factory, faiss.METRIC_INNER_PRODUCT)
-    if plan.kind == "ivf":
+def new_index(choice: IndexChoice, seed: int) -> faiss.Index:
+    """An empty index for ``choice``; k-means and PQ training seeded with ``seed``."""
+    index = faiss.index_factory(choice.dim, choice.factory, faiss.METRIC_INNER_PRODUCT)
+    if choice.kind == "ivf":
         ivf = faiss.extract_index_ivf(index)
         ivf.cp.seed = seed
-        ivf.nprobe = plan.nprobe
-        if plan.storage == "pq":
+        ivf.nprobe = choice.nprobe
+        if choice.storage == "pq":
             ivfpq = faiss.downcast_index(index)
             ivfpq.pq.cp.seed = seed
             ivfpq.do_polysemous_training = False  # Hamming filtering is unused, and it costs minutes

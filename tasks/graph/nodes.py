@@ -73,7 +73,7 @@ class NodeTable:
         return cls(tuple(obj["shards"]), np.asarray(obj["offsets"], dtype=np.int64))
 
 
-def plan_nodes(store: Store, shards: list[str]) -> NodeTable:
+def number_nodes(store: Store, shards: list[str]) -> NodeTable:
     """Offsets from the records files' row counts (parquet footers only, no data read)."""
     ordered = tuple(sorted(set(shards)))
     counts = []

@@ -53,7 +53,7 @@ from tasks.graph.crops import crop_candidates_shard, describe_shard
 from tasks.graph.decisions import decide_near_duplicates, read_decisions
 from tasks.graph.edges import (EdgesInfo, FoundInfo, IndexInfo, feature_digests, found_fingerprint, graph_recall,
                                group_shards, merge_edges, merge_groups, node_degrees, query_shard, recall_shard)
-from tasks.graph.nodes import plan_nodes, write_shard_digests, write_shard_table
+from tasks.graph.nodes import number_nodes, write_shard_digests, write_shard_table
 from tasks.graph.review import select_review_pairs
 from tasks.graph.self_calibration_unit import (calibrated, forget_self_calibration, self_calibrate,
                                              self_calibration_call)
@@ -93,7 +93,7 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
     if not shards:
         raise ValueError("near-duplicate stage needs at least one staging shard")
     source = source or store
-    nodes = plan_nodes(source, shards)
+    nodes = number_nodes(source, shards)
     digests = feature_digests(source, cfg, nodes)
     store.write_json(GRAPH_NODES, nodes.to_json())
     for folder in (GRAPH_FOUND, GRAPH_RECALL, GRAPH_EDGES, GRAPH_DECISIONS, GRAPH_REVIEW, GRAPH_VERIFIED, GRAPH_REGIONS,

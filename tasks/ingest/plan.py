@@ -35,7 +35,7 @@ def plan_units(store: Store, scratch: Store, parts: list[Partition], src: Source
                lic: LicenseConfig | None, n_buckets: int, shard_size: int,
                fetch: StagePlan | None = None) -> list[StagePlan]:
     """The ingest, exact_dedup and resolve stages' units over ``parts`` (from
-    :func:`tasks.ingest.sources.plan_partitions`, whose chunks are in ``scratch``).
+    :func:`tasks.ingest.sources.cut_partitions`, whose chunks are in ``scratch``).
     The resolve plan's ``outputs`` are the markers of the partitions it skips. ``fetch``: a URL
     list's fetch plan (:mod:`tasks.ingest.fetch.plan`), whose skipped units' ledger digests the
     ingest keys read."""

@@ -433,7 +433,7 @@ def sidecar_locations(location: str, exts: str) -> list[str]:
     return [f"{stem}.{ext}" for ext in exts.split(",")]
 
 
-def plan_partitions(src: str, store: Store, cfg: SourceConfig) -> tuple[str, list[Partition]]:
+def cut_partitions(src: str, store: Store, cfg: SourceConfig) -> tuple[str, list[Partition]]:
     """Detect the source kind and return it with the ingest partitions in input order.
 
     Chunks of an earlier cut beyond this cut's last partition are removed."""
@@ -444,36 +444,36 @@ def plan_partitions(src: str, store: Store, cfg: SourceConfig) -> tuple[str, lis
         parts = [Partition(i, "tar", _full(fs, t, uri), "", file_stamp(fs, t, info, content=content))
                  for i, (t, info) in enumerate(tar_entries(fs, path))]
     elif kind == "table":
-        kind, parts = _plan_table(store, uri, cfg)
+        kind, parts = _cut_table(store, uri, cfg)
     else:
         must_compute()  # a folder is listed to see what changed: a task on the cluster, never probed
         with contextlib.closing(_folder_tables(uri, cfg, store)) as tables:
             parts = _write_tables(store, tables, cfg.partition_size, uri.rstrip("/"))
     if not parts:
         raise ValueError(f"source {src}: no input records (empty {kind}); nothing to build")
-    kept = {TABLE_PLAN_STEM} if kind in ("table", "urls") else set()
+    kept = {TABLE_CUTS_STEM} if kind in ("table", "urls") else set()
     prune(store, INPUT_DIR, {part_name(p.index) for p in parts if p.kind != "tar"} | kept)
     return kind, parts
 
 
-TABLE_PLAN_STEM = "_partitions"
-TABLE_PLAN = f"{INPUT_DIR}/{TABLE_PLAN_STEM}.parquet"  # a table's chunks: index and SHA-256, in order
-TABLE_PLAN_SCHEMA = pa.schema([("index", pa.int64()), ("digest", pa.string())])
+TABLE_CUTS_STEM = "_partitions"
+TABLE_CUTS = f"{INPUT_DIR}/{TABLE_CUTS_STEM}.parquet"  # a table's chunks: index and SHA-256, in order
+TABLE_CUTS_SCHEMA = pa.schema([("index", pa.int64()), ("digest", pa.string())])
 
 
-def _plan_table(store: Store, uri: str, cfg: SourceConfig) -> tuple[str, list[Partition]]:
+def _cut_table(store: Store, uri: str, cfg: SourceConfig) -> tuple[str, list[Partition]]:
     """A metadata table's chunks, written once per content of the table: a unit keyed by
     the table's stamp (its content hash too with ``verify: content``), the column mapping
     and the partition size. A rerun on an unchanged table reads back the chunk list
-    (:data:`TABLE_PLAN`) instead of reading and rewriting every row (minutes at 10⁸),
+    (:data:`TABLE_CUTS`) instead of reading and rewriting every row (minutes at 10⁸),
     unless a chunk file is missing."""
     fs, path = url_to_fs(uri, cfg.storage_options)
     base = _full(fs, posixpath.dirname(path), uri)
     fp = unit_fingerprint("plan-table", code_version(__name__), [cfg.columns, cfg.partition_size],
                           [uri, file_stamp(fs, path, content=cfg.verify == "content")])
-    marker = current_marker(store, TABLE_PLAN, fp)
+    marker = current_marker(store, TABLE_CUTS, fp)
     if marker is not None:
-        listed = pq.read_table(io.BytesIO(read_pinned(store, TABLE_PLAN, marker.outputs[TABLE_PLAN], "input planning")))
+        listed = pq.read_table(io.BytesIO(read_pinned(store, TABLE_CUTS, marker.outputs[TABLE_CUTS], "input planning")))
         present = set(store.listdir(INPUT_DIR))
         if all(f"{part_name(i)}.parquet" in present for i in listed["index"].to_pylist()):
             kind = marker.info["kind"]
@@ -485,12 +485,12 @@ def _plan_table(store: Store, uri: str, cfg: SourceConfig) -> tuple[str, list[Pa
     parts = _write_tables(store, _table_rows(uri, cfg, urls), cfg.partition_size, base, "urls" if urls else "rows")
     if parts:  # none: refused by the caller before any output exists
         listed = pa.table({"index": [p.index for p in parts], "digest": [p.digest for p in parts]},
-                          schema=TABLE_PLAN_SCHEMA)
-        finish_unit(store, TABLE_PLAN, fp, {TABLE_PLAN: store.write_parquet(TABLE_PLAN, listed)},
+                          schema=TABLE_CUTS_SCHEMA)
+        finish_unit(store, TABLE_CUTS, fp, {TABLE_CUTS: store.write_parquet(TABLE_CUTS, listed)},
                     {"kind": kind, "partitions": len(parts)})
     return kind, parts
 
 
 # probed: a table's current cuts are read back, and a folder of tars listed, by the flow (no
 # task run); a folder of images is listed, and a changed table read, by a task
-PLAN_INPUTS = Unit(plan_partitions, "plan-inputs", probe=True)
+CUT_INPUTS = Unit(cut_partitions, "plan-inputs", probe=True)

@@ -114,7 +114,7 @@ class CohortConfig(StrictModel):
 
 
 class RotationConfig(StrictModel):
-    """The rotation plan: which prompts leave, which pool prompts replace them."""
+    """The rotation choice: which prompts leave, which pool prompts replace them."""
 
     fraction: float = Field(0.08, ge=0.0, le=1.0, title="Share rotated per cycle",
                             description="Of the valid prompts (anchors count, but never rotate); the seed "

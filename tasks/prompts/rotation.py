@@ -1,4 +1,4 @@
-"""What happens to a prompt that fails: the quarantine ledger, the rotation plan, the new
+"""What happens to a prompt that fails: the quarantine ledger, the rotation choice, the new
 edition and the anchor-based normalisation across cycles (seed 000, last sections).
 
 * **Decision** per prompt: ``quarantined`` when the density flag or any model's variance
@@ -49,7 +49,7 @@ def decide(prompt: dict[str, Any], strong_min_models: int) -> dict[str, Any]:
             "n_variance_flags": len(flagged)}
 
 
-def plan_rotation(prompts: list[dict[str, Any]], pool: list[dict[str, Any]], cfg: Any) -> dict[str, Any]:
+def choose_rotation(prompts: list[dict[str, Any]], pool: list[dict[str, Any]], cfg: Any) -> dict[str, Any]:
     """Which prompts leave (and why), which pool prompts join, and what is deferred.
 
     ``prompts``: every prompt row with its ``decision``; ``pool``: valid pool rows with
@@ -96,12 +96,12 @@ def _choose_replacements(eligible: list[dict[str, Any]], remaining: list[dict[st
     return chosen
 
 
-def edition_tables(prompts: list[dict[str, Any]], pool: list[dict[str, Any]], plan: dict[str, Any],
+def edition_tables(prompts: list[dict[str, Any]], pool: list[dict[str, Any]], choice: dict[str, Any],
                    edition: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The new edition's prompts (kept ones in their order, then the joining ones) and the
     mapping from every previous prompt (and every joining one) to its place."""
-    leaving = dict(plan["leaving"])
-    joining = set(plan["joining"])
+    leaving = dict(choice["leaving"])
+    joining = set(choice["joining"])
     rows, mapping = [], []
     for p in prompts:
         if p["decision"] == ERROR:
@@ -112,7 +112,7 @@ def edition_tables(prompts: list[dict[str, Any]], pool: list[dict[str, Any]], pl
             mapping.append({"previous_id": p["prompt_id"], "row": p["row"], "new_id": None, "status": "rotated_out",
                             "reason": leaving[p["prompt_id"]]})
             continue
-        reason = plan["deferred"].get(p["prompt_id"], "anchor" if p["anchor"] else "")
+        reason = choice["deferred"].get(p["prompt_id"], "anchor" if p["anchor"] else "")
         mapping.append({"previous_id": p["prompt_id"], "row": p["row"], "new_id": p["prompt_id"], "status": "kept",
                         "reason": reason})
         rows.append(_edition_row(p, "previous"))
@@ -152,15 +152,15 @@ def anchor_normalization(prompts: list[dict[str, Any]], scores: list[tuple[str, 
                         "comparable_score": float(np.mean(c["all"]) - offset)} for m, c in models.items()]}
 
 
-def ledger_rows(prompts: list[dict[str, Any]], plan: dict[str, Any]) -> list[dict[str, Any]]:
+def ledger_rows(prompts: list[dict[str, Any]], choice: dict[str, Any]) -> list[dict[str, Any]]:
     """The quarantine ledger: every quarantined prompt, its evidence, the rules that fired, its fate."""
-    leaving = dict(plan["leaving"])
+    leaving = dict(choice["leaving"])
     rows = []
     for p in prompts:
         if p["decision"] != QUARANTINED:
             continue
         fate = ("rotated_out" if p["prompt_id"] in leaving else "kept: anchor, never rotated" if p["anchor"]
-                else f"kept: {plan['deferred'][p['prompt_id']]}" if p["prompt_id"] in plan["deferred"]
+                else f"kept: {choice['deferred'][p['prompt_id']]}" if p["prompt_id"] in choice["deferred"]
                 else "kept: review")
         rows.append({"prompt_id": p["prompt_id"], "row": p["row"], "text": p["text"], "cohort": p["cohort"],
                      "anchor": p["anchor"], "strong": p["strong"], "n_variance_flags": p["n_variance_flags"],

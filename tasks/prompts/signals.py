@@ -4,11 +4,11 @@ The flow fans out the units between the two calls (one caption-embedding unit pe
 shard, one variance unit per (model, chunk of prompts)); everything before and after the
 fan-out is here, so the flow reads as a table of contents.
 
-* Density: :func:`plan_density` runs the caption sample (one unit) and lists the
+* Density: :func:`cut_density_units` runs the caption sample (one unit) and lists the
   caption-embedding units; :func:`density_signal` embeds prompts, pool and taxonomy and
   scores every valid prompt (and pool prompt) by direct k-NN or taxonomy density.
 * Variance: :data:`LIST_GENERATED` lists the generated images and cuts them into units (a task:
-  :mod:`tasks.prompts.generated`), :func:`plan_variance` lists those units;
+  :mod:`tasks.prompts.generated`), :func:`cut_variance_units` lists those units;
   :func:`variance_signal` flags, per model, prompts whose outputs cluster tightly.
 """
 
@@ -37,7 +37,7 @@ LIST_GENERATED = Unit(generated.list_generated, "list-generated-images")
 
 
 @dataclass(frozen=True)
-class DensityPlan:
+class DensityCuts:
     """The caption sample and the caption-embedding units the flow runs (``calls``)."""
 
     identity: dict[str, Any]  # the text model's
@@ -46,7 +46,7 @@ class DensityPlan:
     calls: list[dict[str, Any]]  # keyword arguments of :func:`captions.embed_shard_captions`, one per shard
 
 
-def plan_density(corpus: Store, out: Store, cfg: DensityConfig, tm: TextModelConfig) -> DensityPlan:
+def cut_density_units(corpus: Store, out: Store, cfg: DensityConfig, tm: TextModelConfig) -> DensityCuts:
     """Sample the corpus's kept captions (one unit) and cut one embedding unit per staging
     shard they lie in; embeddings of shards no longer sampled are removed."""
     identity = text_model_identity(tm.name)
@@ -56,20 +56,20 @@ def plan_density(corpus: Store, out: Store, cfg: DensityConfig, tm: TextModelCon
     prune(out, PROMPTS_CAPTIONS, shards)
     calls = [{"corpus": corpus, "out": out, "shard": s, "keys": by_shard[s], "text_model": tm, "identity": identity}
              for s in shards]
-    return DensityPlan(identity, sample.info, shards, calls)
+    return DensityCuts(identity, sample.info, shards, calls)
 
 
-def density_signal(plan: DensityPlan, out: Store, cfg: DensityConfig, tm: TextModelConfig,
+def density_signal(cuts: DensityCuts, out: Store, cfg: DensityConfig, tm: TextModelConfig,
                    prompts: list[dict[str, Any]], pool: list[dict[str, Any]]
                    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Density of every valid prompt (and pool prompt) against the embedded caption sample.
     Sets ``density`` (and ``category``) on those rows; returns the summary and category table."""
-    identity = plan.identity
-    corpus_vectors = captions.load_caption_embeddings(out, plan.shards)
+    identity = cuts.identity
+    corpus_vectors = captions.load_caption_embeddings(out, cuts.shards)
     valid = [p for p in prompts if p["status"] == "valid"]
     prompt_vectors = captions.embed_text_list(out, "prompts", [p["text"] for p in valid], tm, identity)
     pool_vectors = captions.embed_text_list(out, "pool", [q["text"] for q in pool], tm, identity)
-    summary: dict[str, Any] = {"mode": cfg.mode, "text_model": identity, "sample": plan.sample,
+    summary: dict[str, Any] = {"mode": cfg.mode, "text_model": identity, "sample": cuts.sample,
                                "captions_embedded": len(corpus_vectors), "scored": len(valid)}
     category_rows: list[dict[str, Any]] = []
     if cfg.mode == "direct":
@@ -114,7 +114,7 @@ def density_signal(plan: DensityPlan, out: Store, cfg: DensityConfig, tm: TextMo
 # ---- signal 2 ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class VariancePlan:
+class VarianceCuts:
     """The generated images found and the variance units the flow runs (``calls``): O(models +
     units), the images themselves stay in the listing file."""
 
@@ -125,35 +125,35 @@ class VariancePlan:
     calls: list[dict[str, Any]]  # keyword arguments of :func:`variance.variance_unit`, one per unit
 
 
-def plan_variance(cfg: VarianceConfig, out: Store, listing: generated.GeneratedListing) -> VariancePlan:
+def cut_variance_units(cfg: VarianceConfig, out: Store, listing: generated.GeneratedListing) -> VarianceCuts:
     """One unit per (model, chunk of ``prompts_per_unit`` valid prompts with images), as the
     listing (the :data:`LIST_GENERATED` unit) cut them; outputs of units no longer cut are
     removed."""
-    planned = variance_units(cfg, out, listing)
-    variance.prune_generated(out, planned.chunks)
-    return planned
+    cuts = variance_units(cfg, out, listing)
+    variance.prune_generated(out, cuts.chunks)
+    return cuts
 
 
-def variance_units(cfg: VarianceConfig, out: Store, listing: generated.GeneratedListing) -> VariancePlan:
-    """The units :func:`plan_variance` cuts, from the listing's unit counts (writes nothing)."""
+def variance_units(cfg: VarianceConfig, out: Store, listing: generated.GeneratedListing) -> VarianceCuts:
+    """The units :func:`cut_variance_units` cuts, from the listing's unit counts (writes nothing)."""
     chunks = {model: [generated.chunk_name(n) for n in range(units)] for model, units in listing["units"].items()}
     calls = [{"out": out, "generated": cfg.generated, "options": cfg.storage_options, "model": model, "unit": n,
               "cfg": cfg} for model, units in listing["units"].items() for n in range(units)]
-    return VariancePlan(listing["models"], listing["unknown_prompt_folders"], listing["unusable"], chunks, calls)
+    return VarianceCuts(listing["models"], listing["unknown_prompt_folders"], listing["unusable"], chunks, calls)
 
 
-def variance_signal(plan: VariancePlan, markers: list[UnitResult], cfg: VarianceConfig, out: Store,
+def variance_signal(cuts: VarianceCuts, markers: list[UnitResult], cfg: VarianceConfig, out: Store,
                     prompts: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Per (prompt, model) variance and flags from the units' outputs (``markers``: the
     units' markers); sets ``variance`` on valid prompt rows; returns the summary and rows."""
     valid = [p for p in prompts if p["status"] == "valid"]
     identities = {canonical_json(m.info["identity"]): m.info["identity"] for m in markers}
     identity = next(iter(identities.values()), {"model_id": cfg.model.model_id})
-    rows = [r for model, chunks in plan.chunks.items() for c in chunks
+    rows = [r for model, chunks in cuts.chunks.items() for c in chunks
             for r in out.read_parquet(generated_variance_path(model, c)).to_pylist()]
     per_model = []
     by_prompt: dict[str, dict[str, Any]] = {p["prompt_id"]: {} for p in valid}
-    for model in plan.models:
+    for model in cuts.models:
         model_rows = {r["prompt_id"]: r for r in rows if r["model"] == model}
         values = np.array([np.nan if model_rows.get(p["prompt_id"], {}).get("variance") is None
                            else model_rows[p["prompt_id"]]["variance"] for p in valid], dtype=np.float64)
@@ -175,7 +175,7 @@ def variance_signal(plan: VariancePlan, markers: list[UnitResult], cfg: Variance
     strong = sum(sum(v["flagged"] for v in p["variance"].values()) >= cfg.strong_min_models for p in valid)
     summary = {"image_model": identity, "sd_threshold": cfg.sd_threshold, "min_images": cfg.min_images,
                "strong_min_models": cfg.strong_min_models, "models": per_model, "strong": int(strong),
-               "unknown_prompt_folders": plan.unknown,
-               "unusable_files": plan.unusable,
+               "unknown_prompt_folders": cuts.unknown,
+               "unusable_files": cuts.unusable,
                "image_errors": sum(r["n_images"] - r["n_embedded"] for r in rows)}
     return summary, rows

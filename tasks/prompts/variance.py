@@ -105,10 +105,10 @@ def variance_unit(out: Any, generated: str, options: dict[str, Any], model: str,
     return run_unit(out, rel, fp, compute)
 
 
-def prune_generated(out: Any, plan: dict[str, list[str]]) -> None:
+def prune_generated(out: Any, cuts: dict[str, list[str]]) -> None:
     """Keep only the units of the current cuts (``{model: [chunk, …]}``) and models."""
     for model in out.listdir(PROMPTS_GENERATED):
-        if model not in plan:
+        if model not in cuts:
             remove_tree(out, f"{PROMPTS_GENERATED}/{model}")
-    for model, chunks in plan.items():
+    for model, chunks in cuts.items():
         prune(out, f"{PROMPTS_GENERATED}/{model}", chunks)

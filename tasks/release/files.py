@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from corpusforge.layout import part_name
 
-RELEASE_PLAN_DIR = "work/release"
+RELEASE_ASSIGNMENT_DIR = "work/release"
 LATE_DIR = "work/late"
 RELEASE_STAGED = "work/release_staged.parquet"  # the assignment's staging shards (tasks/release/shards.py)
 RELEASE_DIR = "shards"
@@ -46,8 +46,8 @@ def release_shard_name(split: str, shard: int, layout: str = "default") -> str:
     return f"{split}-{shard:06d}"
 
 
-def release_plan_path(name: str) -> str:
-    return f"{RELEASE_PLAN_DIR}/{name}.parquet"
+def release_assignment_path(name: str) -> str:
+    return f"{RELEASE_ASSIGNMENT_DIR}/{name}.parquet"
 
 
 def release_tar(split: str, shard: int, layout: str = "default") -> str:
@@ -68,11 +68,11 @@ GPIC_JSON_FIELDS = ("retrieved_at", "license", "license_url", "attribution", "ke
 MEMBER_SPAN = pa.struct([("ext", pa.string()), ("offset", pa.int64()), ("size", pa.int64()),
                          ("sha256", pa.string())])
 RELEASE_STAGED_SCHEMA = pa.schema([("shard", pa.string())])  # work/release_staged.parquet, in the order given
-RELEASE_PLAN_SCHEMA = pa.schema([("key", pa.string()), ("staging_shard", pa.string()), ("tier", pa.string()),
-                                 ("caption", pa.string()), ("caption_type", pa.string()),
-                                 ("caption_origin", pa.string()), ("release_ext", pa.string()),
-                                 ("image_encoding", pa.string()),
-                                 ("members", pa.list_(MEMBER_SPAN))])  # the sample's staged members, by ext
+RELEASE_ASSIGNMENT_SCHEMA = pa.schema([("key", pa.string()), ("staging_shard", pa.string()), ("tier", pa.string()),
+                                       ("caption", pa.string()), ("caption_type", pa.string()),
+                                       ("caption_origin", pa.string()), ("release_ext", pa.string()),
+                                       ("image_encoding", pa.string()),
+                                       ("members", pa.list_(MEMBER_SPAN))])  # the sample's staged members, by ext
 LATE_SCHEMA = pa.schema([
     ("row", pa.int32()), ("staging_shard", pa.string()), ("status", pa.string()), ("reason", pa.string()),
     ("duplicate_of", pa.string()), ("component_id", pa.int64()), ("component_size", pa.int32()),

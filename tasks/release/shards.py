@@ -1,6 +1,6 @@
 """Release shards: the kept records, placed by :mod:`tasks.release.splits`, read back from staging.
 
-:func:`plan_release_files` gathers every staged record's fate (kept, or removed as a
+:func:`assign_release_files` gathers every staged record's fate (kept, or removed as a
 near-duplicate by the graph stage when it ran), assigns splits/shards/tiers to the kept
 ones and writes two kinds of small files:
 
@@ -15,7 +15,7 @@ The staging shards to assign from are a file too, ``work/release_staged.parquet`
 the publishing flow writes (:func:`write_staged_list`) and the assignment task reads back by
 its SHA-256: that task's parameters stay a few names and digests at any shard count.
 
-A release shard's fingerprint holds its plan file's bytes, and so the SHA-256 of each
+A release shard's fingerprint holds its assignment file's bytes, and so the SHA-256 of each
 staging member it copies: a caption edited in staging reaches exactly the release tar
 holding it.
 
@@ -28,7 +28,7 @@ them record by record). By group: each group's size, smallest key and priority. 
 priority: the split quotas, from window sums of group sizes plus the sums of earlier ranges
 carried per stratum. By deal priority: the round-robin
 deal, from row numbers plus where each (split, stratum) starts and what earlier ranges dealt
-to it. By shard, one split after the other: each release shard's plan file, its samples in
+to it. By shard, one split after the other: each release shard's assignment file, its samples in
 seeded order. By partition: the late files. Each range is a DuckDB query under a memory
 limit; what passes from one range to the next is a few counters per stratum, so the
 assignment task's memory follows the range size (and a release shard's, which one range holds whole),
@@ -57,9 +57,10 @@ from corpusforge.faults import fault_point
 from corpusforge.hashing import stable_uniform
 from corpusforge.key_ranges import ROWS_PER_RANGE, Table, key_ranges
 from corpusforge.layout import part_name, staging_index, staging_records, staging_tar
-from tasks.release.files import (GPIC_JSON_FIELDS, LATE_DIR, LATE_SCHEMA, MEMBER_SPAN, RELEASE_DIR, RELEASE_PLAN_DIR,
-                                 RELEASE_PLAN_SCHEMA, RELEASE_STAGED, RELEASE_STAGED_SCHEMA, late_path,
-                                 release_plan_path, release_shard_name, release_tar)
+from tasks.release.files import (GPIC_JSON_FIELDS, LATE_DIR, LATE_SCHEMA, MEMBER_SPAN, RELEASE_DIR,
+                                 RELEASE_ASSIGNMENT_DIR,
+                                 RELEASE_ASSIGNMENT_SCHEMA, RELEASE_STAGED, RELEASE_STAGED_SCHEMA, late_path,
+                                 release_assignment_path, release_shard_name, release_tar)
 from tasks.captions.files import captions_path
 from tasks.graph.files import decisions_path
 from corpusforge.records import Status
@@ -73,7 +74,7 @@ from tasks.shared.samples import sample_json
 # DuckDB's budget for one range's queries (beyond it, it spills to disk): a ceiling a range of
 # key_ranges.ROWS_PER_RANGE records stays far below. Before the ranged passes one query over every
 # record filled it as N grew (1.12 GB above start at 1M records; 94 GB at 1e8 by the line).
-PLAN_MEMORY_LIMIT = "2GB"
+ASSIGN_MEMORY_LIMIT = "2GB"
 _CAPTION_FIELDS = ("caption", "caption_type", "caption_origin", "vlm_model", "vlm_answers")
 
 
@@ -161,7 +162,7 @@ def shard_facts(store: Store, shard: str, source: Store, near_dedup: bool, capti
     return pa.Table.from_pylist(rows, schema=_facts_schema(len(cfg.stratify_by)))
 
 
-# The kept records' columns the passes carry to the plan files (and ``part``, to the late files).
+# The kept records' columns the passes carry to the assignment files (and ``part``, to the late files).
 _CARRIED = "key, part, staging_shard, ext, caption, caption_type, caption_origin, members"
 # Each placed record, for the late files (:func:`_write_late`).
 _PLACED = pa.schema([("key", pa.string()), ("part", pa.int32()), ("split", pa.string()), ("shard", pa.int32())])
@@ -298,7 +299,7 @@ def _deal(con: duckdb.DuckDBPyConnection, records: Table, local: Store, s_cols: 
 
 def write_staged_list(store: Store, shards: list[str]) -> str:
     """Write the staging shards a release is assigned from, in order; return the SHA-256
-    that :func:`plan_release_files` gets."""
+    that :func:`assign_release_files` gets."""
     return store.write_parquet(RELEASE_STAGED, pa.table({"shard": list(shards)}, schema=RELEASE_STAGED_SCHEMA))
 
 
@@ -308,8 +309,8 @@ def read_staged_list(store: Store, digest: str) -> list[str]:
     return pq.read_table(io.BytesIO(data))["shard"].to_pylist()
 
 
-class ReleasePlan(TypedDict):
-    """The release assignment step's result (:func:`plan_release_files`), as its marker keeps it (JSON)."""
+class ReleaseAssignment(TypedDict):
+    """The release assignment step's result (:func:`assign_release_files`), as its marker keeps it (JSON)."""
 
     shards: dict[str, dict[str, Any]]
     plans: dict[str, dict[str, str]]
@@ -319,9 +320,10 @@ class ReleasePlan(TypedDict):
     images: dict[str, Any]
 
 
-def plan_release_files(store: Store, staged: str, cfg: SplitConfig, near_dedup: bool,
-                       source: Store | None = None, captions: bool = False,
-                       memory_limit: str = PLAN_MEMORY_LIMIT, rows_per_range: int = ROWS_PER_RANGE) -> ReleasePlan:
+def assign_release_files(store: Store, staged: str, cfg: SplitConfig, near_dedup: bool,
+                         source: Store | None = None, captions: bool = False,
+                         memory_limit: str = ASSIGN_MEMORY_LIMIT,
+                         rows_per_range: int = ROWS_PER_RANGE) -> ReleaseAssignment:
     """Assign splits/shards/tiers and write the assignment files; return each release shard's
     size, caption mix and assignment-file digest, and each partition's late-facts digest.
 
@@ -365,10 +367,10 @@ def plan_release_files(store: Store, staged: str, cfg: SplitConfig, near_dedup: 
                                     member_for(e, cfg.layout, rule, cfg.jpeg_quality))) for e in exts}
             tier_of = {split: tier_counts(n, cfg.tiers, cfg.preset == "gpic") if split == "train" else []
                        for split, n in n_shards.items()}
-            shards_info, plans, placed = _write_plans(store, con, dealt, local, cfg, image_of, tier_of,
-                                                      rows_per_range)
+            shards_info, assignments, placed = _write_assignments(store, con, dealt, local, cfg, image_of, tier_of,
+                                                                  rows_per_range)
             late_digests = _write_late(store, con, facts.table(), placed, cfg, image_of, tier_of, rows_per_range)
-    prune(store, RELEASE_PLAN_DIR, plans)
+    prune(store, RELEASE_ASSIGNMENT_DIR, assignments)
     prune(store, LATE_DIR, {part_name(p) for p in late_digests})
     for split in SPLITS:
         prune(store, f"{RELEASE_DIR}/{split}", {n for n, s in shards_info.items() if s["split"] == split})
@@ -377,7 +379,7 @@ def plan_release_files(store: Store, staged: str, cfg: SplitConfig, near_dedup: 
         encodings.update(s.pop("encodings"))
     return {
         "shards": shards_info,
-        "plans": {name: {"sha256": sha} for name, sha in plans.items()},
+        "plans": {name: {"sha256": sha} for name, sha in assignments.items()},
         "late": late_digests,
         "removed_near_duplicates": n_records - n_kept,  # (and, with captioning, its filters)
         "split_rule": held_out_sizes(n_kept, cfg)[2],
@@ -416,15 +418,15 @@ def _by_ext(ext: pa.ChunkedArray, image_of: dict[str, dict[str, str]], field: st
     return pa.array([image_of[e][field] for e in exts], pa.string()).take(pc.index_in(ext, pa.array(exts)))
 
 
-def _write_plans(store: Store, con: duckdb.DuckDBPyConnection, dealt: dict[str, Table], local: Store,
-                 cfg: SplitConfig, image_of: dict[str, dict[str, str]], tier_of: dict[str, list[tuple[str, int]]],
-                 rows: int) -> tuple[dict[str, Any], dict[str, str], Table]:
-    """Pass 4, each split's records by shard: one plan file per release shard, its samples in
+def _write_assignments(store: Store, con: duckdb.DuckDBPyConnection, dealt: dict[str, Table], local: Store,
+                       cfg: SplitConfig, image_of: dict[str, dict[str, str]], tier_of: dict[str, list[tuple[str, int]]],
+                       rows: int) -> tuple[dict[str, Any], dict[str, str], Table]:
+    """Pass 4, each split's records by shard: one assignment file per release shard, its samples in
     (``u2``, key) order; (summary, digest) per shard in split and shard order, and each placed
     record's (key, part, split, shard) for the late files.
     A shard's rows stay Arrow columns (~0.2 KB a row; Python dicts of them took ~4 KB)."""
     info: dict[str, Any] = {}
-    plans: dict[str, str] = {}
+    assignments: dict[str, str] = {}
     placed = _Pass(local, "placed", _PLACED)
     sql = """SELECT shard, key, staging_shard, caption, caption_type, caption_origin, ext, members
              FROM dealt ORDER BY shard, u2, key"""
@@ -438,14 +440,14 @@ def _write_plans(store: Store, con: duckdb.DuckDBPyConnection, dealt: dict[str, 
                 columns = {"tier": pa.array([tier] * len(run), pa.string()),
                            "release_ext": _by_ext(run["ext"], image_of, "release_ext"),
                            "image_encoding": _by_ext(run["ext"], image_of, "image_encoding")}
-                plan = pa.table({f.name: columns[f.name] if f.name in columns else run[f.name].cast(f.type)
-                                 for f in RELEASE_PLAN_SCHEMA}, schema=RELEASE_PLAN_SCHEMA)
-                plans[name] = store.write_parquet(release_plan_path(name), plan)
+                assignment = pa.table({f.name: columns[f.name] if f.name in columns else run[f.name].cast(f.type)
+                                       for f in RELEASE_ASSIGNMENT_SCHEMA}, schema=RELEASE_ASSIGNMENT_SCHEMA)
+                assignments[name] = store.write_parquet(release_assignment_path(name), assignment)
                 info[name] = {"split": split, "index": shard, "count": len(run),
-                              "caption_type": dict(sorted(Counter(plan["caption_type"].to_pylist()).items())),
-                              "image_ext": dict(sorted(Counter(plan["release_ext"].to_pylist()).items())),
-                              "encodings": Counter(plan["image_encoding"].to_pylist())}
-    return info, plans, placed.table()
+                              "caption_type": dict(sorted(Counter(assignment["caption_type"].to_pylist()).items())),
+                              "image_ext": dict(sorted(Counter(assignment["release_ext"].to_pylist()).items())),
+                              "encodings": Counter(assignment["image_encoding"].to_pylist())}
+    return info, assignments, placed.table()
 
 
 def _write_late(store: Store, con: duckdb.DuckDBPyConnection, facts: Table, placed: Table, cfg: SplitConfig,
@@ -470,13 +472,13 @@ def _write_late(store: Store, con: duckdb.DuckDBPyConnection, facts: Table, plac
     return digests
 
 
-def write_release_shard(store: Store, split: str, shard: int, cfg: SplitConfig, plan_sha256: str,
+def write_release_shard(store: Store, split: str, shard: int, cfg: SplitConfig, assignment_sha256: str,
                         source: Store | None = None) -> UnitResult:
     """Write one release shard from staging (in ``source``, default ``store``) with ranged reads.
 
-    ``plan_sha256``: the digest of the shard's plan file (from :func:`plan_release_files`),
+    ``assignment_sha256``: the digest of the shard's assignment file (from :func:`assign_release_files`),
     which lists every staging span it copies with its SHA-256; the writer reads that file
-    (its rows in batches, :func:`_plan_rows`) and those spans only (no staging index). The
+    (its rows in batches, :func:`_assignment_rows`) and those spans only (no staging index). The
     fingerprint is that digest, so the shard is skipped unless one of its own samples or
     their order changed.
 
@@ -487,18 +489,18 @@ def write_release_shard(store: Store, split: str, shard: int, cfg: SplitConfig, 
     name = release_shard_name(split, shard, cfg.layout)
     tar = release_tar(split, shard, cfg.layout)
     marker = read_marker(store, tar)
-    if marker is not None and marker.fingerprint in (_release_key(cfg, plan_sha256, reencodes=False),
-                                                     _release_key(cfg, plan_sha256, reencodes=True)):
+    if marker is not None and marker.fingerprint in (_release_key(cfg, assignment_sha256, reencodes=False),
+                                                     _release_key(cfg, assignment_sha256, reencodes=True)):
         return UnitResult.of(marker, SKIPPED)
     must_compute()
-    with store.open(release_plan_path(name)) as plan_file:
-        plan = pq.ParquetFile(plan_file)
-        encodings = plan.read(columns=["image_encoding"], use_threads=False)["image_encoding"]
-        fp = _release_key(cfg, plan_sha256, reencodes=any(e != COPIED for e in encodings.unique().to_pylist()))
+    with store.open(release_assignment_path(name)) as assignment_file:
+        assignment = pq.ParquetFile(assignment_file)
+        encodings = assignment.read(columns=["image_encoding"], use_threads=False)["image_encoding"]
+        fp = _release_key(cfg, assignment_sha256, reencodes=any(e != COPIED for e in encodings.unique().to_pylist()))
 
         def compute() -> tuple[dict[str, str], dict[str, Any]]:
             def samples():
-                for i, entry in enumerate(_plan_rows(plan)):
+                for i, entry in enumerate(_assignment_rows(assignment)):
                     if i == 1:
                         fault_point("release.write", name)  # tests only: off unless CORPUSFORGE_FAULT
                     spans = entry["members"]
@@ -516,15 +518,15 @@ def write_release_shard(store: Store, split: str, shard: int, cfg: SplitConfig, 
         return run_unit(store, tar, fp, compute)
 
 
-def _plan_rows(plan: pq.ParquetFile, rows: int = 1024) -> Iterator[dict[str, Any]]:
-    """A release plan's rows in order, ``rows`` of them alive as Python objects at a time:
+def _assignment_rows(assignment: pq.ParquetFile, rows: int = 1024) -> Iterator[dict[str, Any]]:
+    """A release assignment's rows in order, ``rows`` of them alive as Python objects at a time:
     a writer's memory follows the batch, not its shard (a shard's size is a config field)."""
-    for batch in plan.iter_batches(batch_size=rows, use_threads=False):
+    for batch in assignment.iter_batches(batch_size=rows, use_threads=False):
         yield from batch.to_pylist()
 
 
-def _release_key(cfg: SplitConfig, plan_sha256: str, reencodes: bool) -> str:
+def _release_key(cfg: SplitConfig, assignment_sha256: str, reencodes: bool) -> str:
     """A release shard's fingerprint: its assignment file's digest, tiers, layout and, when it
     re-encodes images, Pillow's version."""
     return unit_fingerprint("release", code_version(__name__),
-                            [cfg.tiers, cfg.layout, pillow_version() if reencodes else None], [plan_sha256])
+                            [cfg.tiers, cfg.layout, pillow_version() if reencodes else None], [assignment_sha256])

@@ -33,7 +33,7 @@ from corpusforge.contract import Unit, must_compute
 from corpusforge.key_ranges import Table, key_ranges
 from corpusforge.layout import MANIFEST_DIR, MANIFEST_SCHEMA, RESOLVED_SCHEMA, TABLE_SUFFIXES
 from tasks.ingest.files import RESOLVED_DIR
-from tasks.release.files import RELEASE_DIR, RELEASE_PLAN_DIR, RELEASE_PLAN_SCHEMA
+from tasks.release.files import RELEASE_DIR, RELEASE_ASSIGNMENT_DIR, RELEASE_ASSIGNMENT_SCHEMA
 from tasks.report.files import (CHANGES_MD, CHANGES_SCHEMA, CHANGES_TABLE, PREVIOUS_DIR, PREVIOUS_OUTPUTS,
                                 PREVIOUS_RECEIPT, PREVIOUS_RECORDS, RECEIPT, RECEIPT_OUTPUTS)
 from corpusforge.outofcore import spilling_duckdb
@@ -49,7 +49,7 @@ FETCH_ROWS = 8_192  # rows DuckDB hands over at a time (it sizes each batch's bu
 # The columns a version's records are built from (key: every table is read by ranges of it).
 _MANIFEST = pa.schema([MANIFEST_SCHEMA.field(c) for c in ("key", "source_path", "part", "row", "status", "reason",
                                                           "split", "shard", "sha256")])
-_PLANS = pa.schema([RELEASE_PLAN_SCHEMA.field(c) for c in ("key", "caption")])
+_ASSIGNMENTS = pa.schema([RELEASE_ASSIGNMENT_SCHEMA.field(c) for c in ("key", "caption")])
 _INPUTS = pa.schema([RESOLVED_SCHEMA.field(c) for c in ("key", "part", "row", "caption")])
 
 
@@ -82,7 +82,7 @@ def _version_tables(store: Store, side: str) -> dict[str, Table]:
     if not manifest:
         raise FileNotFoundError(f"{store.path(MANIFEST_DIR)}: no manifest (not a finished corpus version)")
     return {f"{side}_manifest": Table(store, manifest, _MANIFEST),
-            f"{side}_plans": Table(store, _files(store, RELEASE_PLAN_DIR), _PLANS),
+            f"{side}_plans": Table(store, _files(store, RELEASE_ASSIGNMENT_DIR), _ASSIGNMENTS),
             f"{side}_inputs": Table(store, _files(store, RESOLVED_DIR), _INPUTS)}
 
 

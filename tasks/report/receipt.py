@@ -303,9 +303,9 @@ def _collision_lines(c: dict[str, Any]) -> list[str]:
 def _near_duplicates_section(near: dict[str, Any]) -> list[str]:
     if not near:
         return []
-    d, plan = near["decisions"], near["index"]["plan"]
+    d, choice = near["decisions"], near["index"]["plan"]
     out = ["", "## Near-duplicates", "",
-           f"Model `{near['model_id']}`, index {plan['factory']} over {near['index']['vectors']} vectors, "
+           f"Model `{near['model_id']}`, index {choice['factory']} over {near['index']['vectors']} vectors, "
            f"{near['graph']['edges']} edges ≥ {near['graph']['threshold']}, graph recall vs exact search "
            f"{_fmt(near['recall'].get('recall'))}. Removed {d['removed']} of {d['images']}: "
            + ", ".join(f"{n} by `{rule}`" for rule, n in d["removed_by_rule"].items()) + ".",

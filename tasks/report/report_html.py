@@ -121,12 +121,12 @@ def _features(features: dict[str, Any]) -> dict[str, Any] | None:
 def _near(near: dict[str, Any], store: Store, receipt: dict[str, Any]) -> dict[str, Any] | None:
     if not near:
         return None
-    d, plan = near["decisions"], near["index"]["plan"]
+    d, choice = near["decisions"], near["index"]["plan"]
     model_fp = ((receipt.get("features") or {}).get("models") or {}).get(near["model_id"], {}).get("fingerprint")
     hist = _similarity_hist(store)
     collision = ("data:image/png;base64," + base64.b64encode(store.read_bytes(COLLISION_PLOT)).decode("ascii")
                  if store.exists(COLLISION_PLOT) else None)
-    return {"model_id": near["model_id"], "weights": _weights(model_fp or {}), "factory": plan["factory"],
+    return {"model_id": near["model_id"], "weights": _weights(model_fp or {}), "factory": choice["factory"],
             "vectors": near["index"]["vectors"], "edges": near["graph"]["edges"],
             "threshold": near["graph"]["threshold"], "recall": near["recall"].get("recall"),
             "removed": d["removed"], "images": d["images"], "removed_by_rule": list(d["removed_by_rule"].items()),

@@ -13,7 +13,7 @@ from corpusforge.contract import Marker, explain, read_marker
 from corpusforge.layout import STAGING_TARS, staging_tar
 from corpusforge.plans import StagePlan, deletions, unknown_units
 from corpusforge.storage import Store
-from tasks.staging.stage import images_digest, plan_staging, shard_table, staging_key
+from tasks.staging.stage import images_digest, cut_staging, shard_table, staging_key
 
 
 def plan_units(store: Store, resolved: Sequence[Marker | None], shard_size: int) -> list[StagePlan]:
@@ -23,7 +23,7 @@ def plan_units(store: Store, resolved: Sequence[Marker | None], shard_size: int)
     if any(m is None for m in resolved):
         unknown_units(staging, store, STAGING_TARS, ".tar")
         return [staging]
-    for shard in plan_staging([m.info for m in resolved if m is not None], shard_size):
+    for shard in cut_staging([m.info for m in resolved if m is not None], shard_size):
         table = shard_table(store, shard)
         staging.add(shard.name, *explain(read_marker(store, staging_tar(shard.name)), staging_key(table)))
         staging.outputs[shard.name] = images_digest(table.to_pylist())

@@ -48,7 +48,7 @@ import xxhash
 from pydantic import Field
 
 from corpusforge.config import StrictModel
-from corpusforge.chunking import plan_cuts
+from corpusforge.chunking import cut_survivors
 from corpusforge.contract import (SKIPPED, Unit, UnitResult, finish_unit, must_compute, read_marker, require_marker,
                                   run_unit, unit_fingerprint)
 from corpusforge.faults import fault_point
@@ -84,7 +84,7 @@ class StagingShard:
     slices: tuple[tuple[int, int, int], ...]  # (part, skip, take)
 
 
-def plan_staging(resolved: Iterable[dict[str, Any]], shard_size: int) -> list[StagingShard]:
+def cut_staging(resolved: Iterable[dict[str, Any]], shard_size: int) -> list[StagingShard]:
     """Staging shards from each partition's survivor count and cut candidates (resolve's
     info, in partition order, read once: a ledger's rows stream through). What is kept is
     per partition three integers and per cut candidate one tuple: O(shards), never a record."""
@@ -98,7 +98,7 @@ def plan_staging(resolved: Iterable[dict[str, Any]], shard_size: int) -> list[St
         total += info["survivors"]
     shards = []
     part = 0
-    for cut in plan_cuts(total, candidates, shard_size):
+    for cut in cut_survivors(total, candidates, shard_size):
         slices = []
         position, end = cut.start, cut.start + cut.count
         while position < end:

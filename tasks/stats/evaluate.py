@@ -246,8 +246,8 @@ def _listed(source: str, spill: Store, roots: Sequence[str], storage_options: di
     spill.remove(SPILL_FOLDER)
 
 
-def plan_generated(sources: Sequence[str], storage_options: dict[str, Any] | None = None,
-                   chunk_size: int = 1000) -> Iterator[GeneratedChunk]:
+def cut_generated(sources: Sequence[str], storage_options: dict[str, Any] | None = None,
+                  chunk_size: int = 1000) -> Iterator[GeneratedChunk]:
     """Chunks over every image file and tar under ``sources`` (folders or files), in order:
     the image files sorted, source by source, ``chunk_size`` to a chunk, then each tar.
     Out of core: a folder's listing is spilled to a local temporary folder and read back
@@ -295,12 +295,12 @@ class ListedChunk:
 
 def write_generated_listing(out: Store, sources: Sequence[str], storage_options: dict[str, Any] | None = None,
                             chunk_size: int = 1000) -> list[ListedChunk]:
-    """:func:`plan_generated` as a task: the listing goes to ``out``'s listing file, one row
+    """:func:`cut_generated` as a task: the listing goes to ``out``'s listing file, one row
     group a chunk as it is cut, so each embedding task reads its own files and the flow
     holds their names; no chunk but the one being written is held."""
     listed: list[ListedChunk] = []
     with out.write_row_groups(GENERATED_LISTING, LISTING_SCHEMA) as write:
-        for index, chunk in enumerate(plan_generated(sources, storage_options, chunk_size)):
+        for index, chunk in enumerate(cut_generated(sources, storage_options, chunk_size)):
             n = len(chunk.uris)
             write(pa.table({"chunk": pa.array([index] * n, pa.int32()), "name": [chunk.name] * n,
                             "kind": [chunk.kind] * n, "uri": list(chunk.uris), "stamp": list(chunk.stamps)},
@@ -310,7 +310,7 @@ def write_generated_listing(out: Store, sources: Sequence[str], storage_options:
 
 
 def read_listed_chunk(out: Store, index: int, sources: Sequence[str]) -> GeneratedChunk:
-    """Chunk ``index`` of the listing file (its row group alone), as :func:`plan_generated` cut it."""
+    """Chunk ``index`` of the listing file (its row group alone), as :func:`cut_generated` cut it."""
     with out.open(GENERATED_LISTING) as f:
         table = pq.read_table(f, columns=["kind", "uri", "stamp"], filters=[("chunk", "=", index)])
     if not table.num_rows:

@@ -69,7 +69,7 @@ def stats_path(group: str, model_id: str) -> str:
 
 
 @dataclass(frozen=True)
-class GroupPlan:
+class GroupRule:
     """Which groups to summarise, how a manifest row maps to them, which rows are sampled."""
 
     groups: tuple[str, ...]
@@ -104,8 +104,8 @@ def oracle_groups(tiers: Sequence[str]) -> tuple[str, ...]:
 
 
 @dataclass
-class ReferencePlan:
-    plan: GroupPlan
+class ManifestScan:
+    plan: GroupRule
     shards: list[str]  # staging shards holding a record of some group
     counts: dict[str, int]  # kept records per group in the manifest
     manifest_sha256: str
@@ -144,7 +144,7 @@ def _kept_rows(store: Store, files: list[str], splits: pa.Array) -> Iterator[pa.
 
 def scan_manifest(store: Store, groups: Sequence[str], sample: SampleConfig = SampleConfig(),
                   tiers: Sequence[str] = ("nano", "lite", "full"), subset_size: int = 50_000,
-                  subset_seed: int = 1) -> ReferencePlan:
+                  subset_seed: int = 1) -> ManifestScan:
     """Stream the manifest once (batches, a few columns) and fix everything row-dependent.
 
     Counts per group, the staging shards to read, the Test-50K threshold and, per group,
@@ -153,7 +153,7 @@ def scan_manifest(store: Store, groups: Sequence[str], sample: SampleConfig = Sa
     ``max_rows`` sampled rows per group, however many shards there are. Memory is
     O(shards + groups × max_rows + subset_size); time is one Python pass over the rows.
     """
-    base = GroupPlan(tuple(groups), tuple(tiers), subset_seed, None, sample.max_rows, sample.seed)
+    base = GroupRule(tuple(groups), tuple(tiers), subset_seed, None, sample.max_rows, sample.seed)
     files = manifest_files(store)
     if not files:
         raise FileNotFoundError(f"no manifest parquet files under {store.path('manifest')}")
@@ -184,13 +184,13 @@ def scan_manifest(store: Store, groups: Sequence[str], sample: SampleConfig = Sa
         chosen = sorted(subset.keys())
         counts[TEST_SUBSET] = len(chosen)
         samples[TEST_SUBSET].add(chosen)
-    plan = GroupPlan(base.groups, base.tiers, subset_seed, threshold, sample.max_rows, sample.seed,
+    rule = GroupRule(base.groups, base.tiers, subset_seed, threshold, sample.max_rows, sample.seed,
                      {g: h.threshold() for g, h in samples.items()})
-    return ReferencePlan(plan, sorted(shards), {g: counts.get(g, 0) for g in plan.groups}, manifest_sha256(store),
-                         dict(sorted(shards.items())))
+    return ManifestScan(rule, sorted(shards), {g: counts.get(g, 0) for g in rule.groups}, manifest_sha256(store),
+                        dict(sorted(shards.items())))
 
 
-def plan_batches(shards: Sequence[str], max_tasks: int, min_shards: int = 1) -> list[list[str]]:
+def cut_batches(shards: Sequence[str], max_tasks: int, min_shards: int = 1) -> list[list[str]]:
     """Contiguous runs of shards, at most ``max_tasks`` of them and of at least ``min_shards``
     shards each where there are enough, sizes differing by ≤ 1."""
     n = len(shards)
@@ -251,46 +251,46 @@ def _marker_facts(marker: Marker) -> dict[str, Any]:
 class GroupSelection(Selection):
     """The records of a shard in some group of the rule ``plan``: what the statistics embed."""
 
-    plan: GroupPlan = field(default_factory=lambda: GroupPlan(()))
+    plan: GroupRule = field(default_factory=lambda: GroupRule(()))
 
     def keys(self, store: Store, shard: str) -> set[str]:
         return {k for k, s, t in shard_membership(store, shard) if self.plan.groups_of(k, s, t)}
 
 
-def shard_partials(store: Store, model_id: str, shard: str, plan: GroupPlan, subset: str | None = None
+def shard_partials(store: Store, model_id: str, shard: str, rule: GroupRule, subset: str | None = None
                    ) -> ShardPartial:
-    """Summarise one staging shard's features (of every image, or of ``subset``) for every group of ``plan``."""
-    members = [(k, plan.groups_of(k, s, t)) for k, s, t in shard_membership(store, shard)]
+    """Summarise one staging shard's features (of every image, or of ``subset``) for every group of ``rule``."""
+    members = [(k, rule.groups_of(k, s, t)) for k, s, t in shard_membership(store, shard)]
     members = [(k, g) for k, g in members if g]
     marker = require_features(store, model_id, shard, subset)
     keys, feats = read_shard_features(store, model_id, shard, subset)
     row_of = {k: i for i, k in enumerate(keys)}
     errors = read_shard_errors(store, model_id, shard, subset)
-    priority = {k: stable_uniform(plan.sample_seed, k) for k, _ in members}
+    priority = {k: stable_uniform(rule.sample_seed, k) for k, _ in members}
     dim = feats.shape[1]
     out: dict[str, GroupPartial] = {}
-    for group in plan.groups:
+    for group in rule.groups:
         in_group = [k for k, g in members if group in g]
         present = [k for k in in_group if k in row_of]
         missing = Counter(errors.get(k, "no feature row").split(":", 1)[0] for k in in_group if k not in row_of)
         rows = feats[[row_of[k] for k in present]] if present else np.zeros((0, dim), feats.dtype)
-        limit = plan.sample_thresholds.get(group, -1.0)
+        limit = rule.sample_thresholds.get(group, -1.0)
         sampled = [i for i, k in enumerate(present) if priority[k] <= limit]
         out[group] = GroupPartial(Moments.of(rows),
-                                  KeyedSample.of([present[i] for i in sampled], rows[sampled], plan.sample_rows,
-                                                 plan.sample_seed), missing)
+                                  KeyedSample.of([present[i] for i in sampled], rows[sampled], rule.sample_rows,
+                                                 rule.sample_seed), missing)
     facts = _marker_facts(marker)
     return ShardPartial(out, {facts["fingerprint"]: facts})
 
 
-def batch_partials(store: Store, model_id: str, shards: Sequence[str], plan: GroupPlan,
+def batch_partials(store: Store, model_id: str, shards: Sequence[str], rule: GroupRule,
                    subsets: dict[str, str | None] | None = None) -> ShardPartial:
     """One task's work: a contiguous run of shards, summarised and merged in order
     (``subsets``: where each shard's features are, see :func:`shard_partials`)."""
     where = subsets or {}
-    total = shard_partials(store, model_id, shards[0], plan, where.get(shards[0]))
+    total = shard_partials(store, model_id, shards[0], rule, where.get(shards[0]))
     for shard in shards[1:]:
-        total = merge_partials(total, shard_partials(store, model_id, shard, plan, where.get(shard)))
+        total = merge_partials(total, shard_partials(store, model_id, shard, rule, where.get(shard)))
     return total
 
 
@@ -305,7 +305,7 @@ def _npz_bytes(**arrays: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def reference_deviations(marker: dict[str, Any], plan: GroupPlan, missing: int) -> list[str]:
+def reference_deviations(marker: dict[str, Any], rule: GroupRule, missing: int) -> list[str]:
     """How a reference departs from GPIC's protocol, beyond the model itself."""
     out = model_deviations(marker["model"])
     if marker.get("dtype") != "float32":
@@ -313,15 +313,15 @@ def reference_deviations(marker: dict[str, Any], plan: GroupPlan, missing: int) 
     if marker.get("decode_size"):
         out.append(f"JPEGs decoded with draft scaling to ≥ {marker['decode_size']} px before the gpic_eval "
                    "resize (GPIC resizes from full resolution)")
-    if plan.sample_rows != 10_000:
-        out.append(f"{plan.sample_rows} stored reference rows for PRDC/MMD instead of 10,000")
+    if rule.sample_rows != 10_000:
+        out.append(f"{rule.sample_rows} stored reference rows for PRDC/MMD instead of 10,000")
     if missing:
         out.append(f"{missing} records of the group have no features (undecodable) and are excluded")
     return out
 
 
 def write_group_stats(store: Store, group: str, model_id: str, partial: GroupPartial,
-                      marker: dict[str, Any], plan: ReferencePlan, code_version: str,
+                      marker: dict[str, Any], scan: ManifestScan, code_version: str,
                       caption_set: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write a group's npz and feature sample, then its provenance sidecar (last); the
     corpus's evaluation caption set, when given, is named in it (what generation should use)."""
@@ -344,18 +344,18 @@ def write_group_stats(store: Store, group: str, model_id: str, partial: GroupPar
         "decode_size": marker.get("decode_size"),
         "n": int(m.n),
         "dim": m.dim,
-        "manifest_records": plan.counts.get(group, 0),
+        "manifest_records": scan.counts.get(group, 0),
         "missing_features": dict(sorted(partial.missing.items())),
-        "manifest_sha256": plan.manifest_sha256,
+        "manifest_sha256": scan.manifest_sha256,
         "code_version": code_version,
-        "subsample": {"rows": len(partial.sample.keys), "max_rows": plan.plan.sample_rows,
-                      "seed": plan.plan.sample_seed,
+        "subsample": {"rows": len(partial.sample.keys), "max_rows": scan.plan.sample_rows,
+                      "seed": scan.plan.sample_seed,
                       "method": "the max_rows records of the group with the smallest blake2b(seed:key) priority "
                                 "(those without features left out), sorted by priority"},
-        "selection": _selection(group, plan.plan),
+        "selection": _selection(group, scan.plan),
         "files": {"npz": {"path": f"{stem}.npz", "sha256": npz_sha},
                   "features": {"path": f"{stem}.features.npy", "sha256": feats_sha}},
-        "protocol_deviations": reference_deviations(marker, plan.plan, missing),
+        "protocol_deviations": reference_deviations(marker, scan.plan, missing),
     }
     if caption_set is not None:
         sidecar["eval_captions"] = caption_set
@@ -370,13 +370,13 @@ def write_group_stats(store: Store, group: str, model_id: str, partial: GroupPar
     return sidecar
 
 
-def _selection(group: str, plan: GroupPlan) -> str:
+def _selection(group: str, rule: GroupRule) -> str:
     if group == TEST_SUBSET:
-        return (f"test records with blake2b({plan.subset_seed}:key) priority ≤ {plan.subset_threshold!r} "
+        return (f"test records with blake2b({rule.subset_seed}:key) priority ≤ {rule.subset_threshold!r} "
                 "(the smallest priorities)")
     if group.startswith("train_"):
         tier = group.removeprefix("train_")
-        return f"train records in tier {tier} (manifest tier ∈ {list(plan.tiers[:plan.tiers.index(tier) + 1])})"
+        return f"train records in tier {tier} (manifest tier ∈ {list(rule.tiers[:rule.tiers.index(tier) + 1])})"
     return f"kept records of split {group}"
 
 

@@ -38,8 +38,8 @@ from tasks.shared.features.config import FeaturesConfig, ModelSpec, RuntimeConfi
 from tasks.shared.features.extract import extract_features, receipt_section
 from tasks.stats.config import MetricsConfig, SampleConfig, protocol_model
 from tasks.shared.provenance import model_deviations
-from tasks.stats.reference import (GroupPlan, GroupSelection, ReferencePlan, batch_partials, manifest_files,
-                                   merge_partials, oracle_groups, oracle_metrics, plan_batches, scan_manifest,
+from tasks.stats.reference import (GroupRule, GroupSelection, ManifestScan, batch_partials, manifest_files,
+                                   merge_partials, oracle_groups, oracle_metrics, cut_batches, scan_manifest,
                                    write_group_stats)
 
 ORACLE_PATH = f"{STATS_DIR}/oracle.json"
@@ -97,7 +97,7 @@ class ReferenceStatsConfig(FlowConfig):
                               torchscript_allowlist=self.torchscript_allowlist)
 
 
-def scan_plan(store: Store, **kwargs: Any) -> dict[str, Any]:
+def scan_manifest_json(store: Store, **kwargs: Any) -> dict[str, Any]:
     """:func:`scan_manifest`'s result as JSON (a global step's result is kept in its marker)."""
     return dataclasses.asdict(scan_manifest(store, **kwargs))
 
@@ -113,16 +113,16 @@ def _manifest_digests(store: Store) -> list[str]:
         return [f"{rel}:{file_stamp(store.fs, store.fs._strip_protocol(store.path(rel)))}" for rel in files]
 
 
-def _plan_of(data: dict[str, Any]) -> ReferencePlan:
-    plan = data["plan"]
-    return ReferencePlan(GroupPlan(**{**plan, "groups": tuple(plan["groups"]), "tiers": tuple(plan["tiers"])}),
-                         data["shards"], data["counts"], data["manifest_sha256"], data["shard_records"])
+def _scan_of(data: dict[str, Any]) -> ManifestScan:
+    rule = data["plan"]
+    return ManifestScan(GroupRule(**{**rule, "groups": tuple(rule["groups"]), "tiers": tuple(rule["tiers"])}),
+                        data["shards"], data["counts"], data["manifest_sha256"], data["shard_records"])
 
 
 # the manifest scan is a Python pass over every kept record and hashes the whole manifest:
 # a task on the cluster (its result, the scan, is O(staging shards)), keyed by the manifest
 # parts' digests, so a rerun over the same manifest reads the scan back (no task run)
-SCAN_MANIFEST = Unit(scan_plan, "stats-scan-manifest")
+SCAN_MANIFEST = Unit(scan_manifest_json, "stats-scan-manifest")
 PARTIALS = Unit(batch_partials, "stats-partials")
 MERGE = Unit(merge_partials, "stats-merge")
 
@@ -137,18 +137,18 @@ def reference_stats_stage(store: Store, config: ReferenceStatsConfig, caption_se
     scan = dict(groups=config.groups(), sample=config.sample, tiers=config.tiers, subset_size=config.test_subset,
                 subset_seed=config.test_subset_seed)
     manifest = _manifest_digests(store)
-    plan = _plan_of(fan_out(keyed(SCAN_MANIFEST), [step_call(
+    scanned = _scan_of(fan_out(keyed(SCAN_MANIFEST), [step_call(
         store, SCAN_MANIFEST, {**scan, "sample": config.sample.model_dump(mode="json")}, manifest,
         dict(store=store, **scan))])[0].info)
-    log.info("groups %s over %d staging shards; model %s", plan.counts, len(plan.shards), model_id)
-    empty = [g for g in config.splits if plan.counts[g] < 2]
+    log.info("groups %s over %d staging shards; model %s", scanned.counts, len(scanned.shards), model_id)
+    empty = [g for g in config.splits if scanned.counts[g] < 2]
     if empty:
         raise ValueError(f"splits with fewer than 2 kept records in the manifest: {empty}")
     extraction = None
     subsets: dict[str, str | None] = {}
     if config.extract:
-        results = extract_features(store, plan.largest_first(), config.features(),
-                                   GroupSelection(STATS_SUBSET, plan.plan), fan_out=fan_out)
+        results = extract_features(store, scanned.largest_first(), config.features(),
+                                   GroupSelection(STATS_SUBSET, scanned.plan), fan_out=fan_out)
         subsets = {r.info["shard"]: r.info["models"][model_id]["subset"] for r in results}
         extraction = receipt_section(results)
         if "warning" in extraction:
@@ -157,13 +157,13 @@ def reference_stats_stage(store: Store, config: ReferenceStatsConfig, caption_se
     # the partials, their merge and the files written from them: keyed by the scan, the features
     # they read (their markers' digests) and the settings, so a rerun with none changed reads
     # the result back and makes no task run
-    features = require_markers(store, [feature_vectors(model_id, s, subsets.get(s)) for s in plan.shards],
+    features = require_markers(store, [feature_vectors(model_id, s, subsets.get(s)) for s in scanned.shards],
                                f"features of {model_id}")
     key = fingerprint(PARTIALS.name, code_version(__name__), config.model_dump(mode="json"),
-                      [dataclasses.asdict(plan), subsets, [m.digest for m in features], caption_set])
+                      [dataclasses.asdict(scanned), subsets, [m.digest for m in features], caption_set])
     if (done := step_result(store, PARTIALS.name, key)) is not None and all(map(store.exists, _outputs(done.info))):
         return {**done.info, "extraction": extraction}
-    result = _summarise(store, config, plan, subsets, caption_set, fan_out)
+    result = _summarise(store, config, scanned, subsets, caption_set, fan_out)
     return {**record_step(store, PARTIALS.name, key, result).info, "extraction": extraction}
 
 
@@ -175,35 +175,35 @@ def _outputs(result: dict[str, Any]) -> list[str]:
     return files + sidecars + ([ORACLE_PATH] if "oracle" in result else [])
 
 
-def _summarise(store: Store, config: ReferenceStatsConfig, plan: ReferencePlan, subsets: dict[str, str | None],
+def _summarise(store: Store, config: ReferenceStatsConfig, scanned: ManifestScan, subsets: dict[str, str | None],
                caption_set: dict[str, Any] | None, fan_out: FanOut) -> dict[str, Any]:
     """Partials over runs of shards, merged in a fixed tree; each group's statistics (and the
     oracle's metrics) written; statistics files of other groups removed."""
     log = stage_logger()
     model_id = config.model.model_id
     total = fan_out.reduce(PARTIALS, MERGE, [
-        dict(store=store, model_id=model_id, shards=run, plan=plan.plan, subsets={s: subsets.get(s) for s in run})
-        for run in plan_batches(plan.shards, config.max_partials, config.min_shards_per_partial)])
+        dict(store=store, model_id=model_id, shards=run, rule=scanned.plan, subsets={s: subsets.get(s) for s in run})
+        for run in cut_batches(scanned.shards, config.max_partials, config.min_shards_per_partial)])
     if len(total.markers) != 1:
         raise ValueError(f"features/{model_id} mixes {len(total.markers)} feature fingerprints: re-extract")
     marker = next(iter(total.markers.values()))
     version = code_version("tasks.stats.reference")
-    groups = [g for g in plan.plan.groups if total.groups[g].moments.n >= 2]
-    for g in sorted(set(plan.plan.groups) - set(groups)):
+    groups = [g for g in scanned.plan.groups if total.groups[g].moments.n >= 2]
+    for g in sorted(set(scanned.plan.groups) - set(groups)):
         log.warning("group %s has fewer than 2 images with features: no statistics written", g)
     if missing := [g for g in config.splits if g not in groups]:
         raise ValueError(f"splits with fewer than 2 images with features: {missing}")
-    written = {g: write_group_stats(store, g, model_id, total.groups[g], marker, plan, version, caption_set)
+    written = {g: write_group_stats(store, g, model_id, total.groups[g], marker, scanned, version, caption_set)
                for g in groups}
     for d in model_deviations(marker["model"]):
         log.warning("protocol deviation: %s", d)
-    result: dict[str, Any] = {"model_id": model_id, "model": marker["model"], "counts": plan.counts,
+    result: dict[str, Any] = {"model_id": model_id, "model": marker["model"], "counts": scanned.counts,
                               "n": {g: s["n"] for g, s in written.items()},
                               "files": {g: s["files"] for g, s in written.items()},
                               "protocol_deviations": {g: s["protocol_deviations"] for g, s in written.items()}}
     if config.oracle:
         oracle = {"reference": "test", "model_id": model_id, "model": marker["model"],
-                  "manifest_sha256": plan.manifest_sha256, "code_version": version,
+                  "manifest_sha256": scanned.manifest_sha256, "code_version": version,
                   "settings": config.metrics.model_dump(mode="json"),
                   "protocol_deviations": written["test"]["protocol_deviations"] + config.metrics.deviations(),
                   "pairs": oracle_metrics({g: total.groups[g] for g in groups}, "test", config.metrics)}

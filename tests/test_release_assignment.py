@@ -22,11 +22,11 @@ from PIL import Image
 from corpusforge.contract import finish_unit
 from corpusforge.key_ranges import key_ranges
 from corpusforge.layout import staging_tar
-from tasks.release.files import LATE_DIR, RELEASE_PLAN_DIR, release_plan_path
+from tasks.release.files import LATE_DIR, RELEASE_ASSIGNMENT_DIR, release_assignment_path
 from tasks.graph.files import GRAPH_DECISIONS, NEAR_DECISION_SCHEMA, decisions_path
 from corpusforge.storage import Store
 from corpusforge.tarshard import Sample
-from tasks.release.shards import plan_release_files, write_release_shard, write_staged_list
+from tasks.release.shards import assign_release_files, write_release_shard, write_staged_list
 from tasks.release.splits import SplitConfig
 from tests.old_release import assert_release_equals_old
 from tests.staging_files import write_staging_shard
@@ -80,10 +80,10 @@ CONFIGS = {
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 @pytest.mark.parametrize("near_dedup", [True, False])
-def test_plan_and_shards_equal_the_old_implementation(tmp_path, name, near_dedup):
+def test_assignment_and_shards_equal_the_old_implementation(tmp_path, name, near_dedup):
     store, shards = synthetic_corpus(tmp_path / "corpus")
     cfg = SplitConfig.model_validate(CONFIGS[name])
-    summary = plan_release_files(store, write_staged_list(store, shards), cfg, near_dedup)
+    summary = assign_release_files(store, write_staged_list(store, shards), cfg, near_dedup)
     for shard_name, s in summary["shards"].items():
         write_release_shard(store, s["split"], s["index"], cfg, summary["plans"][shard_name]["sha256"])
     assert {s["split"] for s in summary["shards"].values()} == {"train", "val", "test"}
@@ -91,7 +91,7 @@ def test_plan_and_shards_equal_the_old_implementation(tmp_path, name, near_dedup
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_a_plan_made_in_many_ranges_is_the_plan_made_in_one(tmp_path, monkeypatch, name):
+def test_an_assignment_made_in_many_ranges_is_the_one_made_in_one(tmp_path, monkeypatch, name):
     """The assignment's passes by key range carry their running sums and shard counters from one
     range to the next: ranges of 16 rows (every pass cut into several) give the assignment files,
     late files and summary that one range holding every record gives, byte for byte."""
@@ -109,8 +109,10 @@ def test_a_plan_made_in_many_ranges_is_the_plan_made_in_one(tmp_path, monkeypatc
     made = {}
     for label, rows in (("one", 10**9), ("many", 16)):
         store, shards = synthetic_corpus(tmp_path / label)
-        summary = plan_release_files(store, write_staged_list(store, shards), cfg, near_dedup=True, rows_per_range=rows)
-        files = sorted(p for folder in (RELEASE_PLAN_DIR, LATE_DIR) for p in (tmp_path / label / folder).iterdir())
+        summary = assign_release_files(store, write_staged_list(store, shards), cfg, near_dedup=True,
+                                       rows_per_range=rows)
+        files = sorted(p for folder in (RELEASE_ASSIGNMENT_DIR,
+                                        LATE_DIR) for p in (tmp_path / label / folder).iterdir())
         made[label] = (json.dumps(summary), [(p.name, p.read_bytes()) for p in files])
         if label == "one":  # one range per pass (by shard: one per split)
             assert ranges == Counter(grp=1, gu=1, u1=1, shard=3, part=1), ranges
@@ -119,23 +121,23 @@ def test_a_plan_made_in_many_ranges_is_the_plan_made_in_one(tmp_path, monkeypatc
     assert made["many"] == made["one"]
 
 
-def test_a_release_writer_opens_only_its_plan_and_the_staging_tars_it_copies(tmp_path, opened_files):
+def test_a_release_writer_opens_only_its_assignment_and_the_staging_tars_it_copies(tmp_path, opened_files):
     store, shards = synthetic_corpus(tmp_path / "corpus", n_shards=6, per_shard=30)
     cfg = SplitConfig(val=0.1, test=0.1, shard_size=4)
-    summary = plan_release_files(store, write_staged_list(store, shards), cfg, near_dedup=True)
+    summary = assign_release_files(store, write_staged_list(store, shards), cfg, near_dedup=True)
     name, shard = next((n, s) for n, s in summary["shards"].items() if s["split"] == "train")
-    plan = store.read_parquet(release_plan_path(name)).to_pylist()
+    assignment = store.read_parquet(release_assignment_path(name)).to_pylist()
     opened_files.clear()
     write_release_shard(store, "train", shard["index"], cfg, summary["plans"][name]["sha256"])
     opened = list(opened_files)
-    copied_from = {staging_tar(e["staging_shard"]) for e in plan}
+    copied_from = {staging_tar(e["staging_shard"]) for e in assignment}
     assert len(copied_from) < len(shards)  # a small shard: the test tells reading its spans from reading all
-    assert set(opened) == {release_plan_path(name)} | copied_from
-    assert opened.count(release_plan_path(name)) == 1
-    assert len(opened) == 1 + len(plan)  # one ranged read per sample
+    assert set(opened) == {release_assignment_path(name)} | copied_from
+    assert opened.count(release_assignment_path(name)) == 1
+    assert len(opened) == 1 + len(assignment)  # one ranged read per sample
 
 
-def test_a_release_writer_holds_a_batch_of_its_plan_rows_not_its_plan(tmp_path, monkeypatch):
+def test_a_release_writer_holds_a_batch_of_its_assignment_rows_not_all_of_them(tmp_path, monkeypatch):
     """The assignment file's rows alive as Python objects while the last sample is made are one batch's
     (the old writer held every row of its file to the end: a shard's size is a config field)."""
     import gc
@@ -146,7 +148,7 @@ def test_a_release_writer_holds_a_batch_of_its_plan_rows_not_its_plan(tmp_path, 
     store = Store(str(tmp_path / "corpus"), fsync=False)
     write_staging(store, Scale(3000, 1, 2, 1))
     cfg = SplitConfig(val=0.05, test=0.05, shard_size=10_000)
-    summary = plan_release_files(store, write_staged_list(store, ["000000", "000001"]), cfg, near_dedup=False)
+    summary = assign_release_files(store, write_staged_list(store, ["000000", "000001"]), cfg, near_dedup=False)
     name, shard = next((n, s) for n, s in summary["shards"].items() if s["split"] == "train")
     made, alive = [], []
     real_sample = release_shards.release_sample
@@ -166,7 +168,7 @@ class _Submitted(Exception):
     """Raised by the recording fan-out once publish has built the assignment call."""
 
 
-def test_the_planning_task_gets_a_digest_not_the_shard_list(tmp_path):
+def test_the_assignment_task_gets_a_digest_not_the_shard_list(tmp_path):
     """publish hands the assignment task the staging-shard list's SHA-256 (issue 22: the list itself
     was 134 KB per task projected at 10⁸ images): its pickled parameters are the same size
     for 10 and 1000 staging shards, and the assignment task reads the list back."""
@@ -195,9 +197,9 @@ def test_the_planning_task_gets_a_digest_not_the_shard_list(tmp_path):
     assert sizes[1] == sizes[0] <= 4 << 10
 
 
-def test_the_planner_refuses_a_shard_list_it_was_not_given(tmp_path):
+def test_the_assignment_refuses_a_shard_list_it_was_not_given(tmp_path):
     store, shards = synthetic_corpus(tmp_path / "corpus", n_shards=2, per_shard=10)
     staged = write_staged_list(store, shards)
     write_staged_list(store, shards[:1])
     with pytest.raises(ValueError, match="changed while release assignment ran"):
-        plan_release_files(store, staged, SplitConfig(), near_dedup=True)
+        assign_release_files(store, staged, SplitConfig(), near_dedup=True)
