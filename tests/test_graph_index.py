@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from corpusforge.contract import read_marker
-from tasks.graph.files import GRAPH_INDEX, GRAPH_SHARD_TABLE, found_path
+from tasks.graph.files import GRAPH_INDEX, GRAPH_SHARD_TABLE, found_path, routed_path
 from tasks.graph import index as fx
 from tasks.graph.build import build_index
 from tasks.graph.config import IndexAdvanced, IndexConfig, NearDedupAdvanced, NearDedupConfig, VerificationConfig
 from tasks.graph.edges import (feature_digests, found_fingerprint, graph_recall, iter_edges, merge_edges, merge_groups,
-                               query_shard, recall_shard)
+                               query_shard, recall_shard, route_pairs)
 from tasks.graph.nodes import number_nodes, write_shard_table
 from tasks.shared.ivf import auto_nlist
 from tests.graph_corpus import at_similarity, brute_force_edges, unit, write_corpus
@@ -26,12 +26,10 @@ def run_graph(store, shards, cfg):
     digests = feature_digests(store, cfg, nodes)
     table = write_shard_table(store, nodes, digests)
     info, _ = build_index(store, store, cfg, table)
-    found = [query_shard(store, store, cfg, table, s, digests[s], info) for s in nodes.shards]
     for s in nodes.shards:
+        query_shard(store, store, cfg, table, s, digests[s], info)
         recall_shard(store, store, cfg, table, s, digests[s], info)
-    found_fp = found_fingerprint([read_marker(store, found_path(s)).digest for s in nodes.shards])
-    for g in merge_groups(nodes, [m.info["pairs"] for m in found], cfg.advanced.merge_max_edges):
-        merge_edges(store, table, g, found_fp)
+    merge_all(store, nodes, table, cfg.advanced.merge_max_edges)
     got = {}
     for a, b, s in iter_edges(store, nodes):
         assert np.all(a < b)
@@ -39,6 +37,16 @@ def run_graph(store, shards, cfg):
             assert (x, y) not in got, "an unordered pair is stored twice"
             got[(x, y)] = z
     return nodes, info, got
+
+
+def merge_all(store, nodes, table, max_edges):
+    """The stage's merge: the routing task, then one merge task per group."""
+    found = [read_marker(store, found_path(s)) for s in nodes.shards]
+    groups = merge_groups(nodes, [m.info["pairs"] for m in found], max_edges)
+    routed = route_pairs(store, table, found_fingerprint([m.digest for m in found]), len(groups))
+    for g in groups:
+        merge_edges(store, table, g, routed.outputs[routed_path(g[0])])
+    return groups
 
 
 def compare(got, want, threshold, tol=1e-5, sim_tol=1e-5):
@@ -226,44 +234,52 @@ def test_the_scale_benchmark_reports_wfd_refused_where_the_stage_refuses_it():
 
 
 
-def test_merge_groups_give_the_one_group_graph_opening_found_files_from_their_first_shard(tmp_path):
-    """One group per shard gives the graph of one group for every shard (k-NN with a small k
-    finds some pairs from the larger id's side only, so later shards' files count), and each
-    group opens the found files from its own first shard on: an earlier shard's pairs have
-    their smaller id there, outside the group (issue 31)."""
+def _merge_opens(store, nodes, table, max_edges):
+    """Files the merge step (routing and every group's merge) opens for reading, its markers removed."""
     from bench.scale import install_counting_fs
     from corpusforge.contract import marker_path
-    from tasks.graph.files import edges_path
     from corpusforge.storage import Store
+    from tasks.graph.files import GRAPH_ROUTED, edges_path
 
-    store, shards, _ = write_corpus(str(tmp_path), n_shards=4, per_shard=40, dim=24, seed=5)
-    cfg = NearDedupConfig(index=IndexConfig(kind="flat", search="knn", k=3))
-    nodes, _, one_group = run_graph(store, shards, cfg)  # the default merge_max_edges: one group
-    found = [store.read_parquet(found_path(s)) for s in nodes.shards]
-    from_small_side = {(nodes.offsets[i] + r, nodes.offsets[nodes.index_of(d)] + q)
-                       for i, t in enumerate(found)
-                       for r, d, q in zip(t["src_row"].to_pylist(), t["dst_shard"].to_pylist(),
-                                          t["dst_row"].to_pylist(), strict=True)}
-    assert any(p not in from_small_side for p in one_group)  # found by the larger id's query only
-    found_fp = found_fingerprint([read_marker(store, found_path(s)).digest for s in nodes.shards])
-    table = write_shard_table(store, nodes, feature_digests(store, cfg, nodes))
-    for s in nodes.shards:  # markers removed: each group computes
-        store.remove(marker_path(edges_path(s)))
+    for rel in [GRAPH_ROUTED, *(edges_path(s) for s in nodes.shards)]:
+        store.remove(marker_path(rel))
     counting, opened = install_counting_fs(), []
     try:
         counting.reset(opened)
-        for s in nodes.shards:
-            merge_edges(Store(store.root), table, (s, s), found_fp)
+        merge_all(Store(store.root), nodes, table, max_edges)
     finally:
         import fsspec
         from fsspec.implementations.local import LocalFileSystem
 
         for protocol in ("file", "local"):
             fsspec.register_implementation(protocol, LocalFileSystem, clobber=True)
-    got = {}
-    for a, b, sim in iter_edges(store, nodes):
-        got.update({(x, y): z for x, y, z in zip(a.tolist(), b.tolist(), sim.tolist(), strict=True)})
-    assert got == one_group
-    n = len(nodes.shards)
-    opens = [store.path(found_path(s)) for s in nodes.shards]
-    assert sorted(p for p in opened if p in opens) == sorted(opens[i] for g in range(n) for i in range(g, n))
+    return opened
+
+
+def test_merge_groups_give_the_one_group_graph_and_open_files_linear_in_n(tmp_path):
+    """One group per shard gives the graph of one group for every shard (k-NN with a small k
+    finds some pairs from the larger id's side only, so later shards' files count), and the
+    merge step opens each found file once, whatever the number of groups: at one group per
+    shard, twice the shards open at most 2.2× the files (the merge of before, where each group
+    read every later found file, opened S(S+1)/2 found files: 3.6× from 4 to 8 shards; issue 31)."""
+    opens = {}
+    for n in (4, 8):
+        store, shards, _ = write_corpus(str(tmp_path / str(n)), n_shards=n, per_shard=40, dim=24, seed=5)
+        cfg = NearDedupConfig(index=IndexConfig(kind="flat", search="knn", k=3))
+        nodes, _, one_group = run_graph(store, shards, cfg)  # the default merge_max_edges: one group
+        found = [store.read_parquet(found_path(s)) for s in nodes.shards]
+        from_small_side = {(nodes.offsets[i] + r, nodes.offsets[nodes.index_of(d)] + q)
+                           for i, t in enumerate(found)
+                           for r, d, q in zip(t["src_row"].to_pylist(), t["dst_shard"].to_pylist(),
+                                              t["dst_row"].to_pylist(), strict=True)}
+        assert any(p not in from_small_side for p in one_group)  # found by the larger id's query only
+        table = write_shard_table(store, nodes, feature_digests(store, cfg, nodes))
+        opened = _merge_opens(store, nodes, table, max_edges=1)  # one group per shard
+        got = {}
+        for a, b, sim in iter_edges(store, nodes):
+            got.update({(x, y): z for x, y, z in zip(a.tolist(), b.tolist(), sim.tolist(), strict=True)})
+        assert got == one_group
+        found_files = [store.path(found_path(s)) for s in nodes.shards]
+        assert sorted(p for p in opened if p in found_files) == found_files  # each once
+        opens[n] = len(opened)
+    assert opens[8] / opens[4] <= 2 * 1.1, opens

@@ -13,10 +13,11 @@ from corpusforge.contract import COMPUTED, UnitResult
 from corpusforge.layout import staging_records
 
 from tasks.graph.calibration import BinSampler
-from tasks.graph.config import VerificationConfig, CalibrationConfig, CollisionConfig, IndexConfig, NearDedupConfig
+from tasks.graph.config import (VerificationConfig, CalibrationConfig, CollisionConfig, IndexConfig, NearDedupAdvanced,
+                                NearDedupConfig)
 from tasks.graph.decisions import DuplicateContentError, read_decisions
 from tasks.graph.stage import near_duplicate_stage
-from tests.graph_corpus import at_similarity, brute_force_edges, unit, write_corpus
+from tests.graph_corpus import at_similarity, brute_force_edges, planted_vectors, unit, write_corpus
 from tests.test_graph_two_tier import reference
 
 pytestmark = pytest.mark.timeout(180)
@@ -84,9 +85,34 @@ def test_shard_order_and_reruns_give_identical_bytes(tmp_path):
     _, work = near_duplicate_stage(a, exact_cfg(), shards)  # resume: all steps skipped, nothing rewritten
     assert work["index"] == work["decisions"] == work["calibration"] == work["collision"] == "skipped"
     assert work["queries"] == work["recall_references"] == {"computed": 0, "skipped": len(shards)}
-    assert work["merges"]["computed"] == 0
+    assert work["merge_routing"] == "skipped" and work["merges"]["computed"] == 0
     assert tree_bytes(tmp_path / "a" / "graph") == first
     assert mtimes == {p: p.stat().st_mtime_ns for p in (tmp_path / "a" / "graph" / "edges").iterdir()}
+
+
+def test_a_changed_shard_gives_the_fresh_graph_over_several_merge_groups(tmp_path):
+    """Several merge groups: a rerun after one shard's features change routes the found pairs
+    again and writes the graph of a fresh build byte for byte; a rerun with nothing changed
+    routes and merges nothing (issue 31: routing task, then one merge per group)."""
+    n_shards, per_shard, dim = 4, 40, 32
+    x = planted_vectors(n_shards * per_shard, dim, 1)
+    changed = x.copy()
+    written_first = np.random.default_rng(1 + 1).permutation(len(x))[:per_shard]  # write_corpus's placement
+    changed[written_first[:10]] = planted_vectors(10, dim, 7)
+    cfg = exact_cfg(advanced=NearDedupAdvanced(merge_max_edges=20), collision=CollisionConfig(enabled=False),
+                    calibration=CalibrationConfig(enabled=False))
+    a, shards, _ = write_corpus(str(tmp_path / "a"), n_shards, per_shard, dim, seed=1, vectors=x)
+    summary, _ = near_duplicate_stage(a, cfg, shards)
+    assert summary["graph"]["merge_tasks"] > 1
+    write_corpus(str(tmp_path / "a"), n_shards, per_shard, dim, seed=1, vectors=changed)
+    _, work = near_duplicate_stage(a, cfg, shards)
+    assert work["queries"]["computed"] == 1 and work["merge_routing"] == "computed"
+    b, _, _ = write_corpus(str(tmp_path / "b"), n_shards, per_shard, dim, seed=1, vectors=changed)
+    near_duplicate_stage(b, cfg, shards)
+    assert tree_bytes(tmp_path / "a" / "graph") == tree_bytes(tmp_path / "b" / "graph")  # routed files may
+    # differ: an unchanged shard's file keeps its pairs found with the old vectors (dropped as invalid)
+    _, work = near_duplicate_stage(a, cfg, shards)
+    assert work["merge_routing"] == "skipped" and work["merges"]["computed"] == 0
 
 
 def test_ivf_stage_matches_exact_stage_on_planted_data(tmp_path):

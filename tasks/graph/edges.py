@@ -31,13 +31,22 @@ has k-1 or more neighbours, every shard is queried again (the cap makes results 
 on the whole index). With an IVF index the trained quantiser depends on every vector,
 so any change of features queries every shard again.
 
-Merge: ``merge_edges`` tasks gather, for a contiguous group of owner shards, the pairs
-whose smaller id falls in the group — the group's own ``found`` files and, from every
-later shard's ``found`` file, the rows whose ``dst_shard`` lies in the group (pushed down
-to parquet row groups: files are sorted by dst_shard; an earlier shard's rows have their
-smaller id in that shard, outside the group) — and keep each pair once with the max
-similarity. Groups are sized by ``merge_max_edges``, so memory per task is bounded; a
-group still opens every later found file, so G groups open ~G·S/2 files.
+Merge: two steps, so that the files a build opens grow with N, not N². A pair is owned by the
+shard of its smaller id; owner shards are cut into G contiguous groups of about
+``merge_max_edges`` found pairs (:func:`merge_groups`). One routing task (:func:`route_pairs`)
+reads every ``found`` file once, keeps the pairs still pointing at current vectors
+(:func:`_valid_pairs`) and appends each to its owning group's local Arrow stream; it then
+writes each group's stream as ``work/graph/routed/{first}.parquet``. G ``merge_edges`` tasks
+each read their one routed file, keep each pair once with the max similarity
+(``canonical_pairs``) and write their shards' edge files. Files opened: S found + G routed
+(+ G local streams, written and read once) by the routing task, G routed + S edge files by the
+merges: O(S + G) = O(N). Before, each group read every later found file (pairs spread over the
+whole corpus, so every found file holds pairs of almost every group): ~G·S/2, O(N²).
+Memory: the routing task holds :data:`ROUTE_READERS` found files and one row group of
+:data:`ROUTE_ROWS` pairs (its G streams are on local disk, one descriptor each); a merge task
+holds its group's pairs (``merge_max_edges``), as before. The routing task is one unit: its
+work is O(N) reads that its readers overlap; a found file that changes reroutes every group
+(what the merges did before), and a merge whose routed file is byte-identical is skipped.
 
 PQ codes give approximate scores: the shard's queries then search at ``threshold -
 pq_rescore_margin`` and every candidate is rescored as the exact dot product of the
@@ -46,7 +55,9 @@ two unit vectors, read from the feature files of the shards the candidates live 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from collections.abc import Iterator
 from typing import Any, NotRequired, TypedDict
 
@@ -56,12 +67,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from corpusforge.contract import (COMPUTED, SKIPPED, UnitResult, current_marker, finish_unit, joint_result,
-                                  must_compute, run_unit, unit_fingerprint)
+                                  must_compute, read_pinned, run_unit, side_by_side, unit_fingerprint)
 from corpusforge.faults import fault_point
 from corpusforge.feature_files import read_feature_rows, require_all_features
+from corpusforge.hashing import sha256_file
 from tasks.graph.files import (EDGE_SCHEMA, FOUND_SCHEMA, GRAPH_INDEX, GRAPH_INDEX_LISTS, GRAPH_RECALL_IDS,
-                               GRAPH_RECALL_VECTORS, edges_path, found_path, recall_path)
-from corpusforge.storage import Store
+                               GRAPH_RECALL_VECTORS, GRAPH_ROUTED, edges_path, found_path, recall_path, routed_path)
+from corpusforge.storage import Store, row_group_writer
 from corpusforge.version import code_version
 from tasks.graph import index as fx
 from tasks.graph import ondisk
@@ -129,6 +141,13 @@ class GraphRecall(TypedDict):
     found: int
     recall: float | None
     tolerance: float
+
+
+class RoutedInfo(TypedDict):
+    """The routing unit's marker info: merge groups and the valid found pairs routed to them."""
+
+    groups: int
+    pairs: int
 
 
 class EdgesInfo(TypedDict):
@@ -276,11 +295,19 @@ def recall_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: s
     return run_unit(out, recall_path(shard), fp, compute)
 
 
+ROUTE_READERS = 8  # found files read side by side (their round trips overlap on S3) and held at once
+ROUTE_ROWS = 1 << 20  # pairs per row group of a routed file (~16 MB)
+
+
 def merge_groups(nodes: NodeTable, found_pairs: list[int], max_edges: int) -> list[tuple[str, str]]:
     """Contiguous groups of owner shards, about ``max_edges`` found pairs per group, as
     (first, last) shard names: a task's parameters stay small however many shards it owns."""
     total = sum(found_pairs)
-    n_groups = max(1, min(len(nodes.shards), -(-total // max_edges)))
+    return owner_groups(nodes, max(1, min(len(nodes.shards), -(-total // max_edges))))
+
+
+def owner_groups(nodes: NodeTable, n_groups: int) -> list[tuple[str, str]]:
+    """The shards cut into ``n_groups`` contiguous groups of equal shard counts, as (first, last)."""
     return [(g[0], g[-1]) for g in np.array_split(np.array(nodes.shards, dtype=object), n_groups) if len(g)]
 
 
@@ -291,7 +318,7 @@ def group_shards(nodes: NodeTable, group: tuple[str, str]) -> list[str]:
 
 
 def found_fingerprint(found_digests: list[str]) -> str:
-    """One digest for every shard's found file, in node order (what each merge reads)."""
+    """One digest for every shard's found file, in node order (what the routing task reads)."""
     return unit_fingerprint("graph-found", "", [], found_digests)
 
 
@@ -307,35 +334,78 @@ def _valid_pairs(table: pa.Table, shard: str, nodes: NodeTable, digests: dict[st
     return src[valid], dst[valid], table["similarity"].to_numpy()[valid]
 
 
-def merge_edges(out: Store, shard_table: str, group: tuple[str, str], found: str) -> UnitResult[EdgesInfo]:
+def route_pairs(out: Store, shard_table: str, found: str, n_groups: int) -> UnitResult[RoutedInfo]:
+    """Write ``work/graph/routed/{first}.parquet`` for each of the ``n_groups`` merge groups
+    (:func:`owner_groups`): the valid pairs of every found file whose smaller id the group owns,
+    in node order of the found files. ``found``: :func:`found_fingerprint` of the found files."""
+    fp = unit_fingerprint("graph-route", code_version(__name__), n_groups, [shard_table, found])
+
+    def compute() -> tuple[dict[str, str], RoutedInfo]:
+        nodes, digests = read_shard_table(out, shard_table)
+        groups = owner_groups(nodes, n_groups)
+        starts = nodes.offsets[[nodes.index_of(first) for first, _ in groups]]
+
+        def read(shard: str) -> tuple[str, pa.Table]:
+            with out.open(found_path(shard)) as f:
+                return shard, pq.read_table(f)
+
+        routed = 0
+        with tempfile.TemporaryDirectory(prefix="corpusforge-route-") as tmp:
+            with contextlib.ExitStack() as streams:
+                writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
+                for shard, table in side_by_side(read, nodes.shards, ROUTE_READERS, ROUTE_READERS):
+                    src, dst, sim = _valid_pairs(table, shard, nodes, digests)
+                    group = np.searchsorted(starts, np.minimum(src, dst), side="right") - 1
+                    order = np.argsort(group, kind="stable")
+                    cuts = np.searchsorted(group[order], np.arange(len(groups) + 1))
+                    for g in np.flatnonzero(np.diff(cuts)).tolist():
+                        if g not in writers:
+                            sink = streams.enter_context(pa.OSFile(os.path.join(tmp, f"{g}.arrows"), "wb"))
+                            writers[g] = streams.enter_context(pa.ipc.new_stream(sink, EDGE_SCHEMA))
+                        rows = order[cuts[g]:cuts[g + 1]]
+                        writers[g].write_table(edge_table(src[rows], dst[rows], sim[rows]))
+                    routed += len(src)
+            outputs = {routed_path(first): _write_routed(out, routed_path(first), os.path.join(tmp, f"{g}.arrows"))
+                       for g, (first, _) in enumerate(groups)}
+        return outputs, RoutedInfo(groups=len(groups), pairs=routed)
+
+    return run_unit(out, GRAPH_ROUTED, fp, compute)
+
+
+def _write_routed(out: Store, rel: str, stream: str) -> str:
+    """A group's local stream (none when no pair routed to it) as the parquet file ``rel``, in
+    row groups of :data:`ROUTE_ROWS` pairs; its SHA-256."""
+    with out.atomic_local_file(rel) as tmp:
+        with open(tmp, "wb") as f, row_group_writer(f, EDGE_SCHEMA) as write:
+            if os.path.exists(stream):
+                with pa.OSFile(stream, "rb") as source:
+                    held: list[pa.RecordBatch] = []
+                    rows = 0
+                    for batch in pa.ipc.open_stream(source):
+                        held.append(batch)
+                        rows += batch.num_rows
+                        if rows >= ROUTE_ROWS:
+                            write(pa.Table.from_batches(held, EDGE_SCHEMA))
+                            held, rows = [], 0
+                    if held:
+                        write(pa.Table.from_batches(held, EDGE_SCHEMA))
+        return sha256_file(tmp)
+
+
+def merge_edges(out: Store, shard_table: str, group: tuple[str, str], routed: str) -> UnitResult[EdgesInfo]:
     """Write ``graph/edges/{shard}.parquet`` for a group of owner shards (its first and
-    last), one marker each; the result has every shard's edge file and count. ``found``:
-    :func:`found_fingerprint` of the found files."""
-    nodes, digests = read_shard_table(out, shard_table)
+    last), one marker each; the result has every shard's edge file and count. ``routed``:
+    the SHA-256 of the group's routed file (:func:`route_pairs`)."""
+    nodes, _ = read_shard_table(out, shard_table)
     group = group_shards(nodes, group)
-    fp = unit_fingerprint("graph-edges", code_version(__name__), group, [shard_table, found])
+    fp = unit_fingerprint("graph-edges", code_version(__name__), group, [shard_table, routed])
     markers = [current_marker(out, edges_path(s), fp) for s in group]
     if all(m is not None for m in markers):
         return joint_result(fp, markers, EdgesInfo(edges={s: m.info["edges"] for s, m in zip(group, markers,
                                                                                                strict=True)}), SKIPPED)
     must_compute()
-    lo, _ = nodes.span(group[0])
-    _, hi = nodes.span(group[-1])
-    members = set(group)
-    parts = []
-    # from the group's first shard on: a pair in an earlier shard's file has its smaller id there,
-    # so another group owns it (each group opens S − its start files, not S)
-    for shard in nodes.shards[nodes.index_of(group[0]):]:
-        with out.open(found_path(shard)) as f:
-            if shard in members:
-                table = pq.read_table(f)
-            else:
-                table = pq.read_table(f, filters=[("dst_shard", ">=", group[0]), ("dst_shard", "<=", group[-1])])
-        parts.append(_valid_pairs(table, shard, nodes, digests))
-    src, dst, sim = (np.concatenate([p[i] for p in parts]) for i in range(3))
-    a, b, s = fx.canonical_pairs(src, dst, sim)
-    inside = (a >= lo) & (a < hi)
-    a, b, s = a[inside], b[inside], s[inside]
+    table = pq.read_table(pa.BufferReader(read_pinned(out, routed_path(group[0]), routed, "the graph merge")))
+    a, b, s = fx.canonical_pairs(table["src"].to_numpy(), table["dst"].to_numpy(), table["similarity"].to_numpy())
     owner = nodes.shard_of(a)
     written = []
     for shard in group:

@@ -4,6 +4,8 @@ stages (captions, release, report) import this module, and no other of the stage
 ::
 
     work/graph/found/{shard}.parquet   pairs one staging shard's graph queries found (reused by reruns)
+    work/graph/routed/{shard}.parquet  the valid found pairs a merge group owns, {shard} its first owner
+                                       shard: written by the one routing task (tasks/graph/edges.py)
     work/graph/shards.parquet          the stage's shard table (node offsets, feature digests): read by
                                        its tasks, which get only its SHA-256 as a parameter
     work/graph/digests/{kind}.parquet  one digest per staging shard, in node order, of the graph files
@@ -28,6 +30,7 @@ import pyarrow as pa
 GRAPH_DIR = "graph"
 GRAPH_WORK = "work/graph"  # the graph stage's rerun state: removed with graph/ when near-dedup is off
 GRAPH_FOUND = "work/graph/found"  # query results: a cache of the rerun, not an output
+GRAPH_ROUTED = "work/graph/routed"  # found pairs by owning merge group (tasks/graph/edges.py: Merge)
 GRAPH_SHARD_TABLE = "work/graph/shards.parquet"  # shared by the graph tasks (tasks/graph/nodes.py)
 GRAPH_DIGESTS_DIR = "work/graph/digests"  # per-shard digest lists of the one-off graph tasks (tasks/graph/nodes.py)
 GRAPH_RECALL = "graph/recall"
@@ -58,6 +61,10 @@ def index_block_path(first_shard: str) -> str:
 
 def found_path(shard: str) -> str:
     return f"{GRAPH_FOUND}/{shard}.parquet"
+
+
+def routed_path(first_shard: str) -> str:
+    return f"{GRAPH_ROUTED}/{first_shard}.parquet"
 
 
 def recall_path(shard: str) -> str:

@@ -41,8 +41,9 @@ from corpusforge.contract import (COMPUTED, SKIPPED, FanOut, Unit, UnitResult, d
                                   unit_fingerprint)
 from corpusforge.layout import staging_records, staging_tar
 from tasks.graph.files import (GRAPH_CROPS, GRAPH_DECISIONS, GRAPH_EDGES, GRAPH_FOUND, GRAPH_INDEX_DIR, GRAPH_NODES,
-                               GRAPH_RECALL, GRAPH_REGIONS, GRAPH_REVIEW, GRAPH_SUMMARY, GRAPH_VERIFIED, crops_path,
-                               edges_path, found_path, graph_digests_path, regions_path, review_path)
+                               GRAPH_RECALL, GRAPH_REGIONS, GRAPH_REVIEW, GRAPH_ROUTED, GRAPH_SUMMARY, GRAPH_VERIFIED,
+                               crops_path, edges_path, found_path, graph_digests_path, regions_path, review_path,
+                               routed_path)
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.graph.build import build_index
@@ -52,7 +53,8 @@ from tasks.graph.config import NearDedupConfig
 from tasks.graph.crops import crop_candidates_shard, describe_shard
 from tasks.graph.decisions import decide_near_duplicates, read_decisions
 from tasks.graph.edges import (EdgesInfo, FoundInfo, IndexInfo, feature_digests, found_fingerprint, graph_recall,
-                               group_shards, merge_edges, merge_groups, node_degrees, query_shard, recall_shard)
+                               group_shards, merge_edges, merge_groups, node_degrees, query_shard, recall_shard,
+                               route_pairs)
 from tasks.graph.nodes import number_nodes, write_shard_digests, write_shard_table
 from tasks.graph.review import select_review_pairs
 from tasks.graph.self_calibration_unit import (calibrated, forget_self_calibration, self_calibrate,
@@ -65,6 +67,7 @@ __all__ = ["near_duplicate_stage", "read_decisions"]
 
 QUERY_SHARD = Unit(query_shard, "graph-query-shard", probe=True)
 RECALL_SHARD = Unit(recall_shard, "graph-recall-reference", probe=True)
+ROUTE_PAIRS = Unit(route_pairs, "graph-route-pairs", probe=True)
 MERGE_EDGES = Unit(merge_edges, "graph-merge-edges", probe=True)
 RECALL = Unit(graph_recall, "graph-recall")
 DECIDE = Unit(decide_near_duplicates, "graph-decisions", probe=True)
@@ -119,7 +122,7 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
         work["index_blocks"] = blocks.counts()
     work["query_seconds"] = round(time.perf_counter() - started, 3)
     references = fan_out(RECALL_SHARD, calls)
-    merged, edges_digests = _merge(store, nodes, table, cfg, fan_out)
+    merged, edges_digests, routing = _merge(store, nodes, table, cfg, fan_out)
     if _knn_cap_reached(store, cfg, nodes, queried):
         reused = [c for c, q in zip(calls, queried, strict=True) if q.action == SKIPPED]
         started = time.perf_counter()
@@ -130,9 +133,10 @@ def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], 
         work["queries"]["requeried_for_knn_cap"] = len(forced)
         by_shard = {q.info["shard"]: q for q in forced}
         queried = [by_shard.get(q.info["shard"], q) for q in queried]
-        merged, edges_digests = _merge(store, nodes, table, cfg, fan_out)
+        merged, edges_digests, routing = _merge(store, nodes, table, cfg, fan_out)
     work["capped_queries"] = sum(q.info["capped"] for q in queried)
     work["recall_references"] = summarise("graph.recall_references", references).counts()
+    work["merge_routing"] = routing
     work["merges"] = summarise("graph.merges", merged).counts()
 
     staged = require_markers(source, [staging_tar(s) for s in nodes.shards], "staging shard")
@@ -267,19 +271,23 @@ def _forget_crops(store: Store) -> None:
 
 
 def _merge(store: Store, nodes, table: str, cfg: NearDedupConfig, fan_out: FanOut
-           ) -> tuple[list[UnitResult[EdgesInfo]], list[str]]:
-    """Symmetric edge files from the current found files: each group's result, and every edge
-    file's marker digest in node order (what the one-off units are keyed by)."""
+           ) -> tuple[list[UnitResult[EdgesInfo]], list[str], str]:
+    """Symmetric edge files from the current found files (routed to their merge groups by one
+    task, then one merge task per group): each group's result, every edge file's marker
+    digest in node order (what the one-off units are keyed by) and the routing's action."""
     digests, pairs = [], []
     for m in require_markers(store, [found_path(s) for s in nodes.shards], "graph query"):  # side by side
         digests.append(m.digest)
         pairs.append(m.info["pairs"])
-    found_fp = found_fingerprint(digests)
     groups = merge_groups(nodes, pairs, cfg.advanced.merge_max_edges)
-    merged = fan_out(MERGE_EDGES, [dict(out=store, shard_table=table, group=g, found=found_fp) for g in groups])
+    routed = fan_out(ROUTE_PAIRS, [dict(out=store, shard_table=table, found=found_fingerprint(digests),
+                                        n_groups=len(groups))])[0]
+    prune(store, GRAPH_ROUTED, {first for first, _ in groups})  # another grouping's files
+    merged = fan_out(MERGE_EDGES, [dict(out=store, shard_table=table, group=g, routed=routed.outputs[routed_path(g[0])])
+                                   for g in groups])
     digests = [digest_of({edges_path(s): m.outputs[edges_path(s)]})  # each shard's edge marker's (one file)
                for g, m in zip(groups, merged, strict=True) for s in group_shards(nodes, g)]
-    return merged, digests
+    return merged, digests, routed.action
 
 
 def _knn_cap_reached(store: Store, cfg: NearDedupConfig, nodes, queried: list[UnitResult[FoundInfo]]) -> bool:
