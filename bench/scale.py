@@ -185,7 +185,8 @@ class Scale:
     def fan_outs(self) -> dict[str, int]:
         """Units of each fan-out of a build (flows/build_corpus.py, tasks/ingest/exact_dedup.py,
         tasks/graph/stage.py, tasks/release/publish.py): one entry per ``run_tasks`` call; graph merge
-        at its most, one group per shard (merge_groups sizes groups by found pairs); the index
+        at its most, one group per shard (merge_groups sizes groups by found pairs), after its one
+        routing task; the index
         as a 512-d model's 10⁸ build plans it (IVF-PQ above flat_max_vectors: add blocks, merge);
         the off-centre crop candidates' two units per shard with the flat index only (tasks/graph/crops.py)."""
         from tasks.ingest.exact_dedup import partition_groups
@@ -202,7 +203,7 @@ class Scale:
                 "exchange hashes": groups, "exact duplicates": self.buckets, "resolve": groups,
                 "staging": self.shards, "features": self.shards, "graph index": 1, "graph index add": blocks,
                 "graph index merge": int(blocks > 0), "graph query": self.shards,
-                "graph recall refs": self.shards, "graph merge": self.shards, "graph recall": 1,
+                "graph recall refs": self.shards, "graph merge routing": 1, "graph merge": self.shards, "graph recall": 1,
                 "graph review": 1, "graph crop regions": self.shards * (choice.kind == "flat"),
                 "graph crop candidates": self.shards * (choice.kind == "flat"), "graph verify": self.shards,
                 "graph calibration": 1,

@@ -11,15 +11,18 @@ all over the corpus, as real data's do. The spread pairs are kept beside the inp
 The planted graph (``graph512``, written outside the corpus root, like the index steps'
 output: the receipt step would hash it): the shard table, every shard's ``found`` file in
 the query's format holding the spread pairs from both sides (what the queries write), the
-recall sample and its reference files, the edge files by the real ``merge_edges``, and
-the per-shard digest lists. ``merge_max_edges`` is set so the pairs make
+recall sample and its reference files, the edge files by the real ``route_pairs`` and
+``merge_edges``, and the per-shard digest lists. ``merge_max_edges`` is set so the pairs make
 :data:`MERGE_GROUPS` merge groups at every size, as a 10⁸ corpus with about one found pair
-per image gives them with the default 5·10⁷ (each merge task opens every found file from
-its own first shard on); a merge task's memory is projected on the pairs of one group,
-5·10⁷ at 10⁸.
+per image gives them with the default 5·10⁷; a merge task's memory is projected on the pairs
+of one group, 5·10⁷ at 10⁸, the routing task's on the shard count (its shard table; the found
+files and rows it holds at once are fixed in number).
 
 Each step then calls its task as the stage does, forcing it to compute (its marker
-removed): ``graph_merge`` (every group, each in a process of its own), ``graph_knn_cap``
+removed): ``graph_merge`` (the routing task, then every group's merge task, each in a
+process of its own; ``graph_merge_growing`` the same with ``merge_max_edges`` fixed, so
+the groups grow with N and so would the files of a merge that read every found file per
+group), ``graph_knn_cap``
 (the k-NN cap check's node degrees), ``graph_recall``, ``graph_review``, ``graph_verify``
 (the shard owning the most review pairs; the bench's images are a few bytes, so this is
 the task's reads and bookkeeping, not its decoding), ``graph_decisions``,
@@ -329,8 +332,9 @@ def write_graph(store, sc: Scale, data: str) -> None:
     from corpusforge.contract import finish_unit, require_marker
     from corpusforge.layout import staging_records, staging_tar
     from tasks.graph.files import (FOUND_SCHEMA, GRAPH_RECALL_IDS, GRAPH_RECALL_VECTORS, edges_path, found_path,
-                                   recall_path)
-    from tasks.graph.edges import edge_table, feature_digests, found_fingerprint, merge_edges, merge_groups
+                                   recall_path, routed_path)
+    from tasks.graph.edges import (edge_table, feature_digests, found_fingerprint, merge_edges, merge_groups,
+                                   route_pairs)
     from tasks.graph.nodes import load_shard_vectors, number_nodes, write_shard_digests, write_shard_table
 
     out = _graph_out(data, GRAPH_TAG)
@@ -376,8 +380,9 @@ def write_graph(store, sc: Scale, data: str) -> None:
     max_edges = _merge_max_edges(len(src))
     groups = merge_groups(nodes, [m.info["pairs"] for m in found], max_edges)
     found_fp = found_fingerprint([m.digest for m in found])
+    routed = route_pairs(out=out, shard_table=table, found=found_fp, n_groups=len(groups))
     for g in groups:
-        merge_edges(out=out, shard_table=table, group=g, found=found_fp)
+        merge_edges(out=out, shard_table=table, group=g, routed=routed.outputs[routed_path(g[0])])
     edges = [require_marker(out, edges_path(s), "graph edges").digest for s in nodes.shards]
     records = [require_marker(store, staging_tar(s), "staging shard").outputs[staging_records(s)]
                for s in nodes.shards]
@@ -407,33 +412,57 @@ INPUTS["review512"] = lambda store, sc, src: write_review(store, sc, os.path.dir
 
 
 def _merge_sizes(n: int) -> dict[str, int]:
-    """What a merge task's memory follows: the found pairs of its group, here the planted
-    pairs over :data:`MERGE_GROUPS`; projected (10⁷, 10⁸) at a full group, merge_max_edges."""
+    """What the merge step's tasks' memory follows: a merge task's, the found pairs of its
+    group, here the planted pairs over :data:`MERGE_GROUPS`, projected (10⁷, 10⁸) at a full
+    group, merge_max_edges; the routing task's, the shard count (its shard table)."""
     from tasks.graph.config import NearDedupConfig
 
-    if n in PROJECT:
-        return {"merge_edges": NearDedupConfig().advanced.merge_max_edges}
-    return {"merge_edges": int(Scale.of(n).kept * 2 * SPREAD_RATE / MERGE_GROUPS)}
+    merge = (NearDedupConfig().advanced.merge_max_edges if n in PROJECT
+             else int(Scale.of(n).kept * 2 * SPREAD_RATE / MERGE_GROUPS))
+    return {"merge_edges": merge, "route_pairs": Scale.of(n).shards}
 
 
 def run_merge(store, sc: Scale, data: str) -> dict[str, Any]:
-    """Every merge group's task, each in a process of its own (markers removed: they compute)."""
+    """The merge step as the stage runs it: the routing task, then every merge group's task,
+    each in a process of its own (markers removed: they compute)."""
+    state = _graph_state(data)
+    return _merge_step(sc, data, [tuple(g) for g in state["groups"]])
+
+
+def run_merge_growing(store, sc: Scale, data: str) -> dict[str, Any]:
+    """:func:`run_merge` with ``merge_max_edges`` fixed at :data:`GROWING_GROUP_PAIRS`, so the
+    groups grow with N, as they do with the default past one group (10⁸ → 10⁹): what the
+    files opened grow with (each group reading every later found file was G·S/2, O(N²))."""
+    from tasks.graph.edges import merge_groups
+    from tasks.graph.nodes import number_nodes
+
+    nodes = number_nodes(store, [shard_name(s) for s in range(sc.shards)])
+    return _merge_step(sc, data, merge_groups(nodes, [_graph_state(data)["pairs"]], GROWING_GROUP_PAIRS))
+
+
+def _merge_step(sc: Scale, data: str, groups: list[tuple[str, str]]) -> dict[str, Any]:
     from corpusforge.contract import marker_path
-    from tasks.graph.files import edges_path
-    from tasks.graph.stage import MERGE_EDGES
+    from tasks.graph.files import GRAPH_ROUTED, edges_path, routed_path
+    from tasks.graph.stage import MERGE_EDGES, ROUTE_PAIRS
 
     out, state = _graph_out(data, GRAPH_TAG), _graph_state(data)
-    for s in range(sc.shards):
-        out.remove(marker_path(edges_path(shard_name(s))))
+    for rel in [GRAPH_ROUTED, *(edges_path(shard_name(s)) for s in range(sc.shards))]:
+        out.remove(marker_path(rel))
     runs: dict[str, Any] = {"task_peaks": {}, "params": [], "files_elsewhere": 0, "bytes_elsewhere": 0}
-    _measured(runs)(MERGE_EDGES, [dict(out=out, shard_table=state["table"], group=tuple(g), found=state["found"])
-                                  for g in state["groups"]])
-    return {"tasks": len(state["groups"]), "groups": len(state["groups"]), "pairs": state["pairs"],
+    fan_out = _measured(runs)
+    routed = fan_out(ROUTE_PAIRS, [dict(out=out, shard_table=state["table"], found=state["found"],
+                                        n_groups=len(groups))])[0]
+    fan_out(MERGE_EDGES, [dict(out=out, shard_table=state["table"], group=g, routed=routed.outputs[routed_path(g[0])])
+                          for g in groups])
+    return {"tasks": 1 + len(groups), "groups": len(groups), "pairs": state["pairs"],
             "peak_rss": max(runs["task_peaks"].values()), **runs}
 
 
 STEPS["graph_merge"] = Step("graph_merge", run_merge, _GRAPH_NEEDS, "task", ("tasks.graph.stage",),
                             task_sizes=_merge_sizes)
+GROWING_GROUP_PAIRS = 125  # about a quarter of the planted found pairs at 10k: 4 groups there, ~40 at 100k
+STEPS["graph_merge_growing"] = Step("graph_merge_growing", run_merge_growing, _GRAPH_NEEDS, "task",
+                                    ("tasks.graph.stage",))
 
 
 @step("graph_knn_cap", _GRAPH_NEEDS, "flow", ("tasks.graph.stage",))
@@ -640,7 +669,7 @@ def run_crop_candidates(store, sc: Scale, data: str) -> dict[str, Any]:
 STEPS["graph_crop_candidates"] = dataclasses.replace(STEPS["graph_crop_candidates"],
                                                      off_above=_near_config(MODEL_WFD).index.flat_max_vectors)
 
-_ONE_OFF = ["graph_merge", "graph_knn_cap", "graph_recall", "graph_review", "graph_verify", "graph_decisions",
+_ONE_OFF = ["graph_merge", "graph_merge_growing", "graph_knn_cap", "graph_recall", "graph_review", "graph_verify", "graph_decisions",
             "graph_crop_candidates"]
 FIXED.extend(["graph_driver", "faiss_build_512pq", "faiss_query_512pq", "faiss_build_512pq_guard",
               "faiss_query_512pq_guard", *_ONE_OFF, "graph_collision", "graph_calibration", "graph_collision_guard"])
