@@ -283,3 +283,23 @@ def test_merge_groups_give_the_one_group_graph_and_open_files_linear_in_n(tmp_pa
         assert sorted(p for p in opened if p in found_files) == found_files  # each once
         opens[n] = len(opened)
     assert opens[8] / opens[4] <= 2 * 1.1, opens
+
+
+def test_routing_a_few_pairs_at_a_time_gives_the_same_graph(tmp_path, monkeypatch):
+    """The routing task holds at most ROUTE_ROWS pairs: flushed every 5 pairs (many batches per
+    group, routed files of several row groups), the edge files are byte-identical."""
+    import pyarrow.parquet as pq
+
+    from tasks.graph import edges
+
+    trees = []
+    for rows in (edges.ROUTE_ROWS, 5):
+        monkeypatch.setattr(edges, "ROUTE_ROWS", rows)
+        root = tmp_path / str(rows)
+        store, shards, _ = write_corpus(str(root), n_shards=4, per_shard=40, dim=24, seed=5)
+        run_graph(store, shards, NearDedupConfig(index=IndexConfig(kind="flat"),
+                                                 advanced=NearDedupAdvanced(merge_max_edges=30)))
+        trees.append({p.name: p.read_bytes() for p in sorted((root / "graph" / "edges").iterdir())})
+        groups = [pq.ParquetFile(p).num_row_groups for p in (root / "work" / "graph" / "routed").iterdir()]
+        assert len(groups) > 1 and (max(groups) > 1) == (rows == 5)
+    assert trees[0] == trees[1]

@@ -42,9 +42,10 @@ each read their one routed file, keep each pair once with the max similarity
 (+ G local streams, written and read once) by the routing task, G routed + S edge files by the
 merges: O(S + G) = O(N). Before, each group read every later found file (pairs spread over the
 whole corpus, so every found file holds pairs of almost every group): ~G·S/2, O(N²).
-Memory: the routing task holds :data:`ROUTE_READERS` found files and one row group of
-:data:`ROUTE_ROWS` pairs (its G streams are on local disk, one descriptor each); a merge task
-holds its group's pairs (``merge_max_edges``), as before. The routing task is one unit: its
+Memory: the routing task holds :data:`ROUTE_READERS` found files and :data:`ROUTE_ROWS`
+pairs; its G streams are on local disk (every valid pair once, ~16 B each: ~3 GB at 2·10⁸
+pairs) with a descriptor each, and each flush writes one batch per group. A merge task holds
+its group's pairs (``merge_max_edges``), as before. The routing task is one unit: its
 work is O(N) reads that its readers overlap; a found file that changes reroutes every group
 (what the merges did before), and a merge whose routed file is byte-identical is skipped.
 
@@ -351,25 +352,60 @@ def route_pairs(out: Store, shard_table: str, found: str, n_groups: int) -> Unit
 
         routed = 0
         with tempfile.TemporaryDirectory(prefix="corpusforge-route-") as tmp:
-            with contextlib.ExitStack() as streams:
-                writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
+            with _GroupStreams(tmp) as streams:
                 for shard, table in side_by_side(read, nodes.shards, ROUTE_READERS, ROUTE_READERS):
                     src, dst, sim = _valid_pairs(table, shard, nodes, digests)
                     group = np.searchsorted(starts, np.minimum(src, dst), side="right") - 1
                     order = np.argsort(group, kind="stable")
                     cuts = np.searchsorted(group[order], np.arange(len(groups) + 1))
                     for g in np.flatnonzero(np.diff(cuts)).tolist():
-                        if g not in writers:
-                            sink = streams.enter_context(pa.OSFile(os.path.join(tmp, f"{g}.arrows"), "wb"))
-                            writers[g] = streams.enter_context(pa.ipc.new_stream(sink, EDGE_SCHEMA))
                         rows = order[cuts[g]:cuts[g + 1]]
-                        writers[g].write_table(edge_table(src[rows], dst[rows], sim[rows]))
+                        streams.add(g, edge_table(src[rows], dst[rows], sim[rows]))
                     routed += len(src)
-            outputs = {routed_path(first): _write_routed(out, routed_path(first), os.path.join(tmp, f"{g}.arrows"))
+            outputs = {routed_path(first): _write_routed(out, routed_path(first), streams.path(g))
                        for g, (first, _) in enumerate(groups)}
         return outputs, RoutedInfo(groups=len(groups), pairs=routed)
 
     return run_unit(out, GRAPH_ROUTED, fp, compute)
+
+
+class _GroupStreams:
+    """Pairs appended per merge group: held until :data:`ROUTE_ROWS` in all, then each group's
+    written as one batch to its local Arrow stream (a found file holds a few pairs of each of
+    many groups: a batch each would cost more in batch headers than in pairs)."""
+
+    def __init__(self, folder: str):
+        self.folder, self.rows = folder, 0
+        self.held: dict[int, list[pa.Table]] = {}
+        self.writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
+        self.files = contextlib.ExitStack()
+
+    def path(self, group: int) -> str:
+        return os.path.join(self.folder, f"{group}.arrows")
+
+    def add(self, group: int, table: pa.Table) -> None:
+        self.held.setdefault(group, []).append(table)
+        self.rows += table.num_rows
+        if self.rows >= ROUTE_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        for group, tables in self.held.items():
+            if group not in self.writers:
+                sink = self.files.enter_context(pa.OSFile(self.path(group), "wb"))
+                self.writers[group] = self.files.enter_context(pa.ipc.new_stream(sink, EDGE_SCHEMA))
+            self.writers[group].write_table(pa.concat_tables(tables).combine_chunks())
+        self.held, self.rows = {}, 0
+
+    def __enter__(self) -> _GroupStreams:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if exc[0] is None:
+                self.flush()
+        finally:
+            self.files.close()
 
 
 def _write_routed(out: Store, rel: str, stream: str) -> str:
