@@ -355,12 +355,7 @@ def route_pairs(out: Store, shard_table: str, found: str, n_groups: int) -> Unit
             with _GroupStreams(tmp) as streams:
                 for shard, table in side_by_side(read, nodes.shards, ROUTE_READERS, ROUTE_READERS):
                     src, dst, sim = _valid_pairs(table, shard, nodes, digests)
-                    group = np.searchsorted(starts, np.minimum(src, dst), side="right") - 1
-                    order = np.argsort(group, kind="stable")
-                    cuts = np.searchsorted(group[order], np.arange(len(groups) + 1))
-                    for g in np.flatnonzero(np.diff(cuts)).tolist():
-                        rows = order[cuts[g]:cuts[g + 1]]
-                        streams.add(g, edge_table(src[rows], dst[rows], sim[rows]))
+                    streams.add(np.searchsorted(starts, np.minimum(src, dst), side="right") - 1, src, dst, sim)
                     routed += len(src)
             outputs = {routed_path(first): _write_routed(out, routed_path(first), streams.path(g))
                        for g, (first, _) in enumerate(groups)}
@@ -370,32 +365,40 @@ def route_pairs(out: Store, shard_table: str, found: str, n_groups: int) -> Unit
 
 
 class _GroupStreams:
-    """Pairs appended per merge group: held until :data:`ROUTE_ROWS` in all, then each group's
-    written as one batch to its local Arrow stream (a found file holds a few pairs of each of
-    many groups: a batch each would cost more in batch headers than in pairs)."""
+    """Pairs appended with their merge group: held until :data:`ROUTE_ROWS` in all, then each
+    group's written as one batch to its local Arrow stream, in the order they came (a found file
+    holds a few pairs of each of many groups: a batch, or a table held, each would cost more in
+    headers than in pairs)."""
 
     def __init__(self, folder: str):
         self.folder, self.rows = folder, 0
-        self.held: dict[int, list[pa.Table]] = {}
+        self.held: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self.writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
         self.files = contextlib.ExitStack()
 
     def path(self, group: int) -> str:
         return os.path.join(self.folder, f"{group}.arrows")
 
-    def add(self, group: int, table: pa.Table) -> None:
-        self.held.setdefault(group, []).append(table)
-        self.rows += table.num_rows
+    def add(self, group: np.ndarray, src: np.ndarray, dst: np.ndarray, sim: np.ndarray) -> None:
+        if len(group):
+            self.held.append((group, src, dst, sim))
+            self.rows += len(group)
         if self.rows >= ROUTE_ROWS:
             self.flush()
 
     def flush(self) -> None:
-        for group, tables in self.held.items():
-            if group not in self.writers:
-                sink = self.files.enter_context(pa.OSFile(self.path(group), "wb"))
-                self.writers[group] = self.files.enter_context(pa.ipc.new_stream(sink, EDGE_SCHEMA))
-            self.writers[group].write_table(pa.concat_tables(tables).combine_chunks())
-        self.held, self.rows = {}, 0
+        if not self.held:
+            return
+        group, src, dst, sim = (np.concatenate(a) for a in zip(*self.held, strict=True))
+        order = np.argsort(group, kind="stable")
+        cuts = np.searchsorted(group[order], np.arange(group.max() + 2))
+        for g in np.flatnonzero(np.diff(cuts)).tolist():
+            if g not in self.writers:
+                sink = self.files.enter_context(pa.OSFile(self.path(g), "wb"))
+                self.writers[g] = self.files.enter_context(pa.ipc.new_stream(sink, EDGE_SCHEMA))
+            rows = order[cuts[g]:cuts[g + 1]]
+            self.writers[g].write_table(edge_table(src[rows], dst[rows], sim[rows]))
+        self.held, self.rows = [], 0
 
     def __enter__(self) -> _GroupStreams:
         return self
