@@ -3,7 +3,8 @@ URL-list sample (``corpusforge sample --urls``), the fetch tests and bench/fetch
 
 Every address in 127.0.0.0/8 is its own host: one server thread per address, each with its own
 robots.txt and tdmrep.json. A control server on 127.0.0.1 reports per host the requests seen
-(path, start time) and the most requests ever in flight at once. Paths script the faults::
+(path, start time) and the most requests ever in flight at once (from its arrival until it is answered
+or its client hangs up). Paths script the faults::
 
     /img/PATH                 the image file PATH          /status/CODE/NAME   answer CODE
     /429s/SECS/NAME           429 Retry-After: SECS once     /429date/SECS/NAME  the same as an HTTP date
@@ -40,29 +41,45 @@ from urllib.parse import unquote
 ROBOTS_TIMEOUT_S = 30
 
 
+def hung_up(conn: socket.socket, seconds: float) -> bool:
+    """Wait up to ``seconds``; True as soon as the client has closed the connection (so an
+    answer it gave up on stops counting as in flight)."""
+    try:
+        readable, _, _ = select.select([conn], [], [], seconds)
+        return bool(readable) and conn.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):  # reset, or closed here already
+        return True
+
+
 class Ledger:
     """What every host saw: requests (path, start) and the most in flight at once."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.active: dict[str, int] = defaultdict(int)
+        self.active: dict[str, dict[int, socket.socket]] = defaultdict(dict)  # connections mid-request
         self.peak: dict[str, int] = defaultdict(int)
         self.requests: dict[str, list[tuple[str, float]]] = defaultdict(list)
         self.ports: dict[str, set[int]] = defaultdict(set)  # client ports (connections) of each host's image
         # requests (not robots.txt's, tdmrep.json's: an answer whose body a client does not read closes its connection)
         self.once: set[tuple[str, str]] = set()
 
-    def enter(self, host: str, path: str, port: int) -> None:
+    def enter(self, host: str, path: str, port: int, conn: socket.socket) -> None:
+        """A request arrives: it counts as in flight, beside those whose client has not hung up
+        (a client that gave up on an answer, at its deadline, has closed the connection although
+        the handler may not have noticed yet: it is not a request the client still has open)."""
         with self.lock:
             if not path.startswith(("/robots.txt", "/.well-known/")):
                 self.ports[host].add(port)
-            self.active[host] += 1
-            self.peak[host] = max(self.peak[host], self.active[host])
+            active = self.active[host]
+            for key in [k for k, c in active.items() if hung_up(c, 0)]:
+                del active[key]
+            active[id(conn)] = conn
+            self.peak[host] = max(self.peak[host], len(active))
             self.requests[host].append((path, time.time()))
 
-    def leave(self, host: str) -> None:
+    def leave(self, host: str, conn: socket.socket) -> None:
         with self.lock:
-            self.active[host] -= 1
+            self.active[host].pop(id(conn), None)
 
     def first(self, host: str, path: str) -> bool:
         """True the first time ``path`` is asked of ``host``."""
@@ -103,17 +120,6 @@ def _handler(host: str, spec: dict[str, Any], images: Path, ledger: Ledger, late
             self.end_headers()
             self.wfile.write(body)
 
-        def hung_up(self, seconds: float) -> bool:
-            """Wait up to ``seconds``; True as soon as the client has closed the connection (so an
-            answer it gave up on stops counting as in flight)."""
-            readable, _, _ = select.select([self.connection], [], [], seconds)
-            if not readable:
-                return False
-            try:
-                return self.connection.recv(1, socket.MSG_PEEK) == b""
-            except OSError:
-                return True
-
         def image(self, name: str, headers: dict[str, str] | None = None) -> None:
             file = (images / unquote(name)).resolve()
             if not (file.is_relative_to(images.resolve()) and file.is_file()):
@@ -125,10 +131,10 @@ def _handler(host: str, spec: dict[str, Any], images: Path, ledger: Ledger, late
             """The request stops counting as in flight (once)."""
             if not self.left:
                 self.left = True
-                ledger.leave(host)
+                ledger.leave(host, self.connection)
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            ledger.enter(host, self.path, self.client_address[1])
+            ledger.enter(host, self.path, self.client_address[1], self.connection)
             self.left = False
             try:
                 if latency:
@@ -197,7 +203,7 @@ def _handler(host: str, spec: dict[str, Any], images: Path, ledger: Ledger, late
                 for i in range(len(head_bytes)):
                     self.wfile.write(head_bytes[i:i + 1])
                     self.wfile.flush()
-                    if self.hung_up(0.2):
+                    if hung_up(self.connection, 0.2):
                         return
                 self.wfile.write(data)
                 return
@@ -210,7 +216,7 @@ def _handler(host: str, spec: dict[str, Any], images: Path, ledger: Ledger, late
                 for i in range(len(data)):
                     self.wfile.write(data[i:i + 1])
                     self.wfile.flush()
-                    if self.hung_up(0.2):
+                    if hung_up(self.connection, 0.2):
                         return None
                 return None
             if head == "html":
@@ -227,7 +233,7 @@ def _handler(host: str, spec: dict[str, Any], images: Path, ledger: Ledger, late
                 return self.send(200, f"User-agent: corpusforge\nDisallow: {mode.split(':', 1)[1]}\n\n"
                                       "User-agent: *\nAllow: /\n".encode())
             if mode == "timeout":
-                if self.hung_up(ROBOTS_TIMEOUT_S):
+                if hung_up(self.connection, ROBOTS_TIMEOUT_S):
                     return None
                 return self.send(200, b"User-agent: *\nAllow: /\n")
             return self.send(int(mode))

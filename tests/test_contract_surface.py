@@ -72,8 +72,6 @@ STEPS = {"graph_recall", "scan_manifest_json", "write_output_list", "diff_versio
          "input_snapshot_hash", "write_eval_captions", "plan_host_units"}
 # Units that do not return a typed UnitResult yet, and why (issue 32: each goes when its stage is converted).
 NOT_A_UNIT_RESULT = {
-    # one-off global steps whose result (their UnitResult's info) is still an untyped dict
-    "scan_manifest_json": "step", "diff_versions": "step",
     # partials of a reduction, held in memory: no marker
     "batch_partials": "partial", "merge_partials": "partial",
     # an evaluation's metrics, recomputed on every run from the stored features: no marker

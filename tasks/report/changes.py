@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 import pyarrow as pa
 
@@ -190,8 +190,19 @@ def keep_previous_version(store: Store, memory_limit: str = "2GB") -> bool:
     return True
 
 
+class ChangesSummary(TypedDict):
+    """What :func:`diff_versions` found (rendered as CHANGES.md, kept in its step's marker)."""
+
+    records: dict[str, int]  # added, removed, changed, unchanged
+    changed_fields: dict[str, int]
+    listed: dict[str, list[dict[str, Any]]]  # the first records of each kind of change
+    release_shards: dict[str, list[str]]
+    licenses: dict[str, list[int]]  # kept records per licence, old and new, where they differ
+    statistics: dict[str, Any] | None
+
+
 def diff_versions(old: Store, new: Store, out: Store, previous_kept: bool = False,
-                  memory_limit: str = "2GB") -> dict[str, Any]:
+                  memory_limit: str = "2GB") -> ChangesSummary:
     """Compare two versions; write ``changes.parquet`` and ``CHANGES.md`` under ``out``.
 
     ``previous_kept``: the old version is the copy :func:`keep_previous_version` made under
@@ -245,10 +256,10 @@ def diff_versions(old: Store, new: Store, out: Store, previous_kept: bool = Fals
                                             f"LIMIT {LISTED - len(listed[kind])}").to_arrow_table().to_pylist()
             for i, f in enumerate(FIELDS):
                 by_field[f] += tally[len(kinds) + i]
-    summary = {"records": counts, "changed_fields": by_field, "listed": listed,
-               "release_shards": _shard_changes(_release_tars(old, old_outputs), _release_tars(new, RECEIPT_OUTPUTS)),
-               "licenses": _license_changes(old_receipt, new_receipt),
-               "statistics": _stats_changes(old_receipt, new_receipt)}
+    summary = ChangesSummary(records=counts, changed_fields=by_field, listed=listed,
+               release_shards= _shard_changes(_release_tars(old, old_outputs), _release_tars(new, RECEIPT_OUTPUTS)),
+               licenses=_license_changes(old_receipt, new_receipt),
+               statistics=_stats_changes(old_receipt, new_receipt))
     out.write_bytes(CHANGES_MD, render_changes(summary).encode())
     return summary
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import posixpath
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from pydantic import Field, model_validator
 
@@ -97,9 +97,19 @@ class ReferenceStatsConfig(FlowConfig):
                               torchscript_allowlist=self.torchscript_allowlist)
 
 
-def scan_manifest_json(store: Store, **kwargs: Any) -> dict[str, Any]:
+class ManifestScanJson(TypedDict):
+    """:class:`ManifestScan` as JSON, field for field."""
+
+    plan: dict[str, Any]  # the GroupRule
+    shards: list[str]
+    counts: dict[str, int]
+    manifest_sha256: str
+    shard_records: dict[str, int]
+
+
+def scan_manifest_json(store: Store, **kwargs: Any) -> ManifestScanJson:
     """:func:`scan_manifest`'s result as JSON (a global step's result is kept in its marker)."""
-    return dataclasses.asdict(scan_manifest(store, **kwargs))
+    return ManifestScanJson(**dataclasses.asdict(scan_manifest(store, **kwargs)))
 
 
 def _manifest_digests(store: Store) -> list[str]:
