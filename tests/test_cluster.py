@@ -7,15 +7,16 @@ import importlib.util
 import pytest
 from pydantic import BaseModel
 
-from corpusforge.cluster import DaskConfig, task_runner, visible_gpus
+from corpusforge import cluster
+from corpusforge.cluster import DaskConfig, cluster_choice, task_runner, visible_gpus
 
 
 def test_embedded_local_cluster_by_default_on_a_cpu_machine():
     if visible_gpus():
         pytest.skip("this machine has GPUs")
-    runner = task_runner(DaskConfig(n_workers=3, threads_per_worker=2))
-    assert runner.cluster_class.endswith("LocalCluster") and "CUDA" not in runner.cluster_class
-    assert runner.cluster_kwargs["n_workers"] == 3 and runner.cluster_kwargs["threads_per_worker"] == 2
+    name, kwargs = cluster_choice(DaskConfig(n_workers=3, threads_per_worker=2))
+    assert name == "distributed.LocalCluster"
+    assert kwargs["n_workers"] == 3 and kwargs["threads_per_worker"] == 2
 
 
 def test_existing_scheduler_address_wins():
@@ -26,11 +27,22 @@ def test_existing_scheduler_address_wins():
 def test_gpu_on_asks_for_one_worker_per_gpu():
     if importlib.util.find_spec("dask_cuda") is None:
         with pytest.raises(RuntimeError, match="corpusforge\\[gpu\\]"):
-            task_runner(DaskConfig(gpu="on"))
+            cluster_choice(DaskConfig(gpu="on"))
         return
-    runner = task_runner(DaskConfig(gpu="on"))
-    assert runner.cluster_class == "dask_cuda.LocalCUDACluster"
-    assert "n_workers" not in runner.cluster_kwargs  # one per visible GPU, decided by dask-cuda
+    name, kwargs = cluster_choice(DaskConfig(gpu="on"))
+    assert name == "dask_cuda.LocalCUDACluster"
+    assert "n_workers" not in kwargs  # one per visible GPU, decided by dask-cuda
+
+
+def test_the_task_runner_looks_for_gpus_only_when_it_starts_a_cluster(monkeypatch):
+    """Looking for GPUs imports torch (seconds): a run whose units are all current never
+    starts the cluster, so building its task runner must not look."""
+    def looked() -> int:
+        raise AssertionError("looked for GPUs")
+
+    monkeypatch.setattr(cluster, "visible_gpus", looked)
+    runner = task_runner(DaskConfig(gpu="auto"))
+    assert runner.cluster_class is cluster.start_embedded_cluster and runner._cluster is None
 
 
 def test_unknown_keys_are_rejected():
@@ -41,7 +53,7 @@ def test_unknown_keys_are_rejected():
 @pytest.mark.gpu
 def test_gpu_auto_detects_devices():
     assert visible_gpus() > 0
-    assert task_runner(DaskConfig()).cluster_class == "dask_cuda.LocalCUDACluster"
+    assert cluster_choice(DaskConfig())[0] == "dask_cuda.LocalCUDACluster"
 
 
 # ---- batches of units (issue 22): one Prefect task run per batch ---------------------------------
