@@ -298,3 +298,20 @@ def test_stage_lines_reach_the_run_logs_from_the_flow_and_from_worker_processes(
             break
         time.sleep(1)
     assert said == {f"{tag} flow", f"{tag} unit 0", f"{tag} unit 1"}
+
+
+def test_the_probes_of_every_fan_out_share_one_pool_of_threads():
+    """A pool per fan-out started up to PROBE_THREADS threads again for each one (243 thread
+    starts in a settled no-op rerun of 2,400 pictures): now the same threads probe them all."""
+    import threading
+    import types
+
+    from corpusforge.cluster import PROBE_THREADS, _probes
+
+    unit = types.SimpleNamespace(fn=lambda i: (i, threading.get_ident()))
+    threads = set()
+    for _ in range(5):
+        results = list(_probes(unit, [dict(i=i) for i in range(40)]))
+        assert [r[1][0] for r in results] == list(range(40)) and all(r[0] for r in results)
+        threads |= {r[1][1] for r in results}
+    assert len(threads) <= PROBE_THREADS
