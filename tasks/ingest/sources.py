@@ -487,8 +487,9 @@ def _cut_folder(store: Store, uri: str, cfg: SourceConfig) -> list[Partition]:
     chunk list (no task run, no cluster); a changed one is listed by a task. A remote prefix
     is listed by a task on every run (walking it here would be a serial round trip a page)."""
     base = uri.rstrip("/")
-    fp = None if is_remote(uri) else unit_fingerprint("plan-folder", code_version(__name__), [cfg.partition_size],
-                                                      [base, folder_stamp(base or "/")])
+    fp = None if is_remote(uri) else unit_fingerprint(  # the stamp taken before the listing: a change meanwhile lists again
+        "plan-folder", code_version(__name__), [cfg.partition_size],
+        [base, folder_stamp(url_to_fs(uri, cfg.storage_options)[1].rstrip("/") or "/")])
     if fp is not None and (current := _read_cuts(store, fp, base)) is not None:
         return current[1]
     must_compute()  # the folder is listed: a task on the cluster
