@@ -5,8 +5,8 @@ embedded LocalCluster of 2 worker processes with a temporary Prefect server, the
 again into the same output with nothing changed, twice: every unit is current. The first rerun
 of a root also keeps the version it held before and describes the changes since (two task runs
 that only a root's first rebuild makes); the second is the steady no-op rerun, which makes no
-task run but a folder source's listing (``plan-inputs``: a folder is listed to see what
-changed). Shapes:
+task run at all (the folder's listing is probed by a walk of its entries in the flow process,
+``folder_stamp``), so the embedded cluster is never started. Shapes:
 
 * ``tiny units``: ``input.partition_size: 50``, ``staging.shard_size: 25`` (2,400 pictures:
   48 partitions, ~96 staging shards), where per-unit costs dominate;

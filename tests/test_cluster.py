@@ -7,15 +7,16 @@ import importlib.util
 import pytest
 from pydantic import BaseModel
 
-from corpusforge.cluster import DaskConfig, task_runner, visible_gpus
+from corpusforge import cluster
+from corpusforge.cluster import DaskConfig, cluster_choice, task_runner, visible_gpus
 
 
 def test_embedded_local_cluster_by_default_on_a_cpu_machine():
     if visible_gpus():
         pytest.skip("this machine has GPUs")
-    runner = task_runner(DaskConfig(n_workers=3, threads_per_worker=2))
-    assert runner.cluster_class.endswith("LocalCluster") and "CUDA" not in runner.cluster_class
-    assert runner.cluster_kwargs["n_workers"] == 3 and runner.cluster_kwargs["threads_per_worker"] == 2
+    name, kwargs = cluster_choice(DaskConfig(n_workers=3, threads_per_worker=2))
+    assert name == "distributed.LocalCluster"
+    assert kwargs["n_workers"] == 3 and kwargs["threads_per_worker"] == 2
 
 
 def test_existing_scheduler_address_wins():
@@ -26,11 +27,22 @@ def test_existing_scheduler_address_wins():
 def test_gpu_on_asks_for_one_worker_per_gpu():
     if importlib.util.find_spec("dask_cuda") is None:
         with pytest.raises(RuntimeError, match="corpusforge\\[gpu\\]"):
-            task_runner(DaskConfig(gpu="on"))
+            cluster_choice(DaskConfig(gpu="on"))
         return
-    runner = task_runner(DaskConfig(gpu="on"))
-    assert runner.cluster_class == "dask_cuda.LocalCUDACluster"
-    assert "n_workers" not in runner.cluster_kwargs  # one per visible GPU, decided by dask-cuda
+    name, kwargs = cluster_choice(DaskConfig(gpu="on"))
+    assert name == "dask_cuda.LocalCUDACluster"
+    assert "n_workers" not in kwargs  # one per visible GPU, decided by dask-cuda
+
+
+def test_the_task_runner_looks_for_gpus_only_when_it_starts_a_cluster(monkeypatch):
+    """Looking for GPUs imports torch (seconds): a run whose units are all current never
+    starts the cluster, so building its task runner must not look."""
+    def looked() -> int:
+        raise AssertionError("looked for GPUs")
+
+    monkeypatch.setattr(cluster, "visible_gpus", looked)
+    runner = task_runner(DaskConfig(gpu="auto"))
+    assert runner.cluster_class is cluster.start_embedded_cluster and runner._cluster is None
 
 
 def test_unknown_keys_are_rejected():
@@ -41,7 +53,7 @@ def test_unknown_keys_are_rejected():
 @pytest.mark.gpu
 def test_gpu_auto_detects_devices():
     assert visible_gpus() > 0
-    assert task_runner(DaskConfig()).cluster_class == "dask_cuda.LocalCUDACluster"
+    assert cluster_choice(DaskConfig())[0] == "dask_cuda.LocalCUDACluster"
 
 
 # ---- batches of units (issue 22): one Prefect task run per batch ---------------------------------
@@ -286,3 +298,20 @@ def test_stage_lines_reach_the_run_logs_from_the_flow_and_from_worker_processes(
             break
         time.sleep(1)
     assert said == {f"{tag} flow", f"{tag} unit 0", f"{tag} unit 1"}
+
+
+def test_the_probes_of_every_fan_out_share_one_pool_of_threads():
+    """A pool per fan-out started up to PROBE_THREADS threads again for each one (243 thread
+    starts in a settled no-op rerun of 2,400 pictures): now the same threads probe them all."""
+    import threading
+    import types
+
+    from corpusforge.cluster import PROBE_THREADS, _probes
+
+    unit = types.SimpleNamespace(fn=lambda i: (i, threading.get_ident()))
+    threads = set()
+    for _ in range(5):
+        results = list(_probes(unit, [dict(i=i) for i in range(40)]))
+        assert [r[1][0] for r in results] == list(range(40)) and all(r[0] for r in results)
+        threads |= {r[1][1] for r in results}
+    assert len(threads) <= PROBE_THREADS

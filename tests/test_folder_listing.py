@@ -16,6 +16,7 @@ import fsspec
 import pyarrow.parquet as pq
 import pytest
 
+from corpusforge.contract import probe
 from corpusforge.key_ranges import key_ranges
 from tasks.ingest.files import INPUT_DIR, LISTING_SPILL_DIR
 from corpusforge.storage import Store
@@ -74,7 +75,9 @@ def local_folder(tmp_path: Path) -> Path:
 
 
 def input_files(out: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(out)): p.read_bytes() for p in sorted((out / INPUT_DIR).rglob("*")) if p.is_file()}
+    """The chunk files (not the list of chunks a local folder's cut now keeps, ``TABLE_CUTS``)."""
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted((out / INPUT_DIR).rglob("*"))
+            if p.is_file() and str(p.relative_to(out)) != sources.TABLE_CUTS}
 
 
 def assert_chunks_equal_old(src: str, tmp_path: Path, cfg: SourceConfig, new_out: Store | None = None) -> list:
@@ -153,6 +156,39 @@ def test_a_trailing_slash_and_a_rerun_give_the_same_chunks(tmp_path):
     _, first = cut_partitions(str(src), store, SourceConfig(partition_size=4))
     _, again = cut_partitions(f"{src}/", store, SourceConfig(partition_size=4))
     assert [p.digest for p in again] == [p.digest for p in first]
+
+
+CHANGES = {
+    "bytes replaced": lambda src: (src / "a.jpg").write_bytes(b"other bytes"),
+    "file added": lambda src: (src / "new.jpg").write_bytes(b"i"),
+    "sidecar removed": lambda src: (src / "a.txt").unlink(),
+    "renamed": lambda src: os.rename(src / "c.png", src / "z.png"),
+    "file became a link": lambda src: ((src / "c.png").unlink(), os.symlink("a.jpg", src / "c.png")),
+    "sidecar link led outside": lambda src: ((src / "links" / "in.txt").unlink(),
+                                             os.symlink(src.parent / "outside.txt", src / "links" / "in.txt")),
+}
+
+
+@pytest.mark.parametrize("change", [None, *CHANGES])
+def test_a_local_folder_whose_entries_are_unchanged_is_probed_current(tmp_path, change):
+    """Probed in the flow process, an unchanged local folder's cut is read back (no task run);
+    any change the listing sees (an entry added, removed or renamed, a file become a link, a
+    sidecar link now leading outside the folder) lists it again, and the chunks are a fresh
+    cut's. Bytes replaced in place are not the listing's to see (ingest stamps every image)."""
+    src = local_folder(tmp_path)
+    store, cfg = Store(str(tmp_path / "out")), SourceConfig(partition_size=4)
+    first = cut_partitions(str(src), store, cfg)
+    if change:
+        CHANGES[change](src)
+    current, result = probe(cut_partitions, dict(src=str(src), store=store, cfg=cfg))
+    assert current == (change in (None, "bytes replaced"))
+    if current:
+        assert result == first
+    fresh = Store(str(tmp_path / "fresh"))
+    _, expected = cut_partitions(str(src), fresh, cfg)
+    _, again = cut_partitions(str(src), store, cfg)
+    assert [(p.index, p.digest) for p in again] == [(p.index, p.digest) for p in expected]
+    assert input_files(tmp_path / "out") == input_files(tmp_path / "fresh")
 
 
 @pytest.mark.timeout(60)

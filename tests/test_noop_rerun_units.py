@@ -155,3 +155,35 @@ def test_a_keyed_step_is_current_only_with_the_same_key_and_its_outputs(tmp_path
     assert probe(run_step, call(1, "b")) == (False, None)  # an input's digest
     store.remove(RECEIPT_OUTPUTS)
     assert probe(run_step, call(1, "a")) == (False, None)  # its output is gone
+
+
+def test_a_settled_no_op_rerun_of_a_folder_starts_no_cluster(tmp_path, prefect_server, monkeypatch):
+    """A bare folder of images rebuilt as a flow with nothing changed: its listing is probed in
+    the flow process (``folder_stamp``), so no unit is a task run and the embedded LocalCluster,
+    whose worker processes take seconds to start and stop, is never started."""
+    import distributed
+    import numpy as np
+    from PIL import Image
+
+    src, out = tmp_path / "src", tmp_path / "corpus"
+    src.mkdir()
+    for i in range(12):
+        pixels = np.random.default_rng(i).integers(0, 256, size=(40, 40, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(src / f"{i:02d}.png")
+    settings = BuildConfig.model_validate({
+        "source": str(src), "out": str(out), "validation": {"min_side": 32}, "input": {"partition_size": 5},
+        "features": {"models": []}, "near_dedup": None, "licenses": None,
+        "dask": {"n_workers": 1, "processes": True}})
+    build(settings)  # a fresh build, then a root's first rebuild (it keeps the version before)
+    build(settings)
+    started: list[dict] = []
+
+    class Counted(distributed.LocalCluster):  # the real cluster, counted
+        def __init__(self, *args, **kwargs):
+            started.append(kwargs)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(distributed, "LocalCluster", Counted)
+    run_build(settings)
+    assert started == [], "a settled no-op rerun started the embedded cluster"
+    assert task_runs(out) == Counter(), f"task runs of a no-op rerun, by task: {dict(task_runs(out))}"

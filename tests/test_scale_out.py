@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from corpusforge.cluster import DaskConfig, task_runner
+from corpusforge.cluster import DaskConfig, cluster_choice, task_runner
 from tests.operate import clean_env, free_port, stop
 
 
 def test_adaptive_bounds_and_resources_of_the_embedded_cluster():
-    runner = task_runner(DaskConfig(gpu="off", adapt_minimum=1, adapt_maximum=4, model_task_resources={"GPU": 1},
-                                    other_task_resources={"CPU": 1}))
-    assert runner.adapt_kwargs == {"minimum": 1, "maximum": 4}
+    cfg = DaskConfig(gpu="off", adapt_minimum=1, adapt_maximum=4, model_task_resources={"GPU": 1},
+                     other_task_resources={"CPU": 1})
+    assert task_runner(cfg).adapt_kwargs == {"minimum": 1, "maximum": 4}
     # the embedded workers declare what the tasks ask for, so no task waits forever
-    assert runner.cluster_kwargs["resources"] == {"GPU": 1, "CPU": 1}
+    assert cluster_choice(cfg)[1]["resources"] == {"GPU": 1, "CPU": 1}
     assert DaskConfig(model_task_resources={"GPU": 1}).task_resources("extract-shard-features") == {"GPU": 1}
     assert DaskConfig(model_task_resources={"GPU": 1}).task_resources("ingest-partition") == {}
 

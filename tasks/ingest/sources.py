@@ -30,6 +30,7 @@ adds each file's SHA-256 to its stamp, for storage whose metadata cannot be trus
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -53,7 +54,7 @@ from corpusforge.layout import TABLE_SUFFIXES, part_name
 from tasks.ingest.files import INPUT_DIR, INPUT_SCHEMA, LISTING_SPILL_DIR, input_path, listing_spill_path
 from corpusforge.storage import Store, file_stamp, is_remote, url_to_fs
 from corpusforge.version import code_version
-from tasks.shared.inputs import local_file_refusal, read_local
+from tasks.shared.inputs import local_file_refusal, read_local, walk_local
 from tasks.shared import listing
 from tasks.shared.listing import Listed, sorted_ranges, spill_listing
 
@@ -446,12 +447,10 @@ def cut_partitions(src: str, store: Store, cfg: SourceConfig) -> tuple[str, list
     elif kind == "table":
         kind, parts = _cut_table(store, uri, cfg)
     else:
-        must_compute()  # a folder is listed to see what changed: a task on the cluster, never probed
-        with contextlib.closing(_folder_tables(uri, cfg, store)) as tables:
-            parts = _write_tables(store, tables, cfg.partition_size, uri.rstrip("/"))
+        parts = _cut_folder(store, uri, cfg)
     if not parts:
         raise ValueError(f"source {src}: no input records (empty {kind}); nothing to build")
-    kept = {TABLE_CUTS_STEM} if kind in ("table", "urls") else set()
+    kept = {TABLE_CUTS_STEM} if kind in ("table", "urls") or (kind == "folder" and not is_remote(uri)) else set()
     prune(store, INPUT_DIR, {part_name(p.index) for p in parts if p.kind != "tar"} | kept)
     return kind, parts
 
@@ -471,26 +470,77 @@ def _cut_table(store: Store, uri: str, cfg: SourceConfig) -> tuple[str, list[Par
     base = _full(fs, posixpath.dirname(path), uri)
     fp = unit_fingerprint("plan-table", code_version(__name__), [cfg.columns, cfg.partition_size],
                           [uri, file_stamp(fs, path, content=cfg.verify == "content")])
-    marker = current_marker(store, TABLE_CUTS, fp)
-    if marker is not None:
-        listed = pq.read_table(io.BytesIO(read_pinned(store, TABLE_CUTS, marker.outputs[TABLE_CUTS], "input planning")))
-        present = set(store.listdir(INPUT_DIR))
-        if all(f"{part_name(i)}.parquet" in present for i in listed["index"].to_pylist()):
-            kind = marker.info["kind"]
-            return kind, [Partition(i, "urls" if kind == "urls" else "rows", store.path(input_path(i)), base, d)
-                          for i, d in zip(listed["index"].to_pylist(), listed["digest"].to_pylist(), strict=True)]
+    if (current := _read_cuts(store, fp, base)) is not None:
+        return current
     must_compute()  # the table is read: a task on the cluster (current cuts are read back when probed)
     urls = is_url_list(uri, cfg)
     kind = "urls" if urls else "table"
     parts = _write_tables(store, _table_rows(uri, cfg, urls), cfg.partition_size, base, "urls" if urls else "rows")
-    if parts:  # none: refused by the caller before any output exists
+    _write_cuts(store, fp, kind, parts)
+    return kind, parts
+
+
+def _cut_folder(store: Store, uri: str, cfg: SourceConfig) -> list[Partition]:
+    """A bare folder's chunks. A local folder's are written once per listing: a unit keyed by
+    :func:`folder_stamp` (all the listing reads of the folder) and the partition size, so a
+    rerun on an unchanged folder walks its directory entries in this process and reads back the
+    chunk list (no task run, no cluster); a changed one is listed by a task. A remote prefix
+    is listed by a task on every run (walking it here would be a serial round trip a page)."""
+    base = uri.rstrip("/")
+    fp = None if is_remote(uri) else unit_fingerprint(  # the stamp taken before the listing: a change meanwhile lists again
+        "plan-folder", code_version(__name__), [cfg.partition_size],
+        [base, folder_stamp(url_to_fs(uri, cfg.storage_options)[1].rstrip("/") or "/")])
+    if fp is not None and (current := _read_cuts(store, fp, base)) is not None:
+        return current[1]
+    must_compute()  # the folder is listed: a task on the cluster
+    with contextlib.closing(_folder_tables(uri, cfg, store)) as tables:
+        parts = _write_tables(store, tables, cfg.partition_size, base)
+    if fp is not None:
+        _write_cuts(store, fp, "folder", parts)
+    return parts
+
+
+def folder_stamp(root: str) -> str:
+    """What a local folder's listing depends on, as one digest: every entry's path, whether it
+    is a regular file, and for a sidecar-named link or special file whether it may be read
+    (:func:`_spill_table`). From the directory entries only (no stat of a regular file, no file
+    read); entries hashed one by one and summed, so the walk's order does not matter and no
+    path is held."""
+    total, count = 0, 0
+    for path, regular in walk_local(root):
+        readable = not regular and path.rpartition(".")[2].lower() in SIDECAR_ORDER \
+            and local_file_refusal(path, [root]) is None
+        line = f"{posixpath.relpath(path, root)}\0{regular:d}{readable:d}".encode("utf-8", "surrogateescape")
+        total += int.from_bytes(hashlib.sha256(line).digest(), "big")
+        count += 1
+    return f"{count}:{total % (1 << 256):064x}"
+
+
+def _read_cuts(store: Store, fp: str, base: str) -> tuple[str, list[Partition]] | None:
+    """The source kind and partitions of a current cut (its marker has ``fp`` and every chunk
+    file is there), else None."""
+    marker = current_marker(store, TABLE_CUTS, fp)
+    if marker is None:
+        return None
+    listed = pq.read_table(io.BytesIO(read_pinned(store, TABLE_CUTS, marker.outputs[TABLE_CUTS], "input planning")))
+    present = set(store.listdir(INPUT_DIR))
+    if not all(f"{part_name(i)}.parquet" in present for i in listed["index"].to_pylist()):
+        return None
+    kind = marker.info["kind"]
+    return kind, [Partition(i, "urls" if kind == "urls" else "rows", store.path(input_path(i)), base, d)
+                  for i, d in zip(listed["index"].to_pylist(), listed["digest"].to_pylist(), strict=True)]
+
+
+def _write_cuts(store: Store, fp: str, kind: str, parts: list[Partition]) -> None:
+    """Mark a cut done: its chunks' indexes and digests in :data:`TABLE_CUTS` (none: the caller
+    refuses the empty source before any output exists)."""
+    if parts:
         listed = pa.table({"index": [p.index for p in parts], "digest": [p.digest for p in parts]},
                           schema=TABLE_CUTS_SCHEMA)
         finish_unit(store, TABLE_CUTS, fp, {TABLE_CUTS: store.write_parquet(TABLE_CUTS, listed)},
                     {"kind": kind, "partitions": len(parts)})
-    return kind, parts
 
 
-# probed: a table's current cuts are read back, and a folder of tars listed, by the flow (no
-# task run); a folder of images is listed, and a changed table read, by a task
+# probed: a table's and a local folder's current cuts are read back, and a folder of tars listed,
+# by the flow (no task run); a changed table or folder, and a remote folder, by a task
 CUT_INPUTS = Unit(cut_partitions, "plan-inputs", probe=True)
