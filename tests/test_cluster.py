@@ -238,8 +238,8 @@ def test_a_build_runs_its_units_in_batches_and_stays_under_the_task_run_bound(sa
     run_build(config)
     rerun = {re.sub(r"( \d+/\d+|-[0-9a-f]{3})$", "", run.name) for run in build_task_runs(out) if run.id not in first}
     probed = {"exchange-keys", "duplicate-keys", "exchange-hashes", "exact-duplicates", "resolve-partitions",
-              "graph-build-index", "graph-query-shard", "graph-recall-reference", "graph-merge-edges",
-              "graph-decisions", "write-manifest-part"}
+              "graph-build-index", "graph-query-shard", "graph-recall-reference", "graph-route-pairs",
+              "graph-merge-edges", "graph-decisions", "write-manifest-part"}
     assert rerun and not rerun & probed, sorted(rerun)
     print("task runs of a no-op rerun:", sorted(rerun))
 
