@@ -617,11 +617,14 @@ def run_folder_listing(store, sc: Scale, data: str) -> dict[str, Any]:
     out of core, the input chunks written."""
     import pyarrow.parquet as pq
 
+    from corpusforge.contract import marker_path
     from tasks.ingest.files import input_path
-    from tasks.ingest.sources import SourceConfig, cut_partitions
+    from tasks.ingest.sources import TABLE_CUTS, SourceConfig, cut_partitions
 
     cfg = SourceConfig()
     kwargs = dict(src=os.path.join(data, "src"), store=store, cfg=cfg)
+    # a listed folder is probed on the next run (its cut read back): each run lists it again
+    store.remove(marker_path(TABLE_CUTS))
     _, parts = cut_partitions(**kwargs)
     # the others are full; read natively: a parquet read through a Python file object can
     # leave an arrow I/O thread that aborts the child at exit
