@@ -40,6 +40,9 @@ INPUT_DIR = "work/input"
 INGEST_DIR = "work/ingest"
 FETCH_LEDGER_DIR = "work/fetch"
 FETCH_PLAN = "work/fetch_plan.parquet"
+# partitions per row group of the fetch plan and of a host unit's outcomes: a partition's ledger
+# reads only the row groups of its own block, not the whole file
+FETCH_PARTS_PER_ROW_GROUP = 256
 FETCH_UNITS_DIR = "work/fetch_units"
 FETCH_OUTCOMES_DIR = "work/fetch_outcomes"
 SPILL_DIR = "work/spill"

@@ -28,7 +28,8 @@ from corpusforge.contract import Unit, step_call
 from corpusforge.storage import Store
 from tasks.ingest.fetch.config import FetchConfig
 from tasks.ingest.fetch.unit import before_request, host_of, row_sha1
-from tasks.ingest.files import FETCH_PLAN, FETCH_PLAN_SCHEMA, FETCH_UNIT_SCHEMA, fetch_unit_path
+from tasks.ingest.files import (FETCH_PARTS_PER_ROW_GROUP, FETCH_PLAN, FETCH_PLAN_SCHEMA, FETCH_UNIT_SCHEMA,
+                                fetch_unit_path)
 from tasks.ingest.licenses import LicenseConfig
 from tasks.ingest.partition import chunk_rows
 from tasks.ingest.sources import Partition
@@ -43,7 +44,6 @@ class HostUnits(TypedDict):
 
 DUCKDB_MEMORY = "512MB"  # beyond this DuckDB sorts on disk (the scratch folder)
 BATCH_ROWS = 65_536
-PLAN_ROW_GROUP = 256  # partitions per row group of the plan: a ledger reads the row group of its own
 
 
 def _spill_requests(store: Store, parts: list[Partition], lic: LicenseConfig | None, folder: Path) -> None:
@@ -95,7 +95,7 @@ def plan_host_units(store: Store, parts: list[Partition], lic: LicenseConfig | N
                  - 1) // {int(unit_urls)} ELSE 0 END AS INTEGER) AS unit
             FROM rows r JOIN assignment a USING (hkey)""")
         routes = db.sql("SELECT DISTINCT part, unit FROM assigned ORDER BY part, unit").to_arrow_table()
-        labels = [part // PLAN_ROW_GROUP for part in routes.column("part").to_pylist()]
+        labels = [part // FETCH_PARTS_PER_ROW_GROUP for part in routes.column("part").to_pylist()]
         store.write_parquet(FETCH_PLAN, routes.cast(FETCH_PLAN_SCHEMA), row_groups=labels)
         shas = _write_units(store, db.sql("SELECT unit, part, row, url, sha1, host FROM assigned "
                                               "ORDER BY unit, host NULLS LAST, part, row")

@@ -38,7 +38,6 @@ def fetch_stage(store: Store, parts: list[Partition], cfg: FetchConfig, lic: Lic
 
 def remove_fetch_work(store: Store) -> None:
     """The host units' files and the planning step's marker, for a build whose source is not a URL list."""
-    for folder in (FETCH_UNITS_DIR, FETCH_OUTCOMES_DIR):
-        remove_tree(store, folder)
+    remove_tree(store, FETCH_UNITS_DIR, FETCH_OUTCOMES_DIR)
     store.remove(FETCH_PLAN)
     forget_step(store, PLAN_HOST_UNITS.name)

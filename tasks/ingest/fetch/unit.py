@@ -33,8 +33,8 @@ from corpusforge.contract import (COMPUTED, SKIPPED, Unit, UnitResult, current_m
                                   unit_fingerprint)
 from corpusforge.faults import fault_point
 from corpusforge.hashing import sha256_bytes
-from tasks.ingest.files import (FETCH_LEDGER_SCHEMA, FETCH_OUTCOMES_SCHEMA, FETCH_PLAN, fetch_ledger_path,
-                                fetch_outcomes_path, fetch_unit_name, fetch_unit_path)
+from tasks.ingest.files import (FETCH_LEDGER_SCHEMA, FETCH_OUTCOMES_SCHEMA, FETCH_PARTS_PER_ROW_GROUP, FETCH_PLAN,
+                                fetch_ledger_path, fetch_outcomes_path, fetch_unit_name, fetch_unit_path)
 from corpusforge.storage import Store
 from corpusforge.tarshard import is_safe_key
 from corpusforge.version import code_version
@@ -175,7 +175,8 @@ def fetch_host_unit(store: Store, unit: int, sha256: str, cfg: FetchConfig) -> U
                         **(fetched[want] if first[want] == i else {**fetched[want], **again})}
                        for i, (r, want) in enumerate(zip(rows, wanted, strict=True))),
                       key=lambda r: (r["part"], r["row"]))
-    sha = store.write_parquet(rel, pa.Table.from_pylist(outcomes, schema=FETCH_OUTCOMES_SCHEMA))
+    sha = store.write_parquet(rel, pa.Table.from_pylist(outcomes, schema=FETCH_OUTCOMES_SCHEMA),
+                              row_groups=[r["part"] // FETCH_PARTS_PER_ROW_GROUP for r in outcomes])
     return UnitResult.of(finish_unit(store, rel, fp, {rel: sha}, {"unit": unit, **_ledger_info(outcomes)}),
                          COMPUTED)
 
