@@ -2,10 +2,11 @@
 
 One planning unit on the engine reads the input cut (``work/input/_partitions.parquet``, pinned
 by its SHA-256: its parameters stay a few names and digests at any partition count), then every
-URL-list partition's chunk once, a partition at a time, keeps the rows that would be requested (:func:`~tasks.ingest.fetch.unit.before_request`
-refuses the others: no URL, an unsafe key, a licence refused) and cuts them into host units:
-hosts in name order, a host with more than ``fetch.unit_urls`` URLs cut into units of that many
-(in input order), smaller hosts packed together up to that size. The kept rows are spilled to a
+URL-list partition's chunk once, a partition at a time, keeps the rows that would be requested
+(:func:`~tasks.ingest.fetch.unit.before_request` refuses the others: no URL, an unsafe key, a
+licence refused) and cuts them into host units: hosts in name order, a host with more than
+``fetch.unit_urls`` URLs cut into units of that many (in input order), smaller hosts packed
+together up to that size. The kept rows are spilled to a
 scratch folder and grouped by DuckDB out of core (a memory limit, spilling to disk): the planner
 holds one partition's rows, one host unit's rows and the hosts' counts, never the whole list.
 
@@ -56,7 +57,7 @@ def input_cut_sha256(store: Store) -> str:
     return marker.outputs[TABLE_CUTS]
 
 
-def cut_indexes(store: Store, cut_sha256: str) -> list[int]:
+def _cut_indexes(store: Store, cut_sha256: str) -> list[int]:
     """The partition indexes of the input cut whose SHA-256 is ``cut_sha256``."""
     listed = pq.read_table(io.BytesIO(read_pinned(store, TABLE_CUTS, cut_sha256, "fetch planning")))
     return listed.column("index").to_pylist()
@@ -64,7 +65,7 @@ def cut_indexes(store: Store, cut_sha256: str) -> list[int]:
 
 def _spill_requests(store: Store, cut_sha256: str, lic: LicenseConfig | None, folder: Path) -> None:
     """Each partition's rows that would be requested, one file per partition (one in memory at a time)."""
-    for part in cut_indexes(store, cut_sha256):
+    for part in _cut_indexes(store, cut_sha256):
         wanted = [{"part": part, "row": i, "url": meta["url"], "sha1": row_sha1(meta), "host": host_of(meta)}
                   for i, meta in enumerate(store.read_parquet(input_path(part)).to_pylist())
                   if before_request(meta, lic) is None]
