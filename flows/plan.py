@@ -227,7 +227,8 @@ def render_plan(data: dict[str, Any], listed: int = 20) -> str:
             cost += f"  ({est['images']} images, {est['bytes'] / 1e6:.1f} MB of staging shards)"
         more = " (units may be added: planned from upstream output)" if s["units_may_be_added"] else ""
         if "urls" in s.get("facts", {}):
-            more += f"  ({s['facts']['urls']} URLs to request from {s['facts']['hosts']} hosts)"
+            f = s["facts"]
+            more += f"  ({f['urls']} URLs to request from {f['hosts']} hosts; {f['host_units']} host units)"
         lines.append(f"{s['stage']:<18} skip {c['skip']:>6}  recompute {c['recompute']:>6}  "
                      f"if-upstream-changes {c[ACTIONS[MAYBE]]:>6}  delete {c['delete']:>6}{cost}{more}")
         shown = [u for u in s["units"] if u["action"] != "skip"]

@@ -300,28 +300,88 @@ def test_commons_and_flickr_exports_become_url_lists():
     assert verdicts[0] == "" and verdicts[2] == "" and verdicts[1].startswith("license_not_allowed")
 
 
-def test_plan_says_how_many_urls_and_hosts_a_build_would_fetch(tmp_path):
-    """``corpusforge plan`` reads the URL list (never a host): rows the licence drops and bad URLs
-    are not counted."""
+def test_plan_says_how_many_urls_hosts_and_host_units_a_build_would_fetch(tmp_path, cli):
+    """``corpusforge plan`` (the CLI, in a subprocess) reads the URL list (never a host): rows the
+    licence drops and bad URLs are not requested; the host units are those the build's planning
+    step cuts with ``fetch.unit_urls`` (hosts of 2, 2 and 2 URLs and a URL without a host, 3 a
+    unit: 3 units), counted before it ran and read from its marker after. It writes nothing."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from flows.build_corpus import BuildConfig
-    from flows.build_corpus import plan_run
-    from flows.plan import render_plan
+    from corpusforge.contract import in_process, keyed
+    from corpusforge.storage import Store
+    from tasks.ingest.fetch.hostunits import PLAN_HOST_UNITS, input_cut_sha256, plan_host_units_call
+    from tasks.ingest.licenses import LicenseConfig
+    from tasks.ingest.sources import SourceConfig, cut_partitions
 
     urls = [f"http://127.0.0.{2 + i % 3}:9/img{i}.jpg" for i in range(7)] + ["file:///etc/passwd"]
     licences = ["CC BY 4.0"] * 6 + ["All rights reserved", "CC0"]
     pq.write_table(pa.table({"url": urls, "license": licences}), tmp_path / "urls.parquet")
-    config = BuildConfig.model_validate({"source": str(tmp_path / "urls.parquet"), "out": str(tmp_path / "out"),
-                                         "fetch": {"user_agent": UA}, "features": {"models": []},
-                                         "near_dedup": None})
-    data = plan_run(config)
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"fetch": {"user_agent": UA, "unit_urls": 3}, "features": {"models": []},
+                                      "near_dedup": None}))
+    out = tmp_path / "out"
+
+    def plan(*flags: str) -> str:
+        done = subprocess.run([*cli, "plan", "--source", str(tmp_path / "urls.parquet"), "--out", str(out),
+                               "--config", str(config), *flags], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    data = json.loads(plan("--json"))
     fetch = data["stages"][0]
-    assert fetch["stage"] == "fetch" and fetch["facts"] == {"urls": 6, "hosts": 3}
+    assert fetch["stage"] == "fetch" and fetch["facts"] == {"urls": 6, "hosts": 3, "host_units": 3}
     assert fetch["counts"]["recompute"] == 1 and data["stages"][1]["stage"] == "ingest"
-    assert "(6 URLs to request from 3 hosts)" in render_plan(data)
-    assert not (tmp_path / "out").exists()
+    assert not out.exists()
+
+    store, scratch = Store(str(out), fsync=False), Store(str(tmp_path / "scratch"), fsync=False)
+    for cut in (store, scratch):  # the plan's cut (in a scratch folder) is the build's, byte for byte
+        cut_partitions(str(tmp_path / "urls.parquet"), cut, SourceConfig())
+    assert input_cut_sha256(scratch) == input_cut_sha256(store)
+    call = plan_host_units_call(store, input_cut_sha256(store), FetchConfig(unit_urls=3), LicenseConfig())
+    assert len(in_process(keyed(PLAN_HOST_UNITS), [call])[0].info["units"]) == 3  # the build's planning step
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    assert "(6 URLs to request from 3 hosts; 3 host units)" in plan()  # the step's result, from its marker
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
+
+
+def test_plan_finds_stored_outcomes_without_a_call_per_url(tmp_path, monkeypatch):
+    """``corpusforge plan`` over a URL list lists the fetch store's outcome folders instead of asking
+    for each URL (on S3 a round trip each): the fetch store's calls are the same at 16 and 160 URLs,
+    and the counts equal asking for each URL."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from corpusforge.storage import Store
+    from tasks.ingest.fetch import plan as fetch_plan
+    from tasks.ingest.fetch.fetcher import url_digest
+    from tasks.ingest.files import fetch_url_path
+    from tasks.ingest.licenses import LicenseConfig
+    from tasks.ingest.sources import SourceConfig, cut_partitions
+
+    calls: list[str] = []
+    for method in ("exists", "listdir", "open", "read_bytes"):
+        def counting(self, rel="", *args, _real=getattr(Store, method), **kwargs):
+            if rel.startswith("fetch/"):
+                calls.append(rel)
+            return _real(self, rel, *args, **kwargs)
+        monkeypatch.setattr(Store, method, counting)
+    cfg = FetchConfig(user_agent=UA)
+    counted = {}
+    for n in (16, 160):
+        urls = [f"http://127.0.0.{2 + i % 4}:9/img{i}.jpg" for i in range(n)]
+        pq.write_table(pa.table({"url": urls, "license": ["CC BY 4.0"] * n}), tmp_path / f"urls{n}.parquet")
+        out, scratch = Store(str(tmp_path / f"out{n}")), Store(str(tmp_path / f"scratch{n}"))
+        out.write_linked([fetch_url_path(url_digest(u)) for u in urls[:6] + urls[-2:]], b"{}\n")  # a last run's
+        parts = cut_partitions(str(tmp_path / f"urls{n}.parquet"), scratch, SourceConfig(partition_size=40))[1]
+        calls.clear()
+        facts = fetch_plan.plan_units(out, scratch, parts, cfg, LicenseConfig()).facts
+        counted[n] = len(calls)
+        asked = [u for u in urls if not out.exists(fetch_url_path(url_digest(u)))]  # the per-URL reference
+        assert len(asked) == n - 8
+        assert facts == {"urls": len(asked), "hosts": len({u.split("/")[2] for u in asked}), "host_units": 1}
+    assert counted[16] == counted[160] <= 1 + 8, counted
 
 
 def test_fetch_progress_shows_urls_fetched_and_bytes_per_second():

@@ -5,6 +5,7 @@ is assembled from the units' outcomes, and a grown export requests only its new 
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 from corpusforge.contract import in_process
 from corpusforge.storage import Store
 from tasks.ingest.fetch.config import FetchConfig
-from tasks.ingest.fetch.hostunits import host_assignment, plan_host_units
+from tasks.ingest.fetch.hostunits import host_assignment, input_cut_sha256, plan_host_units, plan_host_units_call
 from tasks.ingest.fetch.stage import fetch_stage
 from tasks.ingest.files import FETCH_PLAN, fetch_ledger_path, fetch_unit_path
 from tasks.ingest.licenses import LicenseConfig
@@ -45,10 +46,10 @@ class DaskFanOut:
             sink(i, result)
 
 
-def _parts(tmp: Path, out: Store, urls: list[str], licences: list[str] | None = None) -> list:
+def _parts(tmp: Path, out: Store, urls: list[str], licences: list[str] | None = None, size: int = 8) -> list:
     source = tmp / f"urls-{len(urls)}.parquet"
     pq.write_table(pa.table({"url": urls, "license": licences or ["CC BY 4.0"] * len(urls)}), source)
-    return cut_partitions(str(source), out, SourceConfig(partition_size=8))[1]
+    return cut_partitions(str(source), out, SourceConfig(partition_size=size))[1]
 
 
 def _urls(h: Any, images: range) -> list[str]:
@@ -75,7 +76,8 @@ def test_plan_cuts_a_host_spread_over_every_partition_in_input_order(tmp_path):
     urls = [f"http://{BIG if i % 3 else WIKI}/img{i}.jpg" for i in range(24)] + ["file:///etc/passwd"]
     licences = ["All rights reserved" if i == 4 else "CC BY 4.0" for i in range(len(urls))]
     parts = _parts(tmp_path, out, urls, licences)
-    result = plan_host_units(out, parts, LicenseConfig(), unit_urls=9)
+    assert len(parts) == 4
+    result = plan_host_units(out, input_cut_sha256(out), LicenseConfig(), unit_urls=9)
     assert result["urls"] == 24 and result["hosts"] == 2  # row 4 dropped; the file: URL has no host
     units = [pq.read_table(Path(out.root) / fetch_unit_path(u)).to_pylist() for u in range(len(result["units"]))]
     big = [(r["part"], r["row"]) for u in units for r in u if r["host"] == BIG]
@@ -84,6 +86,27 @@ def test_plan_cuts_a_host_spread_over_every_partition_in_input_order(tmp_path):
     assert {r["host"] for r in units[2]} == {WIKI, None}  # packed together
     routes = pq.read_table(Path(out.root) / FETCH_PLAN).to_pylist()
     assert {(r["part"], r["unit"]) for r in routes} == {(r["part"], u) for u, rows in enumerate(units) for r in rows}
+
+
+def test_the_planning_task_is_passed_the_input_cut_not_its_partitions(tmp_path):
+    """The planning unit's parameters stay O(1) at any partition count (the input cut's SHA-256,
+    never a Partition per input partition: ~2·10⁵ at 10⁸ URLs); its key still changes with any
+    chunk's digest, and equals for the same list."""
+    urls = [f"http://{BIG}/img{i}.jpg" for i in range(240)]
+    calls, keys = {}, []
+    for name, size in (("cut-a", 120), ("cut-b", 2)):
+        out = Store(str(tmp_path / name), fsync=False)
+        parts = _parts(tmp_path, out, urls, size=size)
+        calls[len(parts)] = call = plan_host_units_call(out, input_cut_sha256(out), FetchConfig(), LicenseConfig())
+        assert not any(isinstance(v, list) for v in call["kwargs"].values())
+        assert plan_host_units(**call["kwargs"])["units"] and Path(out.root, FETCH_PLAN).exists()
+        keys.append(call["key"])
+    sizes = {p: len(pickle.dumps(c["kwargs"])) for p, c in calls.items()}
+    assert sorted(sizes) == [2, 120] and sizes[2] == sizes[120] < 4096, sizes
+    out = Store(str(tmp_path / "cut-b"), fsync=False)
+    assert plan_host_units_call(out, input_cut_sha256(out), FetchConfig(), LicenseConfig())["key"] == keys[1]
+    _parts(tmp_path, out, urls[:-1] + ["http://other/x.jpg"], size=2)  # one chunk's digest changed
+    assert plan_host_units_call(out, input_cut_sha256(out), FetchConfig(), LicenseConfig())["key"] != keys[1]
 
 
 @pytest.mark.parametrize("workers", [2])

@@ -1,10 +1,12 @@
 """The fetch stage's units, cut by host, so that one unit owns a host's politeness (issue 33).
 
-One planning unit on the engine reads every URL-list partition's chunk once, a partition at a
-time, keeps the rows that would be requested (:func:`~tasks.ingest.fetch.unit.before_request`
-refuses the others: no URL, an unsafe key, a licence refused) and cuts them into host units:
-hosts in name order, a host with more than ``fetch.unit_urls`` URLs cut into units of that many
-(in input order), smaller hosts packed together up to that size. The kept rows are spilled to a
+One planning unit on the engine reads the input cut (``work/input/_partitions.parquet``, pinned
+by its SHA-256: its parameters stay a few names and digests at any partition count), then every
+URL-list partition's chunk once, a partition at a time, keeps the rows that would be requested
+(:func:`~tasks.ingest.fetch.unit.before_request` refuses the others: no URL, an unsafe key, a
+licence refused) and cuts them into host units: hosts in name order, a host with more than
+``fetch.unit_urls`` URLs cut into units of that many (in input order), smaller hosts packed
+together up to that size. The kept rows are spilled to a
 scratch folder and grouped by DuckDB out of core (a memory limit, spilling to disk): the planner
 holds one partition's rows, one host unit's rows and the hosts' counts, never the whole list.
 
@@ -16,6 +18,7 @@ The ingest partitions are not touched: their chunks, order and fingerprints stay
 
 from __future__ import annotations
 
+import io
 import tempfile
 from pathlib import Path
 from typing import Any, TypedDict
@@ -24,15 +27,14 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from corpusforge.contract import Unit, step_call
+from corpusforge.contract import Unit, read_marker, read_pinned, step_call
 from corpusforge.storage import Store
 from tasks.ingest.fetch.config import FetchConfig
 from tasks.ingest.fetch.unit import before_request, host_of, row_sha1
 from tasks.ingest.files import (FETCH_PARTS_PER_ROW_GROUP, FETCH_PLAN, FETCH_PLAN_SCHEMA, FETCH_UNIT_SCHEMA,
-                                fetch_unit_path)
+                                fetch_unit_path, input_path)
 from tasks.ingest.licenses import LicenseConfig
-from tasks.ingest.partition import chunk_rows
-from tasks.ingest.sources import Partition
+from tasks.ingest.sources import TABLE_CUTS
 
 class HostUnits(TypedDict):
     """The planning unit's result: each host unit file's SHA-256, in unit order, and the counts."""
@@ -46,13 +48,29 @@ DUCKDB_MEMORY = "512MB"  # beyond this DuckDB sorts on disk (the scratch folder)
 BATCH_ROWS = 65_536
 
 
-def _spill_requests(store: Store, parts: list[Partition], lic: LicenseConfig | None, folder: Path) -> None:
+def input_cut_sha256(store: Store) -> str:
+    """The SHA-256 of the input cut in ``store`` (its marker's: the cut was just planned), which
+    names every partition's chunk digest: the planning unit's one input."""
+    marker = read_marker(store, TABLE_CUTS)
+    if marker is None:
+        raise FileNotFoundError(f"{store.path(TABLE_CUTS)}: the URL list's input cut is not marked done")
+    return marker.outputs[TABLE_CUTS]
+
+
+def _cut_indexes(store: Store, cut_sha256: str) -> list[int]:
+    """The partition indexes of the input cut whose SHA-256 is ``cut_sha256``."""
+    listed = pq.read_table(io.BytesIO(read_pinned(store, TABLE_CUTS, cut_sha256, "fetch planning")))
+    return listed.column("index").to_pylist()
+
+
+def _spill_requests(store: Store, cut_sha256: str, lic: LicenseConfig | None, folder: Path) -> None:
     """Each partition's rows that would be requested, one file per partition (one in memory at a time)."""
-    for p in parts:
-        wanted = [{"part": p.index, "row": i, "url": meta["url"], "sha1": row_sha1(meta), "host": host_of(meta)}
-                  for i, meta in enumerate(chunk_rows(p, store)) if before_request(meta, lic) is None]
+    for part in _cut_indexes(store, cut_sha256):
+        wanted = [{"part": part, "row": i, "url": meta["url"], "sha1": row_sha1(meta), "host": host_of(meta)}
+                  for i, meta in enumerate(store.read_parquet(input_path(part)).to_pylist())
+                  if before_request(meta, lic) is None]
         if wanted:
-            pq.write_table(pa.Table.from_pylist(wanted, schema=FETCH_UNIT_SCHEMA), folder / f"{p.index:06d}.parquet")
+            pq.write_table(pa.Table.from_pylist(wanted, schema=FETCH_UNIT_SCHEMA), folder / f"{part:06d}.parquet")
 
 
 def host_assignment(counts: list[tuple[str | None, int]], cap: int) -> tuple[list[tuple[str, int, bool]], int]:
@@ -73,13 +91,13 @@ def host_assignment(counts: list[tuple[str | None, int]], cap: int) -> tuple[lis
     return assigned, unit + (fill > 0)
 
 
-def plan_host_units(store: Store, parts: list[Partition], lic: LicenseConfig | None, unit_urls: int
-                    ) -> HostUnits:
-    """Write the host units of ``parts`` (see the module docstring); their SHA-256s and counts."""
+def plan_host_units(store: Store, cut_sha256: str, lic: LicenseConfig | None, unit_urls: int) -> HostUnits:
+    """Write the host units of the input cut ``cut_sha256`` (see the module docstring); their
+    SHA-256s and counts."""
     with tempfile.TemporaryDirectory(prefix="corpusforge-fetch-plan-") as tmp:
         spill = Path(tmp) / "rows"
         spill.mkdir()
-        _spill_requests(store, parts, lic, spill)
+        _spill_requests(store, cut_sha256, lic, spill)
         if not any(spill.iterdir()):
             store.write_parquet(FETCH_PLAN, FETCH_PLAN_SCHEMA.empty_table())
             return {"units": [], "urls": 0, "hosts": 0}
@@ -134,10 +152,11 @@ def _write_units(store: Store, batches: pa.RecordBatchReader) -> list[str]:
 PLAN_HOST_UNITS = Unit(plan_host_units, "plan-host-units")
 
 
-def plan_host_units_call(store: Store, parts: list[Partition], cfg: FetchConfig, lic: LicenseConfig | None
+def plan_host_units_call(store: Store, cut_sha256: str, cfg: FetchConfig, lic: LicenseConfig | None
                          ) -> dict[str, Any]:
-    """The planning unit's call (``keyed(PLAN_HOST_UNITS)``), keyed by the partitions' chunk digests,
-    the licence allow-list and ``fetch.unit_urls``: a rerun with neither changed runs nothing."""
+    """The planning unit's call (``keyed(PLAN_HOST_UNITS)``), keyed by the input cut's SHA-256 (so by
+    every partition's chunk digest), the licence allow-list and ``fetch.unit_urls``: a rerun with
+    none changed runs nothing. Its parameters are O(1): the task reads the cut itself."""
     config = [lic.model_dump(mode="json") if lic else None, cfg.unit_urls]
-    return step_call(store, PLAN_HOST_UNITS, config, [p.digest for p in parts],
-                     dict(store=store, parts=parts, lic=lic, unit_urls=cfg.unit_urls), (FETCH_PLAN,))
+    return step_call(store, PLAN_HOST_UNITS, config, [cut_sha256],
+                     dict(store=store, cut_sha256=cut_sha256, lic=lic, unit_urls=cfg.unit_urls), (FETCH_PLAN,))

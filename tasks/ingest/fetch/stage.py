@@ -11,7 +11,7 @@ from corpusforge.contract import FanOut, forget_step, keyed, prune, remove_tree
 from corpusforge.ledger import Ledger
 from corpusforge.storage import Store
 from tasks.ingest.fetch.config import FetchConfig
-from tasks.ingest.fetch.hostunits import PLAN_HOST_UNITS, plan_host_units_call
+from tasks.ingest.fetch.hostunits import PLAN_HOST_UNITS, input_cut_sha256, plan_host_units_call
 from tasks.ingest.fetch.report import fetch_section
 from tasks.ingest.fetch.unit import FETCH_HOST_UNIT, FETCH_LEDGER
 from tasks.ingest.files import FETCH_OUTCOMES_DIR, FETCH_PLAN, FETCH_UNITS_DIR, fetch_unit_name
@@ -22,7 +22,7 @@ from tasks.ingest.sources import Partition
 def fetch_stage(store: Store, parts: list[Partition], cfg: FetchConfig, lic: LicenseConfig | None,
                 fan_out: FanOut) -> tuple[dict[str, Any], dict[str, Any]]:
     """Fetch the URL list ``parts``; the work done and the receipt's ``fetch`` section."""
-    planned = fan_out(keyed(PLAN_HOST_UNITS), [plan_host_units_call(store, parts, cfg, lic)])[0]
+    planned = fan_out(keyed(PLAN_HOST_UNITS), [plan_host_units_call(store, input_cut_sha256(store), cfg, lic)])[0]
     units = planned.info["units"]
     for folder in (FETCH_UNITS_DIR, FETCH_OUTCOMES_DIR):
         prune(store, folder, {fetch_unit_name(u) for u in range(len(units))})
