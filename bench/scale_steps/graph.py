@@ -287,13 +287,24 @@ def _faiss_query(model_id: str, index: dict[str, Any] | None = None, tag: str = 
 
 
 _GRAPH_MODULES = ("tasks.graph.edges", "tasks.graph.nodes", "faiss")
-# The default index of a 512-d model (flat to 200k, IVF-SQfp16 above) runs at 1M; wfd's (4 KB a
-# vector, 8 GB of float32 features at 1M) only to 100k here.
-FAISS_MAX_N = 100_000
+
+
+def _index_kind(model_id: str) -> Callable[[int], dict[str, Any]]:
+    def regime(n: int) -> dict[str, Any]:
+        """The default index's kind at N (choose_index, its size refusal aside): flat up to
+        flat_max_vectors, IVF above, whose build trains and adds in blocks: a regime of its own."""
+        from tasks.graph.index import choose_index
+
+        return {"index": choose_index(_near_config(model_id).index, Scale.of(n).kept, 1, limit=2**62).kind}
+    return regime
+
+
+# The default index (flat to 200k, IVF-SQfp16 above) of a 512-d model and of wfd (2,096 dims)
+# runs at 1M too, and at the size where IVF starts (sizes_for adds it).
 STEPS["faiss_build_512"] = Step("faiss_build_512", _faiss_build(MODEL_512), ("staging", "features512"), "task",
-                                _GRAPH_MODULES, refused=MODEL_512)
+                                _GRAPH_MODULES, refused=MODEL_512, regime=_index_kind(MODEL_512))
 STEPS["faiss_query_512"] = Step("faiss_query_512", _faiss_query(MODEL_512), ("staging", "features512"), "task",
-                                _GRAPH_MODULES, refused=MODEL_512)
+                                _GRAPH_MODULES, refused=MODEL_512, regime=_index_kind(MODEL_512))
 # IVF-PQ (the index a 10⁸ build uses) runs at 1M too: ~4.5 min to train and add here.
 STEPS["faiss_build_512pq"] = Step("faiss_build_512pq", _faiss_build(MODEL_512, IVF_PQ, "512pq"),
                                   ("staging", "features512"), "task", _GRAPH_MODULES,
@@ -310,9 +321,9 @@ STEPS["faiss_build_512pq_guard"] = Step("faiss_build_512pq_guard", _faiss_build(
 STEPS["faiss_query_512pq_guard"] = Step("faiss_query_512pq_guard", _faiss_query(MODEL_512, IVF_PQ_GUARD, "512pqg"),
                                         ("staging", "features512"), "task", _GRAPH_MODULES)
 STEPS["faiss_build_wfd"] = Step("faiss_build_wfd", _faiss_build(MODEL_WFD), ("staging", "featureswfd"), "task",
-                                _GRAPH_MODULES, max_n=FAISS_MAX_N, refused=MODEL_WFD)
+                                _GRAPH_MODULES, refused=MODEL_WFD, regime=_index_kind(MODEL_WFD))
 STEPS["faiss_query_wfd"] = Step("faiss_query_wfd", _faiss_query(MODEL_WFD), ("staging", "featureswfd"), "task",
-                                _GRAPH_MODULES, max_n=FAISS_MAX_N, refused=MODEL_WFD)
+                                _GRAPH_MODULES, refused=MODEL_WFD, regime=_index_kind(MODEL_WFD))
 
 
 
