@@ -65,8 +65,7 @@ def image_rows(out: Store, eval_store: Store, chunk: str, model_id: str, scan: s
             rows.append(row)
         table = pa.Table.from_pylist(rows, schema=IMAGE_ROW_SCHEMA)
         rel = image_rows_path(chunk)
-        counts = count_rows(rows)
-        return {rel: out.write_parquet(rel, table)}, counts
+        return {rel: out.write_parquet(rel, table)}, count_rows(rows)
 
     return run_unit(out, image_rows_path(chunk), fp, compute)
 
@@ -103,7 +102,7 @@ def rate_curve(similarities: Sequence[float | None], thresholds: Sequence[float]
 def summarize_images(out: Store, chunks: Sequence[str], threshold: float, curve: Sequence[float], top_pairs: int,
                      ) -> dict[str, Any]:
     """Totals, the rate, the curve and the highest-similarity pairs over all chunks."""
-    counts = {"items": 0, "embedded": 0, "flagged": 0, "exact_copies": 0, "image_errors": 0, "no_image": 0}
+    counts = count_rows([])
     sims: list[float | None] = []
     pairs: list[dict[str, Any]] = []
     for chunk in chunks:

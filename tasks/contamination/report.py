@@ -120,10 +120,8 @@ def _leakage_md(s: dict[str, Any]) -> list[str]:
            f"Held-out splits {s['held_out_splits']} of `{s['corpus']}` against training splits {s['train_splits']} "
            f"of `{s['against']}` (model `{s['model_id']}`; build thresholds {s['build_thresholds']}). A held-out image "
            f"counts when its best training match is >= the threshold.", ""]
-    rows = []
-    for r in s["rates"]:
-        for split, v in r["splits"].items():
-            rows.append([r["threshold"], split, v["leaking"], v["held_out"], _pct(v["rate"])])
+    rows = [[r["threshold"], split, v["leaking"], v["held_out"], _pct(v["rate"])]
+            for r in s["rates"] for split, v in r["splits"].items()]
     out += _table(["threshold (>=)", "split", "overlap found", "held-out images", "rate"], rows)
     return out + ["", f"{s['pairs_at_review_threshold']} pairs at or above the review threshold "
                       f"{s['review_threshold']} are listed in contamination/leakage/.", ""]

@@ -230,9 +230,7 @@ def join_bucket(out: Store, bucket: int, buckets: int, doc_units: dict[str, str]
 
 
 # ---- verification ---------------------------------------------------------------------
-@functools.lru_cache(maxsize=1 << 16)
-def _round3(x: float) -> float:
-    return round3(x)
+_round3 = functools.lru_cache(maxsize=1 << 16)(round3)
 
 
 def _codes(*columns: Sequence[str]) -> list[np.ndarray]:
@@ -347,14 +345,11 @@ def _best_rows(q_unit: str, qi: np.ndarray, d_unit: str, di: np.ndarray, s: dict
     first = np.ones(len(order), dtype=bool)
     first[1:] = qi[order][1:] != qi[order][:-1]
     counts = np.bincount(qi, minlength=int(qi.max()) + 1)
-    rows = []
-    for n in order[first]:
-        rows.append({"q_unit": q_unit, "q_row": int(qi[n]), "d_unit": d_unit, "d_row": int(di[n]),
-                     "exact": bool(s["exact"][n]), "normalized": bool(s["normalized"][n]),
-                     "direct": float(s["direct"][n]), "signature": float(s["signature"][n]),
-                     "intersection": int(s["intersection"][n]), "union": int(s["union"][n]),
-                     "compared": int(counts[qi[n]])})
-    return rows
+    return [{"q_unit": q_unit, "q_row": int(qi[n]), "d_unit": d_unit, "d_row": int(di[n]),
+             "exact": bool(s["exact"][n]), "normalized": bool(s["normalized"][n]),
+             "direct": float(s["direct"][n]), "signature": float(s["signature"][n]),
+             "intersection": int(s["intersection"][n]), "union": int(s["union"][n]), "compared": int(counts[qi[n]])}
+            for n in order[first]]
 
 
 def _best_per_query(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -518,16 +513,10 @@ def lsh_recall(out: Store, mode: str, brute_units: Sequence[str], candidate_file
         if brute_units else BRUTE_SCHEMA.empty_table()
     pairs = {(a, b, c, d): r for a, b, c, d, r in zip(*(truth[n].to_pylist() for n in BRUTE_SCHEMA.names),
                                                         strict=True)}
-    if mode == "exhaustive":
-        found = set(pairs)
-    else:
-        sample_q = {(u, r) for (_, _, u, r) in pairs}
-        found = set()
-        for rel in candidate_files:
-            c = out.read_parquet(rel)
-            for a, b, u, r in zip(*(c[n].to_pylist() for n in PAIR_SCHEMA.names), strict=True):
-                if (u, r) in sample_q and (a, b, u, r) in pairs:
-                    found.add((a, b, u, r))
+    found = set(pairs) if mode == "exhaustive" else set()
+    for rel in candidate_files:  # none in exhaustive mode; every pair is found there anyway
+        c = out.read_parquet(rel)
+        found.update(p for p in zip(*(c[n].to_pylist() for n in PAIR_SCHEMA.names), strict=True) if p in pairs)
     by_rule: dict[str, dict[str, int]] = {}
     for p, rule in pairs.items():
         name = rule.split(">=")[0]
@@ -535,8 +524,8 @@ def lsh_recall(out: Store, mode: str, brute_units: Sequence[str], candidate_file
         e["pairs"] += 1
         e["found"] += p in found
     total = len(pairs)
-    return {"mode": mode, "sampled_queries": sampled, "rule_pairs": total, "found": len(found & set(pairs)),
-            "recall": (len(found & set(pairs)) / total) if total else None,
+    return {"mode": mode, "sampled_queries": sampled, "rule_pairs": total, "found": len(found),
+            "recall": (len(found) / total) if total else None,
             "by_rule": dict(sorted(by_rule.items())),
             "method": "every sampled query compared with every corpus text (sparse shingle product, all "
                       "signatures); recall = rule-meeting pairs proposed by the LSH join / all of them"}

@@ -188,9 +188,7 @@ def _read_table_batches(uri: str, options: dict[str, Any], chunk: int) -> Iterat
 
 
 def _as_text(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, float) and value != value:  # NaN
+    if value is None or (isinstance(value, float) and value != value):  # NaN
         return None
     return value if isinstance(value, str) else str(value)
 
