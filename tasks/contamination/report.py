@@ -42,14 +42,10 @@ def render_markdown(receipt: dict[str, Any]) -> str:
            f"`{receipt['corpus'].get('receipt_sha256')}`.", ""]
     for w in receipt.get("warnings", []):
         out += [f"> **WARNING:** {w}", ""]
-    if r.get("images"):
-        out += _images_md(r["images"])
-    if r.get("text"):
-        out += _text_md(r["text"])
-    if r.get("image_text"):
-        out += _judge_md(r["image_text"])
-    if r.get("leakage"):
-        out += _leakage_md(r["leakage"])
+    for name, section in (("images", _images_md), ("text", _text_md), ("image_text", _judge_md),
+                          ("leakage", _leakage_md)):
+        if r.get(name):
+            out += section(r[name])
     if receipt.get("edition"):
         out += _edition_md(receipt["edition"])
     return "\n".join(out) + "\n"
