@@ -92,11 +92,9 @@ def rate(numerator: int, denominator: int) -> float | None:
 def rate_curve(similarities: Sequence[float | None], thresholds: Sequence[float]) -> list[dict[str, Any]]:
     """Flagged count and rate at each threshold (strictly greater), over embedded images."""
     embedded = [s for s in similarities if s is not None]
-    out = []
-    for t in thresholds:
-        n = sum(1 for s in embedded if s > t)
-        out.append({"threshold": t, "flagged": n, "embedded": len(embedded), "rate": rate(n, len(embedded))})
-    return out
+    flagged = [(t, sum(1 for s in embedded if s > t)) for t in thresholds]
+    return [{"threshold": t, "flagged": n, "embedded": len(embedded), "rate": rate(n, len(embedded))}
+            for t, n in flagged]
 
 
 def summarize_images(out: Store, chunks: Sequence[str], threshold: float, curve: Sequence[float], top_pairs: int,
