@@ -297,26 +297,23 @@ def verify_group(out: Store, group: str, d_units: dict[str, str], q_units: dict[
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         names = sorted(d_units)
-        if candidates is None:
-            pairs = None
-        else:
+        grouped: dict[tuple[str, str], tuple[list[int], list[int]]] = {}  # (doc unit, query unit) -> rows
+        if candidates is not None:
             parts = [read_range(out, c, "d_unit", names[0], names[-1]) for c in sorted(candidates)]
             pairs = pa.concat_tables(parts) if parts else PAIR_SCHEMA.empty_table()
             pairs = pairs.filter(pc.is_in(pairs["d_unit"], pa.array(names)))
-        queries = {u: read_payload(out, QUERIES, u) for u in sorted(q_units)}
-        grouped: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
-        if pairs is not None:
             for du, dr, qu, qr in zip(*(pairs[n].to_pylist() for n in PAIR_SCHEMA.names), strict=True):
                 qi_l, di_l = grouped.setdefault((du, qu), ([], []))
                 qi_l.append(qr)
                 di_l.append(dr)
+        queries = {u: read_payload(out, QUERIES, u) for u in sorted(q_units)}
         best: list[dict[str, Any]] = []
         compared = 0
         for unit in names:
             docs = read_payload(out, DOCS, unit)
             live_d = np.flatnonzero([bool(t) for t in docs.texts])
             for q_unit, q in queries.items():
-                if pairs is None:
+                if candidates is None:
                     live_q = np.flatnonzero([bool(t) for t in q.texts])
                     qi, di = np.repeat(live_q, len(live_d)), np.tile(live_d, len(live_q))
                 else:
