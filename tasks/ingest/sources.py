@@ -381,9 +381,8 @@ def why_empty(src: str, cfg: SourceConfig) -> str | None:
     kind, uri = detect_kind(src, cfg.storage_options) if cfg.kind == "auto" else (cfg.kind, src)
     fs, path = url_to_fs(uri, cfg.storage_options)
     if kind == "table":
-        if any(t.num_rows for t in _table_batches(uri, cfg.storage_options, 1)):
-            return None
-        return f"table {uri} has no rows"
+        has_rows = any(t.num_rows for t in _table_batches(uri, cfg.storage_options, 1))
+        return None if has_rows else f"table {uri} has no rows"
     if kind == "tars":
         return None if tar_entries(fs, path) else f"folder {uri} holds no .tar"
     if fs.isfile(path):
