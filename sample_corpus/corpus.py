@@ -1,4 +1,4 @@
-"""Render a planned sample corpus and write it: images, ground truth, then the metadata table.
+"""Render a designed sample corpus and write it: images, ground truth, then the metadata table.
 
 The metadata table is written last, so a folder with ``metadata.parquet`` is complete.
 """
@@ -15,7 +15,7 @@ from sample_corpus.bad_records import bomb_png, cmyk_jpeg, exif_rotated_jpeg, no
 from sample_corpus.edits import apply_edit
 from sample_corpus.encoding import encode
 from sample_corpus.photos import PhotoCrop, render_photo
-from sample_corpus.plan import Group, Member, plan_sample_corpus
+from sample_corpus.design import Group, Member, design_sample_corpus
 from sample_corpus.scenes import render_scene
 
 
@@ -56,14 +56,14 @@ def write_sample_corpus(out_dir: str, n: int = 2000, seed: int = 0) -> dict:
     store = Store(out_dir, fsync=False)  # throwaway test data: no per-file disk flush
     if store.listdir(""):
         raise FileExistsError(f"{out_dir} is not empty")
-    plan = plan_sample_corpus(n, seed)
-    paths = {(row.gid, row.member): row.path for row in plan.rows}
+    design = design_sample_corpus(n, seed)
+    paths = {(row.gid, row.member): row.path for row in design.rows}
     total = 0
-    for group in plan.groups:
+    for group in design.groups:
         for index, data in enumerate(render_group(group)):
             if data is not None:
                 store.write_bytes(paths[(group.gid, index)], data)
                 total += len(data)
-    store.write_json("ground_truth.json", plan.ground_truth())
-    store.write_parquet("metadata.parquet", plan.metadata_table())
-    return {**plan.summary(), "bytes": total}
+    store.write_json("ground_truth.json", design.ground_truth())
+    store.write_parquet("metadata.parquet", design.metadata_table())
+    return {**design.summary(), "bytes": total}

@@ -1,6 +1,6 @@
 """Near-duplicate edits: what reposts, crops, filters and bursts do to a picture.
 
-Each edit is drawn with all its parameters (so the plan, and therefore the captions and
+Each edit is drawn with all its parameters (so the design, and therefore the captions and
 the ground truth, are fixed before any pixel exists) and applied to the original's pixels.
 ``easy`` edits keep the picture almost unchanged; ``hard`` edits change its geometry,
 colour or content enough that a copy detector has to work for it. Every edit keeps the

@@ -174,7 +174,7 @@ def load_photo(name: str) -> Image.Image:
 
 
 def render_photo(crop: PhotoCrop) -> Image.Image:
-    """Crop and resize the source photo as the plan says."""
+    """Crop and resize the source photo as the design says."""
     image = load_photo(crop.photo.name)
     w, h = image.size
     l, t, r, b = crop.box

@@ -1,7 +1,7 @@
 """Procedural scenes: a small spec drawn from a random stream, rendered to pixels on demand.
 
-The spec is what captions describe and what the plan stores. Pixels are made only when a
-file is written, so a whole corpus can be planned (and its metadata checked) without
+The spec is what captions describe and what the design stores. Pixels are made only when a
+file is written, so a whole corpus can be designed (and its metadata checked) without
 encoding a single image. Every scene draws its own palette, background, shapes, lines,
 texture and lettering, which keeps unrelated images visually distinct.
 """

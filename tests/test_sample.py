@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from sample_corpus import plan_sample_corpus, write_sample_corpus
+from sample_corpus import design_sample_corpus, write_sample_corpus
 from sample_corpus.bad_records import BAD_KINDS, SPECIAL_KINDS, bomb_png
 from sample_corpus.captions import CaptionView, write_caption
 from sample_corpus.edits import Edit, apply_edit
@@ -60,8 +60,8 @@ def truth(corpus) -> dict:
 
 
 @pytest.fixture(scope="module")
-def plan2000():
-    return plan_sample_corpus(2000, seed=0)
+def design2000():
+    return design_sample_corpus(2000, seed=0)
 
 
 def _path(root: Path, rows: dict[str, dict], key: str) -> Path:
@@ -276,10 +276,10 @@ def test_valid_special_records_decode_as_declared(corpus, table, truth):
 def test_exif_rotated_record_shows_the_upright_picture(corpus, table, truth):
     """Turning the stored pixels as EXIF says must give back what the caption describes."""
     from sample_corpus.scenes import render_scene
-    plan = plan_sample_corpus(N, seed=0)
-    rows = {r.key: r for r in plan.rows}
+    design = design_sample_corpus(N, seed=0)
+    rows = {r.key: r for r in design.rows}
     special = next(s for s in truth["valid_special"] if s["kind"] == "exif_rotated")
-    upright = np.asarray(render_scene(plan.groups[rows[special["key"]].gid].content), np.float32)
+    upright = np.asarray(render_scene(design.groups[rows[special["key"]].gid].content), np.float32)
     with Image.open(corpus[0] / rows[special["key"]].path) as im:
         shown = np.asarray(ImageOps.exif_transpose(im).convert("RGB"), np.float32)
     assert np.abs(shown - upright).mean() < 6  # JPEG noise only
@@ -333,8 +333,8 @@ def _sentences(text: str) -> int:
     return len(re.findall(r'[.!?](?=\s+[A-Z"]|$)', text))
 
 
-def test_caption_styles_have_the_right_shape(plan2000):
-    for row in plan2000.rows:
+def test_caption_styles_have_the_right_shape(design2000):
+    for row in design2000.rows:
         caption, kind = row.caption, row.meta.caption_type
         if kind == "tag":
             assert "." not in caption and caption.count(",") >= 2
@@ -344,46 +344,46 @@ def test_caption_styles_have_the_right_shape(plan2000):
                 <= {"short": (1, 1), "medium": (2, 3), "long": (5, 7)}[kind][1], (kind, caption)
 
 
-def test_greyscale_copies_are_captioned_without_colours(plan2000):
+def test_greyscale_copies_are_captioned_without_colours(design2000):
     chromatic = [name for name, _ in NAMED_COLOURS if name not in GREYS]
-    greyed = [r for r in plan2000.rows
-              if (m := plan2000.member(r)).edit is not None and m.edit.name == "greyscale"]
+    greyed = [r for r in design2000.rows
+              if (m := design2000.member(r)).edit is not None and m.edit.name == "greyscale"]
     assert greyed
     for row in greyed:
         assert not any(re.search(rf"\b{name}\b", row.caption) for name in chromatic), row.caption
 
 
-# ---- mixes and counts, from the plan alone (no encoding) --------------------------------
+# ---- mixes and counts, from the design alone (no encoding) --------------------------------
 
-def test_caption_source_and_licence_mixes_are_close_to_target(plan2000):
-    n = len(plan2000.rows)
-    kinds = Counter(r.meta.caption_type for r in plan2000.rows)
+def test_caption_source_and_licence_mixes_are_close_to_target(design2000):
+    n = len(design2000.rows)
+    kinds = Counter(r.meta.caption_type for r in design2000.rows)
     for kind, share, tolerance in (("tag", .01, .008), ("short", .45, .04), ("medium", .45, .04),
                                    ("long", .09, .02)):
         assert abs(kinds[kind] / n - share) < tolerance, kinds
-    flickr = sum(r.meta.source == "flickr" for r in plan2000.rows) / n
+    flickr = sum(r.meta.source == "flickr" for r in design2000.rows) / n
     assert abs(flickr - 0.88) < 0.025
-    licences = Counter((r.meta.source, r.meta.license) for r in plan2000.rows)
+    licences = Counter((r.meta.source, r.meta.license) for r in design2000.rows)
     assert ("wikimedia", "No known restrictions") not in licences
     assert {name for _, name in licences} == set(LICENSE_URLS)
-    days = {r.meta.retrieved_at[:10] for r in plan2000.rows}
+    days = {r.meta.retrieved_at[:10] for r in design2000.rows}
     assert len(days) > 30
 
 
-def test_planted_shares_and_sizes(plan2000):
-    summary = plan2000.summary()
+def test_planted_shares_and_sizes(design2000):
+    summary = design2000.summary()
     n = summary["rows"]
     assert summary["exact_duplicates"] == round(0.02 * n)
     assert summary["near_duplicates_easy"] + summary["near_duplicates_hard"] == round(0.08 * n)
     assert abs(summary["near_duplicates_easy"] - summary["near_duplicates_hard"]) <= 1
     assert summary["burst_clusters"] == n // 500
     assert summary["bad_records"] >= len(BAD_KINDS) * 2
-    truth = plan2000.ground_truth()
+    truth = design2000.ground_truth()
     assert {i["edit"] for i in truth["near_duplicates"]} >= {
         "downscale", "jpeg_quality", "light_crop", "brightness", "format_change", "hflip",
         "heavy_crop", "greyscale", "blur", "rotate"}
     assert {i["edit"] for i in truth["near_duplicates"]} & {"caption_bar", "watermark"}
-    originals = [g for g in plan2000.groups if g.members[0].role in ("original", "burst_original")]
+    originals = [g for g in design2000.groups if g.members[0].role in ("original", "burst_original")]
     sides = np.array([(g.content.width, g.content.height) for g in originals])
     assert sides.min() >= 300 and sides.max() <= 2500
     large = (sides.max(axis=1) > 900).mean()
@@ -391,7 +391,7 @@ def test_planted_shares_and_sizes(plan2000):
     assert ((sides >= 300) & (sides <= 900)).all(axis=1).mean() > 0.95
     formats = Counter(g.members[0].encoding.format for g in originals)
     assert formats["JPEG"] / len(originals) > 0.75 and formats["PNG"] > 0 and formats["WEBP"] > 0
-    photos = [g.content.photo.name for g in plan2000.groups if isinstance(g.content, PhotoCrop)]
+    photos = [g.content.photo.name for g in design2000.groups if isinstance(g.content, PhotoCrop)]
     assert sorted(photos) == sorted(p.name for p in PHOTOS)
 
 
@@ -404,18 +404,18 @@ def test_photo_catalogue_matches_the_bundled_images():
 
 def test_too_small_n_is_refused():
     with pytest.raises(ValueError):
-        plan_sample_corpus(20, seed=0)
+        design_sample_corpus(20, seed=0)
 
 
-def test_plan_is_the_same_in_another_process():
+def test_design_is_the_same_in_another_process():
     """No dependence on ``hash()`` randomisation, call order or process state."""
-    script = ("import hashlib, sys; from sample_corpus import plan_sample_corpus; "
-              f"p = plan_sample_corpus({N}, seed=3); "
+    script = ("import hashlib, sys; from sample_corpus import design_sample_corpus; "
+              f"p = design_sample_corpus({N}, seed=3); "
               "sys.stdout.write(hashlib.sha256(repr((p.metadata_table().to_pylist(), "
               "p.ground_truth())).encode()).hexdigest())")
     env = {**os.environ, "PYTHONHASHSEED": "123"}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                          check=True, cwd=Path(__file__).resolve().parents[1]).stdout
-    plan = plan_sample_corpus(N, seed=3)
-    here = hashlib.sha256(repr((plan.metadata_table().to_pylist(), plan.ground_truth())).encode())
+    design = design_sample_corpus(N, seed=3)
+    here = hashlib.sha256(repr((design.metadata_table().to_pylist(), design.ground_truth())).encode())
     assert out == here.hexdigest()

@@ -65,8 +65,7 @@ def image_rows(out: Store, eval_store: Store, chunk: str, model_id: str, scan: s
             rows.append(row)
         table = pa.Table.from_pylist(rows, schema=IMAGE_ROW_SCHEMA)
         rel = image_rows_path(chunk)
-        counts = count_rows(rows)
-        return {rel: out.write_parquet(rel, table)}, counts
+        return {rel: out.write_parquet(rel, table)}, count_rows(rows)
 
     return run_unit(out, image_rows_path(chunk), fp, compute)
 
@@ -93,17 +92,15 @@ def rate(numerator: int, denominator: int) -> float | None:
 def rate_curve(similarities: Sequence[float | None], thresholds: Sequence[float]) -> list[dict[str, Any]]:
     """Flagged count and rate at each threshold (strictly greater), over embedded images."""
     embedded = [s for s in similarities if s is not None]
-    out = []
-    for t in thresholds:
-        n = sum(1 for s in embedded if s > t)
-        out.append({"threshold": t, "flagged": n, "embedded": len(embedded), "rate": rate(n, len(embedded))})
-    return out
+    flagged = [(t, sum(1 for s in embedded if s > t)) for t in thresholds]
+    return [{"threshold": t, "flagged": n, "embedded": len(embedded), "rate": rate(n, len(embedded))}
+            for t, n in flagged]
 
 
 def summarize_images(out: Store, chunks: Sequence[str], threshold: float, curve: Sequence[float], top_pairs: int,
                      ) -> dict[str, Any]:
     """Totals, the rate, the curve and the highest-similarity pairs over all chunks."""
-    counts = {"items": 0, "embedded": 0, "flagged": 0, "exact_copies": 0, "image_errors": 0, "no_image": 0}
+    counts = count_rows([])
     sims: list[float | None] = []
     pairs: list[dict[str, Any]] = []
     for chunk in chunks:

@@ -471,6 +471,4 @@ def choose_search(mode: str, n_queries: int, n_targets: int, exact_max_pairs: fl
     (and whenever the targets are too few to train an index)."""
     if mode != "auto":
         return mode
-    if n_targets < 39 * 16 or n_queries * n_targets <= exact_max_pairs:
-        return "exact"
-    return "ivf"
+    return "exact" if n_targets < 39 * 16 or n_queries * n_targets <= exact_max_pairs else "ivf"

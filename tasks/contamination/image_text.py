@@ -26,7 +26,7 @@ from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.contamination.config import JudgeConfig
 from tasks.contamination.judge import UNRESOLVED, JudgeInput, identity_sha256, make_judge
-from tasks.contamination.text_sources import staged_captions
+from tasks.shared.samples import staged_captions
 
 
 def read_captions(corpus: Store, wanted: dict[str, set[str]]) -> dict[str, str]:

@@ -82,24 +82,23 @@ def band_keys(batch: TextBatch, choice: BandChoice, empty: np.ndarray) -> tuple[
     normalised form is empty gets only its raw key; one without shingles no signature keys.
     """
     rows, bands, keys = [], [], []
+
+    def add(which: np.ndarray, band: int, band_keys: np.ndarray) -> None:
+        rows.append(which)
+        bands.append(np.full(len(which), band, np.int16))
+        keys.append(band_keys)
+
     idx = np.arange(len(batch), dtype=np.int32)
     live = ~empty
-    rows.append(idx[live]); bands.append(np.full(int(live.sum()), RAW_BAND, np.int16))
-    keys.append(_sha_prefix([h for h, e in zip(batch.sha256, empty, strict=True) if not e]))
+    add(idx[live], RAW_BAND, _sha_prefix([h for h, e in zip(batch.sha256, empty, strict=True) if not e]))
     norm = live & ~batch.normalized_empty
-    rows.append(idx[norm]); bands.append(np.full(int(norm.sum()), NORMALIZED_BAND, np.int16))
-    keys.append(_sha_prefix([h for h, ok in zip(batch.normalized_sha256, norm, strict=True) if ok]))
+    add(idx[norm], NORMALIZED_BAND, _sha_prefix([h for h, ok in zip(batch.normalized_sha256, norm, strict=True) if ok]))
     has = live & batch.has_signature
     sig, lsh, sub = batch.signature[has], batch.lsh[has], idx[has]
-    band = 2
-    for subset in choice.signature_subsets:
-        rows.append(sub); bands.append(np.full(len(sub), band, np.int16))
-        keys.append(_chain(band, sig[:, list(subset)]))
-        band += 1
-    r = choice.rows_per_band
+    for band, subset in enumerate(choice.signature_subsets, 2):
+        add(sub, band, _chain(band, sig[:, list(subset)]))
+    first, r = 2 + len(choice.signature_subsets), choice.rows_per_band
     for b in range(choice.lsh_bands):
-        rows.append(sub); bands.append(np.full(len(sub), band, np.int16))
-        keys.append(_chain(band, lsh[:, b * r:(b + 1) * r]))
-        band += 1
+        add(sub, first + b, _chain(first + b, lsh[:, b * r:(b + 1) * r]))
     return np.concatenate(rows), np.concatenate(bands), np.concatenate(keys)
 

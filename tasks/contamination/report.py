@@ -42,14 +42,10 @@ def render_markdown(receipt: dict[str, Any]) -> str:
            f"`{receipt['corpus'].get('receipt_sha256')}`.", ""]
     for w in receipt.get("warnings", []):
         out += [f"> **WARNING:** {w}", ""]
-    if r.get("images"):
-        out += _images_md(r["images"])
-    if r.get("text"):
-        out += _text_md(r["text"])
-    if r.get("image_text"):
-        out += _judge_md(r["image_text"])
-    if r.get("leakage"):
-        out += _leakage_md(r["leakage"])
+    for name, section in (("images", _images_md), ("text", _text_md), ("image_text", _judge_md),
+                          ("leakage", _leakage_md)):
+        if r.get(name):
+            out += section(r[name])
     if receipt.get("edition"):
         out += _edition_md(receipt["edition"])
     return "\n".join(out) + "\n"
@@ -120,10 +116,8 @@ def _leakage_md(s: dict[str, Any]) -> list[str]:
            f"Held-out splits {s['held_out_splits']} of `{s['corpus']}` against training splits {s['train_splits']} "
            f"of `{s['against']}` (model `{s['model_id']}`; build thresholds {s['build_thresholds']}). A held-out image "
            f"counts when its best training match is >= the threshold.", ""]
-    rows = []
-    for r in s["rates"]:
-        for split, v in r["splits"].items():
-            rows.append([r["threshold"], split, v["leaking"], v["held_out"], _pct(v["rate"])])
+    rows = [[r["threshold"], split, v["leaking"], v["held_out"], _pct(v["rate"])]
+            for r in s["rates"] for split, v in r["splits"].items()]
     out += _table(["threshold (>=)", "split", "overlap found", "held-out images", "rate"], rows)
     return out + ["", f"{s['pairs_at_review_threshold']} pairs at or above the review threshold "
                       f"{s['review_threshold']} are listed in contamination/leakage/.", ""]

@@ -105,12 +105,8 @@ def text_batch(texts: Sequence[str], seeds: Sequence[int] = SEED_SIGNATURE_SEEDS
     """All canary facts of ``texts`` (see the module docstring)."""
     n = len(texts)
     norms = [normalize(t) for t in texts]
-    vocab: dict[str, int] = {}
-    per_text: list[list[int]] = []
-    add = vocab.setdefault
-    for norm in norms:
-        grams = shingles(norm)
-        per_text.append([add(g, len(vocab)) for g in grams])
+    vocab: dict[str, int] = {}  # shingle -> its number, in first-seen order
+    per_text = [[vocab.setdefault(g, len(vocab)) for g in shingles(norm)] for norm in norms]
     n_grams = np.array([len(g) for g in per_text], dtype=np.int32)
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(n_grams, out=offsets[1:])

@@ -24,7 +24,6 @@ identically here and in ``graph/edges``.
 
 from __future__ import annotations
 
-
 import faiss
 import numpy as np
 

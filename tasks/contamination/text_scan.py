@@ -230,9 +230,7 @@ def join_bucket(out: Store, bucket: int, buckets: int, doc_units: dict[str, str]
 
 
 # ---- verification ---------------------------------------------------------------------
-@functools.lru_cache(maxsize=1 << 16)
-def _round3(x: float) -> float:
-    return round3(x)
+_round3 = functools.lru_cache(maxsize=1 << 16)(round3)
 
 
 def _codes(*columns: Sequence[str]) -> list[np.ndarray]:
@@ -299,26 +297,23 @@ def verify_group(out: Store, group: str, d_units: dict[str, str], q_units: dict[
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         names = sorted(d_units)
-        if candidates is None:
-            pairs = None
-        else:
+        grouped: dict[tuple[str, str], tuple[list[int], list[int]]] = {}  # (doc unit, query unit) -> rows
+        if candidates is not None:
             parts = [read_range(out, c, "d_unit", names[0], names[-1]) for c in sorted(candidates)]
             pairs = pa.concat_tables(parts) if parts else PAIR_SCHEMA.empty_table()
             pairs = pairs.filter(pc.is_in(pairs["d_unit"], pa.array(names)))
-        queries = {u: read_payload(out, QUERIES, u) for u in sorted(q_units)}
-        grouped: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
-        if pairs is not None:
             for du, dr, qu, qr in zip(*(pairs[n].to_pylist() for n in PAIR_SCHEMA.names), strict=True):
                 qi_l, di_l = grouped.setdefault((du, qu), ([], []))
                 qi_l.append(qr)
                 di_l.append(dr)
+        queries = {u: read_payload(out, QUERIES, u) for u in sorted(q_units)}
         best: list[dict[str, Any]] = []
         compared = 0
         for unit in names:
             docs = read_payload(out, DOCS, unit)
             live_d = np.flatnonzero([bool(t) for t in docs.texts])
             for q_unit, q in queries.items():
-                if pairs is None:
+                if candidates is None:
                     live_q = np.flatnonzero([bool(t) for t in q.texts])
                     qi, di = np.repeat(live_q, len(live_d)), np.tile(live_d, len(live_q))
                 else:
@@ -347,14 +342,11 @@ def _best_rows(q_unit: str, qi: np.ndarray, d_unit: str, di: np.ndarray, s: dict
     first = np.ones(len(order), dtype=bool)
     first[1:] = qi[order][1:] != qi[order][:-1]
     counts = np.bincount(qi, minlength=int(qi.max()) + 1)
-    rows = []
-    for n in order[first]:
-        rows.append({"q_unit": q_unit, "q_row": int(qi[n]), "d_unit": d_unit, "d_row": int(di[n]),
-                     "exact": bool(s["exact"][n]), "normalized": bool(s["normalized"][n]),
-                     "direct": float(s["direct"][n]), "signature": float(s["signature"][n]),
-                     "intersection": int(s["intersection"][n]), "union": int(s["union"][n]),
-                     "compared": int(counts[qi[n]])})
-    return rows
+    return [{"q_unit": q_unit, "q_row": int(qi[n]), "d_unit": d_unit, "d_row": int(di[n]),
+             "exact": bool(s["exact"][n]), "normalized": bool(s["normalized"][n]),
+             "direct": float(s["direct"][n]), "signature": float(s["signature"][n]),
+             "intersection": int(s["intersection"][n]), "union": int(s["union"][n]), "compared": int(counts[qi[n]])}
+            for n in order[first]]
 
 
 def _best_per_query(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -518,16 +510,10 @@ def lsh_recall(out: Store, mode: str, brute_units: Sequence[str], candidate_file
         if brute_units else BRUTE_SCHEMA.empty_table()
     pairs = {(a, b, c, d): r for a, b, c, d, r in zip(*(truth[n].to_pylist() for n in BRUTE_SCHEMA.names),
                                                         strict=True)}
-    if mode == "exhaustive":
-        found = set(pairs)
-    else:
-        sample_q = {(u, r) for (_, _, u, r) in pairs}
-        found = set()
-        for rel in candidate_files:
-            c = out.read_parquet(rel)
-            for a, b, u, r in zip(*(c[n].to_pylist() for n in PAIR_SCHEMA.names), strict=True):
-                if (u, r) in sample_q and (a, b, u, r) in pairs:
-                    found.add((a, b, u, r))
+    found = set(pairs) if mode == "exhaustive" else set()
+    for rel in candidate_files:  # none in exhaustive mode; every pair is found there anyway
+        c = out.read_parquet(rel)
+        found.update(p for p in zip(*(c[n].to_pylist() for n in PAIR_SCHEMA.names), strict=True) if p in pairs)
     by_rule: dict[str, dict[str, int]] = {}
     for p, rule in pairs.items():
         name = rule.split(">=")[0]
@@ -535,8 +521,8 @@ def lsh_recall(out: Store, mode: str, brute_units: Sequence[str], candidate_file
         e["pairs"] += 1
         e["found"] += p in found
     total = len(pairs)
-    return {"mode": mode, "sampled_queries": sampled, "rule_pairs": total, "found": len(found & set(pairs)),
-            "recall": (len(found & set(pairs)) / total) if total else None,
+    return {"mode": mode, "sampled_queries": sampled, "rule_pairs": total, "found": len(found),
+            "recall": (len(found) / total) if total else None,
             "by_rule": dict(sorted(by_rule.items())),
             "method": "every sampled query compared with every corpus text (sparse shingle product, all "
                       "signatures); recall = rule-meeting pairs proposed by the LSH join / all of them"}

@@ -15,7 +15,6 @@ Each source yields ``(ids, texts)`` for one unit; order is the unit's row order.
 from __future__ import annotations
 
 import json
-from collections.abc import Container
 from typing import Any
 
 import fsspec
@@ -25,12 +24,12 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from corpusforge.contract import UnitResult, prune, run_unit, unit_fingerprint
-from corpusforge.layout import staging_index, staging_tar
 from tasks.contamination.files import eval_items_path, text_work_path
 from corpusforge.storage import Store, uri_stamp
 from corpusforge.version import code_version
 from tasks.contamination.config import TextCorpusConfig
 from tasks.contamination.selection import read_selection
+from tasks.shared.samples import staged_captions
 
 SOURCE = "source"
 _SOURCE_SCHEMA = pa.schema([("doc_id", pa.string()), ("text", pa.string())])
@@ -39,22 +38,6 @@ _SOURCE_SCHEMA = pa.schema([("doc_id", pa.string()), ("text", pa.string())])
 def caption_texts(corpus: Store, shard: str, out: Store, selection: str | None) -> tuple[list[str], list[str]]:
     """Captions of one staging shard (selected keys only), in shard order."""
     return staged_captions(corpus, shard, read_selection(out, selection, shard) if selection else None)
-
-
-def staged_captions(corpus: Store, shard: str, keys: Container[str] | None) -> tuple[list[str], list[str]]:
-    """``(keys, captions)`` of a staging shard's ``.txt`` members (of ``keys`` only, when given),
-    in shard order, by ranged reads at the offsets of ``staging/index``."""
-    index = corpus.read_parquet(staging_index(shard), columns=["key", "ext", "offset", "size"])
-    ids, texts = [], []
-    with corpus.open(staging_tar(shard)) as f:
-        for key, ext, offset, size in zip(*(index.column(c).to_pylist() for c in ("key", "ext", "offset", "size")),
-                                          strict=True):
-            if ext != "txt" or (keys is not None and key not in keys):
-                continue
-            f.seek(offset)
-            ids.append(key)
-            texts.append(f.read(size).decode("utf-8", "replace"))
-    return ids, texts
 
 
 def _read_table(cfg: TextCorpusConfig) -> tuple[list[str | None], list[str]]:

@@ -155,10 +155,7 @@ def image_stamps(part: Partition, src: SourceConfig, store: Store) -> list[str |
         if meta.get("sidecars"):
             stamps += [_stamp(s, src) for s in sidecar_locations(_sidecar_base(part, meta), meta["sidecars"])]
         location, _ = resolve_input(part.base, meta.get("path") or "", roots)
-        if location is None:
-            stamps.append(None)
-            continue
-        stamps.append(_stamp(location, src))
+        stamps.append(None if location is None else _stamp(location, src))
     return stamps
 
 

@@ -188,9 +188,7 @@ def _read_table_batches(uri: str, options: dict[str, Any], chunk: int) -> Iterat
 
 
 def _as_text(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, float) and value != value:  # NaN
+    if value is None or (isinstance(value, float) and value != value):  # NaN
         return None
     return value if isinstance(value, str) else str(value)
 
@@ -383,9 +381,8 @@ def why_empty(src: str, cfg: SourceConfig) -> str | None:
     kind, uri = detect_kind(src, cfg.storage_options) if cfg.kind == "auto" else (cfg.kind, src)
     fs, path = url_to_fs(uri, cfg.storage_options)
     if kind == "table":
-        if any(t.num_rows for t in _table_batches(uri, cfg.storage_options, 1)):
-            return None
-        return f"table {uri} has no rows"
+        has_rows = any(t.num_rows for t in _table_batches(uri, cfg.storage_options, 1))
+        return None if has_rows else f"table {uri} has no rows"
     if kind == "tars":
         return None if tar_entries(fs, path) else f"folder {uri} holds no .tar"
     if fs.isfile(path):

@@ -24,12 +24,13 @@ import pyarrow as pa
 
 from corpusforge.contract import UnitKey, UnitResult, digest_of, read_marker, run_unit, unit_fingerprint
 from corpusforge.hashing import canonical_json, sha256_bytes, stable_uniform
-from corpusforge.layout import MANIFEST_DIR, staging_index, staging_tar
+from corpusforge.layout import MANIFEST_DIR, staging_tar
 from tasks.prompts.files import (PROMPTS_CAPTION_SAMPLE, caption_embeddings_path, caption_keys_path,
                                  text_embeddings_path)
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.prompts.text_model import embed_texts
+from tasks.shared.samples import staged_captions
 
 SAMPLE_SCHEMA = pa.schema([("key", pa.string()), ("staging_shard", pa.string()), ("draw", pa.float64())])
 KEYS_SCHEMA = pa.schema([("key", pa.string())])
@@ -101,19 +102,8 @@ def sampled_keys_by_shard(out: Store) -> dict[str, list[str]]:
 
 def shard_captions(corpus: Store, shard: str, keys: list[str]) -> tuple[list[str], list[str]]:
     """``(keys, captions)`` of the sampled keys of one staging shard that have a caption, in shard order."""
-    wanted = set(keys)
-    index = corpus.read_parquet(staging_index(shard), columns=["key", "ext", "offset", "size"])
-    found_keys, texts = [], []
-    with corpus.open(staging_tar(shard)) as f:
-        for key, ext, offset, size in zip(*(index.column(c).to_pylist() for c in ("key", "ext", "offset", "size")),
-                                          strict=True):
-            if ext == "txt" and key in wanted:
-                f.seek(offset)
-                text = f.read(size).decode("utf-8", "replace").strip()
-                if text:
-                    found_keys.append(key)
-                    texts.append(text)
-    return found_keys, texts
+    found = [(key, text.strip()) for key, text in zip(*staged_captions(corpus, shard, set(keys)), strict=True)]
+    return [key for key, text in found if text], [text for _, text in found if text]
 
 
 def caption_embeddings_key(corpus: Store, shard: str, keys: list[str] | None, text_model: Any,

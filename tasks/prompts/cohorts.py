@@ -46,11 +46,9 @@ def difficulty_strata(difficulties: list[str | None], bins: int) -> list[str]:
             for d in difficulties]
 
 
-def _estimate(cells: dict[str, tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray | float, float]:
+def _estimate(cells: dict[str, tuple[np.ndarray, np.ndarray, int]]) -> np.ndarray | float:
     """Weighted mean of within-stratum mean differences; cell values may be [B] arrays of means."""
-    total = sum(n for _, _, n in cells.values())
-    est = sum(n * (old - new) for old, new, n in cells.values()) / total
-    return est, total
+    return sum(n * (old - new) for old, new, n in cells.values()) / sum(n for _, _, n in cells.values())
 
 
 def divergence(old: dict[str, np.ndarray], new: dict[str, np.ndarray], n_boot: int, confidence: float,
@@ -60,7 +58,7 @@ def divergence(old: dict[str, np.ndarray], new: dict[str, np.ndarray], n_boot: i
     if not shared:
         return {"divergence": None, "interval": None, "strata_used": 0}
     point = {s: (old[s].mean(), new[s].mean(), len(old[s]) + len(new[s])) for s in shared}
-    est, _ = _estimate(point)
+    est = _estimate(point)
     boot = {}
     for s in shared:
         means = []
@@ -68,7 +66,7 @@ def divergence(old: dict[str, np.ndarray], new: dict[str, np.ndarray], n_boot: i
             idx = rng.integers(0, len(values), size=(n_boot, len(values)))
             means.append(values[idx].mean(axis=1))
         boot[s] = (means[0], means[1], len(old[s]) + len(new[s]))
-    samples, _ = _estimate(boot)
+    samples = _estimate(boot)
     alpha = (1 - confidence) / 2
     lo, hi = np.quantile(samples, [alpha, 1 - alpha])
     return {"divergence": float(est), "interval": [float(lo), float(hi)], "strata_used": len(shared)}

@@ -61,23 +61,13 @@ def write_outputs(out: Store, prompts: list[dict[str, Any]], variance_rows: list
         "density_flagged": (p.get("density") or {}).get("flagged"),
         "variance_flags": json.dumps(sorted(m for m, v in (p.get("variance") or {}).items() if v["flagged"])),
         "rules": json.dumps(p["rules"])} for p in prompts], schema=PROMPT_SCHEMA))
-    if variance_rows:
-        out.write_parquet(QUALIFICATION_VARIANCE, pa.Table.from_pylist(variance_rows, schema=GENERATED_VARIANCE_SCHEMA))
-    else:
-        out.remove(QUALIFICATION_VARIANCE)
-    cohorts = results.get("cohorts")
-    if cohorts and cohorts.get("models"):
-        out.write_parquet(QUALIFICATION_COHORTS, pa.Table.from_pylist([{
-            **{k: v for k, v in m.items() if k != "interval"},
-            "interval_low": m["interval"][0] if m["interval"] else None,
-            "interval_high": m["interval"][1] if m["interval"] else None} for m in cohorts["models"]],
-            schema=COHORT_SCHEMA))
-    else:
-        out.remove(QUALIFICATION_COHORTS)
-    if category_rows:
-        out.write_parquet(QUALIFICATION_CATEGORIES, pa.Table.from_pylist(category_rows))
-    else:
-        out.remove(QUALIFICATION_CATEGORIES)
+    _write_or_remove(out, QUALIFICATION_VARIANCE, variance_rows, GENERATED_VARIANCE_SCHEMA)
+    _write_or_remove(out, QUALIFICATION_COHORTS, [{
+        **{k: v for k, v in m.items() if k != "interval"},
+        "interval_low": m["interval"][0] if m["interval"] else None,
+        "interval_high": m["interval"][1] if m["interval"] else None}
+        for m in (results.get("cohorts") or {}).get("models") or []], COHORT_SCHEMA)
+    _write_or_remove(out, QUALIFICATION_CATEGORIES, category_rows)
     out.write_parquet(QUARANTINE_LEDGER, pa.Table.from_pylist(ledger, schema=LEDGER_SCHEMA))
     out.write_parquet(PROMPT_EDITION_PROMPTS, pa.Table.from_pylist(edition_rows, schema=EDITION_SCHEMA))
     out.write_parquet(PROMPT_EDITION_MAPPING, pa.Table.from_pylist(mapping, schema=MAPPING_SCHEMA))
@@ -85,6 +75,14 @@ def write_outputs(out: Store, prompts: list[dict[str, Any]], variance_rows: list
     out.write_json(PROMPT_EDITION_META, {"edition": edition, "previous_prompt_table_sha256": previous_sha256,
                                          "prompts": len(edition_rows), "rotation": results["rotation"]})
     out.write_json(QUALIFICATION_SUMMARY, results)
+
+
+def _write_or_remove(out: Store, rel: str, rows: list[dict[str, Any]], schema: pa.Schema | None = None) -> None:
+    """A table a signal produced, or no file where it produced none (a stale one would mislead)."""
+    if rows:
+        out.write_parquet(rel, pa.Table.from_pylist(rows, schema=schema))
+    else:
+        out.remove(rel)
 
 
 def thresholds(density: DensityConfig | None, variance: VarianceConfig | None, cohorts: CohortConfig | None,

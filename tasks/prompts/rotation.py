@@ -104,18 +104,16 @@ def edition_tables(prompts: list[dict[str, Any]], pool: list[dict[str, Any]], ch
     joining = set(choice["joining"])
     rows, mapping = [], []
     for p in prompts:
+        pid = p["prompt_id"]
         if p["decision"] == ERROR:
-            mapping.append({"previous_id": p["prompt_id"], "row": p["row"], "new_id": None, "status": "error",
-                            "reason": p["reason"]})
-            continue
-        if p["prompt_id"] in leaving:
-            mapping.append({"previous_id": p["prompt_id"], "row": p["row"], "new_id": None, "status": "rotated_out",
-                            "reason": leaving[p["prompt_id"]]})
-            continue
-        reason = choice["deferred"].get(p["prompt_id"], "anchor" if p["anchor"] else "")
-        mapping.append({"previous_id": p["prompt_id"], "row": p["row"], "new_id": p["prompt_id"], "status": "kept",
-                        "reason": reason})
-        rows.append(_edition_row(p, "previous"))
+            status, reason = "error", p["reason"]
+        elif pid in leaving:
+            status, reason = "rotated_out", leaving[pid]
+        else:
+            status, reason = "kept", choice["deferred"].get(pid, "anchor" if p["anchor"] else "")
+            rows.append(_edition_row(p, "previous"))
+        mapping.append({"previous_id": pid, "row": p["row"], "new_id": pid if status == "kept" else None,
+                        "status": status, "reason": reason})
     for q in pool:
         if q["prompt_id"] in joining:
             mapping.append({"previous_id": None, "row": None, "new_id": q["prompt_id"], "status": "added",

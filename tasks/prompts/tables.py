@@ -157,8 +157,7 @@ def taxonomy_categories(file: InputFile) -> list[dict[str, str]]:
         if name in names:
             raise ValueError(f"taxonomy {file.uri}: category {name!r} appears twice")
         names.add(name)
-        description = item.get("description") or ""
-        out.append({"name": name, "description": str(description)})
+        out.append({"name": name, "description": str(item.get("description") or "")})
     return out
 
 

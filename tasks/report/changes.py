@@ -314,10 +314,8 @@ def render_changes(summary: dict[str, Any]) -> str:
         if not rows:
             continue
         lines += [f"## {kind.capitalize()} records (first {len(rows)} of {r[kind]})", "",
-                  "| key | source path | change |", "|---|---|---|"]
-        for row in rows:
-            lines.append(f"| {row['key']} | {row['source_path']} | {_describe(row)} |")
-        lines.append("")
+                  "| key | source path | change |", "|---|---|---|",
+                  *[f"| {row['key']} | {row['source_path']} | {_describe(row)} |" for row in rows], ""]
     shards = summary["release_shards"]
     lines += ["## Release shards", "", f"{len(shards['rewritten'])} rewritten, {len(shards['added'])} added, "
               f"{len(shards['removed'])} removed.", ""]
@@ -348,15 +346,8 @@ def _describe(row: dict[str, Any]) -> str:
         return f"added as {row['new_status']}" + (f" ({row['new_reason']})" if row["new_reason"] else "")
     if row["change"] == "removed":
         return f"removed (was {row['old_status']})"
-    parts = []
-    for f in row["fields"].split(","):
-        old, new = row[f"old_{f}"], row[f"new_{f}"]
-        if f == "caption":
-            parts.append("caption edited")
-        elif f == "sha256":
-            parts.append("image bytes changed")
-        else:
-            parts.append(f"{f} {old} → {new}")
+    said = {"caption": "caption edited", "sha256": "image bytes changed"}
+    parts = [said.get(f) or f"{f} {row[f'old_{f}']} → {row[f'new_{f}']}" for f in row["fields"].split(",")]
     return "; ".join(parts).replace("|", "\\|")
 
 

@@ -145,9 +145,7 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
 
 def render_report(receipt: dict[str, Any]) -> str:
     """A short Markdown report: outcomes, splits, per-shard counts and caption mix."""
-    out = ["# corpusforge build report", ""]
-    for warning in receipt.get("warnings", []):
-        out.append(f"> **WARNING:** {warning}")
+    out = ["# corpusforge build report", "", *(f"> **WARNING:** {w}" for w in receipt.get("warnings", []))]
     counts = receipt["counts"]
     out += ["", f"Input records: **{counts['records']}** (source `{receipt['source']}`, kind {receipt['source_kind']}).",
             "", "## Outcomes", "", _table(["status", "records"], [[s, n] for s, n in counts["by_status"].items()]),
@@ -178,8 +176,7 @@ def render_report(receipt: dict[str, Any]) -> str:
     out += ["", f"Code version `{receipt['code_version']}`; input snapshot `{receipt['input_snapshot_sha256'][:16]}…`."]
     if receipt.get("corpusforge") == BUILD_FLOW:
         out += ["", POINTER]
-    out += [""]
-    return "\n".join(out)
+    return "\n".join(out + [""])
 
 
 def _fmt(value: Any, digits: int = 4) -> str:

@@ -1,8 +1,8 @@
-"""The sample corpus plan: every row, file, edit and caption, decided before any pixel exists.
+"""The sample corpus design: every row, file, edit and caption, decided before any pixel exists.
 
-Planning is cheap (random draws and string formatting), so the metadata table and the
+Designing is cheap (random draws and string formatting), so the metadata table and the
 ground truth of a corpus of any size can be produced and checked without encoding
-images; rendering then follows the plan group by group. Each decision draws from its own
+images; rendering then follows the design group by group. Each decision draws from its own
 named random stream (``stream(seed, ...)``), so changing one part of the generator does
 not reshuffle everything else.
 """
@@ -82,7 +82,7 @@ class Row:
 
 
 @dataclass(frozen=True)
-class SamplePlan:
+class SampleDesign:
     n: int
     seed: int
     groups: tuple[Group, ...]
@@ -185,7 +185,7 @@ def _scene_original(rng: np.random.Generator, min_side: int = 0) -> tuple[Scene,
     return draw_scene(rng, *size), _encoding(rng)
 
 
-# ---- the plan -----------------------------------------------------------------------
+# ---- the design ---------------------------------------------------------------------
 
 def _pool(n_procedural: int, photos: list[PhotoCrop], seed: int) -> list[tuple[Content, Encoding]]:
     pool: list[tuple[Content, Encoding]] = [
@@ -307,8 +307,8 @@ def _table_order(group_of: np.ndarray, seed: int) -> np.ndarray:
     raise ValueError("cannot spread related rows apart; use a larger n")
 
 
-def plan_sample_corpus(n: int = 2000, seed: int = 0) -> SamplePlan:
-    """Plan a sample corpus of ``n`` metadata rows; same (n, seed) gives the same plan."""
+def design_sample_corpus(n: int = 2000, seed: int = 0) -> SampleDesign:
+    """Design a sample corpus of ``n`` metadata rows; same (n, seed) gives the same design."""
     if n < 1:
         raise ValueError("n must be positive")
     drafted = _groups(n, seed)
@@ -327,4 +327,4 @@ def plan_sample_corpus(n: int = 2000, seed: int = 0) -> SamplePlan:
         view = member.edit.caption_view() if member.role == "near_duplicate" else PLAIN
         caption = write_caption(group.content, meta.caption_type, stream(seed, "caption", int(slot)), view)
         rows.append(Row(key, path, gid, index, caption, meta))
-    return SamplePlan(n, seed, groups, tuple(rows))
+    return SampleDesign(n, seed, groups, tuple(rows))
