@@ -101,9 +101,7 @@ def read_shard_table(out: Store, digest: str) -> tuple[NodeTable, dict[str, str]
     if key not in _TABLE_CACHE:
         t = pq.read_table(io.BytesIO(read_pinned(out, GRAPH_SHARD_TABLE, digest, "the graph stage")))
         shards = t["shard"].to_pylist()
-        offsets = np.concatenate([t["start"].to_numpy()[:1], t["stop"].to_numpy()]).astype(np.int64)
-        if not shards:
-            offsets = np.zeros(1, np.int64)
+        offsets = np.concatenate([[0], t["stop"].to_numpy()]).astype(np.int64)  # the first shard starts at 0
         _TABLE_CACHE.clear()
         _TABLE_CACHE[key] = (NodeTable(tuple(shards), offsets), dict(zip(shards, t["features"].to_pylist(),
                                                                          strict=True)))
