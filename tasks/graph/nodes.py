@@ -137,3 +137,18 @@ def load_shard_vectors(store: Store, model_id: str, shard: str, offset: int
         order = np.argsort(ids, kind="stable")
         ids, keys, x = ids[order], [keys[i] for i in order], x[order]
     return ids, keys, x
+
+
+def rows_in_order(parts: list[np.ndarray], order: np.ndarray, dim: int) -> np.ndarray:
+    """The rows of ``parts`` (as if concatenated) taken in ``order``, in one float32 array.
+    Each part is dropped from ``parts`` once placed, so a sample is held once and a part,
+    not twice as by a concatenate and a take."""
+    slot = np.empty(len(order), np.int64)
+    slot[order] = np.arange(len(order))
+    rows = np.empty((len(order), dim), np.float32)
+    end = len(order)
+    while parts:  # the last part first
+        part = parts.pop()
+        rows[slot[end - len(part):end]] = part
+        end -= len(part)
+    return rows
