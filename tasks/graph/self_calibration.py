@@ -104,12 +104,9 @@ class Measured:
 
 def planted_sample(n: int, seed: int, per_transform: int) -> list[tuple[int, str, int]]:
     """(original index, transform, copy seed) for ``per_transform`` originals of ``n`` per transform."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for t, name in enumerate(sorted(TRANSFORMS)):
-        for i in sorted(rng.choice(n, min(per_transform, n), replace=False).tolist()):
-            out.append((int(i), name, seed * 1_000_003 + t * 10_007 + int(i)))
-    return out
+    rng = np.random.default_rng(seed)  # one draw per transform, in name order
+    return [(int(i), name, seed * 1_000_003 + t * 10_007 + int(i)) for t, name in enumerate(sorted(TRANSFORMS))
+            for i in sorted(rng.choice(n, min(per_transform, n), replace=False).tolist())]
 
 
 def _groups(sims: np.ndarray, n: int, planted: list[tuple[int, str, int]], duplicate_above: float | None
