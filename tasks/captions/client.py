@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -95,9 +96,7 @@ async def ask_all(requests: list[Request], endpoint: EndpointConfig, sampling: S
 
     Requests of one image should be adjacent in ``requests``: its encoded image is kept
     only until its last request has been sent."""
-    remaining: dict[str, int] = {}
-    for r in requests:
-        remaining[r.image_sha256] = remaining.get(r.image_sha256, 0) + 1
+    remaining = Counter(r.image_sha256 for r in requests)  # requests left to send per image
     encoded: dict[str, asyncio.Future[str]] = {}
     queue = iter(requests)
     timeout = httpx.Timeout(endpoint.timeout_s)

@@ -36,11 +36,5 @@ def quotas(n: int, mix: dict[str, float]) -> dict[str, int]:
 def assign_types(keys: Iterable[str], mix: dict[str, float], seed: int) -> dict[str, str]:
     """key -> caption type for every key (see the module docstring)."""
     ordered = sorted(set(keys), key=lambda k: (stable_uniform(seed, k), k))
-    counts = quotas(len(ordered), mix)
-    types: dict[str, str] = {}
-    start = 0
-    for t, count in counts.items():
-        for key in ordered[start:start + count]:
-            types[key] = t
-        start += count
-    return types
+    # dealt in order: the first quota[tag] keys are tag, the next quota[short] short, … (quotas sum to the count)
+    return dict(zip(ordered, [t for t, count in quotas(len(ordered), mix).items() for _ in range(count)], strict=True))

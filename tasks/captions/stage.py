@@ -115,11 +115,8 @@ class Journal:
                                and not n.startswith("."))
 
     def load(self) -> dict[str, dict[str, Any]]:
-        done: dict[str, dict[str, Any]] = {}
-        for name in self.segments:
-            for row in self.store.read_parquet(f"{self.folder}/{name}").to_pylist():
-                done[row["request"]] = row
-        return done
+        return {row["request"]: row for name in self.segments
+                for row in self.store.read_parquet(f"{self.folder}/{name}").to_pylist()}
 
     def add(self, row: dict[str, Any]) -> None:
         if not self.buffer:

@@ -42,7 +42,7 @@ from tasks.graph import index as fx
 from tasks.graph import ondisk
 from tasks.graph.config import NearDedupConfig
 from tasks.graph.edges import IndexInfo, group_shards, index_choice
-from tasks.graph.nodes import NodeTable, load_shard_vectors, read_shard_table
+from tasks.graph.nodes import NodeTable, load_shard_vectors, read_shard_table, rows_in_order
 from tasks.shared.pair_score import PairScore
 
 # Lists (codes and ids) one add task builds: 0.9 M vectors of IVF-PQ64 (72 B each), 65k of
@@ -225,17 +225,8 @@ def _sample(seed: int, salt: str, keys: list[str], rate: float) -> tuple[np.ndar
 
 def _in_key_order(parts: list[np.ndarray], keys: list[np.ndarray], dim: int) -> np.ndarray:
     """The rows of ``parts`` in one array, ordered by their sample ``keys`` (stable), so the
-    sample does not depend on shard order; each part is dropped once placed (one copy held)."""
-    u = np.concatenate(keys) if keys else np.zeros(0)
-    dest = np.empty(len(u), np.int64)
-    dest[np.argsort(u, kind="stable")] = np.arange(len(u))
-    rows = np.empty((len(u), dim), np.float32)
-    start = 0
-    while parts:
-        part = parts.pop(0)
-        rows[dest[start:start + len(part)]] = part
-        start += len(part)
-    return rows
+    sample does not depend on shard order."""
+    return rows_in_order(parts, np.argsort(np.concatenate(keys) if keys else np.zeros(0), kind="stable"), dim)
 
 
 PREPARE_INDEX = Unit(prepare_index, "graph-build-index", probe=True)

@@ -72,7 +72,7 @@ def _recall_png(cal: Calibration, link: float) -> str:
 def _label(m: Measured, i: int, names: list[str]) -> str:
     if i < m.originals:
         return names[i]
-    orig, transform, _ = m.plan[i - m.originals]
+    orig, transform, _ = m.planted[i - m.originals]
     return f"{names[orig]} · {transform}"
 
 
@@ -87,7 +87,7 @@ def report_page(cal: Calibration, m: Measured, thresholds: dict[str, Any], model
     """The page (module docstring). ``names``: a label per original (its key or file name);
     ``verifying``: the stage verifies review-band pairs (said beside the recall table)."""
     link = cal.link_above
-    copies = [(float(m.sims[m.originals + k, i]), m.originals + k, i) for k, (i, _, _) in enumerate(m.plan)]
+    copies = [(float(m.sims[m.originals + k, i]), m.originals + k, i) for k, (i, _, _) in enumerate(m.planted)]
     found = sorted((c for c in copies if c[0] > link), key=lambda c: (c[0], c[1]))[:SHEET_PAIRS // 2]
     missed = sorted((c for c in copies if c[0] <= link), key=lambda c: (-c[0], c[1]))[:SHEET_PAIRS // 2]
     a, b, s = m.unrelated()

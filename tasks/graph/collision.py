@@ -59,7 +59,7 @@ from tasks.graph import index as fx
 from tasks.graph.components import UnionFind
 from tasks.graph.config import CollisionConfig, NearDedupConfig
 from tasks.graph.edges import edge_table, pair_score_of
-from tasks.graph.nodes import NodeTable, load_shard_vectors, read_shard_table
+from tasks.graph.nodes import NodeTable, load_shard_vectors, read_shard_table, rows_in_order
 from tasks.shared.pair_score import PairScore
 
 TABLE_PATH = "graph/collision/table.parquet"
@@ -163,15 +163,7 @@ def _gather_subset(source: Store, cfg: NearDedupConfig, nodes: NodeTable, fracti
         total += n
     picked, u = np.concatenate(ids), np.concatenate(us)
     order = np.lexsort((picked, u))
-    slot = np.empty(len(order), np.int64)
-    slot[order] = np.arange(len(order))
-    out = np.empty((len(order), xs[0].shape[1]), np.float32)
-    end = len(order)
-    while xs:  # the last part first, each freed once moved
-        part = xs.pop()
-        out[slot[end - len(part):end]] = part
-        end -= len(part)
-    return picked[order], out, u[order], total
+    return picked[order], rows_in_order(xs, order, xs[0].shape[1]), u[order], total
 
 
 def _rescored(rule: PairScore, x: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:

@@ -100,10 +100,8 @@ class IndexChoice:
     def bytes_per_vector(self) -> int:
         """Codes and id of one vector in the saved index, which every query worker holds."""
         if self.kind == "flat" or self.storage == "flat":
-            code = 4 * self.dim
-        else:
-            code = 2 * self.dim if self.storage == "sqfp16" else self.pq_m
-        return code + 8
+            return 4 * self.dim + 8
+        return (2 * self.dim if self.storage == "sqfp16" else self.pq_m) + 8
 
     @property
     def exact_scores(self) -> bool:

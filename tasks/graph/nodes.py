@@ -101,9 +101,7 @@ def read_shard_table(out: Store, digest: str) -> tuple[NodeTable, dict[str, str]
     if key not in _TABLE_CACHE:
         t = pq.read_table(io.BytesIO(read_pinned(out, GRAPH_SHARD_TABLE, digest, "the graph stage")))
         shards = t["shard"].to_pylist()
-        offsets = np.concatenate([t["start"].to_numpy()[:1], t["stop"].to_numpy()]).astype(np.int64)
-        if not shards:
-            offsets = np.zeros(1, np.int64)
+        offsets = np.concatenate([[0], t["stop"].to_numpy()]).astype(np.int64)  # the first shard starts at 0
         _TABLE_CACHE.clear()
         _TABLE_CACHE[key] = (NodeTable(tuple(shards), offsets), dict(zip(shards, t["features"].to_pylist(),
                                                                          strict=True)))
@@ -139,3 +137,18 @@ def load_shard_vectors(store: Store, model_id: str, shard: str, offset: int
         order = np.argsort(ids, kind="stable")
         ids, keys, x = ids[order], [keys[i] for i in order], x[order]
     return ids, keys, x
+
+
+def rows_in_order(parts: list[np.ndarray], order: np.ndarray, dim: int) -> np.ndarray:
+    """The rows of ``parts`` (as if concatenated) taken in ``order``, in one float32 array.
+    Each part is dropped from ``parts`` once placed, so a sample is held once and a part,
+    not twice as by a concatenate and a take."""
+    slot = np.empty(len(order), np.int64)
+    slot[order] = np.arange(len(order))
+    rows = np.empty((len(order), dim), np.float32)
+    end = len(order)
+    while parts:  # the last part first
+        part = parts.pop()
+        rows[slot[end - len(part):end]] = part
+        end -= len(part)
+    return rows

@@ -79,19 +79,19 @@ class Calibration:
 class Measured:
     """Everything measured on one planted sample (the report shows pairs from it)."""
 
-    plan: list[tuple[int, str, int]]  # (original index, transform, copy seed) per copy
-    images: list[Image.Image]  # originals, then the copies in plan order
+    planted: list[tuple[int, str, int]]  # (original index, transform, copy seed) per copy
+    images: list[Image.Image]  # originals, then the copies in planted order
     sims: np.ndarray  # [n, n] similarity of every pair of images
     group: np.ndarray  # per image: its original's group (merged duplicate originals share one)
     merged: int
 
     @property
     def originals(self) -> int:
-        return len(self.images) - len(self.plan)
+        return len(self.images) - len(self.planted)
 
     def copy_scores(self) -> dict[str, list[float]]:
         per: dict[str, list[float]] = {name: [] for name in sorted(TRANSFORMS)}
-        for k, (i, name, _) in enumerate(self.plan):
+        for k, (i, name, _) in enumerate(self.planted):
             per[name].append(float(self.sims[self.originals + k, i]))
         return per
 
@@ -104,18 +104,15 @@ class Measured:
 
 def planted_sample(n: int, seed: int, per_transform: int) -> list[tuple[int, str, int]]:
     """(original index, transform, copy seed) for ``per_transform`` originals of ``n`` per transform."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for t, name in enumerate(sorted(TRANSFORMS)):
-        for i in sorted(rng.choice(n, min(per_transform, n), replace=False).tolist()):
-            out.append((int(i), name, seed * 1_000_003 + t * 10_007 + int(i)))
-    return out
+    rng = np.random.default_rng(seed)  # one draw per transform, in name order
+    return [(int(i), name, seed * 1_000_003 + t * 10_007 + int(i)) for t, name in enumerate(sorted(TRANSFORMS))
+            for i in sorted(rng.choice(n, min(per_transform, n), replace=False).tolist())]
 
 
-def _groups(sims: np.ndarray, n: int, plan: list[tuple[int, str, int]], duplicate_above: float | None
+def _groups(sims: np.ndarray, n: int, planted: list[tuple[int, str, int]], duplicate_above: float | None
             ) -> tuple[np.ndarray, int]:
     """Group of every original (duplicates merged, see module docstring), and how many merged."""
-    light = [float(sims[n + k, i]) for k, (i, name, _) in enumerate(plan) if name in LIGHT]
+    light = [float(sims[n + k, i]) for k, (i, name, _) in enumerate(planted) if name in LIGHT]
     bars = ([float(np.median(light))] if light else []) + ([float(np.nextafter(duplicate_above, 2))]
                                                            if duplicate_above is not None else [])
     merged = UnionFind(n)  # each group's root is its smallest original
@@ -129,13 +126,13 @@ def _groups(sims: np.ndarray, n: int, plan: list[tuple[int, str, int]], duplicat
 def measure_sample(pictures: Sequence[Image.Image], embed: Embed, score: Score, seed: int,
                    per_transform: int, duplicate_above: float | None = None) -> Measured:
     """Plant, embed and score one sample (steps 1-3 of the module docstring)."""
-    plan = planted_sample(len(pictures), seed, per_transform)
-    copies = [plant(pictures[i], name, copy_seed) for i, name, copy_seed in plan]
+    planted = planted_sample(len(pictures), seed, per_transform)
+    copies = [plant(pictures[i], name, copy_seed) for i, name, copy_seed in planted]
     images = [p.convert("RGB") for p in pictures] + copies
     sims = score(embed(images))
-    roots, merged = _groups(sims, len(pictures), plan, duplicate_above)
-    group = np.concatenate([roots, roots[[i for i, _, _ in plan]]]) if plan else roots
-    return Measured(plan, images, sims, group, merged)
+    roots, merged = _groups(sims, len(pictures), planted, duplicate_above)
+    group = np.concatenate([roots, roots[[i for i, _, _ in planted]]]) if planted else roots
+    return Measured(planted, images, sims, group, merged)
 
 
 def choose(m: Measured, seed: int, margin: float) -> Calibration:

@@ -70,7 +70,7 @@ is copied from the previous file instead of recomputed.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -191,45 +191,46 @@ def _parallax(warped: np.ndarray, target: np.ndarray, inside: np.ndarray, box: t
     viewpoints (a stereo pair) align on one depth and differ by parallax elsewhere: their tiles
     agree, but shifted by depth-dependent amounts. 0 when no tile qualifies."""
     cv2 = _cv2()
-    y0, y1, x0, x1 = box
-    n, r = FINE_TILES, PARALLAX_PX
+    r = PARALLAX_PX
     agree = shifted = 0
+    for ys, xs in _tiles(box, FINE_TILES):
+        if min(ys.stop - ys.start, xs.stop - xs.start) < 4 * r or not inside[ys, xs].all():
+            continue
+        template = warped[ys.start + r:ys.stop - r, xs.start + r:xs.stop - r]
+        if template.std() < TILE_MIN_STD or target[ys, xs].std() < TILE_MIN_STD:
+            continue
+        scores = cv2.matchTemplate(target[ys, xs], template, cv2.TM_CCOEFF_NORMED)
+        dy, dx = np.unravel_index(int(np.argmax(scores)), scores.shape)
+        best = float(scores[dy, dx])
+        if best < TILE_AGREES:
+            continue
+        agree += 1
+        shifted += bool(np.hypot(dx - r, dy - r) >= PARALLAX_SHIFT and best - float(scores[r, r]) >= PARALLAX_GAIN)
+    return shifted / agree if agree else 0.0
+
+
+def _tiles(box: tuple[int, int, int, int], n: int) -> Iterator[tuple[slice, slice]]:
+    """(rows, columns) of each tile of an ``n`` x ``n`` grid over ``box`` (y0, y1, x0, x1), row by row."""
+    y0, y1, x0, x1 = box
     for ty in range(n):
         for tx in range(n):
-            ys = slice(y0 + (y1 - y0) * ty // n, y0 + (y1 - y0) * (ty + 1) // n)
-            xs = slice(x0 + (x1 - x0) * tx // n, x0 + (x1 - x0) * (tx + 1) // n)
-            if min(ys.stop - ys.start, xs.stop - xs.start) < 4 * r or not inside[ys, xs].all():
-                continue
-            template = warped[ys.start + r:ys.stop - r, xs.start + r:xs.stop - r]
-            if template.std() < TILE_MIN_STD or target[ys, xs].std() < TILE_MIN_STD:
-                continue
-            scores = cv2.matchTemplate(target[ys, xs], template, cv2.TM_CCOEFF_NORMED)
-            dy, dx = np.unravel_index(int(np.argmax(scores)), scores.shape)
-            best = float(scores[dy, dx])
-            if best < TILE_AGREES:
-                continue
-            agree += 1
-            shifted += bool(np.hypot(dx - r, dy - r) >= PARALLAX_SHIFT and best - float(scores[r, r]) >= PARALLAX_GAIN)
-    return shifted / agree if agree else 0.0
+            yield (slice(y0 + (y1 - y0) * ty // n, y0 + (y1 - y0) * (ty + 1) // n),
+                   slice(x0 + (x1 - x0) * tx // n, x0 + (x1 - x0) * (tx + 1) // n))
 
 
 def _tile_correlations(warped: np.ndarray, target: np.ndarray, inside: np.ndarray, box: tuple[int, int, int, int],
                        n: int) -> list[float]:
     """NCC of each textured tile of an ``n`` x ``n`` grid over ``box`` (y0, y1, x0, x1), inside pixels only."""
-    y0, y1, x0, x1 = box
     scores = []
-    for ty in range(n):
-        for tx in range(n):
-            tile = (slice(y0 + (y1 - y0) * ty // n, y0 + (y1 - y0) * (ty + 1) // n),
-                    slice(x0 + (x1 - x0) * tx // n, x0 + (x1 - x0) * (tx + 1) // n))
-            m = inside[tile]
-            if m.sum() < 50:
-                continue
-            a, b = warped[tile][m].astype(np.float64), target[tile][m].astype(np.float64)
-            a, b = a - a.mean(), b - b.mean()
-            if a.std() < TILE_MIN_STD or b.std() < TILE_MIN_STD:
-                continue
-            scores.append(float((a * b).sum() / np.sqrt((a * a).sum() * (b * b).sum())))
+    for tile in _tiles(box, n):
+        m = inside[tile]
+        if m.sum() < 50:
+            continue
+        a, b = warped[tile][m].astype(np.float64), target[tile][m].astype(np.float64)
+        a, b = a - a.mean(), b - b.mean()
+        if a.std() < TILE_MIN_STD or b.std() < TILE_MIN_STD:
+            continue
+        scores.append(float((a * b).sum() / np.sqrt((a * a).sum() * (b * b).sum())))
     return scores
 
 

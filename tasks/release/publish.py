@@ -90,12 +90,11 @@ def _assignment_inputs(store: Store, source: Store, staged: list[str], near_dedu
 def release_section(release: ReleaseAssignment, splits: SplitConfig) -> dict[str, Any]:
     """The receipt's release section: split sizes, tiers and every shard's size and caption mix."""
     shards = release["shards"]
-    n_train = sum(1 for s in shards.values() if s["split"] == "train")
     sizes = {sp: {"samples": sum(s["count"] for s in shards.values() if s["split"] == sp),
                   "shards": sum(1 for s in shards.values() if s["split"] == sp)} for sp in SPLITS}
-    return {"splits": sizes, "tiers": tier_counts(n_train, splits.tiers, splits.preset == "gpic"), "shards": shards,
-            "split_rule": release["split_rule"],
-            "layout": splits.layout, "images": release["images"], "loaders": loader_note(release["images"], shards)}
+    return {"splits": sizes, "tiers": tier_counts(sizes["train"]["shards"], splits.tiers, splits.preset == "gpic"),
+            "shards": shards, "split_rule": release["split_rule"], "layout": splits.layout, "images": release["images"],
+            "loaders": loader_note(release["images"], shards)}
 
 
 def loader_note(images: dict[str, Any], shards: dict[str, Any]) -> str:

@@ -18,6 +18,7 @@ from tasks.stats.moments import one_blas_thread
 from tasks.stats.prdc import prdc, random_subsample
 
 
+@one_blas_thread()
 def compare(mu: np.ndarray, sigma: np.ndarray, features: np.ndarray | None,
             ref_mu: np.ndarray, ref_sigma: np.ndarray, ref_features: np.ndarray | None,
             cfg: MetricsConfig) -> dict[str, Any]:
@@ -26,15 +27,8 @@ def compare(mu: np.ndarray, sigma: np.ndarray, features: np.ndarray | None,
     PRDC subsamples both row sets to ``cfg.prdc_max_samples`` with a seeded generator
     (reference first); MMD draws its subsets from all rows given. Without rows on either
     side, only FD is computed and ``notes`` says so. BLAS runs on one thread
-    (:func:`~tasks.stats.moments.one_blas_thread`): the same bytes in any process.
+    (:func:`~tasks.stats.moments.one_blas_thread`, for every call): the same bytes in any process.
     """
-    with one_blas_thread():
-        return _compare(mu, sigma, features, ref_mu, ref_sigma, ref_features, cfg)
-
-
-def _compare(mu: np.ndarray, sigma: np.ndarray, features: np.ndarray | None,
-             ref_mu: np.ndarray, ref_sigma: np.ndarray, ref_features: np.ndarray | None,
-             cfg: MetricsConfig) -> dict[str, Any]:
     fd = frechet_distance(mu, sigma, ref_mu, ref_sigma, method=cfg.fd_method)
     out: dict[str, Any] = {"fd": fd.fd, "fd_mu": fd.fd_mu, "fd_sigma": fd.fd_sigma,
                            "fd_method": fd.method, "fd_diagonal_offset": fd.diagonal_offset, "notes": []}

@@ -26,13 +26,17 @@ PROTOCOL_DIM = 1024  # DINOv2 ViT-L/14
 RECOMMENDED_REFERENCE = 50_000
 
 
-def gpic_stats_bytes(mu: np.ndarray, sigma: np.ndarray, embeddings: np.ndarray) -> bytes:
-    """The npz bytes, deterministic (numpy gives zip members a fixed timestamp): µ and Σ
-    float64 as the toolkit computes them, embeddings float32."""
+def npz_bytes(**arrays: np.ndarray) -> bytes:
+    """An npz file's bytes, deterministic: numpy gives zip members the fixed 1980 timestamp."""
     buf = io.BytesIO()
-    np.savez(buf, dino_mu=np.asarray(mu, np.float64), dino_sigma=np.asarray(sigma, np.float64),
-             dino_embeddings=np.ascontiguousarray(embeddings, dtype=np.float32))
+    np.savez(buf, **arrays)
     return buf.getvalue()
+
+
+def gpic_stats_bytes(mu: np.ndarray, sigma: np.ndarray, embeddings: np.ndarray) -> bytes:
+    """µ and Σ float64 as the toolkit computes them, embeddings float32."""
+    return npz_bytes(dino_mu=np.asarray(mu, np.float64), dino_sigma=np.asarray(sigma, np.float64),
+                     dino_embeddings=np.ascontiguousarray(embeddings, dtype=np.float32))
 
 
 def provenance_of(npz_uri: str, data: bytes, storage_options: dict[str, Any]) -> dict[str, Any] | None:

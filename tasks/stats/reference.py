@@ -30,7 +30,6 @@ holds more than one shard's features plus the partials:
 from __future__ import annotations
 
 import hashlib
-import io
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -51,7 +50,7 @@ from corpusforge.storage import Store
 from tasks.shared.features.extract import Selection
 from tasks.stats.compare import compare
 from tasks.stats.config import MetricsConfig, SampleConfig
-from tasks.stats.gpic_stats import gpic_stats_bytes
+from tasks.stats.gpic_stats import gpic_stats_bytes, npz_bytes
 from tasks.stats.moments import Moments
 from tasks.shared.provenance import model_deviations
 from tasks.shared.sampling import SmallestKeys
@@ -211,8 +210,7 @@ def shard_membership(store: Store, shard: str) -> list[tuple[str, str | None, st
         rows = pc.filter(records["row"], pc.equal(records["part"], part))
         lo, hi = pc.min(rows).as_py(), pc.max(rows).as_py()
         with store.open(manifest_path(part)) as f:
-            table = pq.read_table(f, columns=["key", "status", "split", "tier", "staging_shard"],
-                                  filters=[("row", ">=", lo), ("row", "<=", hi)])
+            table = pq.read_table(f, columns=MANIFEST_COLUMNS, filters=[("row", ">=", lo), ("row", "<=", hi)])
         for key, status, split, tier, sshard in zip(*(table[c].to_pylist() for c in table.column_names),
                                                    strict=True):
             if sshard == shard and status == Status.KEPT.value:
@@ -299,12 +297,6 @@ def merge_partials(a: ShardPartial, b: ShardPartial) -> ShardPartial:
     return ShardPartial({g: a.groups[g].merge(b.groups[g]) for g in a.groups}, {**a.markers, **b.markers})
 
 
-def _npz_bytes(**arrays: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)  # zip members get the fixed 1980 timestamp: same arrays, same bytes
-    return buf.getvalue()
-
-
 def reference_deviations(marker: dict[str, Any], rule: GroupRule, missing: int) -> list[str]:
     """How a reference departs from GPIC's protocol, beyond the model itself."""
     out = model_deviations(marker["model"])
@@ -329,7 +321,7 @@ def write_group_stats(store: Store, group: str, model_id: str, partial: GroupPar
     if m.n < 2:
         raise ValueError(f"group {group}: {m.n} feature rows, need at least 2 for a covariance")
     stem = stats_path(group, model_id)
-    npz_sha = store.write_bytes(f"{stem}.npz", _npz_bytes(mu=m.mean, sigma=m.covariance(), n=np.int64(m.n)))
+    npz_sha = store.write_bytes(f"{stem}.npz", npz_bytes(mu=m.mean, sigma=m.covariance(), n=np.int64(m.n)))
     feats_sha = store.write_npy(f"{stem}.features.npy", partial.sample.features.astype(np.float32))
     missing = sum(partial.missing.values())
     sidecar = {
