@@ -551,7 +551,6 @@ def run_decisions(store, sc: Scale, data: str) -> dict[str, Any]:
     return {"tasks": 1, "params": [kwargs], "removed": marker.info["removed"]}
 
 
-COLLISION_MAX_N = 100_000  # its range search over the corpus (≤ 2M vectors) takes longer at 1M than allowed here
 # The scale guard's collision models (quick sizes): the same code with the sample capped at
 # this many vectors, so 10k and 100k lie past the cap as 10⁸ lies past the default 2M (past
 # it from 6.9M records on, beyond what runs here): it measures what grows with N there, the
@@ -592,7 +591,7 @@ def _collision(cap: int | None) -> Callable[[Any, Scale, str], dict[str, Any]]:
 
 
 STEPS["graph_collision"] = Step("graph_collision", _collision(None), _GRAPH_NEEDS, "task", ("tasks.graph.stage",),
-                                max_n=COLLISION_MAX_N, regime=_collision_regime(None))
+                                regime=_collision_regime(None))
 
 
 STEPS["graph_collision_guard"] = Step("graph_collision_guard", _collision(COLLISION_GUARD_CAP), _GRAPH_NEEDS, "task",
