@@ -347,3 +347,10 @@ def require_fetch_identity(config: Any) -> None:
 
 def check_corpus(uri: str, options: dict[str, Any], what: str = "corpus") -> None:
     require_exists(uri, options, what, CORPUS_HINT)
+
+
+def check_corpus_models(config: Any) -> None:
+    """The checks of a flow that reads a built corpus (``config.corpus``) with feature models:
+    the corpus exists, the models have weights."""
+    check_corpus(config.corpus, config.storage_options)
+    check_models(config)
