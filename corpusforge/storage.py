@@ -103,8 +103,7 @@ def url_to_fs(uri: str, storage_options: dict[str, Any] | None = None) -> tuple[
 
 def is_remote(uri: str) -> bool:
     """True for URIs with a scheme other than ``file``."""
-    protocol = fsspec.utils.get_protocol(uri)
-    return protocol not in ("file", "local")
+    return fsspec.utils.get_protocol(uri) not in ("file", "local")
 
 
 def overlaps(a: str, b: str) -> bool:
