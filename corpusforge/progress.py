@@ -97,7 +97,6 @@ class RunProgress:
         self.finished: set[str] = set()
         self.open: dict[str, Stage] = {}  # by task name; stages may nest (release and manifest)
         self.interval, self.log_every = interval, log_every
-        self.updates = 0
         self._artifact = None
         self._last_push = 0.0
         self._last_log = 0.0
@@ -148,7 +147,6 @@ class RunProgress:
                                                           description=description)
             else:
                 update_progress_artifact(self._artifact, progress=progress, description=description)
-            self.updates += 1
         except Exception as exc:  # noqa: BLE001 - progress must never fail a build
             log.debug("progress artifact not updated: %s", exc)
 

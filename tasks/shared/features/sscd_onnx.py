@@ -84,7 +84,6 @@ class SSCDOnnx(FeatureModel):
             raise RuntimeError("device 'cuda' requested but onnxruntime has no CUDAExecutionProvider "
                                "(install onnxruntime-gpu)")
         self.session = ort.InferenceSession(path, options, providers=providers)
-        self.providers = self.session.get_providers()
         self._input = self.session.get_inputs()[0].name
 
     def preprocess(self, image: Image.Image) -> np.ndarray:
