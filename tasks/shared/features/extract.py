@@ -124,12 +124,6 @@ def _library_versions() -> tuple[str, ...]:
     return tuple(versions)
 
 
-def _spec_code(families: tuple[str, ...]) -> list[str]:
-    """This module's code version with the families' modules, and the model libraries' versions."""
-    return [code_version(__name__, "tasks.shared.features.base", *families, exclude=("tasks.shared.features.registry",)),
-            *_library_versions()]
-
-
 def spec_key(cfg: FeaturesConfig, spec: ModelSpec, draft: int | None | Literal["auto"], images: str) -> str:
     """What a (model, shard) unit's features depend on, as configured: read off the config,
     never the loaded model (weights by their pinned SHA-256), so a probe checks it for free.
@@ -137,9 +131,10 @@ def spec_key(cfg: FeaturesConfig, spec: ModelSpec, draft: int | None | Literal["
     from tasks.shared.features.registry import family_module
 
     specs = cfg.models if draft == "auto" else [spec]
-    return fingerprint(["features-spec", _spec_code(tuple(sorted({family_module(m) for m in specs}))),
-                        spec.model_dump(mode="json"), [m.model_dump(mode="json") for m in specs], draft, cfg.dtype,
-                        cfg.runtime.precision, images])
+    families = sorted({family_module(m) for m in specs})
+    code = code_version(__name__, "tasks.shared.features.base", *families, exclude=("tasks.shared.features.registry",))
+    return fingerprint(["features-spec", [code, *_library_versions()], spec.model_dump(mode="json"),
+                        [m.model_dump(mode="json") for m in specs], draft, cfg.dtype, cfg.runtime.precision, images])
 
 
 class ModelFeatures(Outcome):
