@@ -181,11 +181,6 @@ class OutputLease:
         self._beat = threading.Thread(target=self._heartbeat, name="output-lease", daemon=True)
         self._beat.start()
 
-    def name_flow_run(self, flow_run: str) -> None:
-        """Record the flow run of the build holding the lease (known once the flow has started)."""
-        self.holder["flow_run"] = flow_run
-        self.refresh()
-
     def refresh(self) -> None:
         """Rewrite the lease (a heartbeat); a lease that is no longer ours is not touched."""
         if self.lost:
@@ -247,8 +242,9 @@ def holding_output(store: Store, wait: bool = False, flow_run: str | None = None
     with _HELD_LOCK:
         held = _HELD.get(store.path(OUTPUT_LEASE))
     if held is not None:
-        if flow_run:
-            held.name_flow_run(flow_run)
+        if flow_run:  # known once the flow has started: the lease names it from now on
+            held.holder["flow_run"] = flow_run
+            held.refresh()
         yield held
         return
     lease = OutputLease(store, flow_run)
