@@ -55,18 +55,13 @@ DIM = 2048
 DROPPED_PREFIXES = ("AuxLogits.", "fc.")
 
 
-def build_net() -> nn.Module:
-    """torchvision Inception3 without auxiliary classifier and head: NCHW -> [N, 2048]."""
-    net = inception_v3(weights=None, aux_logits=False, init_weights=False, transform_input=True)
-    net.fc = nn.Identity()
-    return net
-
-
 def load(spec: ModelSpec, runtime: RuntimeConfig, torchscript_allowlist: Sequence[str] = ()) -> TorchFeatureModel:
     size = spec.image_size or DEFAULT_SIZE
     if size < MIN_SIZE:
         raise ValueError(f"{spec.model_id}: Inception-v3 needs inputs of at least {MIN_SIZE} px, got {size}")
-    net = build_net()
+    # torchvision Inception3 without auxiliary classifier and head: NCHW -> [N, 2048]
+    net = inception_v3(weights=None, aux_logits=False, init_weights=False, transform_input=True)
+    net.fc = nn.Identity()
     if spec.weights is not None:
         state = load_state_dict(spec.weights)
         net.load_state_dict({k: v for k, v in state.items() if not k.startswith(DROPPED_PREFIXES)}, strict=True)
