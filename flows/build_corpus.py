@@ -252,8 +252,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
                                                            features=config.features)
             query_seconds = work["graph"].pop("query_seconds")
         else:
-            for folder in (GRAPH_DIR, GRAPH_WORK):
-                remove_tree(store, folder)
+            remove_tree(store, GRAPH_DIR, GRAPH_WORK)
 
     captions: dict[str, Any] = {}
     if config.captioning is not None and staged:
@@ -261,8 +260,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
             captions, work["captioning"] = captioning_stage(store, config.captioning, staged,
                                                             near_dedup=bool(config.near_dedup), fan_out=fan_out)
     else:
-        for folder in (CAPTIONS_DIR, CAPTION_ASSIGNMENT_DIR, CAPTION_JOURNAL_DIR):
-            remove_tree(store, folder)
+        remove_tree(store, CAPTIONS_DIR, CAPTION_ASSIGNMENT_DIR, CAPTION_JOURNAL_DIR)
 
     with stage("release"), stage("manifest"), clock("release"):
         release, manifest, work["publish"] = publish(store, staged, len(parts), config.splits,
