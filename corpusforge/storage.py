@@ -300,11 +300,8 @@ class Store:
             with self._naming_full_disk((rel,), [tmp] if self.remote else []):
                 yield tmp
                 if self.durable:
-                    synced = os.open(tmp, os.O_RDONLY)
-                    try:
-                        os.fsync(synced)
-                    finally:
-                        os.close(synced)
+                    with open(tmp, "rb") as written:
+                        os.fsync(written.fileno())
             self._publish(tmp, rel)
         finally:
             if os.path.exists(tmp):
