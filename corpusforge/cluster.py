@@ -362,8 +362,7 @@ def _probes(t, calls: list[dict[str, Any]]) -> Iterator[tuple[bool, Any]]:
 @functools.cache
 def task_for(unit: Unit) -> Any:
     """The Prefect task of a stage's :class:`~corpusforge.contract.Unit` (one per kind)."""
-    options = {} if unit.retries is None else {"retries": unit.retries}
-    return as_task(unit.fn, unit.name, probe=unit.probe, **options)
+    return as_task(unit.fn, unit.name, probe=unit.probe)
 
 
 class FlowFanOut:
