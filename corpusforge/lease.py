@@ -63,7 +63,6 @@ class OutputLease:
         self.where = store.path(OUTPUT_LEASE)
         self.holder = {"host": socket.gethostname(), "pid": os.getpid(), "flow_run": flow_run, "started": _now(),
                        "token": uuid.uuid4().hex}
-        self.etag: str | None = None  # object stores: the ETag of our last put
         self.lost = False
         self.made: list[str] = []  # local folders the lease created, removed with it when left empty
         self._stop = threading.Event()
@@ -112,12 +111,11 @@ class OutputLease:
         """A conditional put of our lease (``mode="create"`` or ``IfMatch=etag``); False
         when the condition did not hold."""
         try:
-            answer = self.store.fs.pipe_file(self._fs_path(), self._body(), **condition)
+            self.store.fs.pipe_file(self._fs_path(), self._body(), **condition)
         except OSError as exc:
             if _precondition_failed(exc):
                 return False
             raise
-        self.etag = answer.get("ETag") if isinstance(answer, dict) else None
         return True
 
     def _take_over(self, stale: dict[str, Any], etag: str | None) -> bool:

@@ -80,7 +80,6 @@ class TorchFeatureModel(FeatureModel):
         self.random_init = spec.weights is None
         self.weights_sha256 = spec.weights.sha256 if spec.weights else None
         self.normalized, self.fixed_input = normalized, fixed_input
-        self.runtime = runtime
         self.device = resolve_device(runtime.device)
         self.autocast_dtype = _PRECISIONS[runtime.precision]
         self.channels_last = runtime.channels_last and cnn
