@@ -359,22 +359,10 @@ def _probes(t, calls: list[dict[str, Any]]) -> Iterator[tuple[bool, Any]]:
         yield from _probe_pool().map(lambda kwargs: probe(t.fn, kwargs), window)
 
 
-def run_each(units: list[tuple[Any, dict[str, Any]]]) -> list[Any]:
-    """One unit of each of several tasks (``(task, kwargs)``), side by side: a task run
-    each, except the units of probed tasks that are current (see :func:`run_tasks`)."""
-    if not in_flow_run():
-        return [t.fn(**kw) for t, kw in units]
-    probed = [probe(t.fn, kw) if getattr(t, "probe", False) else (False, None) for t, kw in units]
-    futures = {i: t.submit(**kw) for i, ((t, kw), (current, _)) in enumerate(zip(units, probed, strict=True))
-               if not current}
-    return [futures[i].result() if i in futures else result for i, (_, result) in enumerate(probed)]
-
-
 @functools.cache
 def task_for(unit: Unit) -> Any:
     """The Prefect task of a stage's :class:`~corpusforge.contract.Unit` (one per kind)."""
-    options = {} if unit.retries is None else {"retries": unit.retries}
-    return as_task(unit.fn, unit.name, probe=unit.probe, **options)
+    return as_task(unit.fn, unit.name, probe=unit.probe)
 
 
 class FlowFanOut:
@@ -388,7 +376,13 @@ class FlowFanOut:
         stream_tasks(task_for(unit), calls, sink)
 
     def each(self, units: list[tuple[Unit, dict[str, Any]]]) -> list[Any]:
-        return run_each([(task_for(u), kwargs) for u, kwargs in units])
+        """A task run each, side by side, except the units of probed kinds that are current."""
+        if not in_flow_run():
+            return in_process.each(units)
+        probed = [probe(u.fn, kw) if u.probe else (False, None) for u, kw in units]
+        futures = {i: task_for(u).submit(**kw)
+                   for i, ((u, kw), (current, _)) in enumerate(zip(units, probed, strict=True)) if not current}
+        return [futures[i].result() if i in futures else result for i, (_, result) in enumerate(probed)]
 
     def reduce(self, unit: Unit, merge: Unit, calls: list[dict[str, Any]]) -> Any:
         """A task run per call, merged by task runs in the fixed tree of

@@ -119,13 +119,12 @@ class Unit:
     """A kind of unit of work, declared by its stage: the plain function that does one unit
     and the name its runs carry (task name, progress, worker resources). ``probe``: the
     flow may run the unit's check itself first (:func:`probe`); only for units whose check
-    reads nothing but markers and small tables. ``retries``: None for the default rule
+    reads nothing but markers and small tables. Its runs are retried by the default rule
     (transient errors only, see ``corpusforge.cluster``)."""
 
     fn: Callable[..., Any]
     name: str
     probe: bool = False
-    retries: int | None = None
 
 
 # Where a fan-out hands each unit's result as it finishes (:meth:`FanOut.stream`): the index
@@ -424,7 +423,7 @@ def record_step(store: Store, name: str, key: str, result: InfoT) -> UnitResult[
 def keyed(unit: Unit) -> Unit:
     """``unit`` run through :func:`run_step` (a :func:`step_call`): probed by the flow, so a
     current step makes no task run."""
-    return Unit(run_step, unit.name, probe=True, retries=unit.retries)
+    return Unit(run_step, unit.name, probe=True)
 
 
 def step_call(store: Store, unit: Unit, config: Any, inputs: Any, kwargs: dict[str, Any],

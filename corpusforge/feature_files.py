@@ -120,13 +120,12 @@ def prune_features(store: Store, models: set[str], shards: list[str]) -> None:
         if name not in models:
             remove_tree(store, features_dir(name))
     for model in models:
-        for sub in ("vectors", "keys"):
-            prune(store, f"{features_dir(model)}/{sub}", shards)
-        for subset in store.listdir(f"{features_dir(model)}/subsets"):
+        for subset in [None, *store.listdir(f"{features_dir(model)}/subsets")]:
             prune_subset(store, model, subset, shards)
 
 
-def prune_subset(store: Store, model_id: str, subset: str, shards: list[str]) -> None:
-    """Keep a consumer's subset features of exactly ``shards`` (with their markers)."""
+def prune_subset(store: Store, model_id: str, subset: str | None, shards: list[str]) -> None:
+    """Keep a consumer's subset features (``subset`` None: of every image) of exactly ``shards``
+    (with their markers)."""
     for sub in ("vectors", "keys"):
         prune(store, f"{feature_subset_dir(model_id, subset)}/{sub}", shards)

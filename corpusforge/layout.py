@@ -86,7 +86,7 @@ def features_dir(model_id: str) -> str:
 
 def feature_subset_dir(model_id: str, subset: str | None) -> str:
     """Where a model's features of every image live (``subset`` None) or of one consumer's selection."""
-    return f"{FEATURES_DIR}/{model_id}" if subset is None else f"{FEATURES_DIR}/{model_id}/subsets/{subset}"
+    return features_dir(model_id) if subset is None else f"{features_dir(model_id)}/subsets/{subset}"
 
 
 def feature_vectors(model_id: str, shard: str, subset: str | None = None) -> str:

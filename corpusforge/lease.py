@@ -63,7 +63,6 @@ class OutputLease:
         self.where = store.path(OUTPUT_LEASE)
         self.holder = {"host": socket.gethostname(), "pid": os.getpid(), "flow_run": flow_run, "started": _now(),
                        "token": uuid.uuid4().hex}
-        self.etag: str | None = None  # object stores: the ETag of our last put
         self.lost = False
         self.made: list[str] = []  # local folders the lease created, removed with it when left empty
         self._stop = threading.Event()
@@ -112,12 +111,11 @@ class OutputLease:
         """A conditional put of our lease (``mode="create"`` or ``IfMatch=etag``); False
         when the condition did not hold."""
         try:
-            answer = self.store.fs.pipe_file(self._fs_path(), self._body(), **condition)
+            self.store.fs.pipe_file(self._fs_path(), self._body(), **condition)
         except OSError as exc:
             if _precondition_failed(exc):
                 return False
             raise
-        self.etag = answer.get("ETag") if isinstance(answer, dict) else None
         return True
 
     def _take_over(self, stale: dict[str, Any], etag: str | None) -> bool:
@@ -181,11 +179,6 @@ class OutputLease:
         self._beat = threading.Thread(target=self._heartbeat, name="output-lease", daemon=True)
         self._beat.start()
 
-    def name_flow_run(self, flow_run: str) -> None:
-        """Record the flow run of the build holding the lease (known once the flow has started)."""
-        self.holder["flow_run"] = flow_run
-        self.refresh()
-
     def refresh(self) -> None:
         """Rewrite the lease (a heartbeat); a lease that is no longer ours is not touched."""
         if self.lost:
@@ -247,8 +240,9 @@ def holding_output(store: Store, wait: bool = False, flow_run: str | None = None
     with _HELD_LOCK:
         held = _HELD.get(store.path(OUTPUT_LEASE))
     if held is not None:
-        if flow_run:
-            held.name_flow_run(flow_run)
+        if flow_run:  # known once the flow has started: the lease names it from now on
+            held.holder["flow_run"] = flow_run
+            held.refresh()
         yield held
         return
     lease = OutputLease(store, flow_run)

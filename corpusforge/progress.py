@@ -56,8 +56,8 @@ def _fmt_seconds(seconds: float) -> str:
 class Stage:
     """Units of one stage: a total that grows as tasks are submitted, and those done."""
 
-    def __init__(self, name: str, task: str, unit: str, measure: Measure | None = None):
-        self.name, self.task, self.unit, self.measure = name, task, unit, measure
+    def __init__(self, name: str, unit: str, measure: Measure | None = None):
+        self.name, self.unit, self.measure = name, unit, measure
         self.total = 0
         self.done = 0
         self.work: Counter[str] = Counter()
@@ -97,7 +97,6 @@ class RunProgress:
         self.finished: set[str] = set()
         self.open: dict[str, Stage] = {}  # by task name; stages may nest (release and manifest)
         self.interval, self.log_every = interval, log_every
-        self.updates = 0
         self._artifact = None
         self._last_push = 0.0
         self._last_log = 0.0
@@ -148,7 +147,6 @@ class RunProgress:
                                                           description=description)
             else:
                 update_progress_artifact(self._artifact, progress=progress, description=description)
-            self.updates += 1
         except Exception as exc:  # noqa: BLE001 - progress must never fail a build
             log.debug("progress artifact not updated: %s", exc)
 
@@ -157,7 +155,7 @@ class RunProgress:
     def stage(self, name: str, task: str, unit: str = "units", measure: Measure | None = None) -> Iterator[Stage]:
         """Open stage ``name``; finished runs of Prefect task ``task`` are its units, and
         ``measure`` what each unit's result adds to the stage's figures."""
-        stage = Stage(name, task, unit, measure)
+        stage = Stage(name, unit, measure)
         self.open[task] = stage
         if self._bar is not None:
             stage.bar = self._bar.add_task(name, total=None)

@@ -50,10 +50,6 @@ def find_secrets(obj: Any, path: Path = ()) -> dict[Path, Any]:
     return found
 
 
-def _dump(config: BaseModel) -> dict[str, Any]:
-    return config.model_dump(mode="json", exclude_unset=False)
-
-
 def _parent(data: Any, path: Path) -> Any:
     """The mapping or list that holds the value at ``path``."""
     for k in path[:-1]:
@@ -63,7 +59,7 @@ def _parent(data: Any, path: Path) -> Any:
 
 def split_secrets(config: M) -> tuple[M, dict[Path, Any]]:
     """``config`` without its inline credentials, and the credentials by path."""
-    data = _dump(config)
+    data = config.model_dump(mode="json")
     found = find_secrets(data)
     if not found:
         return config, {}
@@ -72,16 +68,13 @@ def split_secrets(config: M) -> tuple[M, dict[Path, Any]]:
     return type(config).model_validate(data), found
 
 
-def describe(paths: Any) -> str:
-    return ", ".join(".".join(str(p) for p in path) for path in paths)
-
-
 def refuse_inline_secrets(config: BaseModel) -> None:
     """Raise when flow parameters carry credentials (they are stored by the server)."""
-    found = find_secrets(_dump(config))
+    found = find_secrets(config.model_dump(mode="json"))
     if found:
+        where = ", ".join(".".join(str(p) for p in path) for path in found)
         raise ValueError(
-            f"credentials in the flow's parameters ({describe(found)}): the Prefect server stores parameters "
+            f"credentials in the flow's parameters ({where}): the Prefect server stores parameters "
             "in plain text. Put them in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, or the "
             "deployment's job_variables.env), or in a Prefect Secret block named by `secret_block:` in the "
             "storage options")
@@ -141,7 +134,7 @@ def has_secret_blocks(obj: Any) -> bool:
 def with_secrets(config: M) -> M:
     """``config`` with held credentials put back and Secret blocks resolved (in memory only)."""
     held = _HELD.get()
-    data = _dump(config)
+    data = config.model_dump(mode="json")
     if not held and not has_secret_blocks(data):
         return config
     for path, value in (held or {}).items():

@@ -103,8 +103,7 @@ def url_to_fs(uri: str, storage_options: dict[str, Any] | None = None) -> tuple[
 
 def is_remote(uri: str) -> bool:
     """True for URIs with a scheme other than ``file``."""
-    protocol = fsspec.utils.get_protocol(uri)
-    return protocol not in ("file", "local")
+    return fsspec.utils.get_protocol(uri) not in ("file", "local")
 
 
 def overlaps(a: str, b: str) -> bool:
@@ -301,11 +300,8 @@ class Store:
             with self._naming_full_disk((rel,), [tmp] if self.remote else []):
                 yield tmp
                 if self.durable:
-                    synced = os.open(tmp, os.O_RDONLY)
-                    try:
-                        os.fsync(synced)
-                    finally:
-                        os.close(synced)
+                    with open(tmp, "rb") as written:
+                        os.fsync(written.fileno())
             self._publish(tmp, rel)
         finally:
             if os.path.exists(tmp):

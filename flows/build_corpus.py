@@ -203,9 +203,8 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
         prune(store, folder, names)
     prune(store, FETCH_LEDGER_DIR, names if kind == "urls" else set())
     n_buckets = config.staging.buckets_for(len(parts))
-    buckets = range(n_buckets)
     for folder in (KEYDUP_DIR, EXACT_DIR):
-        prune(store, folder, {bucket_name(b) for b in buckets})
+        prune(store, folder, {bucket_name(b) for b in range(n_buckets)})
     for folder in (DEDUP_KEYS_DIR, DEDUP_HASHES_DIR):
         prune(store, folder, {dedup_group_name(g) for g in range(len(partition_groups(len(parts), n_buckets)))})
     log.info("source %s: %s, %d ingest partitions", config.source, kind, len(parts))
@@ -253,8 +252,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
                                                            features=config.features)
             query_seconds = work["graph"].pop("query_seconds")
         else:
-            for folder in (GRAPH_DIR, GRAPH_WORK):
-                remove_tree(store, folder)
+            remove_tree(store, GRAPH_DIR, GRAPH_WORK)
 
     captions: dict[str, Any] = {}
     if config.captioning is not None and staged:
@@ -262,8 +260,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
             captions, work["captioning"] = captioning_stage(store, config.captioning, staged,
                                                             near_dedup=bool(config.near_dedup), fan_out=fan_out)
     else:
-        for folder in (CAPTIONS_DIR, CAPTION_ASSIGNMENT_DIR, CAPTION_JOURNAL_DIR):
-            remove_tree(store, folder)
+        remove_tree(store, CAPTIONS_DIR, CAPTION_ASSIGNMENT_DIR, CAPTION_JOURNAL_DIR)
 
     with stage("release"), stage("manifest"), clock("release"):
         release, manifest, work["publish"] = publish(store, staged, len(parts), config.splits,
@@ -311,16 +308,12 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
         written_receipt, report = write_receipt(store, receipt, fan_out=fan_out)
         publish_run_artifacts(BUILD_FLOW, report, written_receipt["counts"], store.root)
     with clock("changes"):  # keyed by both versions' receipts (each names its outputs' digest)
-        if config.previous is not None:
-            old = Store(config.previous, config.storage_options)
-            fan_out(keyed(DIFF_VERSIONS), [step_call(store, DIFF_VERSIONS, "previous",
-                                                     [old.sha256(RECEIPT), store.sha256(RECEIPT)],
-                                                     dict(old=old, new=store, out=store), CHANGES)])
-        elif kept_previous:
-            fan_out(keyed(DIFF_VERSIONS), [step_call(store, DIFF_VERSIONS, "kept",
-                                                     [store.sha256(PREVIOUS_RECEIPT), store.sha256(RECEIPT)],
-                                                     dict(old=store, new=store, out=store, previous_kept=True),
-                                                     CHANGES)])
+        if config.previous is not None or kept_previous:
+            kept = config.previous is None  # the version this root held, kept under work/previous/
+            old = store if kept else Store(config.previous, config.storage_options)
+            inputs = [old.sha256(PREVIOUS_RECEIPT if kept else RECEIPT), store.sha256(RECEIPT)]
+            fan_out(keyed(DIFF_VERSIONS), [step_call(store, DIFF_VERSIONS, "kept" if kept else "previous", inputs,
+                                                     dict(old=old, new=store, out=store, previous_kept=kept), CHANGES)])
         else:
             remove_changes(store)
             forget_step(store, DIFF_VERSIONS.name)

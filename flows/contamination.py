@@ -251,7 +251,7 @@ def plan_run(config: ContaminationConfig) -> dict[str, Any]:
     out = Store(config.out, config.out_storage_options)
     eval_stages = contamination_plan.plan_units(out, corpus, config.eval_set, config.image, config.features)
     receipt = out.read_json(CONTAMINATION_RECEIPT) if out.exists(CONTAMINATION_RECEIPT) else None
-    judged = _ContaminationJudge(config, corpus, out, receipt, code_version(*CODE_MODULES))
+    judged = _ContaminationJudge(config, out, receipt, code_version(*CODE_MODULES))
     es = config.eval_set
     image = judged.stage("image", config.image is not None and es is not None,
                          _scan_folders("images", ("corpus",)) + (CONTAMINATION_IMAGES,), ("image", "features"),
@@ -290,8 +290,8 @@ def _selections(labels: tuple[str, ...]) -> tuple[str, ...]:
 class _ContaminationJudge:
     """Judges the contamination stages after the evaluation set's features as a whole."""
 
-    def __init__(self, config: Any, corpus: Store, out: Store, receipt: dict[str, Any] | None, code: str):
-        self.config, self.corpus, self.out, self.receipt, self.code = config, corpus, out, receipt, code
+    def __init__(self, config: Any, out: Store, receipt: dict[str, Any] | None, code: str):
+        self.config, self.out, self.receipt, self.code = config, out, receipt, code
         self.now = redact(config.model_dump(mode="json"))  # as the receipt keeps it
         self.finished = mtime(out, CONTAMINATION_RECEIPT)
 

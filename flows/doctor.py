@@ -48,7 +48,7 @@ def _faiss() -> str:
 
 
 def _weights(config: Any) -> Iterator[tuple[str, str]]:
-    from flows.preflight import UserError, check_models, model_specs
+    from flows.preflight import UserError, allowlists, check_model, model_specs
 
     specs = model_specs(config)
     if not specs:
@@ -61,24 +61,11 @@ def _weights(config: Any) -> Iterator[tuple[str, str]]:
             yield label, "RANDOM INIT (no weights)" if spec.random_init else "NO WEIGHTS configured: refused"
         else:
             try:
-                check_models(_only(config, spec))
+                check_model(spec, allowlists(config))
             except UserError as exc:
                 yield label, f"{spec.weights.uri}: {exc}"
             else:
                 yield label, f"{spec.weights.uri}: found, SHA-256 matches the pin"
-
-
-def _only(config: Any, spec: Any) -> Any:
-    """A stand-in holding one spec and the config's allow-lists, for check_models."""
-    from pydantic import BaseModel
-
-    from flows.preflight import allowlists
-
-    class _One(BaseModel):
-        model: Any
-        torchscript_allowlist: list[str]
-
-    return _One(model=spec, torchscript_allowlist=sorted(allowlists(config)))
 
 
 def _prefect() -> Iterator[tuple[str, str]]:

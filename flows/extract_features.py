@@ -22,7 +22,7 @@ from corpusforge.contract import completed_units
 from corpusforge.layout import STAGING_TARS
 from corpusforge.storage import Store
 from flows.plan import feature_estimates, flow_plan_data, plan_only, plan_only_field
-from flows.preflight import check_corpus, check_models
+from flows.preflight import check_corpus_models
 from tasks.shared.features.config import FeaturesConfig
 from tasks.shared.features.extract import extract_features, receipt_section
 from tasks.shared.features.plan import plan_shard_units
@@ -44,10 +44,7 @@ class ExtractFeaturesConfig(FlowConfig):
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
 
-def preflight(config: ExtractFeaturesConfig) -> None:
-    """The CLI's checks before anything starts (read only): the corpus exists, the models have weights."""
-    check_corpus(config.corpus, config.storage_options)
-    check_models(config)
+preflight = check_corpus_models  # the CLI's checks before anything starts (read only)
 
 
 def plan_run(config: ExtractFeaturesConfig) -> dict[str, Any]:

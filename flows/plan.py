@@ -43,8 +43,8 @@ from tasks.report.files import RECEIPT, RUN_LOG
 from tasks.stats.files import STATS_DIR
 from tasks.captions.files import CAPTIONS_DIR, CAPTION_JOURNAL_DIR, CAPTION_ASSIGNMENT_DIR
 from tasks.graph.files import GRAPH_DIR, GRAPH_WORK
-from corpusforge.plans import (ACTIONS, DELETE, StagePlan, changed_fields, marker_files, mtime, newest_marker,
-                               staged_size)
+from corpusforge.plans import (ACTIONS, StagePlan, changed_fields, marker_files, mtime, newest_marker, staged_size,
+                               switched_off)
 from corpusforge.storage import Store
 from corpusforge.version import code_version
 from tasks.ingest import plan as ingest_plan
@@ -101,12 +101,10 @@ def _whole_stages(store: Store, config: FlowConfig, upstream: list[StagePlan],
         stage = StagePlan(name)
         if name == "statistics" and config.reference_stats is not None:  # its features of the held-out records
             folders = (*folders, f"{features_dir(config.reference_stats.model.model_id)}/subsets")
-        units = [(f, rel) for f in folders for rel in marker_files(store, f)]
         if switch is not None and now.get(switch) is None:
-            for folder, rel in units:
-                stage.add(rel, DELETE, f"{switch} is switched off")
-            plans.append(stage)
+            plans.append(switched_off(stage, store, folders, f"{switch} is switched off"))
             continue
+        units = [rel for f in folders for rel in marker_files(store, f)]
         reasons = []
         if upstream_changes:
             reasons.append("an upstream unit is recomputed or deleted")
@@ -119,11 +117,11 @@ def _whole_stages(store: Store, config: FlowConfig, upstream: list[StagePlan],
                 reasons.append("config " + ", ".join(changed))
             if code_changed:
                 reasons.append("the build's code version changed")
-        newest = newest_marker(store, (rel for _, rel in units))
+        newest = newest_marker(store, units)
         if run_log_time is None or newest > run_log_time:
             reasons.append("the last build did not complete")
         action = MAYBE if reasons else SKIPPED
-        for _, rel in units:
+        for rel in units:
             stage.add(rel, action, "; ".join(reasons) or "unchanged")
         stage.open = bool(reasons)
         plans.append(stage)

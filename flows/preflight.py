@@ -269,30 +269,35 @@ def allowlists(obj: Any) -> set[str]:
 def check_models(config: BaseModel) -> None:
     """Every learned model has weights (or says random_init), local weights exist and have
     the pinned SHA-256, TorchScript only when allow-listed."""
-    from tasks.shared.features.weights import WeightsError, fetch_weights
-
     allowed = allowlists(config)
     for spec in model_specs(config):
-        if spec.name == "wfd":
-            continue
-        if spec.weights is None:
-            if not spec.random_init:
-                raise UserError(f"model {spec.model_id} has no weights: set weights {{uri, sha256}} to a pinned file "
-                                "(see `corpusforge doctor`), or random_init: true for an untrained run")
-            continue
-        w = spec.weights
-        if w.format == "torchscript" and w.sha256.lower() not in allowed:
-            raise UserError(f"weights {w.uri} of {spec.model_id} refused: TorchScript is executable code; add its "
-                            "sha256 to torchscript_allowlist if you trust it")
-        if is_remote(w.uri):
-            require_exists(w.uri, w.storage_options, f"weights of {spec.model_id}", "check weights.uri")
-            continue
-        try:
-            fetch_weights(w)
-        except WeightsError as exc:
-            raise UserError(f"weights of {spec.model_id} refused: {exc}") from None
-        except OSError as exc:
-            raise UserError(f"weights of {spec.model_id}: cannot read {w.uri} ({exc})") from None
+        check_model(spec, allowed)
+
+
+def check_model(spec: Any, allowed: set[str]) -> None:
+    """:func:`check_models` of one spec, ``allowed`` the config's TorchScript allow-list."""
+    from tasks.shared.features.weights import WeightsError, fetch_weights
+
+    if spec.name == "wfd":
+        return
+    if spec.weights is None:
+        if not spec.random_init:
+            raise UserError(f"model {spec.model_id} has no weights: set weights {{uri, sha256}} to a pinned file "
+                            "(see `corpusforge doctor`), or random_init: true for an untrained run")
+        return
+    w = spec.weights
+    if w.format == "torchscript" and w.sha256.lower() not in allowed:
+        raise UserError(f"weights {w.uri} of {spec.model_id} refused: TorchScript is executable code; add its "
+                        "sha256 to torchscript_allowlist if you trust it")
+    if is_remote(w.uri):
+        require_exists(w.uri, w.storage_options, f"weights of {spec.model_id}", "check weights.uri")
+        return
+    try:
+        fetch_weights(w)
+    except WeightsError as exc:
+        raise UserError(f"weights of {spec.model_id} refused: {exc}") from None
+    except OSError as exc:
+        raise UserError(f"weights of {spec.model_id}: cannot read {w.uri} ({exc})") from None
 
 
 # ---- per command -------------------------------------------------------------------------
@@ -347,3 +352,10 @@ def require_fetch_identity(config: Any) -> None:
 
 def check_corpus(uri: str, options: dict[str, Any], what: str = "corpus") -> None:
     require_exists(uri, options, what, CORPUS_HINT)
+
+
+def check_corpus_models(config: Any) -> None:
+    """The checks of a flow that reads a built corpus (``config.corpus``) with feature models:
+    the corpus exists, the models have weights."""
+    check_corpus(config.corpus, config.storage_options)
+    check_models(config)

@@ -13,7 +13,7 @@ from pydantic import Field
 from corpusforge.cluster import DaskConfig, cluster_flow
 from corpusforge.storage import Store
 from flows.plan import feature_estimates, flow_plan_data, plan_only, plan_only_field
-from flows.preflight import check_corpus, check_models
+from flows.preflight import check_corpus_models
 from tasks.stats import plan as stats_plan
 from tasks.stats.stage import ReferenceStatsConfig, reference_stats_stage
 
@@ -31,10 +31,7 @@ class ReferenceStatsFlowParams(ReferenceStatsConfig):
     dask: DaskConfig = Field(default_factory=DaskConfig, title="Dask cluster")
 
 
-def preflight(config: ReferenceStatsFlowParams) -> None:
-    """The CLI's checks before anything starts (read only): the corpus exists, the model has weights."""
-    check_corpus(config.corpus, config.storage_options)
-    check_models(config)
+preflight = check_corpus_models  # the CLI's checks before anything starts (read only)
 
 
 def plan_run(config: ReferenceStatsFlowParams) -> dict[str, Any]:

@@ -51,13 +51,6 @@ class FeatureModel(ABC):
         preprocessing, dim, normalized, code version. Goes into completion markers."""
 
 
-def l2_normalize(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
-    """Rows scaled to unit L2 norm (all-zero rows stay zero), computed in float32."""
-    x = np.asarray(x, dtype=np.float32)
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return x / np.maximum(norms, eps)
-
-
 _PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -87,7 +80,6 @@ class TorchFeatureModel(FeatureModel):
         self.random_init = spec.weights is None
         self.weights_sha256 = spec.weights.sha256 if spec.weights else None
         self.normalized, self.fixed_input = normalized, fixed_input
-        self.runtime = runtime
         self.device = resolve_device(runtime.device)
         self.autocast_dtype = _PRECISIONS[runtime.precision]
         self.channels_last = runtime.channels_last and cnn

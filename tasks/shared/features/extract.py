@@ -124,12 +124,6 @@ def _library_versions() -> tuple[str, ...]:
     return tuple(versions)
 
 
-def _spec_code(families: tuple[str, ...]) -> list[str]:
-    """This module's code version with the families' modules, and the model libraries' versions."""
-    return [code_version(__name__, "tasks.shared.features.base", *families, exclude=("tasks.shared.features.registry",)),
-            *_library_versions()]
-
-
 def spec_key(cfg: FeaturesConfig, spec: ModelSpec, draft: int | None | Literal["auto"], images: str) -> str:
     """What a (model, shard) unit's features depend on, as configured: read off the config,
     never the loaded model (weights by their pinned SHA-256), so a probe checks it for free.
@@ -137,9 +131,10 @@ def spec_key(cfg: FeaturesConfig, spec: ModelSpec, draft: int | None | Literal["
     from tasks.shared.features.registry import family_module
 
     specs = cfg.models if draft == "auto" else [spec]
-    return fingerprint(["features-spec", _spec_code(tuple(sorted({family_module(m) for m in specs}))),
-                        spec.model_dump(mode="json"), [m.model_dump(mode="json") for m in specs], draft, cfg.dtype,
-                        cfg.runtime.precision, images])
+    families = sorted({family_module(m) for m in specs})
+    code = code_version(__name__, "tasks.shared.features.base", *families, exclude=("tasks.shared.features.registry",))
+    return fingerprint(["features-spec", [code, *_library_versions()], spec.model_dump(mode="json"),
+                        [m.model_dump(mode="json") for m in specs], draft, cfg.dtype, cfg.runtime.precision, images])
 
 
 class ModelFeatures(Outcome):
@@ -423,26 +418,24 @@ def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, selection: Sele
     if (current := current_by_spec(store, shard, cfg, draft, selection)) is not None:
         return current
     must_compute()  # the models are loaded below
-    spec_of = {spec.model_id: spec for spec in cfg.models}
     models = load_models(cfg)
     auto, draft = draft, decode_size(models) if draft == "auto" else draft
     judged = judge_shard(store, shard, cfg, models, draft, selection)
     subset = judged.subset
     chosen = judged.chosen if subset is not None else shard_images(store, shard)
-    images = judged.images
+    specs = {spec.model_id: spec_key(cfg, spec, auto, judged.images) for spec in cfg.models}
     parts = _ShardParts(shard, len(chosen))
     todo: list[FeatureModel] = []
     for model in models:
         verdict = judged.models[model.model_id]
-        spec = spec_key(cfg, spec_of[model.model_id], auto, images)
         if verdict.reused:
             ok = _ok_among(store, model.model_id, shard, {k for k, _, _ in chosen})
             parts.add(model.model_id, SKIPPED, verdict.marker, None, ok)
         elif verdict.action == SKIPPED:
             marker = verdict.marker
-            if marker.info.get("spec") != spec:  # current, and now known so from its spec
+            if marker.info.get("spec") != specs[model.model_id]:  # current, and now known so from its spec
                 marker = finish_unit(store, feature_vectors(model.model_id, shard, subset), verdict.fingerprint,
-                                     marker.outputs, {**marker.info, "spec": spec})
+                                     marker.outputs, {**marker.info, "spec": specs[model.model_id]})
             parts.add(model.model_id, SKIPPED, marker, subset)
         else:
             todo.append(model)
@@ -476,8 +469,7 @@ def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, selection: Sele
         model = run.model
         feats = run.features().astype(cfg.dtype)
         info = {"model": model.fingerprint(), "dtype": cfg.dtype, "decode_size": draft,
-                "random_init": bool(model.random_init)}
-        info["spec"] = spec_key(cfg, spec_of[model.model_id], auto, images)
+                "random_init": bool(model.random_init), "spec": specs[model.model_id]}
         marker = write_shard_features(store, model.model_id, shard, keys, shas, run.ok, run.errors, feats,
                                       judged.models[model.model_id].fingerprint, info, subset)
         parts.add(model.model_id, COMPUTED, marker, subset)

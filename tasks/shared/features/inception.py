@@ -37,10 +37,9 @@ exactly (``strict=True``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from functools import partial
 
-import torch
 from torch import nn
 from torchvision.models import inception_v3
 
@@ -56,24 +55,15 @@ DIM = 2048
 DROPPED_PREFIXES = ("AuxLogits.", "fc.")
 
 
-def build_net() -> nn.Module:
-    """torchvision Inception3 without auxiliary classifier and head: NCHW -> [N, 2048]."""
-    net = inception_v3(weights=None, aux_logits=False, init_weights=False, transform_input=True)
-    net.fc = nn.Identity()
-    return net
-
-
-def to_feature_keys(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A torchvision Inception3 state dict without its ``AuxLogits.*`` and ``fc.*`` keys."""
-    return {k: v for k, v in state.items() if not k.startswith(DROPPED_PREFIXES)}
-
-
 def load(spec: ModelSpec, runtime: RuntimeConfig, torchscript_allowlist: Sequence[str] = ()) -> TorchFeatureModel:
     size = spec.image_size or DEFAULT_SIZE
     if size < MIN_SIZE:
         raise ValueError(f"{spec.model_id}: Inception-v3 needs inputs of at least {MIN_SIZE} px, got {size}")
-    net = build_net()
+    # torchvision Inception3 without auxiliary classifier and head: NCHW -> [N, 2048]
+    net = inception_v3(weights=None, aux_logits=False, init_weights=False, transform_input=True)
+    net.fc = nn.Identity()
     if spec.weights is not None:
-        net.load_state_dict(to_feature_keys(load_state_dict(spec.weights)), strict=True)
+        state = load_state_dict(spec.weights)
+        net.load_state_dict({k: v for k, v in state.items() if not k.startswith(DROPPED_PREFIXES)}, strict=True)
     fn = partial(pp.inception_299, size=size)
     return TorchFeatureModel(net, spec, dim=DIM, preprocess_fn=fn, runtime=runtime, normalized=False, cnn=True)

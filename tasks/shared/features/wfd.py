@@ -109,11 +109,6 @@ COLOUR_FLOOR = 0.05
 COLOURLESS_BELOW = 0.5
 
 
-def _dct_rows(n: int, k: int) -> np.ndarray:
-    """The first ``k`` orthonormal DCT-II basis rows of length ``n`` (k x n)."""
-    return dct(np.eye(n), norm="ortho", axis=0)[:k]
-
-
 class WeightFreeDescriptor(FeatureModel):
     """Flip-symmetrised luma layout over regions plus a hue histogram; see the module docstring."""
 
@@ -127,7 +122,7 @@ class WeightFreeDescriptor(FeatureModel):
             raise ValueError(f"wfd thumbnails must be at least {2 * K} pixels, got {thumb}")
         self.model_id = model_id
         self.thumb = thumb
-        self._dct = _dct_rows(thumb, K)
+        self._dct = dct(np.eye(thumb), norm="ortho", axis=0)[:K]  # the first K orthonormal DCT-II basis rows
         u = np.arange(K)
         radius = np.hypot(u[:, None], u[None, :])
         weight = np.where(radius > 0, radius, 1.0) ** ALPHA
