@@ -12,8 +12,9 @@ worker processes, the per-host limits held by the cluster's semaphores and the s
 ledger (``--engine threads``: in threads of this process, the limits process-wide).
 Enforced (exit 1): corpusforge fetched every image, never had more than 2 requests in flight at
 one host, and did at least ``--goal`` times img2dataset's images/s (the issue's goal: 1.0). The
-loopback server's CPU and memory are counted for neither. Both tools share the machine with
-whatever else runs: say the load with the figures (it is printed).
+loopback server's CPU and memory are counted for neither; it sets ``TCP_NODELAY`` as real servers
+do (without it a client that reuses connections, as corpusforge does, waited ~44 ms per answer).
+Both tools share the machine with whatever else runs: say the load with the figures (it is printed).
 
     python bench/fetch.py --images 2000 --hosts 32 --latency-ms 20
 """
