@@ -146,7 +146,7 @@ def main() -> None:
 
         plan = scan_manifest(store, settings.groups(), settings.sample, settings.tiers, settings.test_subset,
                              settings.test_subset_seed)
-        selection = GroupSelection(STATS_SUBSET, plan.plan)
+        selection = GroupSelection(STATS_SUBSET, plan.rule)
         staged = sum(len(shard_images(store, s)) for s in plan.shards)
 
         t = time.perf_counter()

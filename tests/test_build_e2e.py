@@ -171,7 +171,7 @@ def test_the_caption_set_and_test_50k_are_the_same_records(built_sample, tmp_pat
                         EvalCaptionsConfig(size=size))
     captions = set(store.read_parquet(EVAL_CAPTIONS)["key"].to_pylist())
     seed = ReferenceStatsConfig.model_fields["test_subset_seed"].default
-    subset = scan_manifest(store, (TEST_SUBSET,), subset_size=size, subset_seed=seed).plan
+    subset = scan_manifest(store, (TEST_SUBSET,), subset_size=size, subset_seed=seed).rule
     assert len(captions) == size and captions == {k for k in test_keys if subset.groups_of(k, "test", None)}
 
 

@@ -98,11 +98,11 @@ def test_scan_counts_shards_and_test_subset(corpus):
     assert scan.counts["train_lite"] == sum(r["split"] == "train" and r["tier"] in ("nano", "lite") for r in kept)
     assert scan.counts["train_full"] == scan.counts["train"]
     test_keys = sorted((r["key"] for r in kept if r["split"] == "test"), key=lambda k: stable_uniform(3, k))
-    assert _expected_members(rows, "test_subset", scan.plan) == sorted(test_keys[:4])
+    assert _expected_members(rows, "test_subset", scan.rule) == sorted(test_keys[:4])
     assert scan.counts["test_subset"] == 4
     for group in GROUPS:  # exactly the 3 smallest sample priorities of each group pass its threshold
-        members = _expected_members(rows, group, scan.plan)
-        passing = [k for k in members if stable_uniform(2, k) <= scan.plan.sample_thresholds[group]]
+        members = _expected_members(rows, group, scan.rule)
+        passing = [k for k in members if stable_uniform(2, k) <= scan.rule.sample_thresholds[group]]
         assert sorted(passing) == sorted(sorted(members, key=lambda k: stable_uniform(2, k))[:3])
     assert len(scan.manifest_sha256) == 64
 
@@ -121,11 +121,11 @@ def test_extraction_goes_largest_shard_first(corpus):
 def test_partials_equal_numpy_for_every_group_and_merge_order(corpus):
     store, rows, feats = corpus
     scan = scan_manifest(store, GROUPS, SampleConfig(max_rows=5, seed=9), subset_size=4, subset_seed=3)
-    parts = [shard_partials(store, MODEL_ID, s, scan.plan) for s in scan.shards]
+    parts = [shard_partials(store, MODEL_ID, s, scan.rule) for s in scan.shards]
     forward = merge_partials(merge_partials(merge_partials(parts[0], parts[1]), parts[2]), parts[3])
     backward = merge_partials(parts[3], merge_partials(parts[2], merge_partials(parts[1], parts[0])))
     for group in GROUPS:
-        members = _expected_members(rows, group, scan.plan)
+        members = _expected_members(rows, group, scan.rule)
         keys = [k for k in members if k in feats]
         x = np.stack([feats[k] for k in keys]).astype(np.float64)
         for total in (forward, backward):
@@ -149,7 +149,7 @@ def test_written_files_carry_provenance_and_are_deterministic(corpus, tmp_path):
     scan: ManifestScan = scan_manifest(store, ("test",), SampleConfig(max_rows=8, seed=0))
     runs = cut_batches(scan.shards, 2)
     assert runs == [["000000", "000001"], ["000002", "000003"]]
-    total = merge_partials(*[batch_partials(store, MODEL_ID, run, scan.plan) for run in runs])
+    total = merge_partials(*[batch_partials(store, MODEL_ID, run, scan.rule) for run in runs])
     marker = next(iter(total.markers.values()))
     side = write_group_stats(store, "test", MODEL_ID, total.groups["test"], marker, scan, "cv-1")
     stem = stats_path("test", MODEL_ID)
@@ -186,7 +186,7 @@ def test_missing_features_are_reported_not_guessed(corpus, tmp_path):
     store, _, _ = corpus
     scan = scan_manifest(store, ("test",))
     with pytest.raises(FileNotFoundError, match="other_model.*is not complete"):
-        shard_partials(store, "other_model", scan.shards[0], scan.plan)
+        shard_partials(store, "other_model", scan.shards[0], scan.rule)
 
 
 def test_gpic_eval_file_beside_the_sidecar(corpus):
@@ -196,7 +196,7 @@ def test_gpic_eval_file_beside_the_sidecar(corpus):
 
     store, _, _ = corpus
     scan: ManifestScan = scan_manifest(store, ("test",), SampleConfig(max_rows=6, seed=1))
-    total = merge_partials(*[batch_partials(store, MODEL_ID, run, scan.plan) for run in cut_batches(scan.shards, 2)])
+    total = merge_partials(*[batch_partials(store, MODEL_ID, run, scan.rule) for run in cut_batches(scan.shards, 2)])
     marker = next(iter(total.markers.values()))
     side = write_group_stats(store, "test", MODEL_ID, total.groups["test"], marker, scan, "cv-1")
     stem = stats_path("test", MODEL_ID)

@@ -32,7 +32,7 @@ def test_reference_stats_and_evaluation_inputs_on_s3(s3, tmp_path):
     written = {}
     for st in (store, local):
         scan = scan_manifest(st, ("test", "val"), SampleConfig(max_rows=6))
-        total = batch_partials(st, MODEL_ID, scan.shards, scan.plan)
+        total = batch_partials(st, MODEL_ID, scan.shards, scan.rule)
         marker = next(iter(total.markers.values()))
         written[st.remote] = write_group_stats(st, "test", MODEL_ID, total.groups["test"], marker, scan, "cv")
     stem = stats_path("test", MODEL_ID)

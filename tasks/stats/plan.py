@@ -27,7 +27,7 @@ def plan_units(store: Store, config: ReferenceStatsConfig) -> list[StagePlan]:
     plans: list[StagePlan] = []
     if config.extract:
         plans = plan_shard_units(store, scan.largest_first(), config.features(),
-                                 GroupSelection(STATS_SUBSET, scan.plan))
+                                 GroupSelection(STATS_SUBSET, scan.rule))
         kept = {u.unit for u in plans[0].units if u.reason != REUSED}
         folder = f"{feature_subset_dir(model_id, STATS_SUBSET)}/vectors"
         for name in completed_units(store, folder, ".npy"):
@@ -35,7 +35,7 @@ def plan_units(store: Store, config: ReferenceStatsConfig) -> list[StagePlan]:
                 plans[0].add(f"{STATS_SUBSET}/{name}", DELETE, "features of every image are used instead"
                              if name in scan.shards else "no longer in the selection")
     stats = StagePlan("statistics")
-    for group in scan.plan.groups:
+    for group in scan.rule.groups:
         stats.add(f"{group}-{model_id}", COMPUTED, "recomputed on every run from the features (no model)")
     plans.append(stats)
     return plans

@@ -104,7 +104,7 @@ def oracle_groups(tiers: Sequence[str]) -> tuple[str, ...]:
 
 @dataclass
 class ManifestScan:
-    plan: GroupRule
+    rule: GroupRule
     shards: list[str]  # staging shards holding a record of some group
     counts: dict[str, int]  # kept records per group in the manifest
     manifest_sha256: str
@@ -247,12 +247,12 @@ def _marker_facts(marker: Marker) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class GroupSelection(Selection):
-    """The records of a shard in some group of the rule ``plan``: what the statistics embed."""
+    """The records of a shard in some group of ``rule``: what the statistics embed."""
 
-    plan: GroupRule = field(default_factory=lambda: GroupRule(()))
+    rule: GroupRule = field(default_factory=lambda: GroupRule(()))
 
     def keys(self, store: Store, shard: str) -> set[str]:
-        return {k for k, s, t in shard_membership(store, shard) if self.plan.groups_of(k, s, t)}
+        return {k for k, s, t in shard_membership(store, shard) if self.rule.groups_of(k, s, t)}
 
 
 def shard_partials(store: Store, model_id: str, shard: str, rule: GroupRule, subset: str | None = None
@@ -340,14 +340,14 @@ def write_group_stats(store: Store, group: str, model_id: str, partial: GroupPar
         "missing_features": dict(sorted(partial.missing.items())),
         "manifest_sha256": scan.manifest_sha256,
         "code_version": code_version,
-        "subsample": {"rows": len(partial.sample.keys), "max_rows": scan.plan.sample_rows,
-                      "seed": scan.plan.sample_seed,
+        "subsample": {"rows": len(partial.sample.keys), "max_rows": scan.rule.sample_rows,
+                      "seed": scan.rule.sample_seed,
                       "method": "the max_rows records of the group with the smallest blake2b(seed:key) priority "
                                 "(those without features left out), sorted by priority"},
-        "selection": _selection(group, scan.plan),
+        "selection": _selection(group, scan.rule),
         "files": {"npz": {"path": f"{stem}.npz", "sha256": npz_sha},
                   "features": {"path": f"{stem}.features.npy", "sha256": feats_sha}},
-        "protocol_deviations": reference_deviations(marker, scan.plan, missing),
+        "protocol_deviations": reference_deviations(marker, scan.rule, missing),
     }
     if caption_set is not None:
         sidecar["eval_captions"] = caption_set

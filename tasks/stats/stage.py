@@ -98,9 +98,10 @@ class ReferenceStatsConfig(FlowConfig):
 
 
 class ManifestScanJson(TypedDict):
-    """:class:`ManifestScan` as JSON, field for field."""
+    """:class:`ManifestScan` as JSON, field for field; its rule keeps the key ``plan`` that markers
+    written before the rename hold (docs/architecture.md, "One word per meaning")."""
 
-    plan: dict[str, Any]  # the GroupRule
+    plan: dict[str, Any]  # ManifestScan.rule
     shards: list[str]
     counts: dict[str, int]
     manifest_sha256: str
@@ -109,7 +110,8 @@ class ManifestScanJson(TypedDict):
 
 def scan_manifest_json(store: Store, **kwargs: Any) -> ManifestScanJson:
     """:func:`scan_manifest`'s result as JSON (a global step's result is kept in its marker)."""
-    return ManifestScanJson(**dataclasses.asdict(scan_manifest(store, **kwargs)))
+    scan = dataclasses.asdict(scan_manifest(store, **kwargs))
+    return ManifestScanJson(plan=scan.pop("rule"), **scan)
 
 
 def _manifest_digests(store: Store) -> list[str]:
@@ -158,7 +160,7 @@ def reference_stats_stage(store: Store, config: ReferenceStatsConfig, caption_se
     subsets: dict[str, str | None] = {}
     if config.extract:
         results = extract_features(store, scanned.largest_first(), config.features(),
-                                   GroupSelection(STATS_SUBSET, scanned.plan), fan_out=fan_out)
+                                   GroupSelection(STATS_SUBSET, scanned.rule), fan_out=fan_out)
         subsets = {r.info["shard"]: r.info["models"][model_id]["subset"] for r in results}
         extraction = receipt_section(results)
         if "warning" in extraction:
@@ -192,14 +194,14 @@ def _summarise(store: Store, config: ReferenceStatsConfig, scanned: ManifestScan
     log = stage_logger()
     model_id = config.model.model_id
     total = fan_out.reduce(PARTIALS, MERGE, [
-        dict(store=store, model_id=model_id, shards=run, rule=scanned.plan, subsets={s: subsets.get(s) for s in run})
+        dict(store=store, model_id=model_id, shards=run, rule=scanned.rule, subsets={s: subsets.get(s) for s in run})
         for run in cut_batches(scanned.shards, config.max_partials, config.min_shards_per_partial)])
     if len(total.markers) != 1:
         raise ValueError(f"features/{model_id} mixes {len(total.markers)} feature fingerprints: re-extract")
     marker = next(iter(total.markers.values()))
     version = code_version("tasks.stats.reference")
-    groups = [g for g in scanned.plan.groups if total.groups[g].moments.n >= 2]
-    for g in sorted(set(scanned.plan.groups) - set(groups)):
+    groups = [g for g in scanned.rule.groups if total.groups[g].moments.n >= 2]
+    for g in sorted(set(scanned.rule.groups) - set(groups)):
         log.warning("group %s has fewer than 2 images with features: no statistics written", g)
     if missing := [g for g in config.splits if g not in groups]:
         raise ValueError(f"splits with fewer than 2 images with features: {missing}")
