@@ -295,7 +295,8 @@ def _index_kind(model_id: str) -> Callable[[int], dict[str, Any]]:
         flat_max_vectors, IVF above, whose build trains and adds in blocks: a regime of its own."""
         from tasks.graph.index import choose_index
 
-        return {"index": choose_index(_near_config(model_id).index, Scale.of(n).kept, 1, limit=2**62).kind}
+        dim = _model(model_id)[0]
+        return {"index": choose_index(_near_config(model_id).index, Scale.of(n).kept, dim, limit=2**62).kind}
     return regime
 
 
@@ -681,8 +682,8 @@ def run_crop_candidates(store, sc: Scale, data: str) -> dict[str, Any]:
 STEPS["graph_crop_candidates"] = dataclasses.replace(STEPS["graph_crop_candidates"],
                                                      off_above=_near_config(MODEL_WFD).index.flat_max_vectors)
 
-_ONE_OFF = ["graph_merge", "graph_merge_growing", "graph_knn_cap", "graph_recall", "graph_review", "graph_verify", "graph_decisions",
-            "graph_crop_candidates"]
+_ONE_OFF = ["graph_merge", "graph_merge_growing", "graph_knn_cap", "graph_recall", "graph_review", "graph_verify",
+            "graph_decisions", "graph_crop_candidates"]
 FIXED.extend(["graph_driver", "faiss_build_512pq", "faiss_query_512pq", "faiss_build_512pq_guard",
               "faiss_query_512pq_guard", *_ONE_OFF, "graph_collision", "graph_calibration", "graph_collision_guard"])
 # graph_collision's 10⁸ regime (the default cap) is out of reach at quick sizes: the guard runs its capped form

@@ -256,10 +256,10 @@ def diff_versions(old: Store, new: Store, out: Store, previous_kept: bool = Fals
                                             f"LIMIT {LISTED - len(listed[kind])}").to_arrow_table().to_pylist()
             for i, f in enumerate(FIELDS):
                 by_field[f] += tally[len(kinds) + i]
-    summary = ChangesSummary(records=counts, changed_fields=by_field, listed=listed,
-               release_shards= _shard_changes(_release_tars(old, old_outputs), _release_tars(new, RECEIPT_OUTPUTS)),
-               licenses=_license_changes(old_receipt, new_receipt),
-               statistics=_stats_changes(old_receipt, new_receipt))
+    summary = ChangesSummary(
+        records=counts, changed_fields=by_field, listed=listed,
+        release_shards=_shard_changes(_release_tars(old, old_outputs), _release_tars(new, RECEIPT_OUTPUTS)),
+        licenses=_license_changes(old_receipt, new_receipt), statistics=_stats_changes(old_receipt, new_receipt))
     out.write_bytes(CHANGES_MD, render_changes(summary).encode())
     return summary
 
