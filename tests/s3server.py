@@ -16,6 +16,8 @@ from pathlib import Path
 ACCESS_KEY, SECRET_KEY = "corpusforge-test", "corpusforge-secret"
 
 
+VOLUME_SLOTS, VOLUME_MB = 200, 64  # far more buckets than a test session makes; small files
+
 PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
               "filer.port.grpc", "s3.port.grpc", "admin.port", "admin.port.grpc", "webdav.port")
 
@@ -58,6 +60,11 @@ def seaweedfs(data_dir: Path, s3_port: int | None = None, timeout: float = 60.0)
          # The Iceberg and Lance endpoints listen on fixed default ports: two servers at
          # once (pytest-xdist) collide there and one exits, so neither is started.
          "-s3.port.iceberg=0", "-s3.port.lance=0",
+         # `weed mini` sizes its volume slots from the disk's free space (free / 1 GiB): with
+         # 11 GiB free it had 11, each bucket takes one, and the twelfth bucket's writes failed
+         # "No writable volumes and no free volumes left" (CI, stop 41). Fixed slots of a small
+         # size make the server the same on any disk; volumes are sparse, not preallocated.
+         f"-volume.max={VOLUME_SLOTS}", f"-master.volumeSizeLimitMB={VOLUME_MB}",
          "-master.telemetry=false", "-admin.ui=false"],
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     options = {"key": ACCESS_KEY, "secret": SECRET_KEY,
