@@ -2,11 +2,11 @@
 
 A folder of small synthetic pictures (48–64 px, ``validation.min_side: 32``) is built on an
 embedded LocalCluster of 2 worker processes with a temporary Prefect server, then built
-again into the same output with nothing changed, twice: every unit is current. The first rerun
-of a root also keeps the version it held before and describes the changes since (two task runs
-that only a root's first rebuild makes); the second is the steady no-op rerun, which makes no
-task run at all (the folder's listing is probed by a walk of its entries in the flow process,
-``folder_stamp``), so the embedded cluster is never started. Shapes:
+again into the same output with nothing changed, twice: every unit is current. Neither rerun
+makes a task run (the fresh build kept its version when it ended, the account of a version
+compared with itself is written without a read, and the folder's listing is probed by a walk
+of its entries in the flow process, ``folder_stamp``), so the embedded cluster is never
+started; the first rerun writes that account, the second finds it current. Shapes:
 
 * ``tiny units``: ``input.partition_size: 50``, ``staging.shard_size: 25`` (2,400 pictures:
   48 partitions, ~96 staging shards), where per-unit costs dominate;
@@ -15,7 +15,8 @@ task run at all (the folder's listing is probed by a walk of its entries in the 
 Per build it prints wall time, CPU seconds (this process and its reaped worker processes,
 from ``getrusage``; the Prefect server's own CPU is not counted), seconds in stages (the
 run log) and the Prefect task runs made, by task (from the API); then the rerun's share
-of the fresh build, wall and CPU.
+of the fresh build, wall and CPU. It exits 1 when a rerun costs more than
+:data:`BOUND` of its fresh build, in wall or CPU.
 
     .venv/bin/python bench/noop_rerun.py [--n 2400] [--shapes tiny default]
 """
@@ -98,6 +99,9 @@ def timed(cfg: BuildConfig) -> dict[str, Any]:
             "partitions": sum(work["ingest"].values())}
 
 
+BOUND = 0.10  # issue 31: a no-op rerun costs at most 10 % of a fresh build, for every shape
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=2400, help="pictures in the source folder")
@@ -106,6 +110,7 @@ def main() -> None:
     logging.disable(logging.INFO)
     print(f"{args.n} pictures, 2 worker processes; seconds (measured)")
     print(f"{'build':<22}{'parts':>6}{'shards':>7}{'wall':>8}{'cpu':>8}{'stages':>8}{'runs':>6}  slowest stages")
+    over = []
     with tempfile.TemporaryDirectory(prefix="cf-noop-") as tmp, cluster.prefect_api():
         root = Path(tmp)
         pictures(root / "source", args.n)
@@ -115,9 +120,16 @@ def main() -> None:
             print(f"{shape}: task runs of the fresh build {dict(sorted(fresh['runs'].items()))}")
             for name in ("no-op rerun", "no-op again"):
                 rerun = report(f"{shape}: {name}", timed(config(root / "source", out, SHAPES[shape])))
-                print(f"{shape}: {name} / fresh build = {rerun['wall'] / fresh['wall']:.3f} (wall), "
-                      f"{rerun['cpu'] / fresh['cpu']:.3f} (CPU), {rerun['stages'] / fresh['stages']:.3f} (stages)")
+                wall, cpu = rerun["wall"] / fresh["wall"], rerun["cpu"] / fresh["cpu"]
+                print(f"{shape}: {name} / fresh build = {wall:.3f} (wall), "
+                      f"{cpu:.3f} (CPU), {rerun['stages'] / fresh['stages']:.3f} (stages)")
                 print(f"{shape}: task runs of the {name} {dict(sorted(rerun['runs'].items()))}", flush=True)
+                if max(wall, cpu) > BOUND:
+                    over.append(f"{shape}: {name} {max(wall, cpu):.3f}")
+    print(f"bound: a no-op rerun ≤ {BOUND} of a fresh build (wall and CPU): "
+          + (f"BROKEN by {', '.join(over)}" if over else "kept"))
+    if over:
+        raise SystemExit(1)
 
 
 def report(name: str, r: dict[str, Any]) -> dict[str, Any]:

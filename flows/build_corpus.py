@@ -28,8 +28,8 @@ from pydantic import Field, model_validator
 from corpusforge.artifacts import publish_run_artifacts
 from corpusforge.cluster import DaskConfig, cluster_flow, fan_out, output_concurrency, root_flow_run, run_logger
 from corpusforge.config import FlowConfig
-from corpusforge.contract import (COMPUTED, SWEEP_TEMP_FILES, forget_step, keyed, prune, remove_tree, step_call,
-                                  summarise)
+from corpusforge.contract import (COMPUTED, SWEEP_TEMP_FILES, forget_step, keyed, prune, remove_tree, run_step,
+                                  step_call, summarise)
 from corpusforge.feature_files import prune_features
 from corpusforge.lease import held_here, holding_output
 from corpusforge.ledger import Ledger
@@ -62,7 +62,7 @@ from tasks.shared.validate import ValidationConfig
 from tasks.release.publish import publish, release_section
 from tasks.release.versions import ReleaseRefused, current_version, publish_version, refusal
 from tasks.release.splits import SplitConfig
-from tasks.report.changes import DIFF_VERSIONS, KEEP_PREVIOUS_VERSION, remove_changes
+from tasks.report.changes import DIFF_VERSIONS, KEEP_PREVIOUS_VERSION, remove_changes, same_version_account
 from tasks.report.receipt import INPUT_SNAPSHOT, WRITE_OUTPUT_LIST, count_outcomes, output_stamp
 from tasks.report.run_log import StageClock, write_run_log
 from tasks.report.write import write_receipt
@@ -312,11 +312,18 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
             kept = config.previous is None  # the version this root held, kept under work/previous/
             old = store if kept else Store(config.previous, config.storage_options)
             inputs = [old.sha256(PREVIOUS_RECEIPT if kept else RECEIPT), store.sha256(RECEIPT)]
-            fan_out(keyed(DIFF_VERSIONS), [step_call(store, DIFF_VERSIONS, "kept" if kept else "previous", inputs,
-                                                     dict(old=old, new=store, out=store, previous_kept=kept), CHANGES)])
+            call = step_call(store, DIFF_VERSIONS, "kept" if kept else "previous", inputs,
+                             dict(old=old, new=store, out=store, previous_kept=kept), CHANGES)
+            if inputs[0] == inputs[1]:  # one version twice: its empty account needs no read, so no task
+                run_step(**{**call, "fn": same_version_account, "kwargs": dict(out=store)})
+            else:
+                fan_out(keyed(DIFF_VERSIONS), [call])
         else:
             remove_changes(store)
             forget_step(store, DIFF_VERSIONS.name)
+        # this version, kept for the next build's account (after the diff, which read the one before):
+        # a rerun that changes nothing then finds it kept, and runs no task for it
+        fan_out(KEEP_PREVIOUS_VERSION, [dict(store=store)])
     work["seconds"] = clock.seconds()
     if config.near_dedup and staged:
         work["seconds"]["graph_queries"] = query_seconds

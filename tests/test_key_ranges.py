@@ -126,6 +126,19 @@ def test_the_copy_and_the_diff_are_the_whole_query_s_bytes(tmp_path, monkeypatch
         json.loads(files["tiny"][3])["records"].values())
 
 
+def test_the_account_of_one_version_twice_is_the_diffs_without_a_read(tmp_path):
+    """A rerun that changed nothing compares two byte-equal receipts: the flow writes the empty
+    account itself (no task); it must be what the diff of the version with itself writes."""
+    version = _version(tmp_path / "v", 1, "/data/src")
+    assert changes.keep_previous_version(version)
+    diffed, shortcut = (Store(str(tmp_path / name), fsync=False) for name in ("diffed", "shortcut"))
+    summary = changes.diff_versions(version, version, diffed, previous_kept=True)
+    assert summary["records"] == {"added": 0, "removed": 0, "changed": 0}
+    assert json.dumps(changes.same_version_account(shortcut), sort_keys=True) == json.dumps(summary, sort_keys=True)
+    for rel in (CHANGES_TABLE, CHANGES_MD):
+        assert Path(shortcut.path(rel)).read_bytes() == Path(diffed.path(rel)).read_bytes()
+
+
 def test_row_groups_are_the_same_however_the_rows_come(tmp_path):
     """Rows written in batches of any size make the file one contiguous batch makes (a row group
     cut across two ranges' batches included)."""

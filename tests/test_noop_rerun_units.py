@@ -41,11 +41,10 @@ ON_DASK = {"n_workers": 1, "processes": False}
 
 
 def settled_copy(built: Path, tmp_path: Path, settings: BuildConfig) -> None:
-    """A copy of the built sample at ``settings.out``, rebuilt twice in this process with
-    ``settings``: its receipt then names this root and cluster, and the version it held
-    before is kept (a root's first rebuild copies that version; later ones compare it)."""
+    """A copy of the built sample at ``settings.out``, rebuilt once in this process with
+    ``settings``: its receipt then names this root and cluster, and the build kept that
+    version when it ended (so the next rebuild compares with it and keeps nothing new)."""
     shutil.copytree(built, settings.out, symlinks=True)
-    build(settings)
     build(settings)
 
 
@@ -76,15 +75,15 @@ def test_a_changed_global_step_runs_again_with_what_depends_on_it(built_sample, 
                                                                   prefect_server):
     """A new seed of the evaluation caption set (a setting only that step reads) runs that step
     again, and what reads its result: the statistics' sidecars name the set, the receipt records
-    it (so the output list, the reports and the account of changes follow; the version kept
-    before the build is the same). Nothing upstream runs: not the plans, the recall check, the
+    it (so the output list, the reports and the account of changes follow, and the new version
+    is kept when the build ends). Nothing upstream runs: not the plans, the recall check, the
     scan, nor any unit."""
     built, _ = built_sample
     out = tmp_path / "corpus"
     settled_copy(built, tmp_path, config(sample_corpus, out, dask=ON_DASK))
     run_build(config(sample_corpus, out, dask=ON_DASK, eval_captions={"seed": 7}))
     assert task_runs(out) == Counter({"write-eval-captions": 1, "stats-partials": 1, "write-output-list": 1,
-                                      "write-reports": 1, "diff-versions": 1})
+                                      "write-reports": 1, "diff-versions": 1, "keep-previous-version": 1})
     receipt = json.loads((out / RECEIPT).read_text())
     assert receipt["eval_captions"]["seed"] == 7
     assert receipt["eval_captions"]["sha256"] == hashlib.sha256((out / EVAL_CAPTIONS).read_bytes()).hexdigest()

@@ -15,9 +15,10 @@ order, so a task's memory stays the same at any size of corpus; rows stream from
 the parquet writer in row groups of a fixed size, whose fixed settings make the file
 deterministic.
 
-A build into a root that holds an earlier version keeps that version's records
-(``work/previous/``) before anything is replaced (:func:`keep_previous_version`), and
-writes both files beside the new version when it is done (:func:`write_changes`).
+Each build keeps its version's records (``work/previous/``, :func:`keep_previous_version`)
+when it ends, and a build into a root whose version is not the one kept keeps it before
+anything is replaced; the next build compares its version with that copy and writes both
+files beside it (:func:`diff_versions`; :func:`same_version_account` when the two are one).
 """
 
 from __future__ import annotations
@@ -163,12 +164,17 @@ def _register(con: Any, tables: dict[str, pa.Table]) -> None:
 
 
 def keep_previous_version(store: Store, memory_limit: str = "2GB") -> bool:
-    """Keep the records and receipt of the version ``store`` holds before a build replaces it.
+    """Keep the records and receipt of the version ``store`` holds, for the account of what the
+    next build changes. A build keeps its own version when it ends, so the next one finds it
+    kept (no task run); at its start it keeps the root's version only where that is not the
+    one kept (a build killed after its receipt, a root whose copy was removed).
 
     Only a finished version counts (its receipt and manifest are there); a build killed and rerun keeps
-    the copy it made first (the receipt it copied is still the root's). Returns whether an
-    earlier version is kept. ``memory_limit``: DuckDB's, for one range of keys."""
+    the copy it made first (the receipt it copied is still the root's). Returns whether a
+    version is kept. ``memory_limit``: DuckDB's, for one range of keys."""
     if not (store.exists(RECEIPT) and _files(store, MANIFEST_DIR)):
+        if not store.exists(PREVIOUS_DIR):  # a new root: nothing to keep nor to remove
+            return False
         must_compute()
         store.remove(PREVIOUS_DIR)
         return False
@@ -260,6 +266,20 @@ def diff_versions(old: Store, new: Store, out: Store, previous_kept: bool = Fals
         records=counts, changed_fields=by_field, listed=listed,
         release_shards=_shard_changes(_release_tars(old, old_outputs), _release_tars(new, RECEIPT_OUTPUTS)),
         licenses=_license_changes(old_receipt, new_receipt), statistics=_stats_changes(old_receipt, new_receipt))
+    out.write_bytes(CHANGES_MD, render_changes(summary).encode())
+    return summary
+
+
+def same_version_account(out: Store) -> ChangesSummary:
+    """What :func:`diff_versions` writes for a version compared with itself (both receipts the
+    same bytes, so the same records, shards, licences and statistics), written without reading
+    either: the empty account of a rerun that changed nothing."""
+    kinds = ("added", "removed", "changed")
+    summary = ChangesSummary(records=dict.fromkeys(kinds, 0), changed_fields=dict.fromkeys(FIELDS, 0),
+                             listed={k: [] for k in kinds}, release_shards=_shard_changes({}, {}),
+                             licenses={}, statistics=None)
+    with _parquet_writer(out, CHANGES_TABLE, CHANGES_SCHEMA):
+        pass
     out.write_bytes(CHANGES_MD, render_changes(summary).encode())
     return summary
 
