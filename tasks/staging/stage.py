@@ -45,7 +45,6 @@ from corpusforge.version import code_version
 from tasks.shared.samples import SAMPLE_JSON_FIELDS, sample_json
 
 
-
 class StagingConfig(StrictModel):
     """Staging shard size and the bucketing of the exact-dedup group-by."""
 
