@@ -92,11 +92,10 @@ MAYBE = "maybe"  # a plan's verdict: recomputed if an upstream unit's new output
 
 @dataclass(frozen=True)
 class Unit:
-    """A kind of unit of work, declared by its stage: the plain function that does one unit
-    and the name its runs carry (task name, progress, worker resources). ``probe``: the
-    flow may run the unit's check itself first (:func:`probe`); only for units whose check
-    reads nothing but markers and small tables. Its runs are retried by the default rule
-    (transient errors only, see ``corpusforge.cluster``)."""
+    """A kind of unit of work, declared by its stage: the plain function that does one unit and
+    the name its runs carry (task name, progress, worker resources). ``probe``: the flow may run
+    the unit's check itself first; only for units whose check reads nothing but markers and small
+    tables. Only transient errors are retried (``corpusforge.cluster``)."""
 
     fn: Callable[..., Any]
     name: str
