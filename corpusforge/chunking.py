@@ -12,10 +12,7 @@ pieces of that size from its start). An edit then changes the shard it falls in 
 also the next one) and the cuts re-align after it; appended records only touch the last
 shard. Shards hold about ``shard_size`` records on average.
 
-A shard is named after the cut it starts at: the key hash of the record that ended the
-previous shard (``{hash}``; ``head`` for the first), and ``{hash}-{k}`` for the k-th
-further piece of an over-long run. Names therefore survive appends: the last shard keeps
-its name and grows, later shards are new.
+A shard is named after the cut it starts at (docs/staging.md), so names survive appends.
 """
 
 from __future__ import annotations

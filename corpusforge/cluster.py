@@ -177,17 +177,13 @@ def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
 
 
 def as_task(fn: Callable[..., Any], name: str, *, probe: bool = False, **options: Any):
-    """A thin Prefect task around a plain stage function (results stay in memory).
+    """A thin Prefect task around a plain stage function (results stay in memory), with its batch
+    form ``.batch`` (one task run for a list of units, same name, retry rule and resources).
 
-    ``probe``: the flow probes each unit first (:func:`corpusforge.contract.probe`) and
-    submits only those that would compute. Only for units whose check reads nothing but
-    markers and small tables (never the data, a model or the source's images): the flow
-    process does those reads itself, for every unit, on every run.
-
-    Transient errors (:func:`is_transient`) are retried twice with exponential backoff;
-    no other failure is retried (every unit is idempotent under the stage contract). The
-    task carries its batch form (``.batch``): one task run for a list of units, which
-    :func:`run_tasks` submits, with the same name, retry rule and worker resources."""
+    ``probe``: the flow probes each unit first and submits only those that would compute; only for
+    units whose check reads nothing but markers and small tables (the flow process does those reads
+    itself, for every unit, on every run). Only transient errors are retried, twice with backoff
+    (every unit is idempotent under the stage contract)."""
     from prefect import task
     from prefect.cache_policies import NO_CACHE
     from prefect.tasks import exponential_backoff
@@ -229,8 +225,7 @@ _RESOURCES: contextvars.ContextVar[DaskConfig | None] = contextvars.ContextVar("
 
 @contextlib.contextmanager
 def annotated(task_name: str) -> Iterator[None]:
-    """Dask annotations (worker resources) for tasks named ``task_name`` submitted here,
-    from the ``dask`` config of the flow run in this context."""
+    """Dask annotations (worker resources) for tasks named ``task_name`` submitted here."""
     cfg = _RESOURCES.get()
     resources = cfg.task_resources(task_name) if cfg is not None else {}
     if not resources:
@@ -273,9 +268,8 @@ def batch_count(n_units: int, slots: int) -> int:
 
 
 def batches(items: list[T], n: int) -> list[list[T]]:
-    """``items`` (calls, or their indexes) cut into ``n`` consecutive batches whose sizes
-    differ by at most one (consecutive: neighbouring shards stay together, and results
-    keep their order)."""
+    """``items`` cut into ``n`` consecutive batches whose sizes differ by at most one (consecutive:
+    neighbouring shards stay together, and results keep their order)."""
     size, extra = divmod(len(items), n)
     cuts = [i * size + min(i, extra) for i in range(n + 1)]
     return [items[a:b] for a, b in itertools.pairwise(cuts) if b > a]
@@ -293,28 +287,20 @@ def _slots(runner: Any) -> int:
 
 
 def run_tasks(t, calls: list[dict[str, Any]]) -> list[Any]:
-    """The results of the units ``calls`` of task ``t``, in the order of ``calls`` (see
-    :func:`stream_tasks`, which runs them): for fan-outs of a few units; a fan-out over every
-    partition or shard streams its results to a ledger instead."""
+    """The results of :func:`stream_tasks` in the order of ``calls``: for fan-outs of a few units (a
+    fan-out over every partition or shard streams its results to a ledger instead)."""
     results: list[Any] = [None] * len(calls)
     stream_tasks(t, calls, results.__setitem__)
     return results
 
 
 def stream_tasks(t, calls: list[dict[str, Any]], sink: Sink) -> None:
-    """Run the units ``calls`` of task ``t``, in batches of units (one task run each, see
-    :func:`batch_count`) fanned out by the flow run's task runner; outside a flow run, the
-    plain functions run here one after the other. Each result goes to ``sink(i, result)``
-    as its batch completes, and this process keeps none of them (nor the batch's future).
-    Finished units are reported to the run's progress (:mod:`corpusforge.progress`) as
-    their batch completes. The first batch that fails for good (its retries spent) fails
-    the stage at once and cancels the batches not yet started: with an S3 server down,
-    waiting for each of them to spend its own retries would keep a doomed run going for
-    minutes.
+    """Run the units ``calls`` of task ``t`` in batches of task runs (:func:`_run_batches`), or here
+    one after the other outside a flow run; each result goes to ``sink(i, result)`` and to the run's
+    progress, and this process keeps none of them.
 
-    A task made with ``probe=True`` probes every unit in this process first, a window at a
-    time in :data:`PROBE_THREADS` threads: the current ones go to ``sink`` here, and only
-    the others become task runs, so a rerun that changes nothing spends no task run on them."""
+    A task made with ``probe=True`` probes every unit here first: the current ones go to ``sink``
+    and only the others become task runs, so a rerun that changes nothing spends no task run on them."""
     from prefect.context import FlowRunContext
 
     progress = task_progress()
@@ -401,10 +387,11 @@ fan_out = FlowFanOut()
 
 def _run_batches(t, calls: list[dict[str, Any]], todo: list[int], flow_run: Any, progress: Any,
                  sink: Sink) -> None:
-    """The units ``calls[i]`` for ``i`` in ``todo``, in batches of task runs on the flow run's
-    task runner; each batch's results go to ``sink`` when it completes, and the batch's
-    future is dropped then (Prefect's ``as_completed`` would keep every future, and so every
-    result, until the last batch is done)."""
+    """The units ``calls[i]`` for ``i`` in ``todo``, in batches of task runs; each batch's results go
+    to ``sink`` when it completes and its future is dropped then (Prefect's ``as_completed`` would
+    keep every result until the last batch is done). The first batch that fails for good cancels
+    those not yet started: with an S3 server down, each spending its own retries would keep a
+    doomed run going for minutes."""
     if not todo:
         return
     parts = batches(todo, batch_count(len(todo), _slots(flow_run.task_runner)))
@@ -449,10 +436,9 @@ def root_flow_run() -> str | None:
 
 @contextlib.contextmanager
 def output_concurrency(out: str) -> Iterator[None]:
-    """Inside a flow run, hold the slot of the Prefect global concurrency limit of the output
-    root ``out`` (``output:{out}``, limit 1, created on first use), so runs of deployments into
-    one output queue in Prefect instead of meeting at the output's lease; outside a flow run,
-    nothing."""
+    """Inside a flow run, hold the slot of the Prefect global concurrency limit ``output:{out}``
+    (limit 1), so runs of deployments into one output queue in Prefect instead of meeting at the
+    output's lease."""
     if not in_flow_run():
         yield
         return
@@ -482,12 +468,9 @@ def subflow_run_name() -> str:
 
 
 def cluster_flow(fn: Callable[[Any], Any], name: str) -> tuple[Any, Callable[[Any], Any]]:
-    """A Prefect flow ``name`` running ``fn(config)`` on the Dask cluster of ``config.dask``,
-    and a function that runs it from Python or the CLI with a Prefect API for the workers.
-
-    The task runner comes from the config, so it is chosen per run: the flow itself runs
-    ``fn`` as a subflow (``{name}-on-dask``) whose task runner is that cluster.
-    """
+    """A Prefect flow ``name`` running ``fn(config)`` on the Dask cluster of ``config.dask``, and a
+    function that runs it with a Prefect API for the workers. The task runner is chosen per run
+    from the config: the flow runs ``fn`` as a subflow (``{name}-on-dask``) on that cluster."""
     from prefect import flow
 
     from corpusforge.secrets import held_secrets, refuse_inline_secrets, split_secrets, with_secrets
@@ -521,12 +504,10 @@ def cluster_flow(fn: Callable[[Any], Any], name: str) -> tuple[Any, Callable[[An
 
 
 def command_logging(log_file: str) -> str | None:
-    """Logging for a command-line run, set up before Prefect is imported: Prefect's own
-    configuration with tracebacks left off the console (a failure's outcome is one line
-    there) and every record, tracebacks included, written to ``log_file`` — by this process
-    and the Dask worker processes it starts, which inherit ``PREFECT_LOGGING_SETTINGS_PATH``.
-    A path the user set there is kept (None is returned); else the path of the configuration
-    written (``{log_file}.logging.yml``), for the caller to remove when the run is over."""
+    """Logging for a command-line run, set up before Prefect is imported: Prefect's configuration
+    with tracebacks left off the console (a failure is one line there) and every record written to
+    ``log_file``, by this process and the Dask workers (they inherit ``PREFECT_LOGGING_SETTINGS_PATH``).
+    Returns the configuration written, for the caller to remove; None when the user set one."""
     import yaml
 
     if os.environ.get("PREFECT_LOGGING_SETTINGS_PATH"):
@@ -568,11 +549,9 @@ def console_formatter(**kwargs: Any) -> logging.Formatter:
 def prefect_api() -> Iterator[str]:
     """Make sure one Prefect API serves this process and the Dask workers it spawns.
 
-    With ``PREFECT_API_URL`` already set (a real server, a deployment's worker), this does
-    nothing. Otherwise it starts Prefect's local server in a subprocess and exports its
-    URL, so worker processes started afterwards report to it instead of each starting a
-    temporary server of their own on one SQLite file (slow, and it locks).
-    """
+    Unless ``PREFECT_API_URL`` is set, start Prefect's local server in a subprocess and export its
+    URL, so workers report to it instead of each starting a temporary server of their own on one
+    SQLite file (slow, and it locks)."""
     url = os.environ.get("PREFECT_API_URL")
     if url:
         yield url

@@ -1,31 +1,9 @@
 """The stage contract every unit of work follows (a partition, a bucket, a shard, a merge).
 
-* A unit's **fingerprint** hashes its stage's code version (:func:`corpusforge.version.code_version`),
-  the config fields it reads, and the **content digests** of exactly the inputs it reads —
-  for inputs this pipeline wrote, the ``digest`` recorded in their markers; never paths
-  or planned keys.
-* A unit writes its outputs atomically, then its **marker** ``_markers/{output}.json``:
-  the fingerprint, the SHA-256 of each output file and their combined ``digest``, plus
-  whatever facts the unit reports (``info``). Downstream fingerprints use that digest,
-  so a unit that reruns and writes the same bytes invalidates nothing after it.
-* A unit is **skipped** only when its marker holds an identical fingerprint; otherwise it
-  recomputes and overwrites.
-* The marker also keeps the fingerprint's parts (``key``: the code version, a hash per config
-  field, the inputs' hash), so ``corpusforge plan`` can say *why* a unit will recompute
-  (:func:`explain`) from markers alone. Nothing timed goes in a marker: the same inputs
-  give the same marker bytes on any cluster (times are in the run log).
-* A unit can be **probed** (:func:`probe`): run up to the point where it would start its
-  work (:func:`must_compute`, which :func:`run_unit` calls). A current unit returns its
-  result; any other raises :class:`WouldCompute` having done nothing. The flow probes cheap
-  units itself, so a rerun spends no task run on a unit that skips (``corpusforge.cluster``).
-* A one-off global step (planning the inputs or the release, the recall check, a report) is
-  a unit too (:func:`step_call`, :func:`keyed`): keyed by its code version, config and input
-  digests, its small result kept in its marker ``work/steps/{name}.json``, so a rerun whose
-  key is unchanged reads the result there, probed by the flow, without a task run.
-* After planning, every per-unit folder is **pruned** to the current plan (:func:`prune`)
-  before any reader lists it, together with the markers of what was removed.
-
-:func:`run_unit` is the whole protocol in one call; every stage uses it.
+Fingerprint (code version, config fields read, content digests of the inputs read), skip on an
+identical fingerprint, compute, write atomically, mark: :func:`run_unit` is the whole protocol in one
+call; every stage uses it. The rules, probing, one-off global steps (``work/steps/``) and pruning are
+described in docs/contract.md and docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -68,9 +46,8 @@ InfoT = TypeVar("InfoT")
 
 @dataclass(frozen=True)
 class Marker(Generic[InfoT]):
-    """``_markers/{output}.json``: a unit's completion record. On disk it is JSON (hashed as
-    written); :meth:`to_json` gives exactly that mapping and :meth:`from_json` reads it back.
-    ``info`` holds the facts the stage reports (its stage's TypedDict)."""
+    """``_markers/{output}.json``, a unit's completion record: :meth:`to_json` is exactly the
+    mapping on disk (hashed as written); ``info`` holds its stage's TypedDict of facts."""
 
     fingerprint: str
     outputs: dict[str, str]  # path -> SHA-256
@@ -98,8 +75,7 @@ Action = Literal["computed", "skipped"]
 
 @dataclass(frozen=True)
 class UnitResult(Marker[InfoT]):
-    """What every unit returns: its marker, with the stage's typed ``info``, and what this run
-    did with it (``action``, not stored)."""
+    """What every unit returns: its marker and what this run did with it (``action``, not stored)."""
 
     action: Action = field(kw_only=True)
 
@@ -116,11 +92,10 @@ MAYBE = "maybe"  # a plan's verdict: recomputed if an upstream unit's new output
 
 @dataclass(frozen=True)
 class Unit:
-    """A kind of unit of work, declared by its stage: the plain function that does one unit
-    and the name its runs carry (task name, progress, worker resources). ``probe``: the
-    flow may run the unit's check itself first (:func:`probe`); only for units whose check
-    reads nothing but markers and small tables. Its runs are retried by the default rule
-    (transient errors only, see ``corpusforge.cluster``)."""
+    """A kind of unit of work, declared by its stage: the plain function that does one unit and
+    the name its runs carry (task name, progress, worker resources). ``probe``: the flow may run
+    the unit's check itself first; only for units whose check reads nothing but markers and small
+    tables. Only transient errors are retried (``corpusforge.cluster``)."""
 
     fn: Callable[..., Any]
     name: str
@@ -141,10 +116,8 @@ class FanOut(Protocol):
         """``[unit.fn(**c) for c in calls]``, run as the orchestrator sees fit."""
 
     def stream(self, unit: Unit, calls: list[dict[str, Any]], sink: Sink) -> None:
-        """Each result handed to ``sink(i, result)`` as unit ``i`` finishes (in any order) and
-        kept nowhere else: for fan-outs over every partition or shard, whose results the flow
-        process must not hold all at once (docs/architecture.md, "The flow process only
-        coordinates")."""
+        """Each result handed to ``sink(i, result)`` as unit ``i`` finishes (any order), kept nowhere
+        else: the flow process must not hold every partition's or shard's result at once."""
 
     def each(self, units: list[tuple[Unit, dict[str, Any]]]) -> list[Any]:
         """One call each of several kinds of unit, side by side."""
@@ -213,9 +186,8 @@ MARKER_WINDOW = 1024
 
 
 def side_by_side(fn: Callable[[Any], Any], items: Iterable[Any], threads: int, window: int) -> Iterator[Any]:
-    """``fn`` of each of ``items``, in order, on ``threads`` threads, a window of ``window``
-    items at a time: reads of many small files on an object store overlap their round trips,
-    and what is held stays one window's whatever the count."""
+    """``fn`` of each of ``items``, in order, on ``threads`` threads, ``window`` items held at a time
+    (round trips overlap; what is held stays one window's whatever the count)."""
     pending = iter(items)
     with ThreadPoolExecutor(threads) as pool:
         while batch := list(itertools.islice(pending, window)):
@@ -223,9 +195,8 @@ def side_by_side(fn: Callable[[Any], Any], items: Iterable[Any], threads: int, w
 
 
 def require_markers(store: Store, rels: Iterable[str], what: str) -> Iterator[Marker]:
-    """The markers of ``rels`` in order, like :func:`require_marker` for each (a clear error
-    at the first unit that is missing) but read in parallel, a window at a time. One read
-    each: a missing marker is the read's FileNotFoundError, not an ``exists`` round trip first."""
+    """:func:`require_marker` of each of ``rels``, in order, read side by side; one read each (a
+    missing marker is the read's FileNotFoundError, not an ``exists`` round trip first)."""
     def read(rel: str) -> tuple[str, Marker | None]:
         try:
             return rel, Marker.from_json(store.read_json(marker_path(rel)))
@@ -285,9 +256,7 @@ def run_unit(store: Store, rel: str, fp: str, compute: Callable[[], tuple[dict[s
     """Skip ``rel`` when its marker has fingerprint ``fp``; else run ``compute`` and mark it done.
 
     ``compute`` writes the unit's files and returns ``(outputs, info)``: the SHA-256 of each
-    file it wrote (what ``Store.write_*`` return) and facts to keep in the marker. Returns
-    the marker with ``action`` = computed or skipped (not stored).
-    """
+    file it wrote (what ``Store.write_*`` return) and facts to keep in the marker."""
     if (marker := current_marker(store, rel, fp)) is not None:
         return UnitResult.of(marker, SKIPPED)
     must_compute()
@@ -297,8 +266,7 @@ def run_unit(store: Store, rel: str, fp: str, compute: Callable[[], tuple[dict[s
 
 def joint_result(fp: str, markers: Iterable[Marker[Any]], info: InfoT, action: Action) -> UnitResult[InfoT]:
     """The result of a unit that marks several outputs done, one marker each (a merge group's
-    edge files, a shard's features of each model): their files together under the unit's
-    fingerprint ``fp``, with the unit's own ``info``."""
+    edge files, a shard's features of each model): their files together under ``fp``."""
     outputs = {path: sha for m in markers for path, sha in m.outputs.items()}
     return UnitResult(str(fp), dict(sorted(outputs.items())), digest_of(outputs), info, action=action)
 
@@ -345,9 +313,8 @@ def config_hashes(config: Any, path: str = "") -> dict[str, str]:
 
 
 def explain(marker: Marker | None, key: str, inputs_known: bool = True) -> tuple[str, str]:
-    """(action, reason) the contract will take for a unit with fingerprint ``key`` and its
-    current ``marker``: ``skipped`` or ``computed``, with what changed when the marker kept
-    its key's parts (code version, the config fields by name, or the inputs' digest).
+    """(action, reason) for a unit with fingerprint ``key`` and its current ``marker``, naming what
+    changed when the marker kept its key's parts.
 
     ``inputs_known=False``: ``key`` was computed with stand-ins for inputs that upstream
     units write during the run; then only a changed code version or config is certain,
@@ -385,13 +352,10 @@ def step_path(name: str) -> str:
 
 def run_step(store: Store, name: str, key: str, fn: Callable[..., InfoT], kwargs: dict[str, Any],
              outputs: tuple[str, ...] = ()) -> UnitResult[InfoT]:
-    """The one-off global step ``fn(**kwargs)`` as a unit keyed by ``key`` (:func:`step_call`):
-    when its marker holds ``key``, the result recorded there, with no work; else it runs and
-    records its result (JSON: the result a later run reads back is the one this run returns,
-    so a rerun and a fresh build see the same). Returns the step's marker with its result as
-    ``info`` (on disk the marker's info is ``{"result": …}``). ``outputs``: the few files it
-    writes, which must all be there for it to count as done (a report someone removed is
-    written again)."""
+    """The one-off global step ``fn(**kwargs)`` as a unit keyed by ``key`` (:func:`step_call`): the
+    result its marker recorded (as ``info``), or run and recorded (:func:`record_step`). ``outputs``:
+    the few files it writes, which must all be there for it to count as done (a report someone
+    removed is written again)."""
     if (done := step_result(store, name, key, outputs)) is not None:
         return done
     must_compute()
@@ -412,8 +376,8 @@ def step_result(store: Store, name: str, key: str, outputs: tuple[str, ...] = ()
 
 
 def record_step(store: Store, name: str, key: str, result: InfoT) -> UnitResult[InfoT]:
-    """Record the result of the global step ``name`` under ``key``; return it (computed) as a
-    later run will read it back (JSON), so this run and those see the same."""
+    """Record the result of the global step ``name`` under ``key``; return it as a later run reads
+    it back (JSON), so a rerun and a fresh build see the same."""
     result = json.loads(canonical_json(result))
     marker = Marker(key, {}, digest_of({}), {"result": result})
     store.write_json(step_path(name), marker.to_json())
@@ -428,10 +392,8 @@ def keyed(unit: Unit) -> Unit:
 
 def step_call(store: Store, unit: Unit, config: Any, inputs: Any, kwargs: dict[str, Any],
               outputs: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The call of ``keyed(unit)`` for ``unit.fn(**kwargs)`` (its marker in ``store``), keyed by the code version
-    of ``unit.fn``'s module (and its imports), ``config`` (every setting its result depends
-    on) and ``inputs`` (the digests of everything it reads): any change runs it again.
-    ``outputs``: see :func:`run_step`."""
+    """The call of ``keyed(unit)`` for ``unit.fn(**kwargs)``, keyed by the code version of its module,
+    ``config`` (every setting its result depends on) and ``inputs`` (the digests of all it reads)."""
     key = fingerprint(unit.name, code_version(unit.fn.__module__), config, inputs)
     return dict(store=store, name=unit.name, key=key, fn=unit.fn, kwargs=kwargs, outputs=tuple(outputs))
 
@@ -443,12 +405,8 @@ def forget_step(store: Store, name: str) -> None:
 
 
 def prune(store: Store, folder: str, keep: Iterable[str]) -> list[str]:
-    """Remove files (and their markers) in ``folder`` whose stem is not in ``keep``.
-
-    The stem is the name up to the first dot, so ``000003.parquet`` and ``000003.tar``
-    are both unit ``000003``; leftover temporary files (``.name.part``) of a killed
-    writer go too. Returns the removed names.
-    """
+    """Remove files (and their markers) in ``folder`` whose stem (the name up to the first dot) is
+    not in ``keep``, and a killed writer's temporary files (``.name.part``); returns their names."""
     keep = set(keep)
     removed = []
     for name in store.listdir(folder):
@@ -468,16 +426,12 @@ SWEEP_NAMED = 5  # removed paths a sweep names back to the flow; it counts the r
 def sweep_temp_files(store: Store) -> dict[str, Any]:
     """Remove every temporary file (``.name.*.part``) a killed writer left under the output.
 
-    Call it when all units of the run have finished, so no writer of this run is alive:
-    a worker killed mid-write leaves its temp file behind while the rescheduled unit
-    writes another, and the pruning after planning would only catch it on the next run.
-    On an object store nothing partial is ever listed (temp files stay on the writing
-    machine). Returns how many it removed and the first :data:`SWEEP_NAMED` of their paths
-    (relative to the root, sorted): what goes back to the flow stays small whatever was left.
-
-    It walks the whole output tree (names only, one folder's at a time). A flow probes it
-    (:data:`SWEEP_TEMP_FILES`): a tree with no temporary file, every run's but one that lost
-    a writer, makes no task run; one with some is swept by a unit on the cluster."""
+    Call it when all units of the run have finished, so no writer of this run is alive: a worker
+    killed mid-write leaves its temp file behind while the rescheduled unit writes another, and
+    pruning would only catch it on the next run. On an object store nothing partial is ever
+    listed. Returns how many it removed and the first :data:`SWEEP_NAMED` of their paths (relative,
+    sorted), so what goes back to the flow stays small. It walks names only, one folder's at a time;
+    probed, a tree with no temporary file makes no task run."""
     removed, named = 0, []
     if not store.remote:
         for folder, _, names in os.walk(store.root):
@@ -508,29 +462,25 @@ def completed_units(store: Store, folder: str, suffix: str) -> list[str]:
 
 @dataclass(frozen=True)
 class StageSummary:
-    """What a run did with one stage's units: the third part of a stage's surface (its
-    :class:`Unit` runs one unit, its ``plan_units`` plans them, this summarises them)."""
+    """What a run did with one stage's units (a stage's surface: run, plan, summarise)."""
 
     stage: str
     computed: int = 0
     skipped: int = 0
 
     def counts(self) -> dict[str, int]:
-        """``{"computed": n, "skipped": m}``: the form receipts and run logs keep (their bytes
-        depend on it: the key order too)."""
+        """The form receipts and run logs keep (their bytes depend on it: the key order too)."""
         return {COMPUTED: self.computed, SKIPPED: self.skipped}
 
 
 class Outcome(TypedDict):
-    """The part of a unit's result that one of its outputs reports, where a unit writes several
-    units' worth at once (each model's features of a shard): what was done with that output."""
+    """What was done with one output of a unit that writes several (each model's features of a shard)."""
 
     action: Action
 
 
 def summarise(stage: str, results: Iterable[UnitResult[Any] | Outcome]) -> StageSummary:
-    """The stage's summary over its unit results (what :func:`run_unit` returned for each),
-    or over one output's part of each (an :class:`Outcome`)."""
+    """The stage's summary over its unit results, or over one output's part of each (an :class:`Outcome`)."""
     counts = {COMPUTED: 0, SKIPPED: 0}
     for r in results:
         counts[r.action if isinstance(r, UnitResult) else r["action"]] += 1

@@ -1,15 +1,11 @@
 """Per-shard feature files: how the feature stage writes them and every later stage reads them.
 
-One set of files per (model, staging shard), paths from :mod:`corpusforge.layout`::
-
-    features/{model_id}/vectors/{shard}.npy    float16 (default) array [n_ok, dim], rows in shard order
-    features/{model_id}/keys/{shard}.parquet   key, sha256, ok, error for every image of the shard,
-                                               in shard order; the npy rows are the ok rows
-    _markers/features/{model_id}/vectors/{shard}.npy.json   the unit's marker (stage contract);
-                                               ``info``: model fingerprint, count, dim, dtype, random_init
-    features/{model_id}/subsets/{subset}/…     the same three files for only the records one consumer
-                                               selected (``subset``, e.g. ``stats``); every function
-                                               here takes ``subset`` (None: every image of the shard)
+One set of files per (model, staging shard), paths from :mod:`corpusforge.layout` (the tree is in
+docs/architecture.md, "Output layout"): the vectors (float16 by default, [n_ok, dim], the ok rows
+in shard order), the keys (key, sha256, ok, error of every image) and the marker, whose ``info``
+holds the model fingerprint, count, dim, dtype and random_init. A consumer's ``subset`` (e.g.
+``stats``) has the same files for only the records it selected; every function here takes it
+(None: every image of the shard).
 
 Later stages (near-duplicate graph, contamination, reference statistics) read only
 through these functions, so the feature stage's internals stay its own.

@@ -40,10 +40,8 @@ def fingerprint(*parts: Any) -> str:
 
 
 def stable_uniform(seed: int, key: str) -> float:
-    """A deterministic pseudo-random number in [0, 1) for ``key``, independent of order.
-
-    Used for shuffles and sampling that must not depend on shard order or worker count.
-    """
+    """A deterministic pseudo-random number in [0, 1) for ``key``: shuffles and sampling that
+    must not depend on shard order or worker count."""
     digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64
 

@@ -89,12 +89,10 @@ class _Part:
 
 def key_ranges(tables: dict[str, Table], rows_per_range: int = ROWS_PER_RANGE, fan_out: int = FAN_OUT,
                nulls_first: bool = False, key: str = "key") -> Iterator[dict[str, pa.Table]]:
-    """The rows of every table (by name), one range of keys at a time, the ranges in key order.
-    Rows that fit in one range are one range, null keys included; else the rows with a null key
-    are a range of their own, first with ``nulls_first``, else last (as the caller's sort puts them).
-    ``key``: the column the tables are ranged by (any type Python orders: strings, numbers).
-
-    Splits are written under a local temporary folder, removed when the iteration ends."""
+    """The rows of every table (by name), one range of keys at a time, the ranges in key order
+    (``key``: any type Python orders). Rows with a null key are a range of their own (unless all
+    fit in one), first with ``nulls_first``, else last, as the caller's sort puts them. Splits are
+    written under a local temporary folder, removed when the iteration ends."""
     top = {name: _Part(t.schema, _parquet_rows(t), table=t) for name, t in tables.items()}
     with tempfile.TemporaryDirectory(prefix="corpusforge-ranges-") as spill:
         yield from _ranges(top, spill, rows_per_range, fan_out, nulls_first, key)

@@ -4,38 +4,8 @@ Each stage's own files (paths, path functions, schemas) are in its public ``task
 which other stages may import (and nothing else of that stage; ``.importlinter``). What stays here
 is what no single stage owns: the completion markers, staging and feature files (every downstream
 stage, :mod:`corpusforge.plans` and ``tasks/shared`` read them), the manifest every stage reads,
-the lease and the unit ledger, and the ingest row schema the others derive from. Data folders hold
-only data: completion markers live in a parallel ``_markers/`` tree (see
-:mod:`corpusforge.contract`) and temporary files start with ``.``, so
-``pyarrow.dataset.dataset("OUT/graph/edges")``, DuckDB globs and ``webdataset`` read
-every folder as it is.
-
-::
-
-    work/input/…, work/ingest/…, work/spill/…, …, work/resolved/…, fetch/…   ingest and exact dedup:
-                                       tasks/ingest/files.py
-    work/release/…, work/late/…, shards/…, versions/…, current.json   the release: tasks/release/files.py
-    work/graph/…, graph/…              the near-duplicate graph: tasks/graph/files.py
-    work/lease.json                    the lease of the build writing this output now (corpusforge/lease.py):
-                                       who holds it; removed when that build ends
-    work/run/stage_times.{json,md}     the latest run's stage seconds: tasks/report/files.py
-    work/ledger/{fan-out}/{n}.parquet  the unit results of a fan-out over every partition or shard, written
-                                       as units finish (corpusforge/ledger.py): the flow process reads back
-                                       what it needs instead of holding them; rewritten by each run
-    staging/tars/{shard}.tar           staged samples (image, txt, json) in input order
-    staging/index/{shard}.parquet      member offsets of the tar (ranged reads)
-    staging/records/{shard}.parquet    one row per staged sample, in shard order
-    features/{model}/vectors/{shard}.npy       [n_ok, dim] rows in shard order
-    features/{model}/keys/{shard}.parquet      key, sha256, ok, error per image of the shard
-    features/{model}/subsets/{subset}/{vectors,keys}/{shard}.…   the same for only the records one
-                                       consumer selected (e.g. ``stats``: the held-out splits)
-    manifest/part-{part}.parquet       one row per input record: its fate and the reason
-                                       (shards/ and manifest/ are the build's working copies: they change
-                                       while a build runs)
-    work/captions/…, captions/…, eval_captions.parquet   the captions: tasks/captions/files.py
-    stats/…                            reference statistics: tasks/stats/files.py
-    receipt.json, report.md, CHANGES.md, work/previous/…   the receipt and reports: tasks/report/files.py
-    _markers/{path}.json               completion marker of the unit whose main output is {path}
+the lease and the unit ledger, and the ingest row schema the others derive from. The whole tree,
+and why data folders hold only data, is in docs/architecture.md ("Output layout").
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """One build per output: a lease on the output root, taken before a build writes anything.
 
-Two builds writing one output at once mix their files (and one of them crashes on the
-other's half-written shards), so a build first creates ``OUT/work/lease.json``
-exclusively — ``O_EXCL`` on a local disk, a conditional put (``If-None-Match: *``) on an
-object store — and removes it when it ends, also when it fails. The lease names its
-holder (host, pid, flow run, start time), so a second build can say who holds the output
-(:class:`OutputBusy`) or wait for it.
-
-A holder refreshes its lease every :data:`HEARTBEAT_SECONDS` (a conditional put on the
-ETag it wrote, so a holder whose lease was taken over notices). A lease is stale — its
-holder is gone — when its process no longer runs on this host, or when it was not
-refreshed for :data:`STALE_SECONDS` (a holder on another machine); a stale lease is taken
-over: on an object store by a conditional put on the stale lease's ETag, locally by moving
-it aside and creating anew, so of several builds taking over one stale lease one wins.
+Two builds writing one output at once mix their files (and one of them crashes on the other's
+half-written shards), so a build first creates ``OUT/work/lease.json`` exclusively (``O_EXCL``
+locally, a conditional put on an object store), refreshes it every :data:`HEARTBEAT_SECONDS` and
+removes it when it ends; a stale lease is taken over so that of several builds one wins.
+docs/storage.md ("One build per output") gives the rules.
 """
 
 from __future__ import annotations

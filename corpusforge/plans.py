@@ -55,10 +55,6 @@ class StagePlan:
     def counts(self) -> dict[str, int]:
         return {ACTIONS[a]: sum(u.action == a for u in self.units) for a in ACTIONS}
 
-    def known(self) -> bool:
-        """True when every unit's action is certain (nothing depends on upstream output)."""
-        return not self.open and all(u.action != MAYBE for u in self.units)
-
     def changes(self) -> bool:
         """True when the run may change anything of this stage (a unit not skipped, or units added)."""
         return self.open or any(u.action != SKIPPED for u in self.units)

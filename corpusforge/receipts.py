@@ -1,15 +1,5 @@
 """The identity every flow's receipt starts with, so any receipt says the same way which
-flow wrote it, with which code and which settings.
-
-:func:`flow_receipt` gives every flow the same identity fields and the flow adds its own
-sections (inputs, counts, results, output hashes):
-
-- ``corpusforge``: the flow's Prefect name (``build-corpus``, ``near-dedup``,
-  ``contamination``, ``qualify-prompts``), the name its runs have in the Prefect UI;
-- ``code_version``: the package version plus a hash of the source of the flow's stage
-  modules and their imports (:func:`corpusforge.version.code_version`, e.g. ``0.1.0+…``);
-- ``config``: the flow's config as JSON, credentials (:func:`corpusforge.config.is_secret`)
-  replaced by ``***``.
+flow wrote it, with which code and which settings (the fields: docs/receipt.md).
 
 Receipts written before issue 23 spell the flow ``build_corpus``, ``near_dedup`` and
 ``prompt-qualification``, and a contamination receipt names its code version
@@ -42,7 +32,7 @@ def redact(obj: Any, path: tuple[Any, ...] = ()) -> Any:
 
 def flow_receipt(flow: str, code_modules: Iterable[str], config: BaseModel, *,
                  config_exclude: Iterable[str] = (), **sections: Any) -> dict[str, Any]:
-    """A flow's receipt: the identity fields (module docstring), then ``sections``.
+    """A flow's receipt: the identity fields (``corpusforge``, ``code_version``, ``config``), then ``sections``.
     ``config_exclude``: top-level config fields that never change an output and are left
     out (the Dask cluster of the scans), so equal runs on other clusters write equal receipts."""
     identity = {"corpusforge": flow, "code_version": code_version(*code_modules),

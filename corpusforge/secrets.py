@@ -1,23 +1,11 @@
 """Credentials never travel as flow parameters.
 
-The Prefect server stores every flow run's parameters in plain text, so a config that
-reaches a flow holds no credential. They come, in this order of preference, from:
-
-* **the environment** of the process that opens the storage (``AWS_ACCESS_KEY_ID``,
-  ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, … read by s3fs/botocore itself): a
-  machine's profile, a Kubernetes secret mounted as env, or a deployment's
-  ``job_variables.env``;
-* **Prefect Secret blocks named in the config**: any ``storage_options`` mapping may hold
-  ``secret_block: NAME``; the block's value (a JSON object such as ``{"key": …,
-  "secret": …}``) is merged into those options inside the flow run, never into its
-  parameters;
-* from Python or the CLI, credentials written in the config itself: :func:`split_secrets`
-  takes them out before the flow is called and the flow run puts them back in memory
-  (:func:`held_secrets`), so they reach the Dask workers but not the server.
-
-A flow run whose parameters still carry a credential (typed into the UI's form, say)
-refuses to start (:func:`refuse_inline_secrets`): it is already stored, and the message
-says where credentials belong.
+The Prefect server stores every flow run's parameters in plain text, so a config that reaches a
+flow holds no credential: they come from the environment, from Prefect Secret blocks named in the
+config (``secret_block: NAME``, merged inside the flow run), or, from Python or the CLI, out of the
+config itself (:func:`split_secrets` takes them out and :func:`held_secrets` puts them back in
+memory, so they reach the Dask workers but not the server). A flow run whose parameters still
+carry one refuses to start (:func:`refuse_inline_secrets`). See docs/deployments.md ("Credentials").
 """
 
 from __future__ import annotations

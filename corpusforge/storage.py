@@ -1,10 +1,8 @@
 """One storage abstraction over fsspec so local folders and ``s3://`` share one code path.
 
-Every write is atomic: a reader either sees the complete final object or nothing.
-Locally that is a temp file (``.name.*.part``, hidden from dataset readers) in the same
-folder followed by ``os.replace``; on object stores it is a local temp file uploaded with
-one ``put`` (a multipart upload becomes visible only when it completes). Completion
-markers are the stage contract's business (:mod:`corpusforge.contract`).
+Every write is atomic: a reader either sees the complete final object or nothing (a temp file
+``.name.*.part`` renamed locally; a local temp file uploaded in one ``put`` to an object store).
+docs/storage.md describes the S3 rules below (retries, no listings cache).
 """
 
 from __future__ import annotations
@@ -43,24 +41,14 @@ PARQUET_WRITE_OPTIONS: dict[str, Any] = {
 }
 
 
-# Retries on S3, explicit rather than inherited: botocore's "standard" mode retries
-# throttling (503 SlowDown), 500/502/503/504 and dropped connections up to
-# S3_MAX_ATTEMPTS attempts in all, waiting a random share of 1, 2, 4, 8 s (full-jitter
-# exponential backoff); access denied and other 4xx errors are never retried. Users may
-# override it with ``storage_options: {config_kwargs: {retries: ...}}``. (s3fs adds its own
-# outer loop only for SlowDown and connection errors that outlast these attempts.)
+# Retries on S3, explicit rather than inherited: botocore's "standard" mode (throttling, 5xx and
+# dropped connections; never 4xx), full-jitter backoff; ``storage_options`` may override it.
 S3_MAX_ATTEMPTS = 5
 S3_RETRIES: dict[str, Any] = {"mode": "standard", "total_max_attempts": S3_MAX_ATTEMPTS}
 
 
-# No listing outlives the call that made it. s3fs keeps every listing (and with it each
-# object's ETag) in a cache per filesystem instance, shared by every Store of the process
-# and never invalidated by writes of other processes. A build's units write on Dask worker
-# processes while the flow process reads what they wrote: a file opened through a stale
-# listing carries the old ETag, and s3fs refuses its bytes (``FileExpired``); a deleted or
-# new object is missing from, or still in, a stale listing. So every ``ls``, ``find`` and
-# ``info`` asks the store (a HEAD or a LIST request; an open file still pins the ETag it
-# was opened with, so a file replaced while read fails rather than mixing versions).
+# No listing outlives the call that made it: s3fs's listings cache is never invalidated by other
+# processes' writes, and units write on workers while the flow reads (stale ETags: ``FileExpired``).
 S3_NO_LISTINGS_CACHE: dict[str, Any] = {"use_listings_cache": False}
 
 
@@ -73,9 +61,8 @@ _TEMP_TOKEN = os.urandom(4).hex()
 
 @functools.cache
 def _umask() -> int:
-    """This process's umask, read once (Linux's /proc; elsewhere all bits: a chmod after each
-    create). A created file's mode needs no chmod when the umask leaves 0644 whole (a system call
-    per file a fetch writes)."""
+    """This process's umask, read once from /proc (elsewhere all bits: a chmod after each create), so
+    a created file needs no chmod when the umask leaves 0644 whole (a system call per fetched file)."""
     try:
         with open("/proc/self/status") as f:
             return next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
@@ -84,8 +71,7 @@ def _umask() -> int:
 
 
 def with_s3_defaults(uri: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
-    """``storage_options`` for ``uri`` with this module's S3 rules added unless set: the
-    explicit retry rule, and no listings cache (:data:`S3_NO_LISTINGS_CACHE`)."""
+    """``storage_options`` for ``uri`` with this module's S3 rules (retries, no listings cache) unless set."""
     options = dict(storage_options or {})
     if fsspec.utils.get_protocol(uri) in ("s3", "s3a"):
         config_kwargs = dict(options.get("config_kwargs") or {})
@@ -107,8 +93,8 @@ def is_remote(uri: str) -> bool:
 
 
 def overlaps(a: str, b: str) -> bool:
-    """True when two locations of the same kind (both local or both remote) are the same,
-    or one lies inside the other; local paths are compared as absolute paths."""
+    """True when two locations of the same kind (both local or both remote) are the same, or one
+    lies inside the other."""
     if is_remote(a) != is_remote(b):
         return False
 
@@ -121,19 +107,15 @@ def overlaps(a: str, b: str) -> bool:
 
 def require_separate(out: str, reads: Iterable[tuple[str, str]], why: str = "nothing read is ever written to"
                      ) -> None:
-    """The one "output overlaps input" check of every flow: ValueError when the output root
-    ``out`` is, contains or lies inside anything the run reads (``reads``: (what, uri)
-    pairs), so no run writes into what it reads. ``why`` ends the message."""
+    """The one "output overlaps input" check of every flow: ValueError when the output root ``out``
+    overlaps anything the run reads (``reads``: (what, uri) pairs)."""
     for what, uri in reads:
         if overlaps(out, uri):
             raise ValueError(f"output root {out} overlaps the {what} {uri}: {why}")
 
 
 class Store:
-    """A folder (local path or URI) with atomic writes.
-
-    Paths given to methods are relative to the store's root and use ``/``.
-    """
+    """A folder (local path or URI) with atomic writes; paths are relative to its root and use ``/``."""
 
     def __init__(self, root: str, storage_options: dict[str, Any] | None = None, fsync: bool = True):
         """``fsync=False`` skips flushing each local file to disk before its rename: for
@@ -157,10 +139,9 @@ class Store:
 
     @contextlib.contextmanager
     def _naming_full_disk(self, rels: tuple[str, ...], temps: list[str] | None) -> Iterator[None]:
-        """A full disk or quota names where, so the user knows which disk to free: the final
-        path of the file being written (the unit's first when several are open at once); for
-        an object store, the local temp folder its uploads are staged in (``temps``: the temp
-        files made so far; None while uploading)."""
+        """A full disk or quota names where, so the user knows which disk to free: the file being
+        written, or for an object store the local temp folder (``temps``: those made so far; None
+        while uploading)."""
         try:
             yield
         except OSError as exc:
@@ -225,8 +206,7 @@ class Store:
             return pq.read_table(f, columns=columns)
 
     def dataset(self, rel: str, schema: pa.Schema | None = None):
-        """A ``pyarrow.dataset`` over the parquet files under ``rel`` (local or remote);
-        with ``schema`` given, no file is opened just to find it."""
+        """A ``pyarrow.dataset`` over the parquet files under ``rel`` (``schema``: no file opened to find it)."""
         import pyarrow.dataset as ds
 
         return ds.dataset(self._fs_path(rel), schema=schema, format="parquet", filesystem=self.fs)
@@ -255,13 +235,10 @@ class Store:
 
     @contextlib.contextmanager
     def atomic_writes(self, *rels: str) -> Iterator[list[IO[bytes]]]:
-        """:meth:`atomic_write` for the files of one unit: yield one file per path; each
-        appears whole or not at all, and an exception inside leaves none of them.
+        """:meth:`atomic_write` for the files of one unit (an exception inside leaves none of them).
 
-        Local files are fsynced together, from one thread each: a file system commits its
-        journal once for fsyncs that wait at the same time, so a unit's small files (an
-        index, a records table) cost little beside its big one instead of a commit each.
-        """
+        Local files are fsynced together, from one thread each: a file system commits its journal
+        once for fsyncs that wait at the same time (a unit's small files then cost little)."""
         temps: list[str] = []
         try:
             with self._naming_full_disk(rels, temps), contextlib.ExitStack() as stack:
@@ -290,10 +267,8 @@ class Store:
 
     @contextlib.contextmanager
     def atomic_local_file(self, rel: str) -> Iterator[str]:
-        """:meth:`atomic_write` for a library that writes a file by its path (FAISS's
-        memory-mapped inverted lists): yield a local path to write; on clean exit the file
-        appears at ``rel`` whole (fsynced, renamed; uploaded to an object store), else not
-        at all. The path is beside ``rel`` locally, in the temp folder for an upload."""
+        """:meth:`atomic_write` for a library that writes a file by its path (FAISS's memory-mapped
+        inverted lists): yield a local path to write (in the temp folder for an upload)."""
         fd, tmp = self._temp_file(rel)
         os.close(fd)
         try:
@@ -308,8 +283,7 @@ class Store:
                 os.unlink(tmp)
 
     def _publish(self, tmp: str, rel: str) -> None:
-        """Make the whole temporary file ``tmp`` the file ``rel``: renamed beside it
-        locally (atomic), uploaded to an object store (which shows an object whole or not)."""
+        """Make the whole temporary file ``tmp`` the file ``rel`` (renamed locally, else uploaded)."""
         if self.remote:
             with self._naming(rel), self._naming_full_disk((rel,), None):
                 self.fs.put_file(tmp, self._fs_path(rel))
@@ -325,8 +299,7 @@ class Store:
                                                     f"{threading.get_ident()}-{next(_TEMP_NAMES)}.part")
 
     def _temp_file(self, rel: str) -> tuple[int, str]:
-        """A new temporary file for ``rel``: beside it locally (:meth:`_temp_name`), anywhere
-        local for an upload."""
+        """A new temporary file for ``rel``: beside it locally, anywhere local for an upload."""
         if self.remote:
             return tempfile.mkstemp(prefix="corpusforge-", suffix=".part")
         tmp = self._temp_name(rel)
@@ -379,11 +352,9 @@ class Store:
             return tmp
 
     def write_linked(self, rels: Sequence[str], data: bytes) -> None:
-        """``data`` under every name of ``rels``, each appearing whole or not at all (an existing
-        one replaced): one file written and synced, the names hard links to it (on an object
-        store, one object copied server-side). For many small records that are each looked up by
-        their own name (a fetch unit's URL outcomes): a link each instead of a file each (a
-        create, a chmod, a write, a sync and a rename)."""
+        """``data`` under every name of ``rels``, each appearing whole or not at all: one file written
+        and synced, the names hard links to it (a server-side copy on an object store). For many small
+        records looked up by name (a fetch unit's URL outcomes): a link is cheaper than a file each."""
         if self.remote:
             self.write_bytes(rels[0], data)
             for rel in rels[1:]:
@@ -426,24 +397,21 @@ class Store:
         return self.write_bytes(rel, buf.getvalue())
 
     def write_parquet(self, rel: str, table: pa.Table, row_groups: Sequence[int] | None = None) -> str:
-        """Write a table with fixed writer settings; return the file's SHA-256.
-
-        ``row_groups``: a non-decreasing label per row; each run of equal labels becomes its
-        own row group(s), so a reader filtering on the labelling column reads only its rows."""
+        """Write a table with fixed writer settings; return the file's SHA-256. ``row_groups``: a
+        non-decreasing label per row; each run of equal labels becomes its own row group(s), so a
+        reader filtering on the labelling column reads only its rows."""
         return self.write_bytes(rel, parquet_bytes(table, row_groups))
 
     @contextlib.contextmanager
     def write_row_groups(self, rel: str, schema: pa.Schema) -> Iterator[Callable[[pa.Table], None]]:
-        """:meth:`write_parquet` a table at a time (:func:`row_group_writer`), for a file too
-        big to hold: it appears at ``rel`` whole on clean exit, else not at all."""
+        """:meth:`write_parquet` a table at a time, for a file too big to hold, written atomically."""
         with self.atomic_write(rel) as f, row_group_writer(f, schema) as write:
             yield write
 
     def link(self, src: str, dst: str) -> None:
-        """Make ``dst`` hold the bytes of ``src`` at once, moving none through this process:
-        a hard link locally (the same inode, so no disk space; a later atomic replace of
-        ``src`` leaves ``dst`` as it was), a server-side copy on an object store (which shows
-        the object whole or not). A file system without hard links gets an atomic copy."""
+        """Make ``dst`` hold the bytes of ``src``, moving none through this process: a hard link
+        locally (no disk space; a later atomic replace of ``src`` leaves ``dst`` as it was), a
+        server-side copy on an object store, an atomic copy on a file system without hard links."""
         if self.remote:
             with self._naming(dst):
                 self.fs.copy(self._fs_path(src), self._fs_path(dst))
@@ -498,13 +466,10 @@ def file_stamp(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any] | 
     """What changes whenever a file's bytes are replaced, read from its metadata alone (as make
     and rsync notice changes), so a rerun re-reads exactly the files that changed.
 
-    Local files: size, mtime, ctime (ns) and inode. A user can set mtime back (``touch -r``,
-    ``os.utime``, ``rsync -t``), but not ctime, which the kernel sets on every write, nor the
-    inode of a file replaced by a rename. Object stores: size and ETag (which changes with the
-    content); other filesystems: size and modification time. ``info``: the entry from a listing,
-    when there is one. ``content``: add the SHA-256 of the bytes (``input.verify: content``),
-    for filesystems whose metadata cannot be trusted.
-    """
+    Local files: size, mtime, ctime (ns) and inode (mtime can be set back, ctime and the inode of
+    a renamed-over file cannot); object stores: size and ETag; others: size and modification time.
+    ``info``: the entry from a listing, if any. ``content``: add the SHA-256 of the bytes
+    (``input.verify: content``), for filesystems whose metadata cannot be trusted."""
     if isinstance(fs, LocalFileSystem):
         st = os.stat(path)
         stamp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"

@@ -70,8 +70,7 @@ class ShardWriteResult:
 
     @property
     def sha256(self) -> str:
-        """The tar's SHA-256 (waits for the helper thread): ask for it after the file is
-        flushed and fsynced, so hashing overlaps that wait instead of adding to it."""
+        """The tar's SHA-256: ask for it after the file is fsynced, so hashing overlaps that wait."""
         return self.digest.result()
 
 
@@ -105,18 +104,10 @@ def _sha256_of_batches(batches: queue.Queue) -> str:
 
 
 class ShardSink:
-    """Writes a tar's pieces (headers, member bytes, padding) in large batches and hashes
-    them in a helper thread.
-
-    A shard is written as tens of thousands of small pieces; one ``writev`` per batch of
-    up to 1,024 pieces or 4 MB replaces a system call (and a copy through a buffer) per
-    piece. SHA-256 costs about as much CPU as the copy itself; in the helper thread it
-    overlaps the copy and the final fsync instead of adding to them. The queue between
-    the two is bounded, so at most ``MAX_QUEUED`` batches are held in memory. With
-    ``sync_ahead`` (a local file the caller will fsync), the written part is synced in the
-    background as the tar grows (:class:`corpusforge.writeback.SyncAhead`), so the
-    caller's fsync has only the tail left to wait for.
-    """
+    """Writes a tar's pieces in large batches (one ``writev`` each instead of a system call and a
+    copy per piece) and hashes them in a helper thread, where SHA-256 (about as costly as the copy)
+    overlaps the copy and the final fsync. At most ``MAX_QUEUED`` batches are held. ``sync_ahead``:
+    the written part is synced as the tar grows, so the caller's fsync waits only for the tail."""
 
     BATCH_BYTES, BATCH_PIECES, MAX_QUEUED = 4 << 20, 1024, 8
 
@@ -210,14 +201,10 @@ def ustar_header(name: str, size: int) -> bytes:
 def write_tar(target: IO[bytes], samples: Iterable[Sample], sync_ahead: bool = False) -> ShardWriteResult:
     """Stream ``samples`` into ``target`` as a deterministic tar; return its hash and index.
 
-    The bytes are exactly what :mod:`tarfile` writes in ``"w|"`` mode with these headers
-    (USTAR header, data padded to 512 bytes, two zero blocks, zeros up to a 10,240-byte
-    record), written directly in batches (:class:`ShardSink`): tarfile's per-member
-    overhead (a second header encoding, a copy through a buffer, a write per piece) made
-    staging several times slower than a raw copy. Written through a file descriptor, the
-    bytes bypass ``target``'s buffer: write nothing else through it. ``sync_ahead``: the
-    caller fsyncs the finished file; sync its written part while it is being written.
-    """
+    The bytes are exactly what :mod:`tarfile` writes in ``"w|"`` mode with these headers, written
+    directly (tarfile's per-member overhead made staging several times slower than a raw copy).
+    The bytes bypass ``target``'s buffer: write nothing else through it. ``sync_ahead``: the
+    caller fsyncs the finished file; sync its written part while it is being written."""
     sink = ShardSink(target, sync_ahead)
     keys, exts, offsets, sizes, shas = [], [], [], [], []
     count = position = 0
@@ -281,10 +268,8 @@ class TarMemberError:
 
 
 def split_member_name(name: str) -> tuple[str, str] | None:
-    """``dir/key.ext`` -> (``dir/key``, ``ext``) as WebDataset groups them; None if unsafe.
-
-    Unsafe: absolute paths, ``..`` components, backslashes, NUL, empty key or extension.
-    """
+    """``dir/key.ext`` -> (``dir/key``, ``ext``) as WebDataset groups them; None if unsafe
+    (absolute paths, ``..`` components, backslashes, NUL, empty key or extension)."""
     if not name or name.startswith("/") or "\\" in name or "\x00" in name:
         return None
     parts = name.split("/")
@@ -309,8 +294,8 @@ class TarSample:
 
 
 class _TailReader(io.RawIOBase):
-    """A read-only stream that remembers the bytes it read most recently, with their
-    position, so the end of a tar can be checked after :mod:`tarfile` has stopped reading."""
+    """A read-only stream that remembers its last bytes read, so the end of a tar can be checked
+    after :mod:`tarfile` has stopped reading."""
 
     KEEP = 1 << 16
 
@@ -348,20 +333,15 @@ def _member_kind(info: tarfile.TarInfo) -> str:
 
 
 def iter_tar_samples(fileobj: IO[bytes]) -> Iterator[TarSample]:
-    """Yield consecutive members sharing a key as one :class:`TarSample`.
+    """Yield consecutive members sharing a key as one :class:`TarSample`, reading the tar as a stream.
 
-    Reads the tar as a stream (sequential, works on S3). A non-file member (link, device,
-    FIFO) makes its whole sample an error, under the sample's key: one sample, one record,
-    whatever its members. A member whose name is unsafe (``../x``, ``/abs``, a NUL) belongs
-    to no sample and comes back alone as an error. A member repeating an extension
-    the sample in progress already has starts a new sample with the same key (the key
-    check then flags it as a duplicate), so two samples are never merged. A truncated or corrupt tar ends
-    with one error sample naming how many samples were read before it; the sample in
-    progress at the cut is not yielded but reported inside that error (it may miss
-    members). Python's ``tarfile`` takes a header cut short, or a stream ending right
-    after a member, as the end of the archive; here an uncompressed tar counts as whole
-    only if a complete end-of-archive block (512 zero bytes) follows its last member.
-    """
+    A non-file member (link, device, FIFO) makes its whole sample an error: one sample, one
+    record. A member with an unsafe name comes back alone as an error. A member repeating an
+    extension starts a new sample with the same key (flagged as a duplicate later), so two samples
+    are never merged. A truncated or corrupt tar ends with one error sample naming how many samples
+    were read before it (the sample in progress is reported inside it). Python's ``tarfile`` takes
+    a header cut short, or a stream ending right after a member, as the end of the archive; here an
+    uncompressed tar counts as whole only if an end-of-archive block follows its last member."""
     current = TarSample(key="")
     exts: set[str] = set()  # the extensions of the sample in progress, unusable members included
     reader = _TailReader(fileobj)

@@ -1,15 +1,11 @@
 """Make a big file durable while it is still being written, so that the fsync at its
 end has little left to wait for.
 
-A staging shard is tens of MB written in one go and fsynced once, when finished. Left
-alone, the kernel starts writing it back only after ~30 s or under memory pressure, so
-the final fsync writes (and the disk, or a virtual disk's host, flushes) the whole shard
-while the writer waits, idle. :class:`SyncAhead` instead asks for an ``fdatasync`` of the
-file every few MB from a helper thread: the disk works on the finished part while the
-writer's CPU builds the rest (RocksDB's ``bytes_per_sync`` idea; ``sync_file_range``
-alone starts the writes but not a virtual disk's cache flush, which was most of the
-wait here). The writer never waits for one of these syncs except at the end; they
-change no byte, and the caller's own fsync still makes the whole file durable.
+Left alone, the kernel writes a staging shard back only after ~30 s or under memory pressure,
+so its final fsync writes the whole shard while the writer waits, idle. :class:`SyncAhead` asks
+for an ``fdatasync`` every few MB from a helper thread instead (RocksDB's ``bytes_per_sync``;
+``sync_file_range`` alone starts the writes but not a virtual disk's cache flush, which was most
+of the wait here). They change no byte; the caller's own fsync still makes the file durable.
 """
 
 from __future__ import annotations

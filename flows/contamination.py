@@ -235,18 +235,10 @@ contamination_flow, run_contamination = cluster_flow(contamination, FLOW)
 # ---- the plan (`corpusforge plan contamination`, plan_only) -------------------------------
 
 def plan_run(config: ContaminationConfig) -> dict[str, Any]:
-    """What a run would skip or recompute, and why; writes nothing. Per unit for the evaluation
-    set's staging chunks and their features for the image scan's model
-    (:mod:`tasks.contamination.plan`), the GPU work. The stages after it (image scan,
-    image–text judge, text canaries, cross-split leakage, per-item decisions and edition) are
-    judged per stage: their units are planned from the scans' own outputs (matches,
-    selections, LSH buckets), known only after the run. A stage is skipped when nothing it
-    reads changed (no upstream unit recomputes, its config sections and the flow's code
-    version equal the last receipt's, the corpus's receipt and features are those it scanned,
-    the last run completed); "recompute" when it has no completed output; otherwise
-    "recompute if upstream output changes", with the reasons; switched off, its units are
-    deleted. The estimate is the size of the work (no run log): units, and the images of the
-    evaluation chunks to embed."""
+    """What a run would skip or recompute, and why; writes nothing: per unit for the evaluation
+    set's staging chunks and their features (the GPU work), per stage for the scans after them,
+    whose units are planned from their own outputs (docs/contamination.md, "Plan"). The estimate
+    is the size of the work (no run log): units, and the images of the evaluation chunks to embed."""
     corpus = Store(config.corpus, config.corpus_storage_options)
     out = Store(config.out, config.out_storage_options)
     eval_stages = contamination_plan.plan_units(out, corpus, config.eval_set, config.image, config.features)

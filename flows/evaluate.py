@@ -1,6 +1,6 @@
 """Evaluate generated images against reference statistics: FD, PRDC and MMD (GPIC §3).
 
-Table of contents of :func:`evaluate_on_dask`:
+Table of contents of :func:`evaluate`:
 
     load the reference (µ, Σ, feature subsample, provenance) → refuse a model or
     preprocessing other than the reference's (unless ``allow_mismatch``)

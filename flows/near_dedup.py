@@ -4,10 +4,8 @@ Reads ``staging/`` and ``features/{model_id}/`` of ``config.source`` (features m
 extracted already) and writes, under ``config.out`` only: ``graph/…`` (index, edges,
 decisions, components report, collision models, calibration sheet, summary) and
 ``lineage.json`` (which corpus, which shards, its receipt's hash, this config), then
-the new version's release shards, manifest, receipt and report from these decisions
-and the source's staging shards and ingest rows (``tasks/publish.py``). The source
-corpus is never written to; an output root equal to, inside, or around the source is
-refused.
+the new version's release shards, manifest, receipt and report (:mod:`tasks.release.publish`).
+An output root equal to, inside, or around the source is refused.
 
 From Python: ``run_near_dedup(config)`` (starts a Prefect API for the Dask workers when
 none is configured) or the flow ``near_dedup_flow(config)`` itself.

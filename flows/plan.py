@@ -2,29 +2,9 @@
 and the plan's data, estimates, text and ``plan_only`` run that every flow's plan hook
 (``plan_run`` in its own module) shares. It imports no flow: the flows import it.
 
-Like ``dvc status`` or ``terraform plan``, it writes nothing. It asks the build's stages in
-order to plan their units (``plan_units`` of :mod:`tasks.ingest.plan`, :mod:`tasks.staging.plan`,
-:mod:`tasks.shared.features.plan`): for every unit, the fingerprint the run would compute —
-with the same function the stage calls (``ingest_key``, ``resolve_key``, ``staging_key``,
-``feature_fingerprint``…) — compared with the unit's marker
-(:func:`corpusforge.contract.explain`). A unit's inputs are known exactly when every unit
-that produces them is skipped (their digests are in their markers). When an upstream unit
-recomputes, its new digest is only known after it ran, so the units reading it are
-**recompute if upstream output changes** (terraform's "known after apply"), unless their
-own code or config changed, which makes them recompute whatever upstream writes.
-
-The stages after features (near-duplicate graph, captioning, release shards, manifest,
-statistics) are judged per stage, not per unit: all skipped when nothing upstream
-recomputes, their settings (against the last receipt's config) and the build's code
-version are unchanged, and the last build completed (no marker newer than its run log);
-else every unit is "recompute if upstream output changes". A stage switched off is
-deleted exactly.
-
-It reads the source listing or table and stats the image files (as the run's input
-planning does), the markers, and, to key staging shards, the resolved partitions'
-metadata rows; never images, spills, features or release shards. Costs come from the
-last run log's seconds per stage and unit (markers hold nothing timed, so that the same
-inputs give the same marker bytes).
+Like ``dvc status`` or ``terraform plan``, it writes nothing; each stage keys its units with the
+function its run calls, so plan and run cannot disagree. docs/contract.md ("Before a run") gives
+the rules: what is planned per unit, which stages are judged as a whole, what is read.
 """
 
 from __future__ import annotations
@@ -67,9 +47,8 @@ WHOLE_STAGES = [
 
 def plan_build(config: FlowConfig, code_modules: tuple[str, ...]) -> list[StagePlan]:
     """The plan of the build ``config`` (a :class:`flows.build_corpus.BuildConfig`) whose code is
-    ``code_modules``, stage by stage, from the markers under ``config.out``; writes nothing.
-    Each stage package plans its own units (``plan_units``); upstream plans hand the next
-    their ``outputs`` (digests and markers of the units that skip)."""
+    ``code_modules``, from the markers under ``config.out``: each stage plans its units, upstream
+    plans hand the next their ``outputs`` (digests and markers of the units that skip)."""
     store = Store(config.out, config.storage_options)
     with tempfile.TemporaryDirectory(prefix="corpusforge-plan-") as scratch_dir:
         scratch = Store(scratch_dir)  # input chunks are keyed by their bytes: written here, not under out
@@ -90,7 +69,9 @@ def plan_build(config: FlowConfig, code_modules: tuple[str, ...]) -> list[StageP
 
 def _whole_stages(store: Store, config: FlowConfig, upstream: list[StagePlan],
                   code_modules: tuple[str, ...]) -> list[StagePlan]:
-    """The stages after features, judged as a whole (see the module docstring)."""
+    """The stages after features, judged as a whole: all skipped when nothing upstream recomputes,
+    their config sections and the build's code version are unchanged and the last build completed
+    (no marker newer than its run log); else every unit is "recompute if upstream output changes"."""
     receipt = store.read_json(RECEIPT) if store.exists(RECEIPT) else None
     now = config.model_dump(mode="json")
     code_changed = receipt is not None and receipt.get("code_version") != code_version(*code_modules)
@@ -163,10 +144,8 @@ def _stage_data(stage: StagePlan, estimate: dict[str, Any]) -> dict[str, Any]:
 
 
 def feature_estimates(store: Store, plans: list[StagePlan]) -> list[tuple[StagePlan, dict[str, Any]]]:
-    """Each stage of a flow on the built corpus ``store`` with its cost: for feature units,
-    the seconds per unit the last build's run log measured (its features seconds over the
-    feature units it computed) and their size (images and bytes to read, from the staging
-    markers). Stages judged as a whole: none."""
+    """Each stage of a flow on the built corpus ``store`` with its cost: for feature units, the last
+    build's seconds per feature unit computed and their size (from the staging markers)."""
     run_log = store.read_json(RUN_LOG) if store.exists(RUN_LOG) else None
     return [(s, _feature_estimate(store, s, run_log)) for s in plans]
 

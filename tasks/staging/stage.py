@@ -1,26 +1,9 @@
 """Staging shards: the valid, exact-deduplicated records in input order, in tars.
 
-They are the unit of parallel work for every later stage (one task per staging shard for
-features and graph queries) and give those stages sequential reads. Their cuts are
-content-defined (:mod:`corpusforge.chunking`), so a shard keeps its name and content
-while its records are unchanged, whatever happens elsewhere in the source. Per shard::
-
-    staging/tars/{shard}.tar          {key}.{jpg|png|webp} (original bytes), {key}.txt, {key}.json
-    staging/index/{shard}.parquet     key, ext, offset, size of every member (ranged reads)
-    staging/records/{shard}.parquet   key, part, row, sha256, width, height, source, caption_type,
-                                      ext, bytes — one row per sample, in shard order
-    _markers/staging/tars/{shard}.tar.json   outputs' digests; ``info.images`` is the digest
-                                      of the ordered (key, sha256, ext) list: what features read
-
-The image bytes come from the ingest spills (``work/spill/{part}.bin``, see
-:mod:`tasks.ingest.partition`), not from the source: one forward pass per partition slice, one open
-file per partition. No image is hashed twice: each record's bytes must match the XXH3-64
-checksum ingest recorded when it spilled them (eight times cheaper than SHA-256; a spill
-that lost or changed a byte fails the shard before anything of it is written), and the
-index takes ingest's SHA-256 for them. The tar's own SHA-256 (the marker's) is computed
-in a helper thread while the tar is written and fsynced (:class:`corpusforge.tarshard.ShardSink`),
-and the tar's written part is synced to disk in the background as it grows
-(:class:`corpusforge.writeback.SyncAhead`), so its final fsync waits for the tail only.
+They are the unit of parallel work for every later stage and give those stages sequential reads.
+docs/staging.md describes their files, content-defined cuts (:mod:`corpusforge.chunking`), and
+why the image bytes come from the ingest spills, checked against ingest's XXH3-64 checksum (eight
+times cheaper than SHA-256), never from the source.
 
 Fingerprint: the content of the records it holds (every field written to the tar and
 the records file) and the stage's code version. The marker also keeps ``info.slices``: the
@@ -62,7 +45,6 @@ from corpusforge.version import code_version
 from tasks.shared.samples import SAMPLE_JSON_FIELDS, sample_json
 
 
-
 class StagingConfig(StrictModel):
     """Staging shard size and the bucketing of the exact-dedup group-by."""
 
@@ -85,9 +67,8 @@ class StagingShard:
 
 
 def cut_staging(resolved: Iterable[dict[str, Any]], shard_size: int) -> list[StagingShard]:
-    """Staging shards from each partition's survivor count and cut candidates (resolve's
-    info, in partition order, read once: a ledger's rows stream through). What is kept is
-    per partition three integers and per cut candidate one tuple: O(shards), never a record."""
+    """Staging shards from each partition's survivor count and cut candidates (resolve's info, in
+    partition order, read once): it keeps O(shards) integers and tuples, never a record."""
     parts, firsts, survivors = array("q"), array("q"), array("q")  # 8 bytes a partition, not a dict
     candidates, total = [], 0
     for info in resolved:
@@ -116,10 +97,9 @@ def cut_staging(resolved: Iterable[dict[str, Any]], shard_size: int) -> list[Sta
 
 
 class SpillReader:
-    """One partition's ingest spill, read at offsets. A local spill is mapped into memory:
-    its bytes go from the page cache into the tar (and its hash) without a copy through
-    Python objects. Spills are only ever replaced by a rename, never rewritten in place,
-    so a mapping stays valid. On an object store: ranged reads of one open file."""
+    """One partition's ingest spill, read at offsets: mapped into memory locally (no copy through
+    Python objects; spills are only ever replaced by a rename, so a mapping stays valid), ranged
+    reads of one open file on an object store."""
 
     def __init__(self, store: Store, part: int):
         self.name, self.file, self.view = spill_path(part), None, memoryview(b"")
@@ -144,9 +124,8 @@ class SpillReader:
 
 
 def spilled_bytes(store: Store, records: Iterable[dict[str, Any]]) -> Iterator[bytes | memoryview]:
-    """Each record's image bytes from its partition's ingest spill, in order (records of a
-    partition are in input order, so each spill is read forward). Bytes that do not match
-    the checksum ingest recorded for them raise: they are not what ingest hashed."""
+    """Each record's image bytes from its partition's ingest spill, in order (each spill is read
+    forward); bytes that fail the checksum ingest recorded raise: they are not what ingest hashed."""
     part, spill = None, None
     try:
         for r in records:
@@ -182,8 +161,7 @@ STAGING_COLUMNS = list(dict.fromkeys((*CONTENT_FIELDS, *STAGING_RECORDS_SCHEMA.n
 
 
 def shard_table(store: Store, shard: StagingShard) -> pa.Table:
-    """The shard's records: the kept rows of each partition slice, in order, with the
-    columns staging reads (:data:`STAGING_COLUMNS`)."""
+    """The shard's records: the kept rows of each partition slice, in order (:data:`STAGING_COLUMNS`)."""
     tables = []
     for part, skip, take in shard.slices:
         with store.open(resolved_path(part)) as f:  # ParquetFile: a third of read_table's fixed cost
@@ -216,11 +194,8 @@ def slices_key(store: Store, shard: StagingShard) -> str:
 
 
 def write_staging_shard(store: Store, shard: StagingShard) -> UnitResult:
-    """Write one staging shard (skipped when its records' content is unchanged).
-
-    The tar, index and records file are written as one group and fsynced together
-    (:meth:`corpusforge.storage.Store.atomic_writes`), then the marker. Current when its
-    marker's ``info.slices`` matches (:func:`slices_key`), before any table is read."""
+    """Write one staging shard: tar, index and records file fsynced together, then the marker.
+    Current when its marker's ``info.slices`` matches (:func:`slices_key`), before any table is read."""
     slices = slices_key(store, shard)
     tar = staging_tar(shard.name)
     marker = read_marker(store, tar)
