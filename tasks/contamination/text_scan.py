@@ -1,24 +1,17 @@
 """Text canaries at corpus scale: per-text facts, an LSH join in buckets, verification, decisions.
 
-Units, each under the stage contract (files under ``work/contamination/text/``):
+Units, each under the stage contract (files under ``work/contamination/text/``): *texts*, one
+per corpus part and per evaluation chunk (hashes, shingle identities, signatures →
+``{docs|queries}/{unit}``; band keys sorted by key → ``{doc|query}_bands/{unit}``); *join*, one
+per key-range bucket (pairs sharing a (band, key) → ``candidates/{bucket}``, by doc unit);
+*verify*, one per group of doc units (every candidate pair, or in exhaustive mode every pair,
+scored exactly; the best per query → ``scores/{group}``); *decide*, one per evaluation chunk
+(→ ``contamination/text/{chunk}.parquet``); *recall*, a seeded sample of queries compared with
+every corpus text (→ ``brute/{unit}``) against what the join proposed.
 
-    texts      one per corpus part (docs) and per evaluation chunk (queries): normalised
-               hashes, shingle identities, the seed's signature → ``{docs|queries}/{unit}``;
-               every band key of every text, sorted by key → ``{doc|query}_bands/{unit}``
-    join       one per key-range bucket: band rows of that key range from every file,
-               joined on (band, key) → candidate pairs ``candidates/{bucket}`` (sorted by doc unit)
-    verify     one per group of doc units: every candidate pair scored exactly (exact,
-               normalised, direct Jaccard, signature), the best pair per query kept →
-               ``scores/{group}``; in exhaustive mode every (query, doc) pair of the group
-    decide     one per evaluation chunk: the best pair over all groups and the decision
-               from the declared thresholds → ``contamination/text/{chunk}.parquet``
-    recall     a seeded sample of queries compared with *every* corpus text (sparse
-               shingle products, vectorised signatures) per doc unit → ``brute/{unit}``;
-               LSH recall = rule-meeting pairs found by the join / all rule-meeting pairs
-
-Nothing ever holds all pairs: a join task holds one key range of band rows, a verify
-task one group's docs plus the queries it needs. Pairs in a band value shared by more
-than ``max_docs_per_key`` corpus texts keep the first ones (counted; recall shows it).
+Nothing ever holds all pairs: a join task holds one key range of band rows, a verify task one
+group's docs plus the queries it needs. A band value shared by more than ``max_docs_per_key``
+corpus texts keeps the first ones (counted; recall shows it).
 """
 
 from __future__ import annotations
