@@ -1,16 +1,8 @@
 """The generated images' listing for signal 2, out of core: one task lists the
 ``{model}/{prompt_id}/{image}`` tree and cuts it into the variance units, so neither the flow
-nor a unit's parameters hold a file of it.
-
-The tree is listed as the build lists a source (:mod:`tasks.shared.listing`: links listed,
-never followed; spilled to a local temporary folder as it comes); each image is resolved and
-stamped as it is listed (a file that may not be read gets its ``unsafe_path`` reason as its
-stamp, and is that image's error). The images are joined to the valid prompts' order
-(:data:`~tasks.prompts.files.PROMPTS_ORDER`, written by the flow) one range of prompt ids at
-a time, then read back sorted by (model, the prompt's place in the set, file name) one range
-at a time and cut: per model, ``prompts_per_unit`` prompts with images to a unit, each unit
-a file of :data:`~tasks.prompts.files.PROMPTS_LISTING`, which the unit reads (:func:`unit_prompts`). The flow gets the models, each model's unit count and what the tree
-holds that no unit reads.
+nor a unit's parameters hold a file of it. Listed as the build lists a source
+(:mod:`tasks.shared.listing`: links listed, never followed), each image resolved and stamped as
+it is listed (a file that may not be read gets its ``unsafe_path`` reason as its stamp).
 """
 
 from __future__ import annotations
