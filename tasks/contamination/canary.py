@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 
 SEED_SIGNATURE_SEEDS: tuple[int, ...] = (11, 29, 47, 71, 101, 131, 173, 211)
-SHINGLE_WIDTH = 3
 FNV32_OFFSET = 2166136261
 FNV32_PRIME = 16777619
 MASK32 = 0xFFFFFFFF
@@ -52,16 +51,14 @@ def normalize(text: str) -> str:
     return _NOT_LETTER_OR_DIGIT.sub(" ", unicodedata.normalize("NFKC", text).lower()).strip()
 
 
-def shingles(normalized: str, width: int = SHINGLE_WIDTH) -> list[str]:
-    """Distinct token ``width``-shingles in first-seen order (short texts: one shingle)."""
+def shingles(normalized: str) -> list[str]:
+    """Distinct token 3-shingles in first-seen order (1–2 tokens: one shingle of them all)."""
     tokens = normalized.split()
     if not tokens:
         return []
-    if len(tokens) < width:
+    if len(tokens) < 3:
         return [" ".join(tokens)]
-    if width == 3:  # the default, without slicing
-        return list(dict.fromkeys(map(" ".join, zip(tokens, tokens[1:], tokens[2:]))))
-    return list(dict.fromkeys(" ".join(tokens[i:i + width]) for i in range(len(tokens) - width + 1)))
+    return list(dict.fromkeys(map(" ".join, zip(tokens, tokens[1:], tokens[2:]))))
 
 
 def fnv1a32(text: str, seed: int = 0) -> int:

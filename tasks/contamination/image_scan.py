@@ -125,7 +125,6 @@ class ShardVectors:
     keys: list[str]
     shas: list[str]
     x: np.ndarray              # unit float32 rows
-    splits: list[str | None]
 
 
 def feature_identity(side: ScanSide) -> dict[str, Any]:
@@ -169,14 +168,12 @@ def load_shard(side: ScanSide, shard: str) -> ShardVectors:
     t = side.store.read_parquet(feature_keys(side.model_id, shard), columns=["key", "sha256", "ok"])
     sha_of = {k: s for k, s, ok in zip(t["key"].to_pylist(), t["sha256"].to_pylist(), t["ok"].to_pylist(),
                                        strict=True) if ok}
-    splits: list[str | None] = [None] * len(keys)
     if side.selection is not None:
         chosen = read_selection(side.work, side.selection, shard)
         pick = [i for i, k in enumerate(keys) if k in chosen]
         keys, feats = [keys[i] for i in pick], feats[pick]
-        splits = [chosen[k] for k in keys]
     x = unit_rows(feats) if len(keys) else np.zeros((0, feats.shape[-1] if feats.ndim == 2 else 1), np.float32)
-    return ShardVectors(keys, [sha_of[k] for k in keys], x, splits)
+    return ShardVectors(keys, [sha_of[k] for k in keys], x)
 
 
 def _resolve(side: ScanSide, offsets: np.ndarray, ids: np.ndarray
