@@ -69,11 +69,9 @@ def _sha_prefix(hexes: list[str]) -> np.ndarray:
 
 
 def band_keys(batch: TextBatch, choice: BandChoice, empty: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(row, band, key)`` arrays: every band key of every text of ``batch``.
-
-    ``empty`` marks texts that are empty as given: they get no key at all. A text whose
-    normalised form is empty gets only its raw key; one without shingles no signature keys.
-    """
+    """``(row, band, key)`` arrays: every band key of every text of ``batch``. A text empty as
+    given (``empty``) gets no key at all, one whose normalised form is empty only its raw key, one
+    without shingles no signature keys."""
     rows, bands, keys = [], [], []
 
     def add(which: np.ndarray, band: int, band_keys: np.ndarray) -> None:

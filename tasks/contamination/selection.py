@@ -57,10 +57,8 @@ def write_shard_list(out: Store, name: str, shards: list[str]) -> str:
 
 
 def select_splits(corpus: Store, out: Store, name: str, splits: list[str], shards: str) -> UnitResult:
-    """Write the per-shard key lists of ``splits`` (kept rows only) for every shard of the
-    list ``shards`` (the SHA-256 from :func:`write_shard_list`).
-
-    Returns the marker of the unit (info: selected per split, per-shard digests)."""
+    """Write the per-shard key lists of ``splits`` (kept rows only) for every shard of the list
+    ``shards`` (the SHA-256 from :func:`write_shard_list`); info: selected per split, shard digests."""
     parts = manifest_parts(corpus)
     fp = unit_fingerprint("contamination-select", code_version(__name__), sorted(splits),
                           [[p, file_digest(corpus, p)] for p in parts] + [shards])
