@@ -46,14 +46,12 @@ def item_decisions(out: Store, chunk: str, cfg: EditionConfig, image_threshold: 
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         items = out.read_parquet(eval_items_path(chunk)).to_pylist()
+        found = {k: out.read_parquet(rel).to_pylist() if inputs[1][k] else [] for k, rel in sources.items()}
         text: dict[str, list[dict[str, Any]]] = {}
-        if inputs[1]["text"]:
-            for r in out.read_parquet(sources["text"]).to_pylist():
-                text.setdefault(r["item_id"], []).append(r)
-        image = ({r["item_id"]: r for r in out.read_parquet(sources["image"]).to_pylist()}
-                 if inputs[1]["image"] else {})
-        judged = ({r["item_id"]: r for r in out.read_parquet(sources["image_text"]).to_pylist()}
-                  if inputs[1]["image_text"] else {})
+        for r in found["text"]:
+            text.setdefault(r["item_id"], []).append(r)
+        image = {r["item_id"]: r for r in found["image"]}
+        judged = {r["item_id"]: r for r in found["image_text"]}
         rows, counts = [], Counter()
         for item in items:
             iid = item["item_id"]
