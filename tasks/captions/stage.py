@@ -270,8 +270,6 @@ def caption_shard(store: Store, shard: str, cfg: CaptioningConfig, assignment_di
             "by_status": dict(sorted(Counter(r["status"] for r in rows).items())),
             "by_reason": dict(sorted(Counter(r["reason"].split(":", 1)[0] for r in rows if r["reason"]).items())),
             "words": {t: {str(n): c for n, c in sorted(w.items())} for t, w in sorted(words.items())}}
-    # a unit with given-up requests is marked incomplete: the next run recomputes it and
-    # asks exactly those (everything else is in the journal)
     marker = finish_unit(store, captions_path(shard), fp + (INCOMPLETE if gave_up else ""), {captions_path(shard): sha},
                          info)
     return CaptionResult.of(marker, COMPUTED, requests_asked=len(requests))
