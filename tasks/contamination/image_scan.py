@@ -56,12 +56,9 @@ def side_list_path(name: str) -> str:
 
 @dataclass(frozen=True)
 class ScanSide:
-    """Feature shards of one model in one store, optionally narrowed to a split selection.
-
-    The shard names (and each shard's selection digest) are a file in ``work``, the run's
-    output, named ``listing`` and pinned by its SHA-256 (:func:`write_side`): a task's
-    parameters carry the side in a few hundred bytes whatever the corpus's shard count
-    (every name would be ~1.8 MB at 10⁵ shards). ``work`` holds the selection files too."""
+    """Feature shards of one model in one store, optionally narrowed to a split selection. Its shard
+    list is a file in ``work`` (beside the selection files) pinned by its SHA-256 (:func:`write_side`):
+    a few hundred bytes of task parameters at any shard count (every name: ~1.8 MB at 10⁵ shards)."""
 
     store: Store
     model_id: str

@@ -117,12 +117,10 @@ def chunk_name(unit: int) -> str:
 
 def list_generated(out: Store, generated: str, options: dict[str, Any], prompts_per_unit: int) -> GeneratedListing:
     """One listing of ``generated`` into ``out``'s :data:`PROMPTS_LISTING`, cut into units of
-    ``prompts_per_unit`` valid prompts (in :data:`PROMPTS_ORDER`'s order) with images per
-    model, a file a unit (one file, not a row group of one: a unit would read the footer of
-    every unit's, O(units²) over the run); what the flow gets is :class:`GeneratedListing`.
-
-    A unit of its own (the flow runs it as a task: every file is resolved and stamped there,
-    not in the flow process); nothing but a unit's rows and a range of the listing is held."""
+    ``prompts_per_unit`` valid prompts (in :data:`PROMPTS_ORDER`'s order) with images per model,
+    a file a unit (a row group of one file made each unit read every unit's footer, O(units²)).
+    Run as a task, so files are resolved and stamped there, not in the flow process; nothing but
+    a unit's rows and a range of the listing is held."""
     fs, root = url_to_fs(generated, options)
     uri = generated.rstrip("/")
     remote = is_remote(generated)
