@@ -5,8 +5,9 @@ within-difficulty-stratum differences weighted by each stratum's scored prompts 
 a cohort are left out, counted), so an old cohort that is merely easier does not show as
 divergence; stratified rather than regressed on difficulty because it assumes no functional form
 and its weights are visible. The interval is a percentile bootstrap within each (stratum, cohort)
-cell, seeded from ``seed`` and the model's name (independent of model order). A risk indicator to
-weight new-cohort scores by, not an attribution (docs/prompt-qualification.md).
+cell, seeded from ``seed`` and the model's name (independent of model order). A harder new cohort
+or score drift diverges too: a risk indicator to weight new-cohort scores by, not an attribution
+(docs/prompt-qualification.md).
 """
 
 from __future__ import annotations
