@@ -1,22 +1,13 @@
 """An async client for OpenAI-compatible ``/chat/completions`` with one image per request.
 
-:func:`ask_all` runs a list of :class:`Request` s with at most ``concurrency`` in flight
-(a fixed pool of worker coroutines, so the bound holds by construction), and calls
-``on_done`` with each :class:`Outcome` as it arrives (the stage journals it at once).
-
-Failure policy (:mod:`corpusforge.chat`, shared with the contamination judge): timeouts,
-dropped or refused connections, HTTP 429 and 5xx are *transient*: retried up to
-``max_attempts`` with exponential backoff and full jitter (uniform(0, backoff_s·2^(n-1)),
-capped), and a 429's ``Retry-After`` is honoured when it asks for longer. Other 4xx and
-malformed bodies are final answers for that request (a per-record error), not retried.
-A request still failing after its attempts is an outcome with ``transient=True``: the
-stage does not journal it, so a later run asks again.
-
-The image is sent as a base64 data URL: as stored when it is upright and its longer side
-is at most ``max_side``, else oriented, resized and re-encoded as JPEG; each image is
-decoded and encoded once for all of its requests, on a thread (Pillow releases the GIL),
-and only while some request of it is in flight or next.
-The API key goes into the ``Authorization`` header only; no error message carries headers.
+:func:`ask_all` runs the requests through a fixed pool of ``concurrency`` worker coroutines (so
+the bound holds by construction) and hands ``on_done`` each :class:`Outcome` as it arrives (the
+stage journals it at once). Retries are :mod:`corpusforge.chat`'s, shared with the contamination
+judge; a request still failing on transient errors after its attempts is an outcome with
+``transient=True``, which the stage does not journal, so a later run asks again. Each image is
+decoded and encoded once for all of its requests, on a thread (Pillow releases the GIL), and only
+while some request of it is in flight or next. The API key goes into the ``Authorization``
+header only; no error message carries headers.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Settings of the captioning and VLM-filter stage (GPIC §2.2, §2.4, App. F).
-
-The endpoint is any OpenAI-compatible ``/chat/completions`` server (vLLM, SGLang, a
-hosted API). Its API key comes from ``api_key`` (taken out of the config before a flow
-is called, like every credential: :mod:`corpusforge.secrets`) or from the environment
-variable ``api_key_env``; it is never logged, never in a fingerprint, marker or receipt.
+"""Settings of the captioning and VLM-filter stage (GPIC §2.2, §2.4, App. F) for any
+OpenAI-compatible ``/chat/completions`` server. The API key (``api_key``, taken out of the config
+before a flow is called like every credential: :mod:`corpusforge.secrets`; or ``api_key_env``) is
+never logged, never in a fingerprint, marker or receipt.
 """
 
 from __future__ import annotations

@@ -1,22 +1,15 @@
 """The fixed evaluation caption set (GPIC §3): the captions users generate images from.
 
-A deterministic seeded sample of N test-split captions (default 50,000, capped by the
-test split's size): the test records with the N smallest ``stable_uniform(seed, key)``,
-by the one rule (:class:`tasks.shared.sampling.SmallestKeys`) and default seed of the Test-50K
-subset of the reference statistics (:mod:`tasks.stats.reference`), so the caption set and
-Test-50K are the same images.
-Written as ``eval_captions.parquet`` (key, caption type, caption, release shard) in key
-order; its SHA-256 goes into the receipt and the reference statistics' provenance, and
-``corpusforge evaluate`` records which caption set the generated images claim to come from.
+The test records with the N smallest ``stable_uniform(seed, key)`` (default 50,000, capped by
+the test split's size), by the one rule (:class:`tasks.shared.sampling.SmallestKeys`) and default
+seed of the reference statistics' Test-50K subset, so both are the same images; written as
+``eval_captions.parquet`` in key order, its SHA-256 in the receipt (docs/captioning.md).
 
-One task (:data:`WRITE_EVAL_CAPTIONS`) on the cluster, never the flow process, with memory
-bounded by the set's size and a batch of assignment rows, not by the test split: the flow writes
-the names of the test split's release assignment files to ``work/eval_plans.parquet`` and hands the task its
-SHA-256. The task reads those files twice, one batch of rows at a time: first only the keys,
-keeping the N smallest priorities seen so far, then the chosen rows. An input
-caption is read from staging at the ``.txt`` span the assignment file lists (grouped by staging shard,
-in offset order; no staging index). The file is the same bytes as a sort
-of the whole split would give.
+One task on the cluster, never the flow process, with memory bounded by the set's size and a
+batch of assignment rows, not by the test split: it reads the test split's release assignment
+files (named in ``work/eval_plans.parquet``, pinned by SHA-256) twice, a batch at a time — the
+keys, keeping the N smallest, then the chosen rows — and input captions at the ``.txt`` spans
+they list. The file is the same bytes as a sort of the whole split would give.
 """
 
 from __future__ import annotations
@@ -125,10 +118,8 @@ class CaptionSet(TypedDict):
 
 def write_eval_captions(store: Store, assignments: str, cfg: EvalCaptionsConfig,
                         source: Store | None = None) -> CaptionSet:
-    """Write the set from the test split's release assignment files named in
-    ``work/eval_plans.parquet`` (``assignments``: its SHA-256, :func:`write_test_assignment_list`); return
-    what the receipt records about it.
-    ``source`` holds the staging shards (default ``store``)."""
+    """Write the set (``assignments``: the SHA-256 from :func:`write_test_assignment_list`); return
+    what the receipt records about it. ``source`` holds the staging shards (default ``store``)."""
     source = source or store
     names = _assignments(store, assignments)
     smallest = SmallestKeys(cfg.size, cfg.seed)

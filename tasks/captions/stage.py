@@ -1,28 +1,15 @@
 """The captioning and VLM-filter stage, between near-duplicate removal and release (GPIC §2.2, §2.4).
 
-1. **Assign** (one task): every staged record that survived near-duplicate removal is
-   either captioned by the model (no input caption, or ``recaption``) or keeps its input
-   caption. Model-captioned images get a caption type by :mod:`tasks.captions.mix` — the
-   mix within integer rounding over the whole corpus. Written per staging shard to
-   ``work/captions/plan/{shard}.parquet``.
-2. **Ask** (one task per staging shard): for each assigned image, one request per caption
-   (the type's prompt) and per filter question. A request's key is the SHA-256 of (image
-   SHA-256, prompt SHA-256, model, sampling parameters, image size and quality): a
-   completed request is journaled under ``work/captions/journal/{shard}/`` as soon as a
-   batch is full (``journal_every``) or old enough (``journal_seconds``) and on any exit,
-   and never asked again — not after a crash, a config change elsewhere or a rerun. A
-   killed run loses only the requests in flight and the unsaved batch.
-3. **Decide**: ``captions/{shard}.parquet``, one row per assigned record: a question
-   answered with its ``filter_on`` answer filters the image (reason: the question's name),
-   then an answer of exactly ``NOT VISIBLE.`` (reason ``not_visible``); an empty,
-   over-long (more than ``max_words``, or cut by ``max_tokens``) or malformed answer, an
-   unreadable yes/no, a refused request are per-record errors (``caption_error: …``,
-   ``question_error: …``).
+1. **Assign** (one task): which surviving records the model captions (no input caption, or
+   ``recaption``), and in which caption type (:mod:`tasks.captions.mix`).
+2. **Ask** (one task per staging shard): one request per caption and filter question, journaled
+   once answered (``work/captions/journal/{shard}/``) and never asked again (:func:`request_key`).
+3. **Decide**: ``captions/{shard}.parquet``, one row per assigned record (:func:`decide`).
 
-A shard unit's fingerprint holds the stage's identity (model, prompts' SHA-256,
-questions, sampling, image size — never the URL, concurrency or key), its assignment file's and
-staging tar's digests. A unit where some request gave up on transient errors is marked
-with an *incomplete* fingerprint, so the next run recomputes it — asking only those.
+A shard unit's fingerprint holds the stage's identity (never the URL, concurrency or key) and its
+assignment file's and staging tar's digests; a unit where some request gave up on transient
+errors is marked *incomplete*, so the next run recomputes it, asking only those. Outcomes and
+the journal's guarantees: docs/captioning.md.
 """
 
 from __future__ import annotations
@@ -283,8 +270,6 @@ def caption_shard(store: Store, shard: str, cfg: CaptioningConfig, assignment_di
             "by_status": dict(sorted(Counter(r["status"] for r in rows).items())),
             "by_reason": dict(sorted(Counter(r["reason"].split(":", 1)[0] for r in rows if r["reason"]).items())),
             "words": {t: {str(n): c for n, c in sorted(w.items())} for t, w in sorted(words.items())}}
-    # a unit with given-up requests is marked incomplete: the next run recomputes it and
-    # asks exactly those (everything else is in the journal)
     marker = finish_unit(store, captions_path(shard), fp + (INCOMPLETE if gave_up else ""), {captions_path(shard): sha},
                          info)
     return CaptionResult.of(marker, COMPUTED, requests_asked=len(requests))

@@ -1,18 +1,9 @@
 """Text canaries as seed 003 defines them: exact bytes, normalised text, token shingles, seeded signatures.
 
-Every function here is the reference (scalar, one text at a time) the vectorised code in
-:mod:`tasks.contamination.signatures` is tested against, and it reproduces the seed's
-runnable fixture exactly (signature vectors, rounded scores, decisions; see
-``tests/test_contamination.py``):
-
-* **exact** — SHA-256 of the UTF-8 bytes.
-* **normalised** — NFKC, lower case, every run of characters that are not letters or
-  digits (Unicode categories L*, N*) replaced by one space, trimmed; then SHA-256.
-  (Python's ``[\\W_]`` is exactly "not L*/N*" under its Unicode tables; checked in the tests.)
-* **direct Jaccard** — of the sets of token 3-shingles of the normalised text.
-* **seeded signature** — per seed, the minimum over the shingles of 32-bit FNV-1a whose
-  offset basis is XORed with the seed (seeds 11, 29, 47, 71, 101, 131, 173, 211); the
-  estimate is the fraction of equal positions.
+The scalar reference (one text at a time) that :mod:`tasks.contamination.signatures` is tested
+against; it reproduces the seed's runnable fixture exactly (signature vectors, rounded scores,
+decisions; ``tests/test_contamination.py``). The rules are :data:`NORMALIZATION_PROFILE`'s
+(Python's ``[\\W_]`` is exactly "not L*/N*" under its Unicode tables; checked in the tests).
 
 Deviations from the seed's script, all on texts the fixture does not contain: a text with
 1–2 tokens is one shingle of all its tokens (the script gives it no shingles, so any
@@ -33,7 +24,6 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 
 SEED_SIGNATURE_SEEDS: tuple[int, ...] = (11, 29, 47, 71, 101, 131, 173, 211)
-SHINGLE_WIDTH = 3
 FNV32_OFFSET = 2166136261
 FNV32_PRIME = 16777619
 MASK32 = 0xFFFFFFFF
@@ -61,16 +51,14 @@ def normalize(text: str) -> str:
     return _NOT_LETTER_OR_DIGIT.sub(" ", unicodedata.normalize("NFKC", text).lower()).strip()
 
 
-def shingles(normalized: str, width: int = SHINGLE_WIDTH) -> list[str]:
-    """Distinct token ``width``-shingles in first-seen order (short texts: one shingle)."""
+def shingles(normalized: str) -> list[str]:
+    """Distinct token 3-shingles in first-seen order (1–2 tokens: one shingle of them all)."""
     tokens = normalized.split()
     if not tokens:
         return []
-    if len(tokens) < width:
+    if len(tokens) < 3:
         return [" ".join(tokens)]
-    if width == 3:  # the default, without slicing
-        return list(dict.fromkeys(map(" ".join, zip(tokens, tokens[1:], tokens[2:]))))
-    return list(dict.fromkeys(" ".join(tokens[i:i + width]) for i in range(len(tokens) - width + 1)))
+    return list(dict.fromkeys(map(" ".join, zip(tokens, tokens[1:], tokens[2:]))))
 
 
 def fnv1a32(text: str, seed: int = 0) -> int:

@@ -1,18 +1,11 @@
 """Per-item decisions and the new benchmark edition (seed 003: quarantine without mutation).
 
 Per evaluation chunk one unit folds the text, image and image–text findings into
-``contamination/items/{chunk}.parquet``: the worst text decision over the scanned
-fields, the image flag, the judge's verdict, and the item's fate under
-``edition.quarantine_on``. An item is *quarantined* (kept out of the new edition, its
-evidence kept), never deleted; ``review`` decisions stay in the edition and are listed.
-
-The edition is new files only — the input benchmark is never opened for writing:
-
-    edition/items.parquet     retained items with NEW ids ({edition}-{n:06d}) and their old ids
-    edition/mapping.parquet   every previous id → new id (null when quarantined), status, reasons
-    edition/edition.json      previous and revised denominators, coverage lost per category
-
-New ids keep a refreshed item from inheriting an old score under the same identifier.
+``contamination/items/{chunk}.parquet``: the worst text decision over the scanned fields, the
+image flag, the judge's verdict and the item's fate under ``edition.quarantine_on``. A
+quarantined item leaves the new edition with its evidence kept; ``review`` items stay and are
+listed. The edition is new files only (``edition/``; the input is never opened for writing),
+with new ids so that a refreshed item does not inherit an old score under the same identifier.
 """
 
 from __future__ import annotations
@@ -53,14 +46,12 @@ def item_decisions(out: Store, chunk: str, cfg: EditionConfig, image_threshold: 
 
     def compute() -> tuple[dict[str, str], dict[str, Any]]:
         items = out.read_parquet(eval_items_path(chunk)).to_pylist()
+        found = {k: out.read_parquet(rel).to_pylist() if inputs[1][k] else [] for k, rel in sources.items()}
         text: dict[str, list[dict[str, Any]]] = {}
-        if inputs[1]["text"]:
-            for r in out.read_parquet(sources["text"]).to_pylist():
-                text.setdefault(r["item_id"], []).append(r)
-        image = ({r["item_id"]: r for r in out.read_parquet(sources["image"]).to_pylist()}
-                 if inputs[1]["image"] else {})
-        judged = ({r["item_id"]: r for r in out.read_parquet(sources["image_text"]).to_pylist()}
-                  if inputs[1]["image_text"] else {})
+        for r in found["text"]:
+            text.setdefault(r["item_id"], []).append(r)
+        image = {r["item_id"]: r for r in found["image"]}
+        judged = {r["item_id"]: r for r in found["image_text"]}
         rows, counts = [], Counter()
         for item in items:
             iid = item["item_id"]

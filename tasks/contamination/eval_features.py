@@ -1,10 +1,6 @@
 """How evaluation images are embedded: with the corpus's own feature settings (from its
-receipt) unless given, for the one model the image scan reads, at the decode size the
-corpus's features of that model were computed at.
-
-The corpus's other models would change only the decode size, and running them would
-embed every item once per model for nothing. Evaluation images were never validated, so
-any share of them may fail: each failure is that item's error, never a failed chunk.
+receipt) unless given, for the one model the image scan reads, at the decode size the corpus's
+features of that model were computed at (why: docs/contamination.md, "How it runs").
 """
 
 from __future__ import annotations
@@ -33,8 +29,8 @@ def eval_features_config(given: FeaturesConfig | None, corpus: Store, model_id: 
 
 
 def scan_model_only(fcfg: FeaturesConfig, model_id: str) -> FeaturesConfig:
-    """The settings for embedding evaluation images: only ``model_id``, and no share of
-    failed images fails a chunk."""
+    """The settings for embedding evaluation images: only ``model_id``, and no share of failed
+    images fails a chunk (they were never validated: each failure is that item's error)."""
     models = [m for m in fcfg.models if m.model_id == model_id]
     return fcfg.model_copy(update={"max_error_share": 1.0, "models": models})
 

@@ -1,19 +1,11 @@
 """The evaluation set, read once and staged in the corpus's own feature-stage layout.
 
-An evaluation set is a table (one row per item: id, image path, text fields), a folder
-of images (sidecar ``{stem}.txt`` = caption, ``{stem}.json`` = more fields) or WebDataset
-tars. It is only ever *read*. Each chunk of items becomes, under ``OUT/eval/``:
-
-    staging/tars/{chunk}.tar, staging/index/…, staging/records/…   the item images
-    eval/items/{chunk}.parquet (under OUT)                          ids, hashes, texts
-
-so the feature stage embeds them exactly as it embeds a corpus's staging shards — same
-decoder, same models, same fingerprint rules — and the scans can check that both sides
-carry the same model fingerprint. Items get staging keys ``e`` + 20 hex digits of the
-SHA-256 of their id; ids must be unique.
-
-Units (stage contract): one per chunk, fingerprinted by the chunk's rows and a stamp
-(:func:`corpusforge.storage.file_stamp`) of every file it reads; per-item SHA-256s are of
+A table (one row per item: id, image path, text fields), a folder of images (sidecar
+``{stem}.txt`` = caption, ``{stem}.json`` = more fields) or WebDataset tars, only ever *read*.
+Each chunk becomes a staging shard under ``OUT/eval/`` and ``eval/items/{chunk}.parquet``, so the
+feature stage embeds it exactly as a corpus's shards (same decoder, models and fingerprint
+rules) and the scans can check that both sides carry the same model fingerprint. One unit per
+chunk, fingerprinted by its rows and a stamp of every file it reads; per-item SHA-256s are of
 the bytes actually read.
 """
 
@@ -279,9 +271,8 @@ def judge_eval_chunk(out: Store, eval_store: Store, chunk: EvalChunk, cfg: EvalS
 
 
 def stage_chunk(out: Store, eval_store: Store, chunk: EvalChunk, cfg: EvalSetConfig) -> UnitResult:
-    """Read one chunk's items, write their images as a staging shard and their rows as items.
-
-    Returns the items marker (``info``: items, staged, image errors, the staging marker's digest)."""
+    """Read one chunk's items, write their images as a staging shard and their rows as items; the
+    items marker's ``info``: items, staged, image errors, the staging marker's digest."""
     action, _, fp, marker = judge_eval_chunk(out, eval_store, chunk, cfg)
     if action == SKIPPED and marker is not None:
         return UnitResult.of(marker, SKIPPED)

@@ -1,13 +1,10 @@
 """The image-only contamination rate (seed 001): flagged evaluation images over all embedded ones.
 
-Per evaluation chunk one unit joins the items, the feature stage's per-image errors and
-the scan's top-k matches into ``contamination/images/{chunk}.parquet``: the best
-training match, its similarity, ``flagged`` = similarity *strictly greater* than the
-threshold (the seed's recipe: ``max(clip_score) > 0.9``) and ``exact_copy`` when the
-best match has the same SHA-256. The rate is flagged / embedded, always reported with
-both counts; images that could not be read or embedded are counted separately and are
-not in the denominator. A flag says "overlap found" between the supplied sets, nothing
-about any model trained on them.
+Per evaluation chunk one unit joins the items, the feature stage's per-image errors and the
+scan's top-k matches into ``contamination/images/{chunk}.parquet``. ``flagged``: similarity
+*strictly greater* than the threshold (the seed's ``max(clip_score) > 0.9``). Images that could
+not be read or embedded are counted apart, not in the denominator. A flag says "overlap found"
+between the supplied sets, nothing about any model trained on them.
 """
 
 from __future__ import annotations

@@ -1,31 +1,14 @@
 """Best training matches of query images: exact chunked scans or an IVF index, as units of work.
 
-A scan has a *query side* (the evaluation set's chunks, or a corpus's held-out images)
-and a *target side* (a corpus's training images), each a set of feature shards of one
-model, optionally narrowed to a split selection (:mod:`tasks.contamination.selection`).
-Per query shard it writes the top-k targets of every query:
-
-    work/contamination/found/{scan}/{shard}.parquet   query_key, rank, target_shard, target_key,
-                                                      target_sha256, similarity (MATCH_SCHEMA)
-
-Pairs score by the feature model's pair rule (:mod:`tasks.shared.pair_score`, named in
-its fingerprint, as in the near-duplicate graph): plain cosine for most models; for wfd
-the layout blocks' cosine when either image is colourless, so a greyscale repost of an
-evaluation image scores like its original (by plain cosine it could not pass 0.866).
-The rule is in every unit's fingerprint and marker and in the scan's receipt.
-
-* exact: one unit per query shard streams every target shard through
-  :func:`tasks.contamination.similarity.exact_topk` (never a full matrix); its
-  fingerprint holds the query shard's feature digest and the digest of the whole target
-  side, so a changed training shard rescans every query shard (exhaustive by nature).
-* ivf: one unit builds the index over the target side's candidate forms
-  (``work/contamination/index/``), one unit per query shard searches it with query
-  forms and rescores what it finds exactly by the rule; a recall unit rescans a seeded
-  sample of queries exactly and records how many flagged images the index found.
-
-Both sides must carry the same feature identity (model fingerprint: weights or
-random-init, preprocessing, dim; dtype; decode size), read from the feature markers;
-otherwise the scan is refused (:class:`FeatureMismatch`).
+A scan has a *query side* (the evaluation set's chunks, or a corpus's held-out images) and a
+*target side* (a corpus's training images), each a set of feature shards of one model,
+optionally narrowed to a split selection (:mod:`tasks.contamination.selection`). Per query
+shard it writes the top-k targets of every query to ``found_matches_path`` (MATCH_SCHEMA).
+Exact: one unit per query shard streams every target shard; its fingerprint holds the digest
+of the whole target side, so a changed training shard rescans every query shard. IVF: one
+unit builds the index, one unit per query shard searches it and rescores exactly, a recall
+unit rescans a seeded sample exactly. The pair rule, the feature-identity check
+(:class:`FeatureMismatch`) and the memory bounds: docs/contamination.md, "How it runs".
 """
 
 from __future__ import annotations
@@ -73,12 +56,9 @@ def side_list_path(name: str) -> str:
 
 @dataclass(frozen=True)
 class ScanSide:
-    """Feature shards of one model in one store, optionally narrowed to a split selection.
-
-    The shard names (and each shard's selection digest) are a file in ``work``, the run's
-    output, named ``listing`` and pinned by its SHA-256 (:func:`write_side`): a task's
-    parameters carry the side in a few hundred bytes whatever the corpus's shard count
-    (every name would be ~1.8 MB at 10⁵ shards). ``work`` holds the selection files too."""
+    """Feature shards of one model in one store, optionally narrowed to a split selection. Its shard
+    list is a file in ``work`` (beside the selection files) pinned by its SHA-256 (:func:`write_side`):
+    a few hundred bytes of task parameters at any shard count (every name: ~1.8 MB at 10⁵ shards)."""
 
     store: Store
     model_id: str
@@ -142,7 +122,6 @@ class ShardVectors:
     keys: list[str]
     shas: list[str]
     x: np.ndarray              # unit float32 rows
-    splits: list[str | None]
 
 
 def feature_identity(side: ScanSide) -> dict[str, Any]:
@@ -186,14 +165,12 @@ def load_shard(side: ScanSide, shard: str) -> ShardVectors:
     t = side.store.read_parquet(feature_keys(side.model_id, shard), columns=["key", "sha256", "ok"])
     sha_of = {k: s for k, s, ok in zip(t["key"].to_pylist(), t["sha256"].to_pylist(), t["ok"].to_pylist(),
                                        strict=True) if ok}
-    splits: list[str | None] = [None] * len(keys)
     if side.selection is not None:
         chosen = read_selection(side.work, side.selection, shard)
         pick = [i for i, k in enumerate(keys) if k in chosen]
         keys, feats = [keys[i] for i in pick], feats[pick]
-        splits = [chosen[k] for k in keys]
     x = unit_rows(feats) if len(keys) else np.zeros((0, feats.shape[-1] if feats.ndim == 2 else 1), np.float32)
-    return ShardVectors(keys, [sha_of[k] for k in keys], x, splits)
+    return ShardVectors(keys, [sha_of[k] for k in keys], x)
 
 
 def _resolve(side: ScanSide, offsets: np.ndarray, ids: np.ndarray
@@ -382,20 +359,11 @@ def scan_shard_ivf(out: Store, scan: str, query: ScanSide, shard: str, target: S
                    built: UnitResult[ScanIndexInfo], k: int, rule: PairScore) -> UnitResult:
     """Top-k targets of one query shard from the IVF index, by their exact scores under ``rule``.
 
-    The index ranks by the forms' inner product: the rule up to float rounding, except that a
-    colourless query over-estimates a nearly grey coloured target (up to 1/sqrt(1-w)). So
-    the search asks for ``k + RESCORE_EXTRA`` candidates, every one is rescored exactly from
-    its stored row (the same bytes as the exact scan) and the best ``k`` are kept: up to
-    ``RESCORE_EXTRA`` over-estimated or rounding-shuffled candidates cannot push a found
-    target out of the top-k.
-
-    Which lists to probe: the query form's inner product with a centroid is the mean rule
-    score to the list's members, which mixes its coloured members (scored by the form's
-    first ``dim`` entries) and its colourless ones (by the rest), so lists of one kind
-    crowd out the other's: a coloured query lost its greyscale copies and a greyscale one
-    its coloured original (``bench/contamination_probes.py``). So each part of the query
-    form chooses its own ``nprobe`` lists (up to twice as many lists probed); every list
-    is scored with the whole query form."""
+    The index ranks by the forms' inner product, which over-estimates a nearly grey coloured
+    target for a colourless query (up to 1/sqrt(1-w)), so ``k + RESCORE_EXTRA`` candidates are
+    rescored exactly from their stored rows and the best ``k`` kept. Each part of the query form
+    (coloured, colourless) chooses its own ``nprobe`` lists: chosen by the whole form, lists of
+    one kind crowded out the other's (``bench/contamination_probes.py``)."""
     fp = unit_fingerprint("contamination-scan", code_version(__name__), ["ivf", k, rule.to_json()],
                           [query.shard_digest(shard), built.fingerprint])
 
@@ -423,12 +391,9 @@ def recall_path(scan: str) -> str:
 def scan_recall(out: Store, scan: str, query: ScanSide, target: ScanSide, target_digest: str, k: int,
                 threshold: float, n_sample: int, seed: int, found_digests: list[str], rule: PairScore
                 ) -> UnitResult[ScanRecall]:
-    """Recall of the index on a seeded sample of queries, against an exact scan of every target.
-
-    ``recall_flagged``: share of sampled queries flagged by the exact scan (best > threshold)
-    that the index also flagged; ``top1_agreement``: share whose best target is the same.
-    Both score by ``rule``.
-    """
+    """Recall of the index on a seeded sample of queries, against an exact scan of every target:
+    ``recall_flagged``, the share of the exact scan's flagged queries (best > threshold) the index
+    also flagged; ``top1_agreement``, the share whose best target is the same."""
     fp = unit_fingerprint("contamination-recall", code_version(__name__),
                           [k, threshold, n_sample, seed, rule.to_json()],
                           [[query.shard_digest(s) for s in query.shards], target_digest, found_digests])

@@ -1,15 +1,10 @@
 """Image–text contamination per evaluation chunk: retrieve training captions, ask the judge.
 
-For every item with an answer and an embedded image, the captions of its top image
-matches (the image scan's ``found`` rows, similarity above ``retrieve_above``) are read
-from the corpus's staging tars by ranged reads (``staging/index`` offsets) and passed
-to the judge (:mod:`tasks.contamination.judge`). One unit per chunk writes
-``contamination/judge/{chunk}.parquet``; its fingerprint holds the judge's identity,
-so a changed judge, model or prompt re-asks, and an unchanged one keeps its verdicts
-(a chat model's answers are not re-drawn on a rerun).
-
-The rate is inferable / judged, reported with the unresolved count beside it: an
-unresolved item is "exposure unresolved", never counted as clean.
+The captions of an item's top image matches (similarity above ``retrieve_above``) are read from
+the corpus's staging tars by ranged reads and passed to the judge. The unit's fingerprint holds
+the judge's identity, so a changed judge, model or prompt re-asks and an unchanged one keeps its
+verdicts (a chat model's answers are not re-drawn on a rerun). An unresolved item is "exposure
+unresolved", never counted as clean.
 """
 
 from __future__ import annotations

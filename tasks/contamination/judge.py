@@ -1,21 +1,13 @@
 """Image–text contamination (seed 001's second rate): can an item's answer be inferred from
 the training captions retrieved for its image?
 
-A :class:`Judge` takes the item's question and answer and the captions of its top image
-matches and returns a :class:`Verdict` — ``inferable``, ``not_inferable`` or
-``unresolved`` — plus the judge's identity, so every number says which judge made it.
-
-* :class:`CanaryOverlapJudge` (default, deterministic): the share of the answer's
-  normalised 3-shingles (its tokens, when it has fewer than three) found in one caption;
-  at or above ``containment`` it is inferable. Answers too short to carry evidence
-  (yes, no, a letter, a digit) are ``unresolved``: overlap cannot tell.
-* :class:`ChatJudge` (optional): an OpenAI-compatible ``/chat/completions`` endpoint
-  named in the config, asked for ``{"inferable": true|false, "reason": …}`` at
-  temperature 0, through the client captioning uses too (:mod:`corpusforge.chat`).
-  Timeouts, connection errors, HTTP 429/5xx are retried with exponential backoff;
-  anything still failing, and any reply that is not that JSON, is ``unresolved`` with
-  the error recorded — never a silent "not inferable". The API key is read from the
-  named environment variable and never written anywhere.
+A :class:`Judge` returns a :class:`Verdict` (``inferable``, ``not_inferable`` or ``unresolved``)
+and has an identity, so every number says which judge made it. :class:`CanaryOverlapJudge`
+(default, deterministic): answers too short to carry evidence (yes, no, a letter, a digit) are
+``unresolved``, since overlap cannot tell. :class:`ChatJudge`: an OpenAI-compatible endpoint at
+temperature 0 through :mod:`corpusforge.chat`; a failure after its retries, or a reply without a
+boolean ``inferable``, is ``unresolved`` with the error recorded, never a silent "not
+inferable". The API key is read from the named environment variable and never written.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Cross-split leakage: held-out images (val, test) with a near-duplicate among training images.
 
-The held-out images of a built corpus are scanned (:mod:`tasks.contamination.image_scan`)
-against the training split of the same corpus or of any other built corpus. Per
-held-out staging shard one unit writes the pairs at or above the review threshold to
-``contamination/leakage/{shard}.parquet`` and counts, per threshold and split, the
-held-out images whose best training match is at or above it (``>=``: the graph's edge
-rule, so the build's own threshold reads as the build reads it).
-
-For a corpus built by this tool the count at the build's graph threshold is 0 by
-construction — near-duplicate components never straddle two splits — and is measured
-anyway: a non-zero count means the build's index missed pairs or the splits were edited.
+Per held-out staging shard one unit writes the pairs at or above the review threshold and
+counts, per threshold and split, the held-out images whose best training match is at or above
+it (``>=``: the graph's edge rule, so the build's own threshold reads as the build reads it).
+For a corpus built here the count at the build's graph threshold is 0 by construction (no
+near-duplicate component straddles two splits) and is measured anyway: a non-zero count means
+the build's index missed pairs or the splits were edited.
 """
 
 from __future__ import annotations

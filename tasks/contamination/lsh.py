@@ -1,18 +1,11 @@
 """MinHash LSH banding over canary signatures: which (item, corpus text) pairs get compared.
 
-A band is a tuple of signature values; two texts are a candidate pair when they agree
-on every value of at least one band. Bands (see :class:`tasks.contamination.config.LshConfig`):
-
-* ``0`` raw SHA-256, ``1`` normalised SHA-256 — exact and normalised matches, always found;
-* every m-subset of the seed's signature positions, m = equal positions the signature
-  threshold needs: a pair at or above it agrees on some m positions, so it is *always*
-  a candidate (recall 1 by construction, whatever the hash values);
-* ``b`` bands of ``r`` rows over the independent LSH signature, for direct Jaccard:
-  P(candidate | J) = 1 − (1 − J^r)^b.
-
-Each band value becomes one 64-bit key (SplitMix64 chain over band id and values); the
-join (:func:`tasks.contamination.text_scan.join_bucket`) splits the keys into equal
-ranges, and only texts that share a key are ever compared.
+Two texts are a candidate pair when they agree on every value of at least one band. The bands
+(:class:`tasks.contamination.config.LshConfig`): the raw and the normalised SHA-256; every
+m-subset of the seed's signature positions, m = equal positions the signature threshold needs,
+so a pair at or above it is *always* a candidate; and ``b`` bands of ``r`` rows over the
+independent LSH signature, P(candidate | J) = 1 − (1 − J^r)^b. Each band value becomes one
+64-bit key (SplitMix64 chain over band id and values), which the join splits into equal ranges.
 """
 
 from __future__ import annotations
@@ -76,11 +69,9 @@ def _sha_prefix(hexes: list[str]) -> np.ndarray:
 
 
 def band_keys(batch: TextBatch, choice: BandChoice, empty: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(row, band, key)`` arrays: every band key of every text of ``batch``.
-
-    ``empty`` marks texts that are empty as given: they get no key at all. A text whose
-    normalised form is empty gets only its raw key; one without shingles no signature keys.
-    """
+    """``(row, band, key)`` arrays: every band key of every text of ``batch``. A text empty as
+    given (``empty``) gets no key at all, one whose normalised form is empty only its raw key, one
+    without shingles no signature keys."""
     rows, bands, keys = [], [], []
 
     def add(which: np.ndarray, band: int, band_keys: np.ndarray) -> None:

@@ -1,9 +1,7 @@
 """The contamination scan's per-unit work planned before a run (``corpusforge plan``): the
-evaluation set's staging chunks (:func:`tasks.contamination.eval_set.judge_eval_chunk`) and their
-features for the image scan's model (:func:`tasks.shared.features.extract.judge_shard`, at
-the corpus's decode size) — the GPU work. A chunk restaged first makes its features
-"recompute if upstream output changes" (its images are known after). The scans after them
-plan their units from their own outputs, so the flow judges them as a whole.
+evaluation set's staging chunks and their features for the image scan's model (the GPU work),
+judged by the functions the run uses. The scans after them plan their units from their own
+outputs, so the flow judges them as a whole.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """The contamination receipt: what was compared with what, under which rules, with which result.
 
-Everything a reviewer needs to replay a run and nothing that varies between identical
-runs (no wall-clock times, no counts of reused work): the benchmark manifest's SHA-256
-(over every item's id and content hash, in order) and the SHA-256 of every input file
-read, each item's hash (inline up to :data:`INLINE_ITEMS`, always in the per-item
-files whose SHA-256s are listed), the comparison corpus's snapshot (its receipt's
-SHA-256 and input snapshot hash), the normalisation profile, every threshold and seed,
-the scanner's code version, the results, the edition, and the SHA-256 of every output.
-So it changes when any input byte, seed or threshold changes, and not otherwise.
+Everything a reviewer needs to replay a run and nothing that varies between identical runs
+(no wall-clock times, no counts of reused work), so it changes when any input byte, seed or
+threshold changes, and not otherwise (contents: docs/contamination.md, "Receipt"); item hashes
+are inline up to :data:`INLINE_ITEMS`, always in the per-item files whose SHA-256s it lists.
 """
 
 from __future__ import annotations

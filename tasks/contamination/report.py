@@ -1,9 +1,7 @@
 """The contamination report: Markdown (``report.md``) and HTML with image pairs (``report.html``).
 
-Rendered from the receipt alone (plus image bytes for the thumbnails), so a rerun that
-writes the same receipt writes the same report. Wording follows seed 003: "overlap
-found", "slice quarantined", "exposure unresolved" — a corpus scan never shows that a
-model was trained on anything, and the report says so at the top.
+Rendered from the receipt alone (plus image bytes for the thumbnails), so a rerun that writes
+the same receipt writes the same report; worded as seed 003 words it (docs/contamination.md).
 """
 
 from __future__ import annotations

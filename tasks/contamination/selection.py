@@ -1,16 +1,10 @@
 """Which corpus images a scan may match: the keys of chosen splits, per staging shard.
 
-A corpus's features cover every staged image, including near-duplicates the build
-removed and the held-out splits; "the training corpus" is the manifest's ``kept`` rows
-of the training split(s). One unit reads the manifest once (columns key, status, split,
-staging_shard, streamed by batches) and writes one small file per staging shard:
-
-    work/contamination/select/{name}/{shard}.parquet    key, split
-    work/contamination/select/{name}/_shards.parquet    shard (the shards covered, written by the flow)
-
-Memory: the selected keys of the corpus, ~40 bytes each (4 GB at 100M) — like the
-near-duplicate decisions, the one step that holds per-record metadata.
-Fingerprint: the splits and the manifest's content digests.
+A corpus's features cover every staged image, including near-duplicates the build removed and
+the held-out splits; "the training corpus" is the manifest's ``kept`` rows of the training
+split(s). One unit streams the manifest once and writes ``select/{name}/{shard}.parquet`` (key,
+split) per staging shard. Memory: the selected keys of the corpus, ~40 bytes each (4 GB at
+100M) — like the near-duplicate decisions, the one step that holds per-record metadata.
 """
 
 from __future__ import annotations
@@ -63,10 +57,8 @@ def write_shard_list(out: Store, name: str, shards: list[str]) -> str:
 
 
 def select_splits(corpus: Store, out: Store, name: str, splits: list[str], shards: str) -> UnitResult:
-    """Write the per-shard key lists of ``splits`` (kept rows only) for every shard of the
-    list ``shards`` (the SHA-256 from :func:`write_shard_list`).
-
-    Returns the marker of the unit (info: selected per split, per-shard digests)."""
+    """Write the per-shard key lists of ``splits`` (kept rows only) for every shard of the list
+    ``shards`` (the SHA-256 from :func:`write_shard_list`); info: selected per split, shard digests."""
     parts = manifest_parts(corpus)
     fp = unit_fingerprint("contamination-select", code_version(__name__), sorted(splits),
                           [[p, file_digest(corpus, p)] for p in parts] + [shards])

@@ -1,17 +1,12 @@
 """Canary facts of many texts at once: hashes, shingle sets, seeded and LSH signatures in numpy.
 
-:mod:`tasks.contamination.canary` states the rules one text at a time; this module
-computes the same values for a batch (tested equal to it). Normalising and cutting
-shingles is per text in Python; everything per shingle is vectorised over the batch's
-*distinct* shingles (captions share many), one numpy pass per code-point position:
-
-* the seed's signature: 32-bit FNV-1a per seed, minimum over a text's shingles;
-* a 64-bit shingle identity (FNV-1a 64) — the sets direct Jaccard is computed on
-  (two distinct shingles collide with probability ~2^-64);
-* an LSH signature of ``num_perm`` minima of ``fmix32(identity ^ salt_i)`` (MurmurHash3's
-  finaliser as the permutation): independent of the seed's eight FNV seeds, whose
-  offset-basis XOR leaves neighbouring seeds correlated, so bands built on it behave
-  like the textbook analysis says.
+The values of :mod:`tasks.contamination.canary`'s rules for a batch (tested equal to it):
+normalising and cutting shingles is per text in Python, everything per shingle vectorised over
+the batch's *distinct* shingles (captions share many), one numpy pass per code-point position.
+Shingle identities are FNV-1a 64 (two distinct shingles collide with probability ~2^-64). The LSH
+signature is ``num_perm`` minima of ``fmix32(identity ^ salt_i)``: independent of the seed's
+eight FNV seeds, whose offset-basis XOR leaves neighbouring seeds correlated, so bands built on it
+behave like the textbook analysis says.
 """
 
 from __future__ import annotations

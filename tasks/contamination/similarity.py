@@ -1,25 +1,14 @@
 """Top-k search without a full matrix: a chunked exact scan and a FAISS inverted file.
 
-Similarity is the one the near-duplicate graph uses: the feature model's pair rule
-(:mod:`tasks.shared.pair_score`: plain cosine for most models; for wfd, the layout blocks'
-cosine when either image is colourless) of rows made unit length in float32, computed in
-float64 and rounded to float32 — the same value from either side, so a pair scores
-identically here and in ``graph/edges``.
-
-* :func:`exact_topk` — exhaustive: queries × targets in blocks of at most
-  :data:`BLOCK_ENTRIES` float32 scores (64 MB) of the rule (:func:`rule_matrix`), the
-  best ``k + 4`` of each block row rescored exactly (``PairScore.scores``), merged into
-  a running top-k. Memory O(block + queries × k), whatever the number of targets; a
-  caller streams target shards through it.
-* :func:`new_ivf` / :func:`ivf_search_by_list` — ``IVF{nlist},{Flat|SQfp16}`` over inner
-  product, k-means trained on a given (deterministic) sample (callers index the rule's
-  candidate forms and query with its query forms). The search takes FAISS's
-  coarse assignment and then scores each probed list against all queries probing it in
-  one matrix product (compute-bound; FAISS's own per-query scan, :func:`ivf_search`,
-  re-reads a list for every query and is memory-bound). Scores are float32 dot products
-  of the stored vectors, which only choose candidates: callers rescore them exactly
-  (:func:`rescore_topk`). Approximate in *which* neighbours it finds: callers measure
-  recall against :func:`exact_topk` on a sample.
+Similarity is the near-duplicate graph's: the feature model's pair rule
+(:mod:`tasks.shared.pair_score`) of unit float32 rows, computed in float64 and rounded to
+float32, so a pair scores identically here and in ``graph/edges``. :func:`exact_topk` scores
+blocks of at most :data:`BLOCK_ENTRIES` (64 MB) and rescores each row's best ``k + 4``
+exactly: memory O(block + queries × k), whatever the number of targets.
+:func:`ivf_search_by_list` scores each probed list against all queries probing it in one
+matrix product (compute-bound; FAISS's per-query scan, :func:`ivf_search`, re-reads a list per
+query and is memory-bound). Its float32 scores only choose candidates: callers rescore them
+(:func:`rescore_topk`) and measure recall against :func:`exact_topk` on a sample.
 """
 
 from __future__ import annotations
@@ -57,16 +46,12 @@ def target_parts(rule: PairScore, t: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
 def rule_matrix(rule: PairScore, q: np.ndarray, t: np.ndarray,
                 targets: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
-    """float32 scores of every query against every target by the pair rule.
-
-    The scan holds both sides' rows, so it scores the rule itself rather than the index
-    forms' inner product (which over-estimates a colourless query against a nearly grey
-    coloured target and so could push the true best out of a fixed-depth candidate list):
-    the cosine, with the rows or columns of colourless images replaced by the cosine of
-    the layout blocks. Within float32 rounding of :meth:`PairScore.scores`, so the best
-    ``k + RESCORE_EXTRA`` hold the exact top-k, as they do for plain cosine (for which this
-    is ``q @ t.T`` and nothing else). Colourless rows cost one extra product each.
-    ``targets``: :func:`target_parts` of ``t``, when the caller has them."""
+    """float32 scores of every query against every target by the pair rule: the cosine, with
+    colourless images' rows or columns replaced by the layout blocks' cosine (one extra product
+    each). The rule itself, not the index forms' inner product, which over-estimates a colourless
+    query against a nearly grey target and could push the true best out of a fixed-depth list;
+    within float32 rounding of :meth:`PairScore.scores`, so the best ``k + RESCORE_EXTRA`` hold
+    the exact top-k. ``targets``: :func:`target_parts` of ``t``, when the caller has them."""
     scores = q @ t.T
     if not rule.active:
         return scores
@@ -140,11 +125,8 @@ def list_vectors(index: faiss.Index, list_no: int) -> tuple[np.ndarray, np.ndarr
 
 def ivf_search_by_list(index: faiss.Index, q: np.ndarray, k: int, nprobe: int | None = None,
                        probes: tuple[np.ndarray, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
-    """Top-``k`` like :func:`ivf_search`, but list by list: every query probing a list is
-    scored against it in one matrix product instead of re-reading the list once per
-    query. Same candidates as FAISS's own search with this ``nprobe`` and float32 scores
-    of the same vectors; compute-bound instead of memory-bound, so a list probed by many
-    queries costs little more than one. ``probes``: vectors per query each choosing its own
+    """Top-``k`` with the candidates and float32 scores of FAISS's own search with this ``nprobe``,
+    list by list (see the module docstring). ``probes``: vectors per query each choosing its own
     ``nprobe`` lists, all probed (each once) and scored with ``q`` (default: ``q`` itself)."""
     ivf = faiss.extract_index_ivf(index)
     nprobe = min(nprobe or ivf.nprobe, ivf.nlist)

@@ -1,19 +1,8 @@
-"""The contamination stages' entry points, built from thin Prefect tasks.
-
-    stage_eval_set     evaluation chunks → eval/staging/… + eval/items/ (1 task per chunk)
-    image_stage        [split selection] → exact scan per chunk, or IVF index + search per
-                       chunk + recall sample → per-image rows per chunk → summary
-    leakage_stage      held-out / training selections → scan per held-out shard → pairs and
-                       rates per threshold
-    text_canary_stage  corpus text parts + evaluation chunks → texts (1 task per unit) →
-                       LSH join (1 per bucket) or exhaustive → verify (1 per group of parts)
-                       → decide (1 per chunk) → recall sample vs every corpus text
-    image_text_stage   captions of each item's top image matches → judge (1 task per chunk)
-    edition_stage      per-item decisions (1 task per chunk) → the new edition (1 task)
-
-Inside a flow run the tasks go to the flow's task runner (Dask); outside one the same
-functions run here in order. Every folder is pruned to the current plan before it is
-read, and every unit follows the stage contract (:mod:`corpusforge.contract`).
+"""The contamination stages' entry points, built from thin Prefect tasks: each fans its units
+(evaluation chunks, scan shards, text units, join buckets, verify groups) out through ``fan_out``,
+the flow's task runner (Dask) inside a flow run and in order here outside one. Every folder is
+pruned to the current plan before it is read, and every unit follows the stage contract
+(:mod:`corpusforge.contract`).
 """
 
 from __future__ import annotations

@@ -1,24 +1,17 @@
 """Text canaries at corpus scale: per-text facts, an LSH join in buckets, verification, decisions.
 
-Units, each under the stage contract (files under ``work/contamination/text/``):
+Units, each under the stage contract (files under ``work/contamination/text/``): *texts*, one
+per corpus part and per evaluation chunk (hashes, shingle identities, signatures →
+``{docs|queries}/{unit}``; band keys sorted by key → ``{doc|query}_bands/{unit}``); *join*, one
+per key-range bucket (pairs sharing a (band, key) → ``candidates/{bucket}``, by doc unit);
+*verify*, one per group of doc units (every candidate pair, or in exhaustive mode every pair,
+scored exactly; the best per query → ``scores/{group}``); *decide*, one per evaluation chunk
+(→ ``contamination/text/{chunk}.parquet``); *recall*, a seeded sample of queries compared with
+every corpus text (→ ``brute/{unit}``) against what the join proposed.
 
-    texts      one per corpus part (docs) and per evaluation chunk (queries): normalised
-               hashes, shingle identities, the seed's signature → ``{docs|queries}/{unit}``;
-               every band key of every text, sorted by key → ``{doc|query}_bands/{unit}``
-    join       one per key-range bucket: band rows of that key range from every file,
-               joined on (band, key) → candidate pairs ``candidates/{bucket}`` (sorted by doc unit)
-    verify     one per group of doc units: every candidate pair scored exactly (exact,
-               normalised, direct Jaccard, signature), the best pair per query kept →
-               ``scores/{group}``; in exhaustive mode every (query, doc) pair of the group
-    decide     one per evaluation chunk: the best pair over all groups and the decision
-               from the declared thresholds → ``contamination/text/{chunk}.parquet``
-    recall     a seeded sample of queries compared with *every* corpus text (sparse
-               shingle products, vectorised signatures) per doc unit → ``brute/{unit}``;
-               LSH recall = rule-meeting pairs found by the join / all rule-meeting pairs
-
-Nothing ever holds all pairs: a join task holds one key range of band rows, a verify
-task one group's docs plus the queries it needs. Pairs in a band value shared by more
-than ``max_docs_per_key`` corpus texts keep the first ones (counted; recall shows it).
+Nothing ever holds all pairs: a join task holds one key range of band rows, a verify task one
+group's docs plus the queries it needs. A band value shared by more than ``max_docs_per_key``
+corpus texts keeps the first ones (counted; recall shows it).
 """
 
 from __future__ import annotations
@@ -80,7 +73,6 @@ class Payload:
     texts: list[str]
     sha256: list[str]
     normalized_sha256: list[str]
-    normalized_empty: np.ndarray
     n_grams: np.ndarray
     signature: np.ndarray          # uint32 [n, seeds]
     gram_offsets: np.ndarray
@@ -113,8 +105,8 @@ def payload_from_table(t: pa.Table) -> Payload:
     n = t.num_rows
     width = int(so[1] - so[0]) if n else 0
     return Payload(t["doc_id"].to_pylist(), t["field"].to_pylist(), t["text"].to_pylist(), t["sha256"].to_pylist(),
-                   t["normalized_sha256"].to_pylist(), t["normalized_empty"].to_numpy(zero_copy_only=False),
-                   t["n_grams"].to_numpy(), sv.reshape(n, width) if n else np.zeros((0, 0), np.uint32), go, gv)
+                   t["normalized_sha256"].to_pylist(), t["n_grams"].to_numpy(),
+                   sv.reshape(n, width) if n else np.zeros((0, 0), np.uint32), go, gv)
 
 
 def read_payload(store: Store, kind: str, unit: str) -> Payload:
@@ -145,7 +137,7 @@ def text_unit(out: Store, kind: str, unit: str, read: Callable[[], tuple[list[st
 
 
 # ---- reading row ranges of sorted files ---------------------------------------------
-def read_range(store: Store, rel: str, column: str, lo: Any, hi: Any, columns: list[str] | None = None) -> pa.Table:
+def read_range(store: Store, rel: str, column: str, lo: Any, hi: Any) -> pa.Table:
     """Rows with ``lo <= column <= hi`` of a file sorted by ``column``, reading only the row
     groups whose statistics overlap the range."""
     with store.open(rel) as f:
@@ -156,9 +148,7 @@ def read_range(store: Store, rel: str, column: str, lo: Any, hi: Any, columns: l
             stats = pf.metadata.row_group(g).column(j).statistics
             if stats is None or not stats.has_min_max or not (stats.max < lo or stats.min > hi):
                 groups.append(g)
-        table = pf.read_row_groups(groups, columns=columns) if groups else pf.schema_arrow.empty_table()
-    if columns is not None and not groups:
-        table = table.select(columns)
+        table = pf.read_row_groups(groups) if groups else pf.schema_arrow.empty_table()
     mask = pc.and_(pc.greater_equal(table[column], pa.scalar(lo, table.schema.field(column).type)),
                    pc.less_equal(table[column], pa.scalar(hi, table.schema.field(column).type)))
     return table.filter(mask)
@@ -259,8 +249,8 @@ def _take(p: Payload, rows: np.ndarray) -> Payload:
     starts = np.repeat(p.gram_offsets[rows] - offsets[:-1], lengths)
     grams = p.gram_ids[starts + np.arange(offsets[-1])] if offsets[-1] else np.zeros(0, np.uint64)
     return Payload([p.ids[i] for i in rows], [p.fields[i] for i in rows], [p.texts[i] for i in rows],
-                   [p.sha256[i] for i in rows], [p.normalized_sha256[i] for i in rows], p.normalized_empty[rows],
-                   p.n_grams[rows], p.signature[rows], offsets, grams)
+                   [p.sha256[i] for i in rows], [p.normalized_sha256[i] for i in rows], p.n_grams[rows],
+                   p.signature[rows], offsets, grams)
 
 
 def score_pairs(q: Payload, qi: np.ndarray, d: Payload, di: np.ndarray) -> dict[str, np.ndarray]:

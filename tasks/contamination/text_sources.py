@@ -1,15 +1,8 @@
-"""Where canary texts come from: corpus captions, a text table, the evaluation items.
-
-* **corpus captions** — one part per staging shard of a built corpus: the ``.txt``
-  member of every selected key (a split selection, :mod:`tasks.contamination.selection`),
-  read by ranged reads at the offsets of ``staging/index`` (no image bytes are read);
-  doc id = record key.
-* **text table** — .parquet, .jsonl, .csv, or .txt (one text a line): one unit copies it
-  into parts of ``part_size`` texts (``work/contamination/text/source/{part}``), keyed by
-  a stamp of the file; doc id = the id column or ``row-NNNNNN``.
-* **evaluation items** — every (item, text field) of ``eval/items/{chunk}``.
-
-Each source yields ``(ids, texts)`` for one unit; order is the unit's row order.
+"""Where canary texts come from, as ``(ids, texts)`` of one unit in its row order: corpus
+captions (the ``.txt`` members of a staging shard's selected keys, by ranged reads; doc id =
+record key), a text table (.parquet, .jsonl, .csv or .txt, one text a line; copied by one unit
+into parts of ``part_size`` texts, keyed by a stamp of the file; doc id = the id column or
+``row-NNNNNN``) or the evaluation items (every (item, text field)).
 """
 
 from __future__ import annotations

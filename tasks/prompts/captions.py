@@ -1,18 +1,9 @@
 """The corpus side of the density signal: a seeded sample of a built corpus's kept captions,
 embedded shard by shard under the stage contract.
 
-* **Sample** (one unit): every manifest part is read (key, status, split, staging shard
-  only); each kept record draws ``stable_uniform(seed, key)`` and the ``sample_size``
-  smallest draws win — a bottom-k sample that does not depend on part order or count and
-  holds at most 2·k candidates at a time. Fingerprint: the manifest's digest (its parts'
-  marker digests), the sample settings and this module's code.
-* **Embeddings** (one unit per staging shard with sampled keys): the ``.txt`` members of
-  the sampled keys, read by ranged reads at ``staging/index`` offsets (no image bytes),
-  embedded by the text model. Fingerprint: the shard's staging-tar digest, its sampled
-  keys, the text model's identity (weights SHA-256). A rerun with the same corpus, model
-  and sample reuses every shard's embeddings.
-
-The corpus is only read; everything is written under the qualification output root.
+The sample is a bottom-k of ``stable_uniform(seed, key)`` over kept records: independent of part
+order or count, holding at most 2·k candidates at a time. Each staging shard with sampled keys
+is one embedding unit, reading only the ``.txt`` members by ranged reads. The corpus is only read.
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
 """Signal 3, cohort divergence: does a model score higher on old prompts than on new ones?
 
-Per generating model: old-cohort mean score minus new-cohort mean score (old and new
-cohorts configured, else the earliest and the latest cohort of the prompt set). A model is
-flagged when the divergence exceeds ``threshold`` points (the seed: 6).
-
-**Difficulty control — stratification.** When the prompt table has a difficulty column,
-prompts are grouped into difficulty strata (each distinct value; a numeric difficulty
-with more than ``difficulty_bins`` distinct values is cut into that many quantile bins
-over the prompt set) and the divergence is the average of the within-stratum
-old-minus-new differences, weighted by the stratum's number of scored prompts. Strata
-lacking either cohort carry no comparison and are left out (counted). So an old cohort
-that is merely easier does not show as divergence. Chosen over regressing on difficulty
-because it assumes no functional form and its weights are visible in the output.
-
-**Interval.** A seeded percentile bootstrap: scores are resampled with replacement within
-each (stratum, cohort) cell, ``bootstrap`` times, and the estimate recomputed; the
-generator is seeded from ``seed`` and the model's name (independent of model order).
-
-A divergence is consistent with contamination of the old prompts but has other causes
-(the new cohort is harder in ways difficulty does not capture, score drift): a risk
-indicator to weight new-cohort scores by, not an attribution.
+Per generating model: old-cohort minus new-cohort mean score, as the average of the
+within-difficulty-stratum differences weighted by each stratum's scored prompts (strata lacking
+a cohort are left out, counted), so an old cohort that is merely easier does not show as
+divergence; stratified rather than regressed on difficulty because it assumes no functional form
+and its weights are visible. The interval is a percentile bootstrap within each (stratum, cohort)
+cell, seeded from ``seed`` and the model's name (independent of model order). A harder new cohort
+or score drift diverges too: a risk indicator to weight new-cohort scores by, not an attribution
+(docs/prompt-qualification.md).
 """
 
 from __future__ import annotations

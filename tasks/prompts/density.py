@@ -1,19 +1,12 @@
 """Signal 1, category density: is a prompt in a region the corpus covers densely?
 
-* **Direct mode** (no taxonomy): a prompt's score is the cosine similarity of its text
-  embedding to its k-th nearest neighbour among the sampled corpus captions (a k-NN
-  radius: higher = denser), found with an exact FAISS inner-product index. The flag
-  threshold comes from the corpus itself: the same score of ``reference_queries`` sampled
-  captions among the *other* sampled captions; a prompt above that distribution's
-  ``reference_quantile`` sits somewhere denser than most of the corpus's own captions.
-* **Taxonomy mode** (the seed's): prompts and sampled captions are assigned to the
-  nearest category (name + description embedding, cosine); a category's density is its
-  share of the caption sample; prompts in categories at or above the ``category_quantile``
-  of those shares are flagged. The prompt set's category distribution is compared with a
-  flat target (the seed's aim) by KL divergence (nats) and total variation.
-
-Both are heuristics over a caption sample and one text model's geometry: a risk
-indicator for review, not evidence that any model trained on a prompt's subject.
+Direct mode: the cosine to the k-th nearest sampled caption (exact FAISS inner product), flagged
+above the ``reference_quantile`` of the same score of sampled captions among the *other* ones,
+i.e. denser than most of the corpus's own captions. Taxonomy mode (the seed's): a category's
+density is its share of the caption sample, and prompts in categories at or above the
+``category_quantile`` of shares are flagged. Both are heuristics over a caption sample and one
+text model's geometry: a risk indicator for review, not evidence that any model trained on a
+prompt's subject (docs/prompt-qualification.md).
 """
 
 from __future__ import annotations

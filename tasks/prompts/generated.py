@@ -1,16 +1,8 @@
 """The generated images' listing for signal 2, out of core: one task lists the
 ``{model}/{prompt_id}/{image}`` tree and cuts it into the variance units, so neither the flow
-nor a unit's parameters hold a file of it.
-
-The tree is listed as the build lists a source (:mod:`tasks.shared.listing`: links listed,
-never followed; spilled to a local temporary folder as it comes); each image is resolved and
-stamped as it is listed (a file that may not be read gets its ``unsafe_path`` reason as its
-stamp, and is that image's error). The images are joined to the valid prompts' order
-(:data:`~tasks.prompts.files.PROMPTS_ORDER`, written by the flow) one range of prompt ids at
-a time, then read back sorted by (model, the prompt's place in the set, file name) one range
-at a time and cut: per model, ``prompts_per_unit`` prompts with images to a unit, each unit
-a file of :data:`~tasks.prompts.files.PROMPTS_LISTING`, which the unit reads (:func:`unit_prompts`). The flow gets the models, each model's unit count and what the tree
-holds that no unit reads.
+nor a unit's parameters hold a file of it. Listed as the build lists a source
+(:mod:`tasks.shared.listing`: links listed, never followed), each image resolved and stamped as
+it is listed (a file that may not be read gets its ``unsafe_path`` reason as its stamp).
 """
 
 from __future__ import annotations
@@ -125,12 +117,10 @@ def chunk_name(unit: int) -> str:
 
 def list_generated(out: Store, generated: str, options: dict[str, Any], prompts_per_unit: int) -> GeneratedListing:
     """One listing of ``generated`` into ``out``'s :data:`PROMPTS_LISTING`, cut into units of
-    ``prompts_per_unit`` valid prompts (in :data:`PROMPTS_ORDER`'s order) with images per
-    model, a file a unit (one file, not a row group of one: a unit would read the footer of
-    every unit's, O(units²) over the run); what the flow gets is :class:`GeneratedListing`.
-
-    A unit of its own (the flow runs it as a task: every file is resolved and stamped there,
-    not in the flow process); nothing but a unit's rows and a range of the listing is held."""
+    ``prompts_per_unit`` valid prompts (in :data:`PROMPTS_ORDER`'s order) with images per model,
+    a file a unit (a row group of one file made each unit read every unit's footer, O(units²)).
+    Run as a task, so files are resolved and stamped there, not in the flow process; nothing but
+    a unit's rows and a range of the listing is held."""
     fs, root = url_to_fs(generated, options)
     uri = generated.rstrip("/")
     remote = is_remote(generated)

@@ -22,7 +22,10 @@ def render_markdown(receipt: dict[str, Any]) -> str:
            f"{_reasons(r['prompts']['error_reasons'])}. Code `{receipt['code_version']}`.", ""]
     for w in receipt.get("warnings", []):
         out += [f"> **WARNING:** {w}", ""]
-    out += _density_md(r.get("density")) + _variance_md(r.get("variance")) + _cohorts_md(r.get("cohorts"))
+    for title, section, name in (("Signal 1: category density", _density_md, "density"),
+                                 ("Signal 2: output variance", _variance_md, "variance"),
+                                 ("Signal 3: cohort divergence", _cohorts_md, "cohorts")):
+        out += [f"## {title}", ""] + (section(r[name]) if r.get(name) else ["Not run.", ""])
     out += _decisions_md(r["decisions"], r.get("rotation"), r.get("normalization"))
     return "\n".join(out) + "\n"
 
@@ -31,11 +34,8 @@ def _reasons(reasons: dict[str, int]) -> str:
     return "(" + ", ".join(f"{k}: {v}" for k, v in reasons.items()) + ")" if reasons else ""
 
 
-def _density_md(d: dict[str, Any] | None) -> list[str]:
-    if not d:
-        return ["## Signal 1: category density", "", "Not run.", ""]
-    out = ["## Signal 1: category density", "",
-           f"Corpus captions: {d['sample']['sampled']} sampled of {d['sample']['kept']} kept records "
+def _density_md(d: dict[str, Any]) -> list[str]:
+    out = [f"Corpus captions: {d['sample']['sampled']} sampled of {d['sample']['kept']} kept records "
            f"({d['captions_embedded']} with a caption), text model `{d['text_model']['name']}` "
            f"(weights SHA-256 `{d['text_model']['weights_sha256'][:16]}…`).", ""]
     if d["mode"] == "direct":
@@ -58,13 +58,10 @@ def _density_md(d: dict[str, Any] | None) -> list[str]:
     return out
 
 
-def _variance_md(v: dict[str, Any] | None) -> list[str]:
-    if not v:
-        return ["## Signal 2: output variance", "", "Not run.", ""]
+def _variance_md(v: dict[str, Any]) -> list[str]:
     ident = v["image_model"]
     label = " — **RANDOM-INIT weights: variances carry no semantic meaning**" if ident.get("random_init") else ""
-    out = ["## Signal 2: output variance", "",
-           f"Trace of the covariance of each prompt's generated images, embedded with `{ident.get('model_id')}`"
+    out = [f"Trace of the covariance of each prompt's generated images, embedded with `{ident.get('model_id')}`"
            f"{label}; flagged below mean − {v['sd_threshold']} sd of that model's prompts; strong case: flagged for "
            f"≥ {v['strong_min_models']} models. **{v['strong']}** prompts are strong cases.", "",
            "| model | prompts with a variance | mean | sd | cut | flagged |", "|---|---|---|---|---|---|"]
@@ -73,11 +70,8 @@ def _variance_md(v: dict[str, Any] | None) -> list[str]:
     return out + [""]
 
 
-def _cohorts_md(c: dict[str, Any] | None) -> list[str]:
-    if not c:
-        return ["## Signal 3: cohort divergence", "", "Not run.", ""]
-    out = ["## Signal 3: cohort divergence", "",
-           f"Old cohorts {c['old_cohorts']} minus new cohorts {c['new_cohorts']}, {c['method']}; flagged above "
+def _cohorts_md(c: dict[str, Any]) -> list[str]:
+    out = [f"Old cohorts {c['old_cohorts']} minus new cohorts {c['new_cohorts']}, {c['method']}; flagged above "
            f"{c['threshold']} points; {int(c['confidence'] * 100)} % bootstrap interval ({c['bootstrap']} "
            "resamples, seeded). A divergence is a risk indicator to weight new-cohort scores by, not an attribution.",
            ""]

@@ -1,23 +1,7 @@
 """What happens to a prompt that fails: the quarantine ledger, the rotation choice, the new
-edition and the anchor-based normalisation across cycles (seed 000, last sections).
-
-* **Decision** per prompt: ``quarantined`` when the density flag or any model's variance
-  flag fired (each rule that fired is listed with its threshold), else ``qualified``;
-  ``error`` for an unusable row (its reason). Nothing is deleted: the ledger lists every
-  quarantined prompt with its evidence.
-* **Rotation** of about ``fraction`` of the active set per cycle: first the prompts with
-  strong evidence (variance flagged for ``strong_min_models`` or more models, or the
-  density flag), strongest first; any budget left goes to planned diversity cycling (the
-  oldest qualified prompts, seeded tie-break). **Anchors are never rotated**, whatever
-  their flags. Each leaving prompt needs a replacement from the qualification pool (pool
-  prompts the density signal flags are not eligible; in taxonomy mode the category
-  furthest below its flat share is filled first); without one the prompt stays and the
-  shortfall is reported. Quarantined prompts beyond the budget, or with a single-model
-  flag only, stay in the set for review.
-* **Normalisation** (mean equating through the anchor set): per cycle, the offset is the
-  mean over models of (full-set mean − anchor-set mean); a model's comparable score is
-  its full-set mean minus that offset, i.e. on the anchor set's scale, which does not
-  change between cycles because the anchors never rotate.
+edition and the anchor-based normalisation across cycles (seed 000, last sections; the rules:
+docs/prompt-qualification.md, "Quarantine and rotation"). Nothing is deleted: the ledger lists
+every quarantined prompt with its evidence, and anchors are never rotated, whatever their flags.
 """
 
 from __future__ import annotations
@@ -50,10 +34,10 @@ def decide(prompt: dict[str, Any], strong_min_models: int) -> dict[str, Any]:
 
 
 def choose_rotation(prompts: list[dict[str, Any]], pool: list[dict[str, Any]], cfg: Any) -> dict[str, Any]:
-    """Which prompts leave (and why), which pool prompts join, and what is deferred.
-
-    ``prompts``: every prompt row with its ``decision``; ``pool``: valid pool rows with
-    ``density`` (and ``category``); ``cfg``: :class:`~tasks.prompts.config.RotationConfig`."""
+    """Which prompts leave (and why), which pool prompts join, and what is deferred: quarantined
+    prompts over the budget or without strong evidence stay, for review. ``prompts``: every prompt
+    row with its ``decision``; ``pool``: valid pool rows with ``density`` (and ``category``);
+    ``cfg``: :class:`~tasks.prompts.config.RotationConfig`."""
     active = [p for p in prompts if p["decision"] != ERROR]
     budget = round(cfg.fraction * len(active))
     candidates = [p for p in active if p["decision"] == QUARANTINED and p["strong"] and not p["anchor"]]
@@ -128,7 +112,9 @@ def _edition_row(p: dict[str, Any], origin: str) -> dict[str, Any]:
 
 
 def anchor_normalization(prompts: list[dict[str, Any]], scores: list[tuple[str, str, float]]) -> dict[str, Any]:
-    """Mean equating through the anchor set (see the module docstring)."""
+    """Mean equating through the anchor set: the offset is the mean over models of (full-set mean −
+    anchor mean), a model's comparable score its full-set mean minus the offset — on the anchor
+    set's scale, which never changes because the anchors never rotate."""
     valid = {p["prompt_id"]: p["anchor"] for p in prompts if p["decision"] != ERROR}
     if not any(valid.values()):
         return {"computed": False, "reason": "no anchor prompts"}

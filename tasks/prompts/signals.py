@@ -1,15 +1,7 @@
 """Signals 1 and 2 as a flow runs them: cut the units, then summarise what they wrote.
 
-The flow fans out the units between the two calls (one caption-embedding unit per staging
-shard, one variance unit per (model, chunk of prompts)); everything before and after the
-fan-out is here, so the flow reads as a table of contents.
-
-* Density: :func:`cut_density_units` runs the caption sample (one unit) and lists the
-  caption-embedding units; :func:`density_signal` embeds prompts, pool and taxonomy and
-  scores every valid prompt (and pool prompt) by direct k-NN or taxonomy density.
-* Variance: :data:`LIST_GENERATED` lists the generated images and cuts them into units (a task:
-  :mod:`tasks.prompts.generated`), :func:`cut_variance_units` lists those units;
-  :func:`variance_signal` flags, per model, prompts whose outputs cluster tightly.
+The flow fans out the units between the two calls; everything before and after the fan-out
+is here, so the flow reads as a table of contents.
 """
 
 from __future__ import annotations

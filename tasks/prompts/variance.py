@@ -1,20 +1,11 @@
 """Signal 2, output variance: do a model's N images for one prompt cluster unusually tightly?
 
-Generated images are laid out ``{generated}/{model}/{prompt_id}/*.{png,jpg,jpeg,webp}``
-(N per prompt per model; the seed uses 20). Each (prompt, model) gets the trace of the
-covariance (ddof 1) of its images' embeddings under one configured feature model — the
-total variance in feature space. A prompt is flagged for a model when its variance is
-below that model's mean over all its prompts minus ``sd_threshold`` sample standard
-deviations (ddof 1); flagged for ``strong_min_models`` models or more, it is the strong
-case (the seed: "consistent across multiple models").
-
-Work: one unit per (model, chunk of ``prompts_per_unit`` prompts), cut by the listing
-(:mod:`tasks.prompts.generated`, a task) and read from it by the unit; its fingerprint holds
-the feature model's identity and each file's name and stamp (:func:`corpusforge.storage.file_stamp`), and its
-output records every image's SHA-256 (what the receipt lists). A bad image is that
-image's error; a prompt with fewer than ``min_images`` embedded images has no variance
-and says so. Low variance can also mean a prompt that models render consistently well:
-a reason to review, never proof of memorisation.
+Per (prompt, model): the trace of the covariance (ddof 1) of its images' embeddings, the total
+variance in feature space; flagged below that model's mean minus ``sd_threshold`` sd (ddof 1)
+over its prompts, and the strong case when flagged for ``strong_min_models`` models (the seed:
+"consistent across multiple models"). One unit per (model, chunk of prompts), read from the
+listing (:mod:`tasks.prompts.generated`). Low variance can also mean a prompt that models render
+consistently well: a reason to review, never proof of memorisation.
 """
 
 from __future__ import annotations
