@@ -587,7 +587,6 @@ def evaluate_features(chunks: Sequence[ChunkFeatures], reference: Reference, cfg
     }
 
 
-
 def evaluate_unit(out: Store, features: Store, model_id: str, reference: str, reference_options: dict[str, Any],
                   cfg: MetricsConfig, allow_mismatch: bool, mode: str, claims: dict[str, Any]) -> dict[str, Any]:
     """The metrics as a task: every listed chunk's features read back from ``features`` (the
