@@ -12,8 +12,8 @@ contract (:func:`embed_chunk_unit`) whose features are kept in the feature stage
 evaluating the same images again neither embeds nor loads the model. The reference is one written
 by :mod:`tasks.stats.reference` or a gpic-eval ``test_stats.npz`` (:mod:`tasks.stats.gpic_stats`);
 the configured model is checked against the reference's before anything is embedded, the loaded
-model's full fingerprint after; a mismatch stops the evaluation unless ``allow_mismatch`` is set,
-and is then written as a deviation. Fingerprints, reruns and metrics: docs/statistics.md ("Evaluating generated images").
+model's full fingerprint after; a mismatch stops the evaluation unless ``allow_mismatch`` is set, and
+is then written as a deviation. Fingerprints, reruns, metrics: docs/statistics.md ("Evaluating generated images").
 """
 
 from __future__ import annotations
@@ -487,12 +487,9 @@ def embed_chunk_unit(out: Store, features: Store, chunk: int, sources: Sequence[
                      storage_options: dict[str, Any] | None = None) -> UnitResult[GeneratedInfo]:
     """:func:`embed_chunk` of chunk ``chunk`` of ``out``'s listing file as a unit of the stage
     contract in the ``features`` store: read back when its files are unchanged, else embedded
-    and stored (float32, so what the metrics read is exactly what a fresh run computed).
-
-    Files are identified by content: when the listing (sizes, mtimes) matches the one the
-    marker recorded, nothing is read; otherwise the chunk's files are hashed, and equal
-    contents (a ``touch``, a copy) re-embed nothing, only the marker's listing is updated.
-    Neither path loads the model: its fingerprint comes from the spec."""
+    and stored (float32, so what the metrics read is exactly what a fresh run computed). Files are
+    identified by content (:func:`judge_generated_chunk`): equal contents with new stamps (a ``touch``, a
+    copy) only update the marker's listing. Neither path loads the model: its fingerprint comes from the spec."""
     listed = read_listed_chunk(out, chunk, sources)
     judged = judge_generated_chunk(features, listed, spec, runtime.precision, storage_options)
     if judged.fingerprint is None:  # the listing is the one embedded: nothing read
@@ -585,6 +582,7 @@ def evaluate_unit(out: Store, features: Store, model_id: str, reference: str, re
     out.write_json(EVALUATION_METRICS, result)
     out.write_bytes(EVALUATION_REPORT, render_report(result).encode())
     return result
+
 
 def render_report(result: dict[str, Any]) -> str:
     """A short human-readable ``report.md``."""
