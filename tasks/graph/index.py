@@ -1,24 +1,15 @@
 """FAISS similarity index for the near-duplicate graph: choose, build, search, save.
 
-Cosine similarity is the inner product of unit float32 rows (``METRIC_INNER_PRODUCT``);
-a model with a pair rule (wfd: layout alone when either image is colourless) is indexed
-by its candidate forms and queried by its query forms, whose inner product is that rule
-(:mod:`tasks.shared.pair_score`); with IVF, each part of a query form (the part scoring
-coloured members, the part scoring colourless ones) picks its own ``nprobe`` lists, since
-a centroid mixes both kinds and lists of one kind crowd out the other's
-(``bench/graph_probes.py``).
-Two kinds of index:
+Cosine similarity is the inner product of unit float32 rows (``METRIC_INNER_PRODUCT``); a model
+with a pair rule is indexed by its candidate forms and queried by its query forms
+(:mod:`tasks.shared.pair_score`; per-part IVF probing: docs/near-duplicates.md). Two kinds of index:
 
 * ``flat`` — ``IndexIDMap2(IndexFlatIP)``: exact, 4·d bytes per vector; used up to
   ``flat_max_vectors`` (200k by default).
 * ``ivf`` — ``IVF{nlist},{Flat|SQfp16|PQm}``: k-means coarse quantiser trained on a
-  deterministic sample (selected by a seeded hash of the key, sorted by that hash, so
-  it does not depend on shard order), vectors added with their global node ids in blocks
-  of shards, each block to a copy of the trained index, and the blocks' lists merged in
-  shard order into on-disk lists that queries memory-map (``tasks/graph/build.py``,
-  ``tasks/graph/ondisk.py``): every list holds what one index with every shard added in
-  order would. ``nprobe`` lists scanned per query. Approximate: the stage measures recall
-  against exhaustive search on a sample of queries in every run.
+  deterministic sample (a seeded hash of the key, so it does not depend on shard order), lists
+  built in blocks and merged on disk (``tasks/graph/build.py``, ``tasks/graph/ondisk.py``).
+  Approximate: the stage measures recall against exhaustive search on a sample every run.
 
 Searches are k-NN (``k`` includes the query itself) or range searches; both keep pairs
 with similarity >= the graph threshold, excluding self-pairs by id (not by score: exact
