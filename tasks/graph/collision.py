@@ -170,10 +170,7 @@ def collision_models(source: Store, out: Store, cfg: NearDedupConfig, shard_tabl
                      n_vectors: int, fp: str) -> UnitResult[dict[str, Any]]:
     """Run the subsets, fit per threshold, write table, JSON, plot and pairs; return the
     marker with the JSON as its info (the marker on disk keeps none: the JSON is the report).
-
-    Skipped (the stored JSON returned) when done before with the same fingerprint ``fp``.
-    ``shard_table``: SHA-256 of the stage's shard table (tasks/graph/nodes.py).
-    """
+    ``shard_table``: SHA-256 of the stage's shard table (tasks/graph/nodes.py)."""
     marker = run_unit(out, JSON_PATH, fp, lambda: _collision_models(
         source, out, cfg, read_shard_table(out, shard_table)[0], n_vectors))
     return dataclasses.replace(marker, info=out.read_json(JSON_PATH))
