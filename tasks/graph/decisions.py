@@ -86,7 +86,6 @@ def decide_near_duplicates(source: Store, out: Store, cfg: NearDedupConfig, shar
     ``shard_table``: SHA-256 of the stage's shard table; ``edges``, ``records``,
     ``verified``: of its per-shard digest lists of the edge, staging records and
     verification files (tasks/graph/nodes.py; ``verified`` None when nothing is verified).
-    The fingerprint holds the node table and those lists.
 
     With ``cfg.verifying`` (mode gpic_verified) the candidate graph is the pairs above the
     pair threshold plus the verified review pairs (``graph/verified/``), which act as
