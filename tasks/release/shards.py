@@ -466,11 +466,8 @@ def write_release_shard(store: Store, split: str, shard: int, cfg: SplitConfig, 
                         source: Store | None = None) -> UnitResult:
     """Write one release shard from staging (in ``source``, default ``store``) with ranged reads.
 
-    ``assignment_sha256``: the digest of the shard's assignment file (from :func:`assign_release_files`),
-    which lists every staging span it copies with its SHA-256; the writer reads that file
-    (its rows in batches, :func:`_assignment_rows`) and those spans only (no staging index). The
-    fingerprint is that digest, so the shard is skipped unless one of its own samples or
-    their order changed.
+    ``assignment_sha256``: the digest of the shard's assignment file (:func:`assign_release_files`), its
+    fingerprint (module docstring); the writer reads that file in batches and only the spans it lists.
 
     Whether the shard re-encodes (and so depends on Pillow's version) is a fact of the
     assignment file, fixed by its digest: a marker whose fingerprint is the key for either answer is
