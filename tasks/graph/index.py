@@ -290,11 +290,8 @@ def _concat(parts: list[np.ndarray], dtype) -> np.ndarray:
 
 def canonical_pairs(src: np.ndarray, dst: np.ndarray, sim: np.ndarray
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Unordered pairs once each as (min id, max id), sorted, with the max similarity.
-
-    Either side of a pair may find it (or only one, with approximate search); taking
-    the max makes the result independent of which side did.
-    """
+    """Unordered pairs once each as (min id, max id), sorted, with the max similarity: either side
+    may find a pair (or only one, with approximate search), and the max does not depend on which."""
     a, b = np.minimum(src, dst), np.maximum(src, dst)
     keep = a != b
     a, b, s = a[keep], b[keep], np.asarray(sim, dtype=np.float32)[keep]
@@ -307,11 +304,8 @@ def canonical_pairs(src: np.ndarray, dst: np.ndarray, sim: np.ndarray
 
 def exhaustive_pairs(q_ids: np.ndarray, q: np.ndarray, ids: np.ndarray, x: np.ndarray,
                      threshold: float, rule: PairScore | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """All (query id, id, similarity) with canonical similarity >= threshold (numpy candidates).
-
-    The recall reference: no FAISS involved. Self-pairs excluded. ``rule``: the feature
-    model's pair rule (plain cosine when None).
-    """
+    """All (query id, id, similarity) with canonical similarity >= threshold, self-pairs excluded: the
+    recall reference, no FAISS involved. ``rule``: the feature model's pair rule (plain cosine when None)."""
     rule = rule or PairScore()
     q_form = rule.query_forms(q)
     srcs, dsts, sims = [], [], []

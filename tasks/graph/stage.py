@@ -72,16 +72,11 @@ CROPS = Unit(crop_candidates_shard, "graph-crop-candidates", probe=True)
 def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], *, source: Store | None = None,
                          fan_out: FanOut = in_process, features: FeaturesConfig | None = None
                          ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Build the graph, decide every image, write reports.
+    """Build the graph, decide every image, write reports; returns the stage summary (also
+    ``graph/summary.json``) and how many units each step computed or skipped in this run.
 
-    Returns ``(summary, work)``: the stage summary (also ``graph/summary.json``) and how
-    many units each step computed or skipped in this run. ``store``: output root
-    (``graph/…`` is written there). ``source``: where ``staging/`` and ``features/`` are
-    read (default ``store``). ``shards``: staging shard names, any order; each must have
-    completed features of ``cfg.model_id`` (else a clear error naming it). ``features``: the
-    feature config, for ``cfg.calibrate: auto`` (the model's spec). Per-key decisions:
-    :func:`read_decisions`.
-    """
+    ``shards``: staging shard names, any order, each with completed features of ``cfg.model_id``;
+    ``features``: the feature config, for ``cfg.calibrate: auto``. Per-key decisions: :func:`read_decisions`."""
     if not shards:
         raise ValueError("near-duplicate stage needs at least one staging shard")
     source = source or store
