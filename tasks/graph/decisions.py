@@ -49,10 +49,8 @@ def _sha_prefix(hexes: list[str | None]) -> np.ndarray:
 
 
 def check_unique_sha(source: Store, nodes: NodeTable, kept: np.ndarray, prefix: np.ndarray) -> None:
-    """Raise :class:`DuplicateContentError` if two kept images share a SHA-256.
-
-    Candidates come from equal 64-bit prefixes; they are confirmed on the full hashes.
-    """
+    """Raise :class:`DuplicateContentError` if two kept images share a SHA-256 (candidates from equal
+    64-bit prefixes, confirmed on the full hashes)."""
     ids = np.flatnonzero(kept & (prefix != 0))
     p = prefix[ids]
     order = np.argsort(p, kind="stable")

@@ -188,11 +188,8 @@ def cut_batches(shards: Sequence[str], max_tasks: int, min_shards: int = 1) -> l
 
 
 def shard_membership(store: Store, shard: str) -> list[tuple[str, str | None, str | None]]:
-    """``(key, split, tier)`` of the shard's kept records, read from the manifest.
-
-    Only the manifest parts named in the shard's records file are opened, and in each
-    only the row groups whose ``row`` range overlaps the shard's rows.
-    """
+    """``(key, split, tier)`` of the shard's kept records, read from the manifest: only the parts named
+    in the shard's records file, and in each only the row groups whose ``row`` range overlaps the shard's."""
     records = store.read_parquet(staging_records(shard), columns=["key", "part", "row"])
     out: list[tuple[str, str | None, str | None]] = []
     for part in sorted(set(records["part"].to_pylist())):
@@ -362,11 +359,9 @@ def _selection(group: str, rule: GroupRule) -> str:
 
 
 def oracle_metrics(groups: dict[str, GroupPartial], reference: str, cfg: MetricsConfig) -> dict[str, Any]:
-    """Real-vs-real metrics of every other group against ``reference`` (GPIC Table 2, B.2).
-
-    PRDC and MMD use the groups' stored subsamples. Rows shared by two groups (Test-50K
-    is part of test) are not removed, as GPIC does not say it removes them.
-    """
+    """Real-vs-real metrics of every other group against ``reference`` (GPIC Table 2, B.2), PRDC and
+    MMD on the groups' stored subsamples. Rows shared by two groups (Test-50K is part of test) are
+    not removed, as GPIC does not say it removes them."""
     ref = groups[reference]
     out: dict[str, Any] = {}
     for name, part in groups.items():
