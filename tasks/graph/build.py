@@ -6,11 +6,9 @@
           → merge (1 task: every block's lists into graph/index/index.ivfdata)
 
 The prepare task also chooses the index and draws the recall sample (it reads every shard
-once), so the driver reads no feature marker. Every step is a unit of the stage contract.
-A block's fingerprint holds the trained index's digest and its shards' names, first node
-ids and feature digests: a rerun whose training gives the same bytes adds again only the
-blocks whose shards changed. The merge's holds every block's digest; it is the index
-fingerprint that the query and recall units key on.
+once), so the driver reads no feature marker. Every step is a unit of the stage contract: a
+rerun whose training gives the same bytes adds again only the blocks whose shards changed (keys:
+docs/near-duplicates.md, "An IVF index no query worker holds whole").
 
 Memory per task: the prepare task holds its training sample (2 M × 512 float32 = 4 GB at
 the cap, and FAISS's residuals of it), an add task one block's lists, the trained index

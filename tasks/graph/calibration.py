@@ -128,10 +128,7 @@ def _rule(s: float, cfg: NearDedupConfig) -> str:
 def calibration_sheet(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str,
                       fp: str) -> UnitResult[dict[str, Any]]:
     """Sample the pairs, render ``graph/calibration/index.html``; per-bin counts in ``info``.
-
-    Skipped when done before with the same fingerprint ``fp``.
-    ``shard_table``: SHA-256 of the stage's shard table (tasks/graph/nodes.py).
-    """
+    ``shard_table``: SHA-256 of the stage's shard table (tasks/graph/nodes.py)."""
     return run_unit(out, PAGE_PATH, fp, lambda: _calibration_sheet(
         source, out, cfg, read_shard_table(out, shard_table)[0]))
 

@@ -44,11 +44,8 @@ class ComponentMetrics:
 def component_metrics(roots: np.ndarray, sizes: np.ndarray, kept_of_root: np.ndarray,
                       src: np.ndarray, dst: np.ndarray, sim: np.ndarray, min_size: int,
                       min_hop1_fraction: float, max_hops: int) -> ComponentMetrics:
-    """Metrics of every component with >= ``min_size`` members.
-
-    ``src, dst, sim`` are the candidate edges inside those components (edges of other
-    components are ignored); ``kept_of_root[root]`` is each big component's kept node.
-    """
+    """Metrics of every component with >= ``min_size`` members. ``src, dst, sim``: the candidate edges
+    inside those components (others are ignored); ``kept_of_root[root]``: each big component's kept node."""
     big_roots = np.flatnonzero((roots == np.arange(len(roots))) & (sizes >= min_size))
     inside = sizes[src] >= min_size
     src, dst, sim = src[inside], dst[inside], sim[inside]

@@ -7,18 +7,12 @@ size s that is s − 1, whatever the resolutions — then fit D(N) = A·N^β per
 squares in log–log space and extrapolate to the corpus size and to a target size
 (GPIC's 110,569,761-image source pool).
 
-A fit has to earn its predictions (two points always fit exactly, R² = 1, and a few
-removals in tiny subsets extrapolate to nonsense):
-
-* it is made only from at least ``min_fit_points`` (3) subset sizes with removals > 0
-  spanning at least ``min_fit_decades`` (1) of subset size — GPIC fitted six nested
-  subsets from 108K to 3.4M; otherwise the fit is refused with the reason;
-* a prediction is given only up to ``max_extrapolation`` (100) times the largest fitted
-  subset, and never when it exceeds the images it is about (removals ≤ N − 1): the
-  JSON then holds ``None`` and the reason, never the number;
-* when the corpus fits in ``max_subset_vectors`` it is also counted whole, and the actual
-  removals at full size stand beside the prediction (a held-out check when the largest
-  fraction is below 1).
+A fit has to earn its predictions (two points always fit exactly, R² = 1, and a few removals
+in tiny subsets extrapolate to nonsense): ``min_fit_points`` subset sizes spanning ``min_fit_decades``
+(GPIC fitted six nested subsets from 108K to 3.4M), a prediction only up to ``max_extrapolation``
+times the largest fitted subset and never above the images it is about; otherwise the JSON holds
+``None`` and the reason (docs/near-duplicates.md). A corpus up to ``max_subset_vectors`` is also
+counted whole: a held-out check when the largest fraction is below 1.
 
 One search serves all subsets and thresholds: an exhaustive range search (or IVF range
 search above ``flat_max_vectors``) at the lowest θ over the whole corpus (or, above
@@ -28,13 +22,9 @@ cap (a k-NN search would give different neighbours in different subsets). If the
 largest fraction would exceed ``max_subset_vectors`` all fractions are scaled down
 together (recorded). The pairs are saved for the calibration sheets' low-similarity bins.
 
-Cost at scale: the models are fitted on a seeded sample of bounded size. The search, its
-pairs and the counts cover at most ``max_subset_vectors`` vectors (:func:`choose_subsets`),
-whatever N; what grows with N is one pass over the corpus, shards read side by side a
-window at a time, that hashes each key and keeps the sample's rows (O(N) time; memory of a
-window of shards plus the sample).
-Below the cap the search grows faster than N (all pairs of a set that grows with N);
-past it, the task is O(N). The sample is the same in any process (key hashes, seeded).
+Cost at scale: the search, its pairs and the counts cover at most ``max_subset_vectors`` vectors
+(:func:`choose_subsets`), a sample the same in any process (key hashes, seeded); what grows with N
+is one pass that hashes each key, shards read side by side a window at a time (docs/scaling.md).
 
 Output: ``graph/collision/table.parquet`` (threshold, fraction, subset_size, removed),
 ``table.json`` (the same rows, the fits, actual and predicted removals with reasons),
@@ -180,10 +170,7 @@ def collision_models(source: Store, out: Store, cfg: NearDedupConfig, shard_tabl
                      n_vectors: int, fp: str) -> UnitResult[dict[str, Any]]:
     """Run the subsets, fit per threshold, write table, JSON, plot and pairs; return the
     marker with the JSON as its info (the marker on disk keeps none: the JSON is the report).
-
-    Skipped (the stored JSON returned) when done before with the same fingerprint ``fp``.
-    ``shard_table``: SHA-256 of the stage's shard table (tasks/graph/nodes.py).
-    """
+    ``shard_table``: SHA-256 of the stage's shard table (tasks/graph/nodes.py)."""
     marker = run_unit(out, JSON_PATH, fp, lambda: _collision_models(
         source, out, cfg, read_shard_table(out, shard_table)[0], n_vectors))
     return dataclasses.replace(marker, info=out.read_json(JSON_PATH))

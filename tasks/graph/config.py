@@ -1,11 +1,8 @@
 """Typed configuration of the near-duplicate stage (GPIC §2.3, Fig. 5, Fig. 6, App. D).
 
-Thresholds follow GPIC: a candidate graph of pairs with SSCD cosine > 0.90
-(``component_link_above``), pairs > 0.9625 (``pair_removal_above``) lose their
-lower-resolution image, components of >= 5 images keep only their
-highest-resolution image. All comparisons are strict (``>``) as in the paper's main
-text; App. D's caption writes ">= 0.9625", the main text "above 0.9625" — we follow
-the main text and make the threshold configurable.
+Thresholds follow GPIC (the rule they feed: tasks/graph/two_tier.py). All comparisons are
+strict (``>``) as in the paper's main text; App. D's caption writes ">= 0.9625", the main text
+"above 0.9625" — we follow the main text and make the threshold configurable.
 """
 
 from __future__ import annotations

@@ -1,38 +1,18 @@
 """Off-centre crop candidates: pairs the similarity graph cannot hold, found by region.
 
 A 70 % crop from a corner keeps half of its original's pixels, so its global descriptor
-scores 0.3-0.5 against the original (real photographs: 10 of 54 such crops found by the
-graph and its review band). But its whole frame looks like one *window* of the original:
-each picture's whole-frame layout is searched among every other picture's 25 windows of
-``CROP_SIDE`` (a 5 x 5 grid of positions, ``CROP_ANCHORS``), and its ``crop_candidates``
-best partners scoring at least ``crop_floor`` go to geometric verification with the
-review's pairs (``tasks/graph/verify.py``), which decides. A pair the graph holds (global
-similarity >= ``search_min_similarity``) is the review's and is not a crop candidate, so no
-pair is verified twice by one unit. A colourless pair's floor is judged on the better of
-its global and its region score (:func:`tasks.graph.verify.floor_similarity`): a greyscale original's corner
-crop scores low globally for the same reason any corner crop does.
+scores 0.3-0.5 against the original, but its whole frame looks like one *window* of the
+original: each picture's whole-frame layout is searched among every other picture's 25 windows
+of ``CROP_SIDE`` (``CROP_ANCHORS``), and its best partners go to geometric verification with the
+review's pairs (``tasks/graph/verify.py``), which decides. A pair the graph holds is the review's,
+so no pair is verified twice by one unit. The score is wfd's layout score of one region each,
+stored as 63 float16 DCT coefficients (:meth:`WeightFreeDescriptor.layout_parts`).
 
-The score is wfd's layout score of one region each (the flip-symmetric squared DCT of the
-luma thumbnail, :meth:`WeightFreeDescriptor.layout_parts`): two regions' layout features
-have the inner product <even_a, even_b>² + <odd_a, odd_b>², so a region is stored as its
-63 coefficients instead of the 1,024 squares, in float16 (3.3 KB per picture for the whole
-frame and 25 windows), and a score is two 31/32-dim products.
-
-Units (both per staging shard, on the engine):
-
-* regions: decode the shard's images (those with features; others get zeros, which match
-  nothing) and write ``work/graph/regions/{shard}.npy`` (float16 [n, 26, 63], records
-  order). Keyed by the shard's records and features: reruns redo only changed shards.
-* candidates: the shard's whole frames against every shard's windows, one region file
-  and ``WINDOW_BLOCK`` pictures at a time (memory: the shard's frames, one block and the
-  per-query best k), exact float64 scores rounded to float32, ties by the smaller node id;
-  writes ``graph/crops/{shard}.parquet`` (:data:`tasks.graph.files.CROP_SCHEMA`). Every
-  shard's candidates depend on every picture, so any changed shard recomputes them all
-  (cheap next to decoding and verification; verified pairs are reused per SHA pair).
-
-The search is exhaustive: every unit reads every shard's windows, O(N²·25) scores. The
-stage runs it with the exact (flat) graph index only; with an IVF index (above
-``index.flat_max_vectors``) crop candidates are off and graph/summary.json says so.
+Units per staging shard: regions (``work/graph/regions/{shard}.npy``, keyed by the shard's records
+and features) and candidates (the shard's frames against every shard's windows, ``WINDOW_BLOCK``
+pictures at a time; ``graph/crops/{shard}.parquet``). Every shard's candidates depend on every
+picture, so any changed shard recomputes them all; the search is O(N²·25), so the stage runs it
+with the flat graph index only. Scores, memory, cost: docs/near-duplicates.md (off-centre crops).
 """
 
 from __future__ import annotations
@@ -163,8 +143,9 @@ class BestPartners:
 
 def describe_shard(source: Store, out: Store, cfg: NearDedupConfig, shard: str, records: str, features: str
                    ) -> UnitResult[RegionsInfo]:
-    """Write the shard's region file (see the module docstring); ``records``, ``features``: the
-    digests of its staging records and of its features of ``cfg.model_id``."""
+    """Write the shard's region file (float16 [n, 26, 63], records order; a picture without features
+    or that fails to decode gets zeros, which match nothing); ``records``, ``features``: the digests
+    of its staging records and of its features of ``cfg.model_id``."""
     fp = unit_fingerprint("graph-regions", _code(), [cfg.model_id], [records, features])
 
     def compute() -> tuple[dict[str, str], RegionsInfo]:
@@ -191,8 +172,8 @@ def _regions(out: Store, shard: str, digest: str) -> np.ndarray:
 
 def crop_candidates_shard(source: Store, out: Store, cfg: NearDedupConfig, shard_table: str, shard: str,
                           regions: str, index: UnitResult[IndexInfo]) -> UnitResult[CropsInfo]:
-    """Write the shard's crop candidates (see the module docstring). ``shard_table``,
-    ``regions``: SHA-256 of the stage's shard table and of its list of region file digests."""
+    """Write the shard's crop candidates (memory: its frames, one block and the per-query best k).
+    ``shard_table``, ``regions``: SHA-256 of the stage's shard table and of its list of region file digests."""
     rule = index.info["pair_score"]
     fp = unit_fingerprint("graph-crops", _code(), [cfg.crop_candidates, cfg.crop_floor, cfg.search_min_similarity,
                                                    rule], [shard_table, regions])

@@ -49,10 +49,8 @@ def _sha_prefix(hexes: list[str | None]) -> np.ndarray:
 
 
 def check_unique_sha(source: Store, nodes: NodeTable, kept: np.ndarray, prefix: np.ndarray) -> None:
-    """Raise :class:`DuplicateContentError` if two kept images share a SHA-256.
-
-    Candidates come from equal 64-bit prefixes; they are confirmed on the full hashes.
-    """
+    """Raise :class:`DuplicateContentError` if two kept images share a SHA-256 (candidates from equal
+    64-bit prefixes, confirmed on the full hashes)."""
     ids = np.flatnonzero(kept & (prefix != 0))
     p = prefix[ids]
     order = np.argsort(p, kind="stable")
@@ -86,7 +84,6 @@ def decide_near_duplicates(source: Store, out: Store, cfg: NearDedupConfig, shar
     ``shard_table``: SHA-256 of the stage's shard table; ``edges``, ``records``,
     ``verified``: of its per-shard digest lists of the edge, staging records and
     verification files (tasks/graph/nodes.py; ``verified`` None when nothing is verified).
-    The fingerprint holds the node table and those lists.
 
     With ``cfg.verifying`` (mode gpic_verified) the candidate graph is the pairs above the
     pair threshold plus the verified review pairs (``graph/verified/``), which act as

@@ -1,19 +1,10 @@
 """The similarity graph on disk: per-shard queries, symmetric edge files, recall.
 
-Files under the output root (inputs — features, records — come from the source root):
-
-    graph/index/index.faiss                  the index with global node ids (marker: choice, counts;
-                                             built by tasks/graph/build.py); an IVF index's lists
-    graph/index/index.ivfdata                are in this file, which queries memory-map
-    graph/index/recall_ids.npy, recall_vectors.npy   the recall sample (seeded by key hash)
-    work/graph/found/{shard}.parquet         pairs found by that shard's queries, addressed as
-                                             (src_row, dst_shard, dst_row) with the digest of the
-                                             dst shard's features they were found in
-    graph/recall/{shard}.parquet             exhaustive pairs of the recall sample vs the shard
-    graph/edges/{shard}.parquet              the graph: each unordered pair once (global node ids),
-                                             owned by the shard of its smaller id; pairs from
-                                             ``cfg.search_min_similarity`` up (edge_min_similarity, or
-                                             the review band's floor when verifying)
+Files (paths and schemas: tasks/graph/files.py): ``work/graph/found/{shard}``, the pairs a shard's
+queries found, addressed as (src_row, dst_shard, dst_row) with the digest of the dst shard's
+features they were found in; ``graph/recall/{shard}``, exhaustive pairs of the recall sample vs the
+shard; ``graph/edges/{shard}``, the graph: each unordered pair once (global node ids), owned by the
+shard of its smaller id, from ``cfg.search_min_similarity`` up.
 
 Incremental queries (the stage contract). A shard's ``found`` file is addressed by shard
 and row, not by global id, so it stays valid while the shards it points at keep their
@@ -23,31 +14,16 @@ query and on the vectors it finds, so a rerun queries only shards whose features
 — new and changed shards find their pairs with unchanged ones from their own side — and
 the union is exactly a fresh build's graph, because every similarity is the canonical
 score (float64 dot product of the two unit vectors, rounded to float32: the same from
-either side; for wfd, the layout-only score when either image is colourless — see
-tasks/shared/pair_score.py, whose query and candidate forms the index searches with) and
-queries search a hair below the threshold. k-NN search caps each
-query at k-1 neighbours: when any query hits the cap, or an image of a reused shard now
-has k-1 or more neighbours, every shard is queried again (the cap makes results depend
-on the whole index). With an IVF index the trained quantiser depends on every vector,
-so any change of features queries every shard again.
+either side; for wfd the pair rule of tasks/shared/pair_score.py) and queries search a hair
+below the threshold. A k-NN query's cap and an IVF quantiser make results depend on the whole
+index: those cases query every shard again (docs/contract.md).
 
-Merge: two steps, so that the files a build opens grow with N, not N². A pair is owned by the
-shard of its smaller id; owner shards are cut into G contiguous groups of about
-``merge_max_edges`` found pairs (:func:`merge_groups`). One routing task (:func:`route_pairs`)
-reads every ``found`` file once, keeps the pairs still pointing at current vectors
-(:func:`_valid_pairs`) and appends each to its owning group's local Arrow stream; it then
-writes each group's stream as ``work/graph/routed/{first}.parquet``. G ``merge_edges`` tasks
-each read their one routed file, keep each pair once with the max similarity
-(``canonical_pairs``) and write their shards' edge files. Files opened: S found + G routed
-(+ G local streams, written and read once) by the routing task, G routed + S edge files by the
-merges: O(S + G) = O(N). Before, each group read every later found file (pairs spread over the
-whole corpus, so every found file holds pairs of almost every group): ~G·S/2, O(N²).
-Memory: the routing task holds :data:`ROUTE_READERS` found files and :data:`ROUTE_ROWS`
-pairs; its G streams are on local disk (every valid pair once, ~16 B each: ~3 GB at 2·10⁸
-pairs) with a descriptor each, and each flush writes one batch per group. A merge task holds
-its group's pairs (``merge_max_edges``), as before. The routing task is one unit: its
-work is O(N) reads that its readers overlap; a found file that changes reroutes every group
-(what the merges did before), and a merge whose routed file is byte-identical is skipped.
+Merge: one routing task (:func:`route_pairs`) reads every ``found`` file once and sends each valid
+pair to the merge group owning it (``work/graph/routed/{first}.parquet``); one ``merge_edges`` task
+per group keeps each pair once with the max similarity and writes its shards' edge files, so the
+files a build opens grow with N, not N² (files and memory, measured: docs/scaling.md). The routing
+task's group streams are on local disk (~16 B a pair: ~3 GB at 2·10⁸ pairs); a changed found file
+reroutes every group, and a merge whose routed file is byte-identical is skipped.
 
 PQ codes give approximate scores: the shard's queries then search at ``threshold -
 pq_rescore_margin`` and every candidate is rescored as the exact dot product of the
@@ -91,7 +67,6 @@ def feature_digests(source: Store, cfg: NearDedupConfig, nodes: NodeTable) -> di
     """The current feature digest of every shard; a clear error naming a shard without features."""
     markers = require_all_features(source, cfg.model_id, nodes.shards)
     return {shard: m.digest for shard, m in zip(nodes.shards, markers, strict=True)}
-
 
 
 def index_choice(cfg: NearDedupConfig, markers: list[dict[str, Any]], limit: int = fx.INDEX_WORKER_BYTES

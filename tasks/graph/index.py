@@ -1,24 +1,15 @@
 """FAISS similarity index for the near-duplicate graph: choose, build, search, save.
 
-Cosine similarity is the inner product of unit float32 rows (``METRIC_INNER_PRODUCT``);
-a model with a pair rule (wfd: layout alone when either image is colourless) is indexed
-by its candidate forms and queried by its query forms, whose inner product is that rule
-(:mod:`tasks.shared.pair_score`); with IVF, each part of a query form (the part scoring
-coloured members, the part scoring colourless ones) picks its own ``nprobe`` lists, since
-a centroid mixes both kinds and lists of one kind crowd out the other's
-(``bench/graph_probes.py``).
-Two kinds of index:
+Cosine similarity is the inner product of unit float32 rows (``METRIC_INNER_PRODUCT``); a model
+with a pair rule is indexed by its candidate forms and queried by its query forms
+(:mod:`tasks.shared.pair_score`; per-part IVF probing: docs/near-duplicates.md). Two kinds of index:
 
 * ``flat`` — ``IndexIDMap2(IndexFlatIP)``: exact, 4·d bytes per vector; used up to
   ``flat_max_vectors`` (200k by default).
 * ``ivf`` — ``IVF{nlist},{Flat|SQfp16|PQm}``: k-means coarse quantiser trained on a
-  deterministic sample (selected by a seeded hash of the key, sorted by that hash, so
-  it does not depend on shard order), vectors added with their global node ids in blocks
-  of shards, each block to a copy of the trained index, and the blocks' lists merged in
-  shard order into on-disk lists that queries memory-map (``tasks/graph/build.py``,
-  ``tasks/graph/ondisk.py``): every list holds what one index with every shard added in
-  order would. ``nprobe`` lists scanned per query. Approximate: the stage measures recall
-  against exhaustive search on a sample of queries in every run.
+  deterministic sample (a seeded hash of the key, so it does not depend on shard order), lists
+  built in blocks and merged on disk (``tasks/graph/build.py``, ``tasks/graph/ondisk.py``).
+  Approximate: the stage measures recall against exhaustive search on a sample every run.
 
 Searches are k-NN (``k`` includes the query itself) or range searches; both keep pairs
 with similarity >= the graph threshold, excluding self-pairs by id (not by score: exact
@@ -299,11 +290,8 @@ def _concat(parts: list[np.ndarray], dtype) -> np.ndarray:
 
 def canonical_pairs(src: np.ndarray, dst: np.ndarray, sim: np.ndarray
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Unordered pairs once each as (min id, max id), sorted, with the max similarity.
-
-    Either side of a pair may find it (or only one, with approximate search); taking
-    the max makes the result independent of which side did.
-    """
+    """Unordered pairs once each as (min id, max id), sorted, with the max similarity: either side
+    may find a pair (or only one, with approximate search), and the max does not depend on which."""
     a, b = np.minimum(src, dst), np.maximum(src, dst)
     keep = a != b
     a, b, s = a[keep], b[keep], np.asarray(sim, dtype=np.float32)[keep]
@@ -316,11 +304,8 @@ def canonical_pairs(src: np.ndarray, dst: np.ndarray, sim: np.ndarray
 
 def exhaustive_pairs(q_ids: np.ndarray, q: np.ndarray, ids: np.ndarray, x: np.ndarray,
                      threshold: float, rule: PairScore | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """All (query id, id, similarity) with canonical similarity >= threshold (numpy candidates).
-
-    The recall reference: no FAISS involved. Self-pairs excluded. ``rule``: the feature
-    model's pair rule (plain cosine when None).
-    """
+    """All (query id, id, similarity) with canonical similarity >= threshold, self-pairs excluded: the
+    recall reference, no FAISS involved. ``rule``: the feature model's pair rule (plain cosine when None)."""
     rule = rule or PairScore()
     q_form = rule.query_forms(q)
     srcs, dsts, sims = [], [], []

@@ -6,18 +6,11 @@ cumulative row counts of the shards in sorted order: ids are int64, dense, and d
 depend on the order in which shards were listed. Images whose features failed have a
 node (and end up kept, without edges) but no vector.
 
-The stage's fan-out tasks share the node table and every shard's feature digest. Passed
-as parameters they would be O(S) bytes per task, O(S²) through the scheduler per fan-out;
-instead the driver writes them once to ``work/graph/shards.parquet``
-(:func:`write_shard_table`) and each task gets only that file's SHA-256, reading the file
-once per worker process (:func:`read_shard_table`, which refuses a file whose digest
-differs: a task never works from another run's table).
-
-The one-off tasks (recall, review pairs, decisions, collision models, calibration) also
-fingerprint per-shard digest lists (edges, records, verified files): the driver writes
-each once to ``work/graph/digests/{kind}.parquet`` (:func:`write_shard_digests`) and the
-task reads it back by SHA-256 (:func:`read_shard_digests`), so its fingerprint holds the
-same lists as when they were parameters.
+The node table, every shard's feature digest and the per-shard digest lists the one-off tasks
+fingerprint are written once as files (:func:`write_shard_table`, :func:`write_shard_digests`) and
+tasks get their SHA-256: as parameters they would be O(S) bytes per task, O(S²) through the
+scheduler per fan-out (docs/near-duplicates.md, "The driver's parameters at scale"). A file whose
+digest differs is refused: a task never works from another run's table.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """IVF inverted lists on disk: written per block, merged once, memory-mapped by every query.
 
-An IVF index is built as a trained, empty index (quantiser and codebooks, one task),
-blocks of staging shards added to copies of it (one task each, holding one block's
-lists), and one merge that concatenates every list block by block, in shard order, into
-FAISS's ``OnDiskInvertedLists`` file (``OnDiskInvertedLists.merge_from_multiple``, which
-``faiss.contrib.ondisk.merge_ondisk`` uses, one range of lists at a time). Each list then
-holds the same ids and codes in the same order as if every shard had been added to one
-index in memory, so searches return the same results.
+Blocks of staging shards are added to copies of the trained index (tasks/graph/build.py), and one
+merge concatenates every list block by block, in shard order, into FAISS's ``OnDiskInvertedLists``
+file (what ``faiss.contrib.ondisk.merge_ondisk`` does, one range of lists at a time): each list holds
+the same ids and codes in the same order as one index with every shard added in memory.
 
-Files: ``graph/index/index.faiss`` holds the index without its lists (the quantiser,
-codebooks and each list's offset, the lists file named by its base name so the bytes do
-not depend on where it was built); ``graph/index/index.ivfdata`` holds the lists. A query
-task reads the first and maps the second read-only: it reads the pages of the lists its
-queries probe, never the lists whole into its own memory. Mapping needs a local file: a
-local output store's own file is mapped in place; from an object store it is copied once
-per host into :func:`cache_dir` (disk), under the index's fingerprint, and checked against
-the SHA-256 in the index marker.
+``graph/index/index.faiss`` names the lists file by its base name, so its bytes do not depend on
+where it was built. A query task maps ``graph/index/index.ivfdata`` read-only, never reading the
+lists whole into its own memory; mapping needs a local file, so from an object store it is copied
+once per host into :func:`cache_dir` and checked against the index marker's SHA-256.
 """
 
 from __future__ import annotations

@@ -8,12 +8,9 @@ original is the copy's nearest neighbour for all 181 planted pairs), so a pair i
 verified when it is among the ``review_k`` highest-scoring band pairs of either of its
 images: at most N * review_k checks, plus exact ties.
 
-The choice is a function of the merged edge table alone — per node, the k-th largest band
-similarity; a pair is chosen when its similarity reaches that of either end — so it does
-not depend on node ids, shard order or which shards a rerun queried: a rerun writes the
-same files as a fresh build. Adding images can only raise a node's k-th similarity, so a
-rerun never chooses an old pair it did not choose before; the verification unit then
-checks only pairs with a new image (results are reused per pair, see verify.py).
+The choice is a function of the merged edge table alone (per node, the k-th largest band
+similarity; a pair is chosen when it reaches that of either end), so a rerun writes the same
+files as a fresh build and verifies only pairs with a new image (docs/near-duplicates.md).
 
 One unit (the choice is global): pass 1 streams the edge files into a float32 [N, k]
 array of each node's best band similarities (0.4 GB per k at 10^8 nodes, 2.8 GB at k = 7); pass 2 writes

@@ -2,24 +2,13 @@
 
 A threshold calibrated on one corpus holds on that corpus only: SSCD int8's 0.80 / 0.88 come
 from the synthetic sample, and on real photographs copies scored 0.74-0.89 while the closest
-unrelated pair scored 0.813. So the corpus itself is the calibration set:
-
-1. a seeded sample of its pictures (:func:`planted_sample`) gets every transform of
-   :mod:`tasks.graph.planted` planted on ``per_transform`` of them;
-2. the configured model embeds originals and copies (:func:`model_embedder`: the extraction
-   stage's path, ``model_input`` then ``embed``), and ``score`` gives the graph's similarity
-   matrix (:func:`rule_scores`: the model's pair rule);
-3. per transform, each copy's similarity to its original; the unrelated pairs are every pair of
-   pictures of *different* originals (originals and copies alike): in a sample of the corpus,
-   its nearest unrelated neighbours. Two originals that score at least as close as a light
-   re-encode of one of them (the median JPEG q40 / 50 % resize copy), or above ``duplicate_above``
-   (the configured pair rule: the build removes such a pair whatever the calibration says), are a
-   duplicate the corpus already holds, not an unrelated pair: they count as one original
-   (``merged_originals``; the report shows them, since a wrong configured rule hides its false
-   pairs there);
-4. the link threshold is the closest unrelated pair plus ``margin``: zero false links on the
-   sample with that margin to spare; per transform, the share of copies above it.
-   :func:`chosen_thresholds` turns it into the stage's thresholds.
+unrelated pair scored 0.813. So the corpus itself is the calibration set: a seeded sample of its
+pictures (:func:`planted_sample`) gets every transform of :mod:`tasks.graph.planted` planted, the
+configured model embeds and scores originals and copies (:func:`model_embedder`, :func:`rule_scores`),
+and the link threshold is the closest unrelated pair plus ``margin``: zero false links on the sample
+with that margin to spare (:func:`chosen_thresholds` turns it into the stage's). Which pairs count as
+unrelated, and why originals that score like a light re-encode count as one: docs/near-duplicates.md
+("Thresholds fitted to your own pictures").
 
 The result (:class:`Calibration`) carries the seed, the margin and every measured similarity,
 and a digest of them, so a record of it names exactly what it was fitted on. The build's unit
@@ -111,7 +100,8 @@ def planted_sample(n: int, seed: int, per_transform: int) -> list[tuple[int, str
 
 def _groups(sims: np.ndarray, n: int, planted: list[tuple[int, str, int]], duplicate_above: float | None
             ) -> tuple[np.ndarray, int]:
-    """Group of every original (duplicates merged, see module docstring), and how many merged."""
+    """Group of every original, and how many merged: two originals at least as close as the median
+    light re-encode, or above ``duplicate_above``, are a duplicate the corpus holds, not unrelated."""
     light = [float(sims[n + k, i]) for k, (i, name, _) in enumerate(planted) if name in LIGHT]
     bars = ([float(np.median(light))] if light else []) + ([float(np.nextafter(duplicate_above, 2))]
                                                            if duplicate_above is not None else [])
@@ -125,7 +115,7 @@ def _groups(sims: np.ndarray, n: int, planted: list[tuple[int, str, int]], dupli
 
 def measure_sample(pictures: Sequence[Image.Image], embed: Embed, score: Score, seed: int,
                    per_transform: int, duplicate_above: float | None = None) -> Measured:
-    """Plant, embed and score one sample (steps 1-3 of the module docstring)."""
+    """Plant, embed and score one sample."""
     planted = planted_sample(len(pictures), seed, per_transform)
     copies = [plant(pictures[i], name, copy_seed) for i, name, copy_seed in planted]
     images = [p.convert("RGB") for p in pictures] + copies
@@ -136,7 +126,7 @@ def measure_sample(pictures: Sequence[Image.Image], embed: Embed, score: Score, 
 
 
 def choose(m: Measured, seed: int, margin: float) -> Calibration:
-    """The link threshold at zero false links on the sample, plus ``margin`` (step 4)."""
+    """The link threshold at zero false links on the sample, plus ``margin``."""
     per = m.copy_scores()
     unrelated = np.sort(m.unrelated()[2])[::-1]
     closest = float(unrelated[0]) if unrelated.size else -1.0
@@ -150,8 +140,8 @@ def choose(m: Measured, seed: int, margin: float) -> Calibration:
 def calibrate_sample(pictures: Sequence[Image.Image], model: FeatureModel, *, seed: int,
                      duplicate_above: float | None = None, per_transform: int = PER_TRANSFORM,
                      margin: float = MARGIN) -> tuple[Calibration, Measured]:
-    """Plant, embed with ``model``, score by its pair rule, measure and choose the link threshold
-    (module docstring); the measurements too (for the report)."""
+    """Plant, embed with ``model``, score by its pair rule, measure and choose the link threshold;
+    the measurements too (for the report)."""
     if len(pictures) < MIN_PICTURES:
         raise ValueError(f"self-calibration needs at least {MIN_PICTURES} decodable pictures, found {len(pictures)}")
     m = measure_sample(pictures, model_embedder(model), rule_scores(PairScore.from_model(model.fingerprint())),

@@ -3,16 +3,10 @@
 One unit, before the graph's queries (the search floor and every decision read the
 thresholds): a seeded sample of the staging shards' images (node ids ranked by a seeded
 hash, :data:`SAMPLE` smallest; stable as the corpus grows), self-calibrated with the
-configured model (:func:`tasks.graph.self_calibration.calibrate_sample`). It writes
-``graph/self_calibration/calibration.json`` (the record) and ``index.html`` (the report,
-:mod:`tasks.graph.calibration_report`); the record also goes to ``graph/summary.json`` and so
-to the receipt: model, seed, sample size and the digest of its images' SHA-256s, margin,
-closest unrelated pair, the calibration's digest and the chosen thresholds.
-
-Rerun contract: the unit's key is its code, the model spec and precision, the seed, the
-thresholds it starts from, and the digest of every staging shard (the sample is drawn from
-them all). Unchanged corpus and model: the marker matches, nothing is embedded again and
-the recorded thresholds are reused; any change to those recalibrates.
+configured model (:func:`tasks.graph.self_calibration.calibrate_sample`). Its key holds every
+staging shard's digest (the sample is drawn from them all): an unchanged corpus and model reuse
+the recorded thresholds, embedding nothing. Files, record and key: docs/near-duplicates.md
+("Thresholds fitted to your own pictures").
 """
 
 from __future__ import annotations

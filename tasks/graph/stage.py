@@ -9,24 +9,13 @@
     (1 task per shard)] → decisions (1 task)
     ∥ collision models (1 task) → calibration sheet (1 task) → graph/summary.json
 
-Inside a flow run the tasks go to the flow's task runner (a ``DaskTaskRunner``: one
-query task per shard spreads over the workers); called outside a flow, the same
-functions run in this process, one after the other. Shards are sorted first and every
-task's output depends only on its inputs, so results are identical for any shard
-order or worker count. Every unit follows the stage contract (``corpusforge.contract``):
-a rerun after new or changed staging shards queries only those (see
-``tasks/graph/edges.py`` for when that is exact and when everything is queried again),
-and the merge, decisions and reports are recomputed from the edges (cheap).
-
-Task parameters are names and digests only: the node table and every shard's feature
-digest go once to ``work/graph/shards.parquet`` and each task gets its SHA-256; the
-per-shard digests the one-off tasks fingerprint (edges, records, verified) go once to
-``work/graph/digests/`` likewise (``tasks/graph/nodes.py``), so no task's parameters
-grow with the shard count.
-
-Inputs are read from ``source`` (default: the output store itself); everything is
-written under ``graph/`` of the output store — a new corpus version can therefore be
-written beside an old one without touching it (``flows/near_dedup.py``).
+Inside a flow run the tasks go to the flow's task runner; called outside a flow, the same
+functions run in this process, one after the other. Shards are sorted first and every task's
+output depends only on its inputs, so results are identical for any shard order or worker count;
+a rerun queries only new or changed shards (``tasks/graph/edges.py`` says when that is exact).
+Task parameters are names and digests only (docs/near-duplicates.md, "The driver's parameters at
+scale"). Inputs are read from ``source`` (default: the output store); everything is written under
+``graph/`` of the output store, so a new corpus version can be written beside an old one.
 """
 
 from __future__ import annotations
@@ -83,16 +72,11 @@ CROPS = Unit(crop_candidates_shard, "graph-crop-candidates", probe=True)
 def near_duplicate_stage(store: Store, cfg: NearDedupConfig, shards: list[str], *, source: Store | None = None,
                          fan_out: FanOut = in_process, features: FeaturesConfig | None = None
                          ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Build the graph, decide every image, write reports.
+    """Build the graph, decide every image, write reports; returns the stage summary (also
+    ``graph/summary.json``) and how many units each step computed or skipped in this run.
 
-    Returns ``(summary, work)``: the stage summary (also ``graph/summary.json``) and how
-    many units each step computed or skipped in this run. ``store``: output root
-    (``graph/…`` is written there). ``source``: where ``staging/`` and ``features/`` are
-    read (default ``store``). ``shards``: staging shard names, any order; each must have
-    completed features of ``cfg.model_id`` (else a clear error naming it). ``features``: the
-    feature config, for ``cfg.calibrate: auto`` (the model's spec). Per-key decisions:
-    :func:`read_decisions`.
-    """
+    ``shards``: staging shard names, any order, each with completed features of ``cfg.model_id``;
+    ``features``: the feature config, for ``cfg.calibrate: auto``. Per-key decisions: :func:`read_decisions`."""
     if not shards:
         raise ValueError("near-duplicate stage needs at least one staging shard")
     source = source or store

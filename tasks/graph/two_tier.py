@@ -107,11 +107,9 @@ class Decisions:
 def decide(roots: np.ndarray, sizes: np.ndarray, rank: np.ndarray, partner: np.ndarray,
            min_component_size: int, verified_partner: np.ndarray | None = None) -> Decisions:
     """Apply both tiers given components, ranks and tier-1 partners (see module docstring).
-
-    ``verified_partner`` (mode gpic_verified): per node, its best winning partner among
-    geometrically verified review-band pairs, or -1. Such a pair acts as a tier-1 pair;
-    a node removed only through one gets the code VERIFIED.
-    """
+    ``verified_partner`` (mode gpic_verified): per node, its best winning partner among verified
+    review-band pairs, or -1; such a pair acts as a tier-1 pair, and a node removed only through one
+    gets the code VERIFIED."""
     n = len(roots)
     nodes = np.arange(n, dtype=np.int64)
     by_verification = np.zeros(n, dtype=bool)

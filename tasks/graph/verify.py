@@ -2,69 +2,20 @@
 
 A global descriptor scores greyscale copies, rotations, caption bars and heavy crops
 below the graph threshold although the two images share most of their pixels up to a
-simple transform. Local features see that: ORB keypoints of both images (greyscale, longer
-side scaled to ``VERIFY_MAX_SIDE``, a low FAST threshold so smooth pictures still get corners),
-Hamming matches kept by Lowe's ratio test and mutual, then a RANSAC fit of a similarity
-transform (rotation, uniform scale, translation: ``cv2.estimateAffinePartial2D``).
-
-Inliers alone do not separate copies from unrelated pictures that share a motif: two
-posters set in the same typeface match dozens of letter corners under one transform
-(on the sample an unrelated pair reaches 57 inliers, a planted heavy crop has 16). The
-transform is therefore checked on the pixels: image A is warped onto B, the overlap is
-cut into 4 x 4 tiles, and ``agreement`` is the median normalised cross-correlation of
-the tiles that have texture in both images (brightness, contrast and greyscale drop out;
-a caption bar spoils only the tiles it covers). ``overlap`` is the share of the smaller
-picture that the other covers after alignment.
-
-A median still lets two *different photographs of one subject* through: a stereo pair, or
-a calf photographed standing and then with its head down, share a background that aligns
-under one transform, and the median tile agrees (0.62 and 0.68 on real photographs). A copy
-agrees everywhere its pixels were not painted over, so ``agreeing`` is the share of the
-textured tiles of a finer 8 x 8 grid whose correlation is at least ``TILE_AGREES``: copies
-of real photographs 0.81 and up (JPEG 40, half size, greyscale, rotation, borders, crops,
-watermark), other photographs of one subject 0.62 at most. A crop of one stereo photograph,
-though, can keep just the part of the scene that aligns with the other (agreeing 0.70 and up on
-real photographs): what gives a second viewpoint away is *parallax*. A copy is one planar
-transform of its original, so once aligned every tile agrees where it was put; a scene seen from
-elsewhere aligns on one depth, and its other tiles agree only a few pixels off. ``parallax`` is
-the share of the fine tiles that agree somewhere within ``PARALLAX_PX`` whose best match lies
-``PARALLAX_SHIFT`` px or more away and beats the aligned correlation by ``PARALLAX_GAIN``
-(planted copies 0.18 at most but one at 0.36, a stereo photograph against crops of the other 0.34 and up).
-
-When either picture has no colour (``colourless``, read off the pixels), the global similarity
-must also exceed ``colourless_min_similarity``: a greyscale copy keeps its original's layout (wfd
-1.00), a different photograph of the same subject does not (0.50 for the calf). The floor is
-waived when the pixels agree near-perfectly (``agreement >= colourless_waiver_agreement`` and
-``agreeing >= colourless_waiver_agreeing``): a greyscale original's crop or turn scores low
-globally for the same reason any crop or turn does, while the unrelated colourless pairs that
-align on real photographs reach 0.80 and 0.72 (the calf 0.68 median).
-
-A pair is *verified* with at least ``min_inliers`` inliers, ``overlap >= min_overlap``,
-``agreement >= min_agreement``, ``agreeing >= min_agreeing_tiles``, ``parallax <= max_parallax``
-and, without colour on either side, ``similarity > colourless_min_similarity`` or the waiver
-(:func:`colour_ok`). Evidence and thresholds: see docs/near-duplicates.md (synthetic held-out
-sample, seed 1, and real photographs).
-
-A model that is not flip-symmetric (a learned one: :func:`tasks.shared.features.config.flip_symmetric`)
-puts mirrored copies in the review band, and ORB's descriptors do not match a mirrored picture. So for
-such a model a review pair that fails is verified once more against B mirrored left to right
-(:func:`verify_with_mirror`: same thresholds, same floor; ``mirrored`` in the evidence, reason
-``verified_mirror`` in the decisions). wfd scores a mirrored copy like its original (above the pair
-threshold), so its pairs get no second try.
+simple transform. Local features see that: ORB keypoints, mutual ratio-test matches and a
+RANSAC similarity transform; then the pixels under that transform decide, because inliers
+alone do not separate copies from unrelated posters set in one typeface. The criteria
+(overlap, agreement, agreeing tiles, parallax, the colourless floor and its waiver, the
+mirrored try), their thresholds and the evidence behind them: docs/near-duplicates.md.
 
 Deterministic: ORB has no randomness; RANSAC draws from OpenCV's global RNG, which is
 reseeded (``cv2.setRNGSeed(seed)``) before every pair, with OpenCV on one thread, so a
 pair's result never depends on which pairs ran before it, on the worker or on the run.
 
-The stage unit (one per owner shard) verifies the pairs chosen for review
-(``graph/review/{shard}.parquet``, :mod:`tasks.graph.review`), then the shard's off-centre crop
-candidates (``graph/crops/{shard}.parquet``, :mod:`tasks.graph.crops`; their colourless floor is
-judged by :func:`floor_similarity`, and their ``region`` score is kept), and writes
-``graph/verified/{shard}.parquet`` (see :data:`tasks.graph.files.VERIFIED_SCHEMA`): both
-keys and SHA-256s, the similarity, keypoints, matches, inliers, score, overlap, agreement,
-agreeing, parallax, colourless, the verdict and whether it was the mirrored try. Results are reused per pair
-across reruns: a row whose two SHA-256s, floor similarity and verification settings are unchanged
-is copied from the previous file instead of recomputed.
+The stage unit (one per owner shard) verifies the shard's review pairs (:mod:`tasks.graph.review`),
+then its off-centre crop candidates (:mod:`tasks.graph.crops`), and writes
+``graph/verified/{shard}.parquet`` (:data:`tasks.graph.files.VERIFIED_SCHEMA`). A row whose two
+SHA-256s, floor similarity and verification settings are unchanged is copied from the previous file.
 """
 
 from __future__ import annotations
@@ -157,11 +108,9 @@ def aligned_agreement(transform: np.ndarray, grey_a: np.ndarray, grey_b: np.ndar
                       ) -> tuple[float, float, float, float]:
     """(overlap, agreement, agreeing, parallax) of A warped onto B by ``transform`` (2 x 3, A's pixels to B's).
 
-    overlap: pixels of B covered by A over the smaller picture's area (A's area scaled by
-    the transform). agreement: median normalised cross-correlation over the textured tiles
-    of a ``TILES`` grid over the overlap's bounding box (0 when none is textured). agreeing:
-    the share of the textured tiles of a ``FINE_TILES`` grid whose correlation is at least
-    ``TILE_AGREES`` (0 when none is textured). parallax: :func:`_parallax` on the same fine grid."""
+    overlap: pixels of B covered by A over the smaller picture's area (A's area scaled by the transform);
+    agreement: median NCC of the textured ``TILES`` grid tiles over the overlap's bounding box; agreeing:
+    the share of the textured ``FINE_TILES`` tiles with NCC >= ``TILE_AGREES`` (both 0 when none is textured)."""
     cv2 = _cv2()
     h, w = grey_b.shape
     warped = cv2.warpAffine(grey_a.astype(np.float32), transform, (w, h), flags=cv2.INTER_LINEAR)
@@ -182,14 +131,9 @@ def aligned_agreement(transform: np.ndarray, grey_a: np.ndarray, grey_b: np.ndar
 
 
 def _parallax(warped: np.ndarray, target: np.ndarray, inside: np.ndarray, box: tuple[int, int, int, int]) -> float:
-    """The share of the ``FINE_TILES`` grid's textured tiles (fully inside the overlap) that agree
-    with the target somewhere within ``PARALLAX_PX`` px, whose best match lies ``PARALLAX_SHIFT`` px
-    or more from where the transform put them and beats the aligned correlation by ``PARALLAX_GAIN``.
-
-    A copy is one planar transform of its original: once aligned, every tile agrees where it is
-    put (the transform's error is a pixel or so). Two photographs of a 3-D scene from two
-    viewpoints (a stereo pair) align on one depth and differ by parallax elsewhere: their tiles
-    agree, but shifted by depth-dependent amounts. 0 when no tile qualifies."""
+    """The share of the fine grid's agreeing tiles that agree only shifted (the ``PARALLAX_*`` constants;
+    0 when no tile qualifies). A copy is one planar transform of its original, so once aligned every
+    tile agrees where it is put; two viewpoints of a 3-D scene align on one depth and differ by parallax."""
     cv2 = _cv2()
     r = PARALLAX_PX
     agree = shifted = 0

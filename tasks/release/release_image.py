@@ -1,22 +1,11 @@
 """Which image member a release sample gets, and the only re-encodings the release makes.
 
-Loaders that infer one schema per shard set need every sample to carry the same member
-names: Hugging Face's webdataset builder refuses a shard whose first samples mix
-``.jpg``, ``.png`` and ``.webp`` ("don't share the same prefix or the same types"), and a
-member missing from its inferred schema comes back empty. The rule (``splits.image_format``):
-
-* ``source`` (default): each image keeps its bytes under its own format's extension —
-  except in the ``gpic`` layout, where GPIC allows only ``.jpg`` and ``.png``, so a WebP
-  is re-encoded losslessly to PNG. A release mixing formats is not loadable by Hugging
-  Face's builder; the receipt and report say so.
-* ``auto``: ``source`` when that gives one image extension for the whole release, else
-  ``png``: always one member name, never a lossy step.
-* ``png``: every image that is not PNG is decoded and written as PNG (pixels exact).
-* ``jpg``: every image that is not JPEG is re-encoded as JPEG at ``jpeg_quality`` (lossy:
-  alpha is dropped; recorded per record).
-
-The decision for every record is made when the release is assigned, from the staged formats and
-recorded in the manifest (``release_ext``, ``image_encoding``) and the receipt.
+Loaders that infer one schema per shard set need every sample to carry the same member names
+(Hugging Face's webdataset builder refuses a shard that mixes ``.jpg``, ``.png`` and ``.webp``), and
+GPIC's layout allows only ``.jpg`` and ``.png``. The rule (``splits.image_format``: ``source``,
+``auto``, ``png``, ``jpg``) is docs/release.md's ("Loaders"); the decision for every record is made
+when the release is assigned, from the staged formats, and recorded in the manifest
+(``release_ext``, ``image_encoding``) and the receipt.
 """
 
 from __future__ import annotations

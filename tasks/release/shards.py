@@ -19,20 +19,11 @@ A release shard's fingerprint holds its assignment file's bytes, and so the SHA-
 staging member it copies: a caption edited in staging reaches exactly the release tar
 holding it.
 
-The assignment is columnar and out of core, one range of keys at a time
-(:mod:`corpusforge.key_ranges`): one pass over the staging shards writes each shard's facts
-(strata, group, seeded priorities, member spans) to a local parquet file; then five passes,
-each over the last one's local files by ranges of its own order, place the kept records
-exactly as :mod:`tasks.release.splits` states the rule (tests/release_reference.py places
-them record by record). By group: each group's size, smallest key and priority. By group
-priority: the split quotas, from window sums of group sizes plus the sums of earlier ranges
-carried per stratum. By deal priority: the round-robin
-deal, from row numbers plus where each (split, stratum) starts and what earlier ranges dealt
-to it. By shard, one split after the other: each release shard's assignment file, its samples in
-seeded order. By partition: the late files. Each range is a DuckDB query under a memory
-limit; what passes from one range to the next is a few counters per stratum, so the
-assignment task's memory follows the range size (and a release shard's, which one range holds whole),
-not N. No per-record Python object outlives its staging shard, release shard or partition.
+The assignment is columnar and out of core, one range of keys at a time (:mod:`corpusforge.key_ranges`):
+one pass over the staging shards, then five DuckDB passes that place the kept records exactly as
+:mod:`tasks.release.splits` states the rule (docs/release.md, "Release assignment"). What passes from
+one range to the next is a few counters per stratum, so the task's memory follows the range size, not
+N; no per-record Python object outlives its staging shard, release shard or partition.
 """
 
 from __future__ import annotations
@@ -57,10 +48,9 @@ from corpusforge.faults import fault_point
 from corpusforge.hashing import stable_uniform
 from corpusforge.key_ranges import ROWS_PER_RANGE, Table, key_ranges
 from corpusforge.layout import part_name, staging_index, staging_records, staging_tar
-from tasks.release.files import (GPIC_JSON_FIELDS, LATE_DIR, LATE_SCHEMA, MEMBER_SPAN, RELEASE_DIR,
-                                 RELEASE_ASSIGNMENT_DIR,
-                                 RELEASE_ASSIGNMENT_SCHEMA, RELEASE_STAGED, RELEASE_STAGED_SCHEMA, late_path,
-                                 release_assignment_path, release_shard_name, release_tar)
+from tasks.release.files import (GPIC_JSON_FIELDS, LATE_DIR, LATE_SCHEMA, MEMBER_SPAN, RELEASE_ASSIGNMENT_DIR,
+                                 RELEASE_ASSIGNMENT_SCHEMA, RELEASE_DIR, RELEASE_STAGED, RELEASE_STAGED_SCHEMA,
+                                 late_path, release_assignment_path, release_shard_name, release_tar)
 from tasks.captions.files import captions_path
 from tasks.graph.files import decisions_path
 from corpusforge.records import Status
@@ -476,11 +466,8 @@ def write_release_shard(store: Store, split: str, shard: int, cfg: SplitConfig, 
                         source: Store | None = None) -> UnitResult:
     """Write one release shard from staging (in ``source``, default ``store``) with ranged reads.
 
-    ``assignment_sha256``: the digest of the shard's assignment file (from :func:`assign_release_files`),
-    which lists every staging span it copies with its SHA-256; the writer reads that file
-    (its rows in batches, :func:`_assignment_rows`) and those spans only (no staging index). The
-    fingerprint is that digest, so the shard is skipped unless one of its own samples or
-    their order changed.
+    ``assignment_sha256``: the digest of the shard's assignment file (:func:`assign_release_files`), its
+    fingerprint (module docstring); the writer reads that file in batches and only the spans it lists.
 
     Whether the shard re-encodes (and so depends on Pillow's version) is a fact of the
     assignment file, fixed by its digest: a marker whose fingerprint is the key for either answer is

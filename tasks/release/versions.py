@@ -1,20 +1,11 @@
 """Publishing a corpus version whole: a reader sees the previous version or the new one, never a mix.
 
-The release stage writes its shards and manifest parts into working copies (``shards/``,
-``manifest/``) unit by unit, so that a rerun rewrites only what changed; a build killed midway
-leaves them part old, part new. Readers therefore never read them. When the build has
-finished, :func:`publish_version` links its released files (local disk: hard links, no byte
-copied, no space used; an object store: server-side copies) into ``versions/{version}/``,
-then writes ``current.json``, the one small pointer, last: an atomic replace locally, one
-put on S3. A reader reads ``current.json`` once and then only that version's folder.
-
-``{version}`` is a digest of the released files' paths and SHA-256s, so a rerun that changes
-nothing publishes nothing and a rebuild publishes exactly what a fresh build does. The
-version ``current.json`` pointed at before stays until the next switch (a reader that
-started on it can finish); older ones are removed then.
-
-:func:`refusal` is the check before the switch: a release that would be empty, or smaller
-than the published one by more than ``splits.max_shrink``, is not published.
+The release stage's working copies (``shards/``, ``manifest/``) are rewritten unit by unit, so a
+build killed midway leaves them part old, part new, and readers never read them. When the build has
+finished, :func:`publish_version` links its released files into ``versions/{version}/`` (a digest of
+their paths and SHA-256s: a rerun that changes nothing publishes nothing), then writes
+``current.json``, the one small pointer, last. :func:`refusal` is the check before the switch
+(``splits.max_shrink``). Readers and the switch: docs/release.md ("Reading a release while builds run").
 """
 
 from __future__ import annotations

@@ -1,36 +1,19 @@
 """Evaluate generated images against reference statistics (GPIC §3, App. B).
 
-Generated images come from folders of image files or WebDataset tars (local or any
-fsspec URI). They are listed in a fixed order and cut into chunks (a slice of files, or
-one tar) so the flow can embed chunks in parallel; each image is decoded at full
-resolution (no JPEG draft: the protocol resizes from the original pixels), preprocessed
-by the model ("gpic_eval" by default) and embedded. An image that cannot be decoded is
-counted with its reason and left out; it never stops the run.
+Generated images (folders of image files or WebDataset tars, local or any fsspec URI) are
+listed in a fixed order and cut into chunks (a slice of files, or one tar); each image is decoded
+at full resolution (no JPEG draft: the protocol resizes from the original pixels), preprocessed by
+the model and embedded. An image that cannot be decoded is counted with its reason and left out;
+it never stops the run.
 
-The listing is a task (:func:`write_generated_listing`): it writes every chunk's files to the
-output folder's listing file and hands the flow only the chunks' names, so the flow process
-holds O(chunks) whatever the number of images; the metrics are a task too
-(:func:`evaluate_unit`), reading the features back from the feature store.
-
-Each chunk is a unit of the stage contract (:func:`embed_chunk_unit`): its features are
-kept as ``features/{model_id}/{vectors,keys}/{chunk}.*`` (the feature stage's layout,
-float32) under a feature store — the output folder by default — fingerprinted by the
-model spec's identity (weights SHA-256 or random init), the precision, the code and the
-chunk's files by URI and content (SHA-256; the listing's size and modification time or
-ETag spare the hashing when they match the marker's). Evaluating the same images again,
-e.g. against another reference, neither embeds nor loads the model; a touched file
-re-embeds nothing; a replaced file re-embeds its chunk (an added or removed image file
-re-cuts the file chunks after it in sorted order; tars are their own chunks).
-
-Reference files are ``stats/{group}-{model_id}.npz`` with their ``.json`` provenance and
-``.features.npy`` subsample (see :mod:`tasks.stats.reference`), or a gpic-eval
-``test_stats.npz`` (``dino_mu``, ``dino_sigma``, optional ``dino_embeddings``): one written
-here is verified against its sidecar by SHA-256; GPIC's published one has no provenance,
-so its model is assumed to be the protocol's in the mode in use, and the result lists
-what could and could not be checked (:mod:`tasks.stats.gpic_stats`).
-Before anything is embedded, the configured model is checked against the reference's
-model; after embedding, the loaded model's full fingerprint is. A mismatch stops the
-evaluation unless ``allow_mismatch`` is set, and is then written as a deviation.
+The listing (:func:`write_generated_listing`) and the metrics (:func:`evaluate_unit`) are tasks, so
+the flow process holds O(chunks) whatever the number of images. Each chunk is a unit of the stage
+contract (:func:`embed_chunk_unit`) whose features are kept in the feature stage's layout, so
+evaluating the same images again neither embeds nor loads the model. The reference is one written
+by :mod:`tasks.stats.reference` or a gpic-eval ``test_stats.npz`` (:mod:`tasks.stats.gpic_stats`);
+the configured model is checked against the reference's before anything is embedded, the loaded
+model's full fingerprint after; a mismatch stops the evaluation unless ``allow_mismatch`` is set, and
+is then written as a deviation. Fingerprints, reruns, metrics: docs/statistics.md ("Evaluating generated images").
 """
 
 from __future__ import annotations
@@ -504,12 +487,9 @@ def embed_chunk_unit(out: Store, features: Store, chunk: int, sources: Sequence[
                      storage_options: dict[str, Any] | None = None) -> UnitResult[GeneratedInfo]:
     """:func:`embed_chunk` of chunk ``chunk`` of ``out``'s listing file as a unit of the stage
     contract in the ``features`` store: read back when its files are unchanged, else embedded
-    and stored (float32, so what the metrics read is exactly what a fresh run computed).
-
-    Files are identified by content: when the listing (sizes, mtimes) matches the one the
-    marker recorded, nothing is read; otherwise the chunk's files are hashed, and equal
-    contents (a ``touch``, a copy) re-embed nothing, only the marker's listing is updated.
-    Neither path loads the model: its fingerprint comes from the spec."""
+    and stored (float32, so what the metrics read is exactly what a fresh run computed). Files are
+    identified by content (:func:`judge_generated_chunk`): equal contents with new stamps (a ``touch``, a
+    copy) only update the marker's listing. Neither path loads the model: its fingerprint comes from the spec."""
     listed = read_listed_chunk(out, chunk, sources)
     judged = judge_generated_chunk(features, listed, spec, runtime.precision, storage_options)
     if judged.fingerprint is None:  # the listing is the one embedded: nothing read
@@ -587,7 +567,6 @@ def evaluate_features(chunks: Sequence[ChunkFeatures], reference: Reference, cfg
     }
 
 
-
 def evaluate_unit(out: Store, features: Store, model_id: str, reference: str, reference_options: dict[str, Any],
                   cfg: MetricsConfig, allow_mismatch: bool, mode: str, claims: dict[str, Any]) -> dict[str, Any]:
     """The metrics as a task: every listed chunk's features read back from ``features`` (the
@@ -603,6 +582,7 @@ def evaluate_unit(out: Store, features: Store, model_id: str, reference: str, re
     out.write_json(EVALUATION_METRICS, result)
     out.write_bytes(EVALUATION_REPORT, render_report(result).encode())
     return result
+
 
 def render_report(result: dict[str, Any]) -> str:
     """A short human-readable ``report.md``."""

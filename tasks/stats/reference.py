@@ -6,25 +6,14 @@ the smallest tier holding a record) or ``test_subset`` (GPIC's Test-50K: the tes
 with the smallest ``blake2b(seed:key)``). Work per staging shard, so no process ever
 holds more than one shard's features plus the partials:
 
-1. :func:`scan_manifest` streams the manifest once: records per group, the staging shards
-   that hold them, the Test-50K threshold, each group's subsample threshold and the
-   manifest's hash.
-2. :func:`shard_partials` reads one staging shard's features and, through
-   ``staging/records/{shard}.parquet`` (key, part, row), only the manifest row groups of
-   that shard's records; it returns per group the shard's :class:`Moments` (8 MB at
-   d = 1024), its sampled rows (:class:`KeyedSample`; all partials together hold at most
-   ``max_rows`` per group) and the group's records that have no features (undecodable).
-   :func:`batch_partials` folds a contiguous run of shards into one partial, so the
-   number of partials in flight is bounded however many shards there are.
-3. Partials merge pairwise in a fixed tree (:func:`merge_partials`), identically on any
-   worker count, and :func:`write_group_stats` writes per group::
-
-    stats/{group}-{model_id}.npz           mu (d,), sigma (d, d) float64, n
-    stats/{group}-{model_id}.features.npy  float32 [≤ max_rows, d]: the deterministic subsample
-    stats/{group}-{model_id}.json          provenance sidecar, written last
-    stats/test_stats.npz                   for the test split of a DINOv2 model: the same µ, Σ and
-                                           subsample under gpic-eval's key names (dino_mu, dino_sigma,
-                                           dino_embeddings), named with its SHA-256 in the sidecar
+1. :func:`scan_manifest` streams the manifest once and fixes everything row-dependent;
+2. :func:`shard_partials` summarises one staging shard's features per group (:class:`Moments`,
+   8 MB at d = 1024, and its sampled rows), reading only the manifest row groups of that shard's
+   records; :func:`batch_partials` folds a contiguous run of shards into one partial, so the
+   number of partials in flight is bounded however many shards there are;
+3. partials merge pairwise in a fixed tree (:func:`merge_partials`), identically on any worker
+   count, and :func:`write_group_stats` writes each group's files (tasks/stats/files.py), the
+   provenance sidecar last.
 """
 
 from __future__ import annotations
@@ -199,11 +188,8 @@ def cut_batches(shards: Sequence[str], max_tasks: int, min_shards: int = 1) -> l
 
 
 def shard_membership(store: Store, shard: str) -> list[tuple[str, str | None, str | None]]:
-    """``(key, split, tier)`` of the shard's kept records, read from the manifest.
-
-    Only the manifest parts named in the shard's records file are opened, and in each
-    only the row groups whose ``row`` range overlaps the shard's rows.
-    """
+    """``(key, split, tier)`` of the shard's kept records, read from the manifest: only the parts named
+    in the shard's records file, and in each only the row groups whose ``row`` range overlaps the shard's."""
     records = store.read_parquet(staging_records(shard), columns=["key", "part", "row"])
     out: list[tuple[str, str | None, str | None]] = []
     for part in sorted(set(records["part"].to_pylist())):
@@ -373,11 +359,9 @@ def _selection(group: str, rule: GroupRule) -> str:
 
 
 def oracle_metrics(groups: dict[str, GroupPartial], reference: str, cfg: MetricsConfig) -> dict[str, Any]:
-    """Real-vs-real metrics of every other group against ``reference`` (GPIC Table 2, B.2).
-
-    PRDC and MMD use the groups' stored subsamples. Rows shared by two groups (Test-50K
-    is part of test) are not removed, as GPIC does not say it removes them.
-    """
+    """Real-vs-real metrics of every other group against ``reference`` (GPIC Table 2, B.2), PRDC and
+    MMD on the groups' stored subsamples. Rows shared by two groups (Test-50K is part of test) are
+    not removed, as GPIC does not say it removes them."""
     ref = groups[reference]
     out: dict[str, Any] = {}
     for name, part in groups.items():

@@ -4,8 +4,7 @@ Table of contents of :func:`reference_stats_stage`:
 
     scan the manifest (one task: groups, their staging shards, Test-50K threshold, manifest hash)
     → features of only the groups' records in those shards (the feature stage with a
-      selection: ranged reads, one task per shard submitted largest first, finished shards
-      skipped; features of every image with the same fingerprint are reused where present)
+      selection, one task per shard submitted largest first: docs/statistics.md)
     → partials (n, mean, scatter matrix, sampled rows per group) over contiguous runs of
       staging shards, at most ``max_partials`` tasks
     → pairwise tree merge of the partials → stats/{group}-{model_id}.{npz,features.npy,json}
