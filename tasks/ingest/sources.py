@@ -1,30 +1,18 @@
 """Input discovery: turn any accepted source into numbered ingest partitions.
 
-Accepted sources (local paths or any fsspec URI such as ``s3://``):
+The source kinds (a metadata table or URL list, WebDataset tars or a GPIC release, a bare folder
+of images; local or any fsspec URI) and how each is detected: docs/ingest.md. Tables and folders
+are streamed once into ``work/input/{part}.parquet`` chunks of a fixed number of rows in input
+order, with columns normalised to :data:`INPUT_COLUMNS`; tars are one partition each. Partitions
+are the unit of parallel ingest, and their order is the corpus's input order. A folder's listing
+is spilled to the output's work area as it comes (``work/.listing/``) and sorted, its sidecars
+matched to their images, one range of keys at a time (:mod:`corpusforge.key_ranges`): no process
+holds the corpus's paths.
 
-(a) a metadata table (parquet, JSONL or CSV; a file, or a folder holding
-    ``metadata.{parquet,jsonl,csv}``) whose rows point at image files (``path``), or a URL list:
-    a table with a ``url`` column instead, whose images are fetched first (``tasks/ingest/fetch/``);
-(b) WebDataset tars (a ``.tar`` file or a folder of them, e.g. img2dataset output:
-    ``{key}.jpg`` + ``{key}.txt`` + ``{key}.json``), or a GPIC release root
-    (``train|val|test/gpic_*.tar``: ``{key}.json`` with the caption, then ``{key}.jpg|png``);
-(c) a bare folder of images (optional ``{stem}.txt`` caption and ``{stem}.json``
-    metadata sidecars are read, not counted as records).
-
-Tables and folders are streamed once into ``work/input/{part}.parquet`` chunks of a
-fixed number of rows in input order, with columns normalised to :data:`INPUT_COLUMNS`;
-tars are one partition each. Partitions are the unit of parallel ingest, and their
-order is the corpus's input order. A folder's listing is spilled to the output's work
-area as it comes (``work/.listing/``) and sorted, its sidecars matched to their images,
-one range of keys at a time (:mod:`corpusforge.key_ranges`): no process holds the corpus's paths.
-
-Each partition carries a content digest for the stage contract: the SHA-256 of its
-chunk file (rows and their metadata), or for a tar its stamp. A stamp
-(:func:`corpusforge.storage.file_stamp`: size, mtime, ctime and inode locally, the
-object store's ETag remotely) is how a changed file is noticed without reading it again,
-as make and rsync do, even when its mtime was set back; ingest stamps every image file a
-chunk names, so bytes replaced at the same path are re-read. ``input.verify: content``
-adds each file's SHA-256 to its stamp, for storage whose metadata cannot be trusted.
+Each partition carries a content digest for the stage contract: the SHA-256 of its chunk file
+(rows and their metadata), or for a tar its stamp (:func:`corpusforge.storage.file_stamp`), which
+notices a changed file without reading it again, as make and rsync do, even when its mtime was
+set back (docs/ingest.md, source stamps).
 """
 
 from __future__ import annotations

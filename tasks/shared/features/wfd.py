@@ -27,12 +27,9 @@ images whose grey layout is alike (smooth gradients, stripes, checkerboards).
 
 **Pair rule: colour is evidence only when both images have colour.** A greyscale copy has
 no colour block, so its cosine with its own original is capped at sqrt(1 - COLOUR_WEIGHT)
-= 0.866. The fingerprint therefore names a pair rule (``pair_rule``) that the graph stage
-scores pairs by (tasks/shared/pair_score.py): when either image is colourless (its colour
-histogram below ``COLOURLESS_BELOW`` x ``COLOUR_FLOOR``), the pair scores the cosine of the
-layout blocks alone; otherwise the cosine of the whole vectors. The stored rows are
-unchanged by the rule; FAISS searches with query and candidate forms whose inner product
-is the rule, so range and k-NN search, reruns and the recall reference all use it.
+= 0.866; the fingerprint names the pair rule (``pair_rule``) that tasks/shared/pair_score.py
+defines and the graph scores pairs by (colourless: histogram below ``COLOURLESS_BELOW`` x
+``COLOUR_FLOOR``).
 
 Measured recall per edit, false pairs and the variants tried and not adopted (``ALPHA``, ``K``,
 extra regions: each bought rotations with false pairs) are in bench/README.md (near-duplicate
