@@ -334,15 +334,9 @@ def _sorted_kept(store: Store, parts: list[str], remote: bool) -> Iterator[pa.Ta
 def _folder_tables(src: str, cfg: SourceConfig, store: Store) -> Iterator[pa.Table]:
     """Every file of a bare folder in sorted order, as input rows; an image's caption/metadata
     sidecars are named in its row (``sidecars``) and read at ingest, in parallel over partitions.
-
-    Nothing is skipped silently: links and special files become rows (and error records
-    at ingest); a sidecar is attached only when it is a regular file inside the folder —
-    checked from the listing's entry types, and with a realpath and stat only for a link
-    or special file named like a sidecar.
-
-    Memory stays bounded at any size: the listing is spilled to ``store``'s work area as
-    it comes, then matched and sorted one range of keys at a time (:func:`_sorted_kept`);
-    rows stream from it."""
+    Nothing is skipped silently: links and special files become rows (and error records at
+    ingest); a sidecar is attached only when it is a regular file inside the folder. Rows stream
+    from the spilled listing (:func:`_sorted_kept`), so memory stays bounded at any size."""
     fs, root = url_to_fs(src, cfg.storage_options)
     remote = is_remote(src)
     if not remote:
