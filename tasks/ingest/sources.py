@@ -143,36 +143,32 @@ def _table_batches(uri: str, options: dict[str, Any], chunk: int) -> Iterator[pa
     """Stream a metadata table in chunks without reading it whole; an unreadable table is
     one error naming the file."""
     try:
-        yield from _read_table_batches(uri, options, chunk)
+        with fsspec.open(uri, "rb", **options) as f:
+            if uri.endswith(".parquet"):  # decoded in this thread: the pool's threads each kept a row group's worth
+                for batch in pq.ParquetFile(f).iter_batches(batch_size=chunk, use_threads=False):
+                    yield pa.Table.from_batches([batch])
+            elif uri.endswith(".csv"):
+                convert = pacsv.ConvertOptions(strings_can_be_null=False, column_types=None)
+                reader = pacsv.open_csv(f, read_options=pacsv.ReadOptions(block_size=1 << 22),
+                                        convert_options=convert)
+                for batch in reader:
+                    yield pa.Table.from_batches([batch])
+            else:  # JSONL, line by line so memory stays bounded
+                rows: list[dict[str, Any]] = []
+                for lineno, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as exc:
+                        raise ValueError(f"{uri}:{lineno}: invalid JSON ({exc})") from exc
+                    if len(rows) == chunk:
+                        yield pa.Table.from_pylist(rows)
+                        rows = []
+                if rows:
+                    yield pa.Table.from_pylist(rows)
     except pa.ArrowInvalid as exc:
         raise ValueError(f"{uri}: not a readable table ({exc})") from exc
-
-
-def _read_table_batches(uri: str, options: dict[str, Any], chunk: int) -> Iterator[pa.Table]:
-    with fsspec.open(uri, "rb", **options) as f:
-        if uri.endswith(".parquet"):  # decoded in this thread: the pool's threads each kept a row group's worth
-            for batch in pq.ParquetFile(f).iter_batches(batch_size=chunk, use_threads=False):
-                yield pa.Table.from_batches([batch])
-        elif uri.endswith(".csv"):
-            convert = pacsv.ConvertOptions(strings_can_be_null=False, column_types=None)
-            reader = pacsv.open_csv(f, read_options=pacsv.ReadOptions(block_size=1 << 22),
-                                    convert_options=convert)
-            for batch in reader:
-                yield pa.Table.from_batches([batch])
-        else:  # JSONL, line by line so memory stays bounded
-            rows: list[dict[str, Any]] = []
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{uri}:{lineno}: invalid JSON ({exc})") from exc
-                if len(rows) == chunk:
-                    yield pa.Table.from_pylist(rows)
-                    rows = []
-            if rows:
-                yield pa.Table.from_pylist(rows)
 
 
 def _as_text(value: Any) -> str | None:
