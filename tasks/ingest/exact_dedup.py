@@ -1,41 +1,10 @@
 """Key uniqueness and exact deduplication by SHA-256: a bucketed exchange, bounded per task.
 
-Both checks are group-bys over the whole corpus. Ingest writes, per partition, small tables
-of hash and key rows sorted by hash bucket (``work/hashes``, ``work/keys``;
-:func:`write_dedup_tables`). A bucket task must see its bucket's rows of every partition;
-reading them straight from the partitions' files would open P files per bucket task (P·B
-in all) and read every partition's footer B times. So the rows go through an exchange in
-two levels, like datatrove's and NeMo Curator's dedup shuffles:
-
-1. per **group** of consecutive partitions (:func:`partition_groups`: about B of them, so
-   groups × buckets ≈ partitions), :func:`exchange_keys` writes the group's key rows to
-   ``work/dedup/keys/{group}`` with one row group per bucket;
-2. per **bucket**, :func:`find_duplicate_keys` reads its row group of each group file (a
-   filter on ``bucket`` that parquet's statistics turn into reads of that row group only)
-   and writes ``work/keydup/{bucket}`` with one row group per partition group;
-3. per group, :func:`exchange_hashes` reads its partitions' hash rows and its row group of
-   each key decision file, drops records whose key was used earlier, and writes
-   ``work/dedup/hashes/{group}`` with one row group per bucket;
-4. per bucket, :func:`find_exact_duplicates` reads its row groups and writes
-   ``work/exact/{bucket}``, one row group per partition group;
-5. per group, :func:`resolve_group` reads its row group of every decision file once and
-   folds them into each of its partitions' rows (``work/resolved/{part}``, one unit per
-   partition: the base of the manifest).
-
-Files opened: 4 per partition (its three tables and its ingest marker) and 5 per group and
-bucket — each group task opens ~B decision files, each bucket task one file per group —
-so about 9 per partition whatever the corpus size once B ≥ 16, instead of ~4·B per
-partition. No task holds more than
-a group's rows (≤ 256 partitions) or a bucket's (1/B of the corpus). Task parameters
-carry a group's or a bucket's number and one combined digest of the units it reads
-(a partition's own ingest digest is read from its marker): a few hundred bytes.
-
-Rules: the first record of a key in input order keeps it, later ones are errors
-(``duplicate_key``); keys are compared case-folded, so a later key differing only in case
-from an earlier one (``Dup`` after ``dup``) is an error too (``key_case_collision``):
-unpacked on a case-insensitive filesystem, their files would overwrite each other.
-Among byte-identical images the highest-resolution copy is kept, ties broken by the
-smallest key; the others become ``exact_duplicate`` of it.
+Both checks are group-bys over the whole corpus, so the rows ingest writes per partition
+(:func:`write_dedup_tables`) go through a two-level exchange by partition group and hash bucket,
+like datatrove's and NeMo Curator's dedup shuffles, instead of every bucket task opening every
+partition's files (P·B opens, every footer read B times). The steps, the files each opens and the
+rules (first key wins, case-folded keys, the highest-resolution copy kept): docs/exact-dedup.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """The licence allow-list (GPIC §2.1): only permissively licensed images enter the corpus.
 
-Real metadata spells one licence many ways ("CC BY 2.0", "CC-BY-4.0", "cc-by",
-"Attribution 2.0 Generic", "https://creativecommons.org/licenses/by/2.0/"), so a
-record's licence name and URL are first normalised to a :class:`License` — a family
-such as ``CC BY`` or ``CC0`` plus an optional version — and only then compared with the
-allow-list, whose entries are normalised the same way. An entry without a version
-accepts every version of its family; ``CC BY 4.0`` accepts only 4.0.
-
-The name and the URL are two statements about one licence (:func:`resolve_license`).
-The name is the statement of record: an explicit name that is not recognised ("All
-rights reserved", "©", "see website") is evidence that the licence is not the one the
-URL names, so the URL is read only when the name is empty. A recognised name and a
-recognised URL that disagree (``CC BY-NC 2.0`` beside ``…/licenses/by/2.0/``) are a
-conflict, resolved by ``LicenseConfig.on_conflict``; where they agree, the more specific
-one gives the version (``CC BY`` beside ``…/by/2.0/`` is CC BY 2.0).
-
-Outcomes (reason codes, listed in docs/outcomes.md): ``license_missing`` (no name and no
-URL), ``license_not_allowed: <normalised name>``, ``license_not_allowed: unrecognised
-licence name '<raw>'`` (or ``… licence url '<raw>'`` when only a URL was given) and
-``license_conflict: name <name> vs url <url>``. The decision needs no image byte, so
-ingest makes it before reading the image (a record that may not be used is never
-downloaded).
+Real metadata spells one licence many ways ("CC BY 2.0", "cc-by", "Attribution 2.0 Generic",
+".../licenses/by/2.0/"), so a record's licence name and URL are first normalised to a
+:class:`License` (family plus optional version) and only then compared with the allow-list,
+normalised the same way. The name is the statement of record: an explicit name that is not
+recognised is evidence against the URL, so the URL is read only when the name is empty; a name
+and URL that disagree are a conflict (``LicenseConfig.on_conflict``). The full rules and reason
+codes: docs/ingest.md (licences) and docs/outcomes.md. The decision needs no image byte, so
+ingest makes it before reading the image.
 """
 
 from __future__ import annotations

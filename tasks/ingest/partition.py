@@ -1,38 +1,25 @@
 """Ingest one partition: read each record's bytes once, hash, validate, spill the valid ones.
 
-Output per partition (written atomically, marker last):
+Output per partition (written atomically, marker last; paths in tasks/ingest/files.py):
 
-* ``work/spill/{part}.bin`` — the image bytes of every valid record, concatenated in
-  input order as they were read and validated here (``spill_offset`` in the ingest row,
-  with ``spill_xxh3``, a fast checksum of those bytes). Staging copies its shards from
-  these spills, so the source is read once in a build; exact duplicates found later are
-  simply never copied. It checks each record's bytes against ``spill_xxh3`` and takes the
-  SHA-256 from here instead of hashing the bytes again;
-
+* ``work/spill/{part}.bin`` — the image bytes of every valid record, concatenated in input
+  order (``spill_offset`` and ``spill_xxh3``, a fast checksum, in the ingest row). Staging
+  copies its shards from these spills, so the source is read once in a build; it checks each
+  record's bytes against ``spill_xxh3`` and takes the SHA-256 from here;
 * ``work/ingest/{part}.parquet`` — one row per input record in input order
-  (:data:`corpusforge.records.INGEST_SCHEMA`), status ``kept`` (so far), ``filtered``
-  or ``error`` with a reason;
-* ``work/hashes/{part}.parquet`` and ``work/keys/{part}.parquet`` — the small
-  bucketed tables that exact deduplication and the key-uniqueness check read (keys are
-  bucketed by their case-folded form, so keys differing only in case meet in one bucket).
+  (:data:`corpusforge.records.INGEST_SCHEMA`), status ``kept`` (so far), ``filtered`` or ``error``;
+* ``work/hashes/{part}.parquet`` and ``work/keys/{part}.parquet`` — the bucketed tables of exact
+  deduplication (keys bucketed case-folded, so keys differing only in case meet in one bucket).
 
-Fingerprint: the partition's digest (its chunk's bytes, or the tar's stamp), the stamp
-of every image file the chunk names and of the caption/metadata sidecars a folder row
-names (so bytes replaced at the same path are re-read; sidecars are read here, not while
-planning), the validation settings, the bucket count and this stage's code version. The
-licence allow-list (:mod:`tasks.ingest.licenses`) enters as each row's licence verdict for a
-table partition (read from its chunk without touching an image), so changing the list
-reruns only the partitions where some record's verdict changes; the licences of a tar
-partition, or of a folder partition with JSON sidecars, sit outside the chunk, so there
-the normalised allow-list itself enters.
-
-A record whose licence is missing or not allowed is ``filtered`` before its image is
-read: it has no hash and never reaches exact deduplication.
-
-A URL-list partition (kind 'urls') reads its fetch ledger (``work/fetch/{part}.parquet``, written
-by :mod:`tasks.ingest.fetch.unit`) instead of paths: a fetched URL's bytes come from the fetch
-store by their SHA-256 and are validated like any file's; any other outcome is the record's
-status and reason. Its fingerprint holds the ledger's digest in place of file stamps.
+Fingerprint: the partition's digest (its chunk's bytes, or the tar's stamp), the stamp of every
+image file and sidecar the chunk names (so bytes replaced at the same path are re-read;
+sidecars are read here, not while planning), the validation settings, the bucket count, this
+stage's code version and the licence verdicts (per row for a table partition, else the
+allow-list itself: docs/ingest.md, licences). A record whose licence is not allowed is
+``filtered`` before its image is read. A URL-list partition (kind 'urls') reads its fetch ledger
+(``work/fetch/{part}.parquet``, :mod:`tasks.ingest.fetch.unit`) instead of paths: a fetched
+URL's bytes come from the fetch store by their SHA-256, any other outcome is the record's status
+and reason; its fingerprint holds the ledger's digest in place of file stamps.
 """
 
 from __future__ import annotations

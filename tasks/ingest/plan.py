@@ -1,9 +1,6 @@
 """The ingest package's units planned before a run: ingest partitions, the exact-dedup
-exchange and resolve, each judged with the key its unit computes (``corpusforge plan``).
-
-A unit's inputs are known exactly when every unit that writes them skips (their digests
-are in their markers); otherwise it is "recompute if upstream output changes", unless its
-own code or config changed (:func:`corpusforge.plans.judge_unit`).
+exchange and resolve, each judged with the key its unit computes (``corpusforge plan``; how a
+unit whose inputs are not yet known is judged: :func:`corpusforge.plans.judge_unit`).
 """
 
 from __future__ import annotations

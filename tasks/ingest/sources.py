@@ -1,30 +1,18 @@
 """Input discovery: turn any accepted source into numbered ingest partitions.
 
-Accepted sources (local paths or any fsspec URI such as ``s3://``):
+The source kinds (a metadata table or URL list, WebDataset tars or a GPIC release, a bare folder
+of images; local or any fsspec URI) and how each is detected: docs/ingest.md. Tables and folders
+are streamed once into ``work/input/{part}.parquet`` chunks of a fixed number of rows in input
+order, with columns normalised to :data:`INPUT_COLUMNS`; tars are one partition each. Partitions
+are the unit of parallel ingest, and their order is the corpus's input order. A folder's listing
+is spilled to the output's work area as it comes (``work/.listing/``) and sorted, its sidecars
+matched to their images, one range of keys at a time (:mod:`corpusforge.key_ranges`): no process
+holds the corpus's paths.
 
-(a) a metadata table (parquet, JSONL or CSV; a file, or a folder holding
-    ``metadata.{parquet,jsonl,csv}``) whose rows point at image files (``path``), or a URL list:
-    a table with a ``url`` column instead, whose images are fetched first (``tasks/ingest/fetch/``);
-(b) WebDataset tars (a ``.tar`` file or a folder of them, e.g. img2dataset output:
-    ``{key}.jpg`` + ``{key}.txt`` + ``{key}.json``), or a GPIC release root
-    (``train|val|test/gpic_*.tar``: ``{key}.json`` with the caption, then ``{key}.jpg|png``);
-(c) a bare folder of images (optional ``{stem}.txt`` caption and ``{stem}.json``
-    metadata sidecars are read, not counted as records).
-
-Tables and folders are streamed once into ``work/input/{part}.parquet`` chunks of a
-fixed number of rows in input order, with columns normalised to :data:`INPUT_COLUMNS`;
-tars are one partition each. Partitions are the unit of parallel ingest, and their
-order is the corpus's input order. A folder's listing is spilled to the output's work
-area as it comes (``work/.listing/``) and sorted, its sidecars matched to their images,
-one range of keys at a time (:mod:`corpusforge.key_ranges`): no process holds the corpus's paths.
-
-Each partition carries a content digest for the stage contract: the SHA-256 of its
-chunk file (rows and their metadata), or for a tar its stamp. A stamp
-(:func:`corpusforge.storage.file_stamp`: size, mtime, ctime and inode locally, the
-object store's ETag remotely) is how a changed file is noticed without reading it again,
-as make and rsync do, even when its mtime was set back; ingest stamps every image file a
-chunk names, so bytes replaced at the same path are re-read. ``input.verify: content``
-adds each file's SHA-256 to its stamp, for storage whose metadata cannot be trusted.
+Each partition carries a content digest for the stage contract: the SHA-256 of its chunk file
+(rows and their metadata), or for a tar its stamp (:func:`corpusforge.storage.file_stamp`), which
+notices a changed file without reading it again, as make and rsync do, even when its mtime was
+set back (docs/ingest.md, source stamps).
 """
 
 from __future__ import annotations
@@ -155,36 +143,32 @@ def _table_batches(uri: str, options: dict[str, Any], chunk: int) -> Iterator[pa
     """Stream a metadata table in chunks without reading it whole; an unreadable table is
     one error naming the file."""
     try:
-        yield from _read_table_batches(uri, options, chunk)
+        with fsspec.open(uri, "rb", **options) as f:
+            if uri.endswith(".parquet"):  # decoded in this thread: the pool's threads each kept a row group's worth
+                for batch in pq.ParquetFile(f).iter_batches(batch_size=chunk, use_threads=False):
+                    yield pa.Table.from_batches([batch])
+            elif uri.endswith(".csv"):
+                convert = pacsv.ConvertOptions(strings_can_be_null=False, column_types=None)
+                reader = pacsv.open_csv(f, read_options=pacsv.ReadOptions(block_size=1 << 22),
+                                        convert_options=convert)
+                for batch in reader:
+                    yield pa.Table.from_batches([batch])
+            else:  # JSONL, line by line so memory stays bounded
+                rows: list[dict[str, Any]] = []
+                for lineno, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as exc:
+                        raise ValueError(f"{uri}:{lineno}: invalid JSON ({exc})") from exc
+                    if len(rows) == chunk:
+                        yield pa.Table.from_pylist(rows)
+                        rows = []
+                if rows:
+                    yield pa.Table.from_pylist(rows)
     except pa.ArrowInvalid as exc:
         raise ValueError(f"{uri}: not a readable table ({exc})") from exc
-
-
-def _read_table_batches(uri: str, options: dict[str, Any], chunk: int) -> Iterator[pa.Table]:
-    with fsspec.open(uri, "rb", **options) as f:
-        if uri.endswith(".parquet"):  # decoded in this thread: the pool's threads each kept a row group's worth
-            for batch in pq.ParquetFile(f).iter_batches(batch_size=chunk, use_threads=False):
-                yield pa.Table.from_batches([batch])
-        elif uri.endswith(".csv"):
-            convert = pacsv.ConvertOptions(strings_can_be_null=False, column_types=None)
-            reader = pacsv.open_csv(f, read_options=pacsv.ReadOptions(block_size=1 << 22),
-                                    convert_options=convert)
-            for batch in reader:
-                yield pa.Table.from_batches([batch])
-        else:  # JSONL, line by line so memory stays bounded
-            rows: list[dict[str, Any]] = []
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{uri}:{lineno}: invalid JSON ({exc})") from exc
-                if len(rows) == chunk:
-                    yield pa.Table.from_pylist(rows)
-                    rows = []
-            if rows:
-                yield pa.Table.from_pylist(rows)
 
 
 def _as_text(value: Any) -> str | None:
@@ -346,15 +330,9 @@ def _sorted_kept(store: Store, parts: list[str], remote: bool) -> Iterator[pa.Ta
 def _folder_tables(src: str, cfg: SourceConfig, store: Store) -> Iterator[pa.Table]:
     """Every file of a bare folder in sorted order, as input rows; an image's caption/metadata
     sidecars are named in its row (``sidecars``) and read at ingest, in parallel over partitions.
-
-    Nothing is skipped silently: links and special files become rows (and error records
-    at ingest); a sidecar is attached only when it is a regular file inside the folder —
-    checked from the listing's entry types, and with a realpath and stat only for a link
-    or special file named like a sidecar.
-
-    Memory stays bounded at any size: the listing is spilled to ``store``'s work area as
-    it comes, then matched and sorted one range of keys at a time (:func:`_sorted_kept`);
-    rows stream from it."""
+    Nothing is skipped silently: links and special files become rows (and error records at
+    ingest); a sidecar is attached only when it is a regular file inside the folder. Rows stream
+    from the spilled listing (:func:`_sorted_kept`), so memory stays bounded at any size."""
     fs, root = url_to_fs(src, cfg.storage_options)
     remote = is_remote(src)
     if not remote:

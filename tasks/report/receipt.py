@@ -1,13 +1,9 @@
 """The run receipt and the human-readable report.
 
-``receipt.json`` makes a build reproducible and auditable: the config (secrets
-redacted), seeds and thresholds, a hash of the input snapshot, the code version, counts
-per status and reason, what each model was run with (weights hash or random init), and
-the count and digest of the output files, whose SHA-256 one by one are in
-``receipt_outputs.parquet`` beside it (path, sha256; sorted by path). Those come from the
-units' markers, which recorded them when the files were written: the receipt re-reads no
-output. No wall-clock time enters either file, so a rerun of a finished build writes the
-same bytes.
+``receipt.json`` makes a build reproducible and auditable (what it holds, and
+``receipt_outputs.parquet`` beside it: docs/receipt.md). Output digests come from the units'
+markers, which recorded them when the files were written: the receipt re-reads no output. No
+wall-clock time enters either file, so a rerun of a finished build writes the same bytes.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """The run report as one self-contained HTML page (``report.html`` beside ``report.md``).
 
-Rendered from the written receipt and a few files of the corpus (graph edges, the
-collision plot, statistics sidecars): counts per status and reason, split sizes, per-shard
-counts and caption mix (GPIC Fig. 8) as a chart, the similarity histogram, the
-collision-model plot, a link to the calibration sheet, contamination rates when a
-receipt carries them, reference-statistics provenance, and which weights (or none)
-produced each number. The numbers and charts are computed here, the layout is the
-template ``corpusforge/templates/report.html``. Charts are inline PNGs (data URIs) and the
-page has no script and no external resource, so it can be mailed or archived as one file. No wall-clock time
-enters it: the same receipt gives the same bytes.
+Rendered from the written receipt and a few files of the corpus (graph edges, the collision
+plot, statistics sidecars); its sections: docs/receipt.md. The numbers and charts are computed
+here, the layout is the template ``corpusforge/templates/report.html``. Charts are inline PNGs
+(data URIs) and the page has no script and no external resource, so it can be mailed or
+archived as one file. No wall-clock time enters it: the same receipt gives the same bytes.
 """
 
 from __future__ import annotations

@@ -8,18 +8,9 @@ a FIFO that blocks the reader, a tar member named ``../x``, a decompression bomb
 Every flow goes through these functions, so every flow refuses exactly what the build
 refuses, with the same per-record reason:
 
-* :func:`resolve_input` — a path from a row or a listing: its location, or
-  ``unsafe_path: '<path>': <why>`` (:func:`locate` decides from the string alone; a local
-  file is then checked by :func:`local_file_refusal`: no symlink out, only regular files);
-* :func:`read_input` — its bytes, checked once more at read time and read without ever
-  blocking (a local file is opened non-blocking, not following a final symlink);
-* :func:`list_folder` — a folder's entries without following symlinks, each then resolved
-  like a row's path (a link or special file is an entry, never skipped);
-* :func:`tar_member_reason` — the reason for an unusable tar member
-  (:func:`corpusforge.tarshard.iter_tar_samples` refuses them);
-* :func:`image_refusal` — the validator's error for bytes that are no usable image
-  (empty, not an image, a decompression bomb), before anything decodes them;
-* :func:`read_image` — all of that for one image: its bytes or its record's error.
+:func:`resolve_input` (a path from a row or a listing), :func:`read_input` (its bytes, checked
+again at read time), :func:`list_folder`, :func:`tar_member_reason`, :func:`image_refusal` (before
+anything decodes) and :func:`read_image` (all of that for one image).
 """
 
 from __future__ import annotations

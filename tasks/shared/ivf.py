@@ -16,9 +16,8 @@ def auto_nlist(n_vectors: int, per_root: int) -> int:
     whose cost per query, nlist centroids + nprobe·N/nlist list entries, is least at
     √(nprobe·N) = 4√N for nprobe 16. A contamination scan (1) has far fewer queries than
     vectors and searches list by list (one matrix product per probed list), so more lists buy
-    no search time and cost build time. Measured (bench/results/contamination-nlist.txt: 200K x 512-d, 2,000
-    queries, nprobe 16, one thread): IVF512 (√N) built in 2.2 s, IVF2048 (4√N) in 19.2 s; list-by-list
-    search 0.23 vs 0.22 s; FAISS's per-query search 0.87 vs 0.29 s; recall of flagged queries 1.0 both."""
+    no search time and cost build time (measured: bench/results/contamination-nlist.txt,
+    docs/contamination.md)."""
     target = 1 << max(4, math.ceil(math.log2(max(per_root * math.sqrt(max(n_vectors, 1)), 1))))
     nlist = min(target, 65536)
     while nlist > 16 and nlist * 39 > n_vectors:

@@ -1,12 +1,8 @@
 """A folder's listing out of core: every flow that lists a folder of user files (a build's
 source, evaluate's and qualify-prompts' generated images) spills it as it comes and reads it
-back sorted one range of keys at a time, so no process holds the folder's paths.
-
-* :func:`spill_listing` — list a local folder or an object store's prefix (links listed,
-  never followed: :func:`tasks.shared.inputs.scan_folder`) into parquet parts of
-  :data:`SPILL_ROWS` rows, made by the caller's ``to_table`` from batches of entries;
-* :func:`sorted_ranges` — those parts (or any parquet parts) back, sorted by one column,
-  one key range at a time (:mod:`corpusforge.key_ranges`), an object listed twice dropped.
+back sorted one range of keys at a time (:func:`spill_listing`, :func:`sorted_ranges`; links
+listed, never followed: :func:`tasks.shared.inputs.scan_folder`), so no process holds the
+folder's paths.
 """
 
 from __future__ import annotations

@@ -4,13 +4,9 @@ Order matters and is cheapest-first: size of the byte string, format sniffing fr
 header, decompression-bomb check from the *declared* size (before any pixel is
 decoded), animation (an animated WEBP or PNG is ``unsupported_format``: the corpus holds
 still images, and decoders disagree on which frame an animated file "is"), the full
-decode check, then EXIF orientation and the resolution/aspect filters. Every outcome is a :class:`Verdict` with a status and a reason code; callers
-never see an exception for bad input.
-
-Reason codes (the part before ``:``) are stable and listed in docs/outcomes.md:
-errors — ``empty_file``, ``oversized_file``, ``not_an_image``, ``unsupported_format``,
-``decompression_bomb``, ``decode_error``; filtered — ``too_small``, ``too_large``,
-``extreme_aspect``, ``low_score``, ``missing_score``.
+decode check, then EXIF orientation and the resolution/aspect filters. Every outcome is a
+:class:`Verdict` with a status and a reason code (the part before ``:``, stable, listed in
+docs/outcomes.md); callers never see an exception for bad input.
 """
 
 from __future__ import annotations

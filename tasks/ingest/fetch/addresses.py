@@ -36,11 +36,6 @@ class Target:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{self.scheme}://{host}" + ("" if self.port == default else f":{self.port}")
 
-    def url_at(self, address: str) -> str:
-        """The URL with the host replaced by ``address`` (what the client connects to)."""
-        literal = f"[{address}]" if ":" in address else address
-        return f"{self.scheme}://{literal}:{self.port}{self.path}"
-
     @property
     def host_header(self) -> str:
         return self.origin.split("://", 1)[1]

@@ -1,9 +1,7 @@
 """Fetch one URL to a final outcome (or defer it): the opt-outs, the address checks on every
 redirect hop, the retries and the host's politeness, in the order that reads the least.
 
-Outcomes are the manifest's status and reason code (``filtered/robots_disallowed``,
-``filtered/opted_out``, ``error/http_status``, ``error/fetch_failed``, ``error/blocked_address``,
-``error/too_large``, ``error/not_an_image``, ``error/checksum_mismatch``), ``fetched``, or
+Outcomes are the manifest's status and reason code (docs/fetch.md, outcomes), ``fetched``, or
 ``error/fetch_deferred`` (Retry-After beyond the cap, or the host's circuit open). A final outcome
 is kept in the fetch store (``fetch/urls/``, in batches: :class:`KeptOutcomes`) and the URL is
 never requested again; a deferred one, a failure after every retry, and a robots.txt refusal

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from distributed.diagnostics.plugin import SchedulerPlugin
+
 PLUGIN_NAME = "corpusforge-fetch-hosts"
 HANDLER = "corpusforge_fetch_hosts"
 
@@ -77,13 +79,7 @@ class HostLedger:
 _LOCAL = HostLedger()
 
 
-try:
-    from distributed.diagnostics.plugin import SchedulerPlugin
-except ImportError:  # pragma: no cover - distributed is a dependency; the local ledger needs none
-    SchedulerPlugin = object  # type: ignore[assignment,misc]
-
-
-class HostLedgerPlugin(SchedulerPlugin):  # type: ignore[misc,valid-type]
+class HostLedgerPlugin(SchedulerPlugin):
     """The cluster's :class:`HostLedger`, answering the ``corpusforge_fetch_hosts`` handler."""
 
     idempotent = True  # a second registration (another unit, another worker) keeps the first

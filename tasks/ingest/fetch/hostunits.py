@@ -1,19 +1,12 @@
 """The fetch stage's units, cut by host, so that one unit owns a host's politeness (issue 33).
 
-One planning unit on the engine reads the input cut (``work/input/_partitions.parquet``, pinned
-by its SHA-256: its parameters stay a few names and digests at any partition count), then every
-URL-list partition's chunk once, a partition at a time, keeps the rows that would be requested
-(:func:`~tasks.ingest.fetch.unit.before_request` refuses the others: no URL, an unsafe key, a
-licence refused) and cuts them into host units: hosts in name order, a host with more than
-``fetch.unit_urls`` URLs cut into units of that many (in input order), smaller hosts packed
-together up to that size. The kept rows are spilled to a
-scratch folder and grouped by DuckDB out of core (a memory limit, spilling to disk): the planner
-holds one partition's rows, one host unit's rows and the hosts' counts, never the whole list.
-
-Output: ``work/fetch_units/{unit}.parquet`` per unit (by host, then input order) and
-``work/fetch_plan.parquet`` (which units hold each partition's rows, for the ledger of each
-partition). Its result, all the flow keeps: each unit file's SHA-256 and the URL and host counts.
-The ingest partitions are not touched: their chunks, order and fingerprints stay as they were.
+One planning unit on the engine reads the input cut (pinned by its SHA-256, so its parameters
+stay a few names and digests at any partition count), keeps the rows that would be requested
+(:func:`~tasks.ingest.fetch.unit.before_request` refuses the others) and cuts them into host
+units. The kept rows are spilled to a scratch folder and grouped by DuckDB out of core: the
+planner holds one partition's rows, one host unit's rows and the hosts' counts, never the whole
+list. The cutting rule and the files: docs/fetch.md (the stage and its files); the ingest
+partitions are not touched.
 """
 
 from __future__ import annotations

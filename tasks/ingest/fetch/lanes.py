@@ -1,14 +1,9 @@
 """A fetch unit's URLs worked through host by host, in lanes: a lane takes one of a host's slots
 (:class:`~tasks.ingest.fetch.politeness.HostSlots`), fetches the unit's URLs of that host one
 after the other until none is left, and returns the slot. At most ``threads`` lanes run at once,
-at most a host's connection limit on one host (counted across every unit by the slots).
-
-So the unit owns its share of a host's politeness for as long as it has the host's URLs: a slot
-costs two scheduler round trips per lane instead of one or more per request, a thread never
-waits on a host whose slots are all busy while another host has URLs and a free slot, and a
-slot is never held idle (before, requests took slots one at a time and kept them 0.5 s after
-use: on a cluster, a unit's threads queued behind slots its own or another unit's threads held
-idle; 0.72 of 2 cores were kept busy)."""
+at most a host's connection limit on one host (counted across every unit by the slots). So a slot
+costs two scheduler round trips per lane, not per request, and is never held idle (why, and what
+slots taken per request cost before: docs/fetch.md, politeness)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """The fetch stage planned before a run (``corpusforge plan``): each URL-list partition's fetch
-ledger judged with the key it computes, how many URLs the run would request and from how many
-hosts (rows the licence or the URL already refuse, and URLs with a stored final outcome, are not
-requested), and how many host units (:mod:`.hostunits`) the run cuts with ``fetch.unit_urls``:
-the planning step's when it is current, else counted from every partition's rows as it counts
-them. A ledger that is current but holds deferred or failed URLs is written again.
+ledger judged with the key it computes (one holding deferred or failed URLs is written again),
+the URLs the run would request (none a licence, the URL or a stored final outcome refuses) and
+their hosts, and the host units (:mod:`.hostunits`): the planning step's when it is current, else
+counted from every partition's rows as it counts them.
 
 Stored outcomes are found by listing the fetch store's ``fetch/urls/`` folders (one listing
 each, at most 257), not by asking for each URL (on S3 a round trip each, serially); the URLs

@@ -41,12 +41,9 @@ def _cluster_semaphore(name: str, limit: int) -> Any:
 class HostSlots:
     """One fetch unit's slots on hosts: at most ``limit`` requests in flight to a host across every
     Dask worker, a slot being a lease of a ``distributed.Semaphore`` per host (process-wide
-    semaphores outside a cluster). A unit works through a host's URLs in lanes
-    (:mod:`.lanes`): a lane takes one slot, keeps it while it drains the unit's URLs of that host
-    (its requests, the host's robots.txt, retries and pauses) and returns it the moment none is
-    left, so a slot costs two scheduler round trips per lane, not per request, and no unit holds
-    a slot it does not use. A redirect to another host goes on in a lane of that host (a
-    :class:`~tasks.ingest.fetch.fetcher.Hop`): a lane never waits for a slot while it holds one.
+    semaphores outside a cluster). A lane (:mod:`.lanes`) keeps one slot while it drains the
+    unit's URLs of that host; a redirect to another host goes on in a lane of that host (a
+    :class:`~tasks.ingest.fetch.fetcher.Hop`), so a lane never waits for a slot while it holds one.
     A request outside any lane holds a slot of its host for that request alone."""
 
     def __init__(self) -> None:
@@ -128,13 +125,9 @@ SYNC_S = 0.2  # how often a unit on a cluster reports attempts and learns the ot
 
 class HostView:
     """One fetch unit's view of the :class:`~tasks.ingest.fetch.hostledger.HostLedger` its
-    cluster (or process) shares. Hosts without a minimum interval or a bandwidth limit take the
-    fast path: a request waits on the locally known pause and breaker, and on a cluster a
-    background thread reports successes and learns every unit's pauses every :data:`SYNC_S`
-    (one scheduler round trip for all the unit's hosts). A pause (Retry-After, backoff) and a
-    failed attempt are sent at once (failures are rare, and the breaker must count every unit's
-    before it opens). A host with ``min_interval`` or a bandwidth limit asks the ledger for each
-    request's turn (a round trip per request, small beside the interval it waits)."""
+    cluster (or process) shares; its fast path and per-request turns: docs/fetch.md (politeness).
+    A pause and a failed attempt are sent at once: failures are rare, and the breaker must count
+    every unit's before it opens."""
 
     def __init__(self, breaker_failures: int, cooldown_s: float):
         self.breaker_failures, self.cooldown_s = breaker_failures, cooldown_s

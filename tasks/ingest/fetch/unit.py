@@ -1,22 +1,11 @@
 """The fetch stage's work units: a host unit's URLs fetched, and each partition's fetch ledger.
 
-A host unit (:func:`fetch_host_unit`, planned by :mod:`.hostunits`) requests the URLs of its
-file, host by host in lanes (:mod:`.lanes`): a lane holds one of the host's connection slots while
-it drains the unit's URLs of that host, so one slow host holds at most its connection limit's
-threads, and a host with no more URLs than ``fetch.unit_urls`` is worked by this unit alone. The
-bytes go to the fetch store (``fetch/blobs/``), each URL's final outcome to ``fetch/urls/`` (never
-requested again), every URL's outcome to ``work/fetch_outcomes/{unit}.parquet``. A unit holding
-deferred or failed URLs runs again on the next build and requests only those; a killed unit
-resumes from the stored outcomes. Fingerprint: its URL file's SHA-256, the deny-list's and the
-settings that decide an outcome (User-Agent product token, private networks, body cap,
-redirects, refresh label, store).
-
-The ledger of a partition (:func:`write_fetch_ledger`, ``work/fetch/{part}.parquet``,
-:data:`tasks.ingest.files.FETCH_LEDGER_SCHEMA`): one row per input row in input order, assembled
-from the host units' outcomes without a request, so ingest reads it as before. Fingerprint: the
-partition's chunk digest, each row's licence verdict, the deny-list's SHA-256 and the same
-settings (:func:`fetch_key`); current with nothing deferred, it is the same bytes whatever the
-host units hold now, and is skipped.
+A host unit (:func:`fetch_host_unit`, planned by :mod:`.hostunits`) requests its URLs host by
+host in lanes (:mod:`.lanes`), so one slow host holds at most its connection limit's threads;
+bytes go to the fetch store, final outcomes are never requested again, and a killed unit resumes
+from the stored outcomes. The ledger of a partition (:func:`write_fetch_ledger`) is assembled
+from the host units' outcomes without a request, so ingest reads it as before. Files, resume and
+both fingerprints (:func:`fetch_key`): docs/fetch.md (the stage and its files).
 """
 
 from __future__ import annotations

@@ -11,32 +11,10 @@ the extraction stage applies it to every decoded image before any model's ``prep
 evaluation protocol's preprocessings, whose input is fixed by their reference
 (``STATISTICS_PREPROCESSING``). The feature fingerprint names :data:`CONTENT_RULE`.
 
-Two steps, on a small grey and colour analysis thumbnail (longer side ``ANALYSIS_SIDE``):
-
-1. **Uniform borders.** From each side, lines (rows or columns) are peeled off while a
-   line is uniform (all but ``LINE_OUTLIERS`` of its pixels within ``LINE_TOLERANCE`` grey
-   levels, per channel, of the first line's median colour, and the band's last line
-   without exception, then the lines of one JPEG block, ``JPEG_BLOCK`` px, within
-   ``NOISE_LEVELS``: the ringing beside the picture's edge): black, white or coloured bars,
-   letterboxes, pillarboxes, padding of any colour, and a window's title bar with its text.
-   Only a band followed by a picture of another colour or with texture is a border
-   (``STEP_LEVELS``, ``STEP_SHARE``): a flat band of the picture itself (a dark, noisy sky)
-   is kept, since its copies' noise would cut it differently. Rows, then columns, are
-   peeled in up to ``PEEL_ROUNDS`` rounds, each on what the last one left, so a frame of
-   several colours goes band by band (a screenshot: the title bar, then the window's
-   margin, then the side margins, which the bar's colour kept from being uniform before the
-   bar was off). A side is trimmed by at most ``MAX_SIDE_TRIM`` of the frame in all, and
-   nothing is trimmed when less than ``MIN_KEPT`` of either side would stay (a blank or
-   nearly blank picture keeps its frame).
-2. **Rotation corners.** A copy turned in its frame has four corner triangles of one fill
-   colour. When all four corner pixels of what is left are that colour, each triangle's
-   legs are the runs of that colour along the frame's edges from its corner; when the four
-   triangles cover between ``MIN_CORNER_FILL`` and ``MAX_CORNER_FILL`` of the area, the
-   largest axis-aligned rectangle clear of them is kept (the picture's inscribed box),
-   unless less than ``MIN_TRIANGLE_FILL`` of the triangles has that colour (a picture whose
-   own corners are dark, as a screenshot's JPEG leaves a graffiti's) or more than
-   ``MAX_FILL_COLOURED_INSIDE`` of that box has it too (a flat backdrop, not a fill). A
-   product shot on a white background has runs along whole edges and is left alone.
+Two steps on a small analysis thumbnail (longer side ``ANALYSIS_SIDE``): uniform bands are
+peeled off each side (:func:`_peel`, :func:`_border_run`), then the corner triangles of a copy
+turned in its frame are cut to the largest box clear of them (:func:`_inscribed`); the thresholds
+and what each one spares are in docs/features.md.
 
 A picture with no such frame is returned unchanged (the same object), so features of
 ordinary photographs do not change. Deterministic: integer pixel arithmetic on a Pillow

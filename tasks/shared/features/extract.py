@@ -1,23 +1,19 @@
 """The feature stage: every requested model's features for one staging shard.
 
-One call of :func:`extract_shard` handles one staging shard (``staging/tars/{shard}.tar``
-and its records file): it streams the tar once, decodes each image once
-(:func:`tasks.shared.features.decode.decode_rgb`, shrunk during JPEG decoding to what the largest
-model needs), runs every model's ``preprocess`` on a pool of prefetch threads ahead of the
-batch being embedded, embeds batches of ``runtime.batch_size`` and writes per model::
+:func:`extract_shard` streams a staging shard's tar once, decodes each image once (shrunk during
+JPEG decoding to what the largest model needs), preprocesses on prefetch threads ahead of the
+batch being embedded and writes per model::
 
     features/{model_id}/vectors/{shard}.npy    [n_ok, dim] in cfg.dtype (float16 by default), shard order
     features/{model_id}/keys/{shard}.parquet   key, sha256, ok, error for every image, shard order
     (marker last; see corpusforge/feature_files.py)
 
-A (model, shard) unit's fingerprint (the stage contract, :mod:`corpusforge.contract`)
-hashes the model's own fingerprint (id, architecture, weights SHA-256 or "random-init",
-preprocessing, dim), the stored dtype, the decode size, the compute precision, the code version of this module
-and the model's module, and the staging shard's *images* digest (keys, image SHA-256s,
-order) — not its captions or metadata, so a caption edit recomputes no feature. New
-weights, preprocessing or dtype invalidate exactly that model's files. The decode size
-is the largest model input times :data:`DRAFT_MARGIN` over *all* configured models, so
-adding a model with a larger input also recomputes the others: their pixels would differ.
+A (model, shard) unit's fingerprint hashes the model's own fingerprint (id, architecture, weights
+SHA-256 or "random-init", preprocessing, dim), the stored dtype, the decode size, the compute
+precision, this module's and the model's module's code versions and the staging shard's *images*
+digest (keys, image SHA-256s, order), not its captions: a caption edit recomputes no feature.
+The decode size is the largest model input times :data:`DRAFT_MARGIN` over *all* configured
+models, so adding a model with a larger input also recomputes the others: their pixels differ.
 
 Checking that fingerprint needs the loaded model; the flow's probe must not load one. So
 each marker also keeps ``info.spec`` (:func:`spec_key`): the same facts as configured rather
@@ -28,12 +24,8 @@ flow probes it (:data:`EXTRACT_SHARD`); any other goes to a worker, which loads 
 and judges by the fingerprint, and when that still matches, only brings ``info.spec`` up to
 date (the marker a fresh build writes), so the next rerun probes it again.
 
-A record whose image cannot be decoded (or preprocessed) is an error row (ok=False with
-the reason) for the affected models; the shard still completes. The staging records
-file names each image's key and extension and fixes their order.
-
-:func:`extract_features` fans shards out as one Prefect task per shard (one Dask task
-on a ``DaskTaskRunner``).
+An image that cannot be decoded (or preprocessed) is an error row (ok=False with the reason);
+the shard still completes.
 """
 
 from __future__ import annotations
@@ -411,9 +403,8 @@ def extract_shard(store: Store, shard: str, cfg: FeaturesConfig, selection: Sele
     the features it is compared with (contamination's evaluation set) passes theirs, so
     its pixels, and hence its features, are the same.
 
-    Returns the shard's result: every model's files, and each model's part in ``info``
-    (:class:`ShardFeatures`); computed when any model's unit was. Without a selection, current units are found from their markers (:func:`current_by_spec`)
-    before any model is loaded.
+    Returns every model's files and each model's part in ``info`` (:class:`ShardFeatures`);
+    computed when any model's unit was.
     """
     if (current := current_by_spec(store, shard, cfg, draft, selection)) is not None:
         return current

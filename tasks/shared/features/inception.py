@@ -5,11 +5,8 @@ supplied"); GPIC's default statistics model is DINOv2 ViT-L/14 (``dinov2.py``), 
 statistics from this model are recorded as a protocol deviation
 (``tasks/shared/provenance.py``: architecture and preprocessing differ).
 
-Network: ``torchvision.models.inception_v3(weights=None, aux_logits=False,
-init_weights=False, transform_input=True)`` with ``fc`` replaced by ``Identity``. In eval
-mode the output is the 2048-d global average pool ("pool3") after ``Mixed_7c``
-(dropout is inactive), returned raw (``normalized = False``) as FID-style statistics
-use it. Inputs must be at least 75 px (the architecture's minimum).
+The output is the 2048-d global average pool ("pool3") after ``Mixed_7c``, returned raw
+(``normalized = False``) as FID-style statistics use it.
 
 Preprocessing ``inception_299`` (``preprocess.inception_299``): the whole image, aspect
 not kept, to 299x299 with Pillow bicubic on uint8, then ImageNet mean/std. Bicubic
@@ -27,12 +24,9 @@ average pools in the A/C/E blocks, a max pool in the last E block, its own in-ne
 bilinear resize) and different weights, so features and any FD computed from this model
 are not comparable with published FID numbers.
 
-Weights: a pinned torchvision-format state dict (``inception_v3_google-0cc3c7bd.pth`` or
-any ``Inception3`` state dict), verified against its SHA-256 before deserialising and
-read with ``weights_only=True``. The published file also holds the auxiliary classifier
-(``AuxLogits.*``) and the 1000-class head (``fc.*``), which this feature network does not
-have: those two prefixes, and only those, are dropped; every other key must match
-exactly (``strict=True``).
+Weights: a pinned torchvision-format state dict (``inception_v3_google-0cc3c7bd.pth`` or any
+``Inception3`` state dict; verified and loaded as docs/features.md says). Its auxiliary classifier
+and 1000-class head, which this feature network lacks, are dropped; every other key must match.
 """
 
 from __future__ import annotations

