@@ -70,7 +70,7 @@ UNIT_MODULES = ["corpusforge.contract", "tasks.shared.features.extract", "tasks.
 STEPS = {"graph_recall", "scan_manifest_json", "write_output_list", "diff_versions", "write_reports",
          "assign_release_files",
          "input_snapshot_hash", "write_eval_captions", "plan_host_units"}
-# Units that do not return a typed UnitResult yet, and why (issue 32: each goes when its stage is converted).
+# Units that return no UnitResult, and why: none writes a marker (a partial, metrics, a plan, a probe).
 NOT_A_UNIT_RESULT = {
     # partials of a reduction, held in memory: no marker
     "batch_partials": "partial", "merge_partials": "partial",

@@ -211,3 +211,13 @@ def test_gpic_eval_file_beside_the_sidecar(corpus):
     reference = load_reference(store.path("stats/test_stats.npz"))
     assert reference.provenance == side and reference.n == side["n"]
     assert any("SHA-256" in c for c in reference.checks["checked"])
+
+
+def test_a_split_of_one_kept_record_is_refused_by_name():
+    """One rule for the stage and its plan (``refuse_thin_splits``): statistics need 2 records."""
+    from tasks.stats.stage import ReferenceStatsConfig, refuse_thin_splits
+
+    config = ReferenceStatsConfig(splits=["val", "test"])
+    refuse_thin_splits(config, {"train": 0, "val": 2, "test": 2})  # train is not asked for
+    with pytest.raises(ValueError, match=r"fewer than 2 kept records in the manifest: \['test'\]$"):
+        refuse_thin_splits(config, {"train": 9, "val": 2, "test": 1})

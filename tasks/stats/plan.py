@@ -13,7 +13,7 @@ from corpusforge.storage import Store
 from tasks.shared.features.extract import REUSED
 from tasks.shared.features.plan import plan_shard_units
 from tasks.stats.reference import GroupSelection, scan_manifest
-from tasks.stats.stage import STATS_SUBSET, ReferenceStatsConfig
+from tasks.stats.stage import STATS_SUBSET, ReferenceStatsConfig, refuse_thin_splits
 
 
 def plan_units(store: Store, config: ReferenceStatsConfig) -> list[StagePlan]:
@@ -22,8 +22,7 @@ def plan_units(store: Store, config: ReferenceStatsConfig) -> list[StagePlan]:
     model_id = config.model.model_id
     scan = scan_manifest(store, config.groups(), config.sample, config.tiers, config.test_subset,
                          config.test_subset_seed)
-    if empty := [g for g in config.splits if scan.counts[g] < 2]:
-        raise ValueError(f"splits with fewer than 2 kept records in the manifest: {empty}")
+    refuse_thin_splits(config, scan.counts)
     plans: list[StagePlan] = []
     if config.extract:
         plans = plan_shard_units(store, scan.largest_first(), config.features(),

@@ -138,6 +138,12 @@ PARTIALS = Unit(batch_partials, "stats-partials")
 MERGE = Unit(merge_partials, "stats-merge")
 
 
+def refuse_thin_splits(config: ReferenceStatsConfig, counts: dict[str, int]) -> None:
+    """The stage and its plan refuse alike a split with fewer than 2 kept records (no statistics of one)."""
+    if empty := [g for g in config.splits if counts[g] < 2]:
+        raise ValueError(f"splits with fewer than 2 kept records in the manifest: {empty}")
+
+
 def reference_stats_stage(store: Store, config: ReferenceStatsConfig, caption_set: dict[str, Any] | None = None,
                           *, fan_out: FanOut = in_process) -> dict[str, Any]:
     """The stage itself, on the corpus in ``store``; its units run through ``fan_out`` (a
@@ -152,9 +158,7 @@ def reference_stats_stage(store: Store, config: ReferenceStatsConfig, caption_se
         store, SCAN_MANIFEST, {**scan, "sample": config.sample.model_dump(mode="json")}, manifest,
         dict(store=store, **scan))])[0].info)
     log.info("groups %s over %d staging shards; model %s", scanned.counts, len(scanned.shards), model_id)
-    empty = [g for g in config.splits if scanned.counts[g] < 2]
-    if empty:
-        raise ValueError(f"splits with fewer than 2 kept records in the manifest: {empty}")
+    refuse_thin_splits(config, scanned.counts)
     extraction = None
     subsets: dict[str, str | None] = {}
     if config.extract:
