@@ -315,7 +315,7 @@ def _build(config: BuildConfig, progress: RunProgress, stages: dict[str, tuple[s
             call = step_call(store, DIFF_VERSIONS, "kept" if kept else "previous", inputs,
                              dict(old=old, new=store, out=store, previous_kept=kept), CHANGES)
             if inputs[0] == inputs[1]:  # one version twice: its empty account needs no read, so no task
-                run_step(**{**call, "fn": same_version_account, "kwargs": dict(out=store)})
+                run_step(store, DIFF_VERSIONS.name, call["key"], same_version_account, dict(out=store), CHANGES)
             else:
                 fan_out(keyed(DIFF_VERSIONS), [call])
         else:
