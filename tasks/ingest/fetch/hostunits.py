@@ -16,11 +16,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, TypedDict
 
-import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from corpusforge.contract import Unit, read_marker, read_pinned, step_call
+from corpusforge.outofcore import spilling_duckdb
 from corpusforge.storage import Store
 from tasks.ingest.fetch.config import FetchConfig
 from tasks.ingest.fetch.unit import before_request, host_of, row_sha1
@@ -94,24 +94,24 @@ def plan_host_units(store: Store, cut_sha256: str, lic: LicenseConfig | None, un
         if not any(spill.iterdir()):
             store.write_parquet(FETCH_PLAN, FETCH_PLAN_SCHEMA.empty_table())
             return {"units": [], "urls": 0, "hosts": 0}
-        db = duckdb.connect(config={"memory_limit": DUCKDB_MEMORY, "temp_directory": str(Path(tmp) / "duckdb")})
-        db.execute(f"CREATE VIEW rows AS SELECT *, coalesce(host, '') AS hkey FROM read_parquet('{spill}/*.parquet')")
-        counts = db.execute("SELECT host, count(*) FROM rows GROUP BY host ORDER BY host NULLS LAST").fetchall()
-        hosts, n_units = host_assignment(counts, unit_urls)
-        assignment = pa.table({"hkey": [h for h, _, _ in hosts], "first_unit": [u for _, u, _ in hosts],
-                               "cut": [c for _, _, c in hosts]})
-        db.register("assignment", assignment)
-        db.execute(f"""CREATE TABLE assigned AS SELECT r.part, r.row, r.url, r.sha1, r.host,
-            CAST(a.first_unit + CASE WHEN a.cut THEN (row_number() OVER (PARTITION BY r.hkey ORDER BY r.part, r.row)
-                 - 1) // {int(unit_urls)} ELSE 0 END AS INTEGER) AS unit
-            FROM rows r JOIN assignment a USING (hkey)""")
-        routes = db.sql("SELECT DISTINCT part, unit FROM assigned ORDER BY part, unit").to_arrow_table()
-        labels = [part // FETCH_PARTS_PER_ROW_GROUP for part in routes.column("part").to_pylist()]
-        store.write_parquet(FETCH_PLAN, routes.cast(FETCH_PLAN_SCHEMA), row_groups=labels)
-        shas = _write_units(store, db.sql("SELECT unit, part, row, url, sha1, host FROM assigned "
-                                              "ORDER BY unit, host NULLS LAST, part, row")
-                            .to_arrow_reader(BATCH_ROWS))
-        db.close()
+        with spilling_duckdb(DUCKDB_MEMORY) as db:
+            db.execute(f"CREATE VIEW rows AS SELECT *, coalesce(host, '') AS hkey "
+                       f"FROM read_parquet('{spill}/*.parquet')")
+            counts = db.execute("SELECT host, count(*) FROM rows GROUP BY host ORDER BY host NULLS LAST").fetchall()
+            hosts, n_units = host_assignment(counts, unit_urls)
+            assignment = pa.table({"hkey": [h for h, _, _ in hosts], "first_unit": [u for _, u, _ in hosts],
+                                   "cut": [c for _, _, c in hosts]})
+            db.register("assignment", assignment)
+            db.execute(f"""CREATE TABLE assigned AS SELECT r.part, r.row, r.url, r.sha1, r.host,
+                CAST(a.first_unit + CASE WHEN a.cut THEN (row_number() OVER (PARTITION BY r.hkey ORDER BY r.part, r.row)
+                     - 1) // {int(unit_urls)} ELSE 0 END AS INTEGER) AS unit
+                FROM rows r JOIN assignment a USING (hkey)""")
+            routes = db.sql("SELECT DISTINCT part, unit FROM assigned ORDER BY part, unit").to_arrow_table()
+            labels = [part // FETCH_PARTS_PER_ROW_GROUP for part in routes.column("part").to_pylist()]
+            store.write_parquet(FETCH_PLAN, routes.cast(FETCH_PLAN_SCHEMA), row_groups=labels)
+            shas = _write_units(store, db.sql("SELECT unit, part, row, url, sha1, host FROM assigned "
+                                                  "ORDER BY unit, host NULLS LAST, part, row")
+                                .to_arrow_reader(BATCH_ROWS))
     if len(shas) != n_units:
         raise AssertionError(f"{len(shas)} host units written for {n_units} planned")
     return {"units": shas, "urls": sum(n for _, n in counts), "hosts": sum(h is not None for h, _ in counts)}

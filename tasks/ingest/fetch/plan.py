@@ -16,12 +16,12 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from corpusforge.contract import COMPUTED, SKIPPED, explain, read_marker, step_result
 from corpusforge.layout import part_name
+from corpusforge.outofcore import spilling_duckdb
 from corpusforge.plans import StagePlan, deletions
 from corpusforge.storage import Store
 from tasks.ingest.fetch.addresses import Blocked, parse_target
@@ -100,10 +100,9 @@ def _not_stored(fetched: Store, tmp: Path) -> tuple[int, int]:
     for folder in fetched.listdir(URLS_DIR):
         names = fetched.listdir(f"{URLS_DIR}/{folder}")
         pq.write_table(pa.table({"name": names}, schema=STORED), tmp / f"stored-{folder}.parquet")
-    db = duckdb.connect(config={"memory_limit": DUCKDB_MEMORY, "temp_directory": str(tmp / "duckdb")})
-    urls, hosts = db.execute(f"SELECT count(*), count(DISTINCT a.host) FROM read_parquet('{tmp}/asked-*.parquet') a "
-                             f"ANTI JOIN read_parquet('{tmp}/stored*.parquet') s ON a.name = s.name").fetchone()
-    db.close()
+    with spilling_duckdb(DUCKDB_MEMORY) as db:
+        urls, hosts = db.execute(f"SELECT count(*), count(DISTINCT a.host) FROM read_parquet('{tmp}/asked-*.parquet') "
+                                 f"a ANTI JOIN read_parquet('{tmp}/stored*.parquet') s ON a.name = s.name").fetchone()
     return int(urls), int(hosts)
 
 
